@@ -1,0 +1,172 @@
+"""One frozen `Settings`, built once from the environment.
+
+This is the only module that reads environment variables (Gradio reads its own
+`GRADIO_*` and huggingface_hub its own `HF_*` ones). Parsing is strict: a bad
+value stops start-up with the accepted values listed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SettingsError
+
+__all__ = ["DEFAULT_MODEL_ID", "TINY_MODEL_ID", "Settings", "parse_bytes"]
+
+DEFAULT_MODEL_ID = "stabilityai/stable-diffusion-xl-base-1.0"
+# Names the embedded random-weight pipeline; it is never looked up on the Hub.
+TINY_MODEL_ID = "tiny"
+
+_DEVICES = ("auto", "cpu", "cuda", "cuda:<index>", "mps")
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+_GPU_MODES = ("auto", "persistent", "per_call")
+_PRISTINE = ("auto", "device", "cpu")
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+
+
+def parse_bytes(name: str, raw: str) -> int:
+    """Parse a byte size such as `4GiB`, `512MB` or `1048576`."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", raw)
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in _UNITS:
+        raise SettingsError(
+            f"{name}={raw!r} is not a byte size; accepted: a number with an optional unit "
+            f"({', '.join(u for u in _UNITS if u)}), e.g. 4GiB"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything configurable, with the defaults a Space on an A10G wants."""
+
+    model_id: str = DEFAULT_MODEL_ID
+    model_id_explicit: bool = False
+    base_model_id: str = DEFAULT_MODEL_ID
+    device: str = "auto"
+    dtype: str = "auto"
+    vae_id: str | None = None
+    gpu_mode: str = "auto"
+    pristine_store: str = "auto"
+    host_cache_bytes: int = 4 * 2**30
+    device_cache_bytes: int = 2 * 2**30
+    max_adapter_bytes: int = 1536 * 2**20
+    max_rank: int = 256
+    max_loras: int = 4
+    max_steps: int = 60
+    max_side: int = 1536
+    max_prompt_chars: int = 2000
+    max_queue: int = 16
+    local_lora_dir: Path | None = None
+    catalog_snapshot: Path | None = None
+    catalog_refresh: bool = True
+    hub_timeout_s: float = 10.0
+    hf_token: str | None = field(default=None, repr=False)
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Build settings from `env` (pass `os.environ`); unknown keys are ignored."""
+        get = {k: v for k, v in env.items() if v != ""}.get
+        model_id = get("MODEL_ID", DEFAULT_MODEL_ID).strip()
+        if not model_id:
+            raise SettingsError("MODEL_ID is empty; accepted: a Hub repo id, a local diffusers folder or 'tiny'")
+        default_base = model_id if _HUB_ID.match(model_id) and not Path(model_id).exists() else DEFAULT_MODEL_ID
+        base_model_id = get("BASE_MODEL_ID", default_base).strip()
+        if not _HUB_ID.match(base_model_id):
+            raise SettingsError(f"BASE_MODEL_ID={base_model_id!r} is not a Hub repo id; accepted: 'owner/name'")
+        settings = cls(
+            model_id=model_id,
+            model_id_explicit="MODEL_ID" in env and bool(env["MODEL_ID"]),
+            base_model_id=base_model_id,
+            device=_device(get("DEVICE", "auto")),
+            dtype=_choice("DTYPE", get("DTYPE", "auto"), _DTYPES),
+            vae_id=get("VAE_ID"),
+            gpu_mode=_choice("GPU_MODE", get("GPU_MODE", "auto"), _GPU_MODES),
+            pristine_store=_choice("PRISTINE_STORE", get("PRISTINE_STORE", "auto"), _PRISTINE),
+            host_cache_bytes=parse_bytes("HOST_CACHE_BYTES", get("HOST_CACHE_BYTES", "4GiB")),
+            device_cache_bytes=parse_bytes("DEVICE_CACHE_BYTES", get("DEVICE_CACHE_BYTES", "2GiB")),
+            max_adapter_bytes=parse_bytes("MAX_ADAPTER_BYTES", get("MAX_ADAPTER_BYTES", "1536MiB")),
+            max_rank=_int("MAX_RANK", get("MAX_RANK", "256"), 1, 4096),
+            max_loras=_int("MAX_LORAS", get("MAX_LORAS", "4"), 1, 8),
+            max_steps=_int("MAX_STEPS", get("MAX_STEPS", "60"), 1, 500),
+            max_side=_int("MAX_SIDE", get("MAX_SIDE", "1536"), 64, 4096),
+            max_prompt_chars=_int("MAX_PROMPT_CHARS", get("MAX_PROMPT_CHARS", "2000"), 1, 100_000),
+            max_queue=_int("MAX_QUEUE", get("MAX_QUEUE", "16"), 1, 10_000),
+            local_lora_dir=_dir("LOCAL_LORA_DIR", get("LOCAL_LORA_DIR")),
+            catalog_snapshot=Path(get("CATALOG_SNAPSHOT")) if get("CATALOG_SNAPSHOT") else None,
+            catalog_refresh=_bool("CATALOG_REFRESH", get("CATALOG_REFRESH", "true")),
+            hub_timeout_s=_float("HUB_TIMEOUT_S", get("HUB_TIMEOUT_S", "10"), 0.1, 600.0),
+            hf_token=get("HF_TOKEN"),
+            log_level=_choice("LOG_LEVEL", get("LOG_LEVEL", "INFO").upper(), _LOG_LEVELS),
+        )
+        return settings
+
+    def replace(self, **changes: object) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.model_id == TINY_MODEL_ID
+
+    @property
+    def log_level_number(self) -> int:
+        return logging.getLevelName(self.log_level)
+
+
+def _choice(name: str, raw: str, accepted: tuple[str, ...]) -> str:
+    value = raw.strip()
+    if value not in accepted:
+        raise SettingsError(f"{name}={raw!r} is not accepted; accepted: {', '.join(accepted)}")
+    return value
+
+
+def _device(raw: str) -> str:
+    value = raw.strip()
+    if value in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", value):
+        return value
+    raise SettingsError(f"DEVICE={raw!r} is not accepted; accepted: {', '.join(_DEVICES)}")
+
+
+def _int(name: str, raw: str, low: int, high: int) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise SettingsError(f"{name}={raw!r} is not accepted; accepted: an integer from {low} to {high}")
+    return value
+
+
+def _float(name: str, raw: str, low: float, high: float) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise SettingsError(f"{name}={raw!r} is not accepted; accepted: a number from {low} to {high}")
+    return value
+
+
+def _bool(name: str, raw: str) -> bool:
+    key = raw.strip().lower()
+    if key not in _BOOLS:
+        raise SettingsError(f"{name}={raw!r} is not accepted; accepted: {', '.join(_BOOLS)}")
+    return _BOOLS[key]
+
+
+def _dir(name: str, raw: str | None) -> Path | None:
+    if raw is None:
+        return None
+    path = Path(raw).expanduser().resolve()
+    if not path.is_dir():
+        raise SettingsError(f"{name}={raw!r} is not an existing folder; accepted: a path to a folder")
+    return path

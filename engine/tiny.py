@@ -1,0 +1,165 @@
+"""A tiny random-weight SDXL pipeline, built offline and deterministically.
+
+It has SDXL's real structure (a `text_time` UNet with cross-attention blocks laid
+out like SDXL's, `CLIPTextModel` + `CLIPTextModelWithProjection`, a VAE, two CLIP
+tokenizers), so LoRAs in every SDXL naming scheme load into it, but it is small
+enough that a 64x64, 2-step image takes a fraction of a second on a CPU. Tests
+use it, and so does the offline demo when no real model can be had.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+__all__ = ["TINY_SIDE", "build_tiny_pipeline", "ensure_tiny_pipeline", "tiny_tokenizer"]
+
+logger = logging.getLogger(__name__)
+
+TINY_SIDE = 64
+_FORMAT = 1
+_MARKER = "switchboard_tiny.json"
+# Words that get whole-word tokens, so demo prompts tokenize like real ones;
+# anything else falls back to byte-level tokens.
+_WORDS = (
+    "a an the of in on at with and by for to from photo portrait painting drawing sketch render style "
+    "cat dog bird fox horse elephant lion tiger bear owl fish dragon robot astronaut knight wizard "
+    "woman man girl boy child person face city forest mountain river lake ocean sea sky space moon sun "
+    "star night day sunset sunrise snow rain fog castle house street garden flower tree car ship train "
+    "red orange yellow green blue purple pink black white gold silver neon pastel dark bright colorful "
+    "cinematic lighting detailed highly realistic photorealistic anime cartoon pixel art watercolor oil "
+    "ink pencil 3d isometric minimal vintage retro futuristic cyberpunk steampunk fantasy epic cute "
+    "wrong blurry ugly low quality best masterpiece lora trigger sks ohwx tok"
+).split()
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2/CLIP's reversible byte-to-printable-character table."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, chars), strict=True))
+
+
+def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    symbols = list(_bytes_to_unicode().values())
+    vocab: dict[str, int] = {}
+    for token in symbols + [s + "</w>" for s in symbols]:
+        vocab[token] = len(vocab)
+    merges: list[tuple[str, str]] = []
+    for word in _WORDS:
+        parts = list(word[:-1]) + [word[-1] + "</w>"]
+        while len(parts) > 1:
+            pair = (parts[0], parts[1])
+            joined = parts[0] + parts[1]
+            if pair not in merges:
+                merges.append(pair)
+                vocab.setdefault(joined, len(vocab))
+            parts = [joined, *parts[2:]]
+    for special in ("<|startoftext|>", "<|endoftext|>"):
+        vocab[special] = len(vocab)
+    return vocab, merges
+
+
+def tiny_tokenizer(pad_token: str = "<|endoftext|>") -> CLIPTokenizer:
+    vocab, merges = _vocab_and_merges()
+    # Built from files a tokenizer reports model_max_length 1e30, which makes the pipeline overflow.
+    return CLIPTokenizer(vocab=vocab, merges=merges, pad_token=pad_token, model_max_length=77)
+
+
+def _text_config(vocab_size: int, bos: int, eos: int) -> CLIPTextConfig:
+    return CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=77,
+        projection_dim=32,
+        hidden_act="gelu",
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
+
+
+def build_tiny_pipeline(seed: int = 0) -> StableDiffusionXLPipeline:
+    """Build the tiny pipeline in memory; the same seed gives the same weights."""
+    tokenizer = tiny_tokenizer()
+    tokenizer_2 = tiny_tokenizer(pad_token="!")
+    config = _text_config(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(
+        sample_size=TINY_SIDE // 2,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=2,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=(2, 4),
+        transformer_layers_per_block=(1, 2),
+        use_linear_projection=True,
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=32 + 6 * 8,
+        cross_attention_dim=64,
+        norm_num_groups=8,
+    )
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKL(
+        block_out_channels=(16, 32),
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        latent_channels=4,
+        norm_num_groups=8,
+        sample_size=TINY_SIDE,
+    )
+    torch.manual_seed(seed + 2)
+    text_encoder = CLIPTextModel(config)
+    torch.manual_seed(seed + 3)
+    text_encoder_2 = CLIPTextModelWithProjection(config)
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        timestep_spacing="leading",
+        steps_offset=1,
+    )
+    pipe = StableDiffusionXLPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        unet=unet,
+        scheduler=scheduler,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def ensure_tiny_pipeline(folder: Path, seed: int = 0) -> Path:
+    """Save the tiny pipeline as an ordinary diffusers folder, once; return the folder."""
+    folder = Path(folder)
+    marker = folder / _MARKER
+    wanted = {"format": _FORMAT, "seed": seed}
+    if marker.is_file() and json.loads(marker.read_text()) == wanted:
+        return folder
+    logger.info("building the tiny SDXL pipeline (seed %d) in %s", seed, folder)
+    build_tiny_pipeline(seed).save_pretrained(folder, safe_serialization=True)
+    marker.write_text(json.dumps(wanted))
+    return folder
