@@ -12,12 +12,14 @@ __all__ = [
     "EngineBusyError",
     "EngineError",
     "GatedLoraError",
+    "GenerationCancelledError",
     "GenerationError",
     "HubUnavailableError",
     "IncompatibleLoraError",
     "InvalidRequestError",
     "LimitExceededError",
     "SettingsError",
+    "StorageError",
     "UnknownLoraError",
     "UnsupportedLoraVariantError",
 ]
@@ -69,3 +71,11 @@ class EngineBusyError(EngineError):
 
 class GenerationError(EngineError, RuntimeError):
     """The pipeline failed while generating (including running out of memory)."""
+
+
+class GenerationCancelledError(EngineError):
+    """The caller went away (or cancelled) before the image was finished."""
+
+
+class StorageError(EngineError, OSError):
+    """The adapter could not be written to or read from the disk cache (full, read-only, unwritable)."""

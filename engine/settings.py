@@ -71,6 +71,7 @@ class Settings:
     hub_timeout_s: float = 10.0
     hf_token: str | None = field(default=None, repr=False)
     log_level: str = "INFO"
+    zero_gpu: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -107,11 +108,17 @@ class Settings:
             hub_timeout_s=_float("HUB_TIMEOUT_S", get("HUB_TIMEOUT_S", "10"), 0.1, 600.0),
             hf_token=get("HF_TOKEN"),
             log_level=_choice("LOG_LEVEL", get("LOG_LEVEL", "INFO").upper(), _LOG_LEVELS),
+            zero_gpu=_bool("SPACES_ZERO_GPU", get("SPACES_ZERO_GPU", "false")),
         )
         return settings
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def per_call(self) -> bool:
+        """Whether GPU state may be lost between calls (ZeroGPU), so LoRAs are re-applied in every call."""
+        return self.gpu_mode == "per_call" or (self.gpu_mode == "auto" and self.zero_gpu)
 
     @property
     def is_tiny(self) -> bool:

@@ -59,7 +59,7 @@ def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
         vocab[token] = len(vocab)
     merges: list[tuple[str, str]] = []
     for word in _WORDS:
-        parts = list(word[:-1]) + [word[-1] + "</w>"]
+        parts = [*word[:-1], word[-1] + "</w>"]
         while len(parts) > 1:
             pair = (parts[0], parts[1])
             joined = parts[0] + parts[1]

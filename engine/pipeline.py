@@ -1,0 +1,128 @@
+"""Loading the warm pipeline: once, on the configured device and dtype, warmed by one generation."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from diffusers import AutoencoderKL, StableDiffusionXLPipeline
+
+from .errors import SettingsError
+from .requests import ModelDefaults
+from .settings import Settings
+from .tiny import build_tiny_pipeline
+
+__all__ = ["LoadedPipeline", "load_pipeline", "resolve_device", "resolve_dtype"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# At or below this default side a pipeline is one of our tiny test models: few steps suffice.
+_TINY_SIDE = 128
+
+
+@dataclass(frozen=True)
+class LoadedPipeline:
+    pipe: StableDiffusionXLPipeline
+    model_id: str
+    base_model_id: str
+    device: torch.device
+    dtype: torch.dtype
+    defaults: ModelDefaults
+    load_s: float
+    warmup_s: float
+    is_tiny: bool
+
+    @property
+    def cold_boot_s(self) -> float:
+        return self.load_s + self.warmup_s
+
+
+def resolve_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(setting)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SettingsError(f"DEVICE={setting!r} but no CUDA device is available; accepted here: auto, cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise SettingsError(f"DEVICE={setting!r} but MPS is not available; accepted here: auto, cpu")
+    return device
+
+
+def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
+    if setting == "auto":
+        return torch.float16 if device.type in ("cuda", "mps") else torch.float32
+    return _DTYPES[setting]
+
+
+def load_pipeline(settings: Settings, *, warm: bool = True) -> LoadedPipeline:
+    """Load `settings.model_id` (a Hub id, a local diffusers folder or `tiny`) and warm it up."""
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    started = time.perf_counter()
+    pipe = build_tiny_pipeline(seed=0) if settings.is_tiny else _from_pretrained(settings, dtype)
+    pipe = pipe.to(device=device, dtype=dtype)
+    pipe.set_progress_bar_config(disable=True)
+    load_s = time.perf_counter() - started
+    side = pipe.default_sample_size * pipe.vae_scale_factor
+    is_tiny = side <= _TINY_SIDE
+    defaults = ModelDefaults(
+        steps=4 if is_tiny else 25,
+        guidance=5.0,
+        side=side,
+        max_side=min(settings.max_side, max(2 * side, 256)),
+    )
+    loaded = LoadedPipeline(
+        pipe=pipe,
+        model_id=settings.model_id,
+        base_model_id=settings.base_model_id,
+        device=device,
+        dtype=dtype,
+        defaults=defaults,
+        load_s=load_s,
+        warmup_s=0.0,
+        is_tiny=is_tiny,
+    )
+    if not warm:
+        return loaded
+    warmup_s = _warm_up(loaded)
+    logger.info(
+        "pipeline %s ready on %s/%s: load %.2f s, warm-up %.2f s",
+        settings.model_id,
+        device,
+        str(dtype).removeprefix("torch."),
+        load_s,
+        warmup_s,
+    )
+    return dataclasses.replace(loaded, warmup_s=warmup_s)
+
+
+def _from_pretrained(settings: Settings, dtype: torch.dtype) -> StableDiffusionXLPipeline:
+    kwargs: dict[str, object] = {"torch_dtype": dtype, "use_safetensors": True, "token": settings.hf_token}
+    if settings.vae_id:
+        kwargs["vae"] = AutoencoderKL.from_pretrained(settings.vae_id, torch_dtype=dtype, token=settings.hf_token)
+    if dtype == torch.float16:
+        try:
+            return StableDiffusionXLPipeline.from_pretrained(settings.model_id, variant="fp16", **kwargs)
+        except (OSError, ValueError) as e:
+            logger.info("no fp16 variant of %s (%s); loading the default weights", settings.model_id, e)
+    return StableDiffusionXLPipeline.from_pretrained(settings.model_id, **kwargs)
+
+
+@torch.inference_mode()
+def _warm_up(loaded: LoadedPipeline) -> float:
+    started = time.perf_counter()
+    side = min(loaded.defaults.side, 512)
+    loaded.pipe(
+        prompt="warm-up",
+        num_inference_steps=2,
+        width=side,
+        height=side,
+        generator=torch.Generator("cpu").manual_seed(0),
+    )
+    if loaded.device.type == "cuda":
+        torch.cuda.synchronize(loaded.device)
+    return time.perf_counter() - started

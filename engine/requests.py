@@ -1,0 +1,231 @@
+"""Requests and results: frozen, typed, and validated in one place.
+
+`normalise_request` is the single gate every entry point (UI, Gradio API, HTTP)
+goes through: it checks types and ranges, fills the served model's defaults and
+returns a new request; the caller's object is never changed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+from lora_catalog import refs
+from lora_catalog.errors import InvalidRequestError as CatalogInvalidRequest
+
+from .errors import InvalidRequestError, LimitExceededError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+__all__ = [
+    "AdapterUse",
+    "GenerateRequest",
+    "GenerateResult",
+    "Limits",
+    "LoraSpec",
+    "ModelDefaults",
+    "Timings",
+    "normalise_request",
+    "parse_ref",
+]
+
+MAX_SEED = 2**32 - 1
+SCALE_RANGE = (-2.0, 2.0)
+GUIDANCE_RANGE = (0.0, 30.0)
+LOCAL_PREFIX = refs.LOCAL_PREFIX
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """One LoRA of a request: a Hub repo id (or `local:<file>`), its scale, optional revision and file."""
+
+    ref: str
+    scale: float = 1.0
+    revision: str | None = None
+    weight_name: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompt: str
+    negative_prompt: str = ""
+    loras: tuple[LoraSpec, ...] = ()
+    steps: int | None = None
+    guidance: float | None = None
+    width: int | None = None
+    height: int | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    steps: int
+    guidance: float
+    side: int
+    max_side: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_loras: int
+    max_steps: int
+    max_prompt_chars: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds spent in each phase of one request."""
+
+    resolve: float = 0.0
+    prepare: float = 0.0
+    apply: float = 0.0
+    inference: float = 0.0
+    total: float = 0.0
+
+
+@dataclass(frozen=True)
+class AdapterUse:
+    """What one LoRA of a result was: where it came from and whether the cache had it."""
+
+    ref: str
+    revision: str
+    weight_name: str
+    scale: float
+    cache: Literal["hit", "miss"]
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    image: Image
+    seed: int
+    request: GenerateRequest
+    timings: Timings
+    adapters: tuple[AdapterUse, ...] = ()
+    swapped: bool = False
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def cache_hit(self) -> bool:
+        return all(a.cache == "hit" for a in self.adapters)
+
+
+def parse_ref(ref: object) -> tuple[Literal["hub", "local"], str]:
+    """Split a LoRA reference into its kind and name, refusing anything path- or URL-like."""
+    try:
+        if isinstance(ref, str) and refs.is_local_ref(ref.strip()):
+            return "local", refs.parse_local_ref(ref.strip()).as_posix()
+        return "hub", refs.validate_repo_id(ref)  # type: ignore[arg-type]
+    except CatalogInvalidRequest as e:
+        raise InvalidRequestError(f"{e}; or a local LoRA as 'local:<file>.safetensors'") from e
+
+
+def normalise_request(request: GenerateRequest, defaults: ModelDefaults, limits: Limits) -> GenerateRequest:
+    """Check every field and fill defaults; returns a new request with a concrete seed."""
+    prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=False)
+    negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
+    loras = _loras(request.loras, limits.max_loras)
+    steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
+    guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
+    width = _side("width", request.width, defaults)
+    height = _side("height", request.height, defaults)
+    seed = _int("seed", request.seed, secrets.randbelow(MAX_SEED + 1), 0, MAX_SEED)
+    return replace(
+        request,
+        prompt=prompt,
+        negative_prompt=negative,
+        loras=loras,
+        steps=steps,
+        guidance=guidance,
+        width=width,
+        height=height,
+        seed=seed,
+    )
+
+
+def _text(name: str, value: object, limit: int, *, allow_empty: bool) -> str:
+    if value is None and allow_empty:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{name} must be text, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(f"{name} is not valid UTF-8 text (bad character at position {e.start})") from e
+    if bad := _CONTROL.search(value):
+        raise InvalidRequestError(
+            f"{name} holds a control character U+{ord(bad.group()):04X} at position {bad.start()}; "
+            "accepted: printable text, spaces, tabs and newlines"
+        )
+    text = " ".join(value.split())
+    if not text and not allow_empty:
+        raise InvalidRequestError(f"{name} is empty; accepted: 1 to {limit} characters of text")
+    if len(text) > limit:
+        raise LimitExceededError(f"{name} has {len(text)} characters; accepted: at most {limit}")
+    return text
+
+
+def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise InvalidRequestError(f"loras must be a list of LoRA specs, got {type(value).__name__}")
+    if len(value) > limit:
+        raise LimitExceededError(f"{len(value)} LoRAs requested; accepted: at most {limit} per request")
+    specs: list[LoraSpec] = []
+    for spec in value:
+        if not isinstance(spec, LoraSpec):
+            raise InvalidRequestError(f"LoRA entry {spec!r} is not a LoraSpec")
+        kind, name = parse_ref(spec.ref)
+        ref = f"{LOCAL_PREFIX}{name}" if kind == "local" else name
+        revision = _checked(refs.validate_revision, spec.revision) if kind == "hub" else None
+        weight_name = _checked(refs.validate_weight_name, spec.weight_name) if kind == "hub" else None
+        scale = _float(f"scale of {ref}", spec.scale, 1.0, *SCALE_RANGE)
+        specs.append(LoraSpec(ref=ref, scale=scale, revision=revision, weight_name=weight_name))
+    identities = [(s.ref, s.revision, s.weight_name) for s in specs]
+    if len(set(identities)) != len(identities):
+        twice = next(i[0] for i in identities if identities.count(i) > 1)
+        raise InvalidRequestError(f"LoRA {twice!r} is listed twice; accepted: each LoRA once, with one scale")
+    return tuple(specs)
+
+
+def _checked(check: Callable[[str | None], str | None], value: object) -> str | None:
+    try:
+        return check(value or None)  # type: ignore[arg-type]
+    except CatalogInvalidRequest as e:
+        raise InvalidRequestError(str(e)) from e
+
+
+def _int(name: str, value: object, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name}={value!r} is not an integer; accepted: an integer from {low} to {high}")
+    if not low <= value <= high:
+        error = LimitExceededError if value > high else InvalidRequestError
+        raise error(f"{name}={value} is out of range; accepted: an integer from {low} to {high}")
+    return value
+
+
+def _float(name: str, value: object, default: float, low: float, high: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequestError(f"{name}={value!r} is not a number; accepted: a number from {low:g} to {high:g}")
+    if not low <= value <= high:
+        raise InvalidRequestError(f"{name}={value:g} is out of range; accepted: a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def _side(name: str, value: object, defaults: ModelDefaults) -> int:
+    side = _int(name, value, defaults.side, 64, defaults.max_side)
+    if side % 8:
+        raise InvalidRequestError(f"{name}={side} is not a multiple of 8; accepted: 64 to {defaults.max_side} in 8s")
+    return side

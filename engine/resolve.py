@@ -1,0 +1,179 @@
+"""From a LoRA reference to a checked file on disk: Hub repos through huggingface_hub, or local files.
+
+Resolution asks the catalogue (which caches Hub metadata, so a LoRA used again
+costs no Hub call), refuses over-size files from metadata before downloading,
+and downloads into the Hub cache, whose partial downloads are never used.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from lora_catalog import errors as catalog_errors
+from lora_catalog.entries import LoraEntry
+
+from .adapters import AdapterKey
+from .compat import declared_bases_from_tags
+from .errors import (
+    AdapterLoadError,
+    EngineError,
+    GatedLoraError,
+    HubUnavailableError,
+    InvalidRequestError,
+    LimitExceededError,
+    StorageError,
+    UnknownLoraError,
+)
+from .requests import LoraSpec, parse_ref
+
+__all__ = ["AdapterResolver", "AdapterSource", "HubResolver"]
+
+logger = logging.getLogger(__name__)
+
+
+class HubResolver(Protocol):
+    def resolve(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry: ...
+
+
+@dataclass(frozen=True)
+class AdapterSource:
+    """A located adapter file: its identity, size and what it declares, before any download."""
+
+    key: AdapterKey
+    ref: str
+    size: int | None
+    declared_bases: tuple[str, ...]
+    local_path: Path | None = None
+
+
+# Catalogue errors and the engine errors they become.
+_CATALOG_ERRORS: tuple[tuple[type[Exception], type[EngineError]], ...] = (
+    (catalog_errors.InvalidRequestError, InvalidRequestError),
+    (catalog_errors.LoraNotFoundError, UnknownLoraError),
+    (catalog_errors.GatedLoraError, GatedLoraError),
+    (catalog_errors.NoSafetensorsError, AdapterLoadError),
+    (catalog_errors.AmbiguousWeightsError, AdapterLoadError),
+    (catalog_errors.HubUnreachableError, HubUnavailableError),
+    (catalog_errors.HeaderError, AdapterLoadError),
+    (catalog_errors.CatalogError, AdapterLoadError),
+)
+
+
+def engine_error(error: catalog_errors.CatalogError) -> EngineError:
+    for source, target in _CATALOG_ERRORS:
+        if isinstance(error, source):
+            return target(str(error))
+    return AdapterLoadError(str(error))
+
+
+class AdapterResolver:
+    def __init__(
+        self,
+        hub: HubResolver | None,
+        *,
+        local_dir: Path | None,
+        token: str | None,
+        max_bytes: int,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self._hub = hub
+        self._local_dir = local_dir
+        self._token = token
+        self._max_bytes = max_bytes
+        self._cache_dir = cache_dir
+
+    def locate(self, spec: LoraSpec) -> AdapterSource:
+        """Identify the file a spec names (a Hub metadata call unless the catalogue has it cached)."""
+        kind, name = parse_ref(spec.ref)
+        source = self._locate_local(name) if kind == "local" else self._locate_hub(spec, name)
+        if source.size is not None and source.size > self._max_bytes:
+            raise LimitExceededError(
+                f"LoRA {spec.ref!r} ({source.key.weight_name}) is {source.size / 2**20:.1f} MiB; "
+                f"accepted: files up to {self._max_bytes / 2**20:.0f} MiB"
+            )
+        return source
+
+    def fetch(self, source: AdapterSource) -> Path:
+        """The adapter file on local disk, downloading it into the Hub cache when needed."""
+        if source.local_path is not None:
+            return source.local_path
+        key = source.key
+        try:
+            if source.size is None:
+                url = hf_hub_url(key.name, key.weight_name, revision=key.revision)
+                size = get_hf_file_metadata(url, token=self._token).size
+                if size is not None and size > self._max_bytes:
+                    raise LimitExceededError(
+                        f"LoRA {source.ref!r} ({key.weight_name}) is {size / 2**20:.1f} MiB; "
+                        f"accepted: files up to {self._max_bytes / 2**20:.0f} MiB"
+                    )
+            path = hf_hub_download(
+                key.name, key.weight_name, revision=key.revision, token=self._token, cache_dir=self._cache_dir
+            )
+        except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
+            raise _hub_lookup_error(e, source.ref, key) from e
+        except (httpx.TransportError, LocalEntryNotFoundError) as e:
+            raise HubUnavailableError(f"the Hub could not be reached to download LoRA {source.ref!r}: {e}") from e
+        except HfHubHTTPError as e:
+            raise HubUnavailableError(f"the Hub failed while serving LoRA {source.ref!r}: {e}") from e
+        except OSError as e:
+            raise _storage_error(e, source.ref) from e
+        return Path(path)
+
+    def _locate_hub(self, spec: LoraSpec, repo_id: str) -> AdapterSource:
+        if self._hub is None:
+            raise HubUnavailableError(f"LoRA {spec.ref!r} is on the Hub, but this Space runs without Hub access")
+        try:
+            entry = self._hub.resolve(repo_id, spec.revision, spec.weight_name)
+        except catalog_errors.CatalogError as e:
+            raise engine_error(e) from e
+        if not entry.weight_name or not entry.sha:
+            raise AdapterLoadError(f"LoRA {spec.ref!r} has no .safetensors weight file to load")
+        bases = tuple(dict.fromkeys((*entry.base_models, *declared_bases_from_tags(entry.tags))))
+        key = AdapterKey("hub", repo_id, entry.sha, entry.weight_name)
+        return AdapterSource(key, repo_id, entry.weight_size, bases)
+
+    def _locate_local(self, name: str) -> AdapterSource:
+        ref = f"local:{name}"
+        if self._local_dir is None:
+            raise UnknownLoraError(f"LoRA {ref!r} names a local file, but no LOCAL_LORA_DIR is configured")
+        root = self._local_dir.resolve()
+        path = (root / name).resolve()
+        if not path.is_relative_to(root):
+            raise InvalidRequestError(f"LoRA {ref!r} points outside the local LoRA folder; accepted: files inside it")
+        if not path.is_file():
+            raise UnknownLoraError(f"LoRA {ref!r} does not exist in the local LoRA folder")
+        stat = path.stat()
+        key = AdapterKey("local", name, f"{stat.st_size}-{stat.st_mtime_ns}", path.name)
+        return AdapterSource(key, ref, stat.st_size, (), local_path=path)
+
+
+def _hub_lookup_error(error: Exception, ref: str, key: AdapterKey) -> EngineError:
+    if isinstance(error, GatedRepoError):
+        return GatedLoraError(f"LoRA {ref!r} is gated; accepted: public, non-gated repos")
+    if isinstance(error, RevisionNotFoundError):
+        return UnknownLoraError(f"LoRA {ref!r} has no revision {key.revision!r}")
+    if isinstance(error, EntryNotFoundError):
+        return UnknownLoraError(f"LoRA {ref!r} has no file {key.weight_name!r} at {key.revision[:10]}")
+    return UnknownLoraError(f"LoRA {ref!r} was not found on the Hub")
+
+
+def _storage_error(error: OSError, ref: str) -> StorageError:
+    reason = {errno.ENOSPC: "the disk is full", errno.EACCES: "it is not writable", errno.EROFS: "it is read-only"}
+    why = reason.get(error.errno or -1, error.strerror or str(error))
+    return StorageError(f"LoRA {ref!r} could not be stored in the Hub cache: {why}")

@@ -1,0 +1,121 @@
+"""Session-wide test setup: a stand-in Hub, a tiny SDXL pipeline and LoRA fixtures, all made here.
+
+huggingface_hub reads HF_ENDPOINT once, when first imported, so the environment
+is set at collection time, before any test module imports it (or diffusers, or gradio).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+HUB_PORT = _free_port()
+os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{HUB_PORT}"
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf-home-")
+os.environ["HF_HUB_DISABLE_XET"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+os.environ["HF_HUB_ETAG_TIMEOUT"] = "5"
+os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = "5"
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ.pop("HF_TOKEN", None)
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from tests.support.standin_hub import StandInHub
+
+    with StandInHub(root=tmp_path_factory.mktemp("standin-hub"), port=HUB_PORT) as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.tiny import ensure_tiny_pipeline
+
+    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "pipeline")
+
+
+@pytest.fixture(scope="session")
+def fixtures(hub, tmp_path_factory: pytest.TempPathFactory):
+    from engine.tiny import build_tiny_pipeline
+    from tests.support.loras import publish_fixtures
+
+    return publish_fixtures(hub, build_tiny_pipeline(), tmp_path_factory.mktemp("local-loras"))
+
+
+@pytest.fixture(scope="session")
+def base_settings(tiny_dir: Path, fixtures):
+    from engine.settings import Settings
+
+    return Settings(
+        model_id=str(tiny_dir),
+        base_model_id="stabilityai/stable-diffusion-xl-base-1.0",
+        device="cpu",
+        dtype="float32",
+        max_rank=32,
+        local_lora_dir=fixtures.local_dir,
+        host_cache_bytes=64 * 2**20,
+        device_cache_bytes=64 * 2**20,
+    )
+
+
+@pytest.fixture(scope="session")
+def loaded(base_settings):
+    from engine.pipeline import load_pipeline
+
+    return load_pipeline(base_settings)
+
+
+@pytest.fixture(scope="session")
+def pristine(loaded) -> dict[str, object]:
+    """Every parameter of the tiny pipeline as loaded, to check bit-exact restores against."""
+    pipe = loaded.pipe
+    return {
+        f"{name}.{key}": value.detach().clone()
+        for name in ("unet", "text_encoder", "text_encoder_2", "vae")
+        for key, value in getattr(pipe, name).state_dict().items()
+    }
+
+
+@pytest.fixture
+def make_engine(loaded, base_settings, hub) -> Iterator[Callable[..., object]]:
+    """Build engines over the session's pipeline; each is closed (base restored) after the test."""
+    from engine.resolve import AdapterResolver
+    from engine.service import Engine
+    from lora_catalog.hub import HubSource
+
+    made = []
+
+    def build(**overrides: object):
+        settings = base_settings.replace(**overrides)
+        resolver = AdapterResolver(
+            HubSource(endpoint=hub.url, token=settings.hf_token, timeout_s=settings.hub_timeout_s),
+            local_dir=settings.local_lora_dir,
+            token=settings.hf_token,
+            max_bytes=settings.max_adapter_bytes,
+        )
+        engine = Engine(loaded, settings, resolver)
+        made.append(engine)
+        return engine
+
+    yield build
+    for engine in made:
+        engine.close()
+
+
+@pytest.fixture
+def engine(make_engine):
+    return make_engine()

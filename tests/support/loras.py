@@ -1,0 +1,218 @@
+"""LoRA fixtures made during the tests, in the formats found in the wild, and Hub repos around them.
+
+`publish_fixtures` writes every fixture repo to a stand-in Hub and returns what
+the tests need to name them. Good LoRAs come in diffusers/PEFT naming (with and
+without diffusers' adapter metadata) and kohya naming (SGM block names, `.alpha`,
+kohya's metadata, conv layers); bad ones cover each way a file or repo can be wrong.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+from PIL import Image
+from safetensors.torch import save
+
+from engine.synthetic import (
+    TEXT_ATTENTION,
+    UNET_ATTENTION,
+    UNET_ATTENTION_FF_CONV,
+    LoraTarget,
+    find_targets,
+    kohya_key,
+    kohya_metadata,
+    make_lora,
+    peft_metadata,
+)
+
+SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
+SD15 = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+FLUX = "black-forest-labs/FLUX.1-dev"
+NS = "fixtures"
+
+
+@dataclass(frozen=True)
+class Fixtures:
+    """Repo ids by role, and the local files made for them."""
+
+    repos: dict[str, str]
+    local_dir: Path
+    local: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> str:
+        return self.repos[name]
+
+
+def targets_for(pipe, unet_patterns=UNET_ATTENTION) -> list[LoraTarget]:
+    components = {"unet": pipe.unet, "text_encoder": pipe.text_encoder, "text_encoder_2": pipe.text_encoder_2}
+    patterns = {"unet": unet_patterns, "text_encoder": TEXT_ATTENTION, "text_encoder_2": TEXT_ATTENTION}
+    return find_targets(components, patterns)
+
+
+def card(base: str | list[str] | None = SDXL, **fields: object) -> bytes:
+    data: dict[str, object] = {"tags": ["lora", "text-to-image", "stable-diffusion-xl"], **fields}
+    if base is not None:
+        data["base_model"] = base
+    front = yaml.safe_dump(data, sort_keys=False)
+    return f"---\n{front}---\n\n# A fixture LoRA\n".encode()
+
+
+def png(color: tuple[int, int, int]) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def sft(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    return save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
+
+
+def peft_file(pipe, *, seed: int, rank: int = 4, alpha: float | None = 8.0, strength: float = 0.2) -> bytes:
+    targets = targets_for(pipe)
+    tensors = make_lora(targets, rank=rank, seed=seed, fmt="peft", strength=strength)
+    metadata = peft_metadata(targets, rank=rank, alpha=alpha) if alpha is not None else None
+    return sft(tensors, metadata)
+
+
+def kohya_file(pipe, *, seed: int, rank: int = 4, alpha: float = 2.0, base_version: str = "sdxl_base_v1-0") -> bytes:
+    targets = targets_for(pipe, UNET_ATTENTION_FF_CONV)
+    tensors = make_lora(targets, rank=rank, seed=seed, fmt="kohya", alpha=alpha)
+    return sft(tensors, kohya_metadata(dim=rank, alpha=alpha, base_version=base_version, title=f"kohya {seed}"))
+
+
+def variant_file(pipe, variant: str) -> bytes:
+    """A small LyCORIS/DoRA file: the right module names, tensors of a variant we do not apply."""
+    target = targets_for(pipe)[0]
+    stem = kohya_key(target)
+    out_ch, in_ch = target.weight_shape[:2]
+    if variant == "loha":
+        tensors = {f"{stem}.hada_w1_a": torch.randn(out_ch, 2), f"{stem}.hada_w1_b": torch.randn(2, in_ch)}
+        tensors |= {f"{stem}.hada_w2_a": torch.randn(out_ch, 2), f"{stem}.hada_w2_b": torch.randn(2, in_ch)}
+    elif variant == "lokr":
+        tensors = {f"{stem}.lokr_w1": torch.randn(4, 4), f"{stem}.lokr_w2": torch.randn(out_ch // 4, in_ch // 4)}
+    else:
+        tensors = {f"{stem}.lora_down.weight": torch.randn(2, in_ch), f"{stem}.lora_up.weight": torch.randn(out_ch, 2)}
+        tensors[f"{stem}.dora_scale"] = torch.ones(out_ch, 1)
+    tensors[f"{stem}.alpha"] = torch.tensor(2.0)
+    return sft({k: v.half() for k, v in tensors.items()})
+
+
+def truncated(data: bytes) -> bytes:
+    return data[: len(data) - len(data) // 3]
+
+
+def lying_header(data: bytes) -> bytes:
+    """Claims one tensor lies past the end of the data (a header that lies about offsets)."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    name = next(k for k in header if k != "__metadata__")
+    start, end = header[name]["data_offsets"]
+    header[name]["data_offsets"] = [start, end + 10_000_000]
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data[8 + length :]
+
+
+def huge_header() -> bytes:
+    return struct.pack("<Q", 2**40) + b"{}"
+
+
+def with_nan(pipe) -> bytes:
+    tensors = make_lora(targets_for(pipe), rank=2, seed=5, fmt="peft")
+    first = next(iter(tensors))
+    tensors[first] = tensors[first].clone()
+    tensors[first][0, 0] = float("nan")
+    return sft(tensors)
+
+
+def wrong_shapes(pipe) -> bytes:
+    """SDXL-sized factors on the tiny pipeline's module names: names fit, shapes do not."""
+    targets = [LoraTarget(t.component, t.module, (640, 640)) for t in targets_for(pipe)[:4]]
+    return sft(make_lora(targets, rank=4, seed=6, fmt="peft"))
+
+
+def unknown_keys(pipe) -> bytes:
+    targets = [LoraTarget("unet", "down_blocks.7.attentions.0.transformer_blocks.0.attn1.to_q", (64, 64))]
+    return sft(make_lora(targets, rank=4, seed=7, fmt="peft"))
+
+
+def publish_fixtures(hub, pipe, local_dir: Path) -> Fixtures:
+    """Create every fixture repo on `hub` for the tiny `pipe`; returns names by role."""
+    repos: dict[str, str] = {}
+
+    def add(role: str, files: dict[str, bytes], **kwargs: object) -> None:
+        repo_id = f"{NS}/{role}"
+        hub.add_repo(repo_id, files, **kwargs)
+        repos[role] = repo_id
+
+    peft_card = card(
+        SDXL,
+        instance_prompt="sks style",
+        license="openrail++",
+        widget=[{"text": "a cat in sks style", "output": {"url": "images/preview.png"}}],
+    )
+    add(
+        "peft",
+        {
+            "README.md": peft_card,
+            "pytorch_lora_weights.safetensors": peft_file(pipe, seed=1),
+            "images/preview.png": png((200, 40, 40)),
+        },
+        downloads=500,
+        likes=20,
+    )
+    add(
+        "kohya",
+        {
+            "README.md": card([SDXL], instance_prompt="ohwx", license="cc-by-nc-4.0"),
+            "ohwx_style.safetensors": kohya_file(pipe, seed=2),
+        },
+        downloads=300,
+        likes=50,
+    )
+    add(
+        "peft-noalpha",
+        {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=3, alpha=None)},
+    )
+    add(
+        "second",
+        {"README.md": card(SDXL, instance_prompt="tok"), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=4)},
+    )
+    add("no-base", {"README.md": card(None), "lora.safetensors": peft_file(pipe, seed=8)})
+    add("sd15", {"README.md": card(SD15), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=9)})
+    add("flux", {"README.md": card(FLUX), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=10)})
+    add("sd15-meta", {"README.md": card(None), "lora.safetensors": kohya_file(pipe, seed=11, base_version="sd_v1")})
+    add("pickle-only", {"README.md": card(SDXL), "pytorch_lora_weights.bin": b"\x80\x04not a real pickle"})
+    add("ckpt-only", {"README.md": card(SDXL), "model.ckpt": b"\x80\x04", "model.pt": b"\x80\x04"})
+    add("truncated", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": truncated(peft_file(pipe, seed=12))})
+    add(
+        "lying-header",
+        {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": lying_header(peft_file(pipe, seed=13))},
+    )
+    add("huge-header", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": huge_header()})
+    add("nan", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": with_nan(pipe)})
+    add("wrong-shapes", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": wrong_shapes(pipe)})
+    add("unknown-keys", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": unknown_keys(pipe)})
+    add("high-rank", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=14, rank=64)})
+    add(
+        "several",
+        {"README.md": card(SDXL), "a.safetensors": peft_file(pipe, seed=15), "b.safetensors": peft_file(pipe, seed=16)},
+    )
+    for variant in ("loha", "lokr", "dora"):
+        add(variant, {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": variant_file(pipe, variant)})
+    add("gated", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=17)}, gated="auto")
+    add(
+        "private", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=18)}, private=True
+    )
+
+    local_dir.mkdir(parents=True, exist_ok=True)
+    (local_dir / "styles").mkdir(exist_ok=True)
+    (local_dir / "styles" / "local_kohya.safetensors").write_bytes(kohya_file(pipe, seed=19))
+    (local_dir / "local_peft.safetensors").write_bytes(peft_file(pipe, seed=20))
+    local = {"kohya": "local:styles/local_kohya.safetensors", "peft": "local:local_peft.safetensors"}
+    return Fixtures(repos=repos, local_dir=local_dir, local=local)

@@ -1,0 +1,144 @@
+"""The swap against diffusers' own fuse, and exactness after many swaps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from diffusers import StableDiffusionXLPipeline
+
+from engine.requests import GenerateRequest, LoraSpec
+
+PROMPT = "a photo of a cat in sks style"
+
+
+def request(*loras: LoraSpec, seed: int = 7, prompt: str = PROMPT) -> GenerateRequest:
+    return GenerateRequest(prompt=prompt, loras=tuple(loras), steps=3, width=64, height=64, seed=seed)
+
+
+def pixels(image) -> np.ndarray:
+    return np.asarray(image, dtype=np.int16)
+
+
+def diffusers_image(tiny_dir, loras: list[tuple[str, str, float]], seed: int = 7, prompt: str = PROMPT):
+    """The reference: a fresh pipeline, diffusers' load_lora_weights from the stand-in Hub, then fuse_lora."""
+    pipe = StableDiffusionXLPipeline.from_pretrained(tiny_dir)
+    pipe.set_progress_bar_config(disable=True)
+    names = []
+    for index, (repo_id, weight_name, _) in enumerate(loras):
+        pipe.load_lora_weights(repo_id, weight_name=weight_name, adapter_name=f"a{index}", use_safetensors=True)
+        names.append(f"a{index}")
+    if len(loras) == 1:
+        pipe.fuse_lora(lora_scale=loras[0][2])
+    elif loras:
+        pipe.set_adapters(names, adapter_weights=[scale for *_, scale in loras])
+        pipe.fuse_lora(adapter_names=names)
+    generator = torch.Generator("cpu").manual_seed(seed)
+    return pipe(prompt=prompt, num_inference_steps=3, width=64, height=64, generator=generator).images[0]
+
+
+def test_tiny_pipeline_is_deterministic_per_seed(engine):
+    first = engine.generate(request(seed=1)).image
+    again = engine.generate(request(seed=1)).image
+    other = engine.generate(request(seed=2)).image
+    assert first.size == (64, 64)
+    assert first.tobytes() == again.tobytes()
+    assert first.tobytes() != other.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("role", "weight_name", "scale"),
+    [
+        ("peft", "pytorch_lora_weights.safetensors", 1.0),
+        ("kohya", "ohwx_style.safetensors", 0.8),
+        ("peft-noalpha", "pytorch_lora_weights.safetensors", 1.0),
+    ],
+)
+def test_lora_matches_diffusers_fuse_and_changes_the_image(engine, fixtures, tiny_dir, role, weight_name, scale):
+    repo_id = fixtures[role]
+    base = pixels(engine.generate(request()).image)
+    ours = pixels(engine.generate(request(LoraSpec(repo_id, scale=scale))).image)
+    reference = pixels(diffusers_image(tiny_dir, [(repo_id, weight_name, scale)]))
+    assert np.abs(reference - base).mean() > 2, "the fixture LoRA must visibly change the image"
+    assert np.abs(ours - reference).max() <= 2
+    assert np.abs(ours - reference).mean() < 0.1
+
+
+def test_two_loras_blend_like_diffusers_weighted_adapters(engine, fixtures, tiny_dir):
+    a = (fixtures["peft"], "pytorch_lora_weights.safetensors", 0.7)
+    b = (fixtures["kohya"], "ohwx_style.safetensors", 0.5)
+    ours = pixels(engine.generate(request(LoraSpec(a[0], scale=a[2]), LoraSpec(b[0], scale=b[2]))).image)
+    only_a = pixels(engine.generate(request(LoraSpec(a[0], scale=a[2]))).image)
+    reference = pixels(diffusers_image(tiny_dir, [a, b]))
+    assert np.abs(ours - reference).max() <= 2
+    assert np.abs(ours - only_a).mean() > 1
+
+
+def test_scale_zero_gives_the_base_image(engine, fixtures):
+    base = engine.generate(request()).image
+    zero = engine.generate(request(LoraSpec(fixtures["peft"], scale=0.0))).image
+    assert zero.tobytes() == base.tobytes()
+
+
+def test_same_set_and_scales_again_is_no_work(engine, fixtures):
+    first = engine.generate(request(LoraSpec(fixtures["peft"], scale=0.9)))
+    second = engine.generate(request(LoraSpec(fixtures["peft"], scale=0.9), seed=8))
+    third = engine.generate(request(LoraSpec(fixtures["peft"], scale=0.5), seed=8))
+    assert first.swapped and not second.swapped and third.swapped
+    assert second.timings.apply == 0.0
+    assert [u.cache for u in (first.adapters[0], second.adapters[0])] == ["miss", "hit"]
+
+
+def test_order_of_loras_does_not_change_the_image(engine, fixtures):
+    a, b = LoraSpec(fixtures["peft"], scale=0.6), LoraSpec(fixtures["second"], scale=0.4)
+    assert engine.generate(request(a, b)).image.tobytes() == engine.generate(request(b, a)).image.tobytes()
+
+
+def test_local_lora_applies_like_the_same_file_from_the_hub(engine, fixtures):
+    local = engine.generate(request(LoraSpec(fixtures.local["peft"])))
+    base = engine.generate(request())
+    assert local.adapters[0].ref == fixtures.local["peft"]
+    assert np.abs(pixels(local.image) - pixels(base.image)).mean() > 1
+
+
+def assert_pristine(loaded, pristine) -> None:
+    for name in ("unet", "text_encoder", "text_encoder_2"):
+        for key, value in getattr(loaded.pipe, name).state_dict().items():
+            assert torch.equal(value, pristine[f"{name}.{key}"]), f"{name}.{key} drifted"
+
+
+def test_many_swaps_with_failures_leave_base_weights_bit_exact(make_engine, fixtures, loaded, pristine, monkeypatch):
+    engine = make_engine()
+    base_image = engine.generate(request()).image.tobytes()
+    choices = [fixtures["peft"], fixtures["kohya"], fixtures["second"], fixtures.local["kohya"]]
+    rng = np.random.default_rng(0)
+    broken = {"on": False}
+    real_call = type(loaded.pipe).__call__
+
+    def flaky_call(self, *args, **kwargs):
+        if broken["on"]:
+            raise RuntimeError("injected failure inside generation")
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(loaded.pipe), "__call__", flaky_call)
+    failures = 0
+    for step in range(200):
+        picked = rng.choice(len(choices), size=int(rng.integers(0, 3)), replace=False)
+        loras = [LoraSpec(choices[i], scale=float(rng.choice([0.3, 0.7, 1.0, -0.5]))) for i in picked]
+        before = engine.status().applied
+        broken["on"] = step % 7 == 3
+        if step % 11 == 5:
+            loras.append(LoraSpec(fixtures["wrong-shapes"]))
+        one_step = GenerateRequest(prompt="x", loras=tuple(loras), steps=1, width=64, height=64, seed=step)
+        if broken["on"] or step % 11 == 5:
+            with pytest.raises(Exception, match="injected failure|do not fit"):
+                engine.generate(one_step)
+            failures += 1
+            assert engine.status().applied == before
+        else:
+            engine.generate(one_step)
+    broken["on"] = False
+    assert failures > 40
+    engine.close()
+    assert_pristine(loaded, pristine)
+    assert engine.generate(request()).image.tobytes() == base_image
