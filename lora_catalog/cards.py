@@ -1,0 +1,208 @@
+"""Turning one Hub model record (listing item or model_info) into a `LoraEntry`.
+
+Model cards are written by hand and often wrong: `base_model` as an int,
+`widget` as a string, licenses spelled a dozen ways. Everything here degrades
+field by field; only a record without a usable repo id is rejected.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
+
+from .bases import family_of_base
+from .entries import Family, LoraEntry, parse_datetime
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "MAX_REPO_ID_CHARS",
+    "PICKLE_SUFFIXES",
+    "PREFERRED_WEIGHT_NAME",
+    "REPO_ID_PATTERN",
+    "entry_from_hub_item",
+    "is_non_commercial",
+    "pick_weight_name",
+    "resolve_url",
+]
+
+PREFERRED_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".webp", ".gif")
+PICKLE_SUFFIXES: tuple[str, ...] = (".bin", ".ckpt", ".pt", ".pth")
+# The Hub's own rule for repo ids: owner/name of letters, digits, '-', '_', '.'; no '--' or '..' runs.
+REPO_ID_PATTERN = re.compile(r"^(?!.*(?:--|\.\.))[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_REPO_ID_CHARS = 96
+_MAX_PREVIEWS = 4
+_NON_COMMERCIAL = re.compile(r"(^|[^a-z])nc([^a-z]|$)|non[-_ ]?commercial|research[-_ ]only|noncommercial")
+
+
+def is_non_commercial(license: str | None, license_name: str | None = None, license_link: str | None = None) -> bool:
+    """Whether a card's license forbids commercial use (cc-by-nc-*, FLUX.1 [dev]'s, research-only, ...).
+
+    openrail/openrail++, apache, mit and cc-by(-sa) are commercial. Cards imported
+    from Civitai carry the creator's choice in the link (`allowCommercialUse=None`).
+    """
+    text = " ".join(v.strip().lower() for v in (license, license_name) if isinstance(v, str))
+    if _NON_COMMERCIAL.search(text):
+        return True
+    if isinstance(license_link, str) and "allowcommercialuse=" in license_link.lower():
+        query = {k.lower(): v for k, v in parse_qs(urlsplit(license_link).query).items()}
+        allowed = query.get("allowcommercialuse", [""])
+        return all(v.strip().lower() in ("", "none", "false") for v in allowed)
+    return False
+
+
+def pick_weight_name(filenames: Iterable[str]) -> str | None:
+    """The LoRA file of a repo: diffusers' default name if present, else the only `.safetensors`, else None."""
+    candidates = [f for f in filenames if f.lower().endswith(".safetensors")]
+    if PREFERRED_WEIGHT_NAME in candidates:
+        return PREFERRED_WEIGHT_NAME
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def entry_from_hub_item(item: Mapping[str, Any], *, endpoint: str, listed_base: str | None = None) -> LoraEntry:
+    """Build an entry from a Hub JSON model record; raises ValueError only when the repo id is unusable."""
+    repo_id = item.get("id", item.get("modelId"))
+    if not isinstance(repo_id, str) or not REPO_ID_PATTERN.match(repo_id):
+        raise ValueError(f"record has id {repo_id!r}; accepted: 'owner/name'")
+    card = item.get("cardData")
+    card = card if isinstance(card, Mapping) else {}
+    sha = _str(item.get("sha"))
+    siblings = _siblings(item.get("siblings"))
+    tags = tuple(t for t in _strs(item.get("tags")) if ":" not in t)
+    bases = _bases(card, _strs(item.get("tags")), listed_base)
+    weight_name = pick_weight_name(siblings)
+    license_id = _first_str(card.get("license"))
+    license_name = _str(card.get("license_name"))
+    return LoraEntry(
+        ref=repo_id,
+        repo_id=repo_id,
+        title=repo_id.split("/", 1)[1],
+        base_models=bases,
+        family=_family(bases, listed_base),
+        trigger_words=_trigger_words(card),
+        preview_urls=_previews(card, siblings, endpoint, repo_id, sha),
+        license=license_name if license_name and license_id in (None, "other") else license_id,
+        non_commercial=is_non_commercial(license_id, license_name, _str(card.get("license_link"))),
+        downloads=_count(item.get("downloads")),
+        likes=_count(item.get("likes")),
+        trending_score=_number(item.get("trendingScore")),
+        last_modified=parse_datetime(item.get("lastModified")),
+        weight_name=weight_name,
+        weight_size=siblings.get(weight_name) if weight_name else None,
+        tags=tags,
+        sha=sha,
+        source="hub",
+    )
+
+
+def resolve_url(endpoint: str, repo_id: str, revision: str | None, path: str) -> str:
+    """The Hub URL that serves one file of a repo."""
+    return f"{endpoint.rstrip('/')}/{repo_id}/resolve/{quote(revision or 'main', safe='')}/{quote(path)}"
+
+
+def _bases(card: Mapping[str, Any], raw_tags: tuple[str, ...], listed_base: str | None) -> tuple[str, ...]:
+    raw = card.get("base_model")
+    found = [raw] if isinstance(raw, str) else list(_strs(raw))
+    # The Hub derives these tags from the card and resolves them; they survive a card it rewrote.
+    found += [t.split(":", 2)[2] for t in raw_tags if t.startswith("base_model:adapter:")]
+    unique = tuple(dict.fromkeys(b.strip() for b in found if REPO_ID_PATTERN.match(b.strip())))
+    if not unique and listed_base:
+        return (listed_base,)
+    return unique
+
+
+def _family(bases: tuple[str, ...], listed_base: str | None) -> Family:
+    for base in bases:
+        family = family_of_base(base)
+        if family is not Family.UNKNOWN:
+            return family
+    return family_of_base(listed_base) if listed_base else Family.UNKNOWN
+
+
+def _trigger_words(card: Mapping[str, Any]) -> tuple[str, ...]:
+    prompt = card.get("instance_prompt")
+    words = tuple(w.strip() for w in ((prompt,) if isinstance(prompt, str) else _strs(prompt)) if w.strip())
+    if words:
+        return words
+    for example in _widget(card):
+        text = _str(example.get("text"))
+        if text:
+            return (text,)
+    return ()
+
+
+def _previews(
+    card: Mapping[str, Any], siblings: Mapping[str, int | None], endpoint: str, repo_id: str, sha: str | None
+) -> tuple[str, ...]:
+    urls: list[str] = []
+    for example in _widget(card):
+        output = example.get("output")
+        url = _str(output.get("url")) if isinstance(output, Mapping) else None
+        if url:
+            resolved = _preview_url(url, endpoint, repo_id, sha)
+            if resolved:
+                urls.append(resolved)
+    if not urls:
+        urls = [resolve_url(endpoint, repo_id, sha, f) for f in siblings if f.lower().endswith(IMAGE_SUFFIXES)]
+    return tuple(dict.fromkeys(urls))[:_MAX_PREVIEWS]
+
+
+def _preview_url(url: str, endpoint: str, repo_id: str, sha: str | None) -> str | None:
+    scheme = urlsplit(url).scheme.lower()
+    if scheme in ("http", "https"):
+        return url
+    # A relative path names a file in the repo; anything else (javascript:, ../, \) is not shown.
+    parts = (url[2:] if url.startswith("./") else url).split("/")
+    if scheme or "\\" in url or url.startswith("/") or ".." in parts or not all(parts):
+        return None
+    return resolve_url(endpoint, repo_id, sha, "/".join(parts))
+
+
+def _widget(card: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    widget = card.get("widget")
+    return [w for w in widget if isinstance(w, Mapping)] if isinstance(widget, list) else []
+
+
+def _siblings(raw: object) -> dict[str, int | None]:
+    """File name -> size in bytes (None when the record has no sizes)."""
+    files: dict[str, int | None] = {}
+    if not isinstance(raw, list):
+        return files
+    for sibling in raw:
+        if not isinstance(sibling, Mapping) or not _str(sibling.get("rfilename")):
+            continue
+        lfs = sibling.get("lfs")
+        size = sibling.get("size")
+        if size is None and isinstance(lfs, Mapping):
+            size = lfs.get("size")
+        files[sibling["rfilename"]] = size if isinstance(size, int) and not isinstance(size, bool) else None
+    return files
+
+
+def _str(value: object) -> str | None:
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def _first_str(value: object) -> str | None:
+    if isinstance(value, list):
+        return next((s for s in map(_str, value) if s), None)
+    return _str(value)
+
+
+def _strs(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(v for v in value if isinstance(v, str))
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0.0
+    return float(value)
+
+
+def _count(value: object) -> int:
+    return int(min(max(_number(value), 0.0), 2.0**62))

@@ -1,0 +1,340 @@
+"""`HubSource`: LoRAs for a base model from the Hub's catalogue, and "use a custom LoRA" lookups.
+
+Listing asks for every field an entry needs in the listing call itself
+(`expand`), so a page of 100 LoRAs costs one request, never one per LoRA.
+It does not go through `HfApi.list_models`: that call has no timeout and
+retries a dead Hub five times with back-off (about 23 s), while the catalogue
+must fail within `timeout_s` and fall back to its snapshot. Single-repo
+lookups use `HfApi.model_info`, which honours a timeout and does not retry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import httpx2
+from huggingface_hub import HfApi
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import ModelInfo
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from .cards import PICKLE_SUFFIXES, PREFERRED_WEIGHT_NAME, entry_from_hub_item, resolve_url
+from .entries import LoraEntry
+from .errors import (
+    AmbiguousWeightsError,
+    GatedLoraError,
+    HubUnreachableError,
+    InvalidRequestError,
+    LoraNotFoundError,
+    NoSafetensorsError,
+    PickleOnlyError,
+)
+from .refs import is_commit_sha, validate_repo_id, validate_revision, validate_weight_name
+from .sft_header import DEFAULT_MAX_HEADER_BYTES, SafetensorsHeader, read_header_bytes
+
+__all__ = ["LIST_EXPAND", "SORTS", "HubSource", "Sort", "check_sort"]
+
+logger = logging.getLogger(__name__)
+
+Sort = Literal["downloads", "likes", "trending", "recent"]
+SORTS: tuple[str, ...] = get_args(Sort)
+_SORT_PARAM: Mapping[str, str] = {
+    "downloads": "downloads",
+    "likes": "likes",
+    "trending": "trendingScore",
+    "recent": "lastModified",
+}
+# Everything `entry_from_hub_item` reads, plus gated/private so such repos can be left out.
+LIST_EXPAND: tuple[str, ...] = (
+    "cardData",
+    "siblings",
+    "downloads",
+    "likes",
+    "trendingScore",
+    "lastModified",
+    "tags",
+    "gated",
+    "private",
+    "sha",
+)
+_MAX_LIST_LIMIT = 10_000
+_MAX_PAGE_SIZE = 1000  # the Hub's own cap per page
+# Most LoRA headers fit in the first 100 kB, so one Range read usually suffices.
+_FIRST_READ_BYTES = 100_000
+_CACHE_MAX = 1024
+_USER_AGENT = {"library_name": "lora-switchboard", "library_version": "0.1.0"}
+
+
+def check_sort(sort: str) -> Sort:
+    if sort not in SORTS:
+        raise InvalidRequestError(f"sort {sort!r} is not accepted; accepted: {', '.join(SORTS)}")
+    return sort  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class _Cached:
+    entry: LoraEntry
+    expires_at: float | None  # None: a commit sha never changes
+
+
+class HubSource:
+    """The Hub (or a stand-in at `endpoint`) as a catalogue source; thread-safe."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        *,
+        page_size: int = 100,
+        cache_ttl_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not timeout_s > 0:
+            raise InvalidRequestError(f"timeout_s={timeout_s!r} is not accepted; accepted: a number above 0")
+        if not 1 <= page_size <= _MAX_PAGE_SIZE:
+            raise InvalidRequestError(f"page_size={page_size!r} is not accepted; accepted: 1 to {_MAX_PAGE_SIZE}")
+        # token=False keeps huggingface_hub from picking up a token saved on this machine: settings decide.
+        self._token: str | bool = token or False
+        self._api = HfApi(endpoint=endpoint, token=self._token, **_USER_AGENT)
+        self.endpoint: str = self._api.endpoint.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        self._page_size = page_size
+        self._cache_ttl_s = cache_ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._resolved: dict[tuple[str, str | None, str | None], _Cached] = {}
+        self._headers: dict[tuple[str, str, str], SafetensorsHeader] = {}
+
+    def list_loras(
+        self, base: str, *, search: str | None = None, sort: Sort = "downloads", limit: int = 100
+    ) -> list[LoraEntry]:
+        """Up to `limit` public, non-gated LoRAs whose card names `base`, best first by `sort`."""
+        base = validate_repo_id(base)
+        sort = check_sort(sort)
+        search = search.strip() if search else None
+        if not 1 <= limit <= _MAX_LIST_LIMIT:
+            raise InvalidRequestError(f"limit={limit!r} is not accepted; accepted: 1 to {_MAX_LIST_LIMIT}")
+        params: list[tuple[str, str]] = [
+            ("filter", "lora"),
+            ("filter", f"base_model:adapter:{base}"),
+            ("sort", _SORT_PARAM[sort]),
+            ("limit", str(min(self._page_size, limit))),
+            *(("expand", name) for name in LIST_EXPAND),
+        ]
+        if search:
+            params.append(("search", search))
+        entries: list[LoraEntry] = []
+        url: str | None = f"{self.endpoint}/api/models"
+        query: list[tuple[str, str]] | None = params
+        while url is not None and len(entries) < limit:
+            with self._wrap(f"listing LoRAs for {base!r}"):
+                response = get_session().get(url, params=query, headers=self._http_headers(), timeout=self.timeout_s)
+                hf_raise_for_status(response)
+                page = response.json()
+            if not isinstance(page, list):
+                raise HubUnreachableError(
+                    f"the Hub at {self.endpoint} answered the listing with a JSON {type(page).__name__}, not a list"
+                )
+            entries += self._page_entries(page, base)
+            # The next-page link carries every parameter, the cursor included.
+            url, query = response.links.get("next", {}).get("url"), None
+        return entries[:limit]
+
+    def resolve(self, repo_id: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry:
+        """The entry for a custom LoRA with `weight_name`, `weight_size` and `sha` filled; cached in memory."""
+        repo_id = validate_repo_id(repo_id)
+        revision = validate_revision(revision)
+        weight_name = validate_weight_name(weight_name)
+        key = (repo_id, revision, weight_name)
+        with self._lock:
+            hit = self._resolved.get(key)
+            if hit is not None and (hit.expires_at is None or self._clock() < hit.expires_at):
+                return hit.entry
+        where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
+        with self._wrap(f"looking up LoRA {where}", repo_id=repo_id, revision=revision):
+            info = self._api.model_info(repo_id, revision=revision, files_metadata=True, timeout=self.timeout_s)
+        if info.private:
+            raise LoraNotFoundError(f"LoRA repo {repo_id!r} is private; this Space serves public LoRAs only")
+        if info.gated:
+            raise GatedLoraError(
+                f"LoRA repo {repo_id!r} is gated ({info.gated}); this Space serves only LoRAs anyone can download"
+            )
+        try:
+            entry = entry_from_hub_item(_info_to_item(info), endpoint=self.endpoint)
+        except ValueError as e:
+            raise HubUnreachableError(f"the Hub answered an unreadable record for {where}: {e}") from e
+        sizes = {
+            s.rfilename: s.size if s.size is not None else (s.lfs.size if s.lfs else None) for s in info.siblings or ()
+        }
+        chosen = _choose_weight(repo_id, where, tuple(sizes), weight_name)
+        entry = dataclasses.replace(entry, weight_name=chosen, weight_size=sizes[chosen], sha=info.sha or entry.sha)
+        expires = None if is_commit_sha(revision) else self._clock() + self._cache_ttl_s
+        with self._lock:
+            if len(self._resolved) >= _CACHE_MAX:
+                self._resolved.pop(next(iter(self._resolved)))
+            self._resolved[key] = _Cached(entry, expires)
+        return entry
+
+    def read_remote_header(self, entry: LoraEntry) -> SafetensorsHeader:
+        """The weight file's safetensors header, read with HTTP Range requests (no tensor data downloaded)."""
+        if entry.repo_id is None or entry.source != "hub":
+            raise InvalidRequestError(f"{entry.ref!r} is not a Hub LoRA; accepted: an entry with a repo id")
+        if entry.weight_name is None or entry.sha is None:
+            entry = self.resolve(entry.repo_id, entry.sha, entry.weight_name)
+        repo_id, sha, weight_name = entry.repo_id, entry.sha or "main", entry.weight_name or ""
+        key = (repo_id, sha, weight_name)
+        with self._lock:
+            if key in self._headers:
+                return self._headers[key]
+        url = resolve_url(self.endpoint, repo_id, sha, weight_name)
+        label = f"{repo_id}/{weight_name}"
+        with self._wrap(f"reading the header of {label}", repo_id=repo_id, revision=sha):
+            data, total = self._read_prefix(url, _FIRST_READ_BYTES)
+            if len(data) >= 8:
+                (length,) = struct.unpack("<Q", data[:8])
+                if len(data) < 8 + length <= 8 + DEFAULT_MAX_HEADER_BYTES:
+                    data, total = self._read_prefix(url, 8 + length)
+        header = read_header_bytes(data, file_size=total, label=label)
+        with self._lock:
+            if len(self._headers) >= _CACHE_MAX:
+                self._headers.pop(next(iter(self._headers)))
+            self._headers[key] = header
+        return header
+
+    def _http_headers(self) -> dict[str, str]:
+        return build_hf_headers(token=self._token, **_USER_AGENT)
+
+    def _read_prefix(self, url: str, count: int) -> tuple[bytes, int | None]:
+        """The first `count` bytes of a file and its total size; stops early if the server ignores Range."""
+        headers = {**self._http_headers(), "Range": f"bytes=0-{count - 1}"}
+        with get_session().stream("GET", url, headers=headers, timeout=self.timeout_s) as response:
+            if response.status_code == 416:
+                return b"", 0
+            if response.status_code >= 400:
+                response.read()
+                hf_raise_for_status(response)
+            total = _total_size(response.headers)
+            chunks: list[bytes] = []
+            received = 0
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                received += len(chunk)
+                if received >= count:
+                    break
+        return b"".join(chunks)[:count], total
+
+    def _page_entries(self, page: list[Any], base: str) -> list[LoraEntry]:
+        entries = []
+        for item in page:
+            if not isinstance(item, Mapping):
+                logger.warning("skipping a listing item that is a JSON %s, not an object", type(item).__name__)
+                continue
+            if item.get("private") is True or item.get("gated") not in (False, None):
+                continue
+            try:
+                entries.append(entry_from_hub_item(item, endpoint=self.endpoint, listed_base=base))
+            except ValueError as e:
+                logger.warning("skipping a listing item for %s: %s", base, e)
+        return entries
+
+    @contextmanager
+    def _wrap(self, what: str, *, repo_id: str | None = None, revision: str | None = None) -> Iterator[None]:
+        """Turn huggingface_hub/httpx errors into catalogue errors that name `what` failed."""
+        try:
+            yield
+        except GatedRepoError as e:
+            raise GatedLoraError(
+                f"LoRA repo {repo_id!r} is gated; this Space serves only LoRAs anyone can download"
+            ) from e
+        except RepositoryNotFoundError as e:
+            raise LoraNotFoundError(
+                f"LoRA repo {repo_id!r} was not found on the Hub (or it is private); accepted: a public model repo "
+                "id 'owner/name'"
+            ) from e
+        except RevisionNotFoundError as e:
+            raise LoraNotFoundError(
+                f"revision {revision!r} of LoRA repo {repo_id!r} was not found; accepted: an existing branch, tag or "
+                "commit sha"
+            ) from e
+        except EntryNotFoundError as e:
+            raise LoraNotFoundError(f"a file of LoRA repo {repo_id!r} was not found while {what}") from e
+        except HfHubHTTPError as e:
+            status = e.response.status_code if e.response is not None else "?"
+            raise HubUnreachableError(f"the Hub at {self.endpoint} answered HTTP {status} while {what}") from e
+        except httpx2.TimeoutException as e:
+            raise HubUnreachableError(
+                f"the Hub at {self.endpoint} did not answer within {self.timeout_s:g} s while {what}"
+            ) from e
+        except httpx2.HTTPError as e:
+            raise HubUnreachableError(f"the Hub at {self.endpoint} could not be reached while {what}: {e}") from e
+        except (ValueError, KeyError, TypeError) as e:
+            # r.json() and ModelInfo(**data) on a malformed or truncated answer.
+            raise HubUnreachableError(f"the Hub at {self.endpoint} answered malformed JSON while {what}: {e}") from e
+
+
+def _choose_weight(repo_id: str, where: str, files: tuple[str, ...], weight_name: str | None) -> str:
+    candidates = tuple(f for f in files if f.lower().endswith(".safetensors"))
+    if weight_name is not None:
+        if weight_name not in files:
+            listed = ", ".join(repr(c) for c in candidates) or "none"
+            raise LoraNotFoundError(
+                f"file {weight_name!r} was not found in LoRA repo {where}; its .safetensors files: {listed}"
+            )
+        return weight_name
+    if PREFERRED_WEIGHT_NAME in candidates:
+        return PREFERRED_WEIGHT_NAME
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        raise AmbiguousWeightsError(
+            f"LoRA repo {where} holds several .safetensors files ({', '.join(repr(c) for c in candidates)}) and "
+            f"none is named {PREFERRED_WEIGHT_NAME!r}; pass weight_name to pick one",
+            candidates,
+        )
+    pickles = [f for f in files if f.lower().endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        raise PickleOnlyError(
+            f"LoRA repo {where} holds only pickle weights ({', '.join(repr(p) for p in pickles)}); only "
+            ".safetensors files are accepted, pickles are never unpickled"
+        )
+    raise NoSafetensorsError(f"LoRA repo {where} holds no .safetensors file; accepted: a repo with a .safetensors LoRA")
+
+
+def _info_to_item(info: ModelInfo) -> dict[str, Any]:
+    """`model_info`'s parsed answer back in the listing's JSON shape, so one parser serves both."""
+    card = info.card_data.to_dict() if info.card_data is not None and hasattr(info.card_data, "to_dict") else None
+    return {
+        "id": info.id,
+        "sha": info.sha,
+        "cardData": card,
+        "siblings": [{"rfilename": s.rfilename} for s in info.siblings or ()],
+        "downloads": info.downloads,
+        "likes": info.likes,
+        "trendingScore": info.trending_score,
+        "lastModified": info.last_modified,
+        "tags": info.tags,
+    }
+
+
+def _total_size(headers: Mapping[str, str]) -> int | None:
+    content_range = headers.get("content-range", "")
+    if "/" in content_range and content_range.rsplit("/", 1)[1].strip().isdigit():
+        return int(content_range.rsplit("/", 1)[1])
+    if "content-range" not in headers and headers.get("content-length", "").isdigit():
+        return int(headers["content-length"])
+    return None

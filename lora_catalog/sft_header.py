@@ -1,0 +1,248 @@
+"""A strict, torch-free reader for safetensors headers.
+
+A safetensors file is an 8-byte little-endian header length N, N bytes of
+JSON (tensor name -> dtype, shape, data offsets, plus an optional
+`__metadata__` str->str map) and then the raw tensor bytes. The catalogue reads
+headers to place a LoRA by its base without loading tensors; the engine uses
+the same checks before it trusts a downloaded file. Every check names the
+problem, because a file that lies about its offsets would otherwise fail much
+later, deep inside the loader.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import BinaryIO
+
+from .errors import HeaderError
+
+__all__ = [
+    "DEFAULT_MAX_HEADER_BYTES",
+    "DTYPE_BITS",
+    "SafetensorsHeader",
+    "TensorInfo",
+    "read_header",
+    "read_header_bytes",
+]
+
+DEFAULT_MAX_HEADER_BYTES = 16 * 2**20
+# Bits per element for every dtype safetensors 0.8 writes (sub-byte floats included).
+DTYPE_BITS: Mapping[str, int] = MappingProxyType(
+    {
+        "BOOL": 8,
+        "F4": 4,
+        "F6_E2M3": 6,
+        "F6_E3M2": 6,
+        "U8": 8,
+        "I8": 8,
+        "F8_E5M2": 8,
+        "F8_E4M3": 8,
+        "F8_E8M0": 8,
+        "I16": 16,
+        "U16": 16,
+        "F16": 16,
+        "BF16": 16,
+        "I32": 32,
+        "U32": 32,
+        "F32": 32,
+        "C64": 64,
+        "F64": 64,
+        "I64": 64,
+        "U64": 64,
+    }
+)
+_PREFIX = 8
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lies; `start`/`end` are relative to `SafetensorsHeader.data_start`."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A validated header: tensors by name, the free-form metadata and where the data begins."""
+
+    tensors: Mapping[str, TensorInfo]
+    metadata: Mapping[str, str]
+    header_size: int
+    data_start: int
+
+    @property
+    def data_size(self) -> int:
+        """Bytes of tensor data the header accounts for."""
+        return max((t.end for t in self.tensors.values()), default=0)
+
+
+def read_header(
+    source: Path | BinaryIO,
+    *,
+    file_size: int | None = None,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+) -> SafetensorsHeader:
+    """Read and validate the header of a safetensors file (a path or a binary stream positioned at its start).
+
+    `file_size` defaults to the file's size (or the stream's, when it can seek);
+    tensors are checked to lie within it.
+    """
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        try:
+            with path.open("rb") as stream:
+                size = os.fstat(stream.fileno()).st_size if file_size is None else file_size
+                return _read_stream(stream, str(path), size, max_header_bytes)
+        except OSError as e:
+            raise HeaderError(f"cannot read safetensors file {str(path)!r}: {e.strerror or e}") from e
+    label = str(getattr(source, "name", "<stream>"))
+    size = file_size if file_size is not None else _stream_size(source)
+    return _read_stream(source, label, size, max_header_bytes)
+
+
+def read_header_bytes(
+    data: bytes,
+    *,
+    file_size: int | None = None,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    label: str = "<bytes>",
+) -> SafetensorsHeader:
+    """Validate a header from the first bytes of a file (a remote Range read, say).
+
+    `data` must hold at least the 8-byte prefix and the whole JSON header.
+    Pass `file_size` (the whole file's size, e.g. from `Content-Range`) to have
+    tensors checked against the end of the file; for a complete file pass
+    `len(data)`.
+    """
+    length = _declared_length(bytes(data[:_PREFIX]), label, file_size, max_header_bytes)
+    raw = data[_PREFIX : _PREFIX + length]
+    if len(raw) < length:
+        raise HeaderError(
+            f"{label}: the header declares {length} bytes but only {len(raw)} were given; "
+            f"accepted: at least the first {_PREFIX + length} bytes of the file"
+        )
+    return _parse(bytes(raw), label, length, file_size)
+
+
+def _stream_size(stream: BinaryIO) -> int | None:
+    if not stream.seekable():
+        return None
+    here = stream.tell()
+    end = stream.seek(0, os.SEEK_END)
+    stream.seek(here)
+    return end - here
+
+
+def _read_stream(stream: BinaryIO, label: str, file_size: int | None, max_header_bytes: int) -> SafetensorsHeader:
+    prefix = stream.read(_PREFIX)
+    length = _declared_length(prefix, label, file_size, max_header_bytes)
+    raw = stream.read(length)
+    if len(raw) < length:
+        raise HeaderError(f"{label}: file truncated: the header declares {length} bytes but only {len(raw)} follow")
+    return _parse(raw, label, length, file_size)
+
+
+def _declared_length(prefix: bytes, label: str, file_size: int | None, max_header_bytes: int) -> int:
+    if len(prefix) < _PREFIX:
+        raise HeaderError(
+            f"{label}: file is {len(prefix)} bytes, shorter than the 8-byte header length; accepted: a safetensors file"
+        )
+    (length,) = struct.unpack("<Q", prefix)
+    if length > max_header_bytes:
+        raise HeaderError(
+            f"{label}: declared header length {length} bytes is over the limit of {max_header_bytes} bytes; "
+            "accepted: a safetensors file with a sane header"
+        )
+    if file_size is not None and _PREFIX + length > file_size:
+        raise HeaderError(
+            f"{label}: declared header length {length} bytes goes past the end of the {file_size}-byte file"
+        )
+    return length
+
+
+def _parse(raw: bytes, label: str, length: int, file_size: int | None) -> SafetensorsHeader:
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HeaderError(f"{label}: header is not JSON ({e}); accepted: a UTF-8 JSON object") from e
+    if not isinstance(header, dict):
+        raise HeaderError(f"{label}: header is a JSON {type(header).__name__}, not an object")
+    metadata = _metadata(header.pop("__metadata__", None), label)
+    data_start = _PREFIX + length
+    data_size = None if file_size is None else file_size - data_start
+    tensors = {name: _tensor(name, spec, label, data_size) for name, spec in header.items()}
+    _check_overlaps(tensors, label)
+    return SafetensorsHeader(
+        tensors=MappingProxyType(tensors),
+        metadata=MappingProxyType(metadata),
+        header_size=length,
+        data_start=data_start,
+    )
+
+
+def _metadata(raw: object, label: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise HeaderError(f"{label}: __metadata__ is a JSON {type(raw).__name__}; accepted: an object of str -> str")
+    bad = [key for key, value in raw.items() if not isinstance(value, str)]
+    if bad:
+        raise HeaderError(
+            f"{label}: __metadata__ value of {bad[0]!r} is {type(raw[bad[0]]).__name__}; accepted: str -> str only"
+        )
+    return dict(raw)
+
+
+def _tensor(name: str, spec: object, label: str, data_size: int | None) -> TensorInfo:
+    where = f"{label}: tensor {name!r}"
+    if not isinstance(spec, dict):
+        raise HeaderError(f"{where} is described by a JSON {type(spec).__name__}; accepted: an object")
+    dtype = spec.get("dtype")
+    if dtype not in DTYPE_BITS:
+        raise HeaderError(f"{where} has unknown dtype {dtype!r}; accepted: {', '.join(DTYPE_BITS)}")
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+        raise HeaderError(f"{where} has shape {shape!r}; accepted: a list of non-negative integers")
+    offsets = spec.get("data_offsets")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
+        raise HeaderError(f"{where} has data_offsets {offsets!r}; accepted: [start, end], non-negative integers")
+    start, end = offsets
+    if end < start:
+        raise HeaderError(f"{where} has data_offsets [{start}, {end}]: end before start")
+    bits = math.prod(shape) * DTYPE_BITS[dtype]
+    if bits % 8 or end - start != bits // 8:
+        raise HeaderError(
+            f"{where} spans {end - start} bytes but shape {shape} of {dtype} needs {bits / 8:g} bytes; "
+            "the offsets lie about the data"
+        )
+    if data_size is not None and end > data_size:
+        raise HeaderError(
+            f"{where} ends at data byte {end} but the file holds {max(data_size, 0)} data bytes: file truncated"
+        )
+    return TensorInfo(dtype=dtype, shape=tuple(shape), start=start, end=end)
+
+
+def _check_overlaps(tensors: Mapping[str, TensorInfo], label: str) -> None:
+    spans = sorted((t.start, t.end, name) for name, t in tensors.items() if t.end > t.start)
+    for (_, prev_end, prev_name), (start, _, name) in itertools.pairwise(spans):
+        if start < prev_end:
+            raise HeaderError(f"{label}: tensors {prev_name!r} and {name!r} overlap at data byte {start}")
+
+
+def _is_uint(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
