@@ -60,12 +60,15 @@ _SERIES: tuple[tuple[str, Family], ...] = (
     ("cagliostrolab/animagine-xl-", Family.SDXL),
 )
 
+_UNET_BLOCKS = ("down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block")
+
 # kohya's `ss_base_model_version` values (sd-scripts library/sai_model_spec.py and train_util.py).
 _SS_VERSIONS: tuple[tuple[str, Family], ...] = (
     ("sdxl", Family.SDXL),
     ("sd_v1", Family.SD15),
     ("sd_v2", Family.SD2),
     ("flux", Family.FLUX),
+    ("sd3", Family.UNKNOWN),
 )
 # modelspec.architecture prefixes (Stability's ModelSpec); the refiner is a separate, incompatible net.
 _ARCHITECTURES: tuple[tuple[str, Family], ...] = (
@@ -73,6 +76,8 @@ _ARCHITECTURES: tuple[tuple[str, Family], ...] = (
     ("stable-diffusion-xl", Family.SDXL),
     ("stable-diffusion-v1", Family.SD15),
     ("stable-diffusion-v2", Family.SD2),
+    ("stable-diffusion-v3", Family.UNKNOWN),
+    ("stable-diffusion-3", Family.UNKNOWN),
     ("flux-1", Family.FLUX),
     ("flux.1", Family.FLUX),
 )
@@ -131,8 +136,9 @@ def family_from_keys(tensor_names: Iterable[str]) -> Family | None:
             flux = True
         elif name.startswith(("lora_te1_", "lora_te2_", "text_encoder_2.", "te2.")):
             sdxl = True
-        elif "transformer_blocks_1_" in name or "transformer_blocks.1." in name:
+        elif ("transformer_blocks_1_" in name or "transformer_blocks.1." in name) and _is_unet(name):
             # SD 1.x/2.x UNets hold one transformer block per attention; SDXL holds 2 or 10.
+            # (SD3 and Flux transformers have numbered transformer_blocks too, but no UNet blocks.)
             sdxl = True
         elif "down_blocks_0_attentions" in name or "down_blocks.0.attentions" in name or "input_blocks_1_1" in name:
             # SDXL's first down block has no attention at all.
@@ -147,3 +153,7 @@ def family_from_keys(tensor_names: Iterable[str]) -> Family | None:
     if sd1:
         return Family.SD15
     return None
+
+
+def _is_unet(name: str) -> bool:
+    return name.startswith(("lora_unet_", "unet.")) or any(block in name for block in _UNET_BLOCKS)

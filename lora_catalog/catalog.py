@@ -176,6 +176,9 @@ class Catalog:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
+                # Jobs remove themselves when they finish; only ones cancelled by close() linger.
+                for key in [k for k, job in self._pending.items() if job.cancelled()]:
+                    del self._pending[key]
                 pending = list(self._pending.values())
             if not pending:
                 return True
@@ -226,8 +229,9 @@ class Catalog:
 
         Call with the lock held.
         """
-        if key in self._pending:
-            return self._pending[key]
+        running = self._pending.get(key)
+        if running is not None and not running.cancelled():
+            return running
         failed_at = self._failed_at if self._hub_state == "offline" else None
         if failed_at is not None and self._clock() - failed_at < self._retry_after:
             return None

@@ -69,6 +69,8 @@ def test_known_bases_are_consistent() -> None:
         ({"modelspec.architecture": "stable-diffusion-v1/lora"}, Family.SD15),
         ({"modelspec.architecture": "stable-diffusion-v2-768-v/lora"}, Family.SD2),
         ({"modelspec.architecture": "flux-1-dev/lora"}, Family.FLUX),
+        ({"modelspec.architecture": "stable-diffusion-v3-medium/lora"}, Family.UNKNOWN),
+        ({"ss_base_model_version": "sd3"}, Family.UNKNOWN),
         # The architecture is the more specific claim and wins over the kohya version.
         ({"modelspec.architecture": "flux-1-dev/lora", "ss_base_model_version": "sdxl_base_v1-0"}, Family.FLUX),
         ({"ss_v2": "True", "ss_sd_model_name": "whatever.ckpt"}, Family.SD2),
@@ -93,6 +95,7 @@ def test_family_from_metadata(metadata: dict[str, str], family: Family | None) -
         (["unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight"], Family.SD15),
         (["transformer.single_transformer_blocks.0.attn.to_k.lora_A.weight"], Family.FLUX),
         (["lora_unet_double_blocks_0_img_attn_proj.lora_down.weight"], Family.FLUX),
+        (["transformer.transformer_blocks.1.attn.to_q.lora_A.weight"], None),  # SD3 or Flux: not SDXL
         (["unet.mid_block.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight"], None),
         ([], None),
     ],
