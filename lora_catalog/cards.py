@@ -115,11 +115,12 @@ def _bases(card: Mapping[str, Any], raw_tags: tuple[str, ...], listed_base: str 
 
 
 def _family(bases: tuple[str, ...], listed_base: str | None) -> Family:
-    for base in bases:
-        family = family_of_base(base)
-        if family is not Family.UNKNOWN:
-            return family
-    return family_of_base(listed_base) if listed_base else Family.UNKNOWN
+    known = [f for f in map(family_of_base, bases) if f is not Family.UNKNOWN]
+    listed = family_of_base(listed_base) if listed_base else Family.UNKNOWN
+    # The Hub listed it as an adapter of `listed_base`; a card naming several bases keeps that one's family.
+    if listed is not Family.UNKNOWN and (listed in known or not known):
+        return listed
+    return known[0] if known else Family.UNKNOWN
 
 
 def _trigger_words(card: Mapping[str, Any]) -> tuple[str, ...]:

@@ -95,7 +95,7 @@ class Catalog:
         self, base: str, *, search: str = "", sort: Sort = "downloads", page: int = 0, page_size: int = 24
     ) -> CatalogPage:
         """One page of LoRAs for `base`: local ones first, then the Hub's (live, or the snapshot) by `sort`."""
-        base = validate_repo_id(base)
+        base = validate_repo_id(base, what="base model id")
         sort = check_sort(sort)
         search = (search or "").strip()
         if not isinstance(page, int) or page < 0:
@@ -155,12 +155,12 @@ class Catalog:
 
     def refresh_now(self, base: str, *, search: str = "", sort: Sort = "downloads") -> tuple[LoraEntry, ...]:
         """Fetch the Hub list for `base` now (blocking); HubUnreachableError when it fails."""
-        key = (validate_repo_id(base), (search or "").strip().lower(), check_sort(sort))
+        key = (validate_repo_id(base, what="base model id"), (search or "").strip().lower(), check_sort(sort))
         return self._fetch(key).entries
 
     def save_snapshot(self, path: Path, base: str) -> Snapshot:
         """Write the live Hub list for `base` (fetched now if there is none yet) as a snapshot file."""
-        key = (validate_repo_id(base), "", "downloads")
+        key = (validate_repo_id(base, what="base model id"), "", "downloads")
         with self._lock:
             listing = self._live.get(key)
         if listing is None:

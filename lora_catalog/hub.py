@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import struct
 import threading
 import time
@@ -124,7 +125,7 @@ class HubSource:
         self, base: str, *, search: str | None = None, sort: Sort = "downloads", limit: int = 100
     ) -> list[LoraEntry]:
         """Up to `limit` public, non-gated LoRAs whose card names `base`, best first by `sort`."""
-        base = validate_repo_id(base)
+        base = validate_repo_id(base, what="base model id")
         sort = check_sort(sort)
         search = search.strip() if search else None
         if not 1 <= limit <= _MAX_LIST_LIMIT:
@@ -141,7 +142,10 @@ class HubSource:
         entries: list[LoraEntry] = []
         url: str | None = f"{self.endpoint}/api/models"
         query: list[tuple[str, str]] | None = params
-        while url is not None and len(entries) < limit:
+        # Skipped (gated, private) items can leave pages short; this bounds the walk when most are skipped.
+        pages_left = 2 * math.ceil(limit / self._page_size) + 1
+        while url is not None and len(entries) < limit and pages_left > 0:
+            pages_left -= 1
             with self._wrap(f"listing LoRAs for {base!r}"):
                 response = get_session().get(url, params=query, headers=self._http_headers(), timeout=self.timeout_s)
                 hf_raise_for_status(response)

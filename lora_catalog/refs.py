@@ -34,10 +34,10 @@ _MAX_REVISION_CHARS = 256
 _MAX_PATH_CHARS = 512
 
 
-def validate_repo_id(value: str) -> str:
-    """The repo id with surrounding blanks removed; InvalidRepoIdError naming the value otherwise."""
+def validate_repo_id(value: str, *, what: str = "LoRA repo id") -> str:
+    """The repo id with surrounding blanks removed; InvalidRepoIdError naming `what` and the value otherwise."""
     if not isinstance(value, str):
-        raise InvalidRepoIdError(f"LoRA repo id {value!r} is a {type(value).__name__}; {_ACCEPTED_REPO}")
+        raise InvalidRepoIdError(f"{what} {value!r} is a {type(value).__name__}; {_ACCEPTED_REPO}")
     repo_id = value.strip()
     reason = None
     if not repo_id:
@@ -53,7 +53,7 @@ def validate_repo_id(value: str) -> str:
     elif not REPO_ID_PATTERN.match(repo_id):
         reason = "it is not owner/name"
     if reason:
-        raise InvalidRepoIdError(f"LoRA repo id {value!r} is not accepted ({reason}); {_ACCEPTED_REPO}")
+        raise InvalidRepoIdError(f"{what} {value!r} is not accepted ({reason}); {_ACCEPTED_REPO}")
     return repo_id
 
 

@@ -82,7 +82,7 @@ def test_refresh_to_a_named_file_for_another_base(hub: StandInHub, tmp_path: Pat
 def test_errors_exit_non_zero_with_a_message(tmp_path: Path) -> None:
     bad_base = run_cli(tmp_path, "refresh", "--base", "../x", "--endpoint", closed_port_url())
     assert bad_base.returncode == 1
-    assert "error: LoRA repo id '../x' is not accepted" in bad_base.stderr
+    assert "error: base model id '../x' is not accepted" in bad_base.stderr
     unreachable = run_cli(tmp_path, "refresh", "--endpoint", closed_port_url(), "--timeout", "2")
     assert unreachable.returncode == 1 and "could not be reached" in unreachable.stderr
     nothing = run_cli(tmp_path, "list", "--offline")

@@ -273,6 +273,14 @@ def test_hub_record_previews_skip_unsafe_urls_and_resolve_relative_ones() -> Non
     assert entry.family is Family.UNKNOWN
 
 
+def test_family_prefers_the_base_it_was_listed_under() -> None:
+    item = {"id": "o/both", "cardData": {"base_model": ["black-forest-labs/FLUX.1-dev", SDXL]}}
+    assert entry_from_hub_item(item, endpoint=ENDPOINT, listed_base=SDXL).family is Family.SDXL
+    assert entry_from_hub_item(item, endpoint=ENDPOINT).family is Family.FLUX
+    only_flux = {"id": "o/flux", "cardData": {"base_model": "black-forest-labs/FLUX.1-dev"}}
+    assert entry_from_hub_item(only_flux, endpoint=ENDPOINT, listed_base=SDXL).family is Family.FLUX
+
+
 def test_hub_record_without_a_usable_id_is_rejected() -> None:
     with pytest.raises(ValueError, match=r"record has id '\.\./x'; accepted: 'owner/name'"):
         entry_from_hub_item({"id": "../x"}, endpoint=ENDPOINT)
