@@ -27,6 +27,7 @@ from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
     HfHubHTTPError,
+    OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
@@ -280,6 +281,8 @@ class HubSource:
         except HfHubHTTPError as e:
             status = e.response.status_code if e.response is not None else "?"
             raise HubUnreachableError(f"the Hub at {self.endpoint} answered HTTP {status} while {what}") from e
+        except OfflineModeIsEnabled as e:
+            raise HubUnreachableError(f"huggingface_hub's offline mode (HF_HUB_OFFLINE) is on while {what}") from e
         except httpx2.TimeoutException as e:
             raise HubUnreachableError(
                 f"the Hub at {self.endpoint} did not answer within {self.timeout_s:g} s while {what}"

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from huggingface_hub import constants
 from safetensors.numpy import save
 
 from lora_catalog import (
@@ -258,6 +259,17 @@ def test_closed_port_is_hub_unreachable() -> None:
         source.list_loras(SDXL)
     with pytest.raises(HubUnreachableError, match=r"could not be reached while looking up LoRA 'o/n'"):
         source.resolve("o/n")
+
+
+def test_huggingface_hub_offline_mode_is_hub_unreachable(
+    source: HubSource, clean_hub: StandInHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(HubUnreachableError, match=r"offline mode \(HF_HUB_OFFLINE\) is on while listing"):
+        source.list_loras(SDXL)
+    with pytest.raises(HubUnreachableError, match=r"offline mode .* while looking up LoRA"):
+        source.resolve(f"{NS}/pixel-xl")
+    assert clean_hub.requests == []
 
 
 def test_bad_listing_arguments(source: HubSource) -> None:
