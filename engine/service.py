@@ -298,6 +298,8 @@ class Engine:
         identity = tuple((a.key, s) for a, s in wanted)
         if not self._per_call and identity == tuple((a.adapter.key, a.scale) for a in self._applied):
             return False, 0.0
+        if not wanted and not self._patcher.dirty:
+            return False, 0.0
         started = time.perf_counter()
         active = tuple(ActiveAdapter(self._store.for_compute(a), s) for a, s in wanted)
         self._patcher.apply(active)
@@ -353,6 +355,12 @@ class Engine:
     def _synchronize(self) -> None:
         if self.loaded.device.type == "cuda":
             torch.cuda.synchronize(self.loaded.device)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for the pipeline right now (the one running excluded)."""
+        with self._waiting_lock:
+            return self._waiting
 
     def close(self) -> None:
         """Put the base weights back (the pipeline may outlive this engine)."""

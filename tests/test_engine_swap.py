@@ -131,7 +131,7 @@ def test_many_swaps_with_failures_leave_base_weights_bit_exact(make_engine, fixt
             loras.append(LoraSpec(fixtures["wrong-shapes"]))
         one_step = GenerateRequest(prompt="x", loras=tuple(loras), steps=1, width=64, height=64, seed=step)
         if broken["on"] or step % 11 == 5:
-            with pytest.raises(Exception, match="injected failure|do not fit"):
+            with pytest.raises(Exception, match=r"injected failure|do not fit"):
                 engine.generate(one_step)
             failures += 1
             assert engine.status().applied == before

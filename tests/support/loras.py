@@ -35,6 +35,7 @@ SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 SD15 = "stable-diffusion-v1-5/stable-diffusion-v1-5"
 FLUX = "black-forest-labs/FLUX.1-dev"
 NS = "fixtures"
+WEIGHTS = "pytorch_lora_weights.safetensors"
 
 
 @dataclass(frozen=True)
@@ -150,65 +151,35 @@ def publish_fixtures(hub, pipe, local_dir: Path) -> Fixtures:
         hub.add_repo(repo_id, files, **kwargs)
         repos[role] = repo_id
 
-    peft_card = card(
-        SDXL,
-        instance_prompt="sks style",
-        license="openrail++",
-        widget=[{"text": "a cat in sks style", "output": {"url": "images/preview.png"}}],
-    )
-    add(
-        "peft",
-        {
-            "README.md": peft_card,
-            "pytorch_lora_weights.safetensors": peft_file(pipe, seed=1),
-            "images/preview.png": png((200, 40, 40)),
-        },
-        downloads=500,
-        likes=20,
-    )
-    add(
-        "kohya",
-        {
-            "README.md": card([SDXL], instance_prompt="ohwx", license="cc-by-nc-4.0"),
-            "ohwx_style.safetensors": kohya_file(pipe, seed=2),
-        },
-        downloads=300,
-        likes=50,
-    )
-    add(
-        "peft-noalpha",
-        {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=3, alpha=None)},
-    )
-    add(
-        "second",
-        {"README.md": card(SDXL, instance_prompt="tok"), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=4)},
-    )
-    add("no-base", {"README.md": card(None), "lora.safetensors": peft_file(pipe, seed=8)})
-    add("sd15", {"README.md": card(SD15), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=9)})
-    add("flux", {"README.md": card(FLUX), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=10)})
-    add("sd15-meta", {"README.md": card(None), "lora.safetensors": kohya_file(pipe, seed=11, base_version="sd_v1")})
+    def sdxl(role: str, data: bytes, name: str = WEIGHTS, base: object = SDXL, **kwargs: object) -> None:
+        add(role, {"README.md": card(base), name: data}, **kwargs)
+
+    widget = [{"text": "a cat in sks style", "output": {"url": "images/preview.png"}}]
+    peft_card = card(SDXL, instance_prompt="sks style", license="openrail++", widget=widget)
+    peft_files = {"README.md": peft_card, WEIGHTS: peft_file(pipe, seed=1), "images/preview.png": png((200, 40, 40))}
+    add("peft", peft_files, downloads=500)
+    kohya_card = card([SDXL], instance_prompt="ohwx", license="cc-by-nc-4.0")
+    add("kohya", {"README.md": kohya_card, "ohwx_style.safetensors": kohya_file(pipe, seed=2)}, likes=50)
+    sdxl("peft-noalpha", peft_file(pipe, seed=3, alpha=None))
+    add("second", {"README.md": card(SDXL, instance_prompt="tok"), WEIGHTS: peft_file(pipe, seed=4)})
+    sdxl("no-base", peft_file(pipe, seed=8), name="lora.safetensors", base=None)
+    sdxl("sd15", peft_file(pipe, seed=9), base=SD15)
+    sdxl("flux", peft_file(pipe, seed=10), base=FLUX)
+    sdxl("sd15-meta", kohya_file(pipe, seed=11, base_version="sd_v1"), name="lora.safetensors", base=None)
     add("pickle-only", {"README.md": card(SDXL), "pytorch_lora_weights.bin": b"\x80\x04not a real pickle"})
     add("ckpt-only", {"README.md": card(SDXL), "model.ckpt": b"\x80\x04", "model.pt": b"\x80\x04"})
-    add("truncated", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": truncated(peft_file(pipe, seed=12))})
-    add(
-        "lying-header",
-        {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": lying_header(peft_file(pipe, seed=13))},
-    )
-    add("huge-header", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": huge_header()})
-    add("nan", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": with_nan(pipe)})
-    add("wrong-shapes", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": wrong_shapes(pipe)})
-    add("unknown-keys", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": unknown_keys(pipe)})
-    add("high-rank", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=14, rank=64)})
-    add(
-        "several",
-        {"README.md": card(SDXL), "a.safetensors": peft_file(pipe, seed=15), "b.safetensors": peft_file(pipe, seed=16)},
-    )
+    sdxl("truncated", truncated(peft_file(pipe, seed=12)))
+    sdxl("lying-header", lying_header(peft_file(pipe, seed=13)))
+    sdxl("huge-header", huge_header())
+    sdxl("nan", with_nan(pipe))
+    sdxl("wrong-shapes", wrong_shapes(pipe))
+    sdxl("unknown-keys", unknown_keys(pipe))
+    sdxl("high-rank", peft_file(pipe, seed=14, rank=64))
+    add("several", {"README.md": card(SDXL), "a.safetensors": peft_file(pipe, seed=15), "b.safetensors": b"x" * 64})
     for variant in ("loha", "lokr", "dora"):
-        add(variant, {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": variant_file(pipe, variant)})
-    add("gated", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=17)}, gated="auto")
-    add(
-        "private", {"README.md": card(SDXL), "pytorch_lora_weights.safetensors": peft_file(pipe, seed=18)}, private=True
-    )
+        sdxl(variant, variant_file(pipe, variant))
+    sdxl("gated", peft_file(pipe, seed=17), gated="auto")
+    sdxl("private", peft_file(pipe, seed=18), private=True)
 
     local_dir.mkdir(parents=True, exist_ok=True)
     (local_dir / "styles").mkdir(exist_ok=True)
