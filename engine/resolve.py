@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import httpx
+import httpx2
 from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -127,7 +127,7 @@ class AdapterResolver:
             )
         except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
             raise _hub_lookup_error(e, source.ref, key) from e
-        except (httpx.TransportError, LocalEntryNotFoundError) as e:
+        except (httpx2.TransportError, LocalEntryNotFoundError) as e:
             raise HubUnavailableError(f"the Hub could not be reached to download LoRA {source.ref!r}: {e}") from e
         except HfHubHTTPError as e:
             raise HubUnavailableError(f"the Hub failed while serving LoRA {source.ref!r}: {e}") from e

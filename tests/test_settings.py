@@ -1,0 +1,67 @@
+"""Settings: built once from the environment, strictly."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import SettingsError
+from engine.settings import DEFAULT_MODEL_ID, Settings, parse_bytes
+
+
+def test_defaults_serve_sdxl_on_an_auto_device():
+    settings = Settings.from_env({})
+    assert settings.model_id == DEFAULT_MODEL_ID and settings.base_model_id == DEFAULT_MODEL_ID
+    assert not settings.model_id_explicit
+    assert (settings.device, settings.dtype, settings.gpu_mode) == ("auto", "auto", "auto")
+    assert not settings.per_call
+
+
+def test_a_hub_model_id_is_also_the_base_unless_a_base_is_named():
+    assert Settings.from_env({"MODEL_ID": "someone/sdxl-finetune"}).base_model_id == "someone/sdxl-finetune"
+    named = Settings.from_env({"MODEL_ID": "tiny", "BASE_MODEL_ID": "stabilityai/stable-diffusion-xl-base-1.0"})
+    assert named.is_tiny and named.model_id_explicit and named.base_model_id == DEFAULT_MODEL_ID
+
+
+def test_a_local_folder_stands_in_for_the_default_base(tmp_path):
+    settings = Settings.from_env({"MODEL_ID": str(tmp_path)})
+    assert settings.model_id == str(tmp_path) and settings.base_model_id == DEFAULT_MODEL_ID
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DEVICE": "gpu"}, r"DEVICE='gpu' is not accepted; accepted: auto, cpu, cuda, cuda:<index>, mps"),
+        ({"DTYPE": "fp16"}, r"DTYPE='fp16' is not accepted; accepted: auto, float32, float16, bfloat16"),
+        ({"GPU_MODE": "zero"}, r"GPU_MODE='zero' is not accepted; accepted: auto, persistent, per_call"),
+        ({"HOST_CACHE_BYTES": "lots"}, r"HOST_CACHE_BYTES='lots' is not a byte size"),
+        ({"MAX_LORAS": "0"}, r"MAX_LORAS='0' is not accepted; accepted: an integer from 1 to 8"),
+        ({"MAX_STEPS": "ten"}, r"MAX_STEPS='ten' is not accepted"),
+        ({"CATALOG_REFRESH": "maybe"}, r"CATALOG_REFRESH='maybe' is not accepted; accepted: 1, true"),
+        ({"LOCAL_LORA_DIR": "/no/such/folder"}, r"LOCAL_LORA_DIR='/no/such/folder' is not an existing folder"),
+        ({"BASE_MODEL_ID": "../etc"}, r"BASE_MODEL_ID='../etc' is not a Hub repo id"),
+        ({"HUB_TIMEOUT_S": "-1"}, r"HUB_TIMEOUT_S='-1' is not accepted; accepted: a number from 0.1 to 600"),
+        ({"LOG_LEVEL": "LOUD"}, r"LOG_LEVEL='LOUD' is not accepted; accepted: DEBUG, INFO, WARNING, ERROR"),
+    ],
+)
+def test_a_bad_value_names_itself_and_what_is_accepted(env, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env(env)
+
+
+def test_zero_gpu_means_per_call_unless_forced():
+    assert Settings.from_env({"SPACES_ZERO_GPU": "true"}).per_call
+    assert not Settings.from_env({"SPACES_ZERO_GPU": "true", "GPU_MODE": "persistent"}).per_call
+    assert Settings.from_env({"GPU_MODE": "per_call"}).per_call
+
+
+def test_byte_sizes_take_units():
+    assert parse_bytes("X", "4GiB") == 4 * 2**30
+    assert parse_bytes("X", "512 MB") == 512 * 10**6
+    assert parse_bytes("X", "1.5KiB") == 1536
+    assert parse_bytes("X", "1048576") == 2**20
+
+
+def test_the_token_never_shows_in_repr():
+    settings = Settings.from_env({"HF_TOKEN": "hf_verysecret"})
+    assert settings.hf_token == "hf_verysecret"
+    assert "hf_verysecret" not in repr(settings)
