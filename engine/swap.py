@@ -78,8 +78,10 @@ class WeightPatcher:
 
     @staticmethod
     def _fuse(weight: torch.Tensor, up: torch.Tensor, down: torch.Tensor, alpha: float) -> None:
-        if up.dtype != weight.dtype:
-            up, down = up.to(weight.dtype), down.to(weight.dtype)
+        if up.dtype != weight.dtype or up.device != weight.device:
+            # Per-call (ZeroGPU) mode keeps no device copies: factors come from pinned host memory.
+            up = up.to(device=weight.device, dtype=weight.dtype, non_blocking=True)
+            down = down.to(device=weight.device, dtype=weight.dtype, non_blocking=True)
         if weight.is_contiguous():
             weight.view(weight.shape[0], -1).addmm_(up, down, alpha=alpha)
         else:
