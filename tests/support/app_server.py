@@ -1,0 +1,101 @@
+"""Serving the app (or only its HTTP routes) from a thread on a free port, for tests.
+
+`serve_app` launches the real Gradio server the way `app.main` does (UI, named API
+and the inference-API POST on one port); `serve_routes` runs only the Starlette
+routes under uvicorn, for HTTP tests that need an engine of their own.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+
+__all__ = ["AppServer", "free_port", "serve_app", "serve_routes", "wait_http"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    """Wait until `url` answers anything at all over HTTP."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            httpx.get(url, timeout=2.0)
+            return
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@dataclass(frozen=True)
+class AppServer:
+    url: str
+    demo: object
+
+
+@contextmanager
+def serve_app(
+    engine: object,
+    catalog: object,
+    *,
+    banner: str | None = None,
+    hub_url: str = "https://huggingface.co",
+    allowed_paths: Sequence[Path] = (),
+    runner: object | None = None,
+) -> Iterator[AppServer]:
+    """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends."""
+    from app import build_demo, serve
+    from engine.http_api import make_routes
+    from engine.runtime import GpuRunner
+
+    runner = runner or GpuRunner(engine)  # type: ignore[arg-type]
+    demo = build_demo(engine, catalog, banner=banner, runner=runner, hub_url=hub_url)  # type: ignore[arg-type]
+    url = serve(
+        demo,
+        make_routes(runner),  # type: ignore[arg-type]
+        server_name="127.0.0.1",
+        server_port=free_port(),
+        allowed_paths=[str(p) for p in allowed_paths],
+        block=False,
+        quiet=True,
+    )
+    try:
+        yield AppServer(url=url.rstrip("/") + "/", demo=demo)
+    finally:
+        demo.close()
+
+
+@contextmanager
+def serve_routes(runner: object) -> Iterator[str]:
+    """Only the inference-API route for `runner`, under uvicorn in a thread; yields the base URL."""
+    from engine.http_api import make_routes
+
+    port = free_port()
+    app = Starlette(routes=make_routes(runner))  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, name="http-api-test", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError(f"uvicorn did not start on port {port}")
+            time.sleep(0.02)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
