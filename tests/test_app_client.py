@@ -1,0 +1,168 @@
+"""The launched app through `gradio_client` (its named API) and plain HTTP on the same port."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from PIL import Image
+
+from tests.support.app_server import AppServer, serve_app
+
+SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
+
+
+@pytest.fixture(scope="module")
+def server(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
+    from engine.resolve import AdapterResolver
+    from engine.service import Engine
+    from lora_catalog.catalog import Catalog
+    from lora_catalog.hub import HubSource
+
+    catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), local_dirs=(fixtures.local_dir,))
+    resolver = AdapterResolver(
+        catalog, local_dir=fixtures.local_dir, token=None, max_bytes=base_settings.max_adapter_bytes
+    )
+    engine = Engine(loaded, base_settings, resolver)
+    try:
+        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir]) as served:
+            yield served
+    finally:
+        engine.close()
+        catalog.close()
+
+
+@pytest.fixture(scope="module")
+def client(server: AppServer) -> Client:
+    return Client(server.url, verbose=False)
+
+
+def generate(client: Client, **overrides: object) -> tuple[Image.Image, dict]:
+    arguments: dict[str, object] = {
+        "prompt": "a fox in a forest",
+        "negative_prompt": "",
+        "lora": "",
+        "lora_scale": 1.0,
+        "lora_2": "",
+        "lora_2_scale": 1.0,
+        "steps": 2,
+        "guidance": 5.0,
+        "width": 64,
+        "height": 64,
+        "seed": 21,
+    }
+    path, info = client.predict(**(arguments | overrides), api_name="/generate")
+    with Image.open(path) as image:
+        return image.convert("RGB"), info
+
+
+def test_only_the_three_named_endpoints_are_public(client):
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert set(endpoints) == {"/generate", "/catalog", "/lora_info"}
+    names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
+    assert names == [
+        "prompt",
+        "negative_prompt",
+        "lora",
+        "lora_scale",
+        "lora_2",
+        "lora_2_scale",
+        "steps",
+        "guidance",
+        "width",
+        "height",
+        "seed",
+    ]
+
+
+def test_catalog_pages_local_and_hub_loras_with_freshness(client, fixtures):
+    page = client.predict(base="", search="", sort="downloads", page=0, api_name="/catalog")
+    refs = [e["ref"] for e in page["entries"]]
+    assert refs[:2] == [fixtures.local["kohya"], fixtures.local["peft"]]
+    assert refs[2] == fixtures["peft"]
+    assert page["freshness"]["source"] == "hub"
+    assert page["freshness"]["offline"] is False
+    peft = page["entries"][2]
+    assert peft["trigger_words"] == ["sks style"]
+    assert peft["preview_urls"][0].endswith("images/preview.png")
+    by_likes = client.predict(base=SDXL, search="", sort="likes", page=0, api_name="/catalog")
+    assert next(e["ref"] for e in by_likes["entries"] if e["source"] == "hub") == fixtures["kohya"]
+    found = client.predict(base="", search="kohya", sort="downloads", page=0, api_name="/catalog")
+    assert [e["ref"] for e in found["entries"]] == [fixtures.local["kohya"], fixtures["kohya"]]
+
+
+def test_catalog_refuses_a_bad_sort_with_its_message(client):
+    with pytest.raises(AppError, match="sort 'best' is not accepted; accepted: downloads, likes"):
+        client.predict(base="", search="", sort="best", page=0, api_name="/catalog")
+
+
+def test_generate_applies_loras_and_reproduces_with_the_same_seed(client, fixtures):
+    base, base_info = generate(client)
+    styled, info = generate(client, lora=fixtures["peft"])
+    again, again_info = generate(client, lora=fixtures["peft"])
+    half, _ = generate(client, lora=fixtures["peft"], lora_scale=0.5)
+    blend, blend_info = generate(client, lora=fixtures["peft"], lora_2=fixtures["second"], lora_2_scale=0.8)
+    assert base.tobytes() != styled.tobytes()
+    assert styled.tobytes() == again.tobytes()
+    assert half.tobytes() not in (styled.tobytes(), base.tobytes())
+    assert blend.tobytes() != styled.tobytes()
+    assert base_info["seed"] == info["seed"] == 21
+    assert base_info["loras"] == []
+    assert info["loras"][0]["ref"] == fixtures["peft"]
+    assert again_info["loras"][0]["cache"] == "hit"
+    assert [(a["ref"], a["scale"]) for a in blend_info["loras"]] == [(fixtures["peft"], 1.0), (fixtures["second"], 0.8)]
+    assert set(info["timings"]) == {"resolve", "prepare", "apply", "inference", "total"}
+
+
+def test_seed_minus_one_is_random_and_reported(client):
+    _, info = generate(client, seed=-1)
+    assert 0 <= info["seed"] < 2**32
+    assert info["steps"] == 2
+
+
+def test_lora_info_resolves_and_checks_a_lora(client, fixtures):
+    info = client.predict(repo_id=fixtures["kohya"], revision="", weight_name="", api_name="/lora_info")
+    assert info["entry"]["trigger_words"] == ["ohwx"]
+    assert info["entry"]["non_commercial"] is True
+    assert info["entry"]["weight_name"] == "ohwx_style.safetensors"
+    assert info["check"]["rank"] == 4
+    assert info["check"]["layers"] > 0
+    assert "unet" in info["check"]["components"]
+    local = client.predict(repo_id=fixtures.local["peft"], revision="", weight_name="", api_name="/lora_info")
+    assert local["entry"]["source"] == "local"
+
+
+def test_an_incompatible_lora_is_refused_with_its_message(client, fixtures):
+    expected = re.escape(f"LoRA '{fixtures['sd15']}' was made for stable-diffusion-v1-5/stable-diffusion-v1-5")
+    with pytest.raises(AppError, match=expected):
+        generate(client, lora=fixtures["sd15"])
+    with pytest.raises(AppError, match="accepted: LoRAs for the sdxl family"):
+        client.predict(repo_id=fixtures["sd15"], revision="", weight_name="", api_name="/lora_info")
+
+
+def test_an_unknown_lora_and_a_bad_size_are_refused(client):
+    with pytest.raises(AppError, match="fixtures/nothing-here"):
+        client.predict(repo_id="fixtures/nothing-here", revision="", weight_name="", api_name="/lora_info")
+    with pytest.raises(AppError, match="width=100 is not a multiple of 8"):
+        generate(client, width=100)
+
+
+def test_the_same_port_serves_the_ui_and_the_inference_api(server, fixtures):
+    page = httpx.get(server.url, timeout=30)
+    assert page.status_code == 200
+    assert "text/html" in page.headers["content-type"]
+    image = httpx.post(
+        server.url,
+        content='{"inputs": "a fox", "parameters": {"num_inference_steps": 2}}',
+        headers={"lora": fixtures["peft"]},
+        timeout=120,
+    )
+    assert image.status_code == 200
+    assert image.headers["content-type"] == "image/jpeg"
+    refused = httpx.post(server.url, content="{", timeout=30)
+    assert refused.status_code == 400
+    assert refused.json()["error_type"] == "InvalidRequestError"
