@@ -50,7 +50,8 @@ def check_family(
             f"{label} was made for {', '.join(bases)} ({', '.join(sorted(families))}); "
             f"this Space serves {served_base} ({served}); accepted: LoRAs for the {served} family"
         )
-    from_file = family_from_metadata(metadata or {}) if metadata is not None else None
+    declared = family_from_metadata(metadata or {}) if metadata is not None else None
+    from_file = declared
     if from_file is None and tensor_names:
         from_file = family_from_keys(tensor_names)
     if from_file is not None and from_file not in (served, Family.UNKNOWN):
@@ -59,7 +60,8 @@ def check_family(
             f"{label} was trained for the {from_file} family{named}; this Space serves {served_base} ({served}); "
             f"accepted: LoRAs for the {served} family"
         )
-    if from_file == served:
+    # Tensor names can rule a family out but only guess at one, so a guess that fits still earns the warning.
+    if declared == served:
         return None
     if metadata is None:
         return None
