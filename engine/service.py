@@ -189,9 +189,9 @@ class Engine:
     def _load(self, source: AdapterSource, path) -> tuple[PreparedAdapter, tuple[str, ...]]:
         label = f"LoRA {source.ref!r}"
         try:
-            header = read_header(path)
+            header = read_header(path, label=source.key.weight_name)
         except HeaderError as e:
-            raise AdapterLoadError(f"{label} ({source.key.weight_name}) is not a valid safetensors file: {e}") from e
+            raise AdapterLoadError(f"{label} is not a valid safetensors file: {e}") from e
         warning = check_family(
             label,
             served_base=self.loaded.base_model_id,

@@ -96,21 +96,24 @@ def read_header(
     *,
     file_size: int | None = None,
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    label: str | None = None,
 ) -> SafetensorsHeader:
     """Read and validate the header of a safetensors file (a path or a binary stream positioned at its start).
 
     `file_size` defaults to the file's size (or the stream's, when it can seek);
-    tensors are checked to lie within it.
+    tensors are checked to lie within it. Errors name the file by `label`, by default its path
+    (pass a label where the message reaches users who must not see the server's paths).
     """
     if isinstance(source, str | os.PathLike):
         path = Path(source)
+        label = str(path) if label is None else label
         try:
             with path.open("rb") as stream:
                 size = os.fstat(stream.fileno()).st_size if file_size is None else file_size
-                return _read_stream(stream, str(path), size, max_header_bytes)
+                return _read_stream(stream, label, size, max_header_bytes)
         except OSError as e:
-            raise HeaderError(f"cannot read safetensors file {str(path)!r}: {e.strerror or e}") from e
-    label = str(getattr(source, "name", "<stream>"))
+            raise HeaderError(f"cannot read safetensors file {label!r}: {e.strerror or e}") from e
+    label = str(getattr(source, "name", "<stream>")) if label is None else label
     size = file_size if file_size is not None else _stream_size(source)
     return _read_stream(source, label, size, max_header_bytes)
 
