@@ -142,6 +142,24 @@ def unknown_keys(pipe) -> bytes:
     return sft(make_lora(targets, rank=4, seed=7, fmt="peft"))
 
 
+def lying_shape(data: bytes) -> bytes:
+    """Claims one tensor is twice the size its offsets give it (a header that lies about sizes)."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["shape"] = [2 * header[name]["shape"][0], *header[name]["shape"][1:]]
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data[8 + length :]
+
+
+def with_inf(pipe) -> bytes:
+    tensors = make_lora(targets_for(pipe), rank=2, seed=21, fmt="peft")
+    last = sorted(tensors)[-1]
+    tensors[last] = tensors[last].clone()
+    tensors[last][-1, -1] = float("-inf")
+    return sft(tensors)
+
+
 def publish_fixtures(hub, pipe, local_dir: Path) -> Fixtures:
     """Create every fixture repo on `hub` for the tiny `pipe`; returns names by role."""
     repos: dict[str, str] = {}
@@ -180,6 +198,11 @@ def publish_fixtures(hub, pipe, local_dir: Path) -> Fixtures:
         sdxl(variant, variant_file(pipe, variant))
     sdxl("gated", peft_file(pipe, seed=17), gated="auto")
     sdxl("private", peft_file(pipe, seed=18), private=True)
+    # Reliability roles (tests/test_reliability_*.py); "oversize" is fetched by no other test, so its request
+    # log shows whether a refused file was downloaded.
+    sdxl("lying-shape", lying_shape(peft_file(pipe, seed=22)))
+    sdxl("inf", with_inf(pipe))
+    sdxl("oversize", peft_file(pipe, seed=23))
 
     local_dir.mkdir(parents=True, exist_ok=True)
     (local_dir / "styles").mkdir(exist_ok=True)
