@@ -66,6 +66,7 @@ APP_CSS = """
 #result-info .bar { height: 8px; border-radius: 4px; background: var(--primary-500); min-width: 2px; }
 #result-info ul { margin: 4px 0; }
 .nav-row { align-items: center; }
+#lora-gallery .grid-wrap { min-height: 0 !important; max-height: 72vh; }
 .tiny-output img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
 """
 

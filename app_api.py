@@ -1,0 +1,163 @@
+"""The named API `gradio_client` sees (/generate, /catalog, /lora_info), and the error and progress plumbing.
+
+Each endpoint hangs off a hidden trigger with hidden inputs, so the API has
+exactly the parameters named here and nothing of the UI's own events (those are
+private). Engine and catalogue errors become `gr.Error` with their message, which
+`gradio_client` raises as `AppError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+
+import app_format as fmt
+from engine.errors import EngineError
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from lora_catalog.errors import CatalogError
+
+if TYPE_CHECKING:
+    from engine.service import Engine
+    from lora_catalog.catalog import Catalog
+
+__all__ = ["PAGE_SIZE", "PIPELINE", "StepProgress", "add_api_endpoints", "user_errors"]
+
+PAGE_SIZE = 24
+# UI and API generation share this group: one generation at a time on the one pipeline.
+PIPELINE = "pipeline"
+BROWSE = "catalog"
+CHECK = "lora_check"
+_TITLES = {
+    "UnknownLoraError": "LoRA not found",
+    "LoraNotFoundError": "LoRA not found",
+    "GatedLoraError": "Gated LoRA",
+    "IncompatibleLoraError": "Incompatible LoRA",
+    "UnsupportedLoraVariantError": "Unsupported LoRA variant",
+    "EngineBusyError": "Busy",
+    "HubUnavailableError": "Hub unreachable",
+    "HubUnreachableError": "Hub unreachable",
+}
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Engine and catalogue errors become messages for the person (or client) that asked."""
+    try:
+        yield
+    except (EngineError, CatalogError) as e:
+        raise gr.Error(str(e), title=_TITLES.get(type(e).__name__, "Request refused"), print_exception=False) from e
+
+
+class StepProgress:
+    """Feeds the engine's per-step callback into Gradio's progress bar (a class, so ZeroGPU can pickle it)."""
+
+    def __init__(self, progress: gr.Progress) -> None:
+        self.progress = progress
+
+    def __call__(self, step: int, total: int) -> None:
+        self.progress((step, total), desc="Denoising", unit="steps")
+
+
+def add_api_endpoints(
+    engine: Engine, catalog: Catalog, generate: Callable[[GenerateRequest, gr.Progress], GenerateResult], served: str
+) -> None:
+    """The named API for gradio_client: hidden inputs; each parameter is named after the function's argument."""
+    defaults = engine.loaded.defaults
+    with gr.Column(visible=False):
+        prompt, negative_prompt, lora, lora_2 = gr.Textbox(), gr.Textbox(""), gr.Textbox(""), gr.Textbox("")
+        lora_scale, lora_2_scale = gr.Number(1.0), gr.Number(1.0)
+        steps, guidance = gr.Number(defaults.steps, precision=0), gr.Number(defaults.guidance)
+        width, height = gr.Number(defaults.side, precision=0), gr.Number(defaults.side, precision=0)
+        seed, page = gr.Number(-1, precision=0), gr.Number(0, precision=0)
+        base, search, sort = gr.Textbox(""), gr.Textbox(""), gr.Textbox("downloads")
+        repo_id, revision, weight_name = gr.Textbox(), gr.Textbox(""), gr.Textbox("")
+        image = gr.Image(type="pil", format="png", label="image")
+        info, page_json, lora_json = gr.JSON(label="info"), gr.JSON(label="page"), gr.JSON(label="lora")
+        trigger = gr.Button()
+
+    def generate_api(
+        prompt: str,
+        negative_prompt: str,
+        lora: str,
+        lora_scale: float,
+        lora_2: str,
+        lora_2_scale: float,
+        steps: int | None,
+        guidance: float | None,
+        width: int | None,
+        height: int | None,
+        seed: int | None,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
+    ) -> tuple[Any, dict[str, Any]]:
+        """Generate an image; `lora` and `lora_2` are Hub repo ids or local: files ("" for none); seed -1 is random."""
+        with user_errors():
+            specs = (fmt.lora_spec(lora, lora_scale), fmt.lora_spec(lora_2, lora_2_scale))
+            request = GenerateRequest(
+                prompt=prompt,
+                negative_prompt=negative_prompt or "",
+                loras=tuple(s for s in specs if s),
+                steps=steps,
+                guidance=guidance,
+                width=width,
+                height=height,
+                seed=fmt.seed_value(seed),
+            )
+        result = generate(request, progress)
+        return result.image, fmt.result_info(result)
+
+    def catalog_api(base: str, search: str, sort: str, page: int | None) -> dict[str, Any]:
+        """One page of LoRAs for a base model ("" for the served one), and how fresh the list is."""
+        with user_errors():
+            result = catalog.page(
+                base or served, search=search or "", sort=sort or "downloads", page=page or 0, page_size=PAGE_SIZE
+            )
+        freshness = result.freshness
+        return {
+            "entries": [e.to_json() for e in result.entries],
+            "page": result.page,
+            "page_size": result.page_size,
+            "total_known": result.total_known,
+            "has_more": result.has_more,
+            "freshness": {
+                "source": freshness.source,
+                "updated_at": freshness.updated_at.isoformat() if freshness.updated_at else None,
+                "offline": freshness.offline,
+                "message": freshness.message,
+            },
+        }
+
+    def lora_info(repo_id: str, revision: str, weight_name: str) -> dict[str, Any]:
+        """What a LoRA is (its catalogue entry) and whether it loads here (rank, size, layers, warnings)."""
+        with user_errors():
+            spec = fmt.lora_spec(repo_id, 1.0, revision, weight_name) or LoraSpec(repo_id or "")
+            entry = catalog.resolve(spec.ref, spec.revision, spec.weight_name)
+            checked = engine.check_lora(spec)
+        return {"entry": entry.to_json(), "check": fmt.check_info(checked)}
+
+    trigger.click(
+        generate_api,
+        [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance, width, height, seed],
+        [image, info],
+        api_name="generate",
+        concurrency_id=PIPELINE,
+        concurrency_limit=1,
+    )
+    trigger.click(
+        catalog_api,
+        [base, search, sort, page],
+        page_json,
+        api_name="catalog",
+        concurrency_id=BROWSE,
+        concurrency_limit=4,
+    )
+    trigger.click(
+        lora_info,
+        [repo_id, revision, weight_name],
+        lora_json,
+        api_name="lora_info",
+        concurrency_id=CHECK,
+        concurrency_limit=2,
+    )

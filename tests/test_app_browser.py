@@ -1,0 +1,151 @@
+"""The UI in a real browser: Debian's chromium driven by playwright, against the launched app.
+
+Screenshots are kept under artifacts/screenshots/ for people to look at.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.app_server import AppServer, serve_app
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium")
+SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 120_000
+
+if CHROMIUM is None:
+    pytest.skip("chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    opened = context.new_page()
+    yield opened
+    context.close()
+
+
+# Function-scoped: two engines must never patch the shared tiny pipeline at the same time.
+@pytest.fixture
+def hub_app(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
+    from engine.resolve import AdapterResolver
+    from engine.service import Engine
+    from lora_catalog.catalog import Catalog
+    from lora_catalog.hub import HubSource
+
+    catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), local_dirs=(fixtures.local_dir,))
+    resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=None, max_bytes=2**30)
+    engine = Engine(loaded, base_settings, resolver)
+    try:
+        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir]) as served:
+            yield served
+    finally:
+        engine.close()
+        catalog.close()
+
+
+def tile(page, title: str):
+    return page.locator(f'#lora-gallery button.thumbnail-item:has(img[alt="{title}"])')
+
+
+def generate_and_wait(page) -> None:
+    page.locator("#generate").click()
+    page.locator("#result img").wait_for(timeout=WAIT_MS)
+    page.locator("#result-info table.timing").wait_for(timeout=WAIT_MS)
+
+
+def test_pick_a_hub_lora_fill_its_trigger_and_generate(page, hub_app, fixtures):
+    page.goto(hub_app.url)
+    tile(page, "peft").wait_for(timeout=WAIT_MS)
+    assert page.locator("#lora-gallery button.thumbnail-item").count() >= 10
+    page.screenshot(path=str(SHOTS / "hub-gallery.png"), full_page=True)
+
+    tile(page, "peft").click()
+    page.locator("#lora-details h3", has_text="peft").wait_for(timeout=WAIT_MS)
+    assert page.locator("#prompt textarea").input_value() == "sks style"
+    assert page.locator("#lora-1 textarea, #lora-1 input").first.input_value() == fixtures["peft"]
+    page.locator("#prompt textarea").fill("sks style, a fox in a forest")
+
+    tile(page, "kohya").click()
+    page.locator("#lora-details .badge.nc").wait_for(timeout=WAIT_MS)
+    assert page.locator("#prompt textarea").input_value() == "ohwx, a fox in a forest"
+    link = page.locator("#lora-details a").get_attribute("href")
+    assert link is not None
+    assert link.endswith(f"/{fixtures['kohya']}")
+
+    generate_and_wait(page)
+    info = page.locator("#result-info").inner_text()
+    assert "inference" in info
+    assert "total" in info
+    assert fixtures["kohya"] in info
+    page.locator("#status-panel").get_by_text("Engine status").click()
+    page.locator("#api-panel").get_by_text("Use via API: Python and curl").click()
+    page.locator("#api-snippets code", has_text="gradio_client").first.wait_for(timeout=WAIT_MS)
+    assert hub_app.url in page.locator("#api-snippets").inner_text()
+    page.screenshot(path=str(SHOTS / "hub-generated.png"), full_page=True)
+
+
+def test_the_offline_demo_shows_its_banner_and_generates(page, loaded, tmp_path):
+    from engine.runtime import build_runtime
+    from engine.settings import Settings
+
+    runtime = build_runtime(
+        Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=lambda settings, warm=True: loaded
+    )
+    try:
+        assert runtime.wait_ready(timeout=300)
+        with serve_app(
+            runtime.engine, runtime.catalog, banner=runtime.banner, runner=runtime.runner, allowed_paths=[tmp_path]
+        ) as served:
+            page.goto(served.url)
+            banner = page.locator("#banner")
+            banner.wait_for(timeout=WAIT_MS)
+            assert "tiny random-weight model" in banner.inner_text()
+            box = banner.bounding_box()
+            assert box is not None
+            assert box["y"] < 100
+            tile(page, "Neon Static").wait_for(timeout=WAIT_MS)
+            assert page.locator("#lora-gallery button.thumbnail-item").count() == 6
+            tile(page, "Neon Static").click()
+            page.locator("#lora-details .badge.nc").wait_for(timeout=WAIT_MS)
+            assert page.locator("#prompt textarea").input_value() == "neon static"
+            generate_and_wait(page)
+            assert "local:neon_static.safetensors" in page.locator("#result-info").inner_text()
+            page.screenshot(path=str(SHOTS / "offline-demo.png"), full_page=True)
+
+            # A long run, to watch the per-step progress the engine reports.
+            page.locator("#steps input[type=number]").fill("60")
+            page.locator("#steps input[type=number]").press("Enter")
+            page.locator("#generate").click()
+            page.locator("#result", has_text="Denoising").wait_for(timeout=WAIT_MS)
+            page.screenshot(path=str(SHOTS / "offline-demo-progress.png"), full_page=False)
+            page.locator("#result-info", has_text="60 steps").wait_for(timeout=WAIT_MS)
+    finally:
+        runtime.close()
