@@ -218,7 +218,7 @@ def build_demo(
                         placeholder="owner/name (optional)",
                     )
                     scale = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 1 scale", elem_id="lora-1-scale")
-                    with gr.Accordion("Revision, weight file, check", open=False):
+                    with gr.Accordion("Revision, weight file, check", open=False, elem_id="lora-1-options"):
                         revision = gr.Textbox(label="Revision (branch, tag or commit)", placeholder="main")
                         weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
                         check_btn = gr.Button("Check this LoRA", size="sm")

@@ -112,6 +112,28 @@ def test_pick_a_hub_lora_fill_its_trigger_and_generate(page, hub_app, fixtures):
     page.screenshot(path=str(SHOTS / "hub-generated.png"), full_page=True)
 
 
+def test_a_custom_lora_is_checked_before_generating(page, hub_app, fixtures):
+    page.goto(hub_app.url)
+    tile(page, "kohya").wait_for(timeout=WAIT_MS)
+    page.locator("#prompt textarea").fill("a fox in a forest")
+    lora = page.locator("#lora-1 textarea, #lora-1 input").first
+    page.locator("#lora-1-options").get_by_text("Revision, weight file, check").click()
+    check = page.get_by_role("button", name="Check this LoRA")
+
+    lora.fill(fixtures["sd15"])
+    check.click()
+    refused = page.locator("#lora-details .lora-error")
+    refused.wait_for(timeout=WAIT_MS)
+    assert "stable-diffusion-v1-5" in refused.inner_text()
+
+    lora.fill(fixtures["second"])
+    check.click()
+    page.locator("#lora-details", has_text="✓ loads").wait_for(timeout=WAIT_MS)
+    assert "rank 4" in page.locator("#lora-details").inner_text()
+    assert page.locator("#prompt textarea").input_value() == "tok, a fox in a forest"
+    page.screenshot(path=str(SHOTS / "hub-custom-check.png"), full_page=True)
+
+
 def test_the_offline_demo_shows_its_banner_and_generates(page, loaded, tmp_path):
     from engine.runtime import build_runtime
     from engine.settings import Settings
