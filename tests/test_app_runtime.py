@@ -14,6 +14,12 @@ from lora_catalog.sft_header import read_header
 NO_PROBE_WANTED = "the Hub probe must not run here"
 
 
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory):
+    """One demo folder for the module, so its previews are rendered once."""
+    return tmp_path_factory.mktemp("demo")
+
+
 def never_probe(settings: Settings) -> str | None:
     raise AssertionError(NO_PROBE_WANTED)
 
@@ -81,14 +87,14 @@ def test_demo_loras_carry_titles_triggers_and_licences(tmp_path, loaded):
     assert [p.stat().st_mtime_ns for p in paths] == written
 
 
-def test_the_offline_demo_serves_its_own_loras_with_previews(tmp_path, loaded):
+def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded):
     loads: list[Settings] = []
 
     def load(settings: Settings, warm: bool = True):
         loads.append(settings)
         return loaded
 
-    runtime = build_runtime(Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=load)
+    runtime = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=load)
     try:
         assert runtime.wait_ready(timeout=300)
         assert loads[0].model_id == "tiny"
@@ -107,21 +113,21 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(tmp_path, loaded):
         assert plain.image.tobytes() != styled.image.tobytes()
     finally:
         runtime.close()
-    again = build_runtime(Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=load)
+    again = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=load)
     try:
         assert again.preview_thread is None
     finally:
         again.close()
 
 
-def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(tmp_path, loaded):
+def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, loaded):
     def load(settings: Settings, warm: bool = True):
         if not settings.is_tiny:
             raise OSError("disk full")
         return loaded
 
     runtime = build_runtime(
-        Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: True, probe=lambda s: None, load=load
+        Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: True, probe=lambda s: None, load=load
     )
     try:
         runtime.wait_ready(timeout=300)
