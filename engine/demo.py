@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,12 +176,14 @@ def ensure_demo_loras(folder: Path, pipe: object) -> tuple[Path, ...]:
     return paths
 
 
-def render_previews(engine: Engine, folder: Path) -> int:
-    """Render `<stem>.png` for each demo LoRA that has none, with `engine`; returns how many."""
+def render_previews(engine: Engine, folder: Path, *, stop: threading.Event | None = None) -> int:
+    """Render `<stem>.png` for each demo LoRA that has none, with `engine`, until `stop` is set; returns how many."""
     folder = Path(folder)
     made = 0
     for lora in DEMO_LORAS:
         target = folder / f"{lora.stem}.png"
+        if stop is not None and stop.is_set():
+            break
         if target.is_file():
             continue
         request = GenerateRequest(

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx2
@@ -108,6 +108,7 @@ class Runtime:
     local_dirs: tuple[Path, ...]
     boot_s: float
     preview_thread: threading.Thread | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait for background start-up work (demo previews); False if it still runs after `timeout`."""
@@ -117,6 +118,10 @@ class Runtime:
         return not self.preview_thread.is_alive()
 
     def close(self) -> None:
+        """Stop background work (at most one preview finishes), then put the base weights back."""
+        self.stop.set()
+        if self.preview_thread is not None:
+            self.preview_thread.join()
         self.catalog.close()
         self.engine.close()
 
@@ -232,10 +237,10 @@ def _serve_demo(
     resolver = AdapterResolver(None, local_dir=demo_dir, token=None, max_bytes=settings.max_adapter_bytes)
     engine = Engine(loaded, settings, resolver)
     catalog = Catalog(None, local_dirs=(demo_dir,), refresh=False)
-    previews = None
+    previews, stop = None, threading.Event()
     if any(not (demo_dir / f"{lora.stem}.png").is_file() for lora in DEMO_LORAS):
         previews = threading.Thread(
-            target=_render_previews, args=(engine, catalog, demo_dir), name="demo-previews", daemon=True
+            target=_render_previews, args=(engine, catalog, demo_dir, stop), name="demo-previews", daemon=True
         )
         previews.start()
     boot_s = time.perf_counter() - started
@@ -251,12 +256,13 @@ def _serve_demo(
         local_dirs=(demo_dir,),
         boot_s=boot_s,
         preview_thread=previews,
+        stop=stop,
     )
 
 
-def _render_previews(engine: Engine, catalog: Catalog, folder: Path) -> None:
+def _render_previews(engine: Engine, catalog: Catalog, folder: Path, stop: threading.Event) -> None:
     try:
-        render_previews(engine, folder)
+        render_previews(engine, folder, stop=stop)
     except (EngineError, OSError) as e:
         logger.warning("could not render the demo previews in %s: %s", folder, e)
     catalog.rescan_local()

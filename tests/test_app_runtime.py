@@ -135,3 +135,15 @@ def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, load
         assert f"loading {DEFAULT_MODEL_ID} failed (OSError: disk full)" in (runtime.banner or "")
     finally:
         runtime.close()
+
+
+def test_closing_the_demo_stops_its_previews_and_restores_the_base(tmp_path, loaded, pristine):
+    runtime = build_runtime(
+        Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=lambda settings, warm=True: loaded
+    )
+    runtime.close()
+    assert runtime.preview_thread is not None
+    assert not runtime.preview_thread.is_alive()
+    for name in ("unet", "text_encoder", "text_encoder_2"):
+        for key, value in getattr(loaded.pipe, name).state_dict().items():
+            assert value.equal(pristine[f"{name}.{key}"]), f"{name}.{key} was left patched"
