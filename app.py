@@ -339,13 +339,17 @@ def serve(
 
 
 def main() -> None:
+    from engine.errors import SettingsError
     from engine.http_api import make_routes
     from engine.runtime import build_runtime
     from engine.settings import Settings
 
-    settings = Settings.from_env(os.environ)
-    logging.basicConfig(level=settings.log_level_number, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    runtime = build_runtime(settings)
+    try:
+        settings = Settings.from_env(os.environ)
+        logging.basicConfig(level=settings.log_level_number, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        runtime = build_runtime(settings)
+    except SettingsError as e:
+        raise SystemExit(f"LoRA Switchboard cannot start: {e}") from e
     demo = build_demo(
         runtime.engine,
         runtime.catalog,
@@ -354,7 +358,8 @@ def main() -> None:
         hub_url=runtime.hub_url,
         boot_s=runtime.boot_s,
     )
-    # Spaces set GRADIO_SERVER_NAME=0.0.0.0; elsewhere we listen on all interfaces too, like a Space does.
+    # Gradio reads GRADIO_SERVER_NAME/PORT itself; unset, it would listen on 127.0.0.1 only, where a Space listens
+    # on all interfaces. Only whether the name is set is looked at here.
     server_name = None if os.environ.get("GRADIO_SERVER_NAME") else "0.0.0.0"
     serve(
         demo, make_routes(runtime.runner), server_name=server_name, allowed_paths=[str(d) for d in runtime.local_dirs]

@@ -74,3 +74,13 @@ def test_python_app_py_without_configuration_serves_the_offline_demo(tmp_path):
     assert image.headers["content-type"] == "image/jpeg"
     assert "serving the offline demo (no CUDA GPU was found)" in output
     assert f"Running on local URL:  http://127.0.0.1:{port}" in output
+
+
+def test_an_explicit_model_id_that_cannot_load_stops_with_a_message(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env |= {"MODEL_ID": str(tmp_path / "no-such-model"), "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    done = subprocess.run(
+        [sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 1
+    assert f"LoRA Switchboard cannot start: MODEL_ID='{tmp_path / 'no-such-model'}' could not be loaded" in done.stderr
