@@ -86,6 +86,9 @@ def test_catalog_pages_local_and_hub_loras_with_freshness(client, fixtures):
     assert refs[2] == fixtures["peft"]
     assert page["freshness"]["source"] == "hub"
     assert page["freshness"]["offline"] is False
+    assert (page["page"], page["page_size"], page["has_more"]) == (0, 24, False)
+    beyond = client.predict(base="", search="", sort="downloads", page=1, api_name="/catalog")
+    assert (beyond["entries"], beyond["has_more"], beyond["total_known"]) == ([], False, page["total_known"])
     peft = page["entries"][2]
     assert peft["trigger_words"] == ["sks style"]
     assert peft["preview_urls"][0].endswith("images/preview.png")
