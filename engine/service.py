@@ -28,6 +28,7 @@ from .errors import (
     EngineError,
     GenerationCancelledError,
     GenerationError,
+    InvalidRequestError,
 )
 from .pipeline import LoadedPipeline
 from .requests import AdapterUse, GenerateRequest, GenerateResult, Limits, LoraSpec, Timings, normalise_request
@@ -127,6 +128,12 @@ class Engine:
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
                 adapter, cache, timing, warning = self._adapter(spec, leased)
+                if any(a.key == adapter.key for a, _ in adapters):
+                    # Two specs can name one file (a branch and its sha, an explicit default file name).
+                    raise InvalidRequestError(
+                        f"LoRA {spec.ref!r} is listed twice (both name {adapter.key}); "
+                        "accepted: each LoRA once, with one scale"
+                    )
                 resolve_s, prepare_s = resolve_s + timing[0], prepare_s + timing[1]
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
