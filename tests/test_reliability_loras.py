@@ -77,13 +77,17 @@ MISSING: list[tuple[dict[str, str], str]] = [
 ]
 
 
-@pytest.fixture
-def primed(make_engine, fixtures):
-    """An engine serving fixtures['peft'] at 0.7, and the image it gives for `small(...)` with it."""
-    engine = make_engine()
+def prime(make_engine, fixtures, **overrides: object):
+    """An engine serving fixtures['peft'] at 0.7, that spec, and the image `small(spec)` gives."""
+    engine = make_engine(**overrides)
     good = LoraSpec(fixtures["peft"], scale=0.7)
     image = engine.generate(small(good)).image.tobytes()
     return engine, good, image
+
+
+@pytest.fixture
+def primed(make_engine, fixtures):
+    return prime(make_engine, fixtures)
 
 
 @pytest.mark.parametrize("role", sorted(BAD_REPOS))
