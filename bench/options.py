@@ -1,0 +1,112 @@
+"""The swap benchmark's command line."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .ours import FORMATS
+
+__all__ = ["HEADLINE_RANK", "Options", "parse_options"]
+
+HEADLINE_RANK = 32
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Options:
+    device: torch.device
+    dtype: torch.dtype
+    ranks: tuple[int, ...]
+    formats: tuple[str, ...]
+    repeats: int
+    reference_repeats: int
+    leak_swaps: int
+    threads: int | None
+    quick: bool
+    json_path: Path | None
+    workdir: Path | None
+
+    @property
+    def headline_rank(self) -> int:
+        return HEADLINE_RANK if HEADLINE_RANK in self.ranks else self.ranks[0]
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "device": str(self.device),
+            "dtype": self.dtype_name,
+            "ranks": list(self.ranks),
+            "formats": list(self.formats),
+            "repeats": self.repeats,
+            "reference_repeats": self.reference_repeats,
+            "leak_swaps": self.leak_swaps,
+            "threads": self.threads,
+            "quick": self.quick,
+        }
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of ranks; accepted: e.g. 8,32,128") from e
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of ranks; accepted: positive integers like 8,32,128")
+    return tuple(dict.fromkeys(values))
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    values = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    if not values or any(v not in FORMATS for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} names an unknown format; accepted: {','.join(FORMATS)}")
+    return values
+
+
+def parse_options(argv: Sequence[str] | None = None, description: str | None = None) -> Options:
+    parser = argparse.ArgumentParser(prog="python -m bench.swap", description=description)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=tuple(_DTYPES), default="bfloat16")
+    parser.add_argument("--ranks", type=_ranks, help="LoRA ranks (default 8,32,128; --quick: 8)")
+    parser.add_argument("--formats", type=_formats, default=FORMATS, help="peft,kohya (default: both)")
+    parser.add_argument("--repeats", type=int, help="timed swaps per method (default 7; --quick: 3)")
+    parser.add_argument(
+        "--reference-repeats", type=int, help="timed reference cycles per rank and format (default 3; --quick: 1)"
+    )
+    parser.add_argument(
+        "--leak-swaps", type=int, help="swaps of ours between two RSS readings (default 200; --quick: 20)"
+    )
+    parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: rank 8, few repeats")
+    parser.add_argument("--json", type=Path, dest="json_path", help="also write every number to this file")
+    parser.add_argument("--workdir", type=Path, help="where the LoRA files go (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda was asked for, but torch sees no CUDA device; accepted: cpu on this machine")
+    for name in ("repeats", "reference_repeats", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} {value} is too small; accepted: 1 or more")
+    if args.leak_swaps is not None and args.leak_swaps < 0:
+        parser.error(f"--leak-swaps {args.leak_swaps} is negative; accepted: 0 (skip) or more")
+    quick = args.quick
+    return Options(
+        device=torch.device(args.device),
+        dtype=_DTYPES[args.dtype],
+        ranks=args.ranks or ((8,) if quick else (8, 32, 128)),
+        formats=args.formats,
+        repeats=args.repeats or (3 if quick else 7),
+        reference_repeats=args.reference_repeats or (1 if quick else 3),
+        leak_swaps=args.leak_swaps if args.leak_swaps is not None else (20 if quick else 200),
+        threads=args.threads,
+        quick=quick,
+        json_path=args.json_path,
+        workdir=args.workdir,
+    )

@@ -1,0 +1,161 @@
+"""Our swap as the engine runs it, the floor any exact fused swap must pay, and the LoRA files both use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
+from engine.store import AdapterStore
+from engine.swap import ActiveAdapter, WeightPatcher
+from engine.synthetic import LoraTarget, kohya_metadata, make_lora, peft_metadata, save_lora
+from lora_catalog.sft_header import read_header
+
+from .measure import Clock
+
+__all__ = ["FORMATS", "Floor", "LoraPair", "Ours", "round_robin", "write_pair"]
+
+FORMATS = ("peft", "kohya")
+_REVISION = "0" * 40
+
+
+@dataclass(frozen=True)
+class LoraPair:
+    """Two different adapters of the same rank and format: a swap goes from one to the other."""
+
+    rank: int
+    fmt: str
+    paths: tuple[Path, Path]
+
+    @property
+    def file_size(self) -> int:
+        return self.paths[0].stat().st_size
+
+
+def write_pair(folder: Path, targets: Sequence[LoraTarget], *, rank: int, fmt: str) -> LoraPair:
+    """Two LoRA files for `targets` in `fmt` ("peft" or "kohya"), with the metadata their trainers write."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown LoRA format {fmt!r}; accepted: {', '.join(FORMATS)}")
+    metadata = peft_metadata(targets, rank=rank, alpha=rank) if fmt == "peft" else kohya_metadata(dim=rank, alpha=rank)
+    paths = tuple(
+        save_lora(
+            folder / f"r{rank}-{fmt}-{name}.safetensors", make_lora(targets, rank=rank, seed=seed, fmt=fmt), metadata
+        )
+        for name, seed in (("a", 2 * rank + 1), ("b", 2 * rank + 2))
+    )
+    return LoraPair(rank, fmt, paths)
+
+
+def round_robin(clock: Clock, swaps: Mapping[str, Callable[[int], object]], repeats: int) -> dict[str, list[float]]:
+    """Milliseconds of each method's `swap(1)` … `swap(repeats)`, taking turns, after an untimed `swap(0)` each.
+
+    Taking turns spreads any load from other processes over all methods alike, so their ratios hold
+    on a busy machine. Every method must touch the same weights and restore them all before fusing.
+    """
+    for swap in swaps.values():
+        swap(0)
+    samples: dict[str, list[float]] = {name: [] for name in swaps}
+    for index in range(1, repeats + 1):
+        for name, swap in swaps.items():
+            started = clock()
+            swap(index)
+            samples[name].append((clock() - started) * 1000)
+    return samples
+
+
+class Ours:
+    """The engine's swap path for one UNet: target table, pristine-restoring patcher and adapter store."""
+
+    def __init__(
+        self, unet: nn.Module, *, device: torch.device, dtype: torch.dtype, max_rank: int, cache_bytes: int
+    ) -> None:
+        self.unet = unet
+        self.table = TargetTable({"unet": unet})
+        # The engine keeps pristine copies on the compute device unless told otherwise.
+        self.patcher = WeightPatcher(self.table.params, device)
+        self.store = AdapterStore(
+            host_budget=cache_bytes, device_budget=cache_bytes, device=device, dtype=dtype, use_device_tier=True
+        )
+        self._max_rank = max_rank
+
+    def prepare(self, path: Path, name: str) -> PreparedAdapter:
+        """What the engine does with a file it has not seen: read the header, then convert and map the tensors."""
+        header = read_header(path)
+        key = AdapterKey("bench", name, _REVISION, path.name)
+        return prepare(
+            path,
+            key,
+            self.table,
+            unet_config=self.unet.config,
+            max_rank=self._max_rank,
+            metadata=header.metadata,
+            shapes={tensor: info.shape for tensor, info in header.tensors.items()},
+        )
+
+    def swap(self, adapter: PreparedAdapter, *, through_store: bool = True) -> None:
+        """Serve `adapter` alone at scale 1, as `Engine._swap` does (device tier unless told otherwise)."""
+        compute = self.store.for_compute(adapter) if through_store else adapter
+        self.patcher.apply((ActiveAdapter(compute, 1.0),))
+        self.store.set_active([adapter.key])
+
+    def first_seen(self, path: Path, name: str, clock: Clock) -> tuple[float, float, float]:
+        """Milliseconds to prepare a new file, to keep it (host and device tier) and to apply it."""
+        started = clock()
+        adapter = self.prepare(path, name)
+        prepared = clock()
+        kept = self.store.add(adapter)
+        compute = self.store.for_compute(kept)
+        moved = clock()
+        self.patcher.apply((ActiveAdapter(compute, 1.0),))
+        self.store.set_active([kept.key])
+        applied = clock()
+        return (prepared - started) * 1000, (moved - prepared) * 1000, (applied - moved) * 1000
+
+    def reset(self) -> None:
+        """Serve the base weights again and drop the pristine copies and cached adapters."""
+        self.patcher.restore_all()
+        self.patcher.forget_pristine()
+        self.store.set_active([])
+
+
+Factors = tuple[tuple[int, torch.Tensor, torch.Tensor, float], ...]
+
+
+class Floor:
+    """The least work an exact fused swap does: copy the touched weights back, then one `addmm_` per layer."""
+
+    def __init__(self, params: Sequence[torch.Tensor], touched: Iterable[int]) -> None:
+        self._params = list(params)
+        self._pristine = {index: self._params[index].detach().clone() for index in sorted(set(touched))}
+        self._fused: Factors = ()
+
+    @property
+    def pristine_bytes(self) -> int:
+        return sum(t.nbytes for t in self._pristine.values())
+
+    def factors(self, adapter: PreparedAdapter) -> Factors:
+        """The adapter's factors in each weight's device and dtype, made once, outside any timing."""
+        factors = []
+        for layer in adapter.layers:
+            weight = self._params[layer.target]
+            up = layer.up.to(device=weight.device, dtype=weight.dtype)
+            down = layer.down.to(device=weight.device, dtype=weight.dtype)
+            factors.append((layer.target, up, down, layer.scaling))
+        return tuple(factors)
+
+    @torch.no_grad()
+    def swap(self, factors: Factors) -> None:
+        for index, *_ in self._fused:
+            self._params[index].copy_(self._pristine[index])
+        for index, up, down, alpha in factors:
+            weight = self._params[index]
+            weight.view(weight.shape[0], -1).addmm_(up, down, alpha=alpha)
+        self._fused = factors
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        self.swap(())

@@ -1,0 +1,133 @@
+"""The swap benchmark: changing the served LoRA on the full-size SDXL UNet, five ways, side by side.
+
+    python -m bench.swap [--device cpu|cuda] [--dtype bfloat16|float16|float32] [--ranks 8,32,128]
+                         [--repeats N] [--formats peft,kohya] [--quick] [--json PATH]
+
+(a) the reference service: diffusers' load_lora_weights + fuse_lora + unfuse_lora + unload_lora_weights
+    per request, a different adapter each time;
+(b) diffusers' hotswap (enable_lora_hotswap, then load_lora_weights(..., hotswap=True); unfused);
+(c) ours, cached adapter: WeightPatcher.apply through AdapterStore.for_compute, as the engine swaps;
+    (c') the same fused from the host tier's factors, cast per layer (what dropping the CPU device tier costs);
+(d) ours, first-seen file: read the header, prepare, keep in the store, apply;
+(e) the floor: copy the touched weights back from a pristine copy, then one addmm_ per layer.
+
+(e), (c) and (c') take turns swap by swap, so load from other processes falls on all of them alike.
+The UNet's random weights are cut from one small pool, so every base tensor can be regenerated and
+compared bit for bit: after all of our swaps every tensor must equal its regenerated value (`exact`),
+and after the reference cycles the difference is the reference's drift. The last line is
+`swap_vs_floor=<c/e> swap_vs_reference=<a/c> exact=<true|false>` at the headline rank (32 when
+measured), in the format where ours fares worse.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/swap.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gc
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+
+import diffusers
+import torch
+import transformers
+
+from bench.measure import Clock
+from bench.options import Options, parse_options
+from bench.ours import write_pair
+from bench.report import Exactness, report
+from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, mismatched_tensors, random_pool
+from bench.sections import measure_ours, measure_reference
+from engine.synthetic import UNET_ATTENTION, find_targets
+
+__all__ = ["main", "run"]
+
+EXPECTED_TARGETS = 560  # to_q/to_k/to_v/to_out.0 of attn1 and attn2 in SDXL's 70 transformer blocks
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _cpu_pressure() -> str:
+    """How busy the machine is: other processes slow every method, which the ratios mostly cancel."""
+    one, five, _ = os.getloadavg()
+    text = f"load average {one:.2f}/{five:.2f} (1/5 min) on {os.cpu_count()} CPUs"
+    pressure = Path("/proc/pressure/cpu")
+    if pressure.is_file():
+        some = pressure.read_text().splitlines()[0]
+        avg60 = dict(field.split("=") for field in some.split()[1:]).get("avg60")
+        text += f", CPU pressure {avg60}% (60 s)"
+    return text
+
+
+def run(options: Options) -> dict[str, object]:
+    device, dtype = options.device, options.dtype
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    clock = Clock(device)
+    environment = {
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "before": _cpu_pressure(),
+    }
+    _say(
+        f"swap benchmark: SDXL UNet with random weights, {options.dtype_name} on {environment['gpu'] or device}; "
+        f"torch {torch.__version__}, diffusers {diffusers.__version__}, {torch.get_num_threads()} threads"
+    )
+    _say(f"machine: {environment['before']}")
+    started = time.perf_counter()
+    pool = random_pool()
+    unet = build_sdxl_unet(dtype=dtype, device=device, pool=pool)
+    parameters = sum(p.numel() for p in unet.parameters())
+    _say(f"built the UNet: {parameters / 1e9:.3f}B parameters in {time.perf_counter() - started:.1f} s")
+    targets = find_targets({"unet": unet}, {"unet": UNET_ATTENTION})
+    if len(targets) != EXPECTED_TARGETS:
+        raise SystemExit(f"found {len(targets)} attention projections, expected {EXPECTED_TARGETS}: not SDXL's UNet")
+    values = sum(torch.Size(t.weight_shape).numel() for t in targets)
+    _say(f"LoRA targets: {len(targets)} attention projections (attn1/attn2 q, k, v, out) holding {values / 1e6:.0f}M")
+
+    with tempfile.TemporaryDirectory(prefix="swap-bench-") as scratch:
+        folder = options.workdir or Path(scratch)
+        started = time.perf_counter()
+        pairs = {
+            (rank, fmt): write_pair(folder, targets, rank=rank, fmt=fmt)
+            for rank in options.ranks
+            for fmt in options.formats
+        }
+        _say(f"wrote {2 * len(pairs)} LoRA files (float16) in {time.perf_counter() - started:.1f} s")
+        ours = measure_ours(unet, pairs, options, clock, _say)
+        mismatched = mismatched_tensors(unet, pool)
+        _say(f"our swaps are done; {len(mismatched)} tensors differ from the base; {_cpu_pressure()}")
+        reference = measure_reference(unet, pairs, options, clock, _say)
+    drift, drifted = drift_from_fill(unet, pool)
+    environment["after"] = _cpu_pressure()
+    _say(f"machine: {environment['after']}")
+    del unet
+    gc.collect()
+    exactness = Exactness(not mismatched, len(mismatched), drift, drifted, reference.cycles)
+    return report(options, environment, ours, reference, exactness, _say)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_options(argv, description=(__doc__ or "").split("\n\n")[0])
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # diffusers says on every load that the LoRA has no text-encoder part, which is by design here.
+    diffusers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.set_verbosity_error()
+    run(options)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
