@@ -125,10 +125,12 @@ class AdapterResolver:
             path = hf_hub_download(
                 key.name, key.weight_name, revision=key.revision, token=self._token, cache_dir=self._cache_dir
             )
+        except (httpx2.TransportError, LocalEntryNotFoundError) as e:
+            # Before EntryNotFoundError, its base: huggingface_hub says "not in the local cache" when the Hub
+            # could not be reached (refused, timed out, HTTP 5xx), not that the repo lacks the file.
+            raise HubUnavailableError(f"the Hub could not be reached to download LoRA {source.ref!r}: {e}") from e
         except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
             raise _hub_lookup_error(e, source.ref, key) from e
-        except (httpx2.TransportError, LocalEntryNotFoundError) as e:
-            raise HubUnavailableError(f"the Hub could not be reached to download LoRA {source.ref!r}: {e}") from e
         except HfHubHTTPError as e:
             raise HubUnavailableError(f"the Hub failed while serving LoRA {source.ref!r}: {e}") from e
         except OSError as e:
