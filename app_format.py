@@ -120,13 +120,18 @@ def insert_trigger(prompt: str | None, old: str | None, new: str | None) -> str:
     return f"{new}, {text}" if text else new
 
 
-def lora_spec(ref: str | None, scale: float, revision: str | None = None, weight: str | None = None) -> LoraSpec | None:
-    """A LoraSpec from form fields, or None when the LoRA field is empty."""
+def lora_spec(
+    ref: str | None, scale: float | None, revision: str | None = None, weight: str | None = None
+) -> LoraSpec | None:
+    """A LoraSpec from form fields (an empty scale is 1), or None when the LoRA field is empty."""
     ref = (ref or "").strip()
     if not ref:
         return None
     return LoraSpec(
-        ref, scale=float(scale), revision=(revision or "").strip() or None, weight_name=(weight or "").strip() or None
+        ref,
+        scale=1.0 if scale is None else scale,
+        revision=(revision or "").strip() or None,
+        weight_name=(weight or "").strip() or None,
     )
 
 

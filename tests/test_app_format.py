@@ -57,6 +57,7 @@ def test_insert_trigger_puts_the_trigger_in_front_once(prompt, old, new, expecte
 def test_form_fields_become_specs_and_seeds():
     assert fmt.lora_spec("  ", 1.0) is None
     assert fmt.lora_spec(" a/b ", 0.5, " v1 ", "") == LoraSpec("a/b", 0.5, revision="v1", weight_name=None)
+    assert fmt.lora_spec("a/b", None) == LoraSpec("a/b", 1.0)
     assert fmt.seed_value(-1) is None
     assert fmt.seed_value(7, randomize=True) is None
     assert fmt.seed_value(7.0) == 7
