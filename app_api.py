@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 import app_format as fmt
-from engine.errors import EngineError
+from engine.errors import EngineError, InvalidRequestError
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from lora_catalog.errors import CatalogError
 
@@ -68,10 +68,11 @@ def add_api_endpoints(
     defaults = engine.loaded.defaults
     with gr.Column(visible=False):
         prompt, negative_prompt, lora, lora_2 = gr.Textbox(), gr.Textbox(""), gr.Textbox(""), gr.Textbox("")
+        # No `precision`: Gradio would round 2.5 steps (and True) quietly; the engine refuses them by name.
         lora_scale, lora_2_scale = gr.Number(1.0), gr.Number(1.0)
-        steps, guidance = gr.Number(defaults.steps, precision=0), gr.Number(defaults.guidance)
-        width, height = gr.Number(defaults.side, precision=0), gr.Number(defaults.side, precision=0)
-        seed, page = gr.Number(-1, precision=0), gr.Number(0, precision=0)
+        steps, guidance = gr.Number(defaults.steps), gr.Number(defaults.guidance)
+        width, height = gr.Number(defaults.side), gr.Number(defaults.side)
+        seed, page = gr.Number(-1), gr.Number(0, precision=0)
         base, search, sort = gr.Textbox(""), gr.Textbox(""), gr.Textbox("downloads")
         repo_id, revision, weight_name = gr.Textbox(), gr.Textbox(""), gr.Textbox("")
         image = gr.Image(type="pil", format="png", label="image")
@@ -85,16 +86,16 @@ def add_api_endpoints(
         lora_scale: float,
         lora_2: str,
         lora_2_scale: float,
-        steps: int | None,
+        steps: float | None,
         guidance: float | None,
-        width: int | None,
-        height: int | None,
-        seed: int | None,
+        width: float | None,
+        height: float | None,
+        seed: float | None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[Any, dict[str, Any]]:
         """Generate an image; `lora` and `lora_2` are Hub repo ids or local: files ("" for none); seed -1 is random."""
         with user_errors():
-            specs = (fmt.lora_spec(lora, lora_scale), fmt.lora_spec(lora_2, lora_2_scale))
+            specs = (_spec(lora, lora_scale, "lora_scale"), _spec(lora_2, lora_2_scale, "lora_2_scale"))
             request = GenerateRequest(
                 prompt=prompt,
                 negative_prompt=negative_prompt or "",
@@ -161,3 +162,10 @@ def add_api_endpoints(
         concurrency_id=CHECK,
         concurrency_limit=2,
     )
+
+
+def _spec(lora: str | None, scale: float | None, name: str) -> LoraSpec | None:
+    """The API's LoRA and scale; an explicit empty scale for a named LoRA is refused by name, not guessed."""
+    if (lora or "").strip() and scale is None:
+        raise InvalidRequestError(f"{name} is empty; accepted: a number from -2 to 2 (1 is the LoRA as trained)")
+    return fmt.lora_spec(lora, scale)

@@ -135,13 +135,16 @@ def lora_spec(
     )
 
 
-def seed_value(seed: float | None, randomize: bool = False) -> int | None:
-    """None (a random seed) for randomize, an empty field or a negative seed; the integer otherwise."""
-    if randomize or seed is None or seed < 0:
+def seed_value(seed: float | None, randomize: bool = False) -> float | None:
+    """None (a random seed) for randomize, an empty field or a negative number; otherwise the value as given.
+
+    The engine checks what is left (an integer, not a bool or 1.5), so its message names the bad value.
+    """
+    if randomize or seed is None:
         return None
-    if not float(seed).is_integer():
-        raise InvalidRequestError(f"seed={seed!r} is not an integer; accepted: an integer from 0, or -1 for random")
-    return int(seed)
+    if isinstance(seed, int | float) and not isinstance(seed, bool) and seed < 0:
+        return None
+    return seed
 
 
 def _esc(value: object) -> str:

@@ -96,6 +96,10 @@ def parse_body(body: bytes, *, lora: str | None, accept: str | None) -> HttpRequ
         raise InvalidRequestError(
             f'the body is not valid JSON ({e}); accepted: {{"inputs": "<prompt>", "parameters": {{...}}}}'
         ) from e
+    except RecursionError as e:
+        raise InvalidRequestError(
+            'the body is JSON nested too deeply to read; accepted: {"inputs": "<prompt>", "parameters": {...}}'
+        ) from e
     if not isinstance(document, dict):
         raise InvalidRequestError(
             f'the body is a JSON {type(document).__name__}; accepted: an object {{"inputs": "<prompt>", ...}}'

@@ -147,6 +147,19 @@ def test_an_incompatible_lora_is_refused_with_its_message(client, fixtures):
         client.predict(repo_id=fixtures["sd15"], revision="", weight_name="", api_name="/lora_info")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"steps": 2.5}, r"steps=2\.5 is not an integer"),
+        ({"seed": 1.5}, r"seed=1\.5 is not an integer"),
+        ({"lora": "fixtures/peft", "lora_scale": None}, r"lora_scale is empty"),
+    ],
+)
+def test_wrong_types_are_refused_by_name_not_rounded(client, overrides, message):
+    with pytest.raises(AppError, match=message):
+        generate(client, **overrides)
+
+
 def test_an_unknown_lora_and_a_bad_size_are_refused(client):
     with pytest.raises(AppError, match="fixtures/nothing-here"):
         client.predict(repo_id="fixtures/nothing-here", revision="", weight_name="", api_name="/lora_info")

@@ -148,6 +148,12 @@ def test_bad_input_is_a_400_naming_the_problem(url, body, match):
     assert re.search(match, response.json()["error"])
 
 
+def test_a_deeply_nested_body_is_a_400_not_a_crash(url):
+    response = post(url, "[" * 60_000)
+    assert response.status_code == 400, why(response)
+    assert "nested too deeply" in response.json()["error"]
+
+
 def test_parse_body_reads_the_inference_api_shape():
     parsed = parse_body(
         b'{"inputs": "x", "parameters": {"num_inference_steps": 20.0, "guidance_scale": 7, "lora_scale": 0.8}}',
