@@ -358,11 +358,12 @@ def main() -> None:
         hub_url=runtime.hub_url,
         boot_s=runtime.boot_s,
     )
-    # Gradio reads GRADIO_SERVER_NAME/PORT itself; unset, it would listen on 127.0.0.1 only, where a Space listens
-    # on all interfaces. Only whether the name is set is looked at here.
-    server_name = None if os.environ.get("GRADIO_SERVER_NAME") else "0.0.0.0"
     serve(
-        demo, make_routes(runtime.runner), server_name=server_name, allowed_paths=[str(d) for d in runtime.local_dirs]
+        demo,
+        make_routes(runtime.runner),
+        server_name=settings.server_name,
+        server_port=settings.server_port,
+        allowed_paths=[str(d) for d in runtime.local_dirs],
     )
 
 

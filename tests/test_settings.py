@@ -14,6 +14,7 @@ def test_defaults_serve_sdxl_on_an_auto_device():
     assert not settings.model_id_explicit
     assert (settings.device, settings.dtype, settings.gpu_mode) == ("auto", "auto", "auto")
     assert not settings.per_call
+    assert (settings.server_name, settings.server_port) == ("0.0.0.0", 7860)
 
 
 def test_a_hub_model_id_is_also_the_base_unless_a_base_is_named():
@@ -40,6 +41,10 @@ def test_a_local_folder_stands_in_for_the_default_base(tmp_path):
         ({"LOCAL_LORA_DIR": "/no/such/folder"}, r"LOCAL_LORA_DIR='/no/such/folder' is not an existing folder"),
         ({"BASE_MODEL_ID": "../etc"}, r"BASE_MODEL_ID='../etc' is not a Hub repo id"),
         ({"HUB_TIMEOUT_S": "-1"}, r"HUB_TIMEOUT_S='-1' is not accepted; accepted: a number from 0.1 to 600"),
+        (
+            {"GRADIO_SERVER_PORT": "http"},
+            r"GRADIO_SERVER_PORT='http' is not accepted; accepted: an integer from 1 to 65535",
+        ),
         ({"LOG_LEVEL": "LOUD"}, r"LOG_LEVEL='LOUD' is not accepted; accepted: DEBUG, INFO, WARNING, ERROR"),
     ],
 )
