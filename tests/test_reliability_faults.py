@@ -30,7 +30,7 @@ from engine.resolve import AdapterResolver
 from engine.service import Engine
 from lora_catalog.hub import HubSource
 from tests.support.loras import WEIGHTS, card, peft_file
-from tests.test_reliability_loras import prime, small
+from tests.test_reliability_loras import prime, small, unchanged
 
 
 @pytest.fixture
@@ -130,9 +130,9 @@ def test_a_failing_hub_api_is_unavailable_then_recovers(make_engine, fixtures, f
 
 def test_a_hub_on_a_closed_port_is_unavailable(build_engine, fixtures, loaded, pristine):
     engine = build_engine(endpoint=f"http://127.0.0.1:{closed_port()}")
-    with pytest.raises(HubUnavailableError, match=r"the Hub at http://127\.0\.0\.1:\d+ could not be reached"):
+    fragment = r"the Hub at http://127\.0\.0\.1:\d+ could not be reached"
+    with unchanged(engine, loaded, pristine), pytest.raises(HubUnavailableError, match=fragment):
         engine.generate(small(LoraSpec(fixtures["peft"])))
-    assert engine.status().applied == ()
 
 
 def test_a_slow_hub_api_times_out_at_the_configured_timeout(make_engine, fixtures, fault, twins):
@@ -176,9 +176,9 @@ def test_an_unwritable_cache_folder_is_a_storage_error(build_engine, tmp_path, t
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be")
     engine = build_engine(cache_dir=blocker / "hub")
-    with pytest.raises(StorageError, match=rf"LoRA '{twins[1]}' could not be stored in the Hub cache: Not a directory"):
+    fragment = rf"LoRA '{twins[1]}' could not be stored in the Hub cache: Not a directory"
+    with unchanged(engine, loaded, pristine), pytest.raises(StorageError, match=fragment):
         engine.generate(small(LoraSpec(twins[1])))
-    assert engine.status().applied == ()
     assert build_engine(cache_dir=tmp_path / "hub").generate(small(LoraSpec(twins[1]))).image.size == (64, 64)
 
 
