@@ -112,7 +112,9 @@ def make_engine(loaded, base_settings, hub) -> Iterator[Callable[..., object]]:
         return engine
 
     yield build
-    for engine in made:
+    # Engines share one pipeline, each snapshotting pristine weights as it first touches them:
+    # close the newest first so every engine restores the state it found.
+    for engine in reversed(made):
         engine.close()
 
 

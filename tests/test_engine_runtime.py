@@ -69,6 +69,7 @@ def test_eviction_keeps_the_budget_and_never_drops_active_adapters(make_engine, 
     assert status.host_bytes <= status.host_budget
     assert third in names and peft not in names, "the least recently used adapter goes first"
     assert any("evicted" in r.message for r in caplog.records) or peft not in names
+    engine.close()
 
     tight = make_engine(host_cache_bytes=int(size * 1.2))
     both = tight.generate(request(LoraSpec(peft), LoraSpec(second)))
