@@ -8,6 +8,7 @@ A swap later is a loop over these factors with no module surgery.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -84,6 +85,7 @@ class PreparedAdapter:
     file_size: int
     max_rank: int
     components: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -104,7 +106,7 @@ class PreparedAdapter:
             return moved.pin_memory() if pin else moved
 
         layers = tuple(LayerFactors(f.target, move(f.down), move(f.up), f.scaling) for f in self.layers)
-        return PreparedAdapter(self.key, layers, self.file_size, self.max_rank, self.components)
+        return dataclasses.replace(self, layers=layers)
 
 
 class TargetTable:

@@ -90,22 +90,20 @@ class AdapterResolver:
         token: str | None,
         max_bytes: int,
         cache_dir: Path | None = None,
+        timeout_s: float = 10.0,
     ) -> None:
         self._hub = hub
         self._local_dir = local_dir
         self._token = token
         self._max_bytes = max_bytes
         self._cache_dir = cache_dir
+        self._timeout_s = timeout_s
 
     def locate(self, spec: LoraSpec) -> AdapterSource:
         """Identify the file a spec names (a Hub metadata call unless the catalogue has it cached)."""
         kind, name = parse_ref(spec.ref)
         source = self._locate_local(name) if kind == "local" else self._locate_hub(spec, name)
-        if source.size is not None and source.size > self._max_bytes:
-            raise LimitExceededError(
-                f"LoRA {spec.ref!r} ({source.key.weight_name}) is {source.size / 2**20:.1f} MiB; "
-                f"accepted: files up to {self._max_bytes / 2**20:.0f} MiB"
-            )
+        self._check_size(source.ref, source.key.weight_name, source.size)
         return source
 
     def fetch(self, source: AdapterSource) -> Path:
@@ -116,14 +114,15 @@ class AdapterResolver:
         try:
             if source.size is None:
                 url = hf_hub_url(key.name, key.weight_name, revision=key.revision)
-                size = get_hf_file_metadata(url, token=self._token).size
-                if size is not None and size > self._max_bytes:
-                    raise LimitExceededError(
-                        f"LoRA {source.ref!r} ({key.weight_name}) is {size / 2**20:.1f} MiB; "
-                        f"accepted: files up to {self._max_bytes / 2**20:.0f} MiB"
-                    )
+                size = get_hf_file_metadata(url, token=self._token, timeout=self._timeout_s).size
+                self._check_size(source.ref, key.weight_name, size)
             path = hf_hub_download(
-                key.name, key.weight_name, revision=key.revision, token=self._token, cache_dir=self._cache_dir
+                key.name,
+                key.weight_name,
+                revision=key.revision,
+                token=self._token,
+                cache_dir=self._cache_dir,
+                etag_timeout=self._timeout_s,
             )
         except (httpx2.TransportError, LocalEntryNotFoundError) as e:
             # Before EntryNotFoundError, its base: huggingface_hub says "not in the local cache" when the Hub
@@ -136,6 +135,12 @@ class AdapterResolver:
         except OSError as e:
             raise _storage_error(e, source.ref) from e
         return Path(path)
+
+    def _check_size(self, ref: str, weight_name: str, size: int | None) -> None:
+        if size is not None and size > self._max_bytes:
+            raise LimitExceededError(
+                f"LoRA {ref!r} ({weight_name}) is {_mib(size)}; accepted: files up to {_mib(self._max_bytes)}"
+            )
 
     def _locate_hub(self, spec: LoraSpec, repo_id: str) -> AdapterSource:
         if self._hub is None:
@@ -163,6 +168,10 @@ class AdapterResolver:
         stat = path.stat()
         key = AdapterKey("local", name, f"{stat.st_size}-{stat.st_mtime_ns}", path.name)
         return AdapterSource(key, ref, stat.st_size, (), local_path=path)
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.2f} MiB"
 
 
 def _hub_lookup_error(error: Exception, ref: str, key: AdapterKey) -> EngineError:

@@ -208,7 +208,11 @@ def _serve_model(
         refresh=settings.catalog_refresh,
     )
     resolver = AdapterResolver(
-        catalog, local_dir=settings.local_lora_dir, token=settings.hf_token, max_bytes=settings.max_adapter_bytes
+        catalog,
+        local_dir=settings.local_lora_dir,
+        token=settings.hf_token,
+        max_bytes=settings.max_adapter_bytes,
+        timeout_s=settings.hub_timeout_s,
     )
     engine = Engine(loaded, settings, resolver)
     boot_s = time.perf_counter() - started

@@ -8,12 +8,14 @@ successful request left them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -172,15 +174,14 @@ class Engine:
         leased.append(source.key)
         adapter = self._store.get(source.key)
         if adapter is not None:
-            return adapter, "hit", (time.perf_counter() - started, 0.0), ()
+            return adapter, "hit", (time.perf_counter() - started, 0.0), adapter.warnings
         with self._key_lock(source.key):
             adapter = self._store.get(source.key)
             if adapter is not None:
-                return adapter, "hit", (time.perf_counter() - started, 0.0), ()
+                return adapter, "hit", (time.perf_counter() - started, 0.0), adapter.warnings
             path = self._resolver.fetch(source)
             fetched = time.perf_counter()
-            adapter, warnings = self._load(source, path)
-            adapter = self._store.add(adapter)
+            adapter = self._store.add(self._load(source, path))
             done = time.perf_counter()
         logger.info(
             "prepared %s: %d layers, rank %d, %.1f MiB in %.3f s (download %.3f s)",
@@ -191,9 +192,9 @@ class Engine:
             done - fetched,
             fetched - started,
         )
-        return adapter, "miss", (fetched - started, done - fetched), warnings
+        return adapter, "miss", (fetched - started, done - fetched), adapter.warnings
 
-    def _load(self, source: AdapterSource, path) -> tuple[PreparedAdapter, tuple[str, ...]]:
+    def _load(self, source: AdapterSource, path: Path) -> PreparedAdapter:
         label = f"LoRA {source.ref!r}"
         try:
             header = read_header(path, label=source.key.weight_name)
@@ -215,7 +216,8 @@ class Engine:
             metadata=header.metadata,
             shapes={name: info.shape for name, info in header.tensors.items()},
         )
-        return adapter, (warning,) if warning else ()
+        # Kept with the adapter, so a cache hit still tells the user what the first load found.
+        return dataclasses.replace(adapter, warnings=(warning,) if warning else ())
 
     def _key_lock(self, key: AdapterKey) -> threading.Lock:
         with self._waiting_lock:

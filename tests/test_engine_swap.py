@@ -142,3 +142,11 @@ def test_many_swaps_with_failures_leave_base_weights_bit_exact(make_engine, fixt
     engine.close()
     assert_pristine(loaded, pristine)
     assert engine.generate(request()).image.tobytes() == base_image
+
+
+def test_a_lora_without_a_declared_base_warns_on_every_use(engine, fixtures):
+    first = engine.generate(request(LoraSpec(fixtures["no-base"])))
+    again = engine.generate(request(LoraSpec(fixtures["no-base"]), seed=8))
+    assert again.adapters[0].cache == "hit"
+    for result in (first, again):
+        assert any("declares no base model" in w for w in result.warnings)
