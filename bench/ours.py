@@ -75,10 +75,15 @@ class Ours:
     ) -> None:
         self.unet = unet
         self.table = TargetTable({"unet": unet})
-        # The engine keeps pristine copies on the compute device unless told otherwise.
+        # As the engine: pristine copies on the compute device; a device tier only off the CPU, where the
+        # host copy is kept in the compute dtype instead.
         self.patcher = WeightPatcher(self.table.params, device)
         self.store = AdapterStore(
-            host_budget=cache_bytes, device_budget=cache_bytes, device=device, dtype=dtype, use_device_tier=True
+            host_budget=cache_bytes,
+            device_budget=cache_bytes,
+            device=device,
+            dtype=dtype,
+            use_device_tier=device.type != "cpu",
         )
         self._max_rank = max_rank
 
@@ -96,9 +101,9 @@ class Ours:
             shapes={tensor: info.shape for tensor, info in header.tensors.items()},
         )
 
-    def swap(self, adapter: PreparedAdapter, *, through_store: bool = True) -> None:
-        """Serve `adapter` alone at scale 1, as `Engine._swap` does (device tier unless told otherwise)."""
-        compute = self.store.for_compute(adapter) if through_store else adapter
+    def swap(self, adapter: PreparedAdapter) -> None:
+        """Serve `adapter` alone at scale 1, as `Engine._swap` does."""
+        compute = self.store.for_compute(adapter)
         self.patcher.apply((ActiveAdapter(compute, 1.0),))
         self.store.set_active([adapter.key])
 

@@ -15,7 +15,7 @@ __all__ = ["Exactness", "report"]
 
 Say = Callable[[str], None]
 _MIB = 2**20
-_METHOD_ORDER = ("(e)", "(c)", "(c')", "(d)", "(b)", "(a)")
+_METHOD_ORDER = ("(e)", "(c)", "(d)", "(b)", "(a)")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ _MIB = 2**20
 _METHODS = {
     "(e)": ("(e) floor: copy_ + addmm_", "plain tensors, factors in weight dtype"),
     "(c)": ("(c) ours, cached adapter", "AdapterStore.for_compute + WeightPatcher.apply"),
-    "(c')": ("(c') ours, host tier only", "factors in file dtype, cast per layer"),
 }
 
 
@@ -81,7 +80,7 @@ class ReferenceResults:
 
 
 def measure_ours(unet: nn.Module, pairs: Pairs, options: Options, clock: Clock, say: Say) -> OursResults:
-    """Floor (e) and ours (c), (c') and (d) per rank and format; memory per adapter; RSS across many swaps."""
+    """Floor (e) and ours (c) and (d) per rank and format; memory per adapter; RSS across many swaps."""
     rows: list[Row] = []
     memory: list[MemoryUse] = []
     rss, interleaved = None, []
@@ -134,7 +133,7 @@ def _measure_rank(
     floor = Floor(ours.table.params, touched) if together else None
     for fmt, adapters in kept.items():
         swaps = _floor_swaps(floor, adapters) if floor is not None else {}
-        swaps.update(_ours_swaps(ours, adapters, device))
+        swaps.update(_ours_swaps(ours, adapters))
         samples.setdefault(fmt, {}).update(round_robin(clock, swaps, repeats))
     if floor is not None:
         floor.restore()
@@ -164,11 +163,8 @@ def _floor_swaps(floor: Floor, adapters: Sequence[PreparedAdapter]) -> dict[str,
     return {"(e)": lambda i: floor.swap(factors[i % 2])}
 
 
-def _ours_swaps(ours: Ours, adapters: Sequence[PreparedAdapter], device: torch.device) -> dict[str, Callable]:
-    swaps: dict[str, Callable[[int], object]] = {"(c)": lambda i: ours.swap(adapters[i % 2])}
-    if device.type == "cpu":  # the host tier lives on the CPU, so only there can it be fused from directly
-        swaps["(c')"] = lambda i: ours.swap(adapters[i % 2], through_store=False)
-    return swaps
+def _ours_swaps(ours: Ours, adapters: Sequence[PreparedAdapter]) -> dict[str, Callable]:
+    return {"(c)": lambda i: ours.swap(adapters[i % 2])}
 
 
 def _floor_alone(

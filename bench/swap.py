@@ -7,11 +7,10 @@
     per request, a different adapter each time;
 (b) diffusers' hotswap (enable_lora_hotswap, then load_lora_weights(..., hotswap=True); unfused);
 (c) ours, cached adapter: WeightPatcher.apply through AdapterStore.for_compute, as the engine swaps;
-    (c') the same fused from the host tier's factors, cast per layer (what dropping the CPU device tier costs);
 (d) ours, first-seen file: read the header, prepare, keep in the store, apply;
 (e) the floor: copy the touched weights back from a pristine copy, then one addmm_ per layer.
 
-(e), (c) and (c') take turns swap by swap, so load from other processes falls on all of them alike.
+(e) and (c) take turns swap by swap, so load from other processes falls on all of them alike.
 The UNet's random weights are cut from one small pool, so every base tensor can be regenerated and
 compared bit for bit: after all of our swaps every tensor must equal its regenerated value (`exact`),
 and after the reference cycles the difference is the reference's drift. The last line is

@@ -108,7 +108,8 @@ class Engine:
             device_budget=settings.device_cache_bytes,
             device=loaded.device,
             dtype=loaded.dtype,
-            use_device_tier=not self._per_call,
+            # On the CPU the host copy is the compute copy; on ZeroGPU device memory does not outlive a call.
+            use_device_tier=loaded.device.type != "cpu" and not self._per_call,
         )
         self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
         self._lock = threading.Lock()

@@ -117,8 +117,12 @@ class AdapterStore:
 
     def add(self, adapter: PreparedAdapter) -> PreparedAdapter:
         """Keep a freshly prepared adapter in the host tier and return the kept copy."""
-        if self._pin:
-            adapter = adapter.to(torch.device("cpu"), adapter.layers[0].down.dtype, pin=True)
+        dtype = adapter.layers[0].down.dtype
+        if self._device_tier is None and self._dtype.itemsize <= dtype.itemsize:
+            # No device copies (CPU, or ZeroGPU): keep the host copy in the compute dtype, so a swap
+            # casts nothing, unless that would make it larger than the file.
+            dtype = self._dtype
+        adapter = adapter.to(torch.device("cpu"), dtype, pin=self._pin)
         with self._lock:
             self._host.put(adapter.key, adapter, self._protected())
         return adapter
