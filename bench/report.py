@@ -76,7 +76,7 @@ def report(
     for use in ours.memory:
         say(
             f"memory rank {use.rank} {use.fmt}: file {use.file_bytes / _MIB:.1f} MiB; host tier "
-            f"{use.host_tier_over_file:.2f}x the file; host RAM incl. a CPU device tier {use.host_ram_over_file:.2f}x "
+            f"{use.host_tier_over_file:.2f}x the file; host RAM in all {use.host_ram_over_file:.2f}x "
             "(target <= 1.1x)"
         )
     if ours.rss is not None:

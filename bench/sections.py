@@ -204,7 +204,7 @@ def _first_seen(
         ours.first_seen(pair.paths[1], f"r{rank}-{fmt}-warm-up", clock)
     timed = [ours.first_seen(pair.paths[i % 2], f"r{rank}-{fmt}-new{i}", clock) for i in range(repeats)]
     rows = [Row(rank, fmt, "(d) ours, first-seen file", tuple(sum(t) for t in timed), "file in the page cache")]
-    for index, phase in enumerate(("read header + prepare", "keep: host + device tier", "apply")):
+    for index, phase in enumerate(("read header + prepare", "keep in the store", "apply")):
         rows.append(Row(rank, fmt, f"    (d) {phase}", tuple(t[index] for t in timed)))
     return rows
 

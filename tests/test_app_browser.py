@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.app_server import AppServer, serve_app
+from tests.support.app_server import AppServer, serve_app, serve_fixture_app
 
 pytestmark = pytest.mark.browser
 
@@ -55,20 +55,8 @@ def page(browser) -> Iterator[object]:
 # Function-scoped: two engines must never patch the shared tiny pipeline at the same time.
 @pytest.fixture
 def hub_app(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
-    from engine.resolve import AdapterResolver
-    from engine.service import Engine
-    from lora_catalog.catalog import Catalog
-    from lora_catalog.hub import HubSource
-
-    catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), local_dirs=(fixtures.local_dir,))
-    resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=None, max_bytes=2**30)
-    engine = Engine(loaded, base_settings, resolver)
-    try:
-        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir]) as served:
-            yield served
-    finally:
-        engine.close()
-        catalog.close()
+    with serve_fixture_app(loaded, base_settings, hub, fixtures) as served:
+        yield served
 
 
 def tile(page, title: str):

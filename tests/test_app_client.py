@@ -11,29 +11,15 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from tests.support.app_server import AppServer, serve_app
+from tests.support.app_server import AppServer, serve_fixture_app
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 
 
 @pytest.fixture(scope="module")
 def server(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
-    from engine.resolve import AdapterResolver
-    from engine.service import Engine
-    from lora_catalog.catalog import Catalog
-    from lora_catalog.hub import HubSource
-
-    catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), local_dirs=(fixtures.local_dir,))
-    resolver = AdapterResolver(
-        catalog, local_dir=fixtures.local_dir, token=None, max_bytes=base_settings.max_adapter_bytes
-    )
-    engine = Engine(loaded, base_settings, resolver)
-    try:
-        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir]) as served:
-            yield served
-    finally:
-        engine.close()
-        catalog.close()
+    with serve_fixture_app(loaded, base_settings, hub, fixtures) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -12,32 +12,15 @@ import httpx
 import pytest
 from PIL import Image
 
-from engine.errors import EngineError, GenerationCancelledError, InvalidRequestError
+from engine.errors import GenerationCancelledError, InvalidRequestError
 from engine.http_api import parse_body
 from engine.requests import GenerateRequest, LoraSpec
 from engine.runtime import GpuRunner
-from tests.support.app_server import free_port, serve_routes
+from tests.support.app_server import free_port, recording_runner, serve_routes
 
 TIMEOUT = httpx.Timeout(120.0)
 BODY = '{"inputs": "a fox in a forest", "parameters": {"num_inference_steps": 2, "seed": 11}}'
 JPEG, PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
-
-
-class RecordingRunner(GpuRunner):
-    """A GpuRunner that also reports how each of its requests ended."""
-
-    def __init__(self, engine) -> None:
-        super().__init__(engine)
-        self.outcomes: queue.Queue[object] = queue.Queue()
-
-    def generate(self, request, **kwargs):
-        try:
-            result = super().generate(request, **kwargs)
-        except EngineError as e:
-            self.outcomes.put(e)
-            raise
-        self.outcomes.put(result)
-        return result
 
 
 @pytest.fixture
@@ -255,7 +238,7 @@ def test_a_generation_failure_is_a_500_and_the_next_request_works(url, engine, f
 
 
 def test_a_client_that_hangs_up_cancels_its_queued_request(engine):
-    runner = RecordingRunner(engine)
+    runner = recording_runner(engine)
     with serve_routes(runner) as url, Blocker(engine):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url, content=BODY, timeout=httpx.Timeout(60.0, read=1.0))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import queue
 import re
 import socket
 import uuid
@@ -25,10 +24,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from engine.errors import EngineError
 from engine.requests import GenerateRequest, LoraSpec
-from engine.runtime import GpuRunner
-from tests.support.app_server import serve_app
+from tests.support.app_server import recording_runner, serve_app
 from tests.support.loras import WEIGHTS, card
 from tests.test_reliability_loras import BAD_REPOS
 from tests.test_reliability_secrets import SECRET
@@ -59,28 +56,11 @@ HTTP_STATUS = {
 }
 
 
-class RecordingRunner(GpuRunner):
-    """The app's runner, also reporting how each request ended (to see a hang-up become a cancel)."""
-
-    def __init__(self, engine) -> None:
-        super().__init__(engine)
-        self.outcomes: queue.Queue[object] = queue.Queue()
-
-    def generate(self, request, **kwargs):
-        try:
-            result = super().generate(request, **kwargs)
-        except EngineError as e:
-            self.outcomes.put(e)
-            raise
-        self.outcomes.put(result)
-        return result
-
-
 @dataclass(frozen=True)
 class App:
     url: str
     engine: object
-    runner: RecordingRunner
+    runner: object
     client: Client
     demo: gr.Blocks
 
@@ -99,7 +79,7 @@ def launch(loaded, base_settings, hub, fixtures) -> Iterator[App]:
         catalog = Catalog(HubSource(endpoint=hub.url, token=SECRET, timeout_s=5), local_dirs=(fixtures.local_dir,))
         resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=SECRET, max_bytes=2**30)
         engine = Engine(loaded, settings, resolver)
-        runner = RecordingRunner(engine)
+        runner = recording_runner(engine)
         try:
             with serve_app(engine, catalog, hub_url=hub.url, runner=runner) as served:
                 yield App(served.url, engine, runner, Client(served.url, verbose=False), served.demo)

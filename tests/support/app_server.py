@@ -7,6 +7,7 @@ routes under uvicorn, for HTTP tests that need an engine of their own.
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
 import time
@@ -19,7 +20,7 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
-__all__ = ["AppServer", "free_port", "serve_app", "serve_routes", "wait_http"]
+__all__ = ["AppServer", "free_port", "recording_runner", "serve_app", "serve_fixture_app", "serve_routes", "wait_http"]
 
 
 def free_port() -> int:
@@ -99,3 +100,44 @@ def serve_routes(runner: object) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def recording_runner(engine: object) -> object:
+    """The app's GpuRunner, also reporting how each request ended on `.outcomes` (a result or an EngineError)."""
+    from engine.errors import EngineError
+    from engine.runtime import GpuRunner
+
+    class RecordingRunner(GpuRunner):
+        def __init__(self, engine: object) -> None:
+            super().__init__(engine)  # type: ignore[arg-type]
+            self.outcomes: queue.Queue[object] = queue.Queue()
+
+        def generate(self, request, **kwargs):
+            try:
+                result = super().generate(request, **kwargs)
+            except EngineError as e:
+                self.outcomes.put(e)
+                raise
+            self.outcomes.put(result)
+            return result
+
+    return RecordingRunner(engine)
+
+
+@contextmanager
+def serve_fixture_app(loaded: object, settings: object, hub: object, fixtures: object) -> Iterator[AppServer]:
+    """The full app over the session's tiny pipeline, a catalogue of the stand-in Hub and the local fixtures."""
+    from engine.resolve import AdapterResolver
+    from engine.service import Engine
+    from lora_catalog.catalog import Catalog
+    from lora_catalog.hub import HubSource
+
+    catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), local_dirs=(fixtures.local_dir,))
+    resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=None, max_bytes=settings.max_adapter_bytes)
+    engine = Engine(loaded, settings, resolver)
+    try:
+        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir]) as served:
+            yield served
+    finally:
+        engine.close()
+        catalog.close()
