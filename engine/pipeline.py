@@ -64,7 +64,8 @@ def load_pipeline(settings: Settings, *, warm: bool = True) -> LoadedPipeline:
     dtype = resolve_dtype(settings.dtype, device)
     started = time.perf_counter()
     pipe = build_tiny_pipeline(seed=0) if settings.is_tiny else _from_pretrained(settings, dtype)
-    pipe = pipe.to(device=device, dtype=dtype)
+    # Casting only when needed: diffusers warns on a cast that may break modules kept in float32.
+    pipe = pipe.to(device=device) if pipe.dtype == dtype else pipe.to(device=device, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
     side = pipe.default_sample_size * pipe.vae_scale_factor
