@@ -41,6 +41,15 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield started
 
 
+@pytest.fixture
+def clean_hub(hub) -> Iterator[object]:
+    """The `hub` in scope (a module may serve its own), with no fault and an empty request log, left faultless."""
+    hub.set_fault(None)
+    hub.clear_requests()
+    yield hub
+    hub.set_fault(None)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.tiny import ensure_tiny_pipeline

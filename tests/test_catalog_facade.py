@@ -78,14 +78,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
 
 
 @pytest.fixture
-def clean_hub(hub: StandInHub) -> Iterator[StandInHub]:
-    hub.set_fault(None)
-    hub.clear_requests()
-    yield hub
-    hub.set_fault(None)
-
-
-@pytest.fixture
 def snapshot_path(tmp_path: Path) -> Path:
     path = tmp_path / "snapshots" / "sdxl.json"
     write_snapshot(path, Snapshot.of(SDXL, SNAPSHOT_TIME, SNAPSHOT_ENTRIES))

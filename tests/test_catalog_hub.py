@@ -136,14 +136,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
 
 
 @pytest.fixture
-def clean_hub(hub: StandInHub) -> Iterator[StandInHub]:
-    hub.set_fault(None)
-    hub.clear_requests()
-    yield hub
-    hub.set_fault(None)
-
-
-@pytest.fixture
 def source(clean_hub: StandInHub) -> HubSource:
     return HubSource(endpoint=clean_hub.url, timeout_s=5.0)
 
