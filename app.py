@@ -1,9 +1,9 @@
 """LoRA Switchboard: the Gradio UI, its named API, and one server that also answers inference-API POSTs.
 
 Thin on purpose: handlers validate, call the engine or the catalogue, and format
-what comes back (`app_format`); the named API lives in `app_api`, which is also
+what comes back (`serving.format`); the named API lives in `serving.gradio_api`, which is also
 the one place engine and catalogue errors become `gr.Error`. Nothing is loaded
-at import; `main()` builds the runtime (`engine.runtime.build_runtime`) and serves it.
+at import; `main()` builds the runtime (`serving.runtime.build_runtime`) and serves it.
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ import gradio as gr
 # On ZeroGPU `spaces` must come before anything that initialises CUDA; elsewhere it is cheap and inert.
 import spaces  # noqa: F401
 
-import app_format as fmt
-from app_api import BROWSE, CHECK, PAGE_SIZE, PIPELINE, StepProgress, add_api_endpoints, user_errors
 from engine.errors import EngineError
 from engine.requests import GenerateRequest, GenerateResult
 from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import CatalogError
 from lora_catalog.hub import SORTS
+from serving import format as fmt
+from serving.gradio_api import BROWSE, CHECK, PAGE_SIZE, PIPELINE, StepProgress, add_api_endpoints, user_errors
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
-    from engine.runtime import GpuRunner
     from engine.service import Engine
     from lora_catalog.catalog import Catalog
+    from serving.runtime import GpuRunner
 
 __all__ = ["build_demo", "main", "serve"]
 
@@ -53,7 +53,7 @@ def build_demo(
 ) -> gr.Blocks:
     """The Blocks for one engine and catalogue; every handler is a closure over them (no global state)."""
     if runner is None:
-        from engine.runtime import GpuRunner
+        from serving.runtime import GpuRunner
 
         runner = GpuRunner(engine, zero_gpu=engine.settings.zero_gpu)
     loaded, settings = engine.loaded, engine.settings
@@ -340,9 +340,9 @@ def serve(
 
 def main() -> None:
     from engine.errors import SettingsError
-    from engine.http_api import make_routes
-    from engine.runtime import build_runtime
     from engine.settings import Settings
+    from serving.http_api import make_routes
+    from serving.runtime import build_runtime
 
     try:
         settings = Settings.from_env(os.environ)

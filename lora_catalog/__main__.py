@@ -22,14 +22,9 @@ from .entries import LoraEntry
 from .errors import CatalogError, HubUnreachableError
 from .hub import SORTS, HubSource
 from .listing import CatalogPage
+from .snapshot import default_snapshot_path
 
 _MAX_PAGE = 200
-
-
-def default_snapshot_path(base: str) -> Path:
-    """`snapshots/sdxl.json` for the default SDXL base, `snapshots/<owner>__<name>.json` otherwise (under CWD)."""
-    name = "sdxl" if base == DEFAULT_BASE else base.replace("/", "__")
-    return Path("snapshots") / f"{name}.json"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

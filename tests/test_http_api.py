@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 from engine.errors import GenerationCancelledError, InvalidRequestError
-from engine.http_api import parse_body
 from engine.requests import GenerateRequest, LoraSpec
-from engine.runtime import GpuRunner
+from serving.http_api import parse_body
+from serving.runtime import GpuRunner
 from tests.support.app_server import free_port, recording_runner, serve_routes
 
 TIMEOUT = httpx.Timeout(120.0)

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
-import app_format as fmt
 from engine.errors import EngineError, InvalidRequestError
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from lora_catalog.errors import CatalogError
+from serving import format as fmt
 
 if TYPE_CHECKING:
     from engine.service import Engine

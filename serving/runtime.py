@@ -28,17 +28,17 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-from lora_catalog.__main__ import default_snapshot_path
+from engine.errors import EngineError, SettingsError
+from engine.pipeline import LoadedPipeline, load_pipeline
+from engine.requests import GenerateRequest, GenerateResult
+from engine.resolve import AdapterResolver
+from engine.service import Engine, PreparedRequest
+from engine.settings import DEFAULT_MODEL_ID, TINY_MODEL_ID, Settings
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
+from lora_catalog.snapshot import default_snapshot_path
 
 from .demo import DEMO_LORAS, ensure_demo_loras, render_previews
-from .errors import EngineError, SettingsError
-from .pipeline import LoadedPipeline, load_pipeline
-from .requests import GenerateRequest, GenerateResult
-from .resolve import AdapterResolver
-from .service import Engine, PreparedRequest
-from .settings import DEFAULT_MODEL_ID, TINY_MODEL_ID, Settings
 
 __all__ = ["REPO_ROOT", "GpuRunner", "Runtime", "StartPlan", "build_runtime", "plan_start", "probe_base"]
 

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .errors import (
+from engine.errors import (
     AdapterLoadError,
     EngineBusyError,
     EngineError,
@@ -39,7 +39,8 @@ from .errors import (
     InvalidRequestError,
     UnknownLoraError,
 )
-from .requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+
 from .runtime import GpuRunner
 
 __all__ = ["ACCEPTED_PARAMETERS", "MAX_BODY_BYTES", "HttpRequest", "make_routes", "parse_body", "status_for"]

@@ -23,9 +23,9 @@ from typing import Literal
 
 from PIL import Image
 
-from .requests import GenerateRequest, LoraSpec
-from .service import Engine
-from .synthetic import (
+from engine.requests import GenerateRequest, LoraSpec
+from engine.service import Engine
+from engine.synthetic import (
     TEXT_ATTENTION,
     UNET_ATTENTION,
     UNET_ATTENTION_FF_CONV,
