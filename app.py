@@ -18,13 +18,13 @@ import gradio as gr
 # On ZeroGPU `spaces` must come before anything that initialises CUDA; elsewhere it is cheap and inert.
 import spaces  # noqa: F401
 
-from engine.errors import EngineError
+from engine.errors import SwitchboardError
 from engine.requests import GenerateRequest, GenerateResult
 from lora_catalog.entries import LoraEntry
-from lora_catalog.errors import CatalogError
 from lora_catalog.hub import SORTS
 from serving import format as fmt
-from serving.gradio_api import BROWSE, CHECK, PAGE_SIZE, PIPELINE, StepProgress, add_api_endpoints, user_errors
+from serving.errors import user_errors
+from serving.gradio_api import BROWSE, CHECK, PAGE_SIZE, PIPELINE, StepProgress, add_api_endpoints
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -119,7 +119,7 @@ def build_demo(
         try:
             entry = catalog.resolve(spec.ref, spec.revision, spec.weight_name)
             checked = engine.check_lora(spec)
-        except (EngineError, CatalogError) as e:
+        except SwitchboardError as e:
             return fmt.error_card(str(e)), prompt, inserted
         trigger = entry.trigger_words[0] if entry.trigger_words else None
         new_prompt = fmt.insert_trigger(prompt, inserted.get(slot), trigger)
@@ -304,7 +304,7 @@ def _example_lora(catalog: Catalog, served: str) -> str:
     """A LoRA to show in the snippets: the best-known Hub one if any, else whatever is listed first."""
     try:
         entries = catalog.page(served, page_size=PAGE_SIZE).entries
-    except CatalogError:
+    except SwitchboardError:
         entries = ()
     hub = [e for e in entries if e.source == "hub"]
     return (hub or list(entries))[0].ref if entries else "minimaxir/sdxl-wrong-lora"

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from lora_catalog import refs
-from lora_catalog.errors import InvalidRequestError as CatalogInvalidRequest
 
 from .errors import InvalidRequestError, LimitExceededError
 
@@ -121,7 +120,7 @@ def parse_ref(ref: object) -> tuple[Literal["hub", "local"], str]:
         if isinstance(ref, str) and refs.is_local_ref(ref.strip()):
             return "local", refs.parse_local_ref(ref.strip()).as_posix()
         return "hub", refs.validate_repo_id(ref)  # type: ignore[arg-type]
-    except CatalogInvalidRequest as e:
+    except InvalidRequestError as e:
         raise InvalidRequestError(f"{e}; or a local LoRA as 'local:<file>.safetensors'") from e
 
 
@@ -195,10 +194,7 @@ def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
 
 
 def _checked(check: Callable[[str | None], str | None], value: object) -> str | None:
-    try:
-        return check(value or None)  # type: ignore[arg-type]
-    except CatalogInvalidRequest as e:
-        raise InvalidRequestError(str(e)) from e
+    return check(value or None)  # type: ignore[arg-type]
 
 
 def _int(name: str, value: object, default: int, low: int, high: int) -> int:

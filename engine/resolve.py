@@ -24,20 +24,19 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from lora_catalog import errors as catalog_errors
 from lora_catalog.entries import LoraEntry
 
 from .adapters import AdapterKey
 from .compat import declared_bases_from_tags
 from .errors import (
     AdapterLoadError,
-    EngineError,
     GatedLoraError,
     HubUnavailableError,
     InvalidRequestError,
     LimitExceededError,
+    LoraNotFoundError,
     StorageError,
-    UnknownLoraError,
+    SwitchboardError,
 )
 from .requests import LoraSpec, parse_ref
 
@@ -59,26 +58,6 @@ class AdapterSource:
     size: int | None
     declared_bases: tuple[str, ...]
     local_path: Path | None = None
-
-
-# Catalogue errors and the engine errors they become.
-_CATALOG_ERRORS: tuple[tuple[type[Exception], type[EngineError]], ...] = (
-    (catalog_errors.InvalidRequestError, InvalidRequestError),
-    (catalog_errors.LoraNotFoundError, UnknownLoraError),
-    (catalog_errors.GatedLoraError, GatedLoraError),
-    (catalog_errors.NoSafetensorsError, AdapterLoadError),
-    (catalog_errors.AmbiguousWeightsError, AdapterLoadError),
-    (catalog_errors.HubUnreachableError, HubUnavailableError),
-    (catalog_errors.HeaderError, AdapterLoadError),
-    (catalog_errors.CatalogError, AdapterLoadError),
-)
-
-
-def engine_error(error: catalog_errors.CatalogError) -> EngineError:
-    for source, target in _CATALOG_ERRORS:
-        if isinstance(error, source):
-            return target(str(error))
-    return AdapterLoadError(str(error))
 
 
 class AdapterResolver:
@@ -145,10 +124,8 @@ class AdapterResolver:
     def _locate_hub(self, spec: LoraSpec, repo_id: str) -> AdapterSource:
         if self._hub is None:
             raise HubUnavailableError(f"LoRA {spec.ref!r} is on the Hub, but this Space runs without Hub access")
-        try:
-            entry = self._hub.resolve(repo_id, spec.revision, spec.weight_name)
-        except catalog_errors.CatalogError as e:
-            raise engine_error(e) from e
+        # The catalogue's errors are the engine's too (one tree): they pass through as they are.
+        entry = self._hub.resolve(repo_id, spec.revision, spec.weight_name)
         if not entry.weight_name or not entry.sha:
             raise AdapterLoadError(f"LoRA {spec.ref!r} has no .safetensors weight file to load")
         bases = tuple(dict.fromkeys((*entry.base_models, *declared_bases_from_tags(entry.tags))))
@@ -158,13 +135,13 @@ class AdapterResolver:
     def _locate_local(self, name: str) -> AdapterSource:
         ref = f"local:{name}"
         if self._local_dir is None:
-            raise UnknownLoraError(f"LoRA {ref!r} names a local file, but no LOCAL_LORA_DIR is configured")
+            raise LoraNotFoundError(f"LoRA {ref!r} names a local file, but no LOCAL_LORA_DIR is configured")
         root = self._local_dir.resolve()
         path = (root / name).resolve()
         if not path.is_relative_to(root):
             raise InvalidRequestError(f"LoRA {ref!r} points outside the local LoRA folder; accepted: files inside it")
         if not path.is_file():
-            raise UnknownLoraError(f"LoRA {ref!r} does not exist in the local LoRA folder")
+            raise LoraNotFoundError(f"LoRA {ref!r} does not exist in the local LoRA folder")
         stat = path.stat()
         key = AdapterKey("local", name, f"{stat.st_size}-{stat.st_mtime_ns}", path.name)
         return AdapterSource(key, ref, stat.st_size, (), local_path=path)
@@ -174,14 +151,14 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:.2f} MiB"
 
 
-def _hub_lookup_error(error: Exception, ref: str, key: AdapterKey) -> EngineError:
+def _hub_lookup_error(error: Exception, ref: str, key: AdapterKey) -> SwitchboardError:
     if isinstance(error, GatedRepoError):
         return GatedLoraError(f"LoRA {ref!r} is gated; accepted: public, non-gated repos")
     if isinstance(error, RevisionNotFoundError):
-        return UnknownLoraError(f"LoRA {ref!r} has no revision {key.revision!r}")
+        return LoraNotFoundError(f"LoRA {ref!r} has no revision {key.revision!r}")
     if isinstance(error, EntryNotFoundError):
-        return UnknownLoraError(f"LoRA {ref!r} has no file {key.weight_name!r} at {key.revision[:10]}")
-    return UnknownLoraError(f"LoRA {ref!r} was not found on the Hub")
+        return LoraNotFoundError(f"LoRA {ref!r} has no file {key.weight_name!r} at {key.revision[:10]}")
+    return LoraNotFoundError(f"LoRA {ref!r} was not found on the Hub")
 
 
 def _storage_error(error: OSError, ref: str) -> StorageError:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from .entries import LoraEntry
-from .errors import CatalogError, HubUnreachableError, InvalidRequestError, LoraNotFoundError, SnapshotError
+from .errors import CatalogError, HubUnavailableError, InvalidRequestError, LoraNotFoundError, SnapshotError
 from .hub import HubSource, Sort, check_sort
 from .listing import (
     CatalogPage,
@@ -132,7 +132,7 @@ class Catalog:
                 raise InvalidRequestError(f"local LoRA {ref!r} takes no revision or weight_name; accepted: None")
             return self.local_lora(ref).entry
         if self._hub is None:
-            raise HubUnreachableError(
+            raise HubUnavailableError(
                 f"cannot look up {ref!r}: this catalogue runs without the Hub; accepted: a 'local:' ref"
             )
         return self._hub.resolve(ref, revision=revision, weight_name=weight_name)
@@ -154,7 +154,7 @@ class Catalog:
         return len(index.by_ref)
 
     def refresh_now(self, base: str, *, search: str = "", sort: Sort = "downloads") -> tuple[LoraEntry, ...]:
-        """Fetch the Hub list for `base` now (blocking); HubUnreachableError when it fails."""
+        """Fetch the Hub list for `base` now (blocking); HubUnavailableError when it fails."""
         key = (validate_repo_id(base, what="base model id"), (search or "").strip().lower(), check_sort(sort))
         return self._fetch(key).entries
 
@@ -253,11 +253,11 @@ class Catalog:
 
     def _fetch(self, key: _Key) -> _Listing:
         if self._hub is None:
-            raise HubUnreachableError("this catalogue has no Hub source; accepted: a Catalog built with a HubSource")
+            raise HubUnavailableError("this catalogue has no Hub source; accepted: a Catalog built with a HubSource")
         base, search, sort = key
         try:
             entries = self._hub.list_loras(base, search=search or None, sort=sort, limit=self._list_limit)
-        except HubUnreachableError:
+        except HubUnavailableError:
             with self._lock:
                 self._hub_state, self._failed_at = "offline", self._clock()
             raise

@@ -39,7 +39,7 @@ from .entries import LoraEntry
 from .errors import (
     AmbiguousWeightsError,
     GatedLoraError,
-    HubUnreachableError,
+    HubUnavailableError,
     InvalidRequestError,
     LoraNotFoundError,
     NoSafetensorsError,
@@ -152,7 +152,7 @@ class HubSource:
                 hf_raise_for_status(response)
                 page = response.json()
             if not isinstance(page, list):
-                raise HubUnreachableError(
+                raise HubUnavailableError(
                     f"the Hub at {self.endpoint} answered the listing with a JSON {type(page).__name__}, not a list"
                 )
             entries += self._page_entries(page, base)
@@ -182,7 +182,7 @@ class HubSource:
         try:
             entry = entry_from_hub_item(_info_to_item(info), endpoint=self.endpoint)
         except ValueError as e:
-            raise HubUnreachableError(f"the Hub answered an unreadable record for {where}: {e}") from e
+            raise HubUnavailableError(f"the Hub answered an unreadable record for {where}: {e}") from e
         sizes = {
             s.rfilename: s.size if s.size is not None else (s.lfs.size if s.lfs else None) for s in info.siblings or ()
         }
@@ -280,18 +280,18 @@ class HubSource:
             raise LoraNotFoundError(f"a file of LoRA repo {repo_id!r} was not found while {what}") from e
         except HfHubHTTPError as e:
             status = e.response.status_code if e.response is not None else "?"
-            raise HubUnreachableError(f"the Hub at {self.endpoint} answered HTTP {status} while {what}") from e
+            raise HubUnavailableError(f"the Hub at {self.endpoint} answered HTTP {status} while {what}") from e
         except OfflineModeIsEnabled as e:
-            raise HubUnreachableError(f"huggingface_hub's offline mode (HF_HUB_OFFLINE) is on while {what}") from e
+            raise HubUnavailableError(f"huggingface_hub's offline mode (HF_HUB_OFFLINE) is on while {what}") from e
         except httpx2.TimeoutException as e:
-            raise HubUnreachableError(
+            raise HubUnavailableError(
                 f"the Hub at {self.endpoint} did not answer within {self.timeout_s:g} s while {what}"
             ) from e
         except httpx2.HTTPError as e:
-            raise HubUnreachableError(f"the Hub at {self.endpoint} could not be reached while {what}: {e}") from e
+            raise HubUnavailableError(f"the Hub at {self.endpoint} could not be reached while {what}: {e}") from e
         except (ValueError, KeyError, TypeError) as e:
             # r.json() and ModelInfo(**data) on a malformed or truncated answer.
-            raise HubUnreachableError(f"the Hub at {self.endpoint} answered malformed JSON while {what}: {e}") from e
+            raise HubUnavailableError(f"the Hub at {self.endpoint} answered malformed JSON while {what}: {e}") from e
 
 
 def _choose_weight(repo_id: str, where: str, files: tuple[str, ...], weight_name: str | None) -> str:

@@ -8,47 +8,27 @@ private). Engine and catalogue errors become `gr.Error` with their message, whic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
-from engine.errors import EngineError, InvalidRequestError
+from engine.errors import InvalidRequestError
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
-from lora_catalog.errors import CatalogError
 from serving import format as fmt
+from serving.errors import user_errors
 
 if TYPE_CHECKING:
     from engine.service import Engine
     from lora_catalog.catalog import Catalog
 
-__all__ = ["PAGE_SIZE", "PIPELINE", "StepProgress", "add_api_endpoints", "user_errors"]
+__all__ = ["PAGE_SIZE", "PIPELINE", "StepProgress", "add_api_endpoints"]
 
 PAGE_SIZE = 24
 # UI and API generation share this group: one generation at a time on the one pipeline.
 PIPELINE = "pipeline"
 BROWSE = "catalog"
 CHECK = "lora_check"
-_TITLES = {
-    "UnknownLoraError": "LoRA not found",
-    "LoraNotFoundError": "LoRA not found",
-    "GatedLoraError": "Gated LoRA",
-    "IncompatibleLoraError": "Incompatible LoRA",
-    "UnsupportedLoraVariantError": "Unsupported LoRA variant",
-    "EngineBusyError": "Busy",
-    "HubUnavailableError": "Hub unreachable",
-    "HubUnreachableError": "Hub unreachable",
-}
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Engine and catalogue errors become messages for the person (or client) that asked."""
-    try:
-        yield
-    except (EngineError, CatalogError) as e:
-        raise gr.Error(str(e), title=_TITLES.get(type(e).__name__, "Request refused"), print_exception=False) from e
 
 
 class StepProgress:

@@ -28,7 +28,7 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-from engine.errors import EngineError, SettingsError
+from engine.errors import SettingsError, SwitchboardError
 from engine.pipeline import LoadedPipeline, load_pipeline
 from engine.requests import GenerateRequest, GenerateResult
 from engine.resolve import AdapterResolver
@@ -182,7 +182,7 @@ def build_runtime(
     if not plan.demo:
         try:
             return _serve_model(plan.settings, started, hub_endpoint, load)
-        except (OSError, ValueError, EngineError) as e:
+        except (OSError, ValueError, SwitchboardError) as e:
             if settings.model_id_explicit:
                 raise SettingsError(f"MODEL_ID={settings.model_id!r} could not be loaded: {e}") from e
             logger.exception("could not load %s; starting the offline demo instead", settings.model_id)
@@ -267,7 +267,7 @@ def _serve_demo(
 def _render_previews(engine: Engine, catalog: Catalog, folder: Path, stop: threading.Event) -> None:
     try:
         render_previews(engine, folder, stop=stop)
-    except (EngineError, OSError) as e:
+    except (SwitchboardError, OSError) as e:
         logger.warning("could not render the demo previews in %s: %s", folder, e)
     catalog.rescan_local()
 

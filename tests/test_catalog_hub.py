@@ -20,7 +20,7 @@ from lora_catalog import (
     GatedLoraError,
     HeaderError,
     HubSource,
-    HubUnreachableError,
+    HubUnavailableError,
     InvalidRepoIdError,
     InvalidRequestError,
     InvalidWeightNameError,
@@ -233,7 +233,7 @@ def test_listing_failures_are_hub_unreachable(
     source: HubSource, clean_hub: StandInHub, fault: str, message: str
 ) -> None:
     clean_hub.set_fault(fault)
-    with pytest.raises(HubUnreachableError, match=message):
+    with pytest.raises(HubUnavailableError, match=message):
         source.list_loras(SDXL)
     assert len(clean_hub.requests) == 1  # no retries with back-off: the catalogue falls back at once
 
@@ -241,15 +241,15 @@ def test_listing_failures_are_hub_unreachable(
 def test_slow_hub_times_out(clean_hub: StandInHub) -> None:
     clean_hub.set_fault("slow", delay_s=3.0)
     source = HubSource(endpoint=clean_hub.url, timeout_s=0.3)
-    with pytest.raises(HubUnreachableError, match=r"did not answer within 0.3 s while listing"):
+    with pytest.raises(HubUnavailableError, match=r"did not answer within 0.3 s while listing"):
         source.list_loras(SDXL)
 
 
 def test_closed_port_is_hub_unreachable() -> None:
     source = HubSource(endpoint=closed_port_url(), timeout_s=2.0)
-    with pytest.raises(HubUnreachableError, match=r"could not be reached"):
+    with pytest.raises(HubUnavailableError, match=r"could not be reached"):
         source.list_loras(SDXL)
-    with pytest.raises(HubUnreachableError, match=r"could not be reached while looking up LoRA 'o/n'"):
+    with pytest.raises(HubUnavailableError, match=r"could not be reached while looking up LoRA 'o/n'"):
         source.resolve("o/n")
 
 
@@ -257,9 +257,9 @@ def test_huggingface_hub_offline_mode_is_hub_unreachable(
     source: HubSource, clean_hub: StandInHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(HubUnreachableError, match=r"offline mode \(HF_HUB_OFFLINE\) is on while listing"):
+    with pytest.raises(HubUnavailableError, match=r"offline mode \(HF_HUB_OFFLINE\) is on while listing"):
         source.list_loras(SDXL)
-    with pytest.raises(HubUnreachableError, match=r"offline mode .* while looking up LoRA"):
+    with pytest.raises(HubUnavailableError, match=r"offline mode .* while looking up LoRA"):
         source.resolve(f"{NS}/pixel-xl")
     assert clean_hub.requests == []
 
@@ -349,7 +349,7 @@ def test_private_repo_seen_with_a_token_is_refused_as_private(clean_hub: StandIn
 )
 def test_resolve_hub_failures(source: HubSource, clean_hub: StandInHub, fault: str, message: str) -> None:
     clean_hub.set_fault(fault)
-    with pytest.raises(HubUnreachableError, match=message):
+    with pytest.raises(HubUnavailableError, match=message):
         source.resolve(f"{NS}/pixel-xl")
 
 

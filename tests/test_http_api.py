@@ -163,7 +163,7 @@ def test_an_oversized_body_is_refused_before_parsing(url):
         ("flux", 400, "IncompatibleLoraError", "accepted: LoRAs for the sdxl family"),
         ("loha", 400, "UnsupportedLoraVariantError", ""),
         ("gated", 403, "GatedLoraError", "gated"),
-        ("pickle-only", 400, "AdapterLoadError", ""),
+        ("pickle-only", 400, "PickleOnlyError", ""),
     ],
 )
 def test_lora_problems_map_to_their_status(url, fixtures, role, status, error_type, match):
@@ -178,7 +178,7 @@ def test_an_unknown_lora_is_a_404(url):
     for lora in ("fixtures/no-such-lora", "local:nowhere.safetensors"):
         response = post(url, lora=lora)
         assert response.status_code == 404, why(response)
-        assert response.json()["error_type"] == "UnknownLoraError"
+        assert response.json()["error_type"] == "LoraNotFoundError"
         assert lora in response.json()["error"]
 
 

@@ -47,11 +47,13 @@ API_DEFAULTS: dict[str, object] = {
 }
 HTTP_STATUS = {
     "AdapterLoadError": 400,
+    "PickleOnlyError": 400,
+    "AmbiguousWeightsError": 400,
     "IncompatibleLoraError": 400,
     "UnsupportedLoraVariantError": 400,
     "LimitExceededError": 400,
     "InvalidRequestError": 400,
-    "UnknownLoraError": 404,
+    "LoraNotFoundError": 404,
     "GatedLoraError": 403,
 }
 
@@ -176,7 +178,10 @@ APP_ROLES = (
 def test_a_bad_lora_is_refused_by_both_apis_and_the_served_lora_stays(app, serving, fixtures, role):
     if role == "private":
         # The app's token sees the private repo: it is refused for being private, not as missing.
-        error_type, fragment = "UnknownLoraError", r"'fixtures/private' is private; this Space serves public LoRAs only"
+        error_type, fragment = (
+            "LoraNotFoundError",
+            r"'fixtures/private' is private; this Space serves public LoRAs only",
+        )
     else:
         error_type, fragment = BAD_REPOS[role][0].__name__, BAD_REPOS[role][1]
     with pytest.raises(AppError, match=fragment):
@@ -188,7 +193,7 @@ def test_a_bad_lora_is_refused_by_both_apis_and_the_served_lora_stays(app, servi
 def test_a_missing_repo_revision_or_file_is_a_404_and_an_app_error(app, serving, fixtures):
     with pytest.raises(AppError, match=r"'fixtures/nowhere' was not found on the Hub"):
         api(app, lora="fixtures/nowhere")
-    assert_http_error(post(app, body(), lora="fixtures/nowhere"), 404, "UnknownLoraError", "was not found on the Hub")
+    assert_http_error(post(app, body(), lora="fixtures/nowhere"), 404, "LoraNotFoundError", "was not found on the Hub")
     with pytest.raises(AppError, match=r"revision 'nope' of LoRA repo 'fixtures/peft' was not found"):
         app.client.predict(fixtures["peft"], "nope", "", api_name="/lora_info")
     with pytest.raises(AppError, match=r"file 'x\.safetensors' was not found in LoRA repo"):

@@ -16,14 +16,15 @@ from huggingface_hub import constants
 
 from engine.errors import (
     AdapterLoadError,
-    EngineError,
     GatedLoraError,
     IncompatibleLoraError,
     LimitExceededError,
-    UnknownLoraError,
+    LoraNotFoundError,
+    SwitchboardError,
     UnsupportedLoraVariantError,
 )
 from engine.requests import GenerateRequest, LoraSpec
+from lora_catalog.errors import AmbiguousWeightsError, PickleOnlyError
 from tests.test_engine_swap import assert_pristine
 
 PROMPT = "a lighthouse on a cliff"
@@ -45,7 +46,7 @@ def unchanged(engine, loaded, pristine) -> Iterator[None]:
 
 
 # role -> (error class, message fragment): what a request for that fixture repo must raise.
-BAD_REPOS: dict[str, tuple[type[EngineError], str]] = {
+BAD_REPOS: dict[str, tuple[type[SwitchboardError], str]] = {
     "truncated": (AdapterLoadError, r"not a valid safetensors file: .*file truncated"),
     "lying-header": (AdapterLoadError, r"not a valid safetensors file: .*the offsets lie about the data"),
     "lying-shape": (AdapterLoadError, r"not a valid safetensors file: .*the offsets lie about the data"),
@@ -55,11 +56,14 @@ BAD_REPOS: dict[str, tuple[type[EngineError], str]] = {
     "wrong-shapes": (IncompatibleLoraError, r"factors \(640, 4\) x \(4, 640\) do not fit unet\..* of shape \(64, 64\)"),
     "unknown-keys": (IncompatibleLoraError, r"targets unet\.down_blocks\.7\..*which the served pipeline lacks"),
     "high-rank": (LimitExceededError, r"has rank 64; accepted: rank up to 32"),
-    "pickle-only": (AdapterLoadError, r"only pickle weights \('pytorch_lora_weights\.bin'\).*never unpickled"),
-    "ckpt-only": (AdapterLoadError, r"only pickle weights \('model\.ckpt', 'model\.pt'\).*never unpickled"),
-    "several": (AdapterLoadError, r"several \.safetensors files \('a\.safetensors', 'b\.safetensors'\).*weight_name"),
+    "pickle-only": (PickleOnlyError, r"only pickle weights \('pytorch_lora_weights\.bin'\).*never unpickled"),
+    "ckpt-only": (PickleOnlyError, r"only pickle weights \('model\.ckpt', 'model\.pt'\).*never unpickled"),
+    "several": (
+        AmbiguousWeightsError,
+        r"several \.safetensors files \('a\.safetensors', 'b\.safetensors'\).*weight_name",
+    ),
     "gated": (GatedLoraError, r"'fixtures/gated' is gated .*only LoRAs anyone can download"),
-    "private": (UnknownLoraError, r"'fixtures/private' was not found on the Hub \(or it is private\)"),
+    "private": (LoraNotFoundError, r"'fixtures/private' was not found on the Hub \(or it is private\)"),
     "sd15": (IncompatibleLoraError, r"made for stable-diffusion-v1-5/stable-diffusion-v1-5 \(sd15\).*sdxl family"),
     "flux": (IncompatibleLoraError, r"made for black-forest-labs/FLUX\.1-dev \(flux\).*sdxl family"),
     "sd15-meta": (IncompatibleLoraError, r"trained for the sd15 family; this Space serves .*sdxl"),
@@ -115,7 +119,7 @@ def test_every_bad_lora_leaves_the_base_bit_exact(engine, fixtures, loaded, pris
 @pytest.mark.parametrize(("overrides", "fragment"), MISSING)
 def test_a_missing_repo_revision_or_file_is_unknown(engine, fixtures, loaded, pristine, overrides, fragment):
     spec = LoraSpec(**{"ref": fixtures["peft"], **overrides})
-    with unchanged(engine, loaded, pristine), pytest.raises(UnknownLoraError, match=fragment):
+    with unchanged(engine, loaded, pristine), pytest.raises(LoraNotFoundError, match=fragment):
         engine.generate(small(spec))
 
 
@@ -132,7 +136,7 @@ def test_pickle_only_repos_are_never_downloaded_or_unpickled(engine, fixtures, h
         with pytest.raises(AdapterLoadError, match="never unpickled"):
             engine.check_lora(LoraSpec(fixtures[role]))
     # Naming the pickle outright is refused before any Hub call.
-    with pytest.raises(EngineError, match=r"weight_name 'pytorch_lora_weights\.bin' is a pickle file"):
+    with pytest.raises(SwitchboardError, match=r"weight_name 'pytorch_lora_weights\.bin' is a pickle file"):
         engine.generate(small(LoraSpec(fixtures["pickle-only"], weight_name="pytorch_lora_weights.bin")))
     fetched = [r.path for r in hub.requests if "/resolve/" in r.path]
     assert not [p for p in fetched if p.endswith((".bin", ".ckpt", ".pt"))]
