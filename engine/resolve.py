@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 import httpx2
-from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -25,6 +25,8 @@ from huggingface_hub.errors import (
 )
 
 from lora_catalog.entries import LoraEntry
+from lora_catalog.errors import HeaderError
+from lora_catalog.sft_header import SafetensorsHeader, read_header
 
 from .adapters import AdapterKey
 from .compat import declared_bases_from_tags
@@ -38,7 +40,7 @@ from .errors import (
     StorageError,
     SwitchboardError,
 )
-from .requests import LoraSpec, parse_ref
+from .requests import LOCAL_PREFIX, LoraSpec
 
 __all__ = ["AdapterResolver", "AdapterSource", "HubResolver"]
 
@@ -47,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 class HubResolver(Protocol):
     def resolve(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry: ...
+
+    def read_header(self, entry: LoraEntry) -> SafetensorsHeader: ...
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class AdapterSource:
     size: int | None
     declared_bases: tuple[str, ...]
     local_path: Path | None = None
+    entry: LoraEntry | None = None
 
 
 class AdapterResolver:
@@ -79,11 +84,30 @@ class AdapterResolver:
         self._timeout_s = timeout_s
 
     def locate(self, spec: LoraSpec) -> AdapterSource:
-        """Identify the file a spec names (a Hub metadata call unless the catalogue has it cached)."""
-        kind, name = parse_ref(spec.ref)
-        source = self._locate_local(name) if kind == "local" else self._locate_hub(spec, name)
+        """Identify the file a normalised spec names (a Hub metadata call unless the catalogue has it cached)."""
+        # The spec was parsed and validated once, by `normalise_request`; only its kind is read here.
+        if spec.ref.startswith(LOCAL_PREFIX):
+            source = self._locate_local(spec.ref.removeprefix(LOCAL_PREFIX))
+        else:
+            source = self._locate_hub(spec, spec.ref)
         self._check_size(source.ref, source.key.weight_name, source.size)
         return source
+
+    def header(self, source: AdapterSource) -> SafetensorsHeader:
+        """The file's safetensors header before any download: from disk when it is there, else by HTTP Range."""
+        label = f"LoRA {source.ref!r}"
+        try:
+            if source.local_path is not None:
+                return read_header(source.local_path, label=source.key.weight_name)
+            key = source.key
+            cached = try_to_load_from_cache(key.name, key.weight_name, revision=key.revision, cache_dir=self._cache_dir)
+            if isinstance(cached, str):
+                return read_header(Path(cached), label=key.weight_name)
+            if self._hub is None or source.entry is None:
+                raise HubUnavailableError(f"{label} is on the Hub, but this Space runs without Hub access")
+            return self._hub.read_header(source.entry)
+        except HeaderError as e:
+            raise AdapterLoadError(f"{label} is not a valid safetensors file: {e}") from e
 
     def fetch(self, source: AdapterSource) -> Path:
         """The adapter file on local disk, downloading it into the Hub cache when needed."""
@@ -130,7 +154,7 @@ class AdapterResolver:
             raise AdapterLoadError(f"LoRA {spec.ref!r} has no .safetensors weight file to load")
         bases = tuple(dict.fromkeys((*entry.base_models, *declared_bases_from_tags(entry.tags))))
         key = AdapterKey("hub", repo_id, entry.sha, entry.weight_name)
-        return AdapterSource(key, repo_id, entry.weight_size, bases)
+        return AdapterSource(key, repo_id, entry.weight_size, bases, entry=entry)
 
     def _locate_local(self, name: str) -> AdapterSource:
         ref = f"local:{name}"

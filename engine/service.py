@@ -8,24 +8,17 @@ successful request left them.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from lora_catalog.errors import HeaderError
-from lora_catalog.sft_header import read_header
-
-from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable, prepare
-from .compat import check_family
+from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable
 from .errors import (
-    AdapterLoadError,
     EngineBusyError,
     EngineError,
     GenerationCancelledError,
@@ -33,8 +26,9 @@ from .errors import (
     InvalidRequestError,
 )
 from .pipeline import LoadedPipeline
+from .preparation import Preparer
 from .requests import AdapterUse, GenerateRequest, GenerateResult, Limits, LoraSpec, Timings, normalise_request
-from .resolve import AdapterResolver, AdapterSource
+from .resolve import AdapterResolver
 from .settings import Settings
 from .store import AdapterStore, CachedAdapter
 from .swap import ActiveAdapter, WeightPatcher
@@ -97,7 +91,6 @@ class Engine:
     def __init__(self, loaded: LoadedPipeline, settings: Settings, resolver: AdapterResolver) -> None:
         self.loaded = loaded
         self.settings = settings
-        self._resolver = resolver
         self._per_call = settings.per_call
         pipe = loaded.pipe
         self._table = TargetTable({c: getattr(pipe, c) for c in COMPONENTS})
@@ -111,11 +104,18 @@ class Engine:
             # On the CPU the host copy is the compute copy; on ZeroGPU device memory does not outlive a call.
             use_device_tier=loaded.device.type != "cpu" and not self._per_call,
         )
+        self._preparer = Preparer(
+            resolver,
+            self._store,
+            self._table,
+            served_base=loaded.base_model_id,
+            unet_config=pipe.unet.config,
+            max_rank=settings.max_rank,
+        )
         self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
         self._lock = threading.Lock()
         self._waiting = 0
         self._waiting_lock = threading.Lock()
-        self._key_locks: dict[AdapterKey, threading.Lock] = {}
         self._applied: tuple[ActiveAdapter, ...] = ()
 
     # -- preparing -------------------------------------------------------------------------------
@@ -130,18 +130,19 @@ class Engine:
             adapters, uses, warnings = [], [], []
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
-                adapter, cache, timing, warning = self._adapter(spec, leased)
+                ready = self._preparer.adapter(spec, leased)
+                adapter = ready.adapter
                 if any(a.key == adapter.key for a, _ in adapters):
                     # Two specs can name one file (a branch and its sha, an explicit default file name).
                     raise InvalidRequestError(
                         f"LoRA {spec.ref!r} is listed twice (both name {adapter.key}); "
                         "accepted: each LoRA once, with one scale"
                     )
-                resolve_s, prepare_s = resolve_s + timing[0], prepare_s + timing[1]
+                resolve_s, prepare_s = resolve_s + ready.resolve_s, prepare_s + ready.prepare_s
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
-                uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, cache))
-                warnings.extend(warning)
+                uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
+                warnings.extend(adapter.warnings)
             yield PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
             )
@@ -163,66 +164,6 @@ class Engine:
                 cache=use.cache,
                 warnings=prepared.warnings,
             )
-
-    def _adapter(
-        self, spec: LoraSpec, leased: list[AdapterKey]
-    ) -> tuple[PreparedAdapter, str, tuple[float, float], tuple[str, ...]]:
-        started = time.perf_counter()
-        source = self._resolver.locate(spec)
-        label = f"LoRA {spec.ref!r}"
-        check_family(label, served_base=self.loaded.base_model_id, declared_bases=source.declared_bases)
-        self._store.lease([source.key])
-        leased.append(source.key)
-        adapter = self._store.get(source.key)
-        if adapter is not None:
-            return adapter, "hit", (time.perf_counter() - started, 0.0), adapter.warnings
-        with self._key_lock(source.key):
-            adapter = self._store.get(source.key)
-            if adapter is not None:
-                return adapter, "hit", (time.perf_counter() - started, 0.0), adapter.warnings
-            path = self._resolver.fetch(source)
-            fetched = time.perf_counter()
-            adapter = self._store.add(self._load(source, path))
-            done = time.perf_counter()
-        logger.info(
-            "prepared %s: %d layers, rank %d, %.1f MiB in %.3f s (download %.3f s)",
-            source.key,
-            len(adapter.layers),
-            adapter.max_rank,
-            adapter.nbytes / 2**20,
-            done - fetched,
-            fetched - started,
-        )
-        return adapter, "miss", (fetched - started, done - fetched), adapter.warnings
-
-    def _load(self, source: AdapterSource, path: Path) -> PreparedAdapter:
-        label = f"LoRA {source.ref!r}"
-        try:
-            header = read_header(path, label=source.key.weight_name)
-        except HeaderError as e:
-            raise AdapterLoadError(f"{label} is not a valid safetensors file: {e}") from e
-        warning = check_family(
-            label,
-            served_base=self.loaded.base_model_id,
-            declared_bases=source.declared_bases,
-            metadata=header.metadata,
-            tensor_names=header.tensors,
-        )
-        adapter = prepare(
-            path,
-            source.key,
-            self._table,
-            unet_config=self.loaded.pipe.unet.config,
-            max_rank=self.settings.max_rank,
-            metadata=header.metadata,
-            shapes={name: info.shape for name, info in header.tensors.items()},
-        )
-        # Kept with the adapter, so a cache hit still tells the user what the first load found.
-        return dataclasses.replace(adapter, warnings=(warning,) if warning else ())
-
-    def _key_lock(self, key: AdapterKey) -> threading.Lock:
-        with self._waiting_lock:
-            return self._key_locks.setdefault(key, threading.Lock())
 
     # -- running ---------------------------------------------------------------------------------
 
