@@ -5,10 +5,9 @@ validated (step 1, once), and runs each remaining step in the module that owns i
 
 2. resolve  `resolve.AdapterResolver.locate`  — Hub metadata (cached by the catalogue) or the local file;
    the size limit is checked here, before anything is downloaded.
-3. header   `resolve.AdapterResolver.header`  — the safetensors header, from disk when the file is there,
-   else by HTTP Range (no tensor data), so an unusable or foreign file is refused before its download.
-4. check    `compat.check_family`             — once, with everything known: card, tags, metadata, names.
-5. fetch    `resolve.AdapterResolver.fetch`   — download into the Hub cache (partial downloads never used).
+3. fetch    `resolve.AdapterResolver.fetch`   — download into the Hub cache (partial downloads never used).
+4. header   `resolve.AdapterResolver.header`  — the file's safetensors header, read strictly.
+5. check    `compat.check_family`             — once, with everything known: card, tags, metadata, names.
 6. prepare  `adapters.prepare`                — load, convert names with diffusers, match factors to weights.
 7. store    `store.AdapterStore.add`          — the host cache (LRU by bytes; never evicting leased adapters).
 
@@ -93,7 +92,9 @@ class Preparer:
         return PreparedLora(adapter, "miss", fetched - started, done - fetched)
 
     def _load(self, source: AdapterSource) -> tuple[PreparedAdapter, float]:
-        header = self._resolver.header(source)
+        path = self._resolver.fetch(source)
+        fetched = time.perf_counter()
+        header = self._resolver.header(source, path)
         warning = check_family(
             f"LoRA {source.ref!r}",
             served_base=self._served_base,
@@ -101,8 +102,6 @@ class Preparer:
             metadata=header.metadata,
             tensor_names=header.tensors,
         )
-        path = self._resolver.fetch(source)
-        fetched = time.perf_counter()
         adapter = prepare(
             path,
             source.key,

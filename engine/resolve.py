@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 import httpx2
-from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
+from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -50,8 +50,6 @@ logger = logging.getLogger(__name__)
 class HubResolver(Protocol):
     def resolve(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry: ...
 
-    def read_header(self, entry: LoraEntry) -> SafetensorsHeader: ...
-
 
 @dataclass(frozen=True)
 class AdapterSource:
@@ -62,7 +60,6 @@ class AdapterSource:
     size: int | None
     declared_bases: tuple[str, ...]
     local_path: Path | None = None
-    entry: LoraEntry | None = None
 
 
 class AdapterResolver:
@@ -92,22 +89,6 @@ class AdapterResolver:
             source = self._locate_hub(spec, spec.ref)
         self._check_size(source.ref, source.key.weight_name, source.size)
         return source
-
-    def header(self, source: AdapterSource) -> SafetensorsHeader:
-        """The file's safetensors header before any download: from disk when it is there, else by HTTP Range."""
-        label = f"LoRA {source.ref!r}"
-        try:
-            if source.local_path is not None:
-                return read_header(source.local_path, label=source.key.weight_name)
-            key = source.key
-            cached = try_to_load_from_cache(key.name, key.weight_name, revision=key.revision, cache_dir=self._cache_dir)
-            if isinstance(cached, str):
-                return read_header(Path(cached), label=key.weight_name)
-            if self._hub is None or source.entry is None:
-                raise HubUnavailableError(f"{label} is on the Hub, but this Space runs without Hub access")
-            return self._hub.read_header(source.entry)
-        except HeaderError as e:
-            raise AdapterLoadError(f"{label} is not a valid safetensors file: {e}") from e
 
     def fetch(self, source: AdapterSource) -> Path:
         """The adapter file on local disk, downloading it into the Hub cache when needed."""
@@ -139,6 +120,13 @@ class AdapterResolver:
             raise _storage_error(e, source.ref) from e
         return Path(path)
 
+    def header(self, source: AdapterSource, path: Path) -> SafetensorsHeader:
+        """The fetched file's safetensors header, read strictly (see `lora_catalog.sft_header` for why ours)."""
+        try:
+            return read_header(path, label=source.key.weight_name)
+        except HeaderError as e:
+            raise AdapterLoadError(f"LoRA {source.ref!r} is not a valid safetensors file: {e}") from e
+
     def _check_size(self, ref: str, weight_name: str, size: int | None) -> None:
         if size is not None and size > self._max_bytes:
             raise LimitExceededError(
@@ -154,7 +142,7 @@ class AdapterResolver:
             raise AdapterLoadError(f"LoRA {spec.ref!r} has no .safetensors weight file to load")
         bases = tuple(dict.fromkeys((*entry.base_models, *declared_bases_from_tags(entry.tags))))
         key = AdapterKey("hub", repo_id, entry.sha, entry.weight_name)
-        return AdapterSource(key, repo_id, entry.weight_size, bases, entry=entry)
+        return AdapterSource(key, repo_id, entry.weight_size, bases)
 
     def _locate_local(self, name: str) -> AdapterSource:
         ref = f"local:{name}"

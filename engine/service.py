@@ -27,7 +27,16 @@ from .errors import (
 )
 from .pipeline import LoadedPipeline
 from .preparation import Preparer
-from .requests import AdapterUse, GenerateRequest, GenerateResult, Limits, LoraSpec, Timings, normalise_request
+from .requests import (
+    AdapterUse,
+    GenerateRequest,
+    GenerateResult,
+    Limits,
+    LoraSpec,
+    ModelDefaults,
+    Timings,
+    normalise_request,
+)
 from .resolve import AdapterResolver
 from .settings import Settings
 from .store import AdapterStore, CachedAdapter
@@ -117,6 +126,16 @@ class Engine:
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self._applied: tuple[ActiveAdapter, ...] = ()
+
+    @property
+    def defaults(self) -> ModelDefaults:
+        """The served model's request defaults (size, steps, guidance)."""
+        return self.loaded.defaults
+
+    @property
+    def base_model_id(self) -> str:
+        """The base model LoRAs are checked against."""
+        return self.loaded.base_model_id
 
     # -- preparing -------------------------------------------------------------------------------
 

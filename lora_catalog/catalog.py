@@ -40,7 +40,6 @@ from .listing import (
 )
 from .local import LocalIndex, LocalLora, scan_local_dirs
 from .refs import is_local_ref, parse_local_ref, validate_repo_id
-from .sft_header import SafetensorsHeader
 from .snapshot import Snapshot, read_snapshot, write_snapshot
 
 __all__ = ["Catalog"]
@@ -137,12 +136,6 @@ class Catalog:
                 f"cannot look up {ref!r}: this catalogue runs without the Hub; accepted: a 'local:' ref"
             )
         return self._hub.resolve(ref, revision=revision, weight_name=weight_name)
-
-    def read_header(self, entry: LoraEntry) -> SafetensorsHeader:
-        """A Hub entry's safetensors header, read by HTTP Range (cached per file); no tensor data is downloaded."""
-        if self._hub is None:
-            raise HubUnavailableError(f"cannot read the header of {entry.ref!r}: this catalogue runs without the Hub")
-        return self._hub.read_header(entry)
 
     def local_lora(self, ref: str) -> LocalLora:
         """The local file behind a `local:` ref (see `LocalLora`)."""

@@ -195,7 +195,7 @@ class HubSource:
             self._resolved[key] = _Cached(entry, expires)
         return entry
 
-    def read_header(self, entry: LoraEntry) -> SafetensorsHeader:
+    def read_remote_header(self, entry: LoraEntry) -> SafetensorsHeader:
         """The weight file's safetensors header, read with HTTP Range requests (no tensor data downloaded)."""
         if entry.repo_id is None or entry.source != "hub":
             raise InvalidRequestError(f"{entry.ref!r} is not a Hub LoRA; accepted: an entry with a repo id")

@@ -355,13 +355,13 @@ def test_resolve_hub_failures(source: HubSource, clean_hub: StandInHub, fault: s
 
 def test_remote_header_is_read_with_a_range_request(source: HubSource, clean_hub: StandInHub) -> None:
     entry = source.resolve(f"{NS}/pixel-xl")
-    header = source.read_header(entry)
+    header = source.read_remote_header(entry)
     assert header.metadata["ss_output_name"] == "pixel"
     assert header.data_start + header.data_size == entry.weight_size
     file_requests = [r for r in clean_hub.requests if "/resolve/" in r.path]
     assert len(file_requests) == 1 and file_requests[0].headers["range"].startswith("bytes=0-")
     clean_hub.clear_requests()
-    assert source.read_header(entry) is header
+    assert source.read_remote_header(entry) is header
     assert clean_hub.requests == []
 
 
@@ -369,7 +369,7 @@ def test_remote_header_larger_than_the_first_read(hub: StandInHub, source: HubSo
     big = weights(notes="x" * 150_000)
     hub.add_repo(f"{NS}/big-header", {"README.md": card(), "pytorch_lora_weights.safetensors": big})
     hub.clear_requests()
-    header = source.read_header(source.resolve(f"{NS}/big-header"))
+    header = source.read_remote_header(source.resolve(f"{NS}/big-header"))
     assert len(header.metadata["notes"]) == 150_000
     assert len([r for r in hub.requests if "/resolve/" in r.path]) == 2
 
@@ -378,4 +378,4 @@ def test_remote_header_of_a_lying_file(hub: StandInHub, source: HubSource, tmp_p
     content = bytearray(weights())
     hub.add_repo(f"{NS}/lying", {"README.md": card(), "pytorch_lora_weights.safetensors": bytes(content[:-20])})
     with pytest.raises(HeaderError, match=rf"{NS}/lying/pytorch_lora_weights.safetensors: .* file truncated"):
-        source.read_header(source.resolve(f"{NS}/lying"))
+        source.read_remote_header(source.resolve(f"{NS}/lying"))

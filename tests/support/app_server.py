@@ -60,11 +60,13 @@ def serve_app(
 ) -> Iterator[AppServer]:
     """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends."""
     from app import build_demo, serve
+    from serving.handlers import Handlers
     from serving.http_api import make_routes
     from serving.runtime import GpuRunner
 
     runner = runner or GpuRunner(engine)  # type: ignore[arg-type]
-    demo = build_demo(engine, catalog, banner=banner, runner=runner, hub_url=hub_url)  # type: ignore[arg-type]
+    handlers = Handlers(engine, catalog, runner)  # type: ignore[arg-type]
+    demo = build_demo(handlers, banner=banner, hub_url=hub_url)
     url = serve(
         demo,
         make_routes(runner),  # type: ignore[arg-type]
@@ -103,8 +105,8 @@ def serve_routes(runner: object) -> Iterator[str]:
 
 
 def recording_runner(engine: object) -> object:
-    """The app's GpuRunner, also reporting how each request ended on `.outcomes` (a result or an EngineError)."""
-    from engine.errors import EngineError
+    """The app's GpuRunner, also reporting how each request ended on `.outcomes` (a result or a SwitchboardError)."""
+    from engine.errors import SwitchboardError
     from serving.runtime import GpuRunner
 
     class RecordingRunner(GpuRunner):
@@ -115,7 +117,7 @@ def recording_runner(engine: object) -> object:
         def generate(self, request, **kwargs):
             try:
                 result = super().generate(request, **kwargs)
-            except EngineError as e:
+            except SwitchboardError as e:
                 self.outcomes.put(e)
                 raise
             self.outcomes.put(result)
