@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     winner = max(args.policies, key=lambda n: found[n].rate)
     baseline = found["random"].rate
     vs_random = found[winner].rate / baseline if baseline > 0 else None
+    best_name = winner if found[winner].rate > 0 else "none"  # no policy met the target at any rate tried
     validation: Validation | None = validate(args.validate_json, _say) if args.validate_json is not None else None
     at_best = found[winner].at_rate
     _say(f"\nhighest rate with p95 <= {target:g} s, {scenario.replicas} replicas:")
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             f"{validation.simulated_hit_rate:.3f}, gap {validation.gap:.3f}"
         )
     line = (
-        f"fleet: adapters={scenario.adapters} replicas={scenario.replicas} best_policy={winner} "
+        f"fleet: adapters={scenario.adapters} replicas={scenario.replicas} best_policy={best_name} "
         f"max_rate_at_p95_{target:g}s={found[winner].rate:.3f} "
         f"vs_random={'na' if vs_random is None else f'{vs_random:.2f}'} "
         f"hit_rate={'na' if at_best is None else f'{at_best.hit_rate:.3f}'} "
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "target_p95_s": target,
         "seed": args.seed,
         "policies": policies,
-        "best_policy": winner,
+        "best_policy": best_name,
         "vs_random": vs_random,
         "validation": None if validation is None else {**dataclasses.asdict(validation), "gap": validation.gap},
         "validation_spec": validation_spec(),

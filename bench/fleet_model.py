@@ -81,7 +81,7 @@ class Costs:
 class Scenario:
     adapters: int = 2500
     replicas: int = 5
-    # Prepared adapters per replica: the engine's 4 GiB host cache over the mean file (231 MB) is ~17.
+    # Prepared adapters per replica: a little under the engine's 4 GiB host cache over the 231 MB mean file (~18).
     capacity: int = 16
     disk_gb: float = 100.0  # Hub cache per replica; 0 downloads every miss
     zipf: float = 1.1

@@ -88,7 +88,8 @@ class RayMultiplexed:
                 if not entered_backoff:
                     entered_backoff = True  # Ray retries once at once, then backs off
                 else:
-                    yield fleet.env.timeout(min(self.initial_backoff_s * 2**attempt, self.max_backoff_s))
+                    # Ray catches the OverflowError of a long wait and takes the ceiling; so does the cap.
+                    yield fleet.env.timeout(min(self.initial_backoff_s * 2 ** min(attempt, 32), self.max_backoff_s))
                     attempt += 1
 
     def _candidates(self, fleet: Fleet, adapter: int, context: RoutingContext) -> list[Replica]:

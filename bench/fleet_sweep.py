@@ -79,8 +79,9 @@ def validation_spec() -> dict[str, object]:
     Two replicas holding 3 adapters each, 30 adapters, Zipf 1.1 (the setting of the measurement quoted
     in issue 13), one client sending requests one after another: there the hit rate depends on the
     routing and the caches alone, not on timings, and tells Ray's multiplexed routing from random
-    (about 0.5 against 0.3). The cluster's run sends `request_stream(scenario, seed)`'s adapters in
-    order for each seed, and writes this dict back with `measured_hit_rate` (the mean over the seeds)
+    (about 0.5 against 0.3). For each seed the cluster's run sends the adapters of
+    `request_stream(scenario_from_dict(spec["scenario"]), seed)` in order, counts hits after the first
+    `warmup` requests, and writes this dict back with `measured_hit_rate` (the mean over the seeds)
     added; `--validate-json` reads it. For a Poisson run set "clients" to null, "rate", and the costs
     the cluster measures (tiny-pipeline inference, local files: no download).
     """

@@ -137,6 +137,11 @@ def test_the_run_ends_with_the_fleet_line_and_reads_a_validation_file(tmp_path, 
     assert results["final_line"] == lines[-1]
     assert fleet.main([*SMALL_ARGS, "--policies", "random"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].endswith("sim_vs_ray_hit_rate_gap=na")
+    # Every miss downloads at 1 MB/s: no rate meets the target, and the line says so.
+    slow_hub = ["--disk-gb", "0", "--bandwidth-mbs", "1", "--warmup", "10", "--requests", "60"]
+    assert fleet.main([*SMALL_ARGS, "--policies", "random", *slow_hub]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert LAST_LINE.match(last) and "best_policy=none max_rate_at_p95_13s=0.000 vs_random=na hit_rate=na" in last
 
 
 def test_bad_arguments_name_what_is_accepted(tmp_path, capsys):
@@ -149,3 +154,14 @@ def test_bad_arguments_name_what_is_accepted(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(SystemExit, match="no numeric measured_hit_rate"):
         fleet.main([*SMALL_ARGS, "--policies", "random", "--validate-json", str(tmp_path / "bad.json")])
+
+
+def test_swap_time_comes_from_a_bench_swap_json(tmp_path):
+    (tmp_path / "gpu.json").write_text(json.dumps({"headline": {"swap_ms": 21.0}, "options": {"device": "cuda"}}))
+    (tmp_path / "cpu.json").write_text(json.dumps({"headline": {"swap_ms": 400.0}, "options": {"device": "cpu"}}))
+    gpu = fleet.scenario_of(fleet.parse(["--swap-json", str(tmp_path / "gpu.json")])).costs
+    cpu = fleet.scenario_of(fleet.parse(["--swap-json", str(tmp_path / "cpu.json")])).costs
+    assert gpu.swap_s == pytest.approx(0.021) and gpu.swap_scale == 1.0
+    assert cpu.swap_s == pytest.approx(0.4 * Costs.swap_scale)
+    with pytest.raises(SystemExit, match=r"not a bench\.swap JSON file"):
+        fleet.scenario_of(fleet.parse(["--swap-json", str(tmp_path / "missing.json")]))
