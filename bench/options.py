@@ -30,6 +30,7 @@ class Options:
     quick: bool
     json_path: Path | None
     workdir: Path | None
+    plot_dir: Path | None = None
 
     @property
     def headline_rank(self) -> int:
@@ -87,6 +88,9 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
     parser.add_argument("--quick", action="store_true", help="a smoke run: rank 8, few repeats")
     parser.add_argument("--json", type=Path, dest="json_path", help="also write every number to this file")
     parser.add_argument("--workdir", type=Path, help="where the LoRA files go (default: a temporary folder)")
+    parser.add_argument(
+        "--plot", type=Path, dest="plot_dir", help="write the JSON and its plot (swap time against rank) here"
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda was asked for, but torch sees no CUDA device; accepted: cpu on this machine")
@@ -109,4 +113,5 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         quick=quick,
         json_path=args.json_path,
         workdir=args.workdir,
+        plot_dir=args.plot_dir,
     )

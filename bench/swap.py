@@ -1,7 +1,7 @@
 """The swap benchmark: changing the served LoRA on the full-size SDXL UNet, five ways, side by side.
 
     python -m bench.swap [--device cpu|cuda] [--dtype bfloat16|float16|float32] [--ranks 8,32,128]
-                         [--repeats N] [--formats peft,kohya] [--quick] [--json PATH]
+                         [--repeats N] [--formats peft,kohya] [--quick] [--json PATH] [--plot DIR]
 
 (a) the reference service: diffusers' load_lora_weights + fuse_lora + unfuse_lora + unload_lora_weights
     per request, a different adapter each time;
