@@ -114,14 +114,12 @@ class TargetTable:
 
     def __init__(self, components: Mapping[str, nn.Module]) -> None:
         self.params: list[torch.Tensor] = []
-        self.names: list[str] = []
         self._index: dict[tuple[str, str], int] = {}
         for component, model in components.items():
             for name, module in model.named_modules():
                 if isinstance(module, nn.Linear | nn.Conv2d):
                     self._index[(component, name)] = len(self.params)
                     self.params.append(module.weight)
-                    self.names.append(f"{component}.{name}")
         self._flat_text = {c: not hasattr(m, "text_model") for c, m in components.items()}
 
     def lookup(self, component: str, module: str) -> int | None:

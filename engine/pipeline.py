@@ -36,10 +36,6 @@ class LoadedPipeline:
     warmup_s: float
     is_tiny: bool
 
-    @property
-    def cold_boot_s(self) -> float:
-        return self.load_s + self.warmup_s
-
 
 def resolve_device(setting: str) -> torch.device:
     if setting == "auto":

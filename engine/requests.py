@@ -109,10 +109,6 @@ class GenerateResult:
     swapped: bool = False
     warnings: tuple[str, ...] = ()
 
-    @property
-    def cache_hit(self) -> bool:
-        return all(a.cache == "hit" for a in self.adapters)
-
 
 def parse_ref(ref: object) -> tuple[Literal["hub", "local"], str]:
     """Split a LoRA reference into its kind and name, refusing anything path- or URL-like."""
