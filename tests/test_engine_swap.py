@@ -8,6 +8,7 @@ import torch
 from diffusers import StableDiffusionXLPipeline
 
 from engine.requests import GenerateRequest, LoraSpec
+from tests.support.checks import assert_pristine
 
 PROMPT = "a photo of a cat in sks style"
 
@@ -101,12 +102,6 @@ def test_local_lora_applies_like_the_same_file_from_the_hub(engine, fixtures):
     base = engine.generate(request())
     assert local.adapters[0].ref == fixtures.local["peft"]
     assert np.abs(pixels(local.image) - pixels(base.image)).mean() > 1
-
-
-def assert_pristine(loaded, pristine) -> None:
-    for name in ("unet", "text_encoder", "text_encoder_2"):
-        for key, value in getattr(loaded.pipe, name).state_dict().items():
-            assert torch.equal(value, pristine[f"{name}.{key}"]), f"{name}.{key} drifted"
 
 
 def test_many_swaps_with_failures_leave_base_weights_bit_exact(make_engine, fixtures, loaded, pristine, monkeypatch):

@@ -29,8 +29,8 @@ from engine.requests import LoraSpec
 from engine.resolve import AdapterResolver
 from engine.service import Engine
 from lora_catalog.hub import HubSource
+from tests.support.checks import prime, small, unchanged
 from tests.support.loras import WEIGHTS, card, peft_file
-from tests.test_reliability_loras import prime, small, unchanged
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ The shared helpers here (`small`, `unchanged`) are used by the other reliability
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -16,61 +14,12 @@ from huggingface_hub import constants
 
 from engine.errors import (
     AdapterLoadError,
-    GatedLoraError,
-    IncompatibleLoraError,
     LimitExceededError,
     LoraNotFoundError,
     SwitchboardError,
-    UnsupportedLoraVariantError,
 )
-from engine.requests import GenerateRequest, LoraSpec
-from lora_catalog.errors import AmbiguousWeightsError, PickleOnlyError
-from tests.test_engine_swap import assert_pristine
-
-PROMPT = "a lighthouse on a cliff"
-
-
-def small(*loras: LoraSpec, seed: int = 5, steps: int = 1, prompt: str = PROMPT) -> GenerateRequest:
-    """A request the tiny pipeline answers in about a tenth of a second."""
-    return GenerateRequest(prompt=prompt, loras=tuple(loras), steps=steps, width=64, height=64, seed=seed)
-
-
-@contextmanager
-def unchanged(engine, loaded, pristine) -> Iterator[None]:
-    """The block must leave the served set as it was; when that set is the base, every weight bit-exact."""
-    before = engine.status().applied
-    yield
-    assert engine.status().applied == before
-    if not before:
-        assert_pristine(loaded, pristine)
-
-
-# role -> (error class, message fragment): what a request for that fixture repo must raise.
-BAD_REPOS: dict[str, tuple[type[SwitchboardError], str]] = {
-    "truncated": (AdapterLoadError, r"not a valid safetensors file: .*file truncated"),
-    "lying-header": (AdapterLoadError, r"not a valid safetensors file: .*the offsets lie about the data"),
-    "lying-shape": (AdapterLoadError, r"not a valid safetensors file: .*the offsets lie about the data"),
-    "huge-header": (AdapterLoadError, r"declared header length 1099511627776 bytes is over the limit"),
-    "nan": (AdapterLoadError, r"holds NaN or infinite values in 'unet\..*'; accepted: finite weights only"),
-    "inf": (AdapterLoadError, r"holds NaN or infinite values in '.*'; accepted: finite weights only"),
-    "wrong-shapes": (IncompatibleLoraError, r"factors \(640, 4\) x \(4, 640\) do not fit unet\..* of shape \(64, 64\)"),
-    "unknown-keys": (IncompatibleLoraError, r"targets unet\.down_blocks\.7\..*which the served pipeline lacks"),
-    "high-rank": (LimitExceededError, r"has rank 64; accepted: rank up to 32"),
-    "pickle-only": (PickleOnlyError, r"only pickle weights \('pytorch_lora_weights\.bin'\).*never unpickled"),
-    "ckpt-only": (PickleOnlyError, r"only pickle weights \('model\.ckpt', 'model\.pt'\).*never unpickled"),
-    "several": (
-        AmbiguousWeightsError,
-        r"several \.safetensors files \('a\.safetensors', 'b\.safetensors'\).*weight_name",
-    ),
-    "gated": (GatedLoraError, r"'fixtures/gated' is gated .*only LoRAs anyone can download"),
-    "private": (LoraNotFoundError, r"'fixtures/private' was not found on the Hub \(or it is private\)"),
-    "sd15": (IncompatibleLoraError, r"made for stable-diffusion-v1-5/stable-diffusion-v1-5 \(sd15\).*sdxl family"),
-    "flux": (IncompatibleLoraError, r"made for black-forest-labs/FLUX\.1-dev \(flux\).*sdxl family"),
-    "sd15-meta": (IncompatibleLoraError, r"trained for the sd15 family; this Space serves .*sdxl"),
-    "loha": (UnsupportedLoraVariantError, r"is a LoHa adapter; accepted: plain low-rank LoRA"),
-    "lokr": (UnsupportedLoraVariantError, r"is a LoKr adapter; accepted: plain low-rank LoRA"),
-    "dora": (UnsupportedLoraVariantError, r"is a DoRA adapter; accepted: plain low-rank LoRA"),
-}
+from engine.requests import LoraSpec
+from tests.support.checks import BAD_REPOS, prime, small, unchanged
 
 # (spec overrides) -> fragment; the repo is fixtures["peft"] unless `ref` is given.
 MISSING: list[tuple[dict[str, str], str]] = [
@@ -79,14 +28,6 @@ MISSING: list[tuple[dict[str, str], str]] = [
     ({"revision": "0" * 40}, r"revision '0{40}' of LoRA repo 'fixtures/peft' was not found"),
     ({"weight_name": "missing.safetensors"}, r"file 'missing\.safetensors' was not found in LoRA repo"),
 ]
-
-
-def prime(make_engine, fixtures, **overrides: object):
-    """An engine serving fixtures['peft'] at 0.7, that spec, and the image `small(spec)` gives."""
-    engine = make_engine(**overrides)
-    good = LoraSpec(fixtures["peft"], scale=0.7)
-    image = engine.generate(small(good)).image.tobytes()
-    return engine, good, image
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 
 from engine.errors import InvalidRequestError, LimitExceededError, LoraNotFoundError
 from engine.requests import GenerateRequest, LoraSpec
+from tests.support.checks import prime, small, unchanged
 from tests.support.loras import NS
-from tests.test_reliability_loras import prime, small, unchanged
 
 PEFT = f"{NS}/peft"
 OK = GenerateRequest(prompt="a fox", steps=1, width=64, height=64, seed=1)
