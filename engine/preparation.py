@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from .adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
 from .compat import check_family
@@ -39,7 +40,7 @@ class PreparedLora:
     """One LoRA made ready: the adapter (leased by the caller), whether the cache had it, and the time spent."""
 
     adapter: PreparedAdapter
-    cache: str
+    cache: Literal["hit", "miss"]
     resolve_s: float
     prepare_s: float
 

@@ -29,6 +29,7 @@ from .pipeline import LoadedPipeline
 from .preparation import Preparer
 from .requests import (
     AdapterUse,
+    CheckedRequest,
     GenerateRequest,
     GenerateResult,
     Limits,
@@ -53,7 +54,7 @@ Progress = Callable[[int, int], None]
 class PreparedRequest:
     """A normalised request with its adapters ready in the host cache (leased until released)."""
 
-    request: GenerateRequest
+    request: CheckedRequest
     adapters: tuple[tuple[PreparedAdapter, float], ...]
     uses: tuple[AdapterUse, ...]
     resolve_s: float
@@ -146,7 +147,9 @@ class Engine:
         normalised = normalise_request(request, self.loaded.defaults, self._limits)
         leased: list[AdapterKey] = []
         try:
-            adapters, uses, warnings = [], [], []
+            adapters: list[tuple[PreparedAdapter, float]] = []
+            uses: list[AdapterUse] = []
+            warnings: list[str] = []
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
                 ready = self._preparer.adapter(spec, leased)
@@ -297,7 +300,7 @@ class Engine:
         self._store.set_active(a.adapter.key for a in self._applied)
 
     @torch.inference_mode()
-    def _infer(self, request: GenerateRequest, progress: Progress | None, cancel: threading.Event | None):
+    def _infer(self, request: CheckedRequest, progress: Progress | None, cancel: threading.Event | None):
         steps = request.steps
 
         def on_step(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
@@ -366,7 +369,7 @@ def _describe(active: tuple[ActiveAdapter, ...]) -> str:
     return "[" + ", ".join(f"{a.adapter.key.name}×{a.scale:g}" for a in active) + "]"
 
 
-def _engine_error(error: BaseException, request: GenerateRequest) -> BaseException:
+def _engine_error(error: BaseException, request: CheckedRequest) -> BaseException:
     if isinstance(error, EngineError):
         return error
     if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():

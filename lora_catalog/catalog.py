@@ -160,7 +160,7 @@ class Catalog:
 
     def save_snapshot(self, path: Path, base: str) -> Snapshot:
         """Write the live Hub list for `base` (fetched now if there is none yet) as a snapshot file."""
-        key = (validate_repo_id(base, what="base model id"), "", "downloads")
+        key: _Key = (validate_repo_id(base, what="base model id"), "", "downloads")
         with self._lock:
             listing = self._live.get(key)
         if listing is None:

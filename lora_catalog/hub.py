@@ -78,7 +78,7 @@ _MAX_PAGE_SIZE = 1000  # the Hub's own cap per page
 # Most LoRA headers fit in the first 100 kB, so one Range read usually suffices.
 _FIRST_READ_BYTES = 100_000
 _CACHE_MAX = 1024
-_USER_AGENT = {"library_name": "lora-switchboard", "library_version": "0.1.0"}
+_LIBRARY_NAME, _LIBRARY_VERSION = "lora-switchboard", "0.1.0"
 
 
 def check_sort(sort: str) -> Sort:
@@ -112,7 +112,9 @@ class HubSource:
             raise InvalidRequestError(f"page_size={page_size!r} is not accepted; accepted: 1 to {_MAX_PAGE_SIZE}")
         # token=False keeps huggingface_hub from picking up a token saved on this machine: settings decide.
         self._token: str | bool = token or False
-        self._api = HfApi(endpoint=endpoint, token=self._token, **_USER_AGENT)
+        self._api = HfApi(
+            endpoint=endpoint, token=self._token, library_name=_LIBRARY_NAME, library_version=_LIBRARY_VERSION
+        )
         self.endpoint: str = self._api.endpoint.rstrip("/")
         self.timeout_s = float(timeout_s)
         self._page_size = page_size
@@ -142,7 +144,7 @@ class HubSource:
             params.append(("search", search))
         entries: list[LoraEntry] = []
         url: str | None = f"{self.endpoint}/api/models"
-        query: list[tuple[str, str]] | None = params
+        query: list[tuple[str, str | int | float | bool | None]] | None = list(params) if params else None
         # Skipped (gated, private) items can leave pages short; this bounds the walk when most are skipped.
         pages_left = 2 * math.ceil(limit / self._page_size) + 1
         while url is not None and len(entries) < limit and pages_left > 0:
@@ -197,11 +199,12 @@ class HubSource:
 
     def read_remote_header(self, entry: LoraEntry) -> SafetensorsHeader:
         """The weight file's safetensors header, read with HTTP Range requests (no tensor data downloaded)."""
-        if entry.repo_id is None or entry.source != "hub":
+        repo_id = entry.repo_id
+        if repo_id is None or entry.source != "hub":
             raise InvalidRequestError(f"{entry.ref!r} is not a Hub LoRA; accepted: an entry with a repo id")
         if entry.weight_name is None or entry.sha is None:
-            entry = self.resolve(entry.repo_id, entry.sha, entry.weight_name)
-        repo_id, sha, weight_name = entry.repo_id, entry.sha or "main", entry.weight_name or ""
+            entry = self.resolve(repo_id, entry.sha, entry.weight_name)
+        sha, weight_name = entry.sha or "main", entry.weight_name or ""
         key = (repo_id, sha, weight_name)
         with self._lock:
             if key in self._headers:
@@ -222,7 +225,7 @@ class HubSource:
         return header
 
     def _http_headers(self) -> dict[str, str]:
-        return build_hf_headers(token=self._token, **_USER_AGENT)
+        return build_hf_headers(token=self._token, library_name=_LIBRARY_NAME, library_version=_LIBRARY_VERSION)
 
     def _read_prefix(self, url: str, count: int) -> tuple[bytes, int | None]:
         """The first `count` bytes of a file and its total size; stops early if the server ignores Range."""

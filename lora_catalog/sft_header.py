@@ -119,8 +119,8 @@ def read_header(
         except OSError as e:
             raise HeaderError(f"cannot read safetensors file {label!r}: {e.strerror or e}") from e
     label = str(getattr(source, "name", "<stream>")) if label is None else label
-    size = file_size if file_size is not None else _stream_size(source)
-    return _read_stream(source, label, size, max_header_bytes)
+    stream_size = file_size if file_size is not None else _stream_size(source)
+    return _read_stream(source, label, stream_size, max_header_bytes)
 
 
 def read_header_bytes(
@@ -221,7 +221,7 @@ def _tensor(name: str, spec: object, label: str, data_size: int | None) -> Tenso
     if not isinstance(spec, dict):
         raise HeaderError(f"{where} is described by a JSON {type(spec).__name__}; accepted: an object")
     dtype = spec.get("dtype")
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise HeaderError(f"{where} has unknown dtype {dtype!r}; accepted: {', '.join(DTYPE_BITS)}")
     shape = spec.get("shape")
     if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):

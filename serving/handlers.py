@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec, ModelDefaults
 from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import SwitchboardError
+from lora_catalog.hub import check_sort
 from lora_catalog.listing import CatalogPage
 
 if TYPE_CHECKING:
@@ -65,7 +66,11 @@ class Handlers:
     def page(self, base: str, search: str, sort: str, page: int) -> CatalogPage:
         """One page of LoRAs for `base` ("" for the served one)."""
         return self._catalog.page(
-            base or self.served_base, search=search or "", sort=sort or "downloads", page=page, page_size=PAGE_SIZE
+            base or self.served_base,
+            search=search or "",
+            sort=check_sort(sort or "downloads"),
+            page=page,
+            page_size=PAGE_SIZE,
         )
 
     def lora(self, spec: LoraSpec) -> LoraReport:

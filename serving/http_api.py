@@ -187,6 +187,7 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
         cancel = threading.Event()
         async with anyio.create_task_group() as group:
             group.start_soon(_watch_disconnect, request, cancel)
+            outcome: GenerateResult | SwitchboardError
             try:
                 outcome = await anyio.to_thread.run_sync(partial(runner.generate, parsed.request, cancel=cancel))
             except SwitchboardError as e:
