@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
@@ -25,6 +27,7 @@ from lora_catalog.hub import SORTS
 from serving import format as fmt
 from serving.errors import user_errors
 from serving.gradio_api import BROWSE, CHECK, PAGE_SIZE, PIPELINE, StepProgress, add_api_endpoints
+from serving.ui_cancel import until_closed
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -62,10 +65,12 @@ def build_demo(
     sizes = fmt.size_presets(defaults)
     placeholder = fmt.placeholder_image()
 
-    def generate(request: GenerateRequest, progress: gr.Progress) -> GenerateResult:
+    def generate(
+        request: GenerateRequest, progress: gr.Progress, cancel: threading.Event | None = None
+    ) -> GenerateResult:
         progress(0, desc="Preparing LoRAs (download, convert)")
         with user_errors():
-            return runner.generate(request, progress=StepProgress(progress))
+            return runner.generate(request, progress=StepProgress(progress), cancel=cancel)
 
     # -- browsing --------------------------------------------------------------------------------
 
@@ -150,7 +155,7 @@ def build_demo(
         seed: float | None,
         randomize: bool,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
-    ) -> tuple[Any, ...]:
+    ) -> Iterator[tuple[Any, ...]]:
         with user_errors():
             width, height = fmt.parse_size(size)
             specs = (fmt.lora_spec(ref, scale, revision, weight), fmt.lora_spec(ref_2, scale_2, revision_2, weight_2))
@@ -164,8 +169,9 @@ def build_demo(
                 height=height,
                 seed=fmt.seed_value(seed, randomize),
             )
-        result = generate(request, progress)
-        return result.image, fmt.result_html(result), result.seed, fmt.status_markdown(engine.status(), boot_s)
+        # A generator, so that Gradio closing it (the browser went away) cancels the generation.
+        result = yield from until_closed(partial(generate, request, progress), (gr.skip(),) * 4)
+        yield result.image, fmt.result_html(result), result.seed, fmt.status_markdown(engine.status(), boot_s)
 
     def status() -> str:
         return fmt.status_markdown(engine.status(), boot_s)
