@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 import httpx2
+from huggingface_hub import constants as hf_constants
 from huggingface_hub import (
     get_hf_file_metadata,
     hf_hub_download,
@@ -29,6 +30,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.file_download import repo_folder_name
 
 from lora_catalog.cards import PREFERRED_WEIGHT_NAME
 from lora_catalog.entries import LoraEntry
@@ -185,19 +187,8 @@ class AdapterResolver:
 
     def _locate_on_disk(self, spec: LoraSpec, repo_id: str, error: HubUnavailableError) -> AdapterSource | None:
         """A Hub LoRA downloaded before, found in the Hub cache with no Hub call (the Hub is down or offline)."""
-        try:
-            # local_files_only: huggingface_hub resolves the branch through the cache's refs/ and never
-            # touches the network; it raises when that revision was never downloaded.
-            folder = Path(
-                snapshot_download(
-                    repo_id,
-                    revision=spec.revision,
-                    cache_dir=self._cache_dir,
-                    local_files_only=True,
-                    allow_patterns=["*.safetensors"],
-                )
-            )
-        except (LocalEntryNotFoundError, OSError, ValueError):
+        folder = self._snapshot_on_disk(repo_id, spec.revision)
+        if folder is None:
             return None
         present = sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())
         if spec.weight_name is not None:
@@ -216,6 +207,29 @@ class AdapterResolver:
         )
         logger.warning("%s", warning)
         return AdapterSource(key, repo_id, path.stat().st_size, (), local_path=path, warnings=(warning,))
+
+    def _snapshot_on_disk(self, repo_id: str, revision: str | None) -> Path | None:
+        try:
+            # local_files_only: huggingface_hub resolves a branch through the cache's refs/ and never
+            # touches the network; it raises when that revision was never downloaded.
+            return Path(
+                snapshot_download(
+                    repo_id,
+                    revision=revision,
+                    cache_dir=self._cache_dir,
+                    local_files_only=True,
+                    allow_patterns=["*.safetensors"],
+                )
+            )
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            pass
+        if revision is not None:
+            return None
+        # LoRAs are downloaded by commit sha (the one the metadata named), which writes no refs/main:
+        # the default branch is then the snapshot downloaded last.
+        root = Path(self._cache_dir or hf_constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+        snapshots = [p for p in (root / "snapshots").glob("*") if p.is_dir()] if root.is_dir() else []
+        return max(snapshots, key=lambda p: p.stat().st_mtime, default=None)
 
     def _locate_local(self, name: str) -> AdapterSource:
         ref = f"local:{name}"
