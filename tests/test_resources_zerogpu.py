@@ -104,3 +104,28 @@ def test_the_main_process_never_pins_or_initialises_cuda_on_zerogpu(loaded, monk
     store.add(PreparedAdapter(AdapterKey("hub", "a/b", "0" * 40, "w.safetensors"), layers, 1, 2, ("unet",)))
     assert pinned == []
     assert not torch.cuda.is_initialized()
+
+
+def test_preparing_on_zerogpu_pins_nothing_even_with_the_device_reported_as_cuda(
+    loaded, base_settings, hub, fixtures, monkeypatch
+):
+    # In ZeroGPU's main process the pipeline reports cuda; preparing an adapter must still not pin it.
+    import dataclasses
+
+    from engine.resolve import AdapterResolver
+    from engine.service import Engine
+    from lora_catalog.hub import HubSource
+
+    pinned: list[int] = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: pinned.append(1) or self)
+    settings = base_settings.replace(zero_gpu=True, gpu_mode="auto")
+    source = HubSource(endpoint=hub.url, timeout_s=5)
+    resolver = AdapterResolver(source, local_dir=None, token=None, max_bytes=2**30)
+    engine = Engine(dataclasses.replace(loaded, device=torch.device("cuda")), settings, resolver)
+    try:
+        check = engine.check_lora(LoraSpec(fixtures["second"]))
+    finally:
+        source.close()
+    assert check.layers > 0
+    assert pinned == []
+    assert not torch.cuda.is_initialized()
