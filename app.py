@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from serving.errors import user_errors
 from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, generate
 from serving.handlers import PAGE_SIZE, Handlers
 from serving.panels import Browser, RequestPanel
+from serving.ui_cancel import until_closed
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -184,7 +185,7 @@ def _wire_generation(
         seed: float | None,
         randomize: bool,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
-    ) -> tuple[Any, ...]:
+    ) -> Iterator[tuple[Any, ...]]:
         with user_errors():
             width, height = fmt.parse_size(size)
             specs = (fmt.lora_spec(ref, scale, revision, weight), fmt.lora_spec(ref_2, scale_2, revision_2, weight_2))
@@ -198,8 +199,9 @@ def _wire_generation(
                 height=height,
                 seed=fmt.seed_value(seed, randomize),
             )
-        result = generate(handlers, built, progress)
-        return result.image, fmt.result_html(result), result.seed, _status(handlers)
+        # A generator, so that Gradio closing it (the browser went away) cancels the generation.
+        result = yield from until_closed(partial(generate, handlers, built, progress), (gr.skip(),) * 4)
+        yield result.image, fmt.result_html(result), result.seed, _status(handlers)
 
     slots = [
         getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")

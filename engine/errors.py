@@ -28,6 +28,7 @@ __all__ = [
     "InvalidRequestError",
     "LimitExceededError",
     "LoraNotFoundError",
+    "PreparationError",
     "RequestTooLargeError",
     "SettingsError",
     "StorageError",
@@ -80,6 +81,12 @@ class GenerationError(EngineError, RuntimeError):
     """The pipeline failed while generating (including running out of memory)."""
 
     title = "Generation failed"
+
+
+class PreparationError(EngineError, RuntimeError):
+    """Preparing an adapter failed in a way no other class describes (a library's unexpected error)."""
+
+    title = "Preparation failed"
 
 
 class GenerationCancelledError(EngineError):

@@ -21,11 +21,13 @@ import dataclasses
 import logging
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal
 
 from .adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
 from .compat import check_family
+from .disk_cache import DiskCache
 from .requests import LoraSpec
 from .resolve import AdapterResolver, AdapterSource
 from .store import AdapterStore
@@ -43,6 +45,7 @@ class PreparedLora:
     cache: Literal["hit", "miss"]
     resolve_s: float
     prepare_s: float
+    warnings: tuple[str, ...] = ()
 
 
 class Preparer:
@@ -55,8 +58,10 @@ class Preparer:
         served_base: str,
         unet_config: object,
         max_rank: int,
+        disk: DiskCache | None = None,
     ) -> None:
         self._resolver = resolver
+        self._disk = disk
         self._store = store
         self._table = table
         self._served_base = served_base
@@ -73,13 +78,17 @@ class Preparer:
         leased.append(source.key)
         cached = self._store.get(source.key)
         if cached is not None:
-            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0)
+            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
         with self._key_lock(source.key):
             cached = self._store.get(source.key)
             if cached is not None:
-                return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0)
-            adapter, fetched = self._load(source)
+                return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
+            with self._disk.hold(source.key) if self._disk is not None else nullcontext():
+                adapter, fetched = self._load(source)
             adapter = self._store.add(adapter)
+        if self._disk is not None and source.local_path is None:
+            # A download may have grown the Hub cache: prune it off the request's path.
+            self._disk.schedule()
         done = time.perf_counter()
         logger.info(
             "prepared %s: %d layers, rank %d, %.1f MiB in %.3f s (resolve and download %.3f s)",
@@ -90,7 +99,7 @@ class Preparer:
             done - fetched,
             fetched - started,
         )
-        return PreparedLora(adapter, "miss", fetched - started, done - fetched)
+        return PreparedLora(adapter, "miss", fetched - started, done - fetched, source.warnings)
 
     def _load(self, source: AdapterSource) -> tuple[PreparedAdapter, float]:
         path = self._resolver.fetch(source)

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Protocol
 
 import httpx2
-from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import (
+    get_hf_file_metadata,
+    hf_hub_download,
+    hf_hub_url,
+    snapshot_download,
+)
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -23,7 +29,9 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.file_download import repo_folder_name
 
+from lora_catalog.cards import PREFERRED_WEIGHT_NAME
 from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import HeaderError
 from lora_catalog.sft_header import SafetensorsHeader, read_header
@@ -50,6 +58,8 @@ logger = logging.getLogger(__name__)
 class HubResolver(Protocol):
     def resolve(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry: ...
 
+    def stale_warning(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> str | None: ...
+
 
 @dataclass(frozen=True)
 class AdapterSource:
@@ -60,6 +70,8 @@ class AdapterSource:
     size: int | None
     declared_bases: tuple[str, ...]
     local_path: Path | None = None
+    # Said to the user with the result, e.g. that the Hub metadata is stale (served while the Hub is down).
+    warnings: tuple[str, ...] = ()
 
 
 class AdapterResolver:
@@ -79,6 +91,15 @@ class AdapterResolver:
         self._max_bytes = max_bytes
         self._cache_dir = cache_dir
         self._timeout_s = timeout_s
+
+    @property
+    def uses_hub(self) -> bool:
+        return self._hub is not None
+
+    @property
+    def cache_dir(self) -> Path | None:
+        """The Hub cache LoRAs are downloaded into (None: huggingface_hub's default)."""
+        return self._cache_dir
 
     def locate(self, spec: LoraSpec) -> AdapterSource:
         """Identify the file a normalised spec names (a Hub metadata call unless the catalogue has it cached)."""
@@ -137,12 +158,65 @@ class AdapterResolver:
         if self._hub is None:
             raise HubUnavailableError(f"LoRA {spec.ref!r} is on the Hub, but this Space runs without Hub access")
         # The catalogue's errors are the engine's too (one tree): they pass through as they are.
-        entry = self._hub.resolve(repo_id, spec.revision, spec.weight_name)
+        try:
+            entry = self._hub.resolve(repo_id, spec.revision, spec.weight_name)
+        except HubUnavailableError as e:
+            on_disk = self._locate_on_disk(spec, repo_id, e)
+            if on_disk is None:
+                raise
+            return on_disk
         if not entry.weight_name or not entry.sha:
             raise AdapterLoadError(f"LoRA {spec.ref!r} has no .safetensors weight file to load")
         bases = tuple(dict.fromkeys((*entry.base_models, *declared_bases_from_tags(entry.tags))))
         key = AdapterKey("hub", repo_id, entry.sha, entry.weight_name)
-        return AdapterSource(key, repo_id, entry.weight_size, bases)
+        stale = self._hub.stale_warning(repo_id, spec.revision, spec.weight_name)
+        return AdapterSource(key, repo_id, entry.weight_size, bases, warnings=(stale,) if stale else ())
+
+    def _locate_on_disk(self, spec: LoraSpec, repo_id: str, error: HubUnavailableError) -> AdapterSource | None:
+        """A Hub LoRA downloaded before, found in the Hub cache with no Hub call (the Hub is down or offline)."""
+        folder = self._snapshot_on_disk(repo_id, spec.revision)
+        if folder is None:
+            return None
+        present = sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())
+        if spec.weight_name is not None:
+            chosen = spec.weight_name if (folder / spec.weight_name).is_file() else None
+        elif len(present) == 1:
+            chosen = present[0]
+        else:
+            chosen = PREFERRED_WEIGHT_NAME if PREFERRED_WEIGHT_NAME in present else None
+        if chosen is None:
+            return None
+        path = folder / chosen
+        key = AdapterKey("hub", repo_id, folder.name, chosen)
+        warning = (
+            f"LoRA {spec.ref!r} is served from the local Hub cache at revision {folder.name[:10]} without its Hub "
+            f"metadata: {error}"
+        )
+        logger.warning("%s", warning)
+        return AdapterSource(key, repo_id, path.stat().st_size, (), local_path=path, warnings=(warning,))
+
+    def _snapshot_on_disk(self, repo_id: str, revision: str | None) -> Path | None:
+        try:
+            # local_files_only: huggingface_hub resolves a branch through the cache's refs/ and never
+            # touches the network; it raises when that revision was never downloaded.
+            return Path(
+                snapshot_download(
+                    repo_id,
+                    revision=revision,
+                    cache_dir=self._cache_dir,
+                    local_files_only=True,
+                    allow_patterns=["*.safetensors"],
+                )
+            )
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            pass
+        if revision is not None:
+            return None
+        # LoRAs are downloaded by commit sha (the one the metadata named), which writes no refs/main:
+        # the default branch is then the snapshot downloaded last.
+        root = Path(self._cache_dir or hf_constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+        snapshots = [p for p in (root / "snapshots").glob("*") if p.is_dir()] if root.is_dir() else []
+        return max(snapshots, key=lambda p: p.stat().st_mtime, default=None)
 
     def _locate_local(self, name: str) -> AdapterSource:
         ref = f"local:{name}"

@@ -18,15 +18,17 @@ from dataclasses import dataclass
 import torch
 
 from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable
+from .disk_cache import DiskCache
 from .errors import (
     EngineBusyError,
-    EngineError,
     GenerationCancelledError,
     GenerationError,
     InvalidRequestError,
+    PreparationError,
+    SwitchboardError,
 )
 from .pipeline import LoadedPipeline
-from .preparation import Preparer
+from .preparation import PreparedLora, Preparer
 from .requests import (
     AdapterUse,
     CheckedRequest,
@@ -105,7 +107,14 @@ class Engine:
         pipe = loaded.pipe
         self._table = TargetTable({c: getattr(pipe, c) for c in COMPONENTS})
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
-        self._patcher = WeightPatcher(self._table.params, loaded.device if on_device else torch.device("cpu"))
+        # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
+        pin = loaded.device.type == "cuda" and not settings.zero_gpu
+        self._patcher = WeightPatcher(
+            self._table.params,
+            loaded.device if on_device else torch.device("cpu"),
+            budget=settings.pristine_bytes,
+            pin=pin,
+        )
         self._store = AdapterStore(
             host_budget=settings.host_cache_bytes,
             device_budget=settings.device_cache_bytes,
@@ -113,6 +122,18 @@ class Engine:
             dtype=loaded.dtype,
             # On the CPU the host copy is the compute copy; on ZeroGPU device memory does not outlive a call.
             use_device_tier=loaded.device.type != "cpu" and not self._per_call,
+            pin=pin,
+        )
+        self.disk_cache = (
+            DiskCache(
+                settings.disk_cache_bytes,
+                cache_dir=resolver.cache_dir,
+                # The budget is for LoRAs: the served model's own repos are never pruned.
+                keep_repos={settings.model_id, settings.base_model_id, loaded.model_id, settings.vae_id or ""},
+                in_use=self._store.in_use,
+            )
+            if resolver.uses_hub
+            else None
         )
         self._preparer = Preparer(
             resolver,
@@ -121,6 +142,7 @@ class Engine:
             served_base=loaded.base_model_id,
             unet_config=pipe.unet.config,
             max_rank=settings.max_rank,
+            disk=self.disk_cache,
         )
         self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
         self._lock = threading.Lock()
@@ -152,7 +174,7 @@ class Engine:
             warnings: list[str] = []
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
-                ready = self._preparer.adapter(spec, leased)
+                ready = self._prepare_one(spec, leased)
                 adapter = ready.adapter
                 if any(a.key == adapter.key for a, _ in adapters):
                     # Two specs can name one file (a branch and its sha, an explicit default file name).
@@ -164,12 +186,23 @@ class Engine:
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
                 uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
-                warnings.extend(adapter.warnings)
+                warnings.extend((*adapter.warnings, *ready.warnings))
             yield PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
             )
         finally:
             self._store.release(leased)
+
+    def _prepare_one(self, spec: LoraSpec, leased: list[AdapterKey]) -> PreparedLora:
+        try:
+            return self._preparer.adapter(spec, leased)
+        except SwitchboardError:
+            raise
+        except Exception as e:
+            # A library failing in a way nobody mapped is still an answer every transport can give
+            # (JSON on `POST /`, a gr.Error in the UI), and is logged with its traceback for us.
+            logger.exception("preparing LoRA %r failed unexpectedly", spec.ref)
+            raise PreparationError(f"LoRA {spec.ref!r} could not be prepared: {type(e).__name__}: {e}") from e
 
     def check_lora(self, spec: LoraSpec) -> LoraCheck:
         """Resolve, download and prepare one LoRA without generating (the UI's custom-LoRA check)."""
@@ -305,7 +338,9 @@ class Engine:
 
         def on_step(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
             if cancel is not None and cancel.is_set():
-                pipe._interrupt = True
+                # Raised, not `pipe._interrupt`: an interrupted diffusers pipeline still runs the VAE decode,
+                # the most expensive single step at SDXL sizes, for an image nobody will see.
+                raise GenerationCancelledError("the request was cancelled during generation")
             if progress is not None:
                 progress(step + 1, steps)
             return callback_kwargs
@@ -370,7 +405,7 @@ def _describe(active: tuple[ActiveAdapter, ...]) -> str:
 
 
 def _engine_error(error: BaseException, request: CheckedRequest) -> BaseException:
-    if isinstance(error, EngineError):
+    if isinstance(error, SwitchboardError):
         return error
     if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
         if torch.cuda.is_available():

@@ -137,6 +137,12 @@ class Catalog:
             )
         return self._hub.resolve(ref, revision=revision, weight_name=weight_name)
 
+    def stale_warning(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> str | None:
+        """Why a Hub LoRA's cached metadata is served stale (the Hub is down, or it is being revalidated), or None."""
+        if self._hub is None or is_local_ref(ref):
+            return None
+        return self._hub.stale_warning(ref, revision, weight_name)
+
     def local_lora(self, ref: str) -> LocalLora:
         """The local file behind a `local:` ref (see `LocalLora`)."""
         relative = parse_local_ref(ref)
@@ -192,6 +198,8 @@ class Catalog:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
+        if self._hub is not None:
+            self._hub.close()
 
     def __enter__(self) -> Catalog:
         return self

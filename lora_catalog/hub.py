@@ -17,6 +17,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -38,6 +39,7 @@ from .cards import PICKLE_SUFFIXES, PREFERRED_WEIGHT_NAME, entry_from_hub_item, 
 from .entries import LoraEntry
 from .errors import (
     AmbiguousWeightsError,
+    CatalogError,
     GatedLoraError,
     HubUnavailableError,
     InvalidRequestError,
@@ -79,6 +81,8 @@ _MAX_PAGE_SIZE = 1000  # the Hub's own cap per page
 _FIRST_READ_BYTES = 100_000
 _CACHE_MAX = 1024
 _LIBRARY_NAME, _LIBRARY_VERSION = "lora-switchboard", "0.1.0"
+# How long a stale entry is served before a failed revalidation is tried again.
+_REVALIDATE_RETRY_S = 60.0
 
 
 def check_sort(sort: str) -> Sort:
@@ -91,6 +95,12 @@ def check_sort(sort: str) -> Sort:
 class _Cached:
     entry: LoraEntry
     expires_at: float | None  # None: a commit sha never changes
+    # Set when a background revalidation could not reach the Hub: why, and when to try again.
+    failure: str | None = None
+    retry_at: float = 0.0
+
+
+_Key = tuple[str, str | None, str | None]
 
 
 class HubSource:
@@ -121,8 +131,11 @@ class HubSource:
         self._cache_ttl_s = cache_ttl_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._resolved: dict[tuple[str, str | None, str | None], _Cached] = {}
+        self._resolved: dict[_Key, _Cached] = {}
         self._headers: dict[tuple[str, str, str], SafetensorsHeader] = {}
+        # Stale-while-revalidate: one background lookup at a time, never on a request's path.
+        self._revalidating: set[_Key] = set()
+        self._executor: ThreadPoolExecutor | None = None
 
     def list_loras(
         self, base: str, *, search: str | None = None, sort: Sort = "downloads", limit: int = 100
@@ -163,15 +176,80 @@ class HubSource:
         return entries[:limit]
 
     def resolve(self, repo_id: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry:
-        """The entry for a custom LoRA with `weight_name`, `weight_size` and `sha` filled; cached in memory."""
+        """The entry for a custom LoRA with `weight_name`, `weight_size` and `sha` filled; cached in memory.
+
+        Past its TTL a cached entry is still answered at once (stale-while-revalidate, RFC 5861) while one
+        background lookup refreshes it: a LoRA already resolved stays servable when the Hub is down, and
+        `stale_warning` says so.
+        """
         repo_id = validate_repo_id(repo_id)
         revision = validate_revision(revision)
         weight_name = validate_weight_name(weight_name)
         key = (repo_id, revision, weight_name)
         with self._lock:
             hit = self._resolved.get(key)
-            if hit is not None and (hit.expires_at is None or self._clock() < hit.expires_at):
+            now = self._clock()
+            if hit is not None and (hit.expires_at is None or now < hit.expires_at):
                 return hit.entry
+            if hit is not None:
+                if now >= hit.retry_at and key not in self._revalidating:
+                    self._revalidating.add(key)
+                    self._revalidator().submit(self._revalidate, key)
+                return hit.entry
+        return self._lookup(key)
+
+    def stale_warning(self, repo_id: str, revision: str | None = None, weight_name: str | None = None) -> str | None:
+        """Why the cached entry for these arguments is not fresh (past its TTL), or None when it is."""
+        key = (repo_id, revision, weight_name)
+        with self._lock:
+            hit = self._resolved.get(key)
+            if hit is None or hit.expires_at is None or self._clock() < hit.expires_at:
+                return None
+            age_min = (self._clock() - hit.expires_at + self._cache_ttl_s) / 60
+        why = f"the Hub could not be reached ({hit.failure})" if hit.failure else "it is being revalidated"
+        return (
+            f"LoRA {repo_id!r} is served from Hub metadata {age_min:.0f} min old at revision "
+            f"{(hit.entry.sha or '?')[:10]}: {why}"
+        )
+
+    def close(self) -> None:
+        """Stop background revalidation (a lookup in progress finishes on its own)."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    def _revalidator(self) -> ThreadPoolExecutor:
+        # Called under self._lock.
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hub-revalidate")
+        return self._executor
+
+    def _revalidate(self, key: _Key) -> None:
+        started = self._clock()
+        try:
+            entry = self._lookup(key)
+        except HubUnavailableError as e:
+            with self._lock:
+                hit = self._resolved.get(key)
+                if hit is not None:
+                    # Keep serving it; ask again after a while, not on every request while the Hub is down.
+                    retry = started + min(_REVALIDATE_RETRY_S, self._cache_ttl_s)
+                    self._resolved[key] = dataclasses.replace(hit, failure=str(e), retry_at=retry)
+            logger.warning("could not revalidate LoRA %s; serving its cached metadata: %s", key[0], e)
+        except CatalogError as e:
+            # The Hub answered that the repo, revision or file is gone (or gated now): stop serving it.
+            with self._lock:
+                self._resolved.pop(key, None)
+            logger.warning("LoRA %s is no longer servable, dropped from the cache: %s", key[0], e)
+        else:
+            logger.info("revalidated LoRA %s at %s in %.2f s", key[0], entry.sha, self._clock() - started)
+        finally:
+            with self._lock:
+                self._revalidating.discard(key)
+
+    def _lookup(self, key: _Key) -> LoraEntry:
+        repo_id, revision, weight_name = key
         where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
         with self._wrap(f"looking up LoRA {where}", repo_id=repo_id, revision=revision):
             info = self._api.model_info(repo_id, revision=revision, files_metadata=True, timeout=self.timeout_s)

@@ -8,12 +8,13 @@ one shared handler (`serving.handlers`) the UI calls too, and formats the answer
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import gradio as gr
 
 from engine.errors import InvalidRequestError
-from engine.requests import GenerateRequest, LoraSpec
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from lora_catalog.listing import CatalogPage
 from serving import format as fmt
 from serving.errors import user_errors
@@ -37,11 +38,13 @@ class StepProgress:
         self.progress((step, total), desc="Denoising", unit="steps")
 
 
-def generate(handlers: Handlers, request: GenerateRequest, progress: gr.Progress) -> Any:
+def generate(
+    handlers: Handlers, request: GenerateRequest, progress: gr.Progress, cancel: threading.Event | None = None
+) -> GenerateResult:
     """Generate for the UI or the API, with Gradio's progress bar fed from the engine's steps."""
     progress(0, desc="Preparing LoRAs (download, convert)")
     with user_errors():
-        return handlers.generate(request, StepProgress(progress))
+        return handlers.generate(request, StepProgress(progress), cancel)
 
 
 def add_api_endpoints(handlers: Handlers) -> None:

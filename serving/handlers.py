@@ -7,6 +7,7 @@ Errors are the tree's (`lora_catalog.errors`); the callers turn them into answer
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -78,9 +79,11 @@ class Handlers:
         entry = self._catalog.resolve(spec.ref, spec.revision, spec.weight_name)
         return LoraReport(entry, self._engine.check_lora(spec))
 
-    def generate(self, request: GenerateRequest, progress: Progress | None = None) -> GenerateResult:
+    def generate(
+        self, request: GenerateRequest, progress: Progress | None = None, cancel: threading.Event | None = None
+    ) -> GenerateResult:
         """The one way a transport generates: through the runner (prepared outside the GPU function, run in it)."""
-        return self._runner.generate(request, progress=progress)
+        return self._runner.generate(request, progress=progress, cancel=cancel)
 
     def status(self) -> EngineStatus:
         return self._engine.status()

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 from PIL.Image import Image
@@ -40,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
 _JPEG_QUALITY = 92
+# Characters of a LoRA ref kept as they are in the X-Lora-Cache header (everything in a Hub repo id).
+_REF_SAFE = "/:@._-~"
 # Inference-API name -> (GenerateRequest field, accepted JSON types, how to describe them).
 ACCEPTED_PARAMETERS: Mapping[str, tuple[str, tuple[type, ...], str]] = {
     "num_inference_steps": ("steps", (int,), "an integer"),
@@ -160,8 +163,19 @@ def _headers(result: GenerateResult) -> dict[str, str]:
             f"resolve={timings.resolve:.3f};prepare={timings.prepare:.3f};apply={timings.apply:.3f};"
             f"inference={timings.inference:.3f};total={timings.total:.3f}"
         ),
-        "X-Lora-Cache": ",".join(f"{a.ref}={a.cache}" for a in result.adapters) or "none",
+        # Percent-encoded (RFC 3986): a header is latin-1 on the wire, a local file name may be anything.
+        "X-Lora-Cache": ",".join(f"{quote(a.ref, safe=_REF_SAFE)}={a.cache}" for a in result.adapters) or "none",
     }
+
+
+def _lora_header(raw: str | None) -> str | None:
+    """The `lora` header as the client meant it: curl and httpx send UTF-8 bytes, Starlette reads latin-1."""
+    if raw is None:
+        return None
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return raw
 
 
 async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
@@ -181,7 +195,9 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
         if isinstance(body, Response):
             return body
         try:
-            parsed = parse_body(body, lora=request.headers.get("lora"), accept=request.headers.get("accept"))
+            parsed = parse_body(
+                body, lora=_lora_header(request.headers.get("lora")), accept=request.headers.get("accept")
+            )
         except InvalidRequestError as e:
             return json_error(e)
         cancel = threading.Event()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import socket
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -289,9 +290,16 @@ def test_resolve_is_cached_per_repo_revision_and_file(clean_hub: StandInHub) -> 
     first = source.resolve(f"{NS}/watercolor-xl")
     assert source.resolve(f"{NS}/watercolor-xl") is first
     assert len(clean_hub.requests) == 1
-    now[0] += 601.0  # a branch can move: looked up again after the TTL
-    source.resolve(f"{NS}/watercolor-xl")
+    now[0] += 601.0  # a branch can move: past the TTL it is answered at once and looked up again in the background
+    assert source.resolve(f"{NS}/watercolor-xl") is first
+    assert source.stale_warning(f"{NS}/watercolor-xl") is not None
+    deadline = time.monotonic() + 30
+    while len(clean_hub.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(clean_hub.requests) == 2
+    while source.stale_warning(f"{NS}/watercolor-xl") is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert source.stale_warning(f"{NS}/watercolor-xl") is None
     pinned = source.resolve(f"{NS}/watercolor-xl", revision=first.sha)
     now[0] += 10**7  # a commit never changes: cached for good
     assert source.resolve(f"{NS}/watercolor-xl", revision=first.sha) is pinned
