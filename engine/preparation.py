@@ -22,10 +22,12 @@ import dataclasses
 import logging
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from .adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
 from .compat import check_family
+from .loadgate import LoadGate
 from .requests import LoraSpec
 from .resolve import AdapterResolver, AdapterSource
 from .store import AdapterStore
@@ -55,6 +57,7 @@ class Preparer:
         served_base: str,
         unet_config: object,
         max_rank: int,
+        gate: LoadGate | None = None,
     ) -> None:
         self._resolver = resolver
         self._store = store
@@ -62,6 +65,7 @@ class Preparer:
         self._served_base = served_base
         self._unet_config = unet_config
         self._max_rank = max_rank
+        self._gate = gate
         self._locks_guard = threading.Lock()
         self._key_locks: dict[AdapterKey, threading.Lock] = {}
 
@@ -78,8 +82,11 @@ class Preparer:
             cached = self._store.get(source.key)
             if cached is not None:
                 return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0)
-            adapter, fetched = self._load(source)
-            adapter = self._store.add(adapter)
+            # The in-flight bound (engine.loadgate) covers the download and the parse: what costs RAM.
+            hold = self._gate.hold(source.size or 0, str(source.key)) if self._gate else nullcontext()
+            with hold:
+                adapter, fetched = self._load(source)
+                adapter = self._store.add(adapter)
         done = time.perf_counter()
         logger.info(
             "prepared %s: %d layers, rank %d, %.1f MiB in %.3f s (resolve and download %.3f s)",
