@@ -8,6 +8,7 @@ at import; `main()` builds the runtime (`serving.runtime.build_runtime`) and ser
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from serving.gradio_api import BROWSE, CHECK, PAGE_SIZE, PIPELINE, StepProgress,
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
+    from engine.scheduler import QueueView
     from engine.service import Engine
     from lora_catalog.catalog import Catalog
     from serving.runtime import GpuRunner
@@ -62,10 +64,13 @@ def build_demo(
     sizes = fmt.size_presets(defaults)
     placeholder = fmt.placeholder_image()
 
-    def generate(request: GenerateRequest, progress: gr.Progress) -> GenerateResult:
-        progress(0, desc="Preparing LoRAs (download, convert)")
+    async def generate(request: GenerateRequest, progress: gr.Progress) -> GenerateResult:
+        # The scheduler is the one queue: this waits on it (no thread held) and shows the place it gives.
+        def on_queue(view: QueueView) -> None:
+            progress(0, desc=fmt.queue_text(view))
+
         with user_errors():
-            return runner.generate(request, progress=StepProgress(progress))
+            return await runner.generate_async(request, progress=StepProgress(progress), on_queue=on_queue)
 
     # -- browsing --------------------------------------------------------------------------------
 
@@ -106,11 +111,30 @@ def build_demo(
         second = slot == "LoRA 2"
         return (
             fmt.entry_card(entry, hub_url),
+            fmt.readiness_html(entry.ref, "preparing"),
             *(gr.skip() if second else value for value in fields),
             *(value if second else gr.skip() for value in fields),
             new_prompt,
             {**inserted, slot: trigger},
         )
+
+    async def prefetch(ref: str, revision: str, weight: str) -> str:
+        """Prepare the LoRA just selected, so that Generate finds it in the cache; the badge says when."""
+        spec = fmt.lora_spec(ref, 1.0, revision, weight)
+        if spec is None:
+            return ""
+        try:
+            await asyncio.wrap_future(engine.prefetch(spec))
+        except SwitchboardError as e:
+            return fmt.readiness_html(spec.ref, "failed", str(e))
+        return fmt.readiness_html(spec.ref, "ready")
+
+    async def prefetch_selected(
+        slot: str, ref: str, revision: str, weight: str, ref_2: str, revision_2: str, weight_2: str
+    ) -> str:
+        if slot == "LoRA 2":
+            return await prefetch(ref_2, revision_2, weight_2)
+        return await prefetch(ref, revision, weight)
 
     def check(slot: str, ref: str, revision: str, weight: str, prompt: str, inserted: dict) -> tuple[Any, ...]:
         spec = fmt.lora_spec(ref, 1.0, revision, weight)
@@ -133,7 +157,7 @@ def build_demo(
 
     # -- generating ------------------------------------------------------------------------------
 
-    def generate_ui(
+    async def generate_ui(
         prompt: str,
         negative: str,
         ref: str,
@@ -164,7 +188,7 @@ def build_demo(
                 height=height,
                 seed=fmt.seed_value(seed, randomize),
             )
-        result = generate(request, progress)
+        result = await generate(request, progress)
         return result.image, fmt.result_html(result), result.seed, fmt.status_markdown(engine.status(), boot_s)
 
     def status() -> str:
@@ -207,6 +231,7 @@ def build_demo(
                 details = gr.HTML(
                     "<div class='lora-card'><em>Select a LoRA to see its details.</em></div>", elem_id="lora-details"
                 )
+                readiness = gr.HTML("", elem_id="lora-ready")
             with gr.Column(scale=4):
                 prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", placeholder="a fox in a forest")
                 negative = gr.Textbox(label="Negative prompt", lines=1, placeholder="blurry, low quality")
@@ -266,8 +291,16 @@ def build_demo(
         gallery.select(
             select,
             [entries, slot, prompt, inserted],
-            [details, ref, revision, weight, ref_2, revision_2, weight_2, prompt, inserted],
+            [details, readiness, ref, revision, weight, ref_2, revision_2, weight_2, prompt, inserted],
             **browse_opts,
+        ).then(
+            prefetch_selected,
+            [slot, ref, revision, weight, ref_2, revision_2, weight_2],
+            readiness,
+            # Waits on the scheduler's preparation pool, not on a thread of Gradio's.
+            concurrency_limit=None,
+            api_visibility=_PRIVATE,
+            show_progress="hidden",
         )
         check_opts: dict[str, Any] = {
             "concurrency_id": CHECK,
@@ -288,7 +321,9 @@ def build_demo(
             generate_inputs,
             [image, info, seed, status_md],
             concurrency_id=PIPELINE,
-            concurrency_limit=1,
+            # The scheduler is the one queue and limit for every transport: Gradio hands generations over at
+            # once (they wait on the scheduler, holding no thread), rather than keeping a second queue.
+            concurrency_limit=None,
             api_visibility=_PRIVATE,
             show_progress_on=image,
         )
@@ -296,7 +331,9 @@ def build_demo(
         refresh.click(status, None, status_md, api_visibility=_PRIVATE, queue=False)
         demo.load(snippets, None, api_md, api_visibility=_PRIVATE, queue=False)
         add_api_endpoints(engine, catalog, generate, served)
-    demo.queue(max_size=settings.max_queue, default_concurrency_limit=1)
+    # Gradio's queue only holds catalogue and check events now (generations pass straight to the scheduler,
+    # which enforces MAX_QUEUE); a size here would be a second, different limit on generations.
+    demo.queue(max_size=None, default_concurrency_limit=1)
     return demo
 
 

@@ -380,18 +380,14 @@ class Scheduler(Generic[P]):
         self._changed()
 
     def cancel(self, ticket: Ticket[P]) -> None:
-        """Take `ticket` out of the queue (or free the slot it was handed and never used)."""
+        """Take `ticket` out of the queue if it is still queued; a running one is its holder's to `finish`."""
         with self._cond:
             state = ticket.state
-            if state in (TicketState.PREPARING, TicketState.READY):
-                self._remove(ticket)
-                ticket.state = TicketState.CANCELLED
-                release, ticket.release = ticket.release, None
-        if state is TicketState.RUNNING:
-            self.finish(ticket)
-            return
-        if state not in (TicketState.PREPARING, TicketState.READY):
-            return
+            if state not in (TicketState.PREPARING, TicketState.READY):
+                return
+            self._remove(ticket)
+            ticket.state = TicketState.CANCELLED
+            release, ticket.release = ticket.release, None
         logger.info("cancelled #%d after %.3f s in the queue", ticket.seq, time.perf_counter() - ticket.submitted)
         if release is not None:
             release()

@@ -8,7 +8,7 @@ private). Engine and catalogue errors become `gr.Error` with their message, whic
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["PAGE_SIZE", "PIPELINE", "StepProgress", "add_api_endpoints"]
 
 PAGE_SIZE = 24
-# UI and API generation share this group: one generation at a time on the one pipeline.
+# UI and API generation share this group; the engine's scheduler queues them (one at a time on the pipeline).
 PIPELINE = "pipeline"
 BROWSE = "catalog"
 CHECK = "lora_check"
@@ -42,7 +42,10 @@ class StepProgress:
 
 
 def add_api_endpoints(
-    engine: Engine, catalog: Catalog, generate: Callable[[GenerateRequest, gr.Progress], GenerateResult], served: str
+    engine: Engine,
+    catalog: Catalog,
+    generate: Callable[[GenerateRequest, gr.Progress], Awaitable[GenerateResult]],
+    served: str,
 ) -> None:
     """The named API for gradio_client: hidden inputs; each parameter is named after the function's argument."""
     defaults = engine.loaded.defaults
@@ -59,7 +62,7 @@ def add_api_endpoints(
         info, page_json, lora_json = gr.JSON(label="info"), gr.JSON(label="page"), gr.JSON(label="lora")
         trigger = gr.Button()
 
-    def generate_api(
+    async def generate_api(
         prompt: str,
         negative_prompt: str,
         lora: str,
@@ -86,7 +89,7 @@ def add_api_endpoints(
                 height=height,
                 seed=fmt.seed_value(seed),
             )
-        result = generate(request, progress)
+        result = await generate(request, progress)
         return result.image, fmt.result_info(result)
 
     def catalog_api(base: str, search: str, sort: str, page: int | None) -> dict[str, Any]:
@@ -124,7 +127,8 @@ def add_api_endpoints(
         [image, info],
         api_name="generate",
         concurrency_id=PIPELINE,
-        concurrency_limit=1,
+        # The engine's scheduler is the one queue (see app.py): Gradio does not hold generations back.
+        concurrency_limit=None,
     )
     trigger.click(
         catalog_api,

@@ -31,7 +31,8 @@ from tests.test_reliability_loras import BAD_REPOS
 from tests.test_reliability_secrets import SECRET
 
 TIMEOUT = httpx.Timeout(120.0)
-MAX_QUEUE = 6
+# One limit for every transport now (the scheduler): 8 concurrent clients need 1 running + 7 waiting.
+MAX_QUEUE = 8
 API_DEFAULTS: dict[str, object] = {
     "prompt": "a harbour at dawn",
     "negative_prompt": "",
