@@ -8,6 +8,7 @@ test_reliability_app_load.py too.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
@@ -344,7 +345,8 @@ def test_the_ui_shows_the_reason_as_a_gradio_error(app, serving, changes, fragme
         "randomize": False,
     }
     with pytest.raises(gr.Error, match=fragment):
-        ui_handler(app, "generate_ui")(**(arguments | changes))
+        # The handler is a coroutine function (it waits on the scheduler, not on a thread).
+        asyncio.run(ui_handler(app, "generate_ui")(**(arguments | changes)))
 
 
 def test_the_ui_check_shows_why_a_lora_is_refused(app, fixtures):
