@@ -7,8 +7,9 @@ what an SDXL LoRA of its drawn size would take over the given link: sizes log-un
 the cache before the clock starts; the rest are cold on first use.
 
 `--clients` closed-loop clients (a quarter through `gradio_client`, the rest `POST /`) each send
-`--requests` requests for LoRAs drawn with Zipf(`--zipf`) popularity over `--adapters` LoRAs; both modes
-replay the same draws against their own copy of the LoRAs (so both start equally cold):
+`--requests` requests for LoRAs drawn with Zipf(`--zipf`) popularity over `--adapters` LoRAs, pausing
+`--think-s` on average before each (exponential; 0: none, the harshest load). Both modes replay the same
+draws against their own copy of the LoRAs (so both start equally cold):
 
 - `fifo_inline`: the behaviour before the scheduler (strict FIFO, preparation inside the GPU slot);
 - `affinity`: the scheduler (preparation on its pool ahead of the slot; affinity under AFFINITY_MAX_SKIP).
@@ -47,6 +48,7 @@ class Options:
     zipf: float
     bandwidth_mb_s: float
     steps: int
+    think_s: float
     max_skip: int
     workers: int
     seed: int
@@ -118,6 +120,9 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of LoRA popularity")
     parser.add_argument("--bandwidth-mb-s", type=float, default=100.0, help="the simulated Hub link, MB/s")
     parser.add_argument("--steps", type=int, default=1, help="inference steps per request (tiny pipeline)")
+    parser.add_argument(
+        "--think-s", type=float, default=0.0, help="mean pause between a client's requests (exponential; 0: none)"
+    )
     parser.add_argument("--max-skip", type=int, default=3, help="AFFINITY_MAX_SKIP for the scheduler")
     parser.add_argument("--workers", type=int, default=2, help="PREPARE_WORKERS for the scheduler")
     parser.add_argument("--seed", type=int, default=0)
@@ -133,6 +138,7 @@ def parse(argv: Sequence[str] | None) -> Options:
         a.zipf,
         a.bandwidth_mb_s,
         a.steps,
+        a.think_s,
         a.max_skip,
         a.workers,
         a.seed,
@@ -178,7 +184,8 @@ def report(options: Options, results: Sequence[ModeResult]) -> None:
     old, new = results
     print(
         f"\n{options.clients} clients x {options.requests} requests, {options.adapters} LoRAs, Zipf({options.zipf}), "
-        f"{options.warm} warm, link {options.bandwidth_mb_s:g} MB/s, {options.steps} step(s); "
+        f"{options.warm} warm, link {options.bandwidth_mb_s:g} MB/s, {options.steps} step(s), "
+        f"think {options.think_s:g} s; "
         f"AFFINITY_MAX_SKIP={options.max_skip}, PREPARE_WORKERS={options.workers}"
     )
     columns = ("ok", "p50 s", "p95 s", "gpu busy", "swaps/req", "overtakes", "wall s")
@@ -215,13 +222,15 @@ def zipf_weights(n: int, s: float) -> list[float]:
     return [1.0 / (rank**s) for rank in range(1, n + 1)]
 
 
-def draws(options: Options) -> list[list[int]]:
-    """Each client's sequence of LoRA indices (0 = most popular), the same for both modes."""
+def draws(options: Options) -> list[list[tuple[int, float]]]:
+    """Each client's sequence of (LoRA index, pause before it), the same for both modes; 0 = most popular."""
     weights = zipf_weights(options.adapters, options.zipf)
     out = []
     for client in range(options.clients):
         rng = random.Random(options.seed * 1000 + client)
-        out.append(rng.choices(range(options.adapters), weights=weights, k=options.requests))
+        picks = rng.choices(range(options.adapters), weights=weights, k=options.requests)
+        pauses = [rng.expovariate(1 / options.think_s) if options.think_s > 0 else 0.0 for _ in picks]
+        out.append(list(zip(picks, pauses, strict=True)))
     return out
 
 

@@ -116,7 +116,8 @@ class Bench:
             transport = "gradio_client" if number < gradio_clients else "post"
             api = Client(url, verbose=False) if transport == "gradio_client" else None
             start.wait(timeout=_TIMEOUT_S)
-            for turn, index in enumerate(plan[number]):
+            for turn, (index, pause) in enumerate(plan[number]):
+                time.sleep(pause)
                 ref, seed = repo_id(mode, index), 1000 * number + turn
                 sent = time.perf_counter()
                 ok, error = True, ""

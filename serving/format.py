@@ -33,6 +33,8 @@ __all__ = [
     "lora_spec",
     "parse_size",
     "placeholder_image",
+    "queue_text",
+    "readiness_html",
     "result_html",
     "result_info",
     "seed_value",
