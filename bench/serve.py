@@ -15,8 +15,10 @@ draws against their own copy of the LoRAs (so both start equally cold):
 - `affinity`: the scheduler (preparation on its pool ahead of the slot; affinity under AFFINITY_MAX_SKIP).
 
 Measured per mode: p50/p95 latency (client side), GPU-busy fraction (swap and inference time over the time
-any request was in the service), swaps per request and the most overtakes any request saw. The last line is
-`serve_p95_vs_fifo=<new/old> gpu_busy=<fraction> swaps_per_request=<n> max_overtakes=<n>` (the scheduler's).
+work was queued for the GPU: some request ready to run was waiting or running; "busy any" divides by the time
+any request was in the service, downloads included), swaps per request and the most overtakes any request
+saw. The last line is the scheduler's:
+`serve_p95_vs_fifo=<new/old> gpu_busy=<fraction> swaps_per_request=<n> max_overtakes=<n>`.
 `--json FILE` keeps every request's timings for a plot.
 """
 
@@ -76,6 +78,8 @@ class ModeResult:
     mode: str
     samples: tuple[Sample, ...]
     runs: tuple[tuple[float, float, bool], ...]
+    # From when each request could use the GPU (its adapters ready; in fifo_inline: queued) to its end.
+    runnable: tuple[tuple[float, float], ...]
     max_overtakes: int
     wall_s: float
 
@@ -91,10 +95,16 @@ class ModeResult:
 
     @property
     def gpu_busy(self) -> float:
-        """Swap-and-inference time over the time at least one request was in the service."""
+        """Swap-and-inference time over the time work was queued for the GPU (a runnable request waiting or
+        running). In fifo_inline a request holds the slot while it downloads, so all its time counts."""
+        queued = _union(self.runnable)
+        return _union([(start, end) for start, end, _ in self.runs]) / queued if queued else math.nan
+
+    @property
+    def gpu_busy_any(self) -> float:
+        """Swap-and-inference time over the time at least one request was in the service at all."""
         present = _union([(s.sent, s.done) for s in self.samples])
-        busy = _union([(start, end) for start, end, _ in self.runs])
-        return busy / present if present else math.nan
+        return _union([(start, end) for start, end, _ in self.runs]) / present if present else math.nan
 
     @property
     def swaps_per_request(self) -> float:
@@ -121,7 +131,7 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--bandwidth-mb-s", type=float, default=100.0, help="the simulated Hub link, MB/s")
     parser.add_argument("--steps", type=int, default=1, help="inference steps per request (tiny pipeline)")
     parser.add_argument(
-        "--think-s", type=float, default=0.0, help="mean pause between a client's requests (exponential; 0: none)"
+        "--think-s", type=float, default=3.0, help="mean pause between a client's requests (exponential; 0: none)"
     )
     parser.add_argument("--max-skip", type=int, default=3, help="AFFINITY_MAX_SKIP for the scheduler")
     parser.add_argument("--workers", type=int, default=2, help="PREPARE_WORKERS for the scheduler")
@@ -188,13 +198,13 @@ def report(options: Options, results: Sequence[ModeResult]) -> None:
         f"think {options.think_s:g} s; "
         f"AFFINITY_MAX_SKIP={options.max_skip}, PREPARE_WORKERS={options.workers}"
     )
-    columns = ("ok", "p50 s", "p95 s", "gpu busy", "swaps/req", "overtakes", "wall s")
+    columns = ("ok", "p50 s", "p95 s", "gpu busy", "busy any", "swaps/req", "overtakes", "wall s")
     print(f"{'mode':<12}" + "".join(f" {c:>9}" for c in columns))
     for r in results:
         ok = sum(1 for s in r.samples if s.ok)
         print(
             f"{r.mode:<12} {ok:>9} {r.percentile(0.5):>9.2f} {r.percentile(0.95):>9.2f} {r.gpu_busy:>9.2f} "
-            f"{r.swaps_per_request:>9.2f} {r.max_overtakes:>9d} {r.wall_s:>9.1f}"
+            f"{r.gpu_busy_any:>9.2f} {r.swaps_per_request:>9.2f} {r.max_overtakes:>9d} {r.wall_s:>9.1f}"
         )
     failed = [s for r in results for s in r.samples if not s.ok]
     for sample in failed[:5]:
@@ -206,6 +216,7 @@ def report(options: Options, results: Sequence[ModeResult]) -> None:
                 r.mode: {
                     "requests": [asdict(s) | {"latency": s.latency} for s in r.samples],
                     "runs": [{"start": a, "end": b, "swapped": c} for a, b, c in r.runs],
+                    "runnable": [{"start": a, "end": b} for a, b in r.runnable],
                     "max_overtakes": r.max_overtakes,
                 }
                 for r in results

@@ -14,6 +14,7 @@ from app import build_demo, serve
 from engine.pipeline import load_pipeline
 from engine.requests import GenerateResult, LoraSpec
 from engine.resolve import AdapterResolver
+from engine.scheduler import Ticket, TicketState
 from engine.service import Engine, PreparedRequest
 from engine.settings import DEFAULT_MODEL_ID, Settings
 from engine.tiny import ensure_tiny_pipeline
@@ -78,6 +79,16 @@ class Bench:
 
         # Swap and inference only: in fifo_inline the slot also holds the download, which is not GPU work.
         engine.run = timed_run  # type: ignore[method-assign]
+        runnable: list[tuple[float, float]] = []
+        real_finish = engine.scheduler.finish
+
+        def finish(ticket: Ticket[PreparedRequest]) -> None:
+            real_finish(ticket)
+            # The harness reads the ticket after the scheduler is done with it (no one writes it any more).
+            if ticket.state is TicketState.DONE:
+                runnable.append((ticket.ready_at or ticket.submitted, time.perf_counter()))
+
+        engine.scheduler.finish = finish  # type: ignore[method-assign]
         self._warm(engine, mode)
         runner = GpuRunner(engine)
         demo = build_demo(engine, catalog, runner=runner)
@@ -91,7 +102,7 @@ class Bench:
             engine.close()
             catalog.close()
         print(f"{mode}: {len(samples)} requests in {wall:.1f} s", flush=True)
-        return ModeResult(mode, tuple(samples), tuple(runs), engine.scheduler.max_overtaken, wall)
+        return ModeResult(mode, tuple(samples), tuple(runs), tuple(runnable), engine.scheduler.max_overtaken, wall)
 
     def _warm(self, engine: Engine, mode: str) -> None:
         """The most popular LoRAs into the cache, with no download delay (the clock has not started)."""

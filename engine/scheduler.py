@@ -250,10 +250,11 @@ class Scheduler(Generic[P]):
             waiting = len(self._queue)
         for ticket in overtaken:
             logger.info(
-                "#%d overtook #%d (%s): overtaken %d of at most %d times",
+                "#%d overtook #%d (%s), which has been ready for %.3f s: overtaken %d of at most %d times",
                 chosen.seq,
                 ticket.seq,
-                "fused set" if chosen.affinity else "older one not ready",
+                "its set is fused" if chosen.affinity else "it is older",
+                now - (ticket.ready_at or now),
                 ticket.overtaken,
                 self.max_skip,
             )

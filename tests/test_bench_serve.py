@@ -24,18 +24,20 @@ def test_busy_time_is_the_union_of_runs_over_the_time_work_was_present():
         "affinity",
         (sample(0, 4), sample(1, 5), sample(8, 10), sample(9, 9.5, ok=False)),
         ((0.5, 2.5, True), (2.5, 4.5, False), (8.5, 9.5, True)),
+        runnable=((0.5, 4.5), (8.2, 9.5)),
         max_overtakes=2,
         wall_s=10,
     )
-    # Work present over [0, 5] and [8, 10] = 7 s; runs cover 4 + 1 = 5 s of it.
-    assert result.gpu_busy == pytest.approx(5 / 7)
+    # Work present over [0, 5] and [8, 10] = 7 s; runnable over 4 + 1.3 s; runs cover 4 + 1 = 5 s.
+    assert result.gpu_busy_any == pytest.approx(5 / 7)
+    assert result.gpu_busy == pytest.approx(5 / 5.3)
     assert result.swaps_per_request == pytest.approx(2 / 3)
     assert result.latencies == [2.0, 4.0, 4.0]
     assert result.percentile(0.5) == 4.0 and result.percentile(0.95) == 4.0
 
 
 def test_both_modes_replay_the_same_zipf_draws_and_sizes():
-    options = Options(120, 8, 50, 24, 1.1, 100.0, 1, 0.0, 3, 2, 0, None)
+    options = Options(120, 8, 50, 24, 1.1, 100.0, 1, 3.0, 3, 2, 0, None)
     plan = draws(options)
     assert plan == draws(options) and len(plan) == 8 and all(len(p) == 50 for p in plan)
     picks = [index for client in plan for index, _ in client]
