@@ -8,10 +8,11 @@ builds the runtime (`serving.runtime.build_runtime`) and serves it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
-from functools import partial
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
@@ -28,7 +29,6 @@ from serving.errors import user_errors
 from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, generate
 from serving.handlers import PAGE_SIZE, Handlers
 from serving.panels import Browser, RequestPanel
-from serving.ui_cancel import until_closed
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -39,6 +39,8 @@ __all__ = ["build_demo", "main", "serve"]
 logger = logging.getLogger(__name__)
 
 _PRIVATE = "private"
+# How often a waiting UI generation yields, so that Gradio notices a browser that went away.
+_POLL_S = 0.25
 _SYSTEM_FONTS = ("ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif")
 _MONO_FONTS = ("ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace")
 
@@ -62,7 +64,9 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         refresh.click(lambda: _status(handlers), None, status_md, api_visibility=_PRIVATE, queue=False)
         demo.load(_snippets(handlers), None, api_md, api_visibility=_PRIVATE, queue=False)
         add_api_endpoints(handlers)
-    demo.queue(max_size=handlers.max_queue, default_concurrency_limit=1)
+    # Gradio's queue only holds catalogue and check events (generations pass straight to the scheduler, which
+    # enforces MAX_QUEUE); a size here would be a second, different limit on generations.
+    demo.queue(max_size=None, default_concurrency_limit=1)
     return demo
 
 
@@ -107,11 +111,24 @@ def _wire_browsing(
         is_second = slot == "LoRA 2"
         return (
             fmt.entry_card(entry, hub_url),
+            fmt.readiness_html(entry.ref, "preparing"),
             *(gr.skip() if is_second else value for value in fields),
             *(value if is_second else gr.skip() for value in fields),
             new_prompt,
             {**triggers, slot: trigger},
         )
+
+    async def prefetch(slot: str, *fields: str) -> str:
+        """Prepare the LoRA just selected, so that Generate finds it in the cache; the badge says when."""
+        ref, revision, weight = fields[3:] if slot == "LoRA 2" else fields[:3]
+        spec = fmt.lora_spec(ref, 1.0, revision, weight)
+        if spec is None:
+            return ""
+        try:
+            await asyncio.wrap_future(handlers.prefetch(spec))
+        except SwitchboardError as e:
+            return fmt.readiness_html(spec.ref, "failed", str(e))
+        return fmt.readiness_html(spec.ref, "ready")
 
     def check(slot: str, ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
         spec = fmt.lora_spec(ref, 1.0, revision, weight)
@@ -143,6 +160,7 @@ def _wire_browsing(
         [entries, request.slot, request.prompt, inserted],
         [
             browser.details,
+            browser.readiness,
             first.ref,
             first.revision,
             first.weight,
@@ -153,15 +171,27 @@ def _wire_browsing(
             inserted,
         ],
         **opts,
+    ).then(
+        prefetch,
+        [request.slot, first.ref, first.revision, first.weight, second.ref, second.revision, second.weight],
+        browser.readiness,
+        # Waits on the scheduler's preparation pool, not on a thread of Gradio's.
+        concurrency_limit=None,
+        api_visibility=_PRIVATE,
+        show_progress="hidden",
     )
     check_opts: dict[str, Any] = {"concurrency_id": CHECK, "concurrency_limit": 2, "api_visibility": _PRIVATE}
     check_outputs = [browser.details, request.prompt, inserted]
-    for name, lora in (("LoRA 1", first), ("LoRA 2", second)):
+
+    def check_first(ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
+        return check("LoRA 1", ref, revision, weight, prompt, triggers)
+
+    def check_second(ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
+        return check("LoRA 2", ref, revision, weight, prompt, triggers)
+
+    for handler, lora in ((check_first, first), (check_second, second)):
         lora.check.click(
-            partial(check, name),
-            [lora.ref, lora.revision, lora.weight, request.prompt, inserted],
-            check_outputs,
-            **check_opts,
+            handler, [lora.ref, lora.revision, lora.weight, request.prompt, inserted], check_outputs, **check_opts
         )
 
 
@@ -185,7 +215,7 @@ def _wire_generation(
         seed: float | None,
         randomize: bool,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
-    ) -> Iterator[tuple[Any, ...]]:
+    ) -> AsyncIterator[tuple[Any, ...]]:
         with user_errors():
             width, height = fmt.parse_size(size)
             specs = (fmt.lora_spec(ref, scale, revision, weight), fmt.lora_spec(ref_2, scale_2, revision_2, weight_2))
@@ -199,8 +229,19 @@ def _wire_generation(
                 height=height,
                 seed=fmt.seed_value(seed, randomize),
             )
-        # A generator, so that Gradio closing it (the browser went away) cancels the generation.
-        result = yield from until_closed(partial(generate, handlers, built, progress), (gr.skip(),) * 4)
+        # A generator that yields while it waits, so that Gradio, which checks the client after each yield, can
+        # close it when the browser went away; closing it cancels the generation (queued or running).
+        cancel = threading.Event()
+        task = asyncio.ensure_future(generate(handlers, built, progress, cancel))
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=_POLL_S)
+                if not task.done():
+                    yield (gr.skip(),) * 4
+        finally:
+            if not task.done():
+                cancel.set()
+        result = task.result()
         yield result.image, fmt.result_html(result), result.seed, _status(handlers)
 
     slots = [
@@ -225,7 +266,9 @@ def _wire_generation(
         inputs,
         [image, info, request.seed, status_md],
         concurrency_id=PIPELINE,
-        concurrency_limit=1,
+        # The scheduler is the one queue and limit for every transport: Gradio hands generations over at once
+        # (they wait on the scheduler, holding no thread), rather than keeping a second queue.
+        concurrency_limit=None,
         api_visibility=_PRIVATE,
         show_progress_on=image,
     )

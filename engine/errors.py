@@ -71,10 +71,18 @@ class UnsupportedLoraVariantError(IncompatibleLoraError):
 
 
 class EngineBusyError(EngineError):
-    """The queue is full: try again shortly."""
+    """The queue is full: try again shortly (after `retry_after_s`, the HTTP answer's `Retry-After`)."""
 
     status = 503
     title = "Busy"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keeps the hint when the error is pickled (ZeroGPU's worker sends errors back that way).
+        return (type(self), (str(self), self.retry_after_s))
 
 
 class GenerationError(EngineError, RuntimeError):

@@ -1,17 +1,18 @@
 """The engine: one warm pipeline, an adapter store, and an atomic swap-and-generate.
 
-A request is prepared (resolved, downloaded, converted; outside the pipeline
-lock, so a slow download does not hold up other users) and then run (swap and
-inference under the lock). Any failure leaves the weights exactly as the last
-successful request left them.
+A request is queued on the engine's scheduler (`engine.scheduler`: one queue for every transport), which
+prepares it (resolved, downloaded, converted) on its pool, off the GPU's path, and admits it to the
+pipeline when its adapters are ready; it is then run (swap and inference under the lock). Any failure
+leaves the weights exactly as the last successful request left them.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -20,13 +21,13 @@ import torch
 from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable
 from .disk_cache import DiskCache
 from .errors import (
-    EngineBusyError,
     GenerationCancelledError,
     GenerationError,
     InvalidRequestError,
     PreparationError,
     SwitchboardError,
 )
+from .loadgate import LoadGate
 from .pipeline import LoadedPipeline
 from .preparation import PreparedLora, Preparer
 from .requests import (
@@ -41,6 +42,7 @@ from .requests import (
     normalise_request,
 )
 from .resolve import AdapterResolver
+from .scheduler import Scheduler
 from .settings import Settings
 from .store import AdapterStore, CachedAdapter
 from .swap import ActiveAdapter, WeightPatcher
@@ -143,12 +145,23 @@ class Engine:
             unet_config=pipe.unet.config,
             max_rank=settings.max_rank,
             disk=self.disk_cache,
+            gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
         )
         self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
+        # The pipeline lock: uncontended under the scheduler, it keeps a direct `run` call safe too.
         self._lock = threading.Lock()
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
+        self._applied_lock = threading.Lock()
         self._applied: tuple[ActiveAdapter, ...] = ()
+        self.scheduler: Scheduler[PreparedRequest] = Scheduler(
+            prepare=self._open,
+            identity=_identity,
+            fused=self._fused,
+            max_queue=settings.max_queue,
+            max_skip=settings.affinity_max_skip,
+            # One preparation per queued request and a few prefetches; the loads are bounded by the gate.
+            threads=settings.max_queue + settings.prepare_workers,
+            mode=settings.scheduler,
+        )
 
     @property
     def defaults(self) -> ModelDefaults:
@@ -165,6 +178,18 @@ class Engine:
     @contextmanager
     def prepare(self, request: GenerateRequest) -> Iterator[PreparedRequest]:
         """Validate the request and make its adapters ready; they stay leased inside the block."""
+        prepared, release = self._open(request)
+        try:
+            yield prepared
+        finally:
+            release()
+
+    def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
+        """Start preparing one LoRA into the cache (a gallery click): the later request is a cache hit."""
+        return self.scheduler.prefetch(GenerateRequest(prompt="prefetch", loras=(spec,)))
+
+    def _open(self, request: GenerateRequest) -> tuple[PreparedRequest, Callable[[], None]]:
+        """Validate the request and make its adapters ready, leased until the returned release is called."""
         started = time.perf_counter()
         normalised = normalise_request(request, self.loaded.defaults, self._limits)
         leased: list[AdapterKey] = []
@@ -187,11 +212,13 @@ class Engine:
                 key = adapter.key
                 uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
                 warnings.extend((*adapter.warnings, *ready.warnings))
-            yield PreparedRequest(
+            prepared = PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
             )
-        finally:
+        except BaseException:
             self._store.release(leased)
+            raise
+        return prepared, lambda: self._store.release(leased)
 
     def _prepare_one(self, spec: LoraSpec, leased: list[AdapterKey]) -> PreparedLora:
         try:
@@ -225,14 +252,18 @@ class Engine:
     def generate(
         self, request: GenerateRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> GenerateResult:
-        with self.prepare(request) as prepared:
+        with self.scheduler.slot(request, cancel) as prepared:
             return self.run(prepared, progress=progress, cancel=cancel)
 
     def run(
         self, prepared: PreparedRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> GenerateResult:
-        """Swap to the request's adapters and generate, atomically; on failure restore what was served."""
-        with self._queued(cancel):
+        """Swap to the request's adapters and generate, atomically; on failure restore what was served.
+
+        Callers hold the scheduler's slot (`generate`, the transports' runner); the lock below only keeps
+        a direct call safe.
+        """
+        with self._lock:
             locked = time.perf_counter()
             previous = self._applied
             try:
@@ -248,7 +279,7 @@ class Engine:
             finally:
                 if self._per_call:
                     self._patcher.restore_all()
-                    self._applied = ()
+                    self._set_applied(())
             done = time.perf_counter()
         timings = Timings(
             resolve=prepared.resolve_s,
@@ -278,27 +309,6 @@ class Engine:
             warnings=prepared.warnings,
         )
 
-    @contextmanager
-    def _queued(self, cancel: threading.Event | None) -> Iterator[None]:
-        with self._waiting_lock:
-            if self._waiting >= self.settings.max_queue:
-                raise EngineBusyError(
-                    f"the engine is busy ({self._waiting} requests waiting, limit {self.settings.max_queue}); "
-                    "try again shortly"
-                )
-            self._waiting += 1
-        try:
-            while not self._lock.acquire(timeout=0.05):
-                if cancel is not None and cancel.is_set():
-                    raise GenerationCancelledError("the request was cancelled while waiting in the queue")
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
-        try:
-            yield
-        finally:
-            self._lock.release()
-
     def _swap(self, prepared: PreparedRequest) -> tuple[bool, float]:
         wanted = sorted(prepared.adapters, key=lambda item: (str(item[0].key), item[1]))
         identity = tuple((a.key, s) for a, s in wanted)
@@ -318,18 +328,18 @@ class Engine:
             sum(len(a.adapter.layers) for a in active),
             elapsed * 1000,
         )
-        self._applied = active
+        self._set_applied(active)
         self._store.set_active(a.adapter.key for a in active)
         return True, elapsed
 
     def _rollback(self, previous: tuple[ActiveAdapter, ...]) -> None:
         try:
             self._patcher.apply(previous)
-            self._applied = previous
+            self._set_applied(previous)
         except BaseException:
             logger.exception("could not re-apply %s after a failure; serving the base model", _describe(previous))
             self._patcher.restore_all()
-            self._applied = ()
+            self._set_applied(())
         self._store.set_active(a.adapter.key for a in self._applied)
 
     @torch.inference_mode()
@@ -364,17 +374,28 @@ class Engine:
         if self.loaded.device.type == "cuda":
             torch.cuda.synchronize(self.loaded.device)
 
+    def _set_applied(self, active: tuple[ActiveAdapter, ...]) -> None:
+        with self._applied_lock:
+            self._applied = active
+
+    def _fused(self) -> Hashable:
+        """The fused set's identity, as `_identity` gives it for a request (the scheduler's affinity)."""
+        if self._per_call:
+            return _NOTHING_KEPT  # every call re-applies its set: no request finds it fused
+        with self._applied_lock:
+            return tuple(sorted((str(a.adapter.key), a.scale) for a in self._applied))
+
     @property
     def waiting(self) -> int:
         """Requests waiting for the pipeline right now (the one running excluded)."""
-        with self._waiting_lock:
-            return self._waiting
+        return self.scheduler.waiting
 
     def close(self) -> None:
-        """Put the base weights back (the pipeline may outlive this engine)."""
+        """Refuse new requests and put the base weights back (the pipeline may outlive this engine)."""
+        self.scheduler.close()
         with self._lock:
             self._patcher.restore_all()
-            self._applied = ()
+            self._set_applied(())
             self._store.set_active(())
 
     # -- status ----------------------------------------------------------------------------------
@@ -398,6 +419,14 @@ class Engine:
             pristine_bytes=self._patcher.pristine_bytes,
             applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._applied),
         )
+
+
+_NOTHING_KEPT = object()
+
+
+def _identity(prepared: PreparedRequest) -> Hashable:
+    """The adapter set a request needs, comparable with `Engine._fused` (equal: no swap)."""
+    return tuple(sorted((str(a.key), s) for a, s in prepared.adapters))
 
 
 def _describe(active: tuple[ActiveAdapter, ...]) -> str:

@@ -26,6 +26,7 @@ _DEVICES = ("auto", "cpu", "cuda", "cuda:<index>", "mps")
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _GPU_MODES = ("auto", "persistent", "per_call")
 _PRISTINE = ("auto", "device", "cpu")
+_SCHEDULERS = ("affinity", "fifo_inline")
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -68,6 +69,10 @@ class Settings:
     max_side: int = 1536
     max_prompt_chars: int = 2000
     max_queue: int = 16
+    affinity_max_skip: int = 3
+    prepare_workers: int = 2
+    prepare_inflight_bytes: int = 2 * 2**30
+    scheduler: str = "affinity"
     local_lora_dir: Path | None = None
     catalog_snapshot: Path | None = None
     catalog_refresh: bool = True
@@ -110,6 +115,10 @@ class Settings:
             max_side=_int("MAX_SIDE", get("MAX_SIDE", "1536"), 64, 4096),
             max_prompt_chars=_int("MAX_PROMPT_CHARS", get("MAX_PROMPT_CHARS", "2000"), 1, 100_000),
             max_queue=_int("MAX_QUEUE", get("MAX_QUEUE", "16"), 1, 10_000),
+            affinity_max_skip=_int("AFFINITY_MAX_SKIP", get("AFFINITY_MAX_SKIP", "3"), 0, 1000),
+            prepare_workers=_int("PREPARE_WORKERS", get("PREPARE_WORKERS", "2"), 1, 64),
+            prepare_inflight_bytes=_positive_bytes("PREPARE_INFLIGHT_BYTES", get("PREPARE_INFLIGHT_BYTES", "2GiB")),
+            scheduler=_choice("SCHEDULER", get("SCHEDULER", "affinity"), _SCHEDULERS),
             local_lora_dir=_dir("LOCAL_LORA_DIR", get("LOCAL_LORA_DIR")),
             catalog_snapshot=Path(get("CATALOG_SNAPSHOT")) if get("CATALOG_SNAPSHOT") else None,
             catalog_refresh=_bool("CATALOG_REFRESH", get("CATALOG_REFRESH", "true")),
@@ -143,6 +152,13 @@ def _choice(name: str, raw: str, accepted: tuple[str, ...]) -> str:
     value = raw.strip()
     if value not in accepted:
         raise SettingsError(f"{name}={raw!r} is not accepted; accepted: {', '.join(accepted)}")
+    return value
+
+
+def _positive_bytes(name: str, raw: str) -> int:
+    value = parse_bytes(name, raw)
+    if value < 1:
+        raise SettingsError(f"{name}={raw!r} is not accepted; accepted: a byte size of at least 1 byte, e.g. 2GiB")
     return value
 
 

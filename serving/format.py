@@ -18,6 +18,7 @@ from lora_catalog.bases import KNOWN_BASES, family_of_base
 from lora_catalog.entries import LoraEntry
 
 if TYPE_CHECKING:
+    from engine.scheduler import QueueView
     from engine.service import EngineStatus, LoraCheck
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "lora_spec",
     "parse_size",
     "placeholder_image",
+    "queue_text",
+    "readiness_html",
     "result_html",
     "result_info",
     "seed_value",
@@ -178,6 +181,19 @@ def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -
         )
         parts += [f"<p>⚠ {_esc(w)}</p>" for w in check.warnings]
     return f'<div class="lora-card">{"".join(parts)}</div>'
+
+
+def queue_text(view: QueueView) -> str:
+    """A queued request's place, as the progress bar shows it (the same numbers every transport sees)."""
+    doing = "preparing its LoRAs" if view.state == "preparing" else "ready, waiting for the GPU"
+    return f"In queue: {view.position} of {view.waiting} ({doing})"
+
+
+def readiness_html(ref: str, state: str, detail: str = "") -> str:
+    """The card's badge for a selected LoRA: being prepared, ready (in the cache), or why it cannot be."""
+    label = {"preparing": "⏳ preparing…", "ready": "✓ ready", "failed": "✗ cannot be prepared"}[state]
+    more = f" — {_esc(detail)}" if detail else ""
+    return f"<div class='lora-ready {state}' data-state='{state}'>{_esc(ref)}: {label}{more}</div>"
 
 
 def check_info(check: LoraCheck) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import gradio as gr
 
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.scheduler import QueueView
 from lora_catalog.listing import CatalogPage
 from serving import format as fmt
 from serving.errors import user_errors
@@ -22,7 +23,7 @@ from serving.handlers import Handlers
 
 __all__ = ["BROWSE", "CHECK", "PIPELINE", "StepProgress", "add_api_endpoints", "catalog_json"]
 
-# UI and API generation share this group: one generation at a time on the one pipeline.
+# UI and API generation share this group; the engine's scheduler is their one queue (one at a time on the pipeline).
 PIPELINE = "pipeline"
 BROWSE = "catalog"
 CHECK = "lora_check"
@@ -38,13 +39,18 @@ class StepProgress:
         self.progress((step, total), desc="Denoising", unit="steps")
 
 
-def generate(
+async def generate(
     handlers: Handlers, request: GenerateRequest, progress: gr.Progress, cancel: threading.Event | None = None
 ) -> GenerateResult:
-    """Generate for the UI or the API, with Gradio's progress bar fed from the engine's steps."""
+    """Generate for the UI or the API: wait on the engine's scheduler (the one queue, no thread held), showing
+    the place it gives, then feed Gradio's progress bar from the engine's steps."""
+
+    def on_queue(view: QueueView) -> None:
+        progress(0, desc=fmt.queue_text(view))
+
     progress(0, desc="Preparing LoRAs (download, convert)")
     with user_errors():
-        return handlers.generate(request, StepProgress(progress), cancel)
+        return await handlers.generate(request, StepProgress(progress), cancel=cancel, on_queue=on_queue)
 
 
 def add_api_endpoints(handlers: Handlers) -> None:
@@ -63,7 +69,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
         info, page_json, lora_json = gr.JSON(label="info"), gr.JSON(label="page"), gr.JSON(label="lora")
         trigger = gr.Button()
 
-    def generate_api(
+    async def generate_api(
         prompt: str,
         negative_prompt: str,
         lora: str,
@@ -90,7 +96,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
                 height=height,
                 seed=fmt.seed_value(seed),
             )
-        result = generate(handlers, request, progress)
+        result = await generate(handlers, request, progress)
         return result.image, fmt.result_info(result)
 
     def catalog_api(base: str, search: str, sort: str, page: int | None) -> dict[str, Any]:
@@ -111,7 +117,8 @@ def add_api_endpoints(handlers: Handlers) -> None:
         [image, info],
         api_name="generate",
         concurrency_id=PIPELINE,
-        concurrency_limit=1,
+        # The engine's scheduler is the one queue (see app.py): Gradio does not hold generations back.
+        concurrency_limit=None,
     )
     trigger.click(
         catalog_api,

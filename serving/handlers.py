@@ -7,6 +7,7 @@ Errors are the tree's (`lora_catalog.errors`); the callers turn them into answer
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from lora_catalog.hub import check_sort
 from lora_catalog.listing import CatalogPage
 
 if TYPE_CHECKING:
+    from engine.scheduler import QueueView
     from engine.service import Engine, EngineStatus, LoraCheck
     from lora_catalog.catalog import Catalog
     from serving.runtime import GpuRunner
@@ -79,11 +81,21 @@ class Handlers:
         entry = self._catalog.resolve(spec.ref, spec.revision, spec.weight_name)
         return LoraReport(entry, self._engine.check_lora(spec))
 
-    def generate(
-        self, request: GenerateRequest, progress: Progress | None = None, cancel: threading.Event | None = None
+    async def generate(
+        self,
+        request: GenerateRequest,
+        progress: Progress | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        on_queue: Callable[[QueueView], None] | None = None,
     ) -> GenerateResult:
-        """The one way a transport generates: through the runner (prepared outside the GPU function, run in it)."""
-        return self._runner.generate(request, progress=progress, cancel=cancel)
+        """The one way the UI and the API generate: queued on the engine's scheduler, prepared off the GPU's
+        path, then swapped and run in the GPU function; waiting holds no thread."""
+        return await self._runner.generate_async(request, progress=progress, cancel=cancel, on_queue=on_queue)
+
+    def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
+        """Start preparing a LoRA the user picked, so that Generate finds it ready."""
+        return self._engine.prefetch(spec)
 
     def status(self) -> EngineStatus:
         return self._engine.status()

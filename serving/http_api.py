@@ -7,8 +7,11 @@ The body is JSON whatever its Content-Type says (curl's `-d` sends a form type).
 The `lora` header names a Hub repo id or a `local:` file; the answer is the image
 (JPEG, or PNG when `Accept` prefers `image/png`), or a JSON error
 `{"error": message, "error_type": class name}` with a status that says whose
-fault it is. Generation runs in a worker thread on the same engine (and lock)
-as the UI; a client that hangs up cancels its request.
+fault it is. The request joins the engine's one queue (the UI's and `gradio_client`'s
+too): a full queue answers 503 with `Retry-After`; a queued request waits on the
+scheduler without holding a worker thread, and only its swap and inference run in
+one. `X-Queue-Position` says where it joined. A client that hangs up leaves the queue,
+or cancels its generation.
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ import io
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -155,9 +157,10 @@ def _encode(image: Image, media_type: str) -> bytes:
     return buffer.getvalue()
 
 
-def _headers(result: GenerateResult) -> dict[str, str]:
+def _headers(result: GenerateResult, position: int) -> dict[str, str]:
     timings = result.timings
     return {
+        "X-Queue-Position": str(position),
         "X-Seed": str(result.seed),
         "X-Timing": (
             f"resolve={timings.resolve:.3f};prepare={timings.prepare:.3f};apply={timings.apply:.3f};"
@@ -178,12 +181,12 @@ def _lora_header(raw: str | None) -> str | None:
         return raw
 
 
-async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
+async def _watch_disconnect(request: Request, gone: Callable[[], None]) -> None:
     # The body is read already, so the next message can only be the client going away.
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            cancel.set()
+            gone()
             return
 
 
@@ -200,24 +203,38 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
             )
         except InvalidRequestError as e:
             return json_error(e)
+        try:
+            ticket = runner.submit(parsed.request)
+        except SwitchboardError as e:
+            return _failed(e)
+        position = runner.position(ticket).position
         cancel = threading.Event()
+
+        def gone() -> None:
+            cancel.set()  # stops a generation under way at its next step
+            runner.engine.scheduler.cancel(ticket)  # or leaves the queue now
+
+        outcome: GenerateResult | SwitchboardError
         async with anyio.create_task_group() as group:
-            group.start_soon(_watch_disconnect, request, cancel)
-            outcome: GenerateResult | SwitchboardError
+            group.start_soon(_watch_disconnect, request, gone)
             try:
-                outcome = await anyio.to_thread.run_sync(partial(runner.generate, parsed.request, cancel=cancel))
+                outcome = await runner.complete(ticket, cancel=cancel)
             except SwitchboardError as e:
                 outcome = e
             finally:
                 group.cancel_scope.cancel()
         if isinstance(outcome, SwitchboardError):
-            level = logging.WARNING if outcome.status < 500 else logging.ERROR
-            logger.log(level, "POST / failed: %s: %s", type(outcome).__name__, outcome)
-            return json_error(outcome)
+            return _failed(outcome)
         data = await anyio.to_thread.run_sync(_encode, outcome.image, parsed.media_type)
-        return Response(data, media_type=parsed.media_type, headers=_headers(outcome))
+        return Response(data, media_type=parsed.media_type, headers=_headers(outcome, position))
 
     return [Route("/", generate, methods=["POST"], name="inference_api")]
+
+
+def _failed(error: SwitchboardError) -> Response:
+    level = logging.WARNING if error.status < 500 else logging.ERROR
+    logger.log(level, "POST / failed: %s: %s", type(error).__name__, error)
+    return json_error(error)
 
 
 async def _read_body(request: Request) -> bytes | Response:

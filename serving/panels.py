@@ -38,6 +38,7 @@ class Browser:
     page_info: gr.Markdown
     next: gr.Button
     details: gr.HTML
+    readiness: gr.HTML
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,9 @@ def browser_panel(served: str) -> Browser:
         page_info = gr.Markdown("loading…", elem_id="page-info")
         next_button = gr.Button("Next ▶", size="sm", interactive=False, scale=0)
     details = gr.HTML("<div class='lora-card'><em>Select a LoRA to see its details.</em></div>", elem_id="lora-details")
-    return Browser(base, sort, search, gallery, previous, page_info, next_button, details)
+    # Selecting a LoRA starts its preparation; this badge says when it is ready (a cache hit on Generate).
+    readiness = gr.HTML("", elem_id="lora-ready")
+    return Browser(base, sort, search, gallery, previous, page_info, next_button, details, readiness)
 
 
 def request_panel(handlers: Handlers) -> RequestPanel:

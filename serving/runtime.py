@@ -7,9 +7,11 @@
   they are in the local Hugging Face cache); otherwise the offline demo — the tiny random-weight
   pipeline with synthetic LoRAs made on this machine, and a banner that says so.
 
-`GpuRunner` is the one way the UI and the HTTP endpoint generate: the request is prepared (resolved,
-downloaded, converted) outside the `@spaces.GPU` function and run inside it, so on ZeroGPU the
-borrowed GPU time is spent on swapping and inference only.
+`GpuRunner` is the one way the UI, `gradio_client` and the HTTP endpoint generate: each request is
+queued on the engine's scheduler (one queue, one limit, one position for every transport), prepared
+(resolved, downloaded, converted) on its pool outside the `@spaces.GPU` function, and run inside it once
+admitted, so on ZeroGPU the borrowed GPU time is spent on swapping and inference only. The async path
+(`complete`) waits on the scheduler without holding a thread; only the admitted request runs in one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
 import httpx2
 import spaces
 import torch
@@ -32,6 +35,7 @@ from engine.errors import GenerationError, SettingsError, SwitchboardError
 from engine.pipeline import LoadedPipeline, load_pipeline
 from engine.requests import GenerateRequest, GenerateResult
 from engine.resolve import AdapterResolver
+from engine.scheduler import QueueView, Ticket
 from engine.service import Engine, PreparedRequest
 from engine.settings import DEFAULT_MODEL_ID, TINY_MODEL_ID, Settings
 from engine.worker_cache import GpuOutcome, WorkerCache, WorkerView
@@ -66,7 +70,7 @@ class StartPlan:
 
 
 class GpuRunner:
-    """Prepare a request outside the GPU function, swap and generate inside it."""
+    """Queue a request on the engine's scheduler, prepare it off the GPU's path, swap and generate inside it."""
 
     def __init__(self, engine: Engine, *, zero_gpu: bool = False, gpu: Callable[..., Callable] = spaces.GPU) -> None:
         self.engine = engine
@@ -81,10 +85,54 @@ class GpuRunner:
     def generate(
         self, request: GenerateRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> GenerateResult:
-        with self.engine.prepare(request) as prepared:
-            if self._zero_gpu:
-                return self._generate_shipped(prepared, progress)
-            return self._run_on_gpu(prepared, progress, cancel)
+        """Queue, wait and run, blocking this thread (scripts, tests; the transports use `complete`)."""
+        with self.engine.scheduler.slot(request, cancel) as prepared:
+            return self._call_gpu(prepared, progress, cancel)
+
+    def submit(self, request: GenerateRequest) -> Ticket[PreparedRequest]:
+        """Queue `request` (EngineBusyError when the queue is full); its preparation starts now."""
+        return self.engine.scheduler.submit(request)
+
+    def position(self, ticket: Ticket[PreparedRequest]) -> QueueView:
+        return self.engine.scheduler.view(ticket)
+
+    async def complete(
+        self,
+        ticket: Ticket[PreparedRequest],
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        on_queue: Callable[[QueueView], None] | None = None,
+    ) -> GenerateResult:
+        """Wait for the slot on the event loop (no thread held), then swap and generate in a worker thread."""
+        scheduler = self.engine.scheduler
+        try:
+            await scheduler.wait_async(ticket, on_queue)
+            return await anyio.to_thread.run_sync(self._run_admitted, ticket, progress, cancel)
+        finally:
+            scheduler.finish(ticket)
+
+    async def generate_async(
+        self,
+        request: GenerateRequest,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        on_queue: Callable[[QueueView], None] | None = None,
+    ) -> GenerateResult:
+        return await self.complete(self.submit(request), progress=progress, cancel=cancel, on_queue=on_queue)
+
+    def _run_admitted(
+        self, ticket: Ticket[PreparedRequest], progress: Progress | None, cancel: threading.Event | None
+    ) -> GenerateResult:
+        return self._call_gpu(self.engine.scheduler.start(ticket), progress, cancel)
+
+    def _call_gpu(
+        self, prepared: PreparedRequest, progress: Progress | None, cancel: threading.Event | None
+    ) -> GenerateResult:
+        if self._zero_gpu:
+            return self._generate_shipped(prepared, progress)
+        return self._run_on_gpu(prepared, progress, cancel)
 
     def _generate_shipped(self, prepared: PreparedRequest, progress: Progress | None) -> GenerateResult:
         # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway.

@@ -29,6 +29,7 @@ from tests.support.reliability_app import (
     plain,
     png_bytes,
     post,
+    run_ui_generate,
     serve_peft,
     ui_handler,
 )
@@ -230,7 +231,8 @@ def test_the_ui_shows_the_reason_as_a_gradio_error(app, serving, changes, fragme
         "randomize": False,
     }
     with pytest.raises(gr.Error, match=fragment):
-        ui_handler(app, "generate_ui")(**(arguments | changes))
+        # The handler is an async generator (it waits on the scheduler, not on a thread).
+        run_ui_generate(ui_handler(app, "generate_ui"), **(arguments | changes))
 
 
 def test_the_ui_check_shows_why_a_lora_is_refused(app, fixtures):

@@ -176,7 +176,8 @@ def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
     first_step = threading.Event()
 
     class HoldingRunner(type(runner)):  # type: ignore[misc]
-        def generate(self, request, *, progress=None, cancel=None):
+        def _call_gpu(self, prepared, progress, cancel):
+            # Where every transport's request runs once the scheduler admits it.
             def hold(step: int, total: int) -> None:
                 # The first step waits for the cancel the disconnect should cause (at most 30 s).
                 if step == 1:
@@ -185,7 +186,7 @@ def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
                 if progress is not None:
                     progress(step, total)
 
-            return super().generate(request, progress=hold, cancel=cancel)
+            return super()._call_gpu(prepared, hold, cancel)
 
     holding = HoldingRunner(engine)
     try:

@@ -123,6 +123,16 @@ def recording_runner(engine: object) -> object:
             self.outcomes.put(result)
             return result
 
+        async def complete(self, ticket, **kwargs):
+            # The transports' path (UI, gradio_client, POST /): queued, then run.
+            try:
+                result = await super().complete(ticket, **kwargs)
+            except SwitchboardError as e:
+                self.outcomes.put(e)
+                raise
+            self.outcomes.put(result)
+            return result
+
     return RecordingRunner(engine)
 
 
