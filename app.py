@@ -198,7 +198,7 @@ def _wire_browsing(
 def _wire_generation(
     handlers: Handlers, request: RequestPanel, image: gr.Image, info: gr.HTML, status_md: gr.Markdown
 ) -> None:
-    def generate_ui(
+    async def generate_ui(
         prompt: str,
         negative: str,
         ref: str,
