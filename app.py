@@ -198,7 +198,7 @@ def _wire_generation(
                 height=height,
                 seed=fmt.seed_value(seed, randomize),
             )
-        result = generate(handlers, built, progress)
+        result = generate(handlers, built, progress, transport="ui")
         return result.image, fmt.result_html(result), result.seed, _status(handlers)
 
     slots = [
@@ -273,6 +273,7 @@ def main() -> None:
     from engine.errors import SettingsError
     from engine.settings import Settings
     from serving.http_api import make_routes
+    from serving.metrics import Metrics
     from serving.runtime import build_runtime
 
     try:
@@ -283,9 +284,15 @@ def main() -> None:
         raise SystemExit(f"LoRA Switchboard cannot start: {e}") from e
     handlers = Handlers(runtime.engine, runtime.catalog, runtime.runner, boot_s=runtime.boot_s)
     demo = build_demo(handlers, banner=runtime.banner, hub_url=runtime.hub_url)
+    routes = make_routes(runtime.runner)
+    if settings.metrics:
+        metrics = Metrics()
+        metrics.watch(runtime.engine)
+        routes = [*routes, *metrics.routes()]
+        logger.warning("METRICS is on: GET /metrics answers anyone who can reach this server")
     serve(
         demo,
-        make_routes(runtime.runner),
+        routes,
         server_name=settings.server_name,
         server_port=settings.server_port,
         allowed_paths=[str(d) for d in runtime.local_dirs],

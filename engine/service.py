@@ -23,8 +23,10 @@ from .errors import (
     EngineError,
     GenerationCancelledError,
     GenerationError,
+    HubUnavailableError,
     InvalidRequestError,
 )
+from .events import EngineEvents
 from .pipeline import LoadedPipeline
 from .preparation import Preparer
 from .requests import (
@@ -101,6 +103,8 @@ class Engine:
         self.loaded = loaded
         self.settings = settings
         self._per_call = settings.per_call
+        # Subscribers (serving.metrics) count what the engine reports here; the engine keeps no counts itself.
+        self.events = EngineEvents()
         pipe = loaded.pipe
         self._table = TargetTable({c: getattr(pipe, c) for c in COMPONENTS})
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
@@ -112,6 +116,7 @@ class Engine:
             dtype=loaded.dtype,
             # On the CPU the host copy is the compute copy; on ZeroGPU device memory does not outlive a call.
             use_device_tier=loaded.device.type != "cpu" and not self._per_call,
+            events=self.events,
         )
         self._preparer = Preparer(
             resolver,
@@ -157,14 +162,19 @@ class Engine:
                         f"LoRA {spec.ref!r} is listed twice (both name {adapter.key}); "
                         "accepted: each LoRA once, with one scale"
                     )
+                self.events.cache_lookup("host", ready.cache == "hit")
                 resolve_s, prepare_s = resolve_s + ready.resolve_s, prepare_s + ready.prepare_s
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
                 uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
                 warnings.extend(adapter.warnings)
+            self.events.prepared(time.perf_counter() - started)
             yield PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
             )
+        except HubUnavailableError as e:
+            self.events.hub_error(type(e).__name__)
+            raise
         finally:
             self._store.release(leased)
 
@@ -196,8 +206,10 @@ class Engine:
         self, prepared: PreparedRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> GenerateResult:
         """Swap to the request's adapters and generate, atomically; on failure restore what was served."""
+        queued = time.perf_counter()
         with self._queued(cancel):
             locked = time.perf_counter()
+            self.events.queue_waited(locked - queued)
             previous = self._applied
             try:
                 swapped, apply_s = self._swap(prepared)
@@ -214,6 +226,7 @@ class Engine:
                     self._patcher.restore_all()
                     self._applied = ()
             done = time.perf_counter()
+        self.events.inferred(done - inferred)
         timings = Timings(
             resolve=prepared.resolve_s,
             prepare=prepared.prepare_s,
@@ -284,6 +297,7 @@ class Engine:
         )
         self._applied = active
         self._store.set_active(a.adapter.key for a in active)
+        self.events.swapped(elapsed)
         return True, elapsed
 
     def _rollback(self, previous: tuple[ActiveAdapter, ...]) -> None:

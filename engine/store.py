@@ -17,6 +17,7 @@ import torch
 
 from .adapters import AdapterKey, PreparedAdapter
 from .errors import LimitExceededError
+from .events import EngineEvents, Tier
 
 __all__ = ["AdapterStore", "ByteLRU", "CachedAdapter"]
 
@@ -35,9 +36,10 @@ class CachedAdapter:
 class ByteLRU:
     """An LRU map from adapter keys to prepared adapters, bounded by their bytes."""
 
-    def __init__(self, name: str, budget: int) -> None:
-        self.name = name
+    def __init__(self, name: Tier, budget: int, events: EngineEvents | None = None) -> None:
+        self.name: Tier = name
         self.budget = budget
+        self._events = events
         self._items: OrderedDict[AdapterKey, PreparedAdapter] = OrderedDict()
         self._bytes = 0
 
@@ -94,17 +96,27 @@ class ByteLRU:
             size = self._items.pop(key).nbytes
             self._bytes -= size
             logger.info("evicted %s from the %s cache (%d bytes, %d left)", key, self.name, size, self._bytes)
+            if self._events is not None:
+                self._events.evicted(self.name, size)
 
 
 class AdapterStore:
     """Host tier (file dtype; pinned on CUDA) and device tier (compute device and dtype)."""
 
     def __init__(
-        self, *, host_budget: int, device_budget: int, device: torch.device, dtype: torch.dtype, use_device_tier: bool
+        self,
+        *,
+        host_budget: int,
+        device_budget: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        use_device_tier: bool,
+        events: EngineEvents | None = None,
     ) -> None:
         self._lock = threading.Lock()
-        self._host = ByteLRU("host", host_budget)
-        self._device_tier = ByteLRU("device", device_budget) if use_device_tier else None
+        self._events = events
+        self._host = ByteLRU("host", host_budget, events)
+        self._device_tier = ByteLRU("device", device_budget, events) if use_device_tier else None
         self._device = device
         self._dtype = dtype
         self._pin = device.type == "cuda"
@@ -148,9 +160,12 @@ class AdapterStore:
             return adapter
         with self._lock:
             cached = self._device_tier.get(adapter.key)
-            if cached is not None:
-                return cached
-            self._device_tier.trim(self._protected(), room=adapter.nbytes)
+            if cached is None:
+                self._device_tier.trim(self._protected(), room=adapter.nbytes)
+        if self._events is not None:
+            self._events.cache_lookup("device", cached is not None)
+        if cached is not None:
+            return cached
         moved = adapter.to(self._device, self._dtype)
         with self._lock:
             self._device_tier.put(adapter.key, moved, self._protected())

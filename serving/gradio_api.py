@@ -37,11 +37,11 @@ class StepProgress:
         self.progress((step, total), desc="Denoising", unit="steps")
 
 
-def generate(handlers: Handlers, request: GenerateRequest, progress: gr.Progress) -> Any:
-    """Generate for the UI or the API, with Gradio's progress bar fed from the engine's steps."""
+def generate(handlers: Handlers, request: GenerateRequest, progress: gr.Progress, transport: str = "gradio_api") -> Any:
+    """Generate for the UI (`transport="ui"`) or the API, with Gradio's progress bar fed from the engine's steps."""
     progress(0, desc="Preparing LoRAs (download, convert)")
     with user_errors():
-        return handlers.generate(request, StepProgress(progress))
+        return handlers.generate(request, StepProgress(progress), transport=transport)
 
 
 def add_api_endpoints(handlers: Handlers) -> None:

@@ -73,9 +73,24 @@ class Handlers:
         entry = self._catalog.resolve(spec.ref, spec.revision, spec.weight_name)
         return LoraReport(entry, self._engine.check_lora(spec))
 
-    def generate(self, request: GenerateRequest, progress: Progress | None = None) -> GenerateResult:
-        """The one way a transport generates: through the runner (prepared outside the GPU function, run in it)."""
-        return self._runner.generate(request, progress=progress)
+    def generate(
+        self, request: GenerateRequest, progress: Progress | None = None, *, transport: str = "gradio_api"
+    ) -> GenerateResult:
+        """The one way a transport generates: through the runner (prepared outside the GPU function, run in it).
+
+        How it ended is reported to the engine's events under `transport` (metrics count requests by it).
+        """
+        events = self._engine.events
+        try:
+            result = self._runner.generate(request, progress=progress)
+        except SwitchboardError as e:
+            events.request_done(transport, e.status)
+            raise
+        except Exception:
+            events.request_done(transport, 500)
+            raise
+        events.request_done(transport, 200)
+        return result
 
     def status(self) -> EngineStatus:
         return self._engine.status()

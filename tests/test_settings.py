@@ -46,11 +46,18 @@ def test_a_local_folder_stands_in_for_the_default_base(tmp_path):
             r"GRADIO_SERVER_PORT='http' is not accepted; accepted: an integer from 1 to 65535",
         ),
         ({"LOG_LEVEL": "LOUD"}, r"LOG_LEVEL='LOUD' is not accepted; accepted: DEBUG, INFO, WARNING, ERROR"),
+        ({"METRICS": "please"}, r"METRICS='please' is not accepted; accepted: 1, true"),
     ],
 )
 def test_a_bad_value_names_itself_and_what_is_accepted(env, message):
     with pytest.raises(SettingsError, match=message):
         Settings.from_env(env)
+
+
+def test_metrics_are_off_unless_turned_on():
+    assert not Settings.from_env({}).metrics
+    assert Settings.from_env({"METRICS": "1"}).metrics
+    assert not Settings.from_env({"METRICS": "0"}).metrics
 
 
 def test_zero_gpu_means_per_call_unless_forced():

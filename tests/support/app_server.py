@@ -57,8 +57,12 @@ def serve_app(
     hub_url: str = "https://huggingface.co",
     allowed_paths: Sequence[Path] = (),
     runner: object | None = None,
+    metrics: object | None = None,
 ) -> Iterator[AppServer]:
-    """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends."""
+    """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends.
+
+    With `metrics` (a `serving.metrics.Metrics`), `GET /metrics` is served too, as `METRICS=1` does in `app.main`.
+    """
     from app import build_demo, serve
     from serving.handlers import Handlers
     from serving.http_api import make_routes
@@ -67,9 +71,12 @@ def serve_app(
     runner = runner or GpuRunner(engine)  # type: ignore[arg-type]
     handlers = Handlers(engine, catalog, runner)  # type: ignore[arg-type]
     demo = build_demo(handlers, banner=banner, hub_url=hub_url)
+    routes = make_routes(runner)  # type: ignore[arg-type]
+    if metrics is not None:
+        routes = [*routes, *metrics.routes()]  # type: ignore[attr-defined]
     url = serve(
         demo,
-        make_routes(runner),  # type: ignore[arg-type]
+        routes,
         server_name="127.0.0.1",
         server_port=free_port(),
         allowed_paths=[str(p) for p in allowed_paths],
@@ -127,7 +134,9 @@ def recording_runner(engine: object) -> object:
 
 
 @contextmanager
-def serve_fixture_app(loaded: object, settings: object, hub: object, fixtures: object) -> Iterator[AppServer]:
+def serve_fixture_app(
+    loaded: object, settings: object, hub: object, fixtures: object, *, metrics: bool = False
+) -> Iterator[AppServer]:
     """The full app over the session's tiny pipeline, a catalogue of the stand-in Hub and the local fixtures."""
     from engine.resolve import AdapterResolver
     from engine.service import Engine
@@ -137,8 +146,14 @@ def serve_fixture_app(loaded: object, settings: object, hub: object, fixtures: o
     catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), local_dirs=(fixtures.local_dir,))
     resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=None, max_bytes=settings.max_adapter_bytes)
     engine = Engine(loaded, settings, resolver)
+    watcher = None
+    if metrics:
+        from serving.metrics import Metrics
+
+        watcher = Metrics()
+        watcher.watch(engine)
     try:
-        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir]) as served:
+        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir], metrics=watcher) as served:
             yield served
     finally:
         engine.close()
