@@ -32,8 +32,10 @@ from serving.panels import Browser, RequestPanel
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
+    from serving.runtime import GpuRunner
 
-__all__ = ["build_demo", "main", "serve"]
+
+__all__ = ["build_demo", "http_routes", "main", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +243,20 @@ def _snippets(handlers: Handlers) -> Callable[[gr.Request], str]:
     return snippets
 
 
+def http_routes(runner: GpuRunner, *, metrics: bool = False) -> list[BaseRoute]:
+    """The routes beside the UI: `POST /` always, `GET /metrics` (watching the runner's engine) when asked for."""
+    from serving.http_api import make_routes
+    from serving.metrics import Metrics
+
+    routes = make_routes(runner)
+    if metrics:
+        watcher = Metrics()
+        watcher.watch(runner.engine)
+        routes = [*routes, *watcher.routes()]
+        logger.warning("METRICS is on: GET /metrics answers anyone who can reach this server")
+    return routes
+
+
 def serve(
     demo: gr.Blocks,
     routes: Sequence[BaseRoute],
@@ -272,8 +288,6 @@ def serve(
 def main() -> None:
     from engine.errors import SettingsError
     from engine.settings import Settings
-    from serving.http_api import make_routes
-    from serving.metrics import Metrics
     from serving.runtime import build_runtime
 
     try:
@@ -284,15 +298,9 @@ def main() -> None:
         raise SystemExit(f"LoRA Switchboard cannot start: {e}") from e
     handlers = Handlers(runtime.engine, runtime.catalog, runtime.runner, boot_s=runtime.boot_s)
     demo = build_demo(handlers, banner=runtime.banner, hub_url=runtime.hub_url)
-    routes = make_routes(runtime.runner)
-    if settings.metrics:
-        metrics = Metrics()
-        metrics.watch(runtime.engine)
-        routes = [*routes, *metrics.routes()]
-        logger.warning("METRICS is on: GET /metrics answers anyone who can reach this server")
     serve(
         demo,
-        routes,
+        http_routes(runtime.runner, metrics=settings.metrics),
         server_name=settings.server_name,
         server_port=settings.server_port,
         allowed_paths=[str(d) for d in runtime.local_dirs],

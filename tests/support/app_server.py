@@ -57,26 +57,22 @@ def serve_app(
     hub_url: str = "https://huggingface.co",
     allowed_paths: Sequence[Path] = (),
     runner: object | None = None,
-    metrics: object | None = None,
+    metrics: bool = False,
 ) -> Iterator[AppServer]:
     """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends.
 
-    With `metrics` (a `serving.metrics.Metrics`), `GET /metrics` is served too, as `METRICS=1` does in `app.main`.
+    With `metrics`, `GET /metrics` is served too, as `METRICS=1` makes `app.main` do.
     """
-    from app import build_demo, serve
+    from app import build_demo, http_routes, serve
     from serving.handlers import Handlers
-    from serving.http_api import make_routes
     from serving.runtime import GpuRunner
 
     runner = runner or GpuRunner(engine)  # type: ignore[arg-type]
     handlers = Handlers(engine, catalog, runner)  # type: ignore[arg-type]
     demo = build_demo(handlers, banner=banner, hub_url=hub_url)
-    routes = make_routes(runner)  # type: ignore[arg-type]
-    if metrics is not None:
-        routes = [*routes, *metrics.routes()]  # type: ignore[attr-defined]
     url = serve(
         demo,
-        routes,
+        http_routes(runner, metrics=metrics),  # type: ignore[arg-type]
         server_name="127.0.0.1",
         server_port=free_port(),
         allowed_paths=[str(p) for p in allowed_paths],
@@ -146,14 +142,8 @@ def serve_fixture_app(
     catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), local_dirs=(fixtures.local_dir,))
     resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=None, max_bytes=settings.max_adapter_bytes)
     engine = Engine(loaded, settings, resolver)
-    watcher = None
-    if metrics:
-        from serving.metrics import Metrics
-
-        watcher = Metrics()
-        watcher.watch(engine)
     try:
-        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir], metrics=watcher) as served:
+        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir], metrics=metrics) as served:
             yield served
     finally:
         engine.close()
