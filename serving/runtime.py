@@ -79,7 +79,13 @@ class GpuRunner:
         with self.engine.prepare(request) as prepared:
             if self._zero_gpu:
                 # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway.
-                return self._run_on_gpu(prepared, progress)
+                result = self._run_on_gpu(prepared, progress)
+                # The worker's events reached the worker's copy of the observers; report its timings here instead
+                # (its time waiting for the engine's lock is not known out here).
+                if result.swapped:
+                    self.engine.events.swapped(result.timings.apply)
+                self.engine.events.inferred(result.timings.inference)
+                return result
             return self._run_on_gpu(prepared, progress, cancel)
 
     def _run(

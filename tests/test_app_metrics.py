@@ -174,3 +174,21 @@ def test_evictions_and_the_ui_transport_are_counted(make_engine, fixtures):
     assert value(samples, "switchboard_cached_adapters") == 1
     assert value(samples, "switchboard_cache_bytes", tier="host") == engine.status().host_bytes
     assert value(samples, "switchboard_cache_budget_bytes", tier="host") == one * 3 // 2
+
+
+def test_on_zero_gpu_the_workers_swap_and_inference_are_counted_once(make_engine, fixtures):
+    # On ZeroGPU the run happens in a forked worker, whose events reach only the worker's copy of the observers:
+    # stand in for it with a second engine over the same pipeline that nobody watches.
+    engine, worker = make_engine(), make_engine()
+    metrics = Metrics()
+    metrics.watch(engine)
+    runner = GpuRunner(engine, zero_gpu=True)
+    runner._run_on_gpu = lambda prepared, progress: worker.run(prepared, progress=progress)  # type: ignore[method-assign]
+    request = GenerateRequest(prompt="a fox", loras=(LoraSpec(fixtures["peft"]),), steps=1, width=64, height=64, seed=1)
+    result = runner.generate(request)
+    samples = parse(generate_latest(metrics.registry).decode())
+    assert result.swapped
+    assert value(samples, "switchboard_swap_seconds_count") == 1
+    assert value(samples, "switchboard_swap_seconds_sum") == pytest.approx(result.timings.apply)
+    assert value(samples, "switchboard_inference_seconds_count") == 1
+    assert value(samples, "switchboard_prepare_seconds_count") == 1
