@@ -160,7 +160,8 @@ def lora_from_path(path: str, *, where: str = "path") -> tuple[str, str | None, 
         return text, None, None
     refused = f"{where} {path!r} is not accepted ({{}}); accepted: {_ACCEPTED_PATH}"
     parts = urlsplit(text)
-    if parts.scheme != "https" or parts.netloc != HUB_HOST:
+    # The whole netloc, not the host name: a port or user info is refused too. Host names are case-blind.
+    if parts.scheme != "https" or parts.netloc.lower() != HUB_HOST:
         raise InvalidRequestError(
             refused.format(f"only https://{HUB_HOST} URLs are read, not {parts.scheme}://{parts.netloc}")
         )

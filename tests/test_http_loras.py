@@ -122,6 +122,7 @@ def test_more_loras_than_the_limit_is_a_400_naming_it(server, base_settings, fix
         (hub_url("owner/name"), ("owner/name", "main", WEIGHTS)),
         (hub_url("owner/name", "sub/dir/x.safetensors", "v1.0"), ("owner/name", "v1.0", "sub/dir/x.safetensors")),
         (hub_url("owner/name", revision="refs%2Fpr%2F3"), ("owner/name", "refs/pr/3", WEIGHTS)),
+        ("https://HuggingFace.co/owner/name/resolve/main/x.safetensors", ("owner/name", "main", "x.safetensors")),
     ],
 )
 def test_lora_paths_parse_into_repo_revision_and_file(path, expected):
