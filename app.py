@@ -33,8 +33,10 @@ from serving.panels import Browser, RequestPanel
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
+    from serving.runtime import GpuRunner
 
-__all__ = ["build_demo", "main", "serve"]
+
+__all__ = ["build_demo", "http_routes", "main", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +234,7 @@ def _wire_generation(
         # A generator that yields while it waits, so that Gradio, which checks the client after each yield, can
         # close it when the browser went away; closing it cancels the generation (queued or running).
         cancel = threading.Event()
-        task = asyncio.ensure_future(generate(handlers, built, progress, cancel))
+        task = asyncio.ensure_future(generate(handlers, built, progress, cancel, transport="ui"))
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=_POLL_S)
@@ -286,6 +288,20 @@ def _snippets(handlers: Handlers) -> Callable[[gr.Request], str]:
     return snippets
 
 
+def http_routes(runner: GpuRunner, *, metrics: bool = False) -> list[BaseRoute]:
+    """The routes beside the UI: `POST /` always, `GET /metrics` (watching the runner's engine) when asked for."""
+    from serving.http_api import make_routes
+    from serving.metrics import Metrics
+
+    routes = make_routes(runner)
+    if metrics:
+        watcher = Metrics()
+        watcher.watch(runner.engine)
+        routes = [*routes, *watcher.routes()]
+        logger.warning("METRICS is on: GET /metrics answers anyone who can reach this server")
+    return routes
+
+
 def serve(
     demo: gr.Blocks,
     routes: Sequence[BaseRoute],
@@ -317,7 +333,6 @@ def serve(
 def main() -> None:
     from engine.errors import SettingsError
     from engine.settings import Settings
-    from serving.http_api import make_routes
     from serving.runtime import build_runtime
 
     try:
@@ -330,7 +345,7 @@ def main() -> None:
     demo = build_demo(handlers, banner=runtime.banner, hub_url=runtime.hub_url)
     serve(
         demo,
-        make_routes(runtime.runner),
+        http_routes(runtime.runner, metrics=settings.metrics),
         server_name=settings.server_name,
         server_port=settings.server_port,
         allowed_paths=[str(d) for d in runtime.local_dirs],

@@ -23,10 +23,12 @@ from .disk_cache import DiskCache
 from .errors import (
     GenerationCancelledError,
     GenerationError,
+    HubUnavailableError,
     InvalidRequestError,
     PreparationError,
     SwitchboardError,
 )
+from .events import EngineEvents
 from .loadgate import LoadGate
 from .pipeline import LoadedPipeline
 from .preparation import PreparedLora, Preparer
@@ -106,6 +108,8 @@ class Engine:
         self.loaded = loaded
         self.settings = settings
         self._per_call = settings.per_call
+        # Subscribers (serving.metrics) count what the engine reports here; the engine keeps no counts itself.
+        self.events = EngineEvents()
         pipe = loaded.pipe
         self._table = TargetTable({c: getattr(pipe, c) for c in COMPONENTS})
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
@@ -125,6 +129,7 @@ class Engine:
             # On the CPU the host copy is the compute copy; on ZeroGPU device memory does not outlive a call.
             use_device_tier=loaded.device.type != "cpu" and not self._per_call,
             pin=pin,
+            events=self.events,
         )
         self.disk_cache = (
             DiskCache(
@@ -207,15 +212,19 @@ class Engine:
                         f"LoRA {spec.ref!r} is listed twice (both name {adapter.key}); "
                         "accepted: each LoRA once, with one scale"
                     )
+                self.events.cache_lookup("host", ready.cache == "hit")
                 resolve_s, prepare_s = resolve_s + ready.resolve_s, prepare_s + ready.prepare_s
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
                 uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
                 warnings.extend((*adapter.warnings, *ready.warnings))
+            self.events.prepared(time.perf_counter() - started)
             prepared = PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
             )
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, HubUnavailableError):
+                self.events.hub_error(type(e).__name__)
             self._store.release(leased)
             raise
         return prepared, lambda: self._store.release(leased)
@@ -265,6 +274,8 @@ class Engine:
         """
         with self._lock:
             locked = time.perf_counter()
+            # From queued (preparation started) to this slot: what a client waited before its swap.
+            self.events.queue_waited(locked - prepared.started)
             previous = self._applied
             try:
                 swapped, apply_s = self._swap(prepared)
@@ -281,6 +292,7 @@ class Engine:
                     self._patcher.restore_all()
                     self._set_applied(())
             done = time.perf_counter()
+        self.events.inferred(done - inferred)
         timings = Timings(
             resolve=prepared.resolve_s,
             prepare=prepared.prepare_s,
@@ -330,6 +342,7 @@ class Engine:
         )
         self._set_applied(active)
         self._store.set_active(a.adapter.key for a in active)
+        self.events.swapped(elapsed)
         return True, elapsed
 
     def _rollback(self, previous: tuple[ActiveAdapter, ...]) -> None:

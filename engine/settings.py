@@ -80,6 +80,8 @@ class Settings:
     hf_token: str | None = field(default=None, repr=False)
     log_level: str = "INFO"
     zero_gpu: bool = False
+    # GET /metrics (Prometheus text); off by default because a public Space would publish it to everyone.
+    metrics: bool = False
     # Gradio's own variables, read here so nothing else reads the environment; a Space sets both.
     server_name: str = "0.0.0.0"
     server_port: int = 7860
@@ -126,6 +128,7 @@ class Settings:
             hf_token=get("HF_TOKEN"),
             log_level=_choice("LOG_LEVEL", get("LOG_LEVEL", "INFO").upper(), _LOG_LEVELS),
             zero_gpu=_bool("SPACES_ZERO_GPU", get("SPACES_ZERO_GPU", "false")),
+            metrics=_bool("METRICS", get("METRICS", "false")),
             server_name=get("GRADIO_SERVER_NAME", "0.0.0.0").strip(),
             server_port=_int("GRADIO_SERVER_PORT", get("GRADIO_SERVER_PORT", "7860"), 1, 65535),
         )

@@ -17,6 +17,7 @@ import torch
 
 from .adapters import AdapterKey, PreparedAdapter
 from .errors import LimitExceededError
+from .events import EngineEvents, Tier
 
 __all__ = ["AdapterStore", "ByteLRU", "CachedAdapter"]
 
@@ -35,9 +36,10 @@ class CachedAdapter:
 class ByteLRU:
     """An LRU map from adapter keys to prepared adapters, bounded by their bytes."""
 
-    def __init__(self, name: str, budget: int) -> None:
-        self.name = name
+    def __init__(self, name: Tier, budget: int, events: EngineEvents | None = None) -> None:
+        self.name: Tier = name
         self.budget = budget
+        self._events = events
         self._items: OrderedDict[AdapterKey, PreparedAdapter] = OrderedDict()
         self._bytes = 0
 
@@ -94,6 +96,8 @@ class ByteLRU:
             size = self._items.pop(key).nbytes
             self._bytes -= size
             logger.info("evicted %s from the %s cache (%d bytes, %d left)", key, self.name, size, self._bytes)
+            if self._events is not None:
+                self._events.evicted(self.name, size)
 
 
 class AdapterStore:
@@ -108,10 +112,12 @@ class AdapterStore:
         dtype: torch.dtype,
         use_device_tier: bool,
         pin: bool | None = None,
+        events: EngineEvents | None = None,
     ) -> None:
         self._lock = threading.Lock()
-        self._host = ByteLRU("host", host_budget)
-        self._device_tier = ByteLRU("device", device_budget) if use_device_tier else None
+        self._events = events
+        self._host = ByteLRU("host", host_budget, events)
+        self._device_tier = ByteLRU("device", device_budget, events) if use_device_tier else None
         self._device = device
         self._dtype = dtype
         # Pinned host copies make uploads asynchronous; pinning initialises CUDA, which ZeroGPU's main process must not.
@@ -156,9 +162,12 @@ class AdapterStore:
             return adapter
         with self._lock:
             cached = self._device_tier.get(adapter.key)
-            if cached is not None:
-                return cached
-            self._device_tier.trim(self._protected(), room=adapter.nbytes)
+            if cached is None:
+                self._device_tier.trim(self._protected(), room=adapter.nbytes)
+        if self._events is not None:
+            self._events.cache_lookup("device", cached is not None)
+        if cached is not None:
+            return cached
         moved = adapter.to(self._device, self._dtype)
         with self._lock:
             self._device_tier.put(adapter.key, moved, self._protected())

@@ -40,17 +40,23 @@ class StepProgress:
 
 
 async def generate(
-    handlers: Handlers, request: GenerateRequest, progress: gr.Progress, cancel: threading.Event | None = None
+    handlers: Handlers,
+    request: GenerateRequest,
+    progress: gr.Progress,
+    cancel: threading.Event | None = None,
+    transport: str = "gradio_api",
 ) -> GenerateResult:
-    """Generate for the UI or the API: wait on the engine's scheduler (the one queue, no thread held), showing
-    the place it gives, then feed Gradio's progress bar from the engine's steps."""
+    """Generate for the UI (`transport="ui"`) or the API: wait on the engine's scheduler (the one queue, no
+    thread held), showing the place it gives, then feed Gradio's progress bar from the engine's steps."""
 
     def on_queue(view: QueueView) -> None:
         progress(0, desc=fmt.queue_text(view))
 
     progress(0, desc="Preparing LoRAs (download, convert)")
     with user_errors():
-        return await handlers.generate(request, StepProgress(progress), cancel=cancel, on_queue=on_queue)
+        return await handlers.generate(
+            request, StepProgress(progress), cancel=cancel, on_queue=on_queue, transport=transport
+        )
 
 
 def add_api_endpoints(handlers: Handlers) -> None:

@@ -88,10 +88,24 @@ class Handlers:
         *,
         cancel: threading.Event | None = None,
         on_queue: Callable[[QueueView], None] | None = None,
+        transport: str = "gradio_api",
     ) -> GenerateResult:
         """The one way the UI and the API generate: queued on the engine's scheduler, prepared off the GPU's
-        path, then swapped and run in the GPU function; waiting holds no thread."""
-        return await self._runner.generate_async(request, progress=progress, cancel=cancel, on_queue=on_queue)
+        path, then swapped and run in the GPU function; waiting holds no thread.
+
+        How it ended is reported to the engine's events under `transport` (metrics count requests by it).
+        """
+        events = self._engine.events
+        try:
+            result = await self._runner.generate_async(request, progress=progress, cancel=cancel, on_queue=on_queue)
+        except SwitchboardError as e:
+            events.request_done(transport, e.status)
+            raise
+        except Exception:
+            events.request_done(transport, 500)
+            raise
+        events.request_done(transport, 200)
+        return result
 
     def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
         """Start preparing a LoRA the user picked, so that Generate finds it ready."""

@@ -131,7 +131,13 @@ class GpuRunner:
         self, prepared: PreparedRequest, progress: Progress | None, cancel: threading.Event | None
     ) -> GenerateResult:
         if self._zero_gpu:
-            return self._generate_shipped(prepared, progress)
+            result = self._generate_shipped(prepared, progress)
+            # The worker's events reached the worker's copy of the observers; report its timings here instead
+            # (its time waiting for the engine's lock is not known out here).
+            if result.swapped:
+                self.engine.events.swapped(result.timings.apply)
+            self.engine.events.inferred(result.timings.inference)
+            return result
         return self._run_on_gpu(prepared, progress, cancel)
 
     def _generate_shipped(self, prepared: PreparedRequest, progress: Progress | None) -> GenerateResult:

@@ -53,6 +53,7 @@ def test_a_local_folder_stands_in_for_the_default_base(tmp_path):
         ({"PREPARE_INFLIGHT_BYTES": "0"}, r"PREPARE_INFLIGHT_BYTES='0' is not accepted; accepted: a byte size of at"),
         ({"PREPARE_INFLIGHT_BYTES": "much"}, r"PREPARE_INFLIGHT_BYTES='much' is not a byte size"),
         ({"SCHEDULER": "fifo"}, r"SCHEDULER='fifo' is not accepted; accepted: affinity, fifo_inline"),
+        ({"METRICS": "please"}, r"METRICS='please' is not accepted; accepted: 1, true"),
     ],
 )
 def test_a_bad_value_names_itself_and_what_is_accepted(env, message):
@@ -66,6 +67,12 @@ def test_the_scheduler_settings_default_to_affinity_under_a_small_bound():
     assert settings.prepare_inflight_bytes == 2 * 2**30
     strict = Settings.from_env({"AFFINITY_MAX_SKIP": "0", "SCHEDULER": "fifo_inline", "PREPARE_INFLIGHT_BYTES": "1GB"})
     assert (strict.affinity_max_skip, strict.scheduler, strict.prepare_inflight_bytes) == (0, "fifo_inline", 10**9)
+
+
+def test_metrics_are_off_unless_turned_on():
+    assert not Settings.from_env({}).metrics
+    assert Settings.from_env({"METRICS": "1"}).metrics
+    assert not Settings.from_env({"METRICS": "0"}).metrics
 
 
 def test_zero_gpu_means_per_call_unless_forced():

@@ -57,11 +57,14 @@ def serve_app(
     hub_url: str = "https://huggingface.co",
     allowed_paths: Sequence[Path] = (),
     runner: object | None = None,
+    metrics: bool = False,
 ) -> Iterator[AppServer]:
-    """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends."""
-    from app import build_demo, serve
+    """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends.
+
+    With `metrics`, `GET /metrics` is served too, as `METRICS=1` makes `app.main` do.
+    """
+    from app import build_demo, http_routes, serve
     from serving.handlers import Handlers
-    from serving.http_api import make_routes
     from serving.runtime import GpuRunner
 
     runner = runner or GpuRunner(engine)  # type: ignore[arg-type]
@@ -69,7 +72,7 @@ def serve_app(
     demo = build_demo(handlers, banner=banner, hub_url=hub_url)
     url = serve(
         demo,
-        make_routes(runner),  # type: ignore[arg-type]
+        http_routes(runner, metrics=metrics),  # type: ignore[arg-type]
         server_name="127.0.0.1",
         server_port=free_port(),
         allowed_paths=[str(p) for p in allowed_paths],
@@ -137,7 +140,9 @@ def recording_runner(engine: object) -> object:
 
 
 @contextmanager
-def serve_fixture_app(loaded: object, settings: object, hub: object, fixtures: object) -> Iterator[AppServer]:
+def serve_fixture_app(
+    loaded: object, settings: object, hub: object, fixtures: object, *, metrics: bool = False
+) -> Iterator[AppServer]:
     """The full app over the session's tiny pipeline, a catalogue of the stand-in Hub and the local fixtures."""
     from engine.resolve import AdapterResolver
     from engine.service import Engine
@@ -148,7 +153,7 @@ def serve_fixture_app(loaded: object, settings: object, hub: object, fixtures: o
     resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=None, max_bytes=settings.max_adapter_bytes)
     engine = Engine(loaded, settings, resolver)
     try:
-        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir]) as served:
+        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir], metrics=metrics) as served:
             yield served
     finally:
         engine.close()
