@@ -19,7 +19,7 @@ import psutil
 import pytest
 import torch
 
-from engine.errors import EngineError, GenerationCancelledError, GenerationError
+from engine.errors import GenerationCancelledError, GenerationError, SwitchboardError
 from engine.requests import LoraSpec
 from tests.support.checks import assert_pristine, small
 
@@ -109,7 +109,7 @@ def run_swaps(make_engine, fixtures, loaded, pristine, monkeypatch, *, swaps: in
         request = small(*specs, seed=7, steps=2 if progress else 1)
         try:
             result = engine.generate(request, progress=progress, cancel=cancel)
-        except (EngineError, GenerationError, GenerationCancelledError):
+        except (SwitchboardError, GenerationError, GenerationCancelledError):
             failures += 1
             assert engine.status().applied == before, f"step {step}: a failure changed the served set"
             continue
