@@ -343,7 +343,8 @@ def test_the_ui_shows_the_reason_as_a_gradio_error(app, serving, changes, fragme
         "randomize": False,
     }
     with pytest.raises(gr.Error, match=fragment):
-        ui_handler(app, "generate_ui")(**(arguments | changes))
+        # A generator (so that Gradio closing it cancels the generation): the error comes as it is consumed.
+        list(ui_handler(app, "generate_ui")(**(arguments | changes)))
 
 
 def test_the_ui_check_shows_why_a_lora_is_refused(app, fixtures):
