@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from pathlib import Path
@@ -203,15 +202,47 @@ def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
             with httpx.stream(
                 "GET", f"{app.url}gradio_api/queue/data", params={"session_hash": session}, timeout=TIMEOUT
             ) as stream:
+                # Read like a browser (the handler's ticks keep messages coming) until the generation holds at
+                # its first step, then hang up.
                 seen = []
                 for line in stream.iter_lines():
-                    seen.append(line)
-                    if line.startswith("data:") and json.loads(line[5:]).get("msg") in ("process_starts",):
+                    seen.append(line[:200])
+                    if first_step.is_set() or '"msg":"process_completed"' in line:
                         break
-                if not first_step.wait(60):
-                    raise AssertionError(f"never started: {seen} {holding.outcomes.get(timeout=60)!r}")
+                assert first_step.is_set(), f"the generation never reached its first step; the stream said {seen}"
             # The stream is closed: the browser went away.
             outcome = holding.outcomes.get(timeout=60)
     finally:
         catalog.close()
     assert isinstance(outcome, GenerationCancelledError)
+
+
+def test_until_closed_returns_the_result_reraises_errors_and_cancels_when_closed():
+    from serving.ui_cancel import until_closed
+
+    def quick(cancel: threading.Event) -> str:
+        return "done"
+
+    ticks = until_closed(quick, "tick", poll_s=0.01)
+    with pytest.raises(StopIteration) as stopped:
+        while True:
+            next(ticks)
+    assert stopped.value.value == "done"
+
+    def failing(cancel: threading.Event) -> str:
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):
+        list(until_closed(failing, "tick", poll_s=0.01))
+
+    seen: list[threading.Event] = []
+
+    def slow(cancel: threading.Event) -> str:
+        seen.append(cancel)
+        cancel.wait(30)
+        return "cancelled" if cancel.is_set() else "timed out"
+
+    ticks = until_closed(slow, "tick", poll_s=0.01)
+    assert next(ticks) == "tick"
+    ticks.close()  # what Gradio does when the client is gone
+    assert seen[0].is_set()
