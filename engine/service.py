@@ -100,6 +100,7 @@ class EngineStatus:
     device_bytes: int
     device_budget: int
     pristine_bytes: int
+    pristine_budget: int
     applied: tuple[str, ...]
 
 
@@ -430,6 +431,7 @@ class Engine:
             device_bytes=self._store.device_bytes,
             device_budget=device_budget,
             pristine_bytes=self._patcher.pristine_bytes,
+            pristine_budget=self.settings.pristine_bytes,
             applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._applied),
         )
 

@@ -263,7 +263,7 @@ def status_markdown(status: EngineStatus, boot_s: float | None = None) -> str:
         f"**Applied now** {', '.join(f'`{a}`' for a in status.applied) or 'nothing (base weights)'}",
         f"**Adapter cache** host {status.host_bytes / _MIB:.1f} / {status.host_budget / _MIB:.0f} MiB · "
         f"device {status.device_bytes / _MIB:.1f} / {status.device_budget / _MIB:.0f} MiB · "
-        f"pristine copy {status.pristine_bytes / _MIB:.1f} MiB",
+        f"pristine copies {status.pristine_bytes / _MIB:.1f} / {status.pristine_budget / _MIB:.0f} MiB",
     ]
     if status.cached:
         rows = "\n".join(
