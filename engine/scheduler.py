@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import enum
 import itertools
 import logging
 import math
@@ -48,11 +47,11 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .errors import EngineBusyError, GenerationCancelledError
 from .requests import GenerateRequest
+from .tickets import QueueView, Ticket, TicketState
 
 __all__ = ["MODES", "QueueView", "Scheduler", "Ticket", "TicketState"]
 
@@ -62,46 +61,6 @@ MODES = ("affinity", "fifo_inline")
 P = TypeVar("P")
 # A first guess at one run's length for Retry-After, until a run has been measured.
 _FIRST_RUN_S = 2.0
-
-
-class TicketState(enum.Enum):
-    PREPARING = "preparing"
-    READY = "ready"
-    RUNNING = "running"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    DONE = "done"
-
-
-@dataclass(frozen=True)
-class QueueView:
-    """Where a request stands, as every transport shows it: 1-based place among those waiting (0: running)."""
-
-    position: int
-    waiting: int
-    state: str
-
-
-class Ticket(Generic[P]):
-    """One request's place in the queue. Its fields are the scheduler's, read and written under its lock."""
-
-    def __init__(self, seq: int, request: GenerateRequest, submitted: float) -> None:
-        self.seq = seq
-        self.request = request
-        self.submitted = submitted
-        self.state = TicketState.PREPARING
-        self.prepared: P | None = None
-        self.release: Callable[[], None] | None = None
-        self.error: BaseException | None = None
-        self.prepare_s = 0.0
-        self.ready_at: float | None = None
-        self.admitted_at: float | None = None
-        self.overtaken = 0
-        self.passed_while_preparing = 0
-        self.affinity = False
-
-    def __repr__(self) -> str:
-        return f"Ticket(#{self.seq}, {self.state.value})"
 
 
 class Scheduler(Generic[P]):
