@@ -62,8 +62,12 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         api_md = panels.api_panel()
         _wire_browsing(demo, handlers, browser, request, state, hub_url)
         _wire_generation(handlers, request, image, info, status_md)
-        demo.load(lambda: _status(handlers), None, status_md, api_visibility=_PRIVATE, queue=False)
-        refresh.click(lambda: _status(handlers), None, status_md, api_visibility=_PRIVATE, queue=False)
+
+        def status() -> str:
+            return _status(handlers)
+
+        demo.load(status, None, status_md, api_visibility=_PRIVATE, queue=False)
+        refresh.click(status, None, status_md, api_visibility=_PRIVATE, queue=False)
         demo.load(_snippets(handlers), None, api_md, api_visibility=_PRIVATE, queue=False)
         add_api_endpoints(handlers)
     # Gradio's queue only holds catalogue and check events (generations pass straight to the scheduler, which

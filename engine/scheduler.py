@@ -104,14 +104,12 @@ class Scheduler(Generic[P]):
         now = time.perf_counter()
         with self._cond:
             waiting = len(self._queue)
-            if self._closed or waiting >= self.max_queue:
+            if self._closed:
+                raise EngineBusyError("the engine is shutting down; accepted: requests to a running engine")
+            if waiting >= self.max_queue:
                 retry = self._retry_after(waiting)
                 logger.warning(
-                    "rejected a request: %d waiting, limit %d%s (retry after %d s)",
-                    waiting,
-                    self.max_queue,
-                    ", shutting down" if self._closed else "",
-                    retry,
+                    "rejected a request: %d waiting, limit %d (retry after %d s)", waiting, self.max_queue, retry
                 )
                 raise EngineBusyError(
                     f"the engine is busy ({waiting} requests waiting, limit {self.max_queue}); try again shortly",

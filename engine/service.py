@@ -407,6 +407,10 @@ class Engine:
     def close(self) -> None:
         """Refuse new requests and put the base weights back (the pipeline may outlive this engine)."""
         self.scheduler.close()
+        self.restore_base()
+
+    def restore_base(self) -> None:
+        """Put the base weights back now; the engine keeps serving (the next request fuses its own set)."""
         with self._lock:
             self._patcher.restore_all()
             self._set_applied(())

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.errors import EngineError
+from engine.errors import SwitchboardError
 from engine.requests import LoraSpec
 from tests.support.checks import LOGGERS, SECRET, small
 from tests.support.loras import WEIGHTS, card
@@ -66,16 +66,16 @@ def test_the_token_is_sent_to_the_hub_and_never_shown(make_engine, fixtures, tok
         LoraSpec(fixtures["truncated"]),
     ]
     for spec in attempts:
-        with pytest.raises(EngineError) as raised:
+        with pytest.raises(SwitchboardError) as raised:
             engine.generate(small(spec))
         failures.append(raised.value)
     token_hub.set_fault("down")
-    with pytest.raises(EngineError) as raised:
+    with pytest.raises(SwitchboardError) as raised:
         make_engine(hf_token=SECRET).generate(small(LoraSpec(fixtures["second"])))
     failures.append(raised.value)
     token_hub.set_fault(None)
     wrong = make_engine(hf_token="hf_secret_wrong_0000000000000000")
-    with pytest.raises(EngineError) as raised:
+    with pytest.raises(SwitchboardError) as raised:
         wrong.generate(small(LoraSpec(fixtures["second"])))
     failures.append(raised.value)
 
