@@ -127,7 +127,7 @@ def run_swaps(make_engine, fixtures, loaded, pristine, monkeypatch, *, swaps: in
     repeated = swaps - failures - len(images)
     assert repeated > swaps // 10, f"{repeated} repeats ({failures} failures, {len(images)} sets): too few"
     inject["error"] = None
-    engine.close()
+    engine.restore_base()
     assert_pristine(loaded, pristine)
     assert engine.generate(small(seed=7)).image.tobytes() == base_image
     engine.close()
