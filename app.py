@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +25,10 @@ from lora_catalog.entries import LoraEntry
 from serving import format as fmt
 from serving import panels
 from serving.errors import user_errors
-from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, generate
+from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, compare, generate
 from serving.handlers import PAGE_SIZE, Handlers
-from serving.panels import Browser, RequestPanel
+from serving.panels import Browser, ComparePanel, RequestPanel
+from serving.streaming import Frame
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -52,11 +53,16 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
                 browser = panels.browser_panel(handlers.served_base)
             with gr.Column(scale=4):
                 request = panels.request_panel(handlers)
-                image, info = panels.result_panel(handlers)
+                with gr.Tabs():
+                    with gr.Tab("Result", elem_id="result-tab"):
+                        image, info = panels.result_panel(handlers)
+                    with gr.Tab("Compare", elem_id="compare-tab"):
+                        comparison = panels.compare_panel(handlers)
         status_md, refresh = panels.status_panel()
         api_md = panels.api_panel()
-        _wire_browsing(demo, handlers, browser, request, state, hub_url)
+        _wire_browsing(demo, handlers, browser, request, comparison, state, hub_url)
         _wire_generation(handlers, request, image, info, status_md)
+        _wire_compare(handlers, request, comparison, status_md)
         demo.load(lambda: _status(handlers), None, status_md, api_visibility=_PRIVATE, queue=False)
         refresh.click(lambda: _status(handlers), None, status_md, api_visibility=_PRIVATE, queue=False)
         demo.load(_snippets(handlers), None, api_md, api_visibility=_PRIVATE, queue=False)
@@ -73,6 +79,7 @@ def _wire_browsing(
     handlers: Handlers,
     browser: Browser,
     request: RequestPanel,
+    comparison: ComparePanel,
     state: tuple[gr.State, gr.State, gr.State],
     hub_url: str,
 ) -> None:
@@ -98,8 +105,15 @@ def _wire_browsing(
             gr.Button(interactive=result.has_more),
         )
 
-    def select(shown: list[dict], slot: str, prompt: str, triggers: dict, evt: gr.SelectData) -> tuple[Any, ...]:
+    def select(
+        shown: list[dict], slot: str, prompt: str, triggers: dict, listed: str, evt: gr.SelectData
+    ) -> tuple[Any, ...]:
         entry = LoraEntry.from_json(shown[evt.index])
+        if slot == "Compare":
+            # The list takes the LoRA only: one prompt serves every cell, so no trigger word goes in.
+            lines = [line for line in (listed or "").splitlines() if line.strip()]
+            added = lines if entry.ref in (line.strip() for line in lines) else [*lines, entry.ref]
+            return (fmt.entry_card(entry, hub_url), *(gr.skip() for _ in range(8)), "\n".join(added))
         trigger = entry.trigger_words[0] if entry.trigger_words else None
         new_prompt = fmt.insert_trigger(prompt, triggers.get(slot), trigger)
         fields = (entry.ref, "", entry.weight_name if entry.source == "hub" else "")
@@ -110,6 +124,7 @@ def _wire_browsing(
             *(value if is_second else gr.skip() for value in fields),
             new_prompt,
             {**triggers, slot: trigger},
+            gr.skip(),
         )
 
     def check(slot: str, ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
@@ -139,7 +154,7 @@ def _wire_browsing(
     browser.previous.click(lambda b, s, o, n: browse(b, s, o, max(0, n - 1)), [*filters, page], outputs, **opts)
     browser.gallery.select(
         select,
-        [entries, request.slot, request.prompt, inserted],
+        [entries, request.slot, request.prompt, inserted, comparison.loras],
         [
             browser.details,
             first.ref,
@@ -150,6 +165,7 @@ def _wire_browsing(
             second.weight,
             request.prompt,
             inserted,
+            comparison.loras,
         ],
         **opts,
     )
@@ -184,7 +200,7 @@ def _wire_generation(
         seed: float | None,
         randomize: bool,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
-    ) -> tuple[Any, ...]:
+    ) -> Iterator[tuple[Any, ...]]:
         with user_errors():
             width, height = fmt.parse_size(size)
             specs = (fmt.lora_spec(ref, scale, revision, weight), fmt.lora_spec(ref_2, scale_2, revision_2, weight_2))
@@ -198,8 +214,11 @@ def _wire_generation(
                 height=height,
                 seed=fmt.seed_value(seed, randomize),
             )
-        result = generate(handlers, built, progress)
-        return result.image, fmt.result_html(result), result.seed, _status(handlers)
+        for item in generate(handlers, built, progress):
+            if isinstance(item, Frame):
+                yield item.image, fmt.preview_html(item.step, built.steps), gr.skip(), gr.skip()
+            else:
+                yield item.image, fmt.result_html(item), item.seed, _status(handlers)
 
     slots = [
         getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")
@@ -226,6 +245,61 @@ def _wire_generation(
         concurrency_limit=1,
         api_visibility=_PRIVATE,
         show_progress_on=image,
+    )
+
+
+def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: ComparePanel, status_md: gr.Markdown) -> None:
+    def compare_ui(
+        prompt: str,
+        negative: str,
+        loras: str,
+        scales: str,
+        include_base: bool,
+        size: str,
+        steps: float,
+        guidance: float,
+        seed: float | None,
+        randomize: bool,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
+    ) -> tuple[Any, ...]:
+        with user_errors():
+            width, height = fmt.parse_size(size)
+            built = fmt.compare_request(
+                prompt,
+                negative,
+                loras,
+                scales,
+                bool(include_base),
+                int(steps),
+                float(guidance),
+                width,
+                height,
+                fmt.seed_value(seed, randomize),
+            )
+        done = compare(handlers, built, progress)
+        result = done.result
+        cells = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
+        return done.grid, cells, fmt.compare_html(result), result.seed, _status(handlers)
+
+    comparison.run.click(
+        compare_ui,
+        [
+            request.prompt,
+            request.negative,
+            comparison.loras,
+            comparison.scales,
+            comparison.include_base,
+            request.size,
+            request.steps,
+            request.guidance,
+            request.seed,
+            request.randomize,
+        ],
+        [comparison.grid, comparison.cells, comparison.info, request.seed, status_md],
+        concurrency_id=PIPELINE,
+        concurrency_limit=1,
+        api_visibility=_PRIVATE,
+        show_progress_on=comparison.grid,
     )
 
 

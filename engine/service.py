@@ -11,11 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+from lora_catalog.bases import family_of_base
 
 from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable
 from .errors import (
@@ -27,6 +30,7 @@ from .errors import (
 )
 from .pipeline import LoadedPipeline
 from .preparation import Preparer
+from .preview import load_preview_decoder
 from .requests import (
     AdapterUse,
     GenerateRequest,
@@ -42,11 +46,16 @@ from .settings import Settings
 from .store import AdapterStore, CachedAdapter
 from .swap import ActiveAdapter, WeightPatcher
 
-__all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest"]
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+__all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest", "Preview"]
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
+# (steps done, the image so far): called every `PREVIEW_EVERY` steps while denoising, never after the last.
+Preview = Callable[[int, "Image"], None]
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,7 @@ class EngineStatus:
     device_budget: int
     pristine_bytes: int
     applied: tuple[str, ...]
+    preview: str = "off"
 
 
 class Engine:
@@ -126,11 +136,19 @@ class Engine:
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self._applied: tuple[ActiveAdapter, ...] = ()
+        self._preview = load_preview_decoder(
+            settings, family_of_base(loaded.base_model_id), loaded.device, loaded.dtype
+        )
 
     @property
     def defaults(self) -> ModelDefaults:
         """The served model's request defaults (size, steps, guidance)."""
         return self.loaded.defaults
+
+    @property
+    def limits(self) -> Limits:
+        """What one request may ask for (LoRAs, steps, prompt length)."""
+        return self._limits
 
     @property
     def base_model_id(self) -> str:
@@ -193,27 +211,60 @@ class Engine:
             return self.run(prepared, progress=progress, cancel=cancel)
 
     def run(
-        self, prepared: PreparedRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
+        self,
+        prepared: PreparedRequest,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        preview: Preview | None = None,
     ) -> GenerateResult:
         """Swap to the request's adapters and generate, atomically; on failure restore what was served."""
         with self._queued(cancel):
-            locked = time.perf_counter()
-            previous = self._applied
-            try:
-                swapped, apply_s = self._swap(prepared)
-                inferred = time.perf_counter()
-                image = self._infer(prepared.request, progress, cancel)
-            except BaseException as e:
-                self._rollback(previous)
-                mapped = _engine_error(e, prepared.request)
-                if mapped is e:
-                    raise
-                raise mapped from e
-            finally:
-                if self._per_call:
-                    self._patcher.restore_all()
-                    self._applied = ()
-            done = time.perf_counter()
+            return self._run_held(prepared, progress, cancel, preview)
+
+    def run_many(
+        self,
+        prepared: Sequence[PreparedRequest],
+        *,
+        progress: Callable[[int, int, int], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> tuple[GenerateResult, ...]:
+        """Several requests in one queue turn (a comparison grid): each swapped to exactly and run in order.
+
+        Each result is what `run` gives for its request alone: the swap between them is the same exact one.
+        `progress(cell, step, steps)` counts cells from 0.
+        """
+        results: list[GenerateResult] = []
+        with self._queued(cancel):
+            for cell, one in enumerate(prepared):
+                step_progress = None if progress is None else _cell_progress(progress, cell)
+                results.append(self._run_held(one, step_progress, cancel, None))
+        return tuple(results)
+
+    def _run_held(
+        self,
+        prepared: PreparedRequest,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        preview: Preview | None,
+    ) -> GenerateResult:
+        locked = time.perf_counter()
+        previous = self._applied
+        try:
+            swapped, apply_s = self._swap(prepared)
+            inferred = time.perf_counter()
+            image = self._infer(prepared.request, progress, cancel, preview)
+        except BaseException as e:
+            self._rollback(previous)
+            mapped = _engine_error(e, prepared.request)
+            if mapped is e:
+                raise
+            raise mapped from e
+        finally:
+            if self._per_call:
+                self._patcher.restore_all()
+                self._applied = ()
+        done = time.perf_counter()
         timings = Timings(
             resolve=prepared.resolve_s,
             prepare=prepared.prepare_s,
@@ -297,14 +348,35 @@ class Engine:
         self._store.set_active(a.adapter.key for a in self._applied)
 
     @torch.inference_mode()
-    def _infer(self, request: GenerateRequest, progress: Progress | None, cancel: threading.Event | None):
+    def _infer(
+        self,
+        request: GenerateRequest,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        preview: Preview | None = None,
+    ):
         steps = request.steps
+        decoder = self._preview if preview is not None else None
+        every = self.settings.preview_every
 
         def on_step(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
             if cancel is not None and cancel.is_set():
                 pipe._interrupt = True
+            done = step + 1
+            # The last step's preview would only race the final image.
+            if decoder is not None and preview is not None and done % every == 0 and done < steps:
+                started = time.perf_counter()
+                image = decoder(callback_kwargs["latents"], pipe.scheduler)
+                logger.debug(
+                    "preview %s after step %d/%d in %.1f ms",
+                    decoder.name,
+                    done,
+                    steps,
+                    (time.perf_counter() - started) * 1000,
+                )
+                preview(done, image)
             if progress is not None:
-                progress(step + 1, steps)
+                progress(done, steps)
             return callback_kwargs
 
         output = self.loaded.pipe(
@@ -359,7 +431,12 @@ class Engine:
             device_budget=device_budget,
             pristine_bytes=self._patcher.pristine_bytes,
             applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._applied),
+            preview=self._preview.name if self._preview is not None else "off",
         )
+
+
+def _cell_progress(progress: Callable[[int, int, int], None], cell: int) -> Progress:
+    return lambda step, steps: progress(cell, step, steps)
 
 
 def _describe(active: tuple[ActiveAdapter, ...]) -> str:

@@ -65,6 +65,13 @@ class Settings:
     max_side: int = 1536
     max_prompt_chars: int = 2000
     max_queue: int = 16
+    # Live previews while denoising (off for `POST /`, which answers with the final image only).
+    previews: bool = True
+    preview_vae: str = "auto"
+    preview_every: int = 2
+    # Comparison grids: cells per grid and denoising steps over all its cells.
+    max_compare_cells: int = 6
+    max_compare_steps: int = 150
     local_lora_dir: Path | None = None
     catalog_snapshot: Path | None = None
     catalog_refresh: bool = True
@@ -105,6 +112,11 @@ class Settings:
             max_side=_int("MAX_SIDE", get("MAX_SIDE", "1536"), 64, 4096),
             max_prompt_chars=_int("MAX_PROMPT_CHARS", get("MAX_PROMPT_CHARS", "2000"), 1, 100_000),
             max_queue=_int("MAX_QUEUE", get("MAX_QUEUE", "16"), 1, 10_000),
+            previews=_bool("PREVIEWS", get("PREVIEWS", "1")),
+            preview_vae=_preview_vae(get("PREVIEW_VAE", "auto")),
+            preview_every=_int("PREVIEW_EVERY", get("PREVIEW_EVERY", "2"), 1, 500),
+            max_compare_cells=_int("MAX_COMPARE_CELLS", get("MAX_COMPARE_CELLS", "6"), 1, 16),
+            max_compare_steps=_int("MAX_COMPARE_STEPS", get("MAX_COMPARE_STEPS", "150"), 1, 10_000),
             local_lora_dir=_dir("LOCAL_LORA_DIR", get("LOCAL_LORA_DIR")),
             catalog_snapshot=Path(get("CATALOG_SNAPSHOT")) if get("CATALOG_SNAPSHOT") else None,
             catalog_refresh=_bool("CATALOG_REFRESH", get("CATALOG_REFRESH", "true")),
@@ -146,6 +158,19 @@ def _device(raw: str) -> str:
     if value in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", value):
         return value
     raise SettingsError(f"DEVICE={raw!r} is not accepted; accepted: {', '.join(_DEVICES)}")
+
+
+def _preview_vae(raw: str) -> str:
+    value = raw.strip()
+    if value in ("auto", "none") or _HUB_ID.match(value):
+        return value
+    folder = Path(value).expanduser()
+    if folder.is_dir():
+        return str(folder.resolve())
+    raise SettingsError(
+        f"PREVIEW_VAE={raw!r} is not accepted; accepted: auto, none, a Hub repo id (owner/name) "
+        "or an existing folder holding an AutoencoderTiny"
+    )
 
 
 def _int(name: str, raw: str, low: int, high: int) -> int:

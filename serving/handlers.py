@@ -7,26 +7,32 @@ Errors are the tree's (`lora_catalog.errors`); the callers turn them into answer
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from PIL.Image import Image
+
+from engine.compare import MAX_COMPARE_LORAS, CompareRequest, CompareResult
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec, ModelDefaults
 from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import SwitchboardError
 from lora_catalog.listing import CatalogPage
+from serving.grid import grid_image
+from serving.streaming import Frame, stream
 
 if TYPE_CHECKING:
     from engine.service import Engine, EngineStatus, LoraCheck
     from lora_catalog.catalog import Catalog
     from serving.runtime import GpuRunner
 
-__all__ = ["PAGE_SIZE", "Handlers", "LoraReport"]
+__all__ = ["PAGE_SIZE", "Comparison", "Handlers", "LoraReport"]
 
 PAGE_SIZE = 24
 _FALLBACK_EXAMPLE = "minimaxir/sdxl-wrong-lora"
 
 Progress = Callable[[int, int], None]
+CellProgress = Callable[[int, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,14 @@ class LoraReport:
 
     entry: LoraEntry
     check: LoraCheck
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A comparison's cells and the labelled grid drawn from them."""
+
+    result: CompareResult
+    grid: Image
 
 
 class Handlers:
@@ -59,6 +73,12 @@ class Handlers:
         return self._engine.settings.max_steps
 
     @property
+    def compare_limits(self) -> tuple[int, int, int]:
+        """(LoRAs, cells, steps over all cells) one comparison may hold."""
+        settings = self._engine.settings
+        return MAX_COMPARE_LORAS, settings.max_compare_cells, settings.max_compare_steps
+
+    @property
     def max_queue(self) -> int:
         return self._engine.settings.max_queue
 
@@ -76,6 +96,19 @@ class Handlers:
     def generate(self, request: GenerateRequest, progress: Progress | None = None) -> GenerateResult:
         """The one way a transport generates: through the runner (prepared outside the GPU function, run in it)."""
         return self._runner.generate(request, progress=progress)
+
+    def generate_stream(
+        self, request: GenerateRequest, progress: Progress | None = None
+    ) -> Iterator[Frame | GenerateResult]:
+        """`generate`, yielding preview frames while it denoises (none when previews are off), then the result."""
+        return stream(
+            lambda preview, cancel: self._runner.generate(request, progress=progress, cancel=cancel, preview=preview)
+        )
+
+    def compare(self, request: CompareRequest, progress: CellProgress | None = None) -> Comparison:
+        """A comparison grid: every cell in one queue turn, then the labelled grid image."""
+        result = self._runner.compare(request, progress=progress)
+        return Comparison(result, grid_image(result.labels, [r.image for r in result.results]))
 
     def status(self) -> EngineStatus:
         return self._engine.status()

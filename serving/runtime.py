@@ -28,11 +28,12 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
+from engine.compare import CompareLimits, CompareRequest, CompareResult, plan_cells, prepare_cells
 from engine.errors import SettingsError, SwitchboardError
 from engine.pipeline import LoadedPipeline, load_pipeline
 from engine.requests import GenerateRequest, GenerateResult
 from engine.resolve import AdapterResolver
-from engine.service import Engine, PreparedRequest
+from engine.service import Engine, PreparedRequest, Preview
 from engine.settings import DEFAULT_MODEL_ID, TINY_MODEL_ID, Settings
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
@@ -53,6 +54,7 @@ _GPU_S_PER_MEGAPIXEL_STEP = 0.5
 _GPU_MAX_S = 120
 
 Progress = Callable[[int, int], None]
+CellProgress = Callable[[int, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -72,26 +74,66 @@ class GpuRunner:
         self._zero_gpu = zero_gpu
         # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU.
         self._run_on_gpu = spaces.GPU(self._run, duration=_gpu_duration)
+        self._compare_on_gpu = spaces.GPU(self._run_many, duration=_gpu_duration_many)
 
     def generate(
-        self, request: GenerateRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
+        self,
+        request: GenerateRequest,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        preview: Preview | None = None,
     ) -> GenerateResult:
         with self.engine.prepare(request) as prepared:
             if self._zero_gpu:
-                # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway.
+                # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it
+                # anyway; nor would a preview sent from there reach this process's queue: no previews there.
                 return self._run_on_gpu(prepared, progress)
-            return self._run_on_gpu(prepared, progress, cancel)
+            return self._run_on_gpu(prepared, progress, cancel, preview)
+
+    def compare(
+        self, request: CompareRequest, *, progress: CellProgress | None = None, cancel: threading.Event | None = None
+    ) -> CompareResult:
+        """A comparison grid's cells: planned and prepared here, then run in one queue turn (one GPU call)."""
+        settings = self.engine.settings
+        grid = CompareLimits(settings.max_compare_cells, settings.max_compare_steps)
+        cells = plan_cells(request, self.engine.defaults, self.engine.limits, grid)
+        started = time.perf_counter()
+        with prepare_cells(self.engine, cells) as prepared:
+            if self._zero_gpu:
+                results = self._compare_on_gpu(prepared, progress)
+            else:
+                results = self._compare_on_gpu(prepared, progress, cancel)
+        total_s = time.perf_counter() - started
+        logger.info("compared %d cells in %.2f s", len(cells), total_s)
+        return CompareResult(tuple(c.label for c in cells), results, cells[0].request.seed or 0, total_s)
 
     def _run(
-        self, prepared: PreparedRequest, progress: Progress | None = None, cancel: threading.Event | None = None
+        self,
+        prepared: PreparedRequest,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        preview: Preview | None = None,
     ) -> GenerateResult:
-        return self.engine.run(prepared, progress=progress, cancel=cancel)
+        return self.engine.run(prepared, progress=progress, cancel=cancel, preview=preview)
+
+    def _run_many(
+        self,
+        prepared: tuple[PreparedRequest, ...],
+        progress: CellProgress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> tuple[GenerateResult, ...]:
+        return self.engine.run_many(prepared, progress=progress, cancel=cancel)
 
 
 def _gpu_duration(prepared: PreparedRequest, *args: object) -> int:
     request = prepared.request
     megapixels = (request.width or 1024) * (request.height or 1024) / 2**20
     return int(min(_GPU_MAX_S, _GPU_BASE_S + (request.steps or 25) * megapixels * _GPU_S_PER_MEGAPIXEL_STEP))
+
+
+def _gpu_duration_many(prepared: tuple[PreparedRequest, ...], *args: object) -> int:
+    return min(_GPU_MAX_S, sum(_gpu_duration(one) for one in prepared))
 
 
 @dataclass(frozen=True)
