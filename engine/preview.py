@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
 import torch
+from diffusers.image_processor import VaeImageProcessor
 from PIL import Image
 
 from lora_catalog.entries import Family
@@ -43,6 +43,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# Stateless: only its config (normalise from [-1, 1], RGB) is used.
+_PROCESSOR = VaeImageProcessor()
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class LinearPreview:
         latent = _unit_variance(latents[0], scheduler).float()
         weights, bias = self._weights.to(latent.device), self._bias.to(latent.device)
         rgb = torch.nn.functional.linear(latent.movedim(0, -1), weights.T, bias)
-        return _to_image(rgb)
+        return _to_image(rgb.movedim(-1, 0)[None])
 
 
 class TinyVaePreview:
@@ -112,8 +115,7 @@ class TinyVaePreview:
     def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image:
         vae = self._vae
         latent = _unit_variance(latents[:1], scheduler).to(device=vae.device, dtype=vae.dtype)
-        decoded = vae.decode(latent).sample[0]  # type: ignore[operator]
-        return _to_image(decoded.movedim(0, -1).float())
+        return _to_image(vae.decode(latent).sample)  # type: ignore[operator]
 
 
 def load_preview_decoder(
@@ -170,6 +172,5 @@ def _unit_variance(latents: torch.Tensor, scheduler: object) -> torch.Tensor:
 
 
 def _to_image(rgb: torch.Tensor) -> Image.Image:
-    """(H, W, 3) in [-1, 1] -> an 8-bit RGB image."""
-    pixels = ((rgb + 1) * 127.5).clamp(0, 255).round().to(torch.uint8).cpu().numpy()
-    return Image.fromarray(np.ascontiguousarray(pixels), "RGB")
+    """(1, 3, H, W) in [-1, 1] -> an 8-bit RGB image, as diffusers post-processes a decoded image."""
+    return _PROCESSOR.postprocess(rgb, output_type="pil")[0]
