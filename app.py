@@ -51,7 +51,7 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
                 browser = panels.browser_panel(handlers.served_base)
-            with gr.Column(scale=4):
+            with gr.Column(scale=4, elem_id="request-column"):
                 request = panels.request_panel(handlers)
                 with gr.Tabs():
                     with gr.Tab("Result", elem_id="result-tab"):

@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
-    _say(f"linear_vs_step={results['linear_vs_step']:.5f} taesd_vs_step={results['taesd_vs_step']:.4f}")
+    _say(f"linear_vs_step={results['linear_vs_step']:.2e} taesd_vs_step={results['taesd_vs_step']:.3f}")
     return 0
 
 

@@ -67,9 +67,12 @@ APP_CSS = """
         color: var(--primary-800); border-radius: 6px; padding: 0 6px; margin: 2px 4px 2px 0; }
 .lora-error { border: 1px solid #fca5a5; background: #fef2f2; color: #991b1b; border-radius: 12px;
               padding: 10px 14px; }
-#result-info table.timing { width: 100%; border-collapse: collapse; border: none; margin: 4px 0; }
-#result-info table.timing tr, #result-info table.timing td { border: none !important; background: none !important; }
-#result-info table.timing td { padding: 2px 10px 2px 0; white-space: nowrap; }
+#result-info table.timing, #compare-info table.timing { width: 100%; border-collapse: collapse; border: none;
+                                                        margin: 4px 0; }
+#result-info table.timing tr, #result-info table.timing td, #compare-info table.timing tr,
+#compare-info table.timing td { border: none !important; background: none !important; }
+#result-info table.timing td, #compare-info table.timing td { padding: 2px 10px 2px 0; white-space: nowrap; }
+#compare-cells .grid-wrap { min-height: 0 !important; }
 #result-info .bar { height: 8px; border-radius: 4px; background: var(--primary-500); min-width: 2px; }
 #result-info ul { margin: 4px 0; }
 .nav-row { align-items: center; }

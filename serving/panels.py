@@ -194,6 +194,7 @@ def compare_panel(handlers: Handlers) -> ComparePanel:
     run = gr.Button("Compare", variant="primary", elem_id="compare")
     grid = gr.Image(
         label="Comparison grid",
+        show_label=False,  # the grid draws its own labels; Gradio's would cover the first one
         type="pil",
         format="png",
         interactive=False,
