@@ -22,6 +22,7 @@ import spaces  # noqa: F401
 from engine.errors import SwitchboardError
 from engine.requests import GenerateRequest
 from lora_catalog.entries import LoraEntry
+from serving import comparison as comparison_fields
 from serving import format as fmt
 from serving import panels
 from serving.errors import user_errors
@@ -264,7 +265,7 @@ def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: Compare
     ) -> tuple[Any, ...]:
         with user_errors():
             width, height = fmt.parse_size(size)
-            built = fmt.compare_request(
+            built = comparison_fields.compare_request(
                 prompt,
                 negative,
                 loras,
@@ -279,7 +280,7 @@ def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: Compare
         done = compare(handlers, built, progress)
         result = done.result
         cells = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
-        return done.grid, cells, fmt.compare_html(result), result.seed, _status(handlers)
+        return done.grid, cells, comparison_fields.compare_html(result), result.seed, _status(handlers)
 
     comparison.run.click(
         compare_ui,

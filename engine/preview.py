@@ -20,6 +20,8 @@ out the way the scheduler's own `scale_model_input` does, so the preview fades f
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -38,6 +40,7 @@ __all__ = [
     "LatentProjection",
     "LinearPreview",
     "PreviewDecoder",
+    "StepPreviews",
     "TinyVaePreview",
     "load_preview_decoder",
 ]
@@ -116,6 +119,44 @@ class TinyVaePreview:
         vae = self._vae
         latent = _unit_variance(latents[:1], scheduler).to(device=vae.device, dtype=vae.dtype)
         return _to_image(vae.decode(latent).sample)  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class StepPreviews:
+    """The per-step hook of one run: every `every` steps, decode the latents and hand the image on."""
+
+    decoder: PreviewDecoder
+    every: int
+    steps: int
+    send: Callable[[int, Image.Image], None]
+
+    @classmethod
+    def for_run(
+        cls,
+        decoder: PreviewDecoder | None,
+        every: int,
+        steps: int | None,
+        send: Callable[[int, Image.Image], None] | None,
+    ) -> StepPreviews | None:
+        """None when previews are off or nobody asked for them (the HTTP endpoint, a comparison)."""
+        if decoder is None or send is None or not steps:
+            return None
+        return cls(decoder, every, steps, send)
+
+    def __call__(self, done: int, latents: torch.Tensor, scheduler: object) -> None:
+        # The last step's preview would only race the final image.
+        if done % self.every or done >= self.steps:
+            return
+        started = time.perf_counter()
+        image = self.decoder(latents, scheduler)
+        logger.debug(
+            "preview (%s) after step %d/%d in %.1f ms",
+            self.decoder.name,
+            done,
+            self.steps,
+            (time.perf_counter() - started) * 1000,
+        )
+        self.send(done, image)
 
 
 def load_preview_decoder(

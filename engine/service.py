@@ -30,7 +30,7 @@ from .errors import (
 )
 from .pipeline import LoadedPipeline
 from .preparation import Preparer
-from .preview import load_preview_decoder
+from .preview import StepPreviews, load_preview_decoder
 from .requests import (
     AdapterUse,
     GenerateRequest,
@@ -356,25 +356,14 @@ class Engine:
         preview: Preview | None = None,
     ):
         steps = request.steps
-        decoder = self._preview if preview is not None else None
-        every = self.settings.preview_every
+        previews = StepPreviews.for_run(self._preview, self.settings.preview_every, steps, preview)
 
         def on_step(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
             if cancel is not None and cancel.is_set():
                 pipe._interrupt = True
             done = step + 1
-            # The last step's preview would only race the final image.
-            if decoder is not None and preview is not None and done % every == 0 and done < steps:
-                started = time.perf_counter()
-                image = decoder(callback_kwargs["latents"], pipe.scheduler)
-                logger.debug(
-                    "preview %s after step %d/%d in %.1f ms",
-                    decoder.name,
-                    done,
-                    steps,
-                    (time.perf_counter() - started) * 1000,
-                )
-                preview(done, image)
+            if previews is not None:
+                previews(done, callback_kwargs["latents"], pipe.scheduler)
             if progress is not None:
                 progress(done, steps)
             return callback_kwargs

@@ -6,15 +6,12 @@ Pure functions, no Gradio: `app.py` wires them to components, tests call them di
 from __future__ import annotations
 
 import html
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageDraw
 
-from engine.compare import CompareRequest, CompareResult
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateResult, LoraSpec, ModelDefaults
 from lora_catalog.bases import KNOWN_BASES, family_of_base
@@ -29,9 +26,6 @@ __all__ = [
     "base_choices",
     "base_url",
     "check_info",
-    "compare_html",
-    "compare_info",
-    "compare_request",
     "entry_card",
     "error_card",
     "insert_trigger",
@@ -41,6 +35,7 @@ __all__ = [
     "preview_html",
     "result_html",
     "result_info",
+    "seconds",
     "seed_value",
     "size_presets",
     "status_markdown",
@@ -224,11 +219,11 @@ def result_html(result: GenerateResult) -> str:
     phases = (("download / resolve", t.resolve), ("prepare", t.prepare), ("swap", t.apply), ("inference", t.inference))
     longest = max(max(v for _, v in phases), 1e-9)
     rows = "".join(
-        f'<tr><td>{name}</td><td>{_seconds(v)}</td><td style="width:60%"><div class="bar" '
+        f'<tr><td>{name}</td><td>{seconds(v)}</td><td style="width:60%"><div class="bar" '
         f'style="width:{100 * v / longest:.1f}%"></div></td></tr>'
         for name, v in phases
     )
-    rows += f"<tr><td><b>total</b></td><td><b>{_seconds(t.total)}</b></td><td></td></tr>"
+    rows += f"<tr><td><b>total</b></td><td><b>{seconds(t.total)}</b></td><td></td></tr>"
     loras = "".join(
         f'<li><code>{_esc(a.ref)}</code> × {a.scale:g} — cache <span class="badge'
         f'{" ok" if a.cache == "hit" else ""}">{a.cache}</span></li>'
@@ -248,93 +243,8 @@ def preview_html(step: int, steps: int | None) -> str:
     return f'<div class="result-info preview"><p>Preview after step {step}{of}: the image is forming…</p></div>'
 
 
-def compare_request(
-    prompt: str,
-    negative_prompt: str | None,
-    loras: str | None,
-    scales: str | None,
-    include_base: object,
-    steps: float | None,
-    guidance: float | None,
-    width: float | None,
-    height: float | None,
-    seed: float | None,
-) -> CompareRequest:
-    """A comparison from form fields: LoRAs one per line (or comma-separated), scales as a list of numbers.
-
-    No scale: each LoRA at 1. One scale: every LoRA at it. One per LoRA: each its own. Several scales for a
-    single LoRA: a sweep, one cell per scale.
-    """
-    refs = [r.strip() for r in re.split(r"[,\n]", loras or "") if r.strip()]
-    values = [_scale(token) for token in re.split(r"[,;\s]+", (scales or "").strip()) if token]
-    if not isinstance(include_base, bool):
-        raise InvalidRequestError(f"include_base={include_base!r} is not accepted; accepted: true or false")
-    sweep: tuple[float, ...] = ()
-    if len(refs) == 1 and len(values) > 1:
-        sweep, per_lora = tuple(values), [1.0]
-    elif not values:
-        per_lora = [1.0] * len(refs)
-    elif len(values) == 1:
-        per_lora = values * len(refs)
-    elif len(values) == len(refs):
-        per_lora = values
-    else:
-        raise InvalidRequestError(
-            f"{len(values)} scales for {len(refs)} LoRAs; accepted: no scale (each at 1), one scale for all, "
-            "one scale per LoRA, or several scales for a single LoRA (a sweep)"
-        )
-    return CompareRequest(
-        prompt=prompt,
-        negative_prompt=negative_prompt or "",
-        loras=tuple(LoraSpec(ref, scale) for ref, scale in zip(refs, per_lora, strict=False)),
-        scales=sweep,
-        include_base=include_base,
-        steps=steps,  # type: ignore[arg-type]  (the engine refuses a non-integer by name)
-        guidance=guidance,
-        width=width,  # type: ignore[arg-type]
-        height=height,  # type: ignore[arg-type]
-        seed=seed_value(seed),  # type: ignore[arg-type]
-    )
-
-
-def _scale(token: str) -> float:
-    try:
-        value = float(token)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise InvalidRequestError(
-            f"scale {token!r} is not a number; accepted: numbers from -2 to 2 separated by commas, e.g. 0, 0.5, 1"
-        )
-    return value
-
-
-def compare_info(result: CompareResult) -> dict[str, Any]:
-    """The API's description of a comparison: the shared seed, and each cell's label and result info."""
-    return {
-        "seed": result.seed,
-        "labels": list(result.labels),
-        "cells": [{"label": label, **result_info(r)} for label, r in zip(result.labels, result.results, strict=True)],
-        "total_s": result.total_s,
-    }
-
-
-def compare_html(result: CompareResult) -> str:
-    """One line per cell (label, swap and inference time), and the shared seed."""
-    request = result.results[0].request
-    rows = "".join(
-        f"<tr><td>{_esc(label)}</td><td>swap {_seconds(r.timings.apply)}</td>"
-        f"<td>inference {_seconds(r.timings.inference)}</td></tr>"
-        for label, r in zip(result.labels, result.results, strict=True)
-    )
-    return (
-        f'<div class="result-info"><p><b>Seed</b> <code>{result.seed}</code> · {request.width} × {request.height} · '
-        f"{request.steps} steps · guidance {request.guidance:g} · {len(result.results)} cells in "
-        f"{_seconds(result.total_s)}</p><table class='timing'>{rows}</table></div>"
-    )
-
-
-def _seconds(value: float) -> str:
+def seconds(value: float) -> str:
+    """A duration as the UI shows it: milliseconds below a second, else seconds."""
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
@@ -383,6 +293,20 @@ image_path, info = client.predict(
 )
 page = client.predict(base="", search="", sort="downloads", page=0, api_name="/catalog")
 lora = client.predict(repo_id="{example_lora}", revision="", weight_name="", api_name="/lora_info")
+# A comparison: one seed, a sweep of one LoRA's scale (or several LoRAs, one per line), the base first.
+grid_path, cells, info = client.predict(
+    prompt="an elephant in the savanna",
+    negative_prompt="",
+    loras="{example_lora}",
+    scales="0, 0.5, 1",
+    include_base=True,
+    steps={defaults.steps},
+    guidance={defaults.guidance:g},
+    width={defaults.side},
+    height={defaults.side},
+    seed=-1,
+    api_name="/compare",
+)
 ```"""
     body = f'{{"inputs": "an elephant", "parameters": {{"num_inference_steps": {defaults.steps}}}}}'
     curl = f"```bash\ncurl -H 'lora: {example_lora}' {url} \\\n     -d '{body}' > result.jpg\n```"

@@ -19,6 +19,7 @@ import gradio as gr
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from lora_catalog.listing import CatalogPage
+from serving import comparison as comparison_fields
 from serving import format as fmt
 from serving.errors import user_errors
 from serving.handlers import Comparison, Handlers
@@ -152,13 +153,13 @@ def add_api_endpoints(handlers: Handlers) -> None:
         model's image first. Each cell is what /generate returns for the same inputs.
         """
         with user_errors():
-            request = fmt.compare_request(
+            request = comparison_fields.compare_request(
                 prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed
             )
         comparison = compare(handlers, request, progress)
         result = comparison.result
         gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
-        return comparison.grid, gallery, fmt.compare_info(result)
+        return comparison.grid, gallery, comparison_fields.compare_info(result)
 
     def catalog_api(base: str, search: str, sort: str, page: int | None) -> dict[str, Any]:
         """One page of LoRAs for a base model ("" for the served one), and how fresh the list is."""

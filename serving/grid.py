@@ -25,8 +25,9 @@ def grid_image(labels: Sequence[str], images: Sequence[Image.Image]) -> Image.Im
     width, height = images[0].size
     factor = max(1, -(-_MIN_CELL // max(width, height)))  # ceil: the smallest whole factor reaching _MIN_CELL
     cell_w, cell_h = width * factor, height * factor
-    font = ImageFont.load_default(size=max(14, cell_w // 14))
-    strip = int(font.size * 1.8)
+    size = max(14, cell_w // 14)
+    font = ImageFont.load_default(size=size)
+    strip = int(size * 1.8)
     sheet = Image.new("RGB", (len(images) * (cell_w + _GAP) + _GAP, cell_h + strip + 2 * _GAP), _PAPER)
     draw = ImageDraw.Draw(sheet)
     for index, (label, image) in enumerate(zip(labels, images, strict=True)):
@@ -40,7 +41,7 @@ def grid_image(labels: Sequence[str], images: Sequence[Image.Image]) -> Image.Im
     return sheet
 
 
-def _fit(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.FreeTypeFont, width: float) -> str:
+def _fit(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> str:
     """`text`, shortened in the middle with "..." until it fits `width`."""
     if draw.textlength(text, font=font) <= width:
         return text
