@@ -15,10 +15,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from .errors import InvalidRequestError, LimitExceededError
 from .requests import GenerateRequest, GenerateResult, Limits, LoraSpec, ModelDefaults, normalise_request
-from .service import Engine, PreparedRequest
+
+if TYPE_CHECKING:  # the engine module brings torch; `import app` must stay light
+    from .service import Engine, PreparedRequest
 
 __all__ = ["MAX_COMPARE_LORAS", "CompareCell", "CompareRequest", "CompareResult", "plan_cells", "prepare_cells"]
 
