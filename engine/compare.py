@@ -145,9 +145,9 @@ def _cell_specs(loras: tuple[LoraSpec, ...], scales: tuple[float, ...]) -> list[
         )
     identities = [(s.ref, s.revision, s.weight_name) for s in loras]
     if len(set(identities)) != len(identities):
-        twice = next(i[0] for i in identities if identities.count(i) > 1)
+        repeated = next(i[0] for i in identities if identities.count(i) > 1)
         raise InvalidRequestError(
-            f"LoRA {twice!r} is listed twice; accepted: each LoRA once (for several scales of one LoRA, a sweep)"
+            f"LoRA {repeated!r} is listed twice; accepted: each LoRA once (for several scales of one LoRA, a sweep)"
         )
     return [(label_of(spec), (spec,)) for spec in loras]
 

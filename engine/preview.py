@@ -116,9 +116,9 @@ class TinyVaePreview:
 
     @torch.inference_mode()
     def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image:
-        vae = self._vae
-        latent = _unit_variance(latents[:1], scheduler).to(device=vae.device, dtype=vae.dtype)
-        return _to_image(vae.decode(latent).sample)  # type: ignore[operator]
+        weight = next(self._vae.parameters())
+        latent = _unit_variance(latents[:1], scheduler).to(device=weight.device, dtype=weight.dtype)
+        return _to_image(self._vae.decode(latent).sample)  # type: ignore[operator]
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ def compare_request(
         loras=tuple(LoraSpec(ref, scale) for ref, scale in zip(refs, per_lora, strict=False)),
         scales=sweep,
         include_base=include_base,
-        steps=steps,  # type: ignore[arg-type]  (the engine refuses a non-integer by name)
+        # Passed as given: the engine refuses a non-integer by name rather than rounding it here.
+        steps=steps,  # type: ignore[arg-type]
         guidance=guidance,
         width=width,  # type: ignore[arg-type]
         height=height,  # type: ignore[arg-type]
