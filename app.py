@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +22,14 @@ import spaces  # noqa: F401
 from engine.errors import SwitchboardError
 from engine.requests import GenerateRequest
 from lora_catalog.entries import LoraEntry
+from serving import comparison as comparison_fields
 from serving import format as fmt
 from serving import panels
 from serving.errors import user_errors
-from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, generate
+from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, compare, generate
 from serving.handlers import PAGE_SIZE, Handlers
-from serving.panels import Browser, RequestPanel
+from serving.panels import Browser, ComparePanel, RequestPanel
+from serving.streaming import Frame
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -41,8 +42,6 @@ __all__ = ["build_demo", "http_routes", "main", "serve"]
 logger = logging.getLogger(__name__)
 
 _PRIVATE = "private"
-# How often a waiting UI generation yields, so that Gradio notices a browser that went away.
-_POLL_S = 0.25
 _SYSTEM_FONTS = ("ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif")
 _MONO_FONTS = ("ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace")
 
@@ -55,13 +54,18 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
                 browser = panels.browser_panel(handlers.served_base)
-            with gr.Column(scale=4):
+            with gr.Column(scale=4, elem_id="request-column"):
                 request = panels.request_panel(handlers)
-                image, info = panels.result_panel(handlers)
+                with gr.Tabs():
+                    with gr.Tab("Result", elem_id="result-tab"):
+                        image, info = panels.result_panel(handlers)
+                    with gr.Tab("Compare", elem_id="compare-tab"):
+                        comparison = panels.compare_panel(handlers)
         status_md, refresh = panels.status_panel()
         api_md = panels.api_panel()
-        _wire_browsing(demo, handlers, browser, request, state, hub_url)
+        _wire_browsing(demo, handlers, browser, request, comparison, state, hub_url)
         _wire_generation(handlers, request, image, info, status_md)
+        _wire_compare(handlers, request, comparison, status_md)
 
         def status() -> str:
             return _status(handlers)
@@ -84,6 +88,7 @@ def _wire_browsing(
     handlers: Handlers,
     browser: Browser,
     request: RequestPanel,
+    comparison: ComparePanel,
     state: tuple[gr.State, gr.State, gr.State],
     hub_url: str,
 ) -> None:
@@ -109,8 +114,15 @@ def _wire_browsing(
             gr.Button(interactive=result.has_more),
         )
 
-    def select(shown: list[dict], slot: str, prompt: str, triggers: dict, evt: gr.SelectData) -> tuple[Any, ...]:
+    def select(
+        shown: list[dict], slot: str, prompt: str, triggers: dict, listed: str, evt: gr.SelectData
+    ) -> tuple[Any, ...]:
         entry = LoraEntry.from_json(shown[evt.index])
+        if slot == "Compare":
+            # The list takes the LoRA only: one prompt serves every cell, so no trigger word goes in.
+            lines = [line for line in (listed or "").splitlines() if line.strip()]
+            added = lines if entry.ref in (line.strip() for line in lines) else [*lines, entry.ref]
+            return (fmt.entry_card(entry, hub_url), *(gr.skip() for _ in range(8)), "\n".join(added))
         trigger = entry.trigger_words[0] if entry.trigger_words else None
         new_prompt = fmt.insert_trigger(prompt, triggers.get(slot), trigger)
         fields = (entry.ref, "", entry.weight_name if entry.source == "hub" else "")
@@ -122,6 +134,7 @@ def _wire_browsing(
             *(value if is_second else gr.skip() for value in fields),
             new_prompt,
             {**triggers, slot: trigger},
+            gr.skip(),
         )
 
     async def prefetch(slot: str, *fields: str) -> str:
@@ -163,7 +176,7 @@ def _wire_browsing(
     browser.previous.click(lambda b, s, o, n: browse(b, s, o, max(0, n - 1)), [*filters, page], outputs, **opts)
     browser.gallery.select(
         select,
-        [entries, request.slot, request.prompt, inserted],
+        [entries, request.slot, request.prompt, inserted, comparison.loras],
         [
             browser.details,
             browser.readiness,
@@ -175,6 +188,7 @@ def _wire_browsing(
             second.weight,
             request.prompt,
             inserted,
+            comparison.loras,
         ],
         **opts,
     ).then(
@@ -235,20 +249,16 @@ def _wire_generation(
                 height=height,
                 seed=fmt.seed_value(seed, randomize),
             )
-        # A generator that yields while it waits, so that Gradio, which checks the client after each yield, can
-        # close it when the browser went away; closing it cancels the generation (queued or running).
-        cancel = threading.Event()
-        task = asyncio.ensure_future(generate(handlers, built, progress, cancel, transport="ui"))
-        try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=_POLL_S)
-                if not task.done():
-                    yield (gr.skip(),) * 4
-        finally:
-            if not task.done():
-                cancel.set()
-        result = task.result()
-        yield result.image, fmt.result_html(result), result.seed, _status(handlers)
+        # An async generator: it yields previews as the engine denoises, and ticks while it waits so that
+        # Gradio, which checks the client after each yield, closes it when the browser went away (which cancels
+        # the generation, queued or running).
+        async for item in generate(handlers, built, progress, transport="ui"):
+            if isinstance(item, Frame):
+                yield item.image, fmt.preview_html(item.step, built.steps), gr.skip(), gr.skip()
+            elif item is None:
+                yield (gr.skip(),) * 4
+            else:
+                yield item.image, fmt.result_html(item), item.seed, _status(handlers)
 
     slots = [
         getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")
@@ -277,6 +287,61 @@ def _wire_generation(
         concurrency_limit=None,
         api_visibility=_PRIVATE,
         show_progress_on=image,
+    )
+
+
+def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: ComparePanel, status_md: gr.Markdown) -> None:
+    def compare_ui(
+        prompt: str,
+        negative: str,
+        loras: str,
+        scales: str,
+        include_base: bool,
+        size: str,
+        steps: float,
+        guidance: float,
+        seed: float | None,
+        randomize: bool,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
+    ) -> tuple[Any, ...]:
+        with user_errors():
+            width, height = fmt.parse_size(size)
+            built = comparison_fields.compare_request(
+                prompt,
+                negative,
+                loras,
+                scales,
+                bool(include_base),
+                int(steps),
+                float(guidance),
+                width,
+                height,
+                fmt.seed_value(seed, randomize),
+            )
+        done = compare(handlers, built, progress)
+        result = done.result
+        cells = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
+        return done.grid, cells, comparison_fields.compare_html(result), result.seed, _status(handlers)
+
+    comparison.run.click(
+        compare_ui,
+        [
+            request.prompt,
+            request.negative,
+            comparison.loras,
+            comparison.scales,
+            comparison.include_base,
+            request.size,
+            request.steps,
+            request.guidance,
+            request.seed,
+            request.randomize,
+        ],
+        [comparison.grid, comparison.cells, comparison.info, request.seed, status_md],
+        concurrency_id=PIPELINE,
+        concurrency_limit=1,
+        api_visibility=_PRIVATE,
+        show_progress_on=comparison.grid,
     )
 
 

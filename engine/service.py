@@ -12,11 +12,14 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+from lora_catalog.bases import family_of_base
 
 from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable
 from .disk_cache import DiskCache
@@ -32,6 +35,7 @@ from .events import EngineEvents
 from .loadgate import LoadGate
 from .pipeline import LoadedPipeline
 from .preparation import PreparedLora, Preparer
+from .preview import StepPreviews, load_preview_decoder
 from .requests import (
     AdapterUse,
     CheckedRequest,
@@ -49,11 +53,16 @@ from .settings import Settings
 from .store import AdapterStore, CachedAdapter
 from .swap import ActiveAdapter, WeightPatcher
 
-__all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest"]
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+__all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest", "Preview"]
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
+# (steps done, the image so far): called every `PREVIEW_EVERY` steps while denoising, never after the last.
+Preview = Callable[[int, "Image"], None]
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,7 @@ class EngineStatus:
     pristine_bytes: int
     pristine_budget: int
     applied: tuple[str, ...]
+    preview: str = "off"
 
 
 class Engine:
@@ -168,11 +178,19 @@ class Engine:
             threads=settings.max_queue + settings.prepare_workers,
             mode=settings.scheduler,
         )
+        self._preview = load_preview_decoder(
+            settings, family_of_base(loaded.base_model_id), loaded.device, loaded.dtype
+        )
 
     @property
     def defaults(self) -> ModelDefaults:
         """The served model's request defaults (size, steps, guidance)."""
         return self.loaded.defaults
+
+    @property
+    def limits(self) -> Limits:
+        """What one request may ask for (LoRAs, steps, prompt length)."""
+        return self._limits
 
     @property
     def base_model_id(self) -> str:
@@ -266,7 +284,12 @@ class Engine:
             return self.run(prepared, progress=progress, cancel=cancel)
 
     def run(
-        self, prepared: PreparedRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
+        self,
+        prepared: PreparedRequest,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        preview: Preview | None = None,
     ) -> GenerateResult:
         """Swap to the request's adapters and generate, atomically; on failure restore what was served.
 
@@ -274,25 +297,53 @@ class Engine:
         a direct call safe.
         """
         with self._lock:
-            locked = time.perf_counter()
-            # From queued (preparation started) to this slot: what a client waited before its swap.
-            self.events.queue_waited(locked - prepared.started)
-            previous = self._applied
-            try:
-                swapped, apply_s = self._swap(prepared)
-                inferred = time.perf_counter()
-                image = self._infer(prepared.request, progress, cancel)
-            except BaseException as e:
-                self._rollback(previous)
-                mapped = _engine_error(e, prepared.request)
-                if mapped is e:
-                    raise
-                raise mapped from e
-            finally:
-                if self._per_call:
-                    self._patcher.restore_all()
-                    self._set_applied(())
-            done = time.perf_counter()
+            return self._run_held(prepared, progress, cancel, preview)
+
+    def run_many(
+        self,
+        prepared: Sequence[PreparedRequest],
+        *,
+        progress: Callable[[int, int, int], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> tuple[GenerateResult, ...]:
+        """Several requests in one turn on the pipeline (a comparison grid): each swapped to exactly, in order.
+
+        Each result is what `run` gives for its request alone: the swap between them is the same exact one.
+        The caller holds one scheduler slot for all of them. `progress(cell, step, steps)` counts cells from 0.
+        """
+        results: list[GenerateResult] = []
+        with self._lock:
+            for cell, one in enumerate(prepared):
+                step_progress = None if progress is None else _cell_progress(progress, cell)
+                results.append(self._run_held(one, step_progress, cancel, None))
+        return tuple(results)
+
+    def _run_held(
+        self,
+        prepared: PreparedRequest,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        preview: Preview | None,
+    ) -> GenerateResult:
+        locked = time.perf_counter()
+        # From queued (preparation started) to this slot: what a client waited before its swap.
+        self.events.queue_waited(locked - prepared.started)
+        previous = self._applied
+        try:
+            swapped, apply_s = self._swap(prepared)
+            inferred = time.perf_counter()
+            image = self._infer(prepared.request, progress, cancel, preview)
+        except BaseException as e:
+            self._rollback(previous)
+            mapped = _engine_error(e, prepared.request)
+            if mapped is e:
+                raise
+            raise mapped from e
+        finally:
+            if self._per_call:
+                self._patcher.restore_all()
+                self._set_applied(())
+        done = time.perf_counter()
         self.events.inferred(done - inferred)
         timings = Timings(
             resolve=prepared.resolve_s,
@@ -357,16 +408,26 @@ class Engine:
         self._store.set_active(a.adapter.key for a in self._applied)
 
     @torch.inference_mode()
-    def _infer(self, request: CheckedRequest, progress: Progress | None, cancel: threading.Event | None):
+    def _infer(
+        self,
+        request: CheckedRequest,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        preview: Preview | None = None,
+    ):
         steps = request.steps
+        previews = StepPreviews.for_run(self._preview, self.settings.preview_every, steps, preview)
 
         def on_step(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
             if cancel is not None and cancel.is_set():
                 # Raised, not `pipe._interrupt`: an interrupted diffusers pipeline still runs the VAE decode,
                 # the most expensive single step at SDXL sizes, for an image nobody will see.
                 raise GenerationCancelledError("the request was cancelled during generation")
+            done = step + 1
+            if previews is not None:
+                previews(done, callback_kwargs["latents"], pipe.scheduler)
             if progress is not None:
-                progress(step + 1, steps)
+                progress(done, steps)
             return callback_kwargs
 
         output = self.loaded.pipe(
@@ -437,6 +498,7 @@ class Engine:
             pristine_bytes=self._patcher.pristine_bytes,
             pristine_budget=self.settings.pristine_bytes,
             applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._applied),
+            preview=self._preview.name if self._preview is not None else "off",
         )
 
 
@@ -446,6 +508,10 @@ _NOTHING_KEPT = object()
 def _identity(prepared: PreparedRequest) -> Hashable:
     """The adapter set a request needs, comparable with `Engine._fused` (equal: no swap)."""
     return tuple(sorted((str(a.key), s) for a, s in prepared.adapters))
+
+
+def _cell_progress(progress: Callable[[int, int, int], None], cell: int) -> Progress:
+    return lambda step, steps: progress(cell, step, steps)
 
 
 def _describe(active: tuple[ActiveAdapter, ...]) -> str:

@@ -73,6 +73,13 @@ class Settings:
     prepare_workers: int = 2
     prepare_inflight_bytes: int = 2 * 2**30
     scheduler: str = "affinity"
+    # Live previews while denoising (off for `POST /`, which answers with the final image only).
+    previews: bool = True
+    preview_vae: str = "auto"
+    preview_every: int = 2
+    # Comparison grids: cells per grid and denoising steps over all its cells.
+    max_compare_cells: int = 6
+    max_compare_steps: int = 150
     local_lora_dir: Path | None = None
     catalog_snapshot: Path | None = None
     catalog_refresh: bool = True
@@ -121,6 +128,11 @@ class Settings:
             prepare_workers=_int("PREPARE_WORKERS", get("PREPARE_WORKERS", "2"), 1, 64),
             prepare_inflight_bytes=_positive_bytes("PREPARE_INFLIGHT_BYTES", get("PREPARE_INFLIGHT_BYTES", "2GiB")),
             scheduler=_choice("SCHEDULER", get("SCHEDULER", "affinity"), _SCHEDULERS),
+            previews=_bool("PREVIEWS", get("PREVIEWS", "1")),
+            preview_vae=_preview_vae(get("PREVIEW_VAE", "auto")),
+            preview_every=_int("PREVIEW_EVERY", get("PREVIEW_EVERY", "2"), 1, 500),
+            max_compare_cells=_int("MAX_COMPARE_CELLS", get("MAX_COMPARE_CELLS", "6"), 1, 16),
+            max_compare_steps=_int("MAX_COMPARE_STEPS", get("MAX_COMPARE_STEPS", "150"), 1, 10_000),
             local_lora_dir=_dir("LOCAL_LORA_DIR", get("LOCAL_LORA_DIR")),
             catalog_snapshot=Path(get("CATALOG_SNAPSHOT")) if get("CATALOG_SNAPSHOT") else None,
             catalog_refresh=_bool("CATALOG_REFRESH", get("CATALOG_REFRESH", "true")),
@@ -170,6 +182,19 @@ def _device(raw: str) -> str:
     if value in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", value):
         return value
     raise SettingsError(f"DEVICE={raw!r} is not accepted; accepted: {', '.join(_DEVICES)}")
+
+
+def _preview_vae(raw: str) -> str:
+    value = raw.strip()
+    if value in ("auto", "none") or _HUB_ID.match(value):
+        return value
+    folder = Path(value).expanduser()
+    if folder.is_dir():
+        return str(folder.resolve())
+    raise SettingsError(
+        f"PREVIEW_VAE={raw!r} is not accepted; accepted: auto, none, a Hub repo id (owner/name) "
+        "or an existing folder holding an AutoencoderTiny"
+    )
 
 
 def _int(name: str, raw: str, low: int, high: int) -> int:

@@ -46,9 +46,9 @@ def generate(client: Client, **overrides: object) -> tuple[Image.Image, dict]:
         return image.convert("RGB"), info
 
 
-def test_only_the_three_named_endpoints_are_public(client):
+def test_only_the_four_named_endpoints_are_public(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert set(endpoints) == {"/generate", "/catalog", "/lora_info"}
+    assert set(endpoints) == {"/generate", "/compare", "/catalog", "/lora_info"}
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
     assert names == [
         "prompt",
@@ -57,6 +57,19 @@ def test_only_the_three_named_endpoints_are_public(client):
         "lora_scale",
         "lora_2",
         "lora_2_scale",
+        "steps",
+        "guidance",
+        "width",
+        "height",
+        "seed",
+    ]
+    compare = [p["parameter_name"] for p in endpoints["/compare"]["parameters"]]
+    assert compare == [
+        "prompt",
+        "negative_prompt",
+        "loras",
+        "scales",
+        "include_base",
         "steps",
         "guidance",
         "width",

@@ -216,4 +216,3 @@ def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
     finally:
         catalog.close()
     assert isinstance(outcome, GenerationCancelledError)
-

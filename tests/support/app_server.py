@@ -11,7 +11,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,9 +141,18 @@ def recording_runner(engine: object) -> object:
 
 @contextmanager
 def serve_fixture_app(
-    loaded: object, settings: object, hub: object, fixtures: object, *, metrics: bool = False
+    loaded: object,
+    settings: object,
+    hub: object,
+    fixtures: object,
+    *,
+    metrics: bool = False,
+    runner: Callable[[object], object] | None = None,
 ) -> Iterator[AppServer]:
-    """The full app over the session's tiny pipeline, a catalogue of the stand-in Hub and the local fixtures."""
+    """The full app over the session's tiny pipeline, a catalogue of the stand-in Hub and the local fixtures.
+
+    `runner(engine)` builds the app's runner (the plain GpuRunner when None).
+    """
     from engine.resolve import AdapterResolver
     from engine.service import Engine
     from lora_catalog.catalog import Catalog
@@ -153,7 +162,10 @@ def serve_fixture_app(
     resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=None, max_bytes=settings.max_adapter_bytes)
     engine = Engine(loaded, settings, resolver)
     try:
-        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir], metrics=metrics) as served:
+        built = runner(engine) if runner is not None else None
+        with serve_app(
+            engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir], metrics=metrics, runner=built
+        ) as served:
             yield served
     finally:
         engine.close()
