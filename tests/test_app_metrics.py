@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -164,7 +165,7 @@ def test_evictions_and_the_ui_transport_are_counted(make_engine, fixtures):
     handlers = Handlers(engine, catalog=None, runner=GpuRunner(engine))  # type: ignore[arg-type]
     for ref in (fixtures["peft"], fixtures["second"]):
         request = GenerateRequest(prompt="a fox", loras=(LoraSpec(ref),), steps=1, width=64, height=64, seed=1)
-        handlers.generate(request, transport="ui")
+        asyncio.run(handlers.generate(request, transport="ui"))
     samples = parse(generate_latest(metrics.registry).decode())
     assert value(samples, "switchboard_requests_total", transport="ui", status="200") == 2
     assert value(samples, "switchboard_cache_misses_total", tier="host") == 2
@@ -183,7 +184,9 @@ def test_on_zero_gpu_the_workers_swap_and_inference_are_counted_once(make_engine
     metrics = Metrics()
     metrics.watch(engine)
     runner = GpuRunner(engine, zero_gpu=True)
-    runner._run_on_gpu = lambda prepared, progress: worker.run(prepared, progress=progress)  # type: ignore[method-assign]
+    # The worker's side of a ZeroGPU call: its own runner receives what was shipped and runs its engine.
+    in_worker = GpuRunner(worker, zero_gpu=True)
+    runner._run_on_gpu = in_worker._run_shipped  # type: ignore[method-assign]
     request = GenerateRequest(prompt="a fox", loras=(LoraSpec(fixtures["peft"]),), steps=1, width=64, height=64, seed=1)
     result = runner.generate(request)
     samples = parse(generate_latest(metrics.registry).decode())

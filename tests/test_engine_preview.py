@@ -121,9 +121,10 @@ def test_post_slash_asks_for_no_previews(make_engine):
     asked: list[object] = []
 
     class Recording(GpuRunner):
-        def generate(self, request, **kwargs):
+        async def complete(self, ticket, **kwargs):
+            # Where POST / hands its queued request over to be run.
             asked.append(kwargs.get("preview"))
-            return super().generate(request, **kwargs)
+            return await super().complete(ticket, **kwargs)
 
     with serve_routes(Recording(make_engine())) as url:
         answer = httpx.post(url, json={"inputs": "a fox", "parameters": {"num_inference_steps": 4}}, timeout=120)
