@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -183,6 +183,16 @@ class Engine:
                 cache=use.cache,
                 warnings=prepared.warnings,
             )
+
+    def hold(self, keys: Iterable[AdapterKey]) -> None:
+        """Keep these prepared adapters cached until `let_go` (an outside cache, e.g. Ray Serve's, owns them)."""
+        self._store.lease(keys)
+
+    def let_go(self, keys: Iterable[AdapterKey]) -> None:
+        """End a `hold`: the adapters leave the cache as soon as no request or swap uses them."""
+        keys = tuple(keys)
+        self._store.release(keys)
+        self._store.forget(keys)
 
     # -- running ---------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from PIL.Image import Image
@@ -32,9 +32,21 @@ from engine.errors import InvalidRequestError, RequestTooLargeError, Switchboard
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 
 from .errors import json_error
-from .runtime import GpuRunner
 
-__all__ = ["ACCEPTED_PARAMETERS", "MAX_BODY_BYTES", "HttpRequest", "make_routes", "parse_body"]
+if TYPE_CHECKING:
+    # Typing only: the cluster's ingress reuses this module without the Space's runtime (spaces, the catalogue).
+    from .runtime import GpuRunner
+
+__all__ = [
+    "ACCEPTED_PARAMETERS",
+    "MAX_BODY_BYTES",
+    "HttpRequest",
+    "encode_image",
+    "make_routes",
+    "parse_body",
+    "read_body",
+    "result_headers",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +155,8 @@ def _json_type(value: object) -> str:
     return names.get(type(value), "array" if isinstance(value, list) else "object")
 
 
-def _encode(image: Image, media_type: str) -> bytes:
+def encode_image(image: Image, media_type: str) -> bytes:
+    """The image as the answer's bytes: PNG, or JPEG at a fixed quality (the same bytes for the same image)."""
     buffer = io.BytesIO()
     if media_type == "image/png":
         image.save(buffer, format="PNG")
@@ -152,7 +165,8 @@ def _encode(image: Image, media_type: str) -> bytes:
     return buffer.getvalue()
 
 
-def _headers(result: GenerateResult) -> dict[str, str]:
+def result_headers(result: GenerateResult) -> dict[str, str]:
+    """The answer's `X-*` headers: the seed, each phase's seconds, and whether each LoRA was cached."""
     timings = result.timings
     return {
         "X-Seed": str(result.seed),
@@ -177,7 +191,7 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
     """The routes to add to the server in front of the UI (only `POST /`: `GET /` stays the UI)."""
 
     async def generate(request: Request) -> Response:
-        body = await _read_body(request)
+        body = await read_body(request)
         if isinstance(body, Response):
             return body
         try:
@@ -197,13 +211,14 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
             level = logging.WARNING if outcome.status < 500 else logging.ERROR
             logger.log(level, "POST / failed: %s: %s", type(outcome).__name__, outcome)
             return json_error(outcome)
-        data = await anyio.to_thread.run_sync(_encode, outcome.image, parsed.media_type)
-        return Response(data, media_type=parsed.media_type, headers=_headers(outcome))
+        data = await anyio.to_thread.run_sync(encode_image, outcome.image, parsed.media_type)
+        return Response(data, media_type=parsed.media_type, headers=result_headers(outcome))
 
     return [Route("/", generate, methods=["POST"], name="inference_api")]
 
 
-async def _read_body(request: Request) -> bytes | Response:
+async def read_body(request: Request) -> bytes | Response:
+    """The body, or the 413 answer once it is larger than MAX_BODY_BYTES (read no further)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         return _too_large(int(declared))
