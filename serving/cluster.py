@@ -17,7 +17,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from ray import serve
 from ray.serve import Application
@@ -27,7 +30,7 @@ from engine.settings import Settings
 from .cluster_ingress import Ingress
 from .cluster_pool import PoolReplica
 
-__all__ = ["PoolSpec", "app", "build_app", "main", "pool_specs"]
+__all__ = ["PoolSpec", "app", "build_app", "deployment_name", "local_cluster", "main", "pool_specs"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +54,7 @@ def build_app(settings: Settings) -> Application:
     for spec in pool_specs(settings):
         deployment = serve.deployment(
             PoolReplica,
-            name=_deployment_name(spec.base_model_id),
+            name=deployment_name(spec.base_model_id),
             num_replicas=settings.cluster_replicas,
             max_ongoing_requests=settings.cluster_max_ongoing,
             ray_actor_options={"num_cpus": 0, "num_gpus": settings.cluster_gpus_per_replica},
@@ -63,7 +66,30 @@ def build_app(settings: Settings) -> Application:
     return ingress.bind(pools)
 
 
-def _deployment_name(base_model_id: str) -> str:
+@contextmanager
+def local_cluster(settings: Settings, *, port: int, num_cpus: int = 2, name: str = "switchboard") -> Iterator[str]:
+    """Start Ray on this machine, deploy `build_app(settings)` on `port`, yield its URL; shut all down after.
+
+    For tests and benchmarks: worker processes get this repository on their path, and the Hub variables
+    of this process (a stand-in Hub's endpoint), since Ray starts them from its own daemon.
+    """
+    import ray
+
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if k.startswith(("HF_", "OMP_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env})
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(settings), name=name, route_prefix="/")
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def deployment_name(base_model_id: str) -> str:
+    """A pool's deployment name: its base id with what Serve does not accept in names replaced."""
     return "pool-" + re.sub(r"[^A-Za-z0-9_-]+", "-", base_model_id).strip("-")
 
 

@@ -32,7 +32,7 @@ from .errors import json_error
 from .http_api import encode_image, result_headers
 from .wire import encode_png, request_from_json, result_to_json
 
-__all__ = ["WIRE", "AdapterPin", "Answer", "PoolReplica"]
+__all__ = ["WIRE", "AdapterPin", "Answer", "PoolReplica", "weights_digest"]
 
 logger = logging.getLogger(__name__)
 
@@ -139,14 +139,18 @@ class PoolReplica:
 
     def _weights(self) -> tuple[str, str, tuple[str, ...]]:
         self._engine.close()  # puts the base back under the engine's lock; the next request re-applies its set
-        digest = hashlib.sha256()
-        pipe = self._engine.loaded.pipe
-        for name in ("unet", "text_encoder", "text_encoder_2", "vae"):
-            for key, value in sorted(getattr(pipe, name).state_dict().items()):
-                digest.update(key.encode())
-                digest.update(value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         cached = tuple(str(c.key) for c in self._engine.status().cached)
-        return self._replica, digest.hexdigest(), cached
+        return self._replica, weights_digest(self._engine.loaded.pipe), cached
+
+
+def weights_digest(pipe: object) -> str:
+    """SHA-256 over every weight's name and bytes: equal digests are bit-exact weights."""
+    digest = hashlib.sha256()
+    for name in ("unet", "text_encoder", "text_encoder_2", "vae"):
+        for key, value in sorted(getattr(pipe, name).state_dict().items()):
+            digest.update(key.encode())
+            digest.update(value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _json(document: object) -> bytes:
