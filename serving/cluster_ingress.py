@@ -55,8 +55,12 @@ class Ingress:
 
     async def __call__(self, http: Request) -> Response:
         path = http.url.path.rstrip("/") or "/"
+        if http.method == "GET" and path in ("/v1/info", "/v1/status"):
+            return await self._describe(path.removeprefix("/v1/"), {}, http.query_params.get("base", ""))
         if http.method != "POST":
             return json_error(InvalidRequestError(f"{http.method} {path} is not served; accepted: POST"))
+        if path == "/v1/check":
+            return await self._check(http)
         if path == "/":
             return await self._inference_api(http, "")
         if path.startswith("/models/"):
@@ -95,6 +99,24 @@ class Ingress:
         return Response(
             answer.body, status_code=answer.status, media_type=answer.media_type, headers=dict(answer.headers)
         )
+
+    async def _check(self, http: Request) -> Response:
+        body = await read_body(http)
+        if isinstance(body, Response):
+            return body
+        try:
+            document = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            return json_error(InvalidRequestError(f"the body is not a JSON LoraSpec ({e})"))
+        return await self._describe("check", document, http.query_params.get("base", ""))
+
+    async def _describe(self, what: str, document: dict, base: str) -> Response:
+        try:
+            pool = self._pool(base)
+        except SwitchboardError as e:
+            return json_error(e)
+        answer = await pool.handle.describe.remote(what, document)
+        return Response(answer.body, status_code=answer.status, media_type=answer.media_type)
 
     def _pool(self, base: str) -> PoolRoute:
         """The pool for a named base (its base or model id, any case); the first pool when none is named."""

@@ -10,6 +10,7 @@ same adapters and a "hit" in `X-Lora-Cache` means what Serve's routing thinks it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -30,7 +31,7 @@ from lora_catalog.hub import HubSource
 
 from .errors import json_error
 from .http_api import encode_image, result_headers
-from .wire import encode_png, request_from_json, result_to_json
+from .wire import encode_png, request_from_json, result_to_json, spec_from_json
 
 __all__ = ["WIRE", "AdapterPin", "Answer", "PoolReplica", "weights_digest"]
 
@@ -133,6 +134,26 @@ class PoolReplica:
             body = encode_image(result.image, media_type)
         return Answer(200, media_type, body, tuple(headers.items()))
 
+    async def describe(self, what: str, document: dict) -> Answer:
+        """The Space's other engine calls, as JSON: `info` (defaults, ids), `status`, `check` (one LoRA)."""
+        try:
+            if what == "check":
+                spec = spec_from_json(document)
+                found: object = await asyncio.to_thread(self._engine.check_lora, spec)
+            elif what == "status":
+                found = self._engine.status()
+            else:
+                loaded = self._engine.loaded
+                found = {
+                    "model_id": loaded.model_id,
+                    "base_model_id": loaded.base_model_id,
+                    "defaults": loaded.defaults,
+                }
+        except SwitchboardError as e:
+            error = json_error(e)
+            return Answer(error.status_code, WIRE, bytes(error.body))
+        return Answer(200, WIRE, _json(_plain(found)))
+
     async def weights(self) -> tuple[str, str, tuple[str, ...]]:
         """(replica id, SHA-256 of every weight with the base restored, adapters cached): for the tests."""
         return await asyncio.to_thread(self._weights)
@@ -151,6 +172,15 @@ def weights_digest(pipe: object) -> str:
             digest.update(key.encode())
             digest.update(value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def _plain(value: object) -> object:
+    """Dataclasses as JSON-ready dicts (asdict recurses into AdapterKey and ModelDefaults too)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _json(document: object) -> bytes:

@@ -19,6 +19,7 @@ from lora_catalog.listing import CatalogPage
 if TYPE_CHECKING:
     from engine.service import Engine, EngineStatus, LoraCheck
     from lora_catalog.catalog import Catalog
+    from serving.remote import RemoteEngine, RemoteRunner
     from serving.runtime import GpuRunner
 
 __all__ = ["PAGE_SIZE", "Handlers", "LoraReport"]
@@ -40,7 +41,14 @@ class LoraReport:
 class Handlers:
     """The one implementation of each user action, over one engine, its runner and the catalogue."""
 
-    def __init__(self, engine: Engine, catalog: Catalog, runner: GpuRunner, *, boot_s: float | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine | RemoteEngine,
+        catalog: Catalog,
+        runner: GpuRunner | RemoteRunner,
+        *,
+        boot_s: float | None = None,
+    ) -> None:
         self._engine = engine
         self._catalog = catalog
         self._runner = runner

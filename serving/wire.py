@@ -14,18 +14,23 @@ from __future__ import annotations
 import base64
 import io
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from PIL import Image
 
+from engine.adapters import AdapterKey
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
-from engine.requests import AdapterUse, GenerateRequest, GenerateResult, LoraSpec, Timings
+from engine.requests import AdapterUse, GenerateRequest, GenerateResult, LoraSpec, ModelDefaults, Timings
+from engine.service import EngineStatus, LoraCheck
+from engine.store import CachedAdapter
 
 __all__ = [
     "adapter_set_id",
+    "check_from_json",
     "decode_png",
+    "defaults_from_json",
     "encode_png",
     "error_body",
     "error_class",
@@ -34,8 +39,11 @@ __all__ = [
     "request_to_json",
     "result_from_json",
     "result_to_json",
+    "spec_from_json",
+    "status_from_json",
 ]
 
+T = TypeVar("T")
 _REQUEST_FIELDS = {f.name for f in fields(GenerateRequest)}
 _SPEC_FIELDS = {f.name for f in fields(LoraSpec)}
 
@@ -54,7 +62,7 @@ def request_from_json(document: object) -> GenerateRequest:
         )
     loras = document.get("loras") or []
     if not isinstance(loras, list) or not all(isinstance(s, dict) and not set(s) - _SPEC_FIELDS for s in loras):
-        raise InvalidRequestError(f"loras must be a list of objects with fields {sorted(_SPEC_FIELDS)}")
+        raise InvalidRequestError(f"loras is malformed; accepted: a list of objects with fields {sorted(_SPEC_FIELDS)}")
     return GenerateRequest(**{**document, "loras": tuple(LoraSpec(**spec) for spec in loras)})
 
 
@@ -138,3 +146,36 @@ def error_from_body(body: object, status: int) -> SwitchboardError:
             return error
         return BackendUnavailableError(f"the backend failed with {body['error_type']}: {body['error']}")
     return BackendUnavailableError(f"the backend answered HTTP {status} without a JSON error")
+
+
+def spec_from_json(document: object) -> LoraSpec:
+    if not isinstance(document, dict) or set(document) - _SPEC_FIELDS or "ref" not in document:
+        raise InvalidRequestError(f"the LoRA is not a LoraSpec; accepted: an object with fields {sorted(_SPEC_FIELDS)}")
+    return LoraSpec(**document)
+
+
+def check_from_json(document: Mapping[str, Any]) -> LoraCheck:
+    return _readable(
+        lambda: LoraCheck(
+            **{**document, "components": tuple(document["components"]), "warnings": tuple(document["warnings"])}
+        )
+    )
+
+
+def defaults_from_json(document: Mapping[str, Any]) -> ModelDefaults:
+    return _readable(lambda: ModelDefaults(**document))
+
+
+def status_from_json(document: Mapping[str, Any]) -> EngineStatus:
+    def build() -> EngineStatus:
+        cached = tuple(CachedAdapter(**{**item, "key": AdapterKey(**item["key"])}) for item in document["cached"])
+        return EngineStatus(**{**document, "cached": cached, "applied": tuple(document["applied"])})
+
+    return _readable(build)
+
+
+def _readable(build: Callable[[], T]) -> T:
+    try:
+        return build()
+    except (KeyError, TypeError, ValueError) as e:
+        raise BackendUnavailableError(f"the backend answered something this Space cannot read: {e}") from e

@@ -155,29 +155,67 @@ def test_base_weights_are_bit_exact_on_every_replica_after_a_mixed_run(cluster, 
         assert len(cached) <= cluster_settings.cluster_adapter_sets, (replica, cached)
 
 
+def test_the_space_with_backend_url_generates_on_the_cluster(cluster, cluster_settings, engine, fixtures):
+    from engine.errors import BackendUnavailableError, GatedLoraError, LimitExceededError
+    from engine.requests import GenerateRequest, LoraSpec
+    from serving.remote import RemoteRunner
+    from serving.runtime import build_runtime
+
+    def no_local_pipeline(*args: object, **kwargs: object):
+        raise AssertionError("a front end loads no pipeline")
+
+    runtime = build_runtime(cluster_settings.replace(backend_url=cluster.rstrip("/")), load=no_local_pipeline)
+    try:
+        request = GenerateRequest(
+            prompt="a fox",
+            loras=(LoraSpec(fixtures["peft"], 0.8), LoraSpec(fixtures.local["kohya"], 0.5)),
+            seed=3,
+            steps=2,
+        )
+        remote, local = runtime.runner.generate(request), engine.generate(request)
+        assert remote.image.tobytes() == local.image.tobytes()
+        assert remote.request == local.request
+        assert [(a.ref, a.revision, a.weight_name, a.scale) for a in remote.adapters] == [
+            (a.ref, a.revision, a.weight_name, a.scale) for a in local.adapters
+        ]
+        assert runtime.engine.defaults == engine.defaults
+        assert (
+            runtime.engine.check_lora(LoraSpec(fixtures["second"])).rank
+            == engine.check_lora(LoraSpec(fixtures["second"])).rank
+        )
+        assert runtime.engine.status().model_id == cluster_settings.model_id
+        with pytest.raises(GatedLoraError, match="gated"):
+            runtime.runner.generate(GenerateRequest(prompt="x", loras=(LoraSpec(fixtures["gated"]),)))
+        with pytest.raises(LimitExceededError, match="steps=9999"):
+            runtime.runner.generate(GenerateRequest(prompt="x", steps=9999))
+    finally:
+        runtime.close()
+    down = RemoteRunner(f"http://127.0.0.1:{free_port()}", timeout_s=5)
+    with pytest.raises(BackendUnavailableError, match="could not be reached"):
+        down.generate(GenerateRequest(prompt="x"))
+
+
 def test_a_replica_killed_mid_run_is_replaced_and_no_request_is_lost(cluster, cluster_settings, single, fixtures):
-    loras = [fixtures["peft"], fixtures["kohya"], fixtures.local["peft"], ""]
-    jobs = [(body(seed=100 + i, steps=4), loras[i % len(loras)]) for i in range(16)]
+    home = post(cluster, body(seed=1), lora=fixtures["kohya"]).headers["x-replica"]
+    long_job = (body(seed=99, steps=50), fixtures["kohya"])  # a few seconds on the tiny pipeline: killed mid-way
+    loras = [fixtures["peft"], fixtures["second"], fixtures.local["peft"], ""]
+    jobs = [long_job, *[(body(seed=100 + i, steps=4), loras[i % len(loras)]) for i in range(12)]]
     answers: dict[int, httpx.Response] = {}
-    started = threading.Event()
 
     def client(indices: list[int]) -> None:
         for i in indices:
             content, lora = jobs[i]
             answers[i] = post(cluster, content, **({"lora": lora} if lora else {}))
-            started.set()
 
-    threads = [threading.Thread(target=client, args=(list(range(k, len(jobs), 3)),)) for k in range(3)]
-    for thread in threads:
+    threads = [threading.Thread(target=client, args=([0],))]
+    threads += [threading.Thread(target=client, args=(list(range(k, len(jobs), 2)),)) for k in (1, 2)]
+    threads[0].start()
+    time.sleep(1.0)  # the long request is on its LoRA's home replica by now
+    for thread in threads[1:]:
         thread.start()
-    assert started.wait(300)
-    victims = [
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if pool_deployment(cluster_settings) in a["name"]
-    ]
-    assert len(victims) == 2, victims
-    ray.kill(ray.get_actor(victims[0], namespace="serve"), no_restart=True)
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    victim = next(n for n in names if pool_deployment(cluster_settings) in n and n.endswith(f"#{home}"))
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
     for thread in threads:
         thread.join(600)
     assert sorted(answers) == list(range(len(jobs)))
@@ -185,9 +223,11 @@ def test_a_replica_killed_mid_run_is_replaced_and_no_request_is_lost(cluster, cl
         expected = post(single, content, **({"lora": lora} if lora else {}))
         assert answers[i].status_code == 200, answers[i].text[:300]
         assert answers[i].content == expected.content, i
+    # The long request was answered by another replica: the ingress sent it again after its replica died.
+    assert answers[0].headers["x-replica"] != home
     deadline = time.monotonic() + 300
     while running_replicas(cluster_settings) < 2 and time.monotonic() < deadline:
         time.sleep(1)
     assert running_replicas(cluster_settings) == 2
     replicas = replica_weights(cluster_settings, expected=2)
-    assert victims[0].rsplit("#", 1)[-1] not in replicas
+    assert home not in replicas
