@@ -53,16 +53,15 @@ def build_app(settings: Settings) -> Application:
     pools = []
     for spec in pool_specs(settings):
         deployment = serve.deployment(
-            PoolReplica,
             name=deployment_name(spec.base_model_id),
             num_replicas=settings.cluster_replicas,
             max_ongoing_requests=settings.cluster_max_ongoing,
             ray_actor_options={"num_cpus": 0, "num_gpus": settings.cluster_gpus_per_replica},
-        )
+        )(PoolReplica)
         pool_settings = settings.replace(model_id=spec.model_id, base_model_id=spec.base_model_id)
         pools.append((spec.model_id, spec.base_model_id, deployment.bind(pool_settings, settings.cluster_adapter_sets)))
     # The ingress only parses and forwards; the default of 5 ongoing requests would queue work it can pass on.
-    ingress = serve.deployment(Ingress, name="ingress", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+    ingress = serve.deployment(name="ingress", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})(Ingress)
     return ingress.bind(pools)
 
 
