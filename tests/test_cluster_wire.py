@@ -119,3 +119,27 @@ def test_remote_runner_says_when_the_backend_cannot_be_reached():
     runner = RemoteRunner("http://cluster", timeout_s=5, transport=httpx.MockTransport(refuse))
     with pytest.raises(BackendUnavailableError, match=r"http://cluster could not be reached \(ConnectError"):
         runner.generate(GenerateRequest(prompt="x"))
+
+
+def _cached(engine) -> set[str]:
+    return {str(c.key) for c in engine.status().cached}
+
+
+def test_a_held_set_stays_cached_and_let_go_evicts_it_once_unused(make_engine, fixtures):
+    """What a replica's AdapterPin does when Serve loads and evicts an adapter set."""
+    engine = make_engine()
+    request = GenerateRequest(prompt="x", loras=(LoraSpec(fixtures["peft"]),), steps=1, seed=1)
+    with engine.prepare(request) as prepared:
+        keys = tuple(adapter.key for adapter, _ in prepared.adapters)
+        engine.hold(keys)
+    assert {str(k) for k in keys} <= _cached(engine)
+    with engine.prepare(request) as prepared:
+        assert prepared.uses[0].cache == "hit"
+        engine.let_go(keys)  # Serve evicts while a request still uses the set: it stays until that ends
+        assert {str(k) for k in keys} <= _cached(engine)
+        engine.run(prepared)
+    # Fused now (the swap uses it): evicted once another set, or none, is served.
+    engine.generate(GenerateRequest(prompt="x", steps=1, seed=1))
+    assert not {str(k) for k in keys} & _cached(engine)
+    again = engine.generate(request)
+    assert again.adapters[0].cache == "miss"
