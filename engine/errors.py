@@ -18,6 +18,7 @@ from lora_catalog.errors import (
 
 __all__ = [
     "AdapterLoadError",
+    "BackendUnavailableError",
     "EngineBusyError",
     "EngineError",
     "GatedLoraError",
@@ -33,6 +34,7 @@ __all__ = [
     "SettingsError",
     "StorageError",
     "SwitchboardError",
+    "UnservedBaseError",
     "UnsupportedLoraVariantError",
 ]
 
@@ -109,3 +111,17 @@ class StorageError(EngineError, OSError):
     """The adapter could not be written to or read from the disk cache (full, read-only, unwritable)."""
 
     title = "Storage error"
+
+
+class UnservedBaseError(EngineError):
+    """A request (or its LoRA) names a base model no pool of this Space serves."""
+
+    status = 404
+    title = "Base model not served"
+
+
+class BackendUnavailableError(EngineError, ConnectionError):
+    """The generation backend (`BACKEND_URL`, a Ray Serve cluster) could not be reached or answered nonsense."""
+
+    status = 503
+    title = "Backend unreachable"

@@ -12,7 +12,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -274,6 +274,16 @@ class Engine:
                 cache=use.cache,
                 warnings=prepared.warnings,
             )
+
+    def hold(self, keys: Iterable[AdapterKey]) -> None:
+        """Keep these prepared adapters cached until `let_go` (an outside cache, e.g. Ray Serve's, owns them)."""
+        self._store.lease(keys)
+
+    def let_go(self, keys: Iterable[AdapterKey]) -> None:
+        """End a `hold`: the adapters leave the cache as soon as no request or swap uses them."""
+        keys = tuple(keys)
+        self._store.release(keys)
+        self._store.forget(keys)
 
     # -- running ---------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .errors import SettingsError
 
@@ -89,6 +90,15 @@ class Settings:
     zero_gpu: bool = False
     # GET /metrics (Prometheus text); off by default because a public Space would publish it to everyone.
     metrics: bool = False
+    # With a URL, the Space is a front end: generation goes to that Ray Serve cluster (serving.cluster).
+    backend_url: str | None = None
+    backend_timeout_s: float = 600.0
+    # The cluster's shape (serving.cluster): replicas per pool, requests a replica takes at once, adapter
+    # sets each replica holds (Serve's multiplexed LRU, which the engine's prepared-adapter cache follows).
+    cluster_replicas: int = 1
+    cluster_max_ongoing: int = 1
+    cluster_adapter_sets: int = 16
+    cluster_gpus_per_replica: float = 1.0
     # Gradio's own variables, read here so nothing else reads the environment; a Space sets both.
     server_name: str = "0.0.0.0"
     server_port: int = 7860
@@ -141,6 +151,12 @@ class Settings:
             log_level=_choice("LOG_LEVEL", get("LOG_LEVEL", "INFO").upper(), _LOG_LEVELS),
             zero_gpu=_bool("SPACES_ZERO_GPU", get("SPACES_ZERO_GPU", "false")),
             metrics=_bool("METRICS", get("METRICS", "false")),
+            backend_url=_url("BACKEND_URL", get("BACKEND_URL")),
+            backend_timeout_s=_float("BACKEND_TIMEOUT_S", get("BACKEND_TIMEOUT_S", "600"), 1.0, 86_400.0),
+            cluster_replicas=_int("CLUSTER_REPLICAS", get("CLUSTER_REPLICAS", "1"), 1, 1024),
+            cluster_max_ongoing=_int("CLUSTER_MAX_ONGOING", get("CLUSTER_MAX_ONGOING", "1"), 1, 64),
+            cluster_adapter_sets=_int("CLUSTER_ADAPTER_SETS", get("CLUSTER_ADAPTER_SETS", "16"), 1, 4096),
+            cluster_gpus_per_replica=_float("CLUSTER_GPUS_PER_REPLICA", get("CLUSTER_GPUS_PER_REPLICA", "1"), 0.0, 8.0),
             server_name=get("GRADIO_SERVER_NAME", "0.0.0.0").strip(),
             server_port=_int("GRADIO_SERVER_PORT", get("GRADIO_SERVER_PORT", "7860"), 1, 65535),
         )
@@ -222,6 +238,23 @@ def _bool(name: str, raw: str) -> bool:
     if key not in _BOOLS:
         raise SettingsError(f"{name}={raw!r} is not accepted; accepted: {', '.join(_BOOLS)}")
     return _BOOLS[key]
+
+
+def _url(name: str, raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    value = raw.strip()
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise SettingsError(
+            f"{name}={raw!r} is not accepted; accepted: an http(s) URL with a host and no query, "
+            "e.g. http://head-node:8000"
+        )
+    try:
+        parts.port  # noqa: B018 -- urlsplit checks the port only when it is read
+    except ValueError as e:
+        raise SettingsError(f"{name}={raw!r} has a bad port; accepted: a port from 0 to 65535") from e
+    return value.rstrip("/")
 
 
 def _dir(name: str, raw: str | None) -> Path | None:

@@ -86,6 +86,14 @@ class ByteLRU:
                 self.budget,
             )
 
+    def evict(self, key: AdapterKey) -> None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self._bytes -= item.nbytes
+            logger.info(
+                "evicted %s from the %s cache on request (%d bytes, %d left)", key, self.name, item.nbytes, self._bytes
+            )
+
     def trim(self, protected: set[AdapterKey], room: int = 0) -> None:
         """Evict least-recently-used unprotected items until `room` more bytes fit."""
         for key in list(self._items):
@@ -124,6 +132,8 @@ class AdapterStore:
         self._pin = device.type == "cuda" if pin is None else pin
         self._leases: Counter[AdapterKey] = Counter()
         self._active: set[AdapterKey] = set()
+        # Adapters an outside cache (Ray Serve's multiplexed LRU) let go: evicted as soon as nothing uses them.
+        self._unwanted: set[AdapterKey] = set()
 
     def get(self, key: AdapterKey) -> PreparedAdapter | None:
         with self._lock:
@@ -138,6 +148,7 @@ class AdapterStore:
             dtype = self._dtype
         adapter = adapter.to(torch.device("cpu"), dtype, pin=self._pin)
         with self._lock:
+            self._unwanted.discard(adapter.key)
             self._host.put(adapter.key, adapter, self._protected())
         return adapter
 
@@ -149,6 +160,12 @@ class AdapterStore:
         with self._lock:
             self._leases.subtract(keys)
             self._leases = +self._leases
+            self._trim()
+
+    def forget(self, keys: Iterable[AdapterKey]) -> None:
+        """Evict `keys` from both tiers now, or once the requests and the swap that use them let go."""
+        with self._lock:
+            self._unwanted.update(keys)
             self._trim()
 
     def set_active(self, keys: Iterable[AdapterKey]) -> None:
@@ -212,6 +229,11 @@ class AdapterStore:
 
     def _trim(self) -> None:
         protected = self._protected()
+        for key in sorted(self._unwanted - protected, key=str):
+            self._unwanted.discard(key)
+            for tier in (self._host, self._device_tier):
+                if tier is not None:
+                    tier.evict(key)
         self._host.trim(protected)
         if self._device_tier is not None:
             self._device_tier.trim(protected)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from engine.scheduler import QueueView
     from engine.service import Engine, EngineStatus, LoraCheck
     from lora_catalog.catalog import Catalog
+    from serving.remote import RemoteEngine, RemoteRunner
     from serving.runtime import GpuRunner
 
 __all__ = ["PAGE_SIZE", "Comparison", "Handlers", "LoraReport"]
@@ -58,7 +59,14 @@ class Comparison:
 class Handlers:
     """The one implementation of each user action, over one engine, its runner and the catalogue."""
 
-    def __init__(self, engine: Engine, catalog: Catalog, runner: GpuRunner, *, boot_s: float | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine | RemoteEngine,
+        catalog: Catalog,
+        runner: GpuRunner | RemoteRunner,
+        *,
+        boot_s: float | None = None,
+    ) -> None:
         self._engine = engine
         self._catalog = catalog
         self._runner = runner

@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
 import anyio
@@ -38,16 +38,22 @@ from engine.errors import InvalidRequestError, RequestTooLargeError, Switchboard
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 
 from .errors import json_error
-from .runtime import GpuRunner
+
+if TYPE_CHECKING:
+    # Typing only: the cluster's ingress reuses this module without the Space's runtime (spaces, the catalogue).
+    from .runtime import GpuRunner
 
 __all__ = [
     "ACCEPTED_PARAMETERS",
     "HUB_HOST",
     "MAX_BODY_BYTES",
     "HttpRequest",
+    "encode_image",
     "lora_from_path",
     "make_routes",
     "parse_body",
+    "read_body",
+    "result_headers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -223,7 +229,8 @@ def _json_type(value: object) -> str:
     return names.get(type(value), "array" if isinstance(value, list) else "object")
 
 
-def _encode(image: Image, media_type: str) -> bytes:
+def encode_image(image: Image, media_type: str) -> bytes:
+    """The image as the answer's bytes: PNG, or JPEG at a fixed quality (the same bytes for the same image)."""
     buffer = io.BytesIO()
     if media_type == "image/png":
         image.save(buffer, format="PNG")
@@ -232,10 +239,13 @@ def _encode(image: Image, media_type: str) -> bytes:
     return buffer.getvalue()
 
 
-def _headers(result: GenerateResult, position: int) -> dict[str, str]:
+def result_headers(result: GenerateResult, position: int | None = None) -> dict[str, str]:
+    """The answer's `X-*` headers: the seed, each phase's seconds, whether each LoRA was cached, and the place
+    the request joined the queue at (when it went through this process's scheduler)."""
     timings = result.timings
+    place = {} if position is None else {"X-Queue-Position": str(position)}
     return {
-        "X-Queue-Position": str(position),
+        **place,
         "X-Seed": str(result.seed),
         "X-Timing": (
             f"resolve={timings.resolve:.3f};prepare={timings.prepare:.3f};apply={timings.apply:.3f};"
@@ -274,7 +284,7 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
         return response
 
     async def _answer(request: Request) -> Response:
-        body = await _read_body(request)
+        body = await read_body(request)
         if isinstance(body, Response):
             return body
         try:
@@ -305,8 +315,8 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
                 group.cancel_scope.cancel()
         if isinstance(outcome, SwitchboardError):
             return _failed(outcome)
-        data = await anyio.to_thread.run_sync(_encode, outcome.image, parsed.media_type)
-        return Response(data, media_type=parsed.media_type, headers=_headers(outcome, position))
+        data = await anyio.to_thread.run_sync(encode_image, outcome.image, parsed.media_type)
+        return Response(data, media_type=parsed.media_type, headers=result_headers(outcome, position))
 
     return [Route("/", generate, methods=["POST"], name="inference_api")]
 
@@ -317,7 +327,8 @@ def _failed(error: SwitchboardError) -> Response:
     return json_error(error)
 
 
-async def _read_body(request: Request) -> bytes | Response:
+async def read_body(request: Request) -> bytes | Response:
+    """The body, or the 413 answer once it is larger than MAX_BODY_BYTES (read no further)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         return _too_large(int(declared))

@@ -3,6 +3,8 @@
 `build_runtime(settings)` decides once, at start:
 
 - `MODEL_ID` set: serve exactly that (a Hub id, a local diffusers folder, or `tiny`), or fail loudly;
+- `BACKEND_URL` set: a front end; the catalogue is browsed here, generation runs on that Ray Serve
+  cluster (`serving.remote`, `serving.cluster`) and nothing is loaded here;
 - nothing set: SDXL when a CUDA device is present and its weights can be had (the Hub answers, or
   they are in the local Hugging Face cache); otherwise the offline demo — the tiny random-weight
   pipeline with synthetic LoRAs made on this machine, and a banner that says so.
@@ -45,6 +47,7 @@ from lora_catalog.hub import HubSource
 from lora_catalog.snapshot import default_snapshot_path
 
 from .demo import DEMO_LORAS, ensure_demo_loras, render_previews
+from .remote import RemoteEngine, RemoteRunner
 
 __all__ = ["REPO_ROOT", "GpuRunner", "Runtime", "StartPlan", "build_runtime", "plan_start", "probe_base"]
 
@@ -231,9 +234,9 @@ class Runtime:
     """Everything the Space serves, built once at start."""
 
     settings: Settings
-    engine: Engine
+    engine: Engine | RemoteEngine
     catalog: Catalog
-    runner: GpuRunner
+    runner: GpuRunner | RemoteRunner
     banner: str | None
     demo: bool
     hub_url: str
@@ -310,6 +313,8 @@ def build_runtime(
     overrides huggingface_hub's endpoint for the catalogue.
     """
     started = time.perf_counter()
+    if settings.backend_url is not None:
+        return _serve_remote(settings, started, hub_endpoint)
     plan = plan_start(settings, cuda=cuda, probe=probe)
     if not plan.demo:
         try:
@@ -331,14 +336,7 @@ def _serve_model(
 ) -> Runtime:
     # On ZeroGPU the GPU exists only inside @spaces.GPU calls, so warming up at start would run on none.
     loaded = load(settings, warm=not settings.zero_gpu)
-    hub = HubSource(endpoint=hub_endpoint, token=settings.hf_token, timeout_s=settings.hub_timeout_s)
-    local_dirs = (settings.local_lora_dir,) if settings.local_lora_dir else ()
-    catalog = Catalog(
-        hub,
-        snapshot_path=_snapshot_path(settings),
-        local_dirs=local_dirs,
-        refresh=settings.catalog_refresh,
-    )
+    hub, catalog, local_dirs = _hub_catalog(settings, hub_endpoint)
     resolver = AdapterResolver(
         catalog,
         local_dir=settings.local_lora_dir,
@@ -354,6 +352,45 @@ def _serve_model(
         engine=engine,
         catalog=catalog,
         runner=GpuRunner(engine, zero_gpu=settings.zero_gpu),
+        banner=None,
+        demo=False,
+        hub_url=hub.endpoint,
+        local_dirs=local_dirs,
+        boot_s=boot_s,
+    )
+
+
+def _hub_catalog(settings: Settings, hub_endpoint: str | None) -> tuple[HubSource, Catalog, tuple[Path, ...]]:
+    hub = HubSource(endpoint=hub_endpoint, token=settings.hf_token, timeout_s=settings.hub_timeout_s)
+    local_dirs = (settings.local_lora_dir,) if settings.local_lora_dir else ()
+    catalog = Catalog(
+        hub,
+        snapshot_path=_snapshot_path(settings),
+        local_dirs=local_dirs,
+        refresh=settings.catalog_refresh,
+    )
+    return hub, catalog, local_dirs
+
+
+def _serve_remote(settings: Settings, started: float, hub_endpoint: str | None) -> Runtime:
+    """A front end: the catalogue here, generation (and LoRA checks, status) on the cluster at BACKEND_URL."""
+    assert settings.backend_url is not None
+    runner = RemoteRunner(settings.backend_url, timeout_s=settings.backend_timeout_s)
+    try:
+        engine = RemoteEngine(runner, settings)
+    except SettingsError:
+        runner.close()
+        raise
+    hub, catalog, local_dirs = _hub_catalog(settings.replace(base_model_id=engine.base_model_id), hub_endpoint)
+    boot_s = time.perf_counter() - started
+    logger.info(
+        "front end for the cluster at %s serving %s (start-up %.1f s)", runner.url, engine.base_model_id, boot_s
+    )
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        catalog=catalog,
+        runner=runner,
         banner=None,
         demo=False,
         hub_url=hub.endpoint,
