@@ -10,19 +10,24 @@ user sees the message they would have seen from a local pipeline; a cluster that
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
+import anyio
 import httpx
 
 from engine.errors import BackendUnavailableError, GenerationCancelledError, SettingsError, SwitchboardError
+from engine.events import EngineEvents
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec, ModelDefaults
-from engine.service import EngineStatus, LoraCheck
+from engine.scheduler import QueueView
+from engine.service import EngineStatus, LoraCheck, Preview
 from engine.settings import Settings
 
 from .wire import (
@@ -80,6 +85,18 @@ class RemoteRunner:
             "generated on %s in %.2f s (%.2f s there)", self.url, time.perf_counter() - started, result.timings.total
         )
         return result
+
+    async def generate_async(
+        self,
+        request: GenerateRequest,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        on_queue: Callable[[QueueView], None] | None = None,
+        preview: Preview | None = None,
+    ) -> GenerateResult:
+        """`generate` for the Space's async handlers: the cluster queues it (no place or previews come back)."""
+        return await anyio.to_thread.run_sync(partial(self.generate, request, progress=progress, cancel=cancel))
 
     def _post(self, path: str, document: dict, cancel: threading.Event | None) -> httpx.Response:
         if cancel is None:
@@ -146,6 +163,8 @@ class RemoteEngine:
     def __init__(self, runner: RemoteRunner, settings: Settings) -> None:
         self._runner = runner
         self.settings = settings
+        # Metrics count this Space's requests by transport; the cluster's replicas report their own timings.
+        self.events = EngineEvents()
         try:
             info = runner.get("/v1/info")
             self.defaults: ModelDefaults = defaults_from_json(info["defaults"])
@@ -155,6 +174,21 @@ class RemoteEngine:
 
     def check_lora(self, spec: LoraSpec) -> LoraCheck:
         return check_from_json(self._runner.post("/v1/check", asdict(spec)))
+
+    def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
+        """A gallery click: the cluster checks (and so prepares) the LoRA, off the UI's thread."""
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def check() -> None:
+            try:
+                self.check_lora(spec)
+            except BaseException as e:  # handed to whoever awaits the future
+                future.set_exception(e)
+            else:
+                future.set_result(None)
+
+        threading.Thread(target=check, name="remote-prefetch", daemon=True).start()
+        return future
 
     def status(self) -> EngineStatus:
         return status_from_json(self._runner.get("/v1/status"))
