@@ -193,7 +193,7 @@ def _tiny_vae(source: str, device: torch.device, dtype: torch.dtype) -> TinyVaeP
             return None
         folder = Path(config).parent
     try:
-        vae = AutoencoderTiny.from_pretrained(folder, torch_dtype=dtype)
+        vae = AutoencoderTiny.from_pretrained(folder, dtype=dtype)
     except (OSError, ValueError) as e:
         logger.warning("PREVIEW_VAE %s could not be loaded from %s (%s); using the linear preview", source, folder, e)
         return None
