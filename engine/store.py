@@ -97,7 +97,7 @@ class ByteLRU:
 
 
 class AdapterStore:
-    """Host tier (file dtype; pinned on CUDA) and device tier (compute device and dtype)."""
+    """Host tier (file dtype; pinned on CUDA) and device tier (compute device, file dtype)."""
 
     def __init__(
         self, *, host_budget: int, device_budget: int, device: torch.device, dtype: torch.dtype, use_device_tier: bool
@@ -116,13 +116,12 @@ class AdapterStore:
             return self._host.get(key)
 
     def add(self, adapter: PreparedAdapter) -> PreparedAdapter:
-        """Keep a freshly prepared adapter in the host tier and return the kept copy."""
-        dtype = adapter.layers[0].down.dtype
-        if self._device_tier is None and self._dtype.itemsize <= dtype.itemsize:
-            # No device copies (CPU, or ZeroGPU): keep the host copy in the compute dtype, so a swap
-            # casts nothing, unless that would make it larger than the file.
-            dtype = self._dtype
-        adapter = adapter.to(torch.device("cpu"), dtype, pin=self._pin)
+        """Keep a freshly prepared adapter in the host tier and return the kept copy.
+
+        Both tiers keep the file's dtype: the fuse reads the factors in float32, so converting them
+        to the compute dtype here would round them before the product (and save no work per swap).
+        """
+        adapter = adapter.to(torch.device("cpu"), pin=self._pin)
         with self._lock:
             self._host.put(adapter.key, adapter, self._protected())
         return adapter
@@ -151,7 +150,7 @@ class AdapterStore:
             if cached is not None:
                 return cached
             self._device_tier.trim(self._protected(), room=adapter.nbytes)
-        moved = adapter.to(self._device, self._dtype)
+        moved = adapter.to(self._device)
         with self._lock:
             self._device_tier.put(adapter.key, moved, self._protected())
         return moved

@@ -2,7 +2,9 @@
 
 Taking a set out never subtracts: every weight a set touched is copied back from
 a pristine copy made the first time that weight was touched, so the base is
-bit-exact after any number of swaps. Putting a set in is one `addmm_` per layer.
+bit-exact after any number of swaps. Putting a set in writes each touched weight
+once, from its pristine value plus every update on it summed in float32
+(`engine.layers.fuse`: one `addmm_` per plain LoRA layer, rounded once).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .adapters import PreparedAdapter
+from .layers import LayerUpdate, Scratch, fuse
 
 __all__ = ["ActiveAdapter", "WeightPatcher"]
 
@@ -36,6 +39,7 @@ class WeightPatcher:
         self._pristine_device = pristine_device
         self._pristine: dict[int, torch.Tensor] = {}
         self._dirty: set[int] = set()
+        self._scratch = Scratch()
 
     @property
     def dirty(self) -> frozenset[int]:
@@ -45,6 +49,11 @@ class WeightPatcher:
     def pristine_bytes(self) -> int:
         return sum(t.nbytes for t in self._pristine.values())
 
+    @property
+    def scratch_bytes(self) -> int:
+        """float32 work buffers kept between swaps (about one largest touched weight, or a few with LyCORIS/DoRA)."""
+        return self._scratch.nbytes
+
     @torch.no_grad()
     def apply(self, active: Sequence[ActiveAdapter]) -> None:
         """Make the weights equal base + the given set, whatever set was fused before.
@@ -52,15 +61,24 @@ class WeightPatcher:
         On failure the touched weights are restored to base before the error propagates,
         so the caller can re-apply what it served before.
         """
-        touched = {layer.target for item in active for layer in item.adapter.layers}
+        plan: dict[int, list[tuple[LayerUpdate, float]]] = {}
+        for item in active:
+            for layer in item.adapter.layers:
+                plan.setdefault(layer.target, []).append((layer, item.scale))
         try:
-            for index in sorted(touched - self._pristine.keys()):
+            for index in sorted(plan.keys() - self._pristine.keys()):
                 self._pristine[index] = self._snapshot(self._params[index])
-            self._restore(self._dirty)
-            self._dirty = set(touched)
-            for item in active:
-                for layer in item.adapter.layers:
-                    self._fuse(self._params[layer.target], layer.up, layer.down, item.scale * layer.scaling)
+            stale = self._dirty - plan.keys()
+            self._dirty |= plan.keys()
+            self._restore(stale)
+            self._dirty = set(plan)
+            for index in sorted(plan):
+                weight, pristine = self._params[index], self._pristine[index]
+                if pristine.device != weight.device:
+                    # Pristine copies kept in host memory: restore first, then the weight itself is the base.
+                    weight.copy_(pristine, non_blocking=True)
+                    pristine = weight
+                fuse(weight, pristine, plan[index], self._scratch)
         except BaseException:
             self.restore_all()
             raise
@@ -75,18 +93,7 @@ class WeightPatcher:
         """Drop pristine copies of weights that are clean (to free memory)."""
         keep = (keep or set()) | self._dirty
         self._pristine = {i: t for i, t in self._pristine.items() if i in keep}
-
-    @staticmethod
-    def _fuse(weight: torch.Tensor, up: torch.Tensor, down: torch.Tensor, alpha: float) -> None:
-        if up.dtype != weight.dtype or up.device != weight.device:
-            # Per-call (ZeroGPU) mode keeps no device copies: factors come from pinned host memory.
-            up = up.to(device=weight.device, dtype=weight.dtype, non_blocking=True)
-            down = down.to(device=weight.device, dtype=weight.dtype, non_blocking=True)
-        if weight.is_contiguous():
-            weight.view(weight.shape[0], -1).addmm_(up, down, alpha=alpha)
-        else:
-            # channels_last convolution weights cannot be viewed as a matrix
-            weight.add_(torch.mm(up, down).view(weight.shape), alpha=alpha)
+        self._scratch.clear()
 
     def _restore(self, indices: set[int]) -> None:
         for index in sorted(indices):
