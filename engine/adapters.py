@@ -156,7 +156,9 @@ def prepare(
     """Load a validated safetensors adapter and map it onto `table`; the file's header was read already."""
     label = f"LoRA {key.name!r} ({key.weight_name})"
     if variant := detect_variant(shapes):
-        raise UnsupportedLoraVariantError(f"{label} is a {variant} adapter; accepted: {_ACCEPTED}")
+        raise UnsupportedLoraVariantError(
+            f"{label} uses {variant}, which the fused swap cannot apply; accepted: {_ACCEPTED}"
+        )
     rank = max_rank_of(shapes)
     if rank > max_rank:
         raise LimitExceededError(f"{label} has rank {rank}; accepted: rank up to {max_rank}")

@@ -7,10 +7,13 @@ or without a Tucker core) and DoRA are supported and never match here.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 
-__all__ = ["UNSUPPORTED_VARIANTS", "unsupported_variant"]
+from .entries import LoraEntry
+
+__all__ = ["UNSUPPORTED_VARIANTS", "mark_unsupported", "unsupported_variant"]
 
 # (tensor-name pattern, variant name): LyCORIS module names (`lycoris/modules/*.py` weight_list) and PEFT's.
 UNSUPPORTED_VARIANTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -19,12 +22,12 @@ UNSUPPORTED_VARIANTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"\.(oft_blocks|oft_diag)$|\.oft_R(\.weight)?$|\.oft_s$", "OFT"),
         (r"\.boft_[Rs](\.weight)?$", "BOFT"),
         (r"\.on_input$|\.ia3_l(\.weight)?$", "IA3"),
-        (r"\.diff(_b)?$", "a full weight difference"),
+        (r"\.diff(_b)?$", "full weight differences"),
         (r"\.(a1|a2|b1|b2|bm)\.weight$", "GLoRA"),
-        (r"\.[wb]_norm$", "a norm-layer fine-tune"),
+        (r"\.[wb]_norm$", "norm-layer fine-tuning"),
         (r"\.(q_layer|p_layer)\.weight$|\.lambda_layer$", "T-LoRA"),
-        (r"\.lokr_t1$", "LoKr with a Tucker core on its first factor"),
-        (r"(lora_B|lora_up|lora_down|lora_A)\.bias$|\.bias_(indices|values)$", "LoRA with bias terms"),
+        (r"\.lokr_t1$", "a LoKr Tucker core on the first factor"),
+        (r"(lora_B|lora_up|lora_down|lora_A)\.bias$|\.bias_(indices|values)$", "LoRA bias terms"),
     )
 )
 
@@ -36,3 +39,8 @@ def unsupported_variant(tensor_names: Iterable[str]) -> str | None:
             if pattern.search(name):
                 return variant
     return None
+
+
+def mark_unsupported(entry: LoraEntry, tensor_names: Iterable[str]) -> LoraEntry:
+    """`entry` marked with the unsupported variant its weight file's header shows (e.g. after `read_remote_header`)."""
+    return dataclasses.replace(entry, unsupported=unsupported_variant(tensor_names))
