@@ -83,7 +83,7 @@ def make_loha(
             if tucker and kernel and kernel != [1, 1]:
                 tensors[f"{stem}.hada_t{half}"] = torch.randn((rank, rank, *kernel), generator=generator) / rank
                 tensors[f"{stem}.hada_w{half}_a"] = torch.randn((rank, out_ch), generator=generator) * size
-                tensors[f"{stem}.hada_w{half}_b"] = torch.randn((rank, in_ch), generator=generator) / in_ch**0.5
+                tensors[f"{stem}.hada_w{half}_b"] = torch.randn((rank, in_ch), generator=generator)
             else:
                 a = torch.randn((out_ch, rank), generator=generator) * (size / rank**0.5)
                 tensors[f"{stem}.hada_w{half}_a"] = a
