@@ -34,6 +34,9 @@ from .layers import TMP1, TMP2, Mapper, Scratch, as_float32
 
 __all__ = ["LYCORIS_PARAMS", "LohaFactors", "LokrFactors", "TuckerFactors", "lycoris_layer", "lycoris_rank"]
 
+# Largest r² for which LoHa's ΔW is built as one rank-r² product (see `LohaFactors.add_to`).
+_FACE_SPLITTING_MAX = 64
+
 LYCORIS_PARAMS = (
     "hada_w1_a",
     "hada_w1_b",
@@ -98,6 +101,15 @@ class LohaFactors:
     def add_to(self, acc: torch.Tensor, alpha: float, scratch: Scratch) -> None:
         device = acc.device
         w1a, w1b, w2a, w2b = (as_float32(t, device) for t in (self.w1a, self.w1b, self.w2a, self.w2b))
+        rank = w1b.shape[0]
+        if self.t1 is None and rank * rank <= _FACE_SPLITTING_MAX:
+            # (A1 B1) ⊙ (A2 B2) = (A1 • A2)(B1 • B2), rows of A and columns of B multiplied pairwise: one addmm_
+            # of rank r², no weight-sized temporaries. Measured on a 2-core CPU at 1280x1280: r = 4 five times,
+            # r = 8 a little faster than two products and a Hadamard product; r = 16 twice slower.
+            left = (w1a[:, :, None] * w2a[:, None, :]).reshape(w1a.shape[0], rank * rank)
+            right = (w1b[:, None, :] * w2b[None, :, :]).reshape(rank * rank, w1b.shape[1])
+            acc.addmm_(left, right, alpha=alpha * self.scaling)
+            return
         if self.t1 is None or self.t2 is None:
             first = torch.mm(w1a, w1b, out=scratch.get(TMP1, acc.shape, device))
             second = torch.mm(w2a, w2b, out=scratch.get(TMP2, acc.shape, device))

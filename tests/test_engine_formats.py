@@ -218,14 +218,16 @@ def alpha_of(tensors: dict[str, torch.Tensor], stem: str) -> float:
 
 
 @pytest.mark.parametrize("scale", [1.0, -0.7])
-@pytest.mark.parametrize("tucker", [False, True])
-def test_kohya_loha_matches_lycoris_forward(pipe, table, targets, tmp_path, scale, tucker):
-    tensors = make_loha(targets, rank=4, seed=41, fmt="kohya", alpha=2.5, tucker=tucker)
-    metadata = lycoris_metadata("loha", targets, fmt="kohya", rank=4, alpha=2.5)
+@pytest.mark.parametrize(("rank", "tucker"), [(4, False), (16, False), (4, True)])
+def test_kohya_loha_matches_lycoris_forward(pipe, table, targets, tmp_path, scale, rank, tucker):
+    # rank 4 takes the one-product path (r² <= 64), rank 16 two products and a Hadamard product
+    tensors = make_loha(targets, rank=rank, seed=41, fmt="kohya", alpha=2.5, tucker=tucker)
+    metadata = lycoris_metadata("loha", targets, fmt="kohya", rank=rank, alpha=2.5)
     adapter = load(save_lora(tmp_path / "loha.safetensors", tensors, metadata), table, pipe)
 
     def module(stem: str, org: nn.Module) -> nn.Module:
-        return lycoris_modules.LohaModule(stem, org, 1.0, lora_dim=4, alpha=alpha_of(tensors, stem), use_tucker=tucker)
+        alpha = alpha_of(tensors, stem)
+        return lycoris_modules.LohaModule(stem, org, 1.0, lora_dim=rank, alpha=alpha, use_tucker=tucker)
 
     lycoris_outputs(module, tensors, targets, pipe, fused(adapter, table, scale), scale)
 
