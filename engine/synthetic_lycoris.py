@@ -101,13 +101,16 @@ def make_lokr(
     fmt: Format = "kohya",
     alpha: float | None = None,
     factor: int = -1,
-    whole: bool = False,
+    whole: bool | None = None,
     tucker: bool = False,
     strength: float = 0.2,
     dtype: torch.dtype = torch.float16,
     layers_per_block: int = 2,
 ) -> dict[str, torch.Tensor]:
-    """Random LoKr factors: `lokr_w1` whole, `lokr_w2` factored at `rank` (whole when `whole`; Tucker on 3x3)."""
+    """Random LoKr factors: `lokr_w1` whole, `lokr_w2` factored at `rank` or whole (Tucker-factored on 3x3 when asked).
+
+    `whole=None` decides as LyCORIS does: `lokr_w2` is whole when `rank >= max(b, d) / 2` (`modules/lokr.py` 165).
+    """
     generator = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for target in targets:
@@ -116,7 +119,7 @@ def make_lokr(
         (a, b), (c, d) = factorization(out_ch, factor), factorization(in_ch, factor)
         tensors[f"{stem}.lokr_w1"] = torch.randn((a, c), generator=generator)
         size = strength / _fan_in(target) ** 0.5
-        if whole:
+        if whole or (whole is None and rank >= max(b, d) / 2):
             tensors[f"{stem}.lokr_w2"] = torch.randn((b, d, *kernel), generator=generator) * size
         elif tucker and kernel and kernel != [1, 1]:
             tensors[f"{stem}.lokr_t2"] = torch.randn((rank, rank, *kernel), generator=generator) / rank
