@@ -21,6 +21,7 @@ import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -30,7 +31,7 @@ from engine.dora import DoraUpdate
 from engine.layers import LayerDelta, LayerUpdate, Scratch
 from engine.swap import ActiveAdapter
 from engine.synthetic import LoraTarget, save_lora
-from engine.synthetic_lycoris import lycoris_metadata, make_dora, make_loha, make_lokr
+from engine.synthetic_lycoris import Variant, lycoris_metadata, make_dora, make_loha, make_lokr
 
 from .measure import Clock, Row
 from .ours import Floor, Ours, round_robin, write_pair
@@ -73,7 +74,7 @@ def _files(folder: Path, variant: str, targets: Sequence[LoraTarget], unet: nn.M
             tensors = make_lokr(targets, rank=rank, seed=seed)
         else:
             tensors = make_dora(targets, {"unet": unet}, rank=rank, seed=seed, fmt="kohya")
-        metadata = lycoris_metadata(variant, targets, fmt="kohya", rank=rank, alpha=rank)
+        metadata = lycoris_metadata(cast(Variant, variant), targets, fmt="kohya", rank=rank, alpha=rank)
         paths.append(save_lora(folder / f"{variant}-r{rank}-{name}.safetensors", tensors, metadata))
     return paths[0], paths[1]
 
@@ -136,7 +137,7 @@ def _measure(
     # The patcher copies each weight the first time it touches it, while the weights are still the base.
     ours.patcher.apply((ActiveAdapter(compute[0], 1.0),))
     ours.patcher.restore_all()
-    floor = Floor(ours.table.params, touched)
+    floor = Floor(ours.table.params, touched, ours.patcher.pristine_copies(touched))
     floor_factors = [floor.factors(a) for a in plain]
     floor.choose(floor_factors[0], clock)
     swaps = {

@@ -127,18 +127,19 @@ def _measure_rank(
     touched = sorted({layer.target for adapter in kept[options.formats[0]] for layer in adapter.layers})
     touched_bytes = sum(ours.table.params[i].nbytes for i in touched)
     adapter_bytes = max(a.nbytes for pair in kept.values() for a in pair) * itemsize // 2
-    together = _free_bytes(device) > 2 * touched_bytes + 4 * adapter_bytes * len(kept) + 2**30
+    # The floor shares the patcher's pristine copies, so taking turns needs one copy of the touched weights.
+    together = _free_bytes(device) > touched_bytes + 4 * adapter_bytes * len(kept) + 2**30
     samples: dict[str, dict[str, list[float]]] = {}
     kernel: tuple[str, dict[str, float]] = ("", {})
     if not together:
-        # No room for two pristine copies: the floor runs first, alone, and frees its copy.
+        # No room for the pristine copies beside the adapters: the floor runs first, alone, and frees its copy.
         for fmt in kept:
             samples[fmt], kernel = _floor_alone(ours.table.params, touched, kept[fmt], clock, repeats)
     # The patcher copies a weight the first time it touches it; that must happen while the weights are
     # still the base, before the floor (which fuses outside the patcher) takes turns with it.
     ours.swap(kept[options.formats[0]][0])
     ours.patcher.restore_all()
-    floor = Floor(ours.table.params, touched) if together else None
+    floor = Floor(ours.table.params, touched, ours.patcher.pristine_copies(touched)) if together else None
     if floor is not None:
         floor.choose(floor.factors(kept[options.formats[0]][0]), clock)
         kernel = (floor.kernel, dict(floor.timings))

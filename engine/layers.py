@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, Self
+from typing import ClassVar, Protocol, Self, cast
 
 import torch
 
@@ -61,8 +61,10 @@ def as_float32(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 class LayerUpdate(Protocol):
     """One adapter's change to one weight of the `TargetTable` (index `target`)."""
 
-    target: int
     needs_base: ClassVar[bool]
+
+    @property
+    def target(self) -> int: ...
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]: ...
@@ -152,8 +154,7 @@ def fuse(
         acc.view(weight.shape).copy_(base)
     for index, (update, alpha) in enumerate(ordered):
         if update.needs_base:
-            dependent: BaseDependent = update  # type: ignore[assignment]
-            dependent.rescale(acc, base, alpha, scratch, acc_is_base=index == 0)
+            cast(BaseDependent, update).rescale(acc, base, alpha, scratch, acc_is_base=index == 0)
         else:
             update.add_to(acc, alpha, scratch)
     if not direct:

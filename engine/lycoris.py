@@ -140,8 +140,10 @@ class LokrFactors:
         return tuple(t for t in parts if t is not None)
 
     def map(self, fn: Mapper) -> LokrFactors:
-        parts = (self.w1, self.w1a, self.w1b, self.w2, self.w2a, self.w2b, self.t2)
-        return LokrFactors(self.target, *(_opt(fn, t) for t in parts), self.scaling)  # type: ignore[arg-type]
+        w1, w1a, w1b, w2, w2a, w2b, t2 = (
+            _opt(fn, t) for t in (self.w1, self.w1a, self.w1b, self.w2, self.w2a, self.w2b, self.t2)
+        )
+        return LokrFactors(self.target, w1, w1a, w1b, w2, w2a, w2b, t2, self.scaling)
 
     def halves(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """`w1` (a, c) and `w2` (b, d · kernel); ΔW viewed as (a, b, c, d · kernel) is their outer product."""
@@ -195,6 +197,7 @@ class TuckerFactors:
 
 
 LycorisLayer = LohaFactors | LokrFactors | TuckerFactors
+Pair = tuple[torch.Tensor | None, torch.Tensor | None]
 
 
 def lycoris_rank(params: Mapping[str, torch.Tensor]) -> int | None:
@@ -252,11 +255,11 @@ def _build(target: int, p: Mapping[str, torch.Tensor], scaling: float, where: st
             w1b, w2b = w1b.reshape(w1b.shape[0], -1), w2b.reshape(w2b.shape[0], -1)
         return LohaFactors(target, w1a, w1b, w2a, w2b, t1, t2, scaling)
     if any(name.startswith("lokr_") for name in p):
-        w1 = p.get("lokr_w1")
-        w1a, w1b = (None, None) if w1 is not None else need("lokr_w1_a", "lokr_w1_b")
-        w2 = p.get("lokr_w2")
-        w2a, w2b = (None, None) if w2 is not None else need("lokr_w2_a", "lokr_w2_b")
-        return LokrFactors(target, w1, w1a, w1b, w2, w2a, w2b, None if w2 is not None else p.get("lokr_t2"), scaling)
+        whole1, whole2 = p.get("lokr_w1"), p.get("lokr_w2")
+        first: Pair = (None, None) if whole1 is not None else (need("lokr_w1_a")[0], need("lokr_w1_b")[0])
+        second: Pair = (None, None) if whole2 is not None else (need("lokr_w2_a")[0], need("lokr_w2_b")[0])
+        core = p.get("lokr_t2") if whole2 is None else None
+        return LokrFactors(target, whole1, first[0], first[1], whole2, second[0], second[1], core, scaling)
     down, mid, up = need("lora_down.weight", "lora_mid.weight", "lora_up.weight")
     return TuckerFactors(target, down, mid, up, scaling)
 

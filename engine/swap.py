@@ -10,7 +10,7 @@ once, from its pristine value plus every update on it summed in float32
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +88,10 @@ class WeightPatcher:
         """Put every touched weight back to its pristine value."""
         self._restore(self._dirty)
         self._dirty = set()
+
+    def pristine_copies(self, indices: Iterable[int]) -> dict[int, torch.Tensor]:
+        """The pristine copies of weights already touched, by index (shared, not copied: never write to them)."""
+        return {index: self._pristine[index] for index in indices}
 
     def forget_pristine(self, keep: set[int] | None = None) -> None:
         """Drop pristine copies of weights that are clean (to free memory)."""

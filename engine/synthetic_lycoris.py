@@ -159,7 +159,7 @@ def make_dora(
     )
     generator = torch.Generator().manual_seed(seed + 1)
     for target in targets:
-        weight = base[target.component].get_submodule(target.module).weight.detach().float()
+        weight = base[target.component].get_parameter(f"{target.module}.weight").detach().float()
         rows = weight.reshape(weight.shape[0], -1)
         stem = _stem(target, fmt, layers_per_block)
         ones = (1,) * (weight.dim() - 2)
