@@ -41,7 +41,7 @@ __all__ = ["FormatMemory", "FormatsResults", "measure_formats"]
 Say = Callable[[str], None]
 EVERY = 4  # one in EVERY attention projections
 _METHODS = {
-    "(e)": ("(e) floor: LoRA, same rank and weights", "fastest exact kernel"),
+    "(e)": ("(e) floor: LoRA of the same rank", "same weights, fastest exact kernel"),
     "(c)": ("(c) ours, ΔW recomputed per swap", "what the engine does"),
     "(f)": ("(f) ours, ΔW cached in float32", "computed at preparation"),
 }

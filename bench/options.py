@@ -68,7 +68,7 @@ class _Defaults:
 
 
 # The default run fits about 15 minutes on 2 cores; --full is the sweep, --quick a smoke run.
-_DEFAULT = _Defaults(ranks=(8, 32), repeats=4, reference_repeats=1, leak_swaps=40, variants=VARIANTS)
+_DEFAULT = _Defaults(ranks=(8, 32), repeats=4, reference_repeats=1, leak_swaps=24, variants=VARIANTS)
 _FULL = _Defaults(ranks=(8, 32, 128), repeats=7, reference_repeats=3, leak_swaps=200, variants=VARIANTS)
 _QUICK = _Defaults(ranks=(8,), repeats=3, reference_repeats=1, leak_swaps=20, variants=("loha",))
 
@@ -115,7 +115,7 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         help="timed reference cycles per rank and format (default 1; --full: 3; --quick: 1)",
     )
     parser.add_argument(
-        "--leak-swaps", type=int, help="swaps of ours between two RSS readings (default 40; --full: 200; --quick: 20)"
+        "--leak-swaps", type=int, help="swaps of ours between two RSS readings (default 24; --full: 200; --quick: 20)"
     )
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: rank 8, few repeats")

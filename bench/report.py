@@ -62,7 +62,7 @@ def report(
     reference: ReferenceResults,
     exactness: Exactness,
     say: Say,
-    formats: FormatsResults | None = None,
+    lycoris: FormatsResults | None = None,
 ) -> dict[str, object]:
     """Print everything, write the JSON file if asked, and end with the one-line verdict."""
     formats = {fmt: i for i, fmt in enumerate(options.formats)}
@@ -95,7 +95,7 @@ def report(
         f"reference drift after {exactness.reference_cycles} cycles (all ranks and formats, one after another): "
         f"max |W - W0| = {exactness.drift_max_abs:.3g} in {exactness.drift_tensors} tensors"
     )
-    formats_summary = _report_formats(formats, options, say) if formats is not None else []
+    lycoris_summary = _report_formats(lycoris, options, say) if lycoris is not None else []
     rank = options.headline_rank
     vs_floor, vs_reference, swap_ms = _headline(rows, rank)
     targets = "(c) <= 50 ms" if options.device.type == "cuda" else "(c)/(e) <= 1.25, (a)/(c) >= 5"
@@ -117,14 +117,14 @@ def report(
         "exactness": asdict(exactness),
         "headline": {"rank": rank, "swap_ms": swap_ms, "swap_vs_floor": vs_floor, "swap_vs_reference": vs_reference},
         "floor_kernels": [{"rank": r, "kernel": k, "best_ms": t} for r, k, t in ours.floor_kernels],
-        "formats": None
-        if formats is None
+        "lycoris": None
+        if lycoris is None
         else {
-            "rows": [r.as_dict() for r in formats.rows],
-            "memory": [asdict(m) for m in formats.memory],
-            "layers": formats.layers,
-            "values": formats.values,
-            "summary": formats_summary,
+            "rows": [r.as_dict() for r in lycoris.rows],
+            "memory": [asdict(m) for m in lycoris.memory],
+            "layers": lycoris.layers,
+            "values": lycoris.values,
+            "summary": lycoris_summary,
         },
     }
     if options.json_path is not None:
@@ -146,7 +146,7 @@ def _report_formats(formats: FormatsResults, options: Options, say: Say) -> list
     rows = sorted(formats.rows, key=lambda r: (r.rank, order[r.fmt], _method_order(r)))
     say("")
     say(
-        f"LoHa/LoKr/DoRA on {formats.layers} attention projections ({formats.values / 1e6:.0f}M values; "
+        f"LoHa/LoKr/DoRA on {formats.layers} attention projections ({formats.values / 1e6:.1f}M values; "
         "kohya names as LyCORIS writes them; the floor is a plain LoRA of the same rank on the same weights)"
     )
     say(format_table(rows, _medians(rows, "(e) "), {}))
@@ -166,7 +166,7 @@ def _report_formats(formats: FormatsResults, options: Options, say: Say) -> list
         )
         say(
             f"{variant} rank {rank}: recompute (c)/(e) {recompute:.2f}, cached ΔW (f)/(e) {cached:.2f}; host tier "
-            f"{use.factors_bytes / _MIB:.1f} MiB of factors vs {use.cached_bytes / _MIB:.0f} MiB of float32 ΔW "
+            f"{use.factors_bytes / _MIB:.1f} MiB of factors vs {use.cached_bytes / _MIB:.1f} MiB of float32 ΔW "
             f"({use.cached_bytes / max(use.factors_bytes, 1):.0f}x; file {use.file_bytes / _MIB:.1f} MiB)"
         )
     return summary
