@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 PREVIEW_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".webp")
 # Tensor-name fragments of LoRA-family adapters (kohya, diffusers/PEFT, LyCORIS); a full checkpoint has none.
-_ADAPTER_MARKERS = ("lora", "hada_", "lokr_", ".alpha", "oft_", "dora_scale", ".diff", ".on_input")
+_ADAPTER_MARKERS = ("lora", "hada_", "lokr_", ".alpha", "oft_")
 
 
 @dataclass(frozen=True)
