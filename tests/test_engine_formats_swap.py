@@ -15,6 +15,7 @@ import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.tuners.tuners_utils import BaseTunerLayer
 
+from app_format import entry_card
 from engine.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
 from engine.errors import UnsupportedLoraVariantError
 from engine.requests import GenerateRequest, LoraSpec
@@ -209,6 +210,7 @@ def test_unsupported_variants_are_refused_by_name_and_marked_in_the_catalogue(tm
     (entry,) = scan_local_dirs([tmp_path]).entries
     assert entry.unsupported == variant
     assert LoraEntry.from_json(entry.to_json()).unsupported == variant
+    assert f"not supported: {variant}" in entry_card(entry, "https://huggingface.co")
 
 
 def test_supported_formats_are_not_marked_in_the_catalogue(tmp_path):
