@@ -1,16 +1,17 @@
 """LoRA Switchboard: the Gradio UI, its named API, and one server that also answers inference-API POSTs.
 
-Thin on purpose: handlers validate, call the engine or the catalogue, and format
-what comes back (`app_format`); the named API lives in `app_api`, which is also
-the one place engine and catalogue errors become `gr.Error`. Nothing is loaded
-at import; `main()` builds the runtime (`engine.runtime.build_runtime`) and serves it.
+Thin on purpose: `build_demo` is a list of panels, each built by a named function; events validate, call
+the one shared handler (`serving.handlers`) and format what comes back (`serving.format`). The named API
+is `serving.gradio_api`, the HTTP endpoint `serving.http_api`. Nothing is loaded at import; `main()`
+builds the runtime (`serving.runtime.build_runtime`) and serves it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
@@ -18,20 +19,20 @@ import gradio as gr
 # On ZeroGPU `spaces` must come before anything that initialises CUDA; elsewhere it is cheap and inert.
 import spaces  # noqa: F401
 
-import app_format as fmt
-from app_api import BROWSE, CHECK, PAGE_SIZE, PIPELINE, StepProgress, add_api_endpoints, user_errors
-from engine.errors import EngineError
-from engine.requests import GenerateRequest, GenerateResult
+from engine.errors import SwitchboardError
+from engine.requests import GenerateRequest
 from lora_catalog.entries import LoraEntry
-from lora_catalog.errors import CatalogError
-from lora_catalog.hub import SORTS
+from serving import format as fmt
+from serving import panels
+from serving.errors import user_errors
+from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, generate
+from serving.handlers import PAGE_SIZE, Handlers
+from serving.panels import Browser, RequestPanel
+from serving.ui_cancel import until_closed
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
-    from engine.runtime import GpuRunner
-    from engine.service import Engine
-    from lora_catalog.catalog import Catalog
 
 __all__ = ["build_demo", "main", "serve"]
 
@@ -42,38 +43,47 @@ _SYSTEM_FONTS = ("ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Rob
 _MONO_FONTS = ("ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace")
 
 
-def build_demo(
-    engine: Engine,
-    catalog: Catalog,
-    *,
-    banner: str | None = None,
-    runner: GpuRunner | None = None,
-    hub_url: str = "https://huggingface.co",
-    boot_s: float | None = None,
-) -> gr.Blocks:
-    """The Blocks for one engine and catalogue; every handler is a closure over them (no global state)."""
-    if runner is None:
-        from engine.runtime import GpuRunner
+def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = "https://huggingface.co") -> gr.Blocks:
+    """The Blocks over one set of handlers; every event is a closure over them (no global state)."""
+    with gr.Blocks(title="LoRA Switchboard") as demo:
+        panels.header(banner)
+        state = (gr.State([]), gr.State(0), gr.State({}))  # entries shown, page, triggers inserted per slot
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=5):
+                browser = panels.browser_panel(handlers.served_base)
+            with gr.Column(scale=4):
+                request = panels.request_panel(handlers)
+                image, info = panels.result_panel(handlers)
+        status_md, refresh = panels.status_panel()
+        api_md = panels.api_panel()
+        _wire_browsing(demo, handlers, browser, request, state, hub_url)
+        _wire_generation(handlers, request, image, info, status_md)
+        demo.load(lambda: _status(handlers), None, status_md, api_visibility=_PRIVATE, queue=False)
+        refresh.click(lambda: _status(handlers), None, status_md, api_visibility=_PRIVATE, queue=False)
+        demo.load(_snippets(handlers), None, api_md, api_visibility=_PRIVATE, queue=False)
+        add_api_endpoints(handlers)
+    demo.queue(max_size=handlers.max_queue, default_concurrency_limit=1)
+    return demo
 
-        runner = GpuRunner(engine, zero_gpu=engine.settings.zero_gpu)
-    loaded, settings = engine.loaded, engine.settings
-    defaults = loaded.defaults
-    served = loaded.base_model_id
-    sizes = fmt.size_presets(defaults)
+
+# -- events ----------------------------------------------------------------------------------------
+
+
+def _wire_browsing(
+    demo: gr.Blocks,
+    handlers: Handlers,
+    browser: Browser,
+    request: RequestPanel,
+    state: tuple[gr.State, gr.State, gr.State],
+    hub_url: str,
+) -> None:
+    entries, page, inserted = state
     placeholder = fmt.placeholder_image()
+    first, second = request.first, request.second
 
-    def generate(request: GenerateRequest, progress: gr.Progress) -> GenerateResult:
-        progress(0, desc="Preparing LoRAs (download, convert)")
+    def browse(base: str, search: str, sort: str, number: int) -> tuple[Any, ...]:
         with user_errors():
-            return runner.generate(request, progress=StepProgress(progress))
-
-    # -- browsing --------------------------------------------------------------------------------
-
-    def browse(base: str, search: str, sort: str, page: int) -> tuple[Any, ...]:
-        with user_errors():
-            result = catalog.page(
-                base or served, search=search or "", sort=sort, page=max(0, int(page)), page_size=PAGE_SIZE
-            )
+            result = handlers.page(base, search, sort, max(0, int(number)))
         items = [(e.preview_urls[0] if e.preview_urls else placeholder, e.title) for e in result.entries]
         shown = f"{result.page * PAGE_SIZE + 1}–{result.page * PAGE_SIZE + len(result.entries)}"
         label = f"{shown} of {result.total_known}" if result.entries else "no LoRAs found"
@@ -89,50 +99,75 @@ def build_demo(
             gr.Button(interactive=result.has_more),
         )
 
-    def first_page(base: str, search: str, sort: str) -> tuple[Any, ...]:
-        return browse(base, search, sort, 0)
-
-    def next_page(base: str, search: str, sort: str, page: int) -> tuple[Any, ...]:
-        return browse(base, search, sort, page + 1)
-
-    def previous_page(base: str, search: str, sort: str, page: int) -> tuple[Any, ...]:
-        return browse(base, search, sort, max(0, page - 1))
-
-    def select(entries: list[dict], slot: str, prompt: str, inserted: dict, evt: gr.SelectData) -> tuple[Any, ...]:
-        entry = LoraEntry.from_json(entries[evt.index])
+    def select(shown: list[dict], slot: str, prompt: str, triggers: dict, evt: gr.SelectData) -> tuple[Any, ...]:
+        entry = LoraEntry.from_json(shown[evt.index])
         trigger = entry.trigger_words[0] if entry.trigger_words else None
-        new_prompt = fmt.insert_trigger(prompt, inserted.get(slot), trigger)
+        new_prompt = fmt.insert_trigger(prompt, triggers.get(slot), trigger)
         fields = (entry.ref, "", entry.weight_name if entry.source == "hub" else "")
-        second = slot == "LoRA 2"
+        is_second = slot == "LoRA 2"
         return (
             fmt.entry_card(entry, hub_url),
-            *(gr.skip() if second else value for value in fields),
-            *(value if second else gr.skip() for value in fields),
+            *(gr.skip() if is_second else value for value in fields),
+            *(value if is_second else gr.skip() for value in fields),
             new_prompt,
-            {**inserted, slot: trigger},
+            {**triggers, slot: trigger},
         )
 
-    def check(slot: str, ref: str, revision: str, weight: str, prompt: str, inserted: dict) -> tuple[Any, ...]:
+    def check(slot: str, ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
         spec = fmt.lora_spec(ref, 1.0, revision, weight)
         if spec is None:
-            return fmt.error_card("Type a Hub repo id (owner/name) or a local: file first."), prompt, inserted
+            return fmt.error_card("Type a Hub repo id (owner/name) or a local: file first."), prompt, triggers
         try:
-            entry = catalog.resolve(spec.ref, spec.revision, spec.weight_name)
-            checked = engine.check_lora(spec)
-        except (EngineError, CatalogError) as e:
-            return fmt.error_card(str(e)), prompt, inserted
-        trigger = entry.trigger_words[0] if entry.trigger_words else None
-        new_prompt = fmt.insert_trigger(prompt, inserted.get(slot), trigger)
-        return fmt.entry_card(entry, hub_url, checked), new_prompt, {**inserted, slot: trigger}
+            report = handlers.lora(spec)
+        except SwitchboardError as e:
+            return fmt.error_card(str(e)), prompt, triggers
+        trigger = report.entry.trigger_words[0] if report.entry.trigger_words else None
+        new_prompt = fmt.insert_trigger(prompt, triggers.get(slot), trigger)
+        return fmt.entry_card(report.entry, hub_url, report.check), new_prompt, {**triggers, slot: trigger}
 
-    def check_first(ref: str, revision: str, weight: str, prompt: str, inserted: dict) -> tuple[Any, ...]:
-        return check("LoRA 1", ref, revision, weight, prompt, inserted)
+    filters = [browser.base, browser.search, browser.sort]
+    outputs = [browser.gallery, entries, page, browser.page_info, browser.previous, browser.next]
+    opts: dict[str, Any] = {"concurrency_id": BROWSE, "concurrency_limit": 4, "api_visibility": _PRIVATE}
+    demo.load(lambda b, s, o: browse(b, s, o, 0), filters, outputs, **opts)
+    gr.on(
+        [browser.base.change, browser.sort.change, browser.search.submit],
+        lambda b, s, o: browse(b, s, o, 0),
+        filters,
+        outputs,
+        **opts,
+    )
+    browser.next.click(lambda b, s, o, n: browse(b, s, o, n + 1), [*filters, page], outputs, **opts)
+    browser.previous.click(lambda b, s, o, n: browse(b, s, o, max(0, n - 1)), [*filters, page], outputs, **opts)
+    browser.gallery.select(
+        select,
+        [entries, request.slot, request.prompt, inserted],
+        [
+            browser.details,
+            first.ref,
+            first.revision,
+            first.weight,
+            second.ref,
+            second.revision,
+            second.weight,
+            request.prompt,
+            inserted,
+        ],
+        **opts,
+    )
+    check_opts: dict[str, Any] = {"concurrency_id": CHECK, "concurrency_limit": 2, "api_visibility": _PRIVATE}
+    check_outputs = [browser.details, request.prompt, inserted]
+    for name, lora in (("LoRA 1", first), ("LoRA 2", second)):
+        lora.check.click(
+            partial(check, name),
+            [lora.ref, lora.revision, lora.weight, request.prompt, inserted],
+            check_outputs,
+            **check_opts,
+        )
 
-    def check_second(ref: str, revision: str, weight: str, prompt: str, inserted: dict) -> tuple[Any, ...]:
-        return check("LoRA 2", ref, revision, weight, prompt, inserted)
 
-    # -- generating ------------------------------------------------------------------------------
-
+def _wire_generation(
+    handlers: Handlers, request: RequestPanel, image: gr.Image, info: gr.HTML, status_md: gr.Markdown
+) -> None:
     def generate_ui(
         prompt: str,
         negative: str,
@@ -150,11 +185,11 @@ def build_demo(
         seed: float | None,
         randomize: bool,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
-    ) -> tuple[Any, ...]:
+    ) -> Iterator[tuple[Any, ...]]:
         with user_errors():
             width, height = fmt.parse_size(size)
             specs = (fmt.lora_spec(ref, scale, revision, weight), fmt.lora_spec(ref_2, scale_2, revision_2, weight_2))
-            request = GenerateRequest(
+            built = GenerateRequest(
                 prompt=prompt,
                 negative_prompt=negative,
                 loras=tuple(s for s in specs if s is not None),
@@ -164,150 +199,48 @@ def build_demo(
                 height=height,
                 seed=fmt.seed_value(seed, randomize),
             )
-        result = generate(request, progress)
-        return result.image, fmt.result_html(result), result.seed, fmt.status_markdown(engine.status(), boot_s)
+        # A generator, so that Gradio closing it (the browser went away) cancels the generation.
+        result = yield from until_closed(partial(generate, handlers, built, progress), (gr.skip(),) * 4)
+        yield result.image, fmt.result_html(result), result.seed, _status(handlers)
 
-    def status() -> str:
-        return fmt.status_markdown(engine.status(), boot_s)
+    slots = [
+        getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")
+    ]
+    inputs = [
+        request.prompt,
+        request.negative,
+        *slots[:3],
+        request.first.scale,
+        *slots[3:],
+        request.second.scale,
+        request.size,
+        request.steps,
+        request.guidance,
+        request.seed,
+        request.randomize,
+    ]
+    gr.on(
+        [request.run.click, request.prompt.submit],
+        generate_ui,
+        inputs,
+        [image, info, request.seed, status_md],
+        concurrency_id=PIPELINE,
+        concurrency_limit=1,
+        api_visibility=_PRIVATE,
+        show_progress_on=image,
+    )
 
+
+def _status(handlers: Handlers) -> str:
+    return fmt.status_markdown(handlers.status(), handlers.boot_s)
+
+
+def _snippets(handlers: Handlers) -> Callable[[gr.Request], str]:
+    # Gradio hands the request only to a function whose own signature asks for it (not through a partial).
     def snippets(request: gr.Request) -> str:
-        example = _example_lora(catalog, served)
-        return fmt.api_snippets(fmt.base_url(dict(request.headers)), example, defaults)
+        return fmt.api_snippets(fmt.base_url(dict(request.headers)), handlers.example_lora(), handlers.defaults)
 
-    with gr.Blocks(title="LoRA Switchboard") as demo:
-        if banner:
-            gr.Markdown(banner, elem_classes="banner", elem_id="banner")
-        gr.Markdown(
-            "# LoRA Switchboard\nPick a LoRA from the Hub (or name your own), write a prompt, generate. "
-            "One warm SDXL pipeline swaps LoRAs in milliseconds.",
-            elem_classes="hero",
-        )
-        entries = gr.State([])
-        page = gr.State(0)
-        inserted = gr.State({})
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=5):
-                with gr.Row():
-                    base = gr.Dropdown(fmt.base_choices(served), value=served, label="Base model", scale=2)
-                    sort = gr.Dropdown(list(SORTS), value="downloads", label="Sort by", scale=1)
-                search = gr.Textbox(label="Search", placeholder="style, subject, trigger word… (Enter)")
-                gallery = gr.Gallery(
-                    label="LoRAs",
-                    columns=4,
-                    height="auto",
-                    allow_preview=False,
-                    object_fit="cover",
-                    elem_id="lora-gallery",
-                    buttons=[],
-                )
-                with gr.Row(elem_classes="nav-row"):
-                    prev_btn = gr.Button("◀ Previous", size="sm", interactive=False, scale=0)
-                    page_info = gr.Markdown("loading…", elem_id="page-info")
-                    next_btn = gr.Button("Next ▶", size="sm", interactive=False, scale=0)
-                details = gr.HTML(
-                    "<div class='lora-card'><em>Select a LoRA to see its details.</em></div>", elem_id="lora-details"
-                )
-            with gr.Column(scale=4):
-                prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", placeholder="a fox in a forest")
-                negative = gr.Textbox(label="Negative prompt", lines=1, placeholder="blurry, low quality")
-                slot = gr.Radio(["LoRA 1", "LoRA 2"], value="LoRA 1", label="A gallery click fills")
-                with gr.Group():
-                    ref = gr.Textbox(
-                        label="LoRA 1 — Hub repo id or local: file",
-                        elem_id="lora-1",
-                        placeholder="owner/name (optional)",
-                    )
-                    scale = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 1 scale", elem_id="lora-1-scale")
-                    with gr.Accordion("Revision, weight file, check", open=False, elem_id="lora-1-options"):
-                        revision = gr.Textbox(label="Revision (branch, tag or commit)", placeholder="main")
-                        weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
-                        check_btn = gr.Button("Check this LoRA", size="sm")
-                with gr.Accordion("Blend a second LoRA", open=False), gr.Group():
-                    ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id or local: file", elem_id="lora-2")
-                    scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale")
-                    revision_2 = gr.Textbox(label="Revision", placeholder="main")
-                    weight_2 = gr.Textbox(label="Weight file")
-                    check_btn_2 = gr.Button("Check LoRA 2", size="sm")
-                with gr.Row():
-                    size = gr.Dropdown(sizes, value=sizes[0][1], label="Size")
-                    steps = gr.Slider(
-                        1, settings.max_steps, value=defaults.steps, step=1, label="Steps", elem_id="steps"
-                    )
-                    guidance = gr.Slider(0, 20, value=defaults.guidance, step=0.5, label="Guidance")
-                with gr.Row():
-                    seed = gr.Number(-1, label="Seed", info="the seed used shows here", precision=0, minimum=-1)
-                    randomize = gr.Checkbox(True, label="Random seed each time")
-                run = gr.Button("Generate", variant="primary", size="lg", elem_id="generate")
-                image = gr.Image(
-                    label="Result",
-                    type="pil",
-                    format="png",
-                    interactive=False,
-                    elem_id="result",
-                    height=420,
-                    buttons=["download", "fullscreen"],
-                    elem_classes="tiny-output" if defaults.side < 256 else None,
-                )
-                info = gr.HTML(elem_id="result-info")
-        with gr.Accordion("Engine status", open=False, elem_id="status-panel"):
-            status_md = gr.Markdown(elem_id="engine-status")
-            refresh = gr.Button("Refresh", size="sm")
-        with gr.Accordion("Use via API: Python and curl", open=False, elem_id="api-panel"):
-            api_md = gr.Markdown(elem_id="api-snippets")
-
-        browse_outputs = [gallery, entries, page, page_info, prev_btn, next_btn]
-        browse_opts: dict[str, Any] = {"concurrency_id": BROWSE, "concurrency_limit": 4, "api_visibility": _PRIVATE}
-        demo.load(first_page, [base, search, sort], browse_outputs, **browse_opts)
-        gr.on(
-            [base.change, sort.change, search.submit], first_page, [base, search, sort], browse_outputs, **browse_opts
-        )
-        next_btn.click(next_page, [base, search, sort, page], browse_outputs, **browse_opts)
-        prev_btn.click(previous_page, [base, search, sort, page], browse_outputs, **browse_opts)
-        gallery.select(
-            select,
-            [entries, slot, prompt, inserted],
-            [details, ref, revision, weight, ref_2, revision_2, weight_2, prompt, inserted],
-            **browse_opts,
-        )
-        check_opts: dict[str, Any] = {
-            "concurrency_id": CHECK,
-            "concurrency_limit": 2,
-            "api_visibility": _PRIVATE,
-        }
-        check_btn.click(
-            check_first, [ref, revision, weight, prompt, inserted], [details, prompt, inserted], **check_opts
-        )
-        check_btn_2.click(
-            check_second, [ref_2, revision_2, weight_2, prompt, inserted], [details, prompt, inserted], **check_opts
-        )
-        lora_inputs = [ref, revision, weight, scale, ref_2, revision_2, weight_2, scale_2]
-        generate_inputs = [prompt, negative, *lora_inputs, size, steps, guidance, seed, randomize]
-        gr.on(
-            [run.click, prompt.submit],
-            generate_ui,
-            generate_inputs,
-            [image, info, seed, status_md],
-            concurrency_id=PIPELINE,
-            concurrency_limit=1,
-            api_visibility=_PRIVATE,
-            show_progress_on=image,
-        )
-        demo.load(status, None, status_md, api_visibility=_PRIVATE, queue=False)
-        refresh.click(status, None, status_md, api_visibility=_PRIVATE, queue=False)
-        demo.load(snippets, None, api_md, api_visibility=_PRIVATE, queue=False)
-        add_api_endpoints(engine, catalog, generate, served)
-    demo.queue(max_size=settings.max_queue, default_concurrency_limit=1)
-    return demo
-
-
-def _example_lora(catalog: Catalog, served: str) -> str:
-    """A LoRA to show in the snippets: the best-known Hub one if any, else whatever is listed first."""
-    try:
-        entries = catalog.page(served, page_size=PAGE_SIZE).entries
-    except CatalogError:
-        entries = ()
-    hub = [e for e in entries if e.source == "hub"]
-    return (hub or list(entries))[0].ref if entries else "minimaxir/sdxl-wrong-lora"
+    return snippets
 
 
 def serve(
@@ -340,9 +273,9 @@ def serve(
 
 def main() -> None:
     from engine.errors import SettingsError
-    from engine.http_api import make_routes
-    from engine.runtime import build_runtime
     from engine.settings import Settings
+    from serving.http_api import make_routes
+    from serving.runtime import build_runtime
 
     try:
         settings = Settings.from_env(os.environ)
@@ -350,14 +283,8 @@ def main() -> None:
         runtime = build_runtime(settings)
     except SettingsError as e:
         raise SystemExit(f"LoRA Switchboard cannot start: {e}") from e
-    demo = build_demo(
-        runtime.engine,
-        runtime.catalog,
-        banner=runtime.banner,
-        runner=runtime.runner,
-        hub_url=runtime.hub_url,
-        boot_s=runtime.boot_s,
-    )
+    handlers = Handlers(runtime.engine, runtime.catalog, runtime.runner, boot_s=runtime.boot_s)
+    demo = build_demo(handlers, banner=runtime.banner, hub_url=runtime.hub_url)
     serve(
         demo,
         make_routes(runtime.runner),

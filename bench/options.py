@@ -33,6 +33,7 @@ class Options:
     workdir: Path | None
     variants: tuple[str, ...] = ()  # LyCORIS/DoRA formats measured against the floor (section "formats")
     full: bool = False
+    plot_dir: Path | None = None
 
     @property
     def headline_rank(self) -> int:
@@ -122,6 +123,9 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
     parser.add_argument("--full", action="store_true", help="the full sweep: ranks 8,32,128, 7 repeats, 3 cycles")
     parser.add_argument("--json", type=Path, dest="json_path", help="also write every number to this file")
     parser.add_argument("--workdir", type=Path, help="where the LoRA files go (default: a temporary folder)")
+    parser.add_argument(
+        "--plot", type=Path, dest="plot_dir", help="write the JSON and its plot (swap time against rank) here"
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda was asked for, but torch sees no CUDA device; accepted: cpu on this machine")
@@ -149,4 +153,5 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         workdir=args.workdir,
         variants=args.variants if args.variants is not None else default.variants,
         full=full,
+        plot_dir=args.plot_dir,
     )

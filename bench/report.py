@@ -1,4 +1,4 @@
-"""The swap benchmark's output: the table, the memory and exactness lines, the JSON file and the last line."""
+"""The swap benchmark's output: the table, the memory and exactness lines, the JSON file, its plot and the last line."""
 
 from __future__ import annotations
 
@@ -130,6 +130,11 @@ def report(
     if options.json_path is not None:
         options.json_path.write_text(json.dumps(results, indent=2))
         say(f"wrote {options.json_path}")
+    if options.plot_dir is not None:
+        from .plots import save_with_plots  # matplotlib only when plots are asked for
+
+        for path in save_with_plots(results, options.plot_dir, "swap"):
+            say(f"wrote {path}")
     say(f"swap_vs_floor={vs_floor:.2f} swap_vs_reference={vs_reference:.1f} exact={str(exactness.exact).lower()}")
     return results
 

@@ -2,7 +2,7 @@
 
     python -m bench.swap [--device cpu|cuda] [--dtype bfloat16|float16|float32] [--ranks 8,32]
                          [--repeats N] [--formats peft,kohya] [--variants loha,lokr,dora]
-                         [--quick | --full] [--json PATH]
+                         [--quick | --full] [--json PATH] [--plot DIR]
 
 (a) the reference service: diffusers' load_lora_weights + fuse_lora + unfuse_lora + unload_lora_weights
     per request, a different adapter each time;

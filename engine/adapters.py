@@ -113,7 +113,7 @@ class TargetTable:
 
     def __init__(self, components: Mapping[str, nn.Module]) -> None:
         self.params: list[torch.Tensor] = []
-        self.names: list[str] = []
+        self.names: list[str] = []  # `component.module` per index: LyCORIS/DoRA modules, errors, components touched
         self._index: dict[tuple[str, str], int] = {}
         for component, model in components.items():
             for name, module in model.named_modules():
@@ -188,6 +188,9 @@ def prepare(
 
 
 def _finite(tensor: torch.Tensor) -> bool:
+    if tensor.element_size() == 1:
+        # float8 has no aminmax kernel (NotImplementedError); float16 holds every float8 value, NaN and inf included.
+        tensor = tensor.to(torch.float16)
     # One pass, no copy: min and max propagate NaN and show either infinity (isfinite().all() is 3x slower).
     low, high = torch.aminmax(tensor)
     return bool(torch.isfinite(low)) and bool(torch.isfinite(high))

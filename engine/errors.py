@@ -1,11 +1,20 @@
-"""The engine's errors: the only exceptions callers need to know about.
+"""The engine's errors: its own branch of the one tree (`lora_catalog.errors`), and the shared classes.
 
-Each message names the bad value and what is accepted, so the UI and the HTTP
-endpoint can show it as it is. `app.py` maps these classes to `gr.Error` and
-HTTP statuses; nothing else in the engine raises library errors unwrapped.
+Each message names the bad value and what is accepted; each class carries its HTTP status and title, which
+`serving.errors` turns into a `gr.Error` or a JSON answer. Nothing in the engine raises library errors
+unwrapped.
 """
 
 from __future__ import annotations
+
+from lora_catalog.errors import (
+    AdapterLoadError,
+    GatedLoraError,
+    HubUnavailableError,
+    InvalidRequestError,
+    LoraNotFoundError,
+    SwitchboardError,
+)
 
 __all__ = [
     "AdapterLoadError",
@@ -18,64 +27,77 @@ __all__ = [
     "IncompatibleLoraError",
     "InvalidRequestError",
     "LimitExceededError",
+    "LoraNotFoundError",
+    "PreparationError",
+    "RequestTooLargeError",
     "SettingsError",
     "StorageError",
-    "UnknownLoraError",
+    "SwitchboardError",
     "UnsupportedLoraVariantError",
 ]
 
 
-class EngineError(Exception):
-    """Base of every error the engine raises on purpose."""
+class EngineError(SwitchboardError):
+    """Base of the errors only the engine raises."""
 
 
 class SettingsError(EngineError, ValueError):
     """An environment variable holds a value the engine does not accept."""
 
-
-class InvalidRequestError(EngineError, ValueError):
-    """A request parameter is malformed (wrong type, empty, bad characters)."""
+    title = "Bad configuration"
 
 
 class LimitExceededError(InvalidRequestError):
     """A request or an adapter goes past a configured limit."""
 
 
-class UnknownLoraError(EngineError, LookupError):
-    """The named LoRA (repo, revision, file or local name) does not exist."""
+class RequestTooLargeError(LimitExceededError):
+    """A request body is larger than the transport reads."""
 
-
-class GatedLoraError(EngineError, PermissionError):
-    """The LoRA's repo is gated or private: this Space does not serve it."""
-
-
-class AdapterLoadError(EngineError):
-    """The LoRA's file cannot be used: not safetensors, corrupt, ambiguous, bad values."""
+    status = 413
 
 
 class IncompatibleLoraError(EngineError):
     """The LoRA was made for another base model, or its tensors do not fit this one."""
 
+    status = 400
+    title = "Incompatible LoRA"
+
 
 class UnsupportedLoraVariantError(IncompatibleLoraError):
-    """The file is a LoRA variant (LoHa, LoKr, DoRA, ...) that the fused swap cannot apply."""
+    """The file is a LoRA variant (OFT, IA3, ...) that the fused swap cannot apply."""
 
-
-class HubUnavailableError(EngineError, ConnectionError):
-    """The Hugging Face Hub could not be reached in time."""
+    title = "Unsupported LoRA variant"
 
 
 class EngineBusyError(EngineError):
     """The queue is full: try again shortly."""
 
+    status = 503
+    title = "Busy"
+
 
 class GenerationError(EngineError, RuntimeError):
     """The pipeline failed while generating (including running out of memory)."""
+
+    title = "Generation failed"
+
+
+class PreparationError(EngineError, RuntimeError):
+    """Preparing an adapter failed in a way no other class describes (a library's unexpected error)."""
+
+    title = "Preparation failed"
 
 
 class GenerationCancelledError(EngineError):
     """The caller went away (or cancelled) before the image was finished."""
 
+    # nginx's "client closed request": nobody reads it, but logs and metrics should not count it as ours.
+    status = 499
+    title = "Cancelled"
+
 
 class StorageError(EngineError, OSError):
     """The adapter could not be written to or read from the disk cache (full, read-only, unwritable)."""
+
+    title = "Storage error"

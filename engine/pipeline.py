@@ -36,10 +36,6 @@ class LoadedPipeline:
     warmup_s: float
     is_tiny: bool
 
-    @property
-    def cold_boot_s(self) -> float:
-        return self.load_s + self.warmup_s
-
 
 def resolve_device(setting: str) -> torch.device:
     if setting == "auto":
@@ -102,9 +98,9 @@ def load_pipeline(settings: Settings, *, warm: bool = True) -> LoadedPipeline:
 
 
 def _from_pretrained(settings: Settings, dtype: torch.dtype) -> StableDiffusionXLPipeline:
-    kwargs: dict[str, object] = {"torch_dtype": dtype, "use_safetensors": True, "token": settings.hf_token}
+    kwargs: dict[str, object] = {"dtype": dtype, "use_safetensors": True, "token": settings.hf_token}
     if settings.vae_id:
-        kwargs["vae"] = AutoencoderKL.from_pretrained(settings.vae_id, torch_dtype=dtype, token=settings.hf_token)
+        kwargs["vae"] = AutoencoderKL.from_pretrained(settings.vae_id, dtype=dtype, token=settings.hf_token)
     if dtype == torch.float16:
         try:
             return StableDiffusionXLPipeline.from_pretrained(settings.model_id, variant="fp16", **kwargs)

@@ -11,11 +11,10 @@ import math
 import re
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from lora_catalog import refs
-from lora_catalog.errors import InvalidRequestError as CatalogInvalidRequest
 
 from .errors import InvalidRequestError, LimitExceededError
 
@@ -24,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdapterUse",
+    "CheckedRequest",
     "GenerateRequest",
     "GenerateResult",
     "Limits",
@@ -53,14 +53,27 @@ class LoraSpec:
 
 @dataclass(frozen=True)
 class GenerateRequest:
+    """A request as a client asked for it: numbers as sent (2.5 steps is refused by name, not rounded)."""
+
     prompt: str
     negative_prompt: str = ""
     loras: tuple[LoraSpec, ...] = ()
-    steps: int | None = None
+    steps: float | None = None
     guidance: float | None = None
-    width: int | None = None
-    height: int | None = None
-    seed: int | None = None
+    width: float | None = None
+    height: float | None = None
+    seed: float | None = None
+
+
+@dataclass(frozen=True)
+class CheckedRequest(GenerateRequest):
+    """A request `normalise_request` has checked: whole numbers in range, defaults filled, a concrete seed."""
+
+    steps: int = 0
+    guidance: float = 0.0
+    width: int = 0
+    height: int = 0
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,15 +117,11 @@ class AdapterUse:
 class GenerateResult:
     image: Image
     seed: int
-    request: GenerateRequest
+    request: CheckedRequest
     timings: Timings
     adapters: tuple[AdapterUse, ...] = ()
     swapped: bool = False
     warnings: tuple[str, ...] = ()
-
-    @property
-    def cache_hit(self) -> bool:
-        return all(a.cache == "hit" for a in self.adapters)
 
 
 def parse_ref(ref: object) -> tuple[Literal["hub", "local"], str]:
@@ -121,11 +130,11 @@ def parse_ref(ref: object) -> tuple[Literal["hub", "local"], str]:
         if isinstance(ref, str) and refs.is_local_ref(ref.strip()):
             return "local", refs.parse_local_ref(ref.strip()).as_posix()
         return "hub", refs.validate_repo_id(ref)  # type: ignore[arg-type]
-    except CatalogInvalidRequest as e:
+    except InvalidRequestError as e:
         raise InvalidRequestError(f"{e}; or a local LoRA as 'local:<file>.safetensors'") from e
 
 
-def normalise_request(request: GenerateRequest, defaults: ModelDefaults, limits: Limits) -> GenerateRequest:
+def normalise_request(request: GenerateRequest, defaults: ModelDefaults, limits: Limits) -> CheckedRequest:
     """Check every field and fill defaults; returns a new request with a concrete seed."""
     prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=False)
     negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
@@ -135,8 +144,7 @@ def normalise_request(request: GenerateRequest, defaults: ModelDefaults, limits:
     width = _side("width", request.width, defaults)
     height = _side("height", request.height, defaults)
     seed = _int("seed", request.seed, secrets.randbelow(MAX_SEED + 1), 0, MAX_SEED)
-    return replace(
-        request,
+    return CheckedRequest(
         prompt=prompt,
         negative_prompt=negative,
         loras=loras,
@@ -195,10 +203,7 @@ def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
 
 
 def _checked(check: Callable[[str | None], str | None], value: object) -> str | None:
-    try:
-        return check(value or None)  # type: ignore[arg-type]
-    except CatalogInvalidRequest as e:
-        raise InvalidRequestError(str(e)) from e
+    return check(value or None)  # type: ignore[arg-type]
 
 
 def _int(name: str, value: object, default: int, low: int, high: int) -> int:

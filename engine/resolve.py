@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Protocol
 
 import httpx2
-from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import (
+    get_hf_file_metadata,
+    hf_hub_download,
+    hf_hub_url,
+    snapshot_download,
+)
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -23,23 +29,26 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.file_download import repo_folder_name
 
-from lora_catalog import errors as catalog_errors
+from lora_catalog.cards import PREFERRED_WEIGHT_NAME
 from lora_catalog.entries import LoraEntry
+from lora_catalog.errors import HeaderError
+from lora_catalog.sft_header import SafetensorsHeader, read_header
 
 from .adapters import AdapterKey
 from .compat import declared_bases_from_tags
 from .errors import (
     AdapterLoadError,
-    EngineError,
     GatedLoraError,
     HubUnavailableError,
     InvalidRequestError,
     LimitExceededError,
+    LoraNotFoundError,
     StorageError,
-    UnknownLoraError,
+    SwitchboardError,
 )
-from .requests import LoraSpec, parse_ref
+from .requests import LOCAL_PREFIX, LoraSpec
 
 __all__ = ["AdapterResolver", "AdapterSource", "HubResolver"]
 
@@ -48,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 class HubResolver(Protocol):
     def resolve(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry: ...
+
+    def stale_warning(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -59,26 +70,8 @@ class AdapterSource:
     size: int | None
     declared_bases: tuple[str, ...]
     local_path: Path | None = None
-
-
-# Catalogue errors and the engine errors they become.
-_CATALOG_ERRORS: tuple[tuple[type[Exception], type[EngineError]], ...] = (
-    (catalog_errors.InvalidRequestError, InvalidRequestError),
-    (catalog_errors.LoraNotFoundError, UnknownLoraError),
-    (catalog_errors.GatedLoraError, GatedLoraError),
-    (catalog_errors.NoSafetensorsError, AdapterLoadError),
-    (catalog_errors.AmbiguousWeightsError, AdapterLoadError),
-    (catalog_errors.HubUnreachableError, HubUnavailableError),
-    (catalog_errors.HeaderError, AdapterLoadError),
-    (catalog_errors.CatalogError, AdapterLoadError),
-)
-
-
-def engine_error(error: catalog_errors.CatalogError) -> EngineError:
-    for source, target in _CATALOG_ERRORS:
-        if isinstance(error, source):
-            return target(str(error))
-    return AdapterLoadError(str(error))
+    # Said to the user with the result, e.g. that the Hub metadata is stale (served while the Hub is down).
+    warnings: tuple[str, ...] = ()
 
 
 class AdapterResolver:
@@ -99,10 +92,22 @@ class AdapterResolver:
         self._cache_dir = cache_dir
         self._timeout_s = timeout_s
 
+    @property
+    def uses_hub(self) -> bool:
+        return self._hub is not None
+
+    @property
+    def cache_dir(self) -> Path | None:
+        """The Hub cache LoRAs are downloaded into (None: huggingface_hub's default)."""
+        return self._cache_dir
+
     def locate(self, spec: LoraSpec) -> AdapterSource:
-        """Identify the file a spec names (a Hub metadata call unless the catalogue has it cached)."""
-        kind, name = parse_ref(spec.ref)
-        source = self._locate_local(name) if kind == "local" else self._locate_hub(spec, name)
+        """Identify the file a normalised spec names (a Hub metadata call unless the catalogue has it cached)."""
+        # The spec was parsed and validated once, by `normalise_request`; only its kind is read here.
+        if spec.ref.startswith(LOCAL_PREFIX):
+            source = self._locate_local(spec.ref.removeprefix(LOCAL_PREFIX))
+        else:
+            source = self._locate_hub(spec, spec.ref)
         self._check_size(source.ref, source.key.weight_name, source.size)
         return source
 
@@ -136,6 +141,13 @@ class AdapterResolver:
             raise _storage_error(e, source.ref) from e
         return Path(path)
 
+    def header(self, source: AdapterSource, path: Path) -> SafetensorsHeader:
+        """The fetched file's safetensors header, read strictly (see `lora_catalog.sft_header` for why ours)."""
+        try:
+            return read_header(path, label=source.key.weight_name)
+        except HeaderError as e:
+            raise AdapterLoadError(f"LoRA {source.ref!r} is not a valid safetensors file: {e}") from e
+
     def _check_size(self, ref: str, weight_name: str, size: int | None) -> None:
         if size is not None and size > self._max_bytes:
             raise LimitExceededError(
@@ -145,26 +157,77 @@ class AdapterResolver:
     def _locate_hub(self, spec: LoraSpec, repo_id: str) -> AdapterSource:
         if self._hub is None:
             raise HubUnavailableError(f"LoRA {spec.ref!r} is on the Hub, but this Space runs without Hub access")
+        # The catalogue's errors are the engine's too (one tree): they pass through as they are.
         try:
             entry = self._hub.resolve(repo_id, spec.revision, spec.weight_name)
-        except catalog_errors.CatalogError as e:
-            raise engine_error(e) from e
+        except HubUnavailableError as e:
+            on_disk = self._locate_on_disk(spec, repo_id, e)
+            if on_disk is None:
+                raise
+            return on_disk
         if not entry.weight_name or not entry.sha:
             raise AdapterLoadError(f"LoRA {spec.ref!r} has no .safetensors weight file to load")
         bases = tuple(dict.fromkeys((*entry.base_models, *declared_bases_from_tags(entry.tags))))
         key = AdapterKey("hub", repo_id, entry.sha, entry.weight_name)
-        return AdapterSource(key, repo_id, entry.weight_size, bases)
+        stale = self._hub.stale_warning(repo_id, spec.revision, spec.weight_name)
+        return AdapterSource(key, repo_id, entry.weight_size, bases, warnings=(stale,) if stale else ())
+
+    def _locate_on_disk(self, spec: LoraSpec, repo_id: str, error: HubUnavailableError) -> AdapterSource | None:
+        """A Hub LoRA downloaded before, found in the Hub cache with no Hub call (the Hub is down or offline)."""
+        folder = self._snapshot_on_disk(repo_id, spec.revision)
+        if folder is None:
+            return None
+        present = sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())
+        if spec.weight_name is not None:
+            chosen = spec.weight_name if (folder / spec.weight_name).is_file() else None
+        elif len(present) == 1:
+            chosen = present[0]
+        else:
+            chosen = PREFERRED_WEIGHT_NAME if PREFERRED_WEIGHT_NAME in present else None
+        if chosen is None:
+            return None
+        path = folder / chosen
+        key = AdapterKey("hub", repo_id, folder.name, chosen)
+        warning = (
+            f"LoRA {spec.ref!r} is served from the local Hub cache at revision {folder.name[:10]} without its Hub "
+            f"metadata: {error}"
+        )
+        logger.warning("%s", warning)
+        return AdapterSource(key, repo_id, path.stat().st_size, (), local_path=path, warnings=(warning,))
+
+    def _snapshot_on_disk(self, repo_id: str, revision: str | None) -> Path | None:
+        try:
+            # local_files_only: huggingface_hub resolves a branch through the cache's refs/ and never
+            # touches the network; it raises when that revision was never downloaded.
+            return Path(
+                snapshot_download(
+                    repo_id,
+                    revision=revision,
+                    cache_dir=self._cache_dir,
+                    local_files_only=True,
+                    allow_patterns=["*.safetensors"],
+                )
+            )
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            pass
+        if revision is not None:
+            return None
+        # LoRAs are downloaded by commit sha (the one the metadata named), which writes no refs/main:
+        # the default branch is then the snapshot downloaded last.
+        root = Path(self._cache_dir or hf_constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+        snapshots = [p for p in (root / "snapshots").glob("*") if p.is_dir()] if root.is_dir() else []
+        return max(snapshots, key=lambda p: p.stat().st_mtime, default=None)
 
     def _locate_local(self, name: str) -> AdapterSource:
         ref = f"local:{name}"
         if self._local_dir is None:
-            raise UnknownLoraError(f"LoRA {ref!r} names a local file, but no LOCAL_LORA_DIR is configured")
+            raise LoraNotFoundError(f"LoRA {ref!r} names a local file, but no LOCAL_LORA_DIR is configured")
         root = self._local_dir.resolve()
         path = (root / name).resolve()
         if not path.is_relative_to(root):
             raise InvalidRequestError(f"LoRA {ref!r} points outside the local LoRA folder; accepted: files inside it")
         if not path.is_file():
-            raise UnknownLoraError(f"LoRA {ref!r} does not exist in the local LoRA folder")
+            raise LoraNotFoundError(f"LoRA {ref!r} does not exist in the local LoRA folder")
         stat = path.stat()
         key = AdapterKey("local", name, f"{stat.st_size}-{stat.st_mtime_ns}", path.name)
         return AdapterSource(key, ref, stat.st_size, (), local_path=path)
@@ -174,14 +237,14 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:.2f} MiB"
 
 
-def _hub_lookup_error(error: Exception, ref: str, key: AdapterKey) -> EngineError:
+def _hub_lookup_error(error: Exception, ref: str, key: AdapterKey) -> SwitchboardError:
     if isinstance(error, GatedRepoError):
         return GatedLoraError(f"LoRA {ref!r} is gated; accepted: public, non-gated repos")
     if isinstance(error, RevisionNotFoundError):
-        return UnknownLoraError(f"LoRA {ref!r} has no revision {key.revision!r}")
+        return LoraNotFoundError(f"LoRA {ref!r} has no revision {key.revision!r}")
     if isinstance(error, EntryNotFoundError):
-        return UnknownLoraError(f"LoRA {ref!r} has no file {key.weight_name!r} at {key.revision[:10]}")
-    return UnknownLoraError(f"LoRA {ref!r} was not found on the Hub")
+        return LoraNotFoundError(f"LoRA {ref!r} has no file {key.weight_name!r} at {key.revision[:10]}")
+    return LoraNotFoundError(f"LoRA {ref!r} was not found on the Hub")
 
 
 def _storage_error(error: OSError, ref: str) -> StorageError:

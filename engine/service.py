@@ -8,33 +8,39 @@ successful request left them.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from lora_catalog.errors import HeaderError
-from lora_catalog.sft_header import read_header
-
-from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable, prepare
-from .compat import check_family
+from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable
+from .disk_cache import DiskCache
 from .errors import (
-    AdapterLoadError,
     EngineBusyError,
-    EngineError,
     GenerationCancelledError,
     GenerationError,
     InvalidRequestError,
+    PreparationError,
+    SwitchboardError,
 )
 from .pipeline import LoadedPipeline
-from .requests import AdapterUse, GenerateRequest, GenerateResult, Limits, LoraSpec, Timings, normalise_request
-from .resolve import AdapterResolver, AdapterSource
+from .preparation import PreparedLora, Preparer
+from .requests import (
+    AdapterUse,
+    CheckedRequest,
+    GenerateRequest,
+    GenerateResult,
+    Limits,
+    LoraSpec,
+    ModelDefaults,
+    Timings,
+    normalise_request,
+)
+from .resolve import AdapterResolver
 from .settings import Settings
 from .store import AdapterStore, CachedAdapter
 from .swap import ActiveAdapter, WeightPatcher
@@ -50,7 +56,7 @@ Progress = Callable[[int, int], None]
 class PreparedRequest:
     """A normalised request with its adapters ready in the host cache (leased until released)."""
 
-    request: GenerateRequest
+    request: CheckedRequest
     adapters: tuple[tuple[PreparedAdapter, float], ...]
     uses: tuple[AdapterUse, ...]
     resolve_s: float
@@ -97,12 +103,18 @@ class Engine:
     def __init__(self, loaded: LoadedPipeline, settings: Settings, resolver: AdapterResolver) -> None:
         self.loaded = loaded
         self.settings = settings
-        self._resolver = resolver
         self._per_call = settings.per_call
         pipe = loaded.pipe
         self._table = TargetTable({c: getattr(pipe, c) for c in COMPONENTS})
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
-        self._patcher = WeightPatcher(self._table.params, loaded.device if on_device else torch.device("cpu"))
+        # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
+        pin = loaded.device.type == "cuda" and not settings.zero_gpu
+        self._patcher = WeightPatcher(
+            self._table.params,
+            loaded.device if on_device else torch.device("cpu"),
+            budget=settings.pristine_bytes,
+            pin=pin,
+        )
         self._store = AdapterStore(
             host_budget=settings.host_cache_bytes,
             device_budget=settings.device_cache_bytes,
@@ -110,13 +122,43 @@ class Engine:
             dtype=loaded.dtype,
             # On the CPU the host copy is the compute copy; on ZeroGPU device memory does not outlive a call.
             use_device_tier=loaded.device.type != "cpu" and not self._per_call,
+            pin=pin,
+        )
+        self.disk_cache = (
+            DiskCache(
+                settings.disk_cache_bytes,
+                cache_dir=resolver.cache_dir,
+                # The budget is for LoRAs: the served model's own repos are never pruned.
+                keep_repos={settings.model_id, settings.base_model_id, loaded.model_id, settings.vae_id or ""},
+                in_use=self._store.in_use,
+            )
+            if resolver.uses_hub
+            else None
+        )
+        self._preparer = Preparer(
+            resolver,
+            self._store,
+            self._table,
+            served_base=loaded.base_model_id,
+            unet_config=pipe.unet.config,
+            max_rank=settings.max_rank,
+            disk=self.disk_cache,
         )
         self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
         self._lock = threading.Lock()
         self._waiting = 0
         self._waiting_lock = threading.Lock()
-        self._key_locks: dict[AdapterKey, threading.Lock] = {}
         self._applied: tuple[ActiveAdapter, ...] = ()
+
+    @property
+    def defaults(self) -> ModelDefaults:
+        """The served model's request defaults (size, steps, guidance)."""
+        return self.loaded.defaults
+
+    @property
+    def base_model_id(self) -> str:
+        """The base model LoRAs are checked against."""
+        return self.loaded.base_model_id
 
     # -- preparing -------------------------------------------------------------------------------
 
@@ -127,26 +169,40 @@ class Engine:
         normalised = normalise_request(request, self.loaded.defaults, self._limits)
         leased: list[AdapterKey] = []
         try:
-            adapters, uses, warnings = [], [], []
+            adapters: list[tuple[PreparedAdapter, float]] = []
+            uses: list[AdapterUse] = []
+            warnings: list[str] = []
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
-                adapter, cache, timing, warning = self._adapter(spec, leased)
+                ready = self._prepare_one(spec, leased)
+                adapter = ready.adapter
                 if any(a.key == adapter.key for a, _ in adapters):
                     # Two specs can name one file (a branch and its sha, an explicit default file name).
                     raise InvalidRequestError(
                         f"LoRA {spec.ref!r} is listed twice (both name {adapter.key}); "
                         "accepted: each LoRA once, with one scale"
                     )
-                resolve_s, prepare_s = resolve_s + timing[0], prepare_s + timing[1]
+                resolve_s, prepare_s = resolve_s + ready.resolve_s, prepare_s + ready.prepare_s
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
-                uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, cache))
-                warnings.extend(warning)
+                uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
+                warnings.extend((*adapter.warnings, *ready.warnings))
             yield PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
             )
         finally:
             self._store.release(leased)
+
+    def _prepare_one(self, spec: LoraSpec, leased: list[AdapterKey]) -> PreparedLora:
+        try:
+            return self._preparer.adapter(spec, leased)
+        except SwitchboardError:
+            raise
+        except Exception as e:
+            # A library failing in a way nobody mapped is still an answer every transport can give
+            # (JSON on `POST /`, a gr.Error in the UI), and is logged with its traceback for us.
+            logger.exception("preparing LoRA %r failed unexpectedly", spec.ref)
+            raise PreparationError(f"LoRA {spec.ref!r} could not be prepared: {type(e).__name__}: {e}") from e
 
     def check_lora(self, spec: LoraSpec) -> LoraCheck:
         """Resolve, download and prepare one LoRA without generating (the UI's custom-LoRA check)."""
@@ -163,66 +219,6 @@ class Engine:
                 cache=use.cache,
                 warnings=prepared.warnings,
             )
-
-    def _adapter(
-        self, spec: LoraSpec, leased: list[AdapterKey]
-    ) -> tuple[PreparedAdapter, str, tuple[float, float], tuple[str, ...]]:
-        started = time.perf_counter()
-        source = self._resolver.locate(spec)
-        label = f"LoRA {spec.ref!r}"
-        check_family(label, served_base=self.loaded.base_model_id, declared_bases=source.declared_bases)
-        self._store.lease([source.key])
-        leased.append(source.key)
-        adapter = self._store.get(source.key)
-        if adapter is not None:
-            return adapter, "hit", (time.perf_counter() - started, 0.0), adapter.warnings
-        with self._key_lock(source.key):
-            adapter = self._store.get(source.key)
-            if adapter is not None:
-                return adapter, "hit", (time.perf_counter() - started, 0.0), adapter.warnings
-            path = self._resolver.fetch(source)
-            fetched = time.perf_counter()
-            adapter = self._store.add(self._load(source, path))
-            done = time.perf_counter()
-        logger.info(
-            "prepared %s: %d layers, rank %d, %.1f MiB in %.3f s (download %.3f s)",
-            source.key,
-            len(adapter.layers),
-            adapter.max_rank,
-            adapter.nbytes / 2**20,
-            done - fetched,
-            fetched - started,
-        )
-        return adapter, "miss", (fetched - started, done - fetched), adapter.warnings
-
-    def _load(self, source: AdapterSource, path: Path) -> PreparedAdapter:
-        label = f"LoRA {source.ref!r}"
-        try:
-            header = read_header(path, label=source.key.weight_name)
-        except HeaderError as e:
-            raise AdapterLoadError(f"{label} is not a valid safetensors file: {e}") from e
-        warning = check_family(
-            label,
-            served_base=self.loaded.base_model_id,
-            declared_bases=source.declared_bases,
-            metadata=header.metadata,
-            tensor_names=header.tensors,
-        )
-        adapter = prepare(
-            path,
-            source.key,
-            self._table,
-            unet_config=self.loaded.pipe.unet.config,
-            max_rank=self.settings.max_rank,
-            metadata=header.metadata,
-            shapes={name: info.shape for name, info in header.tensors.items()},
-        )
-        # Kept with the adapter, so a cache hit still tells the user what the first load found.
-        return dataclasses.replace(adapter, warnings=(warning,) if warning else ())
-
-    def _key_lock(self, key: AdapterKey) -> threading.Lock:
-        with self._waiting_lock:
-            return self._key_locks.setdefault(key, threading.Lock())
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -337,12 +333,14 @@ class Engine:
         self._store.set_active(a.adapter.key for a in self._applied)
 
     @torch.inference_mode()
-    def _infer(self, request: GenerateRequest, progress: Progress | None, cancel: threading.Event | None):
+    def _infer(self, request: CheckedRequest, progress: Progress | None, cancel: threading.Event | None):
         steps = request.steps
 
         def on_step(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
             if cancel is not None and cancel.is_set():
-                pipe._interrupt = True
+                # Raised, not `pipe._interrupt`: an interrupted diffusers pipeline still runs the VAE decode,
+                # the most expensive single step at SDXL sizes, for an image nobody will see.
+                raise GenerationCancelledError("the request was cancelled during generation")
             if progress is not None:
                 progress(step + 1, steps)
             return callback_kwargs
@@ -406,8 +404,8 @@ def _describe(active: tuple[ActiveAdapter, ...]) -> str:
     return "[" + ", ".join(f"{a.adapter.key.name}×{a.scale:g}" for a in active) + "]"
 
 
-def _engine_error(error: BaseException, request: GenerateRequest) -> BaseException:
-    if isinstance(error, EngineError):
+def _engine_error(error: BaseException, request: CheckedRequest) -> BaseException:
+    if isinstance(error, SwitchboardError):
         return error
     if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
         if torch.cuda.is_available():

@@ -58,6 +58,9 @@ class Settings:
     pristine_store: str = "auto"
     host_cache_bytes: int = 4 * 2**30
     device_cache_bytes: int = 2 * 2**30
+    # SDXL's UNet and both text encoders in fp16 are about 6.5 GiB; a LoRA touching all of them fits.
+    pristine_bytes: int = 7 * 2**30
+    disk_cache_bytes: int = 20 * 2**30
     max_adapter_bytes: int = 1536 * 2**20
     max_rank: int = 256
     max_loras: int = 4
@@ -98,6 +101,8 @@ class Settings:
             pristine_store=_choice("PRISTINE_STORE", get("PRISTINE_STORE", "auto"), _PRISTINE),
             host_cache_bytes=parse_bytes("HOST_CACHE_BYTES", get("HOST_CACHE_BYTES", "4GiB")),
             device_cache_bytes=parse_bytes("DEVICE_CACHE_BYTES", get("DEVICE_CACHE_BYTES", "2GiB")),
+            pristine_bytes=parse_bytes("PRISTINE_BYTES", get("PRISTINE_BYTES", "7GiB")),
+            disk_cache_bytes=parse_bytes("DISK_CACHE_BYTES", get("DISK_CACHE_BYTES", "20GiB")),
             max_adapter_bytes=parse_bytes("MAX_ADAPTER_BYTES", get("MAX_ADAPTER_BYTES", "1536MiB")),
             max_rank=_int("MAX_RANK", get("MAX_RANK", "256"), 1, 4096),
             max_loras=_int("MAX_LORAS", get("MAX_LORAS", "4"), 1, 8),

@@ -100,14 +100,22 @@ class AdapterStore:
     """Host tier (file dtype; pinned on CUDA) and device tier (compute device, file dtype)."""
 
     def __init__(
-        self, *, host_budget: int, device_budget: int, device: torch.device, dtype: torch.dtype, use_device_tier: bool
+        self,
+        *,
+        host_budget: int,
+        device_budget: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        use_device_tier: bool,
+        pin: bool | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._host = ByteLRU("host", host_budget)
         self._device_tier = ByteLRU("device", device_budget) if use_device_tier else None
         self._device = device
         self._dtype = dtype
-        self._pin = device.type == "cuda"
+        # Pinned host copies make uploads asynchronous; pinning initialises CUDA, which ZeroGPU's main process must not.
+        self._pin = device.type == "cuda" if pin is None else pin
         self._leases: Counter[AdapterKey] = Counter()
         self._active: set[AdapterKey] = set()
 
@@ -142,7 +150,7 @@ class AdapterStore:
             self._trim()
 
     def for_compute(self, adapter: PreparedAdapter) -> PreparedAdapter:
-        """The adapter on the compute device in the compute dtype, from the device tier when cached."""
+        """The adapter on the compute device (in its file dtype), from the device tier when cached."""
         if self._device_tier is None:
             return adapter
         with self._lock:
@@ -172,11 +180,18 @@ class AdapterStore:
 
     @property
     def host_bytes(self) -> int:
-        return self._host.nbytes
+        with self._lock:
+            return self._host.nbytes
 
     @property
     def device_bytes(self) -> int:
-        return self._device_tier.nbytes if self._device_tier is not None else 0
+        with self._lock:
+            return self._device_tier.nbytes if self._device_tier is not None else 0
+
+    def in_use(self) -> set[AdapterKey]:
+        """Keys that must stay available: fused right now, or leased by a request being prepared or run."""
+        with self._lock:
+            return self._protected()
 
     @property
     def budgets(self) -> tuple[int, int]:

@@ -19,17 +19,12 @@ from pathlib import Path
 from .bases import DEFAULT_BASE
 from .catalog import Catalog
 from .entries import LoraEntry
-from .errors import CatalogError, HubUnreachableError
+from .errors import CatalogError, HubUnavailableError
 from .hub import SORTS, HubSource
 from .listing import CatalogPage
+from .snapshot import default_snapshot_path
 
 _MAX_PAGE = 200
-
-
-def default_snapshot_path(base: str) -> Path:
-    """`snapshots/sdxl.json` for the default SDXL base, `snapshots/<owner>__<name>.json` otherwise (under CWD)."""
-    name = "sdxl" if base == DEFAULT_BASE else base.replace("/", "__")
-    return Path("snapshots") / f"{name}.json"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,7 +87,7 @@ def _list(args: argparse.Namespace) -> int:
         if hub is not None:
             try:
                 catalog.refresh_now(args.base, search=args.search, sort=args.sort)
-            except HubUnreachableError as e:
+            except HubUnavailableError as e:
                 print(f"warning: the Hub is unreachable ({e}); listing from the snapshot", file=sys.stderr)
         pages = _pages(catalog, args)
     if pages[0].freshness.source == "none" and pages[0].freshness.offline:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from .entries import LoraEntry
-from .errors import CatalogError, HubUnreachableError, InvalidRequestError, LoraNotFoundError, SnapshotError
+from .errors import CatalogError, HubUnavailableError, InvalidRequestError, LoraNotFoundError, SnapshotError
 from .hub import HubSource, Sort, check_sort
 from .listing import (
     CatalogPage,
@@ -132,10 +132,16 @@ class Catalog:
                 raise InvalidRequestError(f"local LoRA {ref!r} takes no revision or weight_name; accepted: None")
             return self.local_lora(ref).entry
         if self._hub is None:
-            raise HubUnreachableError(
+            raise HubUnavailableError(
                 f"cannot look up {ref!r}: this catalogue runs without the Hub; accepted: a 'local:' ref"
             )
         return self._hub.resolve(ref, revision=revision, weight_name=weight_name)
+
+    def stale_warning(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> str | None:
+        """Why a Hub LoRA's cached metadata is served stale (the Hub is down, or it is being revalidated), or None."""
+        if self._hub is None or is_local_ref(ref):
+            return None
+        return self._hub.stale_warning(ref, revision, weight_name)
 
     def local_lora(self, ref: str) -> LocalLora:
         """The local file behind a `local:` ref (see `LocalLora`)."""
@@ -154,13 +160,13 @@ class Catalog:
         return len(index.by_ref)
 
     def refresh_now(self, base: str, *, search: str = "", sort: Sort = "downloads") -> tuple[LoraEntry, ...]:
-        """Fetch the Hub list for `base` now (blocking); HubUnreachableError when it fails."""
+        """Fetch the Hub list for `base` now (blocking); HubUnavailableError when it fails."""
         key = (validate_repo_id(base, what="base model id"), (search or "").strip().lower(), check_sort(sort))
         return self._fetch(key).entries
 
     def save_snapshot(self, path: Path, base: str) -> Snapshot:
         """Write the live Hub list for `base` (fetched now if there is none yet) as a snapshot file."""
-        key = (validate_repo_id(base, what="base model id"), "", "downloads")
+        key: _Key = (validate_repo_id(base, what="base model id"), "", "downloads")
         with self._lock:
             listing = self._live.get(key)
         if listing is None:
@@ -192,6 +198,8 @@ class Catalog:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
+        if self._hub is not None:
+            self._hub.close()
 
     def __enter__(self) -> Catalog:
         return self
@@ -253,11 +261,11 @@ class Catalog:
 
     def _fetch(self, key: _Key) -> _Listing:
         if self._hub is None:
-            raise HubUnreachableError("this catalogue has no Hub source; accepted: a Catalog built with a HubSource")
+            raise HubUnavailableError("this catalogue has no Hub source; accepted: a Catalog built with a HubSource")
         base, search, sort = key
         try:
             entries = self._hub.list_loras(base, search=search or None, sort=sort, limit=self._list_limit)
-        except HubUnreachableError:
+        except HubUnavailableError:
             with self._lock:
                 self._hub_state, self._failed_at = "offline", self._clock()
             raise

@@ -1,18 +1,25 @@
-"""The catalogue's errors: the only exceptions its callers need to know about.
+"""The one error tree of LoRA Switchboard, rooted here because every package may import the catalogue.
 
-Each message names the bad value and what is accepted, so the UI can show it
-as it is. Library errors (httpx, huggingface_hub, json) are wrapped with
-`raise ... from e` and never escape unwrapped.
+Each class knows what a transport needs to answer with it: an HTTP `status` and a short `title`. The
+transports (`serving.errors`) only translate; nothing keys on class names. Messages name the bad value and
+what is accepted, so they are shown as they are. Library errors (httpx, huggingface_hub, json) are wrapped
+with `raise ... from e` and never escape unwrapped.
+
+The classes here are shared by the catalogue and the engine (a LoRA that is not found is the same error
+whoever finds out); `engine.errors` adds the engine's own under `EngineError`.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
+    "AdapterLoadError",
     "AmbiguousWeightsError",
     "CatalogError",
     "GatedLoraError",
     "HeaderError",
-    "HubUnreachableError",
+    "HubUnavailableError",
     "InvalidRepoIdError",
     "InvalidRequestError",
     "InvalidWeightNameError",
@@ -20,15 +27,26 @@ __all__ = [
     "NoSafetensorsError",
     "PickleOnlyError",
     "SnapshotError",
+    "SwitchboardError",
 ]
 
 
-class CatalogError(Exception):
-    """Base of every error the catalogue raises on purpose."""
+class SwitchboardError(Exception):
+    """Root of every error raised on purpose; `status` and `title` are what a transport answers with."""
+
+    status: ClassVar[int] = 500
+    title: ClassVar[str] = "Request failed"
+
+
+class CatalogError(SwitchboardError):
+    """Base of the errors about listing, resolving and reading LoRAs (the catalogue's and the engine's)."""
 
 
 class InvalidRequestError(CatalogError, ValueError):
-    """An argument is malformed: an unknown sort order, a negative page, a path-like name."""
+    """An argument is malformed: an unknown sort order, a negative page, a path-like name, a bad field."""
+
+    status = 400
+    title = "Request refused"
 
 
 class InvalidRepoIdError(InvalidRequestError):
@@ -42,12 +60,32 @@ class InvalidWeightNameError(InvalidRequestError):
 class LoraNotFoundError(CatalogError, LookupError):
     """The repo, revision, named file or local file does not exist (or is private)."""
 
+    status = 404
+    title = "LoRA not found"
+
 
 class GatedLoraError(CatalogError, PermissionError):
     """The repo is gated: this Space does not serve it."""
 
+    status = 403
+    title = "Gated LoRA"
 
-class NoSafetensorsError(CatalogError):
+
+class HubUnavailableError(CatalogError, ConnectionError):
+    """The Hub could not be reached in time, failed (5xx) or answered something unreadable."""
+
+    status = 503
+    title = "Hub unreachable"
+
+
+class AdapterLoadError(CatalogError):
+    """The LoRA's file cannot be used: not safetensors, corrupt, ambiguous, bad values."""
+
+    status = 400
+    title = "Request refused"
+
+
+class NoSafetensorsError(AdapterLoadError):
     """The repo holds no `.safetensors` file."""
 
 
@@ -55,7 +93,7 @@ class PickleOnlyError(NoSafetensorsError):
     """The repo holds only pickle weights (`.bin`, `.ckpt`, `.pt`, `.pth`), which are never unpickled."""
 
 
-class AmbiguousWeightsError(CatalogError):
+class AmbiguousWeightsError(AdapterLoadError):
     """Several `.safetensors` files could be the LoRA and none was named."""
 
     def __init__(self, message: str, candidates: tuple[str, ...]) -> None:
@@ -63,11 +101,7 @@ class AmbiguousWeightsError(CatalogError):
         self.candidates = candidates
 
 
-class HubUnreachableError(CatalogError, ConnectionError):
-    """The Hub could not be reached in time, failed (5xx) or answered something unreadable."""
-
-
-class HeaderError(CatalogError, ValueError):
+class HeaderError(AdapterLoadError, ValueError):
     """A safetensors header is malformed, lies about its data or the file is truncated."""
 
 

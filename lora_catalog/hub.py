@@ -17,6 +17,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -38,8 +39,9 @@ from .cards import PICKLE_SUFFIXES, PREFERRED_WEIGHT_NAME, entry_from_hub_item, 
 from .entries import LoraEntry
 from .errors import (
     AmbiguousWeightsError,
+    CatalogError,
     GatedLoraError,
-    HubUnreachableError,
+    HubUnavailableError,
     InvalidRequestError,
     LoraNotFoundError,
     NoSafetensorsError,
@@ -78,7 +80,9 @@ _MAX_PAGE_SIZE = 1000  # the Hub's own cap per page
 # Most LoRA headers fit in the first 100 kB, so one Range read usually suffices.
 _FIRST_READ_BYTES = 100_000
 _CACHE_MAX = 1024
-_USER_AGENT = {"library_name": "lora-switchboard", "library_version": "0.1.0"}
+_LIBRARY_NAME, _LIBRARY_VERSION = "lora-switchboard", "0.1.0"
+# How long a stale entry is served before a failed revalidation is tried again.
+_REVALIDATE_RETRY_S = 60.0
 
 
 def check_sort(sort: str) -> Sort:
@@ -91,6 +95,12 @@ def check_sort(sort: str) -> Sort:
 class _Cached:
     entry: LoraEntry
     expires_at: float | None  # None: a commit sha never changes
+    # Set when a background revalidation could not reach the Hub: why, and when to try again.
+    failure: str | None = None
+    retry_at: float = 0.0
+
+
+_Key = tuple[str, str | None, str | None]
 
 
 class HubSource:
@@ -112,15 +122,20 @@ class HubSource:
             raise InvalidRequestError(f"page_size={page_size!r} is not accepted; accepted: 1 to {_MAX_PAGE_SIZE}")
         # token=False keeps huggingface_hub from picking up a token saved on this machine: settings decide.
         self._token: str | bool = token or False
-        self._api = HfApi(endpoint=endpoint, token=self._token, **_USER_AGENT)
+        self._api = HfApi(
+            endpoint=endpoint, token=self._token, library_name=_LIBRARY_NAME, library_version=_LIBRARY_VERSION
+        )
         self.endpoint: str = self._api.endpoint.rstrip("/")
         self.timeout_s = float(timeout_s)
         self._page_size = page_size
         self._cache_ttl_s = cache_ttl_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._resolved: dict[tuple[str, str | None, str | None], _Cached] = {}
+        self._resolved: dict[_Key, _Cached] = {}
         self._headers: dict[tuple[str, str, str], SafetensorsHeader] = {}
+        # Stale-while-revalidate: one background lookup at a time, never on a request's path.
+        self._revalidating: set[_Key] = set()
+        self._executor: ThreadPoolExecutor | None = None
 
     def list_loras(
         self, base: str, *, search: str | None = None, sort: Sort = "downloads", limit: int = 100
@@ -142,7 +157,7 @@ class HubSource:
             params.append(("search", search))
         entries: list[LoraEntry] = []
         url: str | None = f"{self.endpoint}/api/models"
-        query: list[tuple[str, str]] | None = params
+        query: list[tuple[str, str | int | float | bool | None]] | None = list(params) if params else None
         # Skipped (gated, private) items can leave pages short; this bounds the walk when most are skipped.
         pages_left = 2 * math.ceil(limit / self._page_size) + 1
         while url is not None and len(entries) < limit and pages_left > 0:
@@ -152,7 +167,7 @@ class HubSource:
                 hf_raise_for_status(response)
                 page = response.json()
             if not isinstance(page, list):
-                raise HubUnreachableError(
+                raise HubUnavailableError(
                     f"the Hub at {self.endpoint} answered the listing with a JSON {type(page).__name__}, not a list"
                 )
             entries += self._page_entries(page, base)
@@ -161,15 +176,80 @@ class HubSource:
         return entries[:limit]
 
     def resolve(self, repo_id: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry:
-        """The entry for a custom LoRA with `weight_name`, `weight_size` and `sha` filled; cached in memory."""
+        """The entry for a custom LoRA with `weight_name`, `weight_size` and `sha` filled; cached in memory.
+
+        Past its TTL a cached entry is still answered at once (stale-while-revalidate, RFC 5861) while one
+        background lookup refreshes it: a LoRA already resolved stays servable when the Hub is down, and
+        `stale_warning` says so.
+        """
         repo_id = validate_repo_id(repo_id)
         revision = validate_revision(revision)
         weight_name = validate_weight_name(weight_name)
         key = (repo_id, revision, weight_name)
         with self._lock:
             hit = self._resolved.get(key)
-            if hit is not None and (hit.expires_at is None or self._clock() < hit.expires_at):
+            now = self._clock()
+            if hit is not None and (hit.expires_at is None or now < hit.expires_at):
                 return hit.entry
+            if hit is not None:
+                if now >= hit.retry_at and key not in self._revalidating:
+                    self._revalidating.add(key)
+                    self._revalidator().submit(self._revalidate, key)
+                return hit.entry
+        return self._lookup(key)
+
+    def stale_warning(self, repo_id: str, revision: str | None = None, weight_name: str | None = None) -> str | None:
+        """Why the cached entry for these arguments is not fresh (past its TTL), or None when it is."""
+        key = (repo_id, revision, weight_name)
+        with self._lock:
+            hit = self._resolved.get(key)
+            if hit is None or hit.expires_at is None or self._clock() < hit.expires_at:
+                return None
+            age_min = (self._clock() - hit.expires_at + self._cache_ttl_s) / 60
+        why = f"the Hub could not be reached ({hit.failure})" if hit.failure else "it is being revalidated"
+        return (
+            f"LoRA {repo_id!r} is served from Hub metadata {age_min:.0f} min old at revision "
+            f"{(hit.entry.sha or '?')[:10]}: {why}"
+        )
+
+    def close(self) -> None:
+        """Stop background revalidation (a lookup in progress finishes on its own)."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    def _revalidator(self) -> ThreadPoolExecutor:
+        # Called under self._lock.
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hub-revalidate")
+        return self._executor
+
+    def _revalidate(self, key: _Key) -> None:
+        started = self._clock()
+        try:
+            entry = self._lookup(key)
+        except HubUnavailableError as e:
+            with self._lock:
+                hit = self._resolved.get(key)
+                if hit is not None:
+                    # Keep serving it; ask again after a while, not on every request while the Hub is down.
+                    retry = started + min(_REVALIDATE_RETRY_S, self._cache_ttl_s)
+                    self._resolved[key] = dataclasses.replace(hit, failure=str(e), retry_at=retry)
+            logger.warning("could not revalidate LoRA %s; serving its cached metadata: %s", key[0], e)
+        except CatalogError as e:
+            # The Hub answered that the repo, revision or file is gone (or gated now): stop serving it.
+            with self._lock:
+                self._resolved.pop(key, None)
+            logger.warning("LoRA %s is no longer servable, dropped from the cache: %s", key[0], e)
+        else:
+            logger.info("revalidated LoRA %s at %s in %.2f s", key[0], entry.sha, self._clock() - started)
+        finally:
+            with self._lock:
+                self._revalidating.discard(key)
+
+    def _lookup(self, key: _Key) -> LoraEntry:
+        repo_id, revision, weight_name = key
         where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
         with self._wrap(f"looking up LoRA {where}", repo_id=repo_id, revision=revision):
             info = self._api.model_info(repo_id, revision=revision, files_metadata=True, timeout=self.timeout_s)
@@ -182,7 +262,7 @@ class HubSource:
         try:
             entry = entry_from_hub_item(_info_to_item(info), endpoint=self.endpoint)
         except ValueError as e:
-            raise HubUnreachableError(f"the Hub answered an unreadable record for {where}: {e}") from e
+            raise HubUnavailableError(f"the Hub answered an unreadable record for {where}: {e}") from e
         sizes = {
             s.rfilename: s.size if s.size is not None else (s.lfs.size if s.lfs else None) for s in info.siblings or ()
         }
@@ -197,11 +277,12 @@ class HubSource:
 
     def read_remote_header(self, entry: LoraEntry) -> SafetensorsHeader:
         """The weight file's safetensors header, read with HTTP Range requests (no tensor data downloaded)."""
-        if entry.repo_id is None or entry.source != "hub":
+        repo_id = entry.repo_id
+        if repo_id is None or entry.source != "hub":
             raise InvalidRequestError(f"{entry.ref!r} is not a Hub LoRA; accepted: an entry with a repo id")
         if entry.weight_name is None or entry.sha is None:
-            entry = self.resolve(entry.repo_id, entry.sha, entry.weight_name)
-        repo_id, sha, weight_name = entry.repo_id, entry.sha or "main", entry.weight_name or ""
+            entry = self.resolve(repo_id, entry.sha, entry.weight_name)
+        sha, weight_name = entry.sha or "main", entry.weight_name or ""
         key = (repo_id, sha, weight_name)
         with self._lock:
             if key in self._headers:
@@ -222,7 +303,7 @@ class HubSource:
         return header
 
     def _http_headers(self) -> dict[str, str]:
-        return build_hf_headers(token=self._token, **_USER_AGENT)
+        return build_hf_headers(token=self._token, library_name=_LIBRARY_NAME, library_version=_LIBRARY_VERSION)
 
     def _read_prefix(self, url: str, count: int) -> tuple[bytes, int | None]:
         """The first `count` bytes of a file and its total size; stops early if the server ignores Range."""
@@ -280,18 +361,18 @@ class HubSource:
             raise LoraNotFoundError(f"a file of LoRA repo {repo_id!r} was not found while {what}") from e
         except HfHubHTTPError as e:
             status = e.response.status_code if e.response is not None else "?"
-            raise HubUnreachableError(f"the Hub at {self.endpoint} answered HTTP {status} while {what}") from e
+            raise HubUnavailableError(f"the Hub at {self.endpoint} answered HTTP {status} while {what}") from e
         except OfflineModeIsEnabled as e:
-            raise HubUnreachableError(f"huggingface_hub's offline mode (HF_HUB_OFFLINE) is on while {what}") from e
+            raise HubUnavailableError(f"huggingface_hub's offline mode (HF_HUB_OFFLINE) is on while {what}") from e
         except httpx2.TimeoutException as e:
-            raise HubUnreachableError(
+            raise HubUnavailableError(
                 f"the Hub at {self.endpoint} did not answer within {self.timeout_s:g} s while {what}"
             ) from e
         except httpx2.HTTPError as e:
-            raise HubUnreachableError(f"the Hub at {self.endpoint} could not be reached while {what}: {e}") from e
+            raise HubUnavailableError(f"the Hub at {self.endpoint} could not be reached while {what}: {e}") from e
         except (ValueError, KeyError, TypeError) as e:
             # r.json() and ModelInfo(**data) on a malformed or truncated answer.
-            raise HubUnreachableError(f"the Hub at {self.endpoint} answered malformed JSON while {what}: {e}") from e
+            raise HubUnavailableError(f"the Hub at {self.endpoint} answered malformed JSON while {what}: {e}") from e
 
 
 def _choose_weight(repo_id: str, where: str, files: tuple[str, ...], weight_name: str | None) -> str:

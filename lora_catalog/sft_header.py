@@ -7,6 +7,11 @@ headers to place a LoRA by its base without loading tensors; the engine uses
 the same checks before it trusts a downloaded file. Every check names the
 problem, because a file that lies about its offsets would otherwise fail much
 later, deep inside the loader.
+
+Why our own reader and not the library's: safetensors' `safe_open` needs the whole
+file (it refuses a Range-read prefix: "file not fully covered"), and huggingface_hub's
+`parse_safetensors_file_metadata`, which does read by Range, accepts headers whose
+offsets lie (tests/test_catalog_header.py shows both).
 """
 
 from __future__ import annotations
@@ -114,8 +119,8 @@ def read_header(
         except OSError as e:
             raise HeaderError(f"cannot read safetensors file {label!r}: {e.strerror or e}") from e
     label = str(getattr(source, "name", "<stream>")) if label is None else label
-    size = file_size if file_size is not None else _stream_size(source)
-    return _read_stream(source, label, size, max_header_bytes)
+    stream_size = file_size if file_size is not None else _stream_size(source)
+    return _read_stream(source, label, stream_size, max_header_bytes)
 
 
 def read_header_bytes(
@@ -216,7 +221,7 @@ def _tensor(name: str, spec: object, label: str, data_size: int | None) -> Tenso
     if not isinstance(spec, dict):
         raise HeaderError(f"{where} is described by a JSON {type(spec).__name__}; accepted: an object")
     dtype = spec.get("dtype")
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise HeaderError(f"{where} has unknown dtype {dtype!r}; accepted: {', '.join(DTYPE_BITS)}")
     shape = spec.get("shape")
     if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from .bases import DEFAULT_BASE
 from .entries import LoraEntry, parse_datetime
 from .errors import SnapshotError
 
-__all__ = ["SNAPSHOT_FORMAT", "Snapshot", "read_snapshot", "write_snapshot"]
+__all__ = ["SNAPSHOT_FORMAT", "Snapshot", "default_snapshot_path", "read_snapshot", "write_snapshot"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,3 +108,9 @@ def read_snapshot(path: Path) -> Snapshot:
         except SnapshotError as e:
             logger.warning("snapshot %s: skipping entry %d: %s", path, index, e)
     return Snapshot(base=base, created_at=created_at, entries=tuple(entries))
+
+
+def default_snapshot_path(base: str) -> Path:
+    """`snapshots/sdxl.json` for the default SDXL base, `snapshots/<owner>__<name>.json` otherwise (under CWD)."""
+    name = "sdxl" if base == DEFAULT_BASE else base.replace("/", "__")
+    return Path("snapshots") / f"{name}.json"

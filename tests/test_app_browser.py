@@ -123,8 +123,8 @@ def test_a_custom_lora_is_checked_before_generating(page, hub_app, fixtures):
 
 
 def test_the_offline_demo_shows_its_banner_and_generates(page, loaded, tmp_path):
-    from engine.runtime import build_runtime
     from engine.settings import Settings
+    from serving.runtime import build_runtime
 
     runtime = build_runtime(
         Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=lambda settings, warm=True: loaded

@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-import app_format as fmt
 from engine.errors import InvalidRequestError
 from engine.requests import AdapterUse, GenerateRequest, GenerateResult, LoraSpec, ModelDefaults, Timings
 from lora_catalog.entries import Family, LoraEntry
+from serving import format as fmt
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 

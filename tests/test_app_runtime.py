@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.demo import DEMO_LORAS, ensure_demo_loras
 from engine.errors import SettingsError
 from engine.requests import GenerateRequest, LoraSpec
-from engine.runtime import build_runtime, plan_start, probe_base
 from engine.settings import DEFAULT_MODEL_ID, Settings
 from lora_catalog.sft_header import read_header
+from serving.demo import DEMO_LORAS, ensure_demo_loras
+from serving.runtime import build_runtime, plan_start, probe_base
 
 NO_PROBE_WANTED = "the Hub probe must not run here"
 

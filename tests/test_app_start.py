@@ -24,7 +24,7 @@ socket.socket.connect_ex = refuse
 socket.create_connection = refuse
 import app
 
-heavy = ("torch", "diffusers", "transformers", "engine.pipeline", "engine.service", "engine.runtime")
+heavy = ("torch", "diffusers", "transformers", "engine.pipeline", "engine.service", "serving.runtime")
 print(json.dumps(sorted(name for name in heavy if name in sys.modules)))
 """
 

@@ -112,7 +112,7 @@ def test_importing_the_package_pulls_in_no_torch() -> None:
 
 
 def test_default_snapshot_paths() -> None:
-    from lora_catalog.__main__ import default_snapshot_path
+    from lora_catalog.snapshot import default_snapshot_path
 
     assert default_snapshot_path(SDXL) == Path("snapshots/sdxl.json")
     assert default_snapshot_path("RunDiffusion/Juggernaut-XL-v9") == Path(

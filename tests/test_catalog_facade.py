@@ -18,7 +18,7 @@ from lora_catalog import (
     Catalog,
     Family,
     HubSource,
-    HubUnreachableError,
+    HubUnavailableError,
     InvalidRequestError,
     LoraEntry,
     Snapshot,
@@ -248,9 +248,9 @@ def test_refresh_off_never_asks_the_hub_for_pages(clean_hub: StandInHub, snapsho
 def test_resolve_goes_through_the_hub(clean_hub: StandInHub) -> None:
     entry = Catalog(HubSource(endpoint=clean_hub.url), refresh=False).resolve(f" {NS}/beta-xl ")
     assert (entry.weight_name, entry.family) == ("x.safetensors", Family.SDXL)
-    with pytest.raises(HubUnreachableError, match=r"cannot look up 'o/n': this catalogue runs without the Hub"):
+    with pytest.raises(HubUnavailableError, match=r"cannot look up 'o/n': this catalogue runs without the Hub"):
         Catalog(None).resolve("o/n")
-    with pytest.raises(HubUnreachableError, match=r"no Hub source"):
+    with pytest.raises(HubUnavailableError, match=r"no Hub source"):
         Catalog(None).refresh_now(SDXL)
 
 

@@ -166,3 +166,21 @@ def test_bytes_written_by_safetensors_round_trip() -> None:
     header = read_header_bytes(content, file_size=len(content))
     assert header.tensors["x"].dtype == "I64"
     assert header.tensors["x"].numel == 6
+
+
+@pytest.mark.parametrize("role", ["lying-header", "lying-shape"])
+def test_the_hubs_own_header_reader_accepts_files_ours_refuses(hub, fixtures, role: str) -> None:
+    # Why lora_catalog keeps its own reader: huggingface_hub's remote header parser (the library made for
+    # reading a header by Range) takes a file whose offsets lie, and safetensors' safe_open needs the whole
+    # file. Ours refuses the same bytes from the Range prefix alone, before anything is downloaded.
+    from huggingface_hub import HfApi
+
+    from lora_catalog.hub import HubSource
+
+    repo = fixtures[role]
+    source = HubSource(endpoint=hub.url, timeout_s=5)
+    entry = source.resolve(repo)
+    theirs = HfApi(endpoint=hub.url).parse_safetensors_file_metadata(repo, entry.weight_name)
+    assert theirs.tensors  # parsed without complaint
+    with pytest.raises(HeaderError, match=r"the offsets lie about the data"):
+        source.read_remote_header(entry)

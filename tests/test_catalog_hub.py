@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import socket
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +21,7 @@ from lora_catalog import (
     GatedLoraError,
     HeaderError,
     HubSource,
-    HubUnreachableError,
+    HubUnavailableError,
     InvalidRepoIdError,
     InvalidRequestError,
     InvalidWeightNameError,
@@ -233,7 +234,7 @@ def test_listing_failures_are_hub_unreachable(
     source: HubSource, clean_hub: StandInHub, fault: str, message: str
 ) -> None:
     clean_hub.set_fault(fault)
-    with pytest.raises(HubUnreachableError, match=message):
+    with pytest.raises(HubUnavailableError, match=message):
         source.list_loras(SDXL)
     assert len(clean_hub.requests) == 1  # no retries with back-off: the catalogue falls back at once
 
@@ -241,15 +242,15 @@ def test_listing_failures_are_hub_unreachable(
 def test_slow_hub_times_out(clean_hub: StandInHub) -> None:
     clean_hub.set_fault("slow", delay_s=3.0)
     source = HubSource(endpoint=clean_hub.url, timeout_s=0.3)
-    with pytest.raises(HubUnreachableError, match=r"did not answer within 0.3 s while listing"):
+    with pytest.raises(HubUnavailableError, match=r"did not answer within 0.3 s while listing"):
         source.list_loras(SDXL)
 
 
 def test_closed_port_is_hub_unreachable() -> None:
     source = HubSource(endpoint=closed_port_url(), timeout_s=2.0)
-    with pytest.raises(HubUnreachableError, match=r"could not be reached"):
+    with pytest.raises(HubUnavailableError, match=r"could not be reached"):
         source.list_loras(SDXL)
-    with pytest.raises(HubUnreachableError, match=r"could not be reached while looking up LoRA 'o/n'"):
+    with pytest.raises(HubUnavailableError, match=r"could not be reached while looking up LoRA 'o/n'"):
         source.resolve("o/n")
 
 
@@ -257,9 +258,9 @@ def test_huggingface_hub_offline_mode_is_hub_unreachable(
     source: HubSource, clean_hub: StandInHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(HubUnreachableError, match=r"offline mode \(HF_HUB_OFFLINE\) is on while listing"):
+    with pytest.raises(HubUnavailableError, match=r"offline mode \(HF_HUB_OFFLINE\) is on while listing"):
         source.list_loras(SDXL)
-    with pytest.raises(HubUnreachableError, match=r"offline mode .* while looking up LoRA"):
+    with pytest.raises(HubUnavailableError, match=r"offline mode .* while looking up LoRA"):
         source.resolve(f"{NS}/pixel-xl")
     assert clean_hub.requests == []
 
@@ -289,9 +290,16 @@ def test_resolve_is_cached_per_repo_revision_and_file(clean_hub: StandInHub) -> 
     first = source.resolve(f"{NS}/watercolor-xl")
     assert source.resolve(f"{NS}/watercolor-xl") is first
     assert len(clean_hub.requests) == 1
-    now[0] += 601.0  # a branch can move: looked up again after the TTL
-    source.resolve(f"{NS}/watercolor-xl")
+    now[0] += 601.0  # a branch can move: past the TTL it is answered at once and looked up again in the background
+    assert source.resolve(f"{NS}/watercolor-xl") is first
+    assert source.stale_warning(f"{NS}/watercolor-xl") is not None
+    deadline = time.monotonic() + 30
+    while len(clean_hub.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(clean_hub.requests) == 2
+    while source.stale_warning(f"{NS}/watercolor-xl") is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert source.stale_warning(f"{NS}/watercolor-xl") is None
     pinned = source.resolve(f"{NS}/watercolor-xl", revision=first.sha)
     now[0] += 10**7  # a commit never changes: cached for good
     assert source.resolve(f"{NS}/watercolor-xl", revision=first.sha) is pinned
@@ -349,7 +357,7 @@ def test_private_repo_seen_with_a_token_is_refused_as_private(clean_hub: StandIn
 )
 def test_resolve_hub_failures(source: HubSource, clean_hub: StandInHub, fault: str, message: str) -> None:
     clean_hub.set_fault(fault)
-    with pytest.raises(HubUnreachableError, match=message):
+    with pytest.raises(HubUnavailableError, match=message):
         source.resolve(f"{NS}/pixel-xl")
 
 

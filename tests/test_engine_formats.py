@@ -20,10 +20,8 @@ from peft.tuners.lora import LoraModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
-from engine.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
+from engine.adapters import PreparedAdapter, TargetTable
 from engine.synthetic import (
-    TEXT_ATTENTION,
-    UNET_ATTENTION_FF_CONV,
     LoraTarget,
     find_targets,
     kohya_key,
@@ -31,16 +29,10 @@ from engine.synthetic import (
 )
 from engine.synthetic_lycoris import lycoris_metadata, make_dora, make_loha, make_lokr
 from engine.tiny import build_tiny_pipeline
-from lora_catalog.sft_header import read_header
+from tests.support.formats import COMPONENTS, PATTERNS, components
+from tests.support.formats import load as load_file
 
 lycoris_modules = pytest.importorskip("lycoris.modules")
-
-COMPONENTS = ("unet", "text_encoder", "text_encoder_2")
-PATTERNS = {"unet": UNET_ATTENTION_FF_CONV, "text_encoder": TEXT_ATTENTION, "text_encoder_2": TEXT_ATTENTION}
-
-
-def components(pipe) -> dict[str, nn.Module]:
-    return {c: getattr(pipe, c) for c in COMPONENTS}
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +51,7 @@ def targets(pipe) -> list[LoraTarget]:
 
 
 def load(path: Path, table: TargetTable, pipe) -> PreparedAdapter:
-    header = read_header(path)
-    key = AdapterKey("test", path.stem, "0" * 40, path.name)
-    shapes = {name: info.shape for name, info in header.tensors.items()}
-    return prepare(path, key, table, unet_config=pipe.unet.config, max_rank=64, metadata=header.metadata, shapes=shapes)
+    return load_file(path, table, pipe.unet.config)
 
 
 def fused(adapter: PreparedAdapter, table: TargetTable, scale: float) -> dict[str, torch.Tensor]:

@@ -15,8 +15,7 @@ import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-from app_format import entry_card
-from engine.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
+from engine.adapters import PreparedAdapter, TargetTable
 from engine.errors import UnsupportedLoraVariantError
 from engine.requests import GenerateRequest, LoraSpec
 from engine.swap import ActiveAdapter, WeightPatcher
@@ -25,9 +24,9 @@ from engine.synthetic_lycoris import lycoris_metadata, make_dora, make_loha, mak
 from engine.tiny import build_tiny_pipeline
 from lora_catalog import scan_local_dirs
 from lora_catalog.entries import LoraEntry
-from lora_catalog.sft_header import read_header
-from tests.test_engine_formats import COMPONENTS, PATTERNS, components
-from tests.test_engine_swap import assert_pristine
+from serving.format import entry_card
+from tests.support.checks import assert_pristine
+from tests.support.formats import COMPONENTS, PATTERNS, components, load
 
 UNSUPPORTED = {
     "OFT": {"oft_blocks": (2, 8, 8)},
@@ -37,13 +36,6 @@ UNSUPPORTED = {
     "GLoRA": {"a1.weight": (4, 64), "a2.weight": (64, 4), "b1.weight": (4, 64), "b2.weight": (64, 4)},
     "LoRA bias terms": {"lora_down.weight": (4, 64), "lora_up.weight": (64, 4), "lora_up.bias": (64,)},
 }
-
-
-def load(path: Path, table: TargetTable, unet_config) -> PreparedAdapter:
-    header = read_header(path)
-    key = AdapterKey("test", path.stem, "0" * 40, path.name)
-    shapes = {name: info.shape for name, info in header.tensors.items()}
-    return prepare(path, key, table, unet_config=unet_config, max_rank=64, metadata=header.metadata, shapes=shapes)
 
 
 def every_format(pipe, table: TargetTable, folder: Path) -> list[PreparedAdapter]:

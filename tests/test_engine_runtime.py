@@ -8,7 +8,7 @@ import pytest
 
 from engine.errors import EngineBusyError, GenerationCancelledError, LimitExceededError
 from engine.requests import GenerateRequest, LoraSpec
-from tests.test_engine_swap import assert_pristine
+from tests.support.checks import assert_pristine
 
 
 def request(*loras: LoraSpec, seed: int = 3, steps: int = 2) -> GenerateRequest:

@@ -8,6 +8,7 @@ import torch
 from diffusers import StableDiffusionXLPipeline
 
 from engine.requests import GenerateRequest, LoraSpec
+from tests.support.checks import assert_pristine
 
 PROMPT = "a photo of a cat in sks style"
 
@@ -64,6 +65,8 @@ def test_lora_matches_diffusers_fuse_and_changes_the_image(engine, fixtures, tin
     assert np.abs(ours - reference).mean() < 0.1
 
 
+# The reference loads a second adapter into the same diffusers pipeline on purpose; PEFT warns that it does.
+@pytest.mark.filterwarnings("ignore:Already found a `peft_config` attribute:UserWarning")
 def test_two_loras_blend_like_diffusers_weighted_adapters(engine, fixtures, tiny_dir):
     a = (fixtures["peft"], "pytorch_lora_weights.safetensors", 0.7)
     b = (fixtures["kohya"], "ohwx_style.safetensors", 0.5)
@@ -99,12 +102,6 @@ def test_local_lora_applies_like_the_same_file_from_the_hub(engine, fixtures):
     base = engine.generate(request())
     assert local.adapters[0].ref == fixtures.local["peft"]
     assert np.abs(pixels(local.image) - pixels(base.image)).mean() > 1
-
-
-def assert_pristine(loaded, pristine) -> None:
-    for name in ("unet", "text_encoder", "text_encoder_2"):
-        for key, value in getattr(loaded.pipe, name).state_dict().items():
-            assert torch.equal(value, pristine[f"{name}.{key}"]), f"{name}.{key} drifted"
 
 
 def test_many_swaps_with_failures_leave_base_weights_bit_exact(make_engine, fixtures, loaded, pristine, monkeypatch):

@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 from engine.errors import GenerationCancelledError, InvalidRequestError
-from engine.http_api import parse_body
 from engine.requests import GenerateRequest, LoraSpec
-from engine.runtime import GpuRunner
+from serving.http_api import parse_body
+from serving.runtime import GpuRunner
 from tests.support.app_server import free_port, recording_runner, serve_routes
 
 TIMEOUT = httpx.Timeout(120.0)
@@ -163,7 +163,7 @@ def test_an_oversized_body_is_refused_before_parsing(url):
         ("flux", 400, "IncompatibleLoraError", "accepted: LoRAs for the sdxl family"),
         ("oft", 400, "UnsupportedLoraVariantError", "OFT"),
         ("gated", 403, "GatedLoraError", "gated"),
-        ("pickle-only", 400, "AdapterLoadError", ""),
+        ("pickle-only", 400, "PickleOnlyError", ""),
     ],
 )
 def test_lora_problems_map_to_their_status(url, fixtures, role, status, error_type, match):
@@ -178,7 +178,7 @@ def test_an_unknown_lora_is_a_404(url):
     for lora in ("fixtures/no-such-lora", "local:nowhere.safetensors"):
         response = post(url, lora=lora)
         assert response.status_code == 404, why(response)
-        assert response.json()["error_type"] == "UnknownLoraError"
+        assert response.json()["error_type"] == "LoraNotFoundError"
         assert lora in response.json()["error"]
 
 

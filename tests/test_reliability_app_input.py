@@ -8,97 +8,30 @@ test_reliability_app_load.py too.
 
 from __future__ import annotations
 
-import io
-import json
 import re
 import socket
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import gradio as gr
 import httpx
 import pytest
-from gradio_client import Client
 from gradio_client.exceptions import AppError
-from PIL import Image
 
-from engine.requests import GenerateRequest, LoraSpec
-from tests.support.app_server import recording_runner, serve_app
-from tests.support.loras import WEIGHTS, card
-from tests.test_reliability_loras import BAD_REPOS
-from tests.test_reliability_secrets import SECRET
-
-TIMEOUT = httpx.Timeout(120.0)
-MAX_QUEUE = 6
-API_DEFAULTS: dict[str, object] = {
-    "prompt": "a harbour at dawn",
-    "negative_prompt": "",
-    "lora": "",
-    "lora_scale": 1.0,
-    "lora_2": "",
-    "lora_2_scale": 1.0,
-    "steps": 1,
-    "guidance": 5.0,
-    "width": 64,
-    "height": 64,
-    "seed": 17,
-}
-HTTP_STATUS = {
-    "AdapterLoadError": 400,
-    "IncompatibleLoraError": 400,
-    "UnsupportedLoraVariantError": 400,
-    "LimitExceededError": 400,
-    "InvalidRequestError": 400,
-    "UnknownLoraError": 404,
-    "GatedLoraError": 403,
-}
-
-
-@dataclass(frozen=True)
-class App:
-    url: str
-    engine: object
-    runner: object
-    client: Client
-    demo: gr.Blocks
-
-
-@contextmanager
-def launch(loaded, base_settings, hub, fixtures) -> Iterator[App]:
-    """The app as a Space runs it (an engine with an HF token), on a free port, until the block ends."""
-    from engine.resolve import AdapterResolver
-    from engine.service import Engine
-    from lora_catalog.catalog import Catalog
-    from lora_catalog.hub import HubSource
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(hub._app, "token", SECRET)
-        settings = base_settings.replace(hf_token=SECRET, max_queue=MAX_QUEUE)
-        catalog = Catalog(HubSource(endpoint=hub.url, token=SECRET, timeout_s=5), local_dirs=(fixtures.local_dir,))
-        resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=SECRET, max_bytes=2**30)
-        engine = Engine(loaded, settings, resolver)
-        runner = recording_runner(engine)
-        try:
-            with serve_app(engine, catalog, hub_url=hub.url, runner=runner) as served:
-                yield App(served.url, engine, runner, Client(served.url, verbose=False), served.demo)
-        finally:
-            hub.set_fault(None)
-            engine.close()
-            catalog.close()
-
-
-def serve_peft(app: App, fixtures) -> Iterator[tuple[GenerateRequest, bytes]]:
-    """The app serving fixtures['peft'] at 0.7; yields that request and its image, and checks both after the test."""
-    request = GenerateRequest(
-        prompt="a harbour at dawn", loras=(LoraSpec(fixtures["peft"], 0.7),), steps=1, width=64, height=64, seed=5
-    )
-    image = app.engine.generate(request).image.tobytes()
-    before = app.engine.status().applied
-    yield request, image
-    assert app.engine.status().applied == before, "a failed request changed the served set"
-    assert app.engine.generate(request).image.tobytes() == image
+from engine.requests import GenerateRequest
+from tests.support.checks import BAD_REPOS
+from tests.support.reliability_app import (
+    HTTP_STATUS,
+    App,
+    api,
+    assert_http_error,
+    body,
+    launch,
+    plain,
+    png_bytes,
+    post,
+    serve_peft,
+    ui_handler,
+)
 
 
 @pytest.fixture(scope="module")
@@ -110,46 +43,6 @@ def app(loaded, base_settings, hub, fixtures) -> Iterator[App]:
 @pytest.fixture
 def serving(app, fixtures) -> Iterator[tuple[GenerateRequest, bytes]]:
     yield from serve_peft(app, fixtures)
-
-
-def api(app: App, **overrides: object) -> tuple[bytes, dict]:
-    path, info = app.client.predict(**(API_DEFAULTS | overrides), api_name="/generate")
-    with Image.open(path) as image:
-        return image.convert("RGB").tobytes(), info
-
-
-def post(app: App, body: str | bytes | dict, **headers: str) -> httpx.Response:
-    content = json.dumps(body) if isinstance(body, dict) else body
-    return httpx.post(app.url, content=content, headers={"accept": "image/png", **headers}, timeout=TIMEOUT)
-
-
-def png_bytes(response: httpx.Response) -> bytes:
-    assert response.status_code == 200, response.text[:500]
-    with Image.open(io.BytesIO(response.content)) as image:
-        return image.convert("RGB").tobytes()
-
-
-def body(prompt: str = "a harbour at dawn", **parameters: object) -> dict:
-    return {"inputs": prompt, "parameters": {"num_inference_steps": 1, "width": 64, "height": 64, **parameters}}
-
-
-def assert_http_error(response: httpx.Response, status: int, error_type: str | tuple[str, ...], pattern: str) -> None:
-    """A JSON error with this status and class whose message matches `pattern` (a regex)."""
-    assert response.status_code == status, response.text[:500]
-    assert response.headers["content-type"].startswith("application/json")
-    answer = response.json()
-    assert answer["error_type"] in ((error_type,) if isinstance(error_type, str) else error_type)
-    assert re.search(pattern, answer["error"]), answer["error"]
-
-
-def fresh_repo(hub, fixtures) -> str:
-    repo_id = f"reliability/app-{uuid.uuid4().hex[:8]}"
-    hub.add_repo(repo_id, {"README.md": card(), WEIGHTS: (fixtures.local_dir / "local_peft.safetensors").read_bytes()})
-    return repo_id
-
-
-def plain(*loras: LoraSpec, seed: int) -> GenerateRequest:
-    return GenerateRequest(prompt="a harbour at dawn", loras=loras, steps=1, width=64, height=64, seed=seed)
 
 
 # -- bad LoRAs ---------------------------------------------------------------------------------------------
@@ -176,7 +69,10 @@ APP_ROLES = (
 def test_a_bad_lora_is_refused_by_both_apis_and_the_served_lora_stays(app, serving, fixtures, role):
     if role == "private":
         # The app's token sees the private repo: it is refused for being private, not as missing.
-        error_type, fragment = "UnknownLoraError", r"'fixtures/private' is private; this Space serves public LoRAs only"
+        error_type, fragment = (
+            "LoraNotFoundError",
+            r"'fixtures/private' is private; this Space serves public LoRAs only",
+        )
     else:
         error_type, fragment = BAD_REPOS[role][0].__name__, BAD_REPOS[role][1]
     with pytest.raises(AppError, match=fragment):
@@ -188,7 +84,7 @@ def test_a_bad_lora_is_refused_by_both_apis_and_the_served_lora_stays(app, servi
 def test_a_missing_repo_revision_or_file_is_a_404_and_an_app_error(app, serving, fixtures):
     with pytest.raises(AppError, match=r"'fixtures/nowhere' was not found on the Hub"):
         api(app, lora="fixtures/nowhere")
-    assert_http_error(post(app, body(), lora="fixtures/nowhere"), 404, "UnknownLoraError", "was not found on the Hub")
+    assert_http_error(post(app, body(), lora="fixtures/nowhere"), 404, "LoraNotFoundError", "was not found on the Hub")
     with pytest.raises(AppError, match=r"revision 'nope' of LoRA repo 'fixtures/peft' was not found"):
         app.client.predict(fixtures["peft"], "nope", "", api_name="/lora_info")
     with pytest.raises(AppError, match=r"file 'x\.safetensors' was not found in LoRA repo"):
@@ -301,10 +197,6 @@ def test_a_malformed_content_length_is_refused_and_the_server_goes_on(app, fixtu
 
 
 # -- UI handlers ---------------------------------------------------------------------------------------------
-
-
-def ui_handler(app: App, name: str) -> Callable[..., object]:
-    return next(f.fn for f in app.demo.fns.values() if getattr(f.fn, "__name__", "") == name)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,8 @@ from PIL import Image
 
 from engine.errors import GenerationCancelledError
 from engine.requests import GenerateRequest, LoraSpec
-from tests.test_reliability_app_input import (
+from tests.support.checks import LOGGERS, SECRET
+from tests.support.reliability_app import (
     API_DEFAULTS,
     MAX_QUEUE,
     TIMEOUT,
@@ -36,7 +37,6 @@ from tests.test_reliability_app_input import (
     serve_peft,
     ui_handler,
 )
-from tests.test_reliability_secrets import LOGGERS, SECRET
 
 
 @pytest.fixture(scope="module")

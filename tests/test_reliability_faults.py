@@ -29,8 +29,8 @@ from engine.requests import LoraSpec
 from engine.resolve import AdapterResolver
 from engine.service import Engine
 from lora_catalog.hub import HubSource
+from tests.support.checks import prime, small, unchanged
 from tests.support.loras import WEIGHTS, card, peft_file
-from tests.test_reliability_loras import prime, small, unchanged
 
 
 @pytest.fixture
@@ -131,8 +131,9 @@ def test_a_failing_hub_api_is_unavailable_then_recovers(make_engine, fixtures, f
 def test_a_hub_on_a_closed_port_is_unavailable(build_engine, fixtures, loaded, pristine):
     engine = build_engine(endpoint=f"http://127.0.0.1:{closed_port()}")
     fragment = r"the Hub at http://127\.0\.0\.1:\d+ could not be reached"
+    # A LoRA never downloaded: one already in the Hub cache is served from there (tests/test_resources_budgets.py).
     with unchanged(engine, loaded, pristine), pytest.raises(HubUnavailableError, match=fragment):
-        engine.generate(small(LoraSpec(fixtures["peft"])))
+        engine.generate(small(LoraSpec("nobody/never-downloaded")))
 
 
 def test_a_slow_hub_api_times_out_at_the_configured_timeout(make_engine, fixtures, fault, twins):

@@ -21,8 +21,7 @@ import torch
 
 from engine.errors import EngineError, GenerationCancelledError, GenerationError
 from engine.requests import LoraSpec
-from tests.test_engine_swap import assert_pristine
-from tests.test_reliability_loras import small
+from tests.support.checks import assert_pristine, small
 
 # Few scales and at most three adapters, so sets recur and their images can be compared across the run.
 SCALES = (-0.5, 0.7, 1.0)

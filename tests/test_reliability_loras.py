@@ -6,8 +6,6 @@ The shared helpers here (`small`, `unchanged`) are used by the other reliability
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -16,58 +14,12 @@ from huggingface_hub import constants
 
 from engine.errors import (
     AdapterLoadError,
-    EngineError,
-    GatedLoraError,
-    IncompatibleLoraError,
     LimitExceededError,
-    UnknownLoraError,
-    UnsupportedLoraVariantError,
+    LoraNotFoundError,
+    SwitchboardError,
 )
-from engine.requests import GenerateRequest, LoraSpec
-from tests.test_engine_swap import assert_pristine
-
-PROMPT = "a lighthouse on a cliff"
-
-
-def small(*loras: LoraSpec, seed: int = 5, steps: int = 1, prompt: str = PROMPT) -> GenerateRequest:
-    """A request the tiny pipeline answers in about a tenth of a second."""
-    return GenerateRequest(prompt=prompt, loras=tuple(loras), steps=steps, width=64, height=64, seed=seed)
-
-
-@contextmanager
-def unchanged(engine, loaded, pristine) -> Iterator[None]:
-    """The block must leave the served set as it was; when that set is the base, every weight bit-exact."""
-    before = engine.status().applied
-    yield
-    assert engine.status().applied == before
-    if not before:
-        assert_pristine(loaded, pristine)
-
-
-# role -> (error class, message fragment): what a request for that fixture repo must raise.
-BAD_REPOS: dict[str, tuple[type[EngineError], str]] = {
-    "truncated": (AdapterLoadError, r"not a valid safetensors file: .*file truncated"),
-    "lying-header": (AdapterLoadError, r"not a valid safetensors file: .*the offsets lie about the data"),
-    "lying-shape": (AdapterLoadError, r"not a valid safetensors file: .*the offsets lie about the data"),
-    "huge-header": (AdapterLoadError, r"declared header length 1099511627776 bytes is over the limit"),
-    "nan": (AdapterLoadError, r"holds NaN or infinite values in 'unet\..*'; accepted: finite weights only"),
-    "inf": (AdapterLoadError, r"holds NaN or infinite values in '.*'; accepted: finite weights only"),
-    "wrong-shapes": (IncompatibleLoraError, r"factors \(640, 4\) x \(4, 640\) do not fit unet\..* of shape \(64, 64\)"),
-    "unknown-keys": (IncompatibleLoraError, r"targets unet\.down_blocks\.7\..*which the served pipeline lacks"),
-    "high-rank": (LimitExceededError, r"has rank 64; accepted: rank up to 32"),
-    "pickle-only": (AdapterLoadError, r"only pickle weights \('pytorch_lora_weights\.bin'\).*never unpickled"),
-    "ckpt-only": (AdapterLoadError, r"only pickle weights \('model\.ckpt', 'model\.pt'\).*never unpickled"),
-    "several": (AdapterLoadError, r"several \.safetensors files \('a\.safetensors', 'b\.safetensors'\).*weight_name"),
-    "gated": (GatedLoraError, r"'fixtures/gated' is gated .*only LoRAs anyone can download"),
-    "private": (UnknownLoraError, r"'fixtures/private' was not found on the Hub \(or it is private\)"),
-    "sd15": (IncompatibleLoraError, r"made for stable-diffusion-v1-5/stable-diffusion-v1-5 \(sd15\).*sdxl family"),
-    "flux": (IncompatibleLoraError, r"made for black-forest-labs/FLUX\.1-dev \(flux\).*sdxl family"),
-    "sd15-meta": (IncompatibleLoraError, r"trained for the sd15 family; this Space serves .*sdxl"),
-    "oft": (UnsupportedLoraVariantError, r"uses OFT, which the fused swap cannot apply; accepted: plain LoRA, LoCon"),
-    "ia3": (UnsupportedLoraVariantError, r"uses IA3, which the fused swap cannot apply; accepted: .*LoHa, LoKr"),
-    "full-diff": (UnsupportedLoraVariantError, r"uses full weight differences, which .*cannot apply; accepted: .*DoRA"),
-    "lora-bias": (UnsupportedLoraVariantError, r"uses LoRA bias terms, which the fused swap cannot apply"),
-}
+from engine.requests import LoraSpec
+from tests.support.checks import BAD_REPOS, prime, small, unchanged
 
 # (spec overrides) -> fragment; the repo is fixtures["peft"] unless `ref` is given.
 MISSING: list[tuple[dict[str, str], str]] = [
@@ -76,14 +28,6 @@ MISSING: list[tuple[dict[str, str], str]] = [
     ({"revision": "0" * 40}, r"revision '0{40}' of LoRA repo 'fixtures/peft' was not found"),
     ({"weight_name": "missing.safetensors"}, r"file 'missing\.safetensors' was not found in LoRA repo"),
 ]
-
-
-def prime(make_engine, fixtures, **overrides: object):
-    """An engine serving fixtures['peft'] at 0.7, that spec, and the image `small(spec)` gives."""
-    engine = make_engine(**overrides)
-    good = LoraSpec(fixtures["peft"], scale=0.7)
-    image = engine.generate(small(good)).image.tobytes()
-    return engine, good, image
 
 
 @pytest.fixture
@@ -116,7 +60,7 @@ def test_every_bad_lora_leaves_the_base_bit_exact(engine, fixtures, loaded, pris
 @pytest.mark.parametrize(("overrides", "fragment"), MISSING)
 def test_a_missing_repo_revision_or_file_is_unknown(engine, fixtures, loaded, pristine, overrides, fragment):
     spec = LoraSpec(**{"ref": fixtures["peft"], **overrides})
-    with unchanged(engine, loaded, pristine), pytest.raises(UnknownLoraError, match=fragment):
+    with unchanged(engine, loaded, pristine), pytest.raises(LoraNotFoundError, match=fragment):
         engine.generate(small(spec))
 
 
@@ -133,7 +77,7 @@ def test_pickle_only_repos_are_never_downloaded_or_unpickled(engine, fixtures, h
         with pytest.raises(AdapterLoadError, match="never unpickled"):
             engine.check_lora(LoraSpec(fixtures[role]))
     # Naming the pickle outright is refused before any Hub call.
-    with pytest.raises(EngineError, match=r"weight_name 'pytorch_lora_weights\.bin' is a pickle file"):
+    with pytest.raises(SwitchboardError, match=r"weight_name 'pytorch_lora_weights\.bin' is a pickle file"):
         engine.generate(small(LoraSpec(fixtures["pickle-only"], weight_name="pytorch_lora_weights.bin")))
     fetched = [r.path for r in hub.requests if "/resolve/" in r.path]
     assert not [p for p in fetched if p.endswith((".bin", ".ckpt", ".pt"))]

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from engine.errors import InvalidRequestError, LimitExceededError, UnknownLoraError
+from engine.errors import InvalidRequestError, LimitExceededError, LoraNotFoundError
 from engine.requests import GenerateRequest, LoraSpec
+from tests.support.checks import prime, small, unchanged
 from tests.support.loras import NS
-from tests.test_reliability_loras import prime, small, unchanged
 
 PEFT = f"{NS}/peft"
 OK = GenerateRequest(prompt="a fox", steps=1, width=64, height=64, seed=1)
@@ -183,7 +183,7 @@ def test_a_local_link_out_of_the_folder_is_refused(make_engine, tmp_path, fixtur
     with unchanged(engine, loaded, pristine), pytest.raises(InvalidRequestError, match=r"points outside the local"):
         engine.generate(replace(OK, loras=(LoraSpec("local:escape.safetensors"),)))
     for name in ("nope.safetensors", "~/x.safetensors"):  # "~" is a folder name here, never the home folder
-        with pytest.raises(UnknownLoraError, match=rf"'local:{name}' does not exist in the local LoRA folder"):
+        with pytest.raises(LoraNotFoundError, match=rf"'local:{name}' does not exist in the local LoRA folder"):
             engine.generate(replace(OK, loras=(LoraSpec(f"local:{name}"),)))
 
 

@@ -13,12 +13,8 @@ import pytest
 
 from engine.errors import EngineError
 from engine.requests import LoraSpec
+from tests.support.checks import LOGGERS, SECRET, small
 from tests.support.loras import WEIGHTS, card
-from tests.test_reliability_loras import small
-
-SECRET = "hf_secret_Zq8v3KfT0pLmN2xYwR7sAbCdEfGh"
-# Every logger that could see a request: ours, the Hub client and the HTTP stacks under it.
-LOGGERS = ("", "engine", "lora_catalog", "huggingface_hub", "httpx", "httpx2", "httpcore", "urllib3", "tests")
 
 
 @pytest.fixture

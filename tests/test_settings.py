@@ -35,6 +35,8 @@ def test_a_local_folder_stands_in_for_the_default_base(tmp_path):
         ({"DTYPE": "fp16"}, r"DTYPE='fp16' is not accepted; accepted: auto, float32, float16, bfloat16"),
         ({"GPU_MODE": "zero"}, r"GPU_MODE='zero' is not accepted; accepted: auto, persistent, per_call"),
         ({"HOST_CACHE_BYTES": "lots"}, r"HOST_CACHE_BYTES='lots' is not a byte size"),
+        ({"PRISTINE_BYTES": "-1GiB"}, r"PRISTINE_BYTES='-1GiB' is not a byte size"),
+        ({"DISK_CACHE_BYTES": "20 TB"}, r"DISK_CACHE_BYTES='20 TB' is not a byte size"),
         ({"MAX_LORAS": "0"}, r"MAX_LORAS='0' is not accepted; accepted: an integer from 1 to 8"),
         ({"MAX_STEPS": "ten"}, r"MAX_STEPS='ten' is not accepted"),
         ({"CATALOG_REFRESH": "maybe"}, r"CATALOG_REFRESH='maybe' is not accepted; accepted: 1, true"),
@@ -70,3 +72,10 @@ def test_the_token_never_shows_in_repr():
     settings = Settings.from_env({"HF_TOKEN": "hf_verysecret"})
     assert settings.hf_token == "hf_verysecret"
     assert "hf_verysecret" not in repr(settings)
+
+
+def test_resource_budgets_parse_with_units():
+    settings = Settings.from_env({"PRISTINE_BYTES": "512MiB", "DISK_CACHE_BYTES": "5GB"})
+    assert (settings.pristine_bytes, settings.disk_cache_bytes) == (512 * 2**20, 5 * 10**9)
+    defaults = Settings.from_env({})
+    assert (defaults.pristine_bytes, defaults.disk_cache_bytes) == (7 * 2**30, 20 * 2**30)

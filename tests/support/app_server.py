@@ -60,11 +60,13 @@ def serve_app(
 ) -> Iterator[AppServer]:
     """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends."""
     from app import build_demo, serve
-    from engine.http_api import make_routes
-    from engine.runtime import GpuRunner
+    from serving.handlers import Handlers
+    from serving.http_api import make_routes
+    from serving.runtime import GpuRunner
 
     runner = runner or GpuRunner(engine)  # type: ignore[arg-type]
-    demo = build_demo(engine, catalog, banner=banner, runner=runner, hub_url=hub_url)  # type: ignore[arg-type]
+    handlers = Handlers(engine, catalog, runner)  # type: ignore[arg-type]
+    demo = build_demo(handlers, banner=banner, hub_url=hub_url)
     url = serve(
         demo,
         make_routes(runner),  # type: ignore[arg-type]
@@ -83,7 +85,7 @@ def serve_app(
 @contextmanager
 def serve_routes(runner: object) -> Iterator[str]:
     """Only the inference-API route for `runner`, under uvicorn in a thread; yields the base URL."""
-    from engine.http_api import make_routes
+    from serving.http_api import make_routes
 
     port = free_port()
     app = Starlette(routes=make_routes(runner))  # type: ignore[arg-type]
@@ -103,9 +105,9 @@ def serve_routes(runner: object) -> Iterator[str]:
 
 
 def recording_runner(engine: object) -> object:
-    """The app's GpuRunner, also reporting how each request ended on `.outcomes` (a result or an EngineError)."""
-    from engine.errors import EngineError
-    from engine.runtime import GpuRunner
+    """The app's GpuRunner, also reporting how each request ended on `.outcomes` (a result or a SwitchboardError)."""
+    from engine.errors import SwitchboardError
+    from serving.runtime import GpuRunner
 
     class RecordingRunner(GpuRunner):
         def __init__(self, engine: object) -> None:
@@ -115,7 +117,7 @@ def recording_runner(engine: object) -> object:
         def generate(self, request, **kwargs):
             try:
                 result = super().generate(request, **kwargs)
-            except EngineError as e:
+            except SwitchboardError as e:
                 self.outcomes.put(e)
                 raise
             self.outcomes.put(result)

@@ -28,17 +28,18 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-from lora_catalog.__main__ import default_snapshot_path
+from engine.errors import GenerationError, SettingsError, SwitchboardError
+from engine.pipeline import LoadedPipeline, load_pipeline
+from engine.requests import GenerateRequest, GenerateResult
+from engine.resolve import AdapterResolver
+from engine.service import Engine, PreparedRequest
+from engine.settings import DEFAULT_MODEL_ID, TINY_MODEL_ID, Settings
+from engine.worker_cache import GpuOutcome, WorkerCache, WorkerView
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
+from lora_catalog.snapshot import default_snapshot_path
 
 from .demo import DEMO_LORAS, ensure_demo_loras, render_previews
-from .errors import EngineError, SettingsError
-from .pipeline import LoadedPipeline, load_pipeline
-from .requests import GenerateRequest, GenerateResult
-from .resolve import AdapterResolver
-from .service import Engine, PreparedRequest
-from .settings import DEFAULT_MODEL_ID, TINY_MODEL_ID, Settings
 
 __all__ = ["REPO_ROOT", "GpuRunner", "Runtime", "StartPlan", "build_runtime", "plan_start", "probe_base"]
 
@@ -67,25 +68,47 @@ class StartPlan:
 class GpuRunner:
     """Prepare a request outside the GPU function, swap and generate inside it."""
 
-    def __init__(self, engine: Engine, *, zero_gpu: bool = False) -> None:
+    def __init__(self, engine: Engine, *, zero_gpu: bool = False, gpu: Callable[..., Callable] = spaces.GPU) -> None:
         self.engine = engine
         self._zero_gpu = zero_gpu
+        # On ZeroGPU: the main process's view of the worker's adapters, and the worker's own cache (its copy
+        # of this object lives in the forked worker; the main process never fills it).
+        self._view = WorkerView()
+        self.worker_cache = WorkerCache(engine.settings.device_cache_bytes)
         # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU.
-        self._run_on_gpu = spaces.GPU(self._run, duration=_gpu_duration)
+        self._run_on_gpu = gpu(self._run_shipped if zero_gpu else self._run, duration=_gpu_duration)
 
     def generate(
         self, request: GenerateRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> GenerateResult:
         with self.engine.prepare(request) as prepared:
             if self._zero_gpu:
-                # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway.
-                return self._run_on_gpu(prepared, progress)
+                return self._generate_shipped(prepared, progress)
             return self._run_on_gpu(prepared, progress, cancel)
+
+    def _generate_shipped(self, prepared: PreparedRequest, progress: Progress | None) -> GenerateResult:
+        # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway.
+        outcome = self._run_on_gpu(self._view.ship(prepared), progress)
+        if outcome.result is None:
+            # The worker lacked adapters it was thought to hold (a new worker): once more, with tensors.
+            outcome = self._run_on_gpu(self._view.ship(prepared, full=True), progress)
+        self._view.learn(outcome)
+        if outcome.result is None:
+            raise GenerationError(f"the GPU worker could not receive {', '.join(map(str, outcome.missing))}")
+        return outcome.result
 
     def _run(
         self, prepared: PreparedRequest, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> GenerateResult:
         return self.engine.run(prepared, progress=progress, cancel=cancel)
+
+    def _run_shipped(self, prepared: PreparedRequest, progress: Progress | None = None) -> GpuOutcome:
+        """Inside the GPU worker: fill in adapters from its cache, then swap and generate."""
+        received = self.worker_cache.receive(prepared)
+        if isinstance(received, tuple):
+            return GpuOutcome(None, received, self.worker_cache.held())
+        result = self.engine.run(received, progress=progress)
+        return GpuOutcome(result, (), self.worker_cache.held())
 
 
 def _gpu_duration(prepared: PreparedRequest, *args: object) -> int:
@@ -182,7 +205,7 @@ def build_runtime(
     if not plan.demo:
         try:
             return _serve_model(plan.settings, started, hub_endpoint, load)
-        except (OSError, ValueError, EngineError) as e:
+        except (OSError, ValueError, SwitchboardError) as e:
             if settings.model_id_explicit:
                 raise SettingsError(f"MODEL_ID={settings.model_id!r} could not be loaded: {e}") from e
             logger.exception("could not load %s; starting the offline demo instead", settings.model_id)
@@ -267,7 +290,7 @@ def _serve_demo(
 def _render_previews(engine: Engine, catalog: Catalog, folder: Path, stop: threading.Event) -> None:
     try:
         render_previews(engine, folder, stop=stop)
-    except (EngineError, OSError) as e:
+    except (SwitchboardError, OSError) as e:
         logger.warning("could not render the demo previews in %s: %s", folder, e)
     catalog.rescan_local()
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 from PIL.Image import Image
@@ -28,26 +29,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .errors import (
-    AdapterLoadError,
-    EngineBusyError,
-    EngineError,
-    GatedLoraError,
-    GenerationCancelledError,
-    HubUnavailableError,
-    IncompatibleLoraError,
-    InvalidRequestError,
-    UnknownLoraError,
-)
-from .requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.errors import InvalidRequestError, RequestTooLargeError, SwitchboardError
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+
+from .errors import json_error
 from .runtime import GpuRunner
 
-__all__ = ["ACCEPTED_PARAMETERS", "MAX_BODY_BYTES", "HttpRequest", "make_routes", "parse_body", "status_for"]
+__all__ = ["ACCEPTED_PARAMETERS", "MAX_BODY_BYTES", "HttpRequest", "make_routes", "parse_body"]
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
 _JPEG_QUALITY = 92
+# Characters of a LoRA ref kept as they are in the X-Lora-Cache header (everything in a Hub repo id).
+_REF_SAFE = "/:@._-~"
 # Inference-API name -> (GenerateRequest field, accepted JSON types, how to describe them).
 ACCEPTED_PARAMETERS: Mapping[str, tuple[str, tuple[type, ...], str]] = {
     "num_inference_steps": ("steps", (int,), "an integer"),
@@ -60,17 +55,6 @@ ACCEPTED_PARAMETERS: Mapping[str, tuple[str, tuple[type, ...], str]] = {
 }
 # `options` is part of the inference API's body (wait_for_model, use_cache); nothing here needs it.
 _TOP_LEVEL = ("inputs", "parameters", "options")
-# The most specific class first: subclasses share their base's status unless listed before it.
-_STATUSES: tuple[tuple[type[EngineError], int], ...] = (
-    (InvalidRequestError, 400),
-    (IncompatibleLoraError, 400),
-    (AdapterLoadError, 400),
-    (UnknownLoraError, 404),
-    (GatedLoraError, 403),
-    (EngineBusyError, 503),
-    (HubUnavailableError, 503),
-    (GenerationCancelledError, 499),
-)
 
 
 @dataclass(frozen=True)
@@ -79,13 +63,6 @@ class HttpRequest:
 
     request: GenerateRequest
     media_type: str
-
-
-def status_for(error: EngineError) -> int:
-    for cls, status in _STATUSES:
-        if isinstance(error, cls):
-            return status
-    return 500
 
 
 def parse_body(body: bytes, *, lora: str | None, accept: str | None) -> HttpRequest:
@@ -178,12 +155,6 @@ def _encode(image: Image, media_type: str) -> bytes:
     return buffer.getvalue()
 
 
-def _error(error: EngineError, status: int | None = None) -> JSONResponse:
-    return JSONResponse(
-        {"error": str(error), "error_type": type(error).__name__}, status_code=status or status_for(error)
-    )
-
-
 def _headers(result: GenerateResult) -> dict[str, str]:
     timings = result.timings
     return {
@@ -192,8 +163,19 @@ def _headers(result: GenerateResult) -> dict[str, str]:
             f"resolve={timings.resolve:.3f};prepare={timings.prepare:.3f};apply={timings.apply:.3f};"
             f"inference={timings.inference:.3f};total={timings.total:.3f}"
         ),
-        "X-Lora-Cache": ",".join(f"{a.ref}={a.cache}" for a in result.adapters) or "none",
+        # Percent-encoded (RFC 3986): a header is latin-1 on the wire, a local file name may be anything.
+        "X-Lora-Cache": ",".join(f"{quote(a.ref, safe=_REF_SAFE)}={a.cache}" for a in result.adapters) or "none",
     }
+
+
+def _lora_header(raw: str | None) -> str | None:
+    """The `lora` header as the client meant it: curl and httpx send UTF-8 bytes, Starlette reads latin-1."""
+    if raw is None:
+        return None
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return raw
 
 
 async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
@@ -213,22 +195,25 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
         if isinstance(body, Response):
             return body
         try:
-            parsed = parse_body(body, lora=request.headers.get("lora"), accept=request.headers.get("accept"))
+            parsed = parse_body(
+                body, lora=_lora_header(request.headers.get("lora")), accept=request.headers.get("accept")
+            )
         except InvalidRequestError as e:
-            return _error(e)
+            return json_error(e)
         cancel = threading.Event()
         async with anyio.create_task_group() as group:
             group.start_soon(_watch_disconnect, request, cancel)
+            outcome: GenerateResult | SwitchboardError
             try:
                 outcome = await anyio.to_thread.run_sync(partial(runner.generate, parsed.request, cancel=cancel))
-            except EngineError as e:
+            except SwitchboardError as e:
                 outcome = e
             finally:
                 group.cancel_scope.cancel()
-        if isinstance(outcome, EngineError):
-            level = logging.WARNING if status_for(outcome) < 500 else logging.ERROR
+        if isinstance(outcome, SwitchboardError):
+            level = logging.WARNING if outcome.status < 500 else logging.ERROR
             logger.log(level, "POST / failed: %s: %s", type(outcome).__name__, outcome)
-            return _error(outcome)
+            return json_error(outcome)
         data = await anyio.to_thread.run_sync(_encode, outcome.image, parsed.media_type)
         return Response(data, media_type=parsed.media_type, headers=_headers(outcome))
 
@@ -249,5 +234,6 @@ async def _read_body(request: Request) -> bytes | Response:
 
 
 def _too_large(size: int) -> JSONResponse:
-    error = InvalidRequestError(f"the body has {size} bytes or more; accepted: at most {MAX_BODY_BYTES} bytes")
-    return _error(error, 413)
+    return json_error(
+        RequestTooLargeError(f"the body has {size} bytes or more; accepted: at most {MAX_BODY_BYTES} bytes")
+    )

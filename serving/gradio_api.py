@@ -1,54 +1,31 @@
-"""The named API `gradio_client` sees (/generate, /catalog, /lora_info), and the error and progress plumbing.
+"""The named API `gradio_client` sees (/generate, /catalog, /lora_info), and the progress plumbing.
 
-Each endpoint hangs off a hidden trigger with hidden inputs, so the API has
-exactly the parameters named here and nothing of the UI's own events (those are
-private). Engine and catalogue errors become `gr.Error` with their message, which
-`gradio_client` raises as `AppError`.
+Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named
+here and nothing of the UI's own events (those are private). Each endpoint takes its inputs, calls the
+one shared handler (`serving.handlers`) the UI calls too, and formats the answer as JSON; errors become
+`gr.Error` in `serving.errors`, which `gradio_client` raises as `AppError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import Any
 
 import gradio as gr
 
-import app_format as fmt
-from engine.errors import EngineError, InvalidRequestError
+from engine.errors import InvalidRequestError
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
-from lora_catalog.errors import CatalogError
+from lora_catalog.listing import CatalogPage
+from serving import format as fmt
+from serving.errors import user_errors
+from serving.handlers import Handlers
 
-if TYPE_CHECKING:
-    from engine.service import Engine
-    from lora_catalog.catalog import Catalog
+__all__ = ["BROWSE", "CHECK", "PIPELINE", "StepProgress", "add_api_endpoints", "catalog_json"]
 
-__all__ = ["PAGE_SIZE", "PIPELINE", "StepProgress", "add_api_endpoints", "user_errors"]
-
-PAGE_SIZE = 24
 # UI and API generation share this group: one generation at a time on the one pipeline.
 PIPELINE = "pipeline"
 BROWSE = "catalog"
 CHECK = "lora_check"
-_TITLES = {
-    "UnknownLoraError": "LoRA not found",
-    "LoraNotFoundError": "LoRA not found",
-    "GatedLoraError": "Gated LoRA",
-    "IncompatibleLoraError": "Incompatible LoRA",
-    "UnsupportedLoraVariantError": "Unsupported LoRA variant",
-    "EngineBusyError": "Busy",
-    "HubUnavailableError": "Hub unreachable",
-    "HubUnreachableError": "Hub unreachable",
-}
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Engine and catalogue errors become messages for the person (or client) that asked."""
-    try:
-        yield
-    except (EngineError, CatalogError) as e:
-        raise gr.Error(str(e), title=_TITLES.get(type(e).__name__, "Request refused"), print_exception=False) from e
 
 
 class StepProgress:
@@ -61,11 +38,18 @@ class StepProgress:
         self.progress((step, total), desc="Denoising", unit="steps")
 
 
-def add_api_endpoints(
-    engine: Engine, catalog: Catalog, generate: Callable[[GenerateRequest, gr.Progress], GenerateResult], served: str
-) -> None:
+def generate(
+    handlers: Handlers, request: GenerateRequest, progress: gr.Progress, cancel: threading.Event | None = None
+) -> GenerateResult:
+    """Generate for the UI or the API, with Gradio's progress bar fed from the engine's steps."""
+    progress(0, desc="Preparing LoRAs (download, convert)")
+    with user_errors():
+        return handlers.generate(request, StepProgress(progress), cancel)
+
+
+def add_api_endpoints(handlers: Handlers) -> None:
     """The named API for gradio_client: hidden inputs; each parameter is named after the function's argument."""
-    defaults = engine.loaded.defaults
+    defaults = handlers.defaults
     with gr.Column(visible=False):
         prompt, negative_prompt, lora, lora_2 = gr.Textbox(), gr.Textbox(""), gr.Textbox(""), gr.Textbox("")
         # No `precision`: Gradio would round 2.5 steps (and True) quietly; the engine refuses them by name.
@@ -106,37 +90,20 @@ def add_api_endpoints(
                 height=height,
                 seed=fmt.seed_value(seed),
             )
-        result = generate(request, progress)
+        result = generate(handlers, request, progress)
         return result.image, fmt.result_info(result)
 
     def catalog_api(base: str, search: str, sort: str, page: int | None) -> dict[str, Any]:
         """One page of LoRAs for a base model ("" for the served one), and how fresh the list is."""
         with user_errors():
-            result = catalog.page(
-                base or served, search=search or "", sort=sort or "downloads", page=page or 0, page_size=PAGE_SIZE
-            )
-        freshness = result.freshness
-        return {
-            "entries": [e.to_json() for e in result.entries],
-            "page": result.page,
-            "page_size": result.page_size,
-            "total_known": result.total_known,
-            "has_more": result.has_more,
-            "freshness": {
-                "source": freshness.source,
-                "updated_at": freshness.updated_at.isoformat() if freshness.updated_at else None,
-                "offline": freshness.offline,
-                "message": freshness.message,
-            },
-        }
+            return catalog_json(handlers.page(base, search, sort, page or 0))
 
     def lora_info(repo_id: str, revision: str, weight_name: str) -> dict[str, Any]:
         """What a LoRA is (its catalogue entry) and whether it loads here (rank, size, layers, warnings)."""
         with user_errors():
             spec = fmt.lora_spec(repo_id, 1.0, revision, weight_name) or LoraSpec(repo_id or "")
-            entry = catalog.resolve(spec.ref, spec.revision, spec.weight_name)
-            checked = engine.check_lora(spec)
-        return {"entry": entry.to_json(), "check": fmt.check_info(checked)}
+            report = handlers.lora(spec)
+        return {"entry": report.entry.to_json(), "check": fmt.check_info(report.check)}
 
     trigger.click(
         generate_api,
@@ -169,3 +136,21 @@ def _spec(lora: str | None, scale: float | None, name: str) -> LoraSpec | None:
     if (lora or "").strip() and scale is None:
         raise InvalidRequestError(f"{name} is empty; accepted: a number from -2 to 2 (1 is the LoRA as trained)")
     return fmt.lora_spec(lora, scale)
+
+
+def catalog_json(result: CatalogPage) -> dict[str, Any]:
+    """A catalogue page as the API answers it."""
+    freshness = result.freshness
+    return {
+        "entries": [e.to_json() for e in result.entries],
+        "page": result.page,
+        "page_size": result.page_size,
+        "total_known": result.total_known,
+        "has_more": result.has_more,
+        "freshness": {
+            "source": freshness.source,
+            "updated_at": freshness.updated_at.isoformat() if freshness.updated_at else None,
+            "offline": freshness.offline,
+            "message": freshness.message,
+        },
+    }

@@ -23,9 +23,9 @@ from typing import Literal
 
 from PIL import Image
 
-from .requests import GenerateRequest, LoraSpec
-from .service import Engine
-from .synthetic import (
+from engine.requests import GenerateRequest, LoraSpec
+from engine.service import Engine
+from engine.synthetic import (
     TEXT_ATTENTION,
     UNET_ATTENTION,
     UNET_ATTENTION_FF_CONV,
@@ -36,7 +36,7 @@ from .synthetic import (
     save_lora,
 )
 
-__all__ = ["DEMO_LORAS", "PREVIEW_PROMPT", "DemoLora", "demo_refs", "ensure_demo_loras", "render_previews"]
+__all__ = ["DEMO_LORAS", "PREVIEW_PROMPT", "DemoLora", "ensure_demo_loras", "render_previews"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,10 +141,6 @@ DEMO_LORAS: tuple[DemoLora, ...] = (
         text_encoders=True,
     ),
 )
-
-
-def demo_refs() -> tuple[str, ...]:
-    return tuple(lora.ref for lora in DEMO_LORAS)
 
 
 def ensure_demo_loras(folder: Path, pipe: object) -> tuple[Path, ...]:

@@ -1,0 +1,223 @@
+"""The fleet model: thousands of LoRAs on a few GPU replicas, routing policies side by side.
+
+    python -m bench.fleet [--adapters 2500] [--replicas 5] [--capacity 16] [--policies random,...]
+                          [--swap-json swap.json] [--json PATH] [--plot DIR] [--validate-json FILE]
+
+A discrete-event simulation (simpy) of N adapters with Zipf popularity, Poisson arrivals and R replicas
+each holding K prepared adapters, with costs from stated sources (bench/fleet_model.py, docs/fleet.md).
+For each policy: hit rate, swaps per second, p50/p95 latency against arrival rate, and the highest rate
+the replicas hold with p95 within the target (13 s: the reference service's total latency). The last
+line is `fleet: adapters=<N> replicas=<R> best_policy=<name> max_rate_at_p95_13s=<req/s>
+vs_random=<ratio> hit_rate=<h> sim_vs_ray_hit_rate_gap=<gap or na>`, where hit_rate is the best
+policy's at its highest rate and the gap compares a measured Ray Serve run (--validate-json) with the
+model on the same scenario.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/fleet.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+
+from bench.fleet_model import Costs, RunResult, Scenario
+from bench.fleet_policies import POLICIES, make_policy
+from bench.fleet_sweep import Validation, latency_curve, max_rate, validate, validation_spec
+
+__all__ = ["main", "run"]
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    try:
+        for name in names:
+            make_policy(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    if "random" not in names:
+        raise argparse.ArgumentTypeError(f"{text!r} lacks random; accepted: a list with random (the baseline)")
+    return names
+
+
+def _swap_from_json(path: Path) -> tuple[float, float]:
+    """bench.swap's headline (c) time in seconds and the scale it needs: 1 for a GPU run."""
+    try:
+        results = json.loads(path.read_text())
+        swap_ms, device = float(results["headline"]["swap_ms"]), str(results["options"]["device"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(
+            f"--swap-json {path}: not a bench.swap JSON file ({e}); accepted: python -m bench.swap --json"
+        ) from e
+    return swap_ms / 1000, 1.0 if device.startswith("cuda") else Costs.swap_scale
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.fleet", description=(__doc__ or "").split("\n\n")[0])
+    add = parser.add_argument
+    add("--adapters", type=int, default=Scenario.adapters, help="adapters in the catalogue (default 2500)")
+    add("--replicas", type=int, default=Scenario.replicas, help="GPU replicas (default 5)")
+    add("--capacity", type=int, default=Scenario.capacity, help="prepared adapters per replica (default 16)")
+    add("--disk-gb", type=float, default=Scenario.disk_gb, help="Hub cache per replica, GB (default 100)")
+    add("--zipf", type=float, default=Scenario.zipf, help="Zipf exponent of popularity (default 1.1)")
+    add("--warmup", type=int, default=Scenario.warmup, help="requests before measuring (default 12000)")
+    add("--requests", type=int, default=Scenario.requests, help="requests measured per run (default 9000)")
+    add("--inference-s", type=float, default=Costs.inference_s, help="seconds per image (default 8.5, A10G)")
+    add("--bandwidth-mbs", type=float, default=Costs.bandwidth_mb_s, help="download MB/s (default 100)")
+    add("--swap-ms", type=float, default=Costs.swap_cpu_s * 1000, help="measured swap, ms (default 383, CPU)")
+    add("--swap-scale", type=float, help=f"factor on --swap-ms (default {Costs.swap_scale}; 1 for a GPU figure)")
+    add("--swap-json", type=Path, help="take the swap time from a bench.swap --json file instead")
+    add("--policies", type=_policies, default=POLICIES, help=f"comma-separated (default {','.join(POLICIES)})")
+    add("--target-p95", type=float, default=13.0, help="p95 latency target, seconds (default 13)")
+    add("--seed", type=int, default=0)
+    add("--json", type=Path, dest="json_path", help="write every number to this file")
+    add("--plot", type=Path, dest="plot_dir", help="write the JSON and its plots (PNG) into this folder")
+    add("--validate-json", type=Path, help="a measured Ray Serve run (see --validation-spec) to compare with")
+    add("--validation-spec", action="store_true", help="print the validation scenario as JSON and exit")
+    args = parser.parse_args(argv)
+    for name in ("adapters", "replicas", "capacity", "requests"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} {getattr(args, name)} is too small; accepted: 1 or more")
+    for name in ("inference_s", "bandwidth_mbs", "swap_ms", "target_p95"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)} is not positive; accepted: > 0")
+    if args.warmup < 0 or args.disk_gb < 0 or args.zipf < 0:
+        parser.error("--warmup, --disk-gb and --zipf must not be negative")
+    return args
+
+
+def scenario_of(args: argparse.Namespace) -> Scenario:
+    swap_s, scale = args.swap_ms / 1000, Costs.swap_scale
+    if args.swap_json is not None:
+        swap_s, scale = _swap_from_json(args.swap_json)
+    costs = Costs(
+        inference_s=args.inference_s,
+        swap_cpu_s=swap_s,
+        swap_scale=args.swap_scale if args.swap_scale is not None else scale,
+        bandwidth_mb_s=args.bandwidth_mbs,
+    )
+    return Scenario(
+        adapters=args.adapters,
+        replicas=args.replicas,
+        capacity=args.capacity,
+        disk_gb=args.disk_gb,
+        zipf=args.zipf,
+        warmup=args.warmup,
+        requests=args.requests,
+        costs=costs,
+    )
+
+
+def _row(result: RunResult) -> str:
+    return (
+        f"  {result.rate:7.3f}  {result.hit_rate:5.3f}  {result.swaps_per_s:8.3f}  {result.downloads_per_s:8.4f}  "
+        f"{result.p50_s:7.2f}  {result.p95_s:7.2f}"
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    began = time.perf_counter()
+    scenario, target = scenario_of(args), args.target_p95
+    costs = scenario.costs
+    _say(
+        f"fleet model: {scenario.adapters} adapters (Zipf {scenario.zipf}, {costs.size_min_mb:.0f}-"
+        f"{costs.size_max_mb:.0f} MB log-uniform), {scenario.replicas} replicas x {scenario.capacity} prepared, "
+        f"{scenario.disk_gb:g} GB disk each; {scenario.warmup} warm-up + {scenario.requests} measured requests per run"
+    )
+    _say(
+        f"costs: inference {costs.inference_s} s, swap {costs.swap_s * 1000:.1f} ms ({costs.swap_cpu_s * 1000:.0f} ms "
+        f"x {costs.swap_scale:g}), prepare {costs.prepare_base_s * 1000:.0f} ms + {costs.prepare_s_per_mb * 1000:.1f} "
+        f"ms/MB, download {costs.bandwidth_mb_s:g} MB/s; saturation {scenario.saturation_rate:.3f} req/s"
+    )
+    policies: dict[str, dict[str, object]] = {}
+    found = {}
+    for name in args.policies:
+        started = time.perf_counter()
+        curve = latency_curve(scenario, name, args.seed)
+        best = max_rate(scenario, name, curve, target, args.seed)
+        found[name] = best
+        _say(f"\n{name} ({time.perf_counter() - started:.0f} s)")
+        _say("     rate    hit  swaps/s  downl./s  p50 (s)  p95 (s)")
+        for result in curve:
+            _say(_row(result))
+        if best.at_rate is not None:
+            _say(f"{_row(best.at_rate)}   <- highest rate with p95 <= {target:g} s")
+        policies[name] = {
+            "curve": [dataclasses.asdict(r) for r in curve],
+            "max_rate": best.rate,
+            "at_max_rate": None if best.at_rate is None else dataclasses.asdict(best.at_rate),
+        }
+    winner = max(args.policies, key=lambda n: found[n].rate)
+    baseline = found["random"].rate
+    vs_random = found[winner].rate / baseline if baseline > 0 else None
+    best_name = winner if found[winner].rate > 0 else "none"  # no policy met the target at any rate tried
+    validation: Validation | None = validate(args.validate_json, _say) if args.validate_json is not None else None
+    at_best = found[winner].at_rate
+    _say(f"\nhighest rate with p95 <= {target:g} s, {scenario.replicas} replicas:")
+    for name in args.policies:
+        edge = found[name].at_rate
+        hit = f"hit rate {edge.hit_rate:.3f}, {edge.swaps_per_s:.3f} swaps/s" if edge else "never within target"
+        _say(f"  {name:<20} {found[name].rate:7.3f} req/s  ({hit})")
+    if validation is not None:
+        _say(
+            f"validation: measured hit rate {validation.measured_hit_rate:.3f}, simulated "
+            f"{validation.simulated_hit_rate:.3f}, gap {validation.gap:.3f}"
+        )
+    line = (
+        f"fleet: adapters={scenario.adapters} replicas={scenario.replicas} best_policy={best_name} "
+        f"max_rate_at_p95_{target:g}s={found[winner].rate:.3f} "
+        f"vs_random={'na' if vs_random is None else f'{vs_random:.2f}'} "
+        f"hit_rate={'na' if at_best is None else f'{at_best.hit_rate:.3f}'} "
+        f"sim_vs_ray_hit_rate_gap={'na' if validation is None else f'{validation.gap:.3f}'}"
+    )
+    results: dict[str, object] = {
+        "benchmark": "fleet",
+        "scenario": dataclasses.asdict(scenario),
+        "saturation_rate": scenario.saturation_rate,
+        "target_p95_s": target,
+        "seed": args.seed,
+        "policies": policies,
+        "best_policy": best_name,
+        "vs_random": vs_random,
+        "validation": None if validation is None else {**dataclasses.asdict(validation), "gap": validation.gap},
+        "validation_spec": validation_spec(),
+        "wall_s": round(time.perf_counter() - began, 1),
+        "final_line": line,
+    }
+    _say(f"the whole run took {results['wall_s']:.0f} s")
+    if args.json_path is not None:
+        args.json_path.write_text(json.dumps(results, indent=2))
+        _say(f"wrote {args.json_path}")
+    if args.plot_dir is not None:
+        from bench.plots import save_with_plots  # matplotlib only when plots are asked for
+
+        for path in save_with_plots(results, args.plot_dir, "fleet"):
+            _say(f"wrote {path}")
+    _say(line)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if args.validation_spec:
+        print(json.dumps(validation_spec(), indent=2))
+        return 0
+    try:
+        run(args)
+    except ValueError as e:
+        raise SystemExit(f"bench.fleet: {e}") from e
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

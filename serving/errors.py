@@ -1,0 +1,31 @@
+"""Where an error becomes an answer: one function per transport, reading what the error itself carries.
+
+Every class of the one tree (`lora_catalog.errors.SwitchboardError`) knows its HTTP status and title, so
+nothing here keys on class names; anything else that reaches a transport is a bug and answers 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import gradio as gr
+from starlette.responses import JSONResponse
+
+from lora_catalog.errors import SwitchboardError
+
+__all__ = ["json_error", "user_errors"]
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Errors of the tree become a `gr.Error` with their message and title (`gradio_client` raises AppError)."""
+    try:
+        yield
+    except SwitchboardError as e:
+        raise gr.Error(str(e), title=e.title, print_exception=False) from e
+
+
+def json_error(error: SwitchboardError) -> JSONResponse:
+    """The inference API's error shape: `{"error": message, "error_type": class name}` with the error's status."""
+    return JSONResponse({"error": str(error), "error_type": type(error).__name__}, status_code=error.status)

@@ -1,0 +1,141 @@
+"""Helpers shared by several test modules."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import gradio as gr
+import httpx
+import pytest
+from gradio_client import Client
+from PIL import Image
+
+from engine.requests import GenerateRequest, LoraSpec
+from tests.support.app_server import recording_runner, serve_app
+from tests.support.checks import SECRET
+from tests.support.loras import WEIGHTS, card
+
+TIMEOUT = httpx.Timeout(120.0)
+
+MAX_QUEUE = 6
+
+API_DEFAULTS: dict[str, object] = {
+    "prompt": "a harbour at dawn",
+    "negative_prompt": "",
+    "lora": "",
+    "lora_scale": 1.0,
+    "lora_2": "",
+    "lora_2_scale": 1.0,
+    "steps": 1,
+    "guidance": 5.0,
+    "width": 64,
+    "height": 64,
+    "seed": 17,
+}
+
+HTTP_STATUS = {
+    "AdapterLoadError": 400,
+    "PickleOnlyError": 400,
+    "AmbiguousWeightsError": 400,
+    "IncompatibleLoraError": 400,
+    "UnsupportedLoraVariantError": 400,
+    "LimitExceededError": 400,
+    "InvalidRequestError": 400,
+    "LoraNotFoundError": 404,
+    "GatedLoraError": 403,
+}
+
+
+@dataclass(frozen=True)
+class App:
+    url: str
+    engine: object
+    runner: object
+    client: Client
+    demo: gr.Blocks
+
+
+@contextmanager
+def launch(loaded, base_settings, hub, fixtures) -> Iterator[App]:
+    """The app as a Space runs it (an engine with an HF token), on a free port, until the block ends."""
+    from engine.resolve import AdapterResolver
+    from engine.service import Engine
+    from lora_catalog.catalog import Catalog
+    from lora_catalog.hub import HubSource
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hub._app, "token", SECRET)
+        settings = base_settings.replace(hf_token=SECRET, max_queue=MAX_QUEUE)
+        catalog = Catalog(HubSource(endpoint=hub.url, token=SECRET, timeout_s=5), local_dirs=(fixtures.local_dir,))
+        resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=SECRET, max_bytes=2**30)
+        engine = Engine(loaded, settings, resolver)
+        runner = recording_runner(engine)
+        try:
+            with serve_app(engine, catalog, hub_url=hub.url, runner=runner) as served:
+                yield App(served.url, engine, runner, Client(served.url, verbose=False), served.demo)
+        finally:
+            hub.set_fault(None)
+            engine.close()
+            catalog.close()
+
+
+def serve_peft(app: App, fixtures) -> Iterator[tuple[GenerateRequest, bytes]]:
+    """The app serving fixtures['peft'] at 0.7; yields that request and its image, and checks both after the test."""
+    request = GenerateRequest(
+        prompt="a harbour at dawn", loras=(LoraSpec(fixtures["peft"], 0.7),), steps=1, width=64, height=64, seed=5
+    )
+    image = app.engine.generate(request).image.tobytes()
+    before = app.engine.status().applied
+    yield request, image
+    assert app.engine.status().applied == before, "a failed request changed the served set"
+    assert app.engine.generate(request).image.tobytes() == image
+
+
+def api(app: App, **overrides: object) -> tuple[bytes, dict]:
+    path, info = app.client.predict(**(API_DEFAULTS | overrides), api_name="/generate")
+    with Image.open(path) as image:
+        return image.convert("RGB").tobytes(), info
+
+
+def post(app: App, body: str | bytes | dict, **headers: str) -> httpx.Response:
+    content = json.dumps(body) if isinstance(body, dict) else body
+    return httpx.post(app.url, content=content, headers={"accept": "image/png", **headers}, timeout=TIMEOUT)
+
+
+def png_bytes(response: httpx.Response) -> bytes:
+    assert response.status_code == 200, response.text[:500]
+    with Image.open(io.BytesIO(response.content)) as image:
+        return image.convert("RGB").tobytes()
+
+
+def body(prompt: str = "a harbour at dawn", **parameters: object) -> dict:
+    return {"inputs": prompt, "parameters": {"num_inference_steps": 1, "width": 64, "height": 64, **parameters}}
+
+
+def assert_http_error(response: httpx.Response, status: int, error_type: str | tuple[str, ...], pattern: str) -> None:
+    """A JSON error with this status and class whose message matches `pattern` (a regex)."""
+    assert response.status_code == status, response.text[:500]
+    assert response.headers["content-type"].startswith("application/json")
+    answer = response.json()
+    assert answer["error_type"] in ((error_type,) if isinstance(error_type, str) else error_type)
+    assert re.search(pattern, answer["error"]), answer["error"]
+
+
+def fresh_repo(hub, fixtures) -> str:
+    repo_id = f"reliability/app-{uuid.uuid4().hex[:8]}"
+    hub.add_repo(repo_id, {"README.md": card(), WEIGHTS: (fixtures.local_dir / "local_peft.safetensors").read_bytes()})
+    return repo_id
+
+
+def plain(*loras: LoraSpec, seed: int) -> GenerateRequest:
+    return GenerateRequest(prompt="a harbour at dawn", loras=loras, steps=1, width=64, height=64, seed=seed)
+
+
+def ui_handler(app: App, name: str) -> Callable[..., object]:
+    return next(f.fn for f in app.demo.fns.values() if getattr(f.fn, "__name__", "") == name)

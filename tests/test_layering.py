@@ -1,0 +1,47 @@
+"""The layers keep to their imports: the engine knows no web or Space code, the catalogue no torch."""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CHECK = """
+import importlib, json, sys
+for name in {modules!r}:
+    importlib.import_module(name)
+loaded = set(sys.modules) | {{m.split('.')[0] for m in sys.modules}}
+print(json.dumps(sorted(loaded & set({forbidden!r}))))
+"""
+WEB = ["gradio", "gradio_client", "starlette", "fastapi", "spaces", "uvicorn", "serving", "app"]
+
+
+def _modules(package: str) -> list[str]:
+    return [f"{package}.{m.name}" for m in pkgutil.iter_modules([str(REPO / package)]) if m.name != "__main__"]
+
+
+def _imported(modules: list[str], forbidden: list[str]) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK.format(modules=modules, forbidden=forbidden)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_engine_pulls_in_no_web_or_space_code():
+    assert _imported(["engine"], WEB) == []
+
+
+def test_no_engine_module_imports_web_space_or_cli_code():
+    # One process for all: if none is imported with every engine module loaded, no single module imports one.
+    modules = _modules("engine")
+    assert len(modules) > 10
+    assert _imported(modules, [*WEB, "lora_catalog.__main__"]) == []
