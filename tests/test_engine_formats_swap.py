@@ -76,12 +76,12 @@ def test_a_long_mixed_run_leaves_every_weight_bit_exact(tmp_path, dtype):
     patcher = WeightPatcher(table.params, torch.device("cpu"))
     rng = random.Random(0)
     changed = 0
-    for _ in range(60):
-        chosen = rng.sample(adapters, rng.randint(0, 4))
+    for _ in range(40):
+        chosen = rng.sample(adapters, rng.randint(0, 3))
         patcher.apply([ActiveAdapter(a, rng.choice([1.0, 0.7, 0.0, -0.4])) for a in chosen])
         changed += sum(not torch.equal(table.params[i], before[table.names[i] + ".weight"]) for i in patcher.dirty)
     patcher.restore_all()
-    assert changed > 1000, "the run must actually change weights"
+    assert changed > 500, "the run must actually change weights"
     for c in COMPONENTS:
         for key, value in getattr(pipe, c).state_dict().items():
             assert torch.equal(bits(value), bits(before[f"{c}.{key}"])), f"{c}.{key} drifted"
