@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import psutil
 import torch
 
-__all__ = ["Clock", "Row", "format_table", "rss_bytes"]
+__all__ = ["FUSE_FLAGS", "Clock", "Row", "cpu_description", "format_table", "rss_bytes"]
+
+# CPU flags that decide how fast a fuse runs: vector width, FMA, half-precision conversion, bf16/fp16 matrix units.
+FUSE_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_fp16",
+    "asimd",
+    "sve",
+    "bf16",
+)
 
 
 class Clock:
@@ -49,6 +70,19 @@ class Row:
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "n": self.n, "median_ms": self.median_ms, "min_ms": self.min_ms}
+
+
+def cpu_description() -> tuple[str, tuple[str, ...]]:
+    """The CPU's model name and its flags (Linux /proc/cpuinfo; elsewhere the platform's processor string, no flags)."""
+    fields: dict[str, str] = {}
+    info = Path("/proc/cpuinfo")
+    if info.is_file():
+        for line in info.read_text().splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                fields.setdefault(key.strip().lower(), value.strip())
+    name = fields.get("model name") or fields.get("cpu model") or platform.processor() or platform.machine()
+    return name, tuple((fields.get("flags") or fields.get("features") or "").split())
 
 
 def rss_bytes() -> int:

@@ -11,9 +11,10 @@ import torch
 
 from .ours import FORMATS
 
-__all__ = ["HEADLINE_RANK", "Options", "parse_options"]
+__all__ = ["HEADLINE_RANK", "VARIANTS", "Options", "parse_options"]
 
 HEADLINE_RANK = 32
+VARIANTS = ("loha", "lokr", "dora")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -30,6 +31,8 @@ class Options:
     quick: bool
     json_path: Path | None
     workdir: Path | None
+    variants: tuple[str, ...] = ()  # LyCORIS/DoRA formats measured against the floor (section "formats")
+    full: bool = False
     plot_dir: Path | None = None
 
     @property
@@ -51,7 +54,24 @@ class Options:
             "leak_swaps": self.leak_swaps,
             "threads": self.threads,
             "quick": self.quick,
+            "variants": list(self.variants),
+            "full": self.full,
         }
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    ranks: tuple[int, ...]
+    repeats: int
+    reference_repeats: int
+    leak_swaps: int
+    variants: tuple[str, ...]
+
+
+# The default run fits about 15 minutes on 2 cores; --full is the sweep, --quick a smoke run.
+_DEFAULT = _Defaults(ranks=(8, 32), repeats=4, reference_repeats=1, leak_swaps=24, variants=VARIANTS)
+_FULL = _Defaults(ranks=(8, 32, 128), repeats=7, reference_repeats=3, leak_swaps=200, variants=VARIANTS)
+_QUICK = _Defaults(ranks=(8,), repeats=3, reference_repeats=1, leak_swaps=20, variants=("loha",))
 
 
 def _ranks(text: str) -> tuple[int, ...]:
@@ -71,21 +91,36 @@ def _formats(text: str) -> tuple[str, ...]:
     return values
 
 
+def _variants(text: str) -> tuple[str, ...]:
+    values = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    if any(v not in VARIANTS for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} names an unknown variant; accepted: {','.join(VARIANTS)} or none")
+    return values
+
+
 def parse_options(argv: Sequence[str] | None = None, description: str | None = None) -> Options:
     parser = argparse.ArgumentParser(prog="python -m bench.swap", description=description)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=tuple(_DTYPES), default="bfloat16")
-    parser.add_argument("--ranks", type=_ranks, help="LoRA ranks (default 8,32,128; --quick: 8)")
+    parser.add_argument("--ranks", type=_ranks, help="LoRA ranks (default 8,32; --full: 8,32,128; --quick: 8)")
     parser.add_argument("--formats", type=_formats, default=FORMATS, help="peft,kohya (default: both)")
-    parser.add_argument("--repeats", type=int, help="timed swaps per method (default 7; --quick: 3)")
     parser.add_argument(
-        "--reference-repeats", type=int, help="timed reference cycles per rank and format (default 3; --quick: 1)"
+        "--variants",
+        type=_variants,
+        help="LyCORIS/DoRA formats timed against the floor: loha,lokr,dora (default: all; --quick: loha; '' for none)",
+    )
+    parser.add_argument("--repeats", type=int, help="timed swaps per method (default 4; --full: 7; --quick: 3)")
+    parser.add_argument(
+        "--reference-repeats",
+        type=int,
+        help="timed reference cycles per rank and format (default 1; --full: 3; --quick: 1)",
     )
     parser.add_argument(
-        "--leak-swaps", type=int, help="swaps of ours between two RSS readings (default 200; --quick: 20)"
+        "--leak-swaps", type=int, help="swaps of ours between two RSS readings (default 24; --full: 200; --quick: 20)"
     )
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: rank 8, few repeats")
+    parser.add_argument("--full", action="store_true", help="the full sweep: ranks 8,32,128, 7 repeats, 3 cycles")
     parser.add_argument("--json", type=Path, dest="json_path", help="also write every number to this file")
     parser.add_argument("--workdir", type=Path, help="where the LoRA files go (default: a temporary folder)")
     parser.add_argument(
@@ -100,18 +135,23 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
             parser.error(f"--{name.replace('_', '-')} {value} is too small; accepted: 1 or more")
     if args.leak_swaps is not None and args.leak_swaps < 0:
         parser.error(f"--leak-swaps {args.leak_swaps} is negative; accepted: 0 (skip) or more")
-    quick = args.quick
+    quick, full = args.quick, args.full
+    if quick and full:
+        parser.error("--quick and --full were both given; accepted: one of them")
+    default = _QUICK if quick else _FULL if full else _DEFAULT
     return Options(
         device=torch.device(args.device),
         dtype=_DTYPES[args.dtype],
-        ranks=args.ranks or ((8,) if quick else (8, 32, 128)),
+        ranks=args.ranks or default.ranks,
         formats=args.formats,
-        repeats=args.repeats or (3 if quick else 7),
-        reference_repeats=args.reference_repeats or (1 if quick else 3),
-        leak_swaps=args.leak_swaps if args.leak_swaps is not None else (20 if quick else 200),
+        repeats=args.repeats or default.repeats,
+        reference_repeats=args.reference_repeats or default.reference_repeats,
+        leak_swaps=args.leak_swaps if args.leak_swaps is not None else default.leak_swaps,
         threads=args.threads,
         quick=quick,
         json_path=args.json_path,
         workdir=args.workdir,
+        variants=args.variants if args.variants is not None else default.variants,
+        full=full,
         plot_dir=args.plot_dir,
     )

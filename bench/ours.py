@@ -1,4 +1,8 @@
-"""Our swap as the engine runs it, the floor any exact fused swap must pay, and the LoRA files both use."""
+"""Our swap as the engine runs it, the floor any exact fused swap must pay, and the LoRA files both use.
+
+The floor is the fastest way this machine finds to reach the weights the engine makes (ΔW in float32,
+rounded once into the weight), not the engine's own code path.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
+from engine.adapters import AdapterKey, LayerFactors, PreparedAdapter, TargetTable, prepare
 from engine.store import AdapterStore
 from engine.swap import ActiveAdapter, WeightPatcher
 from engine.synthetic import LoraTarget, kohya_metadata, make_lora, peft_metadata, save_lora
@@ -36,14 +40,16 @@ class LoraPair:
         return self.paths[0].stat().st_size
 
 
-def write_pair(folder: Path, targets: Sequence[LoraTarget], *, rank: int, fmt: str) -> LoraPair:
+def write_pair(folder: Path, targets: Sequence[LoraTarget], *, rank: int, fmt: str, prefix: str = "") -> LoraPair:
     """Two LoRA files for `targets` in `fmt` ("peft" or "kohya"), with the metadata their trainers write."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown LoRA format {fmt!r}; accepted: {', '.join(FORMATS)}")
     metadata = peft_metadata(targets, rank=rank, alpha=rank) if fmt == "peft" else kohya_metadata(dim=rank, alpha=rank)
     paths = tuple(
         save_lora(
-            folder / f"r{rank}-{fmt}-{name}.safetensors", make_lora(targets, rank=rank, seed=seed, fmt=fmt), metadata
+            folder / f"{prefix}r{rank}-{fmt}-{name}.safetensors",
+            make_lora(targets, rank=rank, seed=seed, fmt=fmt),
+            metadata,
         )
         for name, seed in (("a", 2 * rank + 1), ("b", 2 * rank + 2))
     )
@@ -128,37 +134,107 @@ class Ours:
 
 
 Factors = tuple[tuple[int, torch.Tensor, torch.Tensor, float], ...]
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor], None]
+
+
+def _accumulate(weight: torch.Tensor, pristine: torch.Tensor, up, down, alpha: float, acc: torch.Tensor) -> None:
+    """float32 accumulator: copy the pristine weight in, `addmm_`, round into the weight once."""
+    rows = weight.shape[0]
+    if weight.dtype == torch.float32:
+        weight.copy_(pristine)
+        weight.view(rows, -1).addmm_(up, down, alpha=alpha)
+        return
+    work = acc[: weight.numel()].view(rows, -1)
+    work.copy_(pristine.view(rows, -1))
+    work.addmm_(up, down, alpha=alpha)
+    weight.view(rows, -1).copy_(work)
+
+
+def _out_of_place(weight: torch.Tensor, pristine: torch.Tensor, up, down, alpha: float, acc: torch.Tensor) -> None:
+    """`addmm` from the pristine weight into a new float32 tensor (or straight into a float32 weight), then round."""
+    rows = weight.shape[0]
+    if weight.dtype == torch.float32:
+        torch.addmm(pristine.view(rows, -1), up, down, alpha=alpha, out=weight.view(rows, -1))
+        return
+    weight.view(rows, -1).copy_(torch.addmm(pristine.view(rows, -1).float(), up, down, alpha=alpha))
+
+
+# Plain-tensor ways to reach round(W0 + alpha · up @ down) with ΔW in float32, rounded once: the weights the engine
+# makes. The floor times them and keeps the fastest that gives bit-identical weights.
+KERNELS: dict[str, Kernel] = {"float32 accumulator": _accumulate, "out-of-place addmm": _out_of_place}
 
 
 class Floor:
-    """The least work an exact fused swap does: copy the touched weights back, then one `addmm_` per layer."""
+    """The least work an exact fused swap does: each touched weight from its pristine copy plus ΔW, rounded once.
 
-    def __init__(self, params: Sequence[torch.Tensor], touched: Iterable[int]) -> None:
+    No adapter objects, no store, no plan: the factors are prepared in float32 on the weight's device
+    outside any timing, and each layer is one kernel call. `choose` measures the kernels in `KERNELS`
+    on this machine and keeps the fastest (they give bit-identical weights; one that does not is dropped).
+    """
+
+    def __init__(
+        self, params: Sequence[torch.Tensor], touched: Iterable[int], pristine: Mapping[int, torch.Tensor] | None = None
+    ) -> None:
         self._params = list(params)
-        self._pristine = {index: self._params[index].detach().clone() for index in sorted(set(touched))}
+        # The patcher's pristine copies hold the same base values; sharing them keeps one copy of the weights
+        # in memory instead of two (a full-size SDXL run is otherwise 2 GiB nearer to running out).
+        self._pristine = (
+            {index: pristine[index] for index in sorted(set(touched))}
+            if pristine is not None
+            else {index: self._params[index].detach().clone() for index in sorted(set(touched))}
+        )
         self._fused: Factors = ()
+        largest = max((t.numel() for t in self._pristine.values()), default=0)
+        device = next(iter(self._pristine.values())).device if self._pristine else torch.device("cpu")
+        self._acc = torch.empty(largest, dtype=torch.float32, device=device)
+        self.kernel = "float32 accumulator"
+        self.timings: dict[str, float] = {}
 
     @property
     def pristine_bytes(self) -> int:
         return sum(t.nbytes for t in self._pristine.values())
 
     def factors(self, adapter: PreparedAdapter) -> Factors:
-        """The adapter's factors in each weight's device and dtype, made once, outside any timing."""
+        """The adapter's factors in float32 on each weight's device, made once, outside any timing."""
         factors = []
         for layer in adapter.layers:
+            assert isinstance(layer, LayerFactors), "the floor fuses plain low-rank factors"
             weight = self._params[layer.target]
-            up = layer.up.to(device=weight.device, dtype=weight.dtype)
-            down = layer.down.to(device=weight.device, dtype=weight.dtype)
+            up = layer.up.to(device=weight.device, dtype=torch.float32)
+            down = layer.down.to(device=weight.device, dtype=torch.float32)
             factors.append((layer.target, up, down, layer.scaling))
         return tuple(factors)
 
     @torch.no_grad()
+    def choose(self, factors: Factors, clock: Clock, rounds: int = 2) -> str:
+        """Time every kernel over `factors` (best of `rounds`), keep the fastest that matches the first; restores."""
+        reference: list[torch.Tensor] | None = None
+        for name in KERNELS:
+            self.kernel = name
+            times = []
+            for _ in range(rounds):
+                started = clock()
+                self.swap(factors)
+                times.append((clock() - started) * 1000)
+            result = [self._params[index].detach().clone() for index, *_ in factors[:4]]
+            if reference is None:
+                reference = result
+            elif not all(torch.equal(a, b) for a, b in zip(reference, result, strict=True)):
+                continue  # reaches other weights: not a way to the same weights
+            self.timings[name] = min(times)
+        self.restore()
+        self.kernel = min(self.timings, key=self.timings.__getitem__)
+        return self.kernel
+
+    @torch.no_grad()
     def swap(self, factors: Factors) -> None:
+        kernel = KERNELS[self.kernel]
+        fusing = {index for index, *_ in factors}
         for index, *_ in self._fused:
-            self._params[index].copy_(self._pristine[index])
+            if index not in fusing:
+                self._params[index].copy_(self._pristine[index])
         for index, up, down, alpha in factors:
-            weight = self._params[index]
-            weight.view(weight.shape[0], -1).addmm_(up, down, alpha=alpha)
+            kernel(self._params[index], self._pristine[index], up, down, alpha, self._acc)
         self._fused = factors
 
     @torch.no_grad()

@@ -42,7 +42,7 @@ SWAP_METHODS = {
     "(a) reference cycle": "(a) reference cycle: load + fuse + unfuse + unload",
     "(b) diffusers hotswap": "(b) diffusers hotswap (unfused)",
     "(c) ours, cached adapter": "(c) ours, cached adapter",
-    "(e) floor: copy_ + addmm_": "(e) floor: copy_ + addmm_",
+    "(e) floor: fastest exact kernel": "(e) floor: fastest exact kernel (ΔW in fp32, rounded once)",
 }
 _FORMAT_STYLES = {"peft": "-", "kohya": "--"}
 _DPI = 120

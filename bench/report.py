@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from .formats import FormatsResults
 from .measure import Row, format_table
 from .options import Options
 from .sections import OursResults, ReferenceResults
@@ -15,7 +16,7 @@ __all__ = ["Exactness", "report"]
 
 Say = Callable[[str], None]
 _MIB = 2**20
-_METHOD_ORDER = ("(e)", "(c)", "(d)", "(b)", "(a)")
+_METHOD_ORDER = ("(e)", "(c)", "(f)", "(d)", "(b)", "(a)")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ def report(
     reference: ReferenceResults,
     exactness: Exactness,
     say: Say,
+    lycoris: FormatsResults | None = None,
 ) -> dict[str, object]:
     """Print everything, write the JSON file if asked, and end with the one-line verdict."""
     formats = {fmt: i for i, fmt in enumerate(options.formats)}
@@ -93,6 +95,7 @@ def report(
         f"reference drift after {exactness.reference_cycles} cycles (all ranks and formats, one after another): "
         f"max |W - W0| = {exactness.drift_max_abs:.3g} in {exactness.drift_tensors} tensors"
     )
+    lycoris_summary = _report_formats(lycoris, options, say) if lycoris is not None else []
     rank = options.headline_rank
     vs_floor, vs_reference, swap_ms = _headline(rows, rank)
     targets = "(c) <= 50 ms" if options.device.type == "cuda" else "(c)/(e) <= 1.25, (a)/(c) >= 5"
@@ -113,6 +116,16 @@ def report(
         "interleaved_ranks": list(ours.interleaved),
         "exactness": asdict(exactness),
         "headline": {"rank": rank, "swap_ms": swap_ms, "swap_vs_floor": vs_floor, "swap_vs_reference": vs_reference},
+        "floor_kernels": [{"rank": r, "kernel": k, "best_ms": t} for r, k, t in ours.floor_kernels],
+        "lycoris": None
+        if lycoris is None
+        else {
+            "rows": [r.as_dict() for r in lycoris.rows],
+            "memory": [asdict(m) for m in lycoris.memory],
+            "layers": lycoris.layers,
+            "values": lycoris.values,
+            "summary": lycoris_summary,
+        },
     }
     if options.json_path is not None:
         options.json_path.write_text(json.dumps(results, indent=2))
@@ -124,3 +137,41 @@ def report(
             say(f"wrote {path}")
     say(f"swap_vs_floor={vs_floor:.2f} swap_vs_reference={vs_reference:.1f} exact={str(exactness.exact).lower()}")
     return results
+
+
+def _paired(rows: Sequence[Row], rank: int, variant: str, prefix: str) -> float:
+    """Median of the swap-by-swap ratios of a method over the floor it took turns with."""
+    at = {r.method[:3]: r.samples_ms for r in rows if r.rank == rank and r.fmt == variant}
+    return statistics.median(x / e for x, e in zip(at[prefix], at["(e)"], strict=True))
+
+
+def _report_formats(formats: FormatsResults, options: Options, say: Say) -> list[dict[str, object]]:
+    """The LoHa/LoKr/DoRA table, memory per way of keeping ΔW, and the two ways' ratios to the floor."""
+    order = {v: i for i, v in enumerate(options.variants)}
+    rows = sorted(formats.rows, key=lambda r: (r.rank, order[r.fmt], _method_order(r)))
+    say("")
+    say(
+        f"LoHa/LoKr/DoRA on {formats.layers} attention projections ({formats.values / 1e6:.1f}M values; "
+        "kohya names as LyCORIS writes them; the floor is a plain LoRA of the same rank on the same weights)"
+    )
+    say(format_table(rows, _medians(rows, "(e) "), {}))
+    summary = []
+    memory = {(m.rank, m.variant): m for m in formats.memory}
+    for (rank, variant), use in memory.items():
+        recompute, cached = _paired(rows, rank, variant, "(c)"), _paired(rows, rank, variant, "(f)")
+        summary.append(
+            {
+                "rank": rank,
+                "variant": variant,
+                "recompute_vs_floor": recompute,
+                "cached_vs_floor": cached,
+                "factors_bytes": use.factors_bytes,
+                "cached_bytes": use.cached_bytes,
+            }
+        )
+        say(
+            f"{variant} rank {rank}: recompute (c)/(e) {recompute:.2f}, cached ΔW (f)/(e) {cached:.2f}; host tier "
+            f"{use.factors_bytes / _MIB:.1f} MiB of factors vs {use.cached_bytes / _MIB:.1f} MiB of float32 ΔW "
+            f"({use.cached_bytes / max(use.factors_bytes, 1):.0f}x; file {use.file_bytes / _MIB:.1f} MiB)"
+        )
+    return summary

@@ -24,7 +24,7 @@ Pairs = Mapping[tuple[int, str], LoraPair]
 _MIB = 2**20
 # What each round-robin method is called in the table, and how it differs from the others.
 _METHODS = {
-    "(e)": ("(e) floor: copy_ + addmm_", "plain tensors, factors in weight dtype"),
+    "(e)": ("(e) floor: fastest exact kernel", "plain tensors, float32 factors ready"),
     "(c)": ("(c) ours, cached adapter", "AdapterStore.for_compute + WeightPatcher.apply"),
 }
 
@@ -71,6 +71,7 @@ class OursResults:
     memory: tuple[MemoryUse, ...]
     rss: RssGrowth | None
     interleaved: tuple[int, ...]  # ranks where the floor took turns with ours (else it ran alone, first)
+    floor_kernels: tuple[tuple[int, str, dict[str, float]], ...] = ()  # (rank, chosen kernel, best ms per kernel)
 
 
 @dataclass(frozen=True)
@@ -83,16 +84,21 @@ def measure_ours(unet: nn.Module, pairs: Pairs, options: Options, clock: Clock, 
     """Floor (e) and ours (c) and (d) per rank and format; memory per adapter; RSS across many swaps."""
     rows: list[Row] = []
     memory: list[MemoryUse] = []
+    kernels: list[tuple[int, str, dict[str, float]]] = []
     rss, interleaved = None, []
     for index, rank in enumerate(options.ranks):
         leak_swaps = options.leak_swaps if rank == min(options.ranks) else 0
-        found, together = _measure_rank(unet, rank, pairs, options, clock, rows, memory, leak_swaps, index == 0)
+        found, together, kernel = _measure_rank(unet, rank, pairs, options, clock, rows, memory, leak_swaps, index == 0)
         rss = rss or found
+        kernels.append((rank, *kernel))
         if together:
             interleaved.append(rank)
         gc.collect()  # this rank's adapters and pristine copies go before the next rank's come
-        say(f"rank {rank}: floor and ours measured ({'taking turns' if together else 'floor first, alone'})")
-    return OursResults(tuple(rows), tuple(memory), rss, tuple(interleaved))
+        say(
+            f"rank {rank}: floor and ours measured ({'taking turns' if together else 'floor first, alone'}); "
+            f"floor kernel: {kernel[0]} ({', '.join(f'{k} {v:.0f} ms' for k, v in kernel[1].items())})"
+        )
+    return OursResults(tuple(rows), tuple(memory), rss, tuple(interleaved), tuple(kernels))
 
 
 def _measure_rank(
@@ -105,7 +111,7 @@ def _measure_rank(
     memory: list[MemoryUse],
     leak_swaps: int,
     first: bool,
-) -> tuple[RssGrowth | None, bool]:
+) -> tuple[RssGrowth | None, bool, tuple[str, dict[str, float]]]:
     repeats, device = options.repeats, options.device
     itemsize = torch.empty((), dtype=options.dtype).element_size()
     largest = max(pair.file_size for pair in pairs.values())
@@ -121,16 +127,22 @@ def _measure_rank(
     touched = sorted({layer.target for adapter in kept[options.formats[0]] for layer in adapter.layers})
     touched_bytes = sum(ours.table.params[i].nbytes for i in touched)
     adapter_bytes = max(a.nbytes for pair in kept.values() for a in pair) * itemsize // 2
-    together = _free_bytes(device) > 2 * touched_bytes + 4 * adapter_bytes * len(kept) + 2**30
+    # The floor shares the patcher's pristine copies, so taking turns needs one copy of the touched weights.
+    together = _free_bytes(device) > touched_bytes + 4 * adapter_bytes * len(kept) + 2**30
     samples: dict[str, dict[str, list[float]]] = {}
+    kernel: tuple[str, dict[str, float]] = ("", {})
     if not together:
-        # No room for two pristine copies: the floor runs first, alone, and frees its copy.
-        samples = {fmt: _floor_alone(ours.table.params, touched, kept[fmt], clock, repeats) for fmt in kept}
+        # No room for the pristine copies beside the adapters: the floor runs first, alone, and frees its copy.
+        for fmt in kept:
+            samples[fmt], kernel = _floor_alone(ours.table.params, touched, kept[fmt], clock, repeats)
     # The patcher copies a weight the first time it touches it; that must happen while the weights are
     # still the base, before the floor (which fuses outside the patcher) takes turns with it.
     ours.swap(kept[options.formats[0]][0])
     ours.patcher.restore_all()
-    floor = Floor(ours.table.params, touched) if together else None
+    floor = Floor(ours.table.params, touched, ours.patcher.pristine_copies(touched)) if together else None
+    if floor is not None:
+        floor.choose(floor.factors(kept[options.formats[0]][0]), clock)
+        kernel = (floor.kernel, dict(floor.timings))
     for fmt, adapters in kept.items():
         swaps = _floor_swaps(floor, adapters) if floor is not None else {}
         swaps.update(_ours_swaps(ours, adapters))
@@ -149,7 +161,7 @@ def _measure_rank(
         rows.extend(_first_seen(ours, rank, fmt, pairs[(rank, fmt)], clock, repeats, warm_up=first))
         first = False
     ours.reset()
-    return rss, together
+    return rss, together, kernel
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -169,11 +181,12 @@ def _ours_swaps(ours: Ours, adapters: Sequence[PreparedAdapter]) -> dict[str, Ca
 
 def _floor_alone(
     params: Sequence[torch.Tensor], touched: Sequence[int], adapters: Sequence[PreparedAdapter], clock: Clock, repeats
-) -> dict[str, list[float]]:
+) -> tuple[dict[str, list[float]], tuple[str, dict[str, float]]]:
     floor = Floor(params, touched)
+    floor.choose(floor.factors(adapters[0]), clock)
     samples = round_robin(clock, _floor_swaps(floor, adapters), repeats)
     floor.restore()
-    return samples
+    return samples, (floor.kernel, dict(floor.timings))
 
 
 def _memory_use(rank: int, fmt: str, pair: LoraPair, host: PreparedAdapter, compute: PreparedAdapter) -> MemoryUse:

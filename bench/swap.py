@@ -1,19 +1,24 @@
 """The swap benchmark: changing the served LoRA on the full-size SDXL UNet, five ways, side by side.
 
-    python -m bench.swap [--device cpu|cuda] [--dtype bfloat16|float16|float32] [--ranks 8,32,128]
-                         [--repeats N] [--formats peft,kohya] [--quick] [--json PATH] [--plot DIR]
+    python -m bench.swap [--device cpu|cuda] [--dtype bfloat16|float16|float32] [--ranks 8,32]
+                         [--repeats N] [--formats peft,kohya] [--variants loha,lokr,dora]
+                         [--quick | --full] [--json PATH] [--plot DIR]
 
 (a) the reference service: diffusers' load_lora_weights + fuse_lora + unfuse_lora + unload_lora_weights
     per request, a different adapter each time;
 (b) diffusers' hotswap (enable_lora_hotswap, then load_lora_weights(..., hotswap=True); unfused);
 (c) ours, cached adapter: WeightPatcher.apply through AdapterStore.for_compute, as the engine swaps;
 (d) ours, first-seen file: read the header, prepare, keep in the store, apply;
-(e) the floor: copy the touched weights back from a pristine copy, then one addmm_ per layer.
+(e) the floor: each touched weight from a pristine copy plus ΔW in float32, rounded once, by the fastest
+    of several plain-tensor kernels that reach exactly the engine's weights (measured on this machine).
 
-(e) and (c) take turns swap by swap, so load from other processes falls on all of them alike.
-The UNet's random weights are cut from one small pool, so every base tensor can be regenerated and
-compared bit for bit: after all of our swaps every tensor must equal its regenerated value (`exact`),
-and after the reference cycles the difference is the reference's drift. The last line is
+(e) and (c) take turns swap by swap, so load from other processes falls on all of them alike. A second
+section times LoHa, LoKr and DoRA adapters (ΔW recomputed per swap, as the engine does, and ΔW cached in
+float32) against the floor for the same weights (`bench.formats`). The UNet's random weights are cut
+from one small pool, so every base tensor can be regenerated and compared bit for bit: after all of our
+swaps every tensor must equal its regenerated value (`exact`), and after the reference cycles the
+difference is the reference's drift. The default run (ranks 8 and 32, few repeats) takes about 15
+minutes on 2 CPU cores; --full is the sweep (ranks 8, 32, 128, more repeats). The last line is
 `swap_vs_floor=<c/e> swap_vs_reference=<a/c> exact=<true|false>` at the headline rank (32 when
 measured), all formats together: c/e is the median of the swap-by-swap ratios, a/c a ratio of medians.
 """
@@ -37,7 +42,8 @@ import diffusers
 import torch
 import transformers
 
-from bench.measure import Clock
+from bench.formats import measure_formats
+from bench.measure import FUSE_FLAGS, Clock, cpu_description
 from bench.options import Options, parse_options
 from bench.ours import write_pair
 from bench.report import Exactness, report
@@ -72,7 +78,10 @@ def run(options: Options) -> dict[str, object]:
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     clock = Clock(device)
+    cpu, flags = cpu_description()
     environment = {
+        "cpu": cpu,
+        "cpu_flags": " ".join(flags),
         "torch": torch.__version__,
         "diffusers": diffusers.__version__,
         "transformers": transformers.__version__,
@@ -85,6 +94,8 @@ def run(options: Options) -> dict[str, object]:
         f"swap benchmark: SDXL UNet with random weights, {options.dtype_name} on {environment['gpu'] or device}; "
         f"torch {torch.__version__}, diffusers {diffusers.__version__}, {torch.get_num_threads()} threads"
     )
+    _say(f"CPU: {cpu}; fuse-relevant flags: {' '.join(f for f in FUSE_FLAGS if f in flags) or 'none found'}")
+    _say(f"CPU flags: {' '.join(flags) or 'unknown'}")
     _say(f"machine: {environment['before']}")
     started = time.perf_counter()
     pool = random_pool()
@@ -107,6 +118,7 @@ def run(options: Options) -> dict[str, object]:
         }
         _say(f"wrote {2 * len(pairs)} LoRA files (float16) in {time.perf_counter() - started:.1f} s")
         ours = measure_ours(unet, pairs, options, clock, _say)
+        formats = measure_formats(unet, targets, folder, options, clock, _say) if options.variants else None
         mismatched = mismatched_tensors(unet, pool)
         _say(f"our swaps are done; {len(mismatched)} tensors differ from the base; {_cpu_pressure()}")
         reference = measure_reference(unet, pairs, options, clock, _say)
@@ -117,7 +129,7 @@ def run(options: Options) -> dict[str, object]:
     del unet
     gc.collect()
     exactness = Exactness(not mismatched, len(mismatched), drift, drifted, reference.cycles)
-    return report(options, environment, ours, reference, exactness, _say)
+    return report(options, environment, ours, reference, exactness, _say, formats)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

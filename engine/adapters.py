@@ -1,9 +1,12 @@
-"""Turning a LoRA file into a prepared adapter: factors mapped to the weights they change.
+"""Turning a LoRA file into a prepared adapter: per-layer updates mapped to the weights they change.
 
 Names are converted by diffusers' own code (`lora_state_dict` handles kohya/SGM
-names and network alphas; its state-dict utilities give PEFT names), then each
-module's factors are matched by name and shape to a weight of the pipeline, once.
-A swap later is a loop over these factors with no module surgery.
+names and network alphas; its state-dict utilities give PEFT names; `engine.naming`
+sends LyCORIS and DoRA names the same way), then each module's tensors are matched
+by name and shape to a weight of the pipeline, once. A plain LoRA module becomes a
+`LayerFactors`; LoHa/LoKr/Tucker modules an `engine.lycoris` layer; a DoRA magnitude
+wraps either in an `engine.dora.DoraUpdate`. A swap later is a loop over these
+updates with no module surgery.
 """
 
 from __future__ import annotations
@@ -20,39 +23,36 @@ from pathlib import Path
 
 import torch
 from diffusers import StableDiffusionXLPipeline
-from diffusers.utils.state_dict_utils import (
-    convert_state_dict_to_diffusers,
-    convert_state_dict_to_peft,
-    convert_unet_state_dict_to_peft,
-)
 from peft.utils.other import get_pattern_key
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from .errors import AdapterLoadError, IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
+from lora_catalog.variants import unsupported_variant
 
-__all__ = ["COMPONENTS", "AdapterKey", "LayerFactors", "PreparedAdapter", "TargetTable", "detect_variant", "prepare"]
+from .dora import dora_update
+from .errors import AdapterLoadError, IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
+from .layers import LayerFactors, LayerUpdate
+from .lycoris import lycoris_layer
+from .naming import COMPONENTS, SplitTensors, component_state_dict, is_kohya, kohya_modules, peft_stem, split_tensors
+
+__all__ = [
+    "COMPONENTS",
+    "AdapterKey",
+    "LayerFactors",
+    "LayerUpdate",
+    "PreparedAdapter",
+    "TargetTable",
+    "detect_variant",
+    "prepare",
+]
 
 logger = logging.getLogger(__name__)
 
-COMPONENTS = ("unet", "text_encoder", "text_encoder_2")
 _ADAPTER_METADATA_KEY = "lora_adapter_metadata"
-# Key patterns of LoRA variants the fused low-rank swap cannot apply, and their names.
-_VARIANTS = tuple(
-    (re.compile(pattern), name)
-    for pattern, name in (
-        (r"hada_w[12]_[ab]$", "LoHa"),
-        (r"lokr_w[12](_[ab])?$", "LoKr"),
-        (r"(dora_scale|lora_magnitude_vector)$", "DoRA"),
-        (r"oft_(blocks|diag)", "OFT"),
-        (r"lora_mid\.", "LoCon with a Tucker (CP) decomposition"),
-        (r"\.diff(_b)?$", "a full weight difference"),
-        (r"\.on_input$", "IA3"),
-        (r"(lora_B|lora_up)\.bias$", "LoRA with bias terms"),
-    )
-)
+_ACCEPTED = "plain LoRA, LoCon, LoHa, LoKr (with or without Tucker cores) or DoRA, in kohya, PEFT or diffusers naming"
 _DOWN_SUFFIXES = (".lora_down.weight", ".lora_A.weight", ".lora.down.weight", "_lora.down.weight", ".down.weight")
+_RANK_SUFFIXES = (*_DOWN_SUFFIXES, ".hada_w1_b", ".hada_w2_b", ".lokr_w1_b", ".lokr_w2_b")
 
 
 @dataclass(frozen=True)
@@ -68,20 +68,10 @@ class AdapterKey:
         return f"{self.name}@{self.revision[:10]}:{self.weight_name}"
 
 
-@dataclass(frozen=True)
-class LayerFactors:
-    """`W += scale * scaling * up @ down`, with both factors flattened to 2-D."""
-
-    target: int
-    down: torch.Tensor
-    up: torch.Tensor
-    scaling: float
-
-
 @dataclass(frozen=True, eq=False)
 class PreparedAdapter:
     key: AdapterKey
-    layers: tuple[LayerFactors, ...]
+    layers: tuple[LayerUpdate, ...]
     file_size: int
     max_rank: int
     components: tuple[str, ...]
@@ -89,24 +79,33 @@ class PreparedAdapter:
 
     @property
     def nbytes(self) -> int:
-        return sum(f.down.nbytes + f.up.nbytes for f in self.layers)
+        return sum(t.nbytes for layer in self.layers for t in layer.tensors)
 
     @property
     def device(self) -> torch.device:
-        return self.layers[0].down.device
+        return self.layers[0].tensors[0].device
 
-    def to(self, device: torch.device, dtype: torch.dtype, *, pin: bool = False) -> PreparedAdapter:
-        """A copy on `device` in `dtype` (this adapter itself when nothing changes)."""
-        first = self.layers[0].down
-        if first.device == device and first.dtype == dtype and not pin:
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the factors are kept in (the file's; the fuse reads them in float32)."""
+        return self.layers[0].tensors[0].dtype
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of layer update it holds, e.g. ("DoraUpdate", "LayerFactors")."""
+        return tuple(sorted({type(layer).__name__ for layer in self.layers}))
+
+    def to(self, device: torch.device, dtype: torch.dtype | None = None, *, pin: bool = False) -> PreparedAdapter:
+        """A copy on `device` (floating tensors in `dtype` when given); this adapter itself when nothing changes."""
+        tensors = [t for layer in self.layers for t in layer.tensors]
+        if all(t.device == device and (dtype is None or t.dtype == dtype) for t in tensors) and not pin:
             return self
 
         def move(t: torch.Tensor) -> torch.Tensor:
-            moved = t.to(device=device, dtype=dtype, non_blocking=True)
+            moved = t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
             return moved.pin_memory() if pin else moved
 
-        layers = tuple(LayerFactors(f.target, move(f.down), move(f.up), f.scaling) for f in self.layers)
-        return dataclasses.replace(self, layers=layers)
+        return dataclasses.replace(self, layers=tuple(layer.map(move) for layer in self.layers))
 
 
 class TargetTable:
@@ -114,12 +113,14 @@ class TargetTable:
 
     def __init__(self, components: Mapping[str, nn.Module]) -> None:
         self.params: list[torch.Tensor] = []
+        self.names: list[str] = []  # `component.module` per index: LyCORIS/DoRA modules, errors, components touched
         self._index: dict[tuple[str, str], int] = {}
         for component, model in components.items():
             for name, module in model.named_modules():
                 if isinstance(module, nn.Linear | nn.Conv2d):
                     self._index[(component, name)] = len(self.params)
                     self.params.append(module.weight)
+                    self.names.append(f"{component}.{name}")
         self._flat_text = {c: not hasattr(m, "text_model") for c, m in components.items()}
 
     def lookup(self, component: str, module: str) -> int | None:
@@ -133,16 +134,12 @@ class TargetTable:
 
 
 def detect_variant(tensor_names: Iterable[str]) -> str | None:
-    """The name of an unsupported LoRA variant the keys belong to, or None for plain LoRA."""
-    for name in tensor_names:
-        for pattern, variant in _VARIANTS:
-            if pattern.search(name):
-                return variant
-    return None
+    """The name of an adapter variant the fused swap cannot apply (OFT, IA3, ...), or None when it can."""
+    return unsupported_variant(tensor_names)
 
 
 def max_rank_of(shapes: Mapping[str, tuple[int, ...]]) -> int:
-    ranks = [shape[0] for name, shape in shapes.items() if name.endswith(_DOWN_SUFFIXES) and shape]
+    ranks = [shape[0] for name, shape in shapes.items() if name.endswith(_RANK_SUFFIXES) and shape]
     return max(ranks, default=0)
 
 
@@ -156,11 +153,11 @@ def prepare(
     metadata: Mapping[str, str],
     shapes: Mapping[str, tuple[int, ...]],
 ) -> PreparedAdapter:
-    """Load a validated safetensors LoRA and map it onto `table`; the file's header was read already."""
+    """Load a validated safetensors adapter and map it onto `table`; the file's header was read already."""
     label = f"LoRA {key.name!r} ({key.weight_name})"
     if variant := detect_variant(shapes):
         raise UnsupportedLoraVariantError(
-            f"{label} is a {variant} adapter; accepted: plain low-rank LoRA (kohya, PEFT or diffusers naming)"
+            f"{label} uses {variant}, which the fused swap cannot apply; accepted: {_ACCEPTED}"
         )
     rank = max_rank_of(shapes)
     if rank > max_rank:
@@ -172,26 +169,22 @@ def prepare(
     for name, tensor in tensors.items():
         if tensor.is_floating_point() and tensor.numel() and not _finite(tensor):
             raise AdapterLoadError(f"{label} holds NaN or infinite values in {name!r}; accepted: finite weights only")
-    file_size = path.stat().st_size
-    try:
-        state_dict, network_alphas = StableDiffusionXLPipeline.lora_state_dict(tensors, unet_config=unet_config)
-    except (ValueError, KeyError, IndexError) as e:
-        raise IncompatibleLoraError(f"{label} has tensor names this SDXL pipeline does not know: {e}") from e
     config = _adapter_config(metadata, label)
-    layers: list[LayerFactors] = []
-    components = []
-    for component in COMPONENTS:
-        part = _component_state_dict(state_dict, component)
-        if not part:
-            continue
-        components.append(component)
-        alphas = _component_alphas(network_alphas, component)
-        layers.extend(_factors(part, component, table, alphas, config.get(component), label))
-    leftovers = [k for k in state_dict if not k.startswith(tuple(f"{c}." for c in COMPONENTS))]
-    if leftovers or not layers:
-        names = ", ".join(sorted(leftovers)[:5]) or ", ".join(sorted(tensors)[:5])
+    split = split_tensors(tensors)
+    magnitudes = _magnitudes(split, table, unet_config, label)
+    layers: list[LayerUpdate] = []
+    if split.plain:
+        layers.extend(_plain_layers(split.plain, table, unet_config, config, label))
+    layers.extend(_lycoris_layers(split, table, unet_config, config, label))
+    layers = [_with_magnitude(layer, magnitudes, table, label) for layer in layers]
+    if magnitudes:
+        names = ", ".join(table.names[i] for i in sorted(magnitudes)[:5])
+        raise IncompatibleLoraError(f"{label} has DoRA magnitudes without LoRA factors for {names}")
+    if not layers:
+        names = ", ".join(sorted(tensors)[:5])
         raise IncompatibleLoraError(f"{label} has tensors that match no module of the served pipeline: {names}")
-    return PreparedAdapter(key, tuple(layers), file_size, rank, tuple(components))
+    components = tuple(c for c in COMPONENTS if any(table.names[x.target].startswith(f"{c}.") for x in layers))
+    return PreparedAdapter(key, tuple(layers), path.stat().st_size, rank, components)
 
 
 def _finite(tensor: torch.Tensor) -> bool:
@@ -204,7 +197,7 @@ def _finite(tensor: torch.Tensor) -> bool:
 
 
 def _adapter_config(metadata: Mapping[str, str], label: str) -> dict[str, dict]:
-    """diffusers' `lora_adapter_metadata`, split per component (LoraConfig fields)."""
+    """diffusers' `lora_adapter_metadata`, split per component (LoraConfig, LoHaConfig or LoKrConfig fields)."""
     raw = metadata.get(_ADAPTER_METADATA_KEY)
     if not raw:
         return {}
@@ -214,8 +207,6 @@ def _adapter_config(metadata: Mapping[str, str], label: str) -> dict[str, dict]:
         raise AdapterLoadError(f"{label} has malformed {_ADAPTER_METADATA_KEY!r} metadata: {e}") from e
     if not isinstance(flat, dict):
         raise AdapterLoadError(f"{label} has {_ADAPTER_METADATA_KEY!r} metadata that is not a JSON object")
-    if any(k.endswith(".use_dora") and v for k, v in flat.items()):
-        raise UnsupportedLoraVariantError(f"{label} is a DoRA adapter; accepted: plain low-rank LoRA")
     per: dict[str, dict] = {}
     for name, value in flat.items():
         component, _, field = name.rpartition(".")
@@ -223,16 +214,24 @@ def _adapter_config(metadata: Mapping[str, str], label: str) -> dict[str, dict]:
     return per
 
 
-def _component_state_dict(state_dict: Mapping[str, torch.Tensor], component: str) -> dict[str, torch.Tensor]:
-    prefix = f"{component}."
-    part = {k.removeprefix(prefix): v for k, v in state_dict.items() if k.startswith(prefix)}
-    if not part:
-        return part
-    if component == "unet":
-        return part if any("lora_A" in k for k in part) else convert_unet_state_dict_to_peft(part)
-    if any("lora_A" in k for k in part):
-        return part
-    return convert_state_dict_to_peft(convert_state_dict_to_diffusers(part))
+def _plain_layers(
+    plain: Mapping[str, torch.Tensor], table: TargetTable, unet_config: object, config: Mapping, label: str
+) -> list[LayerUpdate]:
+    try:
+        state_dict, network_alphas = StableDiffusionXLPipeline.lora_state_dict(dict(plain), unet_config=unet_config)
+    except (ValueError, KeyError, IndexError) as e:
+        raise IncompatibleLoraError(f"{label} has tensor names this SDXL pipeline does not know: {e}") from e
+    layers: list[LayerUpdate] = []
+    for component in COMPONENTS:
+        part = component_state_dict(state_dict, component)
+        if part:
+            alphas = _component_alphas(network_alphas, component)
+            layers.extend(_factors(part, component, table, alphas, config.get(component), label))
+    leftovers = [k for k in state_dict if not k.startswith(tuple(f"{c}." for c in COMPONENTS))]
+    if leftovers:
+        names = ", ".join(sorted(leftovers)[:5])
+        raise IncompatibleLoraError(f"{label} has tensors that match no module of the served pipeline: {names}")
+    return layers
 
 
 def _component_alphas(network_alphas: Mapping[str, float] | None, component: str) -> dict[str, float]:
@@ -260,9 +259,7 @@ def _factors(
         down, up = part.get(f"{module}.lora_A.weight"), part.get(f"{module}.lora_B.weight")
         if down is None or up is None:
             raise IncompatibleLoraError(f"{label} has an unpaired factor for {component}.{module}")
-        index = table.lookup(component, module)
-        if index is None:
-            raise IncompatibleLoraError(f"{label} targets {component}.{module}, which the served pipeline lacks")
+        index = _target(table, [(component, module)], label)
         weight = table.params[index]
         rank = down.shape[0]
         fits = (
@@ -276,7 +273,7 @@ def _factors(
                 f"{component}.{module} of shape {tuple(weight.shape)}"
             )
         if config:
-            alpha = float(_pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", rank)))
+            alpha = float(_pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", rank)))  # type: ignore[arg-type]
             denominator = math.sqrt(rank) if config.get("use_rslora") else rank
         else:
             alpha = alphas.get(module, common_alpha if common_alpha is not None else rank)
@@ -285,8 +282,67 @@ def _factors(
     return out
 
 
-def _pattern_value(patterns: Mapping | None, module: str, default: float) -> float:
+def _lycoris_layers(
+    split: SplitTensors, table: TargetTable, unet_config: object, config: Mapping, label: str
+) -> list[LayerUpdate]:
+    kohya = kohya_modules([s for s in split.lycoris if is_kohya(s)], unet_config, label)
+    layers: list[LayerUpdate] = []
+    for stem, params in sorted(split.lycoris.items()):
+        candidates = [kohya[stem]] if stem in kohya else peft_stem(stem)
+        index = _target(table, candidates, label, stem)
+        component = table.names[index].partition(".")[0]
+        where = f"{label}: {table.names[index]}"
+        alpha: float | None = float(params["alpha"].item()) if "alpha" in params else None
+        rank: float | None = None
+        peft = stem not in kohya
+        settings = config.get(component)
+        if peft and settings:
+            # PEFT's LoHaConfig/LoKrConfig, as diffusers-style metadata carries a LoraConfig: r, alpha and patterns.
+            module = table.names[index].partition(".")[2]
+            rank = _optional_float(_pattern_value(settings.get("rank_pattern"), module, settings.get("r")))
+            alpha = _optional_float(_pattern_value(settings.get("alpha_pattern"), module, settings.get("alpha", alpha)))
+        shape = tuple(table.params[index].shape)
+        layers.append(lycoris_layer(index, params, shape, alpha=alpha, rank=rank, peft=peft, where=where))
+    return layers
+
+
+def _magnitudes(split: SplitTensors, table: TargetTable, unet_config: object, label: str) -> dict[int, tuple]:
+    """DoRA magnitudes by target index, with whether they follow PEFT's layout."""
+    found: dict[int, tuple] = {}
+    kohya = kohya_modules([s for s in sorted(split.kohya_magnitudes) if is_kohya(s)], unet_config, label)
+    for stem, tensor in split.kohya_magnitudes.items():
+        # `dora_scale` (LyCORIS) may lie on either axis; its shape tells which.
+        found[_target(table, [kohya[stem]] if stem in kohya else peft_stem(stem), label, stem)] = (tensor, False)
+    for stem, tensor in split.peft_magnitudes.items():
+        found[_target(table, peft_stem(stem), label, stem)] = (tensor, True)
+    return found
+
+
+def _with_magnitude(layer: LayerUpdate, magnitudes: dict[int, tuple], table: TargetTable, label: str) -> LayerUpdate:
+    if layer.target not in magnitudes:
+        return layer
+    magnitude, peft = magnitudes.pop(layer.target)
+    shape = tuple(table.params[layer.target].shape)
+    return dora_update(layer, magnitude, shape, peft=peft, where=f"{label}: {table.names[layer.target]}")
+
+
+def _target(table: TargetTable, candidates: Iterable[tuple[str, str]], label: str, stem: str | None = None) -> int:
+    tried = []
+    for component, module in candidates:
+        index = table.lookup(component, module)
+        if index is not None:
+            return index
+        tried.append(f"{component}.{module}")
+    what = ", ".join(tried) or stem or "?"
+    raise IncompatibleLoraError(f"{label} targets {what}, which the served pipeline lacks")
+
+
+def _pattern_value(patterns: Mapping | None, module: str, default: object) -> object:
     if not patterns:
         return default
     key = get_pattern_key(list(patterns), module)
     return patterns.get(key, default)
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]

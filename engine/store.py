@@ -109,7 +109,7 @@ class ByteLRU:
 
 
 class AdapterStore:
-    """Host tier (file dtype; pinned on CUDA) and device tier (compute device and dtype)."""
+    """Host tier (file dtype; pinned on CUDA) and device tier (compute device, file dtype)."""
 
     def __init__(
         self,
@@ -140,13 +140,12 @@ class AdapterStore:
             return self._host.get(key)
 
     def add(self, adapter: PreparedAdapter) -> PreparedAdapter:
-        """Keep a freshly prepared adapter in the host tier and return the kept copy."""
-        dtype = adapter.layers[0].down.dtype
-        if self._device_tier is None and self._dtype.itemsize <= dtype.itemsize:
-            # No device copies (CPU, or ZeroGPU): keep the host copy in the compute dtype, so a swap
-            # casts nothing, unless that would make it larger than the file.
-            dtype = self._dtype
-        adapter = adapter.to(torch.device("cpu"), dtype, pin=self._pin)
+        """Keep a freshly prepared adapter in the host tier and return the kept copy.
+
+        Both tiers keep the file's dtype: the fuse reads the factors in float32, so converting them
+        to the compute dtype here would round them before the product (and save no work per swap).
+        """
+        adapter = adapter.to(torch.device("cpu"), pin=self._pin)
         with self._lock:
             self._unwanted.discard(adapter.key)
             self._host.put(adapter.key, adapter, self._protected())
@@ -174,7 +173,7 @@ class AdapterStore:
             self._trim()
 
     def for_compute(self, adapter: PreparedAdapter) -> PreparedAdapter:
-        """The adapter on the compute device in the compute dtype, from the device tier when cached."""
+        """The adapter on the compute device (in its file dtype), from the device tier when cached."""
         if self._device_tier is None:
             return adapter
         with self._lock:
@@ -185,7 +184,7 @@ class AdapterStore:
             self._events.cache_lookup("device", cached is not None)
         if cached is not None:
             return cached
-        moved = adapter.to(self._device, self._dtype)
+        moved = adapter.to(self._device)
         with self._lock:
             self._device_tier.put(adapter.key, moved, self._protected())
         return moved

@@ -2,7 +2,9 @@
 
 Taking a set out never subtracts: every weight a set touched is copied back from
 a pristine copy made the first time that weight was touched, so the base is
-bit-exact after any number of swaps. Putting a set in is one `addmm_` per layer.
+bit-exact after any number of swaps. Putting a set in writes each touched weight
+once, from its pristine value plus every update on it summed in float32
+(`engine.layers.fuse`: one `addmm_` per plain LoRA layer, rounded once).
 
 Pristine copies live inside a byte budget: copies of weights that are clean (not
 fused right now) are dropped least recently used first to make room, and a set
@@ -16,13 +18,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .adapters import PreparedAdapter
 from .errors import LimitExceededError
+from .layers import LayerUpdate, Scratch, fuse
 
 __all__ = ["ActiveAdapter", "WeightPatcher"]
 
@@ -62,6 +65,7 @@ class WeightPatcher:
         self._pristine: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._bytes = 0
         self._dirty: set[int] = set()
+        self._scratch = Scratch()
 
     @property
     def dirty(self) -> frozenset[int]:
@@ -81,6 +85,11 @@ class WeightPatcher:
     def budget(self) -> int | None:
         return self._budget
 
+    @property
+    def scratch_bytes(self) -> int:
+        """float32 work buffers kept between swaps (about one largest touched weight, or a few with LyCORIS/DoRA)."""
+        return self._scratch.nbytes
+
     @torch.no_grad()
     def apply(self, active: Sequence[ActiveAdapter]) -> None:
         """Make the weights equal base + the given set, whatever set was fused before.
@@ -89,11 +98,18 @@ class WeightPatcher:
         other failure the touched weights are restored to base before the error propagates,
         so the caller can re-apply what it served before.
         """
-        touched = {layer.target for item in active for layer in item.adapter.layers}
+        plan: dict[int, list[tuple[LayerUpdate, float]]] = {}
+        for item in active:
+            for layer in item.adapter.layers:
+                plan.setdefault(layer.target, []).append((layer, item.scale))
+        touched = set(plan)
         self._check_budget(touched, active)
         try:
-            self._restore(self._dirty)
-            self._dirty = set()
+            # Weights the new set leaves alone go back to base; the touched ones are rewritten from base below.
+            stale = self._dirty - touched
+            self._restore(stale)
+            self._dirty -= stale
+            # A touched weight without a copy is clean (dirty weights always keep theirs): copy it as it is.
             missing = sorted(touched - self._pristine_keys())
             self._make_room(sum(self._params[i].nbytes for i in missing), keep=touched)
             for index in missing:
@@ -104,10 +120,15 @@ class WeightPatcher:
             with self._lock:
                 for index in touched:
                     self._pristine.move_to_end(index)
+                bases = {index: self._pristine[index] for index in touched}
             self._dirty = set(touched)
-            for item in active:
-                for layer in item.adapter.layers:
-                    self._fuse(self._params[layer.target], layer.up, layer.down, item.scale * layer.scaling)
+            for index in sorted(plan):
+                weight, base = self._params[index], bases[index]
+                if base.device != weight.device:
+                    # Pristine copies kept in host memory: restore first, then the weight itself is the base.
+                    weight.copy_(base, non_blocking=True)
+                    base = weight
+                fuse(weight, base, plan[index], self._scratch)
         except BaseException:
             self.restore_all()
             raise
@@ -124,6 +145,12 @@ class WeightPatcher:
         with self._lock:
             for index in [i for i in self._pristine if i not in keep]:
                 self._bytes -= self._pristine.pop(index).nbytes
+        self._scratch.clear()
+
+    def pristine_copies(self, indices: Iterable[int]) -> dict[int, torch.Tensor]:
+        """The pristine copies of weights already touched, by index (shared, not copied: never write to them)."""
+        with self._lock:
+            return {index: self._pristine[index] for index in indices}
 
     def _check_budget(self, touched: set[int], active: Sequence[ActiveAdapter]) -> None:
         if self._budget is None:
@@ -154,18 +181,6 @@ class WeightPatcher:
     def _pristine_keys(self) -> set[int]:
         with self._lock:
             return set(self._pristine)
-
-    @staticmethod
-    def _fuse(weight: torch.Tensor, up: torch.Tensor, down: torch.Tensor, alpha: float) -> None:
-        if up.dtype != weight.dtype or up.device != weight.device:
-            # Per-call (ZeroGPU) mode keeps no device copies: factors come from host memory.
-            up = up.to(device=weight.device, dtype=weight.dtype, non_blocking=True)
-            down = down.to(device=weight.device, dtype=weight.dtype, non_blocking=True)
-        if weight.is_contiguous():
-            weight.view(weight.shape[0], -1).addmm_(up, down, alpha=alpha)
-        else:
-            # channels_last convolution weights cannot be viewed as a matrix
-            weight.add_(torch.mm(up, down).view(weight.shape), alpha=alpha)
 
     def _restore(self, indices: set[int]) -> None:
         with self._lock:

@@ -37,6 +37,7 @@ from .local import LocalIndex, LocalLora, header_family, scan_local_dirs
 from .refs import parse_local_ref, validate_repo_id, validate_revision, validate_weight_name
 from .sft_header import SafetensorsHeader, TensorInfo, read_header, read_header_bytes
 from .snapshot import SNAPSHOT_FORMAT, Snapshot, read_snapshot, write_snapshot
+from .variants import mark_unsupported, unsupported_variant
 
 __all__ = [
     "DEFAULT_BASE",
@@ -73,11 +74,13 @@ __all__ = [
     "family_of_base",
     "header_family",
     "is_non_commercial",
+    "mark_unsupported",
     "parse_local_ref",
     "read_header",
     "read_header_bytes",
     "read_snapshot",
     "scan_local_dirs",
+    "unsupported_variant",
     "validate_repo_id",
     "validate_revision",
     "validate_weight_name",

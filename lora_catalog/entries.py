@@ -50,6 +50,9 @@ class LoraEntry:
     tags: tuple[str, ...] = ()
     sha: str | None = None
     source: Source = "hub"
+    # The adapter variant the engine cannot fuse (e.g. "OFT"), read from the file header where one was read
+    # (local files); None when the header showed a supported kind or was not read.
+    unsupported: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (datetimes as ISO 8601 strings, tuples as lists)."""
@@ -99,6 +102,7 @@ class LoraEntry:
             tags=_str_tuple(data, "tags"),
             sha=_opt_str(data, "sha"),
             source=source,
+            unsupported=_opt_str(data, "unsupported"),
         )
 
 

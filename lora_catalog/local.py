@@ -21,6 +21,7 @@ from .entries import Family, LoraEntry
 from .errors import HeaderError
 from .refs import local_ref
 from .sft_header import SafetensorsHeader, read_header
+from .variants import unsupported_variant
 
 __all__ = ["PREVIEW_SUFFIXES", "LocalIndex", "LocalLora", "entry_for_file", "header_family", "scan_local_dirs"]
 
@@ -102,6 +103,7 @@ def entry_for_file(root: Path, path: Path) -> LoraEntry | None:
         weight_size=stat.st_size,
         tags=tuple(t.strip() for t in tags.split(",") if t.strip()) if tags else (),
         source="local",
+        unsupported=unsupported_variant(header.tensors),
     )
 
 

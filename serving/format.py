@@ -169,6 +169,8 @@ def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -
     badges = [f'<span class="badge">{_esc(entry.license or "licence unknown")}</span>']
     if entry.non_commercial:
         badges.append('<span class="badge nc">non-commercial</span>')
+    if entry.unsupported:
+        badges.append(f'<span class="badge nc">not supported: {_esc(entry.unsupported)}</span>')
     if entry.source == "hub":
         badges.append(f'<span class="badge">⬇ {entry.downloads:,}</span><span class="badge">♥ {entry.likes:,}</span>')
     triggers = "".join(f'<span class="chip">{_esc(t)}</span>' for t in entry.trigger_words) or "<em>none given</em>"

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.formats import measure_formats
 from bench.measure import Clock
 from bench.options import Options, parse_options
-from bench.ours import Floor, Ours, write_pair
+from bench.ours import KERNELS, Floor, Ours, write_pair
 from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, fill_module, mismatched_tensors, random_pool
 from bench.sections import measure_ours, measure_reference
 from engine.synthetic import UNET_ATTENTION, find_targets
@@ -113,10 +114,12 @@ def test_floor_and_ours_taking_turns_leave_the_base_exact(tiny_config, pool, tmp
     assert mismatched_tensors(unet, pool) == []
     methods = {(r.fmt, r.method.strip()) for r in results.rows}
     for fmt in opts.formats:
-        assert {(fmt, "(e) floor: copy_ + addmm_"), (fmt, "(c) ours, cached adapter")} <= methods
+        assert {(fmt, "(e) floor: fastest exact kernel"), (fmt, "(c) ours, cached adapter")} <= methods
         assert (fmt, "(d) ours, first-seen file") in methods
     assert all(r.n == opts.repeats for r in results.rows)
     assert results.interleaved == (4,)
+    ((rank, kernel, timings),) = results.floor_kernels
+    assert rank == 4 and kernel in KERNELS and kernel in timings
     assert results.rss is not None and results.rss.swaps == 3
     for use in results.memory:
         assert 0 < use.host_tier_bytes < use.file_bytes
@@ -136,11 +139,61 @@ def test_reference_cycles_drift_in_bfloat16(tiny_config, pool, tmp_path):
     assert count > 0 and largest > 0, "fusing and unfusing in bfloat16 is not expected to round-trip"
 
 
+def test_lycoris_and_dora_swaps_take_turns_with_the_floor_and_leave_the_base_exact(tiny_config, pool, tmp_path):
+    unet = tiny_unet(tiny_config, pool)
+    targets = find_targets({"unet": unet}, {"unet": UNET_ATTENTION})
+    opts = options(variants=("loha", "lokr", "dora"))
+    results = measure_formats(unet, targets, tmp_path, opts, Clock(CPU), say=lambda _: None)
+    assert mismatched_tensors(unet, pool) == []
+    assert results.layers == len(targets[::4])
+    for variant in opts.variants:
+        methods = {r.method[:3]: r for r in results.rows if r.fmt == variant}
+        assert set(methods) == {"(e)", "(c)", "(f)"}
+        assert all(r.n == opts.repeats and min(r.samples_ms) > 0 for r in methods.values())
+    for use in results.memory:
+        # float32 ΔW per weight value against float16 factors of rank 4
+        assert use.cached_bytes > use.factors_bytes > 0
+
+
+def test_floor_kernels_reach_the_same_weights(tiny_config, pool, tmp_path):
+    unet = tiny_unet(tiny_config, pool)
+    targets = find_targets({"unet": unet}, {"unet": UNET_ATTENTION})
+    pair = write_pair(tmp_path, targets, rank=4, fmt="peft")
+    ours = Ours(unet, device=CPU, dtype=torch.bfloat16, max_rank=8, cache_bytes=2**26)
+    adapter = ours.prepare(pair.paths[0], "a")
+    floor = Floor(ours.table.params, {layer.target for layer in adapter.layers})
+    factors = floor.factors(adapter)
+    fused = {}
+    for name in KERNELS:
+        floor.kernel = name
+        floor.swap(factors)
+        fused[name] = [p.clone() for p in ours.table.params]
+    floor.restore()
+    first, *others = fused.values()
+    assert all(torch.equal(bits(a), bits(b)) for other in others for a, b in zip(first, other, strict=True))
+    assert floor.choose(factors, Clock(CPU)) in KERNELS and set(floor.timings) == set(KERNELS)
+    assert mismatched_tensors(unet, pool) == []
+
+
 def test_quick_defaults_and_bad_arguments(capsys):
     quick = parse_options(["--quick"])
     assert (quick.ranks, quick.repeats, quick.reference_repeats, quick.leak_swaps) == ((8,), 3, 1, 20)
-    full = parse_options(["--ranks", "8,32,32", "--formats", "kohya", "--dtype", "float32"])
-    assert (full.ranks, full.formats, full.dtype, full.headline_rank) == ((8, 32), ("kohya",), torch.float32, 32)
+    default = parse_options([])
+    assert (default.ranks, default.variants, default.repeats, default.full) == (
+        (8, 32),
+        ("loha", "lokr", "dora"),
+        4,
+        False,
+    )
+    full = parse_options(["--full", "--variants", ""])
+    assert (full.ranks, full.repeats, full.reference_repeats, full.variants) == ((8, 32, 128), 7, 3, ())
+    chosen = parse_options(["--ranks", "8,32,32", "--formats", "kohya", "--dtype", "float32"])
+    assert (chosen.ranks, chosen.formats, chosen.dtype, chosen.headline_rank) == (
+        (8, 32),
+        ("kohya",),
+        torch.float32,
+        32,
+    )
     with pytest.raises(SystemExit):
         parse_options(["--ranks", "0,8"])
     assert "accepted: positive integers like 8,32,128" in capsys.readouterr().err

@@ -161,7 +161,7 @@ def test_an_oversized_body_is_refused_before_parsing(url):
     [
         ("sd15", 400, "IncompatibleLoraError", "stable-diffusion-v1-5"),
         ("flux", 400, "IncompatibleLoraError", "accepted: LoRAs for the sdxl family"),
-        ("loha", 400, "UnsupportedLoraVariantError", ""),
+        ("oft", 400, "UnsupportedLoraVariantError", "OFT"),
         ("gated", 403, "GatedLoraError", "gated"),
         ("pickle-only", 400, "PickleOnlyError", ""),
     ],

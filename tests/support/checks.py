@@ -66,9 +66,10 @@ BAD_REPOS: dict[str, tuple[type[SwitchboardError], str]] = {
     "sd15": (IncompatibleLoraError, r"made for stable-diffusion-v1-5/stable-diffusion-v1-5 \(sd15\).*sdxl family"),
     "flux": (IncompatibleLoraError, r"made for black-forest-labs/FLUX\.1-dev \(flux\).*sdxl family"),
     "sd15-meta": (IncompatibleLoraError, r"trained for the sd15 family; this Space serves .*sdxl"),
-    "loha": (UnsupportedLoraVariantError, r"is a LoHa adapter; accepted: plain low-rank LoRA"),
-    "lokr": (UnsupportedLoraVariantError, r"is a LoKr adapter; accepted: plain low-rank LoRA"),
-    "dora": (UnsupportedLoraVariantError, r"is a DoRA adapter; accepted: plain low-rank LoRA"),
+    "oft": (UnsupportedLoraVariantError, r"uses OFT, which the fused swap cannot apply; accepted: plain LoRA, LoCon"),
+    "ia3": (UnsupportedLoraVariantError, r"uses IA3, which the fused swap cannot apply; accepted: .*LoHa, LoKr"),
+    "full-diff": (UnsupportedLoraVariantError, r"uses full weight differences, which .*cannot apply; accepted: .*DoRA"),
+    "lora-bias": (UnsupportedLoraVariantError, r"uses LoRA bias terms, which the fused swap cannot apply"),
 }
 
 

@@ -30,6 +30,7 @@ from engine.synthetic import (
     make_lora,
     peft_metadata,
 )
+from engine.synthetic_lycoris import lycoris_metadata, make_dora, make_loha, make_lokr
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 SD15 = "stable-diffusion-v1-5/stable-diffusion-v1-5"
@@ -88,20 +89,34 @@ def kohya_file(pipe, *, seed: int, rank: int = 4, alpha: float = 2.0, base_versi
 
 
 def variant_file(pipe, variant: str) -> bytes:
-    """A small LyCORIS/DoRA file: the right module names, tensors of a variant we do not apply."""
+    """A small file of an adapter variant the engine refuses: the right module names, that variant's tensors."""
     target = targets_for(pipe)[0]
     stem = kohya_key(target)
     out_ch, in_ch = target.weight_shape[:2]
-    if variant == "loha":
-        tensors = {f"{stem}.hada_w1_a": torch.randn(out_ch, 2), f"{stem}.hada_w1_b": torch.randn(2, in_ch)}
-        tensors |= {f"{stem}.hada_w2_a": torch.randn(out_ch, 2), f"{stem}.hada_w2_b": torch.randn(2, in_ch)}
-    elif variant == "lokr":
-        tensors = {f"{stem}.lokr_w1": torch.randn(4, 4), f"{stem}.lokr_w2": torch.randn(out_ch // 4, in_ch // 4)}
-    else:
+    if variant == "oft":  # LyCORIS diag-OFT (lycoris/modules/diag_oft.py weight_list)
+        tensors = {f"{stem}.oft_blocks": torch.randn(4, out_ch // 4, out_ch // 4)}
+    elif variant == "ia3":  # LyCORIS IA3 (lycoris/modules/ia3.py)
+        tensors = {f"{stem}.weight": torch.randn(in_ch), f"{stem}.on_input": torch.tensor(True)}
+    elif variant == "full-diff":  # LyCORIS full (lycoris/modules/full.py)
+        tensors = {f"{stem}.diff": torch.randn(out_ch, in_ch), f"{stem}.diff_b": torch.randn(out_ch)}
+    else:  # a LoRA that also trains the bias
         tensors = {f"{stem}.lora_down.weight": torch.randn(2, in_ch), f"{stem}.lora_up.weight": torch.randn(out_ch, 2)}
-        tensors[f"{stem}.dora_scale"] = torch.ones(out_ch, 1)
+        tensors[f"{stem}.lora_up.bias"] = torch.randn(out_ch)
     tensors[f"{stem}.alpha"] = torch.tensor(2.0)
-    return sft({k: v.half() for k, v in tensors.items()})
+    return sft({k: v.half() if v.is_floating_point() else v for k, v in tensors.items()})
+
+
+def lycoris_file(pipe, variant: str, *, fmt: str, seed: int) -> bytes:
+    """A supported LyCORIS/DoRA file over attention, feed-forward and (UNet) conv layers and both text encoders."""
+    targets = targets_for(pipe, UNET_ATTENTION_FF_CONV)
+    components = {"unet": pipe.unet, "text_encoder": pipe.text_encoder, "text_encoder_2": pipe.text_encoder_2}
+    if variant == "loha":
+        tensors = make_loha(targets, rank=4, seed=seed, fmt=fmt, alpha=2.0, tucker=True)
+    elif variant == "lokr":
+        tensors = make_lokr(targets, rank=2, seed=seed, fmt=fmt, alpha=1.0)
+    else:
+        tensors = make_dora(targets, components, rank=4, seed=seed, fmt=fmt, alpha=2.0)
+    return sft(tensors, lycoris_metadata(variant, targets, fmt=fmt, rank=4 if variant != "lokr" else 2, alpha=2.0))
 
 
 def truncated(data: bytes) -> bytes:
@@ -194,8 +209,11 @@ def publish_fixtures(hub, pipe, local_dir: Path) -> Fixtures:
     sdxl("unknown-keys", unknown_keys(pipe))
     sdxl("high-rank", peft_file(pipe, seed=14, rank=64))
     add("several", {"README.md": card(SDXL), "a.safetensors": peft_file(pipe, seed=15), "b.safetensors": b"x" * 64})
-    for variant in ("loha", "lokr", "dora"):
+    for variant in ("oft", "ia3", "full-diff", "lora-bias"):
         sdxl(variant, variant_file(pipe, variant))
+    sdxl("loha", lycoris_file(pipe, "loha", fmt="kohya", seed=24), name="loha_style.safetensors")
+    sdxl("lokr", lycoris_file(pipe, "lokr", fmt="peft", seed=25))
+    sdxl("dora", lycoris_file(pipe, "dora", fmt="kohya", seed=26), name="dora_style.safetensors")
     sdxl("gated", peft_file(pipe, seed=17), gated="auto")
     sdxl("private", peft_file(pipe, seed=18), private=True)
     # Reliability roles (tests/test_reliability_*.py); "oversize" is fetched by no other test, so its request

@@ -1,0 +1,26 @@
+"""Shared by the LoHa/LoKr/DoRA tests: the tiny pipeline's adaptable parts, and loading a file as the engine does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from engine.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
+from engine.synthetic import TEXT_ATTENTION, UNET_ATTENTION_FF_CONV
+from lora_catalog.sft_header import read_header
+
+COMPONENTS = ("unet", "text_encoder", "text_encoder_2")
+PATTERNS = {"unet": UNET_ATTENTION_FF_CONV, "text_encoder": TEXT_ATTENTION, "text_encoder_2": TEXT_ATTENTION}
+
+
+def components(pipe) -> dict[str, nn.Module]:
+    return {c: getattr(pipe, c) for c in COMPONENTS}
+
+
+def load(path: Path, table: TargetTable, unet_config) -> PreparedAdapter:
+    """What the engine does with a new file: read its header, then prepare it against `table`."""
+    header = read_header(path)
+    key = AdapterKey("test", path.stem, "0" * 40, path.name)
+    shapes = {name: info.shape for name, info in header.tensors.items()}
+    return prepare(path, key, table, unet_config=unet_config, max_rank=64, metadata=header.metadata, shapes=shapes)
