@@ -254,7 +254,7 @@ def _wire_generation(
         # the generation, queued or running).
         async for item in generate(handlers, built, progress, transport="ui"):
             if isinstance(item, Frame):
-                yield item.image, fmt.preview_html(item.step, built.steps), gr.skip(), gr.skip()
+                yield item.image, fmt.preview_html(item.step, int(steps)), gr.skip(), gr.skip()
             elif item is None:
                 yield (gr.skip(),) * 4
             else:
@@ -402,7 +402,7 @@ def serve(
 def main() -> None:
     from engine.errors import SettingsError
     from engine.settings import Settings
-    from serving.runtime import build_runtime
+    from serving.runtime import GpuRunner, build_runtime
 
     try:
         settings = Settings.from_env(os.environ)
@@ -412,9 +412,15 @@ def main() -> None:
         raise SystemExit(f"LoRA Switchboard cannot start: {e}") from e
     handlers = Handlers(runtime.engine, runtime.catalog, runtime.runner, boot_s=runtime.boot_s)
     demo = build_demo(handlers, banner=runtime.banner, hub_url=runtime.hub_url)
+    if isinstance(runtime.runner, GpuRunner):
+        routes = http_routes(runtime.runner, metrics=settings.metrics)
+    else:
+        # A front end (BACKEND_URL): the cluster's own ingress answers `POST /` with the same contract.
+        routes = []
+        logger.warning("BACKEND_URL is set: POST / is served by the cluster at %s, not here", settings.backend_url)
     serve(
         demo,
-        http_routes(runtime.runner, metrics=settings.metrics),
+        routes,
         server_name=settings.server_name,
         server_port=settings.server_port,
         allowed_paths=[str(d) for d in runtime.local_dirs],

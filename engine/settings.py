@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import SettingsError
@@ -144,7 +145,7 @@ class Settings:
             max_compare_cells=_int("MAX_COMPARE_CELLS", get("MAX_COMPARE_CELLS", "6"), 1, 16),
             max_compare_steps=_int("MAX_COMPARE_STEPS", get("MAX_COMPARE_STEPS", "150"), 1, 10_000),
             local_lora_dir=_dir("LOCAL_LORA_DIR", get("LOCAL_LORA_DIR")),
-            catalog_snapshot=Path(get("CATALOG_SNAPSHOT")) if get("CATALOG_SNAPSHOT") else None,
+            catalog_snapshot=Path(snapshot) if (snapshot := get("CATALOG_SNAPSHOT")) else None,
             catalog_refresh=_bool("CATALOG_REFRESH", get("CATALOG_REFRESH", "true")),
             hub_timeout_s=_float("HUB_TIMEOUT_S", get("HUB_TIMEOUT_S", "10"), 0.1, 600.0),
             hf_token=get("HF_TOKEN"),
@@ -162,7 +163,7 @@ class Settings:
         )
         return settings
 
-    def replace(self, **changes: object) -> Settings:
+    def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
     @property

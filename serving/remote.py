@@ -23,7 +23,14 @@ from urllib.parse import quote
 import anyio
 import httpx
 
-from engine.errors import BackendUnavailableError, GenerationCancelledError, SettingsError, SwitchboardError
+from engine.compare import CompareResult
+from engine.errors import (
+    BackendUnavailableError,
+    GenerationCancelledError,
+    InvalidRequestError,
+    SettingsError,
+    SwitchboardError,
+)
 from engine.events import EngineEvents
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec, ModelDefaults
 from engine.scheduler import QueueView
@@ -85,6 +92,13 @@ class RemoteRunner:
             "generated on %s in %.2f s (%.2f s there)", self.url, time.perf_counter() - started, result.timings.total
         )
         return result
+
+    def compare(self, request: object, **kwargs: object) -> CompareResult:
+        """Comparison grids need the pipeline in this process: not offered with BACKEND_URL."""
+        raise InvalidRequestError(
+            "comparison grids are not served when this Space is a front end (BACKEND_URL is set); "
+            "accepted: /generate, one image at a time"
+        )
 
     async def generate_async(
         self,

@@ -116,7 +116,7 @@ class GpuRunner:
                 results = self._compare_on_gpu(prepared, progress, cancel)
         total_s = time.perf_counter() - started
         logger.info("compared %d cells in %.2f s", len(cells), total_s)
-        return CompareResult(tuple(c.label for c in cells), results, cells[0].request.seed or 0, total_s)
+        return CompareResult(tuple(c.label for c in cells), results, int(cells[0].request.seed or 0), total_s)
 
     def submit(self, request: GenerateRequest) -> Ticket[PreparedRequest]:
         """Queue `request` (EngineBusyError when the queue is full); its preparation starts now."""

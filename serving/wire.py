@@ -22,7 +22,15 @@ from PIL import Image
 
 from engine.adapters import AdapterKey
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
-from engine.requests import AdapterUse, GenerateRequest, GenerateResult, LoraSpec, ModelDefaults, Timings
+from engine.requests import (
+    AdapterUse,
+    CheckedRequest,
+    GenerateRequest,
+    GenerateResult,
+    LoraSpec,
+    ModelDefaults,
+    Timings,
+)
 from engine.service import EngineStatus, LoraCheck
 from engine.store import CachedAdapter
 
@@ -88,6 +96,10 @@ def result_to_json(result: GenerateResult) -> dict[str, Any]:
     }
 
 
+def _checked(request: GenerateRequest) -> CheckedRequest:
+    return CheckedRequest(**{f.name: getattr(request, f.name) for f in fields(request)})
+
+
 def result_from_json(document: Mapping[str, Any], png: bytes) -> GenerateResult:
     try:
         image = Image.open(io.BytesIO(png))
@@ -95,7 +107,8 @@ def result_from_json(document: Mapping[str, Any], png: bytes) -> GenerateResult:
         return GenerateResult(
             image=image,
             seed=int(document["seed"]),
-            request=request_from_json(document["request"]),
+            # The cluster sends back the request it checked: whole numbers, defaults filled, a concrete seed.
+            request=_checked(request_from_json(document["request"])),
             timings=Timings(**document["timings"]),
             adapters=tuple(AdapterUse(**use) for use in document["adapters"]),
             swapped=bool(document["swapped"]),
