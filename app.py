@@ -122,7 +122,8 @@ def _wire_browsing(
             # The list takes the LoRA only: one prompt serves every cell, so no trigger word goes in.
             lines = [line for line in (listed or "").splitlines() if line.strip()]
             added = lines if entry.ref in (line.strip() for line in lines) else [*lines, entry.ref]
-            return (fmt.entry_card(entry, hub_url), *(gr.skip() for _ in range(8)), "\n".join(added))
+            # Card, readiness badge, the six LoRA fields, prompt, triggers: all kept; the list grows.
+            return (fmt.entry_card(entry, hub_url), *(gr.skip() for _ in range(9)), "\n".join(added))
         trigger = entry.trigger_words[0] if entry.trigger_words else None
         new_prompt = fmt.insert_trigger(prompt, triggers.get(slot), trigger)
         fields = (entry.ref, "", entry.weight_name if entry.source == "hub" else "")
@@ -139,6 +140,8 @@ def _wire_browsing(
 
     async def prefetch(slot: str, *fields: str) -> str:
         """Prepare the LoRA just selected, so that Generate finds it in the cache; the badge says when."""
+        if slot not in ("LoRA 1", "LoRA 2"):
+            return ""  # a comparison prepares its LoRAs when it runs
         ref, revision, weight = fields[3:] if slot == "LoRA 2" else fields[:3]
         spec = fmt.lora_spec(ref, 1.0, revision, weight)
         if spec is None:
