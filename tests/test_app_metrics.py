@@ -19,6 +19,7 @@ from serving.handlers import Handlers
 from serving.metrics import Metrics
 from serving.runtime import GpuRunner
 from tests.support.app_server import AppServer, serve_fixture_app
+from tests.support.reliability_app import fresh_repo
 
 TIMEOUT = httpx.Timeout(120.0)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -133,8 +134,10 @@ def test_counts_move_as_requests_are_made(server, client, fixtures, clean_hub):
     assert post(server, '{"inputs": 3}').status_code == 400
     with pytest.raises(AppError):
         api_generate(client, "switchboard-tests/no-such-lora")
+    # A repo never downloaded: one already in the Hub cache is served from disk while the Hub is down.
+    unseen = fresh_repo(clean_hub, fixtures)
     clean_hub.set_fault("down")
-    response = post(server, BODY, lora=fixtures["kohya"])
+    response = post(server, BODY, lora=unseen)
     clean_hub.set_fault(None)
     assert response.status_code == 503, response.text[:300]
     third = scrape(server)

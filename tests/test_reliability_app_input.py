@@ -61,8 +61,8 @@ APP_ROLES = (
     "private",
     "sd15-meta",
     "flux",
-    "loha",
-    "dora",
+    "oft",
+    "ia3",
 )
 
 
@@ -203,7 +203,7 @@ def test_a_malformed_content_length_is_refused_and_the_server_goes_on(app, fixtu
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
-        ({"ref": "fixtures/loha"}, r"is a LoHa adapter"),
+        ({"ref": "fixtures/oft"}, r"uses OFT"),
         ({"ref": "fixtures/gated"}, r"is gated"),
         ({"ref": "../x"}, r"it contains '\.\.'"),
         ({"prompt": "  "}, r"prompt is empty"),

@@ -26,7 +26,7 @@ from tests.support.checks import assert_pristine, small
 # Few scales and at most three adapters, so sets recur and their images can be compared across the run.
 SCALES = (-0.5, 0.7, 1.0)
 # Failures injected every so often: a bad adapter in the set, OOM or an error inside the pipeline, a cancel.
-BAD_ROLES = ("wrong-shapes", "nan", "unknown-keys", "dora")
+BAD_ROLES = ("wrong-shapes", "nan", "unknown-keys", "oft")
 MAX_RSS_GROWTH = 0.02
 
 
