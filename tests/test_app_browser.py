@@ -219,15 +219,20 @@ def test_the_preview_shows_the_image_forming_before_the_final_one(page, loaded, 
 
 
 def test_the_comparison_grid_shows_labelled_cells_and_downloads(page, hub_app, fixtures, tmp_path):
+    from playwright.sync_api import expect
+
     page.goto(hub_app.url)
     tile(page, "peft").wait_for(timeout=WAIT_MS)
     page.locator("#prompt textarea").fill("a fox in a forest")
     page.get_by_label("Compare").check()
-    tile(page, "peft").click()
-    tile(page, "kohya").click()
     listed = page.locator("#compare-loras textarea")
     page.get_by_role("tab", name="Compare").click()
     listed.wait_for(timeout=WAIT_MS)
+    # Each click appends to the list the page holds, so the next click waits for the last one's answer.
+    tile(page, "peft").click()
+    expect(listed).to_have_value(fixtures["peft"], timeout=WAIT_MS)
+    tile(page, "kohya").click()
+    expect(listed).to_have_value(f"{fixtures['peft']}\n{fixtures['kohya']}", timeout=WAIT_MS)
     assert listed.input_value().splitlines() == [fixtures["peft"], fixtures["kohya"]]
     page.locator("#compare-scales textarea, #compare-scales input").first.fill("1, 0.5")
     page.locator("#compare").click()
