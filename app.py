@@ -8,10 +8,10 @@ builds the runtime (`serving.runtime.build_runtime`) and serves it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
-from functools import partial
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
@@ -22,19 +22,22 @@ import spaces  # noqa: F401
 from engine.errors import SwitchboardError
 from engine.requests import GenerateRequest
 from lora_catalog.entries import LoraEntry
+from serving import comparison as comparison_fields
 from serving import format as fmt
 from serving import panels
 from serving.errors import user_errors
-from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, generate
+from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, compare, generate
 from serving.handlers import PAGE_SIZE, Handlers
-from serving.panels import Browser, RequestPanel
-from serving.ui_cancel import until_closed
+from serving.panels import Browser, ComparePanel, RequestPanel
+from serving.streaming import Frame
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
+    from serving.runtime import GpuRunner
 
-__all__ = ["build_demo", "main", "serve"]
+
+__all__ = ["build_demo", "http_routes", "main", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,18 +54,29 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
                 browser = panels.browser_panel(handlers.served_base)
-            with gr.Column(scale=4):
+            with gr.Column(scale=4, elem_id="request-column"):
                 request = panels.request_panel(handlers)
-                image, info = panels.result_panel(handlers)
+                with gr.Tabs():
+                    with gr.Tab("Result", elem_id="result-tab"):
+                        image, info = panels.result_panel(handlers)
+                    with gr.Tab("Compare", elem_id="compare-tab"):
+                        comparison = panels.compare_panel(handlers)
         status_md, refresh = panels.status_panel()
         api_md = panels.api_panel()
-        _wire_browsing(demo, handlers, browser, request, state, hub_url)
+        _wire_browsing(demo, handlers, browser, request, comparison, state, hub_url)
         _wire_generation(handlers, request, image, info, status_md)
-        demo.load(lambda: _status(handlers), None, status_md, api_visibility=_PRIVATE, queue=False)
-        refresh.click(lambda: _status(handlers), None, status_md, api_visibility=_PRIVATE, queue=False)
+        _wire_compare(handlers, request, comparison, status_md)
+
+        def status() -> str:
+            return _status(handlers)
+
+        demo.load(status, None, status_md, api_visibility=_PRIVATE, queue=False)
+        refresh.click(status, None, status_md, api_visibility=_PRIVATE, queue=False)
         demo.load(_snippets(handlers), None, api_md, api_visibility=_PRIVATE, queue=False)
         add_api_endpoints(handlers)
-    demo.queue(max_size=handlers.max_queue, default_concurrency_limit=1)
+    # Gradio's queue only holds catalogue and check events (generations pass straight to the scheduler, which
+    # enforces MAX_QUEUE); a size here would be a second, different limit on generations.
+    demo.queue(max_size=None, default_concurrency_limit=1)
     return demo
 
 
@@ -74,6 +88,7 @@ def _wire_browsing(
     handlers: Handlers,
     browser: Browser,
     request: RequestPanel,
+    comparison: ComparePanel,
     state: tuple[gr.State, gr.State, gr.State],
     hub_url: str,
 ) -> None:
@@ -99,19 +114,43 @@ def _wire_browsing(
             gr.Button(interactive=result.has_more),
         )
 
-    def select(shown: list[dict], slot: str, prompt: str, triggers: dict, evt: gr.SelectData) -> tuple[Any, ...]:
+    def select(
+        shown: list[dict], slot: str, prompt: str, triggers: dict, listed: str, evt: gr.SelectData
+    ) -> tuple[Any, ...]:
         entry = LoraEntry.from_json(shown[evt.index])
+        if slot == "Compare":
+            # The list takes the LoRA only: one prompt serves every cell, so no trigger word goes in.
+            lines = [line for line in (listed or "").splitlines() if line.strip()]
+            added = lines if entry.ref in (line.strip() for line in lines) else [*lines, entry.ref]
+            # Card, readiness badge, the six LoRA fields, prompt, triggers: all kept; the list grows.
+            return (fmt.entry_card(entry, hub_url), *(gr.skip() for _ in range(9)), "\n".join(added))
         trigger = entry.trigger_words[0] if entry.trigger_words else None
         new_prompt = fmt.insert_trigger(prompt, triggers.get(slot), trigger)
         fields = (entry.ref, "", entry.weight_name if entry.source == "hub" else "")
         is_second = slot == "LoRA 2"
         return (
             fmt.entry_card(entry, hub_url),
+            fmt.readiness_html(entry.ref, "preparing"),
             *(gr.skip() if is_second else value for value in fields),
             *(value if is_second else gr.skip() for value in fields),
             new_prompt,
             {**triggers, slot: trigger},
+            gr.skip(),
         )
+
+    async def prefetch(slot: str, *fields: str) -> str:
+        """Prepare the LoRA just selected, so that Generate finds it in the cache; the badge says when."""
+        if slot not in ("LoRA 1", "LoRA 2"):
+            return ""  # a comparison prepares its LoRAs when it runs
+        ref, revision, weight = fields[3:] if slot == "LoRA 2" else fields[:3]
+        spec = fmt.lora_spec(ref, 1.0, revision, weight)
+        if spec is None:
+            return ""
+        try:
+            await asyncio.wrap_future(handlers.prefetch(spec))
+        except SwitchboardError as e:
+            return fmt.readiness_html(spec.ref, "failed", str(e))
+        return fmt.readiness_html(spec.ref, "ready")
 
     def check(slot: str, ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
         spec = fmt.lora_spec(ref, 1.0, revision, weight)
@@ -140,9 +179,10 @@ def _wire_browsing(
     browser.previous.click(lambda b, s, o, n: browse(b, s, o, max(0, n - 1)), [*filters, page], outputs, **opts)
     browser.gallery.select(
         select,
-        [entries, request.slot, request.prompt, inserted],
+        [entries, request.slot, request.prompt, inserted, comparison.loras],
         [
             browser.details,
+            browser.readiness,
             first.ref,
             first.revision,
             first.weight,
@@ -151,24 +191,37 @@ def _wire_browsing(
             second.weight,
             request.prompt,
             inserted,
+            comparison.loras,
         ],
         **opts,
+    ).then(
+        prefetch,
+        [request.slot, first.ref, first.revision, first.weight, second.ref, second.revision, second.weight],
+        browser.readiness,
+        # Waits on the scheduler's preparation pool, not on a thread of Gradio's.
+        concurrency_limit=None,
+        api_visibility=_PRIVATE,
+        show_progress="hidden",
     )
     check_opts: dict[str, Any] = {"concurrency_id": CHECK, "concurrency_limit": 2, "api_visibility": _PRIVATE}
     check_outputs = [browser.details, request.prompt, inserted]
-    for name, lora in (("LoRA 1", first), ("LoRA 2", second)):
+
+    def check_first(ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
+        return check("LoRA 1", ref, revision, weight, prompt, triggers)
+
+    def check_second(ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
+        return check("LoRA 2", ref, revision, weight, prompt, triggers)
+
+    for handler, lora in ((check_first, first), (check_second, second)):
         lora.check.click(
-            partial(check, name),
-            [lora.ref, lora.revision, lora.weight, request.prompt, inserted],
-            check_outputs,
-            **check_opts,
+            handler, [lora.ref, lora.revision, lora.weight, request.prompt, inserted], check_outputs, **check_opts
         )
 
 
 def _wire_generation(
     handlers: Handlers, request: RequestPanel, image: gr.Image, info: gr.HTML, status_md: gr.Markdown
 ) -> None:
-    def generate_ui(
+    async def generate_ui(
         prompt: str,
         negative: str,
         ref: str,
@@ -185,7 +238,7 @@ def _wire_generation(
         seed: float | None,
         randomize: bool,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
-    ) -> Iterator[tuple[Any, ...]]:
+    ) -> AsyncIterator[tuple[Any, ...]]:
         with user_errors():
             width, height = fmt.parse_size(size)
             specs = (fmt.lora_spec(ref, scale, revision, weight), fmt.lora_spec(ref_2, scale_2, revision_2, weight_2))
@@ -199,9 +252,16 @@ def _wire_generation(
                 height=height,
                 seed=fmt.seed_value(seed, randomize),
             )
-        # A generator, so that Gradio closing it (the browser went away) cancels the generation.
-        result = yield from until_closed(partial(generate, handlers, built, progress), (gr.skip(),) * 4)
-        yield result.image, fmt.result_html(result), result.seed, _status(handlers)
+        # An async generator: it yields previews as the engine denoises, and ticks while it waits so that
+        # Gradio, which checks the client after each yield, closes it when the browser went away (which cancels
+        # the generation, queued or running).
+        async for item in generate(handlers, built, progress, transport="ui"):
+            if isinstance(item, Frame):
+                yield item.image, fmt.preview_html(item.step, int(steps)), gr.skip(), gr.skip()
+            elif item is None:
+                yield (gr.skip(),) * 4
+            else:
+                yield item.image, fmt.result_html(item), item.seed, _status(handlers)
 
     slots = [
         getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")
@@ -225,9 +285,66 @@ def _wire_generation(
         inputs,
         [image, info, request.seed, status_md],
         concurrency_id=PIPELINE,
-        concurrency_limit=1,
+        # The scheduler is the one queue and limit for every transport: Gradio hands generations over at once
+        # (they wait on the scheduler, holding no thread), rather than keeping a second queue.
+        concurrency_limit=None,
         api_visibility=_PRIVATE,
         show_progress_on=image,
+    )
+
+
+def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: ComparePanel, status_md: gr.Markdown) -> None:
+    def compare_ui(
+        prompt: str,
+        negative: str,
+        loras: str,
+        scales: str,
+        include_base: bool,
+        size: str,
+        steps: float,
+        guidance: float,
+        seed: float | None,
+        randomize: bool,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
+    ) -> tuple[Any, ...]:
+        with user_errors():
+            width, height = fmt.parse_size(size)
+            built = comparison_fields.compare_request(
+                prompt,
+                negative,
+                loras,
+                scales,
+                bool(include_base),
+                int(steps),
+                float(guidance),
+                width,
+                height,
+                fmt.seed_value(seed, randomize),
+            )
+        done = compare(handlers, built, progress)
+        result = done.result
+        cells = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
+        return done.grid, cells, comparison_fields.compare_html(result), result.seed, _status(handlers)
+
+    comparison.run.click(
+        compare_ui,
+        [
+            request.prompt,
+            request.negative,
+            comparison.loras,
+            comparison.scales,
+            comparison.include_base,
+            request.size,
+            request.steps,
+            request.guidance,
+            request.seed,
+            request.randomize,
+        ],
+        [comparison.grid, comparison.cells, comparison.info, request.seed, status_md],
+        concurrency_id=PIPELINE,
+        concurrency_limit=1,
+        api_visibility=_PRIVATE,
+        show_progress_on=comparison.grid,
     )
 
 
@@ -241,6 +358,20 @@ def _snippets(handlers: Handlers) -> Callable[[gr.Request], str]:
         return fmt.api_snippets(fmt.base_url(dict(request.headers)), handlers.example_lora(), handlers.defaults)
 
     return snippets
+
+
+def http_routes(runner: GpuRunner, *, metrics: bool = False) -> list[BaseRoute]:
+    """The routes beside the UI: `POST /` always, `GET /metrics` (watching the runner's engine) when asked for."""
+    from serving.http_api import make_routes
+    from serving.metrics import Metrics
+
+    routes = make_routes(runner)
+    if metrics:
+        watcher = Metrics()
+        watcher.watch(runner.engine)
+        routes = [*routes, *watcher.routes()]
+        logger.warning("METRICS is on: GET /metrics answers anyone who can reach this server")
+    return routes
 
 
 def serve(
@@ -274,8 +405,7 @@ def serve(
 def main() -> None:
     from engine.errors import SettingsError
     from engine.settings import Settings
-    from serving.http_api import make_routes
-    from serving.runtime import build_runtime
+    from serving.runtime import GpuRunner, build_runtime
 
     try:
         settings = Settings.from_env(os.environ)
@@ -285,9 +415,15 @@ def main() -> None:
         raise SystemExit(f"LoRA Switchboard cannot start: {e}") from e
     handlers = Handlers(runtime.engine, runtime.catalog, runtime.runner, boot_s=runtime.boot_s)
     demo = build_demo(handlers, banner=runtime.banner, hub_url=runtime.hub_url)
+    if isinstance(runtime.runner, GpuRunner):
+        routes = http_routes(runtime.runner, metrics=settings.metrics)
+    else:
+        # A front end (BACKEND_URL): the cluster's own ingress answers `POST /` with the same contract.
+        routes = []
+        logger.warning("BACKEND_URL is set: POST / is served by the cluster at %s, not here", settings.backend_url)
     serve(
         demo,
-        make_routes(runtime.runner),
+        routes,
         server_name=settings.server_name,
         server_port=settings.server_port,
         allowed_paths=[str(d) for d in runtime.local_dirs],

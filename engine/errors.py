@@ -18,6 +18,7 @@ from lora_catalog.errors import (
 
 __all__ = [
     "AdapterLoadError",
+    "BackendUnavailableError",
     "EngineBusyError",
     "EngineError",
     "GatedLoraError",
@@ -33,6 +34,7 @@ __all__ = [
     "SettingsError",
     "StorageError",
     "SwitchboardError",
+    "UnservedBaseError",
     "UnsupportedLoraVariantError",
 ]
 
@@ -71,10 +73,18 @@ class UnsupportedLoraVariantError(IncompatibleLoraError):
 
 
 class EngineBusyError(EngineError):
-    """The queue is full: try again shortly."""
+    """The queue is full: try again shortly (after `retry_after_s`, the HTTP answer's `Retry-After`)."""
 
     status = 503
     title = "Busy"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keeps the hint when the error is pickled (ZeroGPU's worker sends errors back that way).
+        return (type(self), (str(self), self.retry_after_s))
 
 
 class GenerationError(EngineError, RuntimeError):
@@ -101,3 +111,17 @@ class StorageError(EngineError, OSError):
     """The adapter could not be written to or read from the disk cache (full, read-only, unwritable)."""
 
     title = "Storage error"
+
+
+class UnservedBaseError(EngineError):
+    """A request (or its LoRA) names a base model no pool of this Space serves."""
+
+    status = 404
+    title = "Base model not served"
+
+
+class BackendUnavailableError(EngineError, ConnectionError):
+    """The generation backend (`BACKEND_URL`, a Ray Serve cluster) could not be reached or answered nonsense."""
+
+    status = 503
+    title = "Backend unreachable"

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from diffusers import AutoencoderKL, StableDiffusionXLPipeline
@@ -24,9 +25,14 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 _TINY_SIDE = 128
 
 
+# A diffusers pipeline: its components (unet, text encoders, ...) are registered at run time, which a type
+# checker cannot see through diffusers' own annotations; code reading them treats the pipeline as dynamic.
+Pipeline = Any
+
+
 @dataclass(frozen=True)
 class LoadedPipeline:
-    pipe: StableDiffusionXLPipeline
+    pipe: Pipeline
     model_id: str
     base_model_id: str
     device: torch.device
@@ -59,7 +65,7 @@ def load_pipeline(settings: Settings, *, warm: bool = True) -> LoadedPipeline:
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     started = time.perf_counter()
-    pipe = build_tiny_pipeline(seed=0) if settings.is_tiny else _from_pretrained(settings, dtype)
+    pipe: Pipeline = build_tiny_pipeline(seed=0) if settings.is_tiny else _from_pretrained(settings, dtype)
     # Casting only when needed: diffusers warns on a cast that may break modules kept in float32.
     pipe = pipe.to(device=device) if pipe.dtype == dtype else pipe.to(device=device, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)

@@ -28,6 +28,7 @@ from typing import Literal
 from .adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
 from .compat import check_family
 from .disk_cache import DiskCache
+from .loadgate import LoadGate
 from .requests import LoraSpec
 from .resolve import AdapterResolver, AdapterSource
 from .store import AdapterStore
@@ -59,6 +60,7 @@ class Preparer:
         unet_config: object,
         max_rank: int,
         disk: DiskCache | None = None,
+        gate: LoadGate | None = None,
     ) -> None:
         self._resolver = resolver
         self._disk = disk
@@ -67,6 +69,7 @@ class Preparer:
         self._served_base = served_base
         self._unet_config = unet_config
         self._max_rank = max_rank
+        self._gate = gate
         self._locks_guard = threading.Lock()
         self._key_locks: dict[AdapterKey, threading.Lock] = {}
 
@@ -83,9 +86,11 @@ class Preparer:
             cached = self._store.get(source.key)
             if cached is not None:
                 return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
-            with self._disk.hold(source.key) if self._disk is not None else nullcontext():
+            # The in-flight bound (engine.loadgate) covers the download and the parse: what costs RAM.
+            hold = self._gate.hold(source.size or 0, str(source.key)) if self._gate else nullcontext()
+            with hold, self._disk.hold(source.key) if self._disk is not None else nullcontext():
                 adapter, fetched = self._load(source)
-            adapter = self._store.add(adapter)
+                adapter = self._store.add(adapter)
         if self._disk is not None and source.local_path is None:
             # A download may have grown the Hub cache: prune it off the request's path.
             self._disk.schedule()

@@ -31,7 +31,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.file_download import repo_folder_name
 
-from lora_catalog.cards import PREFERRED_WEIGHT_NAME
+from lora_catalog.cards import choose_weight
 from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import HeaderError
 from lora_catalog.sft_header import SafetensorsHeader, read_header
@@ -177,14 +177,11 @@ class AdapterResolver:
         folder = self._snapshot_on_disk(repo_id, spec.revision)
         if folder is None:
             return None
-        present = sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())
-        if spec.weight_name is not None:
-            chosen = spec.weight_name if (folder / spec.weight_name).is_file() else None
-        elif len(present) == 1:
-            chosen = present[0]
-        else:
-            chosen = PREFERRED_WEIGHT_NAME if PREFERRED_WEIGHT_NAME in present else None
-        if chosen is None:
+        present = tuple(sorted(p.name for p in folder.glob("*.safetensors") if p.is_file()))
+        try:
+            # The catalogue's own rule, on the files that are on disk.
+            chosen = choose_weight(f"{repo_id!r} (on disk)", present, spec.weight_name)
+        except SwitchboardError:
             return None
         path = folder / chosen
         key = AdapterKey("hub", repo_id, folder.name, chosen)

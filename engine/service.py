@@ -1,34 +1,41 @@
 """The engine: one warm pipeline, an adapter store, and an atomic swap-and-generate.
 
-A request is prepared (resolved, downloaded, converted; outside the pipeline
-lock, so a slow download does not hold up other users) and then run (swap and
-inference under the lock). Any failure leaves the weights exactly as the last
-successful request left them.
+A request is queued on the engine's scheduler (`engine.scheduler`: one queue for every transport), which
+prepares it (resolved, downloaded, converted) on its pool, off the GPU's path, and admits it to the
+pipeline when its adapters are ready; it is then run (swap and inference under the lock). Any failure
+leaves the weights exactly as the last successful request left them.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+from lora_catalog.bases import family_of_base
 
 from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable
 from .disk_cache import DiskCache
 from .errors import (
-    EngineBusyError,
     GenerationCancelledError,
     GenerationError,
+    HubUnavailableError,
     InvalidRequestError,
     PreparationError,
     SwitchboardError,
 )
+from .events import EngineEvents
+from .loadgate import LoadGate
 from .pipeline import LoadedPipeline
 from .preparation import PreparedLora, Preparer
+from .preview import StepPreviews, load_preview_decoder
 from .requests import (
     AdapterUse,
     CheckedRequest,
@@ -41,15 +48,21 @@ from .requests import (
     normalise_request,
 )
 from .resolve import AdapterResolver
+from .scheduler import Scheduler
 from .settings import Settings
 from .store import AdapterStore, CachedAdapter
 from .swap import ActiveAdapter, WeightPatcher
 
-__all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest"]
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+__all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest", "Preview"]
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
+# (steps done, the image so far): called every `PREVIEW_EVERY` steps while denoising, never after the last.
+Preview = Callable[[int, "Image"], None]
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,9 @@ class EngineStatus:
     device_bytes: int
     device_budget: int
     pristine_bytes: int
+    pristine_budget: int
     applied: tuple[str, ...]
+    preview: str = "off"
 
 
 class Engine:
@@ -104,6 +119,8 @@ class Engine:
         self.loaded = loaded
         self.settings = settings
         self._per_call = settings.per_call
+        # Subscribers (serving.metrics) count what the engine reports here; the engine keeps no counts itself.
+        self.events = EngineEvents()
         pipe = loaded.pipe
         self._table = TargetTable({c: getattr(pipe, c) for c in COMPONENTS})
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
@@ -123,6 +140,7 @@ class Engine:
             # On the CPU the host copy is the compute copy; on ZeroGPU device memory does not outlive a call.
             use_device_tier=loaded.device.type != "cpu" and not self._per_call,
             pin=pin,
+            events=self.events,
         )
         self.disk_cache = (
             DiskCache(
@@ -143,17 +161,36 @@ class Engine:
             unet_config=pipe.unet.config,
             max_rank=settings.max_rank,
             disk=self.disk_cache,
+            gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
         )
         self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
+        # The pipeline lock: uncontended under the scheduler, it keeps a direct `run` call safe too.
         self._lock = threading.Lock()
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
+        self._applied_lock = threading.Lock()
         self._applied: tuple[ActiveAdapter, ...] = ()
+        self.scheduler: Scheduler[PreparedRequest] = Scheduler(
+            prepare=self._open,
+            identity=_identity,
+            fused=self._fused,
+            max_queue=settings.max_queue,
+            max_skip=settings.affinity_max_skip,
+            # One preparation per queued request and a few prefetches; the loads are bounded by the gate.
+            threads=settings.max_queue + settings.prepare_workers,
+            mode=settings.scheduler,
+        )
+        self._preview = load_preview_decoder(
+            settings, family_of_base(loaded.base_model_id), loaded.device, loaded.dtype
+        )
 
     @property
     def defaults(self) -> ModelDefaults:
         """The served model's request defaults (size, steps, guidance)."""
         return self.loaded.defaults
+
+    @property
+    def limits(self) -> Limits:
+        """What one request may ask for (LoRAs, steps, prompt length)."""
+        return self._limits
 
     @property
     def base_model_id(self) -> str:
@@ -165,6 +202,18 @@ class Engine:
     @contextmanager
     def prepare(self, request: GenerateRequest) -> Iterator[PreparedRequest]:
         """Validate the request and make its adapters ready; they stay leased inside the block."""
+        prepared, release = self._open(request)
+        try:
+            yield prepared
+        finally:
+            release()
+
+    def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
+        """Start preparing one LoRA into the cache (a gallery click): the later request is a cache hit."""
+        return self.scheduler.prefetch(GenerateRequest(prompt="prefetch", loras=(spec,)))
+
+    def _open(self, request: GenerateRequest) -> tuple[PreparedRequest, Callable[[], None]]:
+        """Validate the request and make its adapters ready, leased until the returned release is called."""
         started = time.perf_counter()
         normalised = normalise_request(request, self.loaded.defaults, self._limits)
         leased: list[AdapterKey] = []
@@ -182,16 +231,22 @@ class Engine:
                         f"LoRA {spec.ref!r} is listed twice (both name {adapter.key}); "
                         "accepted: each LoRA once, with one scale"
                     )
+                self.events.cache_lookup("host", ready.cache == "hit")
                 resolve_s, prepare_s = resolve_s + ready.resolve_s, prepare_s + ready.prepare_s
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
                 uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
                 warnings.extend((*adapter.warnings, *ready.warnings))
-            yield PreparedRequest(
+            self.events.prepared(time.perf_counter() - started)
+            prepared = PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
             )
-        finally:
+        except BaseException as e:
+            if isinstance(e, HubUnavailableError):
+                self.events.hub_error(type(e).__name__)
             self._store.release(leased)
+            raise
+        return prepared, lambda: self._store.release(leased)
 
     def _prepare_one(self, spec: LoraSpec, leased: list[AdapterKey]) -> PreparedLora:
         try:
@@ -220,36 +275,86 @@ class Engine:
                 warnings=prepared.warnings,
             )
 
+    def hold(self, keys: Iterable[AdapterKey]) -> None:
+        """Keep these prepared adapters cached until `let_go` (an outside cache, e.g. Ray Serve's, owns them)."""
+        self._store.lease(keys)
+
+    def let_go(self, keys: Iterable[AdapterKey]) -> None:
+        """End a `hold`: the adapters leave the cache as soon as no request or swap uses them."""
+        keys = tuple(keys)
+        self._store.release(keys)
+        self._store.forget(keys)
+
     # -- running ---------------------------------------------------------------------------------
 
     def generate(
         self, request: GenerateRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> GenerateResult:
-        with self.prepare(request) as prepared:
+        with self.scheduler.slot(request, cancel) as prepared:
             return self.run(prepared, progress=progress, cancel=cancel)
 
     def run(
-        self, prepared: PreparedRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
+        self,
+        prepared: PreparedRequest,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        preview: Preview | None = None,
     ) -> GenerateResult:
-        """Swap to the request's adapters and generate, atomically; on failure restore what was served."""
-        with self._queued(cancel):
-            locked = time.perf_counter()
-            previous = self._applied
-            try:
-                swapped, apply_s = self._swap(prepared)
-                inferred = time.perf_counter()
-                image = self._infer(prepared.request, progress, cancel)
-            except BaseException as e:
-                self._rollback(previous)
-                mapped = _engine_error(e, prepared.request)
-                if mapped is e:
-                    raise
-                raise mapped from e
-            finally:
-                if self._per_call:
-                    self._patcher.restore_all()
-                    self._applied = ()
-            done = time.perf_counter()
+        """Swap to the request's adapters and generate, atomically; on failure restore what was served.
+
+        Callers hold the scheduler's slot (`generate`, the transports' runner); the lock below only keeps
+        a direct call safe.
+        """
+        with self._lock:
+            return self._run_held(prepared, progress, cancel, preview)
+
+    def run_many(
+        self,
+        prepared: Sequence[PreparedRequest],
+        *,
+        progress: Callable[[int, int, int], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> tuple[GenerateResult, ...]:
+        """Several requests in one turn on the pipeline (a comparison grid): each swapped to exactly, in order.
+
+        Each result is what `run` gives for its request alone: the swap between them is the same exact one.
+        The caller holds one scheduler slot for all of them. `progress(cell, step, steps)` counts cells from 0.
+        """
+        results: list[GenerateResult] = []
+        with self._lock:
+            for cell, one in enumerate(prepared):
+                step_progress = None if progress is None else _cell_progress(progress, cell)
+                results.append(self._run_held(one, step_progress, cancel, None))
+        return tuple(results)
+
+    def _run_held(
+        self,
+        prepared: PreparedRequest,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        preview: Preview | None,
+    ) -> GenerateResult:
+        locked = time.perf_counter()
+        # From queued (preparation started) to this slot: what a client waited before its swap.
+        self.events.queue_waited(locked - prepared.started)
+        previous = self._applied
+        try:
+            swapped, apply_s = self._swap(prepared)
+            inferred = time.perf_counter()
+            image = self._infer(prepared.request, progress, cancel, preview)
+        except BaseException as e:
+            self._rollback(previous)
+            mapped = _engine_error(e, prepared.request)
+            if mapped is e:
+                raise
+            raise mapped from e
+        finally:
+            if self._per_call:
+                self._patcher.restore_all()
+                self._set_applied(())
+        done = time.perf_counter()
+        self.events.inferred(done - inferred)
         timings = Timings(
             resolve=prepared.resolve_s,
             prepare=prepared.prepare_s,
@@ -278,27 +383,6 @@ class Engine:
             warnings=prepared.warnings,
         )
 
-    @contextmanager
-    def _queued(self, cancel: threading.Event | None) -> Iterator[None]:
-        with self._waiting_lock:
-            if self._waiting >= self.settings.max_queue:
-                raise EngineBusyError(
-                    f"the engine is busy ({self._waiting} requests waiting, limit {self.settings.max_queue}); "
-                    "try again shortly"
-                )
-            self._waiting += 1
-        try:
-            while not self._lock.acquire(timeout=0.05):
-                if cancel is not None and cancel.is_set():
-                    raise GenerationCancelledError("the request was cancelled while waiting in the queue")
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
-        try:
-            yield
-        finally:
-            self._lock.release()
-
     def _swap(self, prepared: PreparedRequest) -> tuple[bool, float]:
         wanted = sorted(prepared.adapters, key=lambda item: (str(item[0].key), item[1]))
         identity = tuple((a.key, s) for a, s in wanted)
@@ -318,31 +402,42 @@ class Engine:
             sum(len(a.adapter.layers) for a in active),
             elapsed * 1000,
         )
-        self._applied = active
+        self._set_applied(active)
         self._store.set_active(a.adapter.key for a in active)
+        self.events.swapped(elapsed)
         return True, elapsed
 
     def _rollback(self, previous: tuple[ActiveAdapter, ...]) -> None:
         try:
             self._patcher.apply(previous)
-            self._applied = previous
+            self._set_applied(previous)
         except BaseException:
             logger.exception("could not re-apply %s after a failure; serving the base model", _describe(previous))
             self._patcher.restore_all()
-            self._applied = ()
+            self._set_applied(())
         self._store.set_active(a.adapter.key for a in self._applied)
 
     @torch.inference_mode()
-    def _infer(self, request: CheckedRequest, progress: Progress | None, cancel: threading.Event | None):
+    def _infer(
+        self,
+        request: CheckedRequest,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        preview: Preview | None = None,
+    ):
         steps = request.steps
+        previews = StepPreviews.for_run(self._preview, self.settings.preview_every, steps, preview)
 
         def on_step(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
             if cancel is not None and cancel.is_set():
                 # Raised, not `pipe._interrupt`: an interrupted diffusers pipeline still runs the VAE decode,
                 # the most expensive single step at SDXL sizes, for an image nobody will see.
                 raise GenerationCancelledError("the request was cancelled during generation")
+            done = step + 1
+            if previews is not None:
+                previews(done, callback_kwargs["latents"], pipe.scheduler)
             if progress is not None:
-                progress(step + 1, steps)
+                progress(done, steps)
             return callback_kwargs
 
         output = self.loaded.pipe(
@@ -364,17 +459,32 @@ class Engine:
         if self.loaded.device.type == "cuda":
             torch.cuda.synchronize(self.loaded.device)
 
+    def _set_applied(self, active: tuple[ActiveAdapter, ...]) -> None:
+        with self._applied_lock:
+            self._applied = active
+
+    def _fused(self) -> Hashable:
+        """The fused set's identity, as `_identity` gives it for a request (the scheduler's affinity)."""
+        if self._per_call:
+            return _NOTHING_KEPT  # every call re-applies its set: no request finds it fused
+        with self._applied_lock:
+            return tuple(sorted((str(a.adapter.key), a.scale) for a in self._applied))
+
     @property
     def waiting(self) -> int:
         """Requests waiting for the pipeline right now (the one running excluded)."""
-        with self._waiting_lock:
-            return self._waiting
+        return self.scheduler.waiting
 
     def close(self) -> None:
-        """Put the base weights back (the pipeline may outlive this engine)."""
+        """Refuse new requests and put the base weights back (the pipeline may outlive this engine)."""
+        self.scheduler.close()
+        self.restore_base()
+
+    def restore_base(self) -> None:
+        """Put the base weights back now; the engine keeps serving (the next request fuses its own set)."""
         with self._lock:
             self._patcher.restore_all()
-            self._applied = ()
+            self._set_applied(())
             self._store.set_active(())
 
     # -- status ----------------------------------------------------------------------------------
@@ -396,8 +506,22 @@ class Engine:
             device_bytes=self._store.device_bytes,
             device_budget=device_budget,
             pristine_bytes=self._patcher.pristine_bytes,
+            pristine_budget=self.settings.pristine_bytes,
             applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._applied),
+            preview=self._preview.name if self._preview is not None else "off",
         )
+
+
+_NOTHING_KEPT = object()
+
+
+def _identity(prepared: PreparedRequest) -> Hashable:
+    """The adapter set a request needs, comparable with `Engine._fused` (equal: no swap)."""
+    return tuple(sorted((str(a.key), s) for a, s in prepared.adapters))
+
+
+def _cell_progress(progress: Callable[[int, int, int], None], cell: int) -> Progress:
+    return lambda step, steps: progress(cell, step, steps)
 
 
 def _describe(active: tuple[ActiveAdapter, ...]) -> str:

@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 from .errors import SettingsError
 
@@ -26,6 +28,7 @@ _DEVICES = ("auto", "cpu", "cuda", "cuda:<index>", "mps")
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _GPU_MODES = ("auto", "persistent", "per_call")
 _PRISTINE = ("auto", "device", "cpu")
+_SCHEDULERS = ("affinity", "fifo_inline")
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -68,6 +71,17 @@ class Settings:
     max_side: int = 1536
     max_prompt_chars: int = 2000
     max_queue: int = 16
+    affinity_max_skip: int = 3
+    prepare_workers: int = 2
+    prepare_inflight_bytes: int = 2 * 2**30
+    scheduler: str = "affinity"
+    # Live previews while denoising (off for `POST /`, which answers with the final image only).
+    previews: bool = True
+    preview_vae: str = "auto"
+    preview_every: int = 2
+    # Comparison grids: cells per grid and denoising steps over all its cells.
+    max_compare_cells: int = 6
+    max_compare_steps: int = 150
     local_lora_dir: Path | None = None
     catalog_snapshot: Path | None = None
     catalog_refresh: bool = True
@@ -75,6 +89,17 @@ class Settings:
     hf_token: str | None = field(default=None, repr=False)
     log_level: str = "INFO"
     zero_gpu: bool = False
+    # GET /metrics (Prometheus text); off by default because a public Space would publish it to everyone.
+    metrics: bool = False
+    # With a URL, the Space is a front end: generation goes to that Ray Serve cluster (serving.cluster).
+    backend_url: str | None = None
+    backend_timeout_s: float = 600.0
+    # The cluster's shape (serving.cluster): replicas per pool, requests a replica takes at once, adapter
+    # sets each replica holds (Serve's multiplexed LRU, which the engine's prepared-adapter cache follows).
+    cluster_replicas: int = 1
+    cluster_max_ongoing: int = 1
+    cluster_adapter_sets: int = 16
+    cluster_gpus_per_replica: float = 1.0
     # Gradio's own variables, read here so nothing else reads the environment; a Space sets both.
     server_name: str = "0.0.0.0"
     server_port: int = 7860
@@ -110,19 +135,35 @@ class Settings:
             max_side=_int("MAX_SIDE", get("MAX_SIDE", "1536"), 64, 4096),
             max_prompt_chars=_int("MAX_PROMPT_CHARS", get("MAX_PROMPT_CHARS", "2000"), 1, 100_000),
             max_queue=_int("MAX_QUEUE", get("MAX_QUEUE", "16"), 1, 10_000),
+            affinity_max_skip=_int("AFFINITY_MAX_SKIP", get("AFFINITY_MAX_SKIP", "3"), 0, 1000),
+            prepare_workers=_int("PREPARE_WORKERS", get("PREPARE_WORKERS", "2"), 1, 64),
+            prepare_inflight_bytes=_positive_bytes("PREPARE_INFLIGHT_BYTES", get("PREPARE_INFLIGHT_BYTES", "2GiB")),
+            scheduler=_choice("SCHEDULER", get("SCHEDULER", "affinity"), _SCHEDULERS),
+            previews=_bool("PREVIEWS", get("PREVIEWS", "1")),
+            preview_vae=_preview_vae(get("PREVIEW_VAE", "auto")),
+            preview_every=_int("PREVIEW_EVERY", get("PREVIEW_EVERY", "2"), 1, 500),
+            max_compare_cells=_int("MAX_COMPARE_CELLS", get("MAX_COMPARE_CELLS", "6"), 1, 16),
+            max_compare_steps=_int("MAX_COMPARE_STEPS", get("MAX_COMPARE_STEPS", "150"), 1, 10_000),
             local_lora_dir=_dir("LOCAL_LORA_DIR", get("LOCAL_LORA_DIR")),
-            catalog_snapshot=Path(get("CATALOG_SNAPSHOT")) if get("CATALOG_SNAPSHOT") else None,
+            catalog_snapshot=Path(snapshot) if (snapshot := get("CATALOG_SNAPSHOT")) else None,
             catalog_refresh=_bool("CATALOG_REFRESH", get("CATALOG_REFRESH", "true")),
             hub_timeout_s=_float("HUB_TIMEOUT_S", get("HUB_TIMEOUT_S", "10"), 0.1, 600.0),
             hf_token=get("HF_TOKEN"),
             log_level=_choice("LOG_LEVEL", get("LOG_LEVEL", "INFO").upper(), _LOG_LEVELS),
             zero_gpu=_bool("SPACES_ZERO_GPU", get("SPACES_ZERO_GPU", "false")),
+            metrics=_bool("METRICS", get("METRICS", "false")),
+            backend_url=_url("BACKEND_URL", get("BACKEND_URL")),
+            backend_timeout_s=_float("BACKEND_TIMEOUT_S", get("BACKEND_TIMEOUT_S", "600"), 1.0, 86_400.0),
+            cluster_replicas=_int("CLUSTER_REPLICAS", get("CLUSTER_REPLICAS", "1"), 1, 1024),
+            cluster_max_ongoing=_int("CLUSTER_MAX_ONGOING", get("CLUSTER_MAX_ONGOING", "1"), 1, 64),
+            cluster_adapter_sets=_int("CLUSTER_ADAPTER_SETS", get("CLUSTER_ADAPTER_SETS", "16"), 1, 4096),
+            cluster_gpus_per_replica=_float("CLUSTER_GPUS_PER_REPLICA", get("CLUSTER_GPUS_PER_REPLICA", "1"), 0.0, 8.0),
             server_name=get("GRADIO_SERVER_NAME", "0.0.0.0").strip(),
             server_port=_int("GRADIO_SERVER_PORT", get("GRADIO_SERVER_PORT", "7860"), 1, 65535),
         )
         return settings
 
-    def replace(self, **changes: object) -> Settings:
+    def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
     @property
@@ -146,11 +187,31 @@ def _choice(name: str, raw: str, accepted: tuple[str, ...]) -> str:
     return value
 
 
+def _positive_bytes(name: str, raw: str) -> int:
+    value = parse_bytes(name, raw)
+    if value < 1:
+        raise SettingsError(f"{name}={raw!r} is not accepted; accepted: a byte size of at least 1 byte, e.g. 2GiB")
+    return value
+
+
 def _device(raw: str) -> str:
     value = raw.strip()
     if value in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", value):
         return value
     raise SettingsError(f"DEVICE={raw!r} is not accepted; accepted: {', '.join(_DEVICES)}")
+
+
+def _preview_vae(raw: str) -> str:
+    value = raw.strip()
+    if value in ("auto", "none") or _HUB_ID.match(value):
+        return value
+    folder = Path(value).expanduser()
+    if folder.is_dir():
+        return str(folder.resolve())
+    raise SettingsError(
+        f"PREVIEW_VAE={raw!r} is not accepted; accepted: auto, none, a Hub repo id (owner/name) "
+        "or an existing folder holding an AutoencoderTiny"
+    )
 
 
 def _int(name: str, raw: str, low: int, high: int) -> int:
@@ -178,6 +239,23 @@ def _bool(name: str, raw: str) -> bool:
     if key not in _BOOLS:
         raise SettingsError(f"{name}={raw!r} is not accepted; accepted: {', '.join(_BOOLS)}")
     return _BOOLS[key]
+
+
+def _url(name: str, raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    value = raw.strip()
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise SettingsError(
+            f"{name}={raw!r} is not accepted; accepted: an http(s) URL with a host and no query, "
+            "e.g. http://head-node:8000"
+        )
+    try:
+        parts.port  # noqa: B018 -- urlsplit checks the port only when it is read
+    except ValueError as e:
+        raise SettingsError(f"{name}={raw!r} has a bad port; accepted: a port from 0 to 65535") from e
+    return value.rstrip("/")
 
 
 def _dir(name: str, raw: str | None) -> Path | None:

@@ -17,6 +17,7 @@ import torch
 
 from .adapters import AdapterKey, PreparedAdapter
 from .errors import LimitExceededError
+from .events import EngineEvents, Tier
 
 __all__ = ["AdapterStore", "ByteLRU", "CachedAdapter"]
 
@@ -35,9 +36,10 @@ class CachedAdapter:
 class ByteLRU:
     """An LRU map from adapter keys to prepared adapters, bounded by their bytes."""
 
-    def __init__(self, name: str, budget: int) -> None:
-        self.name = name
+    def __init__(self, name: Tier, budget: int, events: EngineEvents | None = None) -> None:
+        self.name: Tier = name
         self.budget = budget
+        self._events = events
         self._items: OrderedDict[AdapterKey, PreparedAdapter] = OrderedDict()
         self._bytes = 0
 
@@ -84,6 +86,14 @@ class ByteLRU:
                 self.budget,
             )
 
+    def evict(self, key: AdapterKey) -> None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self._bytes -= item.nbytes
+            logger.info(
+                "evicted %s from the %s cache on request (%d bytes, %d left)", key, self.name, item.nbytes, self._bytes
+            )
+
     def trim(self, protected: set[AdapterKey], room: int = 0) -> None:
         """Evict least-recently-used unprotected items until `room` more bytes fit."""
         for key in list(self._items):
@@ -94,6 +104,8 @@ class ByteLRU:
             size = self._items.pop(key).nbytes
             self._bytes -= size
             logger.info("evicted %s from the %s cache (%d bytes, %d left)", key, self.name, size, self._bytes)
+            if self._events is not None:
+                self._events.evicted(self.name, size)
 
 
 class AdapterStore:
@@ -108,16 +120,20 @@ class AdapterStore:
         dtype: torch.dtype,
         use_device_tier: bool,
         pin: bool | None = None,
+        events: EngineEvents | None = None,
     ) -> None:
         self._lock = threading.Lock()
-        self._host = ByteLRU("host", host_budget)
-        self._device_tier = ByteLRU("device", device_budget) if use_device_tier else None
+        self._events = events
+        self._host = ByteLRU("host", host_budget, events)
+        self._device_tier = ByteLRU("device", device_budget, events) if use_device_tier else None
         self._device = device
         self._dtype = dtype
         # Pinned host copies make uploads asynchronous; pinning initialises CUDA, which ZeroGPU's main process must not.
         self._pin = device.type == "cuda" if pin is None else pin
         self._leases: Counter[AdapterKey] = Counter()
         self._active: set[AdapterKey] = set()
+        # Adapters an outside cache (Ray Serve's multiplexed LRU) let go: evicted as soon as nothing uses them.
+        self._unwanted: set[AdapterKey] = set()
 
     def get(self, key: AdapterKey) -> PreparedAdapter | None:
         with self._lock:
@@ -131,6 +147,7 @@ class AdapterStore:
         """
         adapter = adapter.to(torch.device("cpu"), pin=self._pin)
         with self._lock:
+            self._unwanted.discard(adapter.key)
             self._host.put(adapter.key, adapter, self._protected())
         return adapter
 
@@ -144,6 +161,12 @@ class AdapterStore:
             self._leases = +self._leases
             self._trim()
 
+    def forget(self, keys: Iterable[AdapterKey]) -> None:
+        """Evict `keys` from both tiers now, or once the requests and the swap that use them let go."""
+        with self._lock:
+            self._unwanted.update(keys)
+            self._trim()
+
     def set_active(self, keys: Iterable[AdapterKey]) -> None:
         with self._lock:
             self._active = set(keys)
@@ -155,9 +178,12 @@ class AdapterStore:
             return adapter
         with self._lock:
             cached = self._device_tier.get(adapter.key)
-            if cached is not None:
-                return cached
-            self._device_tier.trim(self._protected(), room=adapter.nbytes)
+            if cached is None:
+                self._device_tier.trim(self._protected(), room=adapter.nbytes)
+        if self._events is not None:
+            self._events.cache_lookup("device", cached is not None)
+        if cached is not None:
+            return cached
         moved = adapter.to(self._device)
         with self._lock:
             self._device_tier.put(adapter.key, moved, self._protected())
@@ -202,6 +228,11 @@ class AdapterStore:
 
     def _trim(self) -> None:
         protected = self._protected()
+        for key in sorted(self._unwanted - protected, key=str):
+            self._unwanted.discard(key)
+            for tier in (self._host, self._device_tier):
+                if tier is not None:
+                    tier.evict(key)
         self._host.trim(protected)
         if self._device_tier is not None:
             self._device_tier.trim(protected)

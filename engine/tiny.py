@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
@@ -75,7 +76,8 @@ def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
 def tiny_tokenizer(pad_token: str = "<|endoftext|>") -> CLIPTokenizer:
     vocab, merges = _vocab_and_merges()
     # Built from files a tokenizer reports model_max_length 1e30, which makes the pipeline overflow.
-    return CLIPTokenizer(vocab=vocab, merges=merges, pad_token=pad_token, model_max_length=77)
+    # transformers' annotation says merges are strings; its BPE takes the (first, second) pairs built here.
+    return CLIPTokenizer(vocab=vocab, merges=merges, pad_token=pad_token, model_max_length=77)  # type: ignore[arg-type]
 
 
 def _text_config(vocab_size: int, bos: int, eos: int) -> CLIPTextConfig:
@@ -148,7 +150,8 @@ def build_tiny_pipeline(seed: int = 0) -> StableDiffusionXLPipeline:
         unet=unet,
         scheduler=scheduler,
     )
-    pipe.set_progress_bar_config(disable=True)
+    dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.Pipeline)
+    dynamic.set_progress_bar_config(disable=True)
     return pipe
 
 
@@ -160,6 +163,7 @@ def ensure_tiny_pipeline(folder: Path, seed: int = 0) -> Path:
     if marker.is_file() and json.loads(marker.read_text()) == wanted:
         return folder
     logger.info("building the tiny SDXL pipeline (seed %d) in %s", seed, folder)
-    build_tiny_pipeline(seed).save_pretrained(folder, safe_serialization=True)
+    pipe: Any = build_tiny_pipeline(seed)
+    pipe.save_pretrained(folder, safe_serialization=True)
     marker.write_text(json.dumps(wanted))
     return folder

@@ -69,7 +69,8 @@ class WorkerCache:
 
     def __init__(self, budget: int) -> None:
         self._lock = threading.Lock()
-        self._lru = ByteLRU("GPU worker", budget)
+        # The worker's adapters live on its GPU: its device tier.
+        self._lru = ByteLRU("device", budget)
 
     def receive(self, prepared: PreparedRequest) -> PreparedRequest | tuple[AdapterKey, ...]:
         """`prepared` with every adapter's tensors filled in, or the keys this worker lacks."""

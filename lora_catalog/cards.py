@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 from .bases import family_of_base
 from .entries import Family, LoraEntry, parse_datetime
+from .errors import AmbiguousWeightsError, LoraNotFoundError, NoSafetensorsError, PickleOnlyError
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -22,6 +23,7 @@ __all__ = [
     "PICKLE_SUFFIXES",
     "PREFERRED_WEIGHT_NAME",
     "REPO_ID_PATTERN",
+    "choose_weight",
     "entry_from_hub_item",
     "is_non_commercial",
     "pick_weight_name",
@@ -207,3 +209,32 @@ def _number(value: object) -> float:
 
 def _count(value: object) -> int:
     return int(min(max(_number(value), 0.0), 2.0**62))
+
+
+def choose_weight(where: str, files: tuple[str, ...], weight_name: str | None) -> str:
+    """The LoRA file of a repo holding `files`: the one named, the preferred name, or the only .safetensors."""
+    candidates = tuple(f for f in files if f.lower().endswith(".safetensors"))
+    if weight_name is not None:
+        if weight_name not in files:
+            listed = ", ".join(repr(c) for c in candidates) or "none"
+            raise LoraNotFoundError(
+                f"file {weight_name!r} was not found in LoRA repo {where}; its .safetensors files: {listed}"
+            )
+        return weight_name
+    if PREFERRED_WEIGHT_NAME in candidates:
+        return PREFERRED_WEIGHT_NAME
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        raise AmbiguousWeightsError(
+            f"LoRA repo {where} holds several .safetensors files ({', '.join(repr(c) for c in candidates)}) and "
+            f"none is named {PREFERRED_WEIGHT_NAME!r}; pass weight_name to pick one",
+            candidates,
+        )
+    pickles = [f for f in files if f.lower().endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        raise PickleOnlyError(
+            f"LoRA repo {where} holds only pickle weights ({', '.join(repr(p) for p in pickles)}); only "
+            ".safetensors files are accepted, pickles are never unpickled"
+        )
+    raise NoSafetensorsError(f"LoRA repo {where} holds no .safetensors file; accepted: a repo with a .safetensors LoRA")

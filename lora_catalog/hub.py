@@ -35,17 +35,14 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import ModelInfo
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from .cards import PICKLE_SUFFIXES, PREFERRED_WEIGHT_NAME, entry_from_hub_item, resolve_url
+from .cards import choose_weight, entry_from_hub_item, resolve_url
 from .entries import LoraEntry
 from .errors import (
-    AmbiguousWeightsError,
     CatalogError,
     GatedLoraError,
     HubUnavailableError,
     InvalidRequestError,
     LoraNotFoundError,
-    NoSafetensorsError,
-    PickleOnlyError,
 )
 from .refs import is_commit_sha, validate_repo_id, validate_revision, validate_weight_name
 from .sft_header import DEFAULT_MAX_HEADER_BYTES, SafetensorsHeader, read_header_bytes
@@ -266,7 +263,7 @@ class HubSource:
         sizes = {
             s.rfilename: s.size if s.size is not None else (s.lfs.size if s.lfs else None) for s in info.siblings or ()
         }
-        chosen = _choose_weight(repo_id, where, tuple(sizes), weight_name)
+        chosen = choose_weight(where, tuple(sizes), weight_name)
         entry = dataclasses.replace(entry, weight_name=chosen, weight_size=sizes[chosen], sha=info.sha or entry.sha)
         expires = None if is_commit_sha(revision) else self._clock() + self._cache_ttl_s
         with self._lock:
@@ -373,34 +370,6 @@ class HubSource:
         except (ValueError, KeyError, TypeError) as e:
             # r.json() and ModelInfo(**data) on a malformed or truncated answer.
             raise HubUnavailableError(f"the Hub at {self.endpoint} answered malformed JSON while {what}: {e}") from e
-
-
-def _choose_weight(repo_id: str, where: str, files: tuple[str, ...], weight_name: str | None) -> str:
-    candidates = tuple(f for f in files if f.lower().endswith(".safetensors"))
-    if weight_name is not None:
-        if weight_name not in files:
-            listed = ", ".join(repr(c) for c in candidates) or "none"
-            raise LoraNotFoundError(
-                f"file {weight_name!r} was not found in LoRA repo {where}; its .safetensors files: {listed}"
-            )
-        return weight_name
-    if PREFERRED_WEIGHT_NAME in candidates:
-        return PREFERRED_WEIGHT_NAME
-    if len(candidates) == 1:
-        return candidates[0]
-    if candidates:
-        raise AmbiguousWeightsError(
-            f"LoRA repo {where} holds several .safetensors files ({', '.join(repr(c) for c in candidates)}) and "
-            f"none is named {PREFERRED_WEIGHT_NAME!r}; pass weight_name to pick one",
-            candidates,
-        )
-    pickles = [f for f in files if f.lower().endswith(PICKLE_SUFFIXES)]
-    if pickles:
-        raise PickleOnlyError(
-            f"LoRA repo {where} holds only pickle weights ({', '.join(repr(p) for p in pickles)}); only "
-            ".safetensors files are accepted, pickles are never unpickled"
-        )
-    raise NoSafetensorsError(f"LoRA repo {where} holds no .safetensors file; accepted: a repo with a .safetensors LoRA")
 
 
 def _info_to_item(info: ModelInfo) -> dict[str, Any]:

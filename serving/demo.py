@@ -23,6 +23,7 @@ from typing import Literal
 
 from PIL import Image
 
+from engine.pipeline import Pipeline
 from engine.requests import GenerateRequest, LoraSpec
 from engine.service import Engine
 from engine.synthetic import (
@@ -143,7 +144,7 @@ DEMO_LORAS: tuple[DemoLora, ...] = (
 )
 
 
-def ensure_demo_loras(folder: Path, pipe: object) -> tuple[Path, ...]:
+def ensure_demo_loras(folder: Path, pipe: Pipeline) -> tuple[Path, ...]:
     """Write the demo LoRA files for `pipe` (the tiny pipeline) into `folder`, once; returns their paths."""
     folder = Path(folder)
     marker = folder / _MARKER

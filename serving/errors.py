@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import gradio as gr
 from starlette.responses import JSONResponse
 
+from engine.errors import EngineBusyError
 from lora_catalog.errors import SwitchboardError
 
 __all__ = ["json_error", "user_errors"]
@@ -27,5 +28,11 @@ def user_errors() -> Iterator[None]:
 
 
 def json_error(error: SwitchboardError) -> JSONResponse:
-    """The inference API's error shape: `{"error": message, "error_type": class name}` with the error's status."""
-    return JSONResponse({"error": str(error), "error_type": type(error).__name__}, status_code=error.status)
+    """The inference API's error shape: `{"error": message, "error_type": class name}` with the error's status.
+
+    A full queue also says when to come back (`Retry-After`, in seconds: the scheduler's estimate).
+    """
+    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, EngineBusyError) else None
+    return JSONResponse(
+        {"error": str(error), "error_type": type(error).__name__}, status_code=error.status, headers=headers
+    )

@@ -18,6 +18,7 @@ from lora_catalog.bases import KNOWN_BASES, family_of_base
 from lora_catalog.entries import LoraEntry
 
 if TYPE_CHECKING:
+    from engine.scheduler import QueueView
     from engine.service import EngineStatus, LoraCheck
 
 __all__ = [
@@ -32,8 +33,12 @@ __all__ = [
     "lora_spec",
     "parse_size",
     "placeholder_image",
+    "preview_html",
+    "queue_text",
+    "readiness_html",
     "result_html",
     "result_info",
+    "seconds",
     "seed_value",
     "size_presets",
     "status_markdown",
@@ -60,9 +65,12 @@ APP_CSS = """
         color: var(--primary-800); border-radius: 6px; padding: 0 6px; margin: 2px 4px 2px 0; }
 .lora-error { border: 1px solid #fca5a5; background: #fef2f2; color: #991b1b; border-radius: 12px;
               padding: 10px 14px; }
-#result-info table.timing { width: 100%; border-collapse: collapse; border: none; margin: 4px 0; }
-#result-info table.timing tr, #result-info table.timing td { border: none !important; background: none !important; }
-#result-info table.timing td { padding: 2px 10px 2px 0; white-space: nowrap; }
+#result-info table.timing, #compare-info table.timing { width: 100%; border-collapse: collapse; border: none;
+                                                        margin: 4px 0; }
+#result-info table.timing tr, #result-info table.timing td, #compare-info table.timing tr,
+#compare-info table.timing td { border: none !important; background: none !important; }
+#result-info table.timing td, #compare-info table.timing td { padding: 2px 10px 2px 0; white-space: nowrap; }
+#compare-cells .grid-wrap { min-height: 0 !important; }
 #result-info .bar { height: 8px; border-radius: 4px; background: var(--primary-500); min-width: 2px; }
 #result-info ul { margin: 4px 0; }
 .nav-row { align-items: center; }
@@ -182,6 +190,19 @@ def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -
     return f'<div class="lora-card">{"".join(parts)}</div>'
 
 
+def queue_text(view: QueueView) -> str:
+    """A queued request's place, as the progress bar shows it (the same numbers every transport sees)."""
+    doing = "preparing its LoRAs" if view.state == "preparing" else "ready, waiting for the GPU"
+    return f"In queue: {view.position} of {view.waiting} ({doing})"
+
+
+def readiness_html(ref: str, state: str, detail: str = "") -> str:
+    """The card's badge for a selected LoRA: being prepared, ready (in the cache), or why it cannot be."""
+    label = {"preparing": "⏳ preparing…", "ready": "✓ ready", "failed": "✗ cannot be prepared"}[state]
+    more = f" — {_esc(detail)}" if detail else ""
+    return f"<div class='lora-ready {state}' data-state='{state}'>{_esc(ref)}: {label}{more}</div>"
+
+
 def check_info(check: LoraCheck) -> dict[str, Any]:
     """A LoraCheck as JSON-ready data."""
     data = asdict(check)
@@ -216,11 +237,11 @@ def result_html(result: GenerateResult) -> str:
     phases = (("download / resolve", t.resolve), ("prepare", t.prepare), ("swap", t.apply), ("inference", t.inference))
     longest = max(max(v for _, v in phases), 1e-9)
     rows = "".join(
-        f'<tr><td>{name}</td><td>{_seconds(v)}</td><td style="width:60%"><div class="bar" '
+        f'<tr><td>{name}</td><td>{seconds(v)}</td><td style="width:60%"><div class="bar" '
         f'style="width:{100 * v / longest:.1f}%"></div></td></tr>'
         for name, v in phases
     )
-    rows += f"<tr><td><b>total</b></td><td><b>{_seconds(t.total)}</b></td><td></td></tr>"
+    rows += f"<tr><td><b>total</b></td><td><b>{seconds(t.total)}</b></td><td></td></tr>"
     loras = "".join(
         f'<li><code>{_esc(a.ref)}</code> × {a.scale:g} — cache <span class="badge'
         f'{" ok" if a.cache == "hit" else ""}">{a.cache}</span></li>'
@@ -234,7 +255,14 @@ def result_html(result: GenerateResult) -> str:
     )
 
 
-def _seconds(value: float) -> str:
+def preview_html(step: int, steps: int | None) -> str:
+    """The result panel's line while previews come in."""
+    of = f" of {steps}" if steps else ""
+    return f'<div class="result-info preview"><p>Preview after step {step}{of}: the image is forming…</p></div>'
+
+
+def seconds(value: float) -> str:
+    """A duration as the UI shows it: milliseconds below a second, else seconds."""
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
@@ -245,11 +273,12 @@ def status_markdown(status: EngineStatus, boot_s: float | None = None) -> str:
         f"**Model** `{status.model_id}`" + (" — the tiny offline demo model" if status.is_tiny else ""),
         f"**Base** `{status.base_model_id}` · **device** `{status.device}` · **dtype** `{status.dtype}`",
         "**ZeroGPU mode** " + ("on: LoRAs are re-applied in every call" if status.per_call else "off"),
+        f"**Live preview** {status.preview}",
         f"**Cold boot** {cold}" + (f" · whole start-up {boot_s:.1f} s" if boot_s is not None else ""),
         f"**Applied now** {', '.join(f'`{a}`' for a in status.applied) or 'nothing (base weights)'}",
         f"**Adapter cache** host {status.host_bytes / _MIB:.1f} / {status.host_budget / _MIB:.0f} MiB · "
         f"device {status.device_bytes / _MIB:.1f} / {status.device_budget / _MIB:.0f} MiB · "
-        f"pristine copy {status.pristine_bytes / _MIB:.1f} MiB",
+        f"pristine copies {status.pristine_bytes / _MIB:.1f} / {status.pristine_budget / _MIB:.0f} MiB",
     ]
     if status.cached:
         rows = "\n".join(
@@ -282,6 +311,20 @@ image_path, info = client.predict(
 )
 page = client.predict(base="", search="", sort="downloads", page=0, api_name="/catalog")
 lora = client.predict(repo_id="{example_lora}", revision="", weight_name="", api_name="/lora_info")
+# A comparison: one seed, a sweep of one LoRA's scale (or several LoRAs, one per line), the base first.
+grid_path, cells, info = client.predict(
+    prompt="an elephant in the savanna",
+    negative_prompt="",
+    loras="{example_lora}",
+    scales="0, 0.5, 1",
+    include_base=True,
+    steps={defaults.steps},
+    guidance={defaults.guidance:g},
+    width={defaults.side},
+    height={defaults.side},
+    seed=-1,
+    api_name="/compare",
+)
 ```"""
     body = f'{{"inputs": "an elephant", "parameters": {{"num_inference_steps": {defaults.steps}}}}}'
     curl = f"```bash\ncurl -H 'lora: {example_lora}' {url} \\\n     -d '{body}' > result.jpg\n```"

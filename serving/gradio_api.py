@@ -1,28 +1,44 @@
-"""The named API `gradio_client` sees (/generate, /catalog, /lora_info), and the progress plumbing.
+"""The named API `gradio_client` sees (/generate, /compare, /catalog, /lora_info), and the progress plumbing.
 
 Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named
 here and nothing of the UI's own events (those are private). Each endpoint takes its inputs, calls the
 one shared handler (`serving.handlers`) the UI calls too, and formats the answer as JSON; errors become
 `gr.Error` in `serving.errors`, which `gradio_client` raises as `AppError`.
+
+`/generate` is a generator: while the engine denoises it yields previews (the image so far, with info
+`{"preview": true, "step": k}`), then the final image and its info; `Client.predict` returns the last.
 """
 
 from __future__ import annotations
 
-import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import gradio as gr
 
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.scheduler import QueueView
 from lora_catalog.listing import CatalogPage
+from serving import comparison as comparison_fields
 from serving import format as fmt
 from serving.errors import user_errors
-from serving.handlers import Handlers
+from serving.handlers import Comparison, Handlers
+from serving.streaming import Frame
 
-__all__ = ["BROWSE", "CHECK", "PIPELINE", "StepProgress", "add_api_endpoints", "catalog_json"]
+__all__ = [
+    "BROWSE",
+    "CHECK",
+    "PIPELINE",
+    "CellProgress",
+    "StepProgress",
+    "add_api_endpoints",
+    "catalog_json",
+    "compare",
+    "generate",
+]
 
-# UI and API generation share this group: one generation at a time on the one pipeline.
+# UI and API generation share this group; the engine's scheduler is their one queue (one at a time on the pipeline).
 PIPELINE = "pipeline"
 BROWSE = "catalog"
 CHECK = "lora_check"
@@ -38,13 +54,39 @@ class StepProgress:
         self.progress((step, total), desc="Denoising", unit="steps")
 
 
-def generate(
-    handlers: Handlers, request: GenerateRequest, progress: gr.Progress, cancel: threading.Event | None = None
-) -> GenerateResult:
-    """Generate for the UI or the API, with Gradio's progress bar fed from the engine's steps."""
+class CellProgress:
+    """The same for a comparison: which cell, and its steps."""
+
+    def __init__(self, progress: gr.Progress) -> None:
+        self.progress = progress
+
+    def __call__(self, cell: int, step: int, total: int) -> None:
+        self.progress((step, total), desc=f"Cell {cell + 1}: denoising", unit="steps")
+
+
+async def generate(
+    handlers: Handlers, request: GenerateRequest, progress: gr.Progress, transport: str = "gradio_api"
+) -> AsyncIterator[Frame | GenerateResult | None]:
+    """Generate for the UI (`transport="ui"`) or the API: wait on the engine's scheduler (the one queue, no
+    thread held) showing the place it gives, then preview frames as it denoises, then the result; `None`
+    ticks while nothing new comes. Closing it (the client went away) cancels the generation."""
+
+    def on_queue(view: QueueView) -> None:
+        progress(0, desc=fmt.queue_text(view))
+
     progress(0, desc="Preparing LoRAs (download, convert)")
     with user_errors():
-        return handlers.generate(request, StepProgress(progress), cancel)
+        async for item in handlers.generate_stream(
+            request, StepProgress(progress), on_queue=on_queue, transport=transport
+        ):
+            yield item
+
+
+def compare(handlers: Handlers, request: Any, progress: gr.Progress) -> Comparison:
+    """A comparison grid for the UI or the API (one queue turn for all its cells)."""
+    progress(0, desc="Preparing LoRAs (download, convert)")
+    with user_errors():
+        return handlers.compare(request, CellProgress(progress))
 
 
 def add_api_endpoints(handlers: Handlers) -> None:
@@ -59,11 +101,15 @@ def add_api_endpoints(handlers: Handlers) -> None:
         seed, page = gr.Number(-1), gr.Number(0, precision=0)
         base, search, sort = gr.Textbox(""), gr.Textbox(""), gr.Textbox("downloads")
         repo_id, revision, weight_name = gr.Textbox(), gr.Textbox(""), gr.Textbox("")
+        loras, scales, include_base = gr.Textbox(""), gr.Textbox(""), gr.Checkbox(False)
         image = gr.Image(type="pil", format="png", label="image")
+        grid = gr.Image(type="pil", format="png", label="grid")
+        cells = gr.Gallery(type="pil", format="png", label="cells")
         info, page_json, lora_json = gr.JSON(label="info"), gr.JSON(label="page"), gr.JSON(label="lora")
+        compare_json = gr.JSON(label="info")
         trigger = gr.Button()
 
-    def generate_api(
+    async def generate_api(
         prompt: str,
         negative_prompt: str,
         lora: str,
@@ -76,8 +122,11 @@ def add_api_endpoints(handlers: Handlers) -> None:
         height: float | None,
         seed: float | None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
-    ) -> tuple[Any, dict[str, Any]]:
-        """Generate an image; `lora` and `lora_2` are Hub repo ids or local: files ("" for none); seed -1 is random."""
+    ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
+        """Generate an image; `lora` and `lora_2` are Hub repo ids or local: files ("" for none); seed -1 is random.
+
+        Yields previews while denoising (info `{"preview": true, "step": k}`), then the image and its info.
+        """
         with user_errors():
             specs = (_spec(lora, lora_scale, "lora_scale"), _spec(lora_2, lora_2_scale, "lora_2_scale"))
             request = GenerateRequest(
@@ -90,8 +139,39 @@ def add_api_endpoints(handlers: Handlers) -> None:
                 height=height,
                 seed=fmt.seed_value(seed),
             )
-        result = generate(handlers, request, progress)
-        return result.image, fmt.result_info(result)
+        async for item in generate(handlers, request, progress):
+            if isinstance(item, Frame):
+                yield item.image, {"preview": True, "step": item.step}
+            elif item is not None:  # ticks are for the UI's liveness check: the API shows frames and the result
+                yield item.image, fmt.result_info(item)
+
+    def compare_api(
+        prompt: str,
+        negative_prompt: str,
+        loras: str,
+        scales: str,
+        include_base: bool,
+        steps: float | None,
+        guidance: float | None,
+        width: float | None,
+        height: float | None,
+        seed: float | None,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
+    ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
+        """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
+
+        `loras`: up to 4 LoRAs, one per line or comma-separated; `scales`: "" (each at 1), one scale for all,
+        one per LoRA, or several for a single LoRA (a sweep, e.g. "0, 0.5, 1"); `include_base` puts the base
+        model's image first. Each cell is what /generate returns for the same inputs.
+        """
+        with user_errors():
+            request = comparison_fields.compare_request(
+                prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed
+            )
+        comparison = compare(handlers, request, progress)
+        result = comparison.result
+        gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
+        return comparison.grid, gallery, comparison_fields.compare_info(result)
 
     def catalog_api(base: str, search: str, sort: str, page: int | None) -> dict[str, Any]:
         """One page of LoRAs for a base model ("" for the served one), and how fresh the list is."""
@@ -110,6 +190,15 @@ def add_api_endpoints(handlers: Handlers) -> None:
         [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance, width, height, seed],
         [image, info],
         api_name="generate",
+        concurrency_id=PIPELINE,
+        # The engine's scheduler is the one queue (see app.py): Gradio does not hold generations back.
+        concurrency_limit=None,
+    )
+    trigger.click(
+        compare_api,
+        [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed],
+        [grid, cells, compare_json],
+        api_name="compare",
         concurrency_id=PIPELINE,
         concurrency_limit=1,
     )

@@ -7,28 +7,37 @@ Errors are the tree's (`lora_catalog.errors`); the callers turn them into answer
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from PIL.Image import Image
+
+from engine.compare import MAX_COMPARE_LORAS, CompareRequest, CompareResult
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec, ModelDefaults
 from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import SwitchboardError
 from lora_catalog.hub import check_sort
 from lora_catalog.listing import CatalogPage
+from serving.grid import grid_image
+from serving.streaming import Frame, Preview, stream
 
 if TYPE_CHECKING:
+    from engine.scheduler import QueueView
     from engine.service import Engine, EngineStatus, LoraCheck
     from lora_catalog.catalog import Catalog
+    from serving.remote import RemoteEngine, RemoteRunner
     from serving.runtime import GpuRunner
 
-__all__ = ["PAGE_SIZE", "Handlers", "LoraReport"]
+__all__ = ["PAGE_SIZE", "Comparison", "Handlers", "LoraReport"]
 
 PAGE_SIZE = 24
 _FALLBACK_EXAMPLE = "minimaxir/sdxl-wrong-lora"
 
 Progress = Callable[[int, int], None]
+CellProgress = Callable[[int, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -39,10 +48,25 @@ class LoraReport:
     check: LoraCheck
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """A comparison's cells and the labelled grid drawn from them."""
+
+    result: CompareResult
+    grid: Image
+
+
 class Handlers:
     """The one implementation of each user action, over one engine, its runner and the catalogue."""
 
-    def __init__(self, engine: Engine, catalog: Catalog, runner: GpuRunner, *, boot_s: float | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine | RemoteEngine,
+        catalog: Catalog,
+        runner: GpuRunner | RemoteRunner,
+        *,
+        boot_s: float | None = None,
+    ) -> None:
         self._engine = engine
         self._catalog = catalog
         self._runner = runner
@@ -59,6 +83,12 @@ class Handlers:
     @property
     def max_steps(self) -> int:
         return self._engine.settings.max_steps
+
+    @property
+    def compare_limits(self) -> tuple[int, int, int]:
+        """(LoRAs, cells, steps over all cells) one comparison may hold."""
+        settings = self._engine.settings
+        return MAX_COMPARE_LORAS, settings.max_compare_cells, settings.max_compare_steps
 
     @property
     def max_queue(self) -> int:
@@ -79,11 +109,62 @@ class Handlers:
         entry = self._catalog.resolve(spec.ref, spec.revision, spec.weight_name)
         return LoraReport(entry, self._engine.check_lora(spec))
 
-    def generate(
-        self, request: GenerateRequest, progress: Progress | None = None, cancel: threading.Event | None = None
+    async def generate(
+        self,
+        request: GenerateRequest,
+        progress: Progress | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        on_queue: Callable[[QueueView], None] | None = None,
+        transport: str = "gradio_api",
+        preview: Preview | None = None,
     ) -> GenerateResult:
-        """The one way a transport generates: through the runner (prepared outside the GPU function, run in it)."""
-        return self._runner.generate(request, progress=progress, cancel=cancel)
+        """The one way the UI and the API generate: queued on the engine's scheduler, prepared off the GPU's
+        path, then swapped and run in the GPU function; waiting holds no thread.
+
+        How it ended is reported to the engine's events under `transport` (metrics count requests by it).
+        """
+        events = self._engine.events
+        try:
+            result = await self._runner.generate_async(
+                request, progress=progress, cancel=cancel, on_queue=on_queue, preview=preview
+            )
+        except SwitchboardError as e:
+            events.request_done(transport, e.status)
+            raise
+        except Exception:
+            events.request_done(transport, 500)
+            raise
+        events.request_done(transport, 200)
+        return result
+
+    def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
+        """Start preparing a LoRA the user picked, so that Generate finds it ready."""
+        return self._engine.prefetch(spec)
+
+    def generate_stream(
+        self,
+        request: GenerateRequest,
+        progress: Progress | None = None,
+        *,
+        on_queue: Callable[[QueueView], None] | None = None,
+        transport: str = "gradio_api",
+    ) -> AsyncIterator[Frame | GenerateResult | None]:
+        """`generate`, yielding preview frames while it denoises (none when previews are off) and `None` ticks
+        while it waits, then the result; closing the stream cancels the generation."""
+        cancel = threading.Event()
+
+        def work(preview: Preview) -> Awaitable[GenerateResult]:
+            return self.generate(
+                request, progress, cancel=cancel, on_queue=on_queue, transport=transport, preview=preview
+            )
+
+        return stream(work, cancel)
+
+    def compare(self, request: CompareRequest, progress: CellProgress | None = None) -> Comparison:
+        """A comparison grid: every cell in one queue turn, then the labelled grid image."""
+        result = self._runner.compare(request, progress=progress)
+        return Comparison(result, grid_image(result.labels, [r.image for r in result.results]))
 
     def status(self) -> EngineStatus:
         return self._engine.status()

@@ -4,11 +4,17 @@
          -d '{"inputs": "elephant", "parameters": {"num_inference_steps": 20}}' > result.jpg
 
 The body is JSON whatever its Content-Type says (curl's `-d` sends a form type).
-The `lora` header names a Hub repo id or a `local:` file; the answer is the image
+The `lora` header names a Hub repo id or a `local:` file; `parameters.loras` lists more as
+`{"path": ..., "scale": ...}` (the shape huggingface_hub's InferenceClient sends to text-to-image
+providers), each path a repo id or a `https://huggingface.co/<repo>/resolve/<revision>/<file>` URL,
+parsed into its parts (nothing is fetched from the URL itself). The answer is the image
 (JPEG, or PNG when `Accept` prefers `image/png`), or a JSON error
 `{"error": message, "error_type": class name}` with a status that says whose
-fault it is. Generation runs in a worker thread on the same engine (and lock)
-as the UI; a client that hangs up cancels its request.
+fault it is. The request joins the engine's one queue (the UI's and `gradio_client`'s
+too): a full queue answers 503 with `Retry-After`; a queued request waits on the
+scheduler without holding a worker thread, and only its swap and inference run in
+one. `X-Queue-Position` says where it joined. A client that hangs up leaves the queue,
+or cancels its generation.
 """
 
 from __future__ import annotations
@@ -17,11 +23,10 @@ import io
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote, urlsplit
 
 import anyio
 from PIL.Image import Image
@@ -33,9 +38,23 @@ from engine.errors import InvalidRequestError, RequestTooLargeError, Switchboard
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 
 from .errors import json_error
-from .runtime import GpuRunner
 
-__all__ = ["ACCEPTED_PARAMETERS", "MAX_BODY_BYTES", "HttpRequest", "make_routes", "parse_body"]
+if TYPE_CHECKING:
+    # Typing only: the cluster's ingress reuses this module without the Space's runtime (spaces, the catalogue).
+    from .runtime import GpuRunner
+
+__all__ = [
+    "ACCEPTED_PARAMETERS",
+    "HUB_HOST",
+    "MAX_BODY_BYTES",
+    "HttpRequest",
+    "encode_image",
+    "lora_from_path",
+    "make_routes",
+    "parse_body",
+    "read_body",
+    "result_headers",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +74,13 @@ ACCEPTED_PARAMETERS: Mapping[str, tuple[str, tuple[type, ...], str]] = {
 }
 # `options` is part of the inference API's body (wait_for_model, use_cache); nothing here needs it.
 _TOP_LEVEL = ("inputs", "parameters", "options")
+# `parameters.loras`: what InferenceClient's providers take (fal.ai's shape); only Hub files, parsed, never fetched.
+_LORAS = "loras"
+_LORA_KEYS = ("path", "scale")
+HUB_HOST = "huggingface.co"
+_ACCEPTED_PATH = (
+    f"a Hub repo id 'owner/name' or a Hub file URL 'https://{HUB_HOST}/<owner>/<name>/resolve/<revision>/<file>'"
+)
 
 
 @dataclass(frozen=True)
@@ -91,21 +117,78 @@ def parse_body(body: bytes, *, lora: str | None, accept: str | None) -> HttpRequ
     parameters = {} if parameters is None else parameters
     if not isinstance(parameters, dict):
         raise InvalidRequestError(f"parameters must be a JSON object, got {_json_type(parameters)}")
-    fields = _parameters(parameters)
+    listed = _loras(parameters.get(_LORAS))
+    fields = _parameters({k: v for k, v in parameters.items() if k != _LORAS})
     scale = fields.pop("lora_scale", None)
     lora = (lora or "").strip()
     if scale is not None and not lora:
-        raise InvalidRequestError("lora_scale was given without a LoRA; accepted: a 'lora' header naming one")
-    loras = (LoraSpec(lora, scale=1.0 if scale is None else float(scale)),) if lora else ()
-    request = GenerateRequest(prompt=prompt, loras=loras, **fields)
+        raise InvalidRequestError(
+            "lora_scale was given without a LoRA header; accepted: a 'lora' header naming the LoRA it scales "
+            "(entries of parameters.loras carry their own scale)"
+        )
+    header = (LoraSpec(lora, scale=1.0 if scale is None else float(scale)),) if lora else ()
+    # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.
+    request = GenerateRequest(prompt=prompt, loras=header + listed, **fields)
     return HttpRequest(request=request, media_type=_media_type(accept))
+
+
+def _loras(value: object) -> tuple[LoraSpec, ...]:
+    """`parameters.loras`: a list of `{"path": ..., "scale": ...}`; the count is checked with the rest later."""
+    if value is None:
+        return ()
+    item_shape = '{"path": "<repo id or Hub file URL>", "scale": <number>}'
+    shape = f"[{item_shape}, ...]"
+    if not isinstance(value, list):
+        raise InvalidRequestError(f"parameters.loras must be a list {shape}, got {_json_type(value)}")
+    specs = []
+    for index, item in enumerate(value):
+        where = f"parameters.loras[{index}]"
+        if not isinstance(item, dict):
+            raise InvalidRequestError(f"{where} must be an object {item_shape}, got {_json_type(item)}")
+        unknown = sorted(set(item) - set(_LORA_KEYS))
+        if unknown:
+            raise InvalidRequestError(f"{where} has unknown key(s) {', '.join(unknown)}; accepted: path, scale")
+        path, scale = item.get("path"), item.get("scale")
+        if not isinstance(path, str):
+            raise InvalidRequestError(f"{where}.path must be {_ACCEPTED_PATH}, got {_json_type(path)}")
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
+            raise InvalidRequestError(f"{where}.scale must be a number, got {_json_type(scale)} {scale!r}")
+        ref, revision, weight_name = lora_from_path(path, where=f"{where}.path")
+        specs.append(LoraSpec(ref, 1.0 if scale is None else float(scale), revision, weight_name))
+    return tuple(specs)
+
+
+def lora_from_path(path: str, *, where: str = "path") -> tuple[str, str | None, str | None]:
+    """(repo id, revision, file) from a repo id or a `https://huggingface.co/<repo>/resolve/<rev>/<file>` URL.
+
+    Only the URL's parts are used: the file is then fetched the one way every LoRA is (the Hub client and its
+    cache, with its size limit), so no request ever makes the server fetch from a host a client chose.
+    """
+    text = path.strip()
+    if "://" not in text:
+        # A repo id (or a local: file, as in the header); the engine validates it with every other LoRA.
+        return text, None, None
+    refused = f"{where} {path!r} is not accepted ({{}}); accepted: {_ACCEPTED_PATH}"
+    parts = urlsplit(text)
+    # The whole netloc, not the host name: a port or user info is refused too. Host names are case-blind.
+    if parts.scheme != "https" or parts.netloc.lower() != HUB_HOST:
+        raise InvalidRequestError(
+            refused.format(f"only https://{HUB_HOST} URLs are read, not {parts.scheme}://{parts.netloc}")
+        )
+    if parts.query or parts.fragment:
+        raise InvalidRequestError(refused.format("it has a query or a fragment"))
+    segments = parts.path.split("/")
+    if len(segments) < 6 or segments[0] or segments[3] != "resolve" or not all(segments[1:]):
+        raise InvalidRequestError(refused.format("it is not a file URL of a model repo"))
+    owner, name, revision, *file = (unquote(s) for s in (segments[1], segments[2], *segments[4:]))
+    return f"{owner}/{name}", revision, "/".join(file)
 
 
 def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(parameters) - set(ACCEPTED_PARAMETERS))
     if unknown:
         raise InvalidRequestError(
-            f"unknown parameter(s) {', '.join(unknown)}; accepted: {', '.join(ACCEPTED_PARAMETERS)}"
+            f"unknown parameter(s) {', '.join(unknown)}; accepted: {', '.join((*ACCEPTED_PARAMETERS, _LORAS))}"
         )
     fields: dict[str, Any] = {}
     for name, value in parameters.items():
@@ -146,7 +229,8 @@ def _json_type(value: object) -> str:
     return names.get(type(value), "array" if isinstance(value, list) else "object")
 
 
-def _encode(image: Image, media_type: str) -> bytes:
+def encode_image(image: Image, media_type: str) -> bytes:
+    """The image as the answer's bytes: PNG, or JPEG at a fixed quality (the same bytes for the same image)."""
     buffer = io.BytesIO()
     if media_type == "image/png":
         image.save(buffer, format="PNG")
@@ -155,9 +239,13 @@ def _encode(image: Image, media_type: str) -> bytes:
     return buffer.getvalue()
 
 
-def _headers(result: GenerateResult) -> dict[str, str]:
+def result_headers(result: GenerateResult, position: int | None = None) -> dict[str, str]:
+    """The answer's `X-*` headers: the seed, each phase's seconds, whether each LoRA was cached, and the place
+    the request joined the queue at (when it went through this process's scheduler)."""
     timings = result.timings
+    place = {} if position is None else {"X-Queue-Position": str(position)}
     return {
+        **place,
         "X-Seed": str(result.seed),
         "X-Timing": (
             f"resolve={timings.resolve:.3f};prepare={timings.prepare:.3f};apply={timings.apply:.3f};"
@@ -178,12 +266,12 @@ def _lora_header(raw: str | None) -> str | None:
         return raw
 
 
-async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
+async def _watch_disconnect(request: Request, gone: Callable[[], None]) -> None:
     # The body is read already, so the next message can only be the client going away.
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            cancel.set()
+            gone()
             return
 
 
@@ -191,7 +279,12 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
     """The routes to add to the server in front of the UI (only `POST /`: `GET /` stays the UI)."""
 
     async def generate(request: Request) -> Response:
-        body = await _read_body(request)
+        response = await _answer(request)
+        runner.engine.events.request_done("http", response.status_code)
+        return response
+
+    async def _answer(request: Request) -> Response:
+        body = await read_body(request)
         if isinstance(body, Response):
             return body
         try:
@@ -200,27 +293,42 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
             )
         except InvalidRequestError as e:
             return json_error(e)
+        try:
+            ticket = runner.submit(parsed.request)
+        except SwitchboardError as e:
+            return _failed(e)
+        position = runner.position(ticket).position
         cancel = threading.Event()
+
+        def gone() -> None:
+            cancel.set()  # stops a generation under way at its next step
+            runner.engine.scheduler.cancel(ticket)  # or leaves the queue now
+
+        outcome: GenerateResult | SwitchboardError
         async with anyio.create_task_group() as group:
-            group.start_soon(_watch_disconnect, request, cancel)
-            outcome: GenerateResult | SwitchboardError
+            group.start_soon(_watch_disconnect, request, gone)
             try:
-                outcome = await anyio.to_thread.run_sync(partial(runner.generate, parsed.request, cancel=cancel))
+                outcome = await runner.complete(ticket, cancel=cancel)
             except SwitchboardError as e:
                 outcome = e
             finally:
                 group.cancel_scope.cancel()
         if isinstance(outcome, SwitchboardError):
-            level = logging.WARNING if outcome.status < 500 else logging.ERROR
-            logger.log(level, "POST / failed: %s: %s", type(outcome).__name__, outcome)
-            return json_error(outcome)
-        data = await anyio.to_thread.run_sync(_encode, outcome.image, parsed.media_type)
-        return Response(data, media_type=parsed.media_type, headers=_headers(outcome))
+            return _failed(outcome)
+        data = await anyio.to_thread.run_sync(encode_image, outcome.image, parsed.media_type)
+        return Response(data, media_type=parsed.media_type, headers=result_headers(outcome, position))
 
     return [Route("/", generate, methods=["POST"], name="inference_api")]
 
 
-async def _read_body(request: Request) -> bytes | Response:
+def _failed(error: SwitchboardError) -> Response:
+    level = logging.WARNING if error.status < 500 else logging.ERROR
+    logger.log(level, "POST / failed: %s: %s", type(error).__name__, error)
+    return json_error(error)
+
+
+async def read_body(request: Request) -> bytes | Response:
+    """The body, or the 413 answer once it is larger than MAX_BODY_BYTES (read no further)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         return _too_large(int(declared))

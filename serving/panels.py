@@ -15,10 +15,12 @@ from serving.handlers import Handlers
 
 __all__ = [
     "Browser",
+    "ComparePanel",
     "LoraSlot",
     "RequestPanel",
     "api_panel",
     "browser_panel",
+    "compare_panel",
     "header",
     "request_panel",
     "result_panel",
@@ -38,6 +40,7 @@ class Browser:
     page_info: gr.Markdown
     next: gr.Button
     details: gr.HTML
+    readiness: gr.HTML
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,19 @@ class RequestPanel:
     seed: gr.Number
     randomize: gr.Checkbox
     run: gr.Button
+
+
+@dataclass(frozen=True)
+class ComparePanel:
+    """A comparison grid: which LoRAs or scales, whether the base comes first; the grid, its cells, timings."""
+
+    loras: gr.Textbox
+    scales: gr.Textbox
+    include_base: gr.Checkbox
+    run: gr.Button
+    grid: gr.Image
+    cells: gr.Gallery
+    info: gr.HTML
 
 
 def header(banner: str | None) -> None:
@@ -97,7 +113,9 @@ def browser_panel(served: str) -> Browser:
         page_info = gr.Markdown("loading…", elem_id="page-info")
         next_button = gr.Button("Next ▶", size="sm", interactive=False, scale=0)
     details = gr.HTML("<div class='lora-card'><em>Select a LoRA to see its details.</em></div>", elem_id="lora-details")
-    return Browser(base, sort, search, gallery, previous, page_info, next_button, details)
+    # Selecting a LoRA starts its preparation; this badge says when it is ready (a cache hit on Generate).
+    readiness = gr.HTML("", elem_id="lora-ready")
+    return Browser(base, sort, search, gallery, previous, page_info, next_button, details, readiness)
 
 
 def request_panel(handlers: Handlers) -> RequestPanel:
@@ -105,7 +123,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     sizes = fmt.size_presets(defaults)
     prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", placeholder="a fox in a forest")
     negative = gr.Textbox(label="Negative prompt", lines=1, placeholder="blurry, low quality")
-    slot = gr.Radio(["LoRA 1", "LoRA 2"], value="LoRA 1", label="A gallery click fills")
+    slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
     with gr.Group():
         ref = gr.Textbox(
             label="LoRA 1 — Hub repo id or local: file", elem_id="lora-1", placeholder="owner/name (optional)"
@@ -156,6 +174,40 @@ def result_panel(handlers: Handlers) -> tuple[gr.Image, gr.HTML]:
         elem_classes="tiny-output" if handlers.defaults.side < 256 else None,
     )
     return image, gr.HTML(elem_id="result-info")
+
+
+def compare_panel(handlers: Handlers) -> ComparePanel:
+    settings = handlers.compare_limits
+    gr.Markdown(
+        f"Same prompt, size, steps, guidance and seed as above; one image per LoRA (up to {settings[0]}), "
+        "or one LoRA at several scales. A gallery click with **Compare** selected adds its LoRA here.",
+        elem_classes="compare-help",
+    )
+    loras = gr.Textbox(
+        label="LoRAs to compare, one per line", lines=3, elem_id="compare-loras", placeholder="owner/name"
+    )
+    with gr.Row():
+        scales = gr.Textbox(
+            label="Scales",
+            elem_id="compare-scales",
+            placeholder="1  ·  or one per LoRA  ·  or a sweep of one LoRA: 0, 0.25, 0.5, 0.75, 1",
+            scale=3,
+        )
+        include_base = gr.Checkbox(True, label="Base model first", elem_id="compare-base", scale=1)
+    run = gr.Button("Compare", variant="primary", elem_id="compare")
+    grid = gr.Image(
+        label="Comparison grid",
+        show_label=False,  # the grid draws its own labels; Gradio's would cover the first one
+        type="pil",
+        format="png",
+        interactive=False,
+        elem_id="compare-grid",
+        buttons=["download", "fullscreen"],
+    )
+    cells = gr.Gallery(
+        label="Cells", type="pil", format="png", columns=6, height="auto", elem_id="compare-cells", buttons=["download"]
+    )
+    return ComparePanel(loras, scales, include_base, run, grid, cells, gr.HTML(elem_id="compare-info"))
 
 
 def status_panel() -> tuple[gr.Markdown, gr.Button]:

@@ -3,13 +3,17 @@
 `build_runtime(settings)` decides once, at start:
 
 - `MODEL_ID` set: serve exactly that (a Hub id, a local diffusers folder, or `tiny`), or fail loudly;
+- `BACKEND_URL` set: a front end; the catalogue is browsed here, generation runs on that Ray Serve
+  cluster (`serving.remote`, `serving.cluster`) and nothing is loaded here;
 - nothing set: SDXL when a CUDA device is present and its weights can be had (the Hub answers, or
   they are in the local Hugging Face cache); otherwise the offline demo — the tiny random-weight
   pipeline with synthetic LoRAs made on this machine, and a banner that says so.
 
-`GpuRunner` is the one way the UI and the HTTP endpoint generate: the request is prepared (resolved,
-downloaded, converted) outside the `@spaces.GPU` function and run inside it, so on ZeroGPU the
-borrowed GPU time is spent on swapping and inference only.
+`GpuRunner` is the one way the UI, `gradio_client` and the HTTP endpoint generate: each request is
+queued on the engine's scheduler (one queue, one limit, one position for every transport), prepared
+(resolved, downloaded, converted) on its pool outside the `@spaces.GPU` function, and run inside it once
+admitted, so on ZeroGPU the borrowed GPU time is spent on swapping and inference only. The async path
+(`complete`) waits on the scheduler without holding a thread; only the admitted request runs in one.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
 import httpx2
 import spaces
 import torch
@@ -28,11 +33,13 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
+from engine.compare import CompareLimits, CompareRequest, CompareResult, plan_cells, prepare_cells
 from engine.errors import GenerationError, SettingsError, SwitchboardError
 from engine.pipeline import LoadedPipeline, load_pipeline
 from engine.requests import GenerateRequest, GenerateResult
 from engine.resolve import AdapterResolver
-from engine.service import Engine, PreparedRequest
+from engine.scheduler import QueueView, Ticket
+from engine.service import Engine, PreparedRequest, Preview
 from engine.settings import DEFAULT_MODEL_ID, TINY_MODEL_ID, Settings
 from engine.worker_cache import GpuOutcome, WorkerCache, WorkerView
 from lora_catalog.catalog import Catalog
@@ -40,6 +47,7 @@ from lora_catalog.hub import HubSource
 from lora_catalog.snapshot import default_snapshot_path
 
 from .demo import DEMO_LORAS, ensure_demo_loras, render_previews
+from .remote import RemoteEngine, RemoteRunner
 
 __all__ = ["REPO_ROOT", "GpuRunner", "Runtime", "StartPlan", "build_runtime", "plan_start", "probe_base"]
 
@@ -54,6 +62,7 @@ _GPU_S_PER_MEGAPIXEL_STEP = 0.5
 _GPU_MAX_S = 120
 
 Progress = Callable[[int, int], None]
+CellProgress = Callable[[int, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,7 @@ class StartPlan:
 
 
 class GpuRunner:
-    """Prepare a request outside the GPU function, swap and generate inside it."""
+    """Queue a request on the engine's scheduler, prepare it off the GPU's path, swap and generate inside it."""
 
     def __init__(self, engine: Engine, *, zero_gpu: bool = False, gpu: Callable[..., Callable] = spaces.GPU) -> None:
         self.engine = engine
@@ -77,14 +86,101 @@ class GpuRunner:
         self.worker_cache = WorkerCache(engine.settings.device_cache_bytes)
         # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU.
         self._run_on_gpu = gpu(self._run_shipped if zero_gpu else self._run, duration=_gpu_duration)
+        self._compare_on_gpu = gpu(self._run_many, duration=_gpu_duration_many)
 
     def generate(
-        self, request: GenerateRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
+        self,
+        request: GenerateRequest,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        preview: Preview | None = None,
     ) -> GenerateResult:
-        with self.engine.prepare(request) as prepared:
+        """Queue, wait and run, blocking this thread (scripts, tests; the transports use `complete`)."""
+        with self.engine.scheduler.slot(request, cancel) as prepared:
+            return self._call_gpu(prepared, progress, cancel, preview)
+
+    def compare(
+        self, request: CompareRequest, *, progress: CellProgress | None = None, cancel: threading.Event | None = None
+    ) -> CompareResult:
+        """A comparison grid's cells: planned and prepared, then run in one scheduler slot (one GPU call)."""
+        settings = self.engine.settings
+        grid = CompareLimits(settings.max_compare_cells, settings.max_compare_steps)
+        cells = plan_cells(request, self.engine.defaults, self.engine.limits, grid)
+        started = time.perf_counter()
+        # The first cell's request takes the queue turn; every cell runs inside it (no other request between).
+        with prepare_cells(self.engine, cells) as prepared, self.engine.scheduler.slot(cells[0].request, cancel):
             if self._zero_gpu:
-                return self._generate_shipped(prepared, progress)
-            return self._run_on_gpu(prepared, progress, cancel)
+                results = self._compare_on_gpu(prepared, progress)
+            else:
+                results = self._compare_on_gpu(prepared, progress, cancel)
+        total_s = time.perf_counter() - started
+        logger.info("compared %d cells in %.2f s", len(cells), total_s)
+        return CompareResult(tuple(c.label for c in cells), results, int(cells[0].request.seed or 0), total_s)
+
+    def submit(self, request: GenerateRequest) -> Ticket[PreparedRequest]:
+        """Queue `request` (EngineBusyError when the queue is full); its preparation starts now."""
+        return self.engine.scheduler.submit(request)
+
+    def position(self, ticket: Ticket[PreparedRequest]) -> QueueView:
+        return self.engine.scheduler.view(ticket)
+
+    async def complete(
+        self,
+        ticket: Ticket[PreparedRequest],
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        on_queue: Callable[[QueueView], None] | None = None,
+        preview: Preview | None = None,
+    ) -> GenerateResult:
+        """Wait for the slot on the event loop (no thread held), then swap and generate in a worker thread."""
+        scheduler = self.engine.scheduler
+        try:
+            await scheduler.wait_async(ticket, on_queue)
+            return await anyio.to_thread.run_sync(self._run_admitted, ticket, progress, cancel, preview)
+        finally:
+            scheduler.finish(ticket)
+
+    async def generate_async(
+        self,
+        request: GenerateRequest,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        on_queue: Callable[[QueueView], None] | None = None,
+        preview: Preview | None = None,
+    ) -> GenerateResult:
+        return await self.complete(
+            self.submit(request), progress=progress, cancel=cancel, on_queue=on_queue, preview=preview
+        )
+
+    def _run_admitted(
+        self,
+        ticket: Ticket[PreparedRequest],
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        preview: Preview | None,
+    ) -> GenerateResult:
+        return self._call_gpu(self.engine.scheduler.start(ticket), progress, cancel, preview)
+
+    def _call_gpu(
+        self,
+        prepared: PreparedRequest,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        preview: Preview | None = None,
+    ) -> GenerateResult:
+        if self._zero_gpu:
+            # No previews there: a callback from the ZeroGPU worker would not reach this process.
+            result = self._generate_shipped(prepared, progress)
+            # The worker's events reached the worker's copy of the observers; report its timings here instead
+            # (its time waiting for the engine's lock is not known out here).
+            if result.swapped:
+                self.engine.events.swapped(result.timings.apply)
+            self.engine.events.inferred(result.timings.inference)
+            return result
+        return self._run_on_gpu(prepared, progress, cancel, preview)
 
     def _generate_shipped(self, prepared: PreparedRequest, progress: Progress | None) -> GenerateResult:
         # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway.
@@ -98,9 +194,21 @@ class GpuRunner:
         return outcome.result
 
     def _run(
-        self, prepared: PreparedRequest, progress: Progress | None = None, cancel: threading.Event | None = None
+        self,
+        prepared: PreparedRequest,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        preview: Preview | None = None,
     ) -> GenerateResult:
-        return self.engine.run(prepared, progress=progress, cancel=cancel)
+        return self.engine.run(prepared, progress=progress, cancel=cancel, preview=preview)
+
+    def _run_many(
+        self,
+        prepared: tuple[PreparedRequest, ...],
+        progress: CellProgress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> tuple[GenerateResult, ...]:
+        return self.engine.run_many(prepared, progress=progress, cancel=cancel)
 
     def _run_shipped(self, prepared: PreparedRequest, progress: Progress | None = None) -> GpuOutcome:
         """Inside the GPU worker: fill in adapters from its cache, then swap and generate."""
@@ -117,14 +225,18 @@ def _gpu_duration(prepared: PreparedRequest, *args: object) -> int:
     return int(min(_GPU_MAX_S, _GPU_BASE_S + (request.steps or 25) * megapixels * _GPU_S_PER_MEGAPIXEL_STEP))
 
 
+def _gpu_duration_many(prepared: tuple[PreparedRequest, ...], *args: object) -> int:
+    return min(_GPU_MAX_S, sum(_gpu_duration(one) for one in prepared))
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Everything the Space serves, built once at start."""
 
     settings: Settings
-    engine: Engine
+    engine: Engine | RemoteEngine
     catalog: Catalog
-    runner: GpuRunner
+    runner: GpuRunner | RemoteRunner
     banner: str | None
     demo: bool
     hub_url: str
@@ -201,6 +313,8 @@ def build_runtime(
     overrides huggingface_hub's endpoint for the catalogue.
     """
     started = time.perf_counter()
+    if settings.backend_url is not None:
+        return _serve_remote(settings, started, hub_endpoint)
     plan = plan_start(settings, cuda=cuda, probe=probe)
     if not plan.demo:
         try:
@@ -222,14 +336,7 @@ def _serve_model(
 ) -> Runtime:
     # On ZeroGPU the GPU exists only inside @spaces.GPU calls, so warming up at start would run on none.
     loaded = load(settings, warm=not settings.zero_gpu)
-    hub = HubSource(endpoint=hub_endpoint, token=settings.hf_token, timeout_s=settings.hub_timeout_s)
-    local_dirs = (settings.local_lora_dir,) if settings.local_lora_dir else ()
-    catalog = Catalog(
-        hub,
-        snapshot_path=_snapshot_path(settings),
-        local_dirs=local_dirs,
-        refresh=settings.catalog_refresh,
-    )
+    hub, catalog, local_dirs = _hub_catalog(settings, hub_endpoint)
     resolver = AdapterResolver(
         catalog,
         local_dir=settings.local_lora_dir,
@@ -245,6 +352,45 @@ def _serve_model(
         engine=engine,
         catalog=catalog,
         runner=GpuRunner(engine, zero_gpu=settings.zero_gpu),
+        banner=None,
+        demo=False,
+        hub_url=hub.endpoint,
+        local_dirs=local_dirs,
+        boot_s=boot_s,
+    )
+
+
+def _hub_catalog(settings: Settings, hub_endpoint: str | None) -> tuple[HubSource, Catalog, tuple[Path, ...]]:
+    hub = HubSource(endpoint=hub_endpoint, token=settings.hf_token, timeout_s=settings.hub_timeout_s)
+    local_dirs = (settings.local_lora_dir,) if settings.local_lora_dir else ()
+    catalog = Catalog(
+        hub,
+        snapshot_path=_snapshot_path(settings),
+        local_dirs=local_dirs,
+        refresh=settings.catalog_refresh,
+    )
+    return hub, catalog, local_dirs
+
+
+def _serve_remote(settings: Settings, started: float, hub_endpoint: str | None) -> Runtime:
+    """A front end: the catalogue here, generation (and LoRA checks, status) on the cluster at BACKEND_URL."""
+    assert settings.backend_url is not None
+    runner = RemoteRunner(settings.backend_url, timeout_s=settings.backend_timeout_s)
+    try:
+        engine = RemoteEngine(runner, settings)
+    except SettingsError:
+        runner.close()
+        raise
+    hub, catalog, local_dirs = _hub_catalog(settings.replace(base_model_id=engine.base_model_id), hub_endpoint)
+    boot_s = time.perf_counter() - started
+    logger.info(
+        "front end for the cluster at %s serving %s (start-up %.1f s)", runner.url, engine.base_model_id, boot_s
+    )
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        catalog=catalog,
+        runner=runner,
         banner=None,
         demo=False,
         hub_url=hub.endpoint,

@@ -6,6 +6,7 @@ Screenshots are kept under artifacts/screenshots/ for people to look at.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -159,3 +160,92 @@ def test_the_offline_demo_shows_its_banner_and_generates(page, loaded, tmp_path)
             page.locator("#result-info", has_text="60 steps").wait_for(timeout=WAIT_MS)
     finally:
         runtime.close()
+
+
+class SlowSteps:
+    """The app's runner with every denoising step slowed, so a browser can watch the previews arrive."""
+
+    def __new__(cls, engine: object, delay_s: float = 0.6) -> object:
+        from serving.runtime import GpuRunner
+
+        class Slow(GpuRunner):
+            def generate(self, request, *, progress=None, **kwargs):
+                def slowed(step: int, total: int) -> None:
+                    time.sleep(delay_s)
+                    if progress is not None:
+                        progress(step, total)
+
+                return super().generate(request, progress=slowed, **kwargs)
+
+        return Slow(engine)  # type: ignore[arg-type]
+
+
+# Every src the result image takes, in order (Gradio swaps the <img> or its src per streamed value).
+WATCH_SRCS = """() => {
+    window.__srcs = [];
+    const root = document.querySelector('#result');
+    const record = () => {
+        const img = root.querySelector('img');
+        if (img && img.src && window.__srcs[window.__srcs.length - 1] !== img.src) window.__srcs.push(img.src);
+    };
+    new MutationObserver(record).observe(root, {subtree: true, childList: true, attributes: true,
+                                               attributeFilter: ['src']});
+}"""
+
+
+def test_the_preview_shows_the_image_forming_before_the_final_one(page, loaded, base_settings, hub, fixtures):
+    with serve_fixture_app(loaded, base_settings, hub, fixtures, runner=SlowSteps) as served:
+        page.goto(served.url)
+        tile(page, "peft").wait_for(timeout=WAIT_MS)
+        tile(page, "peft").click()
+        page.locator("#lora-details h3", has_text="peft").wait_for(timeout=WAIT_MS)
+        page.locator("#prompt textarea").fill("sks style, a fox in a forest")
+        page.locator("#steps input[type=number]").fill("12")
+        page.locator("#steps input[type=number]").press("Enter")
+        page.evaluate(WATCH_SRCS)
+        page.locator("#generate").click()
+        page.locator("#result-info", has_text="Preview after step").wait_for(timeout=WAIT_MS)
+        page.wait_for_function("window.__srcs.length >= 2", timeout=WAIT_MS)
+        page.locator("#request-column").screenshot(path=str(SHOTS / "preview.png"))
+        page.locator("#result-info table.timing").wait_for(timeout=WAIT_MS)
+        final = page.locator("#result img").get_attribute("src")
+        srcs = page.evaluate("window.__srcs")
+    assert final is not None
+    assert srcs[-1] == final
+    intermediate = [src for src in srcs[:-1] if src != final]
+    # PREVIEW_EVERY=2 of 12 steps: previews after steps 2..10; the browser saw at least two of them, then the image.
+    assert len(set(intermediate)) >= 2, srcs
+    assert "12 steps" in page.locator("#result-info").inner_text()
+
+
+def test_the_comparison_grid_shows_labelled_cells_and_downloads(page, hub_app, fixtures, tmp_path):
+    page.goto(hub_app.url)
+    tile(page, "peft").wait_for(timeout=WAIT_MS)
+    page.locator("#prompt textarea").fill("a fox in a forest")
+    page.get_by_label("Compare").check()
+    tile(page, "peft").click()
+    tile(page, "kohya").click()
+    listed = page.locator("#compare-loras textarea")
+    page.get_by_role("tab", name="Compare").click()
+    listed.wait_for(timeout=WAIT_MS)
+    assert listed.input_value().splitlines() == [fixtures["peft"], fixtures["kohya"]]
+    page.locator("#compare-scales textarea, #compare-scales input").first.fill("1, 0.5")
+    page.locator("#compare").click()
+    cells = page.locator("#compare-cells button.thumbnail-item")
+    page.locator("#compare-info table.timing").wait_for(timeout=WAIT_MS)
+    assert cells.count() == 3
+    captions = page.locator("#compare-cells .caption-label").all_inner_texts()
+    assert captions == ["base", "peft (1)", "kohya (0.5)"]
+    info = page.locator("#compare-info").inner_text()
+    assert all(label in info for label in captions)
+    page.locator("#compare-tab").screenshot(path=str(SHOTS / "compare.png"))
+
+    with page.expect_download(timeout=WAIT_MS) as download:
+        page.locator("#compare-grid").get_by_role("button", name="Download").click()
+    saved = tmp_path / "grid.png"
+    download.value.save_as(saved)
+    from PIL import Image
+
+    with Image.open(saved) as grid:
+        assert grid.format == "PNG"
+        assert grid.width > 3 * 256

@@ -46,9 +46,9 @@ def generate(client: Client, **overrides: object) -> tuple[Image.Image, dict]:
         return image.convert("RGB"), info
 
 
-def test_only_the_three_named_endpoints_are_public(client):
+def test_only_the_four_named_endpoints_are_public(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert set(endpoints) == {"/generate", "/catalog", "/lora_info"}
+    assert set(endpoints) == {"/generate", "/compare", "/catalog", "/lora_info"}
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
     assert names == [
         "prompt",
@@ -57,6 +57,19 @@ def test_only_the_three_named_endpoints_are_public(client):
         "lora_scale",
         "lora_2",
         "lora_2_scale",
+        "steps",
+        "guidance",
+        "width",
+        "height",
+        "seed",
+    ]
+    compare = [p["parameter_name"] for p in endpoints["/compare"]["parameters"]]
+    assert compare == [
+        "prompt",
+        "negative_prompt",
+        "loras",
+        "scales",
+        "include_base",
         "steps",
         "guidance",
         "width",
@@ -72,8 +85,11 @@ def test_catalog_pages_local_and_hub_loras_with_freshness(client, fixtures):
     assert refs[2] == fixtures["peft"]
     assert page["freshness"]["source"] == "hub"
     assert page["freshness"]["offline"] is False
-    assert (page["page"], page["page_size"], page["has_more"]) == (0, 24, False)
-    beyond = client.predict(base="", search="", sort="downloads", page=1, api_name="/catalog")
+    assert (page["page"], page["page_size"]) == (0, 24)
+    # The fixture repos (LyCORIS and unsupported variants among them) fill more than one page.
+    assert page["has_more"] is (page["total_known"] > 24)
+    last = page["total_known"] // 24  # the last page holding entries; the one after it is past the end
+    beyond = client.predict(base="", search="", sort="downloads", page=last + 1, api_name="/catalog")
     assert (beyond["entries"], beyond["has_more"], beyond["total_known"]) == ([], False, page["total_known"])
     peft = page["entries"][2]
     assert peft["trigger_words"] == ["sks style"]

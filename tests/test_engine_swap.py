@@ -136,7 +136,7 @@ def test_many_swaps_with_failures_leave_base_weights_bit_exact(make_engine, fixt
             engine.generate(one_step)
     broken["on"] = False
     assert failures > 40
-    engine.close()
+    engine.restore_base()
     assert_pristine(loaded, pristine)
     assert engine.generate(request()).image.tobytes() == base_image
 

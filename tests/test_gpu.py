@@ -37,6 +37,6 @@ def test_cuda_swaps_are_exact_in_both_gpu_modes(cuda_loaded, base_settings, hub,
             GenerateRequest("a fox", loras=(LoraSpec(fixtures["peft"], scale=scale),), steps=2, seed=1)
         )
         assert lora.image.tobytes() != base.tobytes()
-    engine.close()
+    engine.restore_base()
     assert all(torch.equal(v, before[k]) for k, v in unet.state_dict().items())
     assert engine.generate(GenerateRequest("a fox", steps=2, seed=1)).image.tobytes() == base.tobytes()

@@ -29,6 +29,7 @@ from tests.support.reliability_app import (
     plain,
     png_bytes,
     post,
+    run_ui_generate,
     serve_peft,
     ui_handler,
 )
@@ -60,8 +61,8 @@ APP_ROLES = (
     "private",
     "sd15-meta",
     "flux",
-    "loha",
-    "dora",
+    "oft",
+    "ia3",
 )
 
 
@@ -202,7 +203,7 @@ def test_a_malformed_content_length_is_refused_and_the_server_goes_on(app, fixtu
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
-        ({"ref": "fixtures/loha"}, r"is a LoHa adapter"),
+        ({"ref": "fixtures/oft"}, r"uses OFT"),
         ({"ref": "fixtures/gated"}, r"is gated"),
         ({"ref": "../x"}, r"it contains '\.\.'"),
         ({"prompt": "  "}, r"prompt is empty"),
@@ -230,7 +231,8 @@ def test_the_ui_shows_the_reason_as_a_gradio_error(app, serving, changes, fragme
         "randomize": False,
     }
     with pytest.raises(gr.Error, match=fragment):
-        ui_handler(app, "generate_ui")(**(arguments | changes))
+        # The handler is an async generator (it waits on the scheduler, not on a thread).
+        run_ui_generate(ui_handler(app, "generate_ui"), **(arguments | changes))
 
 
 def test_the_ui_check_shows_why_a_lora_is_refused(app, fixtures):

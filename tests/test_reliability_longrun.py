@@ -19,14 +19,14 @@ import psutil
 import pytest
 import torch
 
-from engine.errors import EngineError, GenerationCancelledError, GenerationError
+from engine.errors import GenerationCancelledError, GenerationError, SwitchboardError
 from engine.requests import LoraSpec
 from tests.support.checks import assert_pristine, small
 
 # Few scales and at most three adapters, so sets recur and their images can be compared across the run.
 SCALES = (-0.5, 0.7, 1.0)
 # Failures injected every so often: a bad adapter in the set, OOM or an error inside the pipeline, a cancel.
-BAD_ROLES = ("wrong-shapes", "nan", "unknown-keys", "dora")
+BAD_ROLES = ("wrong-shapes", "nan", "unknown-keys", "oft")
 MAX_RSS_GROWTH = 0.02
 
 
@@ -109,7 +109,7 @@ def run_swaps(make_engine, fixtures, loaded, pristine, monkeypatch, *, swaps: in
         request = small(*specs, seed=7, steps=2 if progress else 1)
         try:
             result = engine.generate(request, progress=progress, cancel=cancel)
-        except (EngineError, GenerationError, GenerationCancelledError):
+        except (SwitchboardError, GenerationError, GenerationCancelledError):
             failures += 1
             assert engine.status().applied == before, f"step {step}: a failure changed the served set"
             continue
@@ -127,7 +127,7 @@ def run_swaps(make_engine, fixtures, loaded, pristine, monkeypatch, *, swaps: in
     repeated = swaps - failures - len(images)
     assert repeated > swaps // 10, f"{repeated} repeats ({failures} failures, {len(images)} sets): too few"
     inject["error"] = None
-    engine.close()
+    engine.restore_base()
     assert_pristine(loaded, pristine)
     assert engine.generate(small(seed=7)).image.tobytes() == base_image
     engine.close()

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.errors import EngineError
+from engine.errors import SwitchboardError
 from engine.requests import LoraSpec
 from tests.support.checks import LOGGERS, SECRET, small
 from tests.support.loras import WEIGHTS, card
+from tests.support.reliability_app import fresh_repo
 
 
 @pytest.fixture
@@ -66,17 +67,19 @@ def test_the_token_is_sent_to_the_hub_and_never_shown(make_engine, fixtures, tok
         LoraSpec(fixtures["truncated"]),
     ]
     for spec in attempts:
-        with pytest.raises(EngineError) as raised:
+        with pytest.raises(SwitchboardError) as raised:
             engine.generate(small(spec))
         failures.append(raised.value)
+    # A repo never downloaded: one already in the Hub cache is served from disk while the Hub is down.
+    unseen = fresh_repo(token_hub, fixtures)
     token_hub.set_fault("down")
-    with pytest.raises(EngineError) as raised:
-        make_engine(hf_token=SECRET).generate(small(LoraSpec(fixtures["second"])))
+    with pytest.raises(SwitchboardError) as raised:
+        make_engine(hf_token=SECRET).generate(small(LoraSpec(unseen)))
     failures.append(raised.value)
     token_hub.set_fault(None)
     wrong = make_engine(hf_token="hf_secret_wrong_0000000000000000")
-    with pytest.raises(EngineError) as raised:
-        wrong.generate(small(LoraSpec(fixtures["second"])))
+    with pytest.raises(SwitchboardError) as raised:
+        wrong.generate(small(LoraSpec(fresh_repo(token_hub, fixtures))))
     failures.append(raised.value)
 
     assert "private" in str(failures[1]), "with the token the private repo is seen, and refused as private"

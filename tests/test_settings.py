@@ -48,11 +48,31 @@ def test_a_local_folder_stands_in_for_the_default_base(tmp_path):
             r"GRADIO_SERVER_PORT='http' is not accepted; accepted: an integer from 1 to 65535",
         ),
         ({"LOG_LEVEL": "LOUD"}, r"LOG_LEVEL='LOUD' is not accepted; accepted: DEBUG, INFO, WARNING, ERROR"),
+        ({"AFFINITY_MAX_SKIP": "-1"}, r"AFFINITY_MAX_SKIP='-1' is not accepted; accepted: an integer from 0 to 1000"),
+        ({"PREPARE_WORKERS": "0"}, r"PREPARE_WORKERS='0' is not accepted; accepted: an integer from 1 to 64"),
+        ({"PREPARE_INFLIGHT_BYTES": "0"}, r"PREPARE_INFLIGHT_BYTES='0' is not accepted; accepted: a byte size of at"),
+        ({"PREPARE_INFLIGHT_BYTES": "much"}, r"PREPARE_INFLIGHT_BYTES='much' is not a byte size"),
+        ({"SCHEDULER": "fifo"}, r"SCHEDULER='fifo' is not accepted; accepted: affinity, fifo_inline"),
+        ({"METRICS": "please"}, r"METRICS='please' is not accepted; accepted: 1, true"),
     ],
 )
 def test_a_bad_value_names_itself_and_what_is_accepted(env, message):
     with pytest.raises(SettingsError, match=message):
         Settings.from_env(env)
+
+
+def test_the_scheduler_settings_default_to_affinity_under_a_small_bound():
+    settings = Settings.from_env({})
+    assert (settings.scheduler, settings.affinity_max_skip, settings.prepare_workers) == ("affinity", 3, 2)
+    assert settings.prepare_inflight_bytes == 2 * 2**30
+    strict = Settings.from_env({"AFFINITY_MAX_SKIP": "0", "SCHEDULER": "fifo_inline", "PREPARE_INFLIGHT_BYTES": "1GB"})
+    assert (strict.affinity_max_skip, strict.scheduler, strict.prepare_inflight_bytes) == (0, "fifo_inline", 10**9)
+
+
+def test_metrics_are_off_unless_turned_on():
+    assert not Settings.from_env({}).metrics
+    assert Settings.from_env({"METRICS": "1"}).metrics
+    assert not Settings.from_env({"METRICS": "0"}).metrics
 
 
 def test_zero_gpu_means_per_call_unless_forced():

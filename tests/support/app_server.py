@@ -11,7 +11,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,11 +57,14 @@ def serve_app(
     hub_url: str = "https://huggingface.co",
     allowed_paths: Sequence[Path] = (),
     runner: object | None = None,
+    metrics: bool = False,
 ) -> Iterator[AppServer]:
-    """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends."""
-    from app import build_demo, serve
+    """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends.
+
+    With `metrics`, `GET /metrics` is served too, as `METRICS=1` makes `app.main` do.
+    """
+    from app import build_demo, http_routes, serve
     from serving.handlers import Handlers
-    from serving.http_api import make_routes
     from serving.runtime import GpuRunner
 
     runner = runner or GpuRunner(engine)  # type: ignore[arg-type]
@@ -69,7 +72,7 @@ def serve_app(
     demo = build_demo(handlers, banner=banner, hub_url=hub_url)
     url = serve(
         demo,
-        make_routes(runner),  # type: ignore[arg-type]
+        http_routes(runner, metrics=metrics),  # type: ignore[arg-type]
         server_name="127.0.0.1",
         server_port=free_port(),
         allowed_paths=[str(p) for p in allowed_paths],
@@ -123,12 +126,33 @@ def recording_runner(engine: object) -> object:
             self.outcomes.put(result)
             return result
 
+        async def complete(self, ticket, **kwargs):
+            # The transports' path (UI, gradio_client, POST /): queued, then run.
+            try:
+                result = await super().complete(ticket, **kwargs)
+            except SwitchboardError as e:
+                self.outcomes.put(e)
+                raise
+            self.outcomes.put(result)
+            return result
+
     return RecordingRunner(engine)
 
 
 @contextmanager
-def serve_fixture_app(loaded: object, settings: object, hub: object, fixtures: object) -> Iterator[AppServer]:
-    """The full app over the session's tiny pipeline, a catalogue of the stand-in Hub and the local fixtures."""
+def serve_fixture_app(
+    loaded: object,
+    settings: object,
+    hub: object,
+    fixtures: object,
+    *,
+    metrics: bool = False,
+    runner: Callable[[object], object] | None = None,
+) -> Iterator[AppServer]:
+    """The full app over the session's tiny pipeline, a catalogue of the stand-in Hub and the local fixtures.
+
+    `runner(engine)` builds the app's runner (the plain GpuRunner when None).
+    """
     from engine.resolve import AdapterResolver
     from engine.service import Engine
     from lora_catalog.catalog import Catalog
@@ -138,7 +162,10 @@ def serve_fixture_app(loaded: object, settings: object, hub: object, fixtures: o
     resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=None, max_bytes=settings.max_adapter_bytes)
     engine = Engine(loaded, settings, resolver)
     try:
-        with serve_app(engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir]) as served:
+        built = runner(engine) if runner is not None else None
+        with serve_app(
+            engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir], metrics=metrics, runner=built
+        ) as served:
             yield served
     finally:
         engine.close()

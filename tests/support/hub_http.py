@@ -118,6 +118,7 @@ class HubApp:
         self._lock = threading.Lock()
         self._requests: list[LoggedRequest] = []
         self._fault = Fault(None)
+        self._download_delays: dict[str, float] = {}
 
     @property
     def requests(self) -> list[LoggedRequest]:
@@ -132,6 +133,10 @@ class HubApp:
         with self._lock:
             self._fault = fault
 
+    def set_download_delay(self, repo_id: str, seconds: float) -> None:
+        with self._lock:
+            self._download_delays[f"/{repo_id}/resolve/"] = seconds
+
     def handle(self, method: str, target: str, headers: Mapping[str, str]) -> Reply | None:
         """The reply to send, or None to hang up without answering."""
         split = urlsplit(target)
@@ -140,6 +145,12 @@ class HubApp:
         with self._lock:
             self._requests.append(LoggedRequest(method, path, query, dict(headers)))
             fault = self._fault
+            # A whole-file download (no Range: header reads and resumes are small) takes its repo's time.
+            delay = 0.0
+            if method == "GET" and "range" not in headers:
+                delay = next((d for prefix, d in self._download_delays.items() if path.startswith(prefix)), 0.0)
+        if delay > 0 and self.stopping.wait(delay):
+            return None
         if fault.applies_to(path):
             if fault.delay_s > 0 and self.stopping.wait(fault.delay_s):
                 return None

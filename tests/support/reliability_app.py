@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
@@ -23,7 +24,8 @@ from tests.support.loras import WEIGHTS, card
 
 TIMEOUT = httpx.Timeout(120.0)
 
-MAX_QUEUE = 6
+# One limit for every transport (the scheduler): 8 concurrent clients need 1 running + 7 waiting.
+MAX_QUEUE = 8
 
 API_DEFAULTS: dict[str, object] = {
     "prompt": "a harbour at dawn",
@@ -139,3 +141,16 @@ def plain(*loras: LoraSpec, seed: int) -> GenerateRequest:
 
 def ui_handler(app: App, name: str) -> Callable[..., object]:
     return next(f.fn for f in app.demo.fns.values() if getattr(f.fn, "__name__", "") == name)
+
+
+def run_ui_generate(handler: Callable[..., object], **arguments: object) -> object:
+    """Drive the UI's Generate handler as Gradio does (an async generator: it yields while it waits, then the
+    result) from this thread; returns the last output."""
+
+    async def drain() -> object:
+        last: object = None
+        async for output in handler(**arguments):  # type: ignore[attr-defined]
+            last = output
+        return last
+
+    return asyncio.run(drain())

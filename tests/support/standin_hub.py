@@ -165,6 +165,13 @@ class StandInHub:
     def clear_requests(self) -> None:
         self._app.clear_requests()
 
+    def set_download_delay(self, repo_id: str, seconds: float) -> None:
+        """Make every whole-file download from `repo_id` take `seconds` more (a link's throughput, for
+        benchmarks); Range requests (header reads) are not delayed."""
+        if seconds < 0:
+            raise HubSetupError(f"seconds={seconds} must not be negative")
+        self._app.set_download_delay(repo_id, seconds)
+
     def set_fault(self, fault: str | None, *, delay_s: float = 0.0, paths: str | None = None) -> None:
         """Misbehave from now on (see the module doc); `None` restores normal service."""
         if fault is not None and fault not in FAULTS:

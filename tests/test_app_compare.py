@@ -1,0 +1,137 @@
+"""Live previews on `/generate` and comparison grids on `/compare`, through `gradio_client` against the launched app."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from PIL import Image
+
+from tests.support.app_server import AppServer, serve_fixture_app
+
+GENERATE = {
+    "prompt": "a fox in a forest",
+    "negative_prompt": "",
+    "lora": "",
+    "lora_scale": 1.0,
+    "lora_2": "",
+    "lora_2_scale": 1.0,
+    "steps": 2,
+    "guidance": 5.0,
+    "width": 64,
+    "height": 64,
+    "seed": 21,
+}
+COMPARE = {
+    "prompt": "a fox in a forest",
+    "negative_prompt": "",
+    "loras": "",
+    "scales": "",
+    "include_base": False,
+    "steps": 2,
+    "guidance": 5.0,
+    "width": 64,
+    "height": 64,
+    "seed": 21,
+}
+
+
+@pytest.fixture(scope="module")
+def server(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
+    settings = base_settings.replace(max_compare_steps=100)
+    with serve_fixture_app(loaded, settings, hub, fixtures) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def client(server: AppServer) -> Client:
+    return Client(server.url, verbose=False)
+
+
+def pixels(path: str) -> bytes:
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        return image.convert("RGB").tobytes()
+
+
+def generated(client: Client, **overrides: object) -> bytes:
+    path, _ = client.predict(**(GENERATE | overrides), api_name="/generate")
+    return pixels(path)
+
+
+def compared(client: Client, **overrides: object) -> tuple[str, list[dict], dict]:
+    return client.predict(**(COMPARE | overrides), api_name="/compare")
+
+
+def test_generate_yields_previews_before_the_final_image(client, fixtures):
+    job = client.submit(**(GENERATE | {"steps": 8, "lora": fixtures["peft"]}), api_name="/generate")
+    final_path, final_info = job.result(timeout=300)
+    outputs = job.outputs()
+    previews = [(path, info) for path, info in outputs[:-1] if info.get("preview")]
+    steps = [info["step"] for _, info in previews]
+    # PREVIEW_EVERY=2 gives steps 2, 4, 6 (never the last); a slow reader may see only the newest of them.
+    assert steps
+    assert steps == sorted(set(steps))
+    assert set(steps) <= {2, 4, 6}
+    assert "preview" not in final_info
+    assert final_info["steps"] == 8
+    assert outputs[-1][0] == final_path
+    final = pixels(final_path)
+    assert all(pixels(path) != final for path, _ in previews)
+    # The previews watched the run without touching it: the same request without a reader gives the same image.
+    assert final == generated(client, steps=8, lora=fixtures["peft"])
+
+
+def test_each_cell_equals_what_generate_returns_byte_for_byte(client, fixtures):
+    grid_path, cells, info = compared(
+        client, loras=f"{fixtures['peft']}\n{fixtures['second']}", scales="1, 0.8", include_base=True
+    )
+    assert info["labels"] == ["base", "peft (1)", "second (0.8)"]
+    assert [c["caption"] for c in cells] == info["labels"]
+    assert info["seed"] == 21
+    assert [c["seed"] for c in info["cells"]] == [21, 21, 21]
+    expected = [
+        generated(client),
+        generated(client, lora=fixtures["peft"], lora_scale=1.0),
+        generated(client, lora=fixtures["second"], lora_scale=0.8),
+    ]
+    assert [pixels(c["image"]) for c in cells] == expected
+    assert len(set(expected)) == 3
+    with Image.open(grid_path) as grid:
+        # Three 64² cells, each enlarged to 256² under its label.
+        assert grid.width > 3 * 256
+        assert grid.height > 256
+
+
+def test_a_scale_sweep_of_one_lora(client, fixtures):
+    _, cells, info = compared(client, loras=fixtures["peft"], scales="0, 0.5, 1", seed=-1)
+    assert info["labels"] == ["peft (0)", "peft (0.5)", "peft (1)"]
+    seed = info["seed"]
+    assert [c["seed"] for c in info["cells"]] == [seed] * 3
+    assert [c["loras"][0]["scale"] for c in info["cells"]] == [0.0, 0.5, 1.0]
+    for cell, scale in zip(cells, (0.0, 0.5, 1.0), strict=True):
+        assert pixels(cell["image"]) == generated(client, lora=fixtures["peft"], lora_scale=scale, seed=seed)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"loras": ""}, r"no LoRA to compare"),
+        ({"loras": "a/one, a/two, a/three, a/four, a/five"}, r"5 LoRAs to compare; accepted: at most 4"),
+        ({"loras": "a/one", "scales": "0, 0.25, 0.5, 0.75, 1, 1.25, 1.5"}, r"7 cells requested .*at most 6 cells"),
+        ({"loras": "a/one\na/two", "scales": "1, 0.5, 0"}, r"3 scales for 2 LoRAs; accepted: no scale"),
+        ({"loras": "a/one", "scales": "0, half"}, r"scale 'half' is not a number"),
+        ({"loras": "a/one", "scales": "0, 0.5, 0"}, r"sweep scale 0 is listed twice"),
+        ({"loras": "a/one", "scales": "0, 3"}, r"scale of a/one=3 is out of range; accepted: a number from -2 to 2"),
+        ({"loras": "a/one\na/one"}, r"LoRA 'a/one' is listed twice"),
+        (
+            {"loras": "a/one", "scales": "0, 1", "steps": 60},
+            r"2 cells x 60 steps = 120 steps; accepted: at most 100 steps",
+        ),
+    ],
+)
+def test_bad_comparisons_are_refused_by_name(client, overrides, message):
+    with pytest.raises(AppError, match=message):
+        compared(client, **overrides)
