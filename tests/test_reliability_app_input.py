@@ -21,6 +21,7 @@ from engine.requests import GenerateRequest
 from tests.support.checks import BAD_REPOS
 from tests.support.reliability_app import (
     HTTP_STATUS,
+    UI_ARGUMENTS,
     App,
     api,
     assert_http_error,
@@ -213,26 +214,9 @@ def test_a_malformed_content_length_is_refused_and_the_server_goes_on(app, fixtu
     ],
 )
 def test_the_ui_shows_the_reason_as_a_gradio_error(app, serving, changes, fragment):
-    arguments = {
-        "prompt": "a harbour at dawn",
-        "negative": "",
-        "ref": "",
-        "revision": "",
-        "weight": "",
-        "scale": 1.0,
-        "ref_2": "",
-        "revision_2": "",
-        "weight_2": "",
-        "scale_2": 1.0,
-        "size": "64x64",
-        "steps": 1,
-        "guidance": 5.0,
-        "seed": 1,
-        "randomize": False,
-    }
     with pytest.raises(gr.Error, match=fragment):
         # The handler is an async generator (it waits on the scheduler, not on a thread).
-        run_ui_generate(ui_handler(app, "generate_ui"), **(arguments | changes))
+        run_ui_generate(ui_handler(app, "generate_ui"), **(UI_ARGUMENTS | changes))
 
 
 def test_the_ui_check_shows_why_a_lora_is_refused(app, fixtures):

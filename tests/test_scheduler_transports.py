@@ -19,6 +19,7 @@ from gradio_client.exceptions import AppError
 from tests.support.reliability_app import (
     API_DEFAULTS,
     MAX_QUEUE,
+    UI_ARGUMENTS,
     App,
     api,
     assert_http_error,
@@ -35,23 +36,6 @@ from tests.support.reliability_app import (
 # Range, then the file), so its preparation takes at least 8 s: long against a tiny-pipeline request.
 DELAY_PER_REQUEST_S = 4.0
 DOWNLOAD_DELAY_S = 2 * DELAY_PER_REQUEST_S
-UI_ARGUMENTS: dict[str, object] = {
-    "prompt": "a harbour at dawn",
-    "negative": "",
-    "ref": "",
-    "revision": "",
-    "weight": "",
-    "scale": 1.0,
-    "ref_2": "",
-    "revision_2": "",
-    "weight_2": "",
-    "scale_2": 1.0,
-    "size": "64x64",
-    "steps": 1,
-    "guidance": 5.0,
-    "seed": 1,
-    "randomize": False,
-}
 
 
 @pytest.fixture(scope="module")

@@ -53,6 +53,25 @@ HTTP_STATUS = {
     "GatedLoraError": 403,
 }
 
+# The UI Generate handler's arguments for a one-step 64x64 image with no LoRA (tests change what they need).
+UI_ARGUMENTS: dict[str, object] = {
+    "prompt": "a harbour at dawn",
+    "negative": "",
+    "ref": "",
+    "revision": "",
+    "weight": "",
+    "scale": 1.0,
+    "ref_2": "",
+    "revision_2": "",
+    "weight_2": "",
+    "scale_2": 1.0,
+    "size": "64x64",
+    "steps": 1,
+    "guidance": 5.0,
+    "seed": 1,
+    "randomize": False,
+}
+
 
 @dataclass(frozen=True)
 class App:
