@@ -12,6 +12,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+# FastAPI imports pydantic.v1 lazily, the first time a Gradio app builds its routes. In this CPython 3.11
+# that first import, made while the suite's server threads are running, fails inside importlib
+# ("KeyError: <thread id>" from _bootstrap's module-lock bookkeeping), so the module is imported once here,
+# before any test starts a server.
+import pydantic.v1  # noqa: F401
 import pytest
 
 
