@@ -12,10 +12,8 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,22 +21,17 @@ from lora_catalog.bases import family_of_base
 
 from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable
 from .disk_cache import DiskCache
-from .errors import (
-    GenerationCancelledError,
-    GenerationError,
-    HubUnavailableError,
-    InvalidRequestError,
-    PreparationError,
-    SwitchboardError,
-)
+from .errors import HubUnavailableError, InvalidRequestError, PreparationError, SwitchboardError
 from .events import EngineEvents
+from .fused import FusedSet, set_identity
+from .inference import engine_error, infer
 from .loadgate import LoadGate
+from .outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
 from .pipeline import LoadedPipeline
 from .preparation import PreparedLora, Preparer
-from .preview import StepPreviews, load_preview_decoder
+from .preview import load_preview_decoder
 from .requests import (
     AdapterUse,
-    CheckedRequest,
     GenerateRequest,
     GenerateResult,
     Limits,
@@ -50,68 +43,12 @@ from .requests import (
 from .resolve import AdapterResolver
 from .scheduler import Scheduler
 from .settings import Settings
-from .store import AdapterStore, CachedAdapter
-from .swap import ActiveAdapter, WeightPatcher
+from .store import AdapterStore
+from .swap import WeightPatcher
 
-if TYPE_CHECKING:
-    from PIL.Image import Image
-
-__all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest", "Preview"]
+__all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest", "Preview", "Progress"]
 
 logger = logging.getLogger(__name__)
-
-Progress = Callable[[int, int], None]
-# (steps done, the image so far): called every `PREVIEW_EVERY` steps while denoising, never after the last.
-Preview = Callable[[int, "Image"], None]
-
-
-@dataclass(frozen=True)
-class PreparedRequest:
-    """A normalised request with its adapters ready in the host cache (leased until released)."""
-
-    request: CheckedRequest
-    adapters: tuple[tuple[PreparedAdapter, float], ...]
-    uses: tuple[AdapterUse, ...]
-    resolve_s: float
-    prepare_s: float
-    warnings: tuple[str, ...]
-    started: float
-
-
-@dataclass(frozen=True)
-class LoraCheck:
-    """What checking one LoRA found: it loads, fits and is cached."""
-
-    ref: str
-    revision: str
-    weight_name: str
-    file_size: int
-    rank: int
-    layers: int
-    components: tuple[str, ...]
-    cache: str
-    warnings: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class EngineStatus:
-    model_id: str
-    base_model_id: str
-    device: str
-    dtype: str
-    is_tiny: bool
-    per_call: bool
-    load_s: float
-    warmup_s: float
-    cached: tuple[CachedAdapter, ...]
-    host_bytes: int
-    host_budget: int
-    device_bytes: int
-    device_budget: int
-    pristine_bytes: int
-    pristine_budget: int
-    applied: tuple[str, ...]
-    preview: str = "off"
 
 
 class Engine:
@@ -126,7 +63,7 @@ class Engine:
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
         # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
         pin = loaded.device.type == "cuda" and not settings.zero_gpu
-        self._patcher = WeightPatcher(
+        patcher = WeightPatcher(
             self._table.params,
             loaded.device if on_device else torch.device("cpu"),
             budget=settings.pristine_bytes,
@@ -166,12 +103,14 @@ class Engine:
         self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
         # The pipeline lock: uncontended under the scheduler, it keeps a direct `run` call safe too.
         self._lock = threading.Lock()
-        self._applied_lock = threading.Lock()
-        self._applied: tuple[ActiveAdapter, ...] = ()
+        # The one place where the weights change (through `WeightPatcher`).
+        self._fused = FusedSet(
+            patcher, self._store, per_call=self._per_call, device=loaded.device, on_swap=self.events.swapped
+        )
         self.scheduler: Scheduler[PreparedRequest] = Scheduler(
             prepare=self._open,
-            identity=_identity,
-            fused=self._fused,
+            identity=lambda prepared: set_identity(prepared.adapters),
+            fused=self._fused.identity,
             max_queue=settings.max_queue,
             max_skip=settings.affinity_max_skip,
             # One preparation per queued request and a few prefetches; the loads are bounded by the gate.
@@ -338,21 +277,27 @@ class Engine:
         locked = time.perf_counter()
         # From queued (preparation started) to this slot: what a client waited before its swap.
         self.events.queue_waited(locked - prepared.started)
-        previous = self._applied
+        previous = self._fused.applied
         try:
-            swapped, apply_s = self._swap(prepared)
+            swapped, apply_s = self._fused.swap(prepared.adapters)
             inferred = time.perf_counter()
-            image = self._infer(prepared.request, progress, cancel, preview)
+            image = infer(
+                self.loaded.pipe,
+                prepared.request,
+                progress=progress,
+                cancel=cancel,
+                decoder=self._preview,
+                preview_every=self.settings.preview_every,
+                preview=preview,
+            )
         except BaseException as e:
-            self._rollback(previous)
-            mapped = _engine_error(e, prepared.request)
+            self._fused.rollback(previous)
+            mapped = engine_error(e, prepared.request)
             if mapped is e:
                 raise
             raise mapped from e
         finally:
-            if self._per_call:
-                self._patcher.restore_all()
-                self._set_applied(())
+            self._fused.after_call()
         done = time.perf_counter()
         self.events.inferred(done - inferred)
         timings = Timings(
@@ -383,93 +328,6 @@ class Engine:
             warnings=prepared.warnings,
         )
 
-    def _swap(self, prepared: PreparedRequest) -> tuple[bool, float]:
-        wanted = sorted(prepared.adapters, key=lambda item: (str(item[0].key), item[1]))
-        identity = tuple((a.key, s) for a, s in wanted)
-        if not self._per_call and identity == tuple((a.adapter.key, a.scale) for a in self._applied):
-            return False, 0.0
-        if not wanted and not self._patcher.dirty:
-            return False, 0.0
-        started = time.perf_counter()
-        active = tuple(ActiveAdapter(self._store.for_compute(a), s) for a, s in wanted)
-        self._patcher.apply(active)
-        self._synchronize()
-        elapsed = time.perf_counter() - started
-        logger.info(
-            "swap %s -> %s: %d layers in %.1f ms",
-            _describe(self._applied),
-            _describe(active),
-            sum(len(a.adapter.layers) for a in active),
-            elapsed * 1000,
-        )
-        self._set_applied(active)
-        self._store.set_active(a.adapter.key for a in active)
-        self.events.swapped(elapsed)
-        return True, elapsed
-
-    def _rollback(self, previous: tuple[ActiveAdapter, ...]) -> None:
-        try:
-            self._patcher.apply(previous)
-            self._set_applied(previous)
-        except BaseException:
-            logger.exception("could not re-apply %s after a failure; serving the base model", _describe(previous))
-            self._patcher.restore_all()
-            self._set_applied(())
-        self._store.set_active(a.adapter.key for a in self._applied)
-
-    @torch.inference_mode()
-    def _infer(
-        self,
-        request: CheckedRequest,
-        progress: Progress | None,
-        cancel: threading.Event | None,
-        preview: Preview | None = None,
-    ):
-        steps = request.steps
-        previews = StepPreviews.for_run(self._preview, self.settings.preview_every, steps, preview)
-
-        def on_step(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
-            if cancel is not None and cancel.is_set():
-                # Raised, not `pipe._interrupt`: an interrupted diffusers pipeline still runs the VAE decode,
-                # the most expensive single step at SDXL sizes, for an image nobody will see.
-                raise GenerationCancelledError("the request was cancelled during generation")
-            done = step + 1
-            if previews is not None:
-                previews(done, callback_kwargs["latents"], pipe.scheduler)
-            if progress is not None:
-                progress(done, steps)
-            return callback_kwargs
-
-        output = self.loaded.pipe(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt or None,
-            num_inference_steps=steps,
-            guidance_scale=request.guidance,
-            width=request.width,
-            height=request.height,
-            generator=torch.Generator("cpu").manual_seed(request.seed),
-            callback_on_step_end=on_step,
-            output_type="pil",
-        )
-        if cancel is not None and cancel.is_set():
-            raise GenerationCancelledError("the request was cancelled during generation")
-        return output.images[0]
-
-    def _synchronize(self) -> None:
-        if self.loaded.device.type == "cuda":
-            torch.cuda.synchronize(self.loaded.device)
-
-    def _set_applied(self, active: tuple[ActiveAdapter, ...]) -> None:
-        with self._applied_lock:
-            self._applied = active
-
-    def _fused(self) -> Hashable:
-        """The fused set's identity, as `_identity` gives it for a request (the scheduler's affinity)."""
-        if self._per_call:
-            return _NOTHING_KEPT  # every call re-applies its set: no request finds it fused
-        with self._applied_lock:
-            return tuple(sorted((str(a.adapter.key), a.scale) for a in self._applied))
-
     @property
     def waiting(self) -> int:
         """Requests waiting for the pipeline right now (the one running excluded)."""
@@ -483,9 +341,7 @@ class Engine:
     def restore_base(self) -> None:
         """Put the base weights back now; the engine keeps serving (the next request fuses its own set)."""
         with self._lock:
-            self._patcher.restore_all()
-            self._set_applied(())
-            self._store.set_active(())
+            self._fused.restore_all()
 
     # -- status ----------------------------------------------------------------------------------
 
@@ -505,38 +361,12 @@ class Engine:
             host_budget=host_budget,
             device_bytes=self._store.device_bytes,
             device_budget=device_budget,
-            pristine_bytes=self._patcher.pristine_bytes,
+            pristine_bytes=self._fused.pristine_bytes,
             pristine_budget=self.settings.pristine_bytes,
-            applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._applied),
+            applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._fused.applied),
             preview=self._preview.name if self._preview is not None else "off",
         )
 
 
-_NOTHING_KEPT = object()
-
-
-def _identity(prepared: PreparedRequest) -> Hashable:
-    """The adapter set a request needs, comparable with `Engine._fused` (equal: no swap)."""
-    return tuple(sorted((str(a.key), s) for a, s in prepared.adapters))
-
-
 def _cell_progress(progress: Callable[[int, int, int], None], cell: int) -> Progress:
     return lambda step, steps: progress(cell, step, steps)
-
-
-def _describe(active: tuple[ActiveAdapter, ...]) -> str:
-    return "[" + ", ".join(f"{a.adapter.key.name}×{a.scale:g}" for a in active) + "]"
-
-
-def _engine_error(error: BaseException, request: CheckedRequest) -> BaseException:
-    if isinstance(error, SwitchboardError):
-        return error
-    if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return GenerationError(
-            f"out of memory generating {request.width}x{request.height}; try a smaller size or fewer LoRAs"
-        )
-    if isinstance(error, Exception):
-        return GenerationError(f"generation failed: {type(error).__name__}: {error}")
-    return error

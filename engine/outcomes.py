@@ -1,0 +1,70 @@
+"""What the engine hands back: a prepared request, a checked LoRA, its status; and the callback shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .adapters import PreparedAdapter
+from .requests import AdapterUse, CheckedRequest
+from .store import CachedAdapter
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+__all__ = ["EngineStatus", "LoraCheck", "PreparedRequest", "Preview", "Progress"]
+
+# (steps done, steps): called after every denoising step.
+Progress = Callable[[int, int], None]
+# (steps done, the image so far): called every `PREVIEW_EVERY` steps while denoising, never after the last.
+Preview = Callable[[int, "Image"], None]
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A normalised request with its adapters ready in the host cache (leased until released)."""
+
+    request: CheckedRequest
+    adapters: tuple[tuple[PreparedAdapter, float], ...]
+    uses: tuple[AdapterUse, ...]
+    resolve_s: float
+    prepare_s: float
+    warnings: tuple[str, ...]
+    started: float
+
+
+@dataclass(frozen=True)
+class LoraCheck:
+    """What checking one LoRA found: it loads, fits and is cached."""
+
+    ref: str
+    revision: str
+    weight_name: str
+    file_size: int
+    rank: int
+    layers: int
+    components: tuple[str, ...]
+    cache: str
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    model_id: str
+    base_model_id: str
+    device: str
+    dtype: str
+    is_tiny: bool
+    per_call: bool
+    load_s: float
+    warmup_s: float
+    cached: tuple[CachedAdapter, ...]
+    host_bytes: int
+    host_budget: int
+    device_bytes: int
+    device_budget: int
+    pristine_bytes: int
+    pristine_budget: int
+    applied: tuple[str, ...]
+    preview: str = "off"
