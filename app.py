@@ -24,7 +24,7 @@ from engine.requests import GenerateRequest
 from lora_catalog.entries import LoraEntry
 from serving import comparison as comparison_fields
 from serving import format as fmt
-from serving import panels
+from serving import panels, pool_ui
 from serving.errors import user_errors
 from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, compare, generate
 from serving.handlers import PAGE_SIZE, Handlers
@@ -53,7 +53,10 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         state = (gr.State([]), gr.State(0), gr.State({}))  # entries shown, page, triggers inserted per slot
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
-                browser = panels.browser_panel(handlers.served_base)
+                served = handlers.served_base
+                browser = panels.browser_panel(
+                    served, pool_ui.base_choices(handlers), pool_ui.base_note(handlers, served)
+                )
             with gr.Column(scale=4, elem_id="request-column"):
                 request = panels.request_panel(handlers)
                 with gr.Tabs():
@@ -64,7 +67,7 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         status_md, refresh = panels.status_panel()
         api_md = panels.api_panel()
         _wire_browsing(demo, handlers, browser, request, comparison, state, hub_url)
-        _wire_generation(handlers, request, image, info, status_md)
+        _wire_generation(handlers, request, browser.base, image, info, status_md)
         _wire_compare(handlers, request, comparison, status_md)
 
         def status() -> str:
@@ -118,24 +121,28 @@ def _wire_browsing(
         shown: list[dict], slot: str, prompt: str, triggers: dict, listed: str, evt: gr.SelectData
     ) -> tuple[Any, ...]:
         entry = LoraEntry.from_json(shown[evt.index])
+        # Its pool's size presets and defaults follow; a LoRA of a base no pool serves says so on its card.
+        warning, *controls = pool_ui.entry_controls(handlers, entry)
+        card = fmt.entry_card(entry, hub_url) + warning
         if slot == "Compare":
             # The list takes the LoRA only: one prompt serves every cell, so no trigger word goes in.
             lines = [line for line in (listed or "").splitlines() if line.strip()]
             added = lines if entry.ref in (line.strip() for line in lines) else [*lines, entry.ref]
             # Card, readiness badge, the six LoRA fields, prompt, triggers: all kept; the list grows.
-            return (fmt.entry_card(entry, hub_url), *(gr.skip() for _ in range(9)), "\n".join(added))
+            return (card, *(gr.skip() for _ in range(9)), "\n".join(added), *controls)
         trigger = entry.trigger_words[0] if entry.trigger_words else None
         new_prompt = fmt.insert_trigger(prompt, triggers.get(slot), trigger)
         fields = (entry.ref, "", entry.weight_name if entry.source == "hub" else "")
         is_second = slot == "LoRA 2"
         return (
-            fmt.entry_card(entry, hub_url),
+            card,
             fmt.readiness_html(entry.ref, "preparing"),
             *(gr.skip() if is_second else value for value in fields),
             *(value if is_second else gr.skip() for value in fields),
             new_prompt,
             {**triggers, slot: trigger},
             gr.skip(),
+            *controls,
         )
 
     async def prefetch(slot: str, *fields: str) -> str:
@@ -147,7 +154,8 @@ def _wire_browsing(
         if spec is None:
             return ""
         try:
-            await asyncio.wrap_future(handlers.prefetch(spec))
+            # Routing it to its pool may ask the Hub first: off the event loop.
+            await asyncio.wrap_future(await asyncio.to_thread(handlers.prefetch, spec))
         except SwitchboardError as e:
             return fmt.readiness_html(spec.ref, "failed", str(e))
         return fmt.readiness_html(spec.ref, "ready")
@@ -175,6 +183,12 @@ def _wire_browsing(
         outputs,
         **opts,
     )
+    browser.base.change(
+        lambda b: pool_ui.on_base(handlers, b),
+        browser.base,
+        [browser.note, request.size, request.steps, request.guidance],
+        **opts,
+    )
     browser.next.click(lambda b, s, o, n: browse(b, s, o, n + 1), [*filters, page], outputs, **opts)
     browser.previous.click(lambda b, s, o, n: browse(b, s, o, max(0, n - 1)), [*filters, page], outputs, **opts)
     browser.gallery.select(
@@ -192,6 +206,9 @@ def _wire_browsing(
             request.prompt,
             inserted,
             comparison.loras,
+            request.size,
+            request.steps,
+            request.guidance,
         ],
         **opts,
     ).then(
@@ -219,7 +236,12 @@ def _wire_browsing(
 
 
 def _wire_generation(
-    handlers: Handlers, request: RequestPanel, image: gr.Image, info: gr.HTML, status_md: gr.Markdown
+    handlers: Handlers,
+    request: RequestPanel,
+    base: gr.Dropdown,
+    image: gr.Image,
+    info: gr.HTML,
+    status_md: gr.Markdown,
 ) -> None:
     async def generate_ui(
         prompt: str,
@@ -237,6 +259,7 @@ def _wire_generation(
         guidance: float,
         seed: float | None,
         randomize: bool,
+        browsed: str,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
     ) -> AsyncIterator[tuple[Any, ...]]:
         with user_errors():
@@ -255,7 +278,9 @@ def _wire_generation(
         # An async generator: it yields previews as the engine denoises, and ticks while it waits so that
         # Gradio, which checks the client after each yield, closes it when the browser went away (which cancels
         # the generation, queued or running).
-        async for item in generate(handlers, built, progress, transport="ui"):
+        # Without a LoRA the browsed base's pool generates; a LoRA runs on the base it was made for.
+        on_base = pool_ui.request_base(handlers, browsed, bool(built.loras))
+        async for item in generate(handlers, built, progress, transport="ui", base=on_base):
             if isinstance(item, Frame):
                 yield item.image, fmt.preview_html(item.step, int(steps)), gr.skip(), gr.skip()
             elif item is None:
@@ -278,6 +303,7 @@ def _wire_generation(
         request.guidance,
         request.seed,
         request.randomize,
+        base,
     ]
     gr.on(
         [request.run.click, request.prompt.submit],
@@ -349,26 +375,28 @@ def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: Compare
 
 
 def _status(handlers: Handlers) -> str:
-    return fmt.status_markdown(handlers.status(), handlers.boot_s)
+    return pool_ui.status(handlers)
 
 
 def _snippets(handlers: Handlers) -> Callable[[gr.Request], str]:
     # Gradio hands the request only to a function whose own signature asks for it (not through a partial).
     def snippets(request: gr.Request) -> str:
-        return fmt.api_snippets(fmt.base_url(dict(request.headers)), handlers.example_lora(), handlers.defaults)
+        return pool_ui.snippets(handlers, fmt.base_url(dict(request.headers)))
 
     return snippets
 
 
 def http_routes(runner: GpuRunner, *, metrics: bool = False) -> list[BaseRoute]:
-    """The routes beside the UI: `POST /` always, `GET /metrics` (watching the runner's engine) when asked for."""
+    """The routes beside the UI: `POST /` and `POST /models/<base>` always, `GET /metrics` (watching every pool's
+    engine) when asked for."""
     from serving.http_api import make_routes
     from serving.metrics import Metrics
 
     routes = make_routes(runner)
     if metrics:
         watcher = Metrics()
-        watcher.watch(runner.engine)
+        for pool in runner.pools.pools:
+            watcher.watch(pool.engine)
         routes = [*routes, *watcher.routes()]
         logger.warning("METRICS is on: GET /metrics answers anyone who can reach this server")
     return routes

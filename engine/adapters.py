@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from diffusers import StableDiffusionXLPipeline
+from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
 from peft.utils.other import get_pattern_key
 from safetensors import SafetensorError
 from safetensors.torch import load_file
@@ -108,10 +108,19 @@ class PreparedAdapter:
         return dataclasses.replace(self, layers=tuple(layer.map(move) for layer in self.layers))
 
 
+LoraLoader = type[StableDiffusionXLPipeline] | type[StableDiffusionPipeline]
+
+
 class TargetTable:
     """Every Linear/Conv2d weight a LoRA may change, indexed once per pipeline."""
 
-    def __init__(self, components: Mapping[str, nn.Module]) -> None:
+    def __init__(
+        self, components: Mapping[str, nn.Module], *, lora_loader: LoraLoader = StableDiffusionXLPipeline
+    ) -> None:
+        # The family's pipeline class (engine.families): its `lora_state_dict` converts kohya/SGM names for it.
+        self.lora_loader = lora_loader
+        # Which of COMPONENTS this pipeline has (SD 1.x/2.x: no text_encoder_2).
+        self.components = tuple(components)
         self.params: list[torch.Tensor] = []
         self.names: list[str] = []  # `component.module` per index: LyCORIS/DoRA modules, errors, components touched
         self._index: dict[tuple[str, str], int] = {}
@@ -183,7 +192,7 @@ def prepare(
     if not layers:
         names = ", ".join(sorted(tensors)[:5])
         raise IncompatibleLoraError(f"{label} has tensors that match no module of the served pipeline: {names}")
-    components = tuple(c for c in COMPONENTS if any(table.names[x.target].startswith(f"{c}.") for x in layers))
+    components = tuple(c for c in table.components if any(table.names[x.target].startswith(f"{c}.") for x in layers))
     return PreparedAdapter(key, tuple(layers), path.stat().st_size, rank, components)
 
 
@@ -218,16 +227,16 @@ def _plain_layers(
     plain: Mapping[str, torch.Tensor], table: TargetTable, unet_config: object, config: Mapping, label: str
 ) -> list[LayerUpdate]:
     try:
-        state_dict, network_alphas = StableDiffusionXLPipeline.lora_state_dict(dict(plain), unet_config=unet_config)
+        state_dict, network_alphas = table.lora_loader.lora_state_dict(dict(plain), unet_config=unet_config)
     except (ValueError, KeyError, IndexError) as e:
-        raise IncompatibleLoraError(f"{label} has tensor names this SDXL pipeline does not know: {e}") from e
+        raise IncompatibleLoraError(f"{label} has tensor names the served pipeline does not know: {e}") from e
     layers: list[LayerUpdate] = []
-    for component in COMPONENTS:
+    for component in table.components:
         part = component_state_dict(state_dict, component)
         if part:
             alphas = _component_alphas(network_alphas, component)
             layers.extend(_factors(part, component, table, alphas, config.get(component), label))
-    leftovers = [k for k in state_dict if not k.startswith(tuple(f"{c}." for c in COMPONENTS))]
+    leftovers = [k for k in state_dict if not k.startswith(tuple(f"{c}." for c in table.components))]
     if leftovers:
         names = ", ".join(sorted(leftovers)[:5])
         raise IncompatibleLoraError(f"{label} has tensors that match no module of the served pipeline: {names}")
@@ -285,7 +294,7 @@ def _factors(
 def _lycoris_layers(
     split: SplitTensors, table: TargetTable, unet_config: object, config: Mapping, label: str
 ) -> list[LayerUpdate]:
-    kohya = kohya_modules([s for s in split.lycoris if is_kohya(s)], unet_config, label)
+    kohya = kohya_modules([s for s in split.lycoris if is_kohya(s)], unet_config, label, table.lora_loader)
     layers: list[LayerUpdate] = []
     for stem, params in sorted(split.lycoris.items()):
         candidates = [kohya[stem]] if stem in kohya else peft_stem(stem)
@@ -309,7 +318,8 @@ def _lycoris_layers(
 def _magnitudes(split: SplitTensors, table: TargetTable, unet_config: object, label: str) -> dict[int, tuple]:
     """DoRA magnitudes by target index, with whether they follow PEFT's layout."""
     found: dict[int, tuple] = {}
-    kohya = kohya_modules([s for s in sorted(split.kohya_magnitudes) if is_kohya(s)], unet_config, label)
+    stems = [s for s in sorted(split.kohya_magnitudes) if is_kohya(s)]
+    kohya = kohya_modules(stems, unet_config, label, table.lora_loader)
     for stem, tensor in split.kohya_magnitudes.items():
         # `dora_scale` (LyCORIS) may lie on either axis; its shape tells which.
         found[_target(table, [kohya[stem]] if stem in kohya else peft_stem(stem), label, stem)] = (tensor, False)

@@ -54,7 +54,9 @@ def check_family(
     from_file = declared
     if from_file is None and tensor_names:
         from_file = family_from_keys(tensor_names)
-    if from_file is not None and from_file not in (served, Family.UNKNOWN):
+    # Tensor names cannot tell SD 1.x from SD 2.x (`family_from_keys` says SD 1.5 for both).
+    guessed_sd = declared is None and from_file is Family.SD15 and served is Family.SD2
+    if from_file is not None and from_file not in (served, Family.UNKNOWN) and not guessed_sd:
         named = f" (its card names {', '.join(bases)})" if bases else ""
         raise IncompatibleLoraError(
             f"{label} was trained for the {from_file} family{named}; this Space serves {served_base} ({served}); "

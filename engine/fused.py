@@ -110,6 +110,10 @@ class FusedSet:
         self._patcher.restore_all()
         self._set(())
 
+    def forget_pristine(self) -> None:
+        """Drop the pristine copies of clean weights (after `restore_all`: all of them), freeing their memory."""
+        self._patcher.forget_pristine()
+
     def _set(self, active: tuple[ActiveAdapter, ...]) -> None:
         with self._lock:
             self._applied = active

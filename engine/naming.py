@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from diffusers import StableDiffusionXLPipeline
+from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
 from diffusers.utils.state_dict_utils import (
     convert_state_dict_to_diffusers,
     convert_state_dict_to_peft,
@@ -85,8 +85,16 @@ def is_kohya(stem: str) -> bool:
     return stem.startswith(_KOHYA_PREFIXES) and "." not in stem
 
 
-def kohya_modules(stems: Sequence[str], unet_config: object, label: str) -> dict[str, tuple[str, str]]:
-    """(component, module) for each kohya module name, found by diffusers' conversion of a placeholder LoRA."""
+def kohya_modules(
+    stems: Sequence[str],
+    unet_config: object,
+    label: str,
+    loader: type[StableDiffusionXLPipeline] | type[StableDiffusionPipeline] = StableDiffusionXLPipeline,
+) -> dict[str, tuple[str, str]]:
+    """(component, module) for each kohya module name, found by diffusers' conversion of a placeholder LoRA.
+
+    `loader` is the served family's pipeline class, whose `lora_state_dict` knows that family's names.
+    """
     if not stems:
         return {}
     placeholders: dict[str, torch.Tensor] = {}
@@ -95,9 +103,9 @@ def kohya_modules(stems: Sequence[str], unet_config: object, label: str) -> dict
         placeholders[f"{stem}.lora_down.weight"] = marker
         placeholders[f"{stem}.lora_up.weight"] = marker.clone()
     try:
-        state_dict, _ = StableDiffusionXLPipeline.lora_state_dict(placeholders, unet_config=unet_config)
+        state_dict, _ = loader.lora_state_dict(placeholders, unet_config=unet_config)
     except (ValueError, KeyError, IndexError) as e:
-        raise IncompatibleLoraError(f"{label} has module names this SDXL pipeline does not know: {e}") from e
+        raise IncompatibleLoraError(f"{label} has module names the served pipeline does not know: {e}") from e
     found: dict[str, tuple[str, str]] = {}
     for component in COMPONENTS:
         for key, marker in component_state_dict(state_dict, component).items():
@@ -105,7 +113,7 @@ def kohya_modules(stems: Sequence[str], unet_config: object, label: str) -> dict
                 found[stems[int(marker.item())]] = (component, key.removesuffix(".lora_A.weight"))
     missing = [stem for stem in stems if stem not in found]
     if missing:
-        raise IncompatibleLoraError(f"{label} has module names this SDXL pipeline does not know: {missing[:5]}")
+        raise IncompatibleLoraError(f"{label} has module names the served pipeline does not know: {missing[:5]}")
     return found
 
 

@@ -1,4 +1,4 @@
-"""Loading the warm pipeline: once, on the configured device and dtype, warmed by one generation."""
+"""Loading a pool's warm pipeline: once, from its family's class, on the configured device and dtype, warmed up."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKL, StableDiffusionXLPipeline
+from diffusers import AutoencoderKL
+
+from lora_catalog.entries import Family
 
 from .errors import SettingsError
+from .families import FAMILIES, FamilySpec, family_spec
 from .requests import ModelDefaults
 from .settings import Settings
-from .tiny import build_tiny_pipeline
+from .tiny import build_tiny
 
 __all__ = ["LoadedPipeline", "load_pipeline", "resolve_device", "resolve_dtype"]
 
@@ -41,6 +44,12 @@ class LoadedPipeline:
     load_s: float
     warmup_s: float
     is_tiny: bool
+    family: FamilySpec = FAMILIES[Family.SDXL]
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """The pipeline attributes a LoRA may change in this family."""
+        return self.family.components
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -60,21 +69,30 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
     return _DTYPES[setting]
 
 
-def load_pipeline(settings: Settings, *, warm: bool = True) -> LoadedPipeline:
-    """Load `settings.model_id` (a Hub id, a local diffusers folder or `tiny`) and warm it up."""
+def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) -> LoadedPipeline:
+    """Load `settings.model_id` (a Hub id, a local diffusers folder or a tiny one) and warm it up.
+
+    The class comes from the family of `settings.base_model_id`. With `park`, the weights stay in
+    host memory (in the compute dtype) for `engine.pools` to move in when the pool is first used;
+    `device` still names where it will compute, and no warm-up runs.
+    """
+    family = family_spec(settings.base_model_id, setting="BASE_MODEL_ID")
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     started = time.perf_counter()
-    pipe: Pipeline = build_tiny_pipeline(seed=0) if settings.is_tiny else _from_pretrained(settings, dtype)
+    pipe: Pipeline = (
+        build_tiny(settings.model_id, seed=0) if settings.is_tiny else _from_pretrained(settings, family, dtype)
+    )
+    target = torch.device("cpu") if park else device
     # Casting only when needed: diffusers warns on a cast that may break modules kept in float32.
-    pipe = pipe.to(device=device) if pipe.dtype == dtype else pipe.to(device=device, dtype=dtype)
+    pipe = pipe.to(device=target) if pipe.dtype == dtype else pipe.to(device=target, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
-    side = pipe.default_sample_size * pipe.vae_scale_factor
+    side = int(pipe.unet.config.sample_size) * int(pipe.vae_scale_factor)
     is_tiny = side <= _TINY_SIDE
     defaults = ModelDefaults(
-        steps=4 if is_tiny else 25,
-        guidance=5.0,
+        steps=4 if is_tiny else family.steps,
+        guidance=family.guidance,
         side=side,
         max_side=min(settings.max_side, max(2 * side, 256)),
     )
@@ -88,8 +106,9 @@ def load_pipeline(settings: Settings, *, warm: bool = True) -> LoadedPipeline:
         load_s=load_s,
         warmup_s=0.0,
         is_tiny=is_tiny,
+        family=family,
     )
-    if not warm:
+    if not warm or park:
         return loaded
     warmup_s = _warm_up(loaded)
     logger.info(
@@ -103,16 +122,20 @@ def load_pipeline(settings: Settings, *, warm: bool = True) -> LoadedPipeline:
     return dataclasses.replace(loaded, warmup_s=warmup_s)
 
 
-def _from_pretrained(settings: Settings, dtype: torch.dtype) -> StableDiffusionXLPipeline:
+def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Pipeline:
     kwargs: dict[str, object] = {"dtype": dtype, "use_safetensors": True, "token": settings.hf_token}
+    if family.family is not Family.SDXL:
+        # SD 1.x/2.x repos ship a safety checker; a LoRA switchboard serves art, as the SDXL pipeline does.
+        kwargs |= {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
+    loader = family.pipeline_class
     if settings.vae_id:
         kwargs["vae"] = AutoencoderKL.from_pretrained(settings.vae_id, dtype=dtype, token=settings.hf_token)
     if dtype == torch.float16:
         try:
-            return StableDiffusionXLPipeline.from_pretrained(settings.model_id, variant="fp16", **kwargs)
+            return loader.from_pretrained(settings.model_id, variant="fp16", **kwargs)
         except (OSError, ValueError) as e:
             logger.info("no fp16 variant of %s (%s); loading the default weights", settings.model_id, e)
-    return StableDiffusionXLPipeline.from_pretrained(settings.model_id, **kwargs)
+    return loader.from_pretrained(settings.model_id, **kwargs)
 
 
 @torch.inference_mode()

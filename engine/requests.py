@@ -30,6 +30,7 @@ __all__ = [
     "LoraSpec",
     "ModelDefaults",
     "Timings",
+    "normalise_loras",
     "normalise_request",
     "parse_ref",
 ]
@@ -154,6 +155,11 @@ def normalise_request(request: GenerateRequest, defaults: ModelDefaults, limits:
         height=height,
         seed=seed,
     )
+
+
+def normalise_loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
+    """A request's LoRAs checked and normalised as `normalise_request` does (the pools route on these)."""
+    return _loras(value, limit)
 
 
 def _text(name: str, value: object, limit: int, *, allow_empty: bool) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from lora_catalog.bases import family_of_base
 
-from .adapters import COMPONENTS, AdapterKey, PreparedAdapter, TargetTable
+from .adapters import AdapterKey, PreparedAdapter, TargetTable
 from .disk_cache import DiskCache
 from .errors import HubUnavailableError, InvalidRequestError, PreparationError, SwitchboardError
 from .events import EngineEvents
@@ -52,14 +52,25 @@ logger = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, loaded: LoadedPipeline, settings: Settings, resolver: AdapterResolver) -> None:
+    def __init__(
+        self,
+        loaded: LoadedPipeline,
+        settings: Settings,
+        resolver: AdapterResolver,
+        *,
+        disk_cache: DiskCache | None = None,
+    ) -> None:
+        """One pool's engine; `disk_cache` is the Hub cache's pruner when pools share one (else made here)."""
         self.loaded = loaded
         self.settings = settings
+        self.resolver = resolver
         self._per_call = settings.per_call
         # Subscribers (serving.metrics) count what the engine reports here; the engine keeps no counts itself.
         self.events = EngineEvents()
         pipe = loaded.pipe
-        self._table = TargetTable({c: getattr(pipe, c) for c in COMPONENTS})
+        self._table = TargetTable(
+            {c: getattr(pipe, c) for c in loaded.components}, lora_loader=loaded.family.pipeline_class
+        )
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
         # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
         pin = loaded.device.type == "cuda" and not settings.zero_gpu
@@ -79,17 +90,15 @@ class Engine:
             pin=pin,
             events=self.events,
         )
-        self.disk_cache = (
-            DiskCache(
+        if disk_cache is None and resolver.uses_hub:
+            disk_cache = DiskCache(
                 settings.disk_cache_bytes,
                 cache_dir=resolver.cache_dir,
                 # The budget is for LoRAs: the served model's own repos are never pruned.
                 keep_repos={settings.model_id, settings.base_model_id, loaded.model_id, settings.vae_id or ""},
                 in_use=self._store.in_use,
             )
-            if resolver.uses_hub
-            else None
-        )
+        self.disk_cache = disk_cache
         self._preparer = Preparer(
             resolver,
             self._store,
@@ -342,6 +351,19 @@ class Engine:
         """Put the base weights back now; the engine keeps serving (the next request fuses its own set)."""
         with self._lock:
             self._fused.restore_all()
+
+    def put_back_base(self) -> None:
+        """Restore the base weights and drop the pristine copies (before the pipeline leaves the device).
+
+        The next request fuses its own set again, so a pool moved out and back serves bit-exactly.
+        """
+        with self._lock:
+            self._fused.restore_all()
+            self._fused.forget_pristine()
+
+    def adapters_in_use(self) -> set[AdapterKey]:
+        """Adapters leased or fused here (a shared disk cache keeps their files)."""
+        return self._store.in_use()
 
     # -- status ----------------------------------------------------------------------------------
 

@@ -10,19 +10,35 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import SettingsError
+from .pool_settings import (
+    DEFAULT_MODEL_ID,
+    HUB_ID,
+    SD15_MODEL_ID,
+    TINY_MODEL_ID,
+    TINY_MODEL_IDS,
+    TINY_SD15_MODEL_ID,
+    PoolSetting,
+    parse_models,
+)
 
-__all__ = ["DEFAULT_MODEL_ID", "TINY_MODEL_ID", "Settings", "parse_bytes"]
-
-DEFAULT_MODEL_ID = "stabilityai/stable-diffusion-xl-base-1.0"
-# Names the embedded random-weight pipeline; it is never looked up on the Hub.
-TINY_MODEL_ID = "tiny"
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "SD15_MODEL_ID",
+    "TINY_MODEL_ID",
+    "TINY_MODEL_IDS",
+    "TINY_SD15_MODEL_ID",
+    "PoolSetting",
+    "Settings",
+    "parse_bytes",
+    "parse_models",
+]
 
 _DEVICES = ("auto", "cpu", "cuda", "cuda:<index>", "mps")
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -32,7 +48,7 @@ _SCHEDULERS = ("affinity", "fifo_inline")
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+_HUB_ID = HUB_ID
 
 
 def parse_bytes(name: str, raw: str) -> int:
@@ -54,6 +70,9 @@ class Settings:
     model_id: str = DEFAULT_MODEL_ID
     model_id_explicit: bool = False
     base_model_id: str = DEFAULT_MODEL_ID
+    # Empty: one pool, `model_id` checked against `base_model_id` (the MODEL_ID shorthand).
+    pools: tuple[PoolSetting, ...] = ()
+    pool_offload: bool = True
     device: str = "auto"
     dtype: str = "auto"
     vae_id: str | None = None
@@ -108,17 +127,21 @@ class Settings:
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """Build settings from `env` (pass `os.environ`); unknown keys are ignored."""
         get = {k: v for k, v in env.items() if v != ""}.get
-        model_id = get("MODEL_ID", DEFAULT_MODEL_ID).strip()
+        pools = _pools(get)
+        model_id = pools[0].model_id if pools else get("MODEL_ID", DEFAULT_MODEL_ID).strip()
         if not model_id:
             raise SettingsError("MODEL_ID is empty; accepted: a Hub repo id, a local diffusers folder or 'tiny'")
         default_base = model_id if _HUB_ID.match(model_id) and not Path(model_id).exists() else DEFAULT_MODEL_ID
-        base_model_id = get("BASE_MODEL_ID", default_base).strip()
+        default_base = TINY_MODEL_IDS.get(model_id, default_base)
+        base_model_id = pools[0].base_model_id if pools else get("BASE_MODEL_ID", default_base).strip()
         if not _HUB_ID.match(base_model_id):
             raise SettingsError(f"BASE_MODEL_ID={base_model_id!r} is not a Hub repo id; accepted: 'owner/name'")
         settings = cls(
             model_id=model_id,
-            model_id_explicit="MODEL_ID" in env and bool(env["MODEL_ID"]),
+            model_id_explicit=bool(pools) or ("MODEL_ID" in env and bool(env["MODEL_ID"])),
             base_model_id=base_model_id,
+            pools=pools,
+            pool_offload=_bool("POOL_OFFLOAD", get("POOL_OFFLOAD", "on")),
             device=_device(get("DEVICE", "auto")),
             dtype=_choice("DTYPE", get("DTYPE", "auto"), _DTYPES),
             vae_id=get("VAE_ID"),
@@ -173,11 +196,33 @@ class Settings:
 
     @property
     def is_tiny(self) -> bool:
-        return self.model_id == TINY_MODEL_ID
+        return self.model_id in TINY_MODEL_IDS
+
+    @property
+    def pool_settings(self) -> tuple[PoolSetting, ...]:
+        """The pools to serve, the default first (one pool when only MODEL_ID is set)."""
+        return self.pools or (PoolSetting(self.model_id, self.base_model_id),)
+
+    def for_pool(self, pool: PoolSetting) -> Settings:
+        """These settings for one pool: its model and base in `model_id` / `base_model_id` (`pools` kept)."""
+        return dataclasses.replace(self, model_id=pool.model_id, base_model_id=pool.base_model_id)
 
     @property
     def log_level_number(self) -> int:
         return logging.getLevelName(self.log_level)
+
+
+def _pools(get: Callable[[str], str | None]) -> tuple[PoolSetting, ...]:
+    models = get("MODELS")
+    if models is None:
+        return ()
+    both = [name for name in ("MODEL_ID", "BASE_MODEL_ID") if get(name)]
+    if both:
+        raise SettingsError(
+            f"MODELS and {' and '.join(both)} are both set; accepted: MODELS alone, or MODEL_ID "
+            "(with BASE_MODEL_ID) as the one-pool shorthand"
+        )
+    return parse_models(models)
 
 
 def _choice(name: str, raw: str, accepted: tuple[str, ...]) -> str:

@@ -24,6 +24,7 @@ __all__ = [
     "TEXT_ATTENTION",
     "UNET_ATTENTION",
     "UNET_ATTENTION_FF_CONV",
+    "KohyaNames",
     "LoraTarget",
     "find_targets",
     "kohya_metadata",
@@ -38,6 +39,9 @@ UNET_ATTENTION = (r"attn[12]\.(to_q|to_k|to_v|to_out\.0)$",)
 UNET_ATTENTION_FF_CONV = (*UNET_ATTENTION, r"ff\.net\.(0\.proj|2)$", r"resnets\.\d+\.conv[12]$")
 TEXT_ATTENTION = (r"self_attn\.(q_proj|k_proj|v_proj|out_proj)$",)
 _KOHYA_PREFIX = {"unet": "lora_unet_", "text_encoder": "lora_te1_", "text_encoder_2": "lora_te2_"}
+# kohya's SD 1.x/2.x trainer works on the diffusers UNet (diffusers block names) and one text encoder (`lora_te_`).
+_KOHYA_SD1_PREFIX = {"unet": "lora_unet_", "text_encoder": "lora_te_"}
+KohyaNames = Literal["sdxl", "sd1"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ def make_lora(
     strength: float = 0.2,
     dtype: torch.dtype = torch.float16,
     layers_per_block: int = 2,
+    kohya_names: KohyaNames = "sdxl",
 ) -> dict[str, torch.Tensor]:
     """Random factors whose product changes each weight by about `strength` of its size."""
     generator = torch.Generator().manual_seed(seed)
@@ -89,7 +94,7 @@ def make_lora(
             tensors[f"{stem}.lora_A.weight"] = down.to(dtype)
             tensors[f"{stem}.lora_B.weight"] = up.to(dtype)
         else:
-            stem = kohya_key(target, layers_per_block)
+            stem = kohya_key(target, layers_per_block, kohya_names)
             tensors[f"{stem}.lora_down.weight"] = down.to(dtype)
             tensors[f"{stem}.lora_up.weight"] = up.to(dtype)
             tensors[f"{stem}.alpha"] = torch.tensor(float(rank if alpha is None else alpha), dtype=dtype)
@@ -104,9 +109,11 @@ def _file_module_name(target: LoraTarget) -> str:
     return target.module
 
 
-def kohya_key(target: LoraTarget, layers_per_block: int = 2) -> str:
-    """kohya's name for a module: SGM block numbering for the UNet, `_` for `.`."""
+def kohya_key(target: LoraTarget, layers_per_block: int = 2, names: KohyaNames = "sdxl") -> str:
+    """kohya's name for a module: SGM block numbering for an SDXL UNet, `_` for `.`."""
     name = _file_module_name(target)
+    if names == "sd1":
+        return _KOHYA_SD1_PREFIX[target.component] + name.replace(".", "_")
     if target.component == "unet":
         name = _sgm_block_name(name, layers_per_block)
     return _KOHYA_PREFIX[target.component] + name.replace(".", "_")

@@ -1,10 +1,14 @@
-"""A tiny random-weight SDXL pipeline, built offline and deterministically.
+"""Tiny random-weight SDXL and SD 1.5 pipelines, built offline and deterministically.
 
-It has SDXL's real structure (a `text_time` UNet with cross-attention blocks laid
+The SDXL one has SDXL's real structure (a `text_time` UNet with cross-attention blocks laid
 out like SDXL's, `CLIPTextModel` + `CLIPTextModelWithProjection`, a VAE, two CLIP
 tokenizers), so LoRAs in every SDXL naming scheme load into it, but it is small
 enough that a 64x64, 2-step image takes a fraction of a second on a CPU. Tests
-use it, and so does the offline demo when no real model can be had.
+use it, and so does the offline demo when no real model can be had. The SD 1.5
+one has SD 1.5's structure in the same way (cross-attention in the first down
+blocks, one transformer block per attention, convolutional `proj_in`, one
+`CLIPTextModel`), with a cross-attention width of its own, so a LoRA's shapes
+tell the two apart as they tell real SDXL and SD 1.5 apart.
 """
 
 from __future__ import annotations
@@ -15,16 +19,33 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+from diffusers import (
+    AutoencoderKL,
+    EulerDiscreteScheduler,
+    StableDiffusionPipeline,
+    StableDiffusionXLPipeline,
+    UNet2DConditionModel,
+)
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-__all__ = ["TINY_SIDE", "build_tiny_pipeline", "ensure_tiny_pipeline", "tiny_tokenizer"]
+__all__ = [
+    "TINY_SIDE",
+    "build_tiny",
+    "build_tiny_pipeline",
+    "build_tiny_sd15_pipeline",
+    "ensure_tiny_pipeline",
+    "tiny_tokenizer",
+]
 
 logger = logging.getLogger(__name__)
 
 TINY_SIDE = 64
 _FORMAT = 1
 _MARKER = "switchboard_tiny.json"
+# Names as in engine.settings.TINY_MODEL_IDS (kept literal: settings must not import torch).
+_SDXL, _SD15 = "tiny", "tiny-sd15"
+# SD 1.5's cross-attention width differs from SDXL's (768 vs 2048); the tiny ones differ too.
+_SD15_CROSS_DIM = 48
 # Words that get whole-word tokens, so demo prompts tokenize like real ones;
 # anything else falls back to byte-level tokens.
 _WORDS = (
@@ -119,8 +140,73 @@ def build_tiny_pipeline(seed: int = 0) -> StableDiffusionXLPipeline:
         cross_attention_dim=64,
         norm_num_groups=8,
     )
+    vae = _tiny_vae(seed)
+    torch.manual_seed(seed + 2)
+    text_encoder = CLIPTextModel(config)
+    torch.manual_seed(seed + 3)
+    text_encoder_2 = CLIPTextModelWithProjection(config)
+    pipe = StableDiffusionXLPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        unet=unet,
+        scheduler=_tiny_scheduler(),
+    )
+    dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.Pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny_sd15_pipeline(seed: int = 0) -> StableDiffusionPipeline:
+    """The tiny SD 1.5 pipeline in memory (no safety checker); the same seed gives the same weights."""
+    tokenizer = tiny_tokenizer()
+    config = _text_config(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id)
+    config.hidden_size = _SD15_CROSS_DIM
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(
+        sample_size=TINY_SIDE // 2,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=2,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        attention_head_dim=4,
+        cross_attention_dim=_SD15_CROSS_DIM,
+        norm_num_groups=8,
+    )
+    vae = _tiny_vae(seed)
+    torch.manual_seed(seed + 2)
+    text_encoder = CLIPTextModel(config)
+    pipe = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=_tiny_scheduler(),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    dynamic: Any = pipe
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny(model_id: str, seed: int = 0) -> StableDiffusionXLPipeline | StableDiffusionPipeline:
+    """The tiny pipeline named `tiny` (SDXL) or `tiny-sd15`."""
+    if model_id == _SDXL:
+        return build_tiny_pipeline(seed)
+    if model_id == _SD15:
+        return build_tiny_sd15_pipeline(seed)
+    raise ValueError(f"{model_id!r} is not a tiny model; accepted: {_SDXL}, {_SD15}")
+
+
+def _tiny_vae(seed: int) -> AutoencoderKL:
     torch.manual_seed(seed + 1)
-    vae = AutoencoderKL(
+    return AutoencoderKL(
         block_out_channels=(16, 32),
         in_channels=3,
         out_channels=3,
@@ -130,40 +216,30 @@ def build_tiny_pipeline(seed: int = 0) -> StableDiffusionXLPipeline:
         norm_num_groups=8,
         sample_size=TINY_SIDE,
     )
-    torch.manual_seed(seed + 2)
-    text_encoder = CLIPTextModel(config)
-    torch.manual_seed(seed + 3)
-    text_encoder_2 = CLIPTextModelWithProjection(config)
-    scheduler = EulerDiscreteScheduler(
+
+
+def _tiny_scheduler() -> EulerDiscreteScheduler:
+    return EulerDiscreteScheduler(
         beta_start=0.00085,
         beta_end=0.012,
         beta_schedule="scaled_linear",
         timestep_spacing="leading",
         steps_offset=1,
     )
-    pipe = StableDiffusionXLPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        text_encoder_2=text_encoder_2,
-        tokenizer=tokenizer,
-        tokenizer_2=tokenizer_2,
-        unet=unet,
-        scheduler=scheduler,
-    )
-    dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.Pipeline)
-    dynamic.set_progress_bar_config(disable=True)
-    return pipe
 
 
-def ensure_tiny_pipeline(folder: Path, seed: int = 0) -> Path:
-    """Save the tiny pipeline as an ordinary diffusers folder, once; return the folder."""
+def ensure_tiny_pipeline(folder: Path, seed: int = 0, model_id: str = _SDXL) -> Path:
+    """Save a tiny pipeline (`tiny` or `tiny-sd15`) as an ordinary diffusers folder, once; return the folder."""
     folder = Path(folder)
     marker = folder / _MARKER
-    wanted = {"format": _FORMAT, "seed": seed}
+    # The SDXL marker predates the model name; keeping it unchanged keeps existing folders valid.
+    wanted: dict[str, object] = {"format": _FORMAT, "seed": seed}
+    if model_id != _SDXL:
+        wanted["model"] = model_id
     if marker.is_file() and json.loads(marker.read_text()) == wanted:
         return folder
-    logger.info("building the tiny SDXL pipeline (seed %d) in %s", seed, folder)
-    pipe: Any = build_tiny_pipeline(seed)
+    logger.info("building the tiny pipeline %s (seed %d) in %s", model_id, seed, folder)
+    pipe: Any = build_tiny(model_id, seed)
     pipe.save_pretrained(folder, safe_serialization=True)
     marker.write_text(json.dumps(wanted))
     return folder

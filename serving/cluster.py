@@ -44,8 +44,8 @@ class PoolSpec:
 
 
 def pool_specs(settings: Settings) -> tuple[PoolSpec, ...]:
-    """The pools to deploy, the default first (one today: MODEL_ID; the pools' MODELS setting plugs in here)."""
-    return (PoolSpec(settings.model_id, settings.base_model_id),)
+    """The pools to deploy, the default first (`MODELS`, or MODEL_ID as one pool); one deployment each."""
+    return tuple(PoolSpec(p.model_id, p.base_model_id) for p in settings.pool_settings)
 
 
 def build_app(settings: Settings) -> Application:

@@ -1,7 +1,7 @@
-"""The offline demo's LoRAs: synthetic LoRAs for the tiny pipeline, made locally, with previews.
+"""The offline demo's LoRAs: synthetic LoRAs for the tiny pipelines, made locally, with previews.
 
 When neither a GPU nor the Hub is at hand the Space serves the tiny random-weight
-pipeline, and the catalogue needs LoRAs that fit it. These are random low-rank
+SDXL and SD 1.5 pipelines, and the catalogue needs LoRAs that fit each. These are random low-rank
 factors (see `engine.synthetic`) saved as ordinary local LoRA files, with the
 ModelSpec metadata the local catalogue source reads (title, trigger phrase,
 license), and a preview rendered by the tiny pipeline with that LoRA, saved
@@ -19,17 +19,18 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from PIL import Image
 
 from engine.pipeline import Pipeline
-from engine.requests import GenerateRequest, LoraSpec
-from engine.service import Engine
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID
 from engine.synthetic import (
     TEXT_ATTENTION,
     UNET_ATTENTION,
     UNET_ATTENTION_FF_CONV,
+    KohyaNames,
     find_targets,
     kohya_metadata,
     make_lora,
@@ -37,13 +38,30 @@ from engine.synthetic import (
     save_lora,
 )
 
-__all__ = ["DEMO_LORAS", "PREVIEW_PROMPT", "DemoLora", "ensure_demo_loras", "render_previews"]
+__all__ = [
+    "DEMO_LORAS",
+    "DEMO_SD15_LORAS",
+    "PREVIEW_PROMPT",
+    "DemoLora",
+    "demo_loras",
+    "ensure_demo_loras",
+    "render_previews",
+]
 
 logger = logging.getLogger(__name__)
 
 _FORMAT = 2
 _MARKER = "switchboard_demo.json"
-_SDXL_ARCHITECTURE = "stable-diffusion-xl-v1-base/lora"
+_ARCHITECTURES = {DEFAULT_MODEL_ID: "stable-diffusion-xl-v1-base/lora", SD15_MODEL_ID: "stable-diffusion-v1/lora"}
+_KOHYA_VERSIONS = {DEFAULT_MODEL_ID: "sdxl_base_v1-0", SD15_MODEL_ID: "sd_v1"}
+
+
+class Generates(Protocol):
+    """An engine or a GpuRunner: anything that turns a request into an image."""
+
+    def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+
 PREVIEW_PROMPT = "a fox in a forest at sunset"
 _PREVIEW_SEED = 7
 # Previews are upscaled with NEAREST so the gallery shows the model's own pixels, not a blur of them.
@@ -65,6 +83,7 @@ class DemoLora:
     rank: int = 4
     text_encoders: bool = False
     conv: bool = False
+    base: str = DEFAULT_MODEL_ID
 
     @property
     def file_name(self) -> str:
@@ -144,44 +163,102 @@ DEMO_LORAS: tuple[DemoLora, ...] = (
 )
 
 
-def ensure_demo_loras(folder: Path, pipe: Pipeline) -> tuple[Path, ...]:
-    """Write the demo LoRA files for `pipe` (the tiny pipeline) into `folder`, once; returns their paths."""
+DEMO_SD15_LORAS: tuple[DemoLora, ...] = (
+    DemoLora(
+        "dusty_rose",
+        "Dusty Rose",
+        "dusty rose",
+        "openrail",
+        "SD 1.5, kohya naming with conv layers and the text encoder (lora_te_).",
+        "kohya",
+        seed=201,
+        strength=3.0,
+        text_encoders=True,
+        conv=True,
+        base=SD15_MODEL_ID,
+    ),
+    DemoLora(
+        "lantern_glow",
+        "Lantern Glow",
+        "lantern glow",
+        "cc-by-4.0",
+        "SD 1.5, diffusers/PEFT naming.",
+        "peft",
+        seed=202,
+        strength=4.0,
+        base=SD15_MODEL_ID,
+    ),
+    DemoLora(
+        "cobalt_ink",
+        "Cobalt Ink",
+        "cobalt ink",
+        "cc-by-nc-4.0",
+        "SD 1.5, non-commercial.",
+        "kohya",
+        seed=203,
+        strength=5.0,
+        base=SD15_MODEL_ID,
+    ),
+)
+
+
+def demo_loras(served: tuple[str, ...] = (DEFAULT_MODEL_ID,)) -> tuple[DemoLora, ...]:
+    """The demo LoRAs for the served bases."""
+    return tuple(lora for lora in (*DEMO_LORAS, *DEMO_SD15_LORAS) if lora.base in served)
+
+
+def ensure_demo_loras(folder: Path, pipes: Mapping[str, Pipeline] | Pipeline) -> tuple[Path, ...]:
+    """Write the demo LoRA files for the tiny pipelines into `folder`, once; returns their paths.
+
+    `pipes` maps each served base repo id to its pipeline; a lone pipeline is the tiny SDXL one.
+    """
+    by_base = dict(pipes) if isinstance(pipes, Mapping) else {DEFAULT_MODEL_ID: pipes}
+    loras = demo_loras(tuple(by_base))
     folder = Path(folder)
     marker = folder / _MARKER
-    wanted = {"format": _FORMAT, "loras": [lora.stem for lora in DEMO_LORAS]}
-    paths = tuple(folder / lora.file_name for lora in DEMO_LORAS)
+    wanted = {"format": _FORMAT, "loras": [lora.stem for lora in loras]}
+    paths = tuple(folder / lora.file_name for lora in loras)
     if _read_marker(marker) == wanted and all(p.is_file() for p in paths):
         return paths
     folder.mkdir(parents=True, exist_ok=True)
-    logger.info("writing %d demo LoRAs to %s", len(DEMO_LORAS), folder)
-    components = {"unet": pipe.unet, "text_encoder": pipe.text_encoder, "text_encoder_2": pipe.text_encoder_2}
-    for lora, path in zip(DEMO_LORAS, paths, strict=True):
-        patterns: dict[str, tuple[str, ...]] = {"unet": UNET_ATTENTION_FF_CONV if lora.conv else UNET_ATTENTION}
-        if lora.text_encoders:
-            patterns |= {"text_encoder": TEXT_ATTENTION, "text_encoder_2": TEXT_ATTENTION}
-        targets = find_targets(components, patterns)
-        tensors = make_lora(targets, rank=lora.rank, seed=lora.seed, fmt=lora.fmt, strength=lora.strength)
-        if lora.fmt == "kohya":
-            metadata = kohya_metadata(dim=lora.rank, alpha=float(lora.rank), title=lora.title)
-        else:
-            metadata = peft_metadata(targets, rank=lora.rank, alpha=float(lora.rank))
-        metadata |= _modelspec(lora)
-        _write_atomically(path, tensors, metadata)
+    logger.info("writing %d demo LoRAs to %s", len(loras), folder)
+    for lora, path in zip(loras, paths, strict=True):
+        tensors, metadata = _make(lora, by_base[lora.base])
+        _write_atomically(path, tensors, metadata | _modelspec(lora))
         # A preview of an older version of this LoRA would lie about it.
         path.with_suffix(".png").unlink(missing_ok=True)
     marker.write_text(json.dumps(wanted))
     return paths
 
 
-def render_previews(engine: Engine, folder: Path, *, stop: threading.Event | None = None) -> int:
-    """Render `<stem>.png` for each demo LoRA that has none, with `engine`, until `stop` is set; returns how many."""
+def _make(lora: DemoLora, pipe: Pipeline) -> tuple[dict[str, object], dict[str, str]]:
+    encoders = [c for c in ("text_encoder", "text_encoder_2") if getattr(pipe, c, None) is not None]
+    components = {c: getattr(pipe, c) for c in ("unet", *encoders)}
+    patterns: dict[str, tuple[str, ...]] = {"unet": UNET_ATTENTION_FF_CONV if lora.conv else UNET_ATTENTION}
+    if lora.text_encoders:
+        patterns |= dict.fromkeys(encoders, TEXT_ATTENTION)
+    targets = find_targets(components, patterns)
+    names: KohyaNames = "sdxl" if lora.base == DEFAULT_MODEL_ID else "sd1"
+    tensors = make_lora(
+        targets, rank=lora.rank, seed=lora.seed, fmt=lora.fmt, strength=lora.strength, kohya_names=names
+    )
+    if lora.fmt == "kohya":
+        base_version = _KOHYA_VERSIONS[lora.base]
+        metadata = kohya_metadata(dim=lora.rank, alpha=float(lora.rank), title=lora.title, base_version=base_version)
+    else:
+        metadata = peft_metadata(targets, rank=lora.rank, alpha=float(lora.rank))
+    return dict(tensors), metadata
+
+
+def render_previews(engine: Generates, folder: Path, *, stop: threading.Event | None = None) -> int:
+    """Render `<stem>.png` for each demo LoRA in `folder` that has none, until `stop` is set; returns how many."""
     folder = Path(folder)
     made = 0
-    for lora in DEMO_LORAS:
+    for lora in (*DEMO_LORAS, *DEMO_SD15_LORAS):
         target = folder / f"{lora.stem}.png"
         if stop is not None and stop.is_set():
             break
-        if target.is_file():
+        if target.is_file() or not (folder / lora.file_name).is_file():
             continue
         request = GenerateRequest(
             prompt=f"{lora.trigger}, {PREVIEW_PROMPT}", loras=(LoraSpec(lora.ref),), seed=_PREVIEW_SEED
@@ -199,11 +276,11 @@ def render_previews(engine: Engine, folder: Path, *, stop: threading.Event | Non
 
 def _modelspec(lora: DemoLora) -> dict[str, str]:
     return {
-        "modelspec.architecture": _SDXL_ARCHITECTURE,
+        "modelspec.architecture": _ARCHITECTURES[lora.base],
         "modelspec.title": lora.title,
         "modelspec.trigger_phrase": lora.trigger,
         "modelspec.license": lora.license,
-        "modelspec.description": f"{lora.description} A synthetic demo LoRA for the tiny offline pipeline.",
+        "modelspec.description": f"{lora.description} A synthetic demo LoRA for a tiny offline pipeline.",
         "modelspec.tags": "demo, synthetic",
     }
 

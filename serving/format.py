@@ -80,10 +80,16 @@ APP_CSS = """
 
 
 def size_presets(defaults: ModelDefaults) -> list[tuple[str, str]]:
-    """(label, "WxH") choices: SDXL's aspect buckets for a full-size model, small sizes for the tiny one."""
+    """(label, "WxH") choices: SDXL's aspect buckets scaled to the model's side (1024 SDXL, 768 SD 2.x, 512
+    SD 1.5; multiples of 64), small sizes for the tiny ones."""
     square = (defaults.side, defaults.side)
-    candidates = _SDXL_SIZES if defaults.side >= 512 else _SMALL_SIZES
-    sizes = [square, *(s for s in candidates if s != square)]
+    scale = defaults.side / 1024
+    candidates = (
+        tuple((64 * round(w * scale / 64), 64 * round(h * scale / 64)) for w, h in _SDXL_SIZES)
+        if defaults.side >= 512
+        else _SMALL_SIZES
+    )
+    sizes = list(dict.fromkeys((square, *candidates)))
     fitting = [(w, h) for w, h in sizes if max(w, h) <= defaults.max_side]
     return [(f"{w} × {h}", f"{w}x{h}") for w, h in fitting]
 

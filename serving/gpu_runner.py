@@ -1,10 +1,11 @@
 """`GpuRunner`: the one way the UI, `gradio_client` and the HTTP endpoint generate.
 
-Each request is queued on the engine's scheduler (one queue, one limit, one position for every
+Each request is first routed to its pool (`engine.pools`: the pool its LoRAs were made for, else the base
+it names, else the default), then queued on that pool's engine scheduler (one queue, one limit, one position for every
 transport), prepared (resolved, downloaded, converted) on its pool outside the `@spaces.GPU` function,
 and run inside it once admitted, so on ZeroGPU the borrowed GPU time is spent on swapping and inference
-only. The async path (`complete`) waits on the scheduler without holding a thread; only the admitted
-request runs in one.
+only; the pool's pipeline is moved onto the device first when it waits in host RAM. The async path
+(`complete`) waits on the scheduler without holding a thread; only the admitted request runs in one.
 """
 
 from __future__ import annotations
@@ -13,18 +14,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import anyio
 import spaces
 
 from engine.compare import CompareLimits, CompareRequest, CompareResult, plan_cells, prepare_cells
 from engine.errors import GenerationError
-from engine.requests import GenerateRequest, GenerateResult
+from engine.pools import Pool, Pools
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from engine.scheduler import QueueView, Ticket
 from engine.service import Engine, PreparedRequest, Preview
 from engine.worker_cache import GpuOutcome, WorkerCache, WorkerView
 
-__all__ = ["GpuRunner"]
+__all__ = ["GpuRunner", "PoolTicket"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +41,29 @@ Progress = Callable[[int, int], None]
 CellProgress = Callable[[int, int, int], None]
 
 
-class GpuRunner:
-    """Queue a request on the engine's scheduler, prepare it off the GPU's path, swap and generate inside it."""
+@dataclass(frozen=True)
+class PoolTicket:
+    """A request's place in the queue of the pool it was routed to."""
 
-    def __init__(self, engine: Engine, *, zero_gpu: bool = False, gpu: Callable[..., Callable] = spaces.GPU) -> None:
-        self.engine = engine
+    pool: Pool
+    ticket: Ticket[PreparedRequest]
+
+
+class GpuRunner:
+    """Route a request to its pool, queue it on that pool's scheduler, prepare it off the GPU's path, swap and
+    generate inside it."""
+
+    def __init__(
+        self, target: Engine | Pools, *, zero_gpu: bool = False, gpu: Callable[..., Callable] = spaces.GPU
+    ) -> None:
+        self.pools = target if isinstance(target, Pools) else Pools.single(target)
+        # The default pool's engine: its defaults, settings and events stand for the Space's.
+        self.engine = self.pools.default.engine
         self._zero_gpu = zero_gpu
         # On ZeroGPU: the main process's view of the worker's adapters, and the worker's own cache (its copy
         # of this object lives in the forked worker; the main process never fills it).
         self._view = WorkerView()
-        self.worker_cache = WorkerCache(engine.settings.device_cache_bytes)
+        self.worker_cache = WorkerCache(self.engine.settings.device_cache_bytes)
         # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU.
         self._run_on_gpu = gpu(self._run_shipped if zero_gpu else self._run, duration=_gpu_duration)
         self._compare_on_gpu = gpu(self._run_many, duration=_gpu_duration_many)
@@ -55,42 +72,72 @@ class GpuRunner:
         self,
         request: GenerateRequest,
         *,
+        base: str = "",
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
         preview: Preview | None = None,
     ) -> GenerateResult:
-        """Queue, wait and run, blocking this thread (scripts, tests; the transports use `complete`)."""
-        with self.engine.scheduler.slot(request, cancel) as prepared:
-            return self._call_gpu(prepared, progress, cancel, preview)
+        """Route, queue, wait and run, blocking this thread (scripts, tests; the transports use `complete`).
+
+        `base` names a served base repo id for a request without a LoRA ("" for the default pool)."""
+        pool = self.pools.route(request, base).pool
+        with pool.engine.scheduler.slot(request, cancel) as prepared:
+            return self._call_gpu(pool, prepared, progress, cancel, preview)
 
     def compare(
-        self, request: CompareRequest, *, progress: CellProgress | None = None, cancel: threading.Event | None = None
+        self,
+        request: CompareRequest,
+        *,
+        base: str = "",
+        progress: CellProgress | None = None,
+        cancel: threading.Event | None = None,
     ) -> CompareResult:
-        """A comparison grid's cells: planned and prepared, then run in one scheduler slot (one GPU call)."""
-        settings = self.engine.settings
+        """A comparison grid's cells: planned and prepared on their pool, then run in one scheduler slot (one
+        GPU call). Every LoRA of a comparison must belong to one pool."""
+        loras = request.loras if isinstance(request.loras, tuple | list) else ()
+        # Each LoRA once (a sweep names one several times): the cells' own checks come with `plan_cells`.
+        unique = {
+            (s.ref, s.revision, s.weight_name): s for s in loras if isinstance(s, LoraSpec) and isinstance(s.ref, str)
+        }
+        pool = self.pools.route(GenerateRequest(prompt="compare", loras=tuple(unique.values())), base).pool
+        engine = pool.engine
+        settings = engine.settings
         grid = CompareLimits(settings.max_compare_cells, settings.max_compare_steps)
-        cells = plan_cells(request, self.engine.defaults, self.engine.limits, grid)
+        cells = plan_cells(request, engine.defaults, engine.limits, grid)
         started = time.perf_counter()
         # The first cell's request takes the queue turn; every cell runs inside it (no other request between).
-        with prepare_cells(self.engine, cells) as prepared, self.engine.scheduler.slot(cells[0].request, cancel):
+        with prepare_cells(engine, cells) as prepared, engine.scheduler.slot(cells[0].request, cancel):
             if self._zero_gpu:
-                results = self._compare_on_gpu(prepared, progress)
+                results = self._compare_on_gpu(prepared, progress, None, pool.index)
             else:
-                results = self._compare_on_gpu(prepared, progress, cancel)
+                results = self._compare_on_gpu(prepared, progress, cancel, pool.index)
         total_s = time.perf_counter() - started
         logger.info("compared %d cells in %.2f s", len(cells), total_s)
         return CompareResult(tuple(c.label for c in cells), results, int(cells[0].request.seed or 0), total_s)
 
-    def submit(self, request: GenerateRequest) -> Ticket[PreparedRequest]:
-        """Queue `request` (EngineBusyError when the queue is full); its preparation starts now."""
-        return self.engine.scheduler.submit(request)
+    def submit(self, request: GenerateRequest, *, base: str = "") -> PoolTicket:
+        """Route and queue `request` (EngineBusyError when its pool's queue is full); its preparation starts now.
 
-    def position(self, ticket: Ticket[PreparedRequest]) -> QueueView:
-        return self.engine.scheduler.view(ticket)
+        Routing may look a LoRA up on the Hub: async callers run this in a worker thread (`submit_async`)."""
+        pool = self.pools.route(request, base).pool
+        return PoolTicket(pool, pool.engine.scheduler.submit(request))
+
+    async def submit_async(self, request: GenerateRequest, *, base: str = "") -> PoolTicket:
+        """`submit` without blocking the event loop on routing (one pool: nothing to route, no thread)."""
+        if len(self.pools.pools) == 1:
+            return self.submit(request, base=base)
+        return await anyio.to_thread.run_sync(partial(self.submit, request, base=base))
+
+    def position(self, ticket: PoolTicket) -> QueueView:
+        return ticket.pool.engine.scheduler.view(ticket.ticket)
+
+    def cancel(self, ticket: PoolTicket) -> None:
+        """Take a queued request out of its queue now (a running one stops with its cancel event)."""
+        ticket.pool.engine.scheduler.cancel(ticket.ticket)
 
     async def complete(
         self,
-        ticket: Ticket[PreparedRequest],
+        ticket: PoolTicket,
         *,
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
@@ -98,37 +145,39 @@ class GpuRunner:
         preview: Preview | None = None,
     ) -> GenerateResult:
         """Wait for the slot on the event loop (no thread held), then swap and generate in a worker thread."""
-        scheduler = self.engine.scheduler
+        scheduler = ticket.pool.engine.scheduler
         try:
-            await scheduler.wait_async(ticket, on_queue)
+            await scheduler.wait_async(ticket.ticket, on_queue)
             return await anyio.to_thread.run_sync(self._run_admitted, ticket, progress, cancel, preview)
         finally:
-            scheduler.finish(ticket)
+            scheduler.finish(ticket.ticket)
 
     async def generate_async(
         self,
         request: GenerateRequest,
         *,
+        base: str = "",
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
         on_queue: Callable[[QueueView], None] | None = None,
         preview: Preview | None = None,
     ) -> GenerateResult:
-        return await self.complete(
-            self.submit(request), progress=progress, cancel=cancel, on_queue=on_queue, preview=preview
-        )
+        ticket = await self.submit_async(request, base=base)
+        return await self.complete(ticket, progress=progress, cancel=cancel, on_queue=on_queue, preview=preview)
 
     def _run_admitted(
         self,
-        ticket: Ticket[PreparedRequest],
+        ticket: PoolTicket,
         progress: Progress | None,
         cancel: threading.Event | None,
         preview: Preview | None,
     ) -> GenerateResult:
-        return self._call_gpu(self.engine.scheduler.start(ticket), progress, cancel, preview)
+        prepared = ticket.pool.engine.scheduler.start(ticket.ticket)
+        return self._call_gpu(ticket.pool, prepared, progress, cancel, preview)
 
     def _call_gpu(
         self,
+        pool: Pool,
         prepared: PreparedRequest,
         progress: Progress | None,
         cancel: threading.Event | None,
@@ -136,21 +185,22 @@ class GpuRunner:
     ) -> GenerateResult:
         if self._zero_gpu:
             # No previews there: a callback from the ZeroGPU worker would not reach this process.
-            result = self._generate_shipped(prepared, progress)
+            result = self._generate_shipped(prepared, progress, pool.index)
             # The worker's events reached the worker's copy of the observers; report its timings here instead
             # (its time waiting for the engine's lock is not known out here).
             if result.swapped:
-                self.engine.events.swapped(result.timings.apply)
-            self.engine.events.inferred(result.timings.inference)
+                pool.engine.events.swapped(result.timings.apply)
+            pool.engine.events.inferred(result.timings.inference)
             return result
-        return self._run_on_gpu(prepared, progress, cancel, preview)
+        # The pool goes by its index: on ZeroGPU the arguments are pickled, and an engine must not be.
+        return self._run_on_gpu(prepared, progress, cancel, preview, pool.index)
 
-    def _generate_shipped(self, prepared: PreparedRequest, progress: Progress | None) -> GenerateResult:
+    def _generate_shipped(self, prepared: PreparedRequest, progress: Progress | None, pool: int) -> GenerateResult:
         # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway.
-        outcome = self._run_on_gpu(self._view.ship(prepared), progress)
+        outcome = self._run_on_gpu(self._view.ship(prepared), progress, pool)
         if outcome.result is None:
             # The worker lacked adapters it was thought to hold (a new worker): once more, with tensors.
-            outcome = self._run_on_gpu(self._view.ship(prepared, full=True), progress)
+            outcome = self._run_on_gpu(self._view.ship(prepared, full=True), progress, pool)
         self._view.learn(outcome)
         if outcome.result is None:
             raise GenerationError(f"the GPU worker could not receive {', '.join(map(str, outcome.missing))}")
@@ -162,23 +212,25 @@ class GpuRunner:
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
         preview: Preview | None = None,
+        pool: int = 0,
     ) -> GenerateResult:
-        return self.engine.run(prepared, progress=progress, cancel=cancel, preview=preview)
+        return self.pools.run(self.pools.pools[pool], prepared, progress=progress, cancel=cancel, preview=preview)
 
     def _run_many(
         self,
         prepared: tuple[PreparedRequest, ...],
         progress: CellProgress | None = None,
         cancel: threading.Event | None = None,
+        pool: int = 0,
     ) -> tuple[GenerateResult, ...]:
-        return self.engine.run_many(prepared, progress=progress, cancel=cancel)
+        return self.pools.run_many(self.pools.pools[pool], prepared, progress=progress, cancel=cancel)
 
-    def _run_shipped(self, prepared: PreparedRequest, progress: Progress | None = None) -> GpuOutcome:
+    def _run_shipped(self, prepared: PreparedRequest, progress: Progress | None = None, pool: int = 0) -> GpuOutcome:
         """Inside the GPU worker: fill in adapters from its cache, then swap and generate."""
         received = self.worker_cache.receive(prepared)
         if isinstance(received, tuple):
             return GpuOutcome(None, received, self.worker_cache.held())
-        result = self.engine.run(received, progress=progress)
+        result = self.pools.run(self.pools.pools[pool], received, progress=progress)
         return GpuOutcome(result, (), self.worker_cache.held())
 
 

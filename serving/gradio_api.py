@@ -1,4 +1,5 @@
-"""The named API `gradio_client` sees (/generate, /compare, /catalog, /lora_info), and the progress plumbing.
+"""The named API `gradio_client` sees (/generate, /compare, /catalog, /lora_info, /pool_status), and the progress
+plumbing.
 
 Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named
 here and nothing of the UI's own events (those are private). Each endpoint takes its inputs, calls the
@@ -7,6 +8,8 @@ one shared handler (`serving.handlers`) the UI calls too, and formats the answer
 
 `/generate` is a generator: while the engine denoises it yields previews (the image so far, with info
 `{"preview": true, "step": k}`), then the final image and its info; `Client.predict` returns the last.
+`/generate` and `/compare` take `base`: a served base repo id for a request without a LoRA ("" for the
+default pool); a LoRA always runs on the base it was made for.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from engine.scheduler import QueueView
 from lora_catalog.listing import CatalogPage
 from serving import comparison as comparison_fields
 from serving import format as fmt
+from serving import pool_views
 from serving.errors import user_errors
 from serving.handlers import Comparison, Handlers
 from serving.streaming import Frame
@@ -65,7 +69,7 @@ class CellProgress:
 
 
 async def generate(
-    handlers: Handlers, request: GenerateRequest, progress: gr.Progress, transport: str = "gradio_api"
+    handlers: Handlers, request: GenerateRequest, progress: gr.Progress, transport: str = "gradio_api", base: str = ""
 ) -> AsyncIterator[Frame | GenerateResult | None]:
     """Generate for the UI (`transport="ui"`) or the API: wait on the engine's scheduler (the one queue, no
     thread held) showing the place it gives, then preview frames as it denoises, then the result; `None`
@@ -77,16 +81,16 @@ async def generate(
     progress(0, desc="Preparing LoRAs (download, convert)")
     with user_errors():
         async for item in handlers.generate_stream(
-            request, StepProgress(progress), on_queue=on_queue, transport=transport
+            request, StepProgress(progress), on_queue=on_queue, transport=transport, base=base
         ):
             yield item
 
 
-def compare(handlers: Handlers, request: Any, progress: gr.Progress) -> Comparison:
+def compare(handlers: Handlers, request: Any, progress: gr.Progress, base: str = "") -> Comparison:
     """A comparison grid for the UI or the API (one queue turn for all its cells)."""
     progress(0, desc="Preparing LoRAs (download, convert)")
     with user_errors():
-        return handlers.compare(request, CellProgress(progress))
+        return handlers.compare(request, CellProgress(progress), base)
 
 
 def add_api_endpoints(handlers: Handlers) -> None:
@@ -106,7 +110,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
         grid = gr.Image(type="pil", format="png", label="grid")
         cells = gr.Gallery(type="pil", format="png", label="cells")
         info, page_json, lora_json = gr.JSON(label="info"), gr.JSON(label="page"), gr.JSON(label="lora")
-        compare_json = gr.JSON(label="info")
+        compare_json, status_json = gr.JSON(label="info"), gr.JSON(label="status")
         trigger = gr.Button()
 
     async def generate_api(
@@ -121,11 +125,14 @@ def add_api_endpoints(handlers: Handlers) -> None:
         width: float | None,
         height: float | None,
         seed: float | None,
+        base: str = "",
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
         """Generate an image; `lora` and `lora_2` are Hub repo ids or local: files ("" for none); seed -1 is random.
 
-        Yields previews while denoising (info `{"preview": true, "step": k}`), then the image and its info.
+        The LoRAs pick the base model they were made for; without one, `base` names a served base ("" for the
+        default). Yields previews while denoising (info `{"preview": true, "step": k}`), then the image and its
+        info.
         """
         with user_errors():
             specs = (_spec(lora, lora_scale, "lora_scale"), _spec(lora_2, lora_2_scale, "lora_2_scale"))
@@ -139,7 +146,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
                 height=height,
                 seed=fmt.seed_value(seed),
             )
-        async for item in generate(handlers, request, progress):
+        async for item in generate(handlers, request, progress, base=(base or "").strip()):
             if isinstance(item, Frame):
                 yield item.image, {"preview": True, "step": item.step}
             elif item is not None:  # ticks are for the UI's liveness check: the API shows frames and the result
@@ -156,19 +163,21 @@ def add_api_endpoints(handlers: Handlers) -> None:
         width: float | None,
         height: float | None,
         seed: float | None,
+        base: str = "",
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
         """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
 
         `loras`: up to 4 LoRAs, one per line or comma-separated; `scales`: "" (each at 1), one scale for all,
         one per LoRA, or several for a single LoRA (a sweep, e.g. "0, 0.5, 1"); `include_base` puts the base
-        model's image first. Each cell is what /generate returns for the same inputs.
+        model's image first. Each cell is what /generate returns for the same inputs. The LoRAs must share one
+        base model, on which the grid runs (`base` names it when the LoRAs declare none, "" for the default).
         """
         with user_errors():
             request = comparison_fields.compare_request(
                 prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed
             )
-        comparison = compare(handlers, request, progress)
+        comparison = compare(handlers, request, progress, (base or "").strip())
         result = comparison.result
         gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
         return comparison.grid, gallery, comparison_fields.compare_info(result)
@@ -185,9 +194,16 @@ def add_api_endpoints(handlers: Handlers) -> None:
             report = handlers.lora(spec)
         return {"entry": report.entry.to_json(), "check": fmt.check_info(report.check)}
 
+    def pool_status() -> dict[str, Any]:
+        """Each pool's base, family, memory (on the device or waiting in host RAM) and engine status."""
+        statuses = handlers.pool_status()
+        if statuses is None:
+            raise gr.Error("this Space is a front end (BACKEND_URL): its cluster reports its own pools")
+        return pool_views.pools_status_json(statuses)
+
     trigger.click(
         generate_api,
-        [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance, width, height, seed],
+        [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance, width, height, seed, base],
         [image, info],
         api_name="generate",
         concurrency_id=PIPELINE,
@@ -196,7 +212,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
     )
     trigger.click(
         compare_api,
-        [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed],
+        [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base],
         [grid, cells, compare_json],
         api_name="compare",
         concurrency_id=PIPELINE,
@@ -210,6 +226,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
         concurrency_id=BROWSE,
         concurrency_limit=4,
     )
+    trigger.click(pool_status, None, status_json, api_name="pool_status", queue=False)
     trigger.click(
         lora_info,
         [repo_id, revision, weight_name],

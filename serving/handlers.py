@@ -25,6 +25,7 @@ from serving.grid import grid_image
 from serving.streaming import Frame, Preview, stream
 
 if TYPE_CHECKING:
+    from engine.pools import Pools, PoolStatus
     from engine.scheduler import QueueView
     from engine.service import Engine, EngineStatus, LoraCheck
     from lora_catalog.catalog import Catalog
@@ -57,7 +58,11 @@ class Comparison:
 
 
 class Handlers:
-    """The one implementation of each user action, over one engine, its runner and the catalogue."""
+    """The one implementation of each user action, over the default engine, the runner and the catalogue.
+
+    With a local runner, `pools` are its pools: checks and prefetches go to a LoRA's own pool, and a request
+    without a LoRA may name its base (`base`). A front end (`RemoteRunner`) has none here.
+    """
 
     def __init__(
         self,
@@ -70,6 +75,7 @@ class Handlers:
         self._engine = engine
         self._catalog = catalog
         self._runner = runner
+        self.pools: Pools | None = runner.pools
         self.boot_s = boot_s
 
     @property
@@ -104,10 +110,19 @@ class Handlers:
             page_size=PAGE_SIZE,
         )
 
+    def defaults_for(self, base: str) -> ModelDefaults:
+        """The request defaults of the pool serving `base` ("" or an unserved base: the default pool's)."""
+        if self.pools is None or not base:
+            return self.defaults
+        pool = next((p for p in self.pools.pools if p.base_model_id.lower() == base.lower()), self.pools.default)
+        return pool.engine.defaults
+
     def lora(self, spec: LoraSpec) -> LoraReport:
-        """What a LoRA is and whether it loads here (downloads and prepares it: the next use is a cache hit)."""
+        """What a LoRA is and whether it loads here, on its own pool (downloads and prepares it: the next use is
+        a cache hit)."""
         entry = self._catalog.resolve(spec.ref, spec.revision, spec.weight_name)
-        return LoraReport(entry, self._engine.check_lora(spec))
+        check = self.pools.check_lora(spec) if self.pools is not None else self._engine.check_lora(spec)
+        return LoraReport(entry, check)
 
     async def generate(
         self,
@@ -118,16 +133,18 @@ class Handlers:
         on_queue: Callable[[QueueView], None] | None = None,
         transport: str = "gradio_api",
         preview: Preview | None = None,
+        base: str = "",
     ) -> GenerateResult:
-        """The one way the UI and the API generate: queued on the engine's scheduler, prepared off the GPU's
-        path, then swapped and run in the GPU function; waiting holds no thread.
+        """The one way the UI and the API generate: routed to its pool (`base` names one for a request without
+        a LoRA, "" for the default), queued on that pool's scheduler, prepared off the GPU's path, then swapped
+        and run in the GPU function; waiting holds no thread.
 
         How it ended is reported to the engine's events under `transport` (metrics count requests by it).
         """
         events = self._engine.events
         try:
             result = await self._runner.generate_async(
-                request, progress=progress, cancel=cancel, on_queue=on_queue, preview=preview
+                request, base=base, progress=progress, cancel=cancel, on_queue=on_queue, preview=preview
             )
         except SwitchboardError as e:
             events.request_done(transport, e.status)
@@ -139,8 +156,10 @@ class Handlers:
         return result
 
     def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
-        """Start preparing a LoRA the user picked, so that Generate finds it ready."""
-        return self._engine.prefetch(spec)
+        """Start preparing a LoRA the user picked on its pool, so that Generate finds it ready.
+
+        Routing it may look it up on the Hub first: async callers run this in a worker thread."""
+        return self.pools.prefetch(spec) if self.pools is not None else self._engine.prefetch(spec)
 
     def generate_stream(
         self,
@@ -149,6 +168,7 @@ class Handlers:
         *,
         on_queue: Callable[[QueueView], None] | None = None,
         transport: str = "gradio_api",
+        base: str = "",
     ) -> AsyncIterator[Frame | GenerateResult | None]:
         """`generate`, yielding preview frames while it denoises (none when previews are off) and `None` ticks
         while it waits, then the result; closing the stream cancels the generation."""
@@ -156,18 +176,22 @@ class Handlers:
 
         def work(preview: Preview) -> Awaitable[GenerateResult]:
             return self.generate(
-                request, progress, cancel=cancel, on_queue=on_queue, transport=transport, preview=preview
+                request, progress, cancel=cancel, on_queue=on_queue, transport=transport, preview=preview, base=base
             )
 
         return stream(work, cancel)
 
-    def compare(self, request: CompareRequest, progress: CellProgress | None = None) -> Comparison:
-        """A comparison grid: every cell in one queue turn, then the labelled grid image."""
-        result = self._runner.compare(request, progress=progress)
+    def compare(self, request: CompareRequest, progress: CellProgress | None = None, base: str = "") -> Comparison:
+        """A comparison grid: every cell in one queue turn on the LoRAs' pool (else `base`'s), then the grid."""
+        result = self._runner.compare(request, base=base, progress=progress)
         return Comparison(result, grid_image(result.labels, [r.image for r in result.results]))
 
     def status(self) -> EngineStatus:
         return self._engine.status()
+
+    def pool_status(self) -> tuple[PoolStatus, ...] | None:
+        """Each pool's status (None for a front end, whose cluster reports its own)."""
+        return self.pools.status() if self.pools is not None else None
 
     def example_lora(self) -> str:
         """A LoRA to show in the API snippets: the best-known Hub one if any, else whatever is listed first."""

@@ -3,6 +3,10 @@
     curl -H 'lora: minimaxir/sdxl-wrong-lora' http://localhost:7860 \\
          -d '{"inputs": "elephant", "parameters": {"num_inference_steps": 20}}' > result.jpg
 
+`POST /models/<base repo id>` takes the same body and headers and generates on that base's pool (like
+the inference API's URL form); an unserved base is a 404 naming the served ones. Without it a request
+goes to its LoRAs' pool (the base they were made for), or the default one.
+
 The body is JSON whatever its Content-Type says (curl's `-d` sends a form type).
 The `lora` header names a Hub repo id or a `local:` file; `parameters.loras` lists more as
 `{"path": ..., "scale": ...}` (the shape huggingface_hub's InferenceClient sends to text-to-image
@@ -276,14 +280,15 @@ async def _watch_disconnect(request: Request, gone: Callable[[], None]) -> None:
 
 
 def make_routes(runner: GpuRunner) -> list[BaseRoute]:
-    """The routes to add to the server in front of the UI (only `POST /`: `GET /` stays the UI)."""
+    """The routes to add to the server in front of the UI (`POST /` and `POST /models/<base>`; `GET /` stays
+    the UI)."""
 
     async def generate(request: Request) -> Response:
-        response = await _answer(request)
+        response = await _answer(request, request.path_params.get("base", ""))
         runner.engine.events.request_done("http", response.status_code)
         return response
 
-    async def _answer(request: Request) -> Response:
+    async def _answer(request: Request, base: str) -> Response:
         body = await read_body(request)
         if isinstance(body, Response):
             return body
@@ -294,15 +299,15 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
         except InvalidRequestError as e:
             return json_error(e)
         try:
-            ticket = runner.submit(parsed.request)
+            ticket = await runner.submit_async(parsed.request, base=base)
         except SwitchboardError as e:
-            return _failed(e)
+            return _failed(e, request.url.path)
         position = runner.position(ticket).position
         cancel = threading.Event()
 
         def gone() -> None:
             cancel.set()  # stops a generation under way at its next step
-            runner.engine.scheduler.cancel(ticket)  # or leaves the queue now
+            runner.cancel(ticket)  # or leaves the queue now
 
         outcome: GenerateResult | SwitchboardError
         async with anyio.create_task_group() as group:
@@ -314,16 +319,19 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
             finally:
                 group.cancel_scope.cancel()
         if isinstance(outcome, SwitchboardError):
-            return _failed(outcome)
+            return _failed(outcome, request.url.path)
         data = await anyio.to_thread.run_sync(encode_image, outcome.image, parsed.media_type)
         return Response(data, media_type=parsed.media_type, headers=result_headers(outcome, position))
 
-    return [Route("/", generate, methods=["POST"], name="inference_api")]
+    return [
+        Route("/", generate, methods=["POST"], name="inference_api"),
+        Route("/models/{base:path}", generate, methods=["POST"], name="inference_api_base"),
+    ]
 
 
-def _failed(error: SwitchboardError) -> Response:
+def _failed(error: SwitchboardError, path: str) -> Response:
     level = logging.WARNING if error.status < 500 else logging.ERROR
-    logger.log(level, "POST / failed: %s: %s", type(error).__name__, error)
+    logger.log(level, "POST %s failed: %s: %s", path, type(error).__name__, error)
     return json_error(error)
 
 

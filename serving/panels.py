@@ -33,6 +33,7 @@ class Browser:
     """The catalogue panel: filters, gallery, paging and the selected LoRA's card."""
 
     base: gr.Dropdown
+    note: gr.Markdown
     sort: gr.Dropdown
     search: gr.Textbox
     gallery: gr.Gallery
@@ -89,15 +90,16 @@ def header(banner: str | None) -> None:
         gr.Markdown(banner, elem_classes="banner", elem_id="banner")
     gr.Markdown(
         "# LoRA Switchboard\nPick a LoRA from the Hub (or name your own), write a prompt, generate. "
-        "One warm SDXL pipeline swaps LoRAs in milliseconds.",
+        "Warm pipelines, one per base model, swap LoRAs in milliseconds.",
         elem_classes="hero",
     )
 
 
-def browser_panel(served: str) -> Browser:
+def browser_panel(served: str, choices: list[tuple[str, str]], note: str) -> Browser:
     with gr.Row():
-        base = gr.Dropdown(fmt.base_choices(served), value=served, label="Base model", scale=2)
+        base = gr.Dropdown(choices, value=served, label="Base model", scale=2)
         sort = gr.Dropdown(list(SORTS), value="downloads", label="Sort by", scale=1)
+    base_note = gr.Markdown(note, elem_id="base-note")
     search = gr.Textbox(label="Search", placeholder="style, subject, trigger word… (Enter)")
     gallery = gr.Gallery(
         label="LoRAs",
@@ -115,7 +117,7 @@ def browser_panel(served: str) -> Browser:
     details = gr.HTML("<div class='lora-card'><em>Select a LoRA to see its details.</em></div>", elem_id="lora-details")
     # Selecting a LoRA starts its preparation; this badge says when it is ready (a cache hit on Generate).
     readiness = gr.HTML("", elem_id="lora-ready")
-    return Browser(base, sort, search, gallery, previous, page_info, next_button, details, readiness)
+    return Browser(base, base_note, sort, search, gallery, previous, page_info, next_button, details, readiness)
 
 
 def request_panel(handlers: Handlers) -> RequestPanel:

@@ -59,6 +59,9 @@ _CANCEL_POLL_S = 0.1
 class RemoteRunner:
     """Generate on the cluster at `url`; one pooled HTTP client, safe to share between threads."""
 
+    # The cluster routes between its own pools (by the base a request names); none are known here.
+    pools: None = None
+
     def __init__(self, url: str, *, timeout_s: float, transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), transport=transport)
@@ -104,13 +107,16 @@ class RemoteRunner:
         self,
         request: GenerateRequest,
         *,
+        base: str = "",
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
         on_queue: Callable[[QueueView], None] | None = None,
         preview: Preview | None = None,
     ) -> GenerateResult:
         """`generate` for the Space's async handlers: the cluster queues it (no place or previews come back)."""
-        return await anyio.to_thread.run_sync(partial(self.generate, request, progress=progress, cancel=cancel))
+        return await anyio.to_thread.run_sync(
+            partial(self.generate, request, base=base, progress=progress, cancel=cancel)
+        )
 
     def _post(self, path: str, document: dict, cancel: threading.Event | None) -> httpx.Response:
         if cancel is None:

@@ -2,14 +2,17 @@
 
 `build_runtime(settings)` decides once, at start:
 
-- `MODEL_ID` set: serve exactly that (a Hub id, a local diffusers folder, or `tiny`), or fail loudly;
+- `MODELS` or `MODEL_ID` set: serve exactly those pools (Hub ids, local diffusers folders, or the tiny
+  ones), or fail loudly;
 - `BACKEND_URL` set: a front end; the catalogue is browsed here, generation runs on that Ray Serve
   cluster (`serving.remote`, `serving.cluster`) and nothing is loaded here;
 - nothing set: SDXL when a CUDA device is present and its weights can be had (the Hub answers, or
-  they are in the local Hugging Face cache); otherwise the offline demo — the tiny random-weight
-  pipeline with synthetic LoRAs made on this machine, and a banner that says so.
+  they are in the local Hugging Face cache), with an SD 1.5 pool beside it on a GPU of 20 GB or more;
+  otherwise the offline demo — tiny random-weight SDXL and SD 1.5 pipelines with synthetic LoRAs made
+  on this machine, and a banner that says so.
 
-The engine is served through `serving.gpu_runner.GpuRunner`, the one way every transport generates.
+The pools (`engine.pools`, one engine each) are served through `serving.gpu_runner.GpuRunner`, the one
+way every transport generates.
 """
 
 from __future__ import annotations
@@ -29,24 +32,48 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from engine.errors import SettingsError, SwitchboardError
 from engine.pipeline import LoadedPipeline, load_pipeline
+from engine.pools import Pools, build_pools
 from engine.resolve import AdapterResolver
 from engine.service import Engine
-from engine.settings import DEFAULT_MODEL_ID, TINY_MODEL_ID, Settings
+from engine.settings import (
+    DEFAULT_MODEL_ID,
+    SD15_MODEL_ID,
+    TINY_MODEL_ID,
+    TINY_SD15_MODEL_ID,
+    PoolSetting,
+    Settings,
+)
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
 from lora_catalog.snapshot import default_snapshot_path
 
-from .demo import DEMO_LORAS, ensure_demo_loras, render_previews
+from .demo import demo_loras, ensure_demo_loras, render_previews
 from .gpu_runner import GpuRunner
+from .pool_views import display_name
 from .remote import RemoteEngine, RemoteRunner
 
-__all__ = ["REPO_ROOT", "GpuRunner", "Runtime", "StartPlan", "build_runtime", "plan_start", "probe_base"]
+__all__ = [
+    "DEFAULT_POOLS",
+    "DEMO_POOLS",
+    "REPO_ROOT",
+    "GpuRunner",
+    "Runtime",
+    "StartPlan",
+    "build_runtime",
+    "gpu_bytes",
+    "plan_start",
+    "probe_base",
+]
 
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Long enough for a healthy Hub from a Space, short enough that a dead one does not hold up start-up.
 _PROBE_TIMEOUT_S = 3.0
+# An A10G (24 GB) holds SDXL (about 7 GB in fp16) and SD 1.5 (about 2.5 GB) with room to generate.
+_TWO_POOL_GPU_BYTES = 20 * 10**9
+DEFAULT_POOLS = (PoolSetting(DEFAULT_MODEL_ID, DEFAULT_MODEL_ID), PoolSetting(SD15_MODEL_ID, SD15_MODEL_ID))
+DEMO_POOLS = (PoolSetting(TINY_MODEL_ID, DEFAULT_MODEL_ID), PoolSetting(TINY_SD15_MODEL_ID, SD15_MODEL_ID))
 
 
 @dataclass(frozen=True)
@@ -81,13 +108,21 @@ class Runtime:
         self.preview_thread.join(timeout)
         return not self.preview_thread.is_alive()
 
+    @property
+    def pools(self) -> Pools | None:
+        """The pools served here (None for a front end: its cluster holds them)."""
+        return self.runner.pools
+
     def close(self) -> None:
-        """Stop background work (at most one preview finishes), then put the base weights back."""
+        """Stop background work (at most one preview finishes), then put every pool's base weights back."""
         self.stop.set()
         if self.preview_thread is not None:
             self.preview_thread.join()
         self.catalog.close()
-        self.engine.close()
+        if self.runner.pools is not None:
+            self.runner.pools.close()
+        else:
+            self.engine.close()
 
 
 def probe_base(settings: Settings) -> str | None:
@@ -110,21 +145,36 @@ def probe_base(settings: Settings) -> str | None:
     return None
 
 
+def gpu_bytes() -> int:
+    """Total memory of the first CUDA device (0 without one)."""
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+
+
 def plan_start(
-    settings: Settings, *, cuda: Callable[[], bool], probe: Callable[[Settings], str | None] = probe_base
+    settings: Settings,
+    *,
+    cuda: Callable[[], bool],
+    probe: Callable[[Settings], str | None] = probe_base,
+    device_bytes: Callable[[], int] = gpu_bytes,
 ) -> StartPlan:
     """Decide what to serve; probes run only when their answer matters."""
     if settings.model_id_explicit:
         if settings.is_tiny:
-            return StartPlan(settings, demo=True, reason=f"MODEL_ID={TINY_MODEL_ID} is set")
+            named = f"MODELS={','.join(p.model_id for p in settings.pools)}" if settings.pools else None
+            return StartPlan(settings, demo=True, reason=f"{named or f'MODEL_ID={settings.model_id}'} is set")
         return StartPlan(settings, demo=False)
-    demo = settings.replace(model_id=TINY_MODEL_ID, base_model_id=DEFAULT_MODEL_ID)
     if not cuda():
-        return StartPlan(demo, demo=True, reason="no CUDA GPU was found")
+        return StartPlan(_demo_settings(settings), demo=True, reason="no CUDA GPU was found")
     why_not = probe(settings)
     if why_not is not None:
-        return StartPlan(demo, demo=True, reason=why_not)
+        return StartPlan(_demo_settings(settings), demo=True, reason=why_not)
+    if device_bytes() >= _TWO_POOL_GPU_BYTES:
+        return StartPlan(settings.replace(pools=DEFAULT_POOLS), demo=False)
     return StartPlan(settings, demo=False)
+
+
+def _demo_settings(settings: Settings) -> Settings:
+    return settings.replace(model_id=TINY_MODEL_ID, base_model_id=DEFAULT_MODEL_ID, pools=DEMO_POOLS)
 
 
 def build_runtime(
@@ -135,25 +185,27 @@ def build_runtime(
     probe: Callable[[Settings], str | None] = probe_base,
     hub_endpoint: str | None = None,
     load: Callable[..., LoadedPipeline] = load_pipeline,
+    device_bytes: Callable[[], int] = gpu_bytes,
 ) -> Runtime:
-    """Load the model `settings` call for (or the demo) and wire the engine and catalogue around it.
+    """Load the pools `settings` call for (or the demo) and wire the engines and catalogue around them.
 
-    `cuda`, `probe` and `load` are the environment's answers, replaceable in tests; `hub_endpoint`
-    overrides huggingface_hub's endpoint for the catalogue.
+    `cuda`, `probe`, `load` and `device_bytes` are the environment's answers, replaceable in tests;
+    `hub_endpoint` overrides huggingface_hub's endpoint for the catalogue.
     """
     started = time.perf_counter()
     if settings.backend_url is not None:
         return _serve_remote(settings, started, hub_endpoint)
-    plan = plan_start(settings, cuda=cuda, probe=probe)
+    plan = plan_start(settings, cuda=cuda, probe=probe, device_bytes=device_bytes)
     if not plan.demo:
         try:
             return _serve_model(plan.settings, started, hub_endpoint, load)
         except (OSError, ValueError, SwitchboardError) as e:
             if settings.model_id_explicit:
-                raise SettingsError(f"MODEL_ID={settings.model_id!r} could not be loaded: {e}") from e
+                what = "MODELS" if settings.pools else f"MODEL_ID={settings.model_id!r}"
+                raise SettingsError(f"{what} could not be loaded: {e}") from e
             logger.exception("could not load %s; starting the offline demo instead", settings.model_id)
             plan = StartPlan(
-                settings.replace(model_id=TINY_MODEL_ID, base_model_id=DEFAULT_MODEL_ID),
+                _demo_settings(settings),
                 demo=True,
                 reason=f"loading {settings.model_id} failed ({type(e).__name__}: {e})",
             )
@@ -163,8 +215,6 @@ def build_runtime(
 def _serve_model(
     settings: Settings, started: float, hub_endpoint: str | None, load: Callable[..., LoadedPipeline]
 ) -> Runtime:
-    # On ZeroGPU the GPU exists only inside @spaces.GPU calls, so warming up at start would run on none.
-    loaded = load(settings, warm=not settings.zero_gpu)
     hub, catalog, local_dirs = _hub_catalog(settings, hub_endpoint)
     resolver = AdapterResolver(
         catalog,
@@ -173,14 +223,19 @@ def _serve_model(
         max_bytes=settings.max_adapter_bytes,
         timeout_s=settings.hub_timeout_s,
     )
-    engine = Engine(loaded, settings, resolver)
+    try:
+        # On ZeroGPU the GPU exists only inside @spaces.GPU calls, so warming up at start would run on none.
+        pools = build_pools(settings, resolver, load, warm=not settings.zero_gpu)
+    except BaseException:
+        catalog.close()
+        raise
     boot_s = time.perf_counter() - started
-    logger.info("serving %s on %s (start-up %.1f s)", settings.model_id, loaded.device, boot_s)
+    logger.info("serving %s (start-up %.1f s)", ", ".join(pools.served_bases), boot_s)
     return Runtime(
         settings=settings,
-        engine=engine,
+        engine=pools.default.engine,
         catalog=catalog,
-        runner=GpuRunner(engine, zero_gpu=settings.zero_gpu),
+        runner=GpuRunner(pools, zero_gpu=settings.zero_gpu),
         banner=None,
         demo=False,
         hub_url=hub.endpoint,
@@ -233,26 +288,26 @@ def _serve_demo(
 ) -> Runtime:
     demo_dir = demo_dir.resolve()
     settings = plan.settings.replace(local_lora_dir=demo_dir)
-    # The first previews warm the pipeline up; a separate warm-up would only delay the first page.
-    loaded = load(settings, warm=False)
-    ensure_demo_loras(demo_dir, loaded.pipe)
     resolver = AdapterResolver(None, local_dir=demo_dir, token=None, max_bytes=settings.max_adapter_bytes)
-    engine = Engine(loaded, settings, resolver)
+    # The first previews warm the pipelines up; a separate warm-up would only delay the first page.
+    pools = build_pools(settings, resolver, load, warm=False)
+    ensure_demo_loras(demo_dir, {p.base_model_id: p.engine.loaded.pipe for p in pools.pools})
     catalog = Catalog(None, local_dirs=(demo_dir,), refresh=False)
+    runner = GpuRunner(pools, zero_gpu=settings.zero_gpu)
     previews, stop = None, threading.Event()
-    if any(not (demo_dir / f"{lora.stem}.png").is_file() for lora in DEMO_LORAS):
+    if any(not (demo_dir / f"{lora.stem}.png").is_file() for lora in demo_loras(pools.served_bases)):
         previews = threading.Thread(
-            target=_render_previews, args=(engine, catalog, demo_dir, stop), name="demo-previews", daemon=True
+            target=_render_previews, args=(runner, catalog, demo_dir, stop), name="demo-previews", daemon=True
         )
         previews.start()
     boot_s = time.perf_counter() - started
     logger.warning("serving the offline demo (%s); start-up %.1f s", plan.reason, boot_s)
     return Runtime(
         settings=settings,
-        engine=engine,
+        engine=pools.default.engine,
         catalog=catalog,
-        runner=GpuRunner(engine, zero_gpu=settings.zero_gpu),
-        banner=demo_banner(plan.reason or "no reason given"),
+        runner=runner,
+        banner=demo_banner(plan.reason or "no reason given", pools.served_bases),
         demo=True,
         hub_url=(hub_endpoint or hf_constants.ENDPOINT).rstrip("/"),
         local_dirs=(demo_dir,),
@@ -262,23 +317,25 @@ def _serve_demo(
     )
 
 
-def _render_previews(engine: Engine, catalog: Catalog, folder: Path, stop: threading.Event) -> None:
+def _render_previews(runner: GpuRunner, catalog: Catalog, folder: Path, stop: threading.Event) -> None:
     try:
-        render_previews(engine, folder, stop=stop)
+        render_previews(runner, folder, stop=stop)
     except (SwitchboardError, OSError) as e:
         logger.warning("could not render the demo previews in %s: %s", folder, e)
     catalog.rescan_local()
 
 
-def demo_banner(reason: str) -> str:
+def demo_banner(reason: str, served: tuple[str, ...] = (DEFAULT_MODEL_ID,)) -> str:
     """The offline demo's banner (Markdown): what this is, why, and how to get the real thing."""
+    structures = " and ".join(display_name(base) for base in served)
     return (
-        "**Offline demo: you are looking at a tiny random-weight model.** "
-        f"It has SDXL's structure but random weights, so every image is a noise-like pattern, not art; "
-        f"the {len(DEMO_LORAS)} LoRAs are synthetic ones made on this machine. "
+        "**Offline demo: you are looking at tiny random-weight models.** "
+        f"They have the structure of {structures} but random weights, so every image is a noise-like pattern, "
+        f"not art; the {len(demo_loras(served))} LoRAs are synthetic ones made on this machine. "
         f"Why: {reason}. "
-        "To run the real model, start it on a machine with a CUDA GPU and access to the Hugging Face Hub "
-        "(for example a GPU Space), or set `MODEL_ID` to an SDXL repo id or a local diffusers folder."
+        "To run the real models, start it on a machine with a CUDA GPU and access to the Hugging Face Hub "
+        "(for example a GPU Space), or set `MODELS` (or `MODEL_ID`) to SDXL, SD 1.5 or SD 2.x repo ids "
+        "or local diffusers folders."
     )
 
 

@@ -135,3 +135,29 @@ def make_engine(loaded, base_settings, hub) -> Iterator[Callable[..., object]]:
 @pytest.fixture
 def engine(make_engine):
     return make_engine()
+
+
+@pytest.fixture(scope="session")
+def tiny_sd15_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.tiny import ensure_tiny_pipeline
+
+    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-sd15") / "pipeline", model_id="tiny-sd15")
+
+
+@pytest.fixture(scope="session")
+def loaded_sd15(tiny_sd15_dir: Path, base_settings):
+    """The tiny SD 1.5 pipeline, loaded from its folder like a real one (a second pool beside `loaded`)."""
+    from engine.pipeline import load_pipeline
+    from engine.settings import SD15_MODEL_ID
+
+    return load_pipeline(base_settings.replace(model_id=str(tiny_sd15_dir), base_model_id=SD15_MODEL_ID))
+
+
+@pytest.fixture(scope="session")
+def pristine_sd15(loaded_sd15) -> dict[str, object]:
+    pipe = loaded_sd15.pipe
+    return {
+        f"{name}.{key}": value.detach().clone()
+        for name in ("unet", "text_encoder", "vae")
+        for key, value in getattr(pipe, name).state_dict().items()
+    }

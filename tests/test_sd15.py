@@ -1,0 +1,116 @@
+"""SD 1.5 LoRAs on the tiny SD 1.5 pipeline, against diffusers' own load_lora_weights + fuse_lora."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from diffusers import StableDiffusionPipeline
+
+from engine.errors import IncompatibleLoraError
+from engine.requests import GenerateRequest, LoraSpec
+from engine.resolve import AdapterResolver
+from engine.service import Engine
+from engine.synthetic import (
+    TEXT_ATTENTION,
+    UNET_ATTENTION,
+    UNET_ATTENTION_FF_CONV,
+    find_targets,
+    kohya_metadata,
+    make_lora,
+    peft_metadata,
+    save_lora,
+)
+from tests.support.loras import kohya_file
+
+PROMPT = "a photo of a cat in sks style"
+# SD 1.5's attention blocks project in and out with 1x1 convolutions (SDXL's with Linear layers).
+PROJ_CONV = (r"attentions\.\d+\.proj_(in|out)$",)
+
+
+def request(*loras: LoraSpec, seed: int = 7) -> GenerateRequest:
+    return GenerateRequest(prompt=PROMPT, loras=tuple(loras), steps=3, width=64, height=64, seed=seed)
+
+
+def pixels(image) -> np.ndarray:
+    return np.asarray(image, dtype=np.int16)
+
+
+def write_sd15_loras(pipe, folder: Path) -> dict[str, str]:
+    """PEFT-named (UNet and text encoder) and kohya-named (lora_unet_down_blocks_…, lora_te_…, alphas, conv) files."""
+    components = {"unet": pipe.unet, "text_encoder": pipe.text_encoder}
+    peft_targets = find_targets(components, {"unet": UNET_ATTENTION, "text_encoder": TEXT_ATTENTION})
+    kohya_targets = find_targets(
+        components, {"unet": (*UNET_ATTENTION_FF_CONV, *PROJ_CONV), "text_encoder": TEXT_ATTENTION}
+    )
+    peft = make_lora(peft_targets, rank=4, seed=51, fmt="peft", strength=0.3)
+    kohya = make_lora(kohya_targets, rank=4, seed=52, fmt="kohya", alpha=2.0, strength=0.3, kohya_names="sd1")
+    assert any(k.startswith("lora_te_text_model_encoder_layers_0_") for k in kohya)
+    assert any(k.startswith("lora_unet_down_blocks_0_resnets_0_conv1.") for k in kohya)
+    assert any(k.startswith("lora_unet_down_blocks_0_attentions_0_proj_in.") for k in kohya)
+    save_lora(folder / "sd15_peft.safetensors", peft, peft_metadata(peft_targets, rank=4, alpha=8.0))
+    save_lora(folder / "sd15_kohya.safetensors", kohya, kohya_metadata(dim=4, alpha=2.0, base_version="sd_v1"))
+    return {"peft": "sd15_peft.safetensors", "kohya": "sd15_kohya.safetensors"}
+
+
+@pytest.fixture(scope="module")
+def sd15_loras(loaded_sd15, loaded, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    folder = tmp_path_factory.mktemp("sd15-loras")
+    names = write_sd15_loras(loaded_sd15.pipe, folder)
+    (folder / "sdxl_kohya.safetensors").write_bytes(kohya_file(loaded.pipe, seed=53))
+    return folder, names | {"sdxl": "sdxl_kohya.safetensors"}
+
+
+@pytest.fixture
+def sd15_engine(loaded_sd15, base_settings, sd15_loras):
+    folder, _ = sd15_loras
+    settings = base_settings.replace(local_lora_dir=folder)
+    resolver = AdapterResolver(None, local_dir=folder, token=None, max_bytes=settings.max_adapter_bytes)
+    engine = Engine(loaded_sd15, settings, resolver)
+    yield engine
+    engine.close()
+
+
+def diffusers_image(tiny_sd15_dir: Path, folder: Path, weight_name: str, scale: float):
+    pipe = StableDiffusionPipeline.from_pretrained(tiny_sd15_dir, safety_checker=None, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name="a0")
+    pipe.fuse_lora(lora_scale=scale)
+    generator = torch.Generator("cpu").manual_seed(7)
+    return pipe(prompt=PROMPT, num_inference_steps=3, width=64, height=64, generator=generator).images[0]
+
+
+def test_the_tiny_sd15_pipeline_has_sd15s_structure(loaded_sd15):
+    pipe = loaded_sd15.pipe
+    assert type(pipe) is StableDiffusionPipeline
+    assert loaded_sd15.components == ("unet", "text_encoder")
+    assert loaded_sd15.defaults.guidance == 7.5
+    assert pipe.unet.down_blocks[0].attentions is not None
+    assert isinstance(pipe.unet.down_blocks[0].attentions[0].proj_in, torch.nn.Conv2d)
+
+
+@pytest.mark.parametrize(("role", "scale"), [("peft", 1.0), ("kohya", 0.8)])
+def test_sd15_lora_matches_diffusers_fuse_and_changes_the_image(sd15_engine, sd15_loras, tiny_sd15_dir, role, scale):
+    folder, names = sd15_loras
+    base = pixels(sd15_engine.generate(request()).image)
+    result = sd15_engine.generate(request(LoraSpec(f"local:{names[role]}", scale=scale)))
+    ours = pixels(result.image)
+    reference = pixels(diffusers_image(tiny_sd15_dir, folder, names[role], scale))
+    assert np.abs(reference - base).mean() > 2, "the LoRA must visibly change the image"
+    assert np.abs(ours - reference).max() <= 2
+    assert np.abs(ours - reference).mean() < 0.1
+
+
+def test_the_kohya_file_adapts_the_text_encoder_and_conv_layers(sd15_engine, sd15_loras):
+    _, names = sd15_loras
+    checked = sd15_engine.check_lora(LoraSpec(f"local:{names['kohya']}"))
+    assert checked.components == ("unet", "text_encoder")
+    assert checked.warnings == ()
+
+
+def test_an_sdxl_lora_is_refused_by_the_sd15_engine(sd15_engine, sd15_loras):
+    _, names = sd15_loras
+    with pytest.raises(IncompatibleLoraError, match=r"sdxl family.*serves stable-diffusion-v1-5"):
+        sd15_engine.check_lora(LoraSpec(f"local:{names['sdxl']}"))
