@@ -46,9 +46,9 @@ def generate(client: Client, **overrides: object) -> tuple[Image.Image, dict]:
         return image.convert("RGB"), info
 
 
-def test_only_the_four_named_endpoints_are_public(client):
+def test_only_the_five_named_endpoints_are_public(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert set(endpoints) == {"/generate", "/compare", "/catalog", "/lora_info"}
+    assert set(endpoints) == {"/generate", "/compare", "/catalog", "/lora_info", "/pool_status"}
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
     assert names == [
         "prompt",
@@ -62,6 +62,7 @@ def test_only_the_four_named_endpoints_are_public(client):
         "width",
         "height",
         "seed",
+        "base",
     ]
     compare = [p["parameter_name"] for p in endpoints["/compare"]["parameters"]]
     assert compare == [
@@ -75,6 +76,7 @@ def test_only_the_four_named_endpoints_are_public(client):
         "width",
         "height",
         "seed",
+        "base",
     ]
 
 
@@ -184,3 +186,15 @@ def test_the_same_port_serves_the_ui_and_the_inference_api(server, fixtures):
     refused = httpx.post(server.url, content="{", timeout=30)
     assert refused.status_code == 400
     assert refused.json()["error_type"] == "InvalidRequestError"
+
+
+def test_the_base_parameter_and_the_pool_status(client):
+    plain, _ = generate(client)
+    named, _ = generate(client, base=SDXL)
+    assert named.tobytes() == plain.tobytes()
+    with pytest.raises(AppError, match=r"'black-forest-labs/FLUX.1-dev' is not served here; served: stabilityai/"):
+        generate(client, base="black-forest-labs/FLUX.1-dev")
+    status = client.predict(api_name="/pool_status")
+    assert [(p["base_model_id"], p["family"], p["default"], p["resident"]) for p in status["pools"]] == [
+        (SDXL, "sdxl", True, True)
+    ]

@@ -6,9 +6,9 @@ import pytest
 
 from engine.errors import SettingsError
 from engine.requests import GenerateRequest, LoraSpec
-from engine.settings import DEFAULT_MODEL_ID, Settings
+from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID, Settings
 from lora_catalog.sft_header import read_header
-from serving.demo import DEMO_LORAS, ensure_demo_loras
+from serving.demo import DEMO_LORAS, DEMO_SD15_LORAS, ensure_demo_loras
 from serving.runtime import build_runtime, plan_start, probe_base
 
 NO_PROBE_WANTED = "the Hub probe must not run here"
@@ -87,17 +87,19 @@ def test_demo_loras_carry_titles_triggers_and_licences(tmp_path, loaded):
     assert [p.stat().st_mtime_ns for p in paths] == written
 
 
-def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded):
+def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded, loaded_sd15):
     loads: list[Settings] = []
 
     def load(settings: Settings, warm: bool = True):
         loads.append(settings)
-        return loaded
+        return loaded if settings.model_id == "tiny" else loaded_sd15
 
     runtime = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=load)
     try:
         assert runtime.wait_ready(timeout=300)
-        assert loads[0].model_id == "tiny"
+        assert [s.model_id for s in loads] == ["tiny", "tiny-sd15"]
+        assert runtime.pools is not None
+        assert runtime.pools.served_bases == (DEFAULT_MODEL_ID, SD15_MODEL_ID)
         assert runtime.demo is True
         assert "tiny random-weight model" in (runtime.banner or "")
         assert "no CUDA GPU was found" in (runtime.banner or "")
@@ -111,6 +113,15 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded):
             GenerateRequest(prompt="a fox", seed=3, loras=(LoraSpec(page.entries[0].ref),))
         )
         assert plain.image.tobytes() != styled.image.tobytes()
+        # The SD 1.5 pool's LoRAs are listed under its base, and run on its pipeline.
+        sd15_page = runtime.catalog.page(SD15_MODEL_ID)
+        assert sorted(e.title for e in sd15_page.entries) == sorted(lora.title for lora in DEMO_SD15_LORAS)
+        assert all(e.preview_urls for e in sd15_page.entries)
+        on_sd15 = runtime.runner.generate(
+            GenerateRequest(prompt="a fox", seed=3, loras=(LoraSpec(sd15_page.entries[0].ref),))
+        )
+        assert on_sd15.adapters[0].ref == sd15_page.entries[0].ref
+        assert on_sd15.image.size == (loaded_sd15.defaults.side, loaded_sd15.defaults.side)
     finally:
         runtime.close()
     again = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=load)
@@ -120,11 +131,11 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded):
         again.close()
 
 
-def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, loaded):
+def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, loaded, loaded_sd15):
     def load(settings: Settings, warm: bool = True):
         if not settings.is_tiny:
             raise OSError("disk full")
-        return loaded
+        return loaded if settings.model_id == "tiny" else loaded_sd15
 
     runtime = build_runtime(
         Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: True, probe=lambda s: None, load=load
@@ -137,10 +148,11 @@ def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, load
         runtime.close()
 
 
-def test_closing_the_demo_stops_its_previews_and_restores_the_base(tmp_path, loaded, pristine):
-    runtime = build_runtime(
-        Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=lambda settings, warm=True: loaded
-    )
+def test_closing_the_demo_stops_its_previews_and_restores_the_base(tmp_path, loaded, loaded_sd15, pristine):
+    def load(settings: Settings, warm: bool = True):
+        return loaded if settings.model_id == "tiny" else loaded_sd15
+
+    runtime = build_runtime(Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=load)
     runtime.close()
     assert runtime.preview_thread is not None
     assert not runtime.preview_thread.is_alive()

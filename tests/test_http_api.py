@@ -244,3 +244,16 @@ def test_a_client_that_hangs_up_cancels_its_queued_request(engine):
             httpx.post(url, content=BODY, timeout=httpx.Timeout(60.0, read=1.0))
         outcome = runner.outcomes.get(timeout=60)
     assert isinstance(outcome, GenerationCancelledError)
+
+
+def test_the_url_form_names_the_served_base_and_refuses_others_with_a_404(url):
+    plain = post(url)
+    named = post(f"{url}models/stabilityai/stable-diffusion-xl-base-1.0")
+    assert named.status_code == 200, why(named)
+    assert named.content == plain.content
+    refused = post(f"{url}models/black-forest-labs/FLUX.1-dev")
+    assert refused.status_code == 404, why(refused)
+    assert refused.json()["error_type"] == "UnservedBaseError"
+    assert re.search(
+        r"'black-forest-labs/FLUX.1-dev' is not served here; served: stabilityai/", refused.json()["error"]
+    )

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import threading
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from engine.errors import IncompatibleLoraError, InvalidRequestError, SettingsError, UnservedBaseError
 from engine.pools import Pools
@@ -198,7 +201,8 @@ def test_both_bases_are_bit_exact_after_a_long_mixed_run(pools, loaded, loaded_s
         if step % 9 == 4:
             with pytest.raises(InvalidRequestError):
                 pools.generate(request(LoraSpec("local:sd15_kohya.safetensors"), LoraSpec("pools/sdxl-card")))
-    pools.close()
+    for pool in pools.pools:
+        pool.engine.restore_base()
     assert_bit_exact(loaded.pipe, pristine, ("unet", "text_encoder", "text_encoder_2"))
     assert_bit_exact(loaded_sd15.pipe, pristine_sd15, ("unet", "text_encoder"))
     assert [pools.generate(request(), base=b).image.tobytes() for b in (SDXL, SD15_MODEL_ID)] == base_images
@@ -247,3 +251,45 @@ def test_pools_that_do_not_fit_fail_start_up_with_the_numbers_when_offloading_is
     ):
         residency.check({"a": 2 * 2**30, "b": 2 * 2**30})
     Residency(torch.device("cpu"), 3 * 2**30, offload=True).check({"a": 2 * 2**30, "b": 2 * 2**30})
+
+
+# -- transports ---------------------------------------------------------------------------------------
+
+
+def test_every_transport_goes_through_the_runner_to_the_right_pool(pools):
+    from engine.compare import CompareRequest
+    from serving.gpu_runner import GpuRunner
+    from tests.support.app_server import serve_routes
+
+    runner = GpuRunner(pools)
+    body = '{"inputs": "a fox in a forest", "parameters": {"num_inference_steps": 2, "seed": 7}}'
+    png = {"accept": "image/png"}
+    with serve_routes(runner) as url:
+        named = httpx.post(f"{url}models/{SD15_MODEL_ID}", content=body, headers=png, timeout=120)
+        assert named.status_code == 200, named.text[:300]
+        expected = pools.generate(request(), base=SD15_MODEL_ID).image
+        assert Image.open(io.BytesIO(named.content)).convert("RGB").tobytes() == expected.tobytes()
+        by_lora = httpx.post(url, content=body, headers={"lora": "local:sd15_kohya.safetensors", **png}, timeout=120)
+        assert by_lora.status_code == 200, by_lora.text[:300]
+        wanted = pools.generate(request(LoraSpec("local:sd15_kohya.safetensors"))).image
+        assert Image.open(io.BytesIO(by_lora.content)).convert("RGB").tobytes() == wanted.tobytes()
+        mixed = httpx.post(
+            f"{url}models/{SD15_MODEL_ID}", content=body, headers={"lora": "pools/sdxl-card"}, timeout=120
+        )
+        assert mixed.status_code == 400
+        assert "the request names stable-diffusion-v1-5/stable-diffusion-v1-5" in mixed.json()["error"]
+        flux = httpx.post(url, content=body, headers={"lora": "pools/flux-card"}, timeout=120)
+        assert flux.status_code == 404
+        assert flux.json()["error_type"] == "UnservedBaseError"
+    grid = runner.compare(
+        CompareRequest(
+            prompt="a fox in a forest", loras=(LoraSpec("pools/sd15-card"),), scales=(0.5, 1.0), steps=2, seed=7
+        )
+    )
+    assert [r.request.width for r in grid.results] == [64, 64]
+    alone = pools.generate(request(LoraSpec("pools/sd15-card", scale=1.0)))
+    assert grid.results[1].image.tobytes() == alone.image.tobytes()
+    with pytest.raises(InvalidRequestError, match=r"share one base model"):
+        runner.compare(
+            CompareRequest(prompt="x", loras=(LoraSpec("pools/sd15-card"), LoraSpec("pools/sdxl-card")), steps=2)
+        )

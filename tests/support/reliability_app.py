@@ -70,6 +70,7 @@ UI_ARGUMENTS: dict[str, object] = {
     "guidance": 5.0,
     "seed": 1,
     "randomize": False,
+    "browsed": "",  # the base filter ("": the default pool)
 }
 
 
