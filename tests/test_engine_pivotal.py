@@ -348,3 +348,17 @@ def test_long_mixed_run_leaves_tokenizers_embeddings_and_weights_exact(
 def test_naming_the_embeddings_file_as_the_lora_is_refused(engine, pivotal):
     with pytest.raises(InvalidRequestError, match=r"'current_emb.safetensors' .* is a pivotal-tuning embeddings file"):
         engine.generate(request(LoraSpec(pivotal["current"], weight_name="current_emb.safetensors")))
+
+
+def test_a_pivotal_lora_on_disk_serves_with_its_tokens_after_a_restart_without_the_hub(
+    make_engine, pivotal, clean_hub, loaded
+):
+    first = make_engine()
+    before = first.generate(request(LoraSpec(pivotal["current"])))
+    first.close()  # the process "ends": nothing of it is left in memory for the next engine
+    clean_hub.set_fault("down")
+    restarted = make_engine()
+    after, seen = generate_seeing(restarted, loaded.pipe, request(LoraSpec(pivotal["current"])))
+    assert any("served from the local Hub cache" in w for w in after.warnings), after.warnings
+    assert all("<s1>" in tokenizer.get_vocab() for tokenizer, _ in seen)
+    assert after.image.tobytes() == before.image.tobytes()
