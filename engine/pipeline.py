@@ -22,7 +22,6 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # At or below this default side a pipeline is one of our tiny test models: few steps suffice.
-_TINY_SIDE = 128
 
 
 # A diffusers pipeline: its components (unet, text encoders, ...) are registered at run time, which a type
@@ -40,7 +39,10 @@ class LoadedPipeline:
     defaults: ModelDefaults
     load_s: float
     warmup_s: float
-    is_tiny: bool
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.defaults.is_tiny
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -65,19 +67,20 @@ def load_pipeline(settings: Settings, *, warm: bool = True) -> LoadedPipeline:
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     started = time.perf_counter()
-    pipe: Pipeline = build_tiny_pipeline(seed=0) if settings.is_tiny else _from_pretrained(settings, dtype)
+    pipe: Pipeline = build_tiny_pipeline(seed=0) if settings.loads_tiny else _from_pretrained(settings, dtype)
     # Casting only when needed: diffusers warns on a cast that may break modules kept in float32.
     pipe = pipe.to(device=device) if pipe.dtype == dtype else pipe.to(device=device, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
     side = pipe.default_sample_size * pipe.vae_scale_factor
-    is_tiny = side <= _TINY_SIDE
     defaults = ModelDefaults(
-        steps=4 if is_tiny else 25,
+        steps=25,
         guidance=5.0,
         side=side,
         max_side=min(settings.max_side, max(2 * side, 256)),
     )
+    if defaults.is_tiny:
+        defaults = dataclasses.replace(defaults, steps=4)  # a tiny model's image says nothing more after 4
     loaded = LoadedPipeline(
         pipe=pipe,
         model_id=settings.model_id,
@@ -87,7 +90,6 @@ def load_pipeline(settings: Settings, *, warm: bool = True) -> LoadedPipeline:
         defaults=defaults,
         load_s=load_s,
         warmup_s=0.0,
-        is_tiny=is_tiny,
     )
     if not warm:
         return loaded

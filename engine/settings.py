@@ -172,7 +172,8 @@ class Settings:
         return self.gpu_mode == "per_call" or (self.gpu_mode == "auto" and self.zero_gpu)
 
     @property
-    def is_tiny(self) -> bool:
+    def loads_tiny(self) -> bool:
+        """`MODEL_ID=tiny`: build the random-weight tiny pipeline (whether a model is tiny: `ModelDefaults.is_tiny`)."""
         return self.model_id == TINY_MODEL_ID
 
     @property

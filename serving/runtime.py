@@ -92,7 +92,7 @@ class Runtime:
 
 def probe_base(settings: Settings) -> str | None:
     """None when the base model's weights can be had (in the HF cache, or the Hub answers); else why not."""
-    repo = settings.base_model_id if settings.is_tiny else settings.model_id
+    repo = settings.base_model_id if settings.loads_tiny else settings.model_id
     cached = try_to_load_from_cache(repo, "model_index.json")
     if isinstance(cached, str):
         return None
@@ -115,7 +115,7 @@ def plan_start(
 ) -> StartPlan:
     """Decide what to serve; probes run only when their answer matters."""
     if settings.model_id_explicit:
-        if settings.is_tiny:
+        if settings.loads_tiny:
             return StartPlan(settings, demo=True, reason=f"MODEL_ID={TINY_MODEL_ID} is set")
         return StartPlan(settings, demo=False)
     demo = settings.replace(model_id=TINY_MODEL_ID, base_model_id=DEFAULT_MODEL_ID)

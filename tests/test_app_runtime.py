@@ -122,7 +122,7 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded):
 
 def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, loaded):
     def load(settings: Settings, warm: bool = True):
-        if not settings.is_tiny:
+        if not settings.loads_tiny:
             raise OSError("disk full")
         return loaded
 
