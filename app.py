@@ -34,10 +34,8 @@ from serving.streaming import Frame
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
-    from serving.runtime import GpuRunner
 
-
-__all__ = ["build_demo", "http_routes", "main", "serve"]
+__all__ = ["build_demo", "main", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -386,22 +384,6 @@ def _snippets(handlers: Handlers) -> Callable[[gr.Request], str]:
     return snippets
 
 
-def http_routes(runner: GpuRunner, *, metrics: bool = False) -> list[BaseRoute]:
-    """The routes beside the UI: `POST /` and `POST /models/<base>` always, `GET /metrics` (watching every pool's
-    engine) when asked for."""
-    from serving.http_api import make_routes
-    from serving.metrics import Metrics
-
-    routes = make_routes(runner)
-    if metrics:
-        watcher = Metrics()
-        for pool in runner.pools.pools:
-            watcher.watch(pool.engine)
-        routes = [*routes, *watcher.routes()]
-        logger.warning("METRICS is on: GET /metrics answers anyone who can reach this server")
-    return routes
-
-
 def serve(
     demo: gr.Blocks,
     routes: Sequence[BaseRoute],
@@ -433,6 +415,7 @@ def serve(
 def main() -> None:
     from engine.errors import SettingsError
     from engine.settings import Settings
+    from serving.http_api import http_routes
     from serving.runtime import GpuRunner, build_runtime
 
     try:

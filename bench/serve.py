@@ -19,7 +19,8 @@ work was queued for the GPU: some request ready to run was waiting or running; "
 any request was in the service, downloads included), swaps per request and the most overtakes any request
 saw. The last line is the scheduler's:
 `serve_p95_vs_fifo=<new/old> gpu_busy=<fraction> swaps_per_request=<n> max_overtakes=<n>`.
-`--json FILE` keeps every request's timings for a plot.
+`--json FILE` keeps every request's timings; `--plot DIR` writes that JSON as DIR/serve.json and draws
+the latency distribution per mode from it (bench.plots).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Options:
     workers: int
     seed: int
     json_path: Path | None
+    plot_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,9 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--workers", type=int, default=2, help="PREPARE_WORKERS for the scheduler")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write every request's timings here")
+    parser.add_argument(
+        "--plot", type=Path, default=None, dest="plot_dir", help="write the JSON and its latency plot here"
+    )
     a = parser.parse_args(argv)
     if a.adapters < 1 or a.clients < 1 or a.requests < 1 or not 0 <= a.warm <= a.adapters:
         parser.error("--adapters, --clients and --requests must be positive and --warm within --adapters")
@@ -153,6 +158,7 @@ def parse(argv: Sequence[str] | None) -> Options:
         a.workers,
         a.seed,
         a.json,
+        a.plot_dir,
     )
 
 
@@ -209,8 +215,15 @@ def report(options: Options, results: Sequence[ModeResult]) -> None:
     failed = [s for r in results for s in r.samples if not s.ok]
     for sample in failed[:5]:
         print(f"failed: {sample.mode} client {sample.client} LoRA {sample.adapter}: {sample.error}", file=sys.stderr)
-    if options.json_path is not None:
+    if options.json_path is not None or options.plot_dir is not None:
         document: dict[str, Any] = {
+            # What bench.plots reads: the client-side latency of every request that succeeded, per mode.
+            "benchmark": "serve",
+            "title": (
+                f"Serving latency: {options.clients} clients, {options.adapters} LoRAs, Zipf({options.zipf}), "
+                f"link {options.bandwidth_mb_s:g} MB/s"
+            ),
+            "latencies_s": {r.mode: [s.latency for s in r.samples if s.ok] for r in results},
             "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
             "modes": {
                 r.mode: {
@@ -222,7 +235,13 @@ def report(options: Options, results: Sequence[ModeResult]) -> None:
                 for r in results
             },
         }
-        options.json_path.write_text(json.dumps(document, indent=1))
+        if options.json_path is not None:
+            options.json_path.write_text(json.dumps(document, indent=1))
+        if options.plot_dir is not None:
+            from bench.plots import save_with_plots
+
+            for path in save_with_plots(document, options.plot_dir, "serve"):
+                print(f"wrote {path}")
     print(
         f"serve_p95_vs_fifo={new.percentile(0.95) / old.percentile(0.95):.2f} gpu_busy={new.gpu_busy:.2f} "
         f"swaps_per_request={new.swaps_per_request:.2f} max_overtakes={new.max_overtakes}"

@@ -31,6 +31,7 @@ from torch import nn
 from lora_catalog.variants import unsupported_variant
 
 from .dora import dora_update
+from .embeddings import TokenEmbeddings
 from .errors import AdapterLoadError, IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
 from .layers import LayerFactors, LayerUpdate
 from .lycoris import lycoris_layer
@@ -76,10 +77,13 @@ class PreparedAdapter:
     max_rank: int
     components: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    # Pivotal-tuning tokens that come with the LoRA (engine.embeddings); kept on the host, tiny.
+    embeddings: TokenEmbeddings | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for layer in self.layers for t in layer.tensors)
+        extra = self.embeddings.nbytes if self.embeddings is not None else 0
+        return extra + sum(t.nbytes for layer in self.layers for t in layer.tensors)
 
     @property
     def device(self) -> torch.device:

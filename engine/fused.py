@@ -1,9 +1,11 @@
 """The adapter set fused into the pipeline right now, and the one way it changes: swap, roll back, restore.
 
-`WeightPatcher` (engine.swap) writes the weights; this class decides what it writes and remembers what
-is fused, for the scheduler's affinity, the status panel and a rollback after a failed request. Callers
-hold the engine's pipeline lock for `swap`, `rollback` and `restore_all`; the fused set is also read
-from other threads (status, the scheduler), so it is only touched under its own lock.
+`WeightPatcher` (engine.swap) writes the weights and `TokenPatcher` (engine.embeddings) the pivotal-tuning
+rows of the text encoders' embeddings; this class decides what they write, always both together, and
+remembers what is fused, for the scheduler's affinity, the status panel and a rollback after a failed
+request. Callers hold the engine's pipeline lock for `swap`, `rollback`, `restore_all` and for reading
+`tokenizers` (what a run of the fused set tokenizes with); the fused set is also read from other threads
+(status, the scheduler), so it is only touched under its own lock.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from .adapters import PreparedAdapter
+from .embeddings import TokenPatcher
 from .store import AdapterStore
 from .swap import ActiveAdapter, WeightPatcher
 
@@ -35,6 +39,7 @@ class FusedSet:
     def __init__(
         self,
         patcher: WeightPatcher,
+        tokens: TokenPatcher,
         store: AdapterStore,
         *,
         per_call: bool,
@@ -42,6 +47,7 @@ class FusedSet:
         on_swap: Callable[[float], None],
     ) -> None:
         self._patcher = patcher
+        self._tokens = tokens
         self._store = store
         # ZeroGPU: every call starts from the base and fuses its own set, so nothing stays fused.
         self._per_call = per_call
@@ -54,6 +60,11 @@ class FusedSet:
     def applied(self) -> tuple[ActiveAdapter, ...]:
         with self._lock:
             return self._applied
+
+    @property
+    def tokenizers(self) -> Mapping[str, Any]:
+        """Pipeline attribute -> tokenizer that knows the fused set's pivotal tokens (empty: the base ones)."""
+        return self._tokens.tokenizers
 
     @property
     def pristine_bytes(self) -> int:
@@ -73,19 +84,20 @@ class FusedSet:
         previous = self.applied
         if not self._per_call and identity == tuple((a.adapter.key, a.scale) for a in previous):
             return False, 0.0
-        if not wanted and not self._patcher.dirty:
+        if not wanted and not self._patcher.dirty and not self._tokens.active:
             return False, 0.0
         started = time.perf_counter()
         active = tuple(ActiveAdapter(self._store.for_compute(a), s) for a, s in wanted)
-        self._patcher.apply(active)
+        self._apply(active)
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
         elapsed = time.perf_counter() - started
         logger.info(
-            "swap %s -> %s: %d layers in %.1f ms",
+            "swap %s -> %s: %d layers, tokens %s in %.1f ms",
             _describe(previous),
             _describe(active),
             sum(len(a.adapter.layers) for a in active),
+            "".join(self._tokens.active) or "none",
             elapsed * 1000,
         )
         self._set(active)
@@ -95,7 +107,7 @@ class FusedSet:
     def rollback(self, previous: tuple[ActiveAdapter, ...]) -> None:
         """After a failed request: fuse what was served before it, or the base if even that fails."""
         try:
-            self._patcher.apply(previous)
+            self._apply(previous)
             self._set(previous)
         except BaseException:
             logger.exception("could not re-apply %s after a failure; serving the base model", _describe(previous))
@@ -107,12 +119,20 @@ class FusedSet:
             self.restore_all()
 
     def restore_all(self) -> None:
+        """The base weights and embeddings back."""
         self._patcher.restore_all()
+        self._tokens.restore()
         self._set(())
 
     def forget_pristine(self) -> None:
         """Drop the pristine copies of clean weights (after `restore_all`: all of them), freeing their memory."""
         self._patcher.forget_pristine()
+
+    def _apply(self, active: tuple[ActiveAdapter, ...]) -> None:
+        # Weights first, then the rows: a failure in either leaves it to the caller's rollback, which
+        # applies both again (TokenPatcher itself leaves the base rows behind when it fails).
+        self._patcher.apply(active)
+        self._tokens.apply(a.adapter.embeddings for a in active)
 
     def _set(self, active: tuple[ActiveAdapter, ...]) -> None:
         with self._lock:

@@ -1,16 +1,19 @@
 """One denoising run on the warm pipeline, with cancellation, progress and previews between steps.
 
-The weights are whatever the caller fused before (`engine.fused`); this module only calls the pipeline
-and turns what it raises into the engine's errors.
+The weights are whatever the caller fused before (`engine.fused`); this module only calls the pipeline,
+with the tokenizers that fused set needs (its pivotal-tuning tokens: `engine.embeddings`) for the run
+alone, and turns what it raises into the engine's errors.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .embeddings import swapped_tokenizers
 from .errors import GenerationCancelledError, GenerationError, SwitchboardError
 from .outcomes import Preview, Progress
 from .preview import PreviewDecoder, StepPreviews
@@ -27,6 +30,7 @@ def infer(
     pipe: Any,
     request: CheckedRequest,
     *,
+    tokenizers: Mapping[str, Any],
     progress: Progress | None,
     cancel: threading.Event | None,
     decoder: PreviewDecoder | None,
@@ -48,17 +52,19 @@ def infer(
             progress(done, steps)
         return callback_kwargs
 
-    output = pipe(
-        prompt=request.prompt,
-        negative_prompt=request.negative_prompt or None,
-        num_inference_steps=steps,
-        guidance_scale=request.guidance,
-        width=request.width,
-        height=request.height,
-        generator=torch.Generator("cpu").manual_seed(request.seed),
-        callback_on_step_end=on_step,
-        output_type="pil",
-    )
+    # Called under the pipeline lock: the tokenizers are the base ones again after the run, however it ends.
+    with swapped_tokenizers(pipe, tokenizers):
+        output = pipe(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt or None,
+            num_inference_steps=steps,
+            guidance_scale=request.guidance,
+            width=request.width,
+            height=request.height,
+            generator=torch.Generator("cpu").manual_seed(request.seed),
+            callback_on_step_end=on_step,
+            output_type="pil",
+        )
     if cancel is not None and cancel.is_set():
         raise GenerationCancelledError("the request was cancelled during generation")
     return output.images[0]

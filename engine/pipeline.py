@@ -24,8 +24,6 @@ __all__ = ["LoadedPipeline", "load_pipeline", "resolve_device", "resolve_dtype"]
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# At or below this default side a pipeline is one of our tiny test models: few steps suffice.
-_TINY_SIDE = 128
 
 
 # A diffusers pipeline: its components (unet, text encoders, ...) are registered at run time, which a type
@@ -43,8 +41,11 @@ class LoadedPipeline:
     defaults: ModelDefaults
     load_s: float
     warmup_s: float
-    is_tiny: bool
     family: FamilySpec = FAMILIES[Family.SDXL]
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.defaults.is_tiny
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -81,7 +82,7 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
     dtype = resolve_dtype(settings.dtype, device)
     started = time.perf_counter()
     pipe: Pipeline = (
-        build_tiny(settings.model_id, seed=0) if settings.is_tiny else _from_pretrained(settings, family, dtype)
+        build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
     )
     target = torch.device("cpu") if park else device
     # Casting only when needed: diffusers warns on a cast that may break modules kept in float32.
@@ -89,13 +90,14 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
     side = int(pipe.unet.config.sample_size) * int(pipe.vae_scale_factor)
-    is_tiny = side <= _TINY_SIDE
     defaults = ModelDefaults(
-        steps=4 if is_tiny else family.steps,
+        steps=family.steps,
         guidance=family.guidance,
         side=side,
         max_side=min(settings.max_side, max(2 * side, 256)),
     )
+    if defaults.is_tiny:
+        defaults = dataclasses.replace(defaults, steps=4)  # a tiny model's image says nothing more after 4
     loaded = LoadedPipeline(
         pipe=pipe,
         model_id=settings.model_id,
@@ -105,7 +107,6 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
         defaults=defaults,
         load_s=load_s,
         warmup_s=0.0,
-        is_tiny=is_tiny,
         family=family,
     )
     if not warm or park:

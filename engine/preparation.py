@@ -3,12 +3,15 @@
 `Preparer.adapter` takes one LoRA of a request that `requests.normalise_request` has already parsed and
 validated (step 1, once), and runs each remaining step in the module that owns it, in this order:
 
-2. resolve  `resolve.AdapterResolver.locate`  — Hub metadata (cached by the catalogue) or the local file;
-   the size limit is checked here, before anything is downloaded.
-3. fetch    `resolve.AdapterResolver.fetch`   — download into the Hub cache (partial downloads never used).
+2. resolve  `resolve.AdapterResolver.locate`  — Hub metadata (cached by the catalogue) or the local file,
+   and the pivotal-tuning embeddings file beside it if there is one (`lora_catalog.pivotal` names it);
+   the size limit is checked here for both, before anything is downloaded.
+3. fetch    `resolve.AdapterResolver.fetch`   — download into the Hub cache (partial downloads never used),
+   and `fetch_embeddings` the same way for the embeddings file.
 4. header   `resolve.AdapterResolver.header`  — the file's safetensors header, read strictly.
 5. check    `compat.check_family`             — once, with everything known: card, tags, metadata, names.
-6. prepare  `adapters.prepare`                — load, convert names with diffusers, match factors to weights.
+6. prepare  `adapters.prepare`                — load, convert names with diffusers, match factors to weights;
+   `embeddings.TextEncoders.load` reads and checks the embeddings file against the served text encoders.
 7. store    `store.AdapterStore.add`          — the host cache (LRU by bytes; never evicting leased adapters).
 
 A cached adapter skips 3–7. Steps 3–7 run once per adapter at a time (single-flight per key), so two
@@ -28,6 +31,7 @@ from typing import Literal
 from .adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
 from .compat import check_family
 from .disk_cache import DiskCache
+from .embeddings import TextEncoders
 from .loadgate import LoadGate
 from .requests import LoraSpec
 from .resolve import AdapterResolver, AdapterSource
@@ -55,6 +59,7 @@ class Preparer:
         resolver: AdapterResolver,
         store: AdapterStore,
         table: TargetTable,
+        encoders: TextEncoders,
         *,
         served_base: str,
         unet_config: object,
@@ -66,6 +71,7 @@ class Preparer:
         self._disk = disk
         self._store = store
         self._table = table
+        self._encoders = encoders
         self._served_base = served_base
         self._unet_config = unet_config
         self._max_rank = max_rank
@@ -87,7 +93,8 @@ class Preparer:
             if cached is not None:
                 return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
             # The in-flight bound (engine.loadgate) covers the download and the parse: what costs RAM.
-            hold = self._gate.hold(source.size or 0, str(source.key)) if self._gate else nullcontext()
+            size = (source.size or 0) + (source.embeddings_size or 0)
+            hold = self._gate.hold(size, str(source.key)) if self._gate else nullcontext()
             with hold, self._disk.hold(source.key) if self._disk is not None else nullcontext():
                 adapter, fetched = self._load(source)
                 adapter = self._store.add(adapter)
@@ -96,10 +103,11 @@ class Preparer:
             self._disk.schedule()
         done = time.perf_counter()
         logger.info(
-            "prepared %s: %d layers, rank %d, %.1f MiB in %.3f s (resolve and download %.3f s)",
+            "prepared %s: %d layers, rank %d, %d pivotal tokens, %.1f MiB in %.3f s (resolve and download %.3f s)",
             source.key,
             len(adapter.layers),
             adapter.max_rank,
+            len(adapter.embeddings.tokens) if adapter.embeddings is not None else 0,
             adapter.nbytes / 2**20,
             done - fetched,
             fetched - started,
@@ -107,11 +115,13 @@ class Preparer:
         return PreparedLora(adapter, "miss", fetched - started, done - fetched, source.warnings)
 
     def _load(self, source: AdapterSource) -> tuple[PreparedAdapter, float]:
+        label = f"LoRA {source.ref!r}"
         path = self._resolver.fetch(source)
+        embeddings_path = self._resolver.fetch_embeddings(source)
         fetched = time.perf_counter()
         header = self._resolver.header(source, path)
         warning = check_family(
-            f"LoRA {source.ref!r}",
+            label,
             served_base=self._served_base,
             declared_bases=source.declared_bases,
             metadata=header.metadata,
@@ -126,8 +136,9 @@ class Preparer:
             metadata=header.metadata,
             shapes={name: info.shape for name, info in header.tensors.items()},
         )
+        embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
         # Kept with the adapter, so a cache hit still tells the user what the first load found.
-        return dataclasses.replace(adapter, warnings=(warning,) if warning else ()), fetched
+        return dataclasses.replace(adapter, warnings=(warning,) if warning else (), embeddings=embeddings), fetched
 
     def _key_lock(self, key: AdapterKey) -> threading.Lock:
         with self._locks_guard:

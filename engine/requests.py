@@ -77,12 +77,21 @@ class CheckedRequest(GenerateRequest):
     seed: int = 0
 
 
+# The tiny pipelines make 64-128 px images; the smallest real base (SD 1.5) makes 512 px ones.
+TINY_SIDE = 128
+
+
 @dataclass(frozen=True)
 class ModelDefaults:
     steps: int
     guidance: float
     side: int
     max_side: int
+
+    @property
+    def is_tiny(self) -> bool:
+        """The one rule for "this is a tiny test model": its default image side (no real base is under 512)."""
+        return self.side <= TINY_SIDE
 
 
 @dataclass(frozen=True)

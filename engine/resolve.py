@@ -3,6 +3,9 @@
 Resolution asks the catalogue (which caches Hub metadata, so a LoRA used again
 costs no Hub call), refuses over-size files from metadata before downloading,
 and downloads into the Hub cache, whose partial downloads are never used.
+A pivotal-tuning embeddings file beside the LoRA (named by the rule in
+`lora_catalog.pivotal`, in a Hub repo or a local folder) is located, size-checked
+and downloaded the same way.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from huggingface_hub.file_download import repo_folder_name
 from lora_catalog.cards import choose_weight
 from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import HeaderError
+from lora_catalog.local import local_embeddings
+from lora_catalog.pivotal import embeddings_for
 from lora_catalog.sft_header import SafetensorsHeader, read_header
 
 from .adapters import AdapterKey
@@ -72,6 +77,10 @@ class AdapterSource:
     local_path: Path | None = None
     # Said to the user with the result, e.g. that the Hub metadata is stale (served while the Hub is down).
     warnings: tuple[str, ...] = ()
+    # The pivotal-tuning embeddings file that goes with the LoRA, if its repo or folder has one.
+    embeddings_name: str | None = None
+    embeddings_size: int | None = None
+    embeddings_path: Path | None = None
 
 
 class AdapterResolver:
@@ -109,21 +118,34 @@ class AdapterResolver:
         else:
             source = self._locate_hub(spec, spec.ref)
         self._check_size(source.ref, source.key.weight_name, source.size)
+        if source.embeddings_name is not None:
+            self._check_size(source.ref, source.embeddings_name, source.embeddings_size)
         return source
 
     def fetch(self, source: AdapterSource) -> Path:
         """The adapter file on local disk, downloading it into the Hub cache when needed."""
         if source.local_path is not None:
             return source.local_path
+        return self._download(source, source.key.weight_name, source.size)
+
+    def fetch_embeddings(self, source: AdapterSource) -> Path | None:
+        """The LoRA's pivotal-tuning embeddings file on local disk (downloaded like the LoRA), if it has one."""
+        if source.embeddings_name is None:
+            return None
+        if source.embeddings_path is not None:
+            return source.embeddings_path
+        return self._download(source, source.embeddings_name, source.embeddings_size)
+
+    def _download(self, source: AdapterSource, filename: str, size: int | None) -> Path:
         key = source.key
         try:
-            if source.size is None:
-                url = hf_hub_url(key.name, key.weight_name, revision=key.revision)
+            if size is None:
+                url = hf_hub_url(key.name, filename, revision=key.revision)
                 size = get_hf_file_metadata(url, token=self._token, timeout=self._timeout_s).size
-                self._check_size(source.ref, key.weight_name, size)
+                self._check_size(source.ref, filename, size)
             path = hf_hub_download(
                 key.name,
-                key.weight_name,
+                filename,
                 revision=key.revision,
                 token=self._token,
                 cache_dir=self._cache_dir,
@@ -134,7 +156,7 @@ class AdapterResolver:
             # could not be reached (refused, timed out, HTTP 5xx), not that the repo lacks the file.
             raise HubUnavailableError(f"the Hub could not be reached to download LoRA {source.ref!r}: {e}") from e
         except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
-            raise _hub_lookup_error(e, source.ref, key) from e
+            raise _hub_lookup_error(e, source.ref, key.revision, filename) from e
         except HfHubHTTPError as e:
             raise HubUnavailableError(f"the Hub failed while serving LoRA {source.ref!r}: {e}") from e
         except OSError as e:
@@ -170,7 +192,15 @@ class AdapterResolver:
         bases = tuple(dict.fromkeys((*entry.base_models, *declared_bases_from_tags(entry.tags))))
         key = AdapterKey("hub", repo_id, entry.sha, entry.weight_name)
         stale = self._hub.stale_warning(repo_id, spec.revision, spec.weight_name)
-        return AdapterSource(key, repo_id, entry.weight_size, bases, warnings=(stale,) if stale else ())
+        return AdapterSource(
+            key,
+            repo_id,
+            entry.weight_size,
+            bases,
+            warnings=(stale,) if stale else (),
+            embeddings_name=entry.embeddings_name,
+            embeddings_size=entry.embeddings_size,
+        )
 
     def _locate_on_disk(self, spec: LoraSpec, repo_id: str, error: HubUnavailableError) -> AdapterSource | None:
         """A Hub LoRA downloaded before, found in the Hub cache with no Hub call (the Hub is down or offline)."""
@@ -190,7 +220,19 @@ class AdapterResolver:
             f"metadata: {error}"
         )
         logger.warning("%s", warning)
-        return AdapterSource(key, repo_id, path.stat().st_size, (), local_path=path, warnings=(warning,))
+        # Downloaded with its LoRA, an embeddings file is in the same snapshot (the same rule picks it).
+        embeddings = embeddings_for(chosen, present)
+        return AdapterSource(
+            key,
+            repo_id,
+            path.stat().st_size,
+            (),
+            local_path=path,
+            warnings=(warning,),
+            embeddings_name=embeddings,
+            embeddings_size=(folder / embeddings).stat().st_size if embeddings else None,
+            embeddings_path=folder / embeddings if embeddings else None,
+        )
 
     def _snapshot_on_disk(self, repo_id: str, revision: str | None) -> Path | None:
         try:
@@ -226,21 +268,38 @@ class AdapterResolver:
         if not path.is_file():
             raise LoraNotFoundError(f"LoRA {ref!r} does not exist in the local LoRA folder")
         stat = path.stat()
-        key = AdapterKey("local", name, f"{stat.st_size}-{stat.st_mtime_ns}", path.name)
-        return AdapterSource(key, ref, stat.st_size, (), local_path=path)
+        revision = f"{stat.st_size}-{stat.st_mtime_ns}"
+        embeddings = local_embeddings(path)
+        embeddings_size = None
+        if embeddings is not None:
+            # The pair is one adapter: a changed embeddings file is a new revision of it.
+            emb_stat = embeddings.stat()
+            embeddings_size = emb_stat.st_size
+            revision += f"+{emb_stat.st_size}-{emb_stat.st_mtime_ns}"
+        key = AdapterKey("local", name, revision, path.name)
+        return AdapterSource(
+            key,
+            ref,
+            stat.st_size,
+            (),
+            local_path=path,
+            embeddings_name=embeddings.name if embeddings else None,
+            embeddings_size=embeddings_size,
+            embeddings_path=embeddings,
+        )
 
 
 def _mib(size: int) -> str:
     return f"{size / 2**20:.2f} MiB"
 
 
-def _hub_lookup_error(error: Exception, ref: str, key: AdapterKey) -> SwitchboardError:
+def _hub_lookup_error(error: Exception, ref: str, revision: str, filename: str) -> SwitchboardError:
     if isinstance(error, GatedRepoError):
         return GatedLoraError(f"LoRA {ref!r} is gated; accepted: public, non-gated repos")
     if isinstance(error, RevisionNotFoundError):
-        return LoraNotFoundError(f"LoRA {ref!r} has no revision {key.revision!r}")
+        return LoraNotFoundError(f"LoRA {ref!r} has no revision {revision!r}")
     if isinstance(error, EntryNotFoundError):
-        return LoraNotFoundError(f"LoRA {ref!r} has no file {key.weight_name!r} at {key.revision[:10]}")
+        return LoraNotFoundError(f"LoRA {ref!r} has no file {filename!r} at {revision[:10]}")
     return LoraNotFoundError(f"LoRA {ref!r} was not found on the Hub")
 
 

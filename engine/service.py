@@ -21,6 +21,7 @@ from lora_catalog.bases import family_of_base
 
 from .adapters import AdapterKey, PreparedAdapter, TargetTable
 from .disk_cache import DiskCache
+from .embeddings import TextEncoders, TokenPatcher, check_clashes
 from .errors import HubUnavailableError, InvalidRequestError, PreparationError, SwitchboardError
 from .events import EngineEvents
 from .fused import FusedSet, set_identity
@@ -71,6 +72,8 @@ class Engine:
         self._table = TargetTable(
             {c: getattr(pipe, c) for c in loaded.components}, lora_loader=loaded.family.pipeline_class
         )
+        # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.embeddings).
+        encoders = TextEncoders(pipe)
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
         # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
         pin = loaded.device.type == "cuda" and not settings.zero_gpu
@@ -103,6 +106,7 @@ class Engine:
             resolver,
             self._store,
             self._table,
+            encoders,
             served_base=loaded.base_model_id,
             unet_config=pipe.unet.config,
             max_rank=settings.max_rank,
@@ -114,7 +118,12 @@ class Engine:
         self._lock = threading.Lock()
         # The one place where the weights change (through `WeightPatcher`).
         self._fused = FusedSet(
-            patcher, self._store, per_call=self._per_call, device=loaded.device, on_swap=self.events.swapped
+            patcher,
+            TokenPatcher(encoders),
+            self._store,
+            per_call=self._per_call,
+            device=loaded.device,
+            on_swap=self.events.swapped,
         )
         self.scheduler: Scheduler[PreparedRequest] = Scheduler(
             prepare=self._open,
@@ -185,6 +194,7 @@ class Engine:
                 key = adapter.key
                 uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
                 warnings.extend((*adapter.warnings, *ready.warnings))
+            check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
             self.events.prepared(time.perf_counter() - started)
             prepared = PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
@@ -293,6 +303,7 @@ class Engine:
             image = infer(
                 self.loaded.pipe,
                 prepared.request,
+                tokenizers=self._fused.tokenizers,
                 progress=progress,
                 cancel=cancel,
                 decoder=self._preview,

@@ -195,7 +195,9 @@ class Settings:
         return self.gpu_mode == "per_call" or (self.gpu_mode == "auto" and self.zero_gpu)
 
     @property
-    def is_tiny(self) -> bool:
+    def loads_tiny(self) -> bool:
+        """`tiny` or `tiny-sd15`: build a random-weight tiny pipeline (whether a model is tiny:
+        `ModelDefaults.is_tiny`)."""
         return self.model_id in TINY_MODEL_IDS
 
     @property

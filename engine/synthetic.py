@@ -28,6 +28,7 @@ __all__ = [
     "LoraTarget",
     "find_targets",
     "kohya_metadata",
+    "make_embeddings",
     "make_lora",
     "peft_metadata",
     "save_lora",
@@ -99,6 +100,21 @@ def make_lora(
             tensors[f"{stem}.lora_up.weight"] = up.to(dtype)
             tensors[f"{stem}.alpha"] = torch.tensor(float(rank if alpha is None else alpha), dtype=dtype)
     return tensors
+
+
+def make_embeddings(
+    widths: Sequence[int], count: int, *, seed: int, std: float, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """Pivotal-tuning rows as diffusers' advanced SDXL script saves them: `clip_l` and `clip_g`, one row per token.
+
+    `widths` are the two text encoders' hidden sizes; rows are drawn like the script initialises
+    them (random, scaled to the standard deviation `std` of the existing token embeddings).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    rows = {}
+    for name, width in zip(("clip_l", "clip_g"), widths, strict=True):
+        rows[name] = (torch.randn(count, width, generator=generator) * std).to(dtype)
+    return rows
 
 
 def _file_module_name(target: LoraTarget) -> str:

@@ -103,4 +103,4 @@ class WorkerCache:
 
 def _stub(adapter: PreparedAdapter) -> PreparedAdapter:
     # Same key, file size and warnings; no tensors (a few hundred bytes pickled).
-    return dataclasses.replace(adapter, layers=())
+    return dataclasses.replace(adapter, layers=(), embeddings=None)

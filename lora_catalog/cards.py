@@ -15,7 +15,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 from .bases import family_of_base
 from .entries import Family, LoraEntry, parse_datetime
-from .errors import AmbiguousWeightsError, LoraNotFoundError, NoSafetensorsError, PickleOnlyError
+from .errors import AmbiguousWeightsError, InvalidRequestError, LoraNotFoundError, NoSafetensorsError, PickleOnlyError
+from .pivotal import embeddings_for, is_embeddings_file, with_token_triggers
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -57,8 +58,11 @@ def is_non_commercial(license: str | None, license_name: str | None = None, lice
 
 
 def pick_weight_name(filenames: Iterable[str]) -> str | None:
-    """The LoRA file of a repo: diffusers' default name if present, else the only `.safetensors`, else None."""
-    candidates = [f for f in filenames if f.lower().endswith(".safetensors")]
+    """The LoRA file of a repo: diffusers' default name if present, else the only `.safetensors`, else None.
+
+    Pivotal-tuning embeddings files are never the LoRA (they load with it), so they are not candidates.
+    """
+    candidates = [f for f in filenames if _is_weight_candidate(f)]
     if PREFERRED_WEIGHT_NAME in candidates:
         return PREFERRED_WEIGHT_NAME
     return candidates[0] if len(candidates) == 1 else None
@@ -76,6 +80,7 @@ def entry_from_hub_item(item: Mapping[str, Any], *, endpoint: str, listed_base: 
     tags = tuple(t for t in _strs(item.get("tags")) if ":" not in t)
     bases = _bases(card, _strs(item.get("tags")), listed_base)
     weight_name = pick_weight_name(siblings)
+    embeddings_name = embeddings_for(weight_name, siblings)
     license_id = _first_str(card.get("license"))
     license_name = _str(card.get("license_name"))
     return LoraEntry(
@@ -84,7 +89,7 @@ def entry_from_hub_item(item: Mapping[str, Any], *, endpoint: str, listed_base: 
         title=repo_id.split("/", 1)[1],
         base_models=bases,
         family=_family(bases, listed_base),
-        trigger_words=_trigger_words(card),
+        trigger_words=_trigger_words(card, pivotal=embeddings_name is not None),
         preview_urls=_previews(card, siblings, endpoint, repo_id, sha),
         license=license_name if license_name and license_id in (None, "other") else license_id,
         non_commercial=is_non_commercial(license_id, license_name, _str(card.get("license_link"))),
@@ -97,6 +102,8 @@ def entry_from_hub_item(item: Mapping[str, Any], *, endpoint: str, listed_base: 
         tags=tags,
         sha=sha,
         source="hub",
+        embeddings_name=embeddings_name,
+        embeddings_size=siblings.get(embeddings_name) if embeddings_name else None,
     )
 
 
@@ -125,16 +132,15 @@ def _family(bases: tuple[str, ...], listed_base: str | None) -> Family:
     return known[0] if known else Family.UNKNOWN
 
 
-def _trigger_words(card: Mapping[str, Any]) -> tuple[str, ...]:
+def _trigger_words(card: Mapping[str, Any], *, pivotal: bool = False) -> tuple[str, ...]:
     prompt = card.get("instance_prompt")
     words = tuple(w.strip() for w in ((prompt,) if isinstance(prompt, str) else _strs(prompt)) if w.strip())
-    if words:
-        return words
-    for example in _widget(card):
-        text = _str(example.get("text"))
-        if text:
-            return (text,)
-    return ()
+    texts = tuple(text for example in _widget(card) if (text := _str(example.get("text"))))
+    if pivotal:
+        # The new tokens (`<s0><s1>`) are the trigger; the file's row count is not read for a listing,
+        # so they come from the card's texts.
+        return with_token_triggers(words or texts[:1], (), *texts)
+    return words or texts[:1]
 
 
 def _previews(
@@ -212,13 +218,21 @@ def _count(value: object) -> int:
 
 
 def choose_weight(where: str, files: tuple[str, ...], weight_name: str | None) -> str:
-    """The LoRA file of a repo holding `files`: the one named, the preferred name, or the only .safetensors."""
-    candidates = tuple(f for f in files if f.lower().endswith(".safetensors"))
+    """The LoRA file of a repo holding `files`: the one named, the preferred name, or the only .safetensors.
+
+    A pivotal-tuning embeddings file is never the LoRA (it loads with it: `lora_catalog.pivotal`).
+    """
+    candidates = tuple(f for f in files if _is_weight_candidate(f))
     if weight_name is not None:
+        listed = ", ".join(repr(c) for c in candidates) or "none"
         if weight_name not in files:
-            listed = ", ".join(repr(c) for c in candidates) or "none"
             raise LoraNotFoundError(
                 f"file {weight_name!r} was not found in LoRA repo {where}; its .safetensors files: {listed}"
+            )
+        if is_embeddings_file(weight_name):
+            raise InvalidRequestError(
+                f"file {weight_name!r} of LoRA repo {where} is a pivotal-tuning embeddings file, which loads with "
+                f"its LoRA; accepted: the LoRA weight file ({listed})"
             )
         return weight_name
     if PREFERRED_WEIGHT_NAME in candidates:
@@ -238,3 +252,7 @@ def choose_weight(where: str, files: tuple[str, ...], weight_name: str | None) -
             ".safetensors files are accepted, pickles are never unpickled"
         )
     raise NoSafetensorsError(f"LoRA repo {where} holds no .safetensors file; accepted: a repo with a .safetensors LoRA")
+
+
+def _is_weight_candidate(name: str) -> bool:
+    return name.lower().endswith(".safetensors") and not is_embeddings_file(name)

@@ -53,6 +53,9 @@ class LoraEntry:
     # The adapter variant the engine cannot fuse (e.g. "OFT"), read from the file header where one was read
     # (local files); None when the header showed a supported kind or was not read.
     unsupported: str | None = None
+    # The pivotal-tuning embeddings file beside the weight file (lora_catalog.pivotal names the rule).
+    embeddings_name: str | None = None
+    embeddings_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (datetimes as ISO 8601 strings, tuples as lists)."""
@@ -103,6 +106,8 @@ class LoraEntry:
             sha=_opt_str(data, "sha"),
             source=source,
             unsupported=_opt_str(data, "unsupported"),
+            embeddings_name=_opt_str(data, "embeddings_name"),
+            embeddings_size=_int(data, "embeddings_size") if data.get("embeddings_size") is not None else None,
         )
 
 

@@ -44,6 +44,7 @@ from .errors import (
     InvalidRequestError,
     LoraNotFoundError,
 )
+from .pivotal import embeddings_for
 from .refs import is_commit_sha, validate_repo_id, validate_revision, validate_weight_name
 from .sft_header import DEFAULT_MAX_HEADER_BYTES, SafetensorsHeader, read_header_bytes
 
@@ -264,7 +265,10 @@ class HubSource:
             s.rfilename: s.size if s.size is not None else (s.lfs.size if s.lfs else None) for s in info.siblings or ()
         }
         chosen = choose_weight(where, tuple(sizes), weight_name)
+        embeddings = embeddings_for(chosen, sizes)
+        size = sizes[embeddings] if embeddings else None
         entry = dataclasses.replace(entry, weight_name=chosen, weight_size=sizes[chosen], sha=info.sha or entry.sha)
+        entry = dataclasses.replace(entry, embeddings_name=embeddings, embeddings_size=size)
         expires = None if is_commit_sha(revision) else self._clock() + self._cache_ttl_s
         with self._lock:
             if len(self._resolved) >= _CACHE_MAX:

@@ -19,11 +19,28 @@ from .bases import family_from_keys, family_from_metadata
 from .cards import is_non_commercial
 from .entries import Family, LoraEntry
 from .errors import HeaderError
+from .pivotal import (
+    embeddings_for,
+    is_embeddings_file,
+    looks_beyond_own_name,
+    own_embeddings_name,
+    pivotal_tokens,
+    token_count,
+    with_token_triggers,
+)
 from .refs import local_ref
 from .sft_header import SafetensorsHeader, read_header
 from .variants import unsupported_variant
 
-__all__ = ["PREVIEW_SUFFIXES", "LocalIndex", "LocalLora", "entry_for_file", "header_family", "scan_local_dirs"]
+__all__ = [
+    "PREVIEW_SUFFIXES",
+    "LocalIndex",
+    "LocalLora",
+    "entry_for_file",
+    "header_family",
+    "local_embeddings",
+    "scan_local_dirs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +79,8 @@ def scan_local_dirs(dirs: Sequence[Path]) -> LocalIndex:
             logger.warning("local LoRA folder %s does not exist or is not a folder; skipping it", root)
             continue
         for path in _safetensors_below(root):
+            if is_embeddings_file(path.name):
+                continue  # loads with its LoRA (lora_catalog.pivotal)
             try:
                 entry = entry_for_file(root, path)
             except (HeaderError, OSError) as e:
@@ -88,13 +107,17 @@ def entry_for_file(root: Path, path: Path) -> LoraEntry | None:
     stat = path.stat()
     license_id = _meta(metadata, "modelspec.license")
     trigger = _meta(metadata, "modelspec.trigger_phrase") or _meta(metadata, "instance_prompt")
+    triggers: tuple[str, ...] = (trigger,) if trigger else ()
     tags = _meta(metadata, "modelspec.tags")
+    embeddings = local_embeddings(path)
+    if embeddings is not None:
+        triggers = with_token_triggers(triggers, _tokens_of(embeddings))
     return LoraEntry(
         ref=local_ref(PurePosixPath(path.relative_to(root).as_posix())),
         repo_id=None,
         title=_meta(metadata, "modelspec.title") or _meta(metadata, "ss_output_name") or path.stem,
         family=family,
-        trigger_words=(trigger,) if trigger else (),
+        trigger_words=triggers,
         preview_urls=_previews(path),
         license=license_id,
         non_commercial=is_non_commercial(license_id),
@@ -104,7 +127,31 @@ def entry_for_file(root: Path, path: Path) -> LoraEntry | None:
         tags=tuple(t.strip() for t in tags.split(",") if t.strip()) if tags else (),
         source="local",
         unsupported=unsupported_variant(header.tensors),
+        embeddings_name=embeddings.name if embeddings else None,
+        embeddings_size=embeddings.stat().st_size if embeddings else None,
     )
+
+
+def local_embeddings(path: Path) -> Path | None:
+    """The pivotal-tuning embeddings file beside local LoRA `path`, by lora_catalog.pivotal's naming rule."""
+    if looks_beyond_own_name(path.name):
+        siblings = [p.name for p in path.parent.iterdir() if p.is_file()]
+    else:
+        # One stat, not a folder listing per LoRA: a folder of thousands of LoRAs scans in linear time.
+        own = own_embeddings_name(path.name)
+        siblings = [own] if path.with_name(own).is_file() else []
+    name = embeddings_for(path.name, siblings)
+    return path.with_name(name) if name else None
+
+
+def _tokens_of(path: Path) -> tuple[str, ...]:
+    try:
+        count = token_count(read_header(path))
+    except (HeaderError, OSError) as e:
+        # The engine refuses such a file with the reason when the LoRA is used; the entry still lists.
+        logger.warning("embeddings file %s is unreadable: %s", path, e)
+        return ()
+    return pivotal_tokens(count or 0)
 
 
 def header_family(header: SafetensorsHeader) -> Family:

@@ -53,6 +53,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "HttpRequest",
     "encode_image",
+    "http_routes",
     "lora_from_path",
     "make_routes",
     "parse_body",
@@ -353,3 +354,18 @@ def _too_large(size: int) -> JSONResponse:
     return json_error(
         RequestTooLargeError(f"the body has {size} bytes or more; accepted: at most {MAX_BODY_BYTES} bytes")
     )
+
+
+def http_routes(runner: GpuRunner, *, metrics: bool = False) -> list[BaseRoute]:
+    """The routes beside the UI: `POST /` and `POST /models/<base>` always, `GET /metrics` (watching every pool's
+    engine) when asked for."""
+    from serving.metrics import Metrics
+
+    routes = make_routes(runner)
+    if metrics:
+        watcher = Metrics()
+        for pool in runner.pools.pools:
+            watcher.watch(pool.engine)
+        routes = [*routes, *watcher.routes()]
+        logger.warning("METRICS is on: GET /metrics answers anyone who can reach this server")
+    return routes

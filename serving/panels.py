@@ -173,7 +173,7 @@ def result_panel(handlers: Handlers) -> tuple[gr.Image, gr.HTML]:
         elem_id="result",
         height=420,
         buttons=["download", "fullscreen"],
-        elem_classes="tiny-output" if handlers.defaults.side < 256 else None,
+        elem_classes="tiny-output" if handlers.defaults.is_tiny else None,
     )
     return image, gr.HTML(elem_id="result-info")
 

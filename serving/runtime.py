@@ -127,7 +127,7 @@ class Runtime:
 
 def probe_base(settings: Settings) -> str | None:
     """None when the base model's weights can be had (in the HF cache, or the Hub answers); else why not."""
-    repo = settings.base_model_id if settings.is_tiny else settings.model_id
+    repo = settings.base_model_id if settings.loads_tiny else settings.model_id
     cached = try_to_load_from_cache(repo, "model_index.json")
     if isinstance(cached, str):
         return None
@@ -159,7 +159,7 @@ def plan_start(
 ) -> StartPlan:
     """Decide what to serve; probes run only when their answer matters."""
     if settings.model_id_explicit:
-        if settings.is_tiny:
+        if settings.loads_tiny:
             named = f"MODELS={','.join(p.model_id for p in settings.pools)}" if settings.pools else None
             return StartPlan(settings, demo=True, reason=f"{named or f'MODEL_ID={settings.model_id}'} is set")
         return StartPlan(settings, demo=False)

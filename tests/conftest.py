@@ -71,6 +71,15 @@ def fixtures(hub, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def pivotal(hub, tmp_path_factory: pytest.TempPathFactory):
+    """Pivotal-tuning repos (LoRA + embeddings file + card) on the stand-in Hub, and local pairs."""
+    from engine.tiny import build_tiny_pipeline
+    from tests.support.loras import publish_pivotal
+
+    return publish_pivotal(hub, build_tiny_pipeline(), tmp_path_factory.mktemp("pivotal-local"))
+
+
+@pytest.fixture(scope="session")
 def base_settings(tiny_dir: Path, fixtures):
     from engine.settings import Settings
 

@@ -13,9 +13,9 @@ from gradio_client.exceptions import AppError
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import http_routes
 from engine.requests import GenerateRequest, LoraSpec
 from serving.handlers import Handlers
+from serving.http_api import http_routes
 from serving.metrics import Metrics
 from serving.runtime import GpuRunner
 from tests.support.app_server import AppServer, serve_fixture_app

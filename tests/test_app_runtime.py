@@ -133,7 +133,7 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded, l
 
 def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, loaded, loaded_sd15):
     def load(settings: Settings, warm: bool = True):
-        if not settings.is_tiny:
+        if not settings.loads_tiny:
             raise OSError("disk full")
         return loaded if settings.model_id == "tiny" else loaded_sd15
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -66,6 +67,8 @@ def test_a_small_run_ends_with_the_summary_line(tmp_path):
             "900",
             "--json",
             str(out),
+            "--plot",
+            str(tmp_path / "plots"),
         ],
         cwd=REPO,
         capture_output=True,
@@ -77,3 +80,7 @@ def test_a_small_run_ends_with_the_summary_line(tmp_path):
     last = done.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"serve_p95_vs_fifo=[\d.]+ gpu_busy=[\d.]+ swaps_per_request=[\d.]+ max_overtakes=\d+", last)
     assert out.is_file()
+    # The plot is drawn from the JSON the run wrote into the plot folder (bench.plots), one line per mode.
+    written = json.loads((tmp_path / "plots" / "serve.json").read_text())
+    assert set(written["latencies_s"]) == {"fifo_inline", "affinity"}
+    assert (tmp_path / "plots" / "serve-latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -20,7 +20,7 @@ def test_defaults_serve_sdxl_on_an_auto_device():
 def test_a_hub_model_id_is_also_the_base_unless_a_base_is_named():
     assert Settings.from_env({"MODEL_ID": "someone/sdxl-finetune"}).base_model_id == "someone/sdxl-finetune"
     named = Settings.from_env({"MODEL_ID": "tiny", "BASE_MODEL_ID": "stabilityai/stable-diffusion-xl-base-1.0"})
-    assert named.is_tiny and named.model_id_explicit and named.base_model_id == DEFAULT_MODEL_ID
+    assert named.loads_tiny and named.model_id_explicit and named.base_model_id == DEFAULT_MODEL_ID
 
 
 def test_a_local_folder_stands_in_for_the_default_base(tmp_path):

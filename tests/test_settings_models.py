@@ -27,7 +27,7 @@ def test_models_lists_pools_the_first_being_the_default(tmp_path):
 
 def test_tiny_models_default_to_their_own_base():
     assert parse_models("tiny,tiny-sd15") == DEMO_POOLS
-    assert Settings.from_env({"MODELS": "tiny,tiny-sd15"}).is_tiny
+    assert Settings.from_env({"MODELS": "tiny,tiny-sd15"}).loads_tiny
 
 
 def test_two_pools_of_one_family_are_allowed():

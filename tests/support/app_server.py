@@ -63,8 +63,9 @@ def serve_app(
 
     With `metrics`, `GET /metrics` is served too, as `METRICS=1` makes `app.main` do.
     """
-    from app import build_demo, http_routes, serve
+    from app import build_demo, serve
     from serving.handlers import Handlers
+    from serving.http_api import http_routes
     from serving.runtime import GpuRunner
 
     runner = runner or GpuRunner(engine)  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ from engine.synthetic import (
     find_targets,
     kohya_key,
     kohya_metadata,
+    make_embeddings,
     make_lora,
     peft_metadata,
 )
@@ -228,3 +229,84 @@ def publish_fixtures(hub, pipe, local_dir: Path) -> Fixtures:
     (local_dir / "local_peft.safetensors").write_bytes(peft_file(pipe, seed=20))
     local = {"kohya": "local:styles/local_kohya.safetensors", "peft": "local:local_peft.safetensors"}
     return Fixtures(repos=repos, local_dir=local_dir, local=local)
+
+
+PIVOTAL_PROMPT = "a photo of <s0><s1>"
+
+
+def embeddings_file(
+    pipe, *, seed: int, count: int = 2, strength: float = 3.0, **overrides: torch.Tensor | None
+) -> bytes:
+    """Pivotal-tuning rows for the tiny pipeline's two text encoders (`clip_l`, `clip_g`), `overrides` replacing.
+
+    `strength` scales the rows past the existing embeddings' spread so the tokens visibly change the image.
+    """
+    weights = [pipe.text_encoder.get_input_embeddings().weight, pipe.text_encoder_2.get_input_embeddings().weight]
+    std = float(torch.stack([w.detach().float().std() for w in weights]).mean()) * strength
+    rows = make_embeddings([w.shape[1] for w in weights], count, seed=seed, std=std)
+    return sft({k: v for k, v in {**rows, **overrides}.items() if v is not None})
+
+
+def pivotal_repo(
+    pipe, *, seed: int, emb_name: str, count: int = 2, prompt: str = PIVOTAL_PROMPT, base: str | None = SDXL
+) -> dict[str, bytes]:
+    """A repo as diffusers' advanced SDXL script publishes it: LoRA, WebUI copy, embeddings file, card."""
+    files = {
+        "README.md": card(base, instance_prompt=prompt, widget=[{"text": f"{prompt}, a cat"}]),
+        WEIGHTS: peft_file(pipe, seed=seed),
+        emb_name: embeddings_file(pipe, seed=seed + 1, count=count),
+    }
+    if emb_name.endswith("_emb.safetensors"):
+        files[emb_name.removesuffix("_emb.safetensors") + ".safetensors"] = kohya_file(pipe, seed=seed + 2)
+    return files
+
+
+@dataclass(frozen=True)
+class PivotalFixtures:
+    """Pivotal-tuning repo ids by role, and a local folder with the same files (`local:` refs by role)."""
+
+    repos: dict[str, str]
+    local_dir: Path
+    local: dict[str, str]
+    files: dict[str, dict[str, bytes]]
+
+    def __getitem__(self, name: str) -> str:
+        return self.repos[name]
+
+
+def publish_pivotal(hub, pipe, local_dir: Path, ns: str = "pivotal") -> PivotalFixtures:
+    """Pivotal-tuning repos on `hub` (good ones in both file namings, clashing and broken ones) and local pairs."""
+    repos: dict[str, str] = {}
+    files: dict[str, dict[str, bytes]] = {}
+
+    def add(role: str, content: dict[str, bytes]) -> None:
+        repos[role] = f"{ns}/{role}"
+        files[role] = content
+        hub.add_repo(repos[role], content)
+
+    add("current", pivotal_repo(pipe, seed=31, emb_name="current_emb.safetensors"))
+    add("legacy", pivotal_repo(pipe, seed=34, emb_name="embeddings.safetensors", count=3, prompt="<s0><s1><s2> style"))
+    # The rest declare no base, so the catalogue does not list them: listings elsewhere count SDXL fixtures.
+    add("clash", pivotal_repo(pipe, seed=37, emb_name="clash_emb.safetensors", base=None))
+    broken = {
+        "no-clip-g": embeddings_file(pipe, seed=40, clip_g=None),
+        "wide": embeddings_file(pipe, seed=41, clip_l=torch.zeros(2, 48)),
+        "ragged": embeddings_file(pipe, seed=42, clip_g=torch.zeros(3, 32)),
+        "nan": embeddings_file(pipe, seed=43, clip_l=torch.full((2, 32), float("nan"))),
+        "not-safetensors": b"\x80\x04not safetensors",
+        "padded": embeddings_file(pipe, seed=44, padding=torch.zeros(2**18)),
+    }
+    for role, data in broken.items():
+        repo = pivotal_repo(pipe, seed=45, emb_name="embeddings.safetensors", base=None)
+        add(f"bad-{role}", {**repo, "embeddings.safetensors": data})
+
+    local_dir.mkdir(parents=True, exist_ok=True)
+    current = files["current"]
+    (local_dir / "mine.safetensors").write_bytes(current[WEIGHTS])
+    (local_dir / "mine_emb.safetensors").write_bytes(current["current_emb.safetensors"])
+    (local_dir / "run").mkdir(exist_ok=True)
+    (local_dir / "run" / WEIGHTS).write_bytes(files["legacy"][WEIGHTS])
+    (local_dir / "run" / "embeddings.safetensors").write_bytes(files["legacy"]["embeddings.safetensors"])
+    (local_dir / "plain.safetensors").write_bytes(peft_file(pipe, seed=46))
+    local = {"current": "local:mine.safetensors", "legacy": f"local:run/{WEIGHTS}", "plain": "local:plain.safetensors"}
+    return PivotalFixtures(repos=repos, local_dir=local_dir, local=local, files=files)
