@@ -20,8 +20,9 @@ from engine.settings import DEFAULT_MODEL_ID, Settings
 from engine.tiny import ensure_tiny_pipeline
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
-from serving.http_api import make_routes
-from serving.runtime import GpuRunner
+from serving.gpu_runner import GpuRunner
+from serving.handlers import Handlers
+from serving.http_api import http_routes
 from tests.support.app_server import free_port
 from tests.support.loras import WEIGHTS, card, peft_file
 from tests.support.standin_hub import StandInHub
@@ -91,9 +92,9 @@ class Bench:
         engine.scheduler.finish = finish  # type: ignore[method-assign]
         self._warm(engine, mode)
         runner = GpuRunner(engine)
-        demo = build_demo(engine, catalog, runner=runner)
+        demo = build_demo(Handlers(engine, catalog, runner))
         url = serve(
-            demo, make_routes(runner), server_name="127.0.0.1", server_port=free_port(), block=False, quiet=True
+            demo, http_routes(runner), server_name="127.0.0.1", server_port=free_port(), block=False, quiet=True
         )
         try:
             samples, wall = self._load(mode, url)

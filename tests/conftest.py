@@ -163,6 +163,17 @@ def loaded_sd15(tiny_sd15_dir: Path, base_settings):
 
 
 @pytest.fixture(scope="session")
+def demo_load(loaded, loaded_sd15) -> Callable[..., object]:
+    """A loader for `build_runtime`'s offline demo: the session's tiny SDXL and SD 1.5 pipelines, one per pool."""
+    from engine.settings import TINY_MODEL_ID
+
+    def load(settings, warm: bool = True):
+        return loaded if settings.model_id == TINY_MODEL_ID else loaded_sd15
+
+    return load
+
+
+@pytest.fixture(scope="session")
 def pristine_sd15(loaded_sd15) -> dict[str, object]:
     pipe = loaded_sd15.pipe
     return {

@@ -123,13 +123,11 @@ def test_a_custom_lora_is_checked_before_generating(page, hub_app, fixtures):
     page.screenshot(path=str(SHOTS / "hub-custom-check.png"), full_page=True)
 
 
-def test_the_offline_demo_shows_its_banner_and_generates(page, loaded, tmp_path):
+def test_the_offline_demo_shows_its_banner_and_generates(page, demo_load, tmp_path):
     from engine.settings import Settings
     from serving.runtime import build_runtime
 
-    runtime = build_runtime(
-        Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=lambda settings, warm=True: loaded
-    )
+    runtime = build_runtime(Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=demo_load)
     try:
         assert runtime.wait_ready(timeout=300)
         with serve_app(

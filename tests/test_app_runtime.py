@@ -148,11 +148,8 @@ def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, load
         runtime.close()
 
 
-def test_closing_the_demo_stops_its_previews_and_restores_the_base(tmp_path, loaded, loaded_sd15, pristine):
-    def load(settings: Settings, warm: bool = True):
-        return loaded if settings.model_id == "tiny" else loaded_sd15
-
-    runtime = build_runtime(Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=load)
+def test_closing_the_demo_stops_its_previews_and_restores_the_base(tmp_path, loaded, demo_load, pristine):
+    runtime = build_runtime(Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=demo_load)
     runtime.close()
     assert runtime.preview_thread is not None
     assert not runtime.preview_thread.is_alive()

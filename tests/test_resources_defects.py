@@ -175,7 +175,7 @@ def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
     first_step = threading.Event()
 
     class HoldingRunner(type(runner)):  # type: ignore[misc]
-        def _call_gpu(self, prepared, progress, cancel, preview=None):
+        def _call_gpu(self, pool, prepared, progress, cancel, preview=None):
             # Where every transport's request runs once the scheduler admits it.
             def hold(step: int, total: int) -> None:
                 # The first step waits for the cancel the disconnect should cause (at most 30 s).
@@ -185,7 +185,7 @@ def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
                 if progress is not None:
                     progress(step, total)
 
-            return super()._call_gpu(prepared, hold, cancel, preview)
+            return super()._call_gpu(pool, prepared, hold, cancel, preview)
 
     holding = HoldingRunner(engine)
     try:
