@@ -3,7 +3,7 @@
 Thin on purpose: `build_demo` is a list of panels, each built by a named function; events validate, call
 the one shared handler (`serving.handlers`) and format what comes back (`serving.format`). The named API
 is `serving.gradio_api`, the HTTP endpoint `serving.http_api`. Nothing is loaded at import; `main()`
-builds the runtime (`serving.runtime.build_runtime`) and serves it.
+builds the runtime (`serving.runtime.build_runtime`) and serves it (`serving.launch.serve`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import gradio as gr
 
@@ -31,17 +31,11 @@ from serving.handlers import PAGE_SIZE, Handlers
 from serving.panels import Browser, ComparePanel, RequestPanel
 from serving.streaming import Frame
 
-if TYPE_CHECKING:
-    from starlette.routing import BaseRoute
-
-
-__all__ = ["build_demo", "main", "serve"]
+__all__ = ["build_demo", "main"]
 
 logger = logging.getLogger(__name__)
 
 _PRIVATE = "private"
-_SYSTEM_FONTS = ("ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif")
-_MONO_FONTS = ("ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace")
 
 
 def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = "https://huggingface.co") -> gr.Blocks:
@@ -69,7 +63,7 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         _wire_compare(handlers, request, comparison, status_md)
 
         def status() -> str:
-            return _status(handlers)
+            return pool_ui.status(handlers)
 
         demo.load(status, None, status_md, api_visibility=_PRIVATE, queue=False)
         refresh.click(status, None, status_md, api_visibility=_PRIVATE, queue=False)
@@ -284,7 +278,7 @@ def _wire_generation(
             elif item is None:
                 yield (gr.skip(),) * 4
             else:
-                yield item.image, fmt.result_html(item), item.seed, _status(handlers)
+                yield item.image, fmt.result_html(item), item.seed, pool_ui.status(handlers)
 
     slots = [
         getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")
@@ -348,7 +342,7 @@ def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: Compare
         done = compare(handlers, built, progress)
         result = done.result
         cells = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
-        return done.grid, cells, comparison_fields.compare_html(result), result.seed, _status(handlers)
+        return done.grid, cells, comparison_fields.compare_html(result), result.seed, pool_ui.status(handlers)
 
     comparison.run.click(
         compare_ui,
@@ -372,10 +366,6 @@ def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: Compare
     )
 
 
-def _status(handlers: Handlers) -> str:
-    return pool_ui.status(handlers)
-
-
 def _snippets(handlers: Handlers) -> Callable[[gr.Request], str]:
     # Gradio hands the request only to a function whose own signature asks for it (not through a partial).
     def snippets(request: gr.Request) -> str:
@@ -384,38 +374,11 @@ def _snippets(handlers: Handlers) -> Callable[[gr.Request], str]:
     return snippets
 
 
-def serve(
-    demo: gr.Blocks,
-    routes: Sequence[BaseRoute],
-    *,
-    server_name: str | None = None,
-    server_port: int | None = None,
-    allowed_paths: Sequence[str] = (),
-    block: bool = True,
-    quiet: bool = False,
-) -> str:
-    """Serve the UI, its API and `routes` (the inference-API POST) from one server; returns its local URL."""
-    # FastAPI(routes=...) puts ours before Gradio's, so `POST /` is ours while `GET /` stays the UI.
-    _, local_url, _ = demo.launch(
-        server_name=server_name,
-        server_port=server_port,
-        app_kwargs={"routes": list(routes)},
-        allowed_paths=list(allowed_paths),
-        prevent_thread_lock=not block,
-        show_error=True,
-        quiet=quiet,
-        footer_links=["api", "gradio"],
-        # System fonts: a Space's visitors should not wait on a font CDN, and offline there is none.
-        theme=gr.themes.Soft(primary_hue="violet", secondary_hue="amber", font=_SYSTEM_FONTS, font_mono=_MONO_FONTS),
-        css=fmt.APP_CSS,
-    )
-    return local_url
-
-
 def main() -> None:
     from engine.errors import SettingsError
     from engine.settings import Settings
     from serving.http_api import http_routes
+    from serving.launch import serve
     from serving.runtime import GpuRunner, build_runtime
 
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from gradio_client import Client
 
-from app import build_demo, serve
+from app import build_demo
 from engine.pipeline import load_pipeline
 from engine.requests import GenerateResult, LoraSpec
 from engine.resolve import AdapterResolver
@@ -23,6 +23,7 @@ from lora_catalog.hub import HubSource
 from serving.gpu_runner import GpuRunner
 from serving.handlers import Handlers
 from serving.http_api import http_routes
+from serving.launch import serve
 from tests.support.app_server import free_port
 from tests.support.loras import WEIGHTS, card, peft_file
 from tests.support.standin_hub import StandInHub

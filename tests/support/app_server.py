@@ -63,9 +63,10 @@ def serve_app(
 
     With `metrics`, `GET /metrics` is served too, as `METRICS=1` makes `app.main` do.
     """
-    from app import build_demo, serve
+    from app import build_demo
     from serving.handlers import Handlers
     from serving.http_api import http_routes
+    from serving.launch import serve
     from serving.runtime import GpuRunner
 
     runner = runner or GpuRunner(engine)  # type: ignore[arg-type]
