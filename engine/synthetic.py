@@ -107,12 +107,12 @@ def make_embeddings(
 ) -> dict[str, torch.Tensor]:
     """Pivotal-tuning rows as diffusers' advanced SDXL script saves them: `clip_l` and `clip_g`, one row per token.
 
-    `widths` are the two text encoders' hidden sizes; rows are drawn like the script initialises
-    them (random, scaled to the standard deviation `std` of the existing token embeddings).
+    `widths` are the text encoders' hidden sizes (one for SD 1.x: `clip_l` alone); rows are drawn like the
+    script initialises them (random, scaled to the standard deviation `std` of the existing token embeddings).
     """
     generator = torch.Generator().manual_seed(seed)
     rows = {}
-    for name, width in zip(("clip_l", "clip_g"), widths, strict=True):
+    for name, width in zip(("clip_l", "clip_g")[: len(widths)], widths, strict=True):
         rows[name] = (torch.randn(count, width, generator=generator) * std).to(dtype)
     return rows
 

@@ -94,9 +94,13 @@ def pivotal_tokens(count: int) -> tuple[str, ...]:
 
 
 def token_count(header: SafetensorsHeader) -> int | None:
-    """Rows of a well-formed embeddings file (both tensors 2-D, same row count), else None."""
-    shapes = [header.tensors[name].shape if name in header.tensors else () for name in EMBEDDING_TENSORS]
-    if any(len(shape) != 2 for shape in shapes) or len({shape[0] for shape in shapes}) != 1:
+    """Rows of a well-formed embeddings file (its tensors 2-D, same row count), else None.
+
+    SDXL's scripts write `clip_l` and `clip_g`; SD 1.5's advanced script writes `clip_l` alone (its one
+    text encoder). Which tensors a pipeline needs is the engine's check (`engine.embeddings`).
+    """
+    shapes = [header.tensors[name].shape for name in EMBEDDING_TENSORS if name in header.tensors]
+    if not shapes or any(len(shape) != 2 for shape in shapes) or len({shape[0] for shape in shapes}) != 1:
         return None
     count = shapes[0][0]
     return count if 0 < count <= MAX_TOKENS else None

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import StableDiffusionPipeline
+from safetensors.torch import save_file
 
 from engine.errors import IncompatibleLoraError
 from engine.requests import GenerateRequest, LoraSpec
@@ -19,6 +20,7 @@ from engine.synthetic import (
     UNET_ATTENTION_FF_CONV,
     find_targets,
     kohya_metadata,
+    make_embeddings,
     make_lora,
     peft_metadata,
     save_lora,
@@ -114,3 +116,59 @@ def test_an_sdxl_lora_is_refused_by_the_sd15_engine(sd15_engine, sd15_loras):
     _, names = sd15_loras
     with pytest.raises(IncompatibleLoraError, match=r"sdxl family.*serves stable-diffusion-v1-5"):
         sd15_engine.check_lora(LoraSpec(f"local:{names['sdxl']}"))
+
+
+def test_an_sd15_pivotal_lora_matches_diffusers_lora_plus_textual_inversion(
+    loaded_sd15, base_settings, sd15_loras, tiny_sd15_dir, pristine_sd15, tmp_path
+):
+    """SD 1.5's advanced script writes `clip_l` alone: the tokens go into its one text encoder and come out exactly."""
+    folder, names = sd15_loras
+    pipe = loaded_sd15.pipe
+    weight = pipe.text_encoder.get_input_embeddings().weight
+    std = float(weight.detach().float().std()) * 3.0
+    rows = make_embeddings([weight.shape[1]], 2, seed=61, std=std)
+    assert set(rows) == {"clip_l"}
+    (tmp_path / "piv.safetensors").write_bytes((folder / names["peft"]).read_bytes())
+    save_file(rows, str(tmp_path / "piv_emb.safetensors"))
+    settings = base_settings.replace(local_lora_dir=tmp_path)
+    resolver = AdapterResolver(None, local_dir=tmp_path, token=None, max_bytes=settings.max_adapter_bytes)
+    engine = Engine(loaded_sd15, settings, resolver)
+    tokenizer, size = pipe.tokenizer, len(pipe.tokenizer)
+    prompt = "a photo of <s0><s1>, a cat"
+    try:
+        ours = pixels(engine.generate(request_for(prompt, LoraSpec("local:piv.safetensors"))).image)
+    finally:
+        engine.close()
+
+    reference_pipe = StableDiffusionPipeline.from_pretrained(
+        tiny_sd15_dir, safety_checker=None, requires_safety_checker=False
+    )
+    reference_pipe.set_progress_bar_config(disable=True)
+    reference_pipe.load_lora_weights(str(tmp_path), weight_name="piv.safetensors")
+    reference_pipe.fuse_lora()
+    without = pixels(sd15_image(reference_pipe, prompt))
+    reference_pipe.load_textual_inversion(
+        rows["clip_l"],
+        token=["<s0>", "<s1>"],
+        text_encoder=reference_pipe.text_encoder,
+        tokenizer=reference_pipe.tokenizer,
+    )
+    reference = pixels(sd15_image(reference_pipe, prompt))
+    assert np.abs(reference - without).mean() > 1, "the tokens must visibly change the image"
+    assert np.abs(ours - reference).max() <= 2
+    assert np.abs(ours - reference).mean() < 0.1
+    # Out exactly: the same tokenizer and embedding matrix, of the original size, every weight bit-exact.
+    assert pipe.tokenizer is tokenizer and len(tokenizer) == size and "<s0>" not in tokenizer.get_vocab()
+    assert pipe.text_encoder.get_input_embeddings().weight is weight and weight.shape[0] == size
+    for name in ("unet", "text_encoder", "vae"):
+        for key, value in getattr(pipe, name).state_dict().items():
+            assert torch.equal(value, pristine_sd15[f"{name}.{key}"]), f"{name}.{key} drifted"
+
+
+def request_for(prompt: str, *loras: LoraSpec) -> GenerateRequest:
+    return GenerateRequest(prompt=prompt, loras=tuple(loras), steps=3, width=64, height=64, seed=7)
+
+
+def sd15_image(pipe, prompt: str):
+    generator = torch.Generator("cpu").manual_seed(7)
+    return pipe(prompt=prompt, num_inference_steps=3, width=64, height=64, generator=generator).images[0]
