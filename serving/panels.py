@@ -97,7 +97,7 @@ def header(banner: str | None) -> None:
 
 def browser_panel(served: str, choices: list[tuple[str, str]], note: str) -> Browser:
     with gr.Row():
-        base = gr.Dropdown(choices, value=served, label="Base model", scale=2)
+        base = gr.Dropdown(choices, value=served, label="Base model", scale=2, elem_id="base-filter")
         sort = gr.Dropdown(list(SORTS), value="downloads", label="Sort by", scale=1)
     base_note = gr.Markdown(note, elem_id="base-note")
     search = gr.Textbox(label="Search", placeholder="style, subject, trigger word… (Enter)")

@@ -149,6 +149,21 @@ def test_the_offline_demo_shows_its_banner_and_generates(page, demo_load, tmp_pa
             assert "local:neon_static.safetensors" in page.locator("#result-info").inner_text()
             page.screenshot(path=str(SHOTS / "offline-demo.png"), full_page=True)
 
+            # The demo's second pool: SD 1.5 LoRAs are listed under their base and generate on it.
+            page.locator("#base-filter input").click()
+            page.get_by_role("option", name="Stable Diffusion 1.5 (served)").click()
+            page.locator("#base-note", has_text="generate on Stable Diffusion 1.5").wait_for(timeout=WAIT_MS)
+            tile(page, "Dusty Rose").wait_for(timeout=WAIT_MS)
+            assert page.locator("#lora-gallery button.thumbnail-item").count() == 3
+            tile(page, "Dusty Rose").click()
+            page.locator("#lora-details", has_text="Dusty Rose").wait_for(timeout=WAIT_MS)
+            assert page.locator("#prompt textarea").input_value() == "dusty rose"
+            page.locator("#generate").click()
+            info = page.locator("#result-info", has_text="local:dusty_rose.safetensors")
+            info.wait_for(timeout=WAIT_MS)
+            assert "guidance 7.5" in info.inner_text(), "SD 1.5's own defaults (SDXL's guidance is 5)"
+            page.screenshot(path=str(SHOTS / "offline-demo-sd15.png"), full_page=True)
+
             # A long run, to watch the per-step progress the engine reports.
             page.locator("#steps input[type=number]").fill("60")
             page.locator("#steps input[type=number]").press("Enter")
