@@ -34,7 +34,7 @@ from .dora import dora_update
 from .embeddings import TokenEmbeddings
 from .errors import AdapterLoadError, IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
 from .layers import LayerFactors, LayerUpdate
-from .lycoris import lycoris_layer
+from .lycoris import cache_loha_deltas, lycoris_layer
 from .naming import COMPONENTS, SplitTensors, component_state_dict, is_kohya, kohya_modules, peft_stem, split_tensors
 
 __all__ = [
@@ -165,8 +165,13 @@ def prepare(
     max_rank: int,
     metadata: Mapping[str, str],
     shapes: Mapping[str, tuple[int, ...]],
+    delta_budget: int = 0,
 ) -> PreparedAdapter:
-    """Load a validated safetensors adapter and map it onto `table`; the file's header was read already."""
+    """Load a validated safetensors adapter and map it onto `table`; the file's header was read already.
+
+    `delta_budget`: the most bytes of float32 ΔW to precompute for the adapter's LoHa layers (0: none);
+    see `engine.lycoris.cache_loha_deltas` for why.
+    """
     label = f"LoRA {key.name!r} ({key.weight_name})"
     if variant := detect_variant(shapes):
         raise UnsupportedLoraVariantError(
@@ -189,6 +194,7 @@ def prepare(
     if split.plain:
         layers.extend(_plain_layers(split.plain, table, unet_config, config, label))
     layers.extend(_lycoris_layers(split, table, unet_config, config, label))
+    layers = cache_loha_deltas(layers, table.params, delta_budget)
     layers = [_with_magnitude(layer, magnitudes, table, label) for layer in layers]
     if magnitudes:
         names = ", ".join(table.names[i] for i in sorted(magnitudes)[:5])

@@ -66,6 +66,7 @@ class Preparer:
         max_rank: int,
         disk: DiskCache | None = None,
         gate: LoadGate | None = None,
+        delta_budget: int = 0,
     ) -> None:
         self._resolver = resolver
         self._disk = disk
@@ -76,6 +77,7 @@ class Preparer:
         self._unet_config = unet_config
         self._max_rank = max_rank
         self._gate = gate
+        self._delta_budget = delta_budget
         self._locks_guard = threading.Lock()
         self._key_locks: dict[AdapterKey, threading.Lock] = {}
 
@@ -135,6 +137,7 @@ class Preparer:
             max_rank=self._max_rank,
             metadata=header.metadata,
             shapes={name: info.shape for name, info in header.tensors.items()},
+            delta_budget=self._delta_budget,
         )
         embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
         # Kept with the adapter, so a cache hit still tells the user what the first load found.

@@ -112,6 +112,9 @@ class Engine:
             max_rank=settings.max_rank,
             disk=self.disk_cache,
             gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
+            # LoHa's ΔW kept from preparation on the CPU, where recomputing it per swap is slow (engine.lycoris):
+            # a quarter of the host cache, so a kept ΔW never crowds out more than a few other adapters.
+            delta_budget=settings.host_cache_bytes // 4 if loaded.device.type == "cpu" else 0,
         )
         self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
         # The pipeline lock: uncontended under the scheduler, it keeps a direct `run` call safe too.

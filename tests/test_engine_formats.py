@@ -21,6 +21,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from engine.adapters import PreparedAdapter, TargetTable
+from engine.layers import LayerDelta
 from engine.synthetic import (
     LoraTarget,
     find_targets,
@@ -50,8 +51,8 @@ def targets(pipe) -> list[LoraTarget]:
     return find_targets(components(pipe), PATTERNS)
 
 
-def load(path: Path, table: TargetTable, pipe) -> PreparedAdapter:
-    return load_file(path, table, pipe.unet.config)
+def load(path: Path, table: TargetTable, pipe, *, delta_budget: int = 0) -> PreparedAdapter:
+    return load_file(path, table, pipe.unet.config, delta_budget=delta_budget)
 
 
 def fused(adapter: PreparedAdapter, table: TargetTable, scale: float) -> dict[str, torch.Tensor]:
@@ -121,12 +122,15 @@ def base_weights(table) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("scale", [1.0, 0.6])
 @pytest.mark.parametrize("tucker", [False, True])
-def test_peft_loha_matches_peft_merge(pipe, table, targets, base_weights, tmp_path, scale, tucker):
+@pytest.mark.parametrize("kept", [False, True], ids=["recomputed", "kept-delta"])
+def test_peft_loha_matches_peft_merge(pipe, table, targets, base_weights, tmp_path, scale, tucker, kept):
     tensors = make_loha(targets, rank=4, seed=31, fmt="peft", tucker=tucker)
     path = save_lora(
         tmp_path / "loha.safetensors", tensors, lycoris_metadata("loha", targets, fmt="peft", rank=4, alpha=3)
     )
-    adapter = load(path, table, pipe)
+    # kept: the ΔW computed once at preparation (what the engine does on the CPU within its budget)
+    adapter = load(path, table, pipe, delta_budget=2**30 if kept else 0)
+    assert all(isinstance(layer, LayerDelta) == kept for layer in adapter.layers)
     reference = peft_merged(
         fresh,
         LoHaModel,
@@ -208,11 +212,14 @@ def alpha_of(tensors: dict[str, torch.Tensor], stem: str) -> float:
 
 @pytest.mark.parametrize("scale", [1.0, -0.7])
 @pytest.mark.parametrize(("rank", "tucker"), [(4, False), (16, False), (4, True)])
-def test_kohya_loha_matches_lycoris_forward(pipe, table, targets, tmp_path, scale, rank, tucker):
+@pytest.mark.parametrize("kept", [False, True], ids=["recomputed", "kept-delta"])
+def test_kohya_loha_matches_lycoris_forward(pipe, table, targets, tmp_path, scale, rank, tucker, kept):
     # rank 4 takes the one-product path (r² <= 64), rank 16 two products and a Hadamard product
     tensors = make_loha(targets, rank=rank, seed=41, fmt="kohya", alpha=2.5, tucker=tucker)
     metadata = lycoris_metadata("loha", targets, fmt="kohya", rank=rank, alpha=2.5)
-    adapter = load(save_lora(tmp_path / "loha.safetensors", tensors, metadata), table, pipe)
+    path = save_lora(tmp_path / "loha.safetensors", tensors, metadata)
+    adapter = load(path, table, pipe, delta_budget=2**30 if kept else 0)
+    assert all(isinstance(layer, LayerDelta) == kept for layer in adapter.layers)
 
     def module(stem: str, org: nn.Module) -> nn.Module:
         alpha = alpha_of(tensors, stem)

@@ -18,9 +18,18 @@ def components(pipe) -> dict[str, nn.Module]:
     return {c: getattr(pipe, c) for c in COMPONENTS}
 
 
-def load(path: Path, table: TargetTable, unet_config) -> PreparedAdapter:
+def load(path: Path, table: TargetTable, unet_config, *, delta_budget: int = 0) -> PreparedAdapter:
     """What the engine does with a new file: read its header, then prepare it against `table`."""
     header = read_header(path)
     key = AdapterKey("test", path.stem, "0" * 40, path.name)
     shapes = {name: info.shape for name, info in header.tensors.items()}
-    return prepare(path, key, table, unet_config=unet_config, max_rank=64, metadata=header.metadata, shapes=shapes)
+    return prepare(
+        path,
+        key,
+        table,
+        unet_config=unet_config,
+        max_rank=64,
+        metadata=header.metadata,
+        shapes=shapes,
+        delta_budget=delta_budget,
+    )
