@@ -206,19 +206,6 @@ class Pools:
         with self._residency.use(pool.base_model_id) as moved_s:
             yield moved_s
 
-    def generate(
-        self,
-        request: GenerateRequest,
-        *,
-        base: str = "",
-        progress: Progress | None = None,
-        cancel: threading.Event | None = None,
-    ) -> GenerateResult:
-        """Route, queue on the pool's scheduler, and run there (scripts and tests; the transports use GpuRunner)."""
-        pool = self.route(request, base).pool
-        with pool.engine.scheduler.slot(request, cancel) as prepared:
-            return self.run(pool, prepared, progress=progress, cancel=cancel)
-
     def run(
         self,
         pool: Pool,

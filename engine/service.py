@@ -251,6 +251,8 @@ class Engine:
     def generate(
         self, request: GenerateRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> GenerateResult:
+        """The engine alone, for scripts and tests: the path `serving.gpu_runner.GpuRunner` takes for every
+        transport (this scheduler's slot, then `run`), without the `@spaces.GPU` call or pool routing."""
         with self.scheduler.slot(request, cancel) as prepared:
             return self.run(prepared, progress=progress, cancel=cancel)
 
