@@ -25,17 +25,17 @@ from lora_catalog.entries import Family
 from .adapters import AdapterKey
 from .compare import MAX_COMPARE_LORAS
 from .disk_cache import DiskCache
-from .errors import InvalidRequestError, UnservedBaseError
+from .errors import UnservedBaseError
 from .outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
 from .pipeline import LoadedPipeline, resolve_device
 from .requests import GenerateRequest, GenerateResult, LoraSpec, normalise_loras
 from .residency import PoolMemory, Residency, device_budget, module_bytes
 from .resolve import AdapterResolver, AdapterSource
-from .routing import LoraOrigin, PoolInfo, declared_origin, file_origin, pick_pool, served_list
+from .routing import LoraOrigin, PoolInfo, agreed_pool, declared_origin, file_origin, pick_pool, served_list
 from .service import Engine
 from .settings import Settings
 
-__all__ = ["Pool", "PoolStatus", "Pools", "Route", "build_pools", "pool_info"]
+__all__ = ["Pool", "PoolStatus", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,20 +136,10 @@ class Pools:
             return Route(self.default, "only pool")
         # Checked as the engine checks them (refs, revisions, file names), so routing reads only valid names.
         specs = normalise_loras(request.loras, max(self.default.engine.limits.max_loras, MAX_COMPARE_LORAS))
-        chosen = [(spec, *self._lora_pool(spec)) for spec in specs]
-        decided = {index for _, index, _ in chosen if index is not None}
-        if named is not None:
-            decided.add(named.index)
-        if len(decided) > 1:
-            parts = [f"{spec.ref!r} is for {why}" for spec, index, why in chosen if index is not None]
-            if named is not None:
-                parts.append(f"the request names {named.base_model_id}")
-            raise InvalidRequestError(
-                f"the LoRAs of one request must share one base model, but {'; '.join(parts)}; "
-                "accepted: LoRAs of one base per request"
-            )
-        if decided:
-            pool = self._pools[decided.pop()]
+        chosen = [(spec.ref, *self._lora_pool(spec)) for spec in specs]
+        index = agreed_pool(chosen, (named.index, named.base_model_id) if named is not None else None)
+        if index is not None:
+            pool = self._pools[index]
             reason = "named base" if named is not None and not chosen else "LoRA's base"
         else:
             pool, reason = self.default, "default pool"
@@ -165,7 +155,7 @@ class Pools:
                 return self._routes[source.key]
         started = time.perf_counter()
         infos = [p.info for p in self._pools]
-        origin = declared_origin(source.declared_bases) or self._file_origin(source)
+        origin = lora_origin(self._resolver, source)
         index = pick_pool(label, origin, infos)
         logger.info(
             "%s belongs to %s by its %s (%.1f ms)",
@@ -180,12 +170,6 @@ class Pools:
             while len(self._routes) > _ROUTE_CACHE:
                 self._routes.popitem(last=False)
         return decision
-
-    def _file_origin(self, source: AdapterSource) -> LoraOrigin:
-        # A LoRA that declares no base is judged by its file: fetched here (into the Hub cache the engine's
-        # preparation then reads), its header only.
-        header = self._resolver.header(source, self._resolver.fetch(source))
-        return file_origin(header.metadata, {name: info.shape for name, info in header.tensors.items()})
 
     def _describe(self, index: int | None) -> str:
         return self._pools[index].base_model_id if index is not None else "an undetermined base"
@@ -243,6 +227,16 @@ class Pools:
     def close(self) -> None:
         for pool in self._pools:
             pool.engine.close()
+
+
+def lora_origin(resolver: AdapterResolver, source: AdapterSource) -> LoraOrigin:
+    """What a located LoRA says of its base: its card and tags, else its file (fetched here, into the Hub cache
+    the engine's preparation then reads; only its header is read)."""
+    declared = declared_origin(source.declared_bases)
+    if declared is not None:
+        return declared
+    header = resolver.header(source, resolver.fetch(source))
+    return file_origin(header.metadata, {name: info.shape for name, info in header.tensors.items()})
 
 
 def pool_info(engine: Engine) -> PoolInfo:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from lora_catalog.bases import family_from_keys, family_from_metadata, family_of_base
 from lora_catalog.entries import Family
 
-from .errors import IncompatibleLoraError, UnservedBaseError
+from .errors import IncompatibleLoraError, InvalidRequestError, UnservedBaseError
 
-__all__ = ["LoraOrigin", "PoolInfo", "declared_origin", "file_origin", "pick_pool", "served_list"]
+__all__ = ["LoraOrigin", "PoolInfo", "agreed_pool", "declared_origin", "file_origin", "pick_pool", "served_list"]
 
 # Compared lower-cased.
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".down.weight", "_lora.down.weight")
@@ -100,6 +100,25 @@ def pick_pool(label: str, origin: LoraOrigin, pools: Sequence[PoolInfo]) -> int 
             f"{label} was made for {origin.describe()}, which no pool here serves; served: {served_list(pools)}"
         )
     return candidates[0]
+
+
+def agreed_pool(choices: Sequence[tuple[str, int | None, str]], named: tuple[int, str] | None = None) -> int | None:
+    """The one pool a request's LoRAs (ref, pool index or None, why) and its named base (index, id) agree on.
+
+    None when nothing decided; a 400 naming each LoRA's base when they pick different pools.
+    """
+    decided = {index for _, index, _ in choices if index is not None}
+    if named is not None:
+        decided.add(named[0])
+    if len(decided) > 1:
+        parts = [f"{ref!r} is for {why}" for ref, index, why in choices if index is not None]
+        if named is not None:
+            parts.append(f"the request names {named[1]}")
+        raise InvalidRequestError(
+            f"the LoRAs of one request must share one base model, but {'; '.join(parts)}; "
+            "accepted: LoRAs of one base per request"
+        )
+    return decided.pop() if decided else None
 
 
 def served_list(pools: Sequence[PoolInfo]) -> str:

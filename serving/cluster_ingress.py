@@ -5,6 +5,10 @@
 - `POST /v1/generate` (and `/v1/models/<base>/generate`): a whole `GenerateRequest` as JSON from the
   Space's `RemoteRunner`, answered with a PNG and the rest of the result (`serving.wire`).
 
+Routing, as the Space's `engine.pools.Pools.route` does it: a named base picks its pool; otherwise a
+request's LoRAs pick theirs (by what each says of its base: card and tags, else its file's metadata and
+shapes, judged on a replica of the default pool, `PoolReplica.origin`, and kept per file here), and must
+agree (a 400 naming each LoRA's base when they do not); a request without either goes to the default pool.
 Each request goes to its pool's deployment with its adapter set as the multiplexed model id, so Serve's
 router prefers a replica that holds it. A request without a seed gets one here, so a retry after a replica
 died (the one kind of failure retried) produces the same image the first try would have.
@@ -12,11 +16,13 @@ died (the one kind of failure retried) produces the same image the first try wou
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
@@ -25,12 +31,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError, UnservedBaseError
-from engine.requests import MAX_SEED, GenerateRequest
+from engine.requests import MAX_SEED, GenerateRequest, LoraSpec
+from engine.routing import LoraOrigin, PoolInfo, agreed_pool, pick_pool
 
 from .cluster_pool import WIRE, Answer
 from .errors import json_error
 from .http_api import parse_body, read_body
-from .wire import adapter_set_id, request_from_json, request_to_json
+from .wire import adapter_set_id, request_from_json, request_to_json, spec_from_json
 
 __all__ = ["Ingress", "PoolRoute"]
 
@@ -38,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 # A replica that dies mid-request is replaced by Serve; the request is sent again, to any live replica.
 _ATTEMPTS = 3
+# Routing decisions kept, by LoRA reference (ref, revision, file): what a LoRA says of its base does not change.
+_ORIGINS = 1024
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,9 @@ class PoolRoute:
 class Ingress:
     def __init__(self, pools: Sequence[tuple[str, str, DeploymentHandle]]) -> None:
         self._pools = tuple(PoolRoute(*pool) for pool in pools)
+        # Filled on the first request that needs them; the ingress's one event loop is their only user.
+        self._infos: tuple[PoolInfo, ...] | None = None
+        self._origins: OrderedDict[tuple[str, str | None, str | None], LoraOrigin] = OrderedDict()
 
     async def __call__(self, http: Request) -> Response:
         path = http.url.path.rstrip("/") or "/"
@@ -105,23 +117,33 @@ class Ingress:
         if isinstance(body, Response):
             return body
         try:
-            document = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            return json_error(InvalidRequestError(f"the body is not a JSON LoraSpec ({e})"))
-        return await self._describe("check", document, http.query_params.get("base", ""))
+            try:
+                document = json.loads(body)
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+                raise InvalidRequestError(f"the body is not a JSON LoraSpec ({e})") from e
+            # Checked on the pool it would generate on.
+            check = GenerateRequest(prompt="check", loras=(spec_from_json(document),))
+            pool = await self._route(check, http.query_params.get("base", ""))
+        except SwitchboardError as e:
+            return json_error(e)
+        if isinstance(pool, Answer):
+            return Response(pool.body, status_code=pool.status, media_type=pool.media_type)
+        return await self._describe_on(pool, "check", document)
 
     async def _describe(self, what: str, document: dict, base: str) -> Response:
         try:
             pool = self._pool(base)
         except SwitchboardError as e:
             return json_error(e)
+        return await self._describe_on(pool, what, document)
+
+    async def _describe_on(self, pool: PoolRoute, what: str, document: dict) -> Response:
         answer = await pool.handle.describe.remote(what, document)
         return Response(answer.body, status_code=answer.status, media_type=answer.media_type)
 
     def _pool(self, base: str) -> PoolRoute:
         """The pool for a named base (its base or model id, any case); the first pool when none is named."""
         if not base:
-            # Routing by a LoRA's declared base (engine.routing, with pools) belongs here once pools land.
             return self._pools[0]
         wanted = base.strip().lower()
         for pool in self._pools:
@@ -130,8 +152,41 @@ class Ingress:
         served = ", ".join(p.base_model_id for p in self._pools)
         raise UnservedBaseError(f"base model {base!r} is not served here; served: {served}")
 
+    async def _route(self, request: GenerateRequest, base: str) -> PoolRoute | Answer:
+        """The pool for `request` (see the module docstring), or the error answer a LoRA's lookup gave."""
+        if base.strip() or len(self._pools) == 1 or not request.loras:
+            return self._pool(base)
+        if self._infos is None:
+            self._infos = tuple(await asyncio.gather(*(p.handle.info.remote() for p in self._pools)))
+        choices = []
+        for spec in request.loras:
+            origin = await self._origin(spec)
+            if isinstance(origin, Answer):
+                return origin
+            index = pick_pool(f"LoRA {spec.ref!r}", origin, self._infos)
+            why = origin.describe() if origin.bases or index is None else self._pools[index].base_model_id
+            choices.append((spec.ref, index, why))
+        index = agreed_pool(choices)
+        pool = self._pools[index if index is not None else 0]
+        logger.info("route %s -> pool %s", [s.ref for s in request.loras], pool.base_model_id)
+        return pool
+
+    async def _origin(self, spec: LoraSpec) -> LoraOrigin | Answer:
+        key = (spec.ref, spec.revision, spec.weight_name)
+        if key in self._origins:
+            self._origins.move_to_end(key)
+            return self._origins[key]
+        found = await self._pools[0].handle.origin.remote(asdict(spec))
+        if isinstance(found, LoraOrigin):
+            self._origins[key] = found
+            while len(self._origins) > _ORIGINS:
+                self._origins.popitem(last=False)
+        return found
+
     async def _dispatch(self, request: GenerateRequest, base: str, media_type: str) -> Answer:
-        pool = self._pool(base)
+        pool = await self._route(request, base)
+        if isinstance(pool, Answer):
+            return pool
         if request.seed is None:
             request = replace(request, seed=secrets.randbelow(MAX_SEED + 1))
         set_id = adapter_set_id(request)

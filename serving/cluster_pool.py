@@ -24,7 +24,9 @@ from ray import serve
 from engine.adapters import AdapterKey
 from engine.errors import SwitchboardError
 from engine.pipeline import load_pipeline
+from engine.pools import lora_origin, pool_info
 from engine.resolve import AdapterResolver
+from engine.routing import LoraOrigin, PoolInfo
 from engine.service import Engine
 from engine.settings import Settings
 from lora_catalog.hub import HubSource
@@ -153,6 +155,20 @@ class PoolReplica:
             error = json_error(e)
             return Answer(error.status_code, WIRE, bytes(error.body))
         return Answer(200, WIRE, _json(_plain(found)))
+
+    async def info(self) -> PoolInfo:
+        """What the ingress routes by: this pool's base, family and widths."""
+        return pool_info(self._engine)
+
+    async def origin(self, document: dict) -> LoraOrigin | Answer:
+        """What one LoRA says of its base (card, metadata, shapes), for the ingress's routing; or its error."""
+        try:
+            spec = spec_from_json(document)
+            resolver = self._engine.resolver
+            return await asyncio.to_thread(lambda: lora_origin(resolver, resolver.locate(spec)))
+        except SwitchboardError as e:
+            error = json_error(e)
+            return Answer(error.status_code, WIRE, bytes(error.body))
 
     async def weights(self) -> tuple[str, str, tuple[str, ...]]:
         """(replica id, SHA-256 of every weight with the base restored, adapters cached): for the tests."""
