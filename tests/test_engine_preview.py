@@ -17,7 +17,7 @@ from engine.settings import Settings
 from lora_catalog.entries import Family
 from serving.runtime import GpuRunner
 from tests.support.app_server import serve_routes
-from tests.test_engine_swap import assert_pristine
+from tests.support.checks import assert_pristine
 
 
 def request(*loras: LoraSpec, steps: int = 6, seed: int = 5) -> GenerateRequest:

@@ -24,7 +24,7 @@ from engine.synthetic import LoraTarget, find_targets, kohya_metadata, make_lora
 from lora_catalog.hub import HubSource
 from serving.gpu_runner import GpuRunner
 from tests.support.loras import FLUX, SDXL, card, kohya_file, peft_file, sft
-from tests.test_sd15 import write_sd15_loras
+from tests.support.sd15 import write_sd15_loras
 
 MID_CROSS = r"mid_block\.attentions\.0\.transformer_blocks\.0\.attn2\.(to_k|to_v)$"
 
