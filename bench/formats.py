@@ -5,10 +5,10 @@ of a pair to the other:
 
 (e) the floor: a plain LoRA of the same rank on the same weights, by the fastest exact kernel
     (`bench.ours.Floor`) — what any exact low-rank swap of those weights costs;
-(c) ours, recomputing ΔW per swap from the factors the store keeps (what the engine does for LoKr and
-    DoRA, and for LoHa on a GPU or past its budget): `WeightPatcher.apply` with the layer updates;
-(f) ours, ΔW computed once at preparation and kept in float32 (what the engine does for LoHa on the CPU
-    within a quarter of HOST_CACHE_BYTES, `engine.lycoris.cache_loha_deltas`): the same patcher with
+(c) ours, recomputing ΔW per swap from the factors the store keeps (what the engine does for LoKr, and
+    for LoHa and DoRA on a GPU or past its budget): `WeightPatcher.apply` with the layer updates;
+(f) ours, ΔW computed once at preparation and kept in float32 (what the engine does for LoHa and DoRA on
+    the CPU within a quarter of HOST_CACHE_BYTES, `engine.deltas`): the same patcher with
     `LayerDelta` updates (DoRA still rescales per swap: its norm depends on the request's scale).
 
 The adapters target one in four of SDXL's attention projections, so two cached float32 ΔW fit in
@@ -43,8 +43,8 @@ Say = Callable[[str], None]
 EVERY = 4  # one in EVERY attention projections
 _METHODS = {
     "(e)": ("(e) floor: LoRA of the same rank", "same weights, fastest exact kernel"),
-    "(c)": ("(c) ours, ΔW recomputed per swap", "the engine for LoKr, DoRA (LoHa on a GPU)"),
-    "(f)": ("(f) ours, ΔW cached in float32", "computed at preparation: the engine for LoHa on CPU"),
+    "(c)": ("(c) ours, ΔW recomputed per swap", "the engine for LoKr (LoHa, DoRA on a GPU)"),
+    "(f)": ("(f) ours, ΔW cached in float32", "computed at preparation: the engine for LoHa, DoRA on CPU"),
 }
 
 

@@ -30,11 +30,12 @@ from torch import nn
 
 from lora_catalog.variants import unsupported_variant
 
+from .deltas import keep_deltas
 from .dora import dora_update
 from .embeddings import TokenEmbeddings
 from .errors import AdapterLoadError, IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
 from .layers import LayerFactors, LayerUpdate
-from .lycoris import cache_loha_deltas, lycoris_layer
+from .lycoris import lycoris_layer
 from .naming import COMPONENTS, SplitTensors, component_state_dict, is_kohya, kohya_modules, peft_stem, split_tensors
 
 __all__ = [
@@ -169,8 +170,8 @@ def prepare(
 ) -> PreparedAdapter:
     """Load a validated safetensors adapter and map it onto `table`; the file's header was read already.
 
-    `delta_budget`: the most bytes of float32 ΔW to precompute for the adapter's LoHa layers (0: none);
-    see `engine.lycoris.cache_loha_deltas` for why.
+    `delta_budget`: the most bytes of float32 ΔW to precompute for the adapter's LoHa and DoRA layers (0: none);
+    see `engine.deltas` for why.
     """
     label = f"LoRA {key.name!r} ({key.weight_name})"
     if variant := detect_variant(shapes):
@@ -194,7 +195,6 @@ def prepare(
     if split.plain:
         layers.extend(_plain_layers(split.plain, table, unet_config, config, label))
     layers.extend(_lycoris_layers(split, table, unet_config, config, label))
-    layers = cache_loha_deltas(layers, table.params, delta_budget)
     layers = [_with_magnitude(layer, magnitudes, table, label) for layer in layers]
     if magnitudes:
         names = ", ".join(table.names[i] for i in sorted(magnitudes)[:5])
@@ -203,6 +203,7 @@ def prepare(
         names = ", ".join(sorted(tensors)[:5])
         raise IncompatibleLoraError(f"{label} has tensors that match no module of the served pipeline: {names}")
     components = tuple(c for c in table.components if any(table.names[x.target].startswith(f"{c}.") for x in layers))
+    layers = keep_deltas(layers, table.params, delta_budget)
     return PreparedAdapter(key, tuple(layers), path.stat().st_size, rank, components)
 
 

@@ -23,22 +23,20 @@ elementwise parts (LoHa's Hadamard product, LoKr's Kronecker product) are folded
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from .errors import IncompatibleLoraError
-from .layers import TMP1, TMP2, LayerDelta, LayerUpdate, Mapper, Scratch, as_float32
+from .layers import TMP1, TMP2, Mapper, Scratch, as_float32
 
 __all__ = [
     "LYCORIS_PARAMS",
     "LohaFactors",
     "LokrFactors",
     "TuckerFactors",
-    "cache_loha_deltas",
     "lycoris_layer",
     "lycoris_rank",
 ]
@@ -109,12 +107,6 @@ class LohaFactors:
             self.scaling,
         )
 
-    def delta(self, shape: tuple[int, ...], scratch: Scratch) -> LayerDelta:
-        """This layer's scaled ΔW, computed now in float32 (on the factors' device), as a precomputed update."""
-        acc = torch.zeros(shape[0], math.prod(shape[1:]), dtype=torch.float32, device=self.w1a.device)
-        self.add_to(acc, 1.0, scratch)
-        return LayerDelta(self.target, acc)
-
     def add_to(self, acc: torch.Tensor, alpha: float, scratch: Scratch) -> None:
         device = acc.device
         w1a, w1b, w2a, w2b = (as_float32(t, device) for t in (self.w1a, self.w1b, self.w2a, self.w2b))
@@ -146,27 +138,6 @@ class LohaFactors:
                 first = torch.mm(w1a[start:stop], w1b, out=first_buffer[: stop - start])
                 second = torch.mm(w2a[start:stop], w2b, out=second_buffer[: stop - start])
                 acc[start:stop].addcmul_(first, second, value=value)
-
-
-def cache_loha_deltas(layers: Sequence[LayerUpdate], params: Sequence[torch.Tensor], budget: int) -> list[LayerUpdate]:
-    """The LoHa layers with their ΔW computed once in float32 when all of them fit `budget` bytes; else as given.
-
-    Why (bench.swap's formats section, full-size SDXL UNet, 140 attention projections, bf16, 2 CPU cores,
-    quiet): recomputing LoHa's two products on every swap cost 6.3-11x the floor (a plain LoRA of the same
-    rank on the same weights), a float32 ΔW kept from preparation 0.42-0.96x. LoKr recomputed is already at
-    0.5-0.9x and keeps its factors. A kept ΔW costs 4 bytes per weight value (19-77x the factors at ranks
-    32-8), so the engine gives a budget: a share of the host cache on the CPU, none on a GPU, where the
-    products run on the device at a fraction of a swap's cost (not measured here: no GPU was lent).
-    """
-    loha = [layer for layer in layers if isinstance(layer, LohaFactors)]
-    need = sum(params[layer.target].numel() * 4 for layer in loha)
-    if not loha or need > budget:
-        return list(layers)
-    scratch = Scratch()
-    return [
-        layer.delta(tuple(params[layer.target].shape), scratch) if isinstance(layer, LohaFactors) else layer
-        for layer in layers
-    ]
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ class Engine:
             max_rank=settings.max_rank,
             disk=self.disk_cache,
             gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
-            # LoHa's ΔW kept from preparation on the CPU, where recomputing it per swap is slow (engine.lycoris):
+            # LoHa's and DoRA's ΔW kept from preparation on the CPU, where recomputing it is slow (engine.deltas):
             # a quarter of the host cache, so a kept ΔW never crowds out more than a few other adapters.
             delta_budget=settings.host_cache_bytes // 4 if loaded.device.type == "cpu" else 0,
         )

@@ -155,11 +155,15 @@ def test_peft_lokr_matches_peft_merge(pipe, table, targets, base_weights, tmp_pa
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.5])
-def test_peft_dora_matches_peft_merge(pipe, table, targets, base_weights, tmp_path, scale):
+@pytest.mark.parametrize("kept", [False, True], ids=["recomputed", "kept-delta"])
+def test_peft_dora_matches_peft_merge(pipe, table, targets, base_weights, tmp_path, scale, kept):
     tensors = make_dora(targets, components(pipe), rank=4, seed=33, fmt="peft")
     metadata = lycoris_metadata("dora", targets, fmt="peft", rank=4, alpha=2)
-    adapter = load(save_lora(tmp_path / "dora.safetensors", tensors, metadata), table, pipe)
+    path = save_lora(tmp_path / "dora.safetensors", tensors, metadata)
+    adapter = load(path, table, pipe, delta_budget=2**30 if kept else 0)
     assert adapter.kinds == ("DoraUpdate",)
+    # kept: the LoRA part's ΔW computed at preparation; the rescale stays per swap
+    assert all(isinstance(layer.inner, LayerDelta) == kept for layer in adapter.layers)
     reference = peft_merged(
         fresh,
         LoraModel,
@@ -244,11 +248,13 @@ def test_kohya_lokr_matches_lycoris_forward(pipe, table, targets, tmp_path, whol
 
 
 @pytest.mark.parametrize("on_output", [True, False])
-def test_kohya_dora_matches_lycoris_forward(pipe, table, targets, tmp_path, on_output):
+@pytest.mark.parametrize("kept", [False, True], ids=["recomputed", "kept-delta"])
+def test_kohya_dora_matches_lycoris_forward(pipe, table, targets, tmp_path, on_output, kept):
     # LyCORIS scales DoRA by interpolating its rescale factor, PEFT by scaling ΔW: they agree at scale 1.
     tensors = make_dora(targets, components(pipe), rank=4, seed=43, fmt="kohya", alpha=3.0, on_output=on_output)
-    adapter = load(save_lora(tmp_path / "dora.safetensors", tensors), table, pipe)
+    adapter = load(save_lora(tmp_path / "dora.safetensors", tensors), table, pipe, delta_budget=2**30 if kept else 0)
     assert adapter.kinds == ("DoraUpdate",)
+    assert all(isinstance(layer.inner, LayerDelta) == kept for layer in adapter.layers)
 
     def module(stem: str, org: nn.Module) -> nn.Module:
         return lycoris_modules.LoConModule(
