@@ -2,10 +2,10 @@
 
 Two decoders, chosen once per engine (`load_preview_decoder`):
 
-- `TinyVaePreview`: diffusers' `AutoencoderTiny` (TAESDXL for SDXL, TAESD for SD 1.5), a distilled
+- `TinyVaePreview`: diffusers' `AutoencoderTiny` (TAESDXL for SDXL, TAESD for SD 1.5 and 2.x), a distilled
   decoder that gives a recognisable full-size image for a few percent of a UNet step. Its weights are
   taken only from a local folder or the Hugging Face cache (`PREVIEW_VAE`; the Space's front matter
-  preloads `madebyollin/taesdxl`) — never downloaded while serving.
+  preloads `madebyollin/taesdxl` and `madebyollin/taesd`) — never downloaded while serving.
 - `LinearPreview`: a fixed 4 -> 3 linear map of the latent channels, per family, at latent resolution
   (1/8 of the image side). The coefficients are ComfyUI's `latent_rgb_factors` (and, for SDXL,
   `latent_rgb_factors_bias`) from `comfy/latent_formats.py`, fitted by ComfyUI's authors on the
@@ -79,8 +79,15 @@ PROJECTIONS: dict[Family, LatentProjection] = {
         ),
     ),
 }
+# SD 2.x shares SD 1.5's VAE and latent space: ComfyUI's `supported_models.SD20` uses `latent_formats.SD15`,
+# and TAESD's model card names it compatible with SD 1 and 2 models.
+PROJECTIONS[Family.SD2] = PROJECTIONS[Family.SD15]
 # The distilled decoders by Ollin Boer Bohan, in diffusers' AutoencoderTiny format.
-TINY_VAES: dict[Family, str] = {Family.SDXL: "madebyollin/taesdxl", Family.SD15: "madebyollin/taesd"}
+TINY_VAES: dict[Family, str] = {
+    Family.SDXL: "madebyollin/taesdxl",
+    Family.SD15: "madebyollin/taesd",
+    Family.SD2: "madebyollin/taesd",
+}
 
 
 class PreviewDecoder(Protocol):

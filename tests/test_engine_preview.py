@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import pytest
 import torch
@@ -130,3 +132,22 @@ def test_post_slash_asks_for_no_previews(make_engine):
         answer = httpx.post(url, json={"inputs": "a fox", "parameters": {"num_inference_steps": 4}}, timeout=120)
     assert answer.status_code == 200
     assert asked == [None]
+
+
+@pytest.mark.parametrize("base", ["stable-diffusion-v1-5/stable-diffusion-v1-5", "stabilityai/stable-diffusion-2-1"])
+def test_sd15_and_sd2_pools_preview_in_sd15s_latent_space(loaded_sd15, base_settings, base):
+    from engine.resolve import AdapterResolver
+    from engine.service import Engine
+
+    # SD 2.x shares SD 1.5's VAE: its pool previews with the same projection (ComfyUI's SD20 uses SD15's format).
+    loaded = dataclasses.replace(loaded_sd15, base_model_id=base)
+    settings = base_settings.replace(preview_every=2, base_model_id=base)
+    engine = Engine(loaded, settings, AdapterResolver(None, local_dir=None, token=None, max_bytes=2**20))
+    try:
+        family = "sd15" if "v1-5" in base else "sd2"
+        assert engine.status().preview == f"linear ({family})"
+        _, frames = run_with_previews(engine, request())
+        assert [step for step, _ in frames] == [2, 4]
+        assert frames[0][1].tobytes() != frames[1][1].tobytes()
+    finally:
+        engine.close()
