@@ -78,7 +78,7 @@ class CheckedRequest(GenerateRequest):
 
 
 # The tiny pipelines make 64-128 px images; the smallest real base (SD 1.5) makes 512 px ones.
-TINY_SIDE = 128
+TINY_MAX_SIDE = 128
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class ModelDefaults:
     @property
     def is_tiny(self) -> bool:
         """The one rule for "this is a tiny test model": its default image side (no real base is under 512)."""
-        return self.side <= TINY_SIDE
+        return self.side <= TINY_MAX_SIDE
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,15 @@ _MARKER = "switchboard_tiny.json"
 _SDXL, _SD15 = "tiny", "tiny-sd15"
 # SD 1.5's cross-attention width differs from SDXL's (768 vs 2048); the tiny ones differ too.
 _SD15_CROSS_DIM = 48
+# What both tiny UNets share; their blocks, heads and conditioning are their family's.
+_UNET_SHAPE: dict[str, Any] = {
+    "sample_size": TINY_SIDE // 2,
+    "in_channels": 4,
+    "out_channels": 4,
+    "block_out_channels": (32, 64),
+    "layers_per_block": 2,
+    "norm_num_groups": 8,
+}
 # Words that get whole-word tokens, so demo prompts tokenize like real ones;
 # anything else falls back to byte-level tokens.
 _WORDS = (
@@ -124,11 +133,7 @@ def build_tiny_pipeline(seed: int = 0) -> StableDiffusionXLPipeline:
     config = _text_config(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id)
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(
-        sample_size=TINY_SIDE // 2,
-        in_channels=4,
-        out_channels=4,
-        block_out_channels=(32, 64),
-        layers_per_block=2,
+        **_UNET_SHAPE,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
         attention_head_dim=(2, 4),
@@ -138,7 +143,6 @@ def build_tiny_pipeline(seed: int = 0) -> StableDiffusionXLPipeline:
         addition_time_embed_dim=8,
         projection_class_embeddings_input_dim=32 + 6 * 8,
         cross_attention_dim=64,
-        norm_num_groups=8,
     )
     vae = _tiny_vae(seed)
     torch.manual_seed(seed + 2)
@@ -166,16 +170,11 @@ def build_tiny_sd15_pipeline(seed: int = 0) -> StableDiffusionPipeline:
     config.hidden_size = _SD15_CROSS_DIM
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(
-        sample_size=TINY_SIDE // 2,
-        in_channels=4,
-        out_channels=4,
-        block_out_channels=(32, 64),
-        layers_per_block=2,
+        **_UNET_SHAPE,
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
         attention_head_dim=4,
         cross_attention_dim=_SD15_CROSS_DIM,
-        norm_num_groups=8,
     )
     vae = _tiny_vae(seed)
     torch.manual_seed(seed + 2)
