@@ -312,7 +312,7 @@ def _wire_generation(
 
 
 def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: ComparePanel, status_md: gr.Markdown) -> None:
-    def compare_ui(
+    async def compare_ui(
         prompt: str,
         negative: str,
         loras: str,
@@ -339,7 +339,7 @@ def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: Compare
                 height,
                 fmt.seed_value(seed, randomize),
             )
-        done = compare(handlers, built, progress)
+        done = await compare(handlers, built, progress)
         result = done.result
         cells = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
         return done.grid, cells, comparison_fields.compare_html(result), result.seed, pool_ui.status(handlers)

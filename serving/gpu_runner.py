@@ -14,13 +14,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 
 import anyio
 import spaces
 
-from engine.compare import CompareLimits, CompareRequest, CompareResult, plan_cells, prepare_cells
+from engine.compare import CompareCell, CompareLimits, CompareRequest, CompareResult, plan_cells, prepare_cells
 from engine.errors import GenerationError
 from engine.pools import Pool, Pools
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
@@ -94,6 +95,40 @@ class GpuRunner:
     ) -> CompareResult:
         """A comparison grid's cells: planned and prepared on their pool, then run in one scheduler slot (one
         GPU call). Every LoRA of a comparison must belong to one pool."""
+        started = time.perf_counter()
+        pool, cells = self._plan_compare(request, base)
+        # The first cell's request takes the queue turn; every cell runs inside it (no other request between).
+        with prepare_cells(pool.engine, cells) as prepared, pool.engine.scheduler.slot(cells[0].request, cancel):
+            results = self._compare_cells(pool, prepared, progress, cancel)
+        return _compared(cells, results, started)
+
+    async def compare_async(
+        self,
+        request: CompareRequest,
+        *,
+        base: str = "",
+        progress: CellProgress | None = None,
+        cancel: threading.Event | None = None,
+        on_queue: Callable[[QueueView], None] | None = None,
+    ) -> CompareResult:
+        """`compare` for the async handlers: the queue turn is awaited without holding a thread."""
+        started = time.perf_counter()
+        pool, cells = await anyio.to_thread.run_sync(self._plan_compare, request, base)
+        scheduler = pool.engine.scheduler
+        with ExitStack() as stack:
+            # Routing and preparing may download: in a worker thread; the leases end with the stack.
+            enter = partial(stack.enter_context, prepare_cells(pool.engine, cells))
+            prepared = await anyio.to_thread.run_sync(enter)
+            ticket = scheduler.submit(cells[0].request)
+            try:
+                await scheduler.wait_async(ticket, on_queue)
+                scheduler.start(ticket)
+                results = await anyio.to_thread.run_sync(self._compare_cells, pool, prepared, progress, cancel)
+            finally:
+                scheduler.finish(ticket)
+        return _compared(cells, results, started)
+
+    def _plan_compare(self, request: CompareRequest, base: str) -> tuple[Pool, tuple[CompareCell, ...]]:
         loras = request.loras if isinstance(request.loras, tuple | list) else ()
         # Each LoRA once (a sweep names one several times): the cells' own checks come with `plan_cells`.
         unique = {
@@ -101,19 +136,18 @@ class GpuRunner:
         }
         pool = self.pools.route(GenerateRequest(prompt="compare", loras=tuple(unique.values())), base).pool
         engine = pool.engine
-        settings = engine.settings
-        grid = CompareLimits(settings.max_compare_cells, settings.max_compare_steps)
-        cells = plan_cells(request, engine.defaults, engine.limits, grid)
-        started = time.perf_counter()
-        # The first cell's request takes the queue turn; every cell runs inside it (no other request between).
-        with prepare_cells(engine, cells) as prepared, engine.scheduler.slot(cells[0].request, cancel):
-            if self._zero_gpu:
-                results = self._compare_on_gpu(prepared, progress, None, pool.index)
-            else:
-                results = self._compare_on_gpu(prepared, progress, cancel, pool.index)
-        total_s = time.perf_counter() - started
-        logger.info("compared %d cells in %.2f s", len(cells), total_s)
-        return CompareResult(tuple(c.label for c in cells), results, int(cells[0].request.seed or 0), total_s)
+        grid = CompareLimits(engine.settings.max_compare_cells, engine.settings.max_compare_steps)
+        return pool, tuple(plan_cells(request, engine.defaults, engine.limits, grid))
+
+    def _compare_cells(
+        self,
+        pool: Pool,
+        prepared: tuple[PreparedRequest, ...],
+        progress: CellProgress | None,
+        cancel: threading.Event | None,
+    ) -> tuple[GenerateResult, ...]:
+        # On ZeroGPU the event cannot be pickled into the worker (nor would it reach it).
+        return self._compare_on_gpu(prepared, progress, None if self._zero_gpu else cancel, pool.index)
 
     def submit(self, request: GenerateRequest, *, base: str = "") -> PoolTicket:
         """Route and queue `request` (EngineBusyError when its pool's queue is full); its preparation starts now.
@@ -232,6 +266,12 @@ class GpuRunner:
             return GpuOutcome(None, received, self.worker_cache.held())
         result = self.pools.run(self.pools.pools[pool], received, progress=progress)
         return GpuOutcome(result, (), self.worker_cache.held())
+
+
+def _compared(cells: tuple[CompareCell, ...], results: tuple[GenerateResult, ...], started: float) -> CompareResult:
+    total_s = time.perf_counter() - started
+    logger.info("compared %d cells in %.2f s", len(cells), total_s)
+    return CompareResult(tuple(c.label for c in cells), results, int(cells[0].request.seed or 0), total_s)
 
 
 def _gpu_duration(prepared: PreparedRequest, *args: object) -> int:

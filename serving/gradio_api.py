@@ -86,11 +86,15 @@ async def generate(
             yield item
 
 
-def compare(handlers: Handlers, request: Any, progress: gr.Progress, base: str = "") -> Comparison:
-    """A comparison grid for the UI or the API (one queue turn for all its cells)."""
+async def compare(handlers: Handlers, request: Any, progress: gr.Progress, base: str = "") -> Comparison:
+    """A comparison grid for the UI or the API (one queue turn for all its cells, awaited without a thread)."""
+
+    def on_queue(view: QueueView) -> None:
+        progress(0, desc=fmt.queue_text(view))
+
     progress(0, desc="Preparing LoRAs (download, convert)")
     with user_errors():
-        return handlers.compare(request, CellProgress(progress), base)
+        return await handlers.compare(request, CellProgress(progress), base, on_queue)
 
 
 def add_api_endpoints(handlers: Handlers) -> None:
@@ -152,7 +156,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
             elif item is not None:  # ticks are for the UI's liveness check: the API shows frames and the result
                 yield item.image, fmt.result_info(item)
 
-    def compare_api(
+    async def compare_api(
         prompt: str,
         negative_prompt: str,
         loras: str,
@@ -177,7 +181,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
             request = comparison_fields.compare_request(
                 prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed
             )
-        comparison = compare(handlers, request, progress, (base or "").strip())
+        comparison = await compare(handlers, request, progress, (base or "").strip())
         result = comparison.result
         gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
         return comparison.grid, gallery, comparison_fields.compare_info(result)

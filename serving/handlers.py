@@ -181,9 +181,17 @@ class Handlers:
 
         return stream(work, cancel)
 
-    def compare(self, request: CompareRequest, progress: CellProgress | None = None, base: str = "") -> Comparison:
-        """A comparison grid: every cell in one queue turn on the LoRAs' pool (else `base`'s), then the grid."""
-        result = self._runner.compare(request, base=base, progress=progress)
+    async def compare(
+        self,
+        request: CompareRequest,
+        progress: CellProgress | None = None,
+        base: str = "",
+        on_queue: Callable[[QueueView], None] | None = None,
+    ) -> Comparison:
+        """A comparison grid: every cell in one queue turn on the LoRAs' pool (else `base`'s), then the grid.
+
+        The queue is awaited (no thread held while waiting, as for `generate`)."""
+        result = await self._runner.compare_async(request, base=base, progress=progress, on_queue=on_queue)
         return Comparison(result, grid_image(result.labels, [r.image for r in result.results]))
 
     def status(self) -> EngineStatus:

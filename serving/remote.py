@@ -103,6 +103,9 @@ class RemoteRunner:
             "accepted: /generate, one image at a time"
         )
 
+    async def compare_async(self, request: object, **kwargs: object) -> CompareResult:
+        return self.compare(request, **kwargs)
+
     async def generate_async(
         self,
         request: GenerateRequest,

@@ -169,3 +169,50 @@ def test_one_limit_and_one_numbering_of_places_across_transports(app, loaded, mo
     for recorder, place in ((ui_progress[p - 1], p) for p in range(1, MAX_QUEUE + 1) if p % 3 == 2):
         first = next(d for d in recorder.shown if d.startswith("In queue"))
         assert re.match(rf"In queue: {place} of \d+ ", first), recorder.shown
+
+
+def test_a_queued_comparison_waits_in_the_one_queue_and_shows_its_place(app, loaded, fixtures, monkeypatch):
+    real_call = type(loaded.pipe).__call__
+    gate, running = threading.Event(), threading.Event()
+
+    def held(self, *args: object, **kwargs: object):
+        if kwargs.get("prompt") == "hold":
+            running.set()
+            gate.wait(timeout=120)
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(loaded.pipe), "__call__", held)
+    holder = threading.Thread(target=lambda: post(app, body("hold")), daemon=True)
+    holder.start()
+    try:
+        assert running.wait(timeout=60)
+        compare = {
+            "prompt": "a fox",
+            "negative_prompt": "",
+            "loras": fixtures["peft"],
+            "scales": "0, 1",
+            "include_base": False,
+            "steps": 1,
+            "guidance": 5.0,
+            "width": 64,
+            "height": 64,
+            "seed": 4,
+        }
+        job = app.client.submit(**compare, api_name="/compare")
+        # Its cells are prepared first, then it takes one place in the queue every transport shares.
+        deadline = time.monotonic() + 60
+        while app.engine.waiting < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert app.engine.waiting == 1
+        while time.monotonic() < deadline:
+            if any("In queue: 1 of" in (p.desc or "") for p in job.status().progress_data or []):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"the comparison never showed its place: {job.status()}")
+    finally:
+        gate.set()
+        holder.join(timeout=120)
+    _, cells, info = job.result(timeout=120)
+    assert [cell["caption"] for cell in cells] == info["labels"] and len(cells) == 2
+    assert app.engine.waiting == 0
