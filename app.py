@@ -360,7 +360,8 @@ def _wire_compare(handlers: Handlers, request: RequestPanel, comparison: Compare
         ],
         [comparison.grid, comparison.cells, comparison.info, request.seed, status_md],
         concurrency_id=PIPELINE,
-        concurrency_limit=1,
+        # As for generations: the engine's scheduler is the one queue (a queued comparison holds no thread).
+        concurrency_limit=None,
         api_visibility=_PRIVATE,
         show_progress_on=comparison.grid,
     )

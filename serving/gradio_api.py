@@ -220,7 +220,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
         [grid, cells, compare_json],
         api_name="compare",
         concurrency_id=PIPELINE,
-        concurrency_limit=1,
+        concurrency_limit=None,
     )
     trigger.click(
         catalog_api,
