@@ -30,6 +30,7 @@ from tests.support.reliability_app import (
     assert_http_error,
     body,
     fresh_repo,
+    hold_pipeline,
     launch,
     plain,
     png_bytes,
@@ -198,16 +199,8 @@ def test_eight_concurrent_clients_of_both_apis_get_exactly_their_own_images(app,
 
 
 def test_a_full_queue_answers_busy_on_both_apis_and_the_queue_drains(app, loaded, monkeypatch):
-    real_call = type(loaded.pipe).__call__
-    gate, running = threading.Event(), threading.Event()
-
-    def held(self, *args: object, **kwargs: object):
-        if kwargs.get("prompt") == "hold":
-            running.set()
-            gate.wait(timeout=120)
-        return real_call(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(loaded.pipe), "__call__", held)
+    held = hold_pipeline(loaded, monkeypatch)
+    gate, running = held.gate, held.running
     answers: queue.Queue[httpx.Response] = queue.Queue()
     holder = threading.Thread(target=lambda: answers.put(post(app, body("hold"))))
     holder.start()

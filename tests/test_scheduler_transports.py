@@ -25,6 +25,7 @@ from tests.support.reliability_app import (
     assert_http_error,
     body,
     fresh_repo,
+    hold_pipeline,
     launch,
     png_bytes,
     post,
@@ -100,16 +101,8 @@ def test_a_slow_download_holds_up_no_other_client_of_any_transport(app, hub, fix
 
 
 def test_one_limit_and_one_numbering_of_places_across_transports(app, loaded, monkeypatch):
-    real_call = type(loaded.pipe).__call__
-    gate, running = threading.Event(), threading.Event()
-
-    def held(self, *args: object, **kwargs: object):
-        if kwargs.get("prompt") == "hold":
-            running.set()
-            gate.wait(timeout=120)
-        return real_call(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(loaded.pipe), "__call__", held)
+    held = hold_pipeline(loaded, monkeypatch)
+    gate, running = held.gate, held.running
     outcomes: queue.Queue[tuple[str, object]] = queue.Queue()
     holder = threading.Thread(target=lambda: outcomes.put(("holder", post(app, body("hold")))))
     holder.start()
@@ -172,16 +165,8 @@ def test_one_limit_and_one_numbering_of_places_across_transports(app, loaded, mo
 
 
 def test_a_queued_comparison_waits_in_the_one_queue_and_shows_its_place(app, loaded, fixtures, monkeypatch):
-    real_call = type(loaded.pipe).__call__
-    gate, running = threading.Event(), threading.Event()
-
-    def held(self, *args: object, **kwargs: object):
-        if kwargs.get("prompt") == "hold":
-            running.set()
-            gate.wait(timeout=120)
-        return real_call(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(loaded.pipe), "__call__", held)
+    held = hold_pipeline(loaded, monkeypatch)
+    gate, running = held.gate, held.running
     holder = threading.Thread(target=lambda: post(app, body("hold")), daemon=True)
     holder.start()
     try:

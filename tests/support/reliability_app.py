@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -174,3 +175,26 @@ def run_ui_generate(handler: Callable[..., object], **arguments: object) -> obje
         return last
 
     return asyncio.run(drain())
+
+
+@dataclass(frozen=True)
+class HeldPipeline:
+    """Requests prompted "hold" stop in the pipeline until `gate` is set; `running` says one got there."""
+
+    gate: threading.Event
+    running: threading.Event
+
+
+def hold_pipeline(loaded, monkeypatch: pytest.MonkeyPatch) -> HeldPipeline:
+    """Make the pipeline hold every request whose prompt is "hold" (undone with the test's monkeypatch)."""
+    real_call = type(loaded.pipe).__call__
+    held = HeldPipeline(threading.Event(), threading.Event())
+
+    def call(self, *args: object, **kwargs: object):
+        if kwargs.get("prompt") == "hold":
+            held.running.set()
+            held.gate.wait(timeout=120)
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(loaded.pipe), "__call__", call)
+    return held
