@@ -41,7 +41,7 @@ def keep_deltas(layers: Sequence[LayerUpdate], params: Sequence[torch.Tensor], b
 
 
 def _worth_keeping(layer: LayerUpdate) -> bool:
-    return isinstance(layer, LohaFactors | DoraUpdate) and not isinstance(getattr(layer, "inner", None), LayerDelta)
+    return isinstance(layer, LohaFactors | DoraUpdate)
 
 
 def _kept(layer: LayerUpdate, shape: tuple[int, ...], scratch: Scratch) -> LayerUpdate:

@@ -31,7 +31,7 @@ from .pipeline import LoadedPipeline, resolve_device
 from .requests import GenerateRequest, GenerateResult, LoraSpec, normalise_loras
 from .residency import PoolMemory, Residency, device_budget, module_bytes
 from .resolve import AdapterResolver, AdapterSource
-from .routing import LoraOrigin, PoolInfo, agreed_pool, declared_origin, file_origin, pick_pool, served_list
+from .routing import LoraOrigin, PoolInfo, agreed_pool, declared_origin, described_pick, file_origin, served_list
 from .service import Engine
 from .settings import Settings
 
@@ -156,7 +156,8 @@ class Pools:
         started = time.perf_counter()
         infos = [p.info for p in self._pools]
         origin = lora_origin(self._resolver, source)
-        index = pick_pool(label, origin, infos)
+        decision = described_pick(label, origin, infos)
+        index = decision[0]
         logger.info(
             "%s belongs to %s by its %s (%.1f ms)",
             label,
@@ -164,7 +165,6 @@ class Pools:
             origin.how,
             (time.perf_counter() - started) * 1000,
         )
-        decision = (index, origin.describe() if origin.bases else self._describe(index))
         with self._routes_lock:
             self._routes[source.key] = decision
             while len(self._routes) > _ROUTE_CACHE:

@@ -19,7 +19,16 @@ from lora_catalog.entries import Family
 
 from .errors import IncompatibleLoraError, InvalidRequestError, UnservedBaseError
 
-__all__ = ["LoraOrigin", "PoolInfo", "agreed_pool", "declared_origin", "file_origin", "pick_pool", "served_list"]
+__all__ = [
+    "LoraOrigin",
+    "PoolInfo",
+    "agreed_pool",
+    "declared_origin",
+    "described_pick",
+    "file_origin",
+    "pick_pool",
+    "served_list",
+]
 
 # Compared lower-cased.
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".down.weight", "_lora.down.weight")
@@ -100,6 +109,14 @@ def pick_pool(label: str, origin: LoraOrigin, pools: Sequence[PoolInfo]) -> int 
             f"{label} was made for {origin.describe()}, which no pool here serves; served: {served_list(pools)}"
         )
     return candidates[0]
+
+
+def described_pick(label: str, origin: LoraOrigin, pools: Sequence[PoolInfo]) -> tuple[int | None, str]:
+    """`pick_pool`, with what the LoRA is for in words (its declared bases, else the pool it fits)."""
+    index = pick_pool(label, origin, pools)
+    if origin.bases:
+        return index, origin.describe()
+    return index, pools[index].base_model_id if index is not None else "an undetermined base"
 
 
 def agreed_pool(choices: Sequence[tuple[str, int | None, str]], named: tuple[int, str] | None = None) -> int | None:

@@ -23,6 +23,7 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
@@ -32,7 +33,7 @@ from starlette.responses import Response
 
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError, UnservedBaseError
 from engine.requests import MAX_SEED, GenerateRequest, LoraSpec
-from engine.routing import LoraOrigin, PoolInfo, agreed_pool, pick_pool
+from engine.routing import LoraOrigin, PoolInfo, agreed_pool, described_pick
 
 from .cluster_pool import WIRE, Answer
 from .errors import json_error
@@ -92,42 +93,32 @@ class Ingress:
             answer = await self._dispatch(parsed.request, base, parsed.media_type)
         except SwitchboardError as e:
             return json_error(e)
-        return Response(
-            answer.body, status_code=answer.status, media_type=answer.media_type, headers=dict(answer.headers)
-        )
+        return _response(answer)
 
     async def _wire(self, http: Request, base: str) -> Response:
         body = await read_body(http)
         if isinstance(body, Response):
             return body
         try:
-            try:
-                document = json.loads(body)
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-                raise InvalidRequestError(f"the body is not a JSON GenerateRequest ({e})") from e
+            document = _json_body(body, "GenerateRequest")
             answer = await self._dispatch(request_from_json(document), base, WIRE)
         except SwitchboardError as e:
             return json_error(e)
-        return Response(
-            answer.body, status_code=answer.status, media_type=answer.media_type, headers=dict(answer.headers)
-        )
+        return _response(answer)
 
     async def _check(self, http: Request) -> Response:
         body = await read_body(http)
         if isinstance(body, Response):
             return body
         try:
-            try:
-                document = json.loads(body)
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-                raise InvalidRequestError(f"the body is not a JSON LoraSpec ({e})") from e
+            document = _json_body(body, "LoraSpec")
             # Checked on the pool it would generate on.
             check = GenerateRequest(prompt="check", loras=(spec_from_json(document),))
             pool = await self._route(check, http.query_params.get("base", ""))
         except SwitchboardError as e:
             return json_error(e)
         if isinstance(pool, Answer):
-            return Response(pool.body, status_code=pool.status, media_type=pool.media_type)
+            return _response(pool)
         return await self._describe_on(pool, "check", document)
 
     async def _describe(self, what: str, document: dict, base: str) -> Response:
@@ -138,8 +129,7 @@ class Ingress:
         return await self._describe_on(pool, what, document)
 
     async def _describe_on(self, pool: PoolRoute, what: str, document: dict) -> Response:
-        answer = await pool.handle.describe.remote(what, document)
-        return Response(answer.body, status_code=answer.status, media_type=answer.media_type)
+        return _response(await pool.handle.describe.remote(what, document))
 
     def _pool(self, base: str) -> PoolRoute:
         """The pool for a named base (its base or model id, any case); the first pool when none is named."""
@@ -163,9 +153,7 @@ class Ingress:
             origin = await self._origin(spec)
             if isinstance(origin, Answer):
                 return origin
-            index = pick_pool(f"LoRA {spec.ref!r}", origin, self._infos)
-            why = origin.describe() if origin.bases or index is None else self._pools[index].base_model_id
-            choices.append((spec.ref, index, why))
+            choices.append((spec.ref, *described_pick(f"LoRA {spec.ref!r}", origin, self._infos)))
         index = agreed_pool(choices)
         pool = self._pools[index if index is not None else 0]
         logger.info("route %s -> pool %s", [s.ref for s in request.loras], pool.base_model_id)
@@ -208,3 +196,15 @@ class Ingress:
         raise BackendUnavailableError(
             f"{_ATTEMPTS} replicas of {pool.base_model_id} failed in turn on this request; try again shortly"
         ) from failure
+
+
+def _json_body(body: bytes, what: str) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise InvalidRequestError(f"the body is not a JSON {what} ({e})") from e
+
+
+def _response(answer: Answer) -> Response:
+    """A replica's answer as this server's response, its status, type, body and headers unchanged."""
+    return Response(answer.body, status_code=answer.status, media_type=answer.media_type, headers=dict(answer.headers))

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import anyio
 import spaces
@@ -40,6 +41,7 @@ _GPU_MAX_S = 120
 
 Progress = Callable[[int, int], None]
 CellProgress = Callable[[int, int, int], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -114,18 +116,17 @@ class GpuRunner:
         """`compare` for the async handlers: the queue turn is awaited without holding a thread."""
         started = time.perf_counter()
         pool, cells = await anyio.to_thread.run_sync(self._plan_compare, request, base)
-        scheduler = pool.engine.scheduler
         with ExitStack() as stack:
             # Routing and preparing may download: in a worker thread; the leases end with the stack.
             enter = partial(stack.enter_context, prepare_cells(pool.engine, cells))
             prepared = await anyio.to_thread.run_sync(enter)
-            ticket = scheduler.submit(cells[0].request)
-            try:
-                await scheduler.wait_async(ticket, on_queue)
-                scheduler.start(ticket)
-                results = await anyio.to_thread.run_sync(self._compare_cells, pool, prepared, progress, cancel)
-            finally:
-                scheduler.finish(ticket)
+            ticket = PoolTicket(pool, pool.engine.scheduler.submit(cells[0].request))
+
+            def run_cells() -> tuple[GenerateResult, ...]:
+                pool.engine.scheduler.start(ticket.ticket)
+                return self._compare_cells(pool, prepared, progress, cancel)
+
+            results = await self._turn(ticket, on_queue, run_cells)
         return _compared(cells, results, started)
 
     def _plan_compare(self, request: CompareRequest, base: str) -> tuple[Pool, tuple[CompareCell, ...]]:
@@ -179,10 +180,14 @@ class GpuRunner:
         preview: Preview | None = None,
     ) -> GenerateResult:
         """Wait for the slot on the event loop (no thread held), then swap and generate in a worker thread."""
+        return await self._turn(ticket, on_queue, partial(self._run_admitted, ticket, progress, cancel, preview))
+
+    async def _turn(self, ticket: PoolTicket, on_queue: Callable[[QueueView], None] | None, work: Callable[[], T]) -> T:
+        """Await `ticket`'s turn on its pool (no thread held), run `work` in a worker thread, then leave the slot."""
         scheduler = ticket.pool.engine.scheduler
         try:
             await scheduler.wait_async(ticket.ticket, on_queue)
-            return await anyio.to_thread.run_sync(self._run_admitted, ticket, progress, cancel, preview)
+            return await anyio.to_thread.run_sync(work)
         finally:
             scheduler.finish(ticket.ticket)
 
