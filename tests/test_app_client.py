@@ -12,6 +12,7 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from tests.support.app_server import AppServer, serve_fixture_app
+from tests.support.reliability_app import CLIENT_GENERATE
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 
@@ -28,20 +29,7 @@ def client(server: AppServer) -> Client:
 
 
 def generate(client: Client, **overrides: object) -> tuple[Image.Image, dict]:
-    arguments: dict[str, object] = {
-        "prompt": "a fox in a forest",
-        "negative_prompt": "",
-        "lora": "",
-        "lora_scale": 1.0,
-        "lora_2": "",
-        "lora_2_scale": 1.0,
-        "steps": 2,
-        "guidance": 5.0,
-        "width": 64,
-        "height": 64,
-        "seed": 21,
-    }
-    path, info = client.predict(**(arguments | overrides), api_name="/generate")
+    path, info = client.predict(**(CLIENT_GENERATE | overrides), api_name="/generate")
     with Image.open(path) as image:
         return image.convert("RGB"), info
 

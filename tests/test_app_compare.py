@@ -10,20 +10,9 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from tests.support.app_server import AppServer, serve_fixture_app
+from tests.support.reliability_app import CLIENT_GENERATE
 
-GENERATE = {
-    "prompt": "a fox in a forest",
-    "negative_prompt": "",
-    "lora": "",
-    "lora_scale": 1.0,
-    "lora_2": "",
-    "lora_2_scale": 1.0,
-    "steps": 2,
-    "guidance": 5.0,
-    "width": 64,
-    "height": 64,
-    "seed": 21,
-}
+GENERATE = CLIENT_GENERATE
 COMPARE = {
     "prompt": "a fox in a forest",
     "negative_prompt": "",

@@ -42,6 +42,21 @@ API_DEFAULTS: dict[str, object] = {
     "seed": 17,
 }
 
+# `/generate`'s arguments for the client tests that compare its images with other endpoints' (2 steps, seed 21).
+CLIENT_GENERATE: dict[str, object] = {
+    "prompt": "a fox in a forest",
+    "negative_prompt": "",
+    "lora": "",
+    "lora_scale": 1.0,
+    "lora_2": "",
+    "lora_2_scale": 1.0,
+    "steps": 2,
+    "guidance": 5.0,
+    "width": 64,
+    "height": 64,
+    "seed": 21,
+}
+
 HTTP_STATUS = {
     "AdapterLoadError": 400,
     "PickleOnlyError": 400,
