@@ -1,9 +1,9 @@
 """LoRA Switchboard: the Gradio UI, its named API, and one server that also answers inference-API POSTs.
 
 Thin on purpose: `build_demo` is a list of panels, each built by a named function; events validate, call
-the one shared handler (`serving.handlers`) and format what comes back (`serving.format`). The named API
-is `serving.gradio_api`, the HTTP endpoint `serving.http_api`. Nothing is loaded at import; `main()`
-builds the runtime (`serving.runtime.build_runtime`) and serves it (`serving.launch.serve`).
+the one shared handler (`serving.handlers`) and format what comes back (`serving.ui.formatting`). The named API
+is `serving.ui.gradio_api`, the HTTP endpoint `serving.http.api`. Nothing is loaded at import; `main()`
+builds the runtime (`serving.runtime.build_runtime`) and serves it (`serving.ui.launch.serve`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ import spaces  # noqa: F401
 from engine.errors import SwitchboardError
 from engine.requests import GenerateRequest
 from lora_catalog.entries import LoraEntry
-from serving import comparison as comparison_fields
-from serving import format as fmt
-from serving import panels, pool_ui
 from serving.errors import user_errors
-from serving.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, compare, generate
 from serving.handlers import PAGE_SIZE, Handlers
-from serving.panels import Browser, ComparePanel, RequestPanel
 from serving.streaming import Frame
+from serving.ui import comparison as comparison_fields
+from serving.ui import formatting as fmt
+from serving.ui import panels
+from serving.ui import pools as pool_ui
+from serving.ui.gradio_api import BROWSE, CHECK, PIPELINE, add_api_endpoints, compare, generate
+from serving.ui.panels import Browser, ComparePanel, RequestPanel
 
 __all__ = ["build_demo", "main"]
 
@@ -378,9 +379,9 @@ def _snippets(handlers: Handlers) -> Callable[[gr.Request], str]:
 def main() -> None:
     from engine.errors import SettingsError
     from engine.settings import Settings
-    from serving.http_api import http_routes
-    from serving.launch import serve
+    from serving.http.api import http_routes
     from serving.runtime import GpuRunner, build_runtime
+    from serving.ui.launch import serve
 
     try:
         settings = Settings.from_env(os.environ)

@@ -38,8 +38,8 @@ _TIMEOUT = httpx.Timeout(600.0)
 
 
 def _write_loras(folder: Path, names: Sequence[str]) -> None:
-    from engine.synthetic import UNET_ATTENTION, find_targets, make_lora, peft_metadata, save_lora
-    from engine.tiny import build_tiny_pipeline
+    from engine.families.tiny import build_tiny_pipeline
+    from serving.demo.synthetic import UNET_ATTENTION, find_targets, make_lora, peft_metadata, save_lora
 
     pipe = build_tiny_pipeline(seed=0)
     targets = find_targets({"unet": pipe.unet}, {"unet": UNET_ATTENTION})
@@ -75,7 +75,7 @@ def _post(client: httpx.Client, url: str, lora: str, seed: int) -> tuple[bool, f
 
 
 def validate(out: Path, port: int) -> dict[str, object]:
-    from serving.cluster import local_cluster
+    from serving.cluster.app import local_cluster
 
     spec = validation_spec()
     scenario = scenario_from_dict(spec["scenario"])  # type: ignore[arg-type]
@@ -103,7 +103,7 @@ def validate(out: Path, port: int) -> dict[str, object]:
 
 
 def ongoing(out: Path, port: int, values: Sequence[int], requests: int, clients: int) -> dict[str, object]:
-    from serving.cluster import local_cluster
+    from serving.cluster.app import local_cluster
 
     spec = validation_spec()
     scenario = scenario_from_dict(spec["scenario"])  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ of a pair to the other:
 (c) ours, recomputing ΔW per swap from the factors the store keeps (what the engine does for LoKr, and
     for LoHa and DoRA on a GPU or past its budget): `WeightPatcher.apply` with the layer updates;
 (f) ours, ΔW computed once at preparation and kept in float32 (what the engine does for LoHa and DoRA on
-    the CPU within a quarter of HOST_CACHE_BYTES, `engine.deltas`): the same patcher with
+    the CPU within a quarter of HOST_CACHE_BYTES, `engine.formats.deltas`): the same patcher with
     `LayerDelta` updates (DoRA still rescales per swap: its norm depends on the request's scale).
 
 The adapters target one in four of SDXL's attention projections, so two cached float32 ΔW fit in
@@ -27,12 +27,12 @@ from typing import cast
 import torch
 from torch import nn
 
-from engine.adapters import PreparedAdapter
-from engine.dora import DoraUpdate
-from engine.layers import LayerDelta, LayerUpdate, Scratch
-from engine.swap import ActiveAdapter
-from engine.synthetic import LoraTarget, save_lora
-from engine.synthetic_lycoris import Variant, lycoris_metadata, make_dora, make_loha, make_lokr
+from engine.formats.adapters import PreparedAdapter
+from engine.formats.dora import DoraUpdate
+from engine.formats.layers import LayerDelta, LayerUpdate, Scratch
+from engine.weights.swap import ActiveAdapter
+from serving.demo.synthetic import LoraTarget, save_lora
+from serving.demo.synthetic_lycoris import Variant, lycoris_metadata, make_dora, make_loha, make_lokr
 
 from .measure import Clock, Row
 from .ours import Floor, Ours, round_robin, write_pair

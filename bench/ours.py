@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.adapters import AdapterKey, LayerFactors, PreparedAdapter, TargetTable, prepare
-from engine.store import AdapterStore
-from engine.swap import ActiveAdapter, WeightPatcher
-from engine.synthetic import LoraTarget, kohya_metadata, make_lora, peft_metadata, save_lora
+from engine.caches.store import AdapterStore
+from engine.formats.adapters import AdapterKey, LayerFactors, PreparedAdapter, TargetTable, prepare
+from engine.weights.swap import ActiveAdapter, WeightPatcher
 from lora_catalog.sft_header import read_header
+from serving.demo.synthetic import LoraTarget, kohya_metadata, make_lora, peft_metadata, save_lora
 
 from .measure import Clock
 

@@ -3,7 +3,7 @@
     python -m bench.pools [--models sd15,sdxl] [--repeats N] [--device cpu|cuda] [--dtype bfloat16|float16]
 
 When the pools do not all fit the device, the least recently used pipeline waits in host RAM and is
-moved back on demand by `engine.residency.move_modules` (tensor by tensor, keeping the Parameter
+moved back on demand by `engine.pools.residency.move_modules` (tensor by tensor, keeping the Parameter
 objects). This measures that move for the UNet (the bulk of a pipeline) against the floor of copying
 its bytes: one contiguous copy of the same number of bytes (on the CPU an allocation plus a memcpy of a
 buffer of up to 1 GiB, scaled to the UNet's bytes, which keeps the benchmark's memory small; on CUDA a
@@ -31,7 +31,7 @@ import torch
 
 from bench.measure import Clock
 from bench.sdxl_unet import SDXL_UNET_CONFIG, build_sdxl_unet, mismatched_tensors, random_pool
-from engine.residency import module_bytes, move_modules
+from engine.pools.residency import module_bytes, move_modules
 
 # stable-diffusion-v1-5/stable-diffusion-v1-5, unet/config.json (the fields that differ from diffusers' defaults).
 SD15_UNET_CONFIG: dict[str, Any] = {

@@ -7,9 +7,9 @@ At full SDXL latent size (4 x 128 x 128 for a 1024² image) it times, in the ben
 
 (s) one forward pass of the full-size SDXL UNet (random weights, `bench.sdxl_unet`), batch 1 — a real
     step with classifier-free guidance runs batch 2, so the ratios below are upper bounds;
-(l) the engine's linear preview (`engine.preview.LinearPreview`, ComfyUI's SDXL latent->RGB factors), image
+(l) the engine's linear preview (`engine.pipeline.preview.LinearPreview`, ComfyUI's SDXL latent->RGB factors), image
     included: what the per-step callback pays;
-(t) the engine's AutoencoderTiny preview (`engine.preview.TinyVaePreview`) with TAESDXL's architecture
+(t) the engine's AutoencoderTiny preview (`engine.pipeline.preview.TinyVaePreview`) with TAESDXL's architecture
     (diffusers' AutoencoderTiny defaults) and random weights: the cost is the architecture's, not the weights'.
 
 The last line is `linear_vs_step=<l/s> taesd_vs_step=<t/s>`; the engine's budget is 5 % of a step per preview.
@@ -35,7 +35,7 @@ from diffusers import AutoencoderTiny
 
 from bench.measure import Clock
 from bench.sdxl_unet import build_sdxl_unet
-from engine.preview import PROJECTIONS, LinearPreview, TinyVaePreview
+from engine.pipeline.preview import PROJECTIONS, LinearPreview, TinyVaePreview
 from lora_catalog.entries import Family
 
 __all__ = ["main", "run"]

@@ -10,7 +10,7 @@ import psutil
 import torch
 from torch import nn
 
-from engine.adapters import PreparedAdapter
+from engine.formats.adapters import PreparedAdapter
 
 from .measure import Clock, Row, rss_bytes
 from .options import Options

@@ -11,19 +11,19 @@ import httpx
 from gradio_client import Client
 
 from app import build_demo
-from engine.pipeline import load_pipeline
+from engine.families.tiny import ensure_tiny_pipeline
+from engine.pipeline.loading import load_pipeline
+from engine.pools.engine import Engine, PreparedRequest
+from engine.pools.scheduler import Ticket, TicketState
+from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateResult, LoraSpec
-from engine.resolve import AdapterResolver
-from engine.scheduler import Ticket, TicketState
-from engine.service import Engine, PreparedRequest
 from engine.settings import DEFAULT_MODEL_ID, Settings
-from engine.tiny import ensure_tiny_pipeline
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
-from serving.gpu_runner import GpuRunner
+from serving.backends.local import GpuRunner
 from serving.handlers import Handlers
-from serving.http_api import http_routes
-from serving.launch import serve
+from serving.http.api import http_routes
+from serving.ui.launch import serve
 from tests.support.app_server import free_port
 from tests.support.loras import WEIGHTS, card, peft_file
 from tests.support.standin_hub import StandInHub
@@ -104,7 +104,9 @@ class Bench:
             engine.close()
             catalog.close()
         print(f"{mode}: {len(samples)} requests in {wall:.1f} s", flush=True)
-        return ModeResult(mode, tuple(samples), tuple(runs), tuple(runnable), engine.scheduler.max_overtaken, wall)
+        return ModeResult(
+            mode, tuple(samples), tuple(runs), tuple(runnable), engine.scheduler.max_overtaken, wall
+        )
 
     def _warm(self, engine: Engine, mode: str) -> None:
         """The most popular LoRAs into the cache, with no download delay (the clock has not started)."""

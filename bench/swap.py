@@ -49,7 +49,7 @@ from bench.ours import write_pair
 from bench.report import Exactness, report
 from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, mismatched_tensors, random_pool
 from bench.sections import measure_ours, measure_reference
-from engine.synthetic import UNET_ATTENTION, find_targets
+from serving.demo.synthetic import UNET_ATTENTION, find_targets
 
 __all__ = ["main", "run"]
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
-from .errors import InvalidRequestError, LimitExceededError
-from .requests import GenerateRequest, GenerateResult, Limits, LoraSpec, ModelDefaults, normalise_request
+from engine.errors import InvalidRequestError, LimitExceededError
+from engine.requests import GenerateRequest, GenerateResult, Limits, LoraSpec, ModelDefaults, normalise_request
 
 if TYPE_CHECKING:  # the engine module brings torch; `import app` must stay light
-    from .service import Engine, PreparedRequest
+    from engine.pools.engine import Engine, PreparedRequest
 
 __all__ = ["MAX_COMPARE_LORAS", "CompareCell", "CompareRequest", "CompareResult", "plan_cells", "prepare_cells"]
 

@@ -1,6 +1,6 @@
 """What the engine reports as it works: an observer interface, and the fan-out the engine calls.
 
-The engine knows nothing of how its events are counted (`serving.metrics` turns them into Prometheus
+The engine knows nothing of how its events are counted (`serving.http.metrics` turns them into Prometheus
 metrics); it only calls `EngineEvents`, which passes each event to whoever subscribed. Durations are in
 seconds. Levels (queue length, bytes per tier, the active set) are not events: an observer reads them
 from `Engine.status()` when it needs them.

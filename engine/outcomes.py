@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .adapters import PreparedAdapter
-from .requests import AdapterUse, CheckedRequest
-from .store import CachedAdapter
+from engine.caches.store import CachedAdapter
+from engine.formats.adapters import PreparedAdapter
+from engine.requests import AdapterUse, CheckedRequest
 
 if TYPE_CHECKING:
     from PIL.Image import Image

@@ -14,9 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from engine.errors import InvalidRequestError, LimitExceededError
 from lora_catalog import refs
-
-from .errors import InvalidRequestError, LimitExceededError
 
 if TYPE_CHECKING:
     from PIL.Image import Image

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .errors import SettingsError
-from .pool_settings import (
+from engine.errors import SettingsError
+from engine.pools.specs import (
     DEFAULT_MODEL_ID,
     HUB_ID,
     SD15_MODEL_ID,
@@ -110,10 +110,10 @@ class Settings:
     zero_gpu: bool = False
     # GET /metrics (Prometheus text); off by default because a public Space would publish it to everyone.
     metrics: bool = False
-    # With a URL, the Space is a front end: generation goes to that Ray Serve cluster (serving.cluster).
+    # With a URL, the Space is a front end: generation goes to that Ray Serve cluster (serving.cluster.app).
     backend_url: str | None = None
     backend_timeout_s: float = 600.0
-    # The cluster's shape (serving.cluster): replicas per pool, requests a replica takes at once, adapter
+    # The cluster's shape (serving.cluster.app): replicas per pool, requests a replica takes at once, adapter
     # sets each replica holds (Serve's multiplexed LRU, which the engine's prepared-adapter cache follows).
     cluster_replicas: int = 1
     cluster_max_ongoing: int = 1

@@ -97,7 +97,7 @@ def token_count(header: SafetensorsHeader) -> int | None:
     """Rows of a well-formed embeddings file (its tensors 2-D, same row count), else None.
 
     SDXL's scripts write `clip_l` and `clip_g`; SD 1.5's advanced script writes `clip_l` alone (its one
-    text encoder). Which tensors a pipeline needs is the engine's check (`engine.embeddings`).
+    text encoder). Which tensors a pipeline needs is the engine's check (`engine.formats.pivotal`).
     """
     shapes = [header.tensors[name].shape for name in EMBEDDING_TENSORS if name in header.tensors]
     if not shapes or any(len(shape) != 2 for shape in shapes) or len({shape[0] for shape in shapes}) != 1:

@@ -11,7 +11,7 @@ later, deep inside the loader.
 Why our own reader and not the library's: safetensors' `safe_open` needs the whole
 file (it refuses a Range-read prefix: "file not fully covered"), and huggingface_hub's
 `parse_safetensors_file_metadata`, which does read by Range, accepts headers whose
-offsets lie (tests/test_catalog_header.py shows both).
+offsets lie (tests/catalog/test_header.py shows both).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the UI and the named API both do, written once: list a page, check a LoRA, generate.
 
-The Gradio UI (`app.py`) and the API (`serving.gradio_api`) differ only in how they take their inputs and
+The Gradio UI (`app.py`) and the API (`serving.ui.gradio_api`) differ only in how they take their inputs and
 format their outputs; each calls these methods, so a request follows one path whichever door it came in by.
 Errors are the tree's (`lora_catalog.errors`); the callers turn them into answers with `serving.errors`.
 """
@@ -21,15 +21,15 @@ from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import SwitchboardError
 from lora_catalog.hub import check_sort
 from lora_catalog.listing import CatalogPage
-from serving.grid import grid_image
 from serving.streaming import Frame, Preview, stream
+from serving.ui.grid import grid_image
 
 if TYPE_CHECKING:
-    from engine.pools import Pools, PoolStatus
-    from engine.scheduler import QueueView
-    from engine.service import Engine, EngineStatus, LoraCheck
+    from engine.pools.engine import Engine, EngineStatus, LoraCheck
+    from engine.pools.pools import Pools, PoolStatus
+    from engine.pools.scheduler import QueueView
     from lora_catalog.catalog import Catalog
-    from serving.remote import RemoteEngine, RemoteRunner
+    from serving.backends.remote import RemoteEngine, RemoteRunner
     from serving.runtime import GpuRunner
 
 __all__ = ["PAGE_SIZE", "Comparison", "Handlers", "LoraReport"]

@@ -5,13 +5,13 @@
 - `MODELS` or `MODEL_ID` set: serve exactly those pools (Hub ids, local diffusers folders, or the tiny
   ones), or fail loudly;
 - `BACKEND_URL` set: a front end; the catalogue is browsed here, generation runs on that Ray Serve
-  cluster (`serving.remote`, `serving.cluster`) and nothing is loaded here;
+  cluster (`serving.backends.remote`, `serving.cluster.app`) and nothing is loaded here;
 - nothing set: SDXL when a CUDA device is present and its weights can be had (the Hub answers, or
   they are in the local Hugging Face cache), with an SD 1.5 pool beside it on a GPU of 20 GB or more;
   otherwise the offline demo — tiny random-weight SDXL and SD 1.5 pipelines with synthetic LoRAs made
   on this machine, and a banner that says so.
 
-The pools (`engine.pools`, one engine each) are served through `serving.gpu_runner.GpuRunner`, the one
+The pools (`engine.pools.pools`, one engine each) are served through `serving.backends.local.GpuRunner`, the one
 way every transport generates.
 """
 
@@ -31,10 +31,10 @@ from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_c
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from engine.errors import SettingsError, SwitchboardError
-from engine.pipeline import LoadedPipeline, load_pipeline
-from engine.pools import Pools, build_pools
-from engine.resolve import AdapterResolver
-from engine.service import Engine
+from engine.pipeline.loading import LoadedPipeline, load_pipeline
+from engine.pools.engine import Engine
+from engine.pools.pools import Pools, build_pools
+from engine.prepare.resolve import AdapterResolver
 from engine.settings import (
     DEFAULT_MODEL_ID,
     SD15_MODEL_ID,
@@ -46,11 +46,10 @@ from engine.settings import (
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
 from lora_catalog.snapshot import default_snapshot_path
-
-from .demo import demo_loras, ensure_demo_loras, render_previews
-from .gpu_runner import GpuRunner
-from .pool_views import display_name
-from .remote import RemoteEngine, RemoteRunner
+from serving.backends.local import GpuRunner
+from serving.backends.remote import RemoteEngine, RemoteRunner
+from serving.demo.loras import demo_loras, ensure_demo_loras, render_previews
+from serving.ui.pool_views import display_name
 
 __all__ = [
     "DEFAULT_POOLS",

@@ -57,14 +57,14 @@ def clean_hub(hub) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.tiny import ensure_tiny_pipeline
+    from engine.families.tiny import ensure_tiny_pipeline
 
     return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "pipeline")
 
 
 @pytest.fixture(scope="session")
 def fixtures(hub, tmp_path_factory: pytest.TempPathFactory):
-    from engine.tiny import build_tiny_pipeline
+    from engine.families.tiny import build_tiny_pipeline
     from tests.support.loras import publish_fixtures
 
     return publish_fixtures(hub, build_tiny_pipeline(), tmp_path_factory.mktemp("local-loras"))
@@ -73,7 +73,7 @@ def fixtures(hub, tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def pivotal(hub, tmp_path_factory: pytest.TempPathFactory):
     """Pivotal-tuning repos (LoRA + embeddings file + card) on the stand-in Hub, and local pairs."""
-    from engine.tiny import build_tiny_pipeline
+    from engine.families.tiny import build_tiny_pipeline
     from tests.support.loras import publish_pivotal
 
     return publish_pivotal(hub, build_tiny_pipeline(), tmp_path_factory.mktemp("pivotal-local"))
@@ -97,7 +97,7 @@ def base_settings(tiny_dir: Path, fixtures):
 
 @pytest.fixture(scope="session")
 def loaded(base_settings):
-    from engine.pipeline import load_pipeline
+    from engine.pipeline.loading import load_pipeline
 
     return load_pipeline(base_settings)
 
@@ -116,8 +116,8 @@ def pristine(loaded) -> dict[str, object]:
 @pytest.fixture
 def make_engine(loaded, base_settings, hub) -> Iterator[Callable[..., object]]:
     """Build engines over the session's pipeline; each is closed (base restored) after the test."""
-    from engine.resolve import AdapterResolver
-    from engine.service import Engine
+    from engine.pools.engine import Engine
+    from engine.prepare.resolve import AdapterResolver
     from lora_catalog.hub import HubSource
 
     made = []
@@ -148,7 +148,7 @@ def engine(make_engine):
 
 @pytest.fixture(scope="session")
 def tiny_sd15_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.tiny import ensure_tiny_pipeline
+    from engine.families.tiny import ensure_tiny_pipeline
 
     return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-sd15") / "pipeline", model_id="tiny-sd15")
 
@@ -156,7 +156,7 @@ def tiny_sd15_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def loaded_sd15(tiny_sd15_dir: Path, base_settings):
     """The tiny SD 1.5 pipeline, loaded from its folder like a real one (a second pool beside `loaded`)."""
-    from engine.pipeline import load_pipeline
+    from engine.pipeline.loading import load_pipeline
     from engine.settings import SD15_MODEL_ID
 
     return load_pipeline(base_settings.replace(model_id=str(tiny_sd15_dir), base_model_id=SD15_MODEL_ID))

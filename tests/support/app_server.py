@@ -65,9 +65,9 @@ def serve_app(
     """
     from app import build_demo
     from serving.handlers import Handlers
-    from serving.http_api import http_routes
-    from serving.launch import serve
+    from serving.http.api import http_routes
     from serving.runtime import GpuRunner
+    from serving.ui.launch import serve
 
     runner = runner or GpuRunner(engine)  # type: ignore[arg-type]
     handlers = Handlers(engine, catalog, runner)  # type: ignore[arg-type]
@@ -90,7 +90,7 @@ def serve_app(
 @contextmanager
 def serve_routes(runner: object) -> Iterator[str]:
     """Only the inference-API route for `runner`, under uvicorn in a thread; yields the base URL."""
-    from serving.http_api import make_routes
+    from serving.http.api import make_routes
 
     port = free_port()
     app = Starlette(routes=make_routes(runner))  # type: ignore[arg-type]
@@ -155,8 +155,8 @@ def serve_fixture_app(
 
     `runner(engine)` builds the app's runner (the plain GpuRunner when None).
     """
-    from engine.resolve import AdapterResolver
-    from engine.service import Engine
+    from engine.pools.engine import Engine
+    from engine.prepare.resolve import AdapterResolver
     from lora_catalog.catalog import Catalog
     from lora_catalog.hub import HubSource
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from torch import nn
 
-from engine.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
-from engine.synthetic import TEXT_ATTENTION, UNET_ATTENTION_FF_CONV
+from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
 from lora_catalog.sft_header import read_header
+from serving.demo.synthetic import TEXT_ATTENTION, UNET_ATTENTION_FF_CONV
 
 COMPONENTS = ("unet", "text_encoder", "text_encoder_2")
 PATTERNS = {"unet": UNET_ATTENTION_FF_CONV, "text_encoder": TEXT_ATTENTION, "text_encoder_2": TEXT_ATTENTION}

@@ -19,7 +19,7 @@ import yaml
 from PIL import Image
 from safetensors.torch import save
 
-from engine.synthetic import (
+from serving.demo.synthetic import (
     TEXT_ATTENTION,
     UNET_ATTENTION,
     UNET_ATTENTION_FF_CONV,
@@ -31,7 +31,7 @@ from engine.synthetic import (
     make_lora,
     peft_metadata,
 )
-from engine.synthetic_lycoris import lycoris_metadata, make_dora, make_loha, make_lokr
+from serving.demo.synthetic_lycoris import lycoris_metadata, make_dora, make_loha, make_lokr
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 SD15 = "stable-diffusion-v1-5/stable-diffusion-v1-5"
@@ -193,7 +193,7 @@ def publish_fixtures(hub, pipe, local_dir: Path) -> Fixtures:
     peft_files = {"README.md": peft_card, WEIGHTS: peft_file(pipe, seed=1), "images/preview.png": png((200, 40, 40))}
     add("peft", peft_files, downloads=500)
     kohya_card = card([SDXL], instance_prompt="ohwx", license="cc-by-nc-4.0")
-    add("kohya", {"README.md": kohya_card, "ohwx_style.safetensors": kohya_file(pipe, seed=2)}, likes=50)
+    add("kohya", {"README.md": kohya_card, "ohwx_style.safetensors": kohya_file(pipe, seed=2)}, likes=50, downloads=400)
     sdxl("peft-noalpha", peft_file(pipe, seed=3, alpha=None))
     add("second", {"README.md": card(SDXL, instance_prompt="tok"), WEIGHTS: peft_file(pipe, seed=4)})
     sdxl("no-base", peft_file(pipe, seed=8), name="lora.safetensors", base=None)
@@ -217,7 +217,7 @@ def publish_fixtures(hub, pipe, local_dir: Path) -> Fixtures:
     sdxl("dora", lycoris_file(pipe, "dora", fmt="kohya", seed=26), name="dora_style.safetensors")
     sdxl("gated", peft_file(pipe, seed=17), gated="auto")
     sdxl("private", peft_file(pipe, seed=18), private=True)
-    # Reliability roles (tests/test_reliability_*.py); "oversize" is fetched by no other test, so its request
+    # Reliability roles (tests/reliability/); "oversize" is fetched by no other test, so its request
     # log shows whether a refused file was downloaded.
     sdxl("lying-shape", lying_shape(peft_file(pipe, seed=22)))
     sdxl("inf", with_inf(pipe))

@@ -102,8 +102,8 @@ class App:
 @contextmanager
 def launch(loaded, base_settings, hub, fixtures) -> Iterator[App]:
     """The app as a Space runs it (an engine with an HF token), on a free port, until the block ends."""
-    from engine.resolve import AdapterResolver
-    from engine.service import Engine
+    from engine.pools.engine import Engine
+    from engine.prepare.resolve import AdapterResolver
     from lora_catalog.catalog import Catalog
     from lora_catalog.hub import HubSource
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.synthetic import (
+from serving.demo.synthetic import (
     TEXT_ATTENTION,
     UNET_ATTENTION,
     UNET_ATTENTION_FF_CONV,

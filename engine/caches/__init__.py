@@ -1,0 +1,2 @@
+"""Caches: prepared adapters in host and device memory (`store`), LoRA files on disk (`disk`), and the ZeroGPU
+worker's own adapters (`worker`)."""

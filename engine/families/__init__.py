@@ -1,0 +1,1 @@
+"""Base-model families: how each is loaded, recognised and served."""

@@ -1,0 +1,376 @@
+"""Turning a LoRA file into a prepared adapter: per-layer updates mapped to the weights they change.
+
+Names are converted by diffusers' own code (`lora_state_dict` handles kohya/SGM
+names and network alphas; its state-dict utilities give PEFT names; `engine.formats.naming`
+sends LyCORIS and DoRA names the same way), then each module's tensors are matched
+by name and shape to a weight of the pipeline, once. A plain LoRA module becomes a
+`LayerFactors`; LoHa/LoKr/Tucker modules an `engine.formats.lycoris` layer; a DoRA magnitude
+wraps either in an `engine.formats.dora.DoraUpdate`. A swap later is a loop over these
+updates with no module surgery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+from peft.utils.other import get_pattern_key
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from engine.errors import AdapterLoadError, IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
+from engine.formats.deltas import keep_deltas
+from engine.formats.dora import dora_update
+from engine.formats.layers import LayerFactors, LayerUpdate
+from engine.formats.lycoris import lycoris_layer
+from engine.formats.naming import (
+    COMPONENTS,
+    SplitTensors,
+    component_state_dict,
+    is_kohya,
+    kohya_modules,
+    peft_stem,
+    split_tensors,
+)
+from engine.formats.pivotal import TokenEmbeddings
+from lora_catalog.variants import unsupported_variant
+
+__all__ = [
+    "COMPONENTS",
+    "AdapterKey",
+    "LayerFactors",
+    "LayerUpdate",
+    "PreparedAdapter",
+    "TargetTable",
+    "detect_variant",
+    "prepare",
+]
+
+logger = logging.getLogger(__name__)
+
+_ADAPTER_METADATA_KEY = "lora_adapter_metadata"
+_ACCEPTED = "plain LoRA, LoCon, LoHa, LoKr (with or without Tucker cores) or DoRA, in kohya, PEFT or diffusers naming"
+_DOWN_SUFFIXES = (".lora_down.weight", ".lora_A.weight", ".lora.down.weight", "_lora.down.weight", ".down.weight")
+_RANK_SUFFIXES = (*_DOWN_SUFFIXES, ".hada_w1_b", ".hada_w2_b", ".lokr_w1_b", ".lokr_w2_b")
+
+
+@dataclass(frozen=True)
+class AdapterKey:
+    """Identifies one adapter file's content: where it is and at which revision."""
+
+    source: str
+    name: str
+    revision: str
+    weight_name: str
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.revision[:10]}:{self.weight_name}"
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedAdapter:
+    key: AdapterKey
+    layers: tuple[LayerUpdate, ...]
+    file_size: int
+    max_rank: int
+    components: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    # Pivotal-tuning tokens that come with the LoRA (engine.formats.pivotal); kept on the host, tiny.
+    embeddings: TokenEmbeddings | None = None
+
+    @property
+    def nbytes(self) -> int:
+        extra = self.embeddings.nbytes if self.embeddings is not None else 0
+        return extra + sum(t.nbytes for layer in self.layers for t in layer.tensors)
+
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].tensors[0].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the factors are kept in (the file's; the fuse reads them in float32)."""
+        return self.layers[0].tensors[0].dtype
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of layer update it holds, e.g. ("DoraUpdate", "LayerFactors")."""
+        return tuple(sorted({type(layer).__name__ for layer in self.layers}))
+
+    def to(self, device: torch.device, dtype: torch.dtype | None = None, *, pin: bool = False) -> PreparedAdapter:
+        """A copy on `device` (floating tensors in `dtype` when given); this adapter itself when nothing changes."""
+        tensors = [t for layer in self.layers for t in layer.tensors]
+        if all(t.device == device and (dtype is None or t.dtype == dtype) for t in tensors) and not pin:
+            return self
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            moved = t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
+            return moved.pin_memory() if pin else moved
+
+        return dataclasses.replace(self, layers=tuple(layer.map(move) for layer in self.layers))
+
+
+LoraLoader = type[StableDiffusionXLPipeline] | type[StableDiffusionPipeline]
+
+
+class TargetTable:
+    """Every Linear/Conv2d weight a LoRA may change, indexed once per pipeline."""
+
+    def __init__(
+        self, components: Mapping[str, nn.Module], *, lora_loader: LoraLoader = StableDiffusionXLPipeline
+    ) -> None:
+        # The family's pipeline class (engine.families.registry): its `lora_state_dict` converts kohya/SGM names for it.
+        self.lora_loader = lora_loader
+        # Which of COMPONENTS this pipeline has (SD 1.x/2.x: no text_encoder_2).
+        self.components = tuple(components)
+        self.params: list[torch.Tensor] = []
+        self.names: list[str] = []  # `component.module` per index: LyCORIS/DoRA modules, errors, components touched
+        self._index: dict[tuple[str, str], int] = {}
+        for component, model in components.items():
+            for name, module in model.named_modules():
+                if isinstance(module, nn.Linear | nn.Conv2d):
+                    self._index[(component, name)] = len(self.params)
+                    self.params.append(module.weight)
+                    self.names.append(f"{component}.{name}")
+        self._flat_text = {c: not hasattr(m, "text_model") for c, m in components.items()}
+
+    def lookup(self, component: str, module: str) -> int | None:
+        if self._flat_text.get(component):
+            # Published CLIP LoRAs name modules under `text_model.`; recent transformers flattened it.
+            module = module.removeprefix("text_model.")
+        return self._index.get((component, module))
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+
+def detect_variant(tensor_names: Iterable[str]) -> str | None:
+    """The name of an adapter variant the fused swap cannot apply (OFT, IA3, ...), or None when it can."""
+    return unsupported_variant(tensor_names)
+
+
+def max_rank_of(shapes: Mapping[str, tuple[int, ...]]) -> int:
+    ranks = [shape[0] for name, shape in shapes.items() if name.endswith(_RANK_SUFFIXES) and shape]
+    return max(ranks, default=0)
+
+
+def prepare(
+    path: Path,
+    key: AdapterKey,
+    table: TargetTable,
+    *,
+    unet_config: object,
+    max_rank: int,
+    metadata: Mapping[str, str],
+    shapes: Mapping[str, tuple[int, ...]],
+    delta_budget: int = 0,
+) -> PreparedAdapter:
+    """Load a validated safetensors adapter and map it onto `table`; the file's header was read already.
+
+    `delta_budget`: the most bytes of float32 ΔW to precompute for the adapter's LoHa and DoRA layers (0: none);
+    see `engine.formats.deltas` for why.
+    """
+    label = f"LoRA {key.name!r} ({key.weight_name})"
+    if variant := detect_variant(shapes):
+        raise UnsupportedLoraVariantError(
+            f"{label} uses {variant}, which the fused swap cannot apply; accepted: {_ACCEPTED}"
+        )
+    rank = max_rank_of(shapes)
+    if rank > max_rank:
+        raise LimitExceededError(f"{label} has rank {rank}; accepted: rank up to {max_rank}")
+    try:
+        tensors = load_file(str(path), device="cpu")
+    except (SafetensorError, OSError) as e:
+        raise AdapterLoadError(f"{label} could not be read: {e}") from e
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and tensor.numel() and not _finite(tensor):
+            raise AdapterLoadError(f"{label} holds NaN or infinite values in {name!r}; accepted: finite weights only")
+    config = _adapter_config(metadata, label)
+    split = split_tensors(tensors)
+    magnitudes = _magnitudes(split, table, unet_config, label)
+    layers: list[LayerUpdate] = []
+    if split.plain:
+        layers.extend(_plain_layers(split.plain, table, unet_config, config, label))
+    layers.extend(_lycoris_layers(split, table, unet_config, config, label))
+    layers = [_with_magnitude(layer, magnitudes, table, label) for layer in layers]
+    if magnitudes:
+        names = ", ".join(table.names[i] for i in sorted(magnitudes)[:5])
+        raise IncompatibleLoraError(f"{label} has DoRA magnitudes without LoRA factors for {names}")
+    if not layers:
+        names = ", ".join(sorted(tensors)[:5])
+        raise IncompatibleLoraError(f"{label} has tensors that match no module of the served pipeline: {names}")
+    components = tuple(c for c in table.components if any(table.names[x.target].startswith(f"{c}.") for x in layers))
+    layers = keep_deltas(layers, table.params, delta_budget)
+    return PreparedAdapter(key, tuple(layers), path.stat().st_size, rank, components)
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    if tensor.element_size() == 1:
+        # float8 has no aminmax kernel (NotImplementedError); float16 holds every float8 value, NaN and inf included.
+        tensor = tensor.to(torch.float16)
+    # One pass, no copy: min and max propagate NaN and show either infinity (isfinite().all() is 3x slower).
+    low, high = torch.aminmax(tensor)
+    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
+
+
+def _adapter_config(metadata: Mapping[str, str], label: str) -> dict[str, dict]:
+    """diffusers' `lora_adapter_metadata`, split per component (LoraConfig, LoHaConfig or LoKrConfig fields)."""
+    raw = metadata.get(_ADAPTER_METADATA_KEY)
+    if not raw:
+        return {}
+    try:
+        flat = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise AdapterLoadError(f"{label} has malformed {_ADAPTER_METADATA_KEY!r} metadata: {e}") from e
+    if not isinstance(flat, dict):
+        raise AdapterLoadError(f"{label} has {_ADAPTER_METADATA_KEY!r} metadata that is not a JSON object")
+    per: dict[str, dict] = {}
+    for name, value in flat.items():
+        component, _, field = name.rpartition(".")
+        per.setdefault(component, {})[field] = value
+    return per
+
+
+def _plain_layers(
+    plain: Mapping[str, torch.Tensor], table: TargetTable, unet_config: object, config: Mapping, label: str
+) -> list[LayerUpdate]:
+    try:
+        state_dict, network_alphas = table.lora_loader.lora_state_dict(dict(plain), unet_config=unet_config)
+    except (ValueError, KeyError, IndexError) as e:
+        raise IncompatibleLoraError(f"{label} has tensor names the served pipeline does not know: {e}") from e
+    layers: list[LayerUpdate] = []
+    for component in table.components:
+        part = component_state_dict(state_dict, component)
+        if part:
+            alphas = _component_alphas(network_alphas, component)
+            layers.extend(_factors(part, component, table, alphas, config.get(component), label))
+    leftovers = [k for k in state_dict if not k.startswith(tuple(f"{c}." for c in table.components))]
+    if leftovers:
+        names = ", ".join(sorted(leftovers)[:5])
+        raise IncompatibleLoraError(f"{label} has tensors that match no module of the served pipeline: {names}")
+    return layers
+
+
+def _component_alphas(network_alphas: Mapping[str, float] | None, component: str) -> dict[str, float]:
+    prefix = f"{component}."
+    alphas = {}
+    for name, value in (network_alphas or {}).items():
+        if name.startswith(prefix):
+            module = name.removeprefix(prefix).removesuffix(".alpha")
+            alphas[re.sub(r"\.lora(_linear_layer|_A|_B)?(\..*)?$", "", module)] = float(value)
+    return alphas
+
+
+def _factors(
+    part: Mapping[str, torch.Tensor],
+    component: str,
+    table: TargetTable,
+    alphas: Mapping[str, float],
+    config: Mapping | None,
+    label: str,
+) -> list[LayerFactors]:
+    modules = sorted({k.split(".lora_")[0] for k in part})
+    common_alpha = Counter(alphas.values()).most_common(1)[0][0] if alphas else None
+    out = []
+    for module in modules:
+        down, up = part.get(f"{module}.lora_A.weight"), part.get(f"{module}.lora_B.weight")
+        if down is None or up is None:
+            raise IncompatibleLoraError(f"{label} has an unpaired factor for {component}.{module}")
+        index = _target(table, [(component, module)], label)
+        weight = table.params[index]
+        rank = down.shape[0]
+        fits = (
+            up.shape[:2] == (weight.shape[0], rank)
+            and down.shape[1:] == weight.shape[1:]
+            and all(s == 1 for s in up.shape[2:])
+        )
+        if not fits:
+            raise IncompatibleLoraError(
+                f"{label}: factors {tuple(up.shape)} x {tuple(down.shape)} do not fit "
+                f"{component}.{module} of shape {tuple(weight.shape)}"
+            )
+        if config:
+            alpha = float(_pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", rank)))  # type: ignore[arg-type]
+            denominator = math.sqrt(rank) if config.get("use_rslora") else rank
+        else:
+            alpha = alphas.get(module, common_alpha if common_alpha is not None else rank)
+            denominator = rank
+        out.append(LayerFactors(index, down.reshape(rank, -1), up.reshape(up.shape[0], rank), alpha / denominator))
+    return out
+
+
+def _lycoris_layers(
+    split: SplitTensors, table: TargetTable, unet_config: object, config: Mapping, label: str
+) -> list[LayerUpdate]:
+    kohya = kohya_modules([s for s in split.lycoris if is_kohya(s)], unet_config, label, table.lora_loader)
+    layers: list[LayerUpdate] = []
+    for stem, params in sorted(split.lycoris.items()):
+        candidates = [kohya[stem]] if stem in kohya else peft_stem(stem)
+        index = _target(table, candidates, label, stem)
+        component = table.names[index].partition(".")[0]
+        where = f"{label}: {table.names[index]}"
+        alpha: float | None = float(params["alpha"].item()) if "alpha" in params else None
+        rank: float | None = None
+        peft = stem not in kohya
+        settings = config.get(component)
+        if peft and settings:
+            # PEFT's LoHaConfig/LoKrConfig, as diffusers-style metadata carries a LoraConfig: r, alpha and patterns.
+            module = table.names[index].partition(".")[2]
+            rank = _optional_float(_pattern_value(settings.get("rank_pattern"), module, settings.get("r")))
+            alpha = _optional_float(_pattern_value(settings.get("alpha_pattern"), module, settings.get("alpha", alpha)))
+        shape = tuple(table.params[index].shape)
+        layers.append(lycoris_layer(index, params, shape, alpha=alpha, rank=rank, peft=peft, where=where))
+    return layers
+
+
+def _magnitudes(split: SplitTensors, table: TargetTable, unet_config: object, label: str) -> dict[int, tuple]:
+    """DoRA magnitudes by target index, with whether they follow PEFT's layout."""
+    found: dict[int, tuple] = {}
+    stems = [s for s in sorted(split.kohya_magnitudes) if is_kohya(s)]
+    kohya = kohya_modules(stems, unet_config, label, table.lora_loader)
+    for stem, tensor in split.kohya_magnitudes.items():
+        # `dora_scale` (LyCORIS) may lie on either axis; its shape tells which.
+        found[_target(table, [kohya[stem]] if stem in kohya else peft_stem(stem), label, stem)] = (tensor, False)
+    for stem, tensor in split.peft_magnitudes.items():
+        found[_target(table, peft_stem(stem), label, stem)] = (tensor, True)
+    return found
+
+
+def _with_magnitude(layer: LayerUpdate, magnitudes: dict[int, tuple], table: TargetTable, label: str) -> LayerUpdate:
+    if layer.target not in magnitudes:
+        return layer
+    magnitude, peft = magnitudes.pop(layer.target)
+    shape = tuple(table.params[layer.target].shape)
+    return dora_update(layer, magnitude, shape, peft=peft, where=f"{label}: {table.names[layer.target]}")
+
+
+def _target(table: TargetTable, candidates: Iterable[tuple[str, str]], label: str, stem: str | None = None) -> int:
+    tried = []
+    for component, module in candidates:
+        index = table.lookup(component, module)
+        if index is not None:
+            return index
+        tried.append(f"{component}.{module}")
+    what = ", ".join(tried) or stem or "?"
+    raise IncompatibleLoraError(f"{label} targets {what}, which the served pipeline lacks")
+
+
+def _pattern_value(patterns: Mapping | None, module: str, default: object) -> object:
+    if not patterns:
+        return default
+    key = get_pattern_key(list(patterns), module)
+    return patterns.get(key, default)
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]

@@ -1,0 +1,181 @@
+"""Pivotal-tuning tokens: put into both tokenizers and text encoders for a request, taken out exactly.
+
+A pivotal-tuning LoRA comes with an embeddings file (which names are accepted, and
+which tokens it defines: `lora_catalog.pivotal`): rows `clip_l` for `text_encoder`
+and `clip_g` for `text_encoder_2`, one per token `<s0>`, `<s1>`, ... While such a
+LoRA is fused, the pipeline tokenizes its tokens to new ids and looks their rows
+up in the text encoders, as diffusers' `load_textual_inversion(rows, token=...,
+text_encoder=..., tokenizer=...)` for each encoder would make it do.
+
+Nothing is added to the served objects and then removed again. transformers'
+tokenizers cannot take an added token out (the vocabulary of the Rust tokenizer
+only grows), and diffusers' own `unload_textual_inversion` has left rows behind in
+`text_encoder_2` (diffusers #6974). Instead, for each token set a copy of each base
+tokenizer gets the tokens (made once per set and cached, when the adapter is
+prepared: the common `<s0><s1>` is built once per process), and each text
+encoder's embedding gets a new weight, the base matrix with the rows appended.
+Taking the tokens out puts the base weight tensors back: they were never written,
+so they are bit-exact and of their original size by construction.
+
+The pipeline's tokenizer attributes are the base ones except during a run of a
+fused set with tokens (`swapped_tokenizers`, under the pipeline lock), so a prompt
+naming `<s0>` without such a LoRA is plain text, as before; the base tokenizers
+never give an id past their vocabulary, so appended rows left in while a set stays
+fused between requests are never read by them.
+
+Two LoRAs of one request that define the same token are refused with an error
+(`check_clashes`) rather than renamed: a prompt's `<s0>` cannot say which LoRA's
+`<s0>` it means, so any rewrite would be a guess. The LoRA's scale does not scale
+the rows, as in diffusers.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from engine.errors import AdapterLoadError, IncompatibleLoraError, InvalidRequestError
+from lora_catalog.errors import HeaderError
+from lora_catalog.pivotal import EMBEDDING_TENSORS, MAX_TOKENS, pivotal_tokens, token_count
+from lora_catalog.sft_header import read_header
+
+__all__ = ["ENCODERS", "TextEncoders", "TokenEmbeddings", "check_clashes"]
+
+logger = logging.getLogger(__name__)
+
+# (text encoder, its tokenizer, the embeddings file's tensor for it: clip_l, clip_g), as diffusers' script pairs them.
+ENCODERS = tuple(zip(("text_encoder", "text_encoder_2"), ("tokenizer", "tokenizer_2"), EMBEDDING_TENSORS, strict=True))
+# Tokenizer copies per token set kept; a full-size CLIP tokenizer copy is a few MB and ~0.2 s to make. Every
+# script's tokens start at <s0> (two such LoRAs clash), so a set's tokens are <s0>..<sN-1>: few distinct sets.
+_DERIVED_CACHE = 4
+
+
+@dataclass(frozen=True, eq=False)
+class TokenEmbeddings:
+    """The new tokens of one pivotal-tuning LoRA and their rows, one matrix per served entry of ENCODERS."""
+
+    tokens: tuple[str, ...]
+    rows: tuple[torch.Tensor, ...]
+    file_name: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.rows)
+
+
+def check_clashes(items: Iterable[tuple[str, TokenEmbeddings | None]]) -> None:
+    """Refuse a request whose LoRAs (by ref) define the same token twice."""
+    owner: dict[str, str] = {}
+    for ref, embeddings in items:
+        if embeddings is None:
+            continue
+        clash = [t for t in embeddings.tokens if t in owner]
+        if clash:
+            raise InvalidRequestError(
+                f"LoRAs {owner[clash[0]]!r} and {ref!r} both define the pivotal-tuning tokens {''.join(clash)}, "
+                f"so a prompt's {clash[0]} could mean either; accepted: at most one LoRA per token name in a request"
+            )
+        owner.update((t, ref) for t in embeddings.tokens)
+
+
+class TextEncoders:
+    """The served tokenizers and token-embedding weights of a pipeline, captured once; reads embeddings files.
+
+    `load` and `tokenizers_with` run on preparation threads as well as under the pipeline lock: they read
+    only what was captured here, and the tokenizer copies are cached under their own lock.
+    """
+
+    def __init__(self, pipe: Any) -> None:
+        # The entries of ENCODERS this pipeline has: both for SDXL, `text_encoder` (clip_l) alone for SD 1.x/2.x.
+        self.encoders = tuple(e for e in ENCODERS if getattr(pipe, e[0], None) is not None)
+        self.tokenizers = tuple(getattr(pipe, tokenizer) for _, tokenizer, _ in self.encoders)
+        self.modules: tuple[nn.Embedding, ...] = tuple(
+            getattr(pipe, encoder).get_input_embeddings() for encoder, _, _ in self.encoders
+        )
+        self.weights = tuple(m.weight for m in self.modules)
+        self._vocab = frozenset(token for t in self.tokenizers for token in t.get_vocab())
+        self._lock = threading.Lock()
+        self._derived: OrderedDict[tuple[str, ...], tuple[Any, ...]] = OrderedDict()
+        self._unfit = next(
+            (
+                f"the served {encoder} has {w.shape[0]} token rows but its {name} {len(t)} tokens"
+                for (encoder, name, _), t, w in zip(self.encoders, self.tokenizers, self.weights, strict=True)
+                if len(t) != w.shape[0]
+            ),
+            None,
+        )
+
+    def load(self, path: Path, label: str) -> TokenEmbeddings:
+        """Read and check an embeddings file for this pipeline (its header first, then the two tensors)."""
+        what = f"{label}'s embeddings file {path.name!r}"
+        names = [name for _, _, name in self.encoders]
+        accepted = (
+            f"accepted: tensors {' and '.join(names)}, one row per token (1 to {MAX_TOKENS}), "
+            f"of widths {' and '.join(str(w.shape[1]) for w in self.weights)}"
+        )
+        try:
+            header = read_header(path, label=path.name)
+        except HeaderError as e:
+            raise AdapterLoadError(f"{what} is not a valid safetensors file: {e}") from e
+        shapes = {n: header.tensors[n].shape for n in names if n in header.tensors}
+        missing = [n for n in names if n not in shapes]
+        if missing:
+            raise AdapterLoadError(f"{what} has no tensor {', '.join(missing)}; {accepted}")
+        count = token_count(header)
+        widths = [tuple(shapes[n][1:]) for n in names]
+        if count is None or widths != [(w.shape[1],) for w in self.weights]:
+            found = ", ".join(f"{n} of shape {shapes[n]}" for n in names)
+            raise IncompatibleLoraError(f"{what} holds {found}; {accepted}")
+        if self._unfit is not None:
+            raise IncompatibleLoraError(f"{what} cannot be used: {self._unfit}")
+        tokens = pivotal_tokens(count)
+        taken = [t for t in tokens if t in self._vocab]
+        if taken:
+            raise IncompatibleLoraError(f"{what} defines {', '.join(taken)}, which the served tokenizers already have")
+        try:
+            tensors = load_file(str(path), device="cpu")
+        except (SafetensorError, OSError) as e:
+            raise AdapterLoadError(f"{what} could not be read: {e}") from e
+        rows = tuple(tensors[n] for n in names)
+        if not all(r.is_floating_point() and bool(torch.isfinite(r).all()) for r in rows):
+            raise AdapterLoadError(f"{what} holds NaN, infinite or non-float values; accepted: finite float rows")
+        # Made here, off the pipeline's path: the swap then finds the tokenizers cached.
+        self.tokenizers_with(tokens)
+        return TokenEmbeddings(tokens, rows, path.name)
+
+    def tokenizers_with(self, tokens: tuple[str, ...]) -> tuple[Any, ...]:
+        """Copies of the base tokenizers that also know `tokens`, as ids right after their vocabulary."""
+        with self._lock:
+            cached = self._derived.get(tokens)
+            if cached is not None:
+                self._derived.move_to_end(tokens)
+                return cached
+        started = time.perf_counter()
+        made = []
+        for (_, name, _), base in zip(self.encoders, self.tokenizers, strict=True):
+            # A copy, never the served tokenizer: added tokens cannot be taken out of it again.
+            derived = copy.deepcopy(base)
+            derived.add_tokens(list(tokens))
+            ids = derived.convert_tokens_to_ids(list(tokens))
+            if ids != list(range(len(base), len(base) + len(tokens))):
+                raise IncompatibleLoraError(f"the served {name} gave tokens {''.join(tokens)} the ids {ids}")
+            made.append(derived)
+        result = tuple(made)
+        with self._lock:
+            self._derived[tokens] = result
+            while len(self._derived) > _DERIVED_CACHE:
+                self._derived.popitem(last=False)
+        logger.info("tokenizers with %s made in %.1f ms", "".join(tokens), (time.perf_counter() - started) * 1000)
+        return result

@@ -1,0 +1,85 @@
+"""One denoising run on the warm pipeline, with cancellation, progress and previews between steps.
+
+The weights are whatever the caller fused before (`engine.weights.fused`); this module only calls the pipeline,
+with the tokenizers that fused set needs (its pivotal-tuning tokens: `engine.formats.pivotal`) for the run
+alone, and turns what it raises into the engine's errors.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.errors import GenerationCancelledError, GenerationError, SwitchboardError
+from engine.outcomes import Preview, Progress
+from engine.pipeline.preview import PreviewDecoder, StepPreviews
+from engine.requests import CheckedRequest
+from engine.weights.tokens import swapped_tokenizers
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+__all__ = ["engine_error", "infer"]
+
+
+@torch.inference_mode()
+def infer(
+    pipe: Any,
+    request: CheckedRequest,
+    *,
+    tokenizers: Mapping[str, Any],
+    progress: Progress | None,
+    cancel: threading.Event | None,
+    decoder: PreviewDecoder | None,
+    preview_every: int,
+    preview: Preview | None = None,
+) -> Image:
+    steps = request.steps
+    previews = StepPreviews.for_run(decoder, preview_every, steps, preview)
+
+    def on_step(pipe: Any, step: int, timestep: object, callback_kwargs: dict) -> dict:
+        if cancel is not None and cancel.is_set():
+            # Raised, not `pipe._interrupt`: an interrupted diffusers pipeline still runs the VAE decode,
+            # the most expensive single step at SDXL sizes, for an image nobody will see.
+            raise GenerationCancelledError("the request was cancelled during generation")
+        done = step + 1
+        if previews is not None:
+            previews(done, callback_kwargs["latents"], pipe.scheduler)
+        if progress is not None:
+            progress(done, steps)
+        return callback_kwargs
+
+    # Called under the pipeline lock: the tokenizers are the base ones again after the run, however it ends.
+    with swapped_tokenizers(pipe, tokenizers):
+        output = pipe(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt or None,
+            num_inference_steps=steps,
+            guidance_scale=request.guidance,
+            width=request.width,
+            height=request.height,
+            generator=torch.Generator("cpu").manual_seed(request.seed),
+            callback_on_step_end=on_step,
+            output_type="pil",
+        )
+    if cancel is not None and cancel.is_set():
+        raise GenerationCancelledError("the request was cancelled during generation")
+    return output.images[0]
+
+
+def engine_error(error: BaseException, request: CheckedRequest) -> BaseException:
+    """The error a transport should see for what a run raised (the error itself when it is already ours)."""
+    if isinstance(error, SwitchboardError):
+        return error
+    if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return GenerationError(
+            f"out of memory generating {request.width}x{request.height}; try a smaller size or fewer LoRAs"
+        )
+    if isinstance(error, Exception):
+        return GenerationError(f"generation failed: {type(error).__name__}: {error}")
+    return error

@@ -1,0 +1,154 @@
+"""Loading a pool's warm pipeline: once, from its family's class, on the configured device and dtype, warmed up."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers import AutoencoderKL
+
+from engine.errors import SettingsError
+from engine.families.registry import FAMILIES, FamilySpec, family_spec
+from engine.families.tiny import build_tiny
+from engine.requests import ModelDefaults
+from engine.settings import Settings
+from lora_catalog.entries import Family
+
+__all__ = ["LoadedPipeline", "load_pipeline", "resolve_device", "resolve_dtype"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+# A diffusers pipeline: its components (unet, text encoders, ...) are registered at run time, which a type
+# checker cannot see through diffusers' own annotations; code reading them treats the pipeline as dynamic.
+Pipeline = Any
+
+
+@dataclass(frozen=True)
+class LoadedPipeline:
+    pipe: Pipeline
+    model_id: str
+    base_model_id: str
+    device: torch.device
+    dtype: torch.dtype
+    defaults: ModelDefaults
+    load_s: float
+    warmup_s: float
+    family: FamilySpec = FAMILIES[Family.SDXL]
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.defaults.is_tiny
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """The pipeline attributes a LoRA may change in this family."""
+        return self.family.components
+
+
+def resolve_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(setting)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SettingsError(f"DEVICE={setting!r} but no CUDA device is available; accepted here: auto, cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise SettingsError(f"DEVICE={setting!r} but MPS is not available; accepted here: auto, cpu")
+    return device
+
+
+def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
+    if setting == "auto":
+        return torch.float16 if device.type in ("cuda", "mps") else torch.float32
+    return _DTYPES[setting]
+
+
+def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) -> LoadedPipeline:
+    """Load `settings.model_id` (a Hub id, a local diffusers folder or a tiny one) and warm it up.
+
+    The class comes from the family of `settings.base_model_id`. With `park`, the weights stay in
+    host memory (in the compute dtype) for `engine.pools.pools` to move in when the pool is first used;
+    `device` still names where it will compute, and no warm-up runs.
+    """
+    family = family_spec(settings.base_model_id, setting="BASE_MODEL_ID")
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    started = time.perf_counter()
+    pipe: Pipeline = (
+        build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
+    )
+    target = torch.device("cpu") if park else device
+    # Casting only when needed: diffusers warns on a cast that may break modules kept in float32.
+    pipe = pipe.to(device=target) if pipe.dtype == dtype else pipe.to(device=target, dtype=dtype)
+    pipe.set_progress_bar_config(disable=True)
+    load_s = time.perf_counter() - started
+    side = int(pipe.unet.config.sample_size) * int(pipe.vae_scale_factor)
+    defaults = ModelDefaults(
+        steps=family.steps,
+        guidance=family.guidance,
+        side=side,
+        max_side=min(settings.max_side, max(2 * side, 256)),
+    )
+    if defaults.is_tiny:
+        defaults = dataclasses.replace(defaults, steps=4)  # a tiny model's image says nothing more after 4
+    loaded = LoadedPipeline(
+        pipe=pipe,
+        model_id=settings.model_id,
+        base_model_id=settings.base_model_id,
+        device=device,
+        dtype=dtype,
+        defaults=defaults,
+        load_s=load_s,
+        warmup_s=0.0,
+        family=family,
+    )
+    if not warm or park:
+        return loaded
+    warmup_s = _warm_up(loaded)
+    logger.info(
+        "pipeline %s ready on %s/%s: load %.2f s, warm-up %.2f s",
+        settings.model_id,
+        device,
+        str(dtype).removeprefix("torch."),
+        load_s,
+        warmup_s,
+    )
+    return dataclasses.replace(loaded, warmup_s=warmup_s)
+
+
+def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Pipeline:
+    kwargs: dict[str, object] = {"dtype": dtype, "use_safetensors": True, "token": settings.hf_token}
+    if family.family is not Family.SDXL:
+        # SD 1.x/2.x repos ship a safety checker; a LoRA switchboard serves art, as the SDXL pipeline does.
+        kwargs |= {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
+    loader = family.pipeline_class
+    if settings.vae_id:
+        kwargs["vae"] = AutoencoderKL.from_pretrained(settings.vae_id, dtype=dtype, token=settings.hf_token)
+    if dtype == torch.float16:
+        try:
+            return loader.from_pretrained(settings.model_id, variant="fp16", **kwargs)
+        except (OSError, ValueError) as e:
+            logger.info("no fp16 variant of %s (%s); loading the default weights", settings.model_id, e)
+    return loader.from_pretrained(settings.model_id, **kwargs)
+
+
+@torch.inference_mode()
+def _warm_up(loaded: LoadedPipeline) -> float:
+    started = time.perf_counter()
+    side = min(loaded.defaults.side, 512)
+    loaded.pipe(
+        prompt="warm-up",
+        num_inference_steps=2,
+        width=side,
+        height=side,
+        generator=torch.Generator("cpu").manual_seed(0),
+    )
+    if loaded.device.type == "cuda":
+        torch.cuda.synchronize(loaded.device)
+    return time.perf_counter() - started

@@ -1,0 +1,223 @@
+"""Live previews: the latents of a denoising step turned into a small RGB image, cheaply.
+
+Two decoders, chosen once per engine (`load_preview_decoder`):
+
+- `TinyVaePreview`: diffusers' `AutoencoderTiny` (TAESDXL for SDXL, TAESD for SD 1.5 and 2.x), a distilled
+  decoder that gives a recognisable full-size image for a few percent of a UNet step. Its weights are
+  taken only from a local folder or the Hugging Face cache (`PREVIEW_VAE`; the Space's front matter
+  preloads `madebyollin/taesdxl` and `madebyollin/taesd`) — never downloaded while serving.
+- `LinearPreview`: a fixed 4 -> 3 linear map of the latent channels, per family, at latent resolution
+  (1/8 of the image side). The coefficients are ComfyUI's `latent_rgb_factors` (and, for SDXL,
+  `latent_rgb_factors_bias`) from `comfy/latent_formats.py`, fitted by ComfyUI's authors on the
+  diffusion-space latents of each family's VAE — the same space a diffusers pipeline hands its
+  per-step callback.
+
+The pipeline's callback sees the noisy latents x_t. Sigma-parameterised schedulers (Euler, DPM++) keep
+them at scale sqrt(sigma^2 + 1), which would saturate every early preview; `_unit_variance` divides that
+out the way the scheduler's own `scale_model_input` does, so the preview fades from noise to the image.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from diffusers.image_processor import VaeImageProcessor
+from PIL import Image
+
+from engine.settings import Settings
+from lora_catalog.entries import Family
+
+__all__ = [
+    "PROJECTIONS",
+    "TINY_VAES",
+    "LatentProjection",
+    "LinearPreview",
+    "PreviewDecoder",
+    "StepPreviews",
+    "TinyVaePreview",
+    "load_preview_decoder",
+]
+
+logger = logging.getLogger(__name__)
+
+# Stateless: only its config (normalise from [-1, 1], RGB) is used.
+_PROCESSOR = VaeImageProcessor()
+
+
+@dataclass(frozen=True)
+class LatentProjection:
+    """latent channel c -> RGB: rgb = sum_c latent[c] * weights[c] + bias, in [-1, 1]."""
+
+    weights: tuple[tuple[float, float, float], ...]
+    bias: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+# ComfyUI, comfy/latent_formats.py: classes SDXL and SD15 (latent_rgb_factors, latent_rgb_factors_bias).
+PROJECTIONS: dict[Family, LatentProjection] = {
+    Family.SDXL: LatentProjection(
+        weights=(
+            (0.3651, 0.4232, 0.4341),
+            (-0.2533, -0.0042, 0.1068),
+            (0.1076, 0.1111, -0.0362),
+            (-0.3165, -0.2492, -0.2188),
+        ),
+        bias=(0.1084, -0.0175, -0.0011),
+    ),
+    Family.SD15: LatentProjection(
+        weights=(
+            (0.3512, 0.2297, 0.3227),
+            (0.3250, 0.4974, 0.2350),
+            (-0.2829, 0.1762, 0.2721),
+            (-0.2120, -0.2616, -0.7177),
+        ),
+    ),
+}
+# SD 2.x shares SD 1.5's VAE and latent space: ComfyUI's `supported_models.SD20` uses `latent_formats.SD15`,
+# and TAESD's model card names it compatible with SD 1 and 2 models.
+PROJECTIONS[Family.SD2] = PROJECTIONS[Family.SD15]
+# The distilled decoders by Ollin Boer Bohan, in diffusers' AutoencoderTiny format.
+TINY_VAES: dict[Family, str] = {
+    Family.SDXL: "madebyollin/taesdxl",
+    Family.SD15: "madebyollin/taesd",
+    Family.SD2: "madebyollin/taesd",
+}
+
+
+class PreviewDecoder(Protocol):
+    """Latents of one step (batch first; the first image is shown) -> a preview image."""
+
+    name: str
+
+    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image: ...
+
+
+class LinearPreview:
+    """The fixed per-family projection, at latent resolution: a 4x3 matmul, microseconds per pixel row."""
+
+    def __init__(self, projection: LatentProjection, family: Family) -> None:
+        self.name = f"linear ({family.value})"
+        self._weights = torch.tensor(projection.weights, dtype=torch.float32)
+        self._bias = torch.tensor(projection.bias, dtype=torch.float32)
+
+    @torch.inference_mode()
+    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image:
+        latent = _unit_variance(latents[0], scheduler).float()
+        weights, bias = self._weights.to(latent.device), self._bias.to(latent.device)
+        rgb = torch.nn.functional.linear(latent.movedim(0, -1), weights.T, bias)
+        return _to_image(rgb.movedim(-1, 0)[None])
+
+
+class TinyVaePreview:
+    """diffusers' AutoencoderTiny: a full-size preview from a decoder a few MB large."""
+
+    def __init__(self, vae: torch.nn.Module, source: str) -> None:
+        self.name = f"AutoencoderTiny ({source})"
+        self._vae = vae
+
+    @torch.inference_mode()
+    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image:
+        weight = next(self._vae.parameters())
+        latent = _unit_variance(latents[:1], scheduler).to(device=weight.device, dtype=weight.dtype)
+        return _to_image(self._vae.decode(latent).sample)  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class StepPreviews:
+    """The per-step hook of one run: every `every` steps, decode the latents and hand the image on."""
+
+    decoder: PreviewDecoder
+    every: int
+    steps: int
+    send: Callable[[int, Image.Image], None]
+
+    @classmethod
+    def for_run(
+        cls,
+        decoder: PreviewDecoder | None,
+        every: int,
+        steps: int | None,
+        send: Callable[[int, Image.Image], None] | None,
+    ) -> StepPreviews | None:
+        """None when previews are off or nobody asked for them (the HTTP endpoint, a comparison)."""
+        if decoder is None or send is None or not steps:
+            return None
+        return cls(decoder, every, steps, send)
+
+    def __call__(self, done: int, latents: torch.Tensor, scheduler: object) -> None:
+        # The last step's preview would only race the final image.
+        if done % self.every or done >= self.steps:
+            return
+        started = time.perf_counter()
+        image = self.decoder(latents, scheduler)
+        logger.debug(
+            "preview (%s) after step %d/%d in %.1f ms",
+            self.decoder.name,
+            done,
+            self.steps,
+            (time.perf_counter() - started) * 1000,
+        )
+        self.send(done, image)
+
+
+def load_preview_decoder(
+    settings: Settings, family: Family, device: torch.device, dtype: torch.dtype
+) -> PreviewDecoder | None:
+    """The decoder `settings` ask for: None when previews are off; TAESD when found locally; else linear."""
+    if not settings.previews:
+        return None
+    projection = PROJECTIONS.get(family)
+    source = settings.preview_vae
+    if source == "auto":
+        source = TINY_VAES.get(family, "none")
+    if source != "none":
+        decoder = _tiny_vae(source, device, dtype)
+        if decoder is not None:
+            return decoder
+    if projection is None:
+        logger.warning("no latent preview is known for the %s family; previews are off", family.value)
+        return None
+    logger.info("live previews: the fixed %s latent->RGB projection", family.value)
+    return LinearPreview(projection, family)
+
+
+def _tiny_vae(source: str, device: torch.device, dtype: torch.dtype) -> TinyVaePreview | None:
+    from diffusers import AutoencoderTiny
+    from huggingface_hub import try_to_load_from_cache
+
+    folder = Path(source)
+    if not folder.is_dir():
+        # The local cache only: a preview is worth no download, and a Space preloads it at build time.
+        config = try_to_load_from_cache(source, "config.json")
+        if not isinstance(config, str):
+            logger.info("PREVIEW_VAE %s is not in the local Hugging Face cache; using the linear preview", source)
+            return None
+        folder = Path(config).parent
+    try:
+        vae = AutoencoderTiny.from_pretrained(folder, dtype=dtype)
+    except (OSError, ValueError) as e:
+        logger.warning("PREVIEW_VAE %s could not be loaded from %s (%s); using the linear preview", source, folder, e)
+        return None
+    vae = vae.to(device).eval().requires_grad_(False)
+    logger.info("live previews: AutoencoderTiny from %s on %s", source, device)
+    return TinyVaePreview(vae, source)
+
+
+def _unit_variance(latents: torch.Tensor, scheduler: object) -> torch.Tensor:
+    sigmas = getattr(scheduler, "sigmas", None)
+    index = getattr(scheduler, "step_index", None)
+    if not isinstance(sigmas, torch.Tensor) or index is None or not 0 <= index < len(sigmas):
+        return latents
+    # After `step`, step_index points at the sigma of the latents just produced.
+    sigma = float(sigmas[index])
+    return latents / (sigma**2 + 1) ** 0.5
+
+
+def _to_image(rgb: torch.Tensor) -> Image.Image:
+    """(1, 3, H, W) in [-1, 1] -> an 8-bit RGB image, as diffusers post-processes a decoded image."""
+    return _PROCESSOR.postprocess(rgb, output_type="pil")[0]

@@ -1,0 +1,411 @@
+"""The engine: one warm pipeline, an adapter store, and an atomic swap-and-generate.
+
+A request is queued on the engine's scheduler (`engine.pools.scheduler`: one queue for every transport), which
+prepares it (resolved, downloaded, converted) on its pool, off the GPU's path, and admits it to the
+pipeline when its adapters are ready; it is then run (swap and inference under the lock). Any failure
+leaves the weights exactly as the last successful request left them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+
+from engine.caches.disk import DiskCache
+from engine.caches.store import AdapterStore
+from engine.errors import HubUnavailableError, InvalidRequestError, PreparationError, SwitchboardError
+from engine.events import EngineEvents
+from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable
+from engine.formats.pivotal import TextEncoders, check_clashes
+from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
+from engine.pipeline.inference import engine_error, infer
+from engine.pipeline.loading import LoadedPipeline
+from engine.pipeline.preview import load_preview_decoder
+from engine.pools.scheduler import Scheduler
+from engine.prepare.loadgate import LoadGate
+from engine.prepare.preparation import PreparedLora, Preparer
+from engine.prepare.resolve import AdapterResolver
+from engine.requests import (
+    AdapterUse,
+    GenerateRequest,
+    GenerateResult,
+    Limits,
+    LoraSpec,
+    ModelDefaults,
+    Timings,
+    normalise_request,
+)
+from engine.settings import Settings
+from engine.weights.fused import FusedSet, set_identity
+from engine.weights.swap import WeightPatcher
+from engine.weights.tokens import TokenPatcher
+from lora_catalog.bases import family_of_base
+
+__all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest", "Preview", "Progress"]
+
+logger = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(
+        self,
+        loaded: LoadedPipeline,
+        settings: Settings,
+        resolver: AdapterResolver,
+        *,
+        disk_cache: DiskCache | None = None,
+    ) -> None:
+        """One pool's engine; `disk_cache` is the Hub cache's pruner when pools share one (else made here)."""
+        self.loaded = loaded
+        self.settings = settings
+        self.resolver = resolver
+        self._per_call = settings.per_call
+        # Subscribers (serving.http.metrics) count what the engine reports here; the engine keeps no counts itself.
+        self.events = EngineEvents()
+        pipe = loaded.pipe
+        self._table = TargetTable(
+            {c: getattr(pipe, c) for c in loaded.components}, lora_loader=loaded.family.pipeline_class
+        )
+        # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
+        encoders = TextEncoders(pipe)
+        on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
+        # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
+        pin = loaded.device.type == "cuda" and not settings.zero_gpu
+        patcher = WeightPatcher(
+            self._table.params,
+            loaded.device if on_device else torch.device("cpu"),
+            budget=settings.pristine_bytes,
+            pin=pin,
+        )
+        self._store = AdapterStore(
+            host_budget=settings.host_cache_bytes,
+            device_budget=settings.device_cache_bytes,
+            device=loaded.device,
+            dtype=loaded.dtype,
+            # On the CPU the host copy is the compute copy; on ZeroGPU device memory does not outlive a call.
+            use_device_tier=loaded.device.type != "cpu" and not self._per_call,
+            pin=pin,
+            events=self.events,
+        )
+        if disk_cache is None and resolver.uses_hub:
+            disk_cache = DiskCache(
+                settings.disk_cache_bytes,
+                cache_dir=resolver.cache_dir,
+                # The budget is for LoRAs: the served model's own repos are never pruned.
+                keep_repos={settings.model_id, settings.base_model_id, loaded.model_id, settings.vae_id or ""},
+                in_use=self._store.in_use,
+            )
+        self.disk_cache = disk_cache
+        self._preparer = Preparer(
+            resolver,
+            self._store,
+            self._table,
+            encoders,
+            served_base=loaded.base_model_id,
+            unet_config=pipe.unet.config,
+            max_rank=settings.max_rank,
+            disk=self.disk_cache,
+            gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
+            # LoHa's and DoRA's ΔW kept from preparation on the CPU, where recomputing it is slow
+            # (engine.formats.deltas): a quarter of the host cache, so a kept ΔW never crowds out more than a few
+            # other adapters.
+            delta_budget=settings.host_cache_bytes // 4 if loaded.device.type == "cpu" else 0,
+        )
+        self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
+        # The pipeline lock: uncontended under the scheduler, it keeps a direct `run` call safe too.
+        self._lock = threading.Lock()
+        # The one place where the weights change (through `WeightPatcher`).
+        self._fused = FusedSet(
+            patcher,
+            TokenPatcher(encoders),
+            self._store,
+            per_call=self._per_call,
+            device=loaded.device,
+            on_swap=self.events.swapped,
+        )
+        self.scheduler: Scheduler[PreparedRequest] = Scheduler(
+            prepare=self._open,
+            identity=lambda prepared: set_identity(prepared.adapters),
+            fused=self._fused.identity,
+            max_queue=settings.max_queue,
+            max_skip=settings.affinity_max_skip,
+            # One preparation per queued request and a few prefetches; the loads are bounded by the gate.
+            threads=settings.max_queue + settings.prepare_workers,
+            mode=settings.scheduler,
+        )
+        self._preview = load_preview_decoder(
+            settings, family_of_base(loaded.base_model_id), loaded.device, loaded.dtype
+        )
+
+    @property
+    def defaults(self) -> ModelDefaults:
+        """The served model's request defaults (size, steps, guidance)."""
+        return self.loaded.defaults
+
+    @property
+    def limits(self) -> Limits:
+        """What one request may ask for (LoRAs, steps, prompt length)."""
+        return self._limits
+
+    @property
+    def base_model_id(self) -> str:
+        """The base model LoRAs are checked against."""
+        return self.loaded.base_model_id
+
+    # -- preparing -------------------------------------------------------------------------------
+
+    @contextmanager
+    def prepare(self, request: GenerateRequest) -> Iterator[PreparedRequest]:
+        """Validate the request and make its adapters ready; they stay leased inside the block."""
+        prepared, release = self._open(request)
+        try:
+            yield prepared
+        finally:
+            release()
+
+    def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
+        """Start preparing one LoRA into the cache (a gallery click): the later request is a cache hit."""
+        return self.scheduler.prefetch(GenerateRequest(prompt="prefetch", loras=(spec,)))
+
+    def _open(self, request: GenerateRequest) -> tuple[PreparedRequest, Callable[[], None]]:
+        """Validate the request and make its adapters ready, leased until the returned release is called."""
+        started = time.perf_counter()
+        normalised = normalise_request(request, self.loaded.defaults, self._limits)
+        leased: list[AdapterKey] = []
+        try:
+            adapters: list[tuple[PreparedAdapter, float]] = []
+            uses: list[AdapterUse] = []
+            warnings: list[str] = []
+            resolve_s = prepare_s = 0.0
+            for spec in normalised.loras:
+                ready = self._prepare_one(spec, leased)
+                adapter = ready.adapter
+                if any(a.key == adapter.key for a, _ in adapters):
+                    # Two specs can name one file (a branch and its sha, an explicit default file name).
+                    raise InvalidRequestError(
+                        f"LoRA {spec.ref!r} is listed twice (both name {adapter.key}); "
+                        "accepted: each LoRA once, with one scale"
+                    )
+                self.events.cache_lookup("host", ready.cache == "hit")
+                resolve_s, prepare_s = resolve_s + ready.resolve_s, prepare_s + ready.prepare_s
+                adapters.append((adapter, spec.scale))
+                key = adapter.key
+                uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
+                warnings.extend((*adapter.warnings, *ready.warnings))
+            check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
+            self.events.prepared(time.perf_counter() - started)
+            prepared = PreparedRequest(
+                normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
+            )
+        except BaseException as e:
+            if isinstance(e, HubUnavailableError):
+                self.events.hub_error(type(e).__name__)
+            self._store.release(leased)
+            raise
+        return prepared, lambda: self._store.release(leased)
+
+    def _prepare_one(self, spec: LoraSpec, leased: list[AdapterKey]) -> PreparedLora:
+        try:
+            return self._preparer.adapter(spec, leased)
+        except SwitchboardError:
+            raise
+        except Exception as e:
+            # A library failing in a way nobody mapped is still an answer every transport can give
+            # (JSON on `POST /`, a gr.Error in the UI), and is logged with its traceback for us.
+            logger.exception("preparing LoRA %r failed unexpectedly", spec.ref)
+            raise PreparationError(f"LoRA {spec.ref!r} could not be prepared: {type(e).__name__}: {e}") from e
+
+    def check_lora(self, spec: LoraSpec) -> LoraCheck:
+        """Resolve, download and prepare one LoRA without generating (the UI's custom-LoRA check)."""
+        with self.prepare(GenerateRequest(prompt="check", loras=(spec,))) as prepared:
+            (adapter, _), use = prepared.adapters[0], prepared.uses[0]
+            return LoraCheck(
+                ref=use.ref,
+                revision=use.revision,
+                weight_name=use.weight_name,
+                file_size=adapter.file_size,
+                rank=adapter.max_rank,
+                layers=len(adapter.layers),
+                components=adapter.components,
+                cache=use.cache,
+                warnings=prepared.warnings,
+            )
+
+    def hold(self, keys: Iterable[AdapterKey]) -> None:
+        """Keep these prepared adapters cached until `let_go` (an outside cache, e.g. Ray Serve's, owns them)."""
+        self._store.lease(keys)
+
+    def let_go(self, keys: Iterable[AdapterKey]) -> None:
+        """End a `hold`: the adapters leave the cache as soon as no request or swap uses them."""
+        keys = tuple(keys)
+        self._store.release(keys)
+        self._store.forget(keys)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def generate(
+        self, request: GenerateRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
+    ) -> GenerateResult:
+        """The engine alone, for scripts and tests: the path `serving.backends.local.GpuRunner` takes for every
+        transport (this scheduler's slot, then `run`), without the `@spaces.GPU` call or pool routing."""
+        with self.scheduler.slot(request, cancel) as prepared:
+            return self.run(prepared, progress=progress, cancel=cancel)
+
+    def run(
+        self,
+        prepared: PreparedRequest,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        preview: Preview | None = None,
+    ) -> GenerateResult:
+        """Swap to the request's adapters and generate, atomically; on failure restore what was served.
+
+        Callers hold the scheduler's slot (`generate`, the transports' runner); the lock below only keeps
+        a direct call safe.
+        """
+        with self._lock:
+            return self._run_held(prepared, progress, cancel, preview)
+
+    def run_many(
+        self,
+        prepared: Sequence[PreparedRequest],
+        *,
+        progress: Callable[[int, int, int], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> tuple[GenerateResult, ...]:
+        """Several requests in one turn on the pipeline (a comparison grid): each swapped to exactly, in order.
+
+        Each result is what `run` gives for its request alone: the swap between them is the same exact one.
+        The caller holds one scheduler slot for all of them. `progress(cell, step, steps)` counts cells from 0.
+        """
+        results: list[GenerateResult] = []
+        with self._lock:
+            for cell, one in enumerate(prepared):
+                step_progress = None if progress is None else _cell_progress(progress, cell)
+                results.append(self._run_held(one, step_progress, cancel, None))
+        return tuple(results)
+
+    def _run_held(
+        self,
+        prepared: PreparedRequest,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        preview: Preview | None,
+    ) -> GenerateResult:
+        locked = time.perf_counter()
+        # From queued (preparation started) to this slot: what a client waited before its swap.
+        self.events.queue_waited(locked - prepared.started)
+        previous = self._fused.applied
+        try:
+            swapped, apply_s = self._fused.swap(prepared.adapters)
+            inferred = time.perf_counter()
+            image = infer(
+                self.loaded.pipe,
+                prepared.request,
+                tokenizers=self._fused.tokenizers,
+                progress=progress,
+                cancel=cancel,
+                decoder=self._preview,
+                preview_every=self.settings.preview_every,
+                preview=preview,
+            )
+        except BaseException as e:
+            self._fused.rollback(previous)
+            mapped = engine_error(e, prepared.request)
+            if mapped is e:
+                raise
+            raise mapped from e
+        finally:
+            self._fused.after_call()
+        done = time.perf_counter()
+        self.events.inferred(done - inferred)
+        timings = Timings(
+            resolve=prepared.resolve_s,
+            prepare=prepared.prepare_s,
+            apply=apply_s,
+            inference=done - inferred,
+            total=done - prepared.started,
+        )
+        logger.info(
+            "generated %dx%d in %d steps with %s: apply %.1f ms, inference %.2f s, total %.2f s (waited %.2f s)",
+            prepared.request.width,
+            prepared.request.height,
+            prepared.request.steps,
+            ", ".join(str(a.key) for a, _ in prepared.adapters) or "no LoRA",
+            apply_s * 1000,
+            timings.inference,
+            timings.total,
+            locked - prepared.started - prepared.resolve_s - prepared.prepare_s,
+        )
+        return GenerateResult(
+            image=image,
+            seed=prepared.request.seed,
+            request=prepared.request,
+            timings=timings,
+            adapters=prepared.uses,
+            swapped=swapped,
+            warnings=prepared.warnings,
+        )
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for the pipeline right now (the one running excluded)."""
+        return self.scheduler.waiting
+
+    def close(self) -> None:
+        """Refuse new requests and put the base weights back (the pipeline may outlive this engine)."""
+        self.scheduler.close()
+        self.restore_base()
+
+    def restore_base(self) -> None:
+        """Put the base weights back now; the engine keeps serving (the next request fuses its own set)."""
+        with self._lock:
+            self._fused.restore_all()
+
+    def put_back_base(self) -> None:
+        """Restore the base weights and drop the pristine copies (before the pipeline leaves the device).
+
+        The next request fuses its own set again, so a pool moved out and back serves bit-exactly.
+        """
+        with self._lock:
+            self._fused.restore_all()
+            self._fused.forget_pristine()
+
+    def adapters_in_use(self) -> set[AdapterKey]:
+        """Adapters leased or fused here (a shared disk cache keeps their files)."""
+        return self._store.in_use()
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def status(self) -> EngineStatus:
+        host_budget, device_budget = self._store.budgets
+        return EngineStatus(
+            model_id=self.loaded.model_id,
+            base_model_id=self.loaded.base_model_id,
+            device=str(self.loaded.device),
+            dtype=str(self.loaded.dtype).removeprefix("torch."),
+            is_tiny=self.loaded.is_tiny,
+            per_call=self._per_call,
+            load_s=self.loaded.load_s,
+            warmup_s=self.loaded.warmup_s,
+            cached=tuple(self._store.snapshot()),
+            host_bytes=self._store.host_bytes,
+            host_budget=host_budget,
+            device_bytes=self._store.device_bytes,
+            device_budget=device_budget,
+            pristine_bytes=self._fused.pristine_bytes,
+            pristine_budget=self.settings.pristine_bytes,
+            applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._fused.applied),
+            preview=self._preview.name if self._preview is not None else "off",
+        )
+
+
+def _cell_progress(progress: Callable[[int, int, int], None], cell: int) -> Progress:
+    return lambda step, steps: progress(cell, step, steps)

@@ -1,0 +1,309 @@
+"""Pools: one engine per served base model, and the router that sends each request to one of them.
+
+Each pool is an `Engine` (its own warm pipeline, scheduler, adapter store, exact swap and preview
+decoder) over one base; the first is the default. A request goes to the pool its LoRAs belong to
+(`engine.pools.routing`: card, metadata, then shapes); several LoRAs must share one pool. A request without a
+LoRA goes to the base it names, or the default pool. Pipelines that do not all fit the device take
+turns (`engine.pools.residency`), least recently used out first. `build_pools` loads them at start.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from torch import nn
+
+from engine.caches.disk import DiskCache
+from engine.compare import MAX_COMPARE_LORAS
+from engine.errors import UnservedBaseError
+from engine.formats.adapters import AdapterKey
+from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
+from engine.pipeline.loading import LoadedPipeline, resolve_device
+from engine.pools.engine import Engine
+from engine.pools.residency import PoolMemory, Residency, device_budget, module_bytes
+from engine.pools.routing import (
+    LoraOrigin,
+    PoolInfo,
+    agreed_pool,
+    declared_origin,
+    described_pick,
+    file_origin,
+    served_list,
+)
+from engine.prepare.resolve import AdapterResolver, AdapterSource
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec, normalise_loras
+from engine.settings import Settings
+from lora_catalog.entries import Family
+
+__all__ = ["Pool", "PoolStatus", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
+
+logger = logging.getLogger(__name__)
+
+# Routing decisions are cached by file identity (a Hub sha or a local file's size and mtime), which never changes.
+_ROUTE_CACHE = 4096
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One served base: its engine, what routing knows of it, and its place in the list (0: the default)."""
+
+    engine: Engine
+    info: PoolInfo
+    index: int
+
+    @property
+    def base_model_id(self) -> str:
+        return self.info.base_model_id
+
+    @property
+    def family(self) -> Family:
+        return self.info.family
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a request goes, and why (logged)."""
+
+    pool: Pool
+    reason: str
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    base_model_id: str
+    family: str
+    default: bool
+    memory: PoolMemory
+    engine: EngineStatus
+
+
+class Pools:
+    """The served pools, the router over them, and their device residency."""
+
+    def __init__(self, engines: Sequence[Engine], resolver: AdapterResolver, residency: Residency) -> None:
+        if not engines:
+            raise ValueError("Pools needs at least one engine")
+        self._pools = tuple(Pool(engine, pool_info(engine), index) for index, engine in enumerate(engines))
+        bases = [p.base_model_id.lower() for p in self._pools]
+        if len(set(bases)) != len(bases):
+            raise ValueError(f"two pools serve one base: {', '.join(bases)}")
+        self._resolver = resolver
+        self._residency = residency
+        for engine in engines:
+            # In order: the default pool gets the device first.
+            residency.add(
+                engine.loaded.base_model_id, pipeline_modules(engine.loaded), before_leaving=engine.put_back_base
+            )
+        self._routes: OrderedDict[AdapterKey, tuple[int | None, str]] = OrderedDict()
+        self._routes_lock = threading.Lock()
+
+    @classmethod
+    def single(cls, engine: Engine) -> Pools:
+        """One pool around `engine`, always resident (the MODEL_ID shorthand, and tests)."""
+        return cls([engine], engine.resolver, Residency(engine.loaded.device, None))
+
+    # -- what is served --------------------------------------------------------------------------
+
+    @property
+    def pools(self) -> tuple[Pool, ...]:
+        return self._pools
+
+    @property
+    def default(self) -> Pool:
+        return self._pools[0]
+
+    @property
+    def served_bases(self) -> tuple[str, ...]:
+        return tuple(p.base_model_id for p in self._pools)
+
+    def pool_for_base(self, base: str) -> Pool:
+        """The pool serving `base` (a base repo id, any case); 404 naming the served ones otherwise."""
+        wanted = base.strip().lower()
+        for pool in self._pools:
+            if pool.base_model_id.lower() == wanted:
+                return pool
+        raise UnservedBaseError(
+            f"base model {base!r} is not served here; served: {served_list([p.info for p in self._pools])}"
+        )
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    def route(self, request: GenerateRequest, base: str = "") -> Route:
+        """The pool for `request`: its LoRAs' pool, else the named base's, else the default."""
+        named = self.pool_for_base(base) if base.strip() else None
+        if len(self._pools) == 1:
+            # Nothing to choose: the engine's own checks judge each LoRA against the one base.
+            return Route(self.default, "only pool")
+        # Checked as the engine checks them (refs, revisions, file names), so routing reads only valid names.
+        specs = normalise_loras(request.loras, max(self.default.engine.limits.max_loras, MAX_COMPARE_LORAS))
+        chosen = [(spec.ref, *self._lora_pool(spec)) for spec in specs]
+        index = agreed_pool(chosen, (named.index, named.base_model_id) if named is not None else None)
+        if index is not None:
+            pool = self._pools[index]
+            reason = "named base" if named is not None and not chosen else "LoRA's base"
+        else:
+            pool, reason = self.default, "default pool"
+        logger.info("route %s -> pool %s (%s)", [s.ref for s in specs] or "no LoRA", pool.base_model_id, reason)
+        return Route(pool, reason)
+
+    def _lora_pool(self, spec: LoraSpec) -> tuple[int | None, str]:
+        label = f"LoRA {spec.ref!r}"
+        source = self._resolver.locate(spec)
+        with self._routes_lock:
+            if source.key in self._routes:
+                self._routes.move_to_end(source.key)
+                return self._routes[source.key]
+        started = time.perf_counter()
+        infos = [p.info for p in self._pools]
+        origin = lora_origin(self._resolver, source)
+        decision = described_pick(label, origin, infos)
+        index = decision[0]
+        logger.info(
+            "%s belongs to %s by its %s (%.1f ms)",
+            label,
+            self._describe(index),
+            origin.how,
+            (time.perf_counter() - started) * 1000,
+        )
+        with self._routes_lock:
+            self._routes[source.key] = decision
+            while len(self._routes) > _ROUTE_CACHE:
+                self._routes.popitem(last=False)
+        return decision
+
+    def _describe(self, index: int | None) -> str:
+        return self._pools[index].base_model_id if index is not None else "an undetermined base"
+
+    def check_lora(self, spec: LoraSpec) -> LoraCheck:
+        """Check one LoRA on the pool it belongs to (the UI's custom-LoRA check)."""
+        return self.route(GenerateRequest(prompt="check", loras=(spec,))).pool.engine.check_lora(spec)
+
+    def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
+        """Start preparing one LoRA on its pool (a gallery click); routing itself runs on the caller's thread."""
+        return self.route(GenerateRequest(prompt="prefetch", loras=(spec,))).pool.engine.prefetch(spec)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def on_device(self, pool: Pool) -> Iterator[float]:
+        """Hold `pool`'s pipeline on the device for the block (moving it in if it waits in host RAM)."""
+        with self._residency.use(pool.base_model_id) as moved_s:
+            yield moved_s
+
+    def run(
+        self,
+        pool: Pool,
+        prepared: PreparedRequest,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        preview: Preview | None = None,
+    ) -> GenerateResult:
+        """`Engine.run` on `pool`, with its pipeline on the device."""
+        with self.on_device(pool):
+            return pool.engine.run(prepared, progress=progress, cancel=cancel, preview=preview)
+
+    def run_many(
+        self,
+        pool: Pool,
+        prepared: Sequence[PreparedRequest],
+        *,
+        progress: Callable[[int, int, int], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> tuple[GenerateResult, ...]:
+        """`Engine.run_many` on `pool` (a comparison grid), with its pipeline on the device."""
+        with self.on_device(pool):
+            return pool.engine.run_many(prepared, progress=progress, cancel=cancel)
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def status(self) -> tuple[PoolStatus, ...]:
+        memory = {m.name: m for m in self._residency.snapshot()}
+        return tuple(
+            PoolStatus(p.base_model_id, str(p.family), p is self.default, memory[p.base_model_id], p.engine.status())
+            for p in self._pools
+        )
+
+    def close(self) -> None:
+        for pool in self._pools:
+            pool.engine.close()
+
+
+def lora_origin(resolver: AdapterResolver, source: AdapterSource) -> LoraOrigin:
+    """What a located LoRA says of its base: its card and tags, else its file (fetched here, into the Hub cache
+    the engine's preparation then reads; only its header is read)."""
+    declared = declared_origin(source.declared_bases)
+    if declared is not None:
+        return declared
+    header = resolver.header(source, resolver.fetch(source))
+    return file_origin(header.metadata, {name: info.shape for name, info in header.tensors.items()})
+
+
+def pool_info(engine: Engine) -> PoolInfo:
+    """The base, family and widths of an engine's pipeline."""
+    loaded = engine.loaded
+    pipe = loaded.pipe
+    cross = pipe.unet.config.cross_attention_dim
+    cross_dims = frozenset(cross if isinstance(cross, list | tuple) else (cross,))
+    text_dims = frozenset(
+        int(getattr(pipe, c).config.hidden_size) for c in loaded.components if c.startswith("text_encoder")
+    )
+    return PoolInfo(loaded.base_model_id, loaded.family.family, cross_dims, text_dims)
+
+
+def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
+    """The pipeline's modules that hold weights (what moves between the device and host RAM)."""
+    return [m for m in loaded.pipe.components.values() if isinstance(m, nn.Module)]
+
+
+def build_pools(
+    settings: Settings, resolver: AdapterResolver, load: Callable[..., LoadedPipeline], *, warm: bool
+) -> Pools:
+    """Load every pool of `settings` (the default first) and place them on the device by the memory budget.
+
+    One pool is loaded and warmed as before pools existed. Several wait in host RAM while the budget places
+    them (when there is one) and warm up on first use. They share one Hub-cache pruner, which keeps every
+    pool's model files and every pool's adapters in use.
+    """
+    pool_settings = settings.pool_settings
+    device = resolve_device(settings.device)
+    budget = device_budget(
+        device, pools=len(pool_settings), adapter_cache_bytes=settings.device_cache_bytes, per_call=settings.per_call
+    )
+    residency = Residency(device, budget, offload=settings.pool_offload)
+    if len(pool_settings) == 1:
+        loaded = [load(settings, warm=warm)]
+    else:
+        parked = {"park": True} if budget is not None else {}
+        loaded = [load(settings.for_pool(pool), warm=False, **parked) for pool in pool_settings]
+        residency.check({lp.base_model_id: module_bytes(pipeline_modules(lp)) for lp in loaded})
+    engines: list[Engine] = []
+    disk = None
+    if resolver.uses_hub:
+        keep = {r for p in pool_settings for r in (p.model_id, p.base_model_id)} | {lp.model_id for lp in loaded}
+        disk = DiskCache(
+            settings.disk_cache_bytes,
+            cache_dir=resolver.cache_dir,
+            # The budget is for LoRAs: the served models' own repos are never pruned.
+            keep_repos=keep | {settings.vae_id or ""},
+            in_use=lambda: set[AdapterKey]().union(*(engine.adapters_in_use() for engine in engines)),
+        )
+    for pool, lp in zip(pool_settings, loaded, strict=True):
+        own = settings if len(loaded) == 1 else settings.for_pool(pool)
+        engines.append(Engine(lp, own, resolver, disk_cache=disk))
+    pools = Pools(engines, resolver, residency)
+    for memory in residency.snapshot():
+        logger.info(
+            "pool %s: %.2f GiB, %s",
+            memory.name,
+            memory.nbytes / 2**30,
+            "on the device" if memory.resident else "waiting in host RAM",
+        )
+    return pools

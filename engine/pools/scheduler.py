@@ -1,0 +1,409 @@
+"""One queue per pipeline, for every transport: admission to the GPU slot, and preparation ahead of it.
+
+The UI, `gradio_client`'s `/generate` and `POST /` all submit here; there is one queue, one limit
+(`MAX_QUEUE`) and one position that every client is shown. The GPU slot (swap and inference on the one
+pipeline) holds one request at a time.
+
+Policy (`SCHEDULER=affinity`, the default), in the manner of vLLM's scheduler:
+
+- **Queued.** A request is queued in arrival order if fewer than `MAX_QUEUE` are waiting (the one running
+  not counted); otherwise it is **rejected** at once with `EngineBusyError` (HTTP 503 with `Retry-After`).
+  Its preparation (resolve, download, parse, check: `Engine`'s preparation path) starts at once on a
+  bounded pool; the loads themselves are bounded by `PREPARE_WORKERS` and an in-flight byte budget
+  (`engine.prepare.loadgate`). A preparation that fails takes the request out of the queue with its error: it
+  costs the GPU nothing.
+- **Admitted.** Only a request whose adapters are ready may hold the GPU slot. When the slot is free, the
+  scheduler admits the oldest ready request, unless a younger ready request needs exactly the adapter set
+  already fused (no swap): that one is admitted instead (**affinity**).
+- **Overtaking, and its bound.** Admitting a request counts one overtake against every older request that
+  was ready and waiting at that moment. A request that has been overtaken `AFFINITY_MAX_SKIP` times is
+  never overtaken again: from then on only it, or a request older than it, can be admitted. With
+  `AFFINITY_MAX_SKIP=0` admission is strict FIFO among ready requests.
+- **Still preparing.** A request whose adapters are still downloading cannot use the slot, so requests
+  behind it are admitted meanwhile; this is not counted as an overtake (like vLLM's requests waiting for a
+  structured-output grammar or remote KV blocks, which are skipped without losing their place). The most
+  it costs that request is the remainder of one run when its preparation finishes. These passes are
+  counted separately (`Ticket.passed_while_preparing`) and logged.
+- **Never done:** an unprepared request never holds the slot; a ready request is never overtaken more than
+  `AFFINITY_MAX_SKIP` times; no waiter polls for the slot (the scheduler hands it to one named request);
+  no thread is held by a request waiting in the queue (`wait_async`; synchronous callers wait on a
+  Condition); a cancelled request leaves the queue at once and its leases are released.
+
+`SCHEDULER=fifo_inline` keeps the behaviour before this scheduler, for the benchmark's baseline: strict
+arrival order, and each request prepared inside the slot, so a download holds the GPU idle.
+
+Every decision is logged with its timings: queued, rejected, prepared or failed, admitted (with the wait,
+the affinity and how many it overtook), overtaken, finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+from engine.errors import EngineBusyError, GenerationCancelledError
+from engine.pools.tickets import QueueView, Ticket, TicketState
+from engine.requests import GenerateRequest
+
+__all__ = ["MODES", "QueueView", "Scheduler", "Ticket", "TicketState"]
+
+logger = logging.getLogger(__name__)
+
+MODES = ("affinity", "fifo_inline")
+P = TypeVar("P")
+# A first guess at one run's length for Retry-After, until a run has been measured.
+_FIRST_RUN_S = 2.0
+
+
+class Scheduler(Generic[P]):
+    """The queue and the GPU slot of one pipeline (see the module docstring for the policy)."""
+
+    def __init__(
+        self,
+        *,
+        prepare: Callable[[GenerateRequest], tuple[P, Callable[[], None]]],
+        identity: Callable[[P], Hashable],
+        fused: Callable[[], Hashable],
+        max_queue: int,
+        max_skip: int,
+        threads: int,
+        mode: str = "affinity",
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is not accepted; accepted: {', '.join(MODES)}")
+        self._prepare = prepare
+        self._identity = identity
+        self._fused = fused
+        self.max_queue = max_queue
+        self.max_skip = max_skip
+        self.mode = mode
+        self._cond = threading.Condition()
+        self._queue: list[Ticket[P]] = []
+        self._running: Ticket[P] | None = None
+        self._seq = itertools.count(1)
+        self._wakers: list[Callable[[], None]] = []
+        self._closed = False
+        self._run_s = _FIRST_RUN_S
+        self._max_overtaken = 0
+        # One preparation per queued request at most, so this pool cannot be exhausted by waiting requests;
+        # the loads themselves are bounded separately (engine.prepare.loadgate).
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="prepare")
+
+    # -- submitting ------------------------------------------------------------------------------
+
+    def submit(self, request: GenerateRequest) -> Ticket[P]:
+        """Queue `request` and start its preparation; EngineBusyError when MAX_QUEUE are waiting already."""
+        now = time.perf_counter()
+        with self._cond:
+            waiting = len(self._queue)
+            if self._closed:
+                raise EngineBusyError("the engine is shutting down; accepted: requests to a running engine")
+            if waiting >= self.max_queue:
+                retry = self._retry_after(waiting)
+                logger.warning(
+                    "rejected a request: %d waiting, limit %d (retry after %d s)", waiting, self.max_queue, retry
+                )
+                raise EngineBusyError(
+                    f"the engine is busy ({waiting} requests waiting, limit {self.max_queue}); try again shortly",
+                    retry_after_s=retry,
+                )
+            ticket: Ticket[P] = Ticket(next(self._seq), request, now)
+            if self.mode == "fifo_inline":
+                # Prepared inside the slot, as before this scheduler.
+                ticket.state = TicketState.READY
+                ticket.ready_at = now
+            self._queue.append(ticket)
+            position = len(self._queue)
+        logger.info(
+            "queued #%d at position %d (%d LoRAs, %s)",
+            ticket.seq,
+            position,
+            len(request.loras),
+            "preparing" if ticket.state is TicketState.PREPARING else "prepared in the slot",
+        )
+        if ticket.state is TicketState.PREPARING:
+            self._pool.submit(self._prepare_ticket, ticket)
+        self._dispatch()
+        return ticket
+
+    def prefetch(self, request: GenerateRequest) -> concurrent.futures.Future[None]:
+        """Prepare `request`'s adapters into the cache without queueing it (a gallery click, a check)."""
+
+        def warm() -> None:
+            _, release = self._prepare(request)
+            release()
+
+        return self._pool.submit(warm)
+
+    def _prepare_ticket(self, ticket: Ticket[P]) -> None:
+        with self._cond:
+            if ticket.state is not TicketState.PREPARING:
+                return
+        started = time.perf_counter()
+        try:
+            prepared, release = self._prepare(ticket.request)
+        except BaseException as e:  # handed to the waiter, who raises it: nothing is swallowed
+            with self._cond:
+                elapsed = time.perf_counter() - started
+                if ticket.state is TicketState.PREPARING:
+                    self._remove(ticket)
+                    ticket.state, ticket.error = TicketState.FAILED, e
+            logger.warning(
+                "preparation of #%d failed after %.3f s (%s: %s); it leaves the queue",
+                ticket.seq,
+                elapsed,
+                type(e).__name__,
+                e,
+            )
+            self._changed()
+            return
+        done = time.perf_counter()
+        with self._cond:
+            keep = ticket.state is TicketState.PREPARING
+            if keep:
+                ticket.state, ticket.prepared, ticket.release = TicketState.READY, prepared, release
+                ticket.prepare_s, ticket.ready_at = done - started, done
+        if not keep:
+            release()  # cancelled while it was being prepared
+            return
+        logger.info(
+            "prepared #%d in %.3f s (%.3f s after it was queued)", ticket.seq, done - started, done - ticket.submitted
+        )
+        self._dispatch()
+        self._changed()
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Hand the free slot to one request, if any may have it (the policy: module docstring)."""
+        with self._cond:
+            if self._running is not None or self._closed:
+                return
+            chosen = self._choose()
+            if chosen is None:
+                return
+            now = time.perf_counter()
+            overtaken = []
+            for ticket in self._queue:
+                if ticket is chosen:
+                    break
+                if ticket.state is TicketState.READY:
+                    ticket.overtaken += 1
+                    self._max_overtaken = max(self._max_overtaken, ticket.overtaken)
+                    overtaken.append(ticket)
+                else:
+                    ticket.passed_while_preparing += 1
+            self._remove(chosen)
+            chosen.state, chosen.admitted_at = TicketState.RUNNING, now
+            self._running = chosen
+            waiting = len(self._queue)
+        for ticket in overtaken:
+            logger.info(
+                "#%d overtook #%d (%s), which has been ready for %.3f s: overtaken %d of at most %d times",
+                chosen.seq,
+                ticket.seq,
+                "its set is fused" if chosen.affinity else "it is older",
+                now - (ticket.ready_at or now),
+                ticket.overtaken,
+                self.max_skip,
+            )
+        logger.info(
+            "admitted #%d after %.3f s in the queue (ready for %.3f s)%s; %d overtaken, %d waiting",
+            chosen.seq,
+            now - chosen.submitted,
+            now - (chosen.ready_at or now),
+            ", its set is fused: no swap" if chosen.affinity else "",
+            len(overtaken),
+            waiting,
+        )
+        self._changed()
+
+    def _choose(self) -> Ticket[P] | None:
+        ready = [t for t in self._queue if t.state is TicketState.READY]
+        if not ready:
+            return None
+        if self.mode == "fifo_inline":
+            return self._queue[0]
+        # No one may pass a ready request that has been overtaken max_skip times already.
+        limit = next((i for i, t in enumerate(ready) if t.overtaken >= self.max_skip), len(ready) - 1)
+        candidates = ready[: limit + 1]
+        fused = self._fused()
+        for ticket in candidates:
+            if ticket.prepared is not None and self._identity(ticket.prepared) == fused:
+                ticket.affinity = True
+                return ticket
+        return candidates[0]
+
+    def wait(self, ticket: Ticket[P], cancel: threading.Event | None = None) -> None:
+        """Block until `ticket` holds the slot; raises its preparation error, or GenerationCancelledError."""
+        with self._cond:
+            while True:
+                if self._settled(ticket):
+                    return
+                if cancel is not None and cancel.is_set():
+                    break
+                # A timed wait only to notice `cancel`; the slot itself is handed over, never raced for.
+                self._cond.wait(timeout=0.05)
+        self.cancel(ticket)
+        raise GenerationCancelledError("the request was cancelled while waiting in the queue")
+
+    async def wait_async(self, ticket: Ticket[P], on_update: Callable[[QueueView], None] | None = None) -> None:
+        """`wait` for the event loop: no thread is held while queued; a cancelled task leaves the queue."""
+        loop = asyncio.get_running_loop()
+        shown = None
+        try:
+            while True:
+                woken: asyncio.Future[None] = loop.create_future()
+                with self._cond:
+                    if self._settled(ticket):
+                        return
+                    view = self._view(ticket)
+                    self._wakers.append(_waker(loop, woken))
+                if on_update is not None and view != shown:
+                    on_update(view)
+                    shown = view
+                await woken
+        except asyncio.CancelledError:
+            self.cancel(ticket)
+            raise
+
+    def _settled(self, ticket: Ticket[P]) -> bool:
+        """True once `ticket` holds the slot; raises if it failed or was cancelled (caller holds the lock)."""
+        if ticket.state is TicketState.RUNNING:
+            return True
+        if ticket.state is TicketState.FAILED and ticket.error is not None:
+            raise ticket.error
+        if ticket.state is TicketState.CANCELLED:
+            raise GenerationCancelledError("the request was cancelled while waiting in the queue")
+        return False
+
+    def start(self, ticket: Ticket[P]) -> P:
+        """The admitted request's prepared form (prepared here, inside the slot, in `fifo_inline` mode)."""
+        with self._cond:
+            prepared = ticket.prepared
+        if prepared is not None:
+            return prepared
+        started = time.perf_counter()
+        prepared, release = self._prepare(ticket.request)
+        with self._cond:
+            ticket.prepared, ticket.release = prepared, release
+            ticket.prepare_s = time.perf_counter() - started
+        logger.info("prepared #%d inside the slot in %.3f s", ticket.seq, ticket.prepare_s)
+        return prepared
+
+    @contextmanager
+    def slot(self, request: GenerateRequest, cancel: threading.Event | None = None) -> Iterator[P]:
+        """Queue `request`, wait for the slot, and hold it (with the prepared request) inside the block."""
+        ticket = self.submit(request)
+        try:
+            self.wait(ticket, cancel)
+            yield self.start(ticket)
+        finally:
+            self.finish(ticket)
+
+    def finish(self, ticket: Ticket[P]) -> None:
+        """Leave: free the slot (after a result or an error) and release the adapters; dequeue if still queued."""
+        now = time.perf_counter()
+        with self._cond:
+            if ticket.state in (TicketState.PREPARING, TicketState.READY):
+                queued = True
+            elif self._running is not ticket:
+                return
+            else:
+                queued = False
+        if queued:
+            self.cancel(ticket)
+            return
+        with self._cond:
+            if self._running is not ticket:
+                return
+            self._running = None
+            ticket.state = TicketState.DONE
+            ran = now - (ticket.admitted_at or now)
+            # A moving average of run lengths, for Retry-After.
+            self._run_s = 0.8 * self._run_s + 0.2 * ran
+            release, ticket.release = ticket.release, None
+        logger.info("finished #%d: %.3f s in the slot, %.3f s since queued", ticket.seq, ran, now - ticket.submitted)
+        if release is not None:
+            release()
+        self._dispatch()
+        self._changed()
+
+    def cancel(self, ticket: Ticket[P]) -> None:
+        """Take `ticket` out of the queue if it is still queued; a running one is its holder's to `finish`."""
+        with self._cond:
+            state = ticket.state
+            if state not in (TicketState.PREPARING, TicketState.READY):
+                return
+            self._remove(ticket)
+            ticket.state = TicketState.CANCELLED
+            release, ticket.release = ticket.release, None
+        logger.info("cancelled #%d after %.3f s in the queue", ticket.seq, time.perf_counter() - ticket.submitted)
+        if release is not None:
+            release()
+        self._changed()
+        self._dispatch()
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def view(self, ticket: Ticket[P]) -> QueueView:
+        with self._cond:
+            return self._view(ticket)
+
+    def _view(self, ticket: Ticket[P]) -> QueueView:
+        position = next((i + 1 for i, t in enumerate(self._queue) if t is ticket), 0)
+        return QueueView(position=position, waiting=len(self._queue), state=ticket.state.value)
+
+    @property
+    def waiting(self) -> int:
+        """Requests in the queue (preparing or ready), the one running not counted."""
+        with self._cond:
+            return len(self._queue)
+
+    @property
+    def max_overtaken(self) -> int:
+        """The most times any request has been overtaken while ready (never above `max_skip`)."""
+        with self._cond:
+            return self._max_overtaken
+
+    def close(self) -> None:
+        """Refuse new requests and stop the preparation pool (preparations under way finish)."""
+        with self._cond:
+            self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _remove(self, ticket: Ticket[P]) -> None:
+        self._queue = [t for t in self._queue if t is not ticket]
+
+    def _retry_after(self, waiting: int) -> int:
+        return max(1, math.ceil(self._run_s * (waiting + 1)))
+
+    def _changed(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+            wakers, self._wakers = self._wakers, []
+        for wake in wakers:
+            wake()
+
+
+def _waker(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> Callable[[], None]:
+    def wake() -> None:
+        try:
+            loop.call_soon_threadsafe(_resolve, future)
+        except RuntimeError:
+            logger.debug("a queued request's event loop closed before it was woken")
+
+    return wake
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

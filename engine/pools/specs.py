@@ -1,0 +1,90 @@
+"""`MODELS`: the pools to serve, each a model and the base its LoRAs are checked against.
+
+Parsed strictly by `parse_models` for `engine.settings` (this module, like settings, never imports torch;
+`engine.families.registry` holds how each family is loaded).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import SettingsError
+from lora_catalog.bases import family_of_base
+from lora_catalog.entries import Family
+
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "HUB_ID",
+    "SD15_MODEL_ID",
+    "TINY_MODEL_ID",
+    "TINY_MODEL_IDS",
+    "TINY_SD15_MODEL_ID",
+    "PoolSetting",
+    "parse_models",
+]
+
+DEFAULT_MODEL_ID = "stabilityai/stable-diffusion-xl-base-1.0"
+SD15_MODEL_ID = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+# Name the embedded random-weight pipelines (engine.families.tiny); they are never looked up on the Hub.
+TINY_MODEL_ID = "tiny"
+TINY_SD15_MODEL_ID = "tiny-sd15"
+TINY_MODEL_IDS = {TINY_MODEL_ID: DEFAULT_MODEL_ID, TINY_SD15_MODEL_ID: SD15_MODEL_ID}
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+# Families a pool can serve (engine.families says how).
+_SERVED_FAMILIES = (Family.SDXL, Family.SD15, Family.SD2)
+_MODELS_FORM = (
+    "a comma-separated list of MODEL or MODEL=BASE, where MODEL is a Hub repo id, a local diffusers folder "
+    f"or {' / '.join(TINY_MODEL_IDS)}, and BASE the SDXL, SD 1.5 or SD 2.x base repo id its LoRAs are checked "
+    f"against (needed for a local folder), e.g. {DEFAULT_MODEL_ID},{SD15_MODEL_ID}"
+)
+
+
+@dataclass(frozen=True)
+class PoolSetting:
+    """One pool of `MODELS`: what to load, and the base its LoRAs are checked against."""
+
+    model_id: str
+    base_model_id: str
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.model_id in TINY_MODEL_IDS
+
+
+def parse_models(raw: str) -> tuple[PoolSetting, ...]:
+    """Parse `MODELS`; SettingsError names the bad item and the accepted form."""
+    items = [item.strip() for item in raw.split(",")]
+    if not any(items):
+        raise SettingsError(f"MODELS={raw!r} names no model; accepted: {_MODELS_FORM}")
+    pools: list[PoolSetting] = []
+    for item in items:
+        if not item:
+            raise SettingsError(f"MODELS={raw!r} has an empty item; accepted: {_MODELS_FORM}")
+        model, sep, base = (part.strip() for part in item.partition("="))
+        if not model or (sep and not base) or "=" in base:
+            raise SettingsError(f"MODELS item {item!r} is malformed; accepted: {_MODELS_FORM}")
+        if not sep:
+            base = _default_base(model, item)
+        if not HUB_ID.match(base):
+            raise SettingsError(f"MODELS item {item!r}: BASE {base!r} is not a Hub repo id; accepted: {_MODELS_FORM}")
+        family = family_of_base(base)
+        if family not in _SERVED_FAMILIES:
+            what = "not a base we know" if family is Family.UNKNOWN else f"of the {family} family, not served here"
+            raise SettingsError(
+                f"MODELS item {item!r}: base {base!r} is {what}; accepted: {_MODELS_FORM} "
+                "(a fine-tune names the base it was trained from as BASE)"
+            )
+        if any(p.model_id == model for p in pools):
+            raise SettingsError(f"MODELS={raw!r} lists {model!r} twice; accepted: each model once")
+        pools.append(PoolSetting(model, base))
+    return tuple(pools)
+
+
+def _default_base(model: str, item: str) -> str:
+    if model in TINY_MODEL_IDS:
+        return TINY_MODEL_IDS[model]
+    if HUB_ID.match(model) and not Path(model).exists():
+        return model
+    raise SettingsError(f"MODELS item {item!r} is a local folder without a BASE; accepted: {_MODELS_FORM}")

@@ -1,0 +1,148 @@
+"""From a LoRA reference to an adapter ready in the host cache: the one preparation path, top to bottom.
+
+`Preparer.adapter` takes one LoRA of a request that `requests.normalise_request` has already parsed and
+validated (step 1, once), and runs each remaining step in the module that owns it, in this order:
+
+2. resolve  `resolve.AdapterResolver.locate`  — Hub metadata (cached by the catalogue) or the local file,
+   and the pivotal-tuning embeddings file beside it if there is one (`lora_catalog.pivotal` names it);
+   the size limit is checked here for both, before anything is downloaded.
+3. fetch    `resolve.AdapterResolver.fetch`   — download into the Hub cache (partial downloads never used),
+   and `fetch_embeddings` the same way for the embeddings file.
+4. header   `resolve.AdapterResolver.header`  — the file's safetensors header, read strictly.
+5. check    `compat.check_family`             — once, with everything known: card, tags, metadata, names.
+6. prepare  `adapters.prepare`                — load, convert names with diffusers, match factors to weights;
+   `embeddings.TextEncoders.load` reads and checks the embeddings file against the served text encoders.
+7. store    `store.AdapterStore.add`          — the host cache (LRU by bytes; never evicting leased adapters).
+
+A cached adapter skips 3–7. Steps 3–7 run once per adapter at a time (single-flight per key), so two
+requests for the same cold LoRA download it once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.caches.disk import DiskCache
+from engine.caches.store import AdapterStore
+from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
+from engine.formats.pivotal import TextEncoders
+from engine.prepare.compat import check_family
+from engine.prepare.loadgate import LoadGate
+from engine.prepare.resolve import AdapterResolver, AdapterSource
+from engine.requests import LoraSpec
+
+__all__ = ["PreparedLora", "Preparer"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreparedLora:
+    """One LoRA made ready: the adapter (leased by the caller), whether the cache had it, and the time spent."""
+
+    adapter: PreparedAdapter
+    cache: Literal["hit", "miss"]
+    resolve_s: float
+    prepare_s: float
+    warnings: tuple[str, ...] = ()
+
+
+class Preparer:
+    def __init__(
+        self,
+        resolver: AdapterResolver,
+        store: AdapterStore,
+        table: TargetTable,
+        encoders: TextEncoders,
+        *,
+        served_base: str,
+        unet_config: object,
+        max_rank: int,
+        disk: DiskCache | None = None,
+        gate: LoadGate | None = None,
+        delta_budget: int = 0,
+    ) -> None:
+        self._resolver = resolver
+        self._disk = disk
+        self._store = store
+        self._table = table
+        self._encoders = encoders
+        self._served_base = served_base
+        self._unet_config = unet_config
+        self._max_rank = max_rank
+        self._gate = gate
+        self._delta_budget = delta_budget
+        self._locks_guard = threading.Lock()
+        self._key_locks: dict[AdapterKey, threading.Lock] = {}
+
+    def adapter(self, spec: LoraSpec, leased: list[AdapterKey]) -> PreparedLora:
+        """Steps 2–7 for one normalised spec; its key is appended to `leased` (the caller releases it)."""
+        started = time.perf_counter()
+        source = self._resolver.locate(spec)
+        self._store.lease([source.key])
+        leased.append(source.key)
+        cached = self._store.get(source.key)
+        if cached is not None:
+            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
+        with self._key_lock(source.key):
+            cached = self._store.get(source.key)
+            if cached is not None:
+                return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
+            # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
+            size = (source.size or 0) + (source.embeddings_size or 0)
+            hold = self._gate.hold(size, str(source.key)) if self._gate else nullcontext()
+            with hold, self._disk.hold(source.key) if self._disk is not None else nullcontext():
+                adapter, fetched = self._load(source)
+                adapter = self._store.add(adapter)
+        if self._disk is not None and source.local_path is None:
+            # A download may have grown the Hub cache: prune it off the request's path.
+            self._disk.schedule()
+        done = time.perf_counter()
+        logger.info(
+            "prepared %s: %d layers, rank %d, %d pivotal tokens, %.1f MiB in %.3f s (resolve and download %.3f s)",
+            source.key,
+            len(adapter.layers),
+            adapter.max_rank,
+            len(adapter.embeddings.tokens) if adapter.embeddings is not None else 0,
+            adapter.nbytes / 2**20,
+            done - fetched,
+            fetched - started,
+        )
+        return PreparedLora(adapter, "miss", fetched - started, done - fetched, source.warnings)
+
+    def _load(self, source: AdapterSource) -> tuple[PreparedAdapter, float]:
+        label = f"LoRA {source.ref!r}"
+        path = self._resolver.fetch(source)
+        embeddings_path = self._resolver.fetch_embeddings(source)
+        fetched = time.perf_counter()
+        header = self._resolver.header(source, path)
+        warning = check_family(
+            label,
+            served_base=self._served_base,
+            declared_bases=source.declared_bases,
+            metadata=header.metadata,
+            tensor_names=header.tensors,
+        )
+        adapter = prepare(
+            path,
+            source.key,
+            self._table,
+            unet_config=self._unet_config,
+            max_rank=self._max_rank,
+            metadata=header.metadata,
+            shapes={name: info.shape for name, info in header.tensors.items()},
+            delta_budget=self._delta_budget,
+        )
+        embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
+        # Kept with the adapter, so a cache hit still tells the user what the first load found.
+        return dataclasses.replace(adapter, warnings=(warning,) if warning else (), embeddings=embeddings), fetched
+
+    def _key_lock(self, key: AdapterKey) -> threading.Lock:
+        with self._locks_guard:
+            return self._key_locks.setdefault(key, threading.Lock())

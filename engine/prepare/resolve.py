@@ -1,0 +1,308 @@
+"""From a LoRA reference to a checked file on disk: Hub repos through huggingface_hub, or local files.
+
+Resolution asks the catalogue (which caches Hub metadata, so a LoRA used again
+costs no Hub call), refuses over-size files from metadata before downloading,
+and downloads into the Hub cache, whose partial downloads are never used.
+A pivotal-tuning embeddings file beside the LoRA (named by the rule in
+`lora_catalog.pivotal`, in a Hub repo or a local folder) is located, size-checked
+and downloaded the same way.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import httpx2
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import (
+    get_hf_file_metadata,
+    hf_hub_download,
+    hf_hub_url,
+    snapshot_download,
+)
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.file_download import repo_folder_name
+
+from engine.errors import (
+    AdapterLoadError,
+    GatedLoraError,
+    HubUnavailableError,
+    InvalidRequestError,
+    LimitExceededError,
+    LoraNotFoundError,
+    StorageError,
+    SwitchboardError,
+)
+from engine.formats.adapters import AdapterKey
+from engine.prepare.compat import declared_bases_from_tags
+from engine.requests import LOCAL_PREFIX, LoraSpec
+from lora_catalog.cards import choose_weight
+from lora_catalog.entries import LoraEntry
+from lora_catalog.errors import HeaderError
+from lora_catalog.local import local_embeddings
+from lora_catalog.pivotal import embeddings_for
+from lora_catalog.sft_header import SafetensorsHeader, read_header
+
+__all__ = ["AdapterResolver", "AdapterSource", "HubResolver"]
+
+logger = logging.getLogger(__name__)
+
+
+class HubResolver(Protocol):
+    def resolve(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry: ...
+
+    def stale_warning(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class AdapterSource:
+    """A located adapter file: its identity, size and what it declares, before any download."""
+
+    key: AdapterKey
+    ref: str
+    size: int | None
+    declared_bases: tuple[str, ...]
+    local_path: Path | None = None
+    # Said to the user with the result, e.g. that the Hub metadata is stale (served while the Hub is down).
+    warnings: tuple[str, ...] = ()
+    # The pivotal-tuning embeddings file that goes with the LoRA, if its repo or folder has one.
+    embeddings_name: str | None = None
+    embeddings_size: int | None = None
+    embeddings_path: Path | None = None
+
+
+class AdapterResolver:
+    def __init__(
+        self,
+        hub: HubResolver | None,
+        *,
+        local_dir: Path | None,
+        token: str | None,
+        max_bytes: int,
+        cache_dir: Path | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._hub = hub
+        self._local_dir = local_dir
+        self._token = token
+        self._max_bytes = max_bytes
+        self._cache_dir = cache_dir
+        self._timeout_s = timeout_s
+
+    @property
+    def uses_hub(self) -> bool:
+        return self._hub is not None
+
+    @property
+    def cache_dir(self) -> Path | None:
+        """The Hub cache LoRAs are downloaded into (None: huggingface_hub's default)."""
+        return self._cache_dir
+
+    def locate(self, spec: LoraSpec) -> AdapterSource:
+        """Identify the file a normalised spec names (a Hub metadata call unless the catalogue has it cached)."""
+        # The spec was parsed and validated once, by `normalise_request`; only its kind is read here.
+        if spec.ref.startswith(LOCAL_PREFIX):
+            source = self._locate_local(spec.ref.removeprefix(LOCAL_PREFIX))
+        else:
+            source = self._locate_hub(spec, spec.ref)
+        self._check_size(source.ref, source.key.weight_name, source.size)
+        if source.embeddings_name is not None:
+            self._check_size(source.ref, source.embeddings_name, source.embeddings_size)
+        return source
+
+    def fetch(self, source: AdapterSource) -> Path:
+        """The adapter file on local disk, downloading it into the Hub cache when needed."""
+        if source.local_path is not None:
+            return source.local_path
+        return self._download(source, source.key.weight_name, source.size)
+
+    def fetch_embeddings(self, source: AdapterSource) -> Path | None:
+        """The LoRA's pivotal-tuning embeddings file on local disk (downloaded like the LoRA), if it has one."""
+        if source.embeddings_name is None:
+            return None
+        if source.embeddings_path is not None:
+            return source.embeddings_path
+        return self._download(source, source.embeddings_name, source.embeddings_size)
+
+    def _download(self, source: AdapterSource, filename: str, size: int | None) -> Path:
+        key = source.key
+        try:
+            if size is None:
+                url = hf_hub_url(key.name, filename, revision=key.revision)
+                size = get_hf_file_metadata(url, token=self._token, timeout=self._timeout_s).size
+                self._check_size(source.ref, filename, size)
+            path = hf_hub_download(
+                key.name,
+                filename,
+                revision=key.revision,
+                token=self._token,
+                cache_dir=self._cache_dir,
+                etag_timeout=self._timeout_s,
+            )
+        except (httpx2.TransportError, LocalEntryNotFoundError) as e:
+            # Before EntryNotFoundError, its base: huggingface_hub says "not in the local cache" when the Hub
+            # could not be reached (refused, timed out, HTTP 5xx), not that the repo lacks the file.
+            raise HubUnavailableError(f"the Hub could not be reached to download LoRA {source.ref!r}: {e}") from e
+        except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
+            raise _hub_lookup_error(e, source.ref, key.revision, filename) from e
+        except HfHubHTTPError as e:
+            raise HubUnavailableError(f"the Hub failed while serving LoRA {source.ref!r}: {e}") from e
+        except OSError as e:
+            raise _storage_error(e, source.ref) from e
+        return Path(path)
+
+    def header(self, source: AdapterSource, path: Path) -> SafetensorsHeader:
+        """The fetched file's safetensors header, read strictly (see `lora_catalog.sft_header` for why ours)."""
+        try:
+            return read_header(path, label=source.key.weight_name)
+        except HeaderError as e:
+            raise AdapterLoadError(f"LoRA {source.ref!r} is not a valid safetensors file: {e}") from e
+
+    def _check_size(self, ref: str, weight_name: str, size: int | None) -> None:
+        if size is not None and size > self._max_bytes:
+            raise LimitExceededError(
+                f"LoRA {ref!r} ({weight_name}) is {_mib(size)}; accepted: files up to {_mib(self._max_bytes)}"
+            )
+
+    def _locate_hub(self, spec: LoraSpec, repo_id: str) -> AdapterSource:
+        if self._hub is None:
+            raise HubUnavailableError(f"LoRA {spec.ref!r} is on the Hub, but this Space runs without Hub access")
+        # The catalogue's errors are the engine's too (one tree): they pass through as they are.
+        try:
+            entry = self._hub.resolve(repo_id, spec.revision, spec.weight_name)
+        except HubUnavailableError as e:
+            on_disk = self._locate_on_disk(spec, repo_id, e)
+            if on_disk is None:
+                raise
+            return on_disk
+        if not entry.weight_name or not entry.sha:
+            raise AdapterLoadError(f"LoRA {spec.ref!r} has no .safetensors weight file to load")
+        bases = tuple(dict.fromkeys((*entry.base_models, *declared_bases_from_tags(entry.tags))))
+        key = AdapterKey("hub", repo_id, entry.sha, entry.weight_name)
+        stale = self._hub.stale_warning(repo_id, spec.revision, spec.weight_name)
+        return AdapterSource(
+            key,
+            repo_id,
+            entry.weight_size,
+            bases,
+            warnings=(stale,) if stale else (),
+            embeddings_name=entry.embeddings_name,
+            embeddings_size=entry.embeddings_size,
+        )
+
+    def _locate_on_disk(self, spec: LoraSpec, repo_id: str, error: HubUnavailableError) -> AdapterSource | None:
+        """A Hub LoRA downloaded before, found in the Hub cache with no Hub call (the Hub is down or offline)."""
+        folder = self._snapshot_on_disk(repo_id, spec.revision)
+        if folder is None:
+            return None
+        present = tuple(sorted(p.name for p in folder.glob("*.safetensors") if p.is_file()))
+        try:
+            # The catalogue's own rule, on the files that are on disk.
+            chosen = choose_weight(f"{repo_id!r} (on disk)", present, spec.weight_name)
+        except SwitchboardError:
+            return None
+        path = folder / chosen
+        key = AdapterKey("hub", repo_id, folder.name, chosen)
+        warning = (
+            f"LoRA {spec.ref!r} is served from the local Hub cache at revision {folder.name[:10]} without its Hub "
+            f"metadata: {error}"
+        )
+        logger.warning("%s", warning)
+        # Downloaded with its LoRA, an embeddings file is in the same snapshot (the same rule picks it).
+        embeddings = embeddings_for(chosen, present)
+        return AdapterSource(
+            key,
+            repo_id,
+            path.stat().st_size,
+            (),
+            local_path=path,
+            warnings=(warning,),
+            embeddings_name=embeddings,
+            embeddings_size=(folder / embeddings).stat().st_size if embeddings else None,
+            embeddings_path=folder / embeddings if embeddings else None,
+        )
+
+    def _snapshot_on_disk(self, repo_id: str, revision: str | None) -> Path | None:
+        try:
+            # local_files_only: huggingface_hub resolves a branch through the cache's refs/ and never
+            # touches the network; it raises when that revision was never downloaded.
+            return Path(
+                snapshot_download(
+                    repo_id,
+                    revision=revision,
+                    cache_dir=self._cache_dir,
+                    local_files_only=True,
+                    allow_patterns=["*.safetensors"],
+                )
+            )
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            pass
+        if revision is not None:
+            return None
+        # LoRAs are downloaded by commit sha (the one the metadata named), which writes no refs/main:
+        # the default branch is then the snapshot downloaded last.
+        root = Path(self._cache_dir or hf_constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+        snapshots = [p for p in (root / "snapshots").glob("*") if p.is_dir()] if root.is_dir() else []
+        return max(snapshots, key=lambda p: p.stat().st_mtime, default=None)
+
+    def _locate_local(self, name: str) -> AdapterSource:
+        ref = f"local:{name}"
+        if self._local_dir is None:
+            raise LoraNotFoundError(f"LoRA {ref!r} names a local file, but no LOCAL_LORA_DIR is configured")
+        root = self._local_dir.resolve()
+        path = (root / name).resolve()
+        if not path.is_relative_to(root):
+            raise InvalidRequestError(f"LoRA {ref!r} points outside the local LoRA folder; accepted: files inside it")
+        if not path.is_file():
+            raise LoraNotFoundError(f"LoRA {ref!r} does not exist in the local LoRA folder")
+        stat = path.stat()
+        revision = f"{stat.st_size}-{stat.st_mtime_ns}"
+        embeddings = local_embeddings(path)
+        embeddings_size = None
+        if embeddings is not None:
+            # The pair is one adapter: a changed embeddings file is a new revision of it.
+            emb_stat = embeddings.stat()
+            embeddings_size = emb_stat.st_size
+            revision += f"+{emb_stat.st_size}-{emb_stat.st_mtime_ns}"
+        key = AdapterKey("local", name, revision, path.name)
+        return AdapterSource(
+            key,
+            ref,
+            stat.st_size,
+            (),
+            local_path=path,
+            embeddings_name=embeddings.name if embeddings else None,
+            embeddings_size=embeddings_size,
+            embeddings_path=embeddings,
+        )
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.2f} MiB"
+
+
+def _hub_lookup_error(error: Exception, ref: str, revision: str, filename: str) -> SwitchboardError:
+    if isinstance(error, GatedRepoError):
+        return GatedLoraError(f"LoRA {ref!r} is gated; accepted: public, non-gated repos")
+    if isinstance(error, RevisionNotFoundError):
+        return LoraNotFoundError(f"LoRA {ref!r} has no revision {revision!r}")
+    if isinstance(error, EntryNotFoundError):
+        return LoraNotFoundError(f"LoRA {ref!r} has no file {filename!r} at {revision[:10]}")
+    return LoraNotFoundError(f"LoRA {ref!r} was not found on the Hub")
+
+
+def _storage_error(error: OSError, ref: str) -> StorageError:
+    reason = {errno.ENOSPC: "the disk is full", errno.EACCES: "it is not writable", errno.EROFS: "it is read-only"}
+    why = reason.get(error.errno or -1, error.strerror or str(error))
+    return StorageError(f"LoRA {ref!r} could not be stored in the Hub cache: {why}")

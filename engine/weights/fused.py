@@ -1,0 +1,144 @@
+"""The adapter set fused into the pipeline right now, and the one way it changes: swap, roll back, restore.
+
+`WeightPatcher` (engine.weights.swap) writes the weights and `TokenPatcher` (engine.formats.pivotal) the pivotal-tuning
+rows of the text encoders' embeddings; this class decides what they write, always both together, and
+remembers what is fused, for the scheduler's affinity, the status panel and a rollback after a failed
+request. Callers hold the engine's pipeline lock for `swap`, `rollback`, `restore_all` and for reading
+`tokenizers` (what a run of the fused set tokenizes with); the fused set is also read from other threads
+(status, the scheduler), so it is only touched under its own lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from engine.caches.store import AdapterStore
+from engine.formats.adapters import PreparedAdapter
+from engine.weights.swap import ActiveAdapter, WeightPatcher
+from engine.weights.tokens import TokenPatcher
+
+__all__ = ["FusedSet", "set_identity"]
+
+logger = logging.getLogger(__name__)
+
+_NOTHING_KEPT = object()
+
+
+def set_identity(adapters: Sequence[tuple[PreparedAdapter, float]]) -> Hashable:
+    """A set of (adapter, scale) as the scheduler compares them (equal identities: no swap)."""
+    return tuple(sorted((str(a.key), s) for a, s in adapters))
+
+
+class FusedSet:
+    def __init__(
+        self,
+        patcher: WeightPatcher,
+        tokens: TokenPatcher,
+        store: AdapterStore,
+        *,
+        per_call: bool,
+        device: torch.device,
+        on_swap: Callable[[float], None],
+    ) -> None:
+        self._patcher = patcher
+        self._tokens = tokens
+        self._store = store
+        # ZeroGPU: every call starts from the base and fuses its own set, so nothing stays fused.
+        self._per_call = per_call
+        self._device = device
+        self._on_swap = on_swap
+        self._lock = threading.Lock()
+        self._applied: tuple[ActiveAdapter, ...] = ()
+
+    @property
+    def applied(self) -> tuple[ActiveAdapter, ...]:
+        with self._lock:
+            return self._applied
+
+    @property
+    def tokenizers(self) -> Mapping[str, Any]:
+        """Pipeline attribute -> tokenizer that knows the fused set's pivotal tokens (empty: the base ones)."""
+        return self._tokens.tokenizers
+
+    @property
+    def pristine_bytes(self) -> int:
+        return self._patcher.pristine_bytes
+
+    def identity(self) -> Hashable:
+        """The fused set's identity, as `set_identity` gives it for a request (the scheduler's affinity)."""
+        if self._per_call:
+            return _NOTHING_KEPT  # every call re-applies its set: no request finds it fused
+        with self._lock:
+            return tuple(sorted((str(a.adapter.key), a.scale) for a in self._applied))
+
+    def swap(self, adapters: Sequence[tuple[PreparedAdapter, float]]) -> tuple[bool, float]:
+        """Fuse exactly this set (the base for none); returns (whether weights changed, seconds)."""
+        wanted = sorted(adapters, key=lambda item: (str(item[0].key), item[1]))
+        identity = tuple((a.key, s) for a, s in wanted)
+        previous = self.applied
+        if not self._per_call and identity == tuple((a.adapter.key, a.scale) for a in previous):
+            return False, 0.0
+        if not wanted and not self._patcher.dirty and not self._tokens.active:
+            return False, 0.0
+        started = time.perf_counter()
+        active = tuple(ActiveAdapter(self._store.for_compute(a), s) for a, s in wanted)
+        self._apply(active)
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        elapsed = time.perf_counter() - started
+        logger.info(
+            "swap %s -> %s: %d layers, tokens %s in %.1f ms",
+            _describe(previous),
+            _describe(active),
+            sum(len(a.adapter.layers) for a in active),
+            "".join(self._tokens.active) or "none",
+            elapsed * 1000,
+        )
+        self._set(active)
+        self._on_swap(elapsed)
+        return True, elapsed
+
+    def rollback(self, previous: tuple[ActiveAdapter, ...]) -> None:
+        """After a failed request: fuse what was served before it, or the base if even that fails."""
+        try:
+            self._apply(previous)
+            self._set(previous)
+        except BaseException:
+            logger.exception("could not re-apply %s after a failure; serving the base model", _describe(previous))
+            self.restore_all()
+
+    def after_call(self) -> None:
+        """ZeroGPU: a call leaves the base weights behind (the next one fuses its own set)."""
+        if self._per_call:
+            self.restore_all()
+
+    def restore_all(self) -> None:
+        """The base weights and embeddings back."""
+        self._patcher.restore_all()
+        self._tokens.restore()
+        self._set(())
+
+    def forget_pristine(self) -> None:
+        """Drop the pristine copies of clean weights (after `restore_all`: all of them), freeing their memory."""
+        self._patcher.forget_pristine()
+
+    def _apply(self, active: tuple[ActiveAdapter, ...]) -> None:
+        # Weights first, then the rows: a failure in either leaves it to the caller's rollback, which
+        # applies both again (TokenPatcher itself leaves the base rows behind when it fails).
+        self._patcher.apply(active)
+        self._tokens.apply(a.adapter.embeddings for a in active)
+
+    def _set(self, active: tuple[ActiveAdapter, ...]) -> None:
+        with self._lock:
+            self._applied = active
+        self._store.set_active(a.adapter.key for a in active)
+
+
+def _describe(active: tuple[ActiveAdapter, ...]) -> str:
+    return "[" + ", ".join(f"{a.adapter.key.name}×{a.scale:g}" for a in active) + "]"

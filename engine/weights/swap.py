@@ -1,0 +1,196 @@
+"""The swap: fuse a set of prepared adapters into the base weights, and take it out again exactly.
+
+Taking a set out never subtracts: every weight a set touched is copied back from
+a pristine copy made the first time that weight was touched, so the base is
+bit-exact after any number of swaps. Putting a set in writes each touched weight
+once, from its pristine value plus every update on it summed in float32
+(`engine.formats.layers.fuse`: one `addmm_` per plain LoRA layer, rounded once).
+
+Pristine copies live inside a byte budget: copies of weights that are clean (not
+fused right now) are dropped least recently used first to make room, and a set
+whose touched weights alone need more than the budget is refused before anything
+changes. A dropped copy is simply taken again, from the clean weight, the next
+time a set touches that weight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import LimitExceededError
+from engine.formats.adapters import PreparedAdapter
+from engine.formats.layers import LayerUpdate, Scratch, fuse
+
+__all__ = ["ActiveAdapter", "WeightPatcher"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ActiveAdapter:
+    """An adapter on the compute device, with the scale the request asked for."""
+
+    adapter: PreparedAdapter
+    scale: float
+
+
+class WeightPatcher:
+    """Owns the pristine copies and knows which weights currently differ from them.
+
+    `apply` and `restore_all` are called by one thread at a time (the engine's pipeline lock);
+    the pristine map is also read by status calls from other threads, so it is only touched under
+    `_lock`.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        pristine_device: torch.device,
+        *,
+        budget: int | None = None,
+        pin: bool | None = None,
+    ) -> None:
+        self._params = list(params)
+        self._pristine_device = pristine_device
+        self._budget = budget
+        # Pinned host copies make restores to the GPU asynchronous; ZeroGPU's main process must never pin.
+        self._pin = pin
+        self._lock = threading.Lock()
+        self._pristine: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._bytes = 0
+        self._dirty: set[int] = set()
+        self._scratch = Scratch()
+
+    @property
+    def dirty(self) -> frozenset[int]:
+        return frozenset(self._dirty)
+
+    @property
+    def pristine_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    @property
+    def pristine_count(self) -> int:
+        with self._lock:
+            return len(self._pristine)
+
+    @property
+    def budget(self) -> int | None:
+        return self._budget
+
+    @property
+    def scratch_bytes(self) -> int:
+        """float32 work buffers kept between swaps (about one largest touched weight, or a few with LyCORIS/DoRA)."""
+        return self._scratch.nbytes
+
+    @torch.no_grad()
+    def apply(self, active: Sequence[ActiveAdapter]) -> None:
+        """Make the weights equal base + the given set, whatever set was fused before.
+
+        A set that cannot fit the pristine budget is refused with nothing changed. On any
+        other failure the touched weights are restored to base before the error propagates,
+        so the caller can re-apply what it served before.
+        """
+        plan: dict[int, list[tuple[LayerUpdate, float]]] = {}
+        for item in active:
+            for layer in item.adapter.layers:
+                plan.setdefault(layer.target, []).append((layer, item.scale))
+        touched = set(plan)
+        self._check_budget(touched, active)
+        try:
+            # Weights the new set leaves alone go back to base; the touched ones are rewritten from base below.
+            stale = self._dirty - touched
+            self._restore(stale)
+            self._dirty -= stale
+            # A touched weight without a copy is clean (dirty weights always keep theirs): copy it as it is.
+            missing = sorted(touched - self._pristine_keys())
+            self._make_room(sum(self._params[i].nbytes for i in missing), keep=touched)
+            for index in missing:
+                copy = self._snapshot(self._params[index])
+                with self._lock:
+                    self._pristine[index] = copy
+                    self._bytes += copy.nbytes
+            with self._lock:
+                for index in touched:
+                    self._pristine.move_to_end(index)
+                bases = {index: self._pristine[index] for index in touched}
+            self._dirty = set(touched)
+            for index in sorted(plan):
+                weight, base = self._params[index], bases[index]
+                if base.device != weight.device:
+                    # Pristine copies kept in host memory: restore first, then the weight itself is the base.
+                    weight.copy_(base, non_blocking=True)
+                    base = weight
+                fuse(weight, base, plan[index], self._scratch)
+        except BaseException:
+            self.restore_all()
+            raise
+
+    @torch.no_grad()
+    def restore_all(self) -> None:
+        """Put every touched weight back to its pristine value."""
+        self._restore(self._dirty)
+        self._dirty = set()
+
+    def forget_pristine(self, keep: set[int] | None = None) -> None:
+        """Drop pristine copies of weights that are clean (to free memory)."""
+        keep = (keep or set()) | self._dirty
+        with self._lock:
+            for index in [i for i in self._pristine if i not in keep]:
+                self._bytes -= self._pristine.pop(index).nbytes
+        self._scratch.clear()
+
+    def pristine_copies(self, indices: Iterable[int]) -> dict[int, torch.Tensor]:
+        """The pristine copies of weights already touched, by index (shared, not copied: never write to them)."""
+        with self._lock:
+            return {index: self._pristine[index] for index in indices}
+
+    def _check_budget(self, touched: set[int], active: Sequence[ActiveAdapter]) -> None:
+        if self._budget is None:
+            return
+        need = sum(self._params[i].nbytes for i in touched)
+        if need > self._budget:
+            names = ", ".join(str(a.adapter.key) for a in active)
+            raise LimitExceededError(
+                f"the LoRA set [{names}] changes {need / 2**20:.1f} MiB of weights, more than the pristine-copy "
+                f"budget of {self._budget / 2**20:.1f} MiB; accepted: sets that touch at most PRISTINE_BYTES"
+            )
+
+    def _make_room(self, room: int, keep: set[int]) -> None:
+        """Drop least recently used copies of clean weights outside `keep` until `room` more bytes fit."""
+        if self._budget is None:
+            return
+        with self._lock:
+            for index in list(self._pristine):
+                if self._bytes + room <= self._budget:
+                    break
+                if index in keep or index in self._dirty:
+                    continue
+                self._bytes -= self._pristine.pop(index).nbytes
+            left = self._bytes
+        if room:
+            logger.debug("pristine copies: %d bytes kept, %d bytes to add", left, room)
+
+    def _pristine_keys(self) -> set[int]:
+        with self._lock:
+            return set(self._pristine)
+
+    def _restore(self, indices: set[int]) -> None:
+        with self._lock:
+            copies = [(i, self._pristine[i]) for i in sorted(indices)]
+        for index, copy in copies:
+            self._params[index].copy_(copy, non_blocking=True)
+
+    def _snapshot(self, weight: torch.Tensor) -> torch.Tensor:
+        copy = weight.detach().to(self._pristine_device, copy=True)
+        pin = self._pin if self._pin is not None else weight.device.type == "cuda"
+        if self._pristine_device.type == "cpu" and pin:
+            copy = copy.pin_memory()
+        return copy

@@ -1,0 +1,1 @@
+"""Where generation happens: this process's pools (`local`) or a Ray Serve cluster (`remote`)."""

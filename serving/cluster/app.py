@@ -1,0 +1,105 @@
+"""LoRA Switchboard past one GPU: a Ray Serve application with one deployment per base-model pool.
+
+    pip install -r requirements-ray.txt
+    ray start --head                        # or a cluster from docs/cluster.md
+    MODEL_ID=stabilityai/stable-diffusion-xl-base-1.0 CLUSTER_REPLICAS=5 serve run serving.cluster.app:app
+    python -m serving.cluster.app               # the same, from the environment, until Ctrl-C
+
+The ingress (`serving.cluster.ingress`) answers the Space's HTTP contract; each pool's replicas
+(`serving.cluster.replica`) run the Space's engine, with the request's adapter set as Serve's multiplexed
+model id, so requests for a LoRA go where it is already prepared. The shape comes from the settings:
+`CLUSTER_REPLICAS` per pool, `CLUSTER_MAX_ONGOING` requests per replica, `CLUSTER_ADAPTER_SETS` sets
+held per replica, `CLUSTER_GPUS_PER_REPLICA` (0 for CPU replicas).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ray import serve
+from ray.serve import Application
+
+from engine.settings import Settings
+from serving.cluster.ingress import Ingress
+from serving.cluster.replica import PoolReplica
+
+__all__ = ["PoolSpec", "app", "build_app", "deployment_name", "local_cluster", "main", "pool_specs"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One pool: the model its replicas load and the base its LoRAs are checked against."""
+
+    model_id: str
+    base_model_id: str
+
+
+def pool_specs(settings: Settings) -> tuple[PoolSpec, ...]:
+    """The pools to deploy, the default first (`MODELS`, or MODEL_ID as one pool); one deployment each."""
+    return tuple(PoolSpec(p.model_id, p.base_model_id) for p in settings.pool_settings)
+
+
+def build_app(settings: Settings) -> Application:
+    """The Serve application for `settings`; nothing is loaded until Serve starts the replicas."""
+    pools = []
+    for spec in pool_specs(settings):
+        deployment = serve.deployment(
+            name=deployment_name(spec.base_model_id),
+            num_replicas=settings.cluster_replicas,
+            max_ongoing_requests=settings.cluster_max_ongoing,
+            ray_actor_options={"num_cpus": 0, "num_gpus": settings.cluster_gpus_per_replica},
+        )(PoolReplica)
+        pool_settings = settings.replace(model_id=spec.model_id, base_model_id=spec.base_model_id)
+        pools.append((spec.model_id, spec.base_model_id, deployment.bind(pool_settings, settings.cluster_adapter_sets)))
+    # The ingress only parses and forwards; the default of 5 ongoing requests would queue work it can pass on.
+    ingress = serve.deployment(name="ingress", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})(Ingress)
+    return ingress.bind(pools)
+
+
+@contextmanager
+def local_cluster(settings: Settings, *, port: int, num_cpus: int = 2, name: str = "switchboard") -> Iterator[str]:
+    """Start Ray on this machine, deploy `build_app(settings)` on `port`, yield its URL; shut all down after.
+
+    For tests and benchmarks: worker processes get this repository on their path, and the Hub variables
+    of this process (a stand-in Hub's endpoint), since Ray starts them from its own daemon.
+    """
+    import ray
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if k.startswith(("HF_", "OMP_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env})
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(settings), name=name, route_prefix="/")
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def deployment_name(base_model_id: str) -> str:
+    """A pool's deployment name: its base id with what Serve does not accept in names replaced."""
+    return "pool-" + re.sub(r"[^A-Za-z0-9_-]+", "-", base_model_id).strip("-")
+
+
+def main() -> None:
+    settings = Settings.from_env(os.environ)
+    logging.basicConfig(level=settings.log_level_number, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logger.info("deploying %d pool(s) of %d replica(s)", len(pool_specs(settings)), settings.cluster_replicas)
+    serve.run(build_app(settings), blocking=True)
+
+
+# `serve run serving.cluster.app:app` imports this: the settings are read now, nothing is loaded or downloaded.
+app = build_app(Settings.from_env(os.environ))
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""One pool's replica on Ray Serve: the Space's engine on one device, its adapter sets multiplexed by Serve.
+
+The multiplexed model id is a request's adapter set (`wire.adapter_set_id`). Serve keeps an LRU of
+`CLUSTER_ADAPTER_SETS` ids per replica and routes a request to a replica holding its id; here each id is an
+`AdapterPin`: while Serve holds it, the engine keeps the set's prepared adapters cached (a lease), and when
+Serve evicts it (calling `__del__`), the engine lets them go, so the engine's cache and Serve's LRU hold the
+same adapters and a "hit" in `X-Lora-Cache` means what Serve's routing thinks it means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import torch
+from ray import serve
+
+from engine.errors import SwitchboardError
+from engine.formats.adapters import AdapterKey
+from engine.pipeline.loading import load_pipeline
+from engine.pools.engine import Engine
+from engine.pools.pools import lora_origin, pool_info
+from engine.pools.routing import LoraOrigin, PoolInfo
+from engine.prepare.resolve import AdapterResolver
+from engine.settings import Settings
+from lora_catalog.hub import HubSource
+from serving.cluster.wire import encode_png, request_from_json, result_to_json, spec_from_json
+from serving.errors import json_error
+from serving.http.api import encode_image, result_headers
+
+__all__ = ["WIRE", "AdapterPin", "Answer", "PoolReplica", "weights_digest"]
+
+logger = logging.getLogger(__name__)
+
+# The answer form of the Space's runner (`POST /v1/generate`): JSON with a PNG, rather than a media type.
+WIRE = "application/json"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer made on the replica (the image is encoded where it was made), passed on by the ingress."""
+
+    status: int
+    media_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class AdapterPin:
+    """Serve's model object for one adapter set: holds the set's adapters in the engine's cache until evicted."""
+
+    def __init__(self, engine: Engine, set_id: str) -> None:
+        self._engine = engine
+        self.set_id = set_id
+        self._lock = threading.Lock()
+        self._keys: tuple[AdapterKey, ...] = ()
+
+    def hold(self, keys: tuple[AdapterKey, ...]) -> None:
+        """Hold these keys (the set as its request resolved it); a revision that moved swaps the old ones out."""
+        with self._lock:
+            if keys == self._keys:
+                return
+            old, self._keys = self._keys, keys
+        self._engine.hold(keys)
+        if old:
+            self._engine.let_go(old)
+
+    def __del__(self) -> None:
+        # Serve calls this on eviction, and Python again at collection: only the first lets go.
+        with self._lock:
+            keys, self._keys = self._keys, ()
+        if keys:
+            logger.info("adapter set %s evicted by Serve; releasing %d adapters", self.set_id, len(keys))
+            self._engine.let_go(keys)
+
+
+class PoolReplica:
+    """A deployment's replica: one engine over one base model (bound by `serving.cluster.app.build_app`)."""
+
+    def __init__(self, settings: Settings, adapter_sets: int) -> None:
+        logging.basicConfig(level=settings.log_level_number)
+        loaded = load_pipeline(settings, warm=not settings.zero_gpu)
+        hub = HubSource(token=settings.hf_token, timeout_s=settings.hub_timeout_s)
+        resolver = AdapterResolver(
+            hub,
+            local_dir=settings.local_lora_dir,
+            token=settings.hf_token,
+            max_bytes=settings.max_adapter_bytes,
+            timeout_s=settings.hub_timeout_s,
+        )
+        self._engine = Engine(loaded, settings, resolver)
+        self._replica = serve.get_replica_context().replica_id.unique_id
+
+        async def pin(set_id: str) -> AdapterPin:
+            return AdapterPin(self._engine, set_id)
+
+        # Wired here, not as a decorated method, so the capacity is a setting; Serve detects it on the instance.
+        self._pin: Callable[[str], Awaitable[AdapterPin]] = serve.multiplexed(max_num_models_per_replica=adapter_sets)(
+            pin
+        )
+        logger.info("replica %s serves %s with %d adapter sets", self._replica, settings.model_id, adapter_sets)
+
+    async def generate(self, document: dict, media_type: str) -> Answer:
+        """Generate one request; errors of the tree become their JSON answer, anything else propagates."""
+        cancel = threading.Event()
+        try:
+            request = request_from_json(document)
+            set_id = serve.get_multiplexed_model_id()
+            pin = await self._pin(set_id) if set_id else None
+            return await asyncio.to_thread(self._generate, request, pin, media_type, cancel)
+        except SwitchboardError as e:
+            # The very bytes the Space answers with.
+            error = json_error(e)
+            return Answer(error.status_code, WIRE, bytes(error.body))
+        except asyncio.CancelledError:
+            # The caller went away (Serve cancels the call): the engine stops at its next step.
+            cancel.set()
+            raise
+
+    def _generate(self, request, pin: AdapterPin | None, media_type: str, cancel: threading.Event) -> Answer:
+        with self._engine.prepare(request) as prepared:
+            if pin is not None:
+                pin.hold(tuple(adapter.key for adapter, _ in prepared.adapters))
+            result = self._engine.run(prepared, cancel=cancel)
+        headers = {**result_headers(result), "X-Replica": self._replica}
+        if media_type == WIRE:
+            body = _json({"image": encode_png(result.image), "result": result_to_json(result)})
+        else:
+            body = encode_image(result.image, media_type)
+        return Answer(200, media_type, body, tuple(headers.items()))
+
+    async def describe(self, what: str, document: dict) -> Answer:
+        """The Space's other engine calls, as JSON: `info` (defaults, ids), `status`, `check` (one LoRA)."""
+        try:
+            if what == "check":
+                spec = spec_from_json(document)
+                found: object = await asyncio.to_thread(self._engine.check_lora, spec)
+            elif what == "status":
+                found = self._engine.status()
+            else:
+                loaded = self._engine.loaded
+                found = {
+                    "model_id": loaded.model_id,
+                    "base_model_id": loaded.base_model_id,
+                    "defaults": loaded.defaults,
+                }
+        except SwitchboardError as e:
+            error = json_error(e)
+            return Answer(error.status_code, WIRE, bytes(error.body))
+        return Answer(200, WIRE, _json(_plain(found)))
+
+    async def info(self) -> PoolInfo:
+        """What the ingress routes by: this pool's base, family and widths."""
+        return pool_info(self._engine)
+
+    async def origin(self, document: dict) -> LoraOrigin | Answer:
+        """What one LoRA says of its base (card, metadata, shapes), for the ingress's routing; or its error."""
+        try:
+            spec = spec_from_json(document)
+            resolver = self._engine.resolver
+            return await asyncio.to_thread(lambda: lora_origin(resolver, resolver.locate(spec)))
+        except SwitchboardError as e:
+            error = json_error(e)
+            return Answer(error.status_code, WIRE, bytes(error.body))
+
+    async def weights(self) -> tuple[str, str, tuple[str, ...]]:
+        """(replica id, SHA-256 of every weight with the base restored, adapters cached): for the tests."""
+        return await asyncio.to_thread(self._weights)
+
+    def _weights(self) -> tuple[str, str, tuple[str, ...]]:
+        self._engine.close()  # puts the base back under the engine's lock; the next request re-applies its set
+        cached = tuple(str(c.key) for c in self._engine.status().cached)
+        return self._replica, weights_digest(self._engine.loaded.pipe), cached
+
+
+def weights_digest(pipe: object) -> str:
+    """SHA-256 over every weight's name and bytes: equal digests are bit-exact weights."""
+    digest = hashlib.sha256()
+    for name in ("unet", "text_encoder", "text_encoder_2", "vae"):
+        for key, value in sorted(getattr(pipe, name).state_dict().items()):
+            digest.update(key.encode())
+            digest.update(value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _plain(value: object) -> object:
+    """Dataclasses as JSON-ready dicts (asdict recurses into AdapterKey and ModelDefaults too)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _json(document: object) -> bytes:
+    return json.dumps(document).encode()

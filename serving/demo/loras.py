@@ -1,0 +1,303 @@
+"""The offline demo's LoRAs: synthetic LoRAs for the tiny pipelines, made locally, with previews.
+
+When neither a GPU nor the Hub is at hand the Space serves the tiny random-weight
+SDXL and SD 1.5 pipelines, and the catalogue needs LoRAs that fit each. These are random low-rank
+factors (see `serving.demo.synthetic`) saved as ordinary local LoRA files, with the
+ModelSpec metadata the local catalogue source reads (title, trigger phrase,
+license), and a preview rendered by the tiny pipeline with that LoRA, saved
+next to it as `<stem>.png`. Files are written once; a marker records the format,
+so a changed set is rewritten instead of mixed with the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from PIL import Image
+
+from engine.pipeline.loading import Pipeline
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID
+from serving.demo.synthetic import (
+    TEXT_ATTENTION,
+    UNET_ATTENTION,
+    UNET_ATTENTION_FF_CONV,
+    KohyaNames,
+    find_targets,
+    kohya_metadata,
+    make_lora,
+    peft_metadata,
+    save_lora,
+)
+
+__all__ = [
+    "DEMO_LORAS",
+    "DEMO_SD15_LORAS",
+    "PREVIEW_PROMPT",
+    "DemoLora",
+    "demo_loras",
+    "ensure_demo_loras",
+    "render_previews",
+]
+
+logger = logging.getLogger(__name__)
+
+_FORMAT = 2
+_MARKER = "switchboard_demo.json"
+_ARCHITECTURES = {DEFAULT_MODEL_ID: "stable-diffusion-xl-v1-base/lora", SD15_MODEL_ID: "stable-diffusion-v1/lora"}
+_KOHYA_VERSIONS = {DEFAULT_MODEL_ID: "sdxl_base_v1-0", SD15_MODEL_ID: "sd_v1"}
+
+
+class Generates(Protocol):
+    """An engine or a GpuRunner: anything that turns a request into an image."""
+
+    def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+
+PREVIEW_PROMPT = "a fox in a forest at sunset"
+_PREVIEW_SEED = 7
+# Previews are upscaled with NEAREST so the gallery shows the model's own pixels, not a blur of them.
+_PREVIEW_SIDE = 256
+
+
+@dataclass(frozen=True)
+class DemoLora:
+    """One demo LoRA: how it is made and what its metadata says."""
+
+    stem: str
+    title: str
+    trigger: str
+    license: str
+    description: str
+    fmt: Literal["peft", "kohya"]
+    seed: int
+    strength: float
+    rank: int = 4
+    text_encoders: bool = False
+    conv: bool = False
+    base: str = DEFAULT_MODEL_ID
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.stem}.safetensors"
+
+    @property
+    def ref(self) -> str:
+        return f"local:{self.file_name}"
+
+
+DEMO_LORAS: tuple[DemoLora, ...] = (
+    DemoLora(
+        "ember_glaze",
+        "Ember Glaze",
+        "ember style",
+        "openrail++",
+        "Warm, kiln-fired noise.",
+        "kohya",
+        seed=101,
+        strength=3.0,
+        conv=True,
+    ),
+    DemoLora(
+        "tidepool",
+        "Tidepool",
+        "tidepool",
+        "cc-by-4.0",
+        "Cool ripples; adapts both text encoders too.",
+        "peft",
+        seed=102,
+        strength=3.0,
+        text_encoders=True,
+    ),
+    DemoLora(
+        "neon_static",
+        "Neon Static",
+        "neon static",
+        "cc-by-nc-4.0",
+        "Non-commercial, to show the licence badge.",
+        "kohya",
+        seed=103,
+        strength=5.0,
+    ),
+    DemoLora(
+        "moss_and_stone",
+        "Moss & Stone",
+        "mossy",
+        "apache-2.0",
+        "A gentle, low-strength nudge.",
+        "peft",
+        seed=104,
+        strength=2.0,
+    ),
+    DemoLora(
+        "pixel_drift",
+        "Pixel Drift",
+        "pxdrift",
+        "mit",
+        "Strong, rank 8, with conv layers.",
+        "kohya",
+        seed=105,
+        strength=6.0,
+        rank=8,
+        conv=True,
+    ),
+    DemoLora(
+        "aurora_veil",
+        "Aurora Veil",
+        "aurora veil",
+        "cc-by-nc-sa-4.0",
+        "Another non-commercial one.",
+        "peft",
+        seed=106,
+        strength=4.0,
+        text_encoders=True,
+    ),
+)
+
+
+DEMO_SD15_LORAS: tuple[DemoLora, ...] = (
+    DemoLora(
+        "dusty_rose",
+        "Dusty Rose",
+        "dusty rose",
+        "openrail",
+        "SD 1.5, kohya naming with conv layers and the text encoder (lora_te_).",
+        "kohya",
+        seed=201,
+        strength=3.0,
+        text_encoders=True,
+        conv=True,
+        base=SD15_MODEL_ID,
+    ),
+    DemoLora(
+        "lantern_glow",
+        "Lantern Glow",
+        "lantern glow",
+        "cc-by-4.0",
+        "SD 1.5, diffusers/PEFT naming.",
+        "peft",
+        seed=202,
+        strength=4.0,
+        base=SD15_MODEL_ID,
+    ),
+    DemoLora(
+        "cobalt_ink",
+        "Cobalt Ink",
+        "cobalt ink",
+        "cc-by-nc-4.0",
+        "SD 1.5, non-commercial.",
+        "kohya",
+        seed=203,
+        strength=5.0,
+        base=SD15_MODEL_ID,
+    ),
+)
+
+
+def demo_loras(served: tuple[str, ...] = (DEFAULT_MODEL_ID,)) -> tuple[DemoLora, ...]:
+    """The demo LoRAs for the served bases."""
+    return tuple(lora for lora in (*DEMO_LORAS, *DEMO_SD15_LORAS) if lora.base in served)
+
+
+def ensure_demo_loras(folder: Path, pipes: Mapping[str, Pipeline] | Pipeline) -> tuple[Path, ...]:
+    """Write the demo LoRA files for the tiny pipelines into `folder`, once; returns their paths.
+
+    `pipes` maps each served base repo id to its pipeline; a lone pipeline is the tiny SDXL one.
+    """
+    by_base = dict(pipes) if isinstance(pipes, Mapping) else {DEFAULT_MODEL_ID: pipes}
+    loras = demo_loras(tuple(by_base))
+    folder = Path(folder)
+    marker = folder / _MARKER
+    wanted = {"format": _FORMAT, "loras": [lora.stem for lora in loras]}
+    paths = tuple(folder / lora.file_name for lora in loras)
+    if _read_marker(marker) == wanted and all(p.is_file() for p in paths):
+        return paths
+    folder.mkdir(parents=True, exist_ok=True)
+    logger.info("writing %d demo LoRAs to %s", len(loras), folder)
+    for lora, path in zip(loras, paths, strict=True):
+        tensors, metadata = _make(lora, by_base[lora.base])
+        _write_atomically(path, tensors, metadata | _modelspec(lora))
+        # A preview of an older version of this LoRA would lie about it.
+        path.with_suffix(".png").unlink(missing_ok=True)
+    marker.write_text(json.dumps(wanted))
+    return paths
+
+
+def _make(lora: DemoLora, pipe: Pipeline) -> tuple[dict[str, object], dict[str, str]]:
+    encoders = [c for c in ("text_encoder", "text_encoder_2") if getattr(pipe, c, None) is not None]
+    components = {c: getattr(pipe, c) for c in ("unet", *encoders)}
+    patterns: dict[str, tuple[str, ...]] = {"unet": UNET_ATTENTION_FF_CONV if lora.conv else UNET_ATTENTION}
+    if lora.text_encoders:
+        patterns |= dict.fromkeys(encoders, TEXT_ATTENTION)
+    targets = find_targets(components, patterns)
+    names: KohyaNames = "sdxl" if lora.base == DEFAULT_MODEL_ID else "sd1"
+    tensors = make_lora(
+        targets, rank=lora.rank, seed=lora.seed, fmt=lora.fmt, strength=lora.strength, kohya_names=names
+    )
+    if lora.fmt == "kohya":
+        base_version = _KOHYA_VERSIONS[lora.base]
+        metadata = kohya_metadata(dim=lora.rank, alpha=float(lora.rank), title=lora.title, base_version=base_version)
+    else:
+        metadata = peft_metadata(targets, rank=lora.rank, alpha=float(lora.rank))
+    return dict(tensors), metadata
+
+
+def render_previews(engine: Generates, folder: Path, *, stop: threading.Event | None = None) -> int:
+    """Render `<stem>.png` for each demo LoRA in `folder` that has none, until `stop` is set; returns how many."""
+    folder = Path(folder)
+    made = 0
+    for lora in (*DEMO_LORAS, *DEMO_SD15_LORAS):
+        target = folder / f"{lora.stem}.png"
+        if stop is not None and stop.is_set():
+            break
+        if target.is_file() or not (folder / lora.file_name).is_file():
+            continue
+        request = GenerateRequest(
+            prompt=f"{lora.trigger}, {PREVIEW_PROMPT}", loras=(LoraSpec(lora.ref),), seed=_PREVIEW_SEED
+        )
+        result = engine.generate(request)
+        image = result.image.resize((_PREVIEW_SIDE, _PREVIEW_SIDE), Image.Resampling.NEAREST)
+        temp = target.with_name(f".{target.name}.tmp")
+        image.save(temp, format="PNG")
+        os.replace(temp, target)
+        made += 1
+    if made:
+        logger.info("rendered %d demo previews in %s", made, folder)
+    return made
+
+
+def _modelspec(lora: DemoLora) -> dict[str, str]:
+    return {
+        "modelspec.architecture": _ARCHITECTURES[lora.base],
+        "modelspec.title": lora.title,
+        "modelspec.trigger_phrase": lora.trigger,
+        "modelspec.license": lora.license,
+        "modelspec.description": f"{lora.description} A synthetic demo LoRA for a tiny offline pipeline.",
+        "modelspec.tags": "demo, synthetic",
+    }
+
+
+def _write_atomically(path: Path, tensors: Mapping[str, object], metadata: Mapping[str, str]) -> None:
+    fd, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_lora(Path(temp), tensors, metadata)  # type: ignore[arg-type]
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _read_marker(marker: Path) -> object:
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None

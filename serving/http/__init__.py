@@ -1,0 +1,1 @@
+"""HTTP beside the UI: `POST /` shaped like the inference API (`api`), and Prometheus metrics (`metrics`)."""

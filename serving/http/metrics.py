@@ -1,0 +1,184 @@
+"""`GET /metrics`: the engine's events and levels in Prometheus' text format, through `prometheus_client`.
+
+Off unless `METRICS=1` (a public Space would publish these numbers to anyone). One `Metrics` per app,
+each with its own `CollectorRegistry` rather than the process-wide default, so tests and several apps in
+one process never share or clash over series.
+
+Counts and durations are pushed by the engine's events (`engine.events`, an observer this module
+implements); levels — queue length, bytes per cache tier, adapters cached and fused — are read from the
+engines when scraped, so they are never stale and nothing has to keep them in step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import anyio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from engine.events import Tier
+
+if TYPE_CHECKING:
+    from engine.pools.engine import Engine
+
+__all__ = ["PREFIX", "TRANSPORTS", "Metrics"]
+
+PREFIX = "switchboard"
+# Label values of `requests_total{transport}`: the HTTP endpoint, the UI's button, gradio_client's named API.
+TRANSPORTS = ("http", "ui", "gradio_api")
+TIERS: tuple[Tier, ...] = ("host", "device")
+# Seconds. Swaps are milliseconds (one addmm_ per layer); downloads and inference are seconds to minutes.
+_SWAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_SLOW_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    """The app's metrics: an engine observer plus a scrape-time collector, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._engines: tuple[Engine, ...] = ()
+        self._lock = threading.Lock()
+        registry = self.registry
+        self._requests = Counter(
+            f"{PREFIX}_requests",
+            "Generation requests answered, by transport and HTTP status (499: the client went away).",
+            ["transport", "status"],
+            registry=registry,
+        )
+        self._queue_wait = Histogram(
+            f"{PREFIX}_queue_wait_seconds",
+            "Time a request waited for the pipeline.",
+            buckets=_SLOW_BUCKETS,
+            registry=registry,
+        )
+        self._prepare = Histogram(
+            f"{PREFIX}_prepare_seconds",
+            "Time to make a request's LoRAs ready (resolve; on a miss download, convert, cache).",
+            buckets=_SLOW_BUCKETS,
+            registry=registry,
+        )
+        self._swap = Histogram(
+            f"{PREFIX}_swap_seconds",
+            "Time of one swap of the fused adapter set.",
+            buckets=_SWAP_BUCKETS,
+            registry=registry,
+        )
+        self._inference = Histogram(
+            f"{PREFIX}_inference_seconds",
+            "Time the pipeline spent generating one image.",
+            buckets=_SLOW_BUCKETS,
+            registry=registry,
+        )
+        self._hits = Counter(f"{PREFIX}_cache_hits", "Adapter cache hits, by tier.", ["tier"], registry=registry)
+        self._misses = Counter(f"{PREFIX}_cache_misses", "Adapter cache misses, by tier.", ["tier"], registry=registry)
+        self._evictions = Counter(
+            f"{PREFIX}_cache_evictions", "Adapters evicted to make room, by tier.", ["tier"], registry=registry
+        )
+        self._evicted_bytes = Counter(
+            f"{PREFIX}_cache_evicted_bytes", "Bytes evicted to make room, by tier.", ["tier"], registry=registry
+        )
+        self._hub_errors = Counter(
+            f"{PREFIX}_hub_errors",
+            "Failures talking to the Hugging Face Hub while preparing LoRAs, by error class.",
+            ["error_type"],
+            registry=registry,
+        )
+        for tier in TIERS:
+            # Present at zero from the start, so a rate() over the first scrapes is not empty.
+            for counter in (self._hits, self._misses, self._evictions, self._evicted_bytes):
+                counter.labels(tier=tier)
+        registry.register(_Levels(self))
+
+    # -- wiring ----------------------------------------------------------------------------------
+
+    def watch(self, engine: Engine) -> None:
+        """Count `engine`'s events and report its levels (several engines' levels are summed)."""
+        engine.events.subscribe(self)
+        with self._lock:
+            self._engines = (*self._engines, engine)
+
+    def engines(self) -> tuple[Engine, ...]:
+        with self._lock:
+            return self._engines
+
+    def routes(self) -> list[BaseRoute]:
+        """`GET /metrics`, answered in the format the scraper asks for (Prometheus text or OpenMetrics)."""
+
+        async def metrics(request: Request) -> Response:
+            encode, media_type = choose_encoder(request.headers.get("accept", ""))
+            # Scraping reads the engines' state under their locks: off the event loop.
+            body = await anyio.to_thread.run_sync(encode, self.registry)
+            return Response(body, headers={"Content-Type": media_type})
+
+        return [Route("/metrics", metrics, methods=["GET"], name="metrics")]
+
+    # -- engine events (engine.events.EngineObserver) ------------------------------------------------
+
+    def request_done(self, transport: str, status: int) -> None:
+        self._requests.labels(transport=transport, status=str(status)).inc()
+
+    def queue_waited(self, seconds: float) -> None:
+        self._queue_wait.observe(seconds)
+
+    def prepared(self, seconds: float) -> None:
+        self._prepare.observe(seconds)
+
+    def swapped(self, seconds: float) -> None:
+        self._swap.observe(seconds)
+
+    def inferred(self, seconds: float) -> None:
+        self._inference.observe(seconds)
+
+    def cache_lookup(self, tier: Tier, hit: bool) -> None:
+        (self._hits if hit else self._misses).labels(tier=tier).inc()
+
+    def evicted(self, tier: Tier, nbytes: int) -> None:
+        self._evictions.labels(tier=tier).inc()
+        self._evicted_bytes.labels(tier=tier).inc(nbytes)
+
+    def hub_error(self, error_type: str) -> None:
+        self._hub_errors.labels(error_type=error_type).inc()
+
+
+class _Levels:
+    """Gauges read from the engines at scrape time (a custom collector, as prometheus_client suggests)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        # Names only, so registering does not read engine state.
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        engines = self._metrics.engines()
+        statuses = [engine.status() for engine in engines]
+        queue, cached, active, cache_bytes, budget = self._families()
+        queue.add_metric([], sum(engine.waiting for engine in engines))
+        cached.add_metric([], sum(len(s.cached) for s in statuses))
+        active.add_metric([], sum(len(s.applied) for s in statuses))
+        cache_bytes.add_metric(["host"], sum(s.host_bytes for s in statuses))
+        cache_bytes.add_metric(["device"], sum(s.device_bytes for s in statuses))
+        budget.add_metric(["host"], sum(s.host_budget for s in statuses))
+        budget.add_metric(["device"], sum(s.device_budget for s in statuses))
+        yield from (queue, cached, active, cache_bytes, budget)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        return (
+            GaugeMetricFamily(
+                f"{PREFIX}_queue_length", "Requests waiting for the pipeline now (the running one excluded)."
+            ),
+            GaugeMetricFamily(f"{PREFIX}_cached_adapters", "Adapters in the host cache now."),
+            GaugeMetricFamily(f"{PREFIX}_active_adapters", "Adapters fused into the served weights now."),
+            GaugeMetricFamily(f"{PREFIX}_cache_bytes", "Bytes held by each adapter cache tier now.", labels=["tier"]),
+            GaugeMetricFamily(f"{PREFIX}_cache_budget_bytes", "Byte budget of each cache tier.", labels=["tier"]),
+        )

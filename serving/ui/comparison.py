@@ -1,0 +1,105 @@
+"""A comparison as the UI and the API take and show it: form fields in, info JSON and a timing table out.
+
+Pure functions, no Gradio, like `serving.ui.formatting` (whose helpers they share).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from typing import Any
+
+from engine.compare import CompareRequest, CompareResult
+from engine.errors import InvalidRequestError
+from engine.requests import LoraSpec
+from serving.ui.formatting import result_info, seconds, seed_value
+
+__all__ = ["compare_html", "compare_info", "compare_request"]
+
+
+def compare_request(
+    prompt: str,
+    negative_prompt: str | None,
+    loras: str | None,
+    scales: str | None,
+    include_base: object,
+    steps: float | None,
+    guidance: float | None,
+    width: float | None,
+    height: float | None,
+    seed: float | None,
+) -> CompareRequest:
+    """A comparison from form fields: LoRAs one per line (or comma-separated), scales as a list of numbers.
+
+    No scale: each LoRA at 1. One scale: every LoRA at it. One per LoRA: each its own. Several scales for a
+    single LoRA: a sweep, one cell per scale.
+    """
+    refs = [r.strip() for r in re.split(r"[,\n]", loras or "") if r.strip()]
+    values = [_scale(token) for token in re.split(r"[,;\s]+", (scales or "").strip()) if token]
+    if not isinstance(include_base, bool):
+        raise InvalidRequestError(f"include_base={include_base!r} is not accepted; accepted: true or false")
+    sweep: tuple[float, ...] = ()
+    if len(refs) == 1 and len(values) > 1:
+        sweep, per_lora = tuple(values), [1.0]
+    elif not values:
+        per_lora = [1.0] * len(refs)
+    elif len(values) == 1:
+        per_lora = values * len(refs)
+    elif len(values) == len(refs):
+        per_lora = values
+    else:
+        raise InvalidRequestError(
+            f"{len(values)} scales for {len(refs)} LoRAs; accepted: no scale (each at 1), one scale for all, "
+            "one scale per LoRA, or several scales for a single LoRA (a sweep)"
+        )
+    return CompareRequest(
+        prompt=prompt,
+        negative_prompt=negative_prompt or "",
+        loras=tuple(LoraSpec(ref, scale) for ref, scale in zip(refs, per_lora, strict=False)),
+        scales=sweep,
+        include_base=include_base,
+        # Passed as given: the engine refuses a non-integer by name rather than rounding it here.
+        steps=steps,  # type: ignore[arg-type]
+        guidance=guidance,
+        width=width,  # type: ignore[arg-type]
+        height=height,  # type: ignore[arg-type]
+        seed=seed_value(seed),  # type: ignore[arg-type]
+    )
+
+
+def _scale(token: str) -> float:
+    try:
+        value = float(token)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise InvalidRequestError(
+            f"scale {token!r} is not a number; accepted: numbers from -2 to 2 separated by commas, e.g. 0, 0.5, 1"
+        )
+    return value
+
+
+def compare_info(result: CompareResult) -> dict[str, Any]:
+    """The API's description of a comparison: the shared seed, and each cell's label and result info."""
+    return {
+        "seed": result.seed,
+        "labels": list(result.labels),
+        "cells": [{"label": label, **result_info(r)} for label, r in zip(result.labels, result.results, strict=True)],
+        "total_s": result.total_s,
+    }
+
+
+def compare_html(result: CompareResult) -> str:
+    """One line per cell (label, swap and inference time), and the shared seed."""
+    request = result.results[0].request
+    rows = "".join(
+        f"<tr><td>{html.escape(label)}</td><td>swap {seconds(r.timings.apply)}</td>"
+        f"<td>inference {seconds(r.timings.inference)}</td></tr>"
+        for label, r in zip(result.labels, result.results, strict=True)
+    )
+    return (
+        f'<div class="result-info"><p><b>Seed</b> <code>{result.seed}</code> · {request.width} × {request.height} · '
+        f"{request.steps} steps · guidance {request.guidance:g} · {len(result.results)} cells in "
+        f"{seconds(result.total_s)}</p><table class='timing'>{rows}</table></div>"
+    )

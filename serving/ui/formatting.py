@@ -1,0 +1,353 @@
+"""What the UI shows, as text: LoRA cards, result timings, engine status, API snippets; and input parsing.
+
+Pure functions, no Gradio: `app.py` wires them to components, tests call them directly.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image, ImageDraw
+
+from engine.errors import InvalidRequestError
+from engine.requests import GenerateResult, LoraSpec, ModelDefaults
+from lora_catalog.bases import KNOWN_BASES, family_of_base
+from lora_catalog.entries import LoraEntry
+
+if TYPE_CHECKING:
+    from engine.pools.engine import EngineStatus, LoraCheck
+    from engine.pools.scheduler import QueueView
+
+__all__ = [
+    "APP_CSS",
+    "api_snippets",
+    "base_choices",
+    "base_url",
+    "check_info",
+    "entry_card",
+    "error_card",
+    "insert_trigger",
+    "lora_spec",
+    "parse_size",
+    "placeholder_image",
+    "preview_html",
+    "queue_text",
+    "readiness_html",
+    "result_html",
+    "result_info",
+    "seconds",
+    "seed_value",
+    "size_presets",
+    "status_markdown",
+]
+
+_SDXL_SIZES = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
+_SMALL_SIZES = ((64, 64), (128, 128), (256, 256), (128, 64), (64, 128), (256, 128), (128, 256))
+_MIB = 2**20
+
+APP_CSS = """
+.banner { border: 2px solid #f59e0b; background: #fffbeb; color: #78350f; border-radius: 12px; padding: 10px 16px; }
+.banner p { margin: 0; color: #78350f; }
+.hero h1 { margin-bottom: 0; }
+.hero p { margin-top: 2px; opacity: .8; }
+.lora-card { border: 1px solid var(--border-color-primary); border-radius: 12px; padding: 12px 14px; }
+.lora-card h3 { margin: 0 0 2px 0; }
+.lora-card p { margin: 6px 0; }
+.lora-card .ref { font-family: var(--font-mono); font-size: .85em; opacity: .7; }
+.badge { display: inline-block; border-radius: 999px; padding: 1px 9px; font-size: .8em; font-weight: 600;
+         margin-right: 4px; background: var(--neutral-100); color: var(--neutral-700); }
+.badge.nc { background: #fee2e2; color: #991b1b; }
+.badge.ok { background: #dcfce7; color: #166534; }
+.chip { display: inline-block; font-family: var(--font-mono); background: var(--primary-100);
+        color: var(--primary-800); border-radius: 6px; padding: 0 6px; margin: 2px 4px 2px 0; }
+.lora-error { border: 1px solid #fca5a5; background: #fef2f2; color: #991b1b; border-radius: 12px;
+              padding: 10px 14px; }
+#result-info table.timing, #compare-info table.timing { width: 100%; border-collapse: collapse; border: none;
+                                                        margin: 4px 0; }
+#result-info table.timing tr, #result-info table.timing td, #compare-info table.timing tr,
+#compare-info table.timing td { border: none !important; background: none !important; }
+#result-info table.timing td, #compare-info table.timing td { padding: 2px 10px 2px 0; white-space: nowrap; }
+#compare-cells .grid-wrap { min-height: 0 !important; }
+#result-info .bar { height: 8px; border-radius: 4px; background: var(--primary-500); min-width: 2px; }
+#result-info ul { margin: 4px 0; }
+.nav-row { align-items: center; }
+#lora-gallery .grid-wrap { min-height: 0 !important; max-height: 72vh; }
+.tiny-output img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
+"""
+
+
+def size_presets(defaults: ModelDefaults) -> list[tuple[str, str]]:
+    """(label, "WxH") choices: SDXL's aspect buckets scaled to the model's side (1024 SDXL, 768 SD 2.x, 512
+    SD 1.5; multiples of 64), small sizes for the tiny ones."""
+    square = (defaults.side, defaults.side)
+    scale = defaults.side / 1024
+    candidates = (
+        tuple((64 * round(w * scale / 64), 64 * round(h * scale / 64)) for w, h in _SDXL_SIZES)
+        if defaults.side >= 512
+        else _SMALL_SIZES
+    )
+    sizes = list(dict.fromkeys((square, *candidates)))
+    fitting = [(w, h) for w, h in sizes if max(w, h) <= defaults.max_side]
+    return [(f"{w} × {h}", f"{w}x{h}") for w, h in fitting]
+
+
+def parse_size(value: str | None) -> tuple[int, int]:
+    width, _, height = (value or "").partition("x")
+    if not (width.isdigit() and height.isdigit()):
+        raise InvalidRequestError(f"size {value!r} is not accepted; accepted: WIDTHxHEIGHT, e.g. 1024x1024")
+    return int(width), int(height)
+
+
+def base_choices(served: str) -> list[tuple[str, str]]:
+    """Bases of the served model's family first (the served one at the top), then the others, browse only."""
+    family = family_of_base(served)
+    names = {b.repo_id: b.display_name for b in KNOWN_BASES}
+    first = [(f"{names.get(served, served)} (served)", served)]
+    same = [(b.display_name, b.repo_id) for b in KNOWN_BASES if b.family is family and b.repo_id != served]
+    other = [(f"{b.display_name} (browse only)", b.repo_id) for b in KNOWN_BASES if b.family is not family]
+    return first + same + other
+
+
+def placeholder_image(side: int = 256) -> Image.Image:
+    """A neutral tile for LoRAs without a preview: soft grey with a small picture glyph."""
+    image = Image.new("RGB", (side, side), (229, 231, 235))
+    draw = ImageDraw.Draw(image)
+    u = side / 8
+    line, fill = (156, 163, 175), (191, 196, 204)
+    draw.rounded_rectangle((2.4 * u, 2.7 * u, 5.6 * u, 5.3 * u), radius=u / 3, outline=line, width=max(2, side // 90))
+    draw.polygon([(2.8 * u, 4.95 * u), (3.7 * u, 3.8 * u), (4.3 * u, 4.5 * u), (4.7 * u, 4.1 * u), (5.2 * u, 4.95 * u)],
+                 fill=fill)  # fmt: skip
+    draw.ellipse((4.55 * u, 3.0 * u, 5.0 * u, 3.45 * u), fill=fill)
+    return image
+
+
+def insert_trigger(prompt: str | None, old: str | None, new: str | None) -> str:
+    """Put `new` at the front of the prompt (once), taking out `old` if it still leads the prompt."""
+    text = (prompt or "").strip()
+    if old and text.lower().startswith(old.lower()):
+        text = text[len(old) :].lstrip(" ,")
+    if not new or new.lower() in text.lower():
+        return text
+    return f"{new}, {text}" if text else new
+
+
+def lora_spec(
+    ref: str | None, scale: float | None, revision: str | None = None, weight: str | None = None
+) -> LoraSpec | None:
+    """A LoraSpec from form fields (an empty scale is 1), or None when the LoRA field is empty."""
+    ref = (ref or "").strip()
+    if not ref:
+        return None
+    return LoraSpec(
+        ref,
+        scale=1.0 if scale is None else scale,
+        revision=(revision or "").strip() or None,
+        weight_name=(weight or "").strip() or None,
+    )
+
+
+def seed_value(seed: float | None, randomize: bool = False) -> float | None:
+    """None (a random seed) for randomize, an empty field or a negative number; otherwise the value as given.
+
+    The engine checks what is left (an integer, not a bool or 1.5), so its message names the bad value.
+    """
+    if randomize or seed is None:
+        return None
+    if isinstance(seed, int | float) and not isinstance(seed, bool) and seed < 0:
+        return None
+    return seed
+
+
+def _esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -> str:
+    """The selected LoRA: title, where it lives, licence (with a non-commercial badge) and trigger words."""
+    if entry.repo_id:
+        link = f"{hub_url.rstrip('/')}/{entry.repo_id}"
+        where = f'<a href="{_esc(link)}" target="_blank" rel="noopener">{_esc(link)}</a>'
+    else:
+        where = f"local file <code>{_esc(entry.weight_name or entry.ref)}</code>"
+    badges = [f'<span class="badge">{_esc(entry.license or "licence unknown")}</span>']
+    if entry.non_commercial:
+        badges.append('<span class="badge nc">non-commercial</span>')
+    if entry.unsupported:
+        badges.append(f'<span class="badge nc">not supported: {_esc(entry.unsupported)}</span>')
+    if entry.source == "hub":
+        badges.append(f'<span class="badge">⬇ {entry.downloads:,}</span><span class="badge">♥ {entry.likes:,}</span>')
+    triggers = "".join(f'<span class="chip">{_esc(t)}</span>' for t in entry.trigger_words) or "<em>none given</em>"
+    parts = [
+        f"<h3>{_esc(entry.title)}</h3>",
+        f'<div class="ref">{_esc(entry.ref)}</div>',
+        f"<p>{where}</p>",
+        f"<p>{''.join(badges)}</p>",
+        f"<p>Trigger words: {triggers}</p>",
+    ]
+    if check is not None:
+        parts.append(
+            f'<p><span class="badge ok">✓ loads</span> rank {check.rank} · {check.layers} layers · '
+            f"{check.file_size / _MIB:.1f} MiB · {_esc(', '.join(check.components))} · cache {_esc(check.cache)}</p>"
+        )
+        parts += [f"<p>⚠ {_esc(w)}</p>" for w in check.warnings]
+    return f'<div class="lora-card">{"".join(parts)}</div>'
+
+
+def queue_text(view: QueueView) -> str:
+    """A queued request's place, as the progress bar shows it (the same numbers every transport sees)."""
+    doing = "preparing its LoRAs" if view.state == "preparing" else "ready, waiting for the GPU"
+    return f"In queue: {view.position} of {view.waiting} ({doing})"
+
+
+def readiness_html(ref: str, state: str, detail: str = "") -> str:
+    """The card's badge for a selected LoRA: being prepared, ready (in the cache), or why it cannot be."""
+    label = {"preparing": "⏳ preparing…", "ready": "✓ ready", "failed": "✗ cannot be prepared"}[state]
+    more = f" — {_esc(detail)}" if detail else ""
+    return f"<div class='lora-ready {state}' data-state='{state}'>{_esc(ref)}: {label}{more}</div>"
+
+
+def check_info(check: LoraCheck) -> dict[str, Any]:
+    """A LoraCheck as JSON-ready data."""
+    data = asdict(check)
+    return {**data, "components": list(check.components), "warnings": list(check.warnings)}
+
+
+def error_card(message: str) -> str:
+    return f'<div class="lora-error"><b>This LoRA cannot be used.</b><br>{_esc(message)}</div>'
+
+
+def result_info(result: GenerateResult) -> dict[str, Any]:
+    """The API's description of a result: the normalised request, seed, timings and LoRAs."""
+    request = result.request
+    return {
+        "seed": result.seed,
+        "prompt": request.prompt,
+        "negative_prompt": request.negative_prompt,
+        "width": request.width,
+        "height": request.height,
+        "steps": request.steps,
+        "guidance": request.guidance,
+        "loras": [asdict(a) for a in result.adapters],
+        "swapped": result.swapped,
+        "timings": asdict(result.timings),
+        "warnings": list(result.warnings),
+    }
+
+
+def result_html(result: GenerateResult) -> str:
+    """Seed and size, a timing breakdown with bars, cache hit or miss per LoRA, and warnings."""
+    t, request = result.timings, result.request
+    phases = (("download / resolve", t.resolve), ("prepare", t.prepare), ("swap", t.apply), ("inference", t.inference))
+    longest = max(max(v for _, v in phases), 1e-9)
+    rows = "".join(
+        f'<tr><td>{name}</td><td>{seconds(v)}</td><td style="width:60%"><div class="bar" '
+        f'style="width:{100 * v / longest:.1f}%"></div></td></tr>'
+        for name, v in phases
+    )
+    rows += f"<tr><td><b>total</b></td><td><b>{seconds(t.total)}</b></td><td></td></tr>"
+    loras = "".join(
+        f'<li><code>{_esc(a.ref)}</code> × {a.scale:g} — cache <span class="badge'
+        f'{" ok" if a.cache == "hit" else ""}">{a.cache}</span></li>'
+        for a in result.adapters
+    )
+    warnings = "".join(f"<p>⚠ {_esc(w)}</p>" for w in result.warnings)
+    return (
+        f'<div class="result-info"><p><b>Seed</b> <code>{result.seed}</code> · {request.width} × {request.height} · '
+        f"{request.steps} steps · guidance {request.guidance:g}</p><table class='timing'>{rows}</table>"
+        f"<ul>{loras or '<li>no LoRA: the base model</li>'}</ul>{warnings}</div>"
+    )
+
+
+def preview_html(step: int, steps: int | None) -> str:
+    """The result panel's line while previews come in."""
+    of = f" of {steps}" if steps else ""
+    return f'<div class="result-info preview"><p>Preview after step {step}{of}: the image is forming…</p></div>'
+
+
+def seconds(value: float) -> str:
+    """A duration as the UI shows it: milliseconds below a second, else seconds."""
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def status_markdown(status: EngineStatus, boot_s: float | None = None) -> str:
+    """The engine status panel: model, device, cache use, cold boot, ZeroGPU mode."""
+    cold = f"{status.load_s + status.warmup_s:.1f} s (load {status.load_s:.1f} s + warm-up {status.warmup_s:.1f} s)"
+    lines = [
+        f"**Model** `{status.model_id}`" + (" — the tiny offline demo model" if status.is_tiny else ""),
+        f"**Base** `{status.base_model_id}` · **device** `{status.device}` · **dtype** `{status.dtype}`",
+        "**ZeroGPU mode** " + ("on: LoRAs are re-applied in every call" if status.per_call else "off"),
+        f"**Live preview** {status.preview}",
+        f"**Cold boot** {cold}" + (f" · whole start-up {boot_s:.1f} s" if boot_s is not None else ""),
+        f"**Applied now** {', '.join(f'`{a}`' for a in status.applied) or 'nothing (base weights)'}",
+        f"**Adapter cache** host {status.host_bytes / _MIB:.1f} / {status.host_budget / _MIB:.0f} MiB · "
+        f"device {status.device_bytes / _MIB:.1f} / {status.device_budget / _MIB:.0f} MiB · "
+        f"pristine copies {status.pristine_bytes / _MIB:.1f} / {status.pristine_budget / _MIB:.0f} MiB",
+    ]
+    if status.cached:
+        rows = "\n".join(
+            f"| `{c.key}` | {c.host_bytes / _MIB:.2f} | {c.device_bytes / _MIB:.2f} | {'✓' if c.active else ''} |"
+            for c in status.cached
+        )
+        lines.append(f"| cached adapter | host MiB | device MiB | active |\n|---|---:|---:|:-:|\n{rows}")
+    return "\n\n".join(lines)
+
+
+def api_snippets(url: str, example_lora: str, defaults: ModelDefaults) -> str:
+    """Working `gradio_client` and `curl` examples for the server at `url`."""
+    client = f"""```python
+from gradio_client import Client
+
+client = Client("{url}")
+image_path, info = client.predict(
+    prompt="an elephant in the savanna",
+    negative_prompt="",
+    lora="{example_lora}",
+    lora_scale=1.0,
+    lora_2="",
+    lora_2_scale=1.0,
+    steps={defaults.steps},
+    guidance={defaults.guidance:g},
+    width={defaults.side},
+    height={defaults.side},
+    seed=-1,  # -1 picks a random seed; info["seed"] says which
+    api_name="/generate",
+)
+page = client.predict(base="", search="", sort="downloads", page=0, api_name="/catalog")
+lora = client.predict(repo_id="{example_lora}", revision="", weight_name="", api_name="/lora_info")
+# A comparison: one seed, a sweep of one LoRA's scale (or several LoRAs, one per line), the base first.
+grid_path, cells, info = client.predict(
+    prompt="an elephant in the savanna",
+    negative_prompt="",
+    loras="{example_lora}",
+    scales="0, 0.5, 1",
+    include_base=True,
+    steps={defaults.steps},
+    guidance={defaults.guidance:g},
+    width={defaults.side},
+    height={defaults.side},
+    seed=-1,
+    api_name="/compare",
+)
+```"""
+    body = f'{{"inputs": "an elephant", "parameters": {{"num_inference_steps": {defaults.steps}}}}}'
+    curl = f"```bash\ncurl -H 'lora: {example_lora}' {url} \\\n     -d '{body}' > result.jpg\n```"
+    notes = (
+        "Parameters: `num_inference_steps`, `guidance_scale`, `negative_prompt`, `width`, `height`, `seed`, "
+        '`lora_scale`. Send `Accept: image/png` for a PNG. Errors are JSON `{"error": ..., "error_type": ...}` '
+        "with status 400 (bad input or incompatible LoRA), 403 (gated), 404 (unknown LoRA), 503 (busy or Hub "
+        "unreachable) or 500."
+    )
+    return (
+        f"**Python** (`pip install gradio_client`)\n\n{client}\n\n**HTTP**, like the inference API\n\n{curl}\n\n{notes}"
+    )
+
+
+def base_url(headers: Mapping[str, str]) -> str:
+    """The URL clients reach this server at, from the request's (possibly proxied) headers."""
+    host = headers.get("x-forwarded-host") or headers.get("host") or "localhost:7860"
+    host = host.split(",")[0].strip()
+    proto = headers.get("x-forwarded-proto") or ("https" if host.endswith(".hf.space") else "http")
+    return f"{proto.split(',')[0].strip()}://{host}/"

@@ -1,0 +1,266 @@
+"""The named API `gradio_client` sees (/generate, /compare, /catalog, /lora_info, /pool_status), and the progress
+plumbing.
+
+Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named
+here and nothing of the UI's own events (those are private). Each endpoint takes its inputs, calls the
+one shared handler (`serving.handlers`) the UI calls too, and formats the answer as JSON; errors become
+`gr.Error` in `serving.errors`, which `gradio_client` raises as `AppError`.
+
+`/generate` is a generator: while the engine denoises it yields previews (the image so far, with info
+`{"preview": true, "step": k}`), then the final image and its info; `Client.predict` returns the last.
+`/generate` and `/compare` take `base`: a served base repo id for a request without a LoRA ("" for the
+default pool); a LoRA always runs on the base it was made for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import gradio as gr
+
+from engine.errors import InvalidRequestError
+from engine.pools.scheduler import QueueView
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from lora_catalog.listing import CatalogPage
+from serving.errors import user_errors
+from serving.handlers import Comparison, Handlers
+from serving.streaming import Frame
+from serving.ui import comparison as comparison_fields
+from serving.ui import formatting as fmt
+from serving.ui import pool_views
+
+__all__ = [
+    "BROWSE",
+    "CHECK",
+    "PIPELINE",
+    "CellProgress",
+    "StepProgress",
+    "add_api_endpoints",
+    "catalog_json",
+    "compare",
+    "generate",
+]
+
+# UI and API generation share this group; the engine's scheduler is their one queue (one at a time on the pipeline).
+PIPELINE = "pipeline"
+BROWSE = "catalog"
+CHECK = "lora_check"
+
+
+class StepProgress:
+    """Feeds the engine's per-step callback into Gradio's progress bar (a class, so ZeroGPU can pickle it)."""
+
+    def __init__(self, progress: gr.Progress) -> None:
+        self.progress = progress
+
+    def __call__(self, step: int, total: int) -> None:
+        self.progress((step, total), desc="Denoising", unit="steps")
+
+
+class CellProgress:
+    """The same for a comparison: which cell, and its steps."""
+
+    def __init__(self, progress: gr.Progress) -> None:
+        self.progress = progress
+
+    def __call__(self, cell: int, step: int, total: int) -> None:
+        self.progress((step, total), desc=f"Cell {cell + 1}: denoising", unit="steps")
+
+
+async def generate(
+    handlers: Handlers, request: GenerateRequest, progress: gr.Progress, transport: str = "gradio_api", base: str = ""
+) -> AsyncIterator[Frame | GenerateResult | None]:
+    """Generate for the UI (`transport="ui"`) or the API: wait on the engine's scheduler (the one queue, no
+    thread held) showing the place it gives, then preview frames as it denoises, then the result; `None`
+    ticks while nothing new comes. Closing it (the client went away) cancels the generation."""
+
+    def on_queue(view: QueueView) -> None:
+        progress(0, desc=fmt.queue_text(view))
+
+    progress(0, desc="Preparing LoRAs (download, convert)")
+    with user_errors():
+        async for item in handlers.generate_stream(
+            request, StepProgress(progress), on_queue=on_queue, transport=transport, base=base
+        ):
+            yield item
+
+
+async def compare(handlers: Handlers, request: Any, progress: gr.Progress, base: str = "") -> Comparison:
+    """A comparison grid for the UI or the API (one queue turn for all its cells, awaited without a thread)."""
+
+    def on_queue(view: QueueView) -> None:
+        progress(0, desc=fmt.queue_text(view))
+
+    progress(0, desc="Preparing LoRAs (download, convert)")
+    with user_errors():
+        return await handlers.compare(request, CellProgress(progress), base, on_queue)
+
+
+def add_api_endpoints(handlers: Handlers) -> None:
+    """The named API for gradio_client: hidden inputs; each parameter is named after the function's argument."""
+    defaults = handlers.defaults
+    with gr.Column(visible=False):
+        prompt, negative_prompt, lora, lora_2 = gr.Textbox(), gr.Textbox(""), gr.Textbox(""), gr.Textbox("")
+        # No `precision`: Gradio would round 2.5 steps (and True) quietly; the engine refuses them by name.
+        lora_scale, lora_2_scale = gr.Number(1.0), gr.Number(1.0)
+        steps, guidance = gr.Number(defaults.steps), gr.Number(defaults.guidance)
+        width, height = gr.Number(defaults.side), gr.Number(defaults.side)
+        seed, page = gr.Number(-1), gr.Number(0, precision=0)
+        base, search, sort = gr.Textbox(""), gr.Textbox(""), gr.Textbox("downloads")
+        repo_id, revision, weight_name = gr.Textbox(), gr.Textbox(""), gr.Textbox("")
+        loras, scales, include_base = gr.Textbox(""), gr.Textbox(""), gr.Checkbox(False)
+        image = gr.Image(type="pil", format="png", label="image")
+        grid = gr.Image(type="pil", format="png", label="grid")
+        cells = gr.Gallery(type="pil", format="png", label="cells")
+        info, page_json, lora_json = gr.JSON(label="info"), gr.JSON(label="page"), gr.JSON(label="lora")
+        compare_json, status_json = gr.JSON(label="info"), gr.JSON(label="status")
+        trigger = gr.Button()
+
+    async def generate_api(
+        prompt: str,
+        negative_prompt: str,
+        lora: str,
+        lora_scale: float,
+        lora_2: str,
+        lora_2_scale: float,
+        steps: float | None,
+        guidance: float | None,
+        width: float | None,
+        height: float | None,
+        seed: float | None,
+        base: str = "",
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
+    ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
+        """Generate an image; `lora` and `lora_2` are Hub repo ids or local: files ("" for none); seed -1 is random.
+
+        The LoRAs pick the base model they were made for; without one, `base` names a served base ("" for the
+        default). Yields previews while denoising (info `{"preview": true, "step": k}`), then the image and its
+        info.
+        """
+        with user_errors():
+            specs = (_spec(lora, lora_scale, "lora_scale"), _spec(lora_2, lora_2_scale, "lora_2_scale"))
+            request = GenerateRequest(
+                prompt=prompt,
+                negative_prompt=negative_prompt or "",
+                loras=tuple(s for s in specs if s),
+                steps=steps,
+                guidance=guidance,
+                width=width,
+                height=height,
+                seed=fmt.seed_value(seed),
+            )
+        async for item in generate(handlers, request, progress, base=(base or "").strip()):
+            if isinstance(item, Frame):
+                yield item.image, {"preview": True, "step": item.step}
+            elif item is not None:  # ticks are for the UI's liveness check: the API shows frames and the result
+                yield item.image, fmt.result_info(item)
+
+    async def compare_api(
+        prompt: str,
+        negative_prompt: str,
+        loras: str,
+        scales: str,
+        include_base: bool,
+        steps: float | None,
+        guidance: float | None,
+        width: float | None,
+        height: float | None,
+        seed: float | None,
+        base: str = "",
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
+    ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
+        """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
+
+        `loras`: up to 4 LoRAs, one per line or comma-separated; `scales`: "" (each at 1), one scale for all,
+        one per LoRA, or several for a single LoRA (a sweep, e.g. "0, 0.5, 1"); `include_base` puts the base
+        model's image first. Each cell is what /generate returns for the same inputs. The LoRAs must share one
+        base model, on which the grid runs (`base` names it when the LoRAs declare none, "" for the default).
+        """
+        with user_errors():
+            request = comparison_fields.compare_request(
+                prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed
+            )
+        comparison = await compare(handlers, request, progress, (base or "").strip())
+        result = comparison.result
+        gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
+        return comparison.grid, gallery, comparison_fields.compare_info(result)
+
+    def catalog_api(base: str, search: str, sort: str, page: int | None) -> dict[str, Any]:
+        """One page of LoRAs for a base model ("" for the served one), and how fresh the list is."""
+        with user_errors():
+            return catalog_json(handlers.page(base, search, sort, page or 0))
+
+    def lora_info(repo_id: str, revision: str, weight_name: str) -> dict[str, Any]:
+        """What a LoRA is (its catalogue entry) and whether it loads here (rank, size, layers, warnings)."""
+        with user_errors():
+            spec = fmt.lora_spec(repo_id, 1.0, revision, weight_name) or LoraSpec(repo_id or "")
+            report = handlers.lora(spec)
+        return {"entry": report.entry.to_json(), "check": fmt.check_info(report.check)}
+
+    def pool_status() -> dict[str, Any]:
+        """Each pool's base, family, memory (on the device or waiting in host RAM) and engine status."""
+        statuses = handlers.pool_status()
+        if statuses is None:
+            raise gr.Error("this Space is a front end (BACKEND_URL): its cluster reports its own pools")
+        return pool_views.pools_status_json(statuses)
+
+    trigger.click(
+        generate_api,
+        [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance, width, height, seed, base],
+        [image, info],
+        api_name="generate",
+        concurrency_id=PIPELINE,
+        # The engine's scheduler is the one queue (see app.py): Gradio does not hold generations back.
+        concurrency_limit=None,
+    )
+    trigger.click(
+        compare_api,
+        [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base],
+        [grid, cells, compare_json],
+        api_name="compare",
+        concurrency_id=PIPELINE,
+        concurrency_limit=None,
+    )
+    trigger.click(
+        catalog_api,
+        [base, search, sort, page],
+        page_json,
+        api_name="catalog",
+        concurrency_id=BROWSE,
+        concurrency_limit=4,
+    )
+    trigger.click(pool_status, None, status_json, api_name="pool_status", queue=False)
+    trigger.click(
+        lora_info,
+        [repo_id, revision, weight_name],
+        lora_json,
+        api_name="lora_info",
+        concurrency_id=CHECK,
+        concurrency_limit=2,
+    )
+
+
+def _spec(lora: str | None, scale: float | None, name: str) -> LoraSpec | None:
+    """The API's LoRA and scale; an explicit empty scale for a named LoRA is refused by name, not guessed."""
+    if (lora or "").strip() and scale is None:
+        raise InvalidRequestError(f"{name} is empty; accepted: a number from -2 to 2 (1 is the LoRA as trained)")
+    return fmt.lora_spec(lora, scale)
+
+
+def catalog_json(result: CatalogPage) -> dict[str, Any]:
+    """A catalogue page as the API answers it."""
+    freshness = result.freshness
+    return {
+        "entries": [e.to_json() for e in result.entries],
+        "page": result.page,
+        "page_size": result.page_size,
+        "total_known": result.total_known,
+        "has_more": result.has_more,
+        "freshness": {
+            "source": freshness.source,
+            "updated_at": freshness.updated_at.isoformat() if freshness.updated_at else None,
+            "offline": freshness.offline,
+            "message": freshness.message,
+        },
+    }

@@ -1,0 +1,222 @@
+"""The UI's panels: layout only, each built by a named function and returned as a frozen set of components.
+
+`app.build_demo` lays them out and wires their events; nothing here handles a request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from lora_catalog.hub import SORTS
+from serving.handlers import Handlers
+from serving.ui import formatting as fmt
+
+__all__ = [
+    "Browser",
+    "ComparePanel",
+    "LoraSlot",
+    "RequestPanel",
+    "api_panel",
+    "browser_panel",
+    "compare_panel",
+    "header",
+    "request_panel",
+    "result_panel",
+    "status_panel",
+]
+
+
+@dataclass(frozen=True)
+class Browser:
+    """The catalogue panel: filters, gallery, paging and the selected LoRA's card."""
+
+    base: gr.Dropdown
+    note: gr.Markdown
+    sort: gr.Dropdown
+    search: gr.Textbox
+    gallery: gr.Gallery
+    previous: gr.Button
+    page_info: gr.Markdown
+    next: gr.Button
+    details: gr.HTML
+    readiness: gr.HTML
+
+
+@dataclass(frozen=True)
+class LoraSlot:
+    """One LoRA of the request: reference, scale, revision, weight file and its check button."""
+
+    ref: gr.Textbox
+    scale: gr.Slider
+    revision: gr.Textbox
+    weight: gr.Textbox
+    check: gr.Button
+
+
+@dataclass(frozen=True)
+class RequestPanel:
+    """What to generate: prompt, LoRAs, size, steps, guidance, seed, and the Generate button."""
+
+    prompt: gr.Textbox
+    negative: gr.Textbox
+    slot: gr.Radio
+    first: LoraSlot
+    second: LoraSlot
+    size: gr.Dropdown
+    steps: gr.Slider
+    guidance: gr.Slider
+    seed: gr.Number
+    randomize: gr.Checkbox
+    run: gr.Button
+
+
+@dataclass(frozen=True)
+class ComparePanel:
+    """A comparison grid: which LoRAs or scales, whether the base comes first; the grid, its cells, timings."""
+
+    loras: gr.Textbox
+    scales: gr.Textbox
+    include_base: gr.Checkbox
+    run: gr.Button
+    grid: gr.Image
+    cells: gr.Gallery
+    info: gr.HTML
+
+
+def header(banner: str | None) -> None:
+    if banner:
+        gr.Markdown(banner, elem_classes="banner", elem_id="banner")
+    gr.Markdown(
+        "# LoRA Switchboard\nPick a LoRA from the Hub (or name your own), write a prompt, generate. "
+        "Warm pipelines, one per base model, swap LoRAs in milliseconds.",
+        elem_classes="hero",
+    )
+
+
+def browser_panel(served: str, choices: list[tuple[str, str]], note: str) -> Browser:
+    with gr.Row():
+        base = gr.Dropdown(choices, value=served, label="Base model", scale=2, elem_id="base-filter")
+        sort = gr.Dropdown(list(SORTS), value="downloads", label="Sort by", scale=1)
+    base_note = gr.Markdown(note, elem_id="base-note")
+    search = gr.Textbox(label="Search", placeholder="style, subject, trigger word… (Enter)")
+    gallery = gr.Gallery(
+        label="LoRAs",
+        columns=4,
+        height="auto",
+        allow_preview=False,
+        object_fit="cover",
+        elem_id="lora-gallery",
+        buttons=[],
+    )
+    with gr.Row(elem_classes="nav-row"):
+        previous = gr.Button("◀ Previous", size="sm", interactive=False, scale=0)
+        page_info = gr.Markdown("loading…", elem_id="page-info")
+        next_button = gr.Button("Next ▶", size="sm", interactive=False, scale=0)
+    details = gr.HTML("<div class='lora-card'><em>Select a LoRA to see its details.</em></div>", elem_id="lora-details")
+    # Selecting a LoRA starts its preparation; this badge says when it is ready (a cache hit on Generate).
+    readiness = gr.HTML("", elem_id="lora-ready")
+    return Browser(base, base_note, sort, search, gallery, previous, page_info, next_button, details, readiness)
+
+
+def request_panel(handlers: Handlers) -> RequestPanel:
+    defaults = handlers.defaults
+    sizes = fmt.size_presets(defaults)
+    prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", placeholder="a fox in a forest")
+    negative = gr.Textbox(label="Negative prompt", lines=1, placeholder="blurry, low quality")
+    slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
+    with gr.Group():
+        ref = gr.Textbox(
+            label="LoRA 1 — Hub repo id or local: file", elem_id="lora-1", placeholder="owner/name (optional)"
+        )
+        scale = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 1 scale", elem_id="lora-1-scale")
+        with gr.Accordion("Revision, weight file, check", open=False, elem_id="lora-1-options"):
+            revision = gr.Textbox(label="Revision (branch, tag or commit)", placeholder="main")
+            weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
+            check = gr.Button("Check this LoRA", size="sm")
+    with gr.Accordion("Blend a second LoRA", open=False), gr.Group():
+        ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id or local: file", elem_id="lora-2")
+        scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale")
+        revision_2 = gr.Textbox(label="Revision", placeholder="main")
+        weight_2 = gr.Textbox(label="Weight file")
+        check_2 = gr.Button("Check LoRA 2", size="sm")
+    with gr.Row():
+        size = gr.Dropdown(sizes, value=sizes[0][1], label="Size")
+        steps = gr.Slider(1, handlers.max_steps, value=defaults.steps, step=1, label="Steps", elem_id="steps")
+        guidance = gr.Slider(0, 20, value=defaults.guidance, step=0.5, label="Guidance")
+    with gr.Row():
+        seed = gr.Number(-1, label="Seed", info="the seed used shows here", precision=0, minimum=-1)
+        randomize = gr.Checkbox(True, label="Random seed each time")
+    run = gr.Button("Generate", variant="primary", size="lg", elem_id="generate")
+    return RequestPanel(
+        prompt,
+        negative,
+        slot,
+        LoraSlot(ref, scale, revision, weight, check),
+        LoraSlot(ref_2, scale_2, revision_2, weight_2, check_2),
+        size,
+        steps,
+        guidance,
+        seed,
+        randomize,
+        run,
+    )
+
+
+def result_panel(handlers: Handlers) -> tuple[gr.Image, gr.HTML]:
+    image = gr.Image(
+        label="Result",
+        type="pil",
+        format="png",
+        interactive=False,
+        elem_id="result",
+        height=420,
+        buttons=["download", "fullscreen"],
+        elem_classes="tiny-output" if handlers.defaults.is_tiny else None,
+    )
+    return image, gr.HTML(elem_id="result-info")
+
+
+def compare_panel(handlers: Handlers) -> ComparePanel:
+    settings = handlers.compare_limits
+    gr.Markdown(
+        f"Same prompt, size, steps, guidance and seed as above; one image per LoRA (up to {settings[0]}), "
+        "or one LoRA at several scales. A gallery click with **Compare** selected adds its LoRA here.",
+        elem_classes="compare-help",
+    )
+    loras = gr.Textbox(
+        label="LoRAs to compare, one per line", lines=3, elem_id="compare-loras", placeholder="owner/name"
+    )
+    with gr.Row():
+        scales = gr.Textbox(
+            label="Scales",
+            elem_id="compare-scales",
+            placeholder="1  ·  or one per LoRA  ·  or a sweep of one LoRA: 0, 0.25, 0.5, 0.75, 1",
+            scale=3,
+        )
+        include_base = gr.Checkbox(True, label="Base model first", elem_id="compare-base", scale=1)
+    run = gr.Button("Compare", variant="primary", elem_id="compare")
+    grid = gr.Image(
+        label="Comparison grid",
+        show_label=False,  # the grid draws its own labels; Gradio's would cover the first one
+        type="pil",
+        format="png",
+        interactive=False,
+        elem_id="compare-grid",
+        buttons=["download", "fullscreen"],
+    )
+    cells = gr.Gallery(
+        label="Cells", type="pil", format="png", columns=6, height="auto", elem_id="compare-cells", buttons=["download"]
+    )
+    return ComparePanel(loras, scales, include_base, run, grid, cells, gr.HTML(elem_id="compare-info"))
+
+
+def status_panel() -> tuple[gr.Markdown, gr.Button]:
+    with gr.Accordion("Engine status", open=False, elem_id="status-panel"):
+        return gr.Markdown(elem_id="engine-status"), gr.Button("Refresh", size="sm")
+
+
+def api_panel() -> gr.Markdown:
+    with gr.Accordion("Use via API: Python and curl", open=False, elem_id="api-panel"):
+        return gr.Markdown(elem_id="api-snippets")

@@ -1,0 +1,142 @@
+"""What the UI and the API show of the pools: served bases in the filter, per-pool status, per-base API forms.
+
+Only formatting: every function takes the `engine.pools.pools.Pools` (or its status) it shows. Importing this
+module imports no torch (the app's import stays light).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from lora_catalog.bases import KNOWN_BASES, family_of_base
+from lora_catalog.entries import Family
+from serving.ui.formatting import status_markdown
+
+if TYPE_CHECKING:
+    from engine.pools.pools import Pool, Pools, PoolStatus
+
+__all__ = [
+    "base_choices",
+    "base_note",
+    "display_name",
+    "pool_for_base",
+    "pool_for_family",
+    "pools_api_snippets",
+    "pools_status_json",
+    "pools_status_markdown",
+    "unserved_note",
+]
+
+_GIB = 2**30
+_NAMES = {b.repo_id.lower(): b.display_name for b in KNOWN_BASES}
+
+
+def display_name(base_model_id: str) -> str:
+    """The catalogue's display name for a base, or the repo id itself."""
+    return _NAMES.get(base_model_id.lower(), base_model_id)
+
+
+def pool_for_family(pools: Pools, family: Family | str) -> Pool | None:
+    """The pool a LoRA of `family` runs on (the first of its family), or None when no pool serves it."""
+    return next((p for p in pools.pools if p.family == family), None)
+
+
+def pool_for_base(pools: Pools, base: str) -> Pool | None:
+    """The pool LoRAs of `base` run on: the base's own pool, else the first of its family, else None."""
+    own = next((p for p in pools.pools if p.base_model_id.lower() == base.lower()), None)
+    return own or pool_for_family(pools, family_of_base(base))
+
+
+def base_choices(pools: Pools) -> list[tuple[str, str]]:
+    """The base filter: served bases first, then bases whose LoRAs run on a served pool, then browse-only ones."""
+    served = [(f"{display_name(p.base_model_id)} (served)", p.base_model_id) for p in pools.pools]
+    taken = {p.base_model_id.lower() for p in pools.pools}
+    runs, browse = [], []
+    for base in KNOWN_BASES:
+        if base.repo_id.lower() in taken:
+            continue
+        pool = pool_for_family(pools, base.family)
+        if pool is not None:
+            runs.append((f"{base.display_name} (runs on {display_name(pool.base_model_id)})", base.repo_id))
+        else:
+            browse.append((f"{base.display_name} (not served here)", base.repo_id))
+    return served + runs + browse
+
+
+def unserved_note(pools: Pools, family: Family | str, what: str) -> str:
+    """Why LoRAs of `family` cannot run here, naming what is served."""
+    served = ", ".join(display_name(b) for b in pools.served_bases)
+    kind = f"the {family} family" if family != Family.UNKNOWN else "an unknown family"
+    return f"{what} ({kind}) cannot run here: no pool serves it. This Space serves {served}."
+
+
+def base_note(pools: Pools, base: str) -> str:
+    """One line under the filter: which pool this base's LoRAs generate on, or why they cannot run here."""
+    pool = pool_for_base(pools, base)
+    if pool is None:
+        return "⚠ " + unserved_note(pools, family_of_base(base), f"LoRAs for {display_name(base)}") + " Browse only."
+    defaults = pool.engine.defaults
+    return (
+        f"LoRAs for {display_name(base)} generate on **{display_name(pool.base_model_id)}** "
+        f"({pool.family}): {defaults.side}×{defaults.side}, {defaults.steps} steps, guidance {defaults.guidance:g}."
+    )
+
+
+def pools_status_markdown(statuses: Sequence[PoolStatus], boot_s: float | None = None) -> str:
+    """The status panel: one section per pool, with where its pipeline is, then its engine status."""
+    if len(statuses) == 1:
+        return status_markdown(statuses[0].engine, boot_s)
+    parts = []
+    for status in statuses:
+        memory = status.memory
+        where = "on the device" if memory.resident else "waiting in host RAM (moved in on demand)"
+        moved = f" · moved in {memory.moves_in}× (last {memory.last_move_s:.2f} s)" if memory.moves_in else ""
+        title = f"### {display_name(status.base_model_id)} ({status.family})" + (" — default" if status.default else "")
+        parts.append(
+            f"{title}\n\n**Pipeline** {memory.nbytes / _GIB:.2f} GiB, {where}{moved}\n\n"
+            + status_markdown(status.engine, boot_s)
+        )
+    return "\n\n".join(parts)
+
+
+def pools_status_json(statuses: Sequence[PoolStatus]) -> dict[str, Any]:
+    """The per-pool status for the API."""
+    return {
+        "pools": [
+            {
+                "base_model_id": s.base_model_id,
+                "model_id": s.engine.model_id,
+                "family": s.family,
+                "default": s.default,
+                "resident": s.memory.resident,
+                "pipeline_bytes": s.memory.nbytes,
+                "moves_in": s.memory.moves_in,
+                "last_move_s": s.memory.last_move_s,
+                "device": s.engine.device,
+                "dtype": s.engine.dtype,
+                "applied": list(s.engine.applied),
+                "cached_adapters": len(s.engine.cached),
+                "host_cache_bytes": s.engine.host_bytes,
+                "device_cache_bytes": s.engine.device_bytes,
+            }
+            for s in statuses
+        ]
+    }
+
+
+def pools_api_snippets(url: str, pools: Pools) -> str:
+    """The per-base forms: a LoRA picks its own base; without one, name the base."""
+    lines = [
+        "**Per base model.** A LoRA runs on the base it was made for; without a LoRA, name a served base "
+        '(else the default). Python: `client.predict(..., base="<base repo id>", api_name="/generate")` '
+        '(and `/compare`); `client.predict(api_name="/pool_status")` gives each pool\'s status. HTTP:'
+    ]
+    for pool in pools.pools:
+        defaults = pool.engine.defaults
+        body = f'{{"inputs": "an elephant", "parameters": {{"width": {defaults.side}, "height": {defaults.side}}}}}'
+        lines.append(
+            f"```bash\ncurl {url.rstrip('/')}/models/{pool.base_model_id} \\\n     -d '{body}' > result.jpg\n```"
+        )
+    lines.append("An unserved base answers 404 naming the served ones; LoRAs of two bases in one request, 400.")
+    return "\n\n".join(lines)

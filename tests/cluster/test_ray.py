@@ -1,0 +1,233 @@
+"""The Ray Serve cluster (serving/cluster/app.py) on a local Ray instance: two CPU replicas of the tiny pipeline.
+
+Its answers are compared with the single-process app's (`serving.http.api` over the same tiny pipeline,
+as tests/serving/test_http_api.py serves it): same status, same bytes, same headers. Marked `ray` (a cluster
+takes a minute or more to start on two shared cores): `pytest -m ray tests/cluster/test_ray.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve")
+
+import ray
+from ray import serve
+
+from engine.pipeline.loading import load_pipeline
+from serving.cluster.app import deployment_name, local_cluster
+from serving.cluster.replica import weights_digest
+from serving.runtime import GpuRunner
+from tests.support.app_server import free_port, serve_routes
+
+pytestmark = pytest.mark.ray
+
+APP = "switchboard"
+TIMEOUT = httpx.Timeout(300.0)
+CONTRACT_HEADERS = ("content-type", "x-seed", "x-lora-cache")
+
+
+def body(prompt: str = "a fox in a forest", seed: int = 11, steps: int = 2, **parameters: object) -> str:
+    return json.dumps({"inputs": prompt, "parameters": {"num_inference_steps": steps, "seed": seed, **parameters}})
+
+
+def post(url: str, content: str, **headers: str) -> httpx.Response:
+    return httpx.post(url, content=content, headers=headers, timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def cluster_settings(base_settings):
+    return base_settings.replace(
+        cluster_replicas=2, cluster_max_ongoing=1, cluster_adapter_sets=3, cluster_gpus_per_replica=0.0
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_settings, fixtures) -> Iterator[str]:
+    with local_cluster(cluster_settings, port=free_port(), name=APP) as url:
+        yield url
+
+
+@pytest.fixture
+def single(engine) -> Iterator[str]:
+    """The single-process app's POST / over the session's tiny pipeline."""
+    with serve_routes(GpuRunner(engine)) as url:
+        yield url
+
+
+def pool_deployment(settings) -> str:
+    return deployment_name(settings.base_model_id)
+
+
+def replica_weights(settings, expected: int) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each replica's weight digest (base restored) and cached adapters, asking until `expected` replicas answered."""
+    handle = serve.get_deployment_handle(pool_deployment(settings), app_name=APP)
+    seen: dict[str, tuple[str, tuple[str, ...]]] = {}
+    deadline = time.monotonic() + 120
+    while len(seen) < expected and time.monotonic() < deadline:
+        replica, digest, cached = handle.weights.remote().result(timeout_s=120)
+        seen[replica] = (digest, cached)
+    return seen
+
+
+def running_replicas(settings) -> int:
+    status = serve.status().applications[APP].deployments[pool_deployment(settings)]
+    return status.replica_states.get("RUNNING", 0)
+
+
+def test_the_http_contract_answers_like_the_single_process_app(cluster, single, fixtures):
+    cases = [
+        (body(), {}),
+        (body(seed=5), {"lora": fixtures["peft"]}),
+        (body(seed=6, lora_scale=0.5), {"lora": fixtures["kohya"], "accept": "image/png"}),
+        (
+            body(seed=7, width=128, height=64, guidance_scale=3.5, negative_prompt="dog"),
+            {"lora": fixtures.local["peft"]},
+        ),
+        ('{"inputs": "a fox"', {}),
+        ('{"inputs": "a", "parameters": {"steps": 4}}', {}),
+        (body(steps=9999), {}),
+        (body(), {"lora": "fixtures/no-such-lora"}),
+        (body(), {"lora": fixtures["gated"]}),
+        (body(), {"lora": fixtures["sd15"]}),
+        (body(), {"lora": "https://example.com/x.safetensors"}),
+        ('{"inputs": "' + "a" * 70_000 + '"}', {}),
+    ]
+    for content, headers in cases:
+        expected, got = post(single, content, **headers), post(cluster, content, **headers)
+        assert got.status_code == expected.status_code, (headers, got.text[:300])
+        assert got.content == expected.content, (headers, got.headers.get("content-type"))
+        for name in CONTRACT_HEADERS:
+            assert got.headers.get(name) == expected.headers.get(name), (name, headers)
+        assert (got.headers.get("x-timing") is None) == (expected.headers.get("x-timing") is None)
+    unserved = post(cluster + "models/someone/other-base", body())
+    assert unserved.status_code == 404
+    assert unserved.json()["error_type"] == "UnservedBaseError"
+    assert "served: stabilityai/stable-diffusion-xl-base-1.0" in unserved.json()["error"]
+    named = post(cluster + "models/stabilityai/stable-diffusion-xl-base-1.0", body(seed=5), lora=fixtures["peft"])
+    assert named.content == post(single, body(seed=5), lora=fixtures["peft"]).content
+
+
+def test_a_repeated_adapter_lands_on_the_replica_that_holds_it(cluster, fixtures):
+    homes: dict[str, str] = {}
+    for round_ in range(3):
+        for role in ("second", "peft-noalpha"):
+            response = post(cluster, body(seed=round_), lora=fixtures[role])
+            assert response.status_code == 200, response.text[:300]
+            replica = response.headers["x-replica"]
+            if round_ == 0:
+                homes[role] = replica
+                continue
+            assert replica == homes[role], (role, round_)
+            assert response.headers["x-lora-cache"] == f"{fixtures[role]}=hit"
+
+
+def test_base_weights_are_bit_exact_on_every_replica_after_a_mixed_run(cluster, cluster_settings, fixtures):
+    loras = [fixtures["peft"], fixtures["kohya"], fixtures.local["kohya"], fixtures["second"], "", fixtures["sd15"]]
+    statuses: list[int] = []
+
+    def client(offset: int) -> None:
+        for i in range(6):
+            lora = loras[(i + offset) % len(loras)]
+            headers = {"lora": lora} if lora else {}
+            statuses.append(
+                post(cluster, body(seed=i, lora_scale=0.7) if lora else body(seed=i), **headers).status_code
+            )
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    assert sorted(set(statuses)) == [200, 400]  # the SD 1.5 LoRA is refused, the rest served
+    reference = weights_digest(load_pipeline(cluster_settings, warm=False).pipe)
+    seen = replica_weights(cluster_settings, expected=2)
+    assert len(seen) == 2
+    for replica, (digest, cached) in seen.items():
+        assert digest == reference, replica
+        # Serve's LRU holds at most 3 adapter sets of one LoRA each; the engine holds no more than those.
+        assert len(cached) <= cluster_settings.cluster_adapter_sets, (replica, cached)
+
+
+def test_the_space_with_backend_url_generates_on_the_cluster(cluster, cluster_settings, engine, fixtures):
+    from engine.errors import BackendUnavailableError, GatedLoraError, LimitExceededError
+    from engine.requests import GenerateRequest, LoraSpec
+    from serving.backends.remote import RemoteRunner
+    from serving.runtime import build_runtime
+
+    def no_local_pipeline(*args: object, **kwargs: object):
+        raise AssertionError("a front end loads no pipeline")
+
+    runtime = build_runtime(cluster_settings.replace(backend_url=cluster.rstrip("/")), load=no_local_pipeline)
+    try:
+        request = GenerateRequest(
+            prompt="a fox",
+            loras=(LoraSpec(fixtures["peft"], 0.8), LoraSpec(fixtures.local["kohya"], 0.5)),
+            seed=3,
+            steps=2,
+        )
+        remote, local = runtime.runner.generate(request), engine.generate(request)
+        assert remote.image.tobytes() == local.image.tobytes()
+        assert remote.request == local.request
+        assert [(a.ref, a.revision, a.weight_name, a.scale) for a in remote.adapters] == [
+            (a.ref, a.revision, a.weight_name, a.scale) for a in local.adapters
+        ]
+        assert runtime.engine.defaults == engine.defaults
+        assert (
+            runtime.engine.check_lora(LoraSpec(fixtures["second"])).rank
+            == engine.check_lora(LoraSpec(fixtures["second"])).rank
+        )
+        assert runtime.engine.status().model_id == cluster_settings.model_id
+        with pytest.raises(GatedLoraError, match="gated"):
+            runtime.runner.generate(GenerateRequest(prompt="x", loras=(LoraSpec(fixtures["gated"]),)))
+        with pytest.raises(LimitExceededError, match="steps=9999"):
+            runtime.runner.generate(GenerateRequest(prompt="x", steps=9999))
+    finally:
+        runtime.close()
+    down = RemoteRunner(f"http://127.0.0.1:{free_port()}", timeout_s=5)
+    with pytest.raises(BackendUnavailableError, match="could not be reached"):
+        down.generate(GenerateRequest(prompt="x"))
+
+
+def test_a_replica_killed_mid_run_is_replaced_and_no_request_is_lost(cluster, cluster_settings, single, fixtures):
+    home = post(cluster, body(seed=1), lora=fixtures["kohya"]).headers["x-replica"]
+    long_job = (body(seed=99, steps=50), fixtures["kohya"])  # a few seconds on the tiny pipeline: killed mid-way
+    loras = [fixtures["peft"], fixtures["second"], fixtures.local["peft"], ""]
+    jobs = [long_job, *[(body(seed=100 + i, steps=4), loras[i % len(loras)]) for i in range(12)]]
+    answers: dict[int, httpx.Response] = {}
+
+    def client(indices: list[int]) -> None:
+        for i in indices:
+            content, lora = jobs[i]
+            answers[i] = post(cluster, content, **({"lora": lora} if lora else {}))
+
+    threads = [threading.Thread(target=client, args=([0],))]
+    threads += [threading.Thread(target=client, args=(list(range(k, len(jobs), 2)),)) for k in (1, 2)]
+    threads[0].start()
+    time.sleep(1.0)  # the long request is on its LoRA's home replica by now
+    for thread in threads[1:]:
+        thread.start()
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    victim = next(n for n in names if pool_deployment(cluster_settings) in n and n.endswith(f"#{home}"))
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    for thread in threads:
+        thread.join(600)
+    assert sorted(answers) == list(range(len(jobs)))
+    for i, (content, lora) in enumerate(jobs):
+        expected = post(single, content, **({"lora": lora} if lora else {}))
+        assert answers[i].status_code == 200, answers[i].text[:300]
+        assert answers[i].content == expected.content, i
+    # The long request was answered by another replica: the ingress sent it again after its replica died.
+    assert answers[0].headers["x-replica"] != home
+    deadline = time.monotonic() + 300
+    while running_replicas(cluster_settings) < 2 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert running_replicas(cluster_settings) == 2
+    replicas = replica_weights(cluster_settings, expected=2)
+    assert home not in replicas

@@ -1,0 +1,154 @@
+"""The front end's side of the cluster, without Ray: BACKEND_URL, the wire format and RemoteRunner's errors.
+
+The cluster itself (and RemoteRunner against it) is tested in tests/cluster/test_ray.py (marked `ray`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import httpx
+import pytest
+from PIL import Image
+
+from engine.errors import (
+    BackendUnavailableError,
+    EngineBusyError,
+    GatedLoraError,
+    GenerationCancelledError,
+    SettingsError,
+    UnsupportedLoraVariantError,
+)
+from engine.requests import AdapterUse, GenerateRequest, GenerateResult, LoraSpec, Timings
+from engine.settings import Settings
+from lora_catalog.errors import AmbiguousWeightsError
+from serving.backends.remote import RemoteRunner
+from serving.cluster.wire import (
+    adapter_set_id,
+    encode_png,
+    error_from_body,
+    request_from_json,
+    request_to_json,
+    result_to_json,
+)
+
+
+@pytest.mark.parametrize("url", ["http://head:8000", "https://cluster.example.com/", "http://10.0.0.2"])
+def test_backend_url_accepts_http_urls(url):
+    assert Settings.from_env({"BACKEND_URL": url}).backend_url == url.rstrip("/")
+    assert Settings.from_env({}).backend_url is None
+
+
+@pytest.mark.parametrize("url", ["head:8000", "ftp://head", "http://", "http://head:99999", "http://h/?x=1", "ray://h"])
+def test_backend_url_refuses_anything_else_by_name(url):
+    with pytest.raises(SettingsError, match=r"BACKEND_URL=.*accepted: .*"):
+        Settings.from_env({"BACKEND_URL": url})
+
+
+def test_the_adapter_set_id_ignores_order_and_scale():
+    a, b = LoraSpec("o/a", 0.5), LoraSpec("o/b", 1.0, revision="main")
+    one = GenerateRequest(prompt="x", loras=(a, b))
+    other = GenerateRequest(prompt="y", loras=(LoraSpec("o/b", -1.0, revision="main"), LoraSpec("o/a")))
+    assert adapter_set_id(one) == adapter_set_id(other) != ""
+    assert adapter_set_id(GenerateRequest(prompt="x", loras=(a,))) != adapter_set_id(one)
+    assert adapter_set_id(GenerateRequest(prompt="x")) == ""
+
+
+def test_requests_round_trip_and_bad_ones_are_refused():
+    request = GenerateRequest(prompt="x", loras=(LoraSpec("o/a", 0.5, "main", "w.safetensors"),), steps=3, seed=2)
+    assert request_from_json(json.loads(json.dumps(request_to_json(request)))) == request
+    for bad in ({"prompt": "x", "colour": 1}, {"steps": 2}, {"prompt": "x", "loras": [{"name": "o/a"}]}, []):
+        with pytest.raises(ValueError, match="accepted"):
+            request_from_json(bad)
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [GatedLoraError, UnsupportedLoraVariantError, EngineBusyError, AmbiguousWeightsError, GenerationCancelledError],
+)
+def test_a_json_error_becomes_the_same_class_with_the_same_message(cls):
+    error = error_from_body({"error": "the message", "error_type": cls.__name__}, cls.status)
+    assert type(error) is cls
+    assert str(error) == "the message"
+    assert (error.status, error.title) == (cls.status, cls.title)
+
+
+def test_unknown_or_unreadable_errors_are_backend_trouble():
+    assert isinstance(error_from_body({"error": "m", "error_type": "KeyError"}, 500), BackendUnavailableError)
+    assert "HTTP 502" in str(error_from_body(None, 502))
+
+
+def _result(request: GenerateRequest) -> dict:
+    image = Image.new("RGB", (8, 8), (10, 20, 30))
+    result = GenerateResult(
+        image=image,
+        seed=7,
+        request=request,
+        timings=Timings(1.0, 2.0, 3.0, 4.0, 10.0),
+        adapters=(AdapterUse("o/a", "abc", "w.safetensors", 0.5, "miss"),),
+        swapped=True,
+        warnings=("careful",),
+    )
+    return {"image": encode_png(image), "result": result_to_json(result)}
+
+
+def test_remote_runner_rebuilds_the_result_and_maps_errors():
+    seen: list[tuple[str, dict]] = []
+
+    def backend(http: httpx.Request) -> httpx.Response:
+        document = json.loads(http.content)
+        seen.append((http.url.path, document))
+        if document["prompt"] == "gated":
+            return httpx.Response(403, json={"error": "LoRA 'o/g' is gated", "error_type": "GatedLoraError"})
+        if document["prompt"] == "garbled":
+            return httpx.Response(200, content=b"not json")
+        return httpx.Response(200, json=_result(request_from_json(document)))
+
+    runner = RemoteRunner("http://cluster", timeout_s=5, transport=httpx.MockTransport(backend))
+    request = GenerateRequest(prompt="a fox", loras=(LoraSpec("o/a", 0.5),), seed=7)
+    steps: list[tuple[int, int]] = []
+    result = runner.generate(request, base="owner/base", progress=lambda d, t: steps.append((d, t)))
+    assert seen[0][0] == "/v1/models/owner/base/generate"
+    # The same request field for field (it comes back as the cluster's checked request type).
+    assert asdict(result.request) == asdict(request)
+    assert result.image.getpixel((0, 0)) == (10, 20, 30)
+    assert result.adapters[0].cache == "miss" and result.warnings == ("careful",) and result.timings.total == 10.0
+    assert steps == [(1, 1)]
+    with pytest.raises(GatedLoraError, match="is gated"):
+        runner.generate(GenerateRequest(prompt="gated"))
+    with pytest.raises(BackendUnavailableError, match="unreadable"):
+        runner.generate(GenerateRequest(prompt="garbled"))
+
+
+def test_remote_runner_says_when_the_backend_cannot_be_reached():
+    def refuse(http: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=http)
+
+    runner = RemoteRunner("http://cluster", timeout_s=5, transport=httpx.MockTransport(refuse))
+    with pytest.raises(BackendUnavailableError, match=r"http://cluster could not be reached \(ConnectError"):
+        runner.generate(GenerateRequest(prompt="x"))
+
+
+def _cached(engine) -> set[str]:
+    return {str(c.key) for c in engine.status().cached}
+
+
+def test_a_held_set_stays_cached_and_let_go_evicts_it_once_unused(make_engine, fixtures):
+    """What a replica's AdapterPin does when Serve loads and evicts an adapter set."""
+    engine = make_engine()
+    request = GenerateRequest(prompt="x", loras=(LoraSpec(fixtures["peft"]),), steps=1, seed=1)
+    with engine.prepare(request) as prepared:
+        keys = tuple(adapter.key for adapter, _ in prepared.adapters)
+        engine.hold(keys)
+    assert {str(k) for k in keys} <= _cached(engine)
+    with engine.prepare(request) as prepared:
+        assert prepared.uses[0].cache == "hit"
+        engine.let_go(keys)  # Serve evicts while a request still uses the set: it stays until that ends
+        assert {str(k) for k in keys} <= _cached(engine)
+        engine.run(prepared)
+    # Fused now (the swap uses it): evicted once another set, or none, is served.
+    engine.generate(GenerateRequest(prompt="x", steps=1, seed=1))
+    assert not {str(k) for k in keys} & _cached(engine)
+    again = engine.generate(request)
+    assert again.adapters[0].cache == "miss"

@@ -1,0 +1,269 @@
+"""The UI in a real browser: Debian's chromium driven by playwright, against the launched app.
+
+Screenshots are kept under artifacts/screenshots/ for people to look at.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.app_server import AppServer, serve_app, serve_fixture_app
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium")
+SHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 120_000
+
+if CHROMIUM is None:
+    pytest.skip("chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    opened = context.new_page()
+    yield opened
+    context.close()
+
+
+# Function-scoped: two engines must never patch the shared tiny pipeline at the same time.
+@pytest.fixture
+def hub_app(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
+    with serve_fixture_app(loaded, base_settings, hub, fixtures) as served:
+        yield served
+
+
+def tile(page, title: str):
+    return page.locator(f'#lora-gallery button.thumbnail-item:has(img[alt="{title}"])')
+
+
+def generate_and_wait(page) -> None:
+    page.locator("#generate").click()
+    page.locator("#result img").wait_for(timeout=WAIT_MS)
+    page.locator("#result-info table.timing").wait_for(timeout=WAIT_MS)
+
+
+def test_pick_a_hub_lora_fill_its_trigger_and_generate(page, hub_app, fixtures):
+    page.goto(hub_app.url)
+    tile(page, "peft").wait_for(timeout=WAIT_MS)
+    assert page.locator("#lora-gallery button.thumbnail-item").count() >= 10
+    page.screenshot(path=str(SHOTS / "hub-gallery.png"), full_page=True)
+
+    tile(page, "peft").click()
+    page.locator("#lora-details h3", has_text="peft").wait_for(timeout=WAIT_MS)
+    assert page.locator("#prompt textarea").input_value() == "sks style"
+    assert page.locator("#lora-1 textarea, #lora-1 input").first.input_value() == fixtures["peft"]
+    page.locator("#prompt textarea").fill("sks style, a fox in a forest")
+
+    tile(page, "kohya").click()
+    page.locator("#lora-details .badge.nc").wait_for(timeout=WAIT_MS)
+    assert page.locator("#prompt textarea").input_value() == "ohwx, a fox in a forest"
+    link = page.locator("#lora-details a").get_attribute("href")
+    assert link is not None
+    assert link.endswith(f"/{fixtures['kohya']}")
+
+    generate_and_wait(page)
+    info = page.locator("#result-info").inner_text()
+    assert "inference" in info
+    assert "total" in info
+    assert fixtures["kohya"] in info
+    page.locator("#status-panel").get_by_text("Engine status").click()
+    page.locator("#api-panel").get_by_text("Use via API: Python and curl").click()
+    page.locator("#api-snippets code", has_text="gradio_client").first.wait_for(timeout=WAIT_MS)
+    assert hub_app.url in page.locator("#api-snippets").inner_text()
+    page.screenshot(path=str(SHOTS / "hub-generated.png"), full_page=True)
+
+
+def test_a_custom_lora_is_checked_before_generating(page, hub_app, fixtures):
+    page.goto(hub_app.url)
+    tile(page, "kohya").wait_for(timeout=WAIT_MS)
+    page.locator("#prompt textarea").fill("a fox in a forest")
+    lora = page.locator("#lora-1 textarea, #lora-1 input").first
+    page.locator("#lora-1-options").get_by_text("Revision, weight file, check").click()
+    check = page.get_by_role("button", name="Check this LoRA")
+
+    lora.fill(fixtures["sd15"])
+    check.click()
+    refused = page.locator("#lora-details .lora-error")
+    refused.wait_for(timeout=WAIT_MS)
+    assert "stable-diffusion-v1-5" in refused.inner_text()
+
+    lora.fill(fixtures["second"])
+    check.click()
+    page.locator("#lora-details", has_text="✓ loads").wait_for(timeout=WAIT_MS)
+    assert "rank 4" in page.locator("#lora-details").inner_text()
+    assert page.locator("#prompt textarea").input_value() == "tok, a fox in a forest"
+    page.screenshot(path=str(SHOTS / "hub-custom-check.png"), full_page=True)
+
+
+def test_the_offline_demo_shows_its_banner_and_generates(page, demo_load, tmp_path):
+    from engine.settings import Settings
+    from serving.runtime import build_runtime
+
+    runtime = build_runtime(Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=demo_load)
+    try:
+        assert runtime.wait_ready(timeout=300)
+        with serve_app(
+            runtime.engine, runtime.catalog, banner=runtime.banner, runner=runtime.runner, allowed_paths=[tmp_path]
+        ) as served:
+            page.goto(served.url)
+            banner = page.locator("#banner")
+            banner.wait_for(timeout=WAIT_MS)
+            assert "tiny random-weight model" in banner.inner_text()
+            box = banner.bounding_box()
+            assert box is not None
+            assert box["y"] < 100
+            tile(page, "Neon Static").wait_for(timeout=WAIT_MS)
+            assert page.locator("#lora-gallery button.thumbnail-item").count() == 6
+            tile(page, "Neon Static").click()
+            page.locator("#lora-details .badge.nc").wait_for(timeout=WAIT_MS)
+            assert page.locator("#prompt textarea").input_value() == "neon static"
+            generate_and_wait(page)
+            assert "local:neon_static.safetensors" in page.locator("#result-info").inner_text()
+            page.screenshot(path=str(SHOTS / "offline-demo.png"), full_page=True)
+
+            # The demo's second pool: SD 1.5 LoRAs are listed under their base and generate on it.
+            page.locator("#base-filter input").click()
+            page.get_by_role("option", name="Stable Diffusion 1.5 (served)").click()
+            page.locator("#base-note", has_text="generate on Stable Diffusion 1.5").wait_for(timeout=WAIT_MS)
+            tile(page, "Dusty Rose").wait_for(timeout=WAIT_MS)
+            assert page.locator("#lora-gallery button.thumbnail-item").count() == 3
+            tile(page, "Dusty Rose").click()
+            page.locator("#lora-details", has_text="Dusty Rose").wait_for(timeout=WAIT_MS)
+            assert page.locator("#prompt textarea").input_value() == "dusty rose"
+            page.locator("#generate").click()
+            info = page.locator("#result-info", has_text="local:dusty_rose.safetensors")
+            info.wait_for(timeout=WAIT_MS)
+            assert "guidance 7.5" in info.inner_text(), "SD 1.5's own defaults (SDXL's guidance is 5)"
+            page.screenshot(path=str(SHOTS / "offline-demo-sd15.png"), full_page=True)
+
+            # A long run, to watch the per-step progress the engine reports.
+            page.locator("#steps input[type=number]").fill("60")
+            page.locator("#steps input[type=number]").press("Enter")
+            page.locator("#generate").click()
+            page.locator("#result", has_text="Denoising").wait_for(timeout=WAIT_MS)
+            page.screenshot(path=str(SHOTS / "offline-demo-progress.png"), full_page=False)
+            page.locator("#result-info", has_text="60 steps").wait_for(timeout=WAIT_MS)
+    finally:
+        runtime.close()
+
+
+class SlowSteps:
+    """The app's runner with every denoising step slowed, so a browser can watch the previews arrive."""
+
+    def __new__(cls, engine: object, delay_s: float = 0.6) -> object:
+        from serving.runtime import GpuRunner
+
+        class Slow(GpuRunner):
+            def generate(self, request, *, progress=None, **kwargs):
+                def slowed(step: int, total: int) -> None:
+                    time.sleep(delay_s)
+                    if progress is not None:
+                        progress(step, total)
+
+                return super().generate(request, progress=slowed, **kwargs)
+
+        return Slow(engine)  # type: ignore[arg-type]
+
+
+# Every src the result image takes, in order (Gradio swaps the <img> or its src per streamed value).
+WATCH_SRCS = """() => {
+    window.__srcs = [];
+    const root = document.querySelector('#result');
+    const record = () => {
+        const img = root.querySelector('img');
+        if (img && img.src && window.__srcs[window.__srcs.length - 1] !== img.src) window.__srcs.push(img.src);
+    };
+    new MutationObserver(record).observe(root, {subtree: true, childList: true, attributes: true,
+                                               attributeFilter: ['src']});
+}"""
+
+
+def test_the_preview_shows_the_image_forming_before_the_final_one(page, loaded, base_settings, hub, fixtures):
+    with serve_fixture_app(loaded, base_settings, hub, fixtures, runner=SlowSteps) as served:
+        page.goto(served.url)
+        tile(page, "peft").wait_for(timeout=WAIT_MS)
+        tile(page, "peft").click()
+        page.locator("#lora-details h3", has_text="peft").wait_for(timeout=WAIT_MS)
+        page.locator("#prompt textarea").fill("sks style, a fox in a forest")
+        page.locator("#steps input[type=number]").fill("12")
+        page.locator("#steps input[type=number]").press("Enter")
+        page.evaluate(WATCH_SRCS)
+        page.locator("#generate").click()
+        page.locator("#result-info", has_text="Preview after step").wait_for(timeout=WAIT_MS)
+        page.wait_for_function("window.__srcs.length >= 2", timeout=WAIT_MS)
+        page.locator("#request-column").screenshot(path=str(SHOTS / "preview.png"))
+        page.locator("#result-info table.timing").wait_for(timeout=WAIT_MS)
+        final = page.locator("#result img").get_attribute("src")
+        srcs = page.evaluate("window.__srcs")
+    assert final is not None
+    assert srcs[-1] == final
+    intermediate = [src for src in srcs[:-1] if src != final]
+    # PREVIEW_EVERY=2 of 12 steps: previews after steps 2..10; the browser saw at least two of them, then the image.
+    assert len(set(intermediate)) >= 2, srcs
+    assert "12 steps" in page.locator("#result-info").inner_text()
+
+
+def test_the_comparison_grid_shows_labelled_cells_and_downloads(page, hub_app, fixtures, tmp_path):
+    from playwright.sync_api import expect
+
+    page.goto(hub_app.url)
+    tile(page, "peft").wait_for(timeout=WAIT_MS)
+    page.locator("#prompt textarea").fill("a fox in a forest")
+    page.get_by_label("Compare").check()
+    listed = page.locator("#compare-loras textarea")
+    page.get_by_role("tab", name="Compare").click()
+    listed.wait_for(timeout=WAIT_MS)
+    # Each click appends to the list the page holds, so the next click waits for the last one's answer.
+    tile(page, "peft").click()
+    expect(listed).to_have_value(fixtures["peft"], timeout=WAIT_MS)
+    tile(page, "kohya").click()
+    expect(listed).to_have_value(f"{fixtures['peft']}\n{fixtures['kohya']}", timeout=WAIT_MS)
+    assert listed.input_value().splitlines() == [fixtures["peft"], fixtures["kohya"]]
+    page.locator("#compare-scales textarea, #compare-scales input").first.fill("1, 0.5")
+    page.locator("#compare").click()
+    cells = page.locator("#compare-cells button.thumbnail-item")
+    page.locator("#compare-info table.timing").wait_for(timeout=WAIT_MS)
+    assert cells.count() == 3
+    captions = page.locator("#compare-cells .caption-label").all_inner_texts()
+    assert captions == ["base", "peft (1)", "kohya (0.5)"]
+    info = page.locator("#compare-info").inner_text()
+    assert all(label in info for label in captions)
+    page.locator("#compare-tab").screenshot(path=str(SHOTS / "compare.png"))
+
+    with page.expect_download(timeout=WAIT_MS) as download:
+        page.locator("#compare-grid").get_by_role("button", name="Download").click()
+    saved = tmp_path / "grid.png"
+    download.value.save_as(saved)
+    from PIL import Image
+
+    with Image.open(saved) as grid:
+        assert grid.format == "PNG"
+        assert grid.width > 3 * 256

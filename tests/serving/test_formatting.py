@@ -1,0 +1,122 @@
+"""The UI's pure helpers: size presets, base choices, trigger insertion, input parsing, cards and snippets."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from engine.errors import InvalidRequestError
+from engine.requests import AdapterUse, GenerateRequest, GenerateResult, LoraSpec, ModelDefaults, Timings
+from lora_catalog.entries import Family, LoraEntry
+from serving.ui import formatting as fmt
+
+SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
+
+
+def test_size_presets_follow_the_served_model():
+    sdxl = fmt.size_presets(ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1536))
+    assert sdxl[0] == ("1024 × 1024", "1024x1024")
+    assert ("1216 × 832", "1216x832") in sdxl
+    tiny = fmt.size_presets(ModelDefaults(steps=4, guidance=5.0, side=64, max_side=256))
+    assert [v for _, v in tiny] == ["64x64", "128x128", "256x256", "128x64", "64x128", "256x128", "128x256"]
+    capped = fmt.size_presets(ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1024))
+    assert [v for _, v in capped] == ["1024x1024"]
+
+
+def test_parse_size_names_the_bad_value():
+    assert fmt.parse_size("832x1216") == (832, 1216)
+    with pytest.raises(InvalidRequestError, match="size 'big' is not accepted"):
+        fmt.parse_size("big")
+
+
+def test_base_choices_put_the_served_base_and_its_family_first():
+    choices = fmt.base_choices(SDXL)
+    assert choices[0] == ("SDXL 1.0 (served)", SDXL)
+    families = [label.endswith("(browse only)") for label, _ in choices]
+    assert families == sorted(families)
+    assert ("FLUX.1 [dev] (browse only)", "black-forest-labs/FLUX.1-dev") in choices
+    assert fmt.base_choices("me/my-sdxl")[0] == ("me/my-sdxl (served)", "me/my-sdxl")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "old", "new", "expected"),
+    [
+        ("", None, "ohwx", "ohwx"),
+        ("a cat", None, "ohwx", "ohwx, a cat"),
+        ("ohwx, a cat", "ohwx", "sks style", "sks style, a cat"),
+        ("a cat in sks style", None, "sks style", "a cat in sks style"),
+        ("ohwx, a cat", "ohwx", None, "a cat"),
+        ("a cat", "ohwx", "tok", "tok, a cat"),
+    ],
+)
+def test_insert_trigger_puts_the_trigger_in_front_once(prompt, old, new, expected):
+    assert fmt.insert_trigger(prompt, old, new) == expected
+
+
+def test_form_fields_become_specs_and_seeds():
+    assert fmt.lora_spec("  ", 1.0) is None
+    assert fmt.lora_spec(" a/b ", 0.5, " v1 ", "") == LoraSpec("a/b", 0.5, revision="v1", weight_name=None)
+    assert fmt.lora_spec("a/b", None) == LoraSpec("a/b", 1.0)
+    assert fmt.seed_value(-1) is None
+    assert fmt.seed_value(7, randomize=True) is None
+    assert fmt.seed_value(7) == 7
+    # Anything else goes to the engine as given, so its message names the bad value.
+    assert fmt.seed_value(7.5) == 7.5
+    assert fmt.seed_value(True) is True
+
+
+def test_entry_card_shows_link_licence_badge_and_triggers():
+    entry = LoraEntry(
+        ref="alice/ink",
+        repo_id="alice/ink",
+        title="Ink <b>",
+        family=Family.SDXL,
+        trigger_words=("inkstyle",),
+        license="cc-by-nc-4.0",
+        non_commercial=True,
+        downloads=1234,
+        last_modified=datetime(2024, 1, 1, tzinfo=UTC),
+    )
+    card = fmt.entry_card(entry, "https://hub.example/")
+    assert 'href="https://hub.example/alice/ink"' in card
+    assert "Ink &lt;b&gt;" in card
+    assert 'class="badge nc">non-commercial' in card
+    assert '<span class="chip">inkstyle</span>' in card
+    assert "1,234" in card
+
+
+def test_result_html_and_info_describe_timings_and_cache():
+    request = GenerateRequest("a cat", loras=(LoraSpec("a/b"),), steps=4, guidance=5.0, width=64, height=64, seed=9)
+    result = GenerateResult(
+        image=None,  # type: ignore[arg-type]
+        seed=9,
+        request=request,
+        timings=Timings(resolve=0.5, prepare=0.25, apply=0.002, inference=1.5, total=2.3),
+        adapters=(AdapterUse("a/b", "abc", "w.safetensors", 1.0, "miss"),),
+        warnings=("careful",),
+    )
+    text = fmt.result_html(result)
+    for part in ("<code>9</code>", "download / resolve", "500 ms", "2 ms", "1.50 s", "2.30 s", "miss", "⚠ careful"):
+        assert part in text
+    info = fmt.result_info(result)
+    assert info["seed"] == 9
+    assert info["loras"][0]["cache"] == "miss"
+    assert info["timings"]["inference"] == 1.5
+
+
+def test_snippets_use_the_url_clients_reach():
+    assert fmt.base_url({"host": "localhost:8888"}) == "http://localhost:8888/"
+    assert fmt.base_url({"host": "me-space.hf.space"}) == "https://me-space.hf.space/"
+    assert fmt.base_url({"host": "10.0.0.2", "x-forwarded-host": "a.b", "x-forwarded-proto": "https"}) == "https://a.b/"
+    text = fmt.api_snippets("http://localhost:8888/", "alice/ink", ModelDefaults(25, 5.0, 1024, 1536))
+    assert 'Client("http://localhost:8888/")' in text
+    assert "curl -H 'lora: alice/ink' http://localhost:8888/" in text
+    assert 'api_name="/generate"' in text
+    assert '"num_inference_steps": 25' in text
+
+
+def test_the_placeholder_is_a_neutral_square():
+    image = fmt.placeholder_image(128)
+    assert image.size == (128, 128)
+    assert image.getpixel((0, 0)) == (229, 231, 235)
