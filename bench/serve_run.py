@@ -104,9 +104,7 @@ class Bench:
             engine.close()
             catalog.close()
         print(f"{mode}: {len(samples)} requests in {wall:.1f} s", flush=True)
-        return ModeResult(
-            mode, tuple(samples), tuple(runs), tuple(runnable), engine.scheduler.max_overtaken, wall
-        )
+        return ModeResult(mode, tuple(samples), tuple(runs), tuple(runnable), engine.scheduler.max_overtaken, wall)
 
     def _warm(self, engine: Engine, mode: str) -> None:
         """The most popular LoRAs into the cache, with no download delay (the clock has not started)."""
