@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the test suite needs on a fresh machine: Debian's chromium for the browser
-# tests, a virtualenv with the pinned runtime and test dependencies.
+# tests, a virtualenv with this project installed editable beside the pinned runtime and test dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

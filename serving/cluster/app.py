@@ -20,7 +20,6 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from ray import serve
 from ray.serve import Application
@@ -68,14 +67,12 @@ def build_app(settings: Settings) -> Application:
 def local_cluster(settings: Settings, *, port: int, num_cpus: int = 2, name: str = "switchboard") -> Iterator[str]:
     """Start Ray on this machine, deploy `build_app(settings)` on `port`, yield its URL; shut all down after.
 
-    For tests and benchmarks: worker processes get this repository on their path, and the Hub variables
-    of this process (a stand-in Hub's endpoint), since Ray starts them from its own daemon.
+    For tests and benchmarks: worker processes get the Hub variables of this process (a stand-in Hub's endpoint),
+    since Ray starts them from its own daemon; they import this project as installed (`pip install -e .`).
     """
     import ray
 
-    root = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if k.startswith(("HF_", "OMP_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
