@@ -45,10 +45,6 @@ class Scratch:
             self._buffers[(slot, device)] = buffer
         return buffer[:numel].view(tuple(shape))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._buffers.values())
-
     def clear(self) -> None:
         self._buffers.clear()
 

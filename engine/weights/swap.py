@@ -77,18 +77,8 @@ class WeightPatcher:
             return self._bytes
 
     @property
-    def pristine_count(self) -> int:
-        with self._lock:
-            return len(self._pristine)
-
-    @property
     def budget(self) -> int | None:
         return self._budget
-
-    @property
-    def scratch_bytes(self) -> int:
-        """float32 work buffers kept between swaps (about one largest touched weight, or a few with LyCORIS/DoRA)."""
-        return self._scratch.nbytes
 
     @torch.no_grad()
     def apply(self, active: Sequence[ActiveAdapter]) -> None:
