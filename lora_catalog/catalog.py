@@ -18,12 +18,13 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
+
+from cachetools import LRUCache
 
 from .entries import LoraEntry
 from .errors import CatalogError, HubUnavailableError, InvalidRequestError, LoraNotFoundError, SnapshotError
@@ -82,7 +83,7 @@ class Catalog:
         self._retry_after = retry_after_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._live: OrderedDict[_Key, _Listing] = OrderedDict()
+        self._live: LRUCache[_Key, _Listing] = LRUCache(maxsize=_MAX_LISTINGS)
         self._pending: dict[_Key, concurrent.futures.Future[None]] = {}
         self._hub_state: Literal["unknown", "online", "offline"] = "unknown"
         self._failed_at: float | None = None
@@ -272,9 +273,6 @@ class Catalog:
         listing = _Listing(tuple(entries), self._clock(), datetime.now(UTC))
         with self._lock:
             self._live[key] = listing
-            self._live.move_to_end(key)
-            while len(self._live) > _MAX_LISTINGS:
-                self._live.popitem(last=False)
             self._hub_state, self._failed_at = "online", None
         logger.info("catalogue: %d LoRAs from the Hub for %s", len(entries), key)
         return listing

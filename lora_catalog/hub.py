@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import httpx2
+from cachetools import LRUCache
 from huggingface_hub import HfApi
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -129,8 +130,9 @@ class HubSource:
         self._cache_ttl_s = cache_ttl_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._resolved: dict[_Key, _Cached] = {}
-        self._headers: dict[tuple[str, str, str], SafetensorsHeader] = {}
+        # Count-bounded: past its TTL an entry stays (served stale while revalidated), so no TTLCache.
+        self._resolved: LRUCache[_Key, _Cached] = LRUCache(maxsize=_CACHE_MAX)
+        self._headers: LRUCache[tuple[str, str, str], SafetensorsHeader] = LRUCache(maxsize=_CACHE_MAX)
         # Stale-while-revalidate: one background lookup at a time, never on a request's path.
         self._revalidating: set[_Key] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -271,8 +273,6 @@ class HubSource:
         entry = dataclasses.replace(entry, embeddings_name=embeddings, embeddings_size=size)
         expires = None if is_commit_sha(revision) else self._clock() + self._cache_ttl_s
         with self._lock:
-            if len(self._resolved) >= _CACHE_MAX:
-                self._resolved.pop(next(iter(self._resolved)))
             self._resolved[key] = _Cached(entry, expires)
         return entry
 
@@ -298,8 +298,6 @@ class HubSource:
                     data, total = self._read_prefix(url, 8 + length)
         header = read_header_bytes(data, file_size=total, label=label)
         with self._lock:
-            if len(self._headers) >= _CACHE_MAX:
-                self._headers.pop(next(iter(self._headers)))
             self._headers[key] = header
         return header
 

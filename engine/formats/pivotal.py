@@ -35,13 +35,13 @@ import copy
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from cachetools import LRUCache
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
@@ -107,7 +107,7 @@ class TextEncoders:
         self.weights = tuple(m.weight for m in self.modules)
         self._vocab = frozenset(token for t in self.tokenizers for token in t.get_vocab())
         self._lock = threading.Lock()
-        self._derived: OrderedDict[tuple[str, ...], tuple[Any, ...]] = OrderedDict()
+        self._derived: LRUCache[tuple[str, ...], tuple[Any, ...]] = LRUCache(maxsize=_DERIVED_CACHE)
         self._unfit = next(
             (
                 f"the served {encoder} has {w.shape[0]} token rows but its {name} {len(t)} tokens"
@@ -160,7 +160,6 @@ class TextEncoders:
         with self._lock:
             cached = self._derived.get(tokens)
             if cached is not None:
-                self._derived.move_to_end(tokens)
                 return cached
         started = time.perf_counter()
         made = []
@@ -175,7 +174,5 @@ class TextEncoders:
         result = tuple(made)
         with self._lock:
             self._derived[tokens] = result
-            while len(self._derived) > _DERIVED_CACHE:
-                self._derived.popitem(last=False)
         logger.info("tokenizers with %s made in %.1f ms", "".join(tokens), (time.perf_counter() - started) * 1000)
         return result

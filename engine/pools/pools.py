@@ -13,11 +13,11 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from cachetools import LRUCache
 from torch import nn
 
 from engine.caches.disk import DiskCache
@@ -101,7 +101,7 @@ class Pools:
             residency.add(
                 engine.loaded.base_model_id, pipeline_modules(engine.loaded), before_leaving=engine.put_back_base
             )
-        self._routes: OrderedDict[AdapterKey, tuple[int | None, str]] = OrderedDict()
+        self._routes: LRUCache[AdapterKey, tuple[int | None, str]] = LRUCache(maxsize=_ROUTE_CACHE)
         self._routes_lock = threading.Lock()
 
     @classmethod
@@ -158,7 +158,6 @@ class Pools:
         source = self._resolver.locate(spec)
         with self._routes_lock:
             if source.key in self._routes:
-                self._routes.move_to_end(source.key)
                 return self._routes[source.key]
         started = time.perf_counter()
         infos = [p.info for p in self._pools]
@@ -174,8 +173,6 @@ class Pools:
         )
         with self._routes_lock:
             self._routes[source.key] = decision
-            while len(self._routes) > _ROUTE_CACHE:
-                self._routes.popitem(last=False)
         return decision
 
     def _describe(self, index: int | None) -> str:

@@ -20,11 +20,11 @@ import asyncio
 import json
 import logging
 import secrets
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from cachetools import LRUCache
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
@@ -63,7 +63,7 @@ class Ingress:
         self._pools = tuple(PoolRoute(*pool) for pool in pools)
         # Filled on the first request that needs them; the ingress's one event loop is their only user.
         self._infos: tuple[PoolInfo, ...] | None = None
-        self._origins: OrderedDict[tuple[str, str | None, str | None], LoraOrigin] = OrderedDict()
+        self._origins: LRUCache[tuple[str, str | None, str | None], LoraOrigin] = LRUCache(maxsize=_ORIGINS)
 
     async def __call__(self, http: Request) -> Response:
         path = http.url.path.rstrip("/") or "/"
@@ -161,13 +161,10 @@ class Ingress:
     async def _origin(self, spec: LoraSpec) -> LoraOrigin | Answer:
         key = (spec.ref, spec.revision, spec.weight_name)
         if key in self._origins:
-            self._origins.move_to_end(key)
             return self._origins[key]
         found = await self._pools[0].handle.origin.remote(asdict(spec))
         if isinstance(found, LoraOrigin):
             self._origins[key] = found
-            while len(self._origins) > _ORIGINS:
-                self._origins.popitem(last=False)
         return found
 
     async def _dispatch(self, request: GenerateRequest, base: str, media_type: str) -> Answer:
