@@ -7,11 +7,11 @@
 the inference API's URL form); an unserved base is a 404 naming the served ones. Without it a request
 goes to its LoRAs' pool (the base they were made for), or the default one.
 
-The body is JSON whatever its Content-Type says (curl's `-d` sends a form type).
-The `lora` header names a Hub repo id or a `local:` file; `parameters.loras` lists more as
-`{"path": ..., "scale": ...}` (the shape huggingface_hub's InferenceClient sends to text-to-image
-providers), each path a repo id or a `https://huggingface.co/<repo>/resolve/<revision>/<file>` URL,
-parsed into its parts (nothing is fetched from the URL itself). The answer is the image
+The body is JSON whatever its Content-Type says (curl's `-d` sends a form type), validated by
+`serving.http.body.parse_body`. The `lora` header names a Hub repo id or a `local:` file; `parameters.loras`
+lists more as `{"path": ..., "scale": ...}` (the shape huggingface_hub's InferenceClient sends to
+text-to-image providers), each path a repo id or a Hub file URL, parsed into its parts (nothing is fetched
+from the URL itself). The answer is the image
 (JPEG, or PNG when `Accept` prefers `image/png`), or a JSON error
 `{"error": message, "error_type": class name}` with a status that says whose
 fault it is. The request joins the engine's one queue (the UI's and `gradio_client`'s
@@ -24,13 +24,11 @@ or cancels its generation.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote, urlsplit
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import anyio
 from PIL.Image import Image
@@ -39,15 +37,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from engine.errors import InvalidRequestError, RequestTooLargeError, SwitchboardError
-from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.requests import GenerateResult
 from serving.errors import json_error
+from serving.http.body import HUB_HOST, HttpRequest, lora_from_path, parse_body
 
 if TYPE_CHECKING:
     # Typing only: the cluster's ingress reuses this module without the Space's runtime (spaces, the catalogue).
     from serving.runtime import GpuRunner
 
 __all__ = [
-    "ACCEPTED_PARAMETERS",
     "HUB_HOST",
     "MAX_BODY_BYTES",
     "HttpRequest",
@@ -66,171 +64,6 @@ MAX_BODY_BYTES = 64 * 1024
 _JPEG_QUALITY = 92
 # Characters of a LoRA ref kept as they are in the X-Lora-Cache header (everything in a Hub repo id).
 _REF_SAFE = "/:@._-~"
-# Inference-API name -> (GenerateRequest field, accepted JSON types, how to describe them).
-ACCEPTED_PARAMETERS: Mapping[str, tuple[str, tuple[type, ...], str]] = {
-    "num_inference_steps": ("steps", (int,), "an integer"),
-    "guidance_scale": ("guidance", (int, float), "a number"),
-    "negative_prompt": ("negative_prompt", (str,), "a string"),
-    "width": ("width", (int,), "an integer"),
-    "height": ("height", (int,), "an integer"),
-    "seed": ("seed", (int,), "an integer"),
-    "lora_scale": ("lora_scale", (int, float), "a number"),
-}
-# `options` is part of the inference API's body (wait_for_model, use_cache); nothing here needs it.
-_TOP_LEVEL = ("inputs", "parameters", "options")
-# `parameters.loras`: what InferenceClient's providers take (fal.ai's shape); only Hub files, parsed, never fetched.
-_LORAS = "loras"
-_LORA_KEYS = ("path", "scale")
-HUB_HOST = "huggingface.co"
-_ACCEPTED_PATH = (
-    f"a Hub repo id 'owner/name' or a Hub file URL 'https://{HUB_HOST}/<owner>/<name>/resolve/<revision>/<file>'"
-)
-
-
-@dataclass(frozen=True)
-class HttpRequest:
-    """A parsed body and headers: the generation request and how to encode the answer."""
-
-    request: GenerateRequest
-    media_type: str
-
-
-def parse_body(body: bytes, *, lora: str | None, accept: str | None) -> HttpRequest:
-    """Validate the JSON body and the `lora` header; InvalidRequestError names what is wrong."""
-    try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidRequestError(
-            f'the body is not valid JSON ({e}); accepted: {{"inputs": "<prompt>", "parameters": {{...}}}}'
-        ) from e
-    except RecursionError as e:
-        raise InvalidRequestError(
-            'the body is JSON nested too deeply to read; accepted: {"inputs": "<prompt>", "parameters": {...}}'
-        ) from e
-    if not isinstance(document, dict):
-        raise InvalidRequestError(
-            f'the body is a JSON {type(document).__name__}; accepted: an object {{"inputs": "<prompt>", ...}}'
-        )
-    unknown = sorted(set(document) - set(_TOP_LEVEL))
-    if unknown:
-        raise InvalidRequestError(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(_TOP_LEVEL)}")
-    prompt = document.get("inputs")
-    if not isinstance(prompt, str):
-        raise InvalidRequestError(f"inputs must be the prompt as a string, got {_json_type(prompt)}")
-    parameters = document.get("parameters")
-    parameters = {} if parameters is None else parameters
-    if not isinstance(parameters, dict):
-        raise InvalidRequestError(f"parameters must be a JSON object, got {_json_type(parameters)}")
-    listed = _loras(parameters.get(_LORAS))
-    fields = _parameters({k: v for k, v in parameters.items() if k != _LORAS})
-    scale = fields.pop("lora_scale", None)
-    lora = (lora or "").strip()
-    if scale is not None and not lora:
-        raise InvalidRequestError(
-            "lora_scale was given without a LoRA header; accepted: a 'lora' header naming the LoRA it scales "
-            "(entries of parameters.loras carry their own scale)"
-        )
-    header = (LoraSpec(lora, scale=1.0 if scale is None else float(scale)),) if lora else ()
-    # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.
-    request = GenerateRequest(prompt=prompt, loras=header + listed, **fields)
-    return HttpRequest(request=request, media_type=_media_type(accept))
-
-
-def _loras(value: object) -> tuple[LoraSpec, ...]:
-    """`parameters.loras`: a list of `{"path": ..., "scale": ...}`; the count is checked with the rest later."""
-    if value is None:
-        return ()
-    item_shape = '{"path": "<repo id or Hub file URL>", "scale": <number>}'
-    shape = f"[{item_shape}, ...]"
-    if not isinstance(value, list):
-        raise InvalidRequestError(f"parameters.loras must be a list {shape}, got {_json_type(value)}")
-    specs = []
-    for index, item in enumerate(value):
-        where = f"parameters.loras[{index}]"
-        if not isinstance(item, dict):
-            raise InvalidRequestError(f"{where} must be an object {item_shape}, got {_json_type(item)}")
-        unknown = sorted(set(item) - set(_LORA_KEYS))
-        if unknown:
-            raise InvalidRequestError(f"{where} has unknown key(s) {', '.join(unknown)}; accepted: path, scale")
-        path, scale = item.get("path"), item.get("scale")
-        if not isinstance(path, str):
-            raise InvalidRequestError(f"{where}.path must be {_ACCEPTED_PATH}, got {_json_type(path)}")
-        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
-            raise InvalidRequestError(f"{where}.scale must be a number, got {_json_type(scale)} {scale!r}")
-        ref, revision, weight_name = lora_from_path(path, where=f"{where}.path")
-        specs.append(LoraSpec(ref, 1.0 if scale is None else float(scale), revision, weight_name))
-    return tuple(specs)
-
-
-def lora_from_path(path: str, *, where: str = "path") -> tuple[str, str | None, str | None]:
-    """(repo id, revision, file) from a repo id or a `https://huggingface.co/<repo>/resolve/<rev>/<file>` URL.
-
-    Only the URL's parts are used: the file is then fetched the one way every LoRA is (the Hub client and its
-    cache, with its size limit), so no request ever makes the server fetch from a host a client chose.
-    """
-    text = path.strip()
-    if "://" not in text:
-        # A repo id (or a local: file, as in the header); the engine validates it with every other LoRA.
-        return text, None, None
-    refused = f"{where} {path!r} is not accepted ({{}}); accepted: {_ACCEPTED_PATH}"
-    parts = urlsplit(text)
-    # The whole netloc, not the host name: a port or user info is refused too. Host names are case-blind.
-    if parts.scheme != "https" or parts.netloc.lower() != HUB_HOST:
-        raise InvalidRequestError(
-            refused.format(f"only https://{HUB_HOST} URLs are read, not {parts.scheme}://{parts.netloc}")
-        )
-    if parts.query or parts.fragment:
-        raise InvalidRequestError(refused.format("it has a query or a fragment"))
-    segments = parts.path.split("/")
-    if len(segments) < 6 or segments[0] or segments[3] != "resolve" or not all(segments[1:]):
-        raise InvalidRequestError(refused.format("it is not a file URL of a model repo"))
-    owner, name, revision, *file = (unquote(s) for s in (segments[1], segments[2], *segments[4:]))
-    return f"{owner}/{name}", revision, "/".join(file)
-
-
-def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(parameters) - set(ACCEPTED_PARAMETERS))
-    if unknown:
-        raise InvalidRequestError(
-            f"unknown parameter(s) {', '.join(unknown)}; accepted: {', '.join((*ACCEPTED_PARAMETERS, _LORAS))}"
-        )
-    fields: dict[str, Any] = {}
-    for name, value in parameters.items():
-        field, types, description = ACCEPTED_PARAMETERS[name]
-        if value is None:
-            continue
-        # JSON has one number type: 20.0 is an acceptable integer, true is not a number.
-        if int in types and float not in types and isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise InvalidRequestError(f"parameter {name} must be {description}, got {_json_type(value)} {value!r}")
-        fields[field] = value
-    return fields
-
-
-def _media_type(accept: str | None) -> str:
-    """PNG when the client ranks image/png above image/jpeg, JPEG otherwise."""
-    quality = {"image/png": 0.0, "image/jpeg": 0.0}
-    for part in (accept or "").split(","):
-        media, _, params = part.strip().partition(";")
-        media = media.strip().lower()
-        if media not in quality:
-            continue
-        q = 1.0
-        for param in params.split(";"):
-            key, _, value = param.strip().partition("=")
-            if key.strip() == "q":
-                try:
-                    q = float(value)
-                except ValueError:
-                    q = 0.0
-        quality[media] = max(quality[media], q)
-    return "image/png" if quality["image/png"] > quality["image/jpeg"] else "image/jpeg"
-
-
-def _json_type(value: object) -> str:
-    names = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string"}
-    return names.get(type(value), "array" if isinstance(value, list) else "object")
 
 
 def encode_image(image: Image, media_type: str) -> bytes:

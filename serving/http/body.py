@@ -1,0 +1,217 @@
+"""The body of `POST /` (and the cluster ingress's): the inference API's JSON, validated by pydantic models.
+
+`{"inputs": "<prompt>", "parameters": {...}, "options": {...}}`, unknown fields refused at every level;
+`parameters.loras` lists `{"path": ..., "scale": ...}` (the shape huggingface_hub's InferenceClient sends to
+text-to-image providers), each path a repo id or a `https://huggingface.co/<repo>/resolve/<revision>/<file>`
+URL, parsed into its parts (nothing is fetched from the URL itself). JSON has one number type: 20.0 is an
+acceptable integer, `true` is not a number. Every refusal is an InvalidRequestError (400) naming the field,
+its value and what is accepted: pydantic's ValidationError is translated in one place (`_refusal`), from
+each field's `description` (what it accepts).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any
+from urllib.parse import unquote, urlsplit
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from engine.errors import InvalidRequestError
+from engine.requests import GenerateRequest, LoraSpec
+
+__all__ = ["HUB_HOST", "HttpRequest", "lora_from_path", "parse_body"]
+
+HUB_HOST = "huggingface.co"
+_ACCEPTED_PATH = (
+    f"a Hub repo id 'owner/name' or a Hub file URL 'https://{HUB_HOST}/<owner>/<name>/resolve/<revision>/<file>'"
+)
+_ITEM_SHAPE = '{"path": "<repo id or Hub file URL>", "scale": <number>}'
+_BODY_SHAPE = '{"inputs": "<prompt>", "parameters": {...}}'
+_STRING = "a string"
+
+
+def _whole(value: object) -> object:
+    """A float with nothing after the point is an integer (JSON does not tell 20 from 20.0)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+_Integer = Annotated[int, BeforeValidator(_whole)]
+_INTEGER, _NUMBER = "an integer", "a number"
+# Strict: no string is a number, no boolean is an integer.
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _Lora(BaseModel):
+    """One entry of `parameters.loras`."""
+
+    model_config = _STRICT
+
+    path: Annotated[str, Field(description=_ACCEPTED_PATH)]
+    scale: Annotated[float | None, Field(description=_NUMBER)] = None
+
+
+class _Parameters(BaseModel):
+    """The inference API's parameters; a serialization alias names the GenerateRequest field one fills."""
+
+    model_config = _STRICT
+
+    num_inference_steps: Annotated[_Integer | None, Field(description=_INTEGER, serialization_alias="steps")] = None
+    guidance_scale: Annotated[float | None, Field(description=_NUMBER, serialization_alias="guidance")] = None
+    negative_prompt: Annotated[str | None, Field(description=_STRING)] = None
+    width: Annotated[_Integer | None, Field(description=_INTEGER)] = None
+    height: Annotated[_Integer | None, Field(description=_INTEGER)] = None
+    seed: Annotated[_Integer | None, Field(description=_INTEGER)] = None
+    lora_scale: Annotated[float | None, Field(description=_NUMBER)] = None
+    loras: Annotated[list[_Lora] | None, Field(description=f"a list [{_ITEM_SHAPE}, ...]")] = None
+
+
+class _Body(BaseModel):
+    model_config = _STRICT
+
+    inputs: Annotated[str, Field(description="the prompt as a string")]
+    parameters: Annotated[_Parameters | None, Field(description="a JSON object")] = None
+    # Part of the inference API's body (wait_for_model, use_cache); nothing here needs it.
+    options: Any = None
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    """A parsed body and headers: the generation request and how to encode the answer."""
+
+    request: GenerateRequest
+    media_type: str
+
+
+def parse_body(body: bytes, *, lora: str | None, accept: str | None) -> HttpRequest:
+    """Validate the JSON body and the `lora` header; InvalidRequestError names what is wrong."""
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidRequestError(f"the body is not valid JSON ({e}); accepted: {_BODY_SHAPE}") from e
+    except RecursionError as e:
+        raise InvalidRequestError(f"the body is JSON nested too deeply to read; accepted: {_BODY_SHAPE}") from e
+    try:
+        parsed = _Body.model_validate(document)
+    except ValidationError as e:
+        raise _refusal(e) from None
+    parameters = parsed.parameters or _Parameters()
+    listed = tuple(_spec(item, f"parameters.loras[{index}]") for index, item in enumerate(parameters.loras or ()))
+    scale = parameters.lora_scale
+    lora = (lora or "").strip()
+    if scale is not None and not lora:
+        raise InvalidRequestError(
+            "lora_scale was given without a LoRA header; accepted: a 'lora' header naming the LoRA it scales "
+            "(entries of parameters.loras carry their own scale)"
+        )
+    header = (LoraSpec(lora, scale=1.0 if scale is None else scale),) if lora else ()
+    fields = parameters.model_dump(by_alias=True, exclude_none=True, exclude={"loras", "lora_scale"})
+    # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.
+    request = GenerateRequest(prompt=parsed.inputs, loras=header + listed, **fields)
+    return HttpRequest(request=request, media_type=_media_type(accept))
+
+
+def _spec(item: _Lora, where: str) -> LoraSpec:
+    ref, revision, weight_name = lora_from_path(item.path, where=f"{where}.path")
+    return LoraSpec(ref, 1.0 if item.scale is None else item.scale, revision, weight_name)
+
+
+def lora_from_path(path: str, *, where: str = "path") -> tuple[str, str | None, str | None]:
+    """(repo id, revision, file) from a repo id or a `https://huggingface.co/<repo>/resolve/<rev>/<file>` URL.
+
+    Only the URL's parts are used: the file is then fetched the one way every LoRA is (the Hub client and its
+    cache, with its size limit), so no request ever makes the server fetch from a host a client chose.
+    """
+    text = path.strip()
+    if "://" not in text:
+        # A repo id (or a local: file, as in the header); the engine validates it with every other LoRA.
+        return text, None, None
+    refused = f"{where} {path!r} is not accepted ({{}}); accepted: {_ACCEPTED_PATH}"
+    parts = urlsplit(text)
+    # The whole netloc, not the host name: a port or user info is refused too. Host names are case-blind.
+    if parts.scheme != "https" or parts.netloc.lower() != HUB_HOST:
+        raise InvalidRequestError(
+            refused.format(f"only https://{HUB_HOST} URLs are read, not {parts.scheme}://{parts.netloc}")
+        )
+    if parts.query or parts.fragment:
+        raise InvalidRequestError(refused.format("it has a query or a fragment"))
+    segments = parts.path.split("/")
+    if len(segments) < 6 or segments[0] or segments[3] != "resolve" or not all(segments[1:]):
+        raise InvalidRequestError(refused.format("it is not a file URL of a model repo"))
+    owner, name, revision, *file = (unquote(s) for s in (segments[1], segments[2], *segments[4:]))
+    return f"{owner}/{name}", revision, "/".join(file)
+
+
+def _refusal(error: ValidationError) -> InvalidRequestError:
+    """pydantic's refusal in the API's words: unknown keys first (a misspelt key explains the rest), all of
+    one object at once; else the first bad value, where it is and what its field accepts."""
+    errors = error.errors()
+    unknown = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        parent = unknown[0][:-1]
+        names = ", ".join(sorted(str(loc[-1]) for loc in unknown if loc[:-1] == parent))
+        if parent == ():
+            return InvalidRequestError(f"unknown field(s) {names}; accepted: {', '.join(_Body.model_fields)}")
+        if parent == ("parameters",):
+            accepted = ", ".join(_Parameters.model_fields)
+            return InvalidRequestError(f"unknown parameter(s) {names}; accepted: {accepted}")
+        accepted = ", ".join(_Lora.model_fields)
+        return InvalidRequestError(f"{_where(parent)} has unknown key(s) {names}; accepted: {accepted}")
+    first = errors[0]
+    loc = first["loc"]
+    value = None if first["type"] == "missing" else first["input"]
+    if loc == ():
+        return InvalidRequestError(
+            f'the body is a JSON {type(value).__name__}; accepted: an object {{"inputs": "<prompt>", ...}}'
+        )
+    accepted = _accepted(loc)
+    # A value is shown where a plain one was expected; a misplaced structure is only named.
+    shown = f"{_json_type(value)} {value!r}" if accepted in (_INTEGER, _NUMBER, _STRING) else _json_type(value)
+    return InvalidRequestError(f"{_where(loc)} must be {accepted}, got {shown}")
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """`("parameters", "loras", 0, "path")` as `parameters.loras[0].path`, `("parameters", "seed")` as
+    `parameter seed`."""
+    if len(loc) == 2 and loc[0] == "parameters" and loc[1] != "loras":
+        return f"parameter {loc[1]}"
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+
+
+def _accepted(loc: tuple[int | str, ...]) -> str:
+    """What the field at `loc` accepts: its description (an entry of `parameters.loras`: an object)."""
+    model: type[BaseModel] = _Body
+    accepted = ""
+    for part in loc:
+        if isinstance(part, int):
+            model, accepted = _Lora, f"an object {_ITEM_SHAPE}"
+        else:
+            accepted = model.model_fields[part].description or "a value"
+            model = _Parameters if part == "parameters" else model
+    return accepted
+
+
+def _media_type(accept: str | None) -> str:
+    """PNG when the client ranks image/png above image/jpeg, JPEG otherwise."""
+    quality = {"image/png": 0.0, "image/jpeg": 0.0}
+    for part in (accept or "").split(","):
+        media, _, params = part.strip().partition(";")
+        media = media.strip().lower()
+        if media not in quality:
+            continue
+        q = 1.0
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key.strip() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        quality[media] = max(quality[media], q)
+    return "image/png" if quality["image/png"] > quality["image/jpeg"] else "image/jpeg"
+
+
+def _json_type(value: object) -> str:
+    names = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string"}
+    return names.get(type(value), "array" if isinstance(value, list) else "object")
