@@ -6,6 +6,12 @@ and gets back the image as lossless PNG with everything else of the `GenerateRes
 inference API's JSON (`{"error", "error_type"}`) and become the same class of the one tree again, looked
 up by name among its subclasses, so a new error class needs no table here.
 
+Validated by pydantic: what a front end sends (a request, a LoRA spec) by strict models of the wire shape,
+unknown fields refused, so a malformed body is a 400 naming where it is wrong, never a 500; numbers pass as
+sent, for the engine to check (`normalise_request`). What the cluster answers (a result, a status, a check,
+the defaults) is read into the engine's own dataclasses by TypeAdapters; an answer that does not fit is
+the backend's trouble (BackendUnavailableError).
+
 No ray, no gradio: both sides import this.
 """
 
@@ -14,15 +20,14 @@ from __future__ import annotations
 import base64
 import io
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, fields
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from PIL import Image
+from pydantic import BaseModel, ConfigDict, PlainValidator, TypeAdapter, ValidationError
 
-from engine.caches.store import CachedAdapter
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
-from engine.formats.adapters import AdapterKey
 from engine.pools.engine import EngineStatus, LoraCheck
 from engine.requests import (
     AdapterUse,
@@ -52,8 +57,67 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_REQUEST_FIELDS = {f.name for f in fields(GenerateRequest)}
-_SPEC_FIELDS = {f.name for f in fields(LoraSpec)}
+
+
+def _number(value: object) -> object:
+    """A JSON number as sent (an integer stays one); no string, no boolean."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("not a JSON number")
+    return value
+
+
+_Number = Annotated[float, PlainValidator(_number)]
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _SpecJson(BaseModel):
+    """A LoraSpec on the wire (its fields, tests/cluster/test_wire.py checks)."""
+
+    model_config = _STRICT
+
+    ref: str
+    scale: _Number = 1.0
+    revision: str | None = None
+    weight_name: str | None = None
+
+    def spec(self) -> LoraSpec:
+        return LoraSpec(self.ref, self.scale, self.revision, self.weight_name)
+
+
+class _RequestJson(BaseModel):
+    """A GenerateRequest on the wire (its fields, tests/cluster/test_wire.py checks)."""
+
+    model_config = _STRICT
+
+    prompt: str
+    negative_prompt: str = ""
+    loras: list[_SpecJson] | None = None
+    steps: _Number | None = None
+    guidance: _Number | None = None
+    width: _Number | None = None
+    height: _Number | None = None
+    seed: _Number | None = None
+
+    def request(self) -> GenerateRequest:
+        values = {name: getattr(self, name) for name in type(self).model_fields if name != "loras"}
+        return GenerateRequest(**values, loras=tuple(s.spec() for s in self.loras or ()))
+
+
+class _ResultJson(BaseModel):
+    """Everything of a GenerateResult but its image, as the cluster answers it."""
+
+    seed: int
+    # The cluster sends back the request it checked: whole numbers, defaults filled, a concrete seed.
+    request: _RequestJson
+    timings: Timings
+    adapters: tuple[AdapterUse, ...]
+    swapped: bool
+    warnings: tuple[str, ...]
+
+
+_CHECK = TypeAdapter(LoraCheck)
+_DEFAULTS = TypeAdapter(ModelDefaults)
+_STATUS = TypeAdapter(EngineStatus)
 
 
 def request_to_json(request: GenerateRequest) -> dict[str, Any]:
@@ -63,15 +127,38 @@ def request_to_json(request: GenerateRequest) -> dict[str, Any]:
 
 
 def request_from_json(document: object) -> GenerateRequest:
-    """The request a front end sent; types and ranges are the engine's to check (`normalise_request`)."""
-    if not isinstance(document, dict) or set(document) - _REQUEST_FIELDS or "prompt" not in document:
-        raise InvalidRequestError(
-            f"the request is not a GenerateRequest; accepted: an object with prompt and {sorted(_REQUEST_FIELDS)}"
-        )
-    loras = document.get("loras") or []
-    if not isinstance(loras, list) or not all(isinstance(s, dict) and not set(s) - _SPEC_FIELDS for s in loras):
-        raise InvalidRequestError(f"loras is malformed; accepted: a list of objects with fields {sorted(_SPEC_FIELDS)}")
-    return GenerateRequest(**{**document, "loras": tuple(LoraSpec(**spec) for spec in loras)})
+    """The request a front end sent; its ranges are the engine's to check (`normalise_request`)."""
+    try:
+        return _RequestJson.model_validate(document).request()
+    except ValidationError as e:
+        raise _refused(e, "GenerateRequest") from None
+
+
+def spec_from_json(document: object) -> LoraSpec:
+    try:
+        return _SpecJson.model_validate(document).spec()
+    except ValidationError as e:
+        raise _refused(e, "LoraSpec") from None
+
+
+def _refused(error: ValidationError, what: str) -> InvalidRequestError:
+    """pydantic's first refusal: where, why and the fields accepted there (a LoRA's within `loras`)."""
+    loc = error.errors()[0]["loc"]
+    model = _SpecJson if what == "LoraSpec" or "loras" in loc[:-1] else _RequestJson
+    accepted = ", ".join(
+        f"{name} (required)" if field.is_required() else name for name, field in model.model_fields.items()
+    )
+    return InvalidRequestError(f"the {what} is refused at {_first(error)}; accepted: an object with fields {accepted}")
+
+
+def _first(error: ValidationError) -> str:
+    """Where the first problem is, what it is and the value found there."""
+    first = error.errors()[0]
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")
+    cause = first.get("ctx", {}).get("error")
+    why = str(cause) if cause else "not an object" if first["type"] in ("model_type", "dict_type") else first["msg"]
+    found = "" if first["type"] == "missing" else f", got {first['input']!r:.100}"
+    return f"{where or 'its top'}: {why}{found}"
 
 
 def adapter_set_id(request: GenerateRequest) -> str:
@@ -102,20 +189,21 @@ def _checked(request: GenerateRequest) -> CheckedRequest:
 
 def result_from_json(document: Mapping[str, Any], png: bytes) -> GenerateResult:
     try:
+        read = _ResultJson.model_validate(document)
         image = Image.open(io.BytesIO(png))
         image.load()
-        return GenerateResult(
-            image=image,
-            seed=int(document["seed"]),
-            # The cluster sends back the request it checked: whole numbers, defaults filled, a concrete seed.
-            request=_checked(request_from_json(document["request"])),
-            timings=Timings(**document["timings"]),
-            adapters=tuple(AdapterUse(**use) for use in document["adapters"]),
-            swapped=bool(document["swapped"]),
-            warnings=tuple(str(w) for w in document["warnings"]),
-        )
-    except (KeyError, TypeError, ValueError, OSError, InvalidRequestError) as e:
-        raise BackendUnavailableError(f"the backend answered a result this Space cannot read: {e}") from e
+    except (ValidationError, OSError) as e:
+        why = _first(e) if isinstance(e, ValidationError) else str(e)
+        raise BackendUnavailableError(f"the backend answered a result this Space cannot read ({why})") from e
+    return GenerateResult(
+        image=image,
+        seed=read.seed,
+        request=_checked(read.request.request()),
+        timings=read.timings,
+        adapters=read.adapters,
+        swapped=read.swapped,
+        warnings=read.warnings,
+    )
 
 
 def encode_png(image: Image.Image) -> str:
@@ -161,34 +249,20 @@ def error_from_body(body: object, status: int) -> SwitchboardError:
     return BackendUnavailableError(f"the backend answered HTTP {status} without a JSON error")
 
 
-def spec_from_json(document: object) -> LoraSpec:
-    if not isinstance(document, dict) or set(document) - _SPEC_FIELDS or "ref" not in document:
-        raise InvalidRequestError(f"the LoRA is not a LoraSpec; accepted: an object with fields {sorted(_SPEC_FIELDS)}")
-    return LoraSpec(**document)
+def check_from_json(document: object) -> LoraCheck:
+    return _readable(_CHECK, document)
 
 
-def check_from_json(document: Mapping[str, Any]) -> LoraCheck:
-    return _readable(
-        lambda: LoraCheck(
-            **{**document, "components": tuple(document["components"]), "warnings": tuple(document["warnings"])}
-        )
-    )
+def defaults_from_json(document: object) -> ModelDefaults:
+    return _readable(_DEFAULTS, document)
 
 
-def defaults_from_json(document: Mapping[str, Any]) -> ModelDefaults:
-    return _readable(lambda: ModelDefaults(**document))
+def status_from_json(document: object) -> EngineStatus:
+    return _readable(_STATUS, document)
 
 
-def status_from_json(document: Mapping[str, Any]) -> EngineStatus:
-    def build() -> EngineStatus:
-        cached = tuple(CachedAdapter(**{**item, "key": AdapterKey(**item["key"])}) for item in document["cached"])
-        return EngineStatus(**{**document, "cached": cached, "applied": tuple(document["applied"])})
-
-    return _readable(build)
-
-
-def _readable(build: Callable[[], T]) -> T:
+def _readable(adapter: TypeAdapter[T], document: object) -> T:
     try:
-        return build()
-    except (KeyError, TypeError, ValueError) as e:
-        raise BackendUnavailableError(f"the backend answered something this Space cannot read: {e}") from e
+        return adapter.validate_python(document)
+    except ValidationError as e:
+        raise BackendUnavailableError(f"the backend answered something this Space cannot read ({_first(e)})") from e

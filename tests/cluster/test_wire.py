@@ -6,7 +6,7 @@ The cluster itself (and RemoteRunner against it) is tested in tests/cluster/test
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 import httpx
 import pytest
@@ -17,6 +17,7 @@ from engine.errors import (
     EngineBusyError,
     GatedLoraError,
     GenerationCancelledError,
+    InvalidRequestError,
     SettingsError,
     UnsupportedLoraVariantError,
 )
@@ -26,11 +27,14 @@ from lora_catalog.errors import AmbiguousWeightsError
 from serving.backends.remote import RemoteRunner
 from serving.cluster.wire import (
     adapter_set_id,
+    defaults_from_json,
     encode_png,
     error_from_body,
     request_from_json,
     request_to_json,
+    result_from_json,
     result_to_json,
+    spec_from_json,
 )
 
 
@@ -61,6 +65,58 @@ def test_requests_round_trip_and_bad_ones_are_refused():
     for bad in ({"prompt": "x", "colour": 1}, {"steps": 2}, {"prompt": "x", "loras": [{"name": "o/a"}]}, []):
         with pytest.raises(ValueError, match="accepted"):
             request_from_json(bad)
+
+
+@pytest.mark.parametrize(
+    ("document", "where"),
+    [
+        ({"prompt": "x", "loras": [{"ref": 5}]}, r"loras\[0\]\.ref: .*got 5"),
+        ({"prompt": "x", "loras": [{"ref": "o/a", "revision": ["main"]}]}, r"loras\[0\]\.revision: .*got \['main'\]"),
+        ({"prompt": "x", "loras": "o/a"}, r"at loras: .*got 'o/a'"),
+        ({"prompt": "x", "loras": [{"ref": "o/a", "scale": "1"}]}, r"loras\[0\]\.scale: not a JSON number, got '1'"),
+        ({"prompt": "x", "steps": True}, r"at steps: not a JSON number, got True"),
+        ({"prompt": ["x"]}, r"at prompt: .*got \['x'\]"),
+        ("a fox", r"at its top: not an object"),
+    ],
+)
+def test_a_malformed_request_is_a_400_naming_where_never_a_500(document, where):
+    with pytest.raises(InvalidRequestError, match=where) as raised:
+        request_from_json(document)
+    assert raised.value.status == 400
+    assert "accepted: an object with fields" in str(raised.value)
+
+
+def test_a_malformed_lora_spec_is_a_400_too():
+    with pytest.raises(InvalidRequestError, match=r"the LoraSpec is refused at revision: .*got 3") as raised:
+        spec_from_json({"ref": "o/a", "revision": 3})
+    assert raised.value.status == 400
+
+
+def test_the_wire_models_carry_every_field_of_the_engines_dataclasses():
+    # Mirrors of GenerateRequest and LoraSpec: a field added there and not on the wire would be dropped.
+    request = GenerateRequest(
+        prompt="p",
+        negative_prompt="n",
+        loras=(LoraSpec("o/a", 2, "r", "w"),),
+        steps=4,
+        guidance=1.5,
+        width=64,
+        height=72,
+        seed=9,
+    )
+    document = request_to_json(request)
+    assert set(document) == {f.name for f in fields(GenerateRequest)}
+    assert request_from_json(document) == request
+
+
+def test_an_answer_that_does_not_fit_is_backend_trouble():
+    with pytest.raises(BackendUnavailableError, match=r"cannot read \(side: Field required\)"):
+        defaults_from_json({"steps": 4, "guidance": 5.0, "max_side": 128})
+    answer = _result(GenerateRequest(prompt="x"))
+    with pytest.raises(
+        BackendUnavailableError, match=r"a result this Space cannot read \(timings\.total: .*got 'soon'"
+    ):
+        result_from_json({**answer["result"], "timings": {"total": "soon"}}, b"")
 
 
 @pytest.mark.parametrize(
