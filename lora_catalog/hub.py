@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -32,6 +31,7 @@ from huggingface_hub.errors import (
     OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
+    SafetensorsParsingError,
 )
 from huggingface_hub.hf_api import ModelInfo
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
@@ -41,13 +41,20 @@ from .entries import LoraEntry
 from .errors import (
     CatalogError,
     GatedLoraError,
+    HeaderError,
     HubUnavailableError,
     InvalidRequestError,
     LoraNotFoundError,
 )
 from .pivotal import embeddings_for
 from .refs import is_commit_sha, validate_repo_id, validate_revision, validate_weight_name
-from .sft_header import DEFAULT_MAX_HEADER_BYTES, SafetensorsHeader, read_header_bytes
+from .sft_header import (
+    DEFAULT_MAX_HEADER_BYTES,
+    SafetensorsHeader,
+    checked_header,
+    declared_length,
+    unparsed_header,
+)
 
 __all__ = ["LIST_EXPAND", "SORTS", "HubSource", "Sort", "check_sort"]
 
@@ -76,8 +83,6 @@ LIST_EXPAND: tuple[str, ...] = (
 )
 _MAX_LIST_LIMIT = 10_000
 _MAX_PAGE_SIZE = 1000  # the Hub's own cap per page
-# Most LoRA headers fit in the first 100 kB, so one Range read usually suffices.
-_FIRST_READ_BYTES = 100_000
 _CACHE_MAX = 1024
 _LIBRARY_NAME, _LIBRARY_VERSION = "lora-switchboard", "0.1.0"
 # How long a stale entry is served before a failed revalidation is tried again.
@@ -290,13 +295,20 @@ class HubSource:
                 return self._headers[key]
         url = resolve_url(self.endpoint, repo_id, sha, weight_name)
         label = f"{repo_id}/{weight_name}"
-        with self._wrap(f"reading the header of {label}", repo_id=repo_id, revision=sha):
-            data, total = self._read_prefix(url, _FIRST_READ_BYTES)
-            if len(data) >= 8:
-                (length,) = struct.unpack("<Q", data[:8])
-                if len(data) < 8 + length <= 8 + DEFAULT_MAX_HEADER_BYTES:
-                    data, total = self._read_prefix(url, 8 + length)
-        header = read_header_bytes(data, file_size=total, label=label)
+        what = f"reading the header of {label}"
+        # The 8-byte prefix first: the header's length (where the data starts, which the library does not
+        # say) and the file's size, both checked before the library reads the header itself.
+        with self._wrap(what, repo_id=repo_id, revision=sha):
+            prefix, total = self._read_prefix(url, 8)
+        length = declared_length(prefix, label, total, DEFAULT_MAX_HEADER_BYTES)
+        with self._wrap(what, repo_id=repo_id, revision=sha):
+            try:
+                parsed = self._api.parse_safetensors_file_metadata(
+                    repo_id, weight_name, revision=sha, timeout=self.timeout_s
+                )
+            except (SafetensorsParsingError, AttributeError, TypeError) as e:
+                raise unparsed_header(e, label) from e
+        header = checked_header(parsed, header_size=length, file_size=total, label=label)
         with self._lock:
             self._headers[key] = header
         return header
@@ -342,6 +354,8 @@ class HubSource:
         """Turn huggingface_hub/httpx errors into catalogue errors that name `what` failed."""
         try:
             yield
+        except HeaderError:
+            raise  # the file's fault, already named (a ValueError, which would read as malformed JSON below)
         except GatedRepoError as e:
             raise GatedLoraError(
                 f"LoRA repo {repo_id!r} is gated; this Space serves only LoRAs anyone can download"

@@ -1,17 +1,19 @@
-"""A strict, torch-free reader for safetensors headers.
+"""Safetensors headers, parsed by huggingface_hub and checked strictly here (no torch).
 
-A safetensors file is an 8-byte little-endian header length N, N bytes of
-JSON (tensor name -> dtype, shape, data offsets, plus an optional
-`__metadata__` str->str map) and then the raw tensor bytes. The catalogue reads
-headers to place a LoRA by its base without loading tensors; the engine uses
-the same checks before it trusts a downloaded file. Every check names the
-problem, because a file that lies about its offsets would otherwise fail much
-later, deep inside the loader.
+A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (tensor name -> dtype,
+shape, data offsets, plus an optional `__metadata__` str->str map) and then the raw tensor bytes. The
+catalogue reads headers to place a LoRA by its base without loading tensors; the engine checks a downloaded
+file's header before it trusts it.
 
-Why our own reader and not the library's: safetensors' `safe_open` needs the whole
-file (it refuses a Range-read prefix: "file not fully covered"), and huggingface_hub's
-`parse_safetensors_file_metadata`, which does read by Range, accepts headers whose
-offsets lie (tests/catalog/test_header.py shows both).
+huggingface_hub parses headers (`parse_local_safetensors_file_metadata` for a file; the Hub source uses
+`HfApi.parse_safetensors_file_metadata`, which reads by HTTP Range) but trusts what they say: offsets that
+lie about the data, tensors past the end of a truncated file, overlapping tensors, unknown dtypes all pass
+(tests/catalog/test_header.py shows it), and safetensors' `safe_open`, which does check, needs the whole
+file. So this module keeps only what the library does not do: `declared_length` checks the 8-byte prefix
+against our limit and the file's size before the library reads the header (its own limit is a fixed 25 MB),
+and `checked_header` checks the library's result. Every check names the problem, because a file that lies
+would otherwise fail much later, deep inside the loader. Bytes and streams (a Range-read prefix, a file
+in memory) have no library reader: they are decoded here into the library's types and checked the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+from huggingface_hub import parse_local_safetensors_file_metadata
+from huggingface_hub.errors import SafetensorsParsingError
+from huggingface_hub.utils import SafetensorsFileMetadata
+from huggingface_hub.utils import TensorInfo as HubTensorInfo
 
 from .errors import HeaderError
 
@@ -34,8 +41,11 @@ __all__ = [
     "DTYPE_BITS",
     "SafetensorsHeader",
     "TensorInfo",
+    "checked_header",
+    "declared_length",
     "read_header",
     "read_header_bytes",
+    "unparsed_header",
 ]
 
 DEFAULT_MAX_HEADER_BYTES = 16 * 2**20
@@ -103,11 +113,11 @@ def read_header(
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     label: str | None = None,
 ) -> SafetensorsHeader:
-    """Read and validate the header of a safetensors file (a path or a binary stream positioned at its start).
+    """Read and check the header of a safetensors file (a path or a binary stream positioned at its start).
 
-    `file_size` defaults to the file's size (or the stream's, when it can seek);
-    tensors are checked to lie within it. Errors name the file by `label`, by default its path
-    (pass a label where the message reaches users who must not see the server's paths).
+    `file_size` defaults to the file's size (or the stream's, when it can seek); tensors are checked to lie
+    within it. Errors name the file by `label`, by default its path (pass a label where the message reaches
+    users who must not see the server's paths).
     """
     if isinstance(source, str | os.PathLike):
         path = Path(source)
@@ -115,12 +125,22 @@ def read_header(
         try:
             with path.open("rb") as stream:
                 size = os.fstat(stream.fileno()).st_size if file_size is None else file_size
-                return _read_stream(stream, label, size, max_header_bytes)
+                length = declared_length(stream.read(_PREFIX), label, size, max_header_bytes)
+            parsed = parse_local_safetensors_file_metadata(path)
+        except HeaderError:
+            raise
         except OSError as e:
             raise HeaderError(f"cannot read safetensors file {label!r}: {e.strerror or e}") from e
+        except (SafetensorsParsingError, AttributeError, TypeError, ValueError) as e:
+            raise unparsed_header(e, label) from e
+        return checked_header(parsed, header_size=length, file_size=size, label=label)
     label = str(getattr(source, "name", "<stream>")) if label is None else label
     stream_size = file_size if file_size is not None else _stream_size(source)
-    return _read_stream(source, label, stream_size, max_header_bytes)
+    length = declared_length(source.read(_PREFIX), label, stream_size, max_header_bytes)
+    raw = source.read(length)
+    if len(raw) < length:
+        raise HeaderError(f"{label}: file truncated: the header declares {length} bytes but only {len(raw)} follow")
+    return checked_header(_decode(raw, label), header_size=length, file_size=stream_size, label=label)
 
 
 def read_header_bytes(
@@ -130,47 +150,29 @@ def read_header_bytes(
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     label: str = "<bytes>",
 ) -> SafetensorsHeader:
-    """Validate a header from the first bytes of a file (a remote Range read, say).
+    """Check a header from the first bytes of a file (a remote Range read, say).
 
-    `data` must hold at least the 8-byte prefix and the whole JSON header.
-    Pass `file_size` (the whole file's size, e.g. from `Content-Range`) to have
-    tensors checked against the end of the file; for a complete file pass
-    `len(data)`.
+    `data` must hold at least the 8-byte prefix and the whole JSON header. Pass `file_size` (the whole
+    file's size, e.g. from `Content-Range`) to have tensors checked against the end of the file; for a
+    complete file pass `len(data)`.
     """
-    length = _declared_length(bytes(data[:_PREFIX]), label, file_size, max_header_bytes)
+    length = declared_length(bytes(data[:_PREFIX]), label, file_size, max_header_bytes)
     raw = data[_PREFIX : _PREFIX + length]
     if len(raw) < length:
         raise HeaderError(
             f"{label}: the header declares {length} bytes but only {len(raw)} were given; "
             f"accepted: at least the first {_PREFIX + length} bytes of the file"
         )
-    return _parse(bytes(raw), label, length, file_size)
+    return checked_header(_decode(bytes(raw), label), header_size=length, file_size=file_size, label=label)
 
 
-def _stream_size(stream: BinaryIO) -> int | None:
-    if not stream.seekable():
-        return None
-    here = stream.tell()
-    end = stream.seek(0, os.SEEK_END)
-    stream.seek(here)
-    return end - here
-
-
-def _read_stream(stream: BinaryIO, label: str, file_size: int | None, max_header_bytes: int) -> SafetensorsHeader:
-    prefix = stream.read(_PREFIX)
-    length = _declared_length(prefix, label, file_size, max_header_bytes)
-    raw = stream.read(length)
-    if len(raw) < length:
-        raise HeaderError(f"{label}: file truncated: the header declares {length} bytes but only {len(raw)} follow")
-    return _parse(raw, label, length, file_size)
-
-
-def _declared_length(prefix: bytes, label: str, file_size: int | None, max_header_bytes: int) -> int:
+def declared_length(prefix: bytes, label: str, file_size: int | None, max_header_bytes: int) -> int:
+    """The header length the 8-byte prefix declares, refused over `max_header_bytes` or past the file's end."""
     if len(prefix) < _PREFIX:
         raise HeaderError(
             f"{label}: file is {len(prefix)} bytes, shorter than the 8-byte header length; accepted: a safetensors file"
         )
-    (length,) = struct.unpack("<Q", prefix)
+    (length,) = struct.unpack("<Q", prefix[:_PREFIX])
     if length > max_header_bytes:
         raise HeaderError(
             f"{label}: declared header length {length} bytes is over the limit of {max_header_bytes} bytes; "
@@ -183,24 +185,69 @@ def _declared_length(prefix: bytes, label: str, file_size: int | None, max_heade
     return length
 
 
-def _parse(raw: bytes, label: str, length: int, file_size: int | None) -> SafetensorsHeader:
+def checked_header(
+    parsed: SafetensorsFileMetadata, *, header_size: int, file_size: int | None, label: str
+) -> SafetensorsHeader:
+    """huggingface_hub's parse of a header, checked: metadata str -> str, each tensor's dtype, shape and
+    offsets consistent, within the file (when its size is known) and overlapping no other."""
+    metadata = _metadata(parsed.metadata, label)
+    data_start = _PREFIX + header_size
+    data_size = None if file_size is None else file_size - data_start
+    tensors = {name: _tensor(name, info, label, data_size) for name, info in parsed.tensors.items()}
+    _check_overlaps(tensors, label)
+    return SafetensorsHeader(
+        tensors=MappingProxyType(tensors),
+        metadata=MappingProxyType(metadata),
+        header_size=header_size,
+        data_start=data_start,
+    )
+
+
+def _decode(raw: bytes, label: str) -> SafetensorsFileMetadata:
+    """Header bytes into the library's types (what its own parser does, with the shape of the JSON checked)."""
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise HeaderError(f"{label}: header is not JSON ({e}); accepted: a UTF-8 JSON object") from e
     if not isinstance(header, dict):
         raise HeaderError(f"{label}: header is a JSON {type(header).__name__}, not an object")
-    metadata = _metadata(header.pop("__metadata__", None), label)
-    data_start = _PREFIX + length
-    data_size = None if file_size is None else file_size - data_start
-    tensors = {name: _tensor(name, spec, label, data_size) for name, spec in header.items()}
-    _check_overlaps(tensors, label)
-    return SafetensorsHeader(
-        tensors=MappingProxyType(tensors),
-        metadata=MappingProxyType(metadata),
-        header_size=length,
-        data_start=data_start,
-    )
+    specs = {name: spec for name, spec in header.items() if name != "__metadata__"}
+    for name, spec in specs.items():
+        if not isinstance(spec, dict):
+            raise HeaderError(
+                f"{label}: tensor {name!r} is described by a JSON {type(spec).__name__}; accepted: an object"
+            )
+    metadata: Any = header.get("__metadata__")
+    try:
+        # Values as found (checked by checked_header); the library computes parameter counts from them.
+        return SafetensorsFileMetadata(
+            metadata=metadata,
+            tensors={
+                name: HubTensorInfo(
+                    dtype=spec.get("dtype"), shape=spec.get("shape"), data_offsets=spec.get("data_offsets")
+                )
+                for name, spec in specs.items()
+            },
+        )
+    except (TypeError, ValueError) as e:
+        raise unparsed_header(e, label) from e
+
+
+def unparsed_header(error: Exception, label: str) -> HeaderError:
+    """A header huggingface_hub could not parse (it raises SafetensorsParsingError, or a TypeError or
+    AttributeError on JSON of another shape); its own message may name the server's path, so it is left out."""
+    cause = error.__cause__ if isinstance(error.__cause__, json.JSONDecodeError) else None
+    why = f"header is not JSON ({cause})" if cause else f"header format not recognized ({type(error).__name__})"
+    return HeaderError(f"{label}: {why}; accepted: a JSON object of tensor name -> dtype, shape and data_offsets")
+
+
+def _stream_size(stream: BinaryIO) -> int | None:
+    if not stream.seekable():
+        return None
+    here = stream.tell()
+    end = stream.seek(0, os.SEEK_END)
+    stream.seek(here)
+    return end - here
 
 
 def _metadata(raw: object, label: str) -> dict[str, str]:
@@ -216,17 +263,16 @@ def _metadata(raw: object, label: str) -> dict[str, str]:
     return dict(raw)
 
 
-def _tensor(name: str, spec: object, label: str, data_size: int | None) -> TensorInfo:
+def _tensor(name: str, info: HubTensorInfo, label: str, data_size: int | None) -> TensorInfo:
     where = f"{label}: tensor {name!r}"
-    if not isinstance(spec, dict):
-        raise HeaderError(f"{where} is described by a JSON {type(spec).__name__}; accepted: an object")
-    dtype = spec.get("dtype")
+    dtype: Any = info.dtype
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise HeaderError(f"{where} has unknown dtype {dtype!r}; accepted: {', '.join(DTYPE_BITS)}")
-    shape = spec.get("shape")
+    shape: Any = info.shape
     if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
         raise HeaderError(f"{where} has shape {shape!r}; accepted: a list of non-negative integers")
-    offsets = spec.get("data_offsets")
+    # The library makes a tuple of whatever the JSON held; shown as the JSON list it was.
+    offsets: Any = list(info.data_offsets) if isinstance(info.data_offsets, list | tuple) else info.data_offsets
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
         raise HeaderError(f"{where} has data_offsets {offsets!r}; accepted: [start, end], non-negative integers")
     start, end = offsets

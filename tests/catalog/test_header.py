@@ -170,9 +170,9 @@ def test_bytes_written_by_safetensors_round_trip() -> None:
 
 @pytest.mark.parametrize("role", ["lying-header", "lying-shape"])
 def test_the_hubs_own_header_reader_accepts_files_ours_refuses(hub, fixtures, role: str) -> None:
-    # Why lora_catalog keeps its own reader: huggingface_hub's remote header parser (the library made for
+    # Why lora_catalog checks what huggingface_hub parses: its remote header parser (the library made for
     # reading a header by Range) takes a file whose offsets lie, and safetensors' safe_open needs the whole
-    # file. Ours refuses the same bytes from the Range prefix alone, before anything is downloaded.
+    # file. checked_header refuses the same header from the Range reads alone, before anything is downloaded.
     from huggingface_hub import HfApi
 
     from lora_catalog.hub import HubSource
