@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from engine.errors import IncompatibleLoraError, InvalidRequestError, UnservedBaseError
 from lora_catalog.bases import family_from_keys, family_from_metadata, family_of_base
@@ -21,11 +22,14 @@ from lora_catalog.entries import Family
 __all__ = [
     "LoraOrigin",
     "PoolInfo",
+    "Served",
     "agreed_pool",
     "declared_origin",
     "described_pick",
     "file_origin",
+    "named_pool",
     "pick_pool",
+    "pool_of_base",
     "served_list",
 ]
 
@@ -143,3 +147,38 @@ def served_list(pools: Sequence[PoolInfo]) -> str:
 
 def _fits(origin: LoraOrigin, pool: PoolInfo) -> bool:
     return origin.cross_attention_dims <= pool.cross_attention_dims and origin.text_dims <= pool.text_dims
+
+
+class Served(Protocol):
+    """What the base lookups need of a pool, wherever it is listed (`Pools`, the UI's `ServedPool`, the cluster)."""
+
+    @property
+    def base_model_id(self) -> str: ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def family(self) -> str: ...
+
+
+def named_pool(pools: Sequence[Served], base: str) -> int:
+    """The index of the pool a request names by `base` (its base or model repo id, any case); a 404 naming the
+    served ones otherwise. The one lookup of a named base, for the pools, the UI and the cluster's ingress."""
+    wanted = base.strip().lower()
+    for index, pool in enumerate(pools):
+        if wanted in (pool.base_model_id.lower(), pool.model_id.lower()):
+            return index
+    served = ", ".join(f"{p.base_model_id} ({p.family})" for p in pools)
+    raise UnservedBaseError(f"base model {base!r} is not served here; served: {served}")
+
+
+def pool_of_base(pools: Sequence[Served], base: str) -> int | None:
+    """The index of the pool LoRAs made for `base` run on: the base's own pool, else the first of its family
+    (as routing picks for a LoRA whose card names `base`); None when no pool serves its family."""
+    wanted = base.strip().lower()
+    own = next((i for i, p in enumerate(pools) if p.base_model_id.lower() == wanted), None)
+    if own is not None:
+        return own
+    family = family_of_base(base)
+    return next((i for i, p in enumerate(pools) if p.family == family), None)

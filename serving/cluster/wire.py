@@ -1,6 +1,6 @@
 """What travels between the Space (a front end), the cluster's ingress and its pool replicas, as JSON.
 
-The Space's runner (`serving.backends.remote.RemoteRunner`) sends a whole `GenerateRequest` (several LoRAs, their
+The Space's runner (`serving.backends.remote.RemoteBackend`) sends a whole `GenerateRequest` (several LoRAs, their
 revisions, files and scales: more than the `lora` header can say) to the cluster's `POST /v1/generate`,
 and gets back the image as lossless PNG with everything else of the `GenerateResult`. Errors travel as the
 inference API's JSON (`{"error", "error_type"}`) and become the same class of the one tree again, looked
@@ -15,7 +15,7 @@ import base64
 import io
 import json
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
 from PIL import Image
@@ -23,7 +23,7 @@ from PIL import Image
 from engine.caches.store import CachedAdapter
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
 from engine.formats.adapters import AdapterKey
-from engine.pools.engine import EngineStatus, LoraCheck
+from engine.outcomes import EngineStatus, LoraCheck, ServedPool
 from engine.requests import (
     AdapterUse,
     CheckedRequest,
@@ -35,14 +35,17 @@ from engine.requests import (
 )
 
 __all__ = [
+    "WIRE",
+    "Answer",
     "adapter_set_id",
     "check_from_json",
     "decode_png",
-    "defaults_from_json",
     "encode_png",
     "error_body",
     "error_class",
     "error_from_body",
+    "pools_from_json",
+    "pools_to_json",
     "request_from_json",
     "request_to_json",
     "result_from_json",
@@ -52,6 +55,20 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+# The answer form of the Space's `RemoteBackend` (`POST /v1/generate`): JSON with a PNG, rather than a media type.
+WIRE = "application/json"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer made on a replica (the image is encoded where it was made), passed on by the ingress."""
+
+    status: int
+    media_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
 _REQUEST_FIELDS = {f.name for f in fields(GenerateRequest)}
 _SPEC_FIELDS = {f.name for f in fields(LoraSpec)}
 
@@ -175,8 +192,22 @@ def check_from_json(document: Mapping[str, Any]) -> LoraCheck:
     )
 
 
-def defaults_from_json(document: Mapping[str, Any]) -> ModelDefaults:
-    return _readable(lambda: ModelDefaults(**document))
+def pools_to_json(pools: tuple[ServedPool, ...]) -> dict[str, Any]:
+    return {"pools": [asdict(pool) for pool in pools]}
+
+
+def pools_from_json(document: Mapping[str, Any]) -> tuple[ServedPool, ...]:
+    """The cluster's pools, the default first; at least one."""
+
+    def build() -> tuple[ServedPool, ...]:
+        pools = tuple(
+            ServedPool(**{**item, "defaults": ModelDefaults(**item["defaults"])}) for item in document["pools"]
+        )
+        if not pools:
+            raise ValueError("it serves no pool")
+        return pools
+
+    return _readable(build)
 
 
 def status_from_json(document: Mapping[str, Any]) -> EngineStatus:

@@ -14,7 +14,6 @@ from PIL import Image, ImageDraw
 
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateResult, LoraSpec, ModelDefaults
-from lora_catalog.bases import KNOWN_BASES, family_of_base
 from lora_catalog.entries import LoraEntry
 
 if TYPE_CHECKING:
@@ -24,7 +23,6 @@ if TYPE_CHECKING:
 __all__ = [
     "APP_CSS",
     "api_snippets",
-    "base_choices",
     "base_url",
     "check_info",
     "entry_card",
@@ -99,16 +97,6 @@ def parse_size(value: str | None) -> tuple[int, int]:
     if not (width.isdigit() and height.isdigit()):
         raise InvalidRequestError(f"size {value!r} is not accepted; accepted: WIDTHxHEIGHT, e.g. 1024x1024")
     return int(width), int(height)
-
-
-def base_choices(served: str) -> list[tuple[str, str]]:
-    """Bases of the served model's family first (the served one at the top), then the others, browse only."""
-    family = family_of_base(served)
-    names = {b.repo_id: b.display_name for b in KNOWN_BASES}
-    first = [(f"{names.get(served, served)} (served)", served)]
-    same = [(b.display_name, b.repo_id) for b in KNOWN_BASES if b.family is family and b.repo_id != served]
-    other = [(f"{b.display_name} (browse only)", b.repo_id) for b in KNOWN_BASES if b.family is not family]
-    return first + same + other
 
 
 def placeholder_image(side: int = 256) -> Image.Image:

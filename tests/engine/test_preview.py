@@ -17,9 +17,10 @@ from engine.pipeline.preview import PROJECTIONS, LinearPreview, TinyVaePreview
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import Settings
 from lora_catalog.entries import Family
-from serving.runtime import GpuRunner
+from serving.backends import blocking
+from serving.backends.local import LocalBackend
 from tests.support.app_server import serve_routes
-from tests.support.checks import assert_pristine
+from tests.support.checks import assert_pristine, backend_of, generate
 
 
 def request(*loras: LoraSpec, steps: int = 6, seed: int = 5) -> GenerateRequest:
@@ -42,7 +43,7 @@ def test_previews_come_every_few_steps_and_leave_the_image_alone(make_engine, fi
     # The linear preview works at latent resolution (the tiny VAE halves the side).
     assert all(image.size == (32, 32) for _, image in frames)
     assert frames[0][1].tobytes() != frames[1][1].tobytes()
-    assert final.tobytes() == engine.generate(request(LoraSpec(fixtures["peft"]))).image.tobytes()
+    assert final.tobytes() == generate(engine, request(LoraSpec(fixtures["peft"]))).image.tobytes()
 
 
 def test_previews_off_means_no_decoder_and_no_callback(make_engine):
@@ -103,16 +104,17 @@ def test_preview_and_compare_settings_are_parsed_strictly(env, message):
 
 def test_compare_runs_every_cell_in_one_turn_and_each_equals_its_own_run(make_engine, fixtures, pristine, loaded):
     engine = make_engine()
-    runner = GpuRunner(engine)
     peft = LoraSpec(fixtures["peft"])
-    compared = runner.compare(
-        CompareRequest(prompt="a fox", loras=(peft,), scales=(0.0, 1.0), include_base=True, steps=2, seed=9)
+    compared = blocking(
+        backend_of(engine).compare(
+            CompareRequest(prompt="a fox", loras=(peft,), scales=(0.0, 1.0), include_base=True, steps=2, seed=9)
+        )
     )
     assert compared.labels == ("base", "peft (0)", "peft (1)")
     alone = [
-        engine.generate(request(steps=2, seed=9)),
-        engine.generate(request(LoraSpec(peft.ref, 0.0), steps=2, seed=9)),
-        engine.generate(request(LoraSpec(peft.ref, 1.0), steps=2, seed=9)),
+        generate(engine, request(steps=2, seed=9)),
+        generate(engine, request(LoraSpec(peft.ref, 0.0), steps=2, seed=9)),
+        generate(engine, request(LoraSpec(peft.ref, 1.0), steps=2, seed=9)),
     ]
     assert [r.image.tobytes() for r in compared.results] == [r.image.tobytes() for r in alone]
     engine.close()
@@ -122,13 +124,13 @@ def test_compare_runs_every_cell_in_one_turn_and_each_equals_its_own_run(make_en
 def test_post_slash_asks_for_no_previews(make_engine):
     asked: list[object] = []
 
-    class Recording(GpuRunner):
-        async def complete(self, ticket, **kwargs):
-            # Where POST / hands its queued request over to be run.
+    class Recording(LocalBackend):
+        async def generate(self, request, **kwargs):
+            # Where POST / hands its request over to be queued and run.
             asked.append(kwargs.get("preview"))
-            return await super().complete(ticket, **kwargs)
+            return await super().generate(request, **kwargs)
 
-    with serve_routes(Recording(make_engine())) as url:
+    with serve_routes(Recording.of(make_engine())) as url:
         answer = httpx.post(url, json={"inputs": "a fox", "parameters": {"num_inference_steps": 4}}, timeout=120)
     assert answer.status_code == 200
     assert asked == [None]

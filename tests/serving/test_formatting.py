@@ -31,12 +31,19 @@ def test_parse_size_names_the_bad_value():
 
 
 def test_base_choices_put_the_served_base_and_its_family_first():
-    choices = fmt.base_choices(SDXL)
+    from engine.outcomes import ServedPool
+    from engine.requests import ModelDefaults
+    from serving.ui.pool_views import base_choices
+
+    defaults = ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1536)
+    choices = base_choices((ServedPool(SDXL, SDXL, "sdxl", defaults, True),))
     assert choices[0] == ("SDXL 1.0 (served)", SDXL)
-    families = [label.endswith("(browse only)") for label, _ in choices]
-    assert families == sorted(families)
-    assert ("FLUX.1 [dev] (browse only)", "black-forest-labs/FLUX.1-dev") in choices
-    assert fmt.base_choices("me/my-sdxl")[0] == ("me/my-sdxl (served)", "me/my-sdxl")
+    browse_only = [label.endswith("(not served here)") for label, _ in choices]
+    assert browse_only == sorted(browse_only)
+    assert ("FLUX.1 [dev] (not served here)", "black-forest-labs/FLUX.1-dev") in choices
+    assert ("SDXL Turbo (runs on SDXL 1.0)", "stabilityai/sdxl-turbo") in choices
+    mine = base_choices((ServedPool("me/my-sdxl", "me/my-sdxl", "sdxl", defaults, True),))
+    assert mine[0] == ("me/my-sdxl (served)", "me/my-sdxl")
 
 
 @pytest.mark.parametrize(
