@@ -13,7 +13,8 @@ from diffusers import AutoencoderKL
 
 from engine.errors import SettingsError
 from engine.families.registry import FamilySpec, family_spec
-from engine.families.tiny import build_tiny
+from engine.families.spec import fit_presets
+from engine.families.tiny import TINY_SIZES, build_tiny
 from engine.requests import ModelDefaults
 from engine.settings import Settings
 
@@ -93,14 +94,13 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
     side = int(getattr(pipe, family.denoiser).config.sample_size) * int(pipe.vae_scale_factor)
-    defaults = ModelDefaults(
-        steps=family.steps,
-        guidance=family.guidance,
-        side=side,
-        max_side=min(settings.max_side, max(2 * side, 256)),
-    )
+    max_side = min(settings.max_side, max(2 * side, 256))
+    defaults = ModelDefaults(steps=family.steps, guidance=family.guidance, side=side, max_side=max_side)
     if defaults.is_tiny:
-        defaults = dataclasses.replace(defaults, steps=4)  # a tiny model's image says nothing more after 4
+        # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
+        defaults = dataclasses.replace(defaults, steps=4, sizes=fit_presets(side, TINY_SIZES, max_side))
+    else:
+        defaults = dataclasses.replace(defaults, sizes=family.size_presets(side, max_side))
     loaded = LoadedPipeline(
         pipe=pipe,
         model_id=settings.model_id,

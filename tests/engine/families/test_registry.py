@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import sys
 
@@ -11,6 +13,7 @@ import torch
 from engine.errors import SettingsError
 from engine.families.registry import SERVED_FAMILIES, family_spec, served_specs, spec_for
 from engine.families.tiny import TINY_SIDE
+from engine.requests import ModelDefaults
 from lora_catalog.bases import KNOWN_BASES
 from lora_catalog.entries import Family
 
@@ -76,3 +79,23 @@ def test_the_registry_and_settings_import_no_torch():
     code = "import sys, engine.settings, engine.families.registry; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_size_presets_are_each_familys_buckets_scaled_to_the_served_side():
+    sdxl, sd15, sd2 = (spec_for(f) for f in (Family.SDXL, Family.SD15, Family.SD2))
+    presets = sdxl.size_presets(1024, 1536)
+    assert presets[0] == (1024, 1024) and (1216, 832) in presets and len(presets) == 7
+    assert sdxl.size_presets(1024, 1024) == ((1024, 1024),)
+    assert sd15.size_presets(512, 1024) == ((512, 512), (576, 448), (448, 576), (640, 384), (384, 640))
+    assert sd2.size_presets(768, 1536) == ((768, 768), (896, 640), (640, 896), (1024, 576), (576, 1024))
+    # SD 2.1's 512 px base repos get SD 1.5's presets, as both are SDXL's buckets scaled to 512.
+    assert sd2.size_presets(512, 1024) == sd15.size_presets(512, 1024) == sdxl.size_presets(512, 1024)
+
+
+def test_a_loaded_pipeline_carries_its_presets_in_its_defaults_across_json(loaded, loaded_sd15):
+    tiny = ["64x64", "128x128", "256x256", "128x64", "64x128", "256x128", "128x256"]
+    assert [f"{w}x{h}" for w, h in loaded.defaults.sizes] == tiny
+    assert loaded_sd15.defaults.sizes == loaded.defaults.sizes
+    # As the cluster and a remote Space send them: JSON lists, read back as the same frozen defaults.
+    sent = json.loads(json.dumps(dataclasses.asdict(loaded.defaults)))
+    assert ModelDefaults(**sent) == loaded.defaults
