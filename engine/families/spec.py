@@ -39,7 +39,8 @@ class Widths:
     cross_attention: frozenset[int] = frozenset()
     text: frozenset[int] = frozenset()
 
-    def __le__(self, other: Widths) -> bool:
+    def within(self, other: Widths) -> bool:
+        """Every width here is one of `other`'s (a LoRA's factors fit a pipeline's modules)."""
         return self.cross_attention <= other.cross_attention and self.text <= other.text
 
 

@@ -89,4 +89,4 @@ def served_list(pools: Sequence[PoolInfo]) -> str:
 
 
 def _fits(origin: LoraOrigin, pool: PoolInfo) -> bool:
-    return origin.widths <= pool.widths
+    return origin.widths.within(pool.widths)
