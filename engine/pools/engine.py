@@ -45,7 +45,6 @@ from engine.settings import Settings
 from engine.weights.fused import FusedSet, set_identity
 from engine.weights.swap import WeightPatcher
 from engine.weights.tokens import TokenPatcher
-from lora_catalog.bases import family_of_base
 
 __all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest", "Preview", "Progress"]
 
@@ -70,7 +69,7 @@ class Engine:
         self.events = EngineEvents()
         pipe = loaded.pipe
         self._table = TargetTable(
-            {c: getattr(pipe, c) for c in loaded.components}, lora_loader=loaded.family.pipeline_class
+            {c: getattr(pipe, c) for c in loaded.components}, lora_loader=loaded.family.lora_loader
         )
         # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
         encoders = TextEncoders(pipe)
@@ -108,7 +107,7 @@ class Engine:
             self._table,
             encoders,
             served_base=loaded.base_model_id,
-            unet_config=pipe.unet.config,
+            unet_config=loaded.denoiser.config,
             max_rank=settings.max_rank,
             disk=self.disk_cache,
             gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
@@ -139,9 +138,7 @@ class Engine:
             threads=settings.max_queue + settings.prepare_workers,
             mode=settings.scheduler,
         )
-        self._preview = load_preview_decoder(
-            settings, family_of_base(loaded.base_model_id), loaded.device, loaded.dtype
-        )
+        self._preview = load_preview_decoder(settings, loaded.family, loaded.device, loaded.dtype)
 
     @property
     def defaults(self) -> ModelDefaults:

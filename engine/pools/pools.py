@@ -21,20 +21,13 @@ from torch import nn
 
 from engine.caches.disk import DiskCache
 from engine.compare import MAX_COMPARE_LORAS
+from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
 from engine.outcomes import PoolStatus, ServedPool
 from engine.pipeline.loading import LoadedPipeline, resolve_device
 from engine.pools.engine import Engine
 from engine.pools.residency import Residency, device_budget, module_bytes
-from engine.pools.routing import (
-    LoraOrigin,
-    PoolInfo,
-    agreed_pool,
-    declared_origin,
-    described_pick,
-    file_origin,
-    named_pool,
-)
+from engine.pools.routing import PoolInfo, agreed_pool, described_pick, named_pool
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import GenerateRequest, LoraSpec, normalise_loras
 from engine.settings import Settings
@@ -202,23 +195,21 @@ class Pools:
 def lora_origin(resolver: AdapterResolver, source: AdapterSource) -> LoraOrigin:
     """What a located LoRA says of its base: its card and tags, else its file (fetched here, into the Hub cache
     the engine's preparation then reads; only its header is read)."""
-    declared = declared_origin(source.declared_bases)
-    if declared is not None:
-        return declared
-    header = resolver.header(source, resolver.fetch(source))
-    return file_origin(header.metadata, {name: info.shape for name, info in header.tensors.items()})
+
+    def read_file() -> FileEvidence:
+        header = resolver.header(source, resolver.fetch(source))
+        return header.metadata, {name: info.shape for name, info in header.tensors.items()}
+
+    return judge_origin(source.declared_bases, read_file)
 
 
 def pool_info(engine: Engine) -> PoolInfo:
-    """The base, family and widths of an engine's pipeline."""
+    """The base, family and widths of an engine's pipeline (read as its family reads them)."""
     loaded = engine.loaded
-    pipe = loaded.pipe
-    cross = pipe.unet.config.cross_attention_dim
-    cross_dims = frozenset(cross if isinstance(cross, list | tuple) else (cross,))
-    text_dims = frozenset(
-        int(getattr(pipe, c).config.hidden_size) for c in loaded.components if c.startswith("text_encoder")
-    )
-    return PoolInfo(loaded.base_model_id, loaded.family.family, cross_dims, text_dims)
+    family = loaded.family
+    encoders = {c: getattr(loaded.pipe, c) for c in family.components if c != family.denoiser}
+    widths = family.signature.pipeline_widths(loaded.denoiser, encoders)
+    return PoolInfo(loaded.base_model_id, family.family, widths.cross_attention, widths.text)
 
 
 def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:

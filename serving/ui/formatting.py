@@ -42,8 +42,6 @@ __all__ = [
     "status_markdown",
 ]
 
-_SDXL_SIZES = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
-_SMALL_SIZES = ((64, 64), (128, 128), (256, 256), (128, 64), (64, 128), (256, 128), (128, 256))
 _MIB = 2**20
 
 APP_CSS = """
@@ -78,18 +76,9 @@ APP_CSS = """
 
 
 def size_presets(defaults: ModelDefaults) -> list[tuple[str, str]]:
-    """(label, "WxH") choices: SDXL's aspect buckets scaled to the model's side (1024 SDXL, 768 SD 2.x, 512
-    SD 1.5; multiples of 64), small sizes for the tiny ones."""
-    square = (defaults.side, defaults.side)
-    scale = defaults.side / 1024
-    candidates = (
-        tuple((64 * round(w * scale / 64), 64 * round(h * scale / 64)) for w, h in _SDXL_SIZES)
-        if defaults.side >= 512
-        else _SMALL_SIZES
-    )
-    sizes = list(dict.fromkeys((square, *candidates)))
-    fitting = [(w, h) for w, h in sizes if max(w, h) <= defaults.max_side]
-    return [(f"{w} × {h}", f"{w}x{h}") for w, h in fitting]
+    """(label, "WxH") choices: the served model's presets (its family's, scaled to its side; small ones for a
+    tiny model), carried in its defaults so a remote pool's are shown as a local one's."""
+    return [(f"{w} × {h}", f"{w}x{h}") for w, h in defaults.sizes]
 
 
 def parse_size(value: str | None) -> tuple[int, int]:

@@ -16,7 +16,7 @@ from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 from engine.errors import UnsupportedLoraVariantError
-from engine.families.tiny import build_tiny_pipeline
+from engine.families.sdxl import build_tiny_pipeline
 from engine.formats.adapters import PreparedAdapter, TargetTable
 from engine.requests import GenerateRequest, LoraSpec
 from engine.weights.swap import ActiveAdapter, WeightPatcher

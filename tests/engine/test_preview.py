@@ -13,7 +13,8 @@ from PIL import Image
 
 from engine.compare import CompareRequest
 from engine.errors import SettingsError
-from engine.pipeline.preview import PROJECTIONS, LinearPreview, TinyVaePreview
+from engine.families.sdxl import LATENT_RGB
+from engine.pipeline.preview import LinearPreview, TinyVaePreview
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import Settings
 from lora_catalog.entries import Family
@@ -78,7 +79,7 @@ def test_an_absent_preview_vae_falls_back_to_the_linear_projection(make_engine):
 def test_the_linear_preview_is_comfyuis_projection_of_the_latent_channels():
     latents = torch.zeros(1, 4, 2, 2)
     latents[0, 0] = 1.0  # channel 0 alone: rgb = factors[0] + bias, mapped from [-1, 1] to 0..255
-    image = LinearPreview(PROJECTIONS[Family.SDXL], Family.SDXL)(latents, None)
+    image = LinearPreview(LATENT_RGB, Family.SDXL)(latents, None)
     expected = [
         round((w + b + 1) * 127.5) for w, b in zip((0.3651, 0.4232, 0.4341), (0.1084, -0.0175, -0.0011), strict=True)
     ]
@@ -138,11 +139,12 @@ def test_post_slash_asks_for_no_previews(make_engine):
 
 @pytest.mark.parametrize("base", ["stable-diffusion-v1-5/stable-diffusion-v1-5", "stabilityai/stable-diffusion-2-1"])
 def test_sd15_and_sd2_pools_preview_in_sd15s_latent_space(loaded_sd15, base_settings, base):
+    from engine.families.registry import family_spec
     from engine.pools.engine import Engine
     from engine.prepare.resolve import AdapterResolver
 
     # SD 2.x shares SD 1.5's VAE: its pool previews with the same projection (ComfyUI's SD20 uses SD15's format).
-    loaded = dataclasses.replace(loaded_sd15, base_model_id=base)
+    loaded = dataclasses.replace(loaded_sd15, base_model_id=base, family=family_spec(base))
     settings = base_settings.replace(preview_every=2, base_model_id=base)
     engine = Engine(loaded, settings, AdapterResolver(None, local_dir=None, token=None, max_bytes=2**20))
     try:

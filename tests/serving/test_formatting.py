@@ -14,14 +14,14 @@ from serving.ui import formatting as fmt
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 
 
-def test_size_presets_follow_the_served_model():
-    sdxl = fmt.size_presets(ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1536))
-    assert sdxl[0] == ("1024 × 1024", "1024x1024")
-    assert ("1216 × 832", "1216x832") in sdxl
-    tiny = fmt.size_presets(ModelDefaults(steps=4, guidance=5.0, side=64, max_side=256))
-    assert [v for _, v in tiny] == ["64x64", "128x128", "256x256", "128x64", "64x128", "256x128", "128x256"]
-    capped = fmt.size_presets(ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1024))
-    assert [v for _, v in capped] == ["1024x1024"]
+def test_size_presets_are_the_served_models_own():
+    # The family's presets travel in the defaults (engine.families: tests/engine/families/test_registry.py).
+    defaults = ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1536, sizes=((1024, 1024), (1216, 832)))
+    assert fmt.size_presets(defaults) == [("1024 × 1024", "1024x1024"), ("1216 × 832", "1216x832")]
+    # Defaults without presets (an older peer's): the square of the default side.
+    assert fmt.size_presets(ModelDefaults(steps=25, guidance=7.5, side=768, max_side=1536)) == [
+        ("768 × 768", "768x768")
+    ]
 
 
 def test_parse_size_names_the_bad_value():
