@@ -38,7 +38,7 @@ _TIMEOUT = httpx.Timeout(600.0)
 
 
 def _write_loras(folder: Path, names: Sequence[str]) -> None:
-    from engine.families.tiny import build_tiny_pipeline
+    from engine.families.sdxl import build_tiny_pipeline
     from serving.demo.synthetic import UNET_ATTENTION, find_targets, make_lora, peft_metadata, save_lora
 
     pipe = build_tiny_pipeline(seed=0)

@@ -35,7 +35,8 @@ from diffusers import AutoencoderTiny
 
 from bench.measure import Clock
 from bench.sdxl_unet import build_sdxl_unet
-from engine.pipeline.preview import PROJECTIONS, LinearPreview, TinyVaePreview
+from engine.families.sdxl import LATENT_RGB
+from engine.pipeline.preview import LinearPreview, TinyVaePreview
 from lora_catalog.entries import Family
 
 __all__ = ["main", "run"]
@@ -63,7 +64,7 @@ def run(device: torch.device, dtype: torch.dtype, side: int, repeats: int, step_
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(1, 4, latent_side, latent_side, generator=generator).to(device=device, dtype=dtype)
 
-    linear = LinearPreview(PROJECTIONS[Family.SDXL], Family.SDXL)
+    linear = LinearPreview(LATENT_RGB, Family.SDXL)
     torch.manual_seed(0)
     tiny = TinyVaePreview(AutoencoderTiny().to(device=device, dtype=dtype).eval().requires_grad_(False), "random")
     linear(latents, None), tiny(latents, None)  # first calls allocate

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
 
-from engine.families.tiny import build_tiny_pipeline
+from engine.families.sdxl import build_tiny_pipeline
 
 from .measure import Clock
 

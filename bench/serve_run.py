@@ -20,7 +20,7 @@ from engine.requests import GenerateResult, LoraSpec
 from engine.settings import DEFAULT_MODEL_ID, Settings
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
-from serving.backends.local import GpuRunner
+from serving.backends.local import LocalBackend
 from serving.handlers import Handlers
 from serving.http.api import http_routes
 from serving.ui.launch import serve
@@ -92,10 +92,10 @@ class Bench:
 
         engine.scheduler.finish = finish  # type: ignore[method-assign]
         self._warm(engine, mode)
-        runner = GpuRunner(engine)
-        demo = build_demo(Handlers(engine, catalog, runner))
+        handlers = Handlers(LocalBackend.of(engine), catalog, engine.settings)
+        demo = build_demo(handlers)
         url = serve(
-            demo, http_routes(runner), server_name="127.0.0.1", server_port=free_port(), block=False, quiet=True
+            demo, http_routes(handlers), server_name="127.0.0.1", server_port=free_port(), block=False, quiet=True
         )
         try:
             samples, wall = self._load(mode, url)

@@ -1,4 +1,4 @@
-"""What the engine hands back: a prepared request, a checked LoRA, its status; and the callback shapes."""
+"""What the engine hands back: a prepared request, a checked LoRA, a pool and its status; the callback shapes."""
 
 from __future__ import annotations
 
@@ -8,12 +8,21 @@ from typing import TYPE_CHECKING
 
 from engine.caches.store import CachedAdapter
 from engine.formats.adapters import PreparedAdapter
-from engine.requests import AdapterUse, CheckedRequest
+from engine.requests import AdapterUse, CheckedRequest, ModelDefaults
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["EngineStatus", "LoraCheck", "PreparedRequest", "Preview", "Progress"]
+__all__ = [
+    "EngineStatus",
+    "LoraCheck",
+    "PoolMemory",
+    "PoolStatus",
+    "PreparedRequest",
+    "Preview",
+    "Progress",
+    "ServedPool",
+]
 
 # (steps done, steps): called after every denoising step.
 Progress = Callable[[int, int], None]
@@ -68,3 +77,39 @@ class EngineStatus:
     pristine_budget: int
     applied: tuple[str, ...]
     preview: str = "off"
+    # Requests in the engine's queue now (the running one excluded).
+    waiting: int = 0
+
+
+@dataclass(frozen=True)
+class ServedPool:
+    """One served base as every transport sees it, local or on a cluster: what the UI and the API offer for it."""
+
+    base_model_id: str
+    model_id: str
+    family: str
+    defaults: ModelDefaults
+    default: bool
+
+
+@dataclass(frozen=True)
+class PoolMemory:
+    """One pool's place in device memory, as the status panel shows it."""
+
+    name: str
+    nbytes: int
+    resident: bool
+    in_use: int
+    moves_in: int
+    last_move_s: float
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """One pool's status: where its pipeline is (None when a cluster holds it) and its engine's status."""
+
+    base_model_id: str
+    family: str
+    default: bool
+    memory: PoolMemory | None
+    engine: EngineStatus

@@ -82,10 +82,19 @@ TINY_MAX_SIDE = 128
 
 @dataclass(frozen=True)
 class ModelDefaults:
+    """The served model's request defaults, and the (width, height) presets the UI offers (its family's)."""
+
     steps: int
     guidance: float
     side: int
     max_side: int
+    sizes: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples
+        # here, once; without any (an older peer) the square of the default side is the one preset.
+        sizes = tuple((int(w), int(h)) for w, h in self.sizes) or ((self.side, self.side),)
+        object.__setattr__(self, "sizes", sizes)
 
     @property
     def is_tiny(self) -> bool:

@@ -126,8 +126,10 @@ def family_from_metadata(metadata: Mapping[str, str]) -> Family | None:
 def family_from_keys(tensor_names: Iterable[str]) -> Family | None:
     """Guess the family from tensor names alone (kohya and diffusers layouts); None when nothing matches.
 
-    SD 1.x and SD 2.x LoRAs share their tensor names (only shapes differ), so
-    both come out as `Family.SD15`.
+    The catalogue's label for a local file it lists (families no pool serves included, FLUX among them);
+    whether a LoRA fits a served base is judged by the engine's families (`engine.families.origin`), from
+    their own signatures. SD 1.x and SD 2.x LoRAs share their tensor names (only shapes differ), so
+    both come out as `Family.SD15` here.
     """
     flux = sdxl = sd1 = False
     for raw in tensor_names:

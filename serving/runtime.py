@@ -1,4 +1,4 @@
-"""Start-up wiring: which model to serve, and the engine, catalogue and GPU runner around it.
+"""Start-up wiring: which pools to serve (or which cluster to front), and the backend and catalogue around them.
 
 `build_runtime(settings)` decides once, at start:
 
@@ -11,8 +11,8 @@
   otherwise the offline demo — tiny random-weight SDXL and SD 1.5 pipelines with synthetic LoRAs made
   on this machine, and a banner that says so.
 
-The pools (`engine.pools.pools`, one engine each) are served through `serving.backends.local.GpuRunner`, the one
-way every transport generates.
+The pools (`engine.pools.pools`, one engine each) are served through `serving.backends.local.LocalBackend`,
+a cluster through `serving.backends.remote.RemoteBackend`: the one `Backend` every transport calls.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from engine.errors import SettingsError, SwitchboardError
 from engine.pipeline.loading import LoadedPipeline, load_pipeline
-from engine.pools.engine import Engine
-from engine.pools.pools import Pools, build_pools
+from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
 from engine.settings import (
     DEFAULT_MODEL_ID,
@@ -46,8 +45,9 @@ from engine.settings import (
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
 from lora_catalog.snapshot import default_snapshot_path
-from serving.backends.local import GpuRunner
-from serving.backends.remote import RemoteEngine, RemoteRunner
+from serving.backends import Backend
+from serving.backends.local import LocalBackend
+from serving.backends.remote import RemoteBackend
 from serving.demo.loras import demo_loras, ensure_demo_loras, render_previews
 from serving.ui.pool_views import display_name
 
@@ -55,7 +55,6 @@ __all__ = [
     "DEFAULT_POOLS",
     "DEMO_POOLS",
     "REPO_ROOT",
-    "GpuRunner",
     "Runtime",
     "StartPlan",
     "build_runtime",
@@ -89,9 +88,8 @@ class Runtime:
     """Everything the Space serves, built once at start."""
 
     settings: Settings
-    engine: Engine | RemoteEngine
+    backend: Backend
     catalog: Catalog
-    runner: GpuRunner | RemoteRunner
     banner: str | None
     demo: bool
     hub_url: str
@@ -107,21 +105,13 @@ class Runtime:
         self.preview_thread.join(timeout)
         return not self.preview_thread.is_alive()
 
-    @property
-    def pools(self) -> Pools | None:
-        """The pools served here (None for a front end: its cluster holds them)."""
-        return self.runner.pools
-
     def close(self) -> None:
         """Stop background work (at most one preview finishes), then put every pool's base weights back."""
         self.stop.set()
         if self.preview_thread is not None:
             self.preview_thread.join()
         self.catalog.close()
-        if self.runner.pools is not None:
-            self.runner.pools.close()
-        else:
-            self.engine.close()
+        self.backend.close()
 
 
 def probe_base(settings: Settings) -> str | None:
@@ -232,9 +222,8 @@ def _serve_model(
     logger.info("serving %s (start-up %.1f s)", ", ".join(pools.served_bases), boot_s)
     return Runtime(
         settings=settings,
-        engine=pools.default.engine,
+        backend=LocalBackend(pools, zero_gpu=settings.zero_gpu),
         catalog=catalog,
-        runner=GpuRunner(pools, zero_gpu=settings.zero_gpu),
         banner=None,
         demo=False,
         hub_url=hub.endpoint,
@@ -258,22 +247,15 @@ def _hub_catalog(settings: Settings, hub_endpoint: str | None) -> tuple[HubSourc
 def _serve_remote(settings: Settings, started: float, hub_endpoint: str | None) -> Runtime:
     """A front end: the catalogue here, generation (and LoRA checks, status) on the cluster at BACKEND_URL."""
     assert settings.backend_url is not None
-    runner = RemoteRunner(settings.backend_url, timeout_s=settings.backend_timeout_s)
-    try:
-        engine = RemoteEngine(runner, settings)
-    except SettingsError:
-        runner.close()
-        raise
-    hub, catalog, local_dirs = _hub_catalog(settings.replace(base_model_id=engine.base_model_id), hub_endpoint)
+    backend = RemoteBackend(settings.backend_url, timeout_s=settings.backend_timeout_s)
+    base = backend.pools()[0].base_model_id
+    hub, catalog, local_dirs = _hub_catalog(settings.replace(base_model_id=base), hub_endpoint)
     boot_s = time.perf_counter() - started
-    logger.info(
-        "front end for the cluster at %s serving %s (start-up %.1f s)", runner.url, engine.base_model_id, boot_s
-    )
+    logger.info("front end for the cluster at %s serving %s (start-up %.1f s)", backend.url, base, boot_s)
     return Runtime(
         settings=settings,
-        engine=engine,
+        backend=backend,
         catalog=catalog,
-        runner=runner,
         banner=None,
         demo=False,
         hub_url=hub.endpoint,
@@ -292,20 +274,19 @@ def _serve_demo(
     pools = build_pools(settings, resolver, load, warm=False)
     ensure_demo_loras(demo_dir, {p.base_model_id: p.engine.loaded.pipe for p in pools.pools})
     catalog = Catalog(None, local_dirs=(demo_dir,), refresh=False)
-    runner = GpuRunner(pools, zero_gpu=settings.zero_gpu)
+    backend = LocalBackend(pools, zero_gpu=settings.zero_gpu)
     previews, stop = None, threading.Event()
     if any(not (demo_dir / f"{lora.stem}.png").is_file() for lora in demo_loras(pools.served_bases)):
         previews = threading.Thread(
-            target=_render_previews, args=(runner, catalog, demo_dir, stop), name="demo-previews", daemon=True
+            target=_render_previews, args=(backend, catalog, demo_dir, stop), name="demo-previews", daemon=True
         )
         previews.start()
     boot_s = time.perf_counter() - started
     logger.warning("serving the offline demo (%s); start-up %.1f s", plan.reason, boot_s)
     return Runtime(
         settings=settings,
-        engine=pools.default.engine,
+        backend=backend,
         catalog=catalog,
-        runner=runner,
         banner=demo_banner(plan.reason or "no reason given", pools.served_bases),
         demo=True,
         hub_url=(hub_endpoint or hf_constants.ENDPOINT).rstrip("/"),
@@ -316,9 +297,9 @@ def _serve_demo(
     )
 
 
-def _render_previews(runner: GpuRunner, catalog: Catalog, folder: Path, stop: threading.Event) -> None:
+def _render_previews(backend: Backend, catalog: Catalog, folder: Path, stop: threading.Event) -> None:
     try:
-        render_previews(runner, folder, stop=stop)
+        render_previews(backend, folder, stop=stop)
     except (SwitchboardError, OSError) as e:
         logger.warning("could not render the demo previews in %s: %s", folder, e)
     catalog.rescan_local()

@@ -4,14 +4,13 @@ The engine calls its preview callback from the thread that denoises; a Gradio ha
 loop. `stream` runs the (async) generation as a task and hands frames over with `call_soon_threadsafe`.
 A consumer slower than the previews gets the newest frame only: a stale preview is not worth encoding.
 While nothing new comes it yields `None` every `poll_s` (a tick): Gradio checks the client after each
-yield, so a browser that went away closes the stream, and closing it sets `cancel` — the generation
+yield, so a browser that went away closes the stream, and closing it cancels the generation's task: it
 leaves the queue, or stops at its next step (before the VAE decode).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -32,11 +31,9 @@ class Frame:
     image: Image
 
 
-async def stream(
-    work: Callable[[Preview], Awaitable[T]], cancel: threading.Event, *, poll_s: float = 0.25
-) -> AsyncIterator[Frame | T | None]:
+async def stream(work: Callable[[Preview], Awaitable[T]], *, poll_s: float = 0.25) -> AsyncIterator[Frame | T | None]:
     """Yield `Frame`s as `work(preview)` reports them and `None` ticks while it runs, then what it returned
-    (or raise what it raised); closing the stream before the end sets `cancel`."""
+    (or raise what it raised); closing the stream before the end cancels the work."""
     loop = asyncio.get_running_loop()
     frames: asyncio.Queue[Frame] = asyncio.Queue()
 
@@ -59,6 +56,6 @@ async def stream(
                 yield None
     finally:
         if not task.done():
-            # Closed early: the client went away. The task sees the cancel at its next step or in the queue.
-            cancel.set()
+            # Closed early: the client went away. The task leaves the queue, or its run stops at its next step.
+            task.cancel()
     yield task.result()

@@ -64,7 +64,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def fixtures(hub, tmp_path_factory: pytest.TempPathFactory):
-    from engine.families.tiny import build_tiny_pipeline
+    from engine.families.sdxl import build_tiny_pipeline
     from tests.support.loras import publish_fixtures
 
     return publish_fixtures(hub, build_tiny_pipeline(), tmp_path_factory.mktemp("local-loras"))
@@ -73,7 +73,7 @@ def fixtures(hub, tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def pivotal(hub, tmp_path_factory: pytest.TempPathFactory):
     """Pivotal-tuning repos (LoRA + embeddings file + card) on the stand-in Hub, and local pairs."""
-    from engine.families.tiny import build_tiny_pipeline
+    from engine.families.sdxl import build_tiny_pipeline
     from tests.support.loras import publish_pivotal
 
     return publish_pivotal(hub, build_tiny_pipeline(), tmp_path_factory.mktemp("pivotal-local"))

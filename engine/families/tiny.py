@@ -1,14 +1,11 @@
-"""Tiny random-weight SDXL and SD 1.5 pipelines, built offline and deterministically.
+"""What every tiny random-weight pipeline shares: a CLIP tokenizer, CLIP text configs, a VAE, a scheduler.
 
-The SDXL one has SDXL's real structure (a `text_time` UNet with cross-attention blocks laid
-out like SDXL's, `CLIPTextModel` + `CLIPTextModelWithProjection`, a VAE, two CLIP
-tokenizers), so LoRAs in every SDXL naming scheme load into it, but it is small
-enough that a 64x64, 2-step image takes a fraction of a second on a CPU. Tests
-use it, and so does the offline demo when no real model can be had. The SD 1.5
-one has SD 1.5's structure in the same way (cross-attention in the first down
-blocks, one transformer block per attention, convolutional `proj_in`, one
-`CLIPTextModel`), with a cross-attention width of its own, so a LoRA's shapes
-tell the two apart as they tell real SDXL and SD 1.5 apart.
+Each family builds its tiny pipeline in its own module (`engine.families.<family>.build_tiny`) with its real
+structure (blocks, heads, conditioning, text encoders, a cross-attention width of its own, so a LoRA's shapes
+tell the tiny ones apart as they tell the real ones apart), small enough that a 64x64, 2-step image takes a
+fraction of a second on a CPU. Tests use them, and so does the offline demo when no real model can be had.
+`build_tiny` and `ensure_tiny_pipeline` make the one a tiny model id (`engine.settings.TINY_MODEL_IDS`) names.
+The weights are deterministic: the same seed gives the same pipeline.
 """
 
 from __future__ import annotations
@@ -19,35 +16,36 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import (
-    AutoencoderKL,
-    EulerDiscreteScheduler,
-    StableDiffusionPipeline,
-    StableDiffusionXLPipeline,
-    UNet2DConditionModel,
-)
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+from diffusers import AutoencoderKL, EulerDiscreteScheduler
+from transformers import CLIPTextConfig, CLIPTokenizer
+
+from engine.families.registry import family_spec
+from engine.pools.specs import TINY_MODEL_ID, TINY_MODEL_IDS
 
 __all__ = [
     "TINY_SIDE",
+    "TINY_SIZES",
+    "TINY_UNET",
     "build_tiny",
-    "build_tiny_pipeline",
-    "build_tiny_sd15_pipeline",
     "ensure_tiny_pipeline",
+    "text_config",
+    "tiny_scheduler",
     "tiny_tokenizer",
+    "tiny_vae",
 ]
 
 logger = logging.getLogger(__name__)
 
+# A diffusers pipeline (see engine.pipeline.loading.Pipeline).
+Pipeline = Any
+
 TINY_SIDE = 64
+# The UI's size presets for a tiny pipeline (64-256 px; a real family's are its own buckets).
+TINY_SIZES = ((64, 64), (128, 128), (256, 256), (128, 64), (64, 128), (256, 128), (128, 256))
 _FORMAT = 1
 _MARKER = "switchboard_tiny.json"
-# Names as in engine.settings.TINY_MODEL_IDS (kept literal: settings must not import torch).
-_SDXL, _SD15 = "tiny", "tiny-sd15"
-# SD 1.5's cross-attention width differs from SDXL's (768 vs 2048); the tiny ones differ too.
-_SD15_CROSS_DIM = 48
-# What both tiny UNets share; their blocks, heads and conditioning are their family's.
-_UNET_SHAPE: dict[str, Any] = {
+# What every tiny UNet shares; its blocks, heads and conditioning are its family's.
+TINY_UNET: dict[str, Any] = {
     "sample_size": TINY_SIDE // 2,
     "in_channels": 4,
     "out_channels": 4,
@@ -110,10 +108,12 @@ def tiny_tokenizer(pad_token: str = "<|endoftext|>") -> CLIPTokenizer:
     return CLIPTokenizer(vocab=vocab, merges=merges, pad_token=pad_token, model_max_length=77)  # type: ignore[arg-type]
 
 
-def _text_config(vocab_size: int, bos: int, eos: int) -> CLIPTextConfig:
+def text_config(tokenizer: CLIPTokenizer, hidden_size: int = 32) -> CLIPTextConfig:
+    """A small CLIP text encoder's config for `tokenizer` (its vocabulary and special tokens)."""
+    vocab_size, bos, eos = len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id
     return CLIPTextConfig(
         vocab_size=vocab_size,
-        hidden_size=32,
+        hidden_size=hidden_size,
         intermediate_size=37,
         num_hidden_layers=3,
         num_attention_heads=4,
@@ -126,84 +126,14 @@ def _text_config(vocab_size: int, bos: int, eos: int) -> CLIPTextConfig:
     )
 
 
-def build_tiny_pipeline(seed: int = 0) -> StableDiffusionXLPipeline:
-    """Build the tiny pipeline in memory; the same seed gives the same weights."""
-    tokenizer = tiny_tokenizer()
-    tokenizer_2 = tiny_tokenizer(pad_token="!")
-    config = _text_config(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id)
-    torch.manual_seed(seed)
-    unet = UNet2DConditionModel(
-        **_UNET_SHAPE,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        attention_head_dim=(2, 4),
-        transformer_layers_per_block=(1, 2),
-        use_linear_projection=True,
-        addition_embed_type="text_time",
-        addition_time_embed_dim=8,
-        projection_class_embeddings_input_dim=32 + 6 * 8,
-        cross_attention_dim=64,
-    )
-    vae = _tiny_vae(seed)
-    torch.manual_seed(seed + 2)
-    text_encoder = CLIPTextModel(config)
-    torch.manual_seed(seed + 3)
-    text_encoder_2 = CLIPTextModelWithProjection(config)
-    pipe = StableDiffusionXLPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        text_encoder_2=text_encoder_2,
-        tokenizer=tokenizer,
-        tokenizer_2=tokenizer_2,
-        unet=unet,
-        scheduler=_tiny_scheduler(),
-    )
-    dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.loading.Pipeline)
-    dynamic.set_progress_bar_config(disable=True)
-    return pipe
+def build_tiny(model_id: str, seed: int = 0) -> Pipeline:
+    """The tiny pipeline a tiny model id (`engine.settings.TINY_MODEL_IDS`) names, built by its base's family."""
+    if model_id not in TINY_MODEL_IDS:
+        raise ValueError(f"{model_id!r} is not a tiny model; accepted: {', '.join(TINY_MODEL_IDS)}")
+    return family_spec(TINY_MODEL_IDS[model_id]).build_tiny(seed)
 
 
-def build_tiny_sd15_pipeline(seed: int = 0) -> StableDiffusionPipeline:
-    """The tiny SD 1.5 pipeline in memory (no safety checker); the same seed gives the same weights."""
-    tokenizer = tiny_tokenizer()
-    config = _text_config(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id)
-    config.hidden_size = _SD15_CROSS_DIM
-    torch.manual_seed(seed)
-    unet = UNet2DConditionModel(
-        **_UNET_SHAPE,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        attention_head_dim=4,
-        cross_attention_dim=_SD15_CROSS_DIM,
-    )
-    vae = _tiny_vae(seed)
-    torch.manual_seed(seed + 2)
-    text_encoder = CLIPTextModel(config)
-    pipe = StableDiffusionPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        unet=unet,
-        scheduler=_tiny_scheduler(),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    dynamic: Any = pipe
-    dynamic.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def build_tiny(model_id: str, seed: int = 0) -> StableDiffusionXLPipeline | StableDiffusionPipeline:
-    """The tiny pipeline named `tiny` (SDXL) or `tiny-sd15`."""
-    if model_id == _SDXL:
-        return build_tiny_pipeline(seed)
-    if model_id == _SD15:
-        return build_tiny_sd15_pipeline(seed)
-    raise ValueError(f"{model_id!r} is not a tiny model; accepted: {_SDXL}, {_SD15}")
-
-
-def _tiny_vae(seed: int) -> AutoencoderKL:
+def tiny_vae(seed: int) -> AutoencoderKL:
     torch.manual_seed(seed + 1)
     return AutoencoderKL(
         block_out_channels=(16, 32),
@@ -217,23 +147,24 @@ def _tiny_vae(seed: int) -> AutoencoderKL:
     )
 
 
-def _tiny_scheduler() -> EulerDiscreteScheduler:
+def tiny_scheduler(prediction_type: str = "epsilon") -> EulerDiscreteScheduler:
     return EulerDiscreteScheduler(
         beta_start=0.00085,
         beta_end=0.012,
         beta_schedule="scaled_linear",
         timestep_spacing="leading",
         steps_offset=1,
+        prediction_type=prediction_type,
     )
 
 
-def ensure_tiny_pipeline(folder: Path, seed: int = 0, model_id: str = _SDXL) -> Path:
-    """Save a tiny pipeline (`tiny` or `tiny-sd15`) as an ordinary diffusers folder, once; return the folder."""
+def ensure_tiny_pipeline(folder: Path, seed: int = 0, model_id: str = TINY_MODEL_ID) -> Path:
+    """Save the tiny pipeline `model_id` names as an ordinary diffusers folder, once; return the folder."""
     folder = Path(folder)
     marker = folder / _MARKER
     # The SDXL marker predates the model name; keeping it unchanged keeps existing folders valid.
     wanted: dict[str, object] = {"format": _FORMAT, "seed": seed}
-    if model_id != _SDXL:
+    if model_id != TINY_MODEL_ID:
         wanted["model"] = model_id
     if marker.is_file() and json.loads(marker.read_text()) == wanted:
         return folder

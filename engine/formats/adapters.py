@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+from diffusers import StableDiffusionXLPipeline
 from peft.utils.other import get_pattern_key
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
 from engine.errors import AdapterLoadError, IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
+from engine.families.spec import LoraConverter
 from engine.formats.deltas import keep_deltas
 from engine.formats.dora import dora_update
 from engine.formats.layers import LayerFactors, LayerUpdate
@@ -120,16 +121,14 @@ class PreparedAdapter:
         return dataclasses.replace(self, layers=tuple(layer.map(move) for layer in self.layers))
 
 
-LoraLoader = type[StableDiffusionXLPipeline] | type[StableDiffusionPipeline]
-
-
 class TargetTable:
     """Every Linear/Conv2d weight a LoRA may change, indexed once per pipeline."""
 
     def __init__(
-        self, components: Mapping[str, nn.Module], *, lora_loader: LoraLoader = StableDiffusionXLPipeline
+        self, components: Mapping[str, nn.Module], *, lora_loader: LoraConverter = StableDiffusionXLPipeline
     ) -> None:
-        # The family's pipeline class (engine.families.registry): its `lora_state_dict` converts kohya/SGM names for it.
+        # The family's converter (`FamilySpec.lora_loader`, a diffusers pipeline class): its `lora_state_dict`
+        # converts kohya/SGM names for that family.
         self.lora_loader = lora_loader
         # Which of COMPONENTS this pipeline has (SD 1.x/2.x: no text_encoder_2).
         self.components = tuple(components)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+from diffusers import StableDiffusionXLPipeline
 from diffusers.utils.state_dict_utils import (
     convert_state_dict_to_diffusers,
     convert_state_dict_to_peft,
@@ -22,6 +22,7 @@ from diffusers.utils.state_dict_utils import (
 )
 
 from engine.errors import IncompatibleLoraError
+from engine.families.spec import LoraConverter
 from engine.formats.lycoris import LYCORIS_PARAMS
 
 __all__ = ["COMPONENTS", "SplitTensors", "component_state_dict", "kohya_modules", "peft_stem", "split_tensors"]
@@ -89,11 +90,11 @@ def kohya_modules(
     stems: Sequence[str],
     unet_config: object,
     label: str,
-    loader: type[StableDiffusionXLPipeline] | type[StableDiffusionPipeline] = StableDiffusionXLPipeline,
+    loader: LoraConverter = StableDiffusionXLPipeline,
 ) -> dict[str, tuple[str, str]]:
     """(component, module) for each kohya module name, found by diffusers' conversion of a placeholder LoRA.
 
-    `loader` is the served family's pipeline class, whose `lora_state_dict` knows that family's names.
+    `loader` is the served family's converter (`FamilySpec.lora_loader`), whose `lora_state_dict` knows its names.
     """
     if not stems:
         return {}

@@ -12,11 +12,11 @@ import torch
 from diffusers import AutoencoderKL
 
 from engine.errors import SettingsError
-from engine.families.registry import FAMILIES, FamilySpec, family_spec
-from engine.families.tiny import build_tiny
+from engine.families.registry import FamilySpec, family_spec
+from engine.families.spec import fit_presets
+from engine.families.tiny import TINY_SIZES, build_tiny
 from engine.requests import ModelDefaults
 from engine.settings import Settings
-from lora_catalog.entries import Family
 
 __all__ = ["LoadedPipeline", "load_pipeline", "resolve_device", "resolve_dtype"]
 
@@ -40,11 +40,16 @@ class LoadedPipeline:
     defaults: ModelDefaults
     load_s: float
     warmup_s: float
-    family: FamilySpec = FAMILIES[Family.SDXL]
+    family: FamilySpec
 
     @property
     def is_tiny(self) -> bool:
         return self.defaults.is_tiny
+
+    @property
+    def denoiser(self) -> Pipeline:
+        """The pipeline's denoiser (its family names the attribute: `unet`, or `transformer` for a DiT)."""
+        return getattr(self.pipe, self.family.denoiser)
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -88,15 +93,14 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
     pipe = pipe.to(device=target) if pipe.dtype == dtype else pipe.to(device=target, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
-    side = int(pipe.unet.config.sample_size) * int(pipe.vae_scale_factor)
-    defaults = ModelDefaults(
-        steps=family.steps,
-        guidance=family.guidance,
-        side=side,
-        max_side=min(settings.max_side, max(2 * side, 256)),
-    )
+    side = int(getattr(pipe, family.denoiser).config.sample_size) * int(pipe.vae_scale_factor)
+    max_side = min(settings.max_side, max(2 * side, 256))
+    defaults = ModelDefaults(steps=family.steps, guidance=family.guidance, side=side, max_side=max_side)
     if defaults.is_tiny:
-        defaults = dataclasses.replace(defaults, steps=4)  # a tiny model's image says nothing more after 4
+        # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
+        defaults = dataclasses.replace(defaults, steps=4, sizes=fit_presets(side, TINY_SIZES, max_side))
+    else:
+        defaults = dataclasses.replace(defaults, sizes=family.size_presets(side, max_side))
     loaded = LoadedPipeline(
         pipe=pipe,
         model_id=settings.model_id,
@@ -124,9 +128,7 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
 
 def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Pipeline:
     kwargs: dict[str, object] = {"dtype": dtype, "use_safetensors": True, "token": settings.hf_token}
-    if family.family is not Family.SDXL:
-        # SD 1.x/2.x repos ship a safety checker; a LoRA switchboard serves art, as the SDXL pipeline does.
-        kwargs |= {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
+    kwargs |= dict(family.load_options)
     loader = family.pipeline_class
     if settings.vae_id:
         kwargs["vae"] = AutoencoderKL.from_pretrained(settings.vae_id, dtype=dtype, token=settings.hf_token)

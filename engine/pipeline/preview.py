@@ -2,15 +2,14 @@
 
 Two decoders, chosen once per engine (`load_preview_decoder`):
 
-- `TinyVaePreview`: diffusers' `AutoencoderTiny` (TAESDXL for SDXL, TAESD for SD 1.5 and 2.x), a distilled
-  decoder that gives a recognisable full-size image for a few percent of a UNet step. Its weights are
-  taken only from a local folder or the Hugging Face cache (`PREVIEW_VAE`; the Space's front matter
-  preloads `madebyollin/taesdxl` and `madebyollin/taesd`) — never downloaded while serving.
-- `LinearPreview`: a fixed 4 -> 3 linear map of the latent channels, per family, at latent resolution
-  (1/8 of the image side). The coefficients are ComfyUI's `latent_rgb_factors` (and, for SDXL,
-  `latent_rgb_factors_bias`) from `comfy/latent_formats.py`, fitted by ComfyUI's authors on the
-  diffusion-space latents of each family's VAE — the same space a diffusers pipeline hands its
-  per-step callback.
+- `TinyVaePreview`: diffusers' `AutoencoderTiny` (the family's, `PreviewSpec.tiny_vae`: TAESDXL for SDXL,
+  TAESD for SD 1.5 and 2.x), a distilled decoder that gives a recognisable full-size image for a few percent
+  of a UNet step. Its weights are taken only from a local folder or the Hugging Face cache (`PREVIEW_VAE`;
+  the Space's front matter preloads `madebyollin/taesdxl` and `madebyollin/taesd`) — never downloaded while
+  serving.
+- `LinearPreview`: a fixed 4 -> 3 linear map of the latent channels, the family's (`PreviewSpec.projection`:
+  ComfyUI's `latent_rgb_factors`, fitted on the diffusion-space latents of the family's VAE — the same space
+  a diffusers pipeline hands its per-step callback), at latent resolution (1/8 of the image side).
 
 The pipeline's callback sees the noisy latents x_t. Sigma-parameterised schedulers (Euler, DPM++) keep
 them at scale sqrt(sigma^2 + 1), which would saturate every early preview; `_unit_variance` divides that
@@ -30,12 +29,11 @@ import torch
 from diffusers.image_processor import VaeImageProcessor
 from PIL import Image
 
+from engine.families.spec import FamilySpec, LatentProjection
 from engine.settings import Settings
 from lora_catalog.entries import Family
 
 __all__ = [
-    "PROJECTIONS",
-    "TINY_VAES",
     "LatentProjection",
     "LinearPreview",
     "PreviewDecoder",
@@ -48,45 +46,6 @@ logger = logging.getLogger(__name__)
 
 # Stateless: only its config (normalise from [-1, 1], RGB) is used.
 _PROCESSOR = VaeImageProcessor()
-
-
-@dataclass(frozen=True)
-class LatentProjection:
-    """latent channel c -> RGB: rgb = sum_c latent[c] * weights[c] + bias, in [-1, 1]."""
-
-    weights: tuple[tuple[float, float, float], ...]
-    bias: tuple[float, float, float] = (0.0, 0.0, 0.0)
-
-
-# ComfyUI, comfy/latent_formats.py: classes SDXL and SD15 (latent_rgb_factors, latent_rgb_factors_bias).
-PROJECTIONS: dict[Family, LatentProjection] = {
-    Family.SDXL: LatentProjection(
-        weights=(
-            (0.3651, 0.4232, 0.4341),
-            (-0.2533, -0.0042, 0.1068),
-            (0.1076, 0.1111, -0.0362),
-            (-0.3165, -0.2492, -0.2188),
-        ),
-        bias=(0.1084, -0.0175, -0.0011),
-    ),
-    Family.SD15: LatentProjection(
-        weights=(
-            (0.3512, 0.2297, 0.3227),
-            (0.3250, 0.4974, 0.2350),
-            (-0.2829, 0.1762, 0.2721),
-            (-0.2120, -0.2616, -0.7177),
-        ),
-    ),
-}
-# SD 2.x shares SD 1.5's VAE and latent space: ComfyUI's `supported_models.SD20` uses `latent_formats.SD15`,
-# and TAESD's model card names it compatible with SD 1 and 2 models.
-PROJECTIONS[Family.SD2] = PROJECTIONS[Family.SD15]
-# The distilled decoders by Ollin Boer Bohan, in diffusers' AutoencoderTiny format.
-TINY_VAES: dict[Family, str] = {
-    Family.SDXL: "madebyollin/taesdxl",
-    Family.SD15: "madebyollin/taesd",
-    Family.SD2: "madebyollin/taesd",
-}
 
 
 class PreviewDecoder(Protocol):
@@ -166,15 +125,16 @@ class StepPreviews:
 
 
 def load_preview_decoder(
-    settings: Settings, family: Family, device: torch.device, dtype: torch.dtype
+    settings: Settings, spec: FamilySpec, device: torch.device, dtype: torch.dtype
 ) -> PreviewDecoder | None:
-    """The decoder `settings` ask for: None when previews are off; TAESD when found locally; else linear."""
+    """The decoder `settings` ask for: None when previews are off; the family's TAESD when found locally;
+    else its linear projection."""
     if not settings.previews:
         return None
-    projection = PROJECTIONS.get(family)
+    family, projection = spec.family, spec.preview.projection
     source = settings.preview_vae
     if source == "auto":
-        source = TINY_VAES.get(family, "none")
+        source = spec.preview.tiny_vae or "none"
     if source != "none":
         decoder = _tiny_vae(source, device, dtype)
         if decoder is not None:

@@ -1,9 +1,9 @@
-"""The engine: one warm pipeline, an adapter store, and an atomic swap-and-generate.
+"""`Engine`: one pool's warm pipeline, its adapter store, its scheduler, and an atomic swap-and-generate.
 
 A request is queued on the engine's scheduler (`engine.pools.scheduler`: one queue for every transport), which
-prepares it (resolved, downloaded, converted) on its pool, off the GPU's path, and admits it to the
-pipeline when its adapters are ready; it is then run (swap and inference under the lock). Any failure
-leaves the weights exactly as the last successful request left them.
+prepares it (`_open`: resolved, downloaded, converted) off the GPU's path and admits it when its adapters are
+ready; the one caller holding the slot (`serving.backends.local.LocalBackend`) then calls `run` (swap and
+inference under the lock). Any failure leaves the weights exactly as the last successful request left them.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from engine.settings import Settings
 from engine.weights.fused import FusedSet, set_identity
 from engine.weights.swap import WeightPatcher
 from engine.weights.tokens import TokenPatcher
-from lora_catalog.bases import family_of_base
 
 __all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest", "Preview", "Progress"]
 
@@ -70,7 +69,7 @@ class Engine:
         self.events = EngineEvents()
         pipe = loaded.pipe
         self._table = TargetTable(
-            {c: getattr(pipe, c) for c in loaded.components}, lora_loader=loaded.family.pipeline_class
+            {c: getattr(pipe, c) for c in loaded.components}, lora_loader=loaded.family.lora_loader
         )
         # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
         encoders = TextEncoders(pipe)
@@ -108,7 +107,7 @@ class Engine:
             self._table,
             encoders,
             served_base=loaded.base_model_id,
-            unet_config=pipe.unet.config,
+            unet_config=loaded.denoiser.config,
             max_rank=settings.max_rank,
             disk=self.disk_cache,
             gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
@@ -139,9 +138,7 @@ class Engine:
             threads=settings.max_queue + settings.prepare_workers,
             mode=settings.scheduler,
         )
-        self._preview = load_preview_decoder(
-            settings, family_of_base(loaded.base_model_id), loaded.device, loaded.dtype
-        )
+        self._preview = load_preview_decoder(settings, loaded.family, loaded.device, loaded.dtype)
 
     @property
     def defaults(self) -> ModelDefaults:
@@ -249,14 +246,6 @@ class Engine:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def generate(
-        self, request: GenerateRequest, *, progress: Progress | None = None, cancel: threading.Event | None = None
-    ) -> GenerateResult:
-        """The engine alone, for scripts and tests: the path `serving.backends.local.GpuRunner` takes for every
-        transport (this scheduler's slot, then `run`), without the `@spaces.GPU` call or pool routing."""
-        with self.scheduler.slot(request, cancel) as prepared:
-            return self.run(prepared, progress=progress, cancel=cancel)
-
     def run(
         self,
         prepared: PreparedRequest,
@@ -267,8 +256,8 @@ class Engine:
     ) -> GenerateResult:
         """Swap to the request's adapters and generate, atomically; on failure restore what was served.
 
-        Callers hold the scheduler's slot (`generate`, the transports' runner); the lock below only keeps
-        a direct call safe.
+        Callers hold the scheduler's slot (`serving.backends.local.LocalBackend`, the one caller); the lock
+        below only keeps a direct call safe.
         """
         with self._lock:
             return self._run_held(prepared, progress, cancel, preview)
@@ -362,14 +351,14 @@ class Engine:
     def close(self) -> None:
         """Refuse new requests and put the base weights back (the pipeline may outlive this engine)."""
         self.scheduler.close()
-        self.restore_base()
+        self.restore_base_weights()
 
-    def restore_base(self) -> None:
+    def restore_base_weights(self) -> None:
         """Put the base weights back now; the engine keeps serving (the next request fuses its own set)."""
         with self._lock:
             self._fused.restore_all()
 
-    def put_back_base(self) -> None:
+    def prepare_to_leave_device(self) -> None:
         """Restore the base weights and drop the pristine copies (before the pipeline leaves the device).
 
         The next request fuses its own set again, so a pool moved out and back serves bit-exactly.
@@ -404,6 +393,7 @@ class Engine:
             pristine_budget=self.settings.pristine_bytes,
             applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._fused.applied),
             preview=self._preview.name if self._preview is not None else "off",
+            waiting=self.scheduler.waiting,
         )
 
 

@@ -9,7 +9,6 @@ turns (`engine.pools.residency`), least recently used out first. `build_pools` l
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 import time
@@ -22,27 +21,19 @@ from torch import nn
 
 from engine.caches.disk import DiskCache
 from engine.compare import MAX_COMPARE_LORAS
-from engine.errors import UnservedBaseError
+from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
-from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
+from engine.outcomes import PoolStatus, ServedPool
 from engine.pipeline.loading import LoadedPipeline, resolve_device
 from engine.pools.engine import Engine
-from engine.pools.residency import PoolMemory, Residency, device_budget, module_bytes
-from engine.pools.routing import (
-    LoraOrigin,
-    PoolInfo,
-    agreed_pool,
-    declared_origin,
-    described_pick,
-    file_origin,
-    served_list,
-)
+from engine.pools.residency import Residency, device_budget, module_bytes
+from engine.pools.routing import PoolInfo, agreed_pool, described_pick, named_pool
 from engine.prepare.resolve import AdapterResolver, AdapterSource
-from engine.requests import GenerateRequest, GenerateResult, LoraSpec, normalise_loras
+from engine.requests import GenerateRequest, LoraSpec, normalise_loras
 from engine.settings import Settings
 from lora_catalog.entries import Family
 
-__all__ = ["Pool", "PoolStatus", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
+__all__ = ["Pool", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +54,10 @@ class Pool:
         return self.info.base_model_id
 
     @property
+    def model_id(self) -> str:
+        return self.engine.loaded.model_id
+
+    @property
     def family(self) -> Family:
         return self.info.family
 
@@ -73,15 +68,6 @@ class Route:
 
     pool: Pool
     reason: str
-
-
-@dataclass(frozen=True)
-class PoolStatus:
-    base_model_id: str
-    family: str
-    default: bool
-    memory: PoolMemory
-    engine: EngineStatus
 
 
 class Pools:
@@ -99,7 +85,9 @@ class Pools:
         for engine in engines:
             # In order: the default pool gets the device first.
             residency.add(
-                engine.loaded.base_model_id, pipeline_modules(engine.loaded), before_leaving=engine.put_back_base
+                engine.loaded.base_model_id,
+                pipeline_modules(engine.loaded),
+                before_leaving=engine.prepare_to_leave_device,
             )
         self._routes: LRUCache[AdapterKey, tuple[int | None, str]] = LRUCache(maxsize=_ROUTE_CACHE)
         self._routes_lock = threading.Lock()
@@ -124,14 +112,8 @@ class Pools:
         return tuple(p.base_model_id for p in self._pools)
 
     def pool_for_base(self, base: str) -> Pool:
-        """The pool serving `base` (a base repo id, any case); 404 naming the served ones otherwise."""
-        wanted = base.strip().lower()
-        for pool in self._pools:
-            if pool.base_model_id.lower() == wanted:
-                return pool
-        raise UnservedBaseError(
-            f"base model {base!r} is not served here; served: {served_list([p.info for p in self._pools])}"
-        )
+        """The pool a request names by `base` (its base or model repo id, any case); 404 naming the served ones."""
+        return self._pools[named_pool(self._pools, base)]
 
     # -- routing ---------------------------------------------------------------------------------
 
@@ -178,14 +160,6 @@ class Pools:
     def _describe(self, index: int | None) -> str:
         return self._pools[index].base_model_id if index is not None else "an undetermined base"
 
-    def check_lora(self, spec: LoraSpec) -> LoraCheck:
-        """Check one LoRA on the pool it belongs to (the UI's custom-LoRA check)."""
-        return self.route(GenerateRequest(prompt="check", loras=(spec,))).pool.engine.check_lora(spec)
-
-    def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
-        """Start preparing one LoRA on its pool (a gallery click); routing itself runs on the caller's thread."""
-        return self.route(GenerateRequest(prompt="prefetch", loras=(spec,))).pool.engine.prefetch(spec)
-
     # -- running ---------------------------------------------------------------------------------
 
     @contextmanager
@@ -194,32 +168,14 @@ class Pools:
         with self._residency.use(pool.base_model_id) as moved_s:
             yield moved_s
 
-    def run(
-        self,
-        pool: Pool,
-        prepared: PreparedRequest,
-        *,
-        progress: Progress | None = None,
-        cancel: threading.Event | None = None,
-        preview: Preview | None = None,
-    ) -> GenerateResult:
-        """`Engine.run` on `pool`, with its pipeline on the device."""
-        with self.on_device(pool):
-            return pool.engine.run(prepared, progress=progress, cancel=cancel, preview=preview)
-
-    def run_many(
-        self,
-        pool: Pool,
-        prepared: Sequence[PreparedRequest],
-        *,
-        progress: Callable[[int, int, int], None] | None = None,
-        cancel: threading.Event | None = None,
-    ) -> tuple[GenerateResult, ...]:
-        """`Engine.run_many` on `pool` (a comparison grid), with its pipeline on the device."""
-        with self.on_device(pool):
-            return pool.engine.run_many(prepared, progress=progress, cancel=cancel)
-
     # -- status ----------------------------------------------------------------------------------
+
+    def served(self) -> tuple[ServedPool, ...]:
+        """What every transport offers of each pool (the default first)."""
+        return tuple(
+            ServedPool(p.base_model_id, p.engine.loaded.model_id, str(p.family), p.engine.defaults, p is self.default)
+            for p in self._pools
+        )
 
     def status(self) -> tuple[PoolStatus, ...]:
         memory = {m.name: m for m in self._residency.snapshot()}
@@ -236,23 +192,21 @@ class Pools:
 def lora_origin(resolver: AdapterResolver, source: AdapterSource) -> LoraOrigin:
     """What a located LoRA says of its base: its card and tags, else its file (fetched here, into the Hub cache
     the engine's preparation then reads; only its header is read)."""
-    declared = declared_origin(source.declared_bases)
-    if declared is not None:
-        return declared
-    header = resolver.header(source, resolver.fetch(source))
-    return file_origin(header.metadata, {name: info.shape for name, info in header.tensors.items()})
+
+    def read_file() -> FileEvidence:
+        header = resolver.header(source, resolver.fetch(source))
+        return header.metadata, {name: info.shape for name, info in header.tensors.items()}
+
+    return judge_origin(source.declared_bases, read_file)
 
 
 def pool_info(engine: Engine) -> PoolInfo:
-    """The base, family and widths of an engine's pipeline."""
+    """The base, family and widths of an engine's pipeline (read as its family reads them)."""
     loaded = engine.loaded
-    pipe = loaded.pipe
-    cross = pipe.unet.config.cross_attention_dim
-    cross_dims = frozenset(cross if isinstance(cross, list | tuple) else (cross,))
-    text_dims = frozenset(
-        int(getattr(pipe, c).config.hidden_size) for c in loaded.components if c.startswith("text_encoder")
-    )
-    return PoolInfo(loaded.base_model_id, loaded.family.family, cross_dims, text_dims)
+    family = loaded.family
+    encoders = {c: getattr(loaded.pipe, c) for c in family.components if c != family.denoiser}
+    widths = family.signature.pipeline_widths(loaded.denoiser, encoders)
+    return PoolInfo(loaded.base_model_id, family.family, widths.cross_attention, widths.text)
 
 
 def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:

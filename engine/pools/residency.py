@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from engine.errors import SettingsError
+from engine.outcomes import PoolMemory
 
 __all__ = ["WORKING_BYTES", "PoolMemory", "Residency", "device_budget", "module_bytes", "move_modules"]
 
@@ -44,18 +45,6 @@ def device_budget(device: torch.device, *, pools: int, adapter_cache_bytes: int,
         return None
     total = torch.cuda.get_device_properties(device).total_memory
     return max(0, total - WORKING_BYTES - pools * adapter_cache_bytes)
-
-
-@dataclass(frozen=True)
-class PoolMemory:
-    """One pool's place in device memory, as the status panel shows it."""
-
-    name: str
-    nbytes: int
-    resident: bool
-    in_use: int
-    moves_in: int
-    last_move_s: float
 
 
 def _tensors(modules: Iterator[nn.Module] | list[nn.Module]) -> Iterator[torch.Tensor]:

@@ -26,8 +26,8 @@ Policy (`SCHEDULER=affinity`, the default), in the manner of vLLM's scheduler:
   counted separately (`Ticket.passed_while_preparing`) and logged.
 - **Never done:** an unprepared request never holds the slot; a ready request is never overtaken more than
   `AFFINITY_MAX_SKIP` times; no waiter polls for the slot (the scheduler hands it to one named request);
-  no thread is held by a request waiting in the queue (`wait_async`; synchronous callers wait on a
-  Condition); a cancelled request leaves the queue at once and its leases are released.
+  no thread is held by a request waiting in the queue (`turn`, `wait`); a cancelled request leaves the
+  queue at once and its leases are released.
 
 `SCHEDULER=fifo_inline` keeps the behaviour before this scheduler, for the benchmark's baseline: strict
 arrival order, and each request prepared inside the slot, so a download holds the GPU idle.
@@ -45,8 +45,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import asynccontextmanager
 from typing import Generic, TypeVar
 
 from engine.errors import EngineBusyError, GenerationCancelledError
@@ -242,23 +242,15 @@ class Scheduler(Generic[P]):
                 return ticket
         return candidates[0]
 
-    def wait(self, ticket: Ticket[P], cancel: threading.Event | None = None) -> None:
-        """Block until `ticket` holds the slot; raises its preparation error, or GenerationCancelledError."""
-        with self._cond:
-            while True:
-                if self._settled(ticket):
-                    return
-                if cancel is not None and cancel.is_set():
-                    break
-                # A timed wait only to notice `cancel`; the slot itself is handed over, never raced for.
-                self._cond.wait(timeout=0.05)
-        self.cancel(ticket)
-        raise GenerationCancelledError("the request was cancelled while waiting in the queue")
-
-    async def wait_async(self, ticket: Ticket[P], on_update: Callable[[QueueView], None] | None = None) -> None:
-        """`wait` for the event loop: no thread is held while queued; a cancelled task leaves the queue."""
+    async def wait(
+        self,
+        ticket: Ticket[P],
+        on_update: Callable[[QueueView], None] | None = None,
+        shown: QueueView | None = None,
+    ) -> None:
+        """Wait until `ticket` holds the slot, holding no thread; raises its preparation error, and a cancelled
+        task leaves the queue. `on_update` hears each place in the queue that differs from the last `shown`."""
         loop = asyncio.get_running_loop()
-        shown = None
         try:
             while True:
                 woken: asyncio.Future[None] = loop.create_future()
@@ -285,12 +277,8 @@ class Scheduler(Generic[P]):
             raise GenerationCancelledError("the request was cancelled while waiting in the queue")
         return False
 
-    def start(self, ticket: Ticket[P]) -> P:
-        """The admitted request's prepared form (prepared here, inside the slot, in `fifo_inline` mode)."""
-        with self._cond:
-            prepared = ticket.prepared
-        if prepared is not None:
-            return prepared
+    def _prepare_in_slot(self, ticket: Ticket[P]) -> P:
+        """`fifo_inline` mode: the admitted request is prepared here, inside the slot, as before the scheduler."""
         started = time.perf_counter()
         prepared, release = self._prepare(ticket.request)
         with self._cond:
@@ -299,13 +287,28 @@ class Scheduler(Generic[P]):
         logger.info("prepared #%d inside the slot in %.3f s", ticket.seq, ticket.prepare_s)
         return prepared
 
-    @contextmanager
-    def slot(self, request: GenerateRequest, cancel: threading.Event | None = None) -> Iterator[P]:
-        """Queue `request`, wait for the slot, and hold it (with the prepared request) inside the block."""
+    @asynccontextmanager
+    async def turn(
+        self, request: GenerateRequest, on_queue: Callable[[QueueView], None] | None = None
+    ) -> AsyncIterator[P]:
+        """A request's one way through: queued (EngineBusyError when full), waited for without a thread, then
+        the slot held, with the prepared request, inside the block; left (slot freed, leases released) after.
+
+        `on_queue` hears the place the request joined at first, then each new one. Cancelling the task leaves
+        the queue; a run under way is its holder's to stop. In `fifo_inline` mode the request is prepared on
+        entering the block, inside the slot (in a worker thread, never on the event loop).
+        """
         ticket = self.submit(request)
         try:
-            self.wait(ticket, cancel)
-            yield self.start(ticket)
+            joined = self.view(ticket)
+            if on_queue is not None:
+                on_queue(joined)
+            await self.wait(ticket, on_queue, joined)
+            with self._cond:
+                prepared = ticket.prepared
+            if prepared is None:
+                prepared = await asyncio.to_thread(self._prepare_in_slot, ticket)
+            yield prepared
         finally:
             self.finish(ticket)
 

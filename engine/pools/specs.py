@@ -1,7 +1,7 @@
 """`MODELS`: the pools to serve, each a model and the base its LoRAs are checked against.
 
 Parsed strictly by `parse_models` for `engine.settings` (this module, like settings, never imports torch;
-`engine.families.registry` holds how each family is loaded).
+`engine.families.registry` lists the served families and imports each family's module only when asked).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import SettingsError
+from engine.families.registry import SERVED_FAMILIES, served_labels
 from lora_catalog.bases import family_of_base
 from lora_catalog.entries import Family
 
@@ -27,16 +28,14 @@ __all__ = [
 
 DEFAULT_MODEL_ID = "stabilityai/stable-diffusion-xl-base-1.0"
 SD15_MODEL_ID = "stable-diffusion-v1-5/stable-diffusion-v1-5"
-# Name the embedded random-weight pipelines (engine.families.tiny); they are never looked up on the Hub.
+# Name the embedded random-weight pipelines (built by their base's family); they are never looked up on the Hub.
 TINY_MODEL_ID = "tiny"
 TINY_SD15_MODEL_ID = "tiny-sd15"
 TINY_MODEL_IDS = {TINY_MODEL_ID: DEFAULT_MODEL_ID, TINY_SD15_MODEL_ID: SD15_MODEL_ID}
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
-# Families a pool can serve (engine.families says how).
-_SERVED_FAMILIES = (Family.SDXL, Family.SD15, Family.SD2)
 _MODELS_FORM = (
     "a comma-separated list of MODEL or MODEL=BASE, where MODEL is a Hub repo id, a local diffusers folder "
-    f"or {' / '.join(TINY_MODEL_IDS)}, and BASE the SDXL, SD 1.5 or SD 2.x base repo id its LoRAs are checked "
+    f"or {' / '.join(TINY_MODEL_IDS)}, and BASE the {served_labels()} base repo id its LoRAs are checked "
     f"against (needed for a local folder), e.g. {DEFAULT_MODEL_ID},{SD15_MODEL_ID}"
 )
 
@@ -70,7 +69,7 @@ def parse_models(raw: str) -> tuple[PoolSetting, ...]:
         if not HUB_ID.match(base):
             raise SettingsError(f"MODELS item {item!r}: BASE {base!r} is not a Hub repo id; accepted: {_MODELS_FORM}")
         family = family_of_base(base)
-        if family not in _SERVED_FAMILIES:
+        if family not in SERVED_FAMILIES:
             what = "not a base we know" if family is Family.UNKNOWN else f"of the {family} family, not served here"
             raise SettingsError(
                 f"MODELS item {item!r}: base {base!r} is {what}; accepted: {_MODELS_FORM} "

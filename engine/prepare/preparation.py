@@ -9,7 +9,8 @@ validated (step 1, once), and runs each remaining step in the module that owns i
 3. fetch    `resolve.AdapterResolver.fetch`   — download into the Hub cache (partial downloads never used),
    and `fetch_embeddings` the same way for the embeddings file.
 4. header   `resolve.AdapterResolver.header`  — the file's safetensors header, read strictly.
-5. check    `compat.check_family`             — once, with everything known: card, tags, metadata, names.
+5. check    `origin.check_origin`             — once, with everything known: card, tags, metadata, names, shapes
+   (`engine.families.origin`, the judgement pool routing uses too).
 6. prepare  `adapters.prepare`                — load, convert names with diffusers, match factors to weights;
    `embeddings.TextEncoders.load` reads and checks the embeddings file against the served text encoders.
 7. store    `store.AdapterStore.add`          — the host cache (LRU by bytes; never evicting leased adapters).
@@ -30,9 +31,9 @@ from typing import Literal
 
 from engine.caches.disk import DiskCache
 from engine.caches.store import AdapterStore
+from engine.families.origin import check_origin, judge_origin
 from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
 from engine.formats.pivotal import TextEncoders
-from engine.prepare.compat import check_family
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import LoraSpec
@@ -122,13 +123,9 @@ class Preparer:
         embeddings_path = self._resolver.fetch_embeddings(source)
         fetched = time.perf_counter()
         header = self._resolver.header(source, path)
-        warning = check_family(
-            label,
-            served_base=self._served_base,
-            declared_bases=source.declared_bases,
-            metadata=header.metadata,
-            tensor_names=header.tensors,
-        )
+        shapes = {name: info.shape for name, info in header.tensors.items()}
+        origin = judge_origin(source.declared_bases, lambda: (header.metadata, shapes))
+        warning = check_origin(label, origin, self._served_base)
         adapter = prepare(
             path,
             source.key,
@@ -136,7 +133,7 @@ class Preparer:
             unet_config=self._unet_config,
             max_rank=self._max_rank,
             metadata=header.metadata,
-            shapes={name: info.shape for name, info in header.tensors.items()},
+            shapes=shapes,
             delta_budget=self._delta_budget,
         )
         embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None

@@ -44,8 +44,8 @@ from engine.errors import (
     StorageError,
     SwitchboardError,
 )
+from engine.families.origin import declared_bases_from_tags
 from engine.formats.adapters import AdapterKey
-from engine.prepare.compat import declared_bases_from_tags
 from engine.requests import LOCAL_PREFIX, LoraSpec
 from lora_catalog.cards import choose_weight
 from lora_catalog.entries import LoraEntry

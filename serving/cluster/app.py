@@ -19,48 +19,38 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.serve import Application
+from ray.serve.exceptions import ReplicaUnavailableError
 
 from engine.settings import Settings
 from serving.cluster.ingress import Ingress
 from serving.cluster.replica import PoolReplica
 
-__all__ = ["PoolSpec", "app", "build_app", "deployment_name", "local_cluster", "main", "pool_specs"]
+__all__ = ["app", "build_app", "deployment_name", "local_cluster", "main"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PoolSpec:
-    """One pool: the model its replicas load and the base its LoRAs are checked against."""
-
-    model_id: str
-    base_model_id: str
-
-
-def pool_specs(settings: Settings) -> tuple[PoolSpec, ...]:
-    """The pools to deploy, the default first (`MODELS`, or MODEL_ID as one pool); one deployment each."""
-    return tuple(PoolSpec(p.model_id, p.base_model_id) for p in settings.pool_settings)
 
 
 def build_app(settings: Settings) -> Application:
     """The Serve application for `settings`; nothing is loaded until Serve starts the replicas."""
     pools = []
-    for spec in pool_specs(settings):
+    # MODELS (or MODEL_ID as one pool), the default first: one deployment each.
+    for spec in settings.pool_settings:
         deployment = serve.deployment(
             name=deployment_name(spec.base_model_id),
             num_replicas=settings.cluster_replicas,
             max_ongoing_requests=settings.cluster_max_ongoing,
             ray_actor_options={"num_cpus": 0, "num_gpus": settings.cluster_gpus_per_replica},
         )(PoolReplica)
-        pool_settings = settings.replace(model_id=spec.model_id, base_model_id=spec.base_model_id)
+        pool_settings = settings.for_pool(spec)
         pools.append((spec.model_id, spec.base_model_id, deployment.bind(pool_settings, settings.cluster_adapter_sets)))
     # The ingress only parses and forwards; the default of 5 ongoing requests would queue work it can pass on.
     ingress = serve.deployment(name="ingress", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})(Ingress)
-    return ingress.bind(pools)
+    # A replica that died or became unavailable: the request is sent again, to another replica.
+    return ingress.bind(pools, (RayActorError, ReplicaUnavailableError))
 
 
 @contextmanager
@@ -91,7 +81,7 @@ def deployment_name(base_model_id: str) -> str:
 def main() -> None:
     settings = Settings.from_env(os.environ)
     logging.basicConfig(level=settings.log_level_number, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logger.info("deploying %d pool(s) of %d replica(s)", len(pool_specs(settings)), settings.cluster_replicas)
+    logger.info("deploying %d pool(s) of %d replica(s)", len(settings.pool_settings), settings.cluster_replicas)
     serve.run(build_app(settings), blocking=True)
 
 

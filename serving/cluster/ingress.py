@@ -3,7 +3,8 @@
 - `POST /` with the `lora` header, and `POST /models/<base>`: parsed by `serving.http.api.parse_body`,
   answered with the same bytes, `X-*` headers and JSON errors as the Space (plus `X-Replica`).
 - `POST /v1/generate` (and `/v1/models/<base>/generate`): a whole `GenerateRequest` as JSON from the
-  Space's `RemoteRunner`, answered with a PNG and the rest of the result (`serving.cluster.wire`).
+  Space's `RemoteBackend`, answered with a PNG and the rest of the result (`serving.cluster.wire`);
+  `GET /v1/pools`, `GET /v1/status?base=` and `POST /v1/check`: the backend's other operations.
 
 Routing, as the Space's `engine.pools.pools.Pools.route` does it: a named base picks its pool; otherwise a
 request's LoRAs pick theirs (by what each says of its base: card and tags, else its file's metadata and
@@ -11,7 +12,8 @@ shapes, judged on a replica of the default pool, `PoolReplica.origin`, and kept 
 agree (a 400 naming each LoRA's base when they do not); a request without either goes to the default pool.
 Each request goes to its pool's deployment with its adapter set as the multiplexed model id, so Serve's
 router prefers a replica that holds it. A request without a seed gets one here, so a retry after a replica
-died (the one kind of failure retried) produces the same image the first try would have.
+died (the one kind of failure retried) produces the same image the first try would have. This module imports
+no Ray (`serving.cluster.app` hands it Ray's failure classes), so its routing is tested without a cluster.
 """
 
 from __future__ import annotations
@@ -22,22 +24,22 @@ import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
-from ray.exceptions import RayActorError
-from ray.serve.exceptions import ReplicaUnavailableError
-from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError, UnservedBaseError
-from engine.pools.routing import LoraOrigin, PoolInfo, agreed_pool, described_pick
+from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
+from engine.pools.routing import LoraOrigin, PoolInfo, agreed_pool, described_pick, named_pool
 from engine.requests import MAX_SEED, GenerateRequest, LoraSpec
-from serving.cluster.replica import WIRE, Answer
-from serving.cluster.wire import adapter_set_id, request_from_json, request_to_json, spec_from_json
+from lora_catalog.bases import family_of_base
+from serving.cluster.wire import WIRE, Answer, adapter_set_id, request_from_json, request_to_json, spec_from_json
 from serving.errors import json_error
 from serving.http.api import parse_body, read_body
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
 
 __all__ = ["Ingress", "PoolRoute"]
 
@@ -57,18 +59,30 @@ class PoolRoute:
     base_model_id: str
     handle: DeploymentHandle
 
+    @property
+    def family(self) -> str:
+        return str(family_of_base(self.base_model_id))
+
 
 class Ingress:
-    def __init__(self, pools: Sequence[tuple[str, str, DeploymentHandle]]) -> None:
+    def __init__(
+        self,
+        pools: Sequence[tuple[str, str, DeploymentHandle]],
+        retry_on: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        """`retry_on`: the errors of a replica that died or is unavailable (Ray's, from `serving.cluster.app`)."""
         self._pools = tuple(PoolRoute(*pool) for pool in pools)
+        self._retry_on = retry_on
         # Filled on the first request that needs them; the ingress's one event loop is their only user.
         self._infos: tuple[PoolInfo, ...] | None = None
         self._origins: LRUCache[tuple[str, str | None, str | None], LoraOrigin] = LRUCache(maxsize=_ORIGINS)
 
     async def __call__(self, http: Request) -> Response:
         path = http.url.path.rstrip("/") or "/"
-        if http.method == "GET" and path in ("/v1/info", "/v1/status"):
-            return await self._describe(path.removeprefix("/v1/"), {}, http.query_params.get("base", ""))
+        if http.method == "GET" and path == "/v1/pools":
+            return await self._served()
+        if http.method == "GET" and path == "/v1/status":
+            return await self._describe("status", {}, http.query_params.get("base", ""))
         if http.method != "POST":
             return json_error(InvalidRequestError(f"{http.method} {path} is not served; accepted: POST"))
         if path == "/v1/check":
@@ -132,14 +146,16 @@ class Ingress:
 
     def _pool(self, base: str) -> PoolRoute:
         """The pool for a named base (its base or model id, any case); the first pool when none is named."""
-        if not base:
-            return self._pools[0]
-        wanted = base.strip().lower()
-        for pool in self._pools:
-            if wanted in (pool.base_model_id.lower(), pool.model_id.lower()):
-                return pool
-        served = ", ".join(p.base_model_id for p in self._pools)
-        raise UnservedBaseError(f"base model {base!r} is not served here; served: {served}")
+        return self._pools[named_pool(self._pools, base)] if base.strip() else self._pools[0]
+
+    async def _served(self) -> Response:
+        """Every pool as its replicas serve it (`ServedPool`), the default first: what a front end offers."""
+        answers = await asyncio.gather(*(p.handle.describe.remote("info", {}) for p in self._pools))
+        for answer in answers:
+            if answer.status != 200:
+                return _response(answer)
+        pools = [{**json.loads(a.body), "default": index == 0} for index, a in enumerate(answers)]
+        return Response(json.dumps({"pools": pools}), media_type=WIRE)
 
     async def _route(self, request: GenerateRequest, base: str) -> PoolRoute | Answer:
         """The pool for `request` (see the module docstring), or the error answer a LoRA's lookup gave."""
@@ -179,7 +195,7 @@ class Ingress:
         for attempt in range(1, _ATTEMPTS + 1):
             try:
                 return await handle.generate.remote(document, media_type)
-            except (RayActorError, ReplicaUnavailableError) as e:
+            except self._retry_on as e:
                 logger.warning(
                     "a replica of %s failed on try %d of %d (%s: %s)",
                     pool.base_model_id,

@@ -1,5 +1,8 @@
 """One pool's replica on Ray Serve: the Space's engine on one device, its adapter sets multiplexed by Serve.
 
+Every request goes through the replica's own `LocalBackend`, as on the Space: the engine's scheduler queues it,
+prepares it and admits it; nothing here calls the engine's swap directly.
+
 The multiplexed model id is a request's adapter set (`wire.adapter_set_id`). Serve keeps an LRU of
 `CLUSTER_ADAPTER_SETS` ids per replica and routes a request to a replica holding its id; here each id is an
 `AdapterPin`: while Serve holds it, the engine keeps the set's prepared adapters cached (a lease), and when
@@ -16,10 +19,8 @@ import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import torch
-from ray import serve
 
 from engine.errors import SwitchboardError
 from engine.formats.adapters import AdapterKey
@@ -28,28 +29,17 @@ from engine.pools.engine import Engine
 from engine.pools.pools import lora_origin, pool_info
 from engine.pools.routing import LoraOrigin, PoolInfo
 from engine.prepare.resolve import AdapterResolver
+from engine.requests import LOCAL_PREFIX, AdapterUse, GenerateResult
 from engine.settings import Settings
 from lora_catalog.hub import HubSource
-from serving.cluster.wire import encode_png, request_from_json, result_to_json, spec_from_json
+from serving.backends.local import LocalBackend
+from serving.cluster.wire import WIRE, Answer, encode_png, request_from_json, result_to_json, spec_from_json
 from serving.errors import json_error
 from serving.http.api import encode_image, result_headers
 
-__all__ = ["WIRE", "AdapterPin", "Answer", "PoolReplica", "weights_digest"]
+__all__ = ["AdapterPin", "PoolReplica", "weights_digest"]
 
 logger = logging.getLogger(__name__)
-
-# The answer form of the Space's runner (`POST /v1/generate`): JSON with a PNG, rather than a media type.
-WIRE = "application/json"
-
-
-@dataclass(frozen=True)
-class Answer:
-    """An HTTP answer made on the replica (the image is encoded where it was made), passed on by the ingress."""
-
-    status: int
-    media_type: str
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
 
 
 class AdapterPin:
@@ -84,6 +74,9 @@ class PoolReplica:
     """A deployment's replica: one engine over one base model (bound by `serving.cluster.app.build_app`)."""
 
     def __init__(self, settings: Settings, adapter_sets: int) -> None:
+        # Imported here: the routing methods (`info`, `origin`) serve the ingress's tests without Ray.
+        from ray import serve
+
         logging.basicConfig(level=settings.log_level_number)
         loaded = load_pipeline(settings, warm=not settings.zero_gpu)
         hub = HubSource(token=settings.hf_token, timeout_s=settings.hub_timeout_s)
@@ -95,6 +88,7 @@ class PoolReplica:
             timeout_s=settings.hub_timeout_s,
         )
         self._engine = Engine(loaded, settings, resolver)
+        self._backend = LocalBackend.of(self._engine)
         self._replica = serve.get_replica_context().replica_id.unique_id
 
         async def pin(set_id: str) -> AdapterPin:
@@ -107,27 +101,27 @@ class PoolReplica:
         logger.info("replica %s serves %s with %d adapter sets", self._replica, settings.model_id, adapter_sets)
 
     async def generate(self, document: dict, media_type: str) -> Answer:
-        """Generate one request; errors of the tree become their JSON answer, anything else propagates."""
-        cancel = threading.Event()
+        """Generate one request; errors of the tree become their JSON answer, anything else propagates.
+
+        Serve cancels the call when the caller goes away: the request leaves the queue or stops at its next step.
+        """
         try:
             request = request_from_json(document)
+            from ray import serve
+
             set_id = serve.get_multiplexed_model_id()
             pin = await self._pin(set_id) if set_id else None
-            return await asyncio.to_thread(self._generate, request, pin, media_type, cancel)
+            result = await self._backend.generate(request)
         except SwitchboardError as e:
             # The very bytes the Space answers with.
             error = json_error(e)
             return Answer(error.status_code, WIRE, bytes(error.body))
-        except asyncio.CancelledError:
-            # The caller went away (Serve cancels the call): the engine stops at its next step.
-            cancel.set()
-            raise
+        if pin is not None:
+            # The set as this request resolved it (a revision that moved swaps the old keys out).
+            pin.hold(tuple(_key(use) for use in result.adapters))
+        return await asyncio.to_thread(self._answer, result, media_type)
 
-    def _generate(self, request, pin: AdapterPin | None, media_type: str, cancel: threading.Event) -> Answer:
-        with self._engine.prepare(request) as prepared:
-            if pin is not None:
-                pin.hold(tuple(adapter.key for adapter, _ in prepared.adapters))
-            result = self._engine.run(prepared, cancel=cancel)
+    def _answer(self, result: GenerateResult, media_type: str) -> Answer:
         headers = {**result_headers(result), "X-Replica": self._replica}
         if media_type == WIRE:
             body = _json({"image": encode_png(result.image), "result": result_to_json(result)})
@@ -136,20 +130,14 @@ class PoolReplica:
         return Answer(200, media_type, body, tuple(headers.items()))
 
     async def describe(self, what: str, document: dict) -> Answer:
-        """The Space's other engine calls, as JSON: `info` (defaults, ids), `status`, `check` (one LoRA)."""
+        """The Space's other backend calls, as JSON: `info` (this pool as served), `status`, `check` (one LoRA)."""
         try:
             if what == "check":
-                spec = spec_from_json(document)
-                found: object = await asyncio.to_thread(self._engine.check_lora, spec)
+                found: object = await self._backend.check(spec_from_json(document))
             elif what == "status":
-                found = self._engine.status()
+                found = (await self._backend.status())[0].engine
             else:
-                loaded = self._engine.loaded
-                found = {
-                    "model_id": loaded.model_id,
-                    "base_model_id": loaded.base_model_id,
-                    "defaults": loaded.defaults,
-                }
+                found = self._backend.pools()[0]
         except SwitchboardError as e:
             error = json_error(e)
             return Answer(error.status_code, WIRE, bytes(error.body))
@@ -187,6 +175,15 @@ def weights_digest(pipe: object) -> str:
             digest.update(key.encode())
             digest.update(value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def _key(use: AdapterUse) -> AdapterKey:
+    """The cache key of an adapter a result used: its ref is the normalised one the resolver keyed it by (a Hub
+    repo id, or `local:` and the path inside the local folder), its revision and file as resolved."""
+    source, name = (
+        ("local", use.ref.removeprefix(LOCAL_PREFIX)) if use.ref.startswith(LOCAL_PREFIX) else ("hub", use.ref)
+    )
+    return AdapterKey(source, name, use.revision, use.weight_name)
 
 
 def _plain(value: object) -> object:

@@ -1,6 +1,6 @@
 """What travels between the Space (a front end), the cluster's ingress and its pool replicas, as JSON.
 
-The Space's runner (`serving.backends.remote.RemoteRunner`) sends a whole `GenerateRequest` (several LoRAs, their
+The Space's runner (`serving.backends.remote.RemoteBackend`) sends a whole `GenerateRequest` (several LoRAs, their
 revisions, files and scales: more than the `lora` header can say) to the cluster's `POST /v1/generate`,
 and gets back the image as lossless PNG with everything else of the `GenerateResult`. Errors travel as the
 inference API's JSON (`{"error", "error_type"}`) and become the same class of the one tree again, looked
@@ -21,33 +21,35 @@ import base64
 import io
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, TypeVar
 
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, PlainValidator, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError
 
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
-from engine.pools.engine import EngineStatus, LoraCheck
+from engine.outcomes import EngineStatus, LoraCheck, ServedPool
 from engine.requests import (
     AdapterUse,
     CheckedRequest,
     GenerateRequest,
     GenerateResult,
     LoraSpec,
-    ModelDefaults,
     Timings,
 )
 
 __all__ = [
+    "WIRE",
+    "Answer",
     "adapter_set_id",
     "check_from_json",
     "decode_png",
-    "defaults_from_json",
     "encode_png",
     "error_body",
     "error_class",
     "error_from_body",
+    "pools_from_json",
+    "pools_to_json",
     "request_from_json",
     "request_to_json",
     "result_from_json",
@@ -57,6 +59,18 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+# The answer form of the Space's `RemoteBackend` (`POST /v1/generate`): JSON with a PNG, rather than a media type.
+WIRE = "application/json"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer made on a replica (the image is encoded where it was made), passed on by the ingress."""
+
+    status: int
+    media_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def _number(value: object) -> object:
@@ -115,8 +129,14 @@ class _ResultJson(BaseModel):
     warnings: tuple[str, ...]
 
 
+class _PoolsJson(BaseModel):
+    """The cluster's pools, the default first; at least one."""
+
+    pools: Annotated[tuple[ServedPool, ...], Field(min_length=1)]
+
+
 _CHECK = TypeAdapter(LoraCheck)
-_DEFAULTS = TypeAdapter(ModelDefaults)
+_POOLS = TypeAdapter(_PoolsJson)
 _STATUS = TypeAdapter(EngineStatus)
 
 
@@ -253,8 +273,13 @@ def check_from_json(document: object) -> LoraCheck:
     return _readable(_CHECK, document)
 
 
-def defaults_from_json(document: object) -> ModelDefaults:
-    return _readable(_DEFAULTS, document)
+def pools_to_json(pools: tuple[ServedPool, ...]) -> dict[str, Any]:
+    return {"pools": [asdict(pool) for pool in pools]}
+
+
+def pools_from_json(document: object) -> tuple[ServedPool, ...]:
+    """The cluster's pools, the default first; at least one."""
+    return _readable(_POOLS, document).pools
 
 
 def status_from_json(document: object) -> EngineStatus:

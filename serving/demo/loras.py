@@ -19,13 +19,14 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 from PIL import Image
 
 from engine.pipeline.loading import Pipeline
-from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID
+from serving.backends import Backend, blocking
 from serving.demo.synthetic import (
     TEXT_ATTENTION,
     UNET_ATTENTION,
@@ -54,12 +55,6 @@ _FORMAT = 2
 _MARKER = "switchboard_demo.json"
 _ARCHITECTURES = {DEFAULT_MODEL_ID: "stable-diffusion-xl-v1-base/lora", SD15_MODEL_ID: "stable-diffusion-v1/lora"}
 _KOHYA_VERSIONS = {DEFAULT_MODEL_ID: "sdxl_base_v1-0", SD15_MODEL_ID: "sd_v1"}
-
-
-class Generates(Protocol):
-    """An engine or a GpuRunner: anything that turns a request into an image."""
-
-    def generate(self, request: GenerateRequest) -> GenerateResult: ...
 
 
 PREVIEW_PROMPT = "a fox in a forest at sunset"
@@ -250,7 +245,7 @@ def _make(lora: DemoLora, pipe: Pipeline) -> tuple[dict[str, object], dict[str, 
     return dict(tensors), metadata
 
 
-def render_previews(engine: Generates, folder: Path, *, stop: threading.Event | None = None) -> int:
+def render_previews(backend: Backend, folder: Path, *, stop: threading.Event | None = None) -> int:
     """Render `<stem>.png` for each demo LoRA in `folder` that has none, until `stop` is set; returns how many."""
     folder = Path(folder)
     made = 0
@@ -263,7 +258,8 @@ def render_previews(engine: Generates, folder: Path, *, stop: threading.Event | 
         request = GenerateRequest(
             prompt=f"{lora.trigger}, {PREVIEW_PROMPT}", loras=(LoraSpec(lora.ref),), seed=_PREVIEW_SEED
         )
-        result = engine.generate(request)
+        # The same path as every transport's: the pool's queue, the exact swap (waited on from this thread).
+        result = blocking(backend.generate(request))
         image = result.image.resize((_PREVIEW_SIDE, _PREVIEW_SIDE), Image.Resampling.NEAREST)
         temp = target.with_name(f".{target.name}.tmp")
         image.save(temp, format="PNG")

@@ -14,18 +14,16 @@ text-to-image providers), each path a repo id or a Hub file URL, parsed into its
 from the URL itself). The answer is the image
 (JPEG, or PNG when `Accept` prefers `image/png`), or a JSON error
 `{"error": message, "error_type": class name}` with a status that says whose
-fault it is. The request joins the engine's one queue (the UI's and `gradio_client`'s
-too): a full queue answers 503 with `Retry-After`; a queued request waits on the
-scheduler without holding a worker thread, and only its swap and inference run in
-one. `X-Queue-Position` says where it joined. A client that hangs up leaves the queue,
-or cancels its generation.
+fault it is. The request goes through the handlers (`serving.handlers`) like the UI's and
+`gradio_client`'s, into the one queue: a full queue answers 503 with `Retry-After`; a queued
+request holds no worker thread. `X-Queue-Position` says where it joined (absent when a cluster
+queued it). A client that hangs up leaves the queue, or cancels its generation.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -36,14 +34,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from engine.errors import InvalidRequestError, RequestTooLargeError, SwitchboardError
+from engine.errors import GenerationCancelledError, InvalidRequestError, RequestTooLargeError, SwitchboardError
 from engine.requests import GenerateResult
 from serving.errors import json_error
 from serving.http.body import HUB_HOST, HttpRequest, lora_from_path, parse_body
 
 if TYPE_CHECKING:
     # Typing only: the cluster's ingress reuses this module without the Space's runtime (spaces, the catalogue).
-    from serving.runtime import GpuRunner
+    from engine.pools.scheduler import QueueView
+    from serving.handlers import Handlers
 
 __all__ = [
     "HUB_HOST",
@@ -112,41 +111,36 @@ async def _watch_disconnect(request: Request, gone: Callable[[], None]) -> None:
             return
 
 
-def make_routes(runner: GpuRunner) -> list[BaseRoute]:
+def make_routes(handlers: Handlers) -> list[BaseRoute]:
     """The routes to add to the server in front of the UI (`POST /` and `POST /models/<base>`; `GET /` stays
-    the UI)."""
+    the UI). Each request goes through `handlers.generate`, as the UI's and `gradio_client`'s do."""
 
     async def generate(request: Request) -> Response:
-        response = await _answer(request, request.path_params.get("base", ""))
-        runner.engine.events.request_done("http", response.status_code)
-        return response
-
-    async def _answer(request: Request, base: str) -> Response:
+        base = request.path_params.get("base", "")
         body = await read_body(request)
         if isinstance(body, Response):
+            handlers.report("http", body.status_code)
             return body
         try:
             parsed = parse_body(
                 body, lora=_lora_header(request.headers.get("lora")), accept=request.headers.get("accept")
             )
         except InvalidRequestError as e:
+            handlers.report("http", e.status)
             return json_error(e)
-        try:
-            ticket = await runner.submit_async(parsed.request, base=base)
-        except SwitchboardError as e:
-            return _failed(e, request.url.path)
-        position = runner.position(ticket).position
-        cancel = threading.Event()
+        joined: list[int] = []
 
-        def gone() -> None:
-            cancel.set()  # stops a generation under way at its next step
-            runner.cancel(ticket)  # or leaves the queue now
+        def on_queue(view: QueueView) -> None:
+            if not joined:
+                joined.append(view.position)
 
-        outcome: GenerateResult | SwitchboardError
+        # What is answered (to nobody) if the client hangs up first: its request was cancelled with it.
+        outcome: GenerateResult | SwitchboardError = GenerationCancelledError("the client went away")
         async with anyio.create_task_group() as group:
-            group.start_soon(_watch_disconnect, request, gone)
+            # A client that hangs up cancels the request: it leaves the queue, or its run stops at the next step.
+            group.start_soon(_watch_disconnect, request, group.cancel_scope.cancel)
             try:
-                outcome = await runner.complete(ticket, cancel=cancel)
+                outcome = await handlers.generate(parsed.request, on_queue=on_queue, transport="http", base=base)
             except SwitchboardError as e:
                 outcome = e
             finally:
@@ -154,6 +148,7 @@ def make_routes(runner: GpuRunner) -> list[BaseRoute]:
         if isinstance(outcome, SwitchboardError):
             return _failed(outcome, request.url.path)
         data = await anyio.to_thread.run_sync(encode_image, outcome.image, parsed.media_type)
+        position = joined[0] if joined else None
         return Response(data, media_type=parsed.media_type, headers=result_headers(outcome, position))
 
     return [
@@ -188,16 +183,12 @@ def _too_large(size: int) -> JSONResponse:
     )
 
 
-def http_routes(runner: GpuRunner, *, metrics: bool = False) -> list[BaseRoute]:
-    """The routes beside the UI: `POST /` and `POST /models/<base>` always, `GET /metrics` (watching every pool's
-    engine) when asked for."""
+def http_routes(handlers: Handlers, *, metrics: bool = False) -> list[BaseRoute]:
+    """The routes beside the UI: `POST /` and `POST /models/<base>` always, `GET /metrics` when asked for."""
     from serving.http.metrics import Metrics
 
-    routes = make_routes(runner)
+    routes = make_routes(handlers)
     if metrics:
-        watcher = Metrics()
-        for pool in runner.pools.pools:
-            watcher.watch(pool.engine)
-        routes = [*routes, *watcher.routes()]
+        routes = [*routes, *Metrics(handlers.backend).routes()]
         logger.warning("METRICS is on: GET /metrics answers anyone who can reach this server")
     return routes

@@ -4,9 +4,9 @@ Off unless `METRICS=1` (a public Space would publish these numbers to anyone). O
 each with its own `CollectorRegistry` rather than the process-wide default, so tests and several apps in
 one process never share or clash over series.
 
-Counts and durations are pushed by the engine's events (`engine.events`, an observer this module
-implements); levels — queue length, bytes per cache tier, adapters cached and fused — are read from the
-engines when scraped, so they are never stale and nothing has to keep them in step.
+Counts and durations are pushed by the engines' events (`engine.events`, an observer this module implements,
+subscribed through the backend); levels — queue length, bytes per cache tier, adapters cached and fused — are
+read from the backend's pool statuses when scraped, so they are never stale and nothing keeps them in step.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from starlette.routing import BaseRoute, Route
 from engine.events import Tier
 
 if TYPE_CHECKING:
-    from engine.pools.engine import Engine
+    from engine.outcomes import EngineStatus
+    from serving.backends import Backend
 
 __all__ = ["PREFIX", "TRANSPORTS", "Metrics"]
 
@@ -42,9 +43,11 @@ _SLOW_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 3
 class Metrics:
     """The app's metrics: an engine observer plus a scrape-time collector, in a registry of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.registry = CollectorRegistry()
-        self._engines: tuple[Engine, ...] = ()
+        self._backend = backend
+        # The statuses of the scrape under way: read on the event loop, encoded in a worker thread.
+        self._statuses: tuple[EngineStatus, ...] = ()
         self._lock = threading.Lock()
         registry = self.registry
         self._requests = Counter(
@@ -96,25 +99,22 @@ class Metrics:
             for counter in (self._hits, self._misses, self._evictions, self._evicted_bytes):
                 counter.labels(tier=tier)
         registry.register(_Levels(self))
+        backend.subscribe(self)
 
     # -- wiring ----------------------------------------------------------------------------------
 
-    def watch(self, engine: Engine) -> None:
-        """Count `engine`'s events and report its levels (several engines' levels are summed)."""
-        engine.events.subscribe(self)
+    def statuses(self) -> tuple[EngineStatus, ...]:
         with self._lock:
-            self._engines = (*self._engines, engine)
-
-    def engines(self) -> tuple[Engine, ...]:
-        with self._lock:
-            return self._engines
+            return self._statuses
 
     def routes(self) -> list[BaseRoute]:
         """`GET /metrics`, answered in the format the scraper asks for (Prometheus text or OpenMetrics)."""
 
         async def metrics(request: Request) -> Response:
             encode, media_type = choose_encoder(request.headers.get("accept", ""))
-            # Scraping reads the engines' state under their locks: off the event loop.
+            statuses = tuple(pool.engine for pool in await self._backend.status())
+            with self._lock:
+                self._statuses = statuses
             body = await anyio.to_thread.run_sync(encode, self.registry)
             return Response(body, headers={"Content-Type": media_type})
 
@@ -149,7 +149,7 @@ class Metrics:
 
 
 class _Levels:
-    """Gauges read from the engines at scrape time (a custom collector, as prometheus_client suggests)."""
+    """Gauges from the pools' statuses of this scrape (a custom collector, as prometheus_client suggests)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
@@ -159,10 +159,9 @@ class _Levels:
         return list(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        engines = self._metrics.engines()
-        statuses = [engine.status() for engine in engines]
+        statuses = self._metrics.statuses()
         queue, cached, active, cache_bytes, budget = self._families()
-        queue.add_metric([], sum(engine.waiting for engine in engines))
+        queue.add_metric([], sum(s.waiting for s in statuses))
         cached.add_metric([], sum(len(s.cached) for s in statuses))
         active.add_metric([], sum(len(s.applied) for s in statuses))
         cache_bytes.add_metric(["host"], sum(s.host_bytes for s in statuses))

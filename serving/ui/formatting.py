@@ -14,7 +14,6 @@ from PIL import Image, ImageDraw
 
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateResult, LoraSpec, ModelDefaults
-from lora_catalog.bases import KNOWN_BASES, family_of_base
 from lora_catalog.entries import LoraEntry
 
 if TYPE_CHECKING:
@@ -24,7 +23,6 @@ if TYPE_CHECKING:
 __all__ = [
     "APP_CSS",
     "api_snippets",
-    "base_choices",
     "base_url",
     "check_info",
     "entry_card",
@@ -44,8 +42,6 @@ __all__ = [
     "status_markdown",
 ]
 
-_SDXL_SIZES = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
-_SMALL_SIZES = ((64, 64), (128, 128), (256, 256), (128, 64), (64, 128), (256, 128), (128, 256))
 _MIB = 2**20
 
 APP_CSS = """
@@ -80,18 +76,9 @@ APP_CSS = """
 
 
 def size_presets(defaults: ModelDefaults) -> list[tuple[str, str]]:
-    """(label, "WxH") choices: SDXL's aspect buckets scaled to the model's side (1024 SDXL, 768 SD 2.x, 512
-    SD 1.5; multiples of 64), small sizes for the tiny ones."""
-    square = (defaults.side, defaults.side)
-    scale = defaults.side / 1024
-    candidates = (
-        tuple((64 * round(w * scale / 64), 64 * round(h * scale / 64)) for w, h in _SDXL_SIZES)
-        if defaults.side >= 512
-        else _SMALL_SIZES
-    )
-    sizes = list(dict.fromkeys((square, *candidates)))
-    fitting = [(w, h) for w, h in sizes if max(w, h) <= defaults.max_side]
-    return [(f"{w} × {h}", f"{w}x{h}") for w, h in fitting]
+    """(label, "WxH") choices: the served model's presets (its family's, scaled to its side; small ones for a
+    tiny model), carried in its defaults so a remote pool's are shown as a local one's."""
+    return [(f"{w} × {h}", f"{w}x{h}") for w, h in defaults.sizes]
 
 
 def parse_size(value: str | None) -> tuple[int, int]:
@@ -99,16 +86,6 @@ def parse_size(value: str | None) -> tuple[int, int]:
     if not (width.isdigit() and height.isdigit()):
         raise InvalidRequestError(f"size {value!r} is not accepted; accepted: WIDTHxHEIGHT, e.g. 1024x1024")
     return int(width), int(height)
-
-
-def base_choices(served: str) -> list[tuple[str, str]]:
-    """Bases of the served model's family first (the served one at the top), then the others, browse only."""
-    family = family_of_base(served)
-    names = {b.repo_id: b.display_name for b in KNOWN_BASES}
-    first = [(f"{names.get(served, served)} (served)", served)]
-    same = [(b.display_name, b.repo_id) for b in KNOWN_BASES if b.family is family and b.repo_id != served]
-    other = [(f"{b.display_name} (browse only)", b.repo_id) for b in KNOWN_BASES if b.family is not family]
-    return first + same + other
 
 
 def placeholder_image(side: int = 256) -> Image.Image:

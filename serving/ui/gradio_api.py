@@ -99,7 +99,7 @@ async def compare(handlers: Handlers, request: Any, progress: gr.Progress, base:
 
 def add_api_endpoints(handlers: Handlers) -> None:
     """The named API for gradio_client: hidden inputs; each parameter is named after the function's argument."""
-    defaults = handlers.defaults
+    defaults = handlers.default.defaults
     with gr.Column(visible=False):
         prompt, negative_prompt, lora, lora_2 = gr.Textbox(), gr.Textbox(""), gr.Textbox(""), gr.Textbox("")
         # No `precision`: Gradio would round 2.5 steps (and True) quietly; the engine refuses them by name.
@@ -191,19 +191,18 @@ def add_api_endpoints(handlers: Handlers) -> None:
         with user_errors():
             return catalog_json(handlers.page(base, search, sort, page or 0))
 
-    def lora_info(repo_id: str, revision: str, weight_name: str) -> dict[str, Any]:
+    async def lora_info(repo_id: str, revision: str, weight_name: str) -> dict[str, Any]:
         """What a LoRA is (its catalogue entry) and whether it loads here (rank, size, layers, warnings)."""
         with user_errors():
             spec = fmt.lora_spec(repo_id, 1.0, revision, weight_name) or LoraSpec(repo_id or "")
-            report = handlers.lora(spec)
+            report = await handlers.lora(spec)
         return {"entry": report.entry.to_json(), "check": fmt.check_info(report.check)}
 
-    def pool_status() -> dict[str, Any]:
-        """Each pool's base, family, memory (on the device or waiting in host RAM) and engine status."""
-        statuses = handlers.pool_status()
-        if statuses is None:
-            raise gr.Error("this Space is a front end (BACKEND_URL): its cluster reports its own pools")
-        return pool_views.pools_status_json(statuses)
+    async def pool_status() -> dict[str, Any]:
+        """Each pool's base, family, memory (on the device or waiting in host RAM; null on a cluster) and engine
+        status."""
+        with user_errors():
+            return pool_views.pools_status_json(await handlers.status())
 
     trigger.click(
         generate_api,

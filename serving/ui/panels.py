@@ -121,7 +121,7 @@ def browser_panel(served: str, choices: list[tuple[str, str]], note: str) -> Bro
 
 
 def request_panel(handlers: Handlers) -> RequestPanel:
-    defaults = handlers.defaults
+    defaults = handlers.default.defaults
     sizes = fmt.size_presets(defaults)
     prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", placeholder="a fox in a forest")
     negative = gr.Textbox(label="Negative prompt", lines=1, placeholder="blurry, low quality")
@@ -143,7 +143,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         check_2 = gr.Button("Check LoRA 2", size="sm")
     with gr.Row():
         size = gr.Dropdown(sizes, value=sizes[0][1], label="Size")
-        steps = gr.Slider(1, handlers.max_steps, value=defaults.steps, step=1, label="Steps", elem_id="steps")
+        steps = gr.Slider(1, handlers.settings.max_steps, value=defaults.steps, step=1, label="Steps", elem_id="steps")
         guidance = gr.Slider(0, 20, value=defaults.guidance, step=0.5, label="Guidance")
     with gr.Row():
         seed = gr.Number(-1, label="Seed", info="the seed used shows here", precision=0, minimum=-1)
@@ -173,7 +173,7 @@ def result_panel(handlers: Handlers) -> tuple[gr.Image, gr.HTML]:
         elem_id="result",
         height=420,
         buttons=["download", "fullscreen"],
-        elem_classes="tiny-output" if handlers.defaults.is_tiny else None,
+        elem_classes="tiny-output" if handlers.default.defaults.is_tiny else None,
     )
     return image, gr.HTML(elem_id="result-info")
 

@@ -1,7 +1,7 @@
 """What the UI and the API show of the pools: served bases in the filter, per-pool status, per-base API forms.
 
-Only formatting: every function takes the `engine.pools.pools.Pools` (or its status) it shows. Importing this
-module imports no torch (the app's import stays light).
+Only formatting: every function takes the served pools (`engine.outcomes.ServedPool`, from the backend, local
+or remote alike) or their status. Importing this module imports no torch (the app's import stays light).
 """
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from engine.pools.routing import pool_of_base
 from lora_catalog.bases import KNOWN_BASES, family_of_base
 from lora_catalog.entries import Family
 from serving.ui.formatting import status_markdown
 
 if TYPE_CHECKING:
-    from engine.pools.pools import Pool, Pools, PoolStatus
+    from engine.outcomes import PoolStatus, ServedPool
 
 __all__ = [
     "base_choices",
@@ -37,21 +38,21 @@ def display_name(base_model_id: str) -> str:
     return _NAMES.get(base_model_id.lower(), base_model_id)
 
 
-def pool_for_family(pools: Pools, family: Family | str) -> Pool | None:
+def pool_for_family(pools: Sequence[ServedPool], family: Family | str) -> ServedPool | None:
     """The pool a LoRA of `family` runs on (the first of its family), or None when no pool serves it."""
-    return next((p for p in pools.pools if p.family == family), None)
+    return next((p for p in pools if p.family == family), None)
 
 
-def pool_for_base(pools: Pools, base: str) -> Pool | None:
-    """The pool LoRAs of `base` run on: the base's own pool, else the first of its family, else None."""
-    own = next((p for p in pools.pools if p.base_model_id.lower() == base.lower()), None)
-    return own or pool_for_family(pools, family_of_base(base))
+def pool_for_base(pools: Sequence[ServedPool], base: str) -> ServedPool | None:
+    """The pool LoRAs of `base` run on (`engine.pools.routing.pool_of_base`, the rule routing follows), or None."""
+    index = pool_of_base(pools, base)
+    return pools[index] if index is not None else None
 
 
-def base_choices(pools: Pools) -> list[tuple[str, str]]:
+def base_choices(pools: Sequence[ServedPool]) -> list[tuple[str, str]]:
     """The base filter: served bases first, then bases whose LoRAs run on a served pool, then browse-only ones."""
-    served = [(f"{display_name(p.base_model_id)} (served)", p.base_model_id) for p in pools.pools]
-    taken = {p.base_model_id.lower() for p in pools.pools}
+    served = [(f"{display_name(p.base_model_id)} (served)", p.base_model_id) for p in pools]
+    taken = {p.base_model_id.lower() for p in pools}
     runs, browse = [], []
     for base in KNOWN_BASES:
         if base.repo_id.lower() in taken:
@@ -64,19 +65,19 @@ def base_choices(pools: Pools) -> list[tuple[str, str]]:
     return served + runs + browse
 
 
-def unserved_note(pools: Pools, family: Family | str, what: str) -> str:
+def unserved_note(pools: Sequence[ServedPool], family: Family | str, what: str) -> str:
     """Why LoRAs of `family` cannot run here, naming what is served."""
-    served = ", ".join(display_name(b) for b in pools.served_bases)
+    served = ", ".join(display_name(p.base_model_id) for p in pools)
     kind = f"the {family} family" if family != Family.UNKNOWN else "an unknown family"
     return f"{what} ({kind}) cannot run here: no pool serves it. This Space serves {served}."
 
 
-def base_note(pools: Pools, base: str) -> str:
+def base_note(pools: Sequence[ServedPool], base: str) -> str:
     """One line under the filter: which pool this base's LoRAs generate on, or why they cannot run here."""
     pool = pool_for_base(pools, base)
     if pool is None:
         return "⚠ " + unserved_note(pools, family_of_base(base), f"LoRAs for {display_name(base)}") + " Browse only."
-    defaults = pool.engine.defaults
+    defaults = pool.defaults
     return (
         f"LoRAs for {display_name(base)} generate on **{display_name(pool.base_model_id)}** "
         f"({pool.family}): {defaults.side}×{defaults.side}, {defaults.steps} steps, guidance {defaults.guidance:g}."
@@ -89,15 +90,18 @@ def pools_status_markdown(statuses: Sequence[PoolStatus], boot_s: float | None =
         return status_markdown(statuses[0].engine, boot_s)
     parts = []
     for status in statuses:
-        memory = status.memory
-        where = "on the device" if memory.resident else "waiting in host RAM (moved in on demand)"
-        moved = f" · moved in {memory.moves_in}× (last {memory.last_move_s:.2f} s)" if memory.moves_in else ""
         title = f"### {display_name(status.base_model_id)} ({status.family})" + (" — default" if status.default else "")
-        parts.append(
-            f"{title}\n\n**Pipeline** {memory.nbytes / _GIB:.2f} GiB, {where}{moved}\n\n"
-            + status_markdown(status.engine, boot_s)
-        )
+        parts.append(f"{title}\n\n{_memory_line(status)}" + status_markdown(status.engine, boot_s))
     return "\n\n".join(parts)
+
+
+def _memory_line(status: PoolStatus) -> str:
+    memory = status.memory
+    if memory is None:  # a cluster's pool: its replicas hold the pipeline
+        return ""
+    where = "on the device" if memory.resident else "waiting in host RAM (moved in on demand)"
+    moved = f" · moved in {memory.moves_in}× (last {memory.last_move_s:.2f} s)" if memory.moves_in else ""
+    return f"**Pipeline** {memory.nbytes / _GIB:.2f} GiB, {where}{moved}\n\n"
 
 
 def pools_status_json(statuses: Sequence[PoolStatus]) -> dict[str, Any]:
@@ -109,10 +113,10 @@ def pools_status_json(statuses: Sequence[PoolStatus]) -> dict[str, Any]:
                 "model_id": s.engine.model_id,
                 "family": s.family,
                 "default": s.default,
-                "resident": s.memory.resident,
-                "pipeline_bytes": s.memory.nbytes,
-                "moves_in": s.memory.moves_in,
-                "last_move_s": s.memory.last_move_s,
+                "resident": s.memory.resident if s.memory is not None else None,
+                "pipeline_bytes": s.memory.nbytes if s.memory is not None else None,
+                "moves_in": s.memory.moves_in if s.memory is not None else None,
+                "last_move_s": s.memory.last_move_s if s.memory is not None else None,
                 "device": s.engine.device,
                 "dtype": s.engine.dtype,
                 "applied": list(s.engine.applied),
@@ -125,15 +129,15 @@ def pools_status_json(statuses: Sequence[PoolStatus]) -> dict[str, Any]:
     }
 
 
-def pools_api_snippets(url: str, pools: Pools) -> str:
+def pools_api_snippets(url: str, pools: Sequence[ServedPool]) -> str:
     """The per-base forms: a LoRA picks its own base; without one, name the base."""
     lines = [
         "**Per base model.** A LoRA runs on the base it was made for; without a LoRA, name a served base "
         '(else the default). Python: `client.predict(..., base="<base repo id>", api_name="/generate")` '
         '(and `/compare`); `client.predict(api_name="/pool_status")` gives each pool\'s status. HTTP:'
     ]
-    for pool in pools.pools:
-        defaults = pool.engine.defaults
+    for pool in pools:
+        defaults = pool.defaults
         body = f'{{"inputs": "an elephant", "parameters": {{"width": {defaults.side}, "height": {defaults.side}}}}}'
         lines.append(
             f"```bash\ncurl {url.rstrip('/')}/models/{pool.base_model_id} \\\n     -d '{body}' > result.jpg\n```"

@@ -1,7 +1,7 @@
 """The UI's pool-aware pieces: the base filter's note, size presets and defaults that follow the base, the
-request's base, per-pool status and per-base API forms. `app.py` wires them; `serving.ui.pool_views` formats.
-
-A front end (`BACKEND_URL`) knows no pools here: every function then leaves the UI as one pool would.
+request's base, per-pool status and per-base API forms. `serving.ui.events` wires them; `serving.ui.pool_views`
+formats. The pools are the backend's (`Handlers.pools`), so a front end on a cluster shows the same as a Space
+serving its own pools.
 """
 
 from __future__ import annotations
@@ -16,28 +16,16 @@ from serving.ui import formatting as fmt
 from serving.ui import pool_views
 
 if TYPE_CHECKING:
-    from engine.pools.pools import Pool
+    from engine.outcomes import ServedPool
 
-__all__ = ["base_choices", "base_note", "controls", "entry_controls", "request_base", "snippets", "status"]
-
-
-def base_choices(handlers: Handlers) -> list[tuple[str, str]]:
-    """The base filter's choices: served bases marked first."""
-    if handlers.pools is None:
-        return fmt.base_choices(handlers.served_base)
-    return pool_views.base_choices(handlers.pools)
+__all__ = ["controls", "entry_controls", "on_base", "request_base", "snippets", "status"]
 
 
-def base_note(handlers: Handlers, base: str) -> str:
-    """The line under the base filter: which pool its LoRAs generate on, or why they cannot run here."""
-    return pool_views.base_note(handlers.pools, base or handlers.served_base) if handlers.pools is not None else ""
-
-
-def controls(pool: Pool | None) -> tuple[Any, Any, Any]:
+def controls(pool: ServedPool | None) -> tuple[Any, Any, Any]:
     """Size presets, steps and guidance of `pool` (left as they are for None)."""
     if pool is None:
         return gr.skip(), gr.skip(), gr.skip()
-    defaults = pool.engine.defaults
+    defaults = pool.defaults
     presets = fmt.size_presets(defaults)
     return (
         gr.Dropdown(choices=presets, value=presets[0][1]),
@@ -48,14 +36,13 @@ def controls(pool: Pool | None) -> tuple[Any, Any, Any]:
 
 def on_base(handlers: Handlers, base: str) -> tuple[Any, ...]:
     """A new base in the filter: its note, and its pool's sizes and defaults."""
-    pool = pool_views.pool_for_base(handlers.pools, base) if handlers.pools is not None and base else None
-    return base_note(handlers, base), *controls(pool)
+    pools = handlers.pools
+    pool = pool_views.pool_for_base(pools, base) if base else None
+    return pool_views.base_note(pools, base or pools[0].base_model_id), *controls(pool)
 
 
 def entry_controls(handlers: Handlers, entry: LoraEntry) -> tuple[str, Any, Any, Any]:
     """A LoRA picked from the gallery: a warning when no pool serves its family, and its pool's controls."""
-    if handlers.pools is None:
-        return "", gr.skip(), gr.skip(), gr.skip()
     pool = pool_views.pool_for_family(handlers.pools, entry.family)
     warning = ""
     if pool is None and entry.family is not Family.UNKNOWN:
@@ -65,23 +52,18 @@ def entry_controls(handlers: Handlers, entry: LoraEntry) -> tuple[str, Any, Any,
 
 def request_base(handlers: Handlers, base: str, has_loras: bool) -> str:
     """The base a UI request names: none with a LoRA (it runs on its own base), else the browsed base's pool."""
-    if has_loras or handlers.pools is None or not base:
+    if has_loras or not base:
         return ""
     pool = pool_views.pool_for_base(handlers.pools, base)
     return pool.base_model_id if pool is not None else ""
 
 
-def status(handlers: Handlers) -> str:
-    """The status panel: each pool's, or the one engine's."""
-    statuses = handlers.pool_status()
-    if statuses is None:
-        return fmt.status_markdown(handlers.status(), handlers.boot_s)
-    return pool_views.pools_status_markdown(statuses, handlers.boot_s)
+async def status(handlers: Handlers) -> str:
+    """The status panel: each pool's."""
+    return pool_views.pools_status_markdown(await handlers.status(), handlers.boot_s)
 
 
 def snippets(handlers: Handlers, url: str) -> str:
-    """The API panel: the examples, and the per-base forms when pools are served here."""
-    text = fmt.api_snippets(url, handlers.example_lora(), handlers.defaults)
-    if handlers.pools is None:
-        return text
+    """The API panel: the examples, and the per-base forms."""
+    text = fmt.api_snippets(url, handlers.example_lora(), handlers.default.defaults)
     return f"{text}\n\n{pool_views.pools_api_snippets(url, handlers.pools)}"

@@ -15,7 +15,7 @@ from bench.ours import write_pair
 from bench.report import Exactness, report
 from bench.sdxl_unet import build_sdxl_unet, random_pool
 from bench.sections import measure_ours, measure_reference
-from engine.families.tiny import build_tiny_pipeline
+from engine.families.sdxl import build_tiny_pipeline
 from serving.demo.synthetic import UNET_ATTENTION, find_targets
 
 CPU = torch.device("cpu")

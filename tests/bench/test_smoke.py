@@ -16,7 +16,7 @@ from bench.options import Options, parse_options
 from bench.ours import KERNELS, Floor, Ours, write_pair
 from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, fill_module, mismatched_tensors, random_pool
 from bench.sections import measure_ours, measure_reference
-from engine.families.tiny import build_tiny_pipeline
+from engine.families.sdxl import build_tiny_pipeline
 from serving.demo.synthetic import UNET_ATTENTION, find_targets
 
 ROOT = Path(__file__).resolve().parents[2]

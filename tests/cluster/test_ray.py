@@ -25,6 +25,7 @@ from serving.cluster.app import deployment_name, local_cluster
 from serving.cluster.replica import weights_digest
 from serving.runtime import GpuRunner
 from tests.support.app_server import free_port, serve_routes
+from tests.support.checks import generate
 
 pytestmark = pytest.mark.ray
 
@@ -156,9 +157,10 @@ def test_base_weights_are_bit_exact_on_every_replica_after_a_mixed_run(cluster, 
 
 
 def test_the_space_with_backend_url_generates_on_the_cluster(cluster, cluster_settings, engine, fixtures):
-    from engine.errors import BackendUnavailableError, GatedLoraError, LimitExceededError
+    from engine.errors import GatedLoraError, LimitExceededError, SettingsError
     from engine.requests import GenerateRequest, LoraSpec
-    from serving.backends.remote import RemoteRunner
+    from serving.backends import blocking
+    from serving.backends.remote import RemoteBackend
     from serving.runtime import build_runtime
 
     def no_local_pipeline(*args: object, **kwargs: object):
@@ -172,27 +174,26 @@ def test_the_space_with_backend_url_generates_on_the_cluster(cluster, cluster_se
             seed=3,
             steps=2,
         )
-        remote, local = runtime.runner.generate(request), engine.generate(request)
+        remote, local = generate(runtime.backend, request), generate(engine, request)
         assert remote.image.tobytes() == local.image.tobytes()
         assert remote.request == local.request
         assert [(a.ref, a.revision, a.weight_name, a.scale) for a in remote.adapters] == [
             (a.ref, a.revision, a.weight_name, a.scale) for a in local.adapters
         ]
-        assert runtime.engine.defaults == engine.defaults
+        assert runtime.backend.pools()[0].defaults == engine.defaults
         assert (
-            runtime.engine.check_lora(LoraSpec(fixtures["second"])).rank
+            blocking(runtime.backend.check(LoraSpec(fixtures["second"]))).rank
             == engine.check_lora(LoraSpec(fixtures["second"])).rank
         )
-        assert runtime.engine.status().model_id == cluster_settings.model_id
+        assert blocking(runtime.backend.status())[0].engine.model_id == cluster_settings.model_id
         with pytest.raises(GatedLoraError, match="gated"):
-            runtime.runner.generate(GenerateRequest(prompt="x", loras=(LoraSpec(fixtures["gated"]),)))
+            generate(runtime.backend, GenerateRequest(prompt="x", loras=(LoraSpec(fixtures["gated"]),)))
         with pytest.raises(LimitExceededError, match="steps=9999"):
-            runtime.runner.generate(GenerateRequest(prompt="x", steps=9999))
+            generate(runtime.backend, GenerateRequest(prompt="x", steps=9999))
     finally:
         runtime.close()
-    down = RemoteRunner(f"http://127.0.0.1:{free_port()}", timeout_s=5)
-    with pytest.raises(BackendUnavailableError, match="could not be reached"):
-        down.generate(GenerateRequest(prompt="x"))
+    with pytest.raises(SettingsError, match="could not be reached"):
+        RemoteBackend(f"http://127.0.0.1:{free_port()}", timeout_s=5)
 
 
 def test_a_replica_killed_mid_run_is_replaced_and_no_request_is_lost(cluster, cluster_settings, single, fixtures):

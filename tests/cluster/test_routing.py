@@ -1,4 +1,4 @@
-"""The cluster ingress routes by a LoRA's own base, as the Space's pools do (no Ray cluster: fake handles).
+"""The cluster ingress routes by a LoRA's own base, as the Space's pools do (no Ray: fake handles; runs in CI).
 
 The pool replicas' `info` and `origin` are the real `PoolReplica` methods over in-process engines; only
 `generate` is a stand-in that records which pool received the request.
@@ -9,9 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
-pytest.importorskip("ray.serve")
-
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
@@ -20,7 +17,8 @@ from engine.prepare.resolve import AdapterResolver
 from engine.settings import SD15_MODEL_ID
 from lora_catalog.hub import HubSource
 from serving.cluster.ingress import Ingress
-from serving.cluster.replica import Answer, PoolReplica
+from serving.cluster.replica import PoolReplica
+from serving.cluster.wire import Answer
 from tests.support.loras import FLUX, SD15, SDXL, card, peft_file
 
 

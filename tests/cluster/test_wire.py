@@ -1,6 +1,6 @@
-"""The front end's side of the cluster, without Ray: BACKEND_URL, the wire format and RemoteRunner's errors.
+"""The front end's side of the cluster, without Ray: BACKEND_URL, the wire format and RemoteBackend's errors.
 
-The cluster itself (and RemoteRunner against it) is tested in tests/cluster/test_ray.py (marked `ray`).
+The cluster itself (and RemoteBackend against it) is tested in tests/cluster/test_ray.py (marked `ray`).
 """
 
 from __future__ import annotations
@@ -21,21 +21,25 @@ from engine.errors import (
     SettingsError,
     UnsupportedLoraVariantError,
 )
-from engine.requests import AdapterUse, GenerateRequest, GenerateResult, LoraSpec, Timings
+from engine.outcomes import ServedPool
+from engine.requests import AdapterUse, GenerateRequest, GenerateResult, LoraSpec, ModelDefaults, Timings
 from engine.settings import Settings
 from lora_catalog.errors import AmbiguousWeightsError
-from serving.backends.remote import RemoteRunner
+from serving.backends import blocking
+from serving.backends.remote import RemoteBackend
 from serving.cluster.wire import (
     adapter_set_id,
-    defaults_from_json,
     encode_png,
     error_from_body,
+    pools_from_json,
+    pools_to_json,
     request_from_json,
     request_to_json,
     result_from_json,
     result_to_json,
     spec_from_json,
 )
+from tests.support.checks import generate
 
 
 @pytest.mark.parametrize("url", ["http://head:8000", "https://cluster.example.com/", "http://10.0.0.2"])
@@ -110,8 +114,11 @@ def test_the_wire_models_carry_every_field_of_the_engines_dataclasses():
 
 
 def test_an_answer_that_does_not_fit_is_backend_trouble():
-    with pytest.raises(BackendUnavailableError, match=r"cannot read \(side: Field required\)"):
-        defaults_from_json({"steps": 4, "guidance": 5.0, "max_side": 128})
+    with pytest.raises(BackendUnavailableError, match=r"cannot read \(pools: .*at least 1 item"):
+        pools_from_json({"pools": []})
+    pool = {"base_model_id": "o/b", "model_id": "o/b", "family": "sdxl", "default": True}
+    with pytest.raises(BackendUnavailableError, match=r"cannot read \(pools\[0\]\.defaults: Field required\)"):
+        pools_from_json({"pools": [pool]})
     answer = _result(GenerateRequest(prompt="x"))
     with pytest.raises(
         BackendUnavailableError, match=r"a result this Space cannot read \(timings\.total: .*got 'soon'"
@@ -149,10 +156,19 @@ def _result(request: GenerateRequest) -> dict:
     return {"image": encode_png(image), "result": result_to_json(result)}
 
 
-def test_remote_runner_rebuilds_the_result_and_maps_errors():
+POOLS = (
+    ServedPool(
+        "owner/base", "owner/model", "sdxl", ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1536), True
+    ),
+)
+
+
+def test_remote_backend_rebuilds_the_result_and_maps_errors():
     seen: list[tuple[str, dict]] = []
 
     def backend(http: httpx.Request) -> httpx.Response:
+        if http.url.path == "/v1/pools":
+            return httpx.Response(200, json=pools_to_json(POOLS))
         document = json.loads(http.content)
         seen.append((http.url.path, document))
         if document["prompt"] == "gated":
@@ -161,10 +177,11 @@ def test_remote_runner_rebuilds_the_result_and_maps_errors():
             return httpx.Response(200, content=b"not json")
         return httpx.Response(200, json=_result(request_from_json(document)))
 
-    runner = RemoteRunner("http://cluster", timeout_s=5, transport=httpx.MockTransport(backend))
+    remote = RemoteBackend("http://cluster", timeout_s=5, transport=httpx.MockTransport(backend))
+    assert remote.pools() == POOLS
     request = GenerateRequest(prompt="a fox", loras=(LoraSpec("o/a", 0.5),), seed=7)
     steps: list[tuple[int, int]] = []
-    result = runner.generate(request, base="owner/base", progress=lambda d, t: steps.append((d, t)))
+    result = blocking(remote.generate(request, base="owner/base", progress=lambda d, t: steps.append((d, t))))
     assert seen[0][0] == "/v1/models/owner/base/generate"
     # The same request field for field (it comes back as the cluster's checked request type).
     assert asdict(result.request) == asdict(request)
@@ -172,18 +189,25 @@ def test_remote_runner_rebuilds_the_result_and_maps_errors():
     assert result.adapters[0].cache == "miss" and result.warnings == ("careful",) and result.timings.total == 10.0
     assert steps == [(1, 1)]
     with pytest.raises(GatedLoraError, match="is gated"):
-        runner.generate(GenerateRequest(prompt="gated"))
-    with pytest.raises(BackendUnavailableError, match="unreadable"):
-        runner.generate(GenerateRequest(prompt="garbled"))
+        blocking(remote.generate(GenerateRequest(prompt="gated")))
+    with pytest.raises(BackendUnavailableError, match="HTTP 200 without a JSON error"):
+        blocking(remote.generate(GenerateRequest(prompt="garbled")))
 
 
-def test_remote_runner_says_when_the_backend_cannot_be_reached():
+def test_remote_backend_says_when_the_backend_cannot_be_reached():
+    reachable = True
+
     def refuse(http: httpx.Request) -> httpx.Response:
+        if reachable:
+            return httpx.Response(200, json=pools_to_json(POOLS))
         raise httpx.ConnectError("connection refused", request=http)
 
-    runner = RemoteRunner("http://cluster", timeout_s=5, transport=httpx.MockTransport(refuse))
+    remote = RemoteBackend("http://cluster", timeout_s=5, transport=httpx.MockTransport(refuse))
+    reachable = False
     with pytest.raises(BackendUnavailableError, match=r"http://cluster could not be reached \(ConnectError"):
-        runner.generate(GenerateRequest(prompt="x"))
+        blocking(remote.generate(GenerateRequest(prompt="x")))
+    with pytest.raises(SettingsError, match=r"BACKEND_URL='http://cluster' could not be reached"):
+        RemoteBackend("http://cluster", timeout_s=5, transport=httpx.MockTransport(refuse))
 
 
 def _cached(engine) -> set[str]:
@@ -204,7 +228,22 @@ def test_a_held_set_stays_cached_and_let_go_evicts_it_once_unused(make_engine, f
         assert {str(k) for k in keys} <= _cached(engine)
         engine.run(prepared)
     # Fused now (the swap uses it): evicted once another set, or none, is served.
-    engine.generate(GenerateRequest(prompt="x", steps=1, seed=1))
+    generate(engine, GenerateRequest(prompt="x", steps=1, seed=1))
     assert not {str(k) for k in keys} & _cached(engine)
-    again = engine.generate(request)
+    again = generate(engine, request)
     assert again.adapters[0].cache == "miss"
+
+
+def test_a_replica_pins_exactly_the_keys_its_request_prepared(make_engine, fixtures):
+    """A replica holds an adapter set by the keys it reads back from the result (`AdapterPin`): the very keys the
+    engine prepared, for Hub and local LoRAs alike."""
+    from serving.cluster.replica import _key
+
+    engine = make_engine()
+    request = GenerateRequest(
+        prompt="x", loras=(LoraSpec(fixtures["peft"]), LoraSpec(fixtures.local["kohya"])), steps=1, seed=1
+    )
+    with engine.prepare(request) as prepared:
+        keys = tuple(adapter.key for adapter, _ in prepared.adapters)
+    result = generate(engine, request)
+    assert tuple(_key(use) for use in result.adapters) == keys

@@ -20,7 +20,7 @@ from peft.tuners.lora import LoraModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
-from engine.families.tiny import build_tiny_pipeline
+from engine.families.sdxl import build_tiny_pipeline
 from engine.formats.adapters import PreparedAdapter, TargetTable
 from engine.formats.layers import LayerDelta
 from serving.demo.synthetic import (

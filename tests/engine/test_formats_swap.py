@@ -16,7 +16,7 @@ from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 from engine.errors import UnsupportedLoraVariantError
-from engine.families.tiny import build_tiny_pipeline
+from engine.families.sdxl import build_tiny_pipeline
 from engine.formats.adapters import PreparedAdapter, TargetTable
 from engine.requests import GenerateRequest, LoraSpec
 from engine.weights.swap import ActiveAdapter, WeightPatcher
@@ -25,7 +25,7 @@ from lora_catalog.entries import LoraEntry
 from serving.demo.synthetic import UNET_ATTENTION, find_targets, kohya_key, make_lora, peft_metadata, save_lora
 from serving.demo.synthetic_lycoris import lycoris_metadata, make_dora, make_loha, make_lokr
 from serving.ui.formatting import entry_card
-from tests.support.checks import assert_pristine
+from tests.support.checks import assert_pristine, generate
 from tests.support.formats import COMPONENTS, PATTERNS, components, load
 
 UNSUPPORTED = {
@@ -222,15 +222,15 @@ def test_the_engine_serves_lycoris_and_dora_repos_and_restores_the_base(engine, 
     def request(*loras: LoraSpec) -> GenerateRequest:
         return GenerateRequest(prompt="a fox", loras=loras, steps=2, width=64, height=64, seed=3)
 
-    base = engine.generate(request())
+    base = generate(engine, request())
     images = {}
     for role in ("loha", "lokr", "dora"):
         check = engine.check_lora(LoraSpec(fixtures[role]))
         assert check.layers > 0 and set(check.components) == {"unet", "text_encoder", "text_encoder_2"}
-        images[role] = engine.generate(request(LoraSpec(fixtures[role], scale=0.8)))
+        images[role] = generate(engine, request(LoraSpec(fixtures[role], scale=0.8)))
         assert np.abs(pixels(images[role].image) - pixels(base.image)).mean() > 1, role
-    together = engine.generate(request(*(LoraSpec(fixtures[r], scale=0.5) for r in ("loha", "lokr", "dora", "kohya"))))
+    together = generate(engine, request(*(LoraSpec(fixtures[r], scale=0.5) for r in ("loha", "lokr", "dora", "kohya"))))
     assert together.image.tobytes() not in {i.image.tobytes() for i in images.values()}
-    again = engine.generate(request())
+    again = generate(engine, request())
     assert again.image.tobytes() == base.image.tobytes()
     assert_pristine(loaded, pristine)

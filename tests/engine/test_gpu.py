@@ -10,6 +10,7 @@ from engine.pools.engine import Engine
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.hub import HubSource
+from tests.support.checks import generate
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,12 +32,12 @@ def test_cuda_swaps_are_exact_in_both_gpu_modes(cuda_loaded, base_settings, hub,
     engine = Engine(cuda_loaded, settings, resolver)
     unet = cuda_loaded.pipe.unet
     before = {k: v.clone() for k, v in unet.state_dict().items()}
-    base = engine.generate(GenerateRequest("a fox", steps=2, seed=1)).image
+    base = generate(engine, GenerateRequest("a fox", steps=2, seed=1)).image
     for scale in (0.5, 1.0, -0.5):
-        lora = engine.generate(
-            GenerateRequest("a fox", loras=(LoraSpec(fixtures["peft"], scale=scale),), steps=2, seed=1)
+        lora = generate(
+            engine, GenerateRequest("a fox", loras=(LoraSpec(fixtures["peft"], scale=scale),), steps=2, seed=1)
         )
         assert lora.image.tobytes() != base.tobytes()
-    engine.restore_base()
+    engine.restore_base_weights()
     assert all(torch.equal(v, before[k]) for k, v in unet.state_dict().items())
-    assert engine.generate(GenerateRequest("a fox", steps=2, seed=1)).image.tobytes() == base.tobytes()
+    assert generate(engine, GenerateRequest("a fox", steps=2, seed=1)).image.tobytes() == base.tobytes()

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from engine.errors import AdapterLoadError, IncompatibleLoraError, InvalidRequestError, LimitExceededError
 from engine.requests import GenerateRequest, LoraSpec
 from engine.weights.tokens import TokenPatcher
+from tests.support.checks import generate
 from tests.support.loras import PIVOTAL_PROMPT, WEIGHTS
 
 ENCODERS = (("tokenizer", "text_encoder"), ("tokenizer_2", "text_encoder_2"))
@@ -50,7 +51,7 @@ def generate_seeing(engine, pipe, one: GenerateRequest):
             tuple((getattr(pipe, t), getattr(pipe, e).get_input_embeddings().weight.shape[0]) for t, e in ENCODERS)
         )
 
-    result = engine.generate(one, progress=progress)
+    result = generate(engine, one, progress=progress)
     assert seen and all(s == seen[0] for s in seen)
     return result, seen[0]
 
@@ -116,7 +117,7 @@ def test_pivotal_lora_matches_diffusers_lora_plus_textual_inversion(
     engine, pivotal, tiny_dir, loaded, base_text, pristine, role, weight_name, emb_name, tokens
 ):
     spec = LoraSpec(pivotal[role], weight_name=weight_name if weight_name != WEIGHTS else None)
-    ours = pixels(engine.generate(request(spec, prompt=PROMPT)).image)
+    ours = pixels(generate(engine, request(spec, prompt=PROMPT)).image)
     reference = pixels(diffusers_image(tiny_dir, pivotal[role], weight_name, emb_name, tokens))
     without = pixels(diffusers_image(tiny_dir, pivotal[role], weight_name, None, tokens))
     # Ten times the mean difference allowed between ours and the reference below.
@@ -143,16 +144,16 @@ def test_tokens_come_out_exactly_and_are_plain_text_again(engine, pivotal, loade
             getattr(pipe, tokenizer_name) is base_text[tokenizer_name][0] and len(getattr(pipe, tokenizer_name)) == size
         )
         assert getattr(pipe, encoder_name).get_input_embeddings().weight.shape[0] == size + 2
-    plain_after = engine.generate(request())
+    plain_after = generate(engine, request())
     assert plain_after.swapped and with_tokens.image.tobytes() != plain_before.image.tobytes()
     assert plain_after.image.tobytes() == plain_before.image.tobytes()
     assert_base(pipe, base_text, pristine)
 
 
 def test_same_pivotal_set_again_costs_nothing(engine, pivotal, loaded):
-    first = engine.generate(request(LoraSpec(pivotal["current"])))
+    first = generate(engine, request(LoraSpec(pivotal["current"])))
     state = text_state(loaded.pipe)
-    second = engine.generate(request(LoraSpec(pivotal["current"]), seed=8))
+    second = generate(engine, request(LoraSpec(pivotal["current"]), seed=8))
     assert first.swapped and not second.swapped and second.timings.apply == 0.0
     assert [u.cache for u in (first.adapters[0], second.adapters[0])] == ["miss", "hit"]
     assert_same_text_state(loaded.pipe, state)
@@ -160,13 +161,13 @@ def test_same_pivotal_set_again_costs_nothing(engine, pivotal, loaded):
 
 def test_with_a_plain_lora_and_back(engine, pivotal, fixtures, loaded, base_text, pristine):
     pipe = loaded.pipe
-    both = engine.generate(request(LoraSpec(pivotal["current"]), LoraSpec(fixtures["peft"], scale=0.5)))
+    both = generate(engine, request(LoraSpec(pivotal["current"]), LoraSpec(fixtures["peft"], scale=0.5)))
     only_pivotal, seen = generate_seeing(engine, pipe, request(LoraSpec(pivotal["current"])))
     assert both.swapped and only_pivotal.swapped and both.image.tobytes() != only_pivotal.image.tobytes()
     assert seen[0][0].convert_tokens_to_ids("<s1>") == base_text["tokenizer"][1] + 1
     _, seen = generate_seeing(engine, pipe, request(LoraSpec(fixtures["peft"]), seed=8))
     assert seen == tuple((base_text[t][0], base_text[t][1]) for t, _ in ENCODERS)
-    engine.generate(request(LoraSpec(fixtures["peft"])))
+    generate(engine, request(LoraSpec(fixtures["peft"])))
     engine.close()
     assert_base(loaded.pipe, base_text, pristine)
 
@@ -174,11 +175,11 @@ def test_with_a_plain_lora_and_back(engine, pivotal, fixtures, loaded, base_text
 @pytest.mark.parametrize("served", ["base", "current"])
 def test_clashing_tokens_are_refused_and_change_nothing(engine, pivotal, loaded, served):
     if served == "current":
-        engine.generate(request(LoraSpec(pivotal["current"])))
+        generate(engine, request(LoraSpec(pivotal["current"])))
     before, applied = text_state(loaded.pipe), engine.status().applied
     for pair in (("current", "clash"), ("legacy", "current")):
         with pytest.raises(InvalidRequestError, match=r"both define the pivotal-tuning tokens <s0><s1>"):
-            engine.generate(request(*(LoraSpec(pivotal[role]) for role in pair)))
+            generate(engine, request(*(LoraSpec(pivotal[role]) for role in pair)))
         assert engine.status().applied == applied
         assert_same_text_state(loaded.pipe, before)
 
@@ -196,21 +197,21 @@ def test_failed_generation_restores_the_tokens_served_before(engine, pivotal, lo
 
     monkeypatch.setattr(type(loaded.pipe), "__call__", flaky_call)
     with pytest.raises(Exception, match="injected failure"):
-        engine.generate(request(LoraSpec(pivotal["current"])))
+        generate(engine, request(LoraSpec(pivotal["current"])))
     # The run failed with the token-aware tokenizer in place; the pipeline has the base one back.
     assert "<s1>" in used[-1].get_vocab()
     assert_base(loaded.pipe, base_text, pristine)
     broken["on"] = False
-    served = engine.generate(request(LoraSpec(pivotal["current"])))
+    served = generate(engine, request(LoraSpec(pivotal["current"])))
     state = text_state(loaded.pipe)
     broken["on"] = True
     with pytest.raises(Exception, match="injected failure"):
-        engine.generate(request(LoraSpec(pivotal["legacy"])))
+        generate(engine, request(LoraSpec(pivotal["legacy"])))
     # Rolling back re-applies the served set: a new matrix equal bit for bit, the cached tokenizers.
     assert_same_text_state(loaded.pipe, state, same_weight_object=False)
     assert "<s2>" in used[-1].get_vocab()
     broken["on"] = False
-    again = engine.generate(request(LoraSpec(pivotal["current"])))
+    again = generate(engine, request(LoraSpec(pivotal["current"])))
     assert not again.swapped and again.image.tobytes() == served.image.tobytes()
     assert "<s1>" in used[-1].get_vocab() and "<s2>" not in used[-1].get_vocab()
 
@@ -228,25 +229,25 @@ def test_a_failure_on_the_second_encoder_leaves_neither_changed(
 
     monkeypatch.setattr(TokenPatcher, "_extend", failing_extend)
     with pytest.raises(Exception, match="extending text_encoder_2"):
-        engine.generate(request(LoraSpec(pivotal["current"])))
+        generate(engine, request(LoraSpec(pivotal["current"])))
     assert_base(loaded.pipe, base_text, pristine)
 
 
 def test_per_call_mode_takes_the_tokens_out_after_each_request(make_engine, pivotal, loaded, base_text, pristine):
     engine = make_engine(local_lora_dir=pivotal.local_dir, gpu_mode="per_call")
-    first = engine.generate(request(LoraSpec(pivotal["current"])))
+    first = generate(engine, request(LoraSpec(pivotal["current"])))
     assert_base(loaded.pipe, base_text, pristine)
-    again = engine.generate(request(LoraSpec(pivotal["current"])))
+    again = generate(engine, request(LoraSpec(pivotal["current"])))
     assert again.image.tobytes() == first.image.tobytes()
 
 
 def test_local_pairs_by_the_naming_rule_apply_like_the_hub_repos(engine, pivotal, loaded, base_text, pristine):
     for role in ("current", "legacy"):
-        hub_image = engine.generate(request(LoraSpec(pivotal[role]))).image.tobytes()
-        local_image = engine.generate(request(LoraSpec(pivotal.local[role]))).image.tobytes()
+        hub_image = generate(engine, request(LoraSpec(pivotal[role]))).image.tobytes()
+        local_image = generate(engine, request(LoraSpec(pivotal.local[role]))).image.tobytes()
         assert local_image == hub_image, role
     assert engine.check_lora(LoraSpec(pivotal.local["current"])).layers > 0
-    plain = engine.generate(request(LoraSpec(pivotal.local["plain"])))
+    plain = generate(engine, request(LoraSpec(pivotal.local["plain"])))
     assert plain.swapped
     assert_base_tokens_only(loaded.pipe, base_text)
 
@@ -262,9 +263,9 @@ def test_a_changed_local_embeddings_file_is_a_new_adapter(make_engine, pivotal, 
         (tmp_path / name).write_bytes((pivotal.local_dir / name).read_bytes())
     engine = make_engine(local_lora_dir=tmp_path)
     spec = LoraSpec("local:mine.safetensors")
-    first = engine.generate(request(spec))
+    first = generate(engine, request(spec))
     (tmp_path / "mine_emb.safetensors").write_bytes(pivotal.files["clash"]["clash_emb.safetensors"])
-    changed = engine.generate(request(spec))
+    changed = generate(engine, request(spec))
     assert changed.adapters[0].cache == "miss" and changed.image.tobytes() != first.image.tobytes()
 
 
@@ -281,10 +282,10 @@ def test_a_changed_local_embeddings_file_is_a_new_adapter(make_engine, pivotal, 
 def test_broken_embeddings_files_are_refused_clearly(
     engine, pivotal, loaded, base_text, pristine, role, error, message
 ):
-    engine.generate(request(LoraSpec(pivotal["current"])))
+    generate(engine, request(LoraSpec(pivotal["current"])))
     before, applied = text_state(loaded.pipe), engine.status().applied
     with pytest.raises(error, match=message):
-        engine.generate(request(LoraSpec(pivotal[role])))
+        generate(engine, request(LoraSpec(pivotal[role])))
     assert engine.status().applied == applied
     assert_same_text_state(loaded.pipe, before)
     assert all(c.key.name != pivotal[role] for c in engine.status().cached)
@@ -295,7 +296,7 @@ def test_an_oversize_embeddings_file_is_refused_before_download(make_engine, piv
     assert sizes[WEIGHTS] < 2**20 < sizes["embeddings.safetensors"]
     engine = make_engine(max_adapter_bytes=2**20)
     with pytest.raises(LimitExceededError, match=r"\(embeddings.safetensors\) is 1.00 MiB"):
-        engine.generate(request(LoraSpec(pivotal["bad-padded"])))
+        generate(engine, request(LoraSpec(pivotal["bad-padded"])))
     assert not any(r.path.endswith("embeddings.safetensors") for r in clean_hub.requests)
 
 
@@ -305,7 +306,7 @@ def test_long_mixed_run_leaves_tokenizers_embeddings_and_weights_exact(
 ):
     engine = make_engine(local_lora_dir=pivotal.local_dir)
     pipe = loaded.pipe
-    base_image = engine.generate(request(steps=1)).image.tobytes()
+    base_image = generate(engine, request(steps=1)).image.tobytes()
     with_tokens = [pivotal["current"], pivotal["legacy"], pivotal.local["current"]]
     choices = [*with_tokens, fixtures["peft"], fixtures["kohya"], pivotal.local["plain"]]
     rng = np.random.default_rng(1)
@@ -330,31 +331,31 @@ def test_long_mixed_run_leaves_tokenizers_embeddings_and_weights_exact(
         one_step = request(*loras, seed=step, steps=1)
         if broken["on"] or clash or step % 13 == 6:
             with pytest.raises(Exception, match=r"injected failure|NaN|both define the pivotal-tuning tokens"):
-                engine.generate(one_step)
+                generate(engine, one_step)
             outcomes["failed"] += 1
             assert engine.status().applied == applied
             assert_same_text_state(pipe, before, same_weight_object=False)
         else:
-            engine.generate(one_step)
+            generate(engine, one_step)
             outcomes["served"] += 1
             outcomes["with tokens"] += any(ref in with_tokens for ref in picked)
     broken["on"] = False
     assert outcomes["failed"] > steps // 5 and outcomes["with tokens"] > steps // 6, outcomes
-    engine.restore_base()
+    engine.restore_base_weights()
     assert_base(pipe, base_text, pristine)
-    assert engine.generate(request(steps=1)).image.tobytes() == base_image
+    assert generate(engine, request(steps=1)).image.tobytes() == base_image
 
 
 def test_naming_the_embeddings_file_as_the_lora_is_refused(engine, pivotal):
     with pytest.raises(InvalidRequestError, match=r"'current_emb.safetensors' .* is a pivotal-tuning embeddings file"):
-        engine.generate(request(LoraSpec(pivotal["current"], weight_name="current_emb.safetensors")))
+        generate(engine, request(LoraSpec(pivotal["current"], weight_name="current_emb.safetensors")))
 
 
 def test_a_pivotal_lora_on_disk_serves_with_its_tokens_after_a_restart_without_the_hub(
     make_engine, pivotal, clean_hub, loaded
 ):
     first = make_engine()
-    before = first.generate(request(LoraSpec(pivotal["current"])))
+    before = generate(first, request(LoraSpec(pivotal["current"])))
     first.close()  # the process "ends": nothing of it is left in memory for the next engine
     clean_hub.set_fault("down")
     restarted = make_engine()

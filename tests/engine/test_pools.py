@@ -21,8 +21,9 @@ from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import SD15_MODEL_ID
 from lora_catalog.hub import HubSource
-from serving.backends.local import GpuRunner
+from serving.backends import blocking
 from serving.demo.synthetic import LoraTarget, find_targets, kohya_metadata, make_lora, peft_metadata, save_lora
+from tests.support.checks import backend_of, generate
 from tests.support.loras import FLUX, SDXL, card, kohya_file, peft_file, sft
 from tests.support.sd15 import write_sd15_loras
 
@@ -94,7 +95,7 @@ def pool_of(pools: Pools, *refs: str, base: str = "") -> str:
 def test_a_lora_is_routed_by_its_card(pools):
     assert pool_of(pools, "pools/sd15-card") == SD15_MODEL_ID
     assert pool_of(pools, "pools/sdxl-card") == SDXL
-    result = GpuRunner(pools).generate(request(LoraSpec("pools/sd15-card")))
+    result = generate(pools, request(LoraSpec("pools/sd15-card")))
     assert result.adapters[0].ref == "pools/sd15-card"
 
 
@@ -107,14 +108,14 @@ def test_a_lora_is_routed_by_its_shapes_alone(pools):
     assert pool_of(pools, "local:shapes_sd15.safetensors") == SD15_MODEL_ID
     assert pool_of(pools, "local:shapes_sdxl.safetensors") == SDXL
     # And the routed pool really runs it: the same LoRA on the other base would not fit.
-    GpuRunner(pools).generate(request(LoraSpec("local:shapes_sd15.safetensors")))
+    generate(pools, request(LoraSpec("local:shapes_sd15.safetensors")))
     with pytest.raises(IncompatibleLoraError):
-        pools.default.engine.generate(request(LoraSpec("local:shapes_sd15.safetensors")))
+        generate(pools.default.engine, request(LoraSpec("local:shapes_sd15.safetensors")))
 
 
 def test_loras_of_two_bases_in_one_request_are_refused_naming_each_base(pools):
     with pytest.raises(InvalidRequestError, match=r"share one base model") as caught:
-        GpuRunner(pools).generate(request(LoraSpec("local:sd15_kohya.safetensors"), LoraSpec("pools/sdxl-card")))
+        generate(pools, request(LoraSpec("local:sd15_kohya.safetensors"), LoraSpec("pools/sdxl-card")))
     assert caught.value.status == 400
     assert "'local:sd15_kohya.safetensors' is for stable-diffusion-v1-5/stable-diffusion-v1-5" in str(caught.value)
     assert f"'pools/sdxl-card' is for {SDXL}" in str(caught.value)
@@ -124,18 +125,18 @@ def test_loras_of_two_bases_in_one_request_are_refused_naming_each_base(pools):
 
 def test_unserved_bases_are_404s_naming_the_served_ones(pools):
     with pytest.raises(UnservedBaseError, match=r"FLUX.1-dev.*served: stabilityai.*stable-diffusion-v1-5") as caught:
-        GpuRunner(pools).generate(request(LoraSpec("pools/flux-card")))
+        generate(pools, request(LoraSpec("pools/flux-card")))
     assert caught.value.status == 404
     with pytest.raises(UnservedBaseError, match=r"'black-forest-labs/FLUX.1-dev' is not served here; served: "):
-        GpuRunner(pools).generate(request(), base=FLUX)
+        generate(pools, request(), base=FLUX)
 
 
 def test_without_a_lora_the_named_base_or_the_default_pool_generates(pools):
     assert pool_of(pools) == SDXL
     assert pool_of(pools, base=SD15_MODEL_ID.upper()) == SD15_MODEL_ID
-    on_sd15 = GpuRunner(pools).generate(request(), base=SD15_MODEL_ID).image
-    assert on_sd15.tobytes() == pools.pools[1].engine.generate(request()).image.tobytes()
-    assert on_sd15.tobytes() != GpuRunner(pools).generate(request()).image.tobytes()
+    on_sd15 = generate(pools, request(), base=SD15_MODEL_ID).image
+    assert on_sd15.tobytes() == generate(pools.pools[1].engine, request()).image.tobytes()
+    assert on_sd15.tobytes() != generate(pools, request()).image.tobytes()
 
 
 # -- concurrency and exactness -----------------------------------------------------------------------
@@ -162,7 +163,7 @@ def mixed_request(index: int) -> tuple[GenerateRequest, str]:
 @pytest.mark.timeout(900)
 def test_eight_clients_across_both_pools_get_exactly_their_own_images(pools):
     work = [mixed_request(i) for i in range(24)]
-    expected = [GpuRunner(pools).generate(r, base=b).image.tobytes() for r, b in work]
+    expected = [generate(pools, r, base=b).image.tobytes() for r, b in work]
     got: dict[int, bytes] = {}
     errors: list[BaseException] = []
     lock = threading.Lock()
@@ -170,7 +171,7 @@ def test_eight_clients_across_both_pools_get_exactly_their_own_images(pools):
     def client(worker: int) -> None:
         try:
             for index in range(worker, len(work), 8):
-                image = GpuRunner(pools).generate(work[index][0], base=work[index][1]).image.tobytes()
+                image = generate(pools, work[index][0], base=work[index][1]).image.tobytes()
                 with lock:
                     got[index] = image
         except BaseException as e:
@@ -193,22 +194,20 @@ def assert_bit_exact(pipe, pristine, names) -> None:
 
 @pytest.mark.timeout(900)
 def test_both_bases_are_bit_exact_after_a_long_mixed_run(pools, loaded, loaded_sd15, pristine, pristine_sd15):
-    base_images = [GpuRunner(pools).generate(request(), base=b).image.tobytes() for b in (SDXL, SD15_MODEL_ID)]
+    base_images = [generate(pools, request(), base=b).image.tobytes() for b in (SDXL, SD15_MODEL_ID)]
     rng = np.random.default_rng(3)
     for step in range(32):
         mixed, base = mixed_request(int(rng.integers(0, 1000)))
         # One step: the weights are what this test checks, and a swap happens before any step.
-        GpuRunner(pools).generate(dataclasses.replace(mixed, steps=1), base=base)
+        generate(pools, dataclasses.replace(mixed, steps=1), base=base)
         if step % 9 == 4:
             with pytest.raises(InvalidRequestError):
-                GpuRunner(pools).generate(
-                    request(LoraSpec("local:sd15_kohya.safetensors"), LoraSpec("pools/sdxl-card"))
-                )
+                generate(pools, request(LoraSpec("local:sd15_kohya.safetensors"), LoraSpec("pools/sdxl-card")))
     for pool in pools.pools:
-        pool.engine.restore_base()
+        pool.engine.restore_base_weights()
     assert_bit_exact(loaded.pipe, pristine, ("unet", "text_encoder", "text_encoder_2"))
     assert_bit_exact(loaded_sd15.pipe, pristine_sd15, ("unet", "text_encoder"))
-    assert [GpuRunner(pools).generate(request(), base=b).image.tobytes() for b in (SDXL, SD15_MODEL_ID)] == base_images
+    assert [generate(pools, request(), base=b).image.tobytes() for b in (SDXL, SD15_MODEL_ID)] == base_images
 
 
 # -- memory ------------------------------------------------------------------------------------------
@@ -228,14 +227,14 @@ def test_an_offloaded_pool_comes_back_bit_exact(
         move_modules(group, torch.device("cpu"))
     reference = make_pools(loaded, loaded_sd15, base_settings, clean_hub, lora_dir)
     work = [mixed_request(i) for i in (1, 2, 3, 4, 5, 0, 6, 7)]
-    expected = [GpuRunner(reference).generate(r, base=b).image.tobytes() for r, b in work]
+    expected = [generate(reference, r, base=b).image.tobytes() for r, b in work]
     reference.close()
     sizes = [module_bytes(group) for group in modules]
     # Room for either pipeline, not both: every switch of base moves one out and the other in.
     pools = make_pools(loaded, loaded_sd15, base_settings, clean_hub, lora_dir, budget=max(sizes))
     try:
         assert [m.resident for m in (s.memory for s in pools.status())] == [True, False]
-        got = [GpuRunner(pools).generate(r, base=b).image.tobytes() for r, b in work]
+        got = [generate(pools, r, base=b).image.tobytes() for r, b in work]
         memory = {s.base_model_id: s.memory for s in pools.status()}
         assert memory[SD15_MODEL_ID].moves_in >= 2 and memory[SDXL].moves_in >= 2
         assert sum(m.resident for m in memory.values()) == 1
@@ -259,22 +258,21 @@ def test_pools_that_do_not_fit_fail_start_up_with_the_numbers_when_offloading_is
 # -- transports ---------------------------------------------------------------------------------------
 
 
-def test_every_transport_goes_through_the_runner_to_the_right_pool(pools):
+def test_every_transport_goes_through_the_backend_to_the_right_pool(pools):
     from engine.compare import CompareRequest
-    from serving.backends.local import GpuRunner
     from tests.support.app_server import serve_routes
 
-    runner = GpuRunner(pools)
+    backend = backend_of(pools)
     body = '{"inputs": "a fox in a forest", "parameters": {"num_inference_steps": 2, "seed": 7}}'
     png = {"accept": "image/png"}
-    with serve_routes(runner) as url:
+    with serve_routes(backend) as url:
         named = httpx.post(f"{url}models/{SD15_MODEL_ID}", content=body, headers=png, timeout=120)
         assert named.status_code == 200, named.text[:300]
-        expected = GpuRunner(pools).generate(request(), base=SD15_MODEL_ID).image
+        expected = generate(pools, request(), base=SD15_MODEL_ID).image
         assert Image.open(io.BytesIO(named.content)).convert("RGB").tobytes() == expected.tobytes()
         by_lora = httpx.post(url, content=body, headers={"lora": "local:sd15_kohya.safetensors", **png}, timeout=120)
         assert by_lora.status_code == 200, by_lora.text[:300]
-        wanted = GpuRunner(pools).generate(request(LoraSpec("local:sd15_kohya.safetensors"))).image
+        wanted = generate(pools, request(LoraSpec("local:sd15_kohya.safetensors"))).image
         assert Image.open(io.BytesIO(by_lora.content)).convert("RGB").tobytes() == wanted.tobytes()
         mixed = httpx.post(
             f"{url}models/{SD15_MODEL_ID}", content=body, headers={"lora": "pools/sdxl-card"}, timeout=120
@@ -284,15 +282,19 @@ def test_every_transport_goes_through_the_runner_to_the_right_pool(pools):
         flux = httpx.post(url, content=body, headers={"lora": "pools/flux-card"}, timeout=120)
         assert flux.status_code == 404
         assert flux.json()["error_type"] == "UnservedBaseError"
-    grid = runner.compare(
-        CompareRequest(
-            prompt="a fox in a forest", loras=(LoraSpec("pools/sd15-card"),), scales=(0.5, 1.0), steps=2, seed=7
+    grid = blocking(
+        backend.compare(
+            CompareRequest(
+                prompt="a fox in a forest", loras=(LoraSpec("pools/sd15-card"),), scales=(0.5, 1.0), steps=2, seed=7
+            )
         )
     )
     assert [r.request.width for r in grid.results] == [64, 64]
-    alone = GpuRunner(pools).generate(request(LoraSpec("pools/sd15-card", scale=1.0)))
+    alone = generate(pools, request(LoraSpec("pools/sd15-card", scale=1.0)))
     assert grid.results[1].image.tobytes() == alone.image.tobytes()
     with pytest.raises(InvalidRequestError, match=r"share one base model"):
-        runner.compare(
-            CompareRequest(prompt="x", loras=(LoraSpec("pools/sd15-card"), LoraSpec("pools/sdxl-card")), steps=2)
+        blocking(
+            backend.compare(
+                CompareRequest(prompt="x", loras=(LoraSpec("pools/sd15-card"), LoraSpec("pools/sdxl-card")), steps=2)
+            )
         )

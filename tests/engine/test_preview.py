@@ -13,13 +13,15 @@ from PIL import Image
 
 from engine.compare import CompareRequest
 from engine.errors import SettingsError
-from engine.pipeline.preview import PROJECTIONS, LinearPreview, TinyVaePreview
+from engine.families.sdxl import LATENT_RGB
+from engine.pipeline.preview import LinearPreview, TinyVaePreview
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import Settings
 from lora_catalog.entries import Family
-from serving.runtime import GpuRunner
+from serving.backends import blocking
+from serving.backends.local import LocalBackend
 from tests.support.app_server import serve_routes
-from tests.support.checks import assert_pristine
+from tests.support.checks import assert_pristine, backend_of, generate
 
 
 def request(*loras: LoraSpec, steps: int = 6, seed: int = 5) -> GenerateRequest:
@@ -42,7 +44,7 @@ def test_previews_come_every_few_steps_and_leave_the_image_alone(make_engine, fi
     # The linear preview works at latent resolution (the tiny VAE halves the side).
     assert all(image.size == (32, 32) for _, image in frames)
     assert frames[0][1].tobytes() != frames[1][1].tobytes()
-    assert final.tobytes() == engine.generate(request(LoraSpec(fixtures["peft"]))).image.tobytes()
+    assert final.tobytes() == generate(engine, request(LoraSpec(fixtures["peft"]))).image.tobytes()
 
 
 def test_previews_off_means_no_decoder_and_no_callback(make_engine):
@@ -77,7 +79,7 @@ def test_an_absent_preview_vae_falls_back_to_the_linear_projection(make_engine):
 def test_the_linear_preview_is_comfyuis_projection_of_the_latent_channels():
     latents = torch.zeros(1, 4, 2, 2)
     latents[0, 0] = 1.0  # channel 0 alone: rgb = factors[0] + bias, mapped from [-1, 1] to 0..255
-    image = LinearPreview(PROJECTIONS[Family.SDXL], Family.SDXL)(latents, None)
+    image = LinearPreview(LATENT_RGB, Family.SDXL)(latents, None)
     expected = [
         round((w + b + 1) * 127.5) for w, b in zip((0.3651, 0.4232, 0.4341), (0.1084, -0.0175, -0.0011), strict=True)
     ]
@@ -103,16 +105,17 @@ def test_preview_and_compare_settings_are_parsed_strictly(env, message):
 
 def test_compare_runs_every_cell_in_one_turn_and_each_equals_its_own_run(make_engine, fixtures, pristine, loaded):
     engine = make_engine()
-    runner = GpuRunner(engine)
     peft = LoraSpec(fixtures["peft"])
-    compared = runner.compare(
-        CompareRequest(prompt="a fox", loras=(peft,), scales=(0.0, 1.0), include_base=True, steps=2, seed=9)
+    compared = blocking(
+        backend_of(engine).compare(
+            CompareRequest(prompt="a fox", loras=(peft,), scales=(0.0, 1.0), include_base=True, steps=2, seed=9)
+        )
     )
     assert compared.labels == ("base", "peft (0)", "peft (1)")
     alone = [
-        engine.generate(request(steps=2, seed=9)),
-        engine.generate(request(LoraSpec(peft.ref, 0.0), steps=2, seed=9)),
-        engine.generate(request(LoraSpec(peft.ref, 1.0), steps=2, seed=9)),
+        generate(engine, request(steps=2, seed=9)),
+        generate(engine, request(LoraSpec(peft.ref, 0.0), steps=2, seed=9)),
+        generate(engine, request(LoraSpec(peft.ref, 1.0), steps=2, seed=9)),
     ]
     assert [r.image.tobytes() for r in compared.results] == [r.image.tobytes() for r in alone]
     engine.close()
@@ -122,13 +125,13 @@ def test_compare_runs_every_cell_in_one_turn_and_each_equals_its_own_run(make_en
 def test_post_slash_asks_for_no_previews(make_engine):
     asked: list[object] = []
 
-    class Recording(GpuRunner):
-        async def complete(self, ticket, **kwargs):
-            # Where POST / hands its queued request over to be run.
+    class Recording(LocalBackend):
+        async def generate(self, request, **kwargs):
+            # Where POST / hands its request over to be queued and run.
             asked.append(kwargs.get("preview"))
-            return await super().complete(ticket, **kwargs)
+            return await super().generate(request, **kwargs)
 
-    with serve_routes(Recording(make_engine())) as url:
+    with serve_routes(Recording.of(make_engine())) as url:
         answer = httpx.post(url, json={"inputs": "a fox", "parameters": {"num_inference_steps": 4}}, timeout=120)
     assert answer.status_code == 200
     assert asked == [None]
@@ -136,11 +139,12 @@ def test_post_slash_asks_for_no_previews(make_engine):
 
 @pytest.mark.parametrize("base", ["stable-diffusion-v1-5/stable-diffusion-v1-5", "stabilityai/stable-diffusion-2-1"])
 def test_sd15_and_sd2_pools_preview_in_sd15s_latent_space(loaded_sd15, base_settings, base):
+    from engine.families.registry import family_spec
     from engine.pools.engine import Engine
     from engine.prepare.resolve import AdapterResolver
 
     # SD 2.x shares SD 1.5's VAE: its pool previews with the same projection (ComfyUI's SD20 uses SD15's format).
-    loaded = dataclasses.replace(loaded_sd15, base_model_id=base)
+    loaded = dataclasses.replace(loaded_sd15, base_model_id=base, family=family_spec(base))
     settings = base_settings.replace(preview_every=2, base_model_id=base)
     engine = Engine(loaded, settings, AdapterResolver(None, local_dir=None, token=None, max_bytes=2**20))
     try:

@@ -78,8 +78,8 @@ class Harness:
     def run_next(self) -> Ticket:
         """Take the request the scheduler admitted, 'run' it (its set becomes the fused one), and finish it."""
         running = wait_for(lambda: self.scheduler._running)
-        self.scheduler.wait(running)
-        prepared = self.scheduler.start(running)
+        # What `Scheduler.turn` hands its holder (prepared inside the slot in `fifo_inline` mode).
+        prepared = running.prepared or self.scheduler._prepare_in_slot(running)
         self.admitted.append(running)
         self.fused = prepared[1]
         self.scheduler.finish(running)
@@ -216,7 +216,7 @@ def test_a_failed_preparation_leaves_the_queue_with_its_error_at_no_gpu_cost(har
     assert h.scheduler.waiting == 2
     h.gates["broken"].set()
     with pytest.raises(LoraNotFoundError, match="was not found"):
-        h.scheduler.wait(broken)
+        asyncio.run(h.scheduler.wait(broken))
     assert h.scheduler.waiting == 1
     h.run_next()
     h.run_next()
@@ -228,20 +228,18 @@ def test_a_cancelled_request_leaves_the_queue_and_releases_its_adapters(harness)
     h = harness(max_skip=3)
     h.submit("holder", "A")
     leaver, stayer = h.submit("leaver", "B"), h.submit("stayer", "B")
-    cancel = threading.Event()
-    outcome: list[BaseException] = []
 
-    def wait() -> None:
-        try:
-            h.scheduler.wait(leaver, cancel)
-        except GenerationCancelledError as e:
-            outcome.append(e)
+    async def wait_then_leave() -> None:
+        waiting = asyncio.create_task(h.scheduler.wait(leaver))
+        await asyncio.sleep(0.05)
+        waiting.cancel()  # the client went away
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
 
-    waiter = threading.Thread(target=wait)
-    waiter.start()
-    cancel.set()
-    waiter.join(WAIT_S)
-    assert outcome and "cancelled while waiting in the queue" in str(outcome[0])
+    asyncio.run(wait_then_leave())
+    assert leaver.state is TicketState.CANCELLED
+    with pytest.raises(GenerationCancelledError, match="cancelled while waiting in the queue"):
+        asyncio.run(h.scheduler.wait(leaver))
     assert "leaver" in h.released and h.scheduler.waiting == 1
     assert h.scheduler.view(stayer).position == 1
     h.run_next()
@@ -269,7 +267,7 @@ def test_waiting_asynchronously_holds_no_thread_and_a_cancelled_task_leaves(harn
     order: list[Ticket] = []
 
     async def client(ticket: Ticket) -> None:
-        await h.scheduler.wait_async(ticket, lambda view: seen.setdefault(ticket.seq, []).append(view.position))
+        await h.scheduler.wait(ticket, lambda view: seen.setdefault(ticket.seq, []).append(view.position))
         order.append(ticket)  # holds the slot: "runs", then leaves it
         await asyncio.sleep(0)
         h.scheduler.finish(ticket)
@@ -283,7 +281,7 @@ def test_waiting_asynchronously_holds_no_thread_and_a_cancelled_task_leaves(harn
         with pytest.raises(asyncio.CancelledError):
             await tasks[5]
         assert tickets[5].state is TicketState.CANCELLED
-        h.scheduler.wait(holder)
+        await h.scheduler.wait(holder)
         h.scheduler.finish(holder)
         await asyncio.wait_for(asyncio.gather(*(t for i, t in enumerate(tasks) if i != 5)), WAIT_S)
 

@@ -8,7 +8,7 @@ import torch
 from diffusers import StableDiffusionXLPipeline
 
 from engine.requests import GenerateRequest, LoraSpec
-from tests.support.checks import assert_pristine
+from tests.support.checks import assert_pristine, generate
 
 PROMPT = "a photo of a cat in sks style"
 
@@ -39,9 +39,9 @@ def diffusers_image(tiny_dir, loras: list[tuple[str, str, float]], seed: int = 7
 
 
 def test_tiny_pipeline_is_deterministic_per_seed(engine):
-    first = engine.generate(request(seed=1)).image
-    again = engine.generate(request(seed=1)).image
-    other = engine.generate(request(seed=2)).image
+    first = generate(engine, request(seed=1)).image
+    again = generate(engine, request(seed=1)).image
+    other = generate(engine, request(seed=2)).image
     assert first.size == (64, 64)
     assert first.tobytes() == again.tobytes()
     assert first.tobytes() != other.tobytes()
@@ -57,8 +57,8 @@ def test_tiny_pipeline_is_deterministic_per_seed(engine):
 )
 def test_lora_matches_diffusers_fuse_and_changes_the_image(engine, fixtures, tiny_dir, role, weight_name, scale):
     repo_id = fixtures[role]
-    base = pixels(engine.generate(request()).image)
-    ours = pixels(engine.generate(request(LoraSpec(repo_id, scale=scale))).image)
+    base = pixels(generate(engine, request()).image)
+    ours = pixels(generate(engine, request(LoraSpec(repo_id, scale=scale))).image)
     reference = pixels(diffusers_image(tiny_dir, [(repo_id, weight_name, scale)]))
     assert np.abs(reference - base).mean() > 2, "the fixture LoRA must visibly change the image"
     assert np.abs(ours - reference).max() <= 2
@@ -70,23 +70,23 @@ def test_lora_matches_diffusers_fuse_and_changes_the_image(engine, fixtures, tin
 def test_two_loras_blend_like_diffusers_weighted_adapters(engine, fixtures, tiny_dir):
     a = (fixtures["peft"], "pytorch_lora_weights.safetensors", 0.7)
     b = (fixtures["kohya"], "ohwx_style.safetensors", 0.5)
-    ours = pixels(engine.generate(request(LoraSpec(a[0], scale=a[2]), LoraSpec(b[0], scale=b[2]))).image)
-    only_a = pixels(engine.generate(request(LoraSpec(a[0], scale=a[2]))).image)
+    ours = pixels(generate(engine, request(LoraSpec(a[0], scale=a[2]), LoraSpec(b[0], scale=b[2]))).image)
+    only_a = pixels(generate(engine, request(LoraSpec(a[0], scale=a[2]))).image)
     reference = pixels(diffusers_image(tiny_dir, [a, b]))
     assert np.abs(ours - reference).max() <= 2
     assert np.abs(ours - only_a).mean() > 1
 
 
 def test_scale_zero_gives_the_base_image(engine, fixtures):
-    base = engine.generate(request()).image
-    zero = engine.generate(request(LoraSpec(fixtures["peft"], scale=0.0))).image
+    base = generate(engine, request()).image
+    zero = generate(engine, request(LoraSpec(fixtures["peft"], scale=0.0))).image
     assert zero.tobytes() == base.tobytes()
 
 
 def test_same_set_and_scales_again_is_no_work(engine, fixtures):
-    first = engine.generate(request(LoraSpec(fixtures["peft"], scale=0.9)))
-    second = engine.generate(request(LoraSpec(fixtures["peft"], scale=0.9), seed=8))
-    third = engine.generate(request(LoraSpec(fixtures["peft"], scale=0.5), seed=8))
+    first = generate(engine, request(LoraSpec(fixtures["peft"], scale=0.9)))
+    second = generate(engine, request(LoraSpec(fixtures["peft"], scale=0.9), seed=8))
+    third = generate(engine, request(LoraSpec(fixtures["peft"], scale=0.5), seed=8))
     assert first.swapped and not second.swapped and third.swapped
     assert second.timings.apply == 0.0
     assert [u.cache for u in (first.adapters[0], second.adapters[0])] == ["miss", "hit"]
@@ -94,19 +94,19 @@ def test_same_set_and_scales_again_is_no_work(engine, fixtures):
 
 def test_order_of_loras_does_not_change_the_image(engine, fixtures):
     a, b = LoraSpec(fixtures["peft"], scale=0.6), LoraSpec(fixtures["second"], scale=0.4)
-    assert engine.generate(request(a, b)).image.tobytes() == engine.generate(request(b, a)).image.tobytes()
+    assert generate(engine, request(a, b)).image.tobytes() == generate(engine, request(b, a)).image.tobytes()
 
 
 def test_local_lora_applies_like_the_same_file_from_the_hub(engine, fixtures):
-    local = engine.generate(request(LoraSpec(fixtures.local["peft"])))
-    base = engine.generate(request())
+    local = generate(engine, request(LoraSpec(fixtures.local["peft"])))
+    base = generate(engine, request())
     assert local.adapters[0].ref == fixtures.local["peft"]
     assert np.abs(pixels(local.image) - pixels(base.image)).mean() > 1
 
 
 def test_many_swaps_with_failures_leave_base_weights_bit_exact(make_engine, fixtures, loaded, pristine, monkeypatch):
     engine = make_engine()
-    base_image = engine.generate(request()).image.tobytes()
+    base_image = generate(engine, request()).image.tobytes()
     choices = [fixtures["peft"], fixtures["kohya"], fixtures["second"], fixtures.local["kohya"]]
     rng = np.random.default_rng(0)
     broken = {"on": False}
@@ -129,21 +129,21 @@ def test_many_swaps_with_failures_leave_base_weights_bit_exact(make_engine, fixt
         one_step = GenerateRequest(prompt="x", loras=tuple(loras), steps=1, width=64, height=64, seed=step)
         if broken["on"] or step % 11 == 5:
             with pytest.raises(Exception, match=r"injected failure|do not fit"):
-                engine.generate(one_step)
+                generate(engine, one_step)
             failures += 1
             assert engine.status().applied == before
         else:
-            engine.generate(one_step)
+            generate(engine, one_step)
     broken["on"] = False
     assert failures > 40
-    engine.restore_base()
+    engine.restore_base_weights()
     assert_pristine(loaded, pristine)
-    assert engine.generate(request()).image.tobytes() == base_image
+    assert generate(engine, request()).image.tobytes() == base_image
 
 
 def test_a_lora_without_a_declared_base_warns_on_every_use(engine, fixtures):
-    first = engine.generate(request(LoraSpec(fixtures["no-base"])))
-    again = engine.generate(request(LoraSpec(fixtures["no-base"]), seed=8))
+    first = generate(engine, request(LoraSpec(fixtures["no-base"])))
+    again = generate(engine, request(LoraSpec(fixtures["no-base"]), seed=8))
     assert again.adapters[0].cache == "hit"
     for result in (first, again):
         assert any("declares no base model" in w for w in result.warnings)

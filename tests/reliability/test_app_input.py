@@ -8,6 +8,7 @@ test_app_load.py too.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import pytest
 from gradio_client.exceptions import AppError
 
 from engine.requests import GenerateRequest
-from tests.support.checks import BAD_REPOS
+from tests.support.checks import BAD_REPOS, generate
 from tests.support.reliability_app import (
     HTTP_STATUS,
     UI_ARGUMENTS,
@@ -195,7 +196,7 @@ def test_a_malformed_content_length_is_refused_and_the_server_goes_on(app, fixtu
             answer = sock.recv(4096)
         status = int(answer.split(b" ", 2)[1])
         assert status in (400, 413), answer[:200]
-    assert png_bytes(post(app, body(seed=3))) == app.engine.generate(plain(seed=3)).image.tobytes()
+    assert png_bytes(post(app, body(seed=3))) == generate(app.backend, plain(seed=3)).image.tobytes()
 
 
 # -- UI handlers ---------------------------------------------------------------------------------------------
@@ -220,5 +221,5 @@ def test_the_ui_shows_the_reason_as_a_gradio_error(app, serving, changes, fragme
 
 
 def test_the_ui_check_shows_why_a_lora_is_refused(app, fixtures):
-    card_html, _, _ = ui_handler(app, "check_first")(fixtures["sd15"], "", "", "a prompt", {})
+    card_html, _, _ = asyncio.run(ui_handler(app, "check_first")(fixtures["sd15"], "", "", "a prompt", {}))
     assert "made for stable-diffusion-v1-5/stable-diffusion-v1-5" in card_html

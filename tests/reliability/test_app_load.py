@@ -5,6 +5,7 @@ clients of both APIs (each must get exactly the image it would get alone), a ful
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import queue
@@ -20,7 +21,7 @@ from PIL import Image
 
 from engine.errors import GenerationCancelledError
 from engine.requests import GenerateRequest, LoraSpec
-from tests.support.checks import LOGGERS, SECRET
+from tests.support.checks import LOGGERS, SECRET, generate
 from tests.support.reliability_app import (
     API_DEFAULTS,
     MAX_QUEUE,
@@ -67,10 +68,10 @@ def test_a_hub_outage_is_a_503_and_an_app_error_then_recovers(app, serving, hub,
     before = app.engine.status().applied
     assert (
         png_bytes(post(app, body(seed=8), lora=repo_id))
-        == app.engine.generate(plain(LoraSpec(repo_id), seed=8)).image.tobytes()
+        == generate(app.backend, plain(LoraSpec(repo_id), seed=8)).image.tobytes()
     )
     # Back to what `serving` checks after the test.
-    app.engine.generate(serving[0])
+    generate(app.backend, serving[0])
     assert app.engine.status().applied == before
 
 
@@ -102,8 +103,8 @@ def test_a_client_that_hangs_up_mid_generation_cancels_it(app, serving, loaded, 
         return real_call(self, *args, **{**kwargs, "callback_on_step_end": slow_callback})
 
     monkeypatch.setattr(type(loaded.pipe), "__call__", slow_steps)
-    while not app.runner.outcomes.empty():
-        app.runner.outcomes.get()
+    while not app.backend.outcomes.empty():
+        app.backend.outcomes.get()
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             app.url,
@@ -111,7 +112,7 @@ def test_a_client_that_hangs_up_mid_generation_cancels_it(app, serving, loaded, 
             headers={"lora": fixtures["second"]},
             timeout=httpx.Timeout(60.0, read=1.0),
         )
-    outcome = app.runner.outcomes.get(timeout=60)
+    outcome = app.backend.outcomes.get(timeout=60)
     assert isinstance(outcome, GenerationCancelledError), outcome
     assert step_reached.is_set()
 
@@ -161,7 +162,8 @@ def run_job(app: App, client: Client | None, kind: str, job: dict) -> bytes:
 def test_eight_concurrent_clients_of_both_apis_get_exactly_their_own_images(app, fixtures):
     work = jobs(fixtures)
     reference = [
-        app.engine.generate(
+        generate(
+            app.backend,
             GenerateRequest(
                 prompt=str(API_DEFAULTS["prompt"]),
                 loras=tuple(LoraSpec(ref, scale) for ref, scale in job["loras"]),
@@ -169,7 +171,7 @@ def test_eight_concurrent_clients_of_both_apis_get_exactly_their_own_images(app,
                 width=64,
                 height=64,
                 seed=job["seed"],
-            )
+            ),
         ).image.tobytes()
         for _, job in work
     ]
@@ -252,7 +254,7 @@ def test_the_token_is_used_and_never_shown_by_the_app(app, hub, fixtures, caplog
         page = httpx.get(app.url + path, timeout=TIMEOUT)
         shown.append(page.text)
     shown.append(json.dumps(app.client.view_api(print_info=False, return_format="dict")))
-    shown.append(ui_handler(app, "status")())
+    shown.append(asyncio.run(ui_handler(app, "status")()))
     shown.append(json.dumps(app.client.predict(fixtures["peft"], "", "", api_name="/lora_info")))
     shown += [caplog.text, *(r.getMessage() for r in caplog.records)]
     assert any("is private" in text for text in shown)

@@ -19,6 +19,7 @@ from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.hub import HubSource
 from serving.demo.synthetic import find_targets, make_lora
+from tests.support.checks import generate
 from tests.support.loras import WEIGHTS
 
 
@@ -79,10 +80,10 @@ def ff_lora(loaded, tmp_path) -> Path:
 
 def test_pristine_copies_stay_in_budget_and_restores_stay_bit_exact(built, fixtures, ff_lora, loaded, pristine):
     probe = built(local_lora_dir=ff_lora)
-    base = probe.generate(plain()).image.tobytes()
-    probe.generate(plain(fixtures["peft"]))
+    base = generate(probe, plain()).image.tobytes()
+    generate(probe, plain(fixtures["peft"]))
     attention = probe.status().pristine_bytes
-    probe.generate(plain("local:ff.safetensors"))
+    generate(probe, plain("local:ff.safetensors"))
     union = probe.status().pristine_bytes
     probe.close()
     ff = union - attention
@@ -90,9 +91,9 @@ def test_pristine_copies_stay_in_budget_and_restores_stay_bit_exact(built, fixtu
     budget = max(attention, ff)
     engine = built(local_lora_dir=ff_lora, pristine_bytes=budget)
     for refs in ([fixtures["peft"]], ["local:ff.safetensors"], [fixtures["peft"]], [], ["local:ff.safetensors"], []):
-        engine.generate(plain(*refs))
+        generate(engine, plain(*refs))
         assert engine.status().pristine_bytes <= budget
-    assert engine.generate(plain()).image.tobytes() == base
+    assert generate(engine, plain()).image.tobytes() == base
     for name in ("unet", "text_encoder", "text_encoder_2"):
         for key, value in getattr(loaded.pipe, name).state_dict().items():
             assert value.equal(pristine[f"{name}.{key}"]), f"{name}.{key} differs from the base"
@@ -100,10 +101,10 @@ def test_pristine_copies_stay_in_budget_and_restores_stay_bit_exact(built, fixtu
 
 def test_a_set_larger_than_the_pristine_budget_is_refused_and_changes_nothing(built, fixtures):
     engine = built(pristine_bytes=1024)
-    base = engine.generate(plain()).image.tobytes()
+    base = generate(engine, plain()).image.tobytes()
     with pytest.raises(LimitExceededError, match="PRISTINE_BYTES"):
-        engine.generate(plain(fixtures["peft"]))
-    assert engine.generate(plain()).image.tobytes() == base
+        generate(engine, plain(fixtures["peft"]))
+    assert generate(engine, plain()).image.tobytes() == base
     assert engine.status().pristine_bytes == 0
 
 
@@ -151,38 +152,38 @@ def test_a_held_revision_is_never_deleted(clean_hub, fixtures, tmp_path):
 def test_after_the_ttl_with_the_hub_down_a_cached_lora_still_serves_with_a_warning(built, clean_hub, fixtures):
     clock = Clock()
     engine = built(clock=clock)
-    first = engine.generate(plain(fixtures["peft"]))
+    first = generate(engine, plain(fixtures["peft"]))
     assert first.warnings == ()
     clock.now += 601  # past the catalogue's 10-minute metadata TTL
     clean_hub.set_fault("down")
-    served = engine.generate(plain(fixtures["peft"]))
+    served = generate(engine, plain(fixtures["peft"]))
     assert served.image.tobytes() == first.image.tobytes()
     assert any("served from Hub metadata" in w for w in served.warnings), served.warnings
     # The revalidation runs in the background, fails, and the next result says why.
     deadline = time.monotonic() + 60
     while True:
-        again = engine.generate(plain(fixtures["peft"]))
+        again = generate(engine, plain(fixtures["peft"]))
         if any("could not be reached" in w for w in again.warnings) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert any("could not be reached" in w for w in again.warnings), again.warnings
     clean_hub.set_fault(None)
     clock.now += 61  # past the retry delay: the next request revalidates, and then it is fresh again
-    engine.generate(plain(fixtures["peft"]))
+    generate(engine, plain(fixtures["peft"]))
     deadline = time.monotonic() + 60
-    while engine.generate(plain(fixtures["peft"])).warnings and time.monotonic() < deadline:
+    while generate(engine, plain(fixtures["peft"])).warnings and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert engine.generate(plain(fixtures["peft"])).warnings == ()
+    assert generate(engine, plain(fixtures["peft"])).warnings == ()
 
 
 def test_revalidation_is_off_the_request_path(built, clean_hub, fixtures):
     clock = Clock()
     engine = built(clock=clock)
-    engine.generate(plain(fixtures["kohya"]))
+    generate(engine, plain(fixtures["kohya"]))
     clock.now += 601
     clean_hub.set_fault("slow", delay_s=5.0, paths="/api/models")
     started = time.perf_counter()
-    engine.generate(plain(fixtures["kohya"]))
+    generate(engine, plain(fixtures["kohya"]))
     assert time.perf_counter() - started < 4.0
 
 
@@ -190,14 +191,14 @@ def test_revalidation_is_off_the_request_path(built, clean_hub, fixtures):
 def test_a_lora_on_disk_serves_after_a_restart_without_the_hub(built, clean_hub, fixtures, tmp_path, monkeypatch, how):
     cache = tmp_path / "shared-cache"
     first = built(cache=cache)
-    before = first.generate(plain(fixtures["second"]))
+    before = generate(first, plain(fixtures["second"]))
     first.close()  # the process "ends": base weights back, so the next engine snapshots the true base
     if how == "hub down":
         clean_hub.set_fault("down")
     else:
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     restarted = built(cache=cache)  # nothing in memory: metadata and adapters are gone with the old process
-    after = restarted.generate(plain(fixtures["second"]))
+    after = generate(restarted, plain(fixtures["second"]))
     assert after.image.tobytes() == before.image.tobytes()
     assert any("served from the local Hub cache" in w for w in after.warnings), after.warnings
 
@@ -209,7 +210,7 @@ def test_budgets_hold_after_a_long_mixed_run(built, clean_hub, fixtures, tmp_pat
     roles = ("peft", "kohya", "second", "peft-noalpha", "high-rank")
     cache = tmp_path / "long-cache"
     probe = built(cache=tmp_path / "probe-cache")
-    probe.generate(plain(fixtures["kohya"]))
+    generate(probe, plain(fixtures["kohya"]))
     pristine_budget = probe.status().pristine_bytes  # the largest set below touches exactly these weights
     probe.close()
     weights = {"kohya": "ohwx_style.safetensors"}
@@ -224,7 +225,7 @@ def test_budgets_hold_after_a_long_mixed_run(built, clean_hub, fixtures, tmp_pat
     )
     plan = [(roles[i % 5],) if i % 3 else (roles[i % 5], roles[(i + 2) % 5]) for i in range(15)] + [()]
     for refs in plan:
-        engine.generate(plain(*(fixtures[r] for r in refs)))
+        generate(engine, plain(*(fixtures[r] for r in refs)))
         status = engine.status()
         assert status.host_bytes <= host_budget
         assert status.pristine_bytes <= pristine_budget

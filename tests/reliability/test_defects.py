@@ -14,8 +14,8 @@ from safetensors.torch import load, save
 
 from engine.errors import AdapterLoadError, GenerationCancelledError
 from engine.requests import GenerateRequest, LoraSpec
-from serving.runtime import GpuRunner
-from tests.support.app_server import recording_runner, serve_app, serve_routes
+from tests.support.app_server import recording_backend, serve_app, serve_routes
+from tests.support.checks import backend_of, generate
 from tests.support.loras import peft_file
 
 TIMEOUT = httpx.Timeout(120.0)
@@ -52,7 +52,7 @@ def test_status_while_swaps_add_pristine_copies_never_fails(make_engine, fixture
         for _ in range(6):
             engine = make_engine()
             engines[:] = [engine]
-            engine.generate(plain(steps=1, loras=(LoraSpec(fixtures["kohya"]), LoraSpec(fixtures["peft"]))))
+            generate(engine, plain(steps=1, loras=(LoraSpec(fixtures["kohya"]), LoraSpec(fixtures["peft"]))))
     finally:
         stop.set()
         reader.join(30)
@@ -69,7 +69,7 @@ def test_an_unexpected_library_error_while_preparing_is_a_json_500(engine, fixtu
         raise RuntimeError("the library broke")
 
     monkeypatch.setattr("engine.formats.adapters.load_file", broken)
-    with serve_routes(GpuRunner(engine)) as url:
+    with serve_routes(backend_of(engine)) as url:
         response = httpx.post(url, content=BODY, headers={"lora": fixtures["peft"]}, timeout=TIMEOUT)
         monkeypatch.undo()
         after = httpx.post(url, content=BODY, headers={"lora": fixtures["peft"]}, timeout=TIMEOUT)
@@ -104,9 +104,9 @@ def test_a_float8_lora_loads_and_matches_its_exact_float32_copy(make_engine, loa
     (local_dir / "f8.safetensors").write_bytes(save(low))
     (local_dir / "f32.safetensors").write_bytes(save(exact))
     engine = make_engine(local_lora_dir=local_dir)
-    from_f8 = engine.generate(plain(loras=(LoraSpec("local:f8.safetensors"),)))
-    from_f32 = engine.generate(plain(loras=(LoraSpec("local:f32.safetensors"),)))
-    base = engine.generate(plain())
+    from_f8 = generate(engine, plain(loras=(LoraSpec("local:f8.safetensors"),)))
+    from_f32 = generate(engine, plain(loras=(LoraSpec("local:f32.safetensors"),)))
+    base = generate(engine, plain())
     assert from_f8.image.tobytes() == from_f32.image.tobytes()
     assert from_f8.image.tobytes() != base.image.tobytes()
 
@@ -130,7 +130,7 @@ def test_a_local_lora_named_outside_latin1_is_served_over_http(make_engine, load
     name = "狐の森.safetensors"
     (local_dir / name).write_bytes(peft_file(loaded.pipe, seed=32))
     engine = make_engine(local_lora_dir=local_dir)
-    with serve_routes(GpuRunner(engine)) as url:
+    with serve_routes(backend_of(engine)) as url:
         # curl and httpx send a header's bytes as given: UTF-8.
         response = httpx.post(url, content=BODY, headers={"lora": f"local:{name}".encode()}, timeout=TIMEOUT)
     assert response.status_code == 200, response.text[:300]
@@ -158,9 +158,9 @@ def test_a_cancelled_generation_does_not_decode_and_the_next_one_does(engine, lo
         cancel.set()
 
     with pytest.raises(GenerationCancelledError):
-        engine.generate(plain(steps=3), progress=cancel_at_first_step, cancel=cancel)
+        generate(engine, plain(steps=3), progress=cancel_at_first_step, cancel=cancel)
     assert decodes == []
-    engine.generate(plain(steps=1))
+    generate(engine, plain(steps=1))
     assert decodes == [1]
 
 
@@ -170,12 +170,12 @@ def test_a_cancelled_generation_does_not_decode_and_the_next_one_does(engine, lo
 def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
     from lora_catalog.catalog import Catalog
 
-    runner = recording_runner(engine)
+    recording = recording_backend(engine)
     catalog = Catalog(None, local_dirs=(fixtures.local_dir,), refresh=False)
     first_step = threading.Event()
 
-    class HoldingRunner(type(runner)):  # type: ignore[misc]
-        def _call_gpu(self, pool, prepared, progress, cancel, preview=None):
+    class HoldingBackend(type(recording)):  # type: ignore[misc]
+        def _call_gpu(self, pool, prepared, progress, preview, cancel):
             # Where every transport's request runs once the scheduler admits it.
             def hold(step: int, total: int) -> None:
                 # The first step waits for the cancel the disconnect should cause (at most 30 s).
@@ -185,11 +185,11 @@ def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
                 if progress is not None:
                     progress(step, total)
 
-            return super()._call_gpu(pool, prepared, hold, cancel, preview)
+            return super()._call_gpu(pool, prepared, hold, preview, cancel)
 
-    holding = HoldingRunner(engine)
+    holding = HoldingBackend(engine)
     try:
-        with serve_app(engine, catalog, runner=holding) as app:
+        with serve_app(engine, catalog, backend=holding) as app:
             fn_index, fn = next((i, f) for i, f in app.demo.fns.items() if f.name == "generate_ui")
             data = [getattr(c, "value", None) for c in fn.inputs]
             data[0], data[11], data[14] = "a fox", 40, False  # prompt, steps, random seed off

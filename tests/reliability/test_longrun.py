@@ -21,7 +21,7 @@ import torch
 
 from engine.errors import GenerationCancelledError, GenerationError, SwitchboardError
 from engine.requests import LoraSpec
-from tests.support.checks import assert_pristine, small
+from tests.support.checks import assert_pristine, generate, small
 
 # Few scales and at most three adapters, so sets recur and their images can be compared across the run.
 SCALES = (-0.5, 0.7, 1.0)
@@ -58,14 +58,14 @@ def run_swaps(make_engine, fixtures, loaded, pristine, monkeypatch, caplog, *, s
     good += [fixtures.local["peft"], fixtures.local["kohya"]]
     probe = make_engine()
     for ref in good:
-        probe.generate(small(LoraSpec(ref)))
+        generate(probe, small(LoraSpec(ref)))
     cached = probe.status().cached
     host, device = max(c.host_bytes for c in cached), max(c.device_bytes for c in cached)
     probe.close()
     # Room for three adapters of the largest kind: a set of up to three always fits (what is fused cannot be
     # evicted), and with seven in play adapters come and go all the time.
     engine = make_engine(host_cache_bytes=int(host * 3.5), device_cache_bytes=int(device * 3.5))
-    base_image = engine.generate(small(seed=7)).image.tobytes()
+    base_image = generate(engine, small(seed=7)).image.tobytes()
 
     inject: dict[str, BaseException | None] = {"error": None}
     real_call = type(loaded.pipe).__call__
@@ -110,7 +110,7 @@ def run_swaps(make_engine, fixtures, loaded, pristine, monkeypatch, caplog, *, s
 
         request = small(*specs, seed=7, steps=2 if progress else 1)
         try:
-            result = engine.generate(request, progress=progress, cancel=cancel)
+            result = generate(engine, request, progress=progress, cancel=cancel)
         except (SwitchboardError, GenerationError, GenerationCancelledError):
             failures += 1
             assert engine.status().applied == before, f"step {step}: a failure changed the served set"
@@ -129,9 +129,9 @@ def run_swaps(make_engine, fixtures, loaded, pristine, monkeypatch, caplog, *, s
     repeated = swaps - failures - len(images)
     assert repeated > swaps // 10, f"{repeated} repeats ({failures} failures, {len(images)} sets): too few"
     inject["error"] = None
-    engine.restore_base()
+    engine.restore_base_weights()
     assert_pristine(loaded, pristine)
-    assert engine.generate(small(seed=7)).image.tobytes() == base_image
+    assert generate(engine, small(seed=7)).image.tobytes() == base_image
     engine.close()
     return RunReport(swaps, failures, evictions_seen, rss_after_warmup, rss_at_end)
 

@@ -19,7 +19,7 @@ from engine.errors import (
     SwitchboardError,
 )
 from engine.requests import LoraSpec
-from tests.support.checks import BAD_REPOS, prime, small, unchanged
+from tests.support.checks import BAD_REPOS, generate, prime, small, unchanged
 
 # (spec overrides) -> fragment; the repo is fixtures["peft"] unless `ref` is given.
 MISSING: list[tuple[dict[str, str], str]] = [
@@ -41,27 +41,27 @@ def test_a_bad_lora_repo_is_refused_and_the_served_lora_stays(primed, fixtures, 
     error, fragment = BAD_REPOS[role]
     before = engine.status().applied
     with pytest.raises(error, match=fragment):
-        engine.generate(small(good, LoraSpec(fixtures[role], scale=0.5), seed=6))
+        generate(engine, small(good, LoraSpec(fixtures[role], scale=0.5), seed=6))
     assert engine.status().applied == before
     with pytest.raises(error, match=fragment):
         engine.check_lora(LoraSpec(fixtures[role]))
-    assert engine.generate(small(good)).image.tobytes() == image
+    assert generate(engine, small(good)).image.tobytes() == image
 
 
 def test_every_bad_lora_leaves_the_base_bit_exact(engine, fixtures, loaded, pristine):
-    base = engine.generate(small()).image.tobytes()
+    base = generate(engine, small()).image.tobytes()
     for role, (error, fragment) in BAD_REPOS.items():
         with unchanged(engine, loaded, pristine), pytest.raises(error, match=fragment):
-            engine.generate(small(LoraSpec(fixtures[role])))
+            generate(engine, small(LoraSpec(fixtures[role])))
     assert engine.status().cached == ()
-    assert engine.generate(small()).image.tobytes() == base
+    assert generate(engine, small()).image.tobytes() == base
 
 
 @pytest.mark.parametrize(("overrides", "fragment"), MISSING)
 def test_a_missing_repo_revision_or_file_is_unknown(engine, fixtures, loaded, pristine, overrides, fragment):
     spec = LoraSpec(**{"ref": fixtures["peft"], **overrides})
     with unchanged(engine, loaded, pristine), pytest.raises(LoraNotFoundError, match=fragment):
-        engine.generate(small(spec))
+        generate(engine, small(spec))
 
 
 def test_pickle_only_repos_are_never_downloaded_or_unpickled(engine, fixtures, hub, monkeypatch):
@@ -73,12 +73,12 @@ def test_pickle_only_repos_are_never_downloaded_or_unpickled(engine, fixtures, h
     hub.clear_requests()
     for role in ("pickle-only", "ckpt-only"):
         with pytest.raises(AdapterLoadError, match="never unpickled"):
-            engine.generate(small(LoraSpec(fixtures[role])))
+            generate(engine, small(LoraSpec(fixtures[role])))
         with pytest.raises(AdapterLoadError, match="never unpickled"):
             engine.check_lora(LoraSpec(fixtures[role]))
     # Naming the pickle outright is refused before any Hub call.
     with pytest.raises(SwitchboardError, match=r"weight_name 'pytorch_lora_weights\.bin' is a pickle file"):
-        engine.generate(small(LoraSpec(fixtures["pickle-only"], weight_name="pytorch_lora_weights.bin")))
+        generate(engine, small(LoraSpec(fixtures["pickle-only"], weight_name="pytorch_lora_weights.bin")))
     fetched = [r.path for r in hub.requests if "/resolve/" in r.path]
     assert not [p for p in fetched if p.endswith((".bin", ".ckpt", ".pt"))]
 
@@ -91,7 +91,7 @@ def test_a_file_over_the_size_limit_is_refused_before_download(make_engine, fixt
         r"accepted: files up to 0\.05 MiB"
     )
     with unchanged(engine, loaded, pristine), pytest.raises(LimitExceededError, match=fragment):
-        engine.generate(small(LoraSpec(fixtures["oversize"])))
+        generate(engine, small(LoraSpec(fixtures["oversize"])))
     asked = [(r.method, r.path) for r in hub.requests]
     assert asked, "the size comes from the Hub's metadata"
     assert not [a for a in asked if "/resolve/" in a[1]], f"the file was fetched: {asked}"
@@ -99,15 +99,15 @@ def test_a_file_over_the_size_limit_is_refused_before_download(make_engine, fixt
 
 def test_one_of_several_candidate_files_can_be_named(engine, fixtures):
     spec = LoraSpec(fixtures["several"], weight_name="a.safetensors")
-    assert engine.generate(small(spec)).adapters[0].weight_name == "a.safetensors"
+    assert generate(engine, small(spec)).adapters[0].weight_name == "a.safetensors"
     with pytest.raises(AdapterLoadError, match=r"is not a valid safetensors file: b\.safetensors: "):
-        engine.generate(small(LoraSpec(fixtures["several"], weight_name="b.safetensors")))
+        generate(engine, small(LoraSpec(fixtures["several"], weight_name="b.safetensors")))
 
 
 def test_a_lora_without_a_card_base_is_accepted_with_a_warning(engine, fixtures):
     check = engine.check_lora(LoraSpec(fixtures["no-base"]))
     assert any("declares no base model" in w for w in check.warnings), check.warnings
-    result = engine.generate(small(LoraSpec(fixtures["no-base"])))
+    result = generate(engine, small(LoraSpec(fixtures["no-base"])))
     assert result.image.size == (64, 64)
 
 
@@ -115,6 +115,6 @@ def test_error_messages_do_not_reveal_server_paths(engine, fixtures):
     cache = str(Path(constants.HF_HUB_CACHE).parent)
     for role in ("truncated", "lying-header", "huge-header", "lying-shape"):
         with pytest.raises(AdapterLoadError) as raised:
-            engine.generate(small(LoraSpec(fixtures[role])))
+            generate(engine, small(LoraSpec(fixtures[role])))
         message = str(raised.value)
         assert cache not in message and "snapshots" not in message, message

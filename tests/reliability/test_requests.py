@@ -13,7 +13,7 @@ import pytest
 
 from engine.errors import InvalidRequestError, LimitExceededError, LoraNotFoundError
 from engine.requests import GenerateRequest, LoraSpec
-from tests.support.checks import prime, small, unchanged
+from tests.support.checks import generate, prime, small, unchanged
 from tests.support.loras import NS
 
 PEFT = f"{NS}/peft"
@@ -150,13 +150,13 @@ def quiet_hub(hub):
 @pytest.mark.parametrize(("changes", "error", "fragment"), [c[1:] for c in FIELDS], ids=[c[0] for c in FIELDS])
 def test_a_bad_field_is_refused_before_anything_runs(engine, loaded, pristine, quiet_hub, changes, error, fragment):
     with unchanged(engine, loaded, pristine), pytest.raises(error, match=fragment):
-        engine.generate(replace(OK, **changes))
+        generate(engine, replace(OK, **changes))
 
 
 @pytest.mark.parametrize("ref", [*PATH_LIKE_REFS, None, 42, b"owner/name"])
 def test_a_path_like_or_non_text_repo_id_is_refused(engine, loaded, pristine, quiet_hub, ref):
     with unchanged(engine, loaded, pristine), pytest.raises(InvalidRequestError, match=r"accepted"):
-        engine.generate(replace(OK, loras=(LoraSpec(ref),)))
+        generate(engine, replace(OK, loras=(LoraSpec(ref),)))
     with pytest.raises(InvalidRequestError, match=r"accepted"):
         engine.check_lora(LoraSpec(ref))
 
@@ -164,13 +164,13 @@ def test_a_path_like_or_non_text_repo_id_is_refused(engine, loaded, pristine, qu
 @pytest.mark.parametrize("revision", BAD_REVISIONS)
 def test_a_path_like_revision_is_refused(engine, quiet_hub, revision):
     with pytest.raises(InvalidRequestError, match=r"revision .* is not accepted; accepted: a branch or tag name"):
-        engine.generate(replace(OK, loras=(LoraSpec(PEFT, revision=revision),)))
+        generate(engine, replace(OK, loras=(LoraSpec(PEFT, revision=revision),)))
 
 
 @pytest.mark.parametrize("weight_name", BAD_WEIGHT_NAMES)
 def test_a_path_like_or_non_safetensors_weight_name_is_refused(engine, quiet_hub, weight_name):
     with pytest.raises(InvalidRequestError, match=r"weight_name .* accepted"):
-        engine.generate(replace(OK, loras=(LoraSpec(PEFT, weight_name=weight_name),)))
+        generate(engine, replace(OK, loras=(LoraSpec(PEFT, weight_name=weight_name),)))
 
 
 def test_a_local_link_out_of_the_folder_is_refused(make_engine, tmp_path, fixtures, loaded, pristine):
@@ -181,10 +181,10 @@ def test_a_local_link_out_of_the_folder_is_refused(make_engine, tmp_path, fixtur
     (folder / "escape.safetensors").symlink_to(outside)
     engine = make_engine(local_lora_dir=folder)
     with unchanged(engine, loaded, pristine), pytest.raises(InvalidRequestError, match=r"points outside the local"):
-        engine.generate(replace(OK, loras=(LoraSpec("local:escape.safetensors"),)))
+        generate(engine, replace(OK, loras=(LoraSpec("local:escape.safetensors"),)))
     for name in ("nope.safetensors", "~/x.safetensors"):  # "~" is a folder name here, never the home folder
         with pytest.raises(LoraNotFoundError, match=rf"'local:{name}' does not exist in the local LoRA folder"):
-            engine.generate(replace(OK, loras=(LoraSpec(f"local:{name}"),)))
+            generate(engine, replace(OK, loras=(LoraSpec(f"local:{name}"),)))
 
 
 @pytest.mark.parametrize(
@@ -196,15 +196,15 @@ def test_the_same_lora_named_two_ways_is_refused(make_engine, fixtures, twin):
     engine, good, image = prime(make_engine, fixtures)
     before = engine.status().applied
     with pytest.raises(InvalidRequestError, match=rf"LoRA '{PEFT}' is listed twice"):
-        engine.generate(small(good, twin))
+        generate(engine, small(good, twin))
     assert engine.status().applied == before
-    assert engine.generate(small(good)).image.tobytes() == image
+    assert generate(engine, small(good)).image.tobytes() == image
 
 
 def test_numbers_given_as_whole_floats_are_accepted_as_integers(engine):
-    result = engine.generate(replace(OK, steps=1.0, width=64.0, seed=3.0))
+    result = generate(engine, replace(OK, steps=1.0, width=64.0, seed=3.0))
     assert (result.request.steps, result.request.width, result.request.seed) == (1, 64, 3)
     assert all(type(v) is int for v in (result.request.steps, result.request.width, result.request.seed))
-    again = engine.generate(replace(OK, prompt="  a \n fox  ", seed=3))
+    again = generate(engine, replace(OK, prompt="  a \n fox  ", seed=3))
     assert again.request.prompt == "a fox"
     assert again.image.tobytes() == result.image.tobytes()

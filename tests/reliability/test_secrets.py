@@ -13,7 +13,7 @@ import pytest
 
 from engine.errors import SwitchboardError
 from engine.requests import LoraSpec
-from tests.support.checks import LOGGERS, SECRET, small
+from tests.support.checks import LOGGERS, SECRET, generate, small
 from tests.support.loras import WEIGHTS, card
 from tests.support.reliability_app import fresh_repo
 
@@ -53,7 +53,7 @@ def test_the_token_is_sent_to_the_hub_and_never_shown(make_engine, fixtures, tok
     token_hub.add_repo(
         fresh, {"README.md": card(), WEIGHTS: (fixtures.local_dir / "local_peft.safetensors").read_bytes()}
     )
-    result = engine.generate(small(LoraSpec(fresh)))
+    result = generate(engine, small(LoraSpec(fresh)))
     sent = [r for r in token_hub.requests if fresh in r.path]
     assert {r.path.startswith("/api/") for r in sent} == {True, False}, "both the lookup and the download ran"
     assert all(r.headers.get("authorization") == f"Bearer {SECRET}" for r in sent)
@@ -68,18 +68,18 @@ def test_the_token_is_sent_to_the_hub_and_never_shown(make_engine, fixtures, tok
     ]
     for spec in attempts:
         with pytest.raises(SwitchboardError) as raised:
-            engine.generate(small(spec))
+            generate(engine, small(spec))
         failures.append(raised.value)
     # A repo never downloaded: one already in the Hub cache is served from disk while the Hub is down.
     unseen = fresh_repo(token_hub, fixtures)
     token_hub.set_fault("down")
     with pytest.raises(SwitchboardError) as raised:
-        make_engine(hf_token=SECRET).generate(small(LoraSpec(unseen)))
+        generate(make_engine(hf_token=SECRET), small(LoraSpec(unseen)))
     failures.append(raised.value)
     token_hub.set_fault(None)
     wrong = make_engine(hf_token="hf_secret_wrong_0000000000000000")
     with pytest.raises(SwitchboardError) as raised:
-        wrong.generate(small(LoraSpec(fresh_repo(token_hub, fixtures))))
+        generate(wrong, small(LoraSpec(fresh_repo(token_hub, fixtures))))
     failures.append(raised.value)
 
     assert "private" in str(failures[1]), "with the token the private repo is seen, and refused as private"

@@ -16,8 +16,9 @@ import torch
 from engine.caches.store import AdapterStore
 from engine.caches.worker import WorkerCache
 from engine.requests import GenerateRequest, LoraSpec
+from serving.backends.local import LocalBackend
 from serving.demo.synthetic import find_targets, make_lora
-from serving.runtime import GpuRunner
+from tests.support.checks import generate
 
 
 class PicklingGpu:
@@ -43,28 +44,28 @@ def request(*refs: str) -> GenerateRequest:
 def zero(make_engine):
     engine = make_engine(gpu_mode="per_call", zero_gpu=True)
     gpu = PicklingGpu()
-    return engine, gpu, GpuRunner(engine, zero_gpu=True, gpu=gpu)
+    return engine, gpu, LocalBackend.of(engine, zero_gpu=True, gpu=gpu)
 
 
 def test_a_call_ships_keys_once_the_worker_holds_the_adapter(zero, make_engine, fixtures):
     engine, gpu, runner = zero
     peft = fixtures["peft"]
-    first = runner.generate(request(peft))
-    again = runner.generate(request(peft))
+    first = generate(runner, request(peft))
+    again = generate(runner, request(peft))
     adapter_bytes = sum(c.host_bytes for c in engine.status().cached)
     assert gpu.sent[0] > adapter_bytes  # the first call carries the tensors
     assert gpu.sent[1] < adapter_bytes / 4  # the second only the key
     assert len(gpu.sent) == 2
-    reference = make_engine().generate(request(peft))
+    reference = generate(make_engine(), request(peft))
     assert first.image.tobytes() == again.image.tobytes() == reference.image.tobytes()
 
 
 def test_a_new_worker_asks_for_the_tensors_and_the_result_is_the_same(zero, fixtures):
     engine, gpu, runner = zero
     kohya = fixtures["kohya"]
-    before = runner.generate(request(kohya))
+    before = generate(runner, request(kohya))
     runner.worker_cache = WorkerCache(engine.settings.device_cache_bytes)  # the worker was replaced
-    after = runner.generate(request(kohya))
+    after = generate(runner, request(kohya))
     assert len(gpu.sent) == 3  # first call, a call that found the worker empty, the call with tensors
     assert gpu.sent[1] < gpu.sent[2]
     assert after.image.tobytes() == before.image.tobytes()
@@ -73,12 +74,12 @@ def test_a_new_worker_asks_for_the_tensors_and_the_result_is_the_same(zero, fixt
 def test_the_worker_cache_stays_in_its_budget(make_engine, fixtures):
     engine = make_engine(gpu_mode="per_call", zero_gpu=True)
     gpu = PicklingGpu()
-    runner = GpuRunner(engine, zero_gpu=True, gpu=gpu)
-    runner.generate(request(fixtures["peft"]))
+    runner = LocalBackend.of(engine, zero_gpu=True, gpu=gpu)
+    generate(runner, request(fixtures["peft"]))
     one = runner.worker_cache.nbytes
     runner.worker_cache = WorkerCache(one + one // 2)
     for ref in (fixtures["peft"], fixtures["second"], fixtures["peft-noalpha"], fixtures["peft"]):
-        runner.generate(request(ref))
+        generate(runner, request(ref))
         assert runner.worker_cache.nbytes <= one + one // 2
 
 

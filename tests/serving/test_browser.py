@@ -130,8 +130,9 @@ def test_the_offline_demo_shows_its_banner_and_generates(page, demo_load, tmp_pa
     runtime = build_runtime(Settings.from_env({}), demo_dir=tmp_path, cuda=lambda: False, load=demo_load)
     try:
         assert runtime.wait_ready(timeout=300)
+        engine = runtime.backend.served.default.engine  # type: ignore[attr-defined]
         with serve_app(
-            runtime.engine, runtime.catalog, banner=runtime.banner, runner=runtime.runner, allowed_paths=[tmp_path]
+            engine, runtime.catalog, banner=runtime.banner, backend=runtime.backend, allowed_paths=[tmp_path]
         ) as served:
             page.goto(served.url)
             banner = page.locator("#banner")
@@ -176,21 +177,21 @@ def test_the_offline_demo_shows_its_banner_and_generates(page, demo_load, tmp_pa
 
 
 class SlowSteps:
-    """The app's runner with every denoising step slowed, so a browser can watch the previews arrive."""
+    """The app's backend with every denoising step slowed, so a browser can watch the previews arrive."""
 
     def __new__(cls, engine: object, delay_s: float = 0.6) -> object:
-        from serving.runtime import GpuRunner
+        from serving.backends.local import LocalBackend
 
-        class Slow(GpuRunner):
-            def generate(self, request, *, progress=None, **kwargs):
+        class Slow(LocalBackend):
+            async def generate(self, request, *, progress=None, **kwargs):
                 def slowed(step: int, total: int) -> None:
                     time.sleep(delay_s)
                     if progress is not None:
                         progress(step, total)
 
-                return super().generate(request, progress=slowed, **kwargs)
+                return await super().generate(request, progress=slowed, **kwargs)
 
-        return Slow(engine)  # type: ignore[arg-type]
+        return Slow.of(engine)  # type: ignore[arg-type]
 
 
 # Every src the result image takes, in order (Gradio swaps the <img> or its src per streamed value).
@@ -207,7 +208,7 @@ WATCH_SRCS = """() => {
 
 
 def test_the_preview_shows_the_image_forming_before_the_final_one(page, loaded, base_settings, hub, fixtures):
-    with serve_fixture_app(loaded, base_settings, hub, fixtures, runner=SlowSteps) as served:
+    with serve_fixture_app(loaded, base_settings, hub, fixtures, backend=SlowSteps) as served:
         page.goto(served.url)
         tile(page, "peft").wait_for(timeout=WAIT_MS)
         tile(page, "peft").click()

@@ -14,14 +14,14 @@ from serving.ui import formatting as fmt
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 
 
-def test_size_presets_follow_the_served_model():
-    sdxl = fmt.size_presets(ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1536))
-    assert sdxl[0] == ("1024 × 1024", "1024x1024")
-    assert ("1216 × 832", "1216x832") in sdxl
-    tiny = fmt.size_presets(ModelDefaults(steps=4, guidance=5.0, side=64, max_side=256))
-    assert [v for _, v in tiny] == ["64x64", "128x128", "256x256", "128x64", "64x128", "256x128", "128x256"]
-    capped = fmt.size_presets(ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1024))
-    assert [v for _, v in capped] == ["1024x1024"]
+def test_size_presets_are_the_served_models_own():
+    # The family's presets travel in the defaults (engine.families: tests/engine/families/test_registry.py).
+    defaults = ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1536, sizes=((1024, 1024), (1216, 832)))
+    assert fmt.size_presets(defaults) == [("1024 × 1024", "1024x1024"), ("1216 × 832", "1216x832")]
+    # Defaults without presets (an older peer's): the square of the default side.
+    assert fmt.size_presets(ModelDefaults(steps=25, guidance=7.5, side=768, max_side=1536)) == [
+        ("768 × 768", "768x768")
+    ]
 
 
 def test_parse_size_names_the_bad_value():
@@ -31,12 +31,19 @@ def test_parse_size_names_the_bad_value():
 
 
 def test_base_choices_put_the_served_base_and_its_family_first():
-    choices = fmt.base_choices(SDXL)
+    from engine.outcomes import ServedPool
+    from engine.requests import ModelDefaults
+    from serving.ui.pool_views import base_choices
+
+    defaults = ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1536)
+    choices = base_choices((ServedPool(SDXL, SDXL, "sdxl", defaults, True),))
     assert choices[0] == ("SDXL 1.0 (served)", SDXL)
-    families = [label.endswith("(browse only)") for label, _ in choices]
-    assert families == sorted(families)
-    assert ("FLUX.1 [dev] (browse only)", "black-forest-labs/FLUX.1-dev") in choices
-    assert fmt.base_choices("me/my-sdxl")[0] == ("me/my-sdxl (served)", "me/my-sdxl")
+    browse_only = [label.endswith("(not served here)") for label, _ in choices]
+    assert browse_only == sorted(browse_only)
+    assert ("FLUX.1 [dev] (not served here)", "black-forest-labs/FLUX.1-dev") in choices
+    assert ("SDXL Turbo (runs on SDXL 1.0)", "stabilityai/sdxl-turbo") in choices
+    mine = base_choices((ServedPool("me/my-sdxl", "me/my-sdxl", "sdxl", defaults, True),))
+    assert mine[0] == ("me/my-sdxl (served)", "me/my-sdxl")
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ from PIL import Image
 from engine.errors import GenerationCancelledError, InvalidRequestError
 from engine.requests import GenerateRequest, LoraSpec
 from serving.http.api import parse_body
-from serving.runtime import GpuRunner
-from tests.support.app_server import free_port, recording_runner, serve_routes
+from tests.support.app_server import free_port, recording_backend, serve_routes
+from tests.support.checks import backend_of, generate
 
 TIMEOUT = httpx.Timeout(120.0)
 BODY = '{"inputs": "a fox in a forest", "parameters": {"num_inference_steps": 2, "seed": 11}}'
@@ -25,7 +25,7 @@ JPEG, PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture
 def url(engine) -> Iterator[str]:
-    with serve_routes(GpuRunner(engine)) as served:
+    with serve_routes(backend_of(engine)) as served:
         yield served
 
 
@@ -52,7 +52,7 @@ class Blocker:
         self._thread = threading.Thread(target=self._run, args=(engine,), daemon=True)
 
     def _run(self, engine) -> None:
-        engine.generate(GenerateRequest(prompt="hold", steps=2, seed=1), progress=self._step)
+        generate(engine, GenerateRequest(prompt="hold", steps=2, seed=1), progress=self._step)
 
     def _step(self, step: int, total: int) -> None:
         self.started.set()
@@ -196,7 +196,7 @@ def test_an_unreachable_hub_is_a_503(loaded, base_settings):
     dead = HubSource(endpoint=f"http://127.0.0.1:{free_port()}", timeout_s=2)
     engine = Engine(loaded, base_settings, AdapterResolver(dead, local_dir=None, token=None, max_bytes=2**30))
     try:
-        with serve_routes(GpuRunner(engine)) as url:
+        with serve_routes(backend_of(engine)) as url:
             response = post(url, lora="someone/some-lora")
     finally:
         engine.close()
@@ -206,7 +206,7 @@ def test_an_unreachable_hub_is_a_503(loaded, base_settings):
 
 def test_a_full_queue_is_a_503_and_the_waiting_request_still_succeeds(make_engine):
     engine = make_engine(max_queue=1)
-    with serve_routes(GpuRunner(engine)) as url, Blocker(engine) as blocker:
+    with serve_routes(backend_of(engine)) as url, Blocker(engine) as blocker:
         responses: queue.Queue[httpx.Response] = queue.Queue()
         senders = [threading.Thread(target=lambda: responses.put(post(url))) for _ in range(2)]
         for sender in senders:
@@ -238,11 +238,11 @@ def test_a_generation_failure_is_a_500_and_the_next_request_works(url, engine, f
 
 
 def test_a_client_that_hangs_up_cancels_its_queued_request(engine):
-    runner = recording_runner(engine)
-    with serve_routes(runner) as url, Blocker(engine):
+    recording = recording_backend(engine)
+    with serve_routes(recording) as url, Blocker(engine):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url, content=BODY, timeout=httpx.Timeout(60.0, read=1.0))
-        outcome = runner.outcomes.get(timeout=60)
+        outcome = recording.outcomes.get(timeout=60)
     assert isinstance(outcome, GenerationCancelledError)
 
 

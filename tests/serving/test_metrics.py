@@ -10,15 +10,17 @@ import httpx
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
 
 from engine.requests import GenerateRequest, LoraSpec
+from serving.backends.local import LocalBackend
 from serving.handlers import Handlers
 from serving.http.api import http_routes
 from serving.http.metrics import Metrics
-from serving.runtime import GpuRunner
 from tests.support.app_server import AppServer, serve_fixture_app
+from tests.support.checks import generate
 from tests.support.reliability_app import fresh_repo
 
 TIMEOUT = httpx.Timeout(120.0)
@@ -151,25 +153,25 @@ def test_counts_move_as_requests_are_made(server, client, fixtures, clean_hub):
 
 
 def test_metrics_are_served_only_when_turned_on(engine):
-    runner = GpuRunner(engine)
-    assert "/metrics" not in {getattr(r, "path", None) for r in http_routes(runner)}
-    assert "/metrics" in {getattr(r, "path", None) for r in http_routes(runner, metrics=True)}
+    handlers = Handlers(LocalBackend.of(engine), None, engine.settings)  # type: ignore[arg-type]
+    assert "/metrics" not in {getattr(r, "path", None) for r in http_routes(handlers)}
+    assert "/metrics" in {getattr(r, "path", None) for r in http_routes(handlers, metrics=True)}
 
 
 def test_evictions_and_the_ui_transport_are_counted(make_engine, fixtures):
     # Sized from one prepared adapter: the cache holds one and a half, so a second LoRA evicts the first.
     probe = make_engine()
-    probe.generate(GenerateRequest(prompt="a fox", loras=(LoraSpec(fixtures["peft"]),), steps=1, seed=1))
+    generate(probe, GenerateRequest(prompt="a fox", loras=(LoraSpec(fixtures["peft"]),), steps=1, seed=1))
     one = probe.status().host_bytes
     probe.close()
     engine = make_engine(host_cache_bytes=one * 3 // 2)
-    metrics = Metrics()
-    metrics.watch(engine)
-    handlers = Handlers(engine, catalog=None, runner=GpuRunner(engine))  # type: ignore[arg-type]
+    backend = LocalBackend.of(engine)
+    metrics = Metrics(backend)
+    handlers = Handlers(backend, None, engine.settings)  # type: ignore[arg-type]
     for ref in (fixtures["peft"], fixtures["second"]):
         request = GenerateRequest(prompt="a fox", loras=(LoraSpec(ref),), steps=1, width=64, height=64, seed=1)
         asyncio.run(handlers.generate(request, transport="ui"))
-    samples = parse(generate_latest(metrics.registry).decode())
+    samples = parse(scrape_routes(metrics))
     assert value(samples, "switchboard_requests_total", transport="ui", status="200") == 2
     assert value(samples, "switchboard_cache_misses_total", tier="host") == 2
     assert value(samples, "switchboard_cache_evictions_total", tier="host") == 1
@@ -184,17 +186,22 @@ def test_on_zero_gpu_the_workers_swap_and_inference_are_counted_once(make_engine
     # On ZeroGPU the run happens in a forked worker, whose events reach only the worker's copy of the observers:
     # stand in for it with a second engine over the same pipeline that nobody watches.
     engine, worker = make_engine(), make_engine()
-    metrics = Metrics()
-    metrics.watch(engine)
-    runner = GpuRunner(engine, zero_gpu=True)
-    # The worker's side of a ZeroGPU call: its own runner receives what was shipped and runs its engine.
-    in_worker = GpuRunner(worker, zero_gpu=True)
+    runner = LocalBackend.of(engine, zero_gpu=True)
+    metrics = Metrics(runner)
+    # The worker's side of a ZeroGPU call: its own backend receives what was shipped and runs its engine.
+    in_worker = LocalBackend.of(worker, zero_gpu=True)
     runner._run_on_gpu = in_worker._run_shipped  # type: ignore[method-assign]
     request = GenerateRequest(prompt="a fox", loras=(LoraSpec(fixtures["peft"]),), steps=1, width=64, height=64, seed=1)
-    result = runner.generate(request)
-    samples = parse(generate_latest(metrics.registry).decode())
+    result = generate(runner, request)
+    samples = parse(scrape_routes(metrics))
     assert result.swapped
     assert value(samples, "switchboard_swap_seconds_count") == 1
     assert value(samples, "switchboard_swap_seconds_sum") == pytest.approx(result.timings.apply)
     assert value(samples, "switchboard_inference_seconds_count") == 1
     assert value(samples, "switchboard_prepare_seconds_count") == 1
+
+
+def scrape_routes(metrics: Metrics) -> str:
+    """`GET /metrics` as a scraper sends it (the levels are read from the backend then)."""
+    with TestClient(Starlette(routes=metrics.routes())) as client:
+        return client.get("/metrics").text

@@ -10,6 +10,7 @@ from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID, Settings
 from lora_catalog.sft_header import read_header
 from serving.demo.loras import DEMO_LORAS, DEMO_SD15_LORAS, ensure_demo_loras
 from serving.runtime import build_runtime, plan_start, probe_base
+from tests.support.checks import generate
 
 NO_PROBE_WANTED = "the Hub probe must not run here"
 
@@ -98,8 +99,7 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded, l
     try:
         assert runtime.wait_ready(timeout=300)
         assert [s.model_id for s in loads] == ["tiny", "tiny-sd15"]
-        assert runtime.pools is not None
-        assert runtime.pools.served_bases == (DEFAULT_MODEL_ID, SD15_MODEL_ID)
+        assert tuple(p.base_model_id for p in runtime.backend.pools()) == (DEFAULT_MODEL_ID, SD15_MODEL_ID)
         assert runtime.demo is True
         assert "tiny random-weight model" in (runtime.banner or "")
         assert "no CUDA GPU was found" in (runtime.banner or "")
@@ -108,17 +108,17 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded, l
         assert sorted(e.title for e in page.entries) == sorted(lora.title for lora in DEMO_LORAS)
         assert all(e.preview_urls and e.trigger_words for e in page.entries)
         assert {e.title for e in page.entries if e.non_commercial} == {"Neon Static", "Aurora Veil"}
-        plain = runtime.runner.generate(GenerateRequest(prompt="a fox", seed=3))
-        styled = runtime.runner.generate(
-            GenerateRequest(prompt="a fox", seed=3, loras=(LoraSpec(page.entries[0].ref),))
+        plain = generate(runtime.backend, GenerateRequest(prompt="a fox", seed=3))
+        styled = generate(
+            runtime.backend, GenerateRequest(prompt="a fox", seed=3, loras=(LoraSpec(page.entries[0].ref),))
         )
         assert plain.image.tobytes() != styled.image.tobytes()
         # The SD 1.5 pool's LoRAs are listed under its base, and run on its pipeline.
         sd15_page = runtime.catalog.page(SD15_MODEL_ID)
         assert sorted(e.title for e in sd15_page.entries) == sorted(lora.title for lora in DEMO_SD15_LORAS)
         assert all(e.preview_urls for e in sd15_page.entries)
-        on_sd15 = runtime.runner.generate(
-            GenerateRequest(prompt="a fox", seed=3, loras=(LoraSpec(sd15_page.entries[0].ref),))
+        on_sd15 = generate(
+            runtime.backend, GenerateRequest(prompt="a fox", seed=3, loras=(LoraSpec(sd15_page.entries[0].ref),))
         )
         assert on_sd15.adapters[0].ref == sd15_page.entries[0].ref
         assert on_sd15.image.size == (loaded_sd15.defaults.side, loaded_sd15.defaults.side)

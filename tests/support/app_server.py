@@ -7,6 +7,7 @@ routes under uvicorn, for HTTP tests that need an engine of their own.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import socket
 import threading
@@ -20,7 +21,7 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
-__all__ = ["AppServer", "free_port", "recording_runner", "serve_app", "serve_fixture_app", "serve_routes", "wait_http"]
+__all__ = ["AppServer", "free_port", "recording_backend", "serve_app", "serve_fixture_app", "serve_routes", "wait_http"]
 
 
 def free_port() -> int:
@@ -56,25 +57,26 @@ def serve_app(
     banner: str | None = None,
     hub_url: str = "https://huggingface.co",
     allowed_paths: Sequence[Path] = (),
-    runner: object | None = None,
+    backend: object | None = None,
     metrics: bool = False,
 ) -> Iterator[AppServer]:
     """The full app for `engine` and `catalog`, on 127.0.0.1 and a free port, until the block ends.
 
-    With `metrics`, `GET /metrics` is served too, as `METRICS=1` makes `app.main` do.
+    `backend` defaults to a `LocalBackend` over the engine. With `metrics`, `GET /metrics` is served too, as
+    `METRICS=1` makes `app.main` do.
     """
     from app import build_demo
+    from serving.backends.local import LocalBackend
     from serving.handlers import Handlers
     from serving.http.api import http_routes
-    from serving.runtime import GpuRunner
     from serving.ui.launch import serve
 
-    runner = runner or GpuRunner(engine)  # type: ignore[arg-type]
-    handlers = Handlers(engine, catalog, runner)  # type: ignore[arg-type]
+    backend = backend or LocalBackend.of(engine)  # type: ignore[arg-type]
+    handlers = Handlers(backend, catalog, engine.settings)  # type: ignore[arg-type, attr-defined]
     demo = build_demo(handlers, banner=banner, hub_url=hub_url)
     url = serve(
         demo,
-        http_routes(runner, metrics=metrics),  # type: ignore[arg-type]
+        http_routes(handlers, metrics=metrics),
         server_name="127.0.0.1",
         server_port=free_port(),
         allowed_paths=[str(p) for p in allowed_paths],
@@ -88,12 +90,17 @@ def serve_app(
 
 
 @contextmanager
-def serve_routes(runner: object) -> Iterator[str]:
-    """Only the inference-API route for `runner`, under uvicorn in a thread; yields the base URL."""
+def serve_routes(backend: object) -> Iterator[str]:
+    """Only the inference-API route over `backend` (through the handlers, as the app has it), under uvicorn in a
+    thread; yields the base URL."""
+    from engine.settings import Settings
+    from serving.handlers import Handlers
     from serving.http.api import make_routes
 
     port = free_port()
-    app = Starlette(routes=make_routes(runner))  # type: ignore[arg-type]
+    # The routes need no catalogue: they only generate.
+    handlers = Handlers(backend, None, Settings())  # type: ignore[arg-type]
+    app = Starlette(routes=make_routes(handlers))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, name="http-api-test", daemon=True)
     thread.start()
@@ -109,36 +116,32 @@ def serve_routes(runner: object) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-def recording_runner(engine: object) -> object:
-    """The app's GpuRunner, also reporting how each request ended on `.outcomes` (a result or a SwitchboardError)."""
-    from engine.errors import SwitchboardError
-    from serving.runtime import GpuRunner
+def recording_backend(engine: object) -> object:
+    """The app's LocalBackend, also reporting how each generation ended on `.outcomes` (a result or a
+    SwitchboardError), whichever transport asked for it."""
+    from engine.errors import GenerationCancelledError, SwitchboardError
+    from engine.pools.pools import Pools
+    from serving.backends.local import LocalBackend
 
-    class RecordingRunner(GpuRunner):
+    class RecordingBackend(LocalBackend):
         def __init__(self, engine: object) -> None:
-            super().__init__(engine)  # type: ignore[arg-type]
+            super().__init__(Pools.single(engine))  # type: ignore[arg-type]
             self.outcomes: queue.Queue[object] = queue.Queue()
 
-        def generate(self, request, **kwargs):
+        async def generate(self, request, **kwargs):
             try:
-                result = super().generate(request, **kwargs)
+                result = await super().generate(request, **kwargs)
             except SwitchboardError as e:
                 self.outcomes.put(e)
+                raise
+            except asyncio.CancelledError:
+                # The client went away (or cancelled): its request was cancelled with it.
+                self.outcomes.put(GenerationCancelledError("the request was cancelled"))
                 raise
             self.outcomes.put(result)
             return result
 
-        async def complete(self, ticket, **kwargs):
-            # The transports' path (UI, gradio_client, POST /): queued, then run.
-            try:
-                result = await super().complete(ticket, **kwargs)
-            except SwitchboardError as e:
-                self.outcomes.put(e)
-                raise
-            self.outcomes.put(result)
-            return result
-
-    return RecordingRunner(engine)
+    return RecordingBackend(engine)
 
 
 @contextmanager
@@ -149,11 +152,11 @@ def serve_fixture_app(
     fixtures: object,
     *,
     metrics: bool = False,
-    runner: Callable[[object], object] | None = None,
+    backend: Callable[[object], object] | None = None,
 ) -> Iterator[AppServer]:
     """The full app over the session's tiny pipeline, a catalogue of the stand-in Hub and the local fixtures.
 
-    `runner(engine)` builds the app's runner (the plain GpuRunner when None).
+    `backend(engine)` builds the app's backend (a plain LocalBackend over the engine when None).
     """
     from engine.pools.engine import Engine
     from engine.prepare.resolve import AdapterResolver
@@ -164,9 +167,9 @@ def serve_fixture_app(
     resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=None, max_bytes=settings.max_adapter_bytes)
     engine = Engine(loaded, settings, resolver)
     try:
-        built = runner(engine) if runner is not None else None
+        built = backend(engine) if backend is not None else None
         with serve_app(
-            engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir], metrics=metrics, runner=built
+            engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir], metrics=metrics, backend=built
         ) as served:
             yield served
     finally:

@@ -2,22 +2,70 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import threading
+import weakref
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
 from engine.errors import (
     AdapterLoadError,
     GatedLoraError,
+    GenerationCancelledError,
     IncompatibleLoraError,
     LimitExceededError,
     LoraNotFoundError,
     SwitchboardError,
     UnsupportedLoraVariantError,
 )
-from engine.requests import GenerateRequest, LoraSpec
+from engine.pools.engine import Engine
+from engine.pools.pools import Pools
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from lora_catalog.errors import AmbiguousWeightsError, PickleOnlyError
+from serving.backends import Backend, blocking
+from serving.backends.local import LocalBackend
+
+# One backend per engine or pools a test builds, as a Space has one (its ZeroGPU view and worker cache with it).
+_BACKENDS: weakref.WeakKeyDictionary[object, LocalBackend] = weakref.WeakKeyDictionary()
+
+
+def backend_of(target: Engine | Pools | Backend) -> Backend:
+    """The backend every transport would use over `target`: a `LocalBackend` over an engine alone or over pools
+    (one per target, as a Space has one: its ZeroGPU view and worker cache with it); a backend is itself."""
+    if not isinstance(target, Engine | Pools):
+        return target
+    if target not in _BACKENDS:
+        _BACKENDS[target] = LocalBackend.of(target) if isinstance(target, Engine) else LocalBackend(target)
+    return _BACKENDS[target]
+
+
+def generate(
+    target: Engine | Pools | Backend,
+    request: GenerateRequest,
+    *,
+    cancel: threading.Event | None = None,
+    **options: Any,
+) -> GenerateResult:
+    """`LocalBackend.generate`, the one path, waited on from the test's thread. Setting `cancel` cancels the call
+    as a client going away does; once it has ended, GenerationCancelledError is raised here."""
+    return blocking(_until(backend_of(target).generate(request, **options), cancel))
+
+
+async def _until(operation: Coroutine[Any, Any, GenerateResult], cancel: threading.Event | None) -> GenerateResult:
+    task = asyncio.ensure_future(operation)
+    cancelled = False
+    while not task.done():
+        if cancel is not None and cancel.is_set() and not cancelled:
+            task.cancel()
+            cancelled = True
+        await asyncio.wait({task}, timeout=0.01)
+    try:
+        return task.result()
+    except asyncio.CancelledError as e:
+        raise GenerationCancelledError("the test cancelled the request") from e
 
 
 def assert_pristine(loaded, pristine) -> None:
@@ -77,7 +125,7 @@ def prime(make_engine, fixtures, **overrides: object):
     """An engine serving fixtures['peft'] at 0.7, that spec, and the image `small(spec)` gives."""
     engine = make_engine(**overrides)
     good = LoraSpec(fixtures["peft"], scale=0.7)
-    image = engine.generate(small(good)).image.tobytes()
+    image = generate(engine, small(good)).image.tobytes()
     return engine, good, image
 
 

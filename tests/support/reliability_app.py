@@ -19,8 +19,8 @@ from gradio_client import Client
 from PIL import Image
 
 from engine.requests import GenerateRequest, LoraSpec
-from tests.support.app_server import recording_runner, serve_app
-from tests.support.checks import SECRET
+from tests.support.app_server import recording_backend, serve_app
+from tests.support.checks import SECRET, generate
 from tests.support.loras import WEIGHTS, card
 
 TIMEOUT = httpx.Timeout(120.0)
@@ -94,7 +94,7 @@ UI_ARGUMENTS: dict[str, object] = {
 class App:
     url: str
     engine: object
-    runner: object
+    backend: object
     client: Client
     demo: gr.Blocks
 
@@ -113,10 +113,10 @@ def launch(loaded, base_settings, hub, fixtures) -> Iterator[App]:
         catalog = Catalog(HubSource(endpoint=hub.url, token=SECRET, timeout_s=5), local_dirs=(fixtures.local_dir,))
         resolver = AdapterResolver(catalog, local_dir=fixtures.local_dir, token=SECRET, max_bytes=2**30)
         engine = Engine(loaded, settings, resolver)
-        runner = recording_runner(engine)
+        backend = recording_backend(engine)
         try:
-            with serve_app(engine, catalog, hub_url=hub.url, runner=runner) as served:
-                yield App(served.url, engine, runner, Client(served.url, verbose=False), served.demo)
+            with serve_app(engine, catalog, hub_url=hub.url, backend=backend) as served:
+                yield App(served.url, engine, backend, Client(served.url, verbose=False), served.demo)
         finally:
             hub.set_fault(None)
             engine.close()
@@ -128,11 +128,11 @@ def serve_peft(app: App, fixtures) -> Iterator[tuple[GenerateRequest, bytes]]:
     request = GenerateRequest(
         prompt="a harbour at dawn", loras=(LoraSpec(fixtures["peft"], 0.7),), steps=1, width=64, height=64, seed=5
     )
-    image = app.engine.generate(request).image.tobytes()
+    image = generate(app.backend, request).image.tobytes()
     before = app.engine.status().applied
     yield request, image
     assert app.engine.status().applied == before, "a failed request changed the served set"
-    assert app.engine.generate(request).image.tobytes() == image
+    assert generate(app.backend, request).image.tobytes() == image
 
 
 def api(app: App, **overrides: object) -> tuple[bytes, dict]:

@@ -17,6 +17,7 @@ from engine.requests import GenerateRequest, LoraSpec
 from serving.demo.synthetic import (
     make_embeddings,
 )
+from tests.support.checks import generate
 from tests.support.loras import kohya_file
 from tests.support.sd15 import write_sd15_loras
 
@@ -70,8 +71,8 @@ def test_the_tiny_sd15_pipeline_has_sd15s_structure(loaded_sd15):
 @pytest.mark.parametrize(("role", "scale"), [("peft", 1.0), ("kohya", 0.8)])
 def test_sd15_lora_matches_diffusers_fuse_and_changes_the_image(sd15_engine, sd15_loras, tiny_sd15_dir, role, scale):
     folder, names = sd15_loras
-    base = pixels(sd15_engine.generate(request()).image)
-    result = sd15_engine.generate(request(LoraSpec(f"local:{names[role]}", scale=scale)))
+    base = pixels(generate(sd15_engine, request()).image)
+    result = generate(sd15_engine, request(LoraSpec(f"local:{names[role]}", scale=scale)))
     ours = pixels(result.image)
     reference = pixels(diffusers_image(tiny_sd15_dir, folder, names[role], scale))
     assert np.abs(reference - base).mean() > 2, "the LoRA must visibly change the image"
@@ -110,7 +111,7 @@ def test_an_sd15_pivotal_lora_matches_diffusers_lora_plus_textual_inversion(
     tokenizer, size = pipe.tokenizer, len(pipe.tokenizer)
     prompt = "a photo of <s0><s1>, a cat"
     try:
-        ours = pixels(engine.generate(request_for(prompt, LoraSpec("local:piv.safetensors"))).image)
+        ours = pixels(generate(engine, request_for(prompt, LoraSpec("local:piv.safetensors"))).image)
     finally:
         engine.close()
 

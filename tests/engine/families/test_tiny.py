@@ -7,7 +7,8 @@ import json
 import torch
 from diffusers import StableDiffusionXLPipeline
 
-from engine.families.tiny import build_tiny_pipeline, ensure_tiny_pipeline
+from engine.families.sdxl import build_tiny_pipeline
+from engine.families.tiny import ensure_tiny_pipeline
 
 
 def test_saved_folder_loads_with_from_pretrained_and_keeps_its_tokenizers(tiny_dir):

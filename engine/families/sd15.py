@@ -1,0 +1,41 @@
+"""SD 1.x (1.4, 1.5 and their fine-tunes): `StableDiffusionPipeline`, a UNet with one CLIP-L text encoder, 512 px.
+
+What it shares with SD 2.x (names, VAE, preview, pipeline class) is in `engine.families.stable_diffusion`;
+its own are its side, guidance, cross-attention width (768) and convolutional attention projections. The tiny
+pipeline has the same structure, with a cross-attention width of its own (48).
+"""
+
+from __future__ import annotations
+
+from diffusers import StableDiffusionPipeline
+
+from engine.families import stable_diffusion as sd
+from engine.families.spec import FamilySpec
+from lora_catalog.entries import Family
+
+__all__ = ["FAMILY", "build_tiny_pipeline"]
+
+# SDXL's aspect buckets at half their side (the UI's presets, rounded to multiples of 64 when served).
+SIZE_BUCKETS = ((512, 512), (576, 448), (448, 576), (608, 416), (416, 608), (672, 384), (384, 672))
+
+
+def build_tiny_pipeline(seed: int = 0) -> StableDiffusionPipeline:
+    """The tiny SD 1.5 pipeline in memory (1x1-convolution attention projections, as SD 1.5's)."""
+    return sd.build_tiny_sd(seed, cross_dim=48, linear_projection=False, prediction_type="epsilon")
+
+
+FAMILY = FamilySpec(
+    family=Family.SD15,
+    pipeline_class=StableDiffusionPipeline,
+    denoiser="unet",
+    components=sd.COMPONENTS,
+    side=512,
+    steps=25,
+    guidance=7.5,
+    size_buckets=SIZE_BUCKETS,
+    lora_loader=StableDiffusionPipeline,
+    signature=sd.SIGNATURE,
+    preview=sd.PREVIEW,
+    build_tiny=build_tiny_pipeline,
+    load_options=sd.LOAD_OPTIONS,
+)

@@ -1,0 +1,42 @@
+"""SD 2.x (2.0, 2.1 and their 512 px bases): `StableDiffusionPipeline`, a UNet with an OpenCLIP-H text encoder.
+
+What it shares with SD 1.x (names, VAE, preview, pipeline class) is in `engine.families.stable_diffusion`;
+its own are its side (768; the served pipeline's config says 512 for the `-base` repos), its cross-attention
+width (1024) and linear attention projections. SD 2.1 predicts v; the tiny pipeline does too, with a
+cross-attention width of its own (40).
+"""
+
+from __future__ import annotations
+
+from diffusers import StableDiffusionPipeline
+
+from engine.families import stable_diffusion as sd
+from engine.families.spec import FamilySpec
+from lora_catalog.entries import Family
+
+__all__ = ["FAMILY", "build_tiny_pipeline"]
+
+# SDXL's aspect buckets at three quarters of their side (the UI's presets, rounded to multiples of 64 when served).
+SIZE_BUCKETS = ((768, 768), (864, 672), (672, 864), (912, 624), (624, 912), (1008, 576), (576, 1008))
+
+
+def build_tiny_pipeline(seed: int = 0) -> StableDiffusionPipeline:
+    """The tiny SD 2.x pipeline in memory (linear attention projections and v-prediction, as SD 2.1's)."""
+    return sd.build_tiny_sd(seed, cross_dim=40, linear_projection=True, prediction_type="v_prediction")
+
+
+FAMILY = FamilySpec(
+    family=Family.SD2,
+    pipeline_class=StableDiffusionPipeline,
+    denoiser="unet",
+    components=sd.COMPONENTS,
+    side=768,
+    steps=25,
+    guidance=7.5,
+    size_buckets=SIZE_BUCKETS,
+    lora_loader=StableDiffusionPipeline,
+    signature=sd.SIGNATURE,
+    preview=sd.PREVIEW,
+    build_tiny=build_tiny_pipeline,
+    load_options=sd.LOAD_OPTIONS,
+)

@@ -1,0 +1,98 @@
+"""SDXL: `StableDiffusionXLPipeline`, a UNet with two CLIP text encoders, 1024 px.
+
+Its LoRAs show two text encoders (kohya `lora_te1_`/`lora_te2_`, diffusers `text_encoder_2.`) or UNet
+attentions with more than one transformer block (SDXL holds 2 or 10 per attention, SD 1.x/2.x one); its
+cross-attention width is 2048. The tiny pipeline has SDXL's structure (a `text_time` UNet whose first down
+block has no attention, linear projections, `CLIPTextModel` + `CLIPTextModelWithProjection`, two tokenizers)
+with a cross-attention width of its own (64), so LoRAs in every SDXL naming scheme load into it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
+from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+from engine.families import unet
+from engine.families.spec import FamilySpec, LatentProjection, LoraSignature, PreviewSpec
+from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
+from lora_catalog.entries import Family
+
+__all__ = ["FAMILY", "build_tiny_pipeline"]
+
+# Some of SDXL's training aspect buckets (about a megapixel each; its report lists them all).
+SIZE_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
+# ComfyUI, comfy/latent_formats.py, class SDXL (latent_rgb_factors, latent_rgb_factors_bias): fitted on the
+# diffusion-space latents of SDXL's VAE, the space a diffusers pipeline hands its per-step callback.
+LATENT_RGB = LatentProjection(
+    weights=(
+        (0.3651, 0.4232, 0.4341),
+        (-0.2533, -0.0042, 0.1068),
+        (0.1076, 0.1111, -0.0362),
+        (-0.3165, -0.2492, -0.2188),
+    ),
+    bias=(0.1084, -0.0175, -0.0011),
+)
+
+
+def claims(name: str) -> bool:
+    """A lower-cased tensor name only an SDXL LoRA has."""
+    if name.startswith(("lora_te1_", "lora_te2_", "text_encoder_2.", "te2.")):
+        return True
+    # SD3 and Flux transformers have numbered transformer_blocks too, but no UNet blocks.
+    return ("transformer_blocks_1_" in name or "transformer_blocks.1." in name) and unet.is_unet_name(name)
+
+
+def build_tiny_pipeline(seed: int = 0) -> StableDiffusionXLPipeline:
+    """The tiny SDXL pipeline in memory; the same seed gives the same weights."""
+    tokenizer = tiny_tokenizer()
+    tokenizer_2 = tiny_tokenizer(pad_token="!")
+    config = text_config(tokenizer)
+    torch.manual_seed(seed)
+    denoiser = UNet2DConditionModel(
+        **TINY_UNET,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=(2, 4),
+        transformer_layers_per_block=(1, 2),
+        use_linear_projection=True,
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=32 + 6 * 8,
+        cross_attention_dim=64,
+    )
+    vae = tiny_vae(seed)
+    torch.manual_seed(seed + 2)
+    text_encoder = CLIPTextModel(config)
+    torch.manual_seed(seed + 3)
+    text_encoder_2 = CLIPTextModelWithProjection(config)
+    pipe = StableDiffusionXLPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        unet=denoiser,
+        scheduler=tiny_scheduler(),
+    )
+    dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.loading.Pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe
+
+
+FAMILY = FamilySpec(
+    family=Family.SDXL,
+    pipeline_class=StableDiffusionXLPipeline,
+    denoiser="unet",
+    components=("unet", "text_encoder", "text_encoder_2"),
+    side=1024,
+    steps=25,
+    guidance=5.0,
+    size_buckets=SIZE_BUCKETS,
+    lora_loader=StableDiffusionXLPipeline,
+    signature=LoraSignature(claims, unet.lora_widths, unet.pipeline_widths),
+    preview=PreviewSpec("madebyollin/taesdxl", LATENT_RGB),
+    build_tiny=build_tiny_pipeline,
+)

@@ -1,0 +1,134 @@
+"""What a base-model family declares: the one shape every `engine.families.<family>` module fills in.
+
+A family module builds one `FamilySpec` named `FAMILY`; nothing outside it knows a family's pipeline class,
+denoiser, LoRA components, request defaults, size presets, LoRA signature, converter, preview decoder or tiny
+builder. This module only holds the shape (and imports no torch: `engine.families.registry`, which
+`engine.settings` reads, must stay light); code that reads a family reads these fields, never a family name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from lora_catalog.entries import Family
+
+__all__ = [
+    "FamilySpec",
+    "LatentProjection",
+    "LoraConverter",
+    "LoraSignature",
+    "PipelineClass",
+    "PreviewSpec",
+    "Widths",
+    "fit_presets",
+]
+
+# A diffusers pipeline and its models (their components and configs are registered at run time, which a type
+# checker cannot see through; see engine.pipeline.loading.Pipeline).
+Pipeline = Any
+Module = Any
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Widths:
+    """The input widths a LoRA's factors (or a pipeline's modules) show: cross-attention and text encoders."""
+
+    cross_attention: frozenset[int] = frozenset()
+    text: frozenset[int] = frozenset()
+
+    def within(self, other: Widths) -> bool:
+        """Every width here is one of `other`'s (a LoRA's factors fit a pipeline's modules)."""
+        return self.cross_attention <= other.cross_attention and self.text <= other.text
+
+
+@dataclass(frozen=True)
+class LoraSignature:
+    """How a LoRA made for the family shows in its tensors, before any is loaded.
+
+    `claims(name)`: this lower-cased tensor name is one only this family's LoRAs have (families whose LoRAs share
+    every name, as SD 1.x and 2.x do, claim the same names). `lora_widths(shapes)`: the widths a LoRA's factors
+    were made for, read from its header; `pipeline_widths(denoiser, text_encoders)`: the same widths of a served
+    pipeline, read from its models.
+    """
+
+    claims: Callable[[str], bool]
+    lora_widths: Callable[[Shapes], Widths]
+    pipeline_widths: Callable[[Module, Mapping[str, Module]], Widths]
+
+
+@dataclass(frozen=True)
+class LatentProjection:
+    """latent channel c -> RGB: rgb = sum_c latent[c] * weights[c] + bias, in [-1, 1]."""
+
+    weights: tuple[tuple[float, float, float], ...]
+    bias: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class PreviewSpec:
+    """The family's live-preview decoders: a distilled VAE's Hub repo (AutoencoderTiny) and a linear fallback."""
+
+    tiny_vae: str | None
+    projection: LatentProjection | None
+
+
+class TinyBuilder(Protocol):
+    def __call__(self, seed: int = 0) -> Pipeline: ...
+
+
+class PipelineClass(Protocol):
+    """A diffusers pipeline class, as loading uses it."""
+
+    def from_pretrained(self, pretrained_model_name_or_path: str, /, **kwargs: Any) -> Pipeline: ...
+
+
+class LoraConverter(Protocol):
+    """What converts a LoRA's names for a family: a diffusers pipeline class's `lora_state_dict` (a classmethod),
+    which takes a state dict and returns it in diffusers' names with the network alphas it read."""
+
+    def lora_state_dict(self, pretrained_model_name_or_path_or_dict: Any, /, **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """Everything one family needs, from loading its pipeline to judging a LoRA made for it."""
+
+    family: Family
+    # The diffusers class its pipelines load with (never guessed from file names).
+    pipeline_class: PipelineClass
+    # The pipeline attribute holding the denoiser: `unet` for the UNet families, `transformer` for DiTs.
+    denoiser: str
+    # Pipeline attributes a LoRA may change (the denoiser and text encoders).
+    components: tuple[str, ...]
+    # The native image side; the served pipeline's own config wins when it differs (SD 2.1 base: 512).
+    side: int
+    steps: int
+    guidance: float
+    # (width, height) presets at `side`, scaled to the served side; the UI offers the square first.
+    size_buckets: tuple[tuple[int, int], ...]
+    # Whose `lora_state_dict` converts kohya/SGM/PEFT names for this family (diffusers' own converters).
+    lora_loader: LoraConverter
+    signature: LoraSignature
+    preview: PreviewSpec
+    # A random-weight pipeline of the family's real structure, small enough for a CPU (tests, offline demo).
+    build_tiny: TinyBuilder
+    # Extra `from_pretrained` arguments (SD 1.x/2.x: no safety checker).
+    load_options: tuple[tuple[str, object], ...] = ()
+
+    def size_presets(self, side: int, max_side: int) -> tuple[tuple[int, int], ...]:
+        """The buckets scaled to `side` (to multiples of 64), after the square, those no larger than `max_side`."""
+        # Integer true division rounds correctly, so a bucket exactly halfway between two multiples of 64
+        # rounds the same whichever native side it is declared at.
+        unit = self.side * 64
+        return fit_presets(
+            side, [(64 * round(w * side / unit), 64 * round(h * side / unit)) for w, h in self.size_buckets], max_side
+        )
+
+
+def fit_presets(side: int, sizes: Iterable[tuple[int, int]], max_side: int) -> tuple[tuple[int, int], ...]:
+    """The square of `side` first, then `sizes`, each once, those no larger than `max_side`."""
+    unique = dict.fromkeys(((side, side), *sizes))
+    return tuple((w, h) for w, h in unique if max(w, h) <= max_side)

@@ -1,0 +1,89 @@
+"""What SD 1.x and SD 2.x truly share: the UNet's layout and names, one CLIP text encoder, the VAE, the pipeline.
+
+Their LoRAs share every tensor name (cross-attention in the first down block, one transformer block per
+attention, kohya's single `lora_te_` text encoder): names alone cannot tell them apart, only widths can (SD
+1.x's cross-attention is 768 wide, SD 2.x's 1024). So both families claim the same names here, and the
+origin judgement (`engine.families.origin`) keeps both until a card, the file's metadata or the served
+pipelines' widths decide; the ambiguity is coded nowhere else. Their VAE, and so their latent space, is the
+same: one preview serves both. Their tiny pipelines differ where the real ones do (projections, widths).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+from transformers import CLIPTextModel
+
+from engine.families import unet
+from engine.families.spec import LatentProjection, LoraSignature, PreviewSpec
+from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
+
+__all__ = ["COMPONENTS", "LOAD_OPTIONS", "PREVIEW", "SIGNATURE", "build_tiny_sd", "claims"]
+
+COMPONENTS = ("unet", "text_encoder")
+# Their Hub repos ship a safety checker; a LoRA switchboard serves art, as the SDXL pipeline does.
+LOAD_OPTIONS: tuple[tuple[str, object], ...] = (
+    ("safety_checker", None),
+    ("feature_extractor", None),
+    ("requires_safety_checker", False),
+)
+# ComfyUI, comfy/latent_formats.py, class SD15 (latent_rgb_factors); `supported_models.SD20` uses it too, and
+# TAESD's model card names it compatible with SD 1 and 2 models.
+PREVIEW = PreviewSpec(
+    "madebyollin/taesd",
+    LatentProjection(
+        weights=(
+            (0.3512, 0.2297, 0.3227),
+            (0.3250, 0.4974, 0.2350),
+            (-0.2829, 0.1762, 0.2721),
+            (-0.2120, -0.2616, -0.7177),
+        ),
+    ),
+)
+
+
+def claims(name: str) -> bool:
+    """A lower-cased tensor name only an SD 1.x or SD 2.x LoRA has (both: they share every name)."""
+    # SDXL's first down block has no attention at all (`input_blocks_1_1` is the same block in LDM naming).
+    first_attention = "down_blocks_0_attentions" in name or "down_blocks.0.attentions" in name
+    # kohya names SD 1.x/2.x's single text encoder `lora_te_`, SDXL's two `lora_te1_`/`lora_te2_`.
+    return first_attention or "input_blocks_1_1" in name or name.startswith("lora_te_")
+
+
+SIGNATURE = LoraSignature(claims, unet.lora_widths, unet.pipeline_widths)
+
+
+def build_tiny_sd(
+    seed: int, *, cross_dim: int, linear_projection: bool, prediction_type: str
+) -> StableDiffusionPipeline:
+    """A tiny SD 1.x/2.x pipeline (no safety checker): cross-attention in the first down block, one transformer
+    block per attention, one `CLIPTextModel` as wide as the cross-attention; the same seed gives the same weights."""
+    tokenizer = tiny_tokenizer()
+    config = text_config(tokenizer, hidden_size=cross_dim)
+    torch.manual_seed(seed)
+    denoiser = UNet2DConditionModel(
+        **TINY_UNET,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        attention_head_dim=4,
+        use_linear_projection=linear_projection,
+        cross_attention_dim=cross_dim,
+    )
+    vae = tiny_vae(seed)
+    torch.manual_seed(seed + 2)
+    text_encoder = CLIPTextModel(config)
+    pipe = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=denoiser,
+        scheduler=tiny_scheduler(prediction_type),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.loading.Pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe

@@ -1,0 +1,47 @@
+"""What the UNet families' LoRAs share (SDXL, SD 1.x, SD 2.x): UNet and CLIP names, and where widths show.
+
+A LoRA's down factor (`lora_down`/`lora_A`) has the input width of the weight it changes as its second
+dimension. The cross-attention keys and values (`attn2.to_k`/`to_v`) take the text embeddings, so their width
+is the family's cross-attention width (SDXL 2048, SD 1.x 768, SD 2.x 1024); a text encoder's `q_proj` takes
+its hidden states (CLIP-L 768, OpenCLIP-G 1280, OpenCLIP-H 1024). Together they tell every UNet family apart,
+and the tiny pipelines too (each has widths of its own). A family of another architecture declares its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from engine.families.spec import Module, Shapes, Widths
+
+__all__ = ["is_unet_name", "lora_widths", "pipeline_widths"]
+
+# Compared lower-cased.
+_DOWN = (".lora_down.weight", ".lora_a.weight", ".down.weight", "_lora.down.weight")
+_TEXT_PREFIXES = ("lora_te", "text_encoder", "te.", "te1.", "te2.")
+_UNET_BLOCKS = ("down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block")
+
+
+def is_unet_name(name: str) -> bool:
+    """A lower-cased tensor name of a UNet module, in kohya, PEFT/diffusers or original (LDM) naming."""
+    return name.startswith(("lora_unet_", "unet.")) or any(block in name for block in _UNET_BLOCKS)
+
+
+def lora_widths(shapes: Shapes) -> Widths:
+    """The cross-attention and text-encoder widths a LoRA's down factors were made for."""
+    cross, text = set(), set()
+    for name, shape in shapes.items():
+        lowered = name.lower()
+        if not lowered.endswith(_DOWN) or len(shape) < 2:
+            continue
+        if "attn2" in lowered and ("to_k" in lowered or "to_v" in lowered):
+            cross.add(int(shape[1]))
+        elif lowered.startswith(_TEXT_PREFIXES) and "q_proj" in lowered:
+            text.add(int(shape[1]))
+    return Widths(frozenset(cross), frozenset(text))
+
+
+def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
+    """The same widths of a served pipeline: its UNet's cross-attention width, its text encoders' hidden sizes."""
+    cross = denoiser.config.cross_attention_dim
+    text = frozenset(int(encoder.config.hidden_size) for encoder in encoders.values())
+    return Widths(frozenset(cross if isinstance(cross, list | tuple) else (cross,)), text)

@@ -1,0 +1,123 @@
+"""The one origin judgement: card, metadata, then names and shapes; and what preparation and routing make of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import IncompatibleLoraError
+from engine.families.origin import LoraOrigin, check_origin, declared_bases_from_tags, judge_origin
+from engine.families.registry import SERVED_FAMILIES, served_specs, spec_for
+from engine.pools.routing import PoolInfo, pick_pool
+from lora_catalog.entries import Family
+from serving.demo.synthetic import TEXT_ATTENTION, UNET_ATTENTION, find_targets, make_lora
+
+SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
+SD15 = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+SD2 = "stabilityai/stable-diffusion-2-1"
+BASES = {Family.SDXL: SDXL, Family.SD15: SD15, Family.SD2: SD2}
+# The kohya metadata each family's trainer writes (sd-scripts' `ss_base_model_version`).
+KOHYA_VERSIONS = {Family.SDXL: "sdxl_base_v1-0", Family.SD15: "sd_v1", Family.SD2: "sd_v2"}
+KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
+
+
+def unread() -> tuple[dict, dict]:
+    raise AssertionError("the file must not be read when the card decides")
+
+
+def shapes_of(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(t.shape) for name, t in tensors.items()}
+
+
+def lora_for(pipe, family: Family, fmt: str) -> dict[str, tuple[int, ...]]:
+    """A LoRA made for a tiny pipeline of `family` (UNet and text-encoder attention), as names and shapes."""
+    spec = spec_for(family)
+    components = {c: getattr(pipe, c) for c in spec.components}
+    patterns = {c: UNET_ATTENTION if c == spec.denoiser else TEXT_ATTENTION for c in components}
+    targets = find_targets(components, patterns)
+    return shapes_of(make_lora(targets, rank=2, seed=5, fmt=fmt, kohya_names=KOHYA_NAMES[family]))
+
+
+def pools_of(tiny_pipes) -> list[PoolInfo]:
+    infos = []
+    for spec in served_specs():
+        pipe = tiny_pipes[spec.family]
+        encoders = {c: getattr(pipe, c) for c in spec.components if c != spec.denoiser}
+        widths = spec.signature.pipeline_widths(getattr(pipe, spec.denoiser), encoders)
+        infos.append(PoolInfo(BASES[spec.family], spec.family, widths.cross_attention, widths.text))
+    return infos
+
+
+# -- card --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", SERVED_FAMILIES)
+def test_a_card_naming_a_known_base_decides_without_reading_the_file(family):
+    origin = judge_origin([BASES[family], "me/unknown-tune"], unread)
+    assert origin == LoraOrigin((BASES[family], "me/unknown-tune"), (family,), "card")
+    assert check_origin("LoRA 'x'", origin, BASES[family]) is None
+    other = next(f for f in SERVED_FAMILIES if f is not family)
+    with pytest.raises(IncompatibleLoraError, match=rf"made for {BASES[family]}, me/unknown-tune \({family}\)"):
+        check_origin("LoRA 'x'", origin, BASES[other])
+
+
+def test_hub_tags_name_bases_as_the_card_does():
+    tags = ["lora", f"base_model:adapter:{SDXL}", f"base_model:{SD15}", "base_model:finetune:me/x", "license:mit"]
+    assert declared_bases_from_tags(tags) == (SDXL, SD15)
+
+
+# -- metadata ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", SERVED_FAMILIES)
+def test_kohya_metadata_decides_when_the_card_names_no_known_base(family):
+    metadata = {"ss_base_model_version": KOHYA_VERSIONS[family]}
+    origin = judge_origin(["me/unknown-tune"], lambda: (metadata, {}))
+    assert (origin.families, origin.how, origin.bases) == ((family,), "metadata", ())
+    assert check_origin("LoRA 'x'", origin, BASES[family]) is None
+    other = next(f for f in SERVED_FAMILIES if f is not family)
+    with pytest.raises(IncompatibleLoraError, match=rf"trained for the {family} family \(its card names me/unknown"):
+        check_origin("LoRA 'x'", origin, BASES[other])
+
+
+def test_metadata_of_an_architecture_we_do_not_know_leaves_the_judgement_to_the_tensors(tiny_pipes):
+    shapes = lora_for(tiny_pipes[Family.SDXL], Family.SDXL, "kohya")
+    refiner = {"modelspec.architecture": "stable-diffusion-xl-v1-refiner/lora"}
+    origin = judge_origin([], lambda: (refiner, shapes))
+    assert (origin.families, origin.how) == ((Family.SDXL,), "shapes")
+
+
+# -- names and shapes --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["kohya", "peft"])
+@pytest.mark.parametrize("family", SERVED_FAMILIES)
+def test_names_and_shapes_find_each_family_and_its_pool(tiny_pipes, family, fmt):
+    shapes = lora_for(tiny_pipes[family], family, fmt)
+    origin = judge_origin([], lambda: ({}, shapes))
+    assert origin.how == "shapes" and family in origin.families
+    pools = pools_of(tiny_pipes)
+    assert pools[pick_pool("LoRA 'x'", origin, pools)].family is family
+
+
+def test_sd1_and_sd2_loras_share_their_names_so_only_widths_tell_them_apart(tiny_pipes):
+    for family in (Family.SD15, Family.SD2):
+        origin = judge_origin([], lambda f=family: ({}, lora_for(tiny_pipes[f], f, "kohya")))
+        # The ambiguity, as the judgement reports it: both families stay.
+        assert origin.families == (Family.SD15, Family.SD2)
+        # Preparation warns on either family's pool, and refuses it on SDXL's.
+        assert "judged by its tensors alone" in (check_origin("LoRA 'x'", origin, SD15) or "")
+        assert "judged by its tensors alone" in (check_origin("LoRA 'x'", origin, SD2) or "")
+        with pytest.raises(IncompatibleLoraError, match=r"trained for the sd15 or sd2 family; this Space serves"):
+            check_origin("LoRA 'x'", origin, SDXL)
+        # Routing: the widths pick the one pool whose pipeline the factors fit.
+        pools = pools_of(tiny_pipes)
+        assert pools[pick_pool("LoRA 'x'", origin, pools)].family is family
+
+
+def test_a_file_that_shows_nothing_is_judged_by_no_family_and_warned_about():
+    origin = judge_origin([], lambda: ({"format": "pt"}, {"something.weight": (4, 4)}))
+    assert (origin.families, origin.how) == ((), "shapes")
+    assert check_origin("LoRA 'x'", origin, SDXL) == (
+        "LoRA 'x' declares no base model we know; it is judged by its tensors alone"
+    )

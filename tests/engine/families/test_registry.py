@@ -1,0 +1,101 @@
+"""The registry and what each family declares: its tiny pipeline, size presets, and lookups by base and family."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.errors import SettingsError
+from engine.families.registry import SERVED_FAMILIES, family_spec, served_specs, spec_for
+from engine.families.tiny import TINY_SIDE
+from engine.requests import ModelDefaults
+from lora_catalog.bases import KNOWN_BASES
+from lora_catalog.entries import Family
+
+
+def encoders(spec, pipe) -> dict[str, torch.nn.Module]:
+    return {c: getattr(pipe, c) for c in spec.components if c != spec.denoiser}
+
+
+@pytest.mark.parametrize("family", SERVED_FAMILIES)
+def test_each_tiny_pipeline_is_of_its_familys_class_with_the_declared_denoiser_and_components(tiny_pipes, family):
+    spec = spec_for(family)
+    pipe = tiny_pipes[family]
+    assert type(pipe) is spec.pipeline_class
+    assert spec.denoiser in spec.components
+    # diffusers' own registry of the pipeline's models: what a LoRA may change, and the VAE, which it never does.
+    models = {name for name, model in pipe.components.items() if isinstance(model, torch.nn.Module)}
+    assert models == {*spec.components, "vae"}
+    denoiser = getattr(pipe, spec.denoiser)
+    assert int(denoiser.config.sample_size) * pipe.vae_scale_factor == TINY_SIDE
+    widths = spec.signature.pipeline_widths(denoiser, encoders(spec, pipe))
+    assert widths.cross_attention and widths.text
+
+
+def test_the_tiny_pipelines_have_widths_of_their_own(tiny_pipes):
+    """So a LoRA's shapes tell the tiny ones apart, as they tell the real ones apart."""
+    cross = [
+        spec.signature.pipeline_widths(getattr(tiny_pipes[spec.family], spec.denoiser), {}).cross_attention
+        for spec in served_specs()
+    ]
+    assert len(set(cross)) == len(cross)
+
+
+def test_the_tiny_sd2_pipeline_has_sd2s_structure_and_runs(tiny_pipes):
+    pipe = tiny_pipes[Family.SD2]
+    assert isinstance(pipe.unet.down_blocks[0].attentions[0].proj_in, torch.nn.Linear)
+    assert pipe.scheduler.config.prediction_type == "v_prediction"
+    image = pipe("a cat", num_inference_steps=2, generator=torch.Generator().manual_seed(0)).images[0]
+    assert image.size == (TINY_SIDE, TINY_SIDE)
+
+
+def test_same_seed_same_weights_for_every_family():
+    for spec in served_specs():
+        first, again = spec.build_tiny(3), spec.build_tiny(3)
+        weight = getattr(first, spec.denoiser).conv_in.weight
+        assert torch.equal(weight, getattr(again, spec.denoiser).conv_in.weight), spec.family
+
+
+def test_lookups_by_base_and_by_family():
+    for base in KNOWN_BASES:
+        if base.family in SERVED_FAMILIES:
+            assert family_spec(base.repo_id) is spec_for(base.family)
+    assert family_spec("RunDiffusion/Juggernaut-XL-v10").family is Family.SDXL  # a fine-tune series
+    with pytest.raises(SettingsError, match=r"BASE='black-forest-labs/FLUX.1-dev' is a flux base, which is not served"):
+        family_spec("black-forest-labs/FLUX.1-dev")
+    with pytest.raises(SettingsError, match=r"an unknown base; accepted: a base of the SDXL, SD 1.5 or SD 2.x family"):
+        family_spec("me/mystery")
+    with pytest.raises(ValueError, match=r"no pool serves the flux family; served: sdxl, sd15, sd2"):
+        spec_for(Family.FLUX)
+
+
+def test_the_registry_and_settings_import_no_torch():
+    """`engine.settings` reads the served families here at start-up; the family modules load on first use."""
+    code = "import sys, engine.settings, engine.families.registry; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_size_presets_are_each_familys_buckets_scaled_to_the_served_side():
+    sdxl, sd15, sd2 = (spec_for(f) for f in (Family.SDXL, Family.SD15, Family.SD2))
+    presets = sdxl.size_presets(1024, 1536)
+    assert presets[0] == (1024, 1024) and (1216, 832) in presets and len(presets) == 7
+    assert sdxl.size_presets(1024, 1024) == ((1024, 1024),)
+    assert sd15.size_presets(512, 1024) == ((512, 512), (576, 448), (448, 576), (640, 384), (384, 640))
+    assert sd2.size_presets(768, 1536) == ((768, 768), (896, 640), (640, 896), (1024, 576), (576, 1024))
+    # SD 2.1's 512 px base repos get SD 1.5's presets, as both are SDXL's buckets scaled to 512.
+    assert sd2.size_presets(512, 1024) == sd15.size_presets(512, 1024) == sdxl.size_presets(512, 1024)
+
+
+def test_a_loaded_pipeline_carries_its_presets_in_its_defaults_across_json(loaded, loaded_sd15):
+    tiny = ["64x64", "128x128", "256x256", "128x64", "64x128", "256x128", "128x256"]
+    assert [f"{w}x{h}" for w, h in loaded.defaults.sizes] == tiny
+    assert loaded_sd15.defaults.sizes == loaded.defaults.sizes
+    # As the cluster and a remote Space send them: JSON lists, read back as the same frozen defaults.
+    sent = json.loads(json.dumps(dataclasses.asdict(loaded.defaults)))
+    assert ModelDefaults(**sent) == loaded.defaults
