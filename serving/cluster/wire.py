@@ -9,7 +9,7 @@ up by name among its subclasses, so a new error class needs no table here.
 Validated by pydantic: what a front end sends (a request, a LoRA spec) by strict models of the wire shape,
 unknown fields refused, so a malformed body is a 400 naming where it is wrong, never a 500; numbers pass as
 sent, for the engine to check (`normalise_request`). What the cluster answers (a result, a status, a check,
-the defaults) is read into the engine's own dataclasses by TypeAdapters; an answer that does not fit is
+its pools) is read into the engine's own dataclasses by pydantic; an answer that does not fit is
 the backend's trouble (BackendUnavailableError).
 
 No ray, no gradio: both sides import this.
