@@ -79,6 +79,13 @@ class EngineStatus:
     preview: str = "off"
     # Requests in the engine's queue now (the running one excluded).
     waiting: int = 0
+    # COMPILE: the mode ("off": eager), the start-up compile's seconds and shapes, and since then the denoiser's
+    # recompiles (0 expected: a swap needs none) and calls of other shapes, which ran eager.
+    compile_mode: str = "off"
+    compile_s: float = 0.0
+    compiled_shapes: int = 0
+    recompiles: int = 0
+    eager_calls: int = 0
 
 
 @dataclass(frozen=True)

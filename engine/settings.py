@@ -182,6 +182,12 @@ class Settings(BaseModel):
     device: Annotated[str, AfterValidator(_device), Env("DEVICE")] = "auto"
     dtype: Annotated[Literal["auto", "float32", "float16", "bfloat16"], _Stripped, Env("DTYPE")] = "auto"
     vae_id: Annotated[str | None, Env("VAE_ID")] = None
+    # torch.compile of each pool's denoiser at start-up (engine.pipeline.compiled); `reduce-overhead` adds CUDA
+    # graphs. Off until measured on a GPU.
+    compile: Annotated[Literal["off", "default", "max-autotune", "reduce-overhead"], _Stripped, Env("COMPILE")] = "off"
+    # Where inductor keeps its caches (compiled graphs, kernels, autotuning), so a restart reuses them; unset:
+    # torch's own choice (TORCHINDUCTOR_CACHE_DIR, else a folder under /tmp, gone when a Space is rebuilt).
+    compile_cache_dir: Annotated[Path | None, Env("COMPILE_CACHE_DIR")] = None
     gpu_mode: Annotated[Literal["auto", "persistent", "per_call"], _Stripped, Env("GPU_MODE")] = "auto"
     pristine_store: Annotated[Literal["auto", "device", "cpu"], _Stripped, Env("PRISTINE_STORE")] = "auto"
     host_cache_bytes: Annotated[_Bytes, Env("HOST_CACHE_BYTES")] = 4 * 2**30

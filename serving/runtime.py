@@ -163,7 +163,8 @@ def plan_start(
 
 
 def _demo_settings(settings: Settings) -> Settings:
-    return settings.replace(model_id=TINY_MODEL_ID, base_model_id=DEFAULT_MODEL_ID, pools=DEMO_POOLS)
+    # The offline demo's tiny pools start in seconds and stay eager whatever COMPILE says.
+    return settings.replace(model_id=TINY_MODEL_ID, base_model_id=DEFAULT_MODEL_ID, pools=DEMO_POOLS, compile="off")
 
 
 def build_runtime(
@@ -218,11 +219,15 @@ def _serve_model(
     except BaseException:
         catalog.close()
         raise
+    backend = LocalBackend(pools, zero_gpu=settings.zero_gpu)
+    if settings.zero_gpu and settings.compile != "off":
+        # No GPU at start outside a GPU call, so no warm-up compiles: one call compiles ahead of time instead.
+        backend.compile_ahead(settings.compile)
     boot_s = time.perf_counter() - started
     logger.info("serving %s (start-up %.1f s)", ", ".join(pools.served_bases), boot_s)
     return Runtime(
         settings=settings,
-        backend=LocalBackend(pools, zero_gpu=settings.zero_gpu),
+        backend=backend,
         catalog=catalog,
         banner=None,
         demo=False,

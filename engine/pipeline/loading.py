@@ -1,10 +1,15 @@
-"""Loading a pool's warm pipeline: once, from its family's class, on the configured device and dtype, warmed up."""
+"""Loading a pool's warm pipeline: once, from its family's class, on the configured device and dtype, warmed up.
+
+With `COMPILE` set, the warm-up also compiles the family's denoiser for each size preset
+(`engine.pipeline.compiled`): the compile time is part of the warm-up, reported on its own.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,10 +20,12 @@ from engine.errors import SettingsError
 from engine.families.registry import FamilySpec, family_spec
 from engine.families.spec import fit_presets
 from engine.families.tiny import TINY_SIZES, build_tiny
+from engine.pipeline.aot import AotDenoiser, AotPackage, capture_calls, compile_package, inductor_options
+from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile_denoiser, configure_caches
 from engine.requests import ModelDefaults
 from engine.settings import Settings
 
-__all__ = ["LoadedPipeline", "load_pipeline", "resolve_device", "resolve_dtype"]
+__all__ = ["LoadedPipeline", "load_pipeline", "package_denoiser", "resolve_device", "resolve_dtype", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +57,12 @@ class LoadedPipeline:
     def denoiser(self) -> Pipeline:
         """The pipeline's denoiser (its family names the attribute: `unet`, or `transformer` for a DiT)."""
         return getattr(self.pipe, self.family.denoiser)
+
+    @property
+    def compiled(self) -> CompiledDenoiser | AotDenoiser | None:
+        """The denoiser's compiled forward (COMPILE), with its counts; None while it runs eager."""
+        forward = self.denoiser.__dict__.get("forward")
+        return forward if isinstance(forward, CompiledDenoiser | AotDenoiser) else None
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -84,6 +97,13 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
     family = family_spec(settings.base_model_id, setting="BASE_MODEL_ID")
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
+    if settings.compile != "off":
+        # Refused before the weights are read: a mode this device cannot run, or one that would bake weights in
+        # (on ZeroGPU the denoiser is compiled ahead of time: engine.pipeline.aot).
+        if settings.zero_gpu:
+            inductor_options(settings.compile)
+        else:
+            check_compilable(settings.compile, device)
     started = time.perf_counter()
     pipe: Pipeline = (
         build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
@@ -114,14 +134,41 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
     )
     if not warm or park:
         return loaded
+    return warm_up(loaded, settings)
+
+
+def warm_up(
+    loaded: LoadedPipeline,
+    settings: Settings,
+    *,
+    backend: str = "inductor",
+    sizes: Sequence[tuple[int, int]] | None = None,
+) -> LoadedPipeline:
+    """Run the pipeline once (and with `COMPILE`, compile its denoiser for every size preset); on the device.
+
+    `backend` and `sizes` (default: the presets) are for tests and benchmarks: dynamo's `aot_eager`, fewer sizes.
+    """
     warmup_s = _warm_up(loaded)
+    compiled = None
+    if settings.compile != "off":
+        check_compilable(settings.compile, loaded.device)
+        configure_caches(settings.compile_cache_dir)
+        compiled = compile_denoiser(
+            loaded.denoiser,
+            settings.compile,
+            loaded.defaults.sizes if sizes is None else sizes,
+            lambda w, h: _run_once(loaded, w, h),
+            backend=backend,
+        )
+        warmup_s += compiled.compile_s
     logger.info(
-        "pipeline %s ready on %s/%s: load %.2f s, warm-up %.2f s",
-        settings.model_id,
-        device,
-        str(dtype).removeprefix("torch."),
-        load_s,
+        "pipeline %s ready on %s/%s: load %.2f s, warm-up %.2f s%s",
+        loaded.model_id,
+        loaded.device,
+        str(loaded.dtype).removeprefix("torch."),
+        loaded.load_s,
         warmup_s,
+        f" (compiling {compiled.shapes} shapes included)" if compiled else "",
     )
     return dataclasses.replace(loaded, warmup_s=warmup_s)
 
@@ -154,3 +201,29 @@ def _warm_up(loaded: LoadedPipeline) -> float:
     if loaded.device.type == "cuda":
         torch.cuda.synchronize(loaded.device)
     return time.perf_counter() - started
+
+
+def package_denoiser(
+    loaded: LoadedPipeline, mode: str, *, sizes: Sequence[tuple[int, int]] | None = None
+) -> tuple[AotPackage, ...]:
+    """The denoiser compiled ahead of time (ZeroGPU), one package per size preset, none holding the weights.
+
+    Runs on the device (ZeroGPU: inside the start-up GPU call); `sizes` (default: the presets) for tests.
+    """
+    chosen = loaded.defaults.sizes if sizes is None else sizes
+    calls = capture_calls(loaded.denoiser, chosen, lambda w, h: _run_once(loaded, w, h))
+    return tuple(compile_package(loaded.denoiser, args, kwargs, mode) for args, kwargs in calls)
+
+
+@torch.inference_mode()
+def _run_once(loaded: LoadedPipeline, width: int, height: int) -> None:
+    """One short run at this size, with the family's guidance (a request's batch): what compiles a shape."""
+    loaded.pipe(
+        prompt="warm-up",
+        num_inference_steps=2,
+        width=width,
+        height=height,
+        guidance_scale=loaded.defaults.guidance,
+        generator=torch.Generator("cpu").manual_seed(0),
+        output_type="latent",
+    )

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -24,6 +25,8 @@ from engine.events import EngineEvents
 from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable
 from engine.formats.pivotal import TextEncoders, check_clashes
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
+from engine.pipeline.aot import AotDenoiser
+from engine.pipeline.compiled import CompiledDenoiser
 from engine.pipeline.inference import engine_error, infer
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
@@ -394,7 +397,20 @@ class Engine:
             applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._fused.applied),
             preview=self._preview.name if self._preview is not None else "off",
             waiting=self.scheduler.waiting,
+            **_compile_status(self.loaded.compiled),
         )
+
+
+def _compile_status(compiled: CompiledDenoiser | AotDenoiser | None) -> dict[str, Any]:
+    if compiled is None:
+        return {}
+    return {
+        "compile_mode": compiled.mode,
+        "compile_s": compiled.compile_s,
+        "compiled_shapes": compiled.shapes,
+        "recompiles": compiled.recompiles,
+        "eager_calls": compiled.eager_calls,
+    }
 
 
 def _cell_progress(progress: Callable[[int, int, int], None], cell: int) -> Progress:

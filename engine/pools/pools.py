@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import torch
 from cachetools import LRUCache
 from torch import nn
 
@@ -24,9 +25,9 @@ from engine.compare import MAX_COMPARE_LORAS
 from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
 from engine.outcomes import PoolStatus, ServedPool
-from engine.pipeline.loading import LoadedPipeline, resolve_device
+from engine.pipeline.loading import LoadedPipeline, resolve_device, warm_up
 from engine.pools.engine import Engine
-from engine.pools.residency import Residency, device_budget, module_bytes
+from engine.pools.residency import Residency, device_budget, module_bytes, move_modules
 from engine.pools.routing import PoolInfo, agreed_pool, described_pick, named_pool
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import GenerateRequest, LoraSpec, normalise_loras
@@ -214,14 +215,28 @@ def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
     return [m for m in loaded.pipe.components.values() if isinstance(m, nn.Module)]
 
 
+def _warmed(loaded: LoadedPipeline, settings: Settings) -> LoadedPipeline:
+    """`loaded` warmed up (and compiled) on its device; one parked in host RAM goes back there afterwards."""
+    modules = pipeline_modules(loaded)
+    parked = any(t.device != loaded.device for m in modules for t in m.parameters())
+    if parked:
+        move_modules(modules, loaded.device)
+    try:
+        return warm_up(loaded, settings)
+    finally:
+        if parked:
+            move_modules(modules, torch.device("cpu"))
+
+
 def build_pools(
     settings: Settings, resolver: AdapterResolver, load: Callable[..., LoadedPipeline], *, warm: bool
 ) -> Pools:
     """Load every pool of `settings` (the default first) and place them on the device by the memory budget.
 
     One pool is loaded and warmed as before pools existed. Several wait in host RAM while the budget places
-    them (when there is one) and warm up on first use. They share one Hub-cache pruner, which keeps every
-    pool's model files and every pool's adapters in use.
+    them (when there is one) and warm up on first use, unless `COMPILE` is set: then each is warmed up and
+    compiled at start-up, on the device in turn (with `warm`: not on ZeroGPU, where no GPU exists at start).
+    They share one Hub-cache pruner, which keeps every pool's model files and every pool's adapters in use.
     """
     pool_settings = settings.pool_settings
     device = resolve_device(settings.device)
@@ -235,6 +250,9 @@ def build_pools(
         parked = {"park": True} if budget is not None else {}
         loaded = [load(settings.for_pool(pool), warm=False, **parked) for pool in pool_settings]
         residency.check({lp.base_model_id: module_bytes(pipeline_modules(lp)) for lp in loaded})
+        if settings.compile != "off" and warm:
+            # Compiling is warming up: each pool on the device in turn, once, at start-up.
+            loaded = [_warmed(lp, settings.for_pool(pool)) for pool, lp in zip(pool_settings, loaded, strict=True)]
     engines: list[Engine] = []
     disk = None
     if resolver.uses_hub:

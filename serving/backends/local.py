@@ -14,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from functools import partial
 from typing import TypeVar
@@ -27,6 +27,8 @@ from engine.compare import CompareCell, CompareLimits, CompareRequest, CompareRe
 from engine.errors import GenerationError
 from engine.events import EngineEvents, EngineObserver
 from engine.outcomes import LoraCheck, PoolStatus, PreparedRequest, Preview, Progress, ServedPool
+from engine.pipeline.aot import AotDenoiser, AotPackage
+from engine.pipeline.loading import package_denoiser
 from engine.pools.engine import Engine
 from engine.pools.pools import Pool, Pools
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
@@ -40,6 +42,8 @@ logger = logging.getLogger(__name__)
 _GPU_BASE_S = 10
 _GPU_S_PER_MEGAPIXEL_STEP = 0.5
 _GPU_MAX_S = 120
+# Compiling every pool's denoiser ahead of time at start-up: ZeroGPU's own AoT guide gives that call 1500 s.
+_GPU_COMPILE_S = 1500
 
 T = TypeVar("T")
 
@@ -59,6 +63,7 @@ class LocalBackend:
         # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU.
         self._run_on_gpu = gpu(self._run_shipped if zero_gpu else self._run, duration=_gpu_duration)
         self._compare_on_gpu = gpu(self._run_many, duration=_gpu_duration_many)
+        self._package_on_gpu = gpu(self._package, duration=_GPU_COMPILE_S)
 
     @classmethod
     def of(cls, engine: Engine, **kwargs: object) -> LocalBackend:
@@ -131,6 +136,26 @@ class LocalBackend:
 
     def close(self) -> None:
         self._pools.close()
+
+    def compile_ahead(self, mode: str, *, sizes: Sequence[tuple[int, int]] | None = None) -> None:
+        """ZeroGPU with COMPILE: each pool's denoiser compiled ahead of time in one GPU call at start-up.
+
+        The packages come back here (the main process has no GPU) and are installed on the denoiser, without the
+        weights: each worker loads them at its first call and binds them to its own weight tensors
+        (`engine.pipeline.aot`). `sizes` (default: each pool's presets) for tests.
+        """
+        for pool in self._pools.pools:
+            started = time.perf_counter()
+            packages = self._package_on_gpu(pool.index, mode, sizes)
+            denoiser = pool.engine.loaded.denoiser
+            if not isinstance(denoiser.__dict__.get("forward"), AotDenoiser):
+                AotDenoiser.install(denoiser, packages, mode)
+            logger.info(
+                "pool %s: %d denoiser packages compiled ahead of time in %.1f s",
+                pool.base_model_id,
+                len(packages),
+                time.perf_counter() - started,
+            )
 
     # -- inside the turn -------------------------------------------------------------------------
 
@@ -216,6 +241,16 @@ class LocalBackend:
         chosen = self._pools.pools[pool]
         with self._pools.on_device(chosen):
             return chosen.engine.run_many(prepared, progress=progress, cancel=cancel)
+
+    def _package(self, pool: int, mode: str, sizes: Sequence[tuple[int, int]] | None = None) -> tuple[AotPackage, ...]:
+        """Inside the GPU worker at start-up: the pool's denoiser packaged per shape, installed here too (spaces
+        may keep this worker for the calls that follow, and it was forked before the main process installs)."""
+        chosen = self._pools.pools[pool]
+        with self._pools.on_device(chosen):
+            loaded = chosen.engine.loaded
+            packages = package_denoiser(loaded, mode, sizes=sizes)
+            AotDenoiser.install(loaded.denoiser, packages, mode)
+            return packages
 
     def _run_shipped(self, prepared: PreparedRequest, progress: Progress | None = None, pool: int = 0) -> GpuOutcome:
         """Inside the GPU worker: fill in adapters from its cache, then swap and generate."""

@@ -258,6 +258,7 @@ def status_markdown(status: EngineStatus, boot_s: float | None = None) -> str:
         "**ZeroGPU mode** " + ("on: LoRAs are re-applied in every call" if status.per_call else "off"),
         f"**Live preview** {status.preview}",
         f"**Cold boot** {cold}" + (f" · whole start-up {boot_s:.1f} s" if boot_s is not None else ""),
+        _compile_line(status),
         f"**Applied now** {', '.join(f'`{a}`' for a in status.applied) or 'nothing (base weights)'}",
         f"**Adapter cache** host {status.host_bytes / _MIB:.1f} / {status.host_budget / _MIB:.0f} MiB · "
         f"device {status.device_bytes / _MIB:.1f} / {status.device_budget / _MIB:.0f} MiB · "
@@ -270,6 +271,15 @@ def status_markdown(status: EngineStatus, boot_s: float | None = None) -> str:
         )
         lines.append(f"| cached adapter | host MiB | device MiB | active |\n|---|---:|---:|:-:|\n{rows}")
     return "\n\n".join(lines)
+
+
+def _compile_line(status: EngineStatus) -> str:
+    if status.compile_mode == "off":
+        return "**Compiled** no: the denoiser runs eager (`COMPILE=off`)"
+    return (
+        f"**Compiled** `{status.compile_mode}`: {status.compiled_shapes} shapes in {status.compile_s:.1f} s "
+        f"(part of the warm-up) · recompiles since {status.recompiles} · other shapes run eager {status.eager_calls}×"
+    )
 
 
 def api_snippets(url: str, example_lora: str, defaults: ModelDefaults) -> str:
