@@ -13,6 +13,11 @@
   choices) are for known sizes; CUDA graphs record one graph per shape either way; and a dynamic graph still
   specialises (diffusers' UNet branches on latent sizes not divisible by its up-sampling factor, dynamo
   specialises batch 1), so which request shapes it covers is only known when a guard fails, at request time.
+- CUDA graphs (`reduce-overhead`): torch's graph trees bind each compiled graph to the tree manager of the thread
+  that compiled it (the start-up thread, for every pool), whose replays are not thread-safe and whose outputs live
+  in memory the next replay reuses; so CUDA-graph calls are serialised process-wide and their outputs copied out.
+  A pool moved out and back has new weight addresses: torch checks every weight's address before a replay and
+  records the graph again when one moved (once per shape per move, never per swap), so images stay exact.
 - Caches: `COMPILE_CACHE_DIR` becomes inductor's cache folder (FX graphs, AOTAutograd, autotuning, kernels), so
   a restart traces again (seconds) but finds each graph's compiled code there.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,6 +36,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.utils import counters
+from torch.utils._pytree import tree_map_only
 
 from engine.errors import SettingsError
 
@@ -49,6 +56,8 @@ logger = logging.getLogger(__name__)
 MODES = ("default", "max-autotune", "reduce-overhead")
 # Distinct eager shapes logged at INFO (each is counted; only the first few are named in the log).
 _LOGGED_EAGER_SHAPES = 32
+# Every CUDA-graph denoiser call in the process, whichever pool's: they share the start-up thread's graph tree.
+_CUDAGRAPH_CALLS = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -191,11 +200,8 @@ class CompiledDenoiser:
                 self._logged.add(key)
                 logger.info("denoiser: a shape not compiled at start-up runs eager: %s", _describe(args, kwargs))
             return self._eager(*args, **kwargs)
-        if self._cudagraphs:
-            # Each denoising step is a new iteration: the previous step's outputs were already consumed.
-            torch.compiler.cudagraph_mark_step_begin()
         before = dynamo_compiles()
-        out = self._compiled(*args, **kwargs)
+        out = self._run_compiled(args, kwargs)
         if self._learning:
             self._shapes.add(key)
         elif dynamo_compiles() != before:
@@ -204,6 +210,15 @@ class CompiledDenoiser:
         else:
             self.compiled_calls += 1
         return out
+
+    def _run_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not self._cudagraphs:
+            return self._compiled(*args, **kwargs)
+        with _CUDAGRAPH_CALLS:
+            # Each denoising step is a new iteration: the previous step's outputs were already copied out.
+            torch.compiler.cudagraph_mark_step_begin()
+            # The outputs live in the graphs' memory pool, which the next replay (of any pool) overwrites.
+            return tree_map_only(torch.Tensor, torch.clone, self._compiled(*args, **kwargs))
 
 
 def compile_denoiser(
