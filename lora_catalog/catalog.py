@@ -1,4 +1,5 @@
-"""`Catalog`: the facade the UI pages through — Hub listing, snapshot and local folders in one list.
+"""`Catalog`: the facade the UI pages through — Hub listing, snapshot and local folders in one list; Civitai
+references are described through its source (`lora_catalog.civitai`).
 
 Stale-while-revalidate: the first page for a base is answered from the
 snapshot at once while a background thread asks the Hub; later pages see the
@@ -26,8 +27,17 @@ from typing import Literal
 
 from cachetools import LRUCache
 
+from .civitai.refs import parse_civitai
+from .civitai.source import CivitaiSource
 from .entries import LoraEntry
-from .errors import CatalogError, HubUnavailableError, InvalidRequestError, LoraNotFoundError, SnapshotError
+from .errors import (
+    CatalogError,
+    CivitaiUnavailableError,
+    HubUnavailableError,
+    InvalidRequestError,
+    LoraNotFoundError,
+    SnapshotError,
+)
 from .hub import HubSource, Sort, check_sort
 from .listing import (
     CatalogPage,
@@ -73,10 +83,12 @@ class Catalog:
         list_ttl_s: float = 300.0,
         retry_after_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        civitai: CivitaiSource | None = None,
     ) -> None:
         if not 1 <= list_limit <= 10_000:
             raise InvalidRequestError(f"list_limit={list_limit!r} is not accepted; accepted: 1 to 10000")
         self._hub = hub
+        self._civitai = civitai
         self._refresh = refresh and hub is not None
         self._list_limit = list_limit
         self._ttl = list_ttl_s
@@ -125,9 +137,20 @@ class Catalog:
             freshness=freshness,
         )
 
+    @property
+    def civitai(self) -> CivitaiSource | None:
+        """The Civitai source (None: this catalogue runs without Civitai)."""
+        return self._civitai
+
     def resolve(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry:
-        """The entry for a ref: `local:<path>` from the local folders, anything else through the Hub."""
+        """The entry for a ref: `local:<path>` from the local folders, a Civitai reference (any form
+        `lora_catalog.civitai.refs` reads) through Civitai, anything else through the Hub."""
         ref = ref.strip() if isinstance(ref, str) else ref
+        civitai = parse_civitai(ref)
+        if civitai is not None:
+            if self._civitai is None:
+                raise CivitaiUnavailableError(f"cannot look up {ref!r}: this Space runs without Civitai access")
+            return self._civitai.entry(civitai)
         if isinstance(ref, str) and is_local_ref(ref):
             if revision is not None or weight_name is not None:
                 raise InvalidRequestError(f"local LoRA {ref!r} takes no revision or weight_name; accepted: None")
@@ -140,6 +163,9 @@ class Catalog:
 
     def stale_warning(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> str | None:
         """Why a Hub LoRA's cached metadata is served stale (the Hub is down, or it is being revalidated), or None."""
+        civitai = parse_civitai(ref)
+        if civitai is not None:
+            return self._civitai.stale_warning(civitai) if self._civitai is not None else None
         if self._hub is None or is_local_ref(ref):
             return None
         return self._hub.stale_warning(ref, revision, weight_name)
@@ -201,6 +227,8 @@ class Catalog:
             executor.shutdown(wait=False, cancel_futures=True)
         if self._hub is not None:
             self._hub.close()
+        if self._civitai is not None:
+            self._civitai.close()
 
     def __enter__(self) -> Catalog:
         return self
