@@ -106,7 +106,11 @@ def wire_browsing(
     async def check(slot: str, ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
         spec = fmt.lora_spec(ref, 1.0, revision, weight)
         if spec is None:
-            return fmt.error_card("Type a Hub repo id (owner/name) or a local: file first."), prompt, triggers
+            return (
+                fmt.error_card("Type a Hub repo id (owner/name), a Civitai link or a local: file first."),
+                prompt,
+                triggers,
+            )
         try:
             report = await handlers.lora(spec)
         except SwitchboardError as e:

@@ -132,7 +132,8 @@ def add_api_endpoints(handlers: Handlers) -> None:
         base: str = "",
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
-        """Generate an image; `lora` and `lora_2` are Hub repo ids or local: files ("" for none); seed -1 is random.
+        """Generate an image; `lora` and `lora_2` are Hub repo ids, Civitai references (`civitai:<version id>`, a
+        civitai.com model page or download link, an AIR) or local: files ("" for none); seed -1 is random.
 
         The LoRAs pick the base model they were made for; without one, `base` names a served base ("" for the
         default). Yields previews while denoising (info `{"preview": true, "step": k}`), then the image and its
@@ -192,7 +193,9 @@ def add_api_endpoints(handlers: Handlers) -> None:
             return catalog_json(handlers.page(base, search, sort, page or 0))
 
     async def lora_info(repo_id: str, revision: str, weight_name: str) -> dict[str, Any]:
-        """What a LoRA is (its catalogue entry) and whether it loads here (rank, size, layers, warnings)."""
+        """What a LoRA is (its catalogue entry: trigger words, and for a Civitai LoRA its page, recommended scale
+        and CLIP skip) and whether it loads here (rank, size, layers, warnings); `repo_id` may be a Civitai
+        reference too."""
         with user_errors():
             spec = fmt.lora_spec(repo_id, 1.0, revision, weight_name) or LoraSpec(repo_id or "")
             report = await handlers.lora(spec)

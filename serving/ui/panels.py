@@ -128,7 +128,9 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
     with gr.Group():
         ref = gr.Textbox(
-            label="LoRA 1 — Hub repo id or local: file", elem_id="lora-1", placeholder="owner/name (optional)"
+            label="LoRA 1 — Hub repo id, Civitai link or local: file",
+            elem_id="lora-1",
+            placeholder="owner/name, https://civitai.com/models/… or civitai:<version id> (optional)",
         )
         scale = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 1 scale", elem_id="lora-1-scale")
         with gr.Accordion("Revision, weight file, check", open=False, elem_id="lora-1-options"):
@@ -136,7 +138,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
             weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
             check = gr.Button("Check this LoRA", size="sm")
     with gr.Accordion("Blend a second LoRA", open=False), gr.Group():
-        ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id or local: file", elem_id="lora-2")
+        ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id, Civitai link or local: file", elem_id="lora-2")
         scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale")
         revision_2 = gr.Textbox(label="Revision", placeholder="main")
         weight_2 = gr.Textbox(label="Weight file")
