@@ -27,6 +27,7 @@ from typing import Literal
 
 from cachetools import LRUCache
 
+from .civitai.listing import CivitaiListings
 from .civitai.refs import parse_civitai
 from .civitai.source import CivitaiSource
 from .entries import LoraEntry
@@ -53,11 +54,22 @@ from .local import LocalIndex, LocalLora, scan_local_dirs
 from .refs import is_local_ref, parse_local_ref, validate_repo_id
 from .snapshot import Snapshot, read_snapshot, write_snapshot
 
-__all__ = ["Catalog"]
+__all__ = ["LISTING_SOURCES", "Catalog", "ListingSource", "check_listing_source"]
 
 logger = logging.getLogger(__name__)
 
 _Key = tuple[str, str, Sort]  # (base, lower-cased search, sort)
+# Where a page's LoRAs come from: the Hub (with local folders and the snapshot), or Civitai's tab.
+ListingSource = Literal["hub", "civitai"]
+LISTING_SOURCES: tuple[str, ...] = ("hub", "civitai")
+
+
+def check_listing_source(source: str) -> ListingSource:
+    if source not in LISTING_SOURCES:
+        raise InvalidRequestError(f"source {source!r} is not accepted; accepted: {', '.join(LISTING_SOURCES)}")
+    return source  # type: ignore[return-value]
+
+
 _MAX_LISTINGS = 64
 _MAX_PAGE_SIZE = 200
 
@@ -89,6 +101,7 @@ class Catalog:
             raise InvalidRequestError(f"list_limit={list_limit!r} is not accepted; accepted: 1 to 10000")
         self._hub = hub
         self._civitai = civitai
+        self._civitai_listings = CivitaiListings(civitai, ttl_s=list_ttl_s, clock=clock) if civitai else None
         self._refresh = refresh and hub is not None
         self._list_limit = list_limit
         self._ttl = list_ttl_s
@@ -105,16 +118,31 @@ class Catalog:
         self._snapshot = _load_snapshot(snapshot_path)
 
     def page(
-        self, base: str, *, search: str = "", sort: Sort = "downloads", page: int = 0, page_size: int = 24
+        self,
+        base: str,
+        *,
+        search: str = "",
+        sort: Sort = "downloads",
+        page: int = 0,
+        page_size: int = 24,
+        source: ListingSource = "hub",
     ) -> CatalogPage:
-        """One page of LoRAs for `base`: local ones first, then the Hub's (live, or the snapshot) by `sort`."""
+        """One page of LoRAs for `base`: local ones first, then the Hub's (live, or the snapshot) by `sort`; or,
+        with `source="civitai"`, Civitai's (`lora_catalog.civitai.listing`)."""
         base = validate_repo_id(base, what="base model id")
         sort = check_sort(sort)
+        source = check_listing_source(source)
         search = (search or "").strip()
         if not isinstance(page, int) or page < 0:
             raise InvalidRequestError(f"page={page!r} is not accepted; accepted: an integer from 0")
         if not isinstance(page_size, int) or not 1 <= page_size <= _MAX_PAGE_SIZE:
             raise InvalidRequestError(f"page_size={page_size!r} is not accepted; accepted: 1 to {_MAX_PAGE_SIZE}")
+        if source == "civitai":
+            if self._civitai_listings is None:
+                offline = Freshness("civitai", None, True, "This Space runs without Civitai")
+                return _paged([], page, page_size, offline)
+            listed, freshness = self._civitai_listings.entries(base, search, sort)
+            return _paged(listed, page, page_size, freshness)
         key = (base, search.lower(), sort)
         hub_entries, freshness = self._hub_side(key, self._listing_for(key))
         local = sorted(search_entries((e for e in self._local.entries if fits_base(e, base)), search), key=_title)
@@ -127,15 +155,7 @@ class Catalog:
                 else "Loading the list from the Hub; showing local LoRAs meanwhile"
             )
             freshness = Freshness("local", None, freshness.offline, message)
-        start = page * page_size
-        return CatalogPage(
-            entries=tuple(entries[start : start + page_size]),
-            page=page,
-            page_size=page_size,
-            total_known=len(entries),
-            has_more=start + page_size < len(entries),
-            freshness=freshness,
-        )
+        return _paged(entries, page, page_size, freshness)
 
     @property
     def civitai(self) -> CivitaiSource | None:
@@ -227,6 +247,8 @@ class Catalog:
             executor.shutdown(wait=False, cancel_futures=True)
         if self._hub is not None:
             self._hub.close()
+        if self._civitai_listings is not None:
+            self._civitai_listings.close()
         if self._civitai is not None:
             self._civitai.close()
 
@@ -341,6 +363,18 @@ class Catalog:
             return entries, Freshness("snapshot", snapshot.created_at, offline, message)
         message = "Offline: no snapshot" if offline else "Loading the list from the Hub"
         return entries, Freshness("none", None, offline, message)
+
+
+def _paged(entries: list[LoraEntry], page: int, page_size: int, freshness: Freshness) -> CatalogPage:
+    start = page * page_size
+    return CatalogPage(
+        entries=tuple(entries[start : start + page_size]),
+        page=page,
+        page_size=page_size,
+        total_known=len(entries),
+        has_more=start + page_size < len(entries),
+        freshness=freshness,
+    )
 
 
 def _load_snapshot(path: Path | None) -> Snapshot | None:

@@ -136,28 +136,36 @@ class CivitaiSource:
 
     # -- the catalogue tab ---------------------------------------------------------------------------
 
-    def list_loras(self, base: CivitaiBase, *, search: str | None = None, limit: int = 100) -> list[LoraEntry]:
-        """Up to `limit` LoRAs for one of Civitai's base models, most downloaded first, policy applied (a model
-        outside it is left out; the one whose versions all fail is too)."""
+    def list_loras(
+        self,
+        bases: Sequence[CivitaiBase],
+        *,
+        search: str | None = None,
+        sort: str = "Most Downloaded",
+        period: str = "AllTime",
+        limit: int = 100,
+    ) -> list[LoraEntry]:
+        """Up to `limit` LoRAs for Civitai's base models `bases`, in Civitai's order for `sort` (its own names:
+        "Most Downloaded", "Highest Rated", "Newest"), the policy applied: a model none of whose versions for
+        those bases passes it is left out."""
         params: list[tuple[str, str]] = [
             ("types", "LORA"),
-            ("baseModels", base.label),
-            ("sort", "Most Downloaded"),
+            *(("baseModels", base.label) for base in bases),
+            ("sort", sort),
+            ("period", period),
             ("limit", str(min(limit, _MAX_LIST))),
             ("nsfw", "true" if self.max_nsfw >= NsfwLevel.R else "false"),
             ("primaryFileOnly", "true"),
         ]
         if search:
             params.append(("query", search))
-        page = self._get_json("/api/v1/models", params, f"the LoRA listing for {base.label!r}")
+        labels = {base.label for base in bases}
+        where = f"the LoRA listing for {', '.join(sorted(labels))}"
+        page = self._get_json("/api/v1/models", params, where)
         items = page.get("items") if isinstance(page, dict) else None
         if not isinstance(items, list):
-            raise CivitaiUnavailableError(f"Civitai answered the LoRA listing for {base.label!r} without items")
-        entries: list[LoraEntry] = []
-        for item in items:
-            entry = self._listed_entry(item, base)
-            if entry is not None:
-                entries.append(entry)
+            raise CivitaiUnavailableError(f"Civitai answered {where} without items")
+        entries = [entry for item in items if (entry := self._listed_entry(item, labels)) is not None]
         return entries[:limit]
 
     def close(self) -> None:
@@ -175,13 +183,13 @@ class CivitaiSource:
         where = f"model {model_id}"
         return latest_version_id(self._get_json(f"/api/v1/models/{model_id}", (), where), f"Civitai {where}")
 
-    def _listed_entry(self, item: object, base: CivitaiBase) -> LoraEntry | None:
+    def _listed_entry(self, item: object, labels: set[str]) -> LoraEntry | None:
         if not isinstance(item, dict) or not isinstance(item.get("modelVersions"), list):
             return None
         model = {k: item.get(k) for k in ("name", "type", "nsfw")}
         stats = item["stats"] if isinstance(item.get("stats"), dict) else {}
         for raw in item["modelVersions"]:
-            if not isinstance(raw, dict) or raw.get("baseModel") != base.label:
+            if not isinstance(raw, dict) or raw.get("baseModel") not in labels:
                 continue
             document = {**raw, "modelId": item.get("id"), "model": model}
             document.setdefault("stats", {"downloadCount": stats.get("downloadCount"), "thumbsUpCount": 0})
@@ -190,8 +198,8 @@ class CivitaiSource:
                 file = check_version(version, self.max_nsfw)
             except CatalogError as e:
                 # Unreadable, or refused by the policy (not a LoRA, NSFW, early access, pickles): left out.
-                logger.debug("civitai listing: skipping model %s: %s", item.get("id"), e)
-                return None
+                logger.debug("civitai listing: skipping a version of model %s: %s", item.get("id"), e)
+                continue
             return version.entry(self.endpoint, self.max_nsfw, file)
         return None
 

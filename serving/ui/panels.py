@@ -34,6 +34,8 @@ class Browser:
 
     base: gr.Dropdown
     note: gr.Markdown
+    # The Hub, or Civitai's tab (hidden when the Space runs without Civitai).
+    source: gr.Radio
     sort: gr.Dropdown
     search: gr.Textbox
     gallery: gr.Gallery
@@ -95,7 +97,14 @@ def header(banner: str | None) -> None:
     )
 
 
-def browser_panel(served: str, choices: list[tuple[str, str]], note: str) -> Browser:
+def browser_panel(served: str, choices: list[tuple[str, str]], note: str, *, civitai: bool = False) -> Browser:
+    source = gr.Radio(
+        [("Hugging Face Hub", "hub"), ("Civitai", "civitai")],
+        value="hub",
+        label="Source",
+        visible=civitai,
+        elem_id="source-filter",
+    )
     with gr.Row():
         base = gr.Dropdown(choices, value=served, label="Base model", scale=2, elem_id="base-filter")
         sort = gr.Dropdown(list(SORTS), value="downloads", label="Sort by", scale=1)
@@ -117,7 +126,7 @@ def browser_panel(served: str, choices: list[tuple[str, str]], note: str) -> Bro
     details = gr.HTML("<div class='lora-card'><em>Select a LoRA to see its details.</em></div>", elem_id="lora-details")
     # Selecting a LoRA starts its preparation; this badge says when it is ready (a cache hit on Generate).
     readiness = gr.HTML("", elem_id="lora-ready")
-    return Browser(base, base_note, sort, search, gallery, previous, page_info, next_button, details, readiness)
+    return Browser(base, base_note, source, sort, search, gallery, previous, page_info, next_button, details, readiness)
 
 
 def request_panel(handlers: Handlers) -> RequestPanel:

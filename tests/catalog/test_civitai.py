@@ -372,3 +372,46 @@ def test_answers_are_served_stale_while_revalidated_and_dropped_when_gone(civita
     with pytest.raises(LoraNotFoundError):
         source.resolve("civitai:801")
     source.close()
+
+
+# -- the catalogue's Civitai tab -------------------------------------------------------------------------
+
+
+def test_the_civitai_tab_lists_loras_for_a_base_most_downloaded_first_policy_applied(hub):
+    from lora_catalog.catalog import Catalog
+    from lora_catalog.hub import HubSource
+
+    with StandInCivitai() as listing:
+        listing.add_lora(901, DATA, model_id=91, downloads=5)
+        listing.add_lora(902, DATA, model_id=92, downloads=50, base_model="Pony")
+        listing.add_lora(903, DATA, model_id=93, downloads=500, base_model="SD 1.5")
+        listing.add_lora(904, DATA, model_id=94, downloads=5000, nsfw=True)
+        listing.add_lora(905, DATA, model_id=95, downloads=900, availability="EarlyAccess")
+        listing.add_lora(906, DATA, model_id=96, downloads=20, model_type="Checkpoint")
+        source = CivitaiSource(listing.url, timeout_s=5)
+        catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), civitai=source, refresh=False)
+        try:
+            sdxl = catalog.page("stabilityai/stable-diffusion-xl-base-1.0", source="civitai")
+            assert [e.ref for e in sdxl.entries] == ["civitai:902", "civitai:901"]
+            assert sdxl.entries[0].tags == ("civitai-base:Pony",) and sdxl.entries[0].source == "civitai"
+            assert sdxl.freshness.source == "civitai" and "Live from Civitai (SDXL 1.0 + Pony" in sdxl.freshness.message
+            query = next(r.query for r in listing.requests if r.path == "/api/v1/models")
+            assert query["types"] == ["LORA"] and query["sort"] == ["Most Downloaded"] and query["nsfw"] == ["false"]
+            assert set(query["baseModels"]) == {"SDXL 1.0", "Pony", "Illustrious", "NoobAI"}
+            sd15 = catalog.page("stable-diffusion-v1-5/stable-diffusion-v1-5", source="civitai")
+            assert [e.ref for e in sd15.entries] == ["civitai:903"]
+            # Asked again within the TTL: from the cache.
+            before = len(listing.requests)
+            catalog.page("stabilityai/stable-diffusion-xl-base-1.0", source="civitai")
+            assert len(listing.requests) == before
+            other = catalog.page("stabilityai/stable-diffusion-2-1", source="civitai")
+            assert other.entries == () and "no LoRAs this Space maps" in other.freshness.message
+            with pytest.raises(InvalidRequestError, match="accepted: hub, civitai"):
+                catalog.page("stabilityai/stable-diffusion-xl-base-1.0", source="elsewhere")  # type: ignore[arg-type]
+        finally:
+            catalog.close()
+    # Civitai down, nothing cached: an empty page saying so, not an error.
+    down = Catalog(None, civitai=CivitaiSource("http://127.0.0.1:9", timeout_s=2), refresh=False)
+    page = down.page("stabilityai/stable-diffusion-xl-base-1.0", source="civitai")
+    assert page.entries == () and page.freshness.offline and "Civitai could not be reached" in page.freshness.message
+    down.close()

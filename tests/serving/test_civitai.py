@@ -170,6 +170,13 @@ def test_gradio_client_generates_and_describes_civitai_loras(server):
     assert "civglow" in card and "Civitai · SDXL 1.0" in card and "CLIP skip 2" in card and entry.page_url in card
     with pytest.raises(AppError, match="is a checkpoint"):
         client.predict(repo_id="civitai:2004", revision="", weight_name="", api_name="/lora_info")
+    # The catalogue's Civitai tab: what runs on the SDXL pool (the Illustrious one with it), the rest left out.
+    page = client.predict(base="", search="", sort="downloads", page=0, source="civitai", api_name="/catalog")
+    listed = {e["ref"] for e in page["entries"]}
+    assert {"civitai:2001", "civitai:2002"} <= listed and not listed & {"civitai:2003", "civitai:2004", "civitai:2005"}
+    assert page["freshness"]["source"] == "civitai"
+    hub_page = client.predict(base="", search="", sort="downloads", page=0, api_name="/catalog")
+    assert all(e["source"] != "civitai" for e in hub_page["entries"])
 
 
 def test_the_token_reaches_the_api_host_only_and_is_never_shown(server, civitai, caplog):
