@@ -29,6 +29,7 @@ __all__ = [
     "error_card",
     "insert_trigger",
     "lora_spec",
+    "note_html",
     "parse_size",
     "placeholder_image",
     "preview_html",
@@ -214,6 +215,11 @@ def check_info(check: LoraCheck) -> dict[str, Any]:
     """A LoraCheck as JSON-ready data."""
     data = asdict(check)
     return {**data, "components": list(check.components), "warnings": list(check.warnings)}
+
+
+def note_html(message: str) -> str:
+    """A note under the LoRA's card: something to know, not a refusal."""
+    return f'<p class="lora-note">⚠ {_esc(message)}</p>'
 
 
 def error_card(message: str) -> str:

@@ -193,3 +193,22 @@ def test_the_token_reaches_the_api_host_only_and_is_never_shown(server, civitai,
     for answer in answers:
         assert TOKEN not in answer.text and TOKEN not in str(answer.headers)
     assert TOKEN not in caplog.text
+
+
+def test_picking_a_finetunes_lora_notes_the_checkpoint_it_will_run_on():
+    from engine.outcomes import ServedPool
+    from engine.requests import ModelDefaults
+    from lora_catalog.bases import PONY_BASE
+    from lora_catalog.entries import Family
+    from serving.ui.pool_views import finetune_note
+
+    defaults = ModelDefaults(steps=2, guidance=5.0, side=64, max_side=128)
+    sdxl = ServedPool("stabilityai/stable-diffusion-xl-base-1.0", "tiny", "sdxl", defaults, True)
+    pony = LoraEntry("civitai:1", None, "p", base_models=(PONY_BASE,), family=Family.SDXL, source="civitai")
+    note = finetune_note((sdxl,), pony)
+    assert note is not None and note.startswith("Trained for Pony, which no pool here serves: it runs on SDXL 1.0")
+    assert "lora-note" in fmt.note_html(note)
+    # Served by a pool of its own, or a LoRA of the family's base: nothing to say.
+    assert finetune_note((sdxl, ServedPool(PONY_BASE, "me/pony", "sdxl", defaults, False)), pony) is None
+    plain = LoraEntry("civitai:2", None, "s", base_models=(sdxl.base_model_id,), family=Family.SDXL, source="civitai")
+    assert finetune_note((sdxl,), plain) is None
