@@ -16,7 +16,7 @@ from engine.pipeline.compiled import CompiledDenoiser, check_compilable, dynamo_
 from engine.pipeline.loading import load_pipeline, warm_up
 from engine.pools.engine import Engine
 from engine.pools.pools import build_pools, pipeline_modules
-from engine.pools.residency import move_modules
+from engine.pools.residency import Residency, module_bytes
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import DEFAULT_MODEL_ID as SDXL_ID
@@ -163,19 +163,32 @@ def _clone(value):
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
-def test_moving_the_pool_out_and_back_keeps_the_graphs(compiled_loaded, compiled_engine, fixtures):
-    request = _request("a fox", ((fixtures["peft"], 1.0),), 0)
-    before_move = _pixels(generate(compiled_engine, request))
-    compiled_engine.prepare_to_leave_device()
+def test_a_pool_offloaded_and_brought_back_stays_equal_to_eager_and_compiles_nothing(
+    compiled_loaded, compiled_engine, eager_engine, fixtures
+):
+    """The pools' residency moves the compiled pool out to host RAM and back in, between swaps: each move points
+    its weights at new storage (on the CPU a move is a copy), the Parameters stay."""
     modules = pipeline_modules(compiled_loaded)
+    other = [torch.nn.Linear(64, 64)]  # another pool: the budget holds either, never both
+    residency = Residency(torch.device("cpu"), module_bytes(modules))
+    residency.add("compiled", modules, before_leaving=compiled_engine.prepare_to_leave_device)
+    residency.add("other", other, before_leaving=lambda: None)
     first = next(compiled_loaded.denoiser.parameters())
-    pointer = first.data_ptr()
-    move_modules(modules, torch.device("cpu"))  # on the CPU a move is a copy: new storage, same Parameters
-    assert first.data_ptr() != pointer
-    compiles = dynamo_compiles()
-    after_move = _pixels(generate(compiled_engine, request))
+    sets = [((fixtures["peft"], 1.0),), ((fixtures["kohya"], 0.7), (fixtures["dora"], 0.5)), ((fixtures["lokr"], 1.0),)]
+    compiles, pointers = dynamo_compiles(), {first.data_ptr()}
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for index in range(6):
+            with residency.use("other"):
+                pass
+            request = _request("a fox", sets[index % len(sets)], index)
+            with residency.use("compiled") as moved_s:
+                assert moved_s > 0  # it was in host RAM: moved back in for this request
+                pointers.add(first.data_ptr())
+                result = _pixels(generate(compiled_engine, request))
+            assert np.abs(result - _pixels(generate(eager_engine, request))).max() <= 2, request
+    assert len(pointers) > 1  # the weights did move to other storage
     assert dynamo_compiles() == compiles and compiled_loaded.compiled.recompiles == 0
-    assert np.array_equal(after_move, before_move)
+    assert residency.snapshot()[0].moves_in >= 6
 
 
 def test_a_shape_not_compiled_runs_eager_without_compiling(compiled_loaded, compiled_engine, eager_engine, fixtures):

@@ -2,7 +2,9 @@
 
 `reduce-overhead` records a CUDA graph per compiled shape at start-up; the swap writes into the same weight
 tensors, whose pointers the graphs hold, so no swap re-captures. Captures are counted where every one begins,
-`torch.cuda.CUDAGraph.capture_begin`. Not run on the machines this was written on (no GPU was lent).
+`torch.cuda.CUDAGraph.capture_begin`. A pool moved out to host RAM and back has its weights at new addresses:
+torch records each shape's graph again, once, and the images stay equal to eager. Not run on the machines this
+was written on (no GPU was lent).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import torch
 from engine.pipeline.compiled import dynamo_compiles
 from engine.pipeline.loading import load_pipeline, warm_up
 from engine.pools.engine import Engine
+from engine.pools.pools import pipeline_modules
+from engine.pools.residency import Residency, module_bytes
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.hub import HubSource
@@ -80,6 +84,48 @@ def test_twenty_swaps_capture_nothing_again_and_equal_eager(base_settings, hub, 
         assert dynamo_compiles() == compiles
         assert loaded.compiled is not None
         assert loaded.compiled.recompiles == 0 and loaded.compiled.eager_calls == 0
+    finally:
+        compiled_engine.close()
+        eager_engine.close()
+        if loaded.compiled is not None:
+            loaded.compiled.remove()
+
+
+def test_a_pool_brought_back_records_its_graphs_once_and_stays_equal_to_eager(
+    base_settings, hub, fixtures, pivotal, monkeypatch
+):
+    settings = base_settings.replace(device="cuda", dtype="float16", compile="reduce-overhead", max_rank=64)
+    loaded = warm_up(load_pipeline(settings, warm=False), settings, sizes=[(64, 64)])
+    eager_settings = settings.replace(compile="off")
+    eager_loaded = load_pipeline(eager_settings, warm=False)
+    compiled_engine, eager_engine = _engine(loaded, settings, hub), _engine(eager_loaded, eager_settings, hub)
+    modules = pipeline_modules(loaded)
+    other = [torch.nn.Linear(256, 256, device="cuda")]  # another pool: the budget holds either, never both
+    residency = Residency(torch.device("cuda"), module_bytes(modules))
+    residency.add("compiled", modules, before_leaving=compiled_engine.prepare_to_leave_device)
+    residency.add("other", other, before_leaving=lambda: None)
+    captures: list[int] = []
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def counted(graph, *args, **kwargs):
+        captures.append(1)
+        return begin(graph, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", counted)
+    try:
+        requests = _requests(fixtures, pivotal)[:8]
+        for moves in range(2):
+            with residency.use("other"):
+                pass
+            captured = len(captures)
+            with residency.use("compiled"):
+                for request in requests:
+                    image = np.asarray(generate(compiled_engine, request).image, dtype=np.int16)
+                    eager = np.asarray(generate(eager_engine, request).image, dtype=np.int16)
+                    assert np.abs(image - eager).max() <= 2, (moves, request)
+            # At most one recording for the one shape (none when the allocator gave back the same addresses).
+            assert len(captures) - captured <= 1
+        assert loaded.compiled is not None and loaded.compiled.recompiles == 0
     finally:
         compiled_engine.close()
         eager_engine.close()

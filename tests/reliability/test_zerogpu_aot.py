@@ -15,7 +15,7 @@ from engine.pipeline.aot import AotDenoiser
 from engine.pipeline.loading import load_pipeline
 from engine.pools.engine import Engine
 from engine.pools.pools import pipeline_modules
-from engine.pools.residency import move_modules
+from engine.pools.residency import Residency, module_bytes
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.hub import HubSource
@@ -113,7 +113,15 @@ def test_a_swap_changes_the_package_output_exactly_as_eager_and_a_move_rebinds(z
     assert change.abs().max() > 1e-3
     torch.testing.assert_close(lora_aot - base_aot, change, rtol=0, atol=1e-5)
     binds = aot.binds
-    move_modules(pipeline_modules(loaded), torch.device("cpu"))  # new storage: the bound pointers are stale
-    moved_aot, _ = outputs()
+    # The pool moved out to host RAM and back in by the pools' residency (on the CPU each move is a copy): new
+    # storage, so the bound pointers are stale.
+    modules = pipeline_modules(loaded)
+    residency = Residency(torch.device("cpu"), module_bytes(modules))
+    residency.add("aot", modules, before_leaving=lambda: None)
+    residency.add("other", [torch.nn.Linear(8, 8)], before_leaving=lambda: None)
+    with residency.use("other"):
+        pass
+    with residency.use("aot"):
+        moved_aot, _ = outputs()
     assert aot.binds == binds + 1
     torch.testing.assert_close(moved_aot, base_aot, rtol=0, atol=0)
