@@ -117,3 +117,45 @@ def test_pristine_copies_on_the_device_count_against_its_room():
     assert left == ["b", "a", "b"]
     assert (bits(a), bits(b)) == expected
     assert [m.moves_in for m in residency.snapshot()] == [1, 1]
+
+
+# -- on a GPU (never run where this was written: no GPU was lent) -------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_pool_moves_between_a_pinned_host_buffer_and_one_device_buffer():
+    block = Block(7)
+    before, params = bits(block), list(block.parameters())
+    weights = FlatWeights([block], pin=True)
+    weights.to_host()
+    assert weights.host_buffer.is_pinned()
+    cuda = torch.device("cuda")
+    for _ in range(2):
+        weights.to_device(cuda)
+        assert all(t.device.type == "cuda" for t in module_tensors([block]))
+        assert len({t.untyped_storage().data_ptr() for t in module_tensors([block])}) == 1
+        weights.to_host()
+        assert bits(block) == before
+        assert all(a is b for a, b in zip(params, block.parameters(), strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_an_engine_on_a_gpu_reports_what_its_pristine_copies_may_take_there(base_settings):
+    from engine.pipeline.loading import load_pipeline
+    from engine.pools.engine import Engine
+    from engine.prepare.resolve import AdapterResolver
+
+    settings = base_settings.replace(device="cuda", dtype="float16")
+    loaded = load_pipeline(settings)
+    resolver = AdapterResolver(None, local_dir=None, token=None, max_bytes=2**30)
+    touchable = module_bytes(getattr(loaded.pipe, c) for c in loaded.components)
+    on_device = Engine(loaded, settings, resolver)
+    assert 0 < on_device.pristine_device_bytes <= touchable
+    on_host = Engine(loaded, settings.replace(pristine_store="cpu"), resolver)
+    assert on_host.pristine_device_bytes == 0
+    small = Engine(loaded, settings.replace(pristine_bytes=1024), resolver)
+    assert small.pristine_device_bytes == 1024
+    for engine in (on_device, on_host, small):
+        engine.close()
