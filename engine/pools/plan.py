@@ -114,6 +114,10 @@ class MemoryPlan:
     def placement(self, name: str) -> Placement:
         return next(p for p in self.placements if p.name == name)
 
+    def host_components(self, name: str) -> tuple[str, ...]:
+        """The components pool `name` must keep (and run) in host RAM: its loading is told so."""
+        return self.placement(name).host_components
+
     def describe(self) -> str:
         pools = "; ".join(
             f"{p.name} {_gib(p.weights)}"
@@ -132,16 +136,19 @@ def device_memory(device: torch.device, *, per_call: bool) -> int | None:
     return int(torch.cuda.get_device_properties(device).total_memory)
 
 
-def pipeline_modules(loaded: LoadedPipeline, *, leave: Sequence[str] = ()) -> list[nn.Module]:
-    """The pipeline's modules that hold weights (what moves between the device and host RAM), less `leave`."""
-    return [m for c, m in loaded.pipe.components.items() if isinstance(m, nn.Module) and c not in leave]
+def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
+    """The pipeline's modules that hold weights and live on the device (what moves between it and host RAM)."""
+    return [
+        m for c, m in loaded.pipe.components.items() if isinstance(m, nn.Module) and c not in loaded.host_components
+    ]
 
 
 def loaded_need(loaded: LoadedPipeline) -> PoolNeed:
-    """A loaded pipeline's need, measured."""
+    """A loaded pipeline's need, measured (without the components already left in host RAM)."""
     family, pipe = loaded.family, loaded.pipe
-    touchable = module_bytes(getattr(pipe, c) for c in family.components)
-    host_able = tuple((c, module_bytes([getattr(pipe, c)])) for c in family.memory.host_components)
+    touchable = module_bytes(getattr(pipe, c) for c in family.components if c not in loaded.host_components)
+    movable = [c for c in family.memory.host_components if c not in loaded.host_components]
+    host_able = tuple((c, module_bytes([getattr(pipe, c)])) for c in movable)
     return PoolNeed(loaded.base_model_id, module_bytes(pipeline_modules(loaded)), touchable, host_able)
 
 

@@ -31,7 +31,7 @@ from engine.pools.residency import Residency
 from engine.pools.routing import PoolInfo, agreed_pool, described_pick, named_pool
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import GenerateRequest, LoraSpec, normalise_loras
-from engine.settings import Settings
+from engine.settings import PoolSetting, Settings
 from lora_catalog.entries import Family
 
 __all__ = ["Pool", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
@@ -237,14 +237,18 @@ def build_pools(
     total = memory(device) if memory is not None else device_memory(device, per_call=settings.per_call)
     options = PlanOptions.of(settings)
     declared = declared_needs(settings, device) if total is not None else None
-    if total is not None and declared is not None:
-        # Refused before anything is downloaded or loaded.
-        plan_memory(declared, total, options)
+    # Refused before anything is downloaded or loaded; its choice of components left in host RAM is final.
+    first = plan_memory(declared, total, options) if total is not None and declared is not None else None
+
+    def placed(pool: PoolSetting) -> dict[str, object]:
+        host = first.host_components(pool.base_model_id) if first is not None else ()
+        return {"host_components": host} if host else {}
+
     if len(pool_settings) == 1:
-        loaded = [load(settings, warm=warm)]
+        loaded = [load(settings, warm=warm, **placed(pool_settings[0]))]
     else:
         parked = {"park": True} if total is not None else {}
-        loaded = [load(settings.for_pool(pool), warm=False, **parked) for pool in pool_settings]
+        loaded = [load(settings.for_pool(pool), warm=False, **parked, **placed(pool)) for pool in pool_settings]
     plan = plan_memory([loaded_need(lp) for lp in loaded], total, options) if total is not None else None
     if plan is not None:
         logger.info("memory plan: %s", plan.describe())

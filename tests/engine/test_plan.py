@@ -180,3 +180,20 @@ def test_a_lone_loaded_pool_larger_than_the_gpu_is_refused_at_start_up(loaded, b
     tight = 4 * GIB + settings.device_cache_bytes + 2**20
     with pytest.raises(SettingsError, match=r"the pools do not fit this GPU's 4\.06 GiB.*a larger GPU: T4"):
         build_pools(settings, resolver, lambda s, **_: loaded, warm=False, memory=lambda _: tight)
+
+
+def test_loading_leaves_the_plan_s_host_components_in_host_ram_and_out_of_the_moves(base_settings, monkeypatch):
+    from engine.pipeline import loading
+    from engine.pools.plan import pipeline_modules
+
+    with pytest.raises(SettingsError, match=r"cannot run text_encoder_2 from host RAM; accepted: none of its"):
+        loading.load_pipeline(base_settings, warm=False, host_components=("text_encoder_2",))
+    # A family that declares it can run its second text encoder from host RAM (as FLUX's T5 will be).
+    family = dataclasses.replace(
+        sdxl.FAMILY, memory=dataclasses.replace(sdxl.MEMORY, host_components=("text_encoder_2",))
+    )
+    monkeypatch.setattr(loading, "family_spec", lambda *_, **__: family)
+    loaded = loading.load_pipeline(base_settings, warm=False, host_components=("text_encoder_2",))
+    assert loaded.host_components == ("text_encoder_2",)
+    moved = pipeline_modules(loaded)
+    assert loaded.pipe.text_encoder_2 not in moved and loaded.pipe.unet in moved and loaded.pipe.vae in moved
