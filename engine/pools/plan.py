@@ -1,14 +1,14 @@
 """The start-up memory plan: what each pool keeps on the GPU, checked before anything loads and again after.
 
-The device's room for pipelines is its memory less `WORKING_BYTES` (inference's activations) and each pool's
-`DEVICE_CACHE_BYTES` (prepared adapters). A pool on the device costs its weights, plus, where its pristine copies
-live on the device, what they may take: `PRISTINE_BYTES`, or the weights a LoRA may touch when fewer. The plan
-takes the first of these that fits: every pool resident with its pristine copies; every pool resident, pristine
-copies on the device for those that still fit, in host RAM for the others (`PRISTINE_STORE=auto`); pools taking
-turns (`POOL_OFFLOAD=on`: each must fit alone); then the same with the components a family may run from host RAM
-left there (`MemorySpec.host_components`: FLUX's T5). A plan that cannot fit is refused, before loading when the
-families declare their sizes, with what would fit: which pools, which settings, which GPU. Where the device has no
-bound (the CPU, ZeroGPU's per-call GPU) there is no plan.
+The device's room for pipelines is its memory less what inference needs free (`MemorySpec.working_bytes`, the
+largest of the pools' families) and each pool's `DEVICE_CACHE_BYTES` (prepared adapters). A pool on the device
+costs its weights, plus, where its pristine copies live on the device, what they may take: `PRISTINE_BYTES`, or
+the weights a LoRA may touch when fewer. The plan takes the first of these that fits: every pool resident with its
+pristine copies; every pool resident, pristine copies on the device for those that still fit, in host RAM for the
+others (`PRISTINE_STORE=auto`); pools taking turns (`POOL_OFFLOAD=on`: each must fit alone); then the same with
+the components a family may run from host RAM left there (`MemorySpec.host_components`: FLUX's T5). A plan that
+cannot fit is refused, before loading when the families declare their sizes, with what would fit: which pools,
+which settings, which GPU. Where the device has no bound (the CPU, ZeroGPU's per-call GPU) there is no plan.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from torch import nn
 
 from engine.errors import SettingsError
 from engine.families.registry import family_spec
+from engine.families.spec import MemorySpec
 from engine.pipeline.loading import LoadedPipeline, resolve_dtype
 from engine.pools.flat import module_bytes
 from engine.settings import Settings
 
 __all__ = [
     "GPUS",
-    "WORKING_BYTES",
     "MemoryPlan",
     "Placement",
     "PlanOptions",
@@ -43,8 +43,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Kept free for inference itself: SDXL at 1024² peaks at about 3-4 GiB of activations in fp16.
-WORKING_BYTES = 4 * 2**30
 _GIB = 2**30
 # GPUs a Space can run on, with about the memory torch reports for each (rounded down), smallest first.
 GPUS: tuple[tuple[str, int], ...] = (
@@ -60,12 +58,13 @@ _MIN_ADAPTER_CACHE = 256 * 2**20
 @dataclass(frozen=True)
 class PoolNeed:
     """What one pool would hold on the device: all its weights, those a LoRA may touch, and those its family may
-    leave in host RAM (by component)."""
+    leave in host RAM (by component); and what its inference needs free beside them."""
 
     name: str
     weights: int
     touchable: int
     host_able: tuple[tuple[str, int], ...] = ()
+    working: int = MemorySpec().working_bytes
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,8 @@ def loaded_need(loaded: LoadedPipeline) -> PoolNeed:
     touchable = module_bytes(getattr(pipe, c) for c in family.components if c not in loaded.host_components)
     movable = [c for c in family.memory.host_components if c not in loaded.host_components]
     host_able = tuple((c, module_bytes([getattr(pipe, c)])) for c in movable)
-    return PoolNeed(loaded.base_model_id, module_bytes(pipeline_modules(loaded)), touchable, host_able)
+    weights = module_bytes(pipeline_modules(loaded))
+    return PoolNeed(loaded.base_model_id, weights, touchable, host_able, family.memory.working_bytes)
 
 
 def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, ...] | None:
@@ -165,7 +165,7 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
             return None
         host_able = tuple((c, memory.values_of((c,)) * itemsize) for c in memory.host_components)
         weights, touchable = memory.total_values * itemsize, memory.values_of(family.components) * itemsize
-        needs.append(PoolNeed(pool.base_model_id, weights, touchable, host_able))
+        needs.append(PoolNeed(pool.base_model_id, weights, touchable, host_able, memory.working_bytes))
     return tuple(needs)
 
 
@@ -177,12 +177,16 @@ def plan_memory(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> 
     return plan
 
 
-def _room(total: int, pools: int, options: PlanOptions) -> int:
-    return total - WORKING_BYTES - pools * options.adapter_cache
+def _working(needs: Sequence[PoolNeed]) -> int:
+    return max(n.working for n in needs)
+
+
+def _room(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> int:
+    return total - _working(needs) - len(needs) * options.adapter_cache
 
 
 def _first_fit(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> MemoryPlan | None:
-    room = _room(total, len(needs), options)
+    room = _room(needs, total, options)
     for host in (False, True) if any(n.host_able for n in needs) else (False,):
         for placements, resident in _candidates(needs, options, room, host=host):
             if (sum if resident else max)(p.nbytes for p in placements) <= room:
@@ -228,7 +232,7 @@ def _refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> str
         for n in needs
     )
     head = (
-        f"the pools do not fit this GPU's {_gib(total)}, of which {_gib(WORKING_BYTES)} is kept for inference and "
+        f"the pools do not fit this GPU's {_gib(total)}, of which {_gib(_working(needs))} is kept for inference and "
         f"{_gib(options.adapter_cache)} per pool for adapters (DEVICE_CACHE_BYTES): {own}, with "
         f"POOL_OFFLOAD={'on' if options.offload else 'off'} and PRISTINE_STORE={options.pristine_store}"
     )
