@@ -109,6 +109,8 @@ class MemoryPlan:
     room: int
     placements: tuple[Placement, ...]
     resident: bool
+    # A smaller PRISTINE_BYTES with which every pool would stay resident with its pristine copies on the device.
+    smaller_pristine: int | None = None
 
     def placement(self, name: str) -> Placement:
         return next(p for p in self.placements if p.name == name)
@@ -125,7 +127,13 @@ class MemoryPlan:
             for p in self.placements
         )
         mode = "all resident" if self.resident else "taking turns (POOL_OFFLOAD)"
-        return f"{_gib(self.room)} of {_gib(self.total)} for pipelines, {mode}: {pools}"
+        hint = (
+            f" (PRISTINE_BYTES={self.smaller_pristine // 2**20}MiB would keep every pool resident with its pristine "
+            "copies on the device; a LoRA set touching more weights is then refused)"
+            if self.smaller_pristine is not None
+            else ""
+        )
+        return f"{_gib(self.room)} of {_gib(self.total)} for pipelines, {mode}: {pools}{hint}"
 
 
 def device_memory(device: torch.device, *, per_call: bool) -> int | None:
@@ -174,7 +182,23 @@ def plan_memory(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> 
     plan = _first_fit(needs, total, options)
     if plan is None:
         raise SettingsError(_refusal(needs, total, options))
-    return plan
+    ideal = plan.resident and all(p.pristine and not p.host_components for p in plan.placements)
+    if ideal or options.pristine_store == "cpu":
+        return plan
+    return replace(plan, smaller_pristine=_smaller_pristine(needs, total, options))
+
+
+def _smaller_pristine(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> int | None:
+    """The largest PRISTINE_BYTES (in 256 MiB steps, at least 1 GiB) with which every pool stays resident with its
+    pristine copies on the device; None when there is none."""
+    room = _room(needs, total, options)
+    step = 256 * 2**20
+    size = options.pristine_bytes - options.pristine_bytes % step
+    while size >= 2**30:
+        if sum(_place(n, size, pristine=True, host=False).nbytes for n in needs) <= room:
+            return size
+        size -= step
+    return None
 
 
 def _working(needs: Sequence[PoolNeed]) -> int:

@@ -108,10 +108,18 @@ def test_sdxl_and_sd15_stay_resident_on_an_a10g_with_the_pristine_copies_that_fi
     assert sum(p.nbytes for p in plan.placements) <= plan.room <= A10G - 8 * GIB
     # SDXL's pristine copies (up to 6.3 GiB) do not fit beside both pipelines: they wait in host RAM, SD 1.5's fit.
     assert [p.pristine_store for p in plan.placements] == ["cpu", "device"]
+    # Unless fewer are kept: 4 GiB of SDXL's do fit.
+    assert plan.smaller_pristine == 4 * GIB and "PRISTINE_BYTES=4096MiB would keep every pool" in plan.describe()
+    smaller = plan_for(settings.replace(pristine_bytes=4 * GIB), A10G)
+    assert smaller.resident and [p.pristine for p in smaller.placements] == [4 * GIB, sd15_touchable()]
     with pytest.raises(SettingsError):
         plan_for(settings.replace(pristine_store="device", pool_offload=False), A10G)
     turns = plan_for(settings.replace(pristine_store="device"), A10G)
     assert not turns.resident and [p.pristine_store for p in turns.placements] == ["device", "device"]
+
+
+def sd15_touchable() -> int:
+    return 2 * sd15.MEMORY.values_of(sd15.FAMILY.components)
 
 
 def test_sdxl_on_a_t4_keeps_its_pristine_copies_in_host_ram():
