@@ -106,10 +106,8 @@ def per_tensor(module: nn.Module, device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(name: str, repeats: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    # FLUX's largest tensor (a double block's modulation, 3072 -> 6 x 3072) needs a larger pool than a UNet's.
-    pool = random_pool(size=4 * POOL_SIZE if name == "flux" else POOL_SIZE)
-    model = build(name, dtype, pool)
+def measure(name: str, model: nn.Module, pool: torch.Tensor, repeats: int, device: torch.device) -> dict[str, Any]:
+    """Bring `model` (filled from `pool`, in host RAM) to `device` `repeats` times each way, side by side."""
     weights = FlatWeights([model], pin=device.type == "cuda")
     nbytes = weights.nbytes
     tensors = sum(1 for _ in module_tensors([model]))
@@ -180,7 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rows = []
     for name in models:
-        row = measure(name, args.repeats, device, dtype)
+        # FLUX's largest tensor (a double block's modulation, 3072 -> 6 x 3072) needs a larger pool than a UNet's.
+        pool = random_pool(size=4 * POOL_SIZE if name == "flux" else POOL_SIZE)
+        row = measure(name, build(name, dtype, pool), pool, args.repeats, device)
         gc.collect()  # the model and its buffers, before the next one is built
         rows.append(row)
         print(
