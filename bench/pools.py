@@ -11,7 +11,9 @@ processes falls on all alike:
 - the floor: one contiguous copy of the same bytes from the same place, the pool's host buffer (pinned on CUDA),
   into a newly allocated buffer on the device (on the CPU, host RAM);
 - per tensor: the move as it was before the flat buffers, one allocation and one copy per tensor.
-After every move every tensor must equal its regenerated value (`exact`).
+After every move every tensor must equal its regenerated value (`exact`). On the CPU the ratios are of the
+process's CPU seconds (a copy there is CPU work; on a shared machine the wall clock mostly measures the other
+processes, and is printed beside), on a GPU of wall seconds.
 
 The last line is `restore_vs_floor=<ours/floor> exact=<true|false>`, the worst model's median ratio.
 """
@@ -27,7 +29,8 @@ if __package__ in (None, ""):  # run as `python bench/pools.py`
 import argparse
 import gc
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -77,13 +80,11 @@ MODELS = (*CONFIGS, "flux")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def _floor_s(host: torch.Tensor, device: torch.device, clock: Clock) -> float:
-    """Seconds to copy the pool's host buffer to `device` as one block (a new buffer, as a move allocates one)."""
-    started = clock()
-    copy = host.to(device, copy=True, non_blocking=True)
-    elapsed = clock() - started
-    del copy
-    return elapsed
+def _timed(clock: Clock, run: Callable[[], object]) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) that `run` takes."""
+    wall, cpu = clock(), time.process_time()
+    run()
+    return clock() - wall, time.process_time() - cpu
 
 
 def build(name: str, dtype: torch.dtype, pool: torch.Tensor) -> nn.Module:
@@ -107,50 +108,57 @@ def per_tensor(module: nn.Module, device: torch.device) -> None:
 
 
 def measure(name: str, model: nn.Module, pool: torch.Tensor, repeats: int, device: torch.device) -> dict[str, Any]:
-    """Bring `model` (filled from `pool`, in host RAM) to `device` `repeats` times each way, side by side."""
+    """Bring `model` (filled from `pool`, in host RAM) to `device` `repeats` times each way, side by side.
+
+    Ratios are of CPU seconds on the CPU (a copy there is CPU work, and on a shared machine the wall clock mostly
+    measures the other processes), of wall seconds on a GPU (the copy engine's work: the CPU only waits).
+    """
     weights = FlatWeights([model], pin=device.type == "cuda")
-    nbytes = weights.nbytes
-    tensors = sum(1 for _ in module_tensors([model]))
     clock = Clock(device)
-    times: dict[str, list[float]] = {"ours": [], "floor": [], "per_tensor": []}
-    exact = True
 
-    def ours() -> float:
+    def ours() -> tuple[float, float]:
         weights.to_host()
-        started = clock()
-        weights.to_device(device)
-        return clock() - started
+        return _timed(clock, lambda: weights.to_device(device))
 
-    def floor() -> float:
+    def floor() -> tuple[float, float]:
         weights.to_host()
-        return _floor_s(weights.host_buffer, device, clock)
+        host = weights.host_buffer
+        return _timed(clock, lambda: host.to(device, copy=True, non_blocking=True))
 
-    def old() -> float:
+    def old() -> tuple[float, float]:
         weights.to_host()
-        started = clock()
-        per_tensor(model, device)
-        return clock() - started
+        return _timed(clock, lambda: per_tensor(model, device))
 
     methods = {"ours": ours, "floor": floor, "per_tensor": old}
-    order = list(methods)
+    times: dict[str, list[tuple[float, float]]] = {method: [] for method in methods}
+    exact = True
     for repeat in range(repeats):
         # A different order each repeat, so that a drift in the machine's load falls on every method alike.
-        for method in order[repeat % 3 :] + order[: repeat % 3]:
+        order = list(methods)[repeat % 3 :] + list(methods)[: repeat % 3]
+        for method in order:
             times[method].append(methods[method]())
             exact = exact and not mismatched_tensors(model, pool)
             gc.collect()
-    ratio = [o / f for o, f in zip(times["ours"], times["floor"], strict=True)]
-    old_ratio = [o / f for o, f in zip(times["per_tensor"], times["floor"], strict=True)]
+    basis = 1 if device.type == "cpu" else 0
+
+    def median(method: str, index: int = basis) -> float:
+        return statistics.median(t[index] for t in times[method])
+
+    def ratio(method: str, index: int = basis) -> float:
+        return statistics.median(a[index] / b[index] for a, b in zip(times[method], times["floor"], strict=True))
+
     return {
         "model": name,
-        "gib": nbytes / 2**30,
-        "tensors": tensors,
-        "ours_s": statistics.median(times["ours"]),
-        "floor_s": statistics.median(times["floor"]),
-        "old_s": statistics.median(times["per_tensor"]),
-        "ratio": statistics.median(ratio),
-        "old_ratio": statistics.median(old_ratio),
-        "gb_per_s": nbytes / 1e9 / statistics.median(times["ours"]),
+        "gib": weights.nbytes / 2**30,
+        "tensors": sum(1 for _ in module_tensors([model])),
+        "basis": ("wall", "cpu")[basis],
+        "ours_s": median("ours"),
+        "floor_s": median("floor"),
+        "old_s": median("per_tensor"),
+        "ratio": ratio("ours"),
+        "old_ratio": ratio("per_tensor"),
+        "wall_ratio": ratio("ours", 0),
+        "gb_per_s": weights.nbytes / 1e9 / median("ours", 0),
         "exact": exact,
     }
 
@@ -172,9 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"cpu: {cpu_description()[0]}")
     if device.type == "cuda":
         print(f"gpu: {torch.cuda.get_device_name(device)}")
+    basis = "CPU" if device.type == "cpu" else "wall"
+    print(f"times and ratios in {basis} seconds (medians); GB/s and the last ratio in wall seconds")
     print(
-        f"{'model':6} {'GiB':>6} {'tensors':>7} {'ours s':>8} {'floor s':>8} {'per-tensor s':>12} {'GB/s':>6} "
-        f"{'ours/floor':>10} {'per-tensor/floor':>16} exact"
+        f"{'model':6} {'GiB':>6} {'tensors':>7} {'ours s':>8} {'floor s':>8} {'per-tensor s':>12} "
+        f"{'ours/floor':>10} {'per-tensor/floor':>16} {'GB/s':>6} {'wall ours/floor':>15} exact"
     )
     rows = []
     for name in models:
@@ -185,8 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(row)
         print(
             f"{row['model']:6} {row['gib']:6.2f} {row['tensors']:7d} {row['ours_s']:8.3f} {row['floor_s']:8.3f} "
-            f"{row['old_s']:12.3f} {row['gb_per_s']:6.2f} {row['ratio']:10.2f} {row['old_ratio']:16.2f} "
-            f"{str(row['exact']).lower()}"
+            f"{row['old_s']:12.3f} {row['ratio']:10.2f} {row['old_ratio']:16.2f} {row['gb_per_s']:6.2f} "
+            f"{row['wall_ratio']:15.2f} {str(row['exact']).lower()}"
         )
     worst = max(r["ratio"] for r in rows)
     exact = all(r["exact"] for r in rows)
