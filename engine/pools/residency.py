@@ -89,13 +89,13 @@ class Residency:
                 )
             fits = self._free() >= slot.nbytes
             self._slots[name] = slot
+            # A pool loaded in host RAM that does not fit yet stays in the tensors it was loaded in: packing it
+            # into its flat host buffer now would hold it twice in host RAM for a while. Its first move in copies
+            # tensor by tensor; from its first move out on, every move is one copy.
             if not on_device and fits:
                 self._move_in(slot)
             elif on_device and not fits:
                 self._move_out(slot)
-            elif not on_device:
-                # Into its flat host buffer now, so that every move in is one copy.
-                weights.to_host()
             return slot.resident
 
     @contextmanager
