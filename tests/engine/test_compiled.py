@@ -15,7 +15,8 @@ from engine.errors import SettingsError
 from engine.pipeline.compiled import CompiledDenoiser, check_compilable, dynamo_compiles, shape_key
 from engine.pipeline.loading import load_pipeline, warm_up
 from engine.pools.engine import Engine
-from engine.pools.pools import build_pools, pipeline_modules
+from engine.pools.plan import pipeline_modules
+from engine.pools.pools import build_pools
 from engine.pools.residency import Residency, module_bytes
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec

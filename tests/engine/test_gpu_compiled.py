@@ -16,7 +16,7 @@ import torch
 from engine.pipeline.compiled import dynamo_compiles
 from engine.pipeline.loading import load_pipeline, warm_up
 from engine.pools.engine import Engine
-from engine.pools.pools import pipeline_modules
+from engine.pools.plan import pipeline_modules
 from engine.pools.residency import Residency, module_bytes
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec

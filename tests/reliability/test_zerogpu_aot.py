@@ -14,7 +14,7 @@ import torch
 from engine.pipeline.aot import AotDenoiser
 from engine.pipeline.loading import load_pipeline
 from engine.pools.engine import Engine
-from engine.pools.pools import pipeline_modules
+from engine.pools.plan import pipeline_modules
 from engine.pools.residency import Residency, module_bytes
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
