@@ -1,18 +1,9 @@
 """Ahead-of-time compiled denoisers (ZeroGPU's way): torch.export + AOTInductor, bound to the module's own weights.
 
-- One package per shape, as `engine.pipeline.compiled` compiles one graph per shape: the size presets with
-  guidance; any other shape runs eager. Each is exported from a real call of the pipeline at that size.
-- The weights are never in a package: AOTInductor is told to keep constants out of its shared object
-  (`aot_inductor.package_constants_in_so=False`, nothing written beside it), and at its first call in a process
-  the package is handed the module's own parameter and buffer tensors with `load_constants(...,
-  user_managed=True)`, which keeps their pointers instead of copying them. The swap writes into those tensors,
-  so a package computes with whatever set is fused. A tensor that moved (a pool brought back from host RAM,
-  ZeroGPU's worker putting the weights on its GPU) has a new pointer: checked at every call, and bound again.
-- Not `spaces.aoti_apply`: it replaces the module's parameters with empty tensors (its `drain_module_parameters`)
-  and gives its package a copy of the weights (`ZeroGPUWeights`), so a swap would write into tensors no package
-  reads. `spaces.aoti_capture` is not needed either: the call is captured here with a forward pre-hook.
-- Constants of the exported program that are not the module's (tensors made inside `forward`) travel with the
-  package and are bound the same way.
+One package per shape (the size presets with guidance; any other shape runs eager), exported from a real call.
+No package holds the weights: each is handed the module's own parameter and buffer tensors when first called in a
+process (`load_constants(..., user_managed=True)`: their pointers, not copies), and again when they moved, so every
+swap shows. Not spaces' `aoti_apply`, which computes with a copy of the weights. Why: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Compiled denoisers that never recompile for a swap (`COMPILE`): torch.compile once per shape, at start-up.
 
-- Only the family's declared denoiser is compiled (`FamilySpec.denoiser`: `unet`, `transformer`). The text
-  encoders stay eager: pivotal-tuning tokens change their embedding's row count (`engine.weights.tokens`), and
-  they run once per image, not once per step.
-- The weights are graph inputs, never constants. Dynamo lifts the module's parameters into each graph's inputs,
-  and the swap (`engine.weights.swap`) writes new values into those same tensors, so a compiled graph (and a
-  CUDA graph, whose pointers do not move) computes with whatever set is fused: no recompile, no re-capture.
-  Inductor's freezing (`TORCHINDUCTOR_FREEZING=1`) would fold the weights into constants: refused.
-- Static shapes, each compiled once inside the warm-up: every size preset the family offers the UI, with
-  guidance (a batch of two). A call of any other shape (a typed size, guidance ≤ 1) runs eager, so a request
-  never waits for a compile. Static rather than `dynamic=True`: inductor's best kernels (and max-autotune's
-  choices) are for known sizes; CUDA graphs record one graph per shape either way; and a dynamic graph still
-  specialises (diffusers' UNet branches on latent sizes not divisible by its up-sampling factor, dynamo
-  specialises batch 1), so which request shapes it covers is only known when a guard fails, at request time.
-- CUDA graphs (`reduce-overhead`): torch's graph trees bind each compiled graph to the tree manager of the thread
-  that compiled it (the start-up thread, for every pool), whose replays are not thread-safe and whose outputs live
-  in memory the next replay reuses; so CUDA-graph calls are serialised process-wide and their outputs copied out.
-  A pool moved out and back has new weight addresses: torch checks every weight's address before a replay and
-  records the graph again when one moved (once per shape per move, never per swap), so images stay exact.
-- Caches: `COMPILE_CACHE_DIR` becomes inductor's cache folder (FX graphs, AOTAutograd, autotuning, kernels), so
-  a restart traces again (seconds) but finds each graph's compiled code there.
+Only the family's declared denoiser is compiled; the text encoders stay eager. Its weights are graph inputs, never
+constants (freezing is refused), and the swap writes into those same tensors, so no swap recompiles or re-captures.
+Shapes are static: each size preset with guidance is compiled inside the warm-up, any other shape runs eager. CUDA-
+graph calls are serialised process-wide with their outputs copied out; a moved pool's graphs are recorded again by
+torch. `COMPILE_CACHE_DIR` is inductor's cache folder. Why each of these: docs/internals.md.
 """
 
 from __future__ import annotations
