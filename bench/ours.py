@@ -101,7 +101,6 @@ class Ours:
             path,
             key,
             self.table,
-            unet_config=self.unet.config,
             max_rank=self._max_rank,
             metadata=header.metadata,
             shapes={tensor: info.shape for tensor, info in header.tensors.items()},

@@ -25,6 +25,7 @@ __all__ = [
     "CheckedRequest",
     "GenerateRequest",
     "GenerateResult",
+    "GuidanceKind",
     "Limits",
     "LoraSpec",
     "ModelDefaults",
@@ -39,6 +40,9 @@ SCALE_RANGE = (-2.0, 2.0)
 GUIDANCE_RANGE = (0.0, 30.0)
 LOCAL_PREFIX = refs.LOCAL_PREFIX
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# How a served model reads `guidance`: classifier-free guidance (with the negative prompt), a distilled guidance
+# embedding (FLUX.1 [dev]: no negative prompt, one pass per step), or not at all (FLUX.1 [schnell]).
+GuidanceKind = Literal["cfg", "distilled", "none"]
 
 
 @dataclass(frozen=True)
@@ -82,13 +86,16 @@ TINY_MAX_SIDE = 128
 
 @dataclass(frozen=True)
 class ModelDefaults:
-    """The served model's request defaults, and the (width, height) presets the UI offers (its family's)."""
+    """The served model's request defaults, the (width, height) presets the UI offers (its family's), and which
+    inputs it reads: how it reads `guidance` (`GuidanceKind`) and whether it reads the negative prompt."""
 
     steps: int
     guidance: float
     side: int
     max_side: int
     sizes: tuple[tuple[int, int], ...] = ()
+    guidance_kind: GuidanceKind = "cfg"
+    negative_prompt: bool = True
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples

@@ -41,13 +41,13 @@ class LoraOrigin:
     bases: tuple[str, ...]
     families: tuple[Family, ...]
     how: str
-    cross_attention_dims: frozenset[int] = frozenset()
+    denoiser_dims: frozenset[int] = frozenset()
     text_dims: frozenset[int] = frozenset()
     unknown_bases: tuple[str, ...] = ()
 
     @property
     def widths(self) -> Widths:
-        return Widths(self.cross_attention_dims, self.text_dims)
+        return Widths(self.denoiser_dims, self.text_dims)
 
     def describe(self) -> str:
         if self.bases:
@@ -82,10 +82,10 @@ def judge_origin(declared_bases: Iterable[str], read_file: Callable[[], FileEvid
     names = [name.lower() for name in shapes]
     claimed = [s for s in specs if any(map(s.signature.claims, names))]
     widths = [s.signature.lora_widths(shapes) for s in claimed or specs]
-    cross = frozenset().union(*(w.cross_attention for w in widths))
+    denoiser = frozenset().union(*(w.denoiser for w in widths))
     text = frozenset().union(*(w.text for w in widths))
     families = tuple(dict.fromkeys(s.family for s in claimed))
-    return LoraOrigin((), families, "shapes", cross, text, unknown_bases=bases)
+    return LoraOrigin((), families, "shapes", denoiser, text, unknown_bases=bases)
 
 
 def check_origin(label: str, origin: LoraOrigin, served_base: str) -> str | None:

@@ -93,9 +93,17 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
     pipe = pipe.to(device=target) if pipe.dtype == dtype else pipe.to(device=target, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
-    side = int(getattr(pipe, family.denoiser).config.sample_size) * int(pipe.vae_scale_factor)
+    side = family.served_side(pipe)
     max_side = min(settings.max_side, max(2 * side, 256))
-    defaults = ModelDefaults(steps=family.steps, guidance=family.guidance, side=side, max_side=max_side)
+    run = family.defaults(pipe)
+    defaults = ModelDefaults(
+        steps=run.steps,
+        guidance=run.guidance,
+        side=side,
+        max_side=max_side,
+        guidance_kind=run.guidance_kind,
+        negative_prompt=run.negative_prompt,
+    )
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
         defaults = dataclasses.replace(defaults, steps=4, sizes=fit_presets(side, TINY_SIZES, max_side))

@@ -44,7 +44,7 @@ def pools_of(tiny_pipes) -> list[PoolInfo]:
         pipe = tiny_pipes[spec.family]
         encoders = {c: getattr(pipe, c) for c in spec.components if c != spec.denoiser}
         widths = spec.signature.pipeline_widths(getattr(pipe, spec.denoiser), encoders)
-        infos.append(PoolInfo(BASES[spec.family], spec.family, widths.cross_attention, widths.text))
+        infos.append(PoolInfo(BASES[spec.family], spec.family, widths.denoiser, widths.text))
     return infos
 
 

@@ -34,13 +34,13 @@ def test_each_tiny_pipeline_is_of_its_familys_class_with_the_declared_denoiser_a
     denoiser = getattr(pipe, spec.denoiser)
     assert int(denoiser.config.sample_size) * pipe.vae_scale_factor == TINY_SIDE
     widths = spec.signature.pipeline_widths(denoiser, encoders(spec, pipe))
-    assert widths.cross_attention and widths.text
+    assert widths.denoiser and widths.text
 
 
 def test_the_tiny_pipelines_have_widths_of_their_own(tiny_pipes):
     """So a LoRA's shapes tell the tiny ones apart, as they tell the real ones apart."""
     cross = [
-        spec.signature.pipeline_widths(getattr(tiny_pipes[spec.family], spec.denoiser), {}).cross_attention
+        spec.signature.pipeline_widths(getattr(tiny_pipes[spec.family], spec.denoiser), {}).denoiser
         for spec in served_specs()
     ]
     assert len(set(cross)) == len(cross)
