@@ -96,6 +96,7 @@ class ModelDefaults:
     sizes: tuple[tuple[int, int], ...] = ()
     guidance_kind: GuidanceKind = "cfg"
     negative_prompt: bool = True
+    side_multiple: int = 8
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples
@@ -261,6 +262,9 @@ def _float(name: str, value: object, default: float, low: float, high: float) ->
 
 def _side(name: str, value: object, defaults: ModelDefaults) -> int:
     side = _int(name, value, defaults.side, 64, defaults.max_side)
-    if side % 8:
-        raise InvalidRequestError(f"{name}={side} is not a multiple of 8; accepted: 64 to {defaults.max_side} in 8s")
+    step = defaults.side_multiple
+    if side % step:
+        raise InvalidRequestError(
+            f"{name}={side} is not a multiple of {step}; accepted: 64 to {defaults.max_side} in {step}s"
+        )
     return side

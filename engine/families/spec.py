@@ -105,6 +105,8 @@ class RunDefaults:
     guidance: float
     guidance_kind: GuidanceKind = "cfg"
     negative_prompt: bool = True
+    # Image sides must be multiples of this (FLUX: the VAE's 8 times its 2x2 patches).
+    side_multiple: int = 8
 
 
 def fixed_defaults(defaults: RunDefaults) -> Callable[[Pipeline], RunDefaults]:
@@ -164,6 +166,8 @@ class FamilySpec:
     build_tiny: TinyBuilder
     # Extra `from_pretrained` arguments (SD 1.x/2.x: no safety checker).
     load_options: tuple[tuple[str, object], ...] = ()
+    # The half precision `DTYPE=auto` loads it in on a GPU (FLUX.1's activations overflow float16).
+    half_dtype: str = "float16"
 
     def size_presets(self, side: int, max_side: int) -> tuple[tuple[int, int], ...]:
         """The buckets scaled to `side` (to multiples of 64), after the square, those no larger than `max_side`."""

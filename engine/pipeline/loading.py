@@ -68,9 +68,10 @@ def resolve_device(setting: str) -> torch.device:
     return device
 
 
-def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(setting: str, device: torch.device, half: str = "float16") -> torch.dtype:
+    """`DTYPE`'s dtype on `device`; `auto` is the family's half precision (`half`) on a GPU, float32 on the CPU."""
     if setting == "auto":
-        return torch.float16 if device.type in ("cuda", "mps") else torch.float32
+        return _DTYPES[half] if device.type in ("cuda", "mps") else torch.float32
     return _DTYPES[setting]
 
 
@@ -83,7 +84,7 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
     """
     family = family_spec(settings.base_model_id, setting="BASE_MODEL_ID")
     device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
+    dtype = resolve_dtype(settings.dtype, device, family.half_dtype)
     started = time.perf_counter()
     pipe: Pipeline = (
         build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
@@ -103,6 +104,7 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
         max_side=max_side,
         guidance_kind=run.guidance_kind,
         negative_prompt=run.negative_prompt,
+        side_multiple=run.side_multiple,
     )
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
