@@ -109,6 +109,17 @@ class ModelDefaults:
         """The one rule for "this is a tiny test model": its default image side (no real base is under 512)."""
         return self.side <= TINY_MAX_SIDE
 
+    def ignored(self, request: CheckedRequest) -> tuple[str, ...]:
+        """Warnings for what `request` sets that this model does not read (accepted, and left unused)."""
+        warnings = []
+        if request.negative_prompt and not self.negative_prompt:
+            warnings.append(
+                "negative_prompt does not apply to this model (its guidance is distilled into it: no CFG); ignored"
+            )
+        if self.guidance_kind == "none" and request.guidance != self.guidance:
+            warnings.append(f"guidance does not apply to this model (it takes none); {request.guidance:g} ignored")
+        return tuple(warnings)
+
 
 @dataclass(frozen=True)
 class Limits:

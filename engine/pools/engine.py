@@ -180,7 +180,7 @@ class Engine:
         try:
             adapters: list[tuple[PreparedAdapter, float]] = []
             uses: list[AdapterUse] = []
-            warnings: list[str] = []
+            warnings: list[str] = list(self.loaded.defaults.ignored(normalised))
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
                 ready = self._prepare_one(spec, leased)

@@ -129,7 +129,7 @@ def wire_browsing(
     browser.base.change(
         lambda b: pool_ui.on_base(handlers, b),
         browser.base,
-        [browser.note, request.size, request.steps, request.guidance],
+        [browser.note, request.size, request.steps, request.guidance, request.negative],
         **opts,
     )
     browser.next.click(lambda b, s, o, n: browse(b, s, o, n + 1), [*filters, page], outputs, **opts)
@@ -152,6 +152,7 @@ def wire_browsing(
             request.size,
             request.steps,
             request.guidance,
+            request.negative,
         ],
         **opts,
     ).then(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from engine.pools.routing import pool_of_base
 from lora_catalog.bases import KNOWN_BASES, family_of_base
 from lora_catalog.entries import Family
-from serving.ui.formatting import status_markdown
+from serving.ui.formatting import inputs_note, status_markdown
 
 if TYPE_CHECKING:
     from engine.outcomes import PoolStatus, ServedPool
@@ -80,7 +80,7 @@ def base_note(pools: Sequence[ServedPool], base: str) -> str:
     defaults = pool.defaults
     return (
         f"LoRAs for {display_name(base)} generate on **{display_name(pool.base_model_id)}** "
-        f"({pool.family}): {defaults.side}×{defaults.side}, {defaults.steps} steps, guidance {defaults.guidance:g}."
+        f"({pool.family}): {defaults.side}×{defaults.side}, {defaults.steps} steps, {inputs_note(defaults)}."
     )
 
 
@@ -139,6 +139,10 @@ def pools_api_snippets(url: str, pools: Sequence[ServedPool]) -> str:
     for pool in pools:
         defaults = pool.defaults
         body = f'{{"inputs": "an elephant", "parameters": {{"width": {defaults.side}, "height": {defaults.side}}}}}'
+        lines.append(
+            f"{display_name(pool.base_model_id)}: {defaults.steps} steps, {inputs_note(defaults)} by default; "
+            f"sides in multiples of {defaults.side_multiple}."
+        )
         lines.append(
             f"```bash\ncurl {url.rstrip('/')}/models/{pool.base_model_id} \\\n     -d '{body}' > result.jpg\n```"
         )
