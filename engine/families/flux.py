@@ -27,6 +27,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
+from engine.errors import IncompatibleLoraError
 from engine.families.spec import (
     FamilySpec,
     LatentProjection,
@@ -142,7 +143,8 @@ def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[
     zero rows to those widths, its rows for q, k, v and the MLP placed at the offsets diffusers splits at, and
     the four factors it gives are cropped back after: the split and its sparse test see exactly the factor
     they would at real width, and zero rows change neither. At real width nothing is padded.
-    A factor whose rows fit no served width is refused here (ValueError, naming both), never asserted on.
+    A factor whose rows fit no served width is refused here (IncompatibleLoraError naming both shapes), never
+    asserted on; what diffusers' converter cannot read comes out as a ValueError.
     """
     widths = linear1_widths(denoiser)
     padded, crops = _pad_linear1(state_dict, widths)
@@ -167,16 +169,16 @@ def _pad_linear1(
         if match is None:
             continue
         if widths is None:
-            raise ValueError(f"{name} adapts a single block's linear1, and the served transformer has no single block")
+            raise IncompatibleLoraError(f"{name} adapts a single block's linear1; the served transformer has none")
         if up.ndim != 2 or up.shape[0] != sum(widths):
-            raise ValueError(
+            raise IncompatibleLoraError(
                 f"{name} has {up.shape[0] if up.ndim else 0} output rows; the served transformer's linear1 has "
                 f"{sum(widths)} (q, k, v of {widths[0]} each and an MLP input of {widths[3]})"
             )
         if widths == REAL_LINEAR1:
             continue
         if any(w > real for w, real in zip(widths, REAL_LINEAR1, strict=True)):
-            raise ValueError(f"{name}: the served linear1 widths {widths} exceed FLUX.1's {REAL_LINEAR1}")
+            raise IncompatibleLoraError(f"{name}: the served linear1 widths {widths} exceed FLUX.1's {REAL_LINEAR1}")
         block = match[1] or match[2]
         laid = up.new_zeros((sum(REAL_LINEAR1), up.shape[1]))
         start = offset = 0

@@ -266,6 +266,8 @@ def _plain_layers(
 ) -> list[LayerUpdate]:
     try:
         state_dict, network_alphas = table.convert(dict(plain))
+    except IncompatibleLoraError as e:  # the converter found factors the served pipeline's shapes do not fit
+        raise IncompatibleLoraError(f"{label}: {e}") from e
     except (ValueError, KeyError, IndexError) as e:
         raise IncompatibleLoraError(f"{label} has tensor names the served pipeline does not know: {e}") from e
     layers: list[LayerUpdate] = []

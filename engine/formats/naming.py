@@ -108,6 +108,8 @@ def kohya_modules(
         placeholders[f"{stem}.lora_up.weight"] = marker.clone()
     try:
         state_dict, _ = convert(placeholders)
+    except IncompatibleLoraError as e:
+        raise IncompatibleLoraError(f"{label}: {e}") from e
     except (ValueError, KeyError, IndexError) as e:
         raise IncompatibleLoraError(f"{label} has module names the served pipeline does not know: {e}") from e
     found: dict[str, tuple[str, str]] = {}
