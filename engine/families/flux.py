@@ -32,6 +32,7 @@ from engine.families.spec import (
     FamilySpec,
     LatentProjection,
     LoraSignature,
+    MemorySpec,
     Module,
     Pipeline,
     PreviewSpec,
@@ -44,7 +45,7 @@ from engine.families.tiny import text_config, tiny_t5_tokenizer, tiny_tokenizer,
 from engine.requests import CheckedRequest
 from lora_catalog.entries import Family
 
-__all__ = ["FAMILY", "build_tiny_pipeline", "convert_lora", "linear1_widths"]
+__all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "linear1_widths"]
 
 # FLUX.1 is trained on many aspect ratios around a megapixel; these are the common ones (multiples of 64).
 SIZE_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
@@ -80,6 +81,20 @@ VAE: dict[str, Any] = {
     "scaling_factor": 0.3611,
     "shift_factor": 0.1159,
 }
+# Parameter and buffer values of black-forest-labs/FLUX.1-dev as diffusers and transformers build them from its
+# configs (transformer/, text_encoder/ CLIP-L, text_encoder_2/ T5-XXL's encoder, vae/): 16.87 billion, 33.7 GB in
+# bf16 ([schnell] lacks the guidance embedding: 10 M fewer). T5 is never adapted (diffusers' loader does not) and
+# may run from host RAM: per prompt it takes token ids and gives embeddings, little to move, so where nothing else
+# fits the plan leaves its 9.5 GB there and prompts are encoded on the CPU (slower; not measured here).
+MEMORY = MemorySpec(
+    values=(
+        ("transformer", 11_901_408_320),
+        ("text_encoder", 123_060_557),
+        ("text_encoder_2", 4_762_310_656),
+        ("vae", 83_819_683),
+    ),
+    host_components=("text_encoder_2",),
+)
 # diffusers 0.42's kohya converter splits `linear1` into q, k, v and the MLP's input at these widths.
 REAL_LINEAR1 = (3072, 3072, 3072, 12288)
 _LINEAR1_UP = re.compile(
@@ -295,4 +310,5 @@ FAMILY = FamilySpec(
     preview=PreviewSpec("madebyollin/taef1", LATENT_RGB, unpack=FluxPipeline._unpack_latents),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
+    memory=MEMORY,
 )

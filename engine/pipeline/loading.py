@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from accelerate.utils import send_to_device
 from diffusers import AutoencoderKL
 
 from engine.errors import SettingsError
@@ -108,6 +109,8 @@ def load_pipeline(
         for name, component in pipe.components.items():
             if isinstance(component, torch.nn.Module):
                 component.to(device=torch.device("cpu") if name in host_components else target, dtype=cast)
+                if name in host_components:
+                    _compute_in_host_ram(component, device)
     else:
         pipe = pipe.to(device=target) if cast is None else pipe.to(device=target, dtype=cast)
     pipe.set_progress_bar_config(disable=True)
@@ -153,6 +156,23 @@ def load_pipeline(
         warmup_s,
     )
     return dataclasses.replace(loaded, warmup_s=warmup_s)
+
+
+def _compute_in_host_ram(module: torch.nn.Module, device: torch.device) -> None:
+    """A component left in host RAM computes there, called as if it were on `device`: its inputs are brought to
+    host RAM and its outputs handed back on `device` (FluxPipeline sends T5 the token ids on its execution device).
+    accelerate's offload hooks would move its weights to the device for each call instead, the very bytes the
+    plan keeps off it; its `send_to_device` moves the nested arguments and outputs (a ModelOutput too)."""
+    host = torch.device("cpu")
+
+    def inputs(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        return send_to_device(args, host), send_to_device(kwargs, host)
+
+    def outputs(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        return send_to_device(output, device)
+
+    module.register_forward_pre_hook(inputs, with_kwargs=True)
+    module.register_forward_hook(outputs, with_kwargs=True)
 
 
 def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Pipeline:
