@@ -30,8 +30,10 @@ from pydantic_core import ErrorDetails
 from engine.errors import SettingsError
 from engine.pools.specs import (
     DEFAULT_MODEL_ID,
+    FLUX_MODEL_ID,
     HUB_ID,
     SD15_MODEL_ID,
+    TINY_FLUX_MODEL_ID,
     TINY_MODEL_ID,
     TINY_MODEL_IDS,
     TINY_SD15_MODEL_ID,
@@ -42,7 +44,9 @@ from engine.pools.specs import (
 __all__ = [
     "CIVITAI_STORAGE_HOSTS",
     "DEFAULT_MODEL_ID",
+    "FLUX_MODEL_ID",
     "SD15_MODEL_ID",
+    "TINY_FLUX_MODEL_ID",
     "TINY_MODEL_ID",
     "TINY_MODEL_IDS",
     "TINY_SD15_MODEL_ID",

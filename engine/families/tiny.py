@@ -1,4 +1,4 @@
-"""What every tiny random-weight pipeline shares: a CLIP tokenizer, CLIP text configs, a VAE, a scheduler.
+"""What every tiny random-weight pipeline shares: CLIP and T5 tokenizers, CLIP text configs, a VAE, a scheduler.
 
 Each family builds its tiny pipeline in its own module (`engine.families.<family>.build_tiny`) with its real
 structure (blocks, heads, conditioning, text encoders, a cross-attention width of its own, so a LoRA's shapes
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from diffusers import AutoencoderKL, EulerDiscreteScheduler
-from transformers import CLIPTextConfig, CLIPTokenizer
+from transformers import CLIPTextConfig, CLIPTokenizer, T5Tokenizer
 
 from engine.families.registry import family_spec
 from engine.pools.specs import TINY_MODEL_ID, TINY_MODEL_IDS
@@ -30,6 +30,7 @@ __all__ = [
     "ensure_tiny_pipeline",
     "text_config",
     "tiny_scheduler",
+    "tiny_t5_tokenizer",
     "tiny_tokenizer",
     "tiny_vae",
 ]
@@ -108,6 +109,18 @@ def tiny_tokenizer(pad_token: str = "<|endoftext|>") -> CLIPTokenizer:
     return CLIPTokenizer(vocab=vocab, merges=merges, pad_token=pad_token, model_max_length=77)  # type: ignore[arg-type]
 
 
+def tiny_t5_tokenizer() -> T5Tokenizer:
+    """A T5 tokenizer over the same small vocabulary: a Unigram model built by `tokenizers` (transformers'
+    T5Tokenizer builds it from the list of pieces), with a whole-word piece per demo word and single characters
+    for the rest, so any prompt tokenizes without the 32k-piece SentencePiece model of a real T5."""
+    characters = sorted(set("".join(_WORDS)) | set("abcdefghijklmnopqrstuvwxyz0123456789,.!?'-<>"))
+    # T5's layout: <pad> 0, </s> 1, <unk> 2, then the pieces (scores: whole words first, then characters).
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [(f"\u2581{word}", -1.0) for word in dict.fromkeys(_WORDS)]
+    pieces += [(character, -5.0) for character in characters]
+    return T5Tokenizer(vocab=pieces, extra_ids=0)
+
+
 def text_config(tokenizer: CLIPTokenizer, hidden_size: int = 32) -> CLIPTextConfig:
     """A small CLIP text encoder's config for `tokenizer` (its vocabulary and special tokens)."""
     vocab_size, bos, eos = len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id
@@ -133,18 +146,21 @@ def build_tiny(model_id: str, seed: int = 0) -> Pipeline:
     return family_spec(TINY_MODEL_IDS[model_id]).build_tiny(seed)
 
 
-def tiny_vae(seed: int) -> AutoencoderKL:
+def tiny_vae(seed: int, **family: Any) -> AutoencoderKL:
+    """A small VAE (2x downsampling); `family` overrides its config where the family's VAE differs (FLUX's:
+    16 latent channels, no quant convolutions, its scaling and shift factors)."""
     torch.manual_seed(seed + 1)
-    return AutoencoderKL(
-        block_out_channels=(16, 32),
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=TINY_SIDE,
-    )
+    config: dict[str, Any] = {
+        "block_out_channels": (16, 32),
+        "in_channels": 3,
+        "out_channels": 3,
+        "down_block_types": ("DownEncoderBlock2D",) * 2,
+        "up_block_types": ("UpDecoderBlock2D",) * 2,
+        "latent_channels": 4,
+        "norm_num_groups": 8,
+        "sample_size": TINY_SIDE,
+    }
+    return AutoencoderKL(**(config | family))
 
 
 def tiny_scheduler(prediction_type: str = "epsilon") -> EulerDiscreteScheduler:

@@ -71,11 +71,14 @@ class Engine:
         # Subscribers (serving.http.metrics) count what the engine reports here; the engine keeps no counts itself.
         self.events = EngineEvents()
         pipe = loaded.pipe
+        family = loaded.family
         self._table = TargetTable(
-            {c: getattr(pipe, c) for c in loaded.components}, lora_loader=loaded.family.lora_loader
+            {c: getattr(pipe, c) for c in loaded.components},
+            denoiser=family.denoiser,
+            convert_lora=family.convert_lora,
         )
         # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
-        encoders = TextEncoders(pipe)
+        encoders = TextEncoders(pipe, loaded.components)
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
         # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
         pin = loaded.device.type == "cuda" and not settings.zero_gpu
@@ -114,7 +117,6 @@ class Engine:
             self._table,
             encoders,
             served_base=loaded.base_model_id,
-            unet_config=loaded.denoiser.config,
             max_rank=settings.max_rank,
             disk=self.disk_cache,
             gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
@@ -185,7 +187,7 @@ class Engine:
         try:
             adapters: list[tuple[PreparedAdapter, float]] = []
             uses: list[AdapterUse] = []
-            warnings: list[str] = []
+            warnings: list[str] = list(self.loaded.defaults.ignored(normalised))
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
                 ready = self._prepare_one(spec, leased)
@@ -307,6 +309,7 @@ class Engine:
             image = infer(
                 self.loaded.pipe,
                 prepared.request,
+                family=self.loaded.family,
                 tokenizers=self._fused.tokenizers,
                 progress=progress,
                 cancel=cancel,

@@ -163,11 +163,12 @@ def loaded_need(loaded: LoadedPipeline) -> PoolNeed:
 def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, ...] | None:
     """Each pool's need from its family's declared sizes, before loading; None when a pool's are unknown (a tiny
     pipeline, a local folder, or a family that declares none)."""
-    itemsize = torch.empty((), dtype=resolve_dtype(settings.dtype, device)).element_size()
     needs = []
     for pool in settings.pool_settings:
         family = family_spec(pool.base_model_id, setting="BASE_MODEL_ID")
         memory = family.memory
+        # Each family's own half precision under DTYPE=auto (FLUX.1: bfloat16), as load_pipeline loads it.
+        itemsize = torch.empty((), dtype=resolve_dtype(settings.dtype, device, family.half_dtype)).element_size()
         # A local folder may hold anything (a tiny pipeline, a pruned one): it is judged once loaded.
         if settings.for_pool(pool).loads_tiny or Path(pool.model_id).exists() or not memory.values:
             return None
