@@ -1,0 +1,200 @@
+"""Z-Image (Turbo and its fine-tunes): `ZImagePipeline`, a single-stream DiT with a Qwen3 text encoder, 1024 px.
+
+The denoiser is `ZImageTransformer2DModel` (`transformer`): 30 single-stream blocks (`layers`) and two refiner
+stacks (`noise_refiner`, `context_refiner`), 3840 wide, each with attention (`to_q/k/v`, `to_out.0`), a SwiGLU
+feed-forward (`w1/w2/w3`) and an adaLN modulation. diffusers' loader adapts only the transformer (never Qwen3).
+Its LoRAs come in diffusers/PEFT names (`transformer.layers.0.attention.to_q.lora_A.weight`), ai-toolkit's and
+ComfyUI's `diffusion_model.` form of them (with `.alpha`), kohya/musubi names (`lora_unet_layers_0_attention_
+to_q.lora_down.weight`, `..._attention_out`), and the dotted form some trainers write (`.lora.down.weight`,
+with Z-Image's original fused `attention.qkv`): diffusers' `ZImagePipeline.lora_state_dict` converts them all,
+folding each `.alpha` into the factors (so no alphas come back).
+
+Turbo is distilled to 8 transformer passes (9 scheduler steps) without guidance: `guidance_scale` 0 turns its
+classifier-free guidance off; above 0 the pipeline runs true CFG with the negative prompt. The autoencoder is
+FLUX.1's (16 channels, the same scale and shift), so previews use TAEF1 and ComfyUI's FLUX projection (ComfyUI
+gives Z-Image the FLUX latent format); the latents are spatial (the transformer patches them itself). Sides are
+multiples of 16 (the VAE's 8 times the 2x2 patches).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+
+from engine.families import flux
+from engine.families.spec import (
+    FamilySpec,
+    LoraSignature,
+    Module,
+    Pipeline,
+    PreviewSpec,
+    RunDefaults,
+    Shapes,
+    Tensor,
+    Widths,
+)
+from engine.families.tiny import byte_level_vocabulary, tiny_vae
+from engine.requests import CheckedRequest
+from lora_catalog.entries import Family
+
+__all__ = ["FAMILY", "build_tiny_pipeline", "convert_lora", "tiny_qwen_tokenizer"]
+
+# Z-Image's model card and demo offer these around a megapixel (multiples of 64), like FLUX.1's.
+SIZE_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
+# Lower-cased names only Z-Image LoRAs have: its blocks' lists at the top of the transformer, in every naming
+# (diffusers', ComfyUI's `diffusion_model.`, kohya's `lora_unet_`). No UNet, FLUX or CLIP name starts so.
+_CLAIMS = re.compile(r"^(transformer\.|diffusion_model\.|lora_unet_)?(layers|noise_refiner|context_refiner)[._]\d+[._]")
+# The attention inputs a LoRA's down factor shows the hidden width on (q/k/v alone or fused).
+_HIDDEN_INPUT = re.compile(r"attention[._](to[._]?[qkv]|qkv)[._]")
+_DOWN = (".lora_down.weight", ".lora_a.weight", ".lora.down.weight")
+# Qwen3's chat template as far as Z-Image's prompt encoding uses it: one user turn, the assistant's turn opened
+# (`enable_thinking` true: no empty think block, as in Qwen3's own template).
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def claims(name: str) -> bool:
+    """A lower-cased tensor name of a Z-Image LoRA."""
+    return bool(_CLAIMS.search(name))
+
+
+def lora_widths(shapes: Shapes) -> Widths:
+    """The hidden width its attention factors take (Z-Image LoRAs have no text encoder part)."""
+    hidden = {
+        int(shape[1])
+        for name, shape in shapes.items()
+        if len(shape) >= 2 and name.lower().endswith(_DOWN) and _HIDDEN_INPUT.search(name.lower())
+    }
+    return Widths(frozenset(hidden))
+
+
+def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
+    """The transformer's hidden width (`dim`); no text encoder is adapted."""
+    return Widths(frozenset({int(denoiser.config.dim)}))
+
+
+def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
+    """diffusers' own conversion (`ZImagePipeline.lora_state_dict`); it folds the alphas into the factors.
+
+    What it cannot read comes out as a ValueError (as every family's converter reports it)."""
+    try:
+        converted = ZImagePipeline.lora_state_dict(dict(state_dict))
+    except (AssertionError, RuntimeError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"diffusers' Z-Image converter could not read it ({type(e).__name__}: {e})") from e
+    return converted, None
+
+
+def served_side(pipe: Pipeline) -> int:
+    """ZImagePipeline's default side is 1024, FLUX.1's VAE's `sample_size` (a tiny VAE states its own)."""
+    return int(pipe.vae.config.sample_size)
+
+
+def defaults(pipe: Pipeline) -> RunDefaults:
+    """Turbo's: 9 steps (8 transformer passes) without guidance; a guidance above 0 runs true CFG, which reads
+    the negative prompt. Sides go in the VAE's scale times the 2x2 patches."""
+    return RunDefaults(9, 0.0, "cfg", negative_prompt=True, side_multiple=2 * int(pipe.vae_scale_factor))
+
+
+def call_arguments(request: CheckedRequest) -> dict[str, Any]:
+    """ZImagePipeline's call: its CFG reads the negative prompt when guidance is above 0 (and ignores it at 0)."""
+    return {
+        "prompt": request.prompt,
+        "negative_prompt": request.negative_prompt or None,
+        "num_inference_steps": request.steps,
+        "guidance_scale": request.guidance,
+        "width": request.width,
+        "height": request.height,
+    }
+
+
+def tiny_qwen_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer in Qwen's layout, built with `tokenizers` from the tiny pipelines' vocabulary
+    (a whole-word token per demo word, bytes for the rest), with Qwen's special tokens and chat template."""
+    vocab, merges = byte_level_vocabulary()
+    for special in _SPECIAL:
+        vocab[special] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(_SPECIAL))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=_CHAT_TEMPLATE,
+        model_max_length=512,
+    )
+
+
+def build_tiny_pipeline(seed: int = 0) -> ZImagePipeline:
+    """A tiny Z-Image Turbo pipeline: 2 single-stream blocks and one of each refiner 24 wide (2 heads of 12),
+    a Qwen3 encoder 32 wide with its tokenizer, FLUX.1's 16-channel VAE in small, and Turbo's scheduler.
+    About 0.3 M parameters (most in the timestep embedder's fixed 256 x 1024 layer); the same seed gives the
+    same weights. 24 wide, a width no other tiny pipeline has, so widths tell them apart as they tell the real ones."""
+    tokenizer = tiny_qwen_tokenizer()
+    torch.manual_seed(seed)
+    transformer = ZImageTransformer2DModel(
+        all_patch_size=(2,),
+        all_f_patch_size=(1,),
+        in_channels=16,
+        dim=24,
+        n_layers=2,
+        n_refiner_layers=1,
+        n_heads=2,
+        n_kv_heads=2,
+        cap_feat_dim=32,
+        axes_dims=[4, 4, 4],
+        axes_lens=[256, 64, 64],
+    )
+    vae = tiny_vae(seed, **flux.VAE)
+    torch.manual_seed(seed + 2)
+    text_encoder = Qwen3Model(
+        Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=512,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    # Z-Image-Turbo's scheduler/scheduler_config.json.
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
+    pipe = ZImagePipeline(
+        scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
+    )
+    dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.loading.Pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe
+
+
+FAMILY = FamilySpec(
+    family=Family.ZIMAGE,
+    pipeline_class=ZImagePipeline,
+    denoiser="transformer",
+    components=("transformer",),
+    side=1024,
+    served_side=served_side,
+    defaults=defaults,
+    call_arguments=call_arguments,
+    size_buckets=SIZE_BUCKETS,
+    convert_lora=convert_lora,
+    signature=LoraSignature(claims, lora_widths, pipeline_widths),
+    # FLUX.1's autoencoder: TAEF1 and its projection decode Z-Image's latents, which are spatial already.
+    preview=PreviewSpec(flux.FAMILY.preview.tiny_vae, flux.LATENT_RGB),
+    build_tiny=build_tiny_pipeline,
+    half_dtype="bfloat16",
+)
