@@ -3,7 +3,7 @@
 FLUX.1's transformer is 3072 wide with 19 double and 38 single blocks (12 B parameters, 24 GB in bf16): too
 much for a 24 GiB machine with pristine copies and diffusers' reference beside it. The slice keeps every
 width and layer of the real one (FLUX.1 [dev]'s config: guidance embedding, 4096-wide T5 input, 768-wide
-CLIP input) with 2 double and 4 single blocks: 1.28 B parameters, 2.4 GiB in bf16. Its random weights are cut
+CLIP input) with 2 double and 4 single blocks: 1.31 B parameters, 2.4 GiB in bf16. Its random weights are cut
 from one pool (`bench.sdxl_unet.fill_module`), so every tensor can be regenerated and compared bit for bit.
 
 The LoRAs adapt every layer of those blocks as kohya's sd-scripts trains FLUX (`serving.demo.synthetic_flux`:

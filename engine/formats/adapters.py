@@ -91,8 +91,11 @@ class PreparedAdapter:
 
     @property
     def nbytes(self) -> int:
+        """Bytes held; a factor several layers share (a fused layer's down factor, split by diffusers' FLUX
+        converter into q, k and v) counted once."""
         extra = self.embeddings.nbytes if self.embeddings is not None else 0
-        return extra + sum(t.nbytes for layer in self.layers for t in layer.tensors)
+        unique = {_view(t): t.nbytes for layer in self.layers for t in layer.tensors}
+        return extra + sum(unique.values())
 
     @property
     def device(self) -> torch.device:
@@ -114,11 +117,20 @@ class PreparedAdapter:
         if all(t.device == device and (dtype is None or t.dtype == dtype) for t in tensors) and not pin:
             return self
 
+        moved: dict[tuple, torch.Tensor] = {}  # a shared factor stays shared on the other side
+
         def move(t: torch.Tensor) -> torch.Tensor:
-            moved = t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
-            return moved.pin_memory() if pin else moved
+            if (key := _view(t)) not in moved:
+                copy = t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
+                moved[key] = copy.pin_memory() if pin else copy
+            return moved[key]
 
         return dataclasses.replace(self, layers=tuple(layer.map(move) for layer in self.layers))
+
+
+def _view(t: torch.Tensor) -> tuple:
+    """What identifies a tensor's values: its storage and the view into it."""
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
 
 # SDXL's converter: what a table made without a family's (tests and benchmarks over an SDXL UNet) converts with.

@@ -265,3 +265,16 @@ def test_the_base_is_bit_exact_after_swaps_across_formats_and_failures(
         for key, value in getattr(loaded_flux.pipe, name).state_dict().items():
             assert torch.equal(value, pristine_flux[f"{name}.{key}"]), f"{name}.{key} drifted"
     assert generate(flux_engine, request()).image.tobytes() == base
+
+
+def test_a_fused_layers_shared_down_factor_is_held_once(flux_engine, flux_loras):
+    """diffusers' converter gives q, k and v (and the MLP) of a fused layer one down factor: the cache counts and
+    moves it once, so a kohya FLUX LoRA costs its file's size, not up to four times its down factors."""
+    from safetensors.torch import load_file
+
+    case = next(c for c in CASES if c.name == "kohya_linear1")
+    file_bytes = sum(t.nbytes for t in load_file(flux_loras / case.file_name).values())
+    with flux_engine.prepare(request(LoraSpec(f"local:{case.file_name}"))) as prepared:
+        (adapter, _), *_ = prepared.adapters
+        moved = adapter.to(torch.device("cpu"), torch.bfloat16)
+    assert adapter.nbytes <= file_bytes and moved.nbytes == adapter.nbytes // 2
