@@ -5,9 +5,10 @@ stacks (`noise_refiner`, `context_refiner`), 3840 wide, each with attention (`to
 feed-forward (`w1/w2/w3`) and an adaLN modulation. diffusers' loader adapts only the transformer (never Qwen3).
 Its LoRAs come in diffusers/PEFT names (`transformer.layers.0.attention.to_q.lora_A.weight`), ai-toolkit's and
 ComfyUI's `diffusion_model.` form of them (with `.alpha`), kohya/musubi names (`lora_unet_layers_0_attention_
-to_q.lora_down.weight`, `..._attention_out`), and the dotted form some trainers write (`.lora.down.weight`,
-with Z-Image's original fused `attention.qkv`): diffusers' `ZImagePipeline.lora_state_dict` converts them all,
-folding each `.alpha` into the factors (so no alphas come back).
+to_q.lora_down.weight`, `..._attention_out`, the fused `..._attention_qkv`), ComfyUI's names over the same
+original layers, and the dotted form some trainers write (`.lora.down.weight`): diffusers'
+`ZImagePipeline.lora_state_dict` converts them all, folding each `.alpha` into the factors (so no alphas come
+back); ComfyUI's fused `qkv` only after a rename (see convert_lora).
 
 Turbo is distilled to 8 transformer passes (9 scheduler steps) without guidance: `guidance_scale` 0 turns its
 classifier-free guidance off; above 0 the pipeline runs true CFG with the negative prompt. The autoencoder is
@@ -53,6 +54,8 @@ _CLAIMS = re.compile(r"^(transformer\.|diffusion_model\.|lora_unet_)?(layers|noi
 # The attention inputs a LoRA's down factor shows the hidden width on (q/k/v alone or fused).
 _HIDDEN_INPUT = re.compile(r"attention[._](to[._]?[qkv]|qkv)[._]")
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".lora.down.weight")
+# ComfyUI's names over Z-Image's original fused q/k/v (see convert_lora).
+_COMFY_QKV = re.compile(r"^(diffusion_model\..+\.attention\.qkv)\.lora_(down|up)\.weight$")
 # Qwen3's chat template as far as Z-Image's prompt encoding uses it: one user turn, the assistant's turn opened
 # (`enable_thinking` true: no empty think block, as in Qwen3's own template).
 _CHAT_TEMPLATE = (
@@ -86,9 +89,14 @@ def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
     """diffusers' own conversion (`ZImagePipeline.lora_state_dict`); it folds the alphas into the factors.
 
+    diffusers 0.42 splits Z-Image's original fused `attention.qkv` into q, k and v when it comes in kohya names
+    or the dotted `.lora.down` form, but passes ComfyUI's `diffusion_model.<block>.attention.qkv.lora_down` on
+    unsplit (its own loader then drops it silently: no such layer in diffusers' model). Those are renamed to
+    the dotted form first, so diffusers' converter makes the same split it makes for kohya's names.
     What it cannot read comes out as a ValueError (as every family's converter reports it)."""
+    renamed = {_COMFY_QKV.sub(r"\1.lora.\2.weight", name): tensor for name, tensor in state_dict.items()}
     try:
-        converted = ZImagePipeline.lora_state_dict(dict(state_dict))
+        converted = ZImagePipeline.lora_state_dict(renamed)
     except (AssertionError, RuntimeError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"diffusers' Z-Image converter could not read it ({type(e).__name__}: {e})") from e
     return converted, None

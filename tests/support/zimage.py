@@ -1,7 +1,8 @@
 """Z-Image LoRA files for the tiny Z-Image pipeline, in every naming diffusers' `ZImagePipeline.lora_state_dict`
 reads: diffusers/PEFT, ai-toolkit/ComfyUI's `diffusion_model.` with `.alpha`, kohya's `lora_unet_` (with
-Z-Image's original `attention_out`), and the dotted form with Z-Image's original fused `attention.qkv`.
-diffusers reads each of them at the tiny widths, so its reference loads the file itself."""
+Z-Image's original `attention_out`, and its fused `attention_qkv`), ComfyUI's names over the original layers
+(`diffusion_model.<block>.attention.qkv.lora_down`), and the dotted form with the fused `qkv`. diffusers' reference
+loads the file itself, but for ComfyUI's fused `qkv`, which it drops silently: there its kohya-named twin."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from serving.demo.synthetic import save_lora
 
-ZImageFormat = Literal["peft", "comfy", "kohya", "dotted"]
+ZImageFormat = Literal["peft", "comfy", "comfy_native", "kohya", "dotted"]
 
 # The layers a Z-Image LoRA adapts (diffusers' module names): attention and feed-forward in the main blocks
 # and both refiners, and the modulations.
@@ -43,18 +44,27 @@ class ZImageCase:
     fmt: ZImageFormat
     alpha: float | None = 2.0
     seed: int = 1
+    # Z-Image's original fused `attention.qkv` (one down factor for q, k and v), as diffusers' converter splits it.
+    fused_qkv: bool = False
 
     @property
     def file_name(self) -> str:
         return f"zimage_{self.name}.safetensors"
+
+    @property
+    def reference_name(self) -> str:
+        """diffusers drops ComfyUI's fused `qkv` silently: its kohya-named twin (the same factors) stands in."""
+        return f"zimage_{self.name}_twin.safetensors" if self.fmt == "comfy_native" else self.file_name
 
 
 CASES = (
     ZImageCase("peft", "peft", alpha=None, seed=41),
     ZImageCase("comfy", "comfy", seed=42),
     ZImageCase("kohya", "kohya", seed=43),
+    ZImageCase("kohya_qkv", "kohya", fused_qkv=True, seed=45),
+    ZImageCase("comfy_qkv", "comfy_native", fused_qkv=True, seed=46),
     # diffusers looks a dotted `to.q` alpha up as `to_q.alpha`; files of this form seen carry none.
-    ZImageCase("dotted", "dotted", alpha=None, seed=44),
+    ZImageCase("dotted", "dotted", alpha=None, fused_qkv=True, seed=44),
 )
 
 
@@ -77,8 +87,11 @@ def _kohya_stem(module: str) -> str:
     return "lora_unet_" + module.replace("attention.to_out.0", "attention.out").replace(".", "_")
 
 
-def lora_file(made: dict[str, tuple[torch.Tensor, torch.Tensor]], fmt: ZImageFormat, alpha: float | None):
-    """The tensors of a file in `fmt` names."""
+def lora_file(
+    made: dict[str, tuple[torch.Tensor, torch.Tensor]], fmt: ZImageFormat, alpha: float | None, fused_qkv: bool = False
+) -> dict[str, torch.Tensor]:
+    """The tensors of a file in `fmt` names; `fused_qkv`: a block adapting q, k and v holds them as one `qkv`
+    (kohya's and the dotted form only; their down factor must be shared)."""
     tensors: dict[str, torch.Tensor] = {}
 
     def put(stem: str, down: torch.Tensor, up: torch.Tensor, a: str, b: str) -> None:
@@ -87,33 +100,35 @@ def lora_file(made: dict[str, tuple[torch.Tensor, torch.Tensor]], fmt: ZImageFor
         if alpha is not None:
             tensors[f"{stem}.alpha"] = torch.tensor(alpha)
 
-    # The dotted form holds one fused `qkv` for a block that adapts all three (their down factor is shared).
     blocks = {m.rpartition(".attention.")[0] for m in made if ".attention.to_" in m}
-    fused = {b for b in blocks if all(f"{b}.attention.to_{p}" in made for p in "qkv")} if fmt == "dotted" else set()
+    fused = {b for b in blocks if all(f"{b}.attention.to_{p}" in made for p in "qkv")} if fused_qkv else set()
     for module, (down, up) in made.items():
+        block, _, proj = module.rpartition(".attention.")
+        if block in fused and proj in ("to_q", "to_k", "to_v"):
+            continue
         if fmt == "peft":
             put(f"transformer.{module}", down, up, "lora_A.weight", "lora_B.weight")
         elif fmt == "comfy":
             put(f"diffusion_model.{module}", down, up, "lora_A.weight", "lora_B.weight")
         elif fmt == "kohya":
             put(_kohya_stem(module), down, up, "lora_down.weight", "lora_up.weight")
+        elif fmt == "comfy_native":
+            original = module.replace("attention.to_out.0", "attention.out")
+            put(f"diffusion_model.{original}", down, up, "lora_down.weight", "lora_up.weight")
         else:
-            block, _, proj = module.rpartition(".attention.")
-            if block in fused and proj in ("to_q", "to_k", "to_v"):
-                continue
             dotted = module
             for p in "qkv":
                 dotted = dotted.replace(f"attention.to_{p}", f"attention.to.{p}")
             put(f"diffusion_model.{dotted}", down, up, "lora.down.weight", "lora.up.weight")
     for block in fused:
         parts = [made[f"{block}.attention.to_{p}"] for p in "qkv"]
-        put(
-            f"diffusion_model.{block}.attention.qkv",
-            parts[0][0],
-            torch.cat([up for _, up in parts]),
-            "lora.down.weight",
-            "lora.up.weight",
-        )
+        down, up = parts[0][0], torch.cat([up for _, up in parts])
+        if fmt == "kohya":
+            put(_kohya_stem(f"{block}.attention.qkv"), down, up, "lora_down.weight", "lora_up.weight")
+        elif fmt == "comfy_native":
+            put(f"diffusion_model.{block}.attention.qkv", down, up, "lora_down.weight", "lora_up.weight")
+        else:
+            put(f"diffusion_model.{block}.attention.qkv", down, up, "lora.down.weight", "lora.up.weight")
     return tensors
 
 
@@ -134,7 +149,9 @@ def write_zimage_loras(pipe, folder: Path, *, cases=CASES) -> dict[str, ZImageCa
     """Each case's file in `folder` (rank 4), by case name."""
     for case in cases:
         made = factors(pipe.transformer, seed=case.seed)
-        if case.fmt == "dotted":
+        if case.fused_qkv:
             made = with_shared_qkv_down(made)
-        save_lora(folder / case.file_name, lora_file(made, case.fmt, case.alpha))
+        save_lora(folder / case.file_name, lora_file(made, case.fmt, case.alpha, case.fused_qkv))
+        if case.reference_name != case.file_name:
+            save_lora(folder / case.reference_name, lora_file(made, "kohya", case.alpha, case.fused_qkv))
     return {case.name: case for case in cases}

@@ -18,7 +18,7 @@ from engine.errors import IncompatibleLoraError
 from engine.families import flux
 from engine.families.origin import judge_origin
 from engine.families.registry import family_spec, served_specs
-from engine.families.zimage import FAMILY
+from engine.families.zimage import FAMILY, convert_lora
 from engine.pools.engine import Engine
 from engine.pools.routing import PoolInfo, pick_pool
 from engine.pools.specs import ZIMAGE_MODEL_ID
@@ -116,11 +116,27 @@ def test_turbos_defaults_and_call():
 def test_each_zimage_lora_format_matches_diffusers_fuse(zimage_engine, zimage_loras, tiny_zimage_dir, case):
     base = pixels(generate(zimage_engine, request()).image)
     ours = pixels(generate(zimage_engine, request(LoraSpec(f"local:{case.file_name}", scale=0.8))).image)
-    reference = pixels(diffusers_image(tiny_zimage_dir, zimage_loras, case.file_name, scale=0.8))
+    reference = pixels(diffusers_image(tiny_zimage_dir, zimage_loras, case.reference_name, scale=0.8))
     assert np.abs(reference - base).mean() > 2, "the LoRA must visibly change the image"
     assert np.abs(ours - reference).max() <= 2
     assert np.abs(ours - reference).mean() < 0.1
     assert zimage_engine.check_lora(LoraSpec(f"local:{case.file_name}")).components == ("transformer",)
+
+
+def test_comfyuis_fused_qkv_is_split_as_diffusers_splits_kohyas(zimage_loras, loaded_zimage):
+    """diffusers 0.42 passes ComfyUI's `attention.qkv.lora_down` on unsplit (and its loader then drops it); the
+    family's converter hands it to diffusers' own split, which gives exactly what kohya's names give."""
+    from safetensors.torch import load_file
+
+    case = next(c for c in CASES if c.fmt == "comfy_native")
+    comfy, twin = load_file(zimage_loras / case.file_name), load_file(zimage_loras / case.reference_name)
+    assert any(k.endswith(".attention.qkv.lora_down.weight") for k in comfy)
+    assert any(".attention.qkv." in k for k in ZImagePipeline.lora_state_dict(dict(comfy)))  # unsplit
+    ours, alphas = convert_lora(dict(comfy), loaded_zimage.pipe.transformer)
+    by_diffusers = ZImagePipeline.lora_state_dict(dict(twin))
+    assert alphas is None and ours.keys() == by_diffusers.keys()
+    assert "transformer.layers.0.attention.to_k.lora_B.weight" in ours
+    assert all(torch.equal(ours[k], by_diffusers[k]) for k in ours)
 
 
 def test_with_guidance_and_a_negative_prompt_the_image_is_diffusers_cfg(zimage_engine, zimage_loras, tiny_zimage_dir):
