@@ -7,6 +7,7 @@ or remote alike) or their status. Importing this module imports no torch (the ap
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from engine.pools.routing import pool_of_base
@@ -120,8 +121,10 @@ def _memory_line(status: PoolStatus) -> str:
     return f"**Pipeline** {memory.nbytes / _GIB:.2f} GiB, {where}{moved}\n\n"
 
 
-def pools_status_json(statuses: Sequence[PoolStatus]) -> dict[str, Any]:
-    """The per-pool status for the API."""
+def pools_status_json(statuses: Sequence[PoolStatus], pools: Sequence[ServedPool]) -> dict[str, Any]:
+    """The per-pool status for the API, with each pool's request defaults and which inputs it reads
+    (`guidance_kind`, `negative_prompt`: FLUX.1 [dev]'s guidance is distilled, [schnell] takes none)."""
+    defaults = {p.base_model_id: asdict(p.defaults) for p in pools}
     return {
         "pools": [
             {
@@ -129,6 +132,7 @@ def pools_status_json(statuses: Sequence[PoolStatus]) -> dict[str, Any]:
                 "model_id": s.engine.model_id,
                 "family": s.family,
                 "default": s.default,
+                "defaults": defaults.get(s.base_model_id),
                 "resident": s.memory.resident if s.memory is not None else None,
                 "pipeline_bytes": s.memory.nbytes if s.memory is not None else None,
                 "moves_in": s.memory.moves_in if s.memory is not None else None,

@@ -28,6 +28,7 @@ from lora_catalog.hub import HubSource
 from serving.backends import blocking
 from serving.demo.synthetic import kohya_metadata, save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
+from serving.ui.pool_views import pools_status_json
 from tests.support.app_server import serve_routes
 from tests.support.checks import backend_of, generate
 from tests.support.flux import write_flux_loras
@@ -203,3 +204,9 @@ def test_every_transport_reaches_the_flux_pool(pools):
     assert [r.request.width for r in grid.results] == [64, 64]
     alone = generate(pools, request(LoraSpec(xlabs, scale=1.0)))
     assert grid.results[1].image.tobytes() == alone.image.tobytes()
+    # The API says which inputs each pool reads: SDXL's classifier-free guidance, FLUX.1 [dev]'s distilled one.
+    status = pools_status_json(blocking(backend.status()), backend.pools())
+    read = {
+        p["base_model_id"]: (p["defaults"]["guidance_kind"], p["defaults"]["negative_prompt"]) for p in status["pools"]
+    }
+    assert read == {SDXL: ("cfg", True), FLUX_MODEL_ID: ("distilled", False)}
