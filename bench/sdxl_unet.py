@@ -23,6 +23,7 @@ __all__ = [
     "SDXL_UNET_CONFIG",
     "build_filled",
     "build_sdxl_unet",
+    "default_dtype",
     "drift_from_fill",
     "fill_module",
     "mismatched_tensors",
@@ -125,7 +126,7 @@ def drift_from_fill(module: nn.Module, pool: torch.Tensor) -> tuple[float, int]:
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     # Creating the modules in `dtype` (instead of casting afterwards) keeps diffusers from warning
     # about modules it would keep in float32 when loading a checkpoint; this UNet has none.
     previous = torch.get_default_dtype()
@@ -138,7 +139,7 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 def build_filled(model_class: Any, config: dict[str, Any], *, dtype: torch.dtype, device: torch.device, pool) -> Any:
     """A diffusers model of `config`, made on the meta device, allocated once in `dtype`, filled from `pool`."""
-    with torch.device("meta"), _default_dtype(dtype):
+    with torch.device("meta"), default_dtype(dtype):
         model = model_class.from_config(dict(config))
     model = model.to_empty(device=device)
     fill_module(model, pool)

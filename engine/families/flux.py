@@ -1,20 +1,10 @@
 """FLUX.1 ([dev], [schnell] and their fine-tunes): `FluxPipeline`, a DiT with CLIP-L and T5-XXL, 1024 px.
 
-The denoiser is `FluxTransformer2DModel` (`transformer`): 19 double blocks (image and text streams, each with
-its own q/k/v) and 38 single blocks, 3072 wide. A LoRA adapts the transformer and, in some files, the CLIP
-text encoder (`text_encoder`); diffusers' loader never adapts T5. Its LoRAs come in diffusers/PEFT names
-(`transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight`), kohya/sd-scripts names over BFL's own
-layers (`lora_unet_double_blocks_0_img_attn_qkv`, `lora_unet_single_blocks_0_linear1`: fused q/k/v, and
-q/k/v/MLP-in, with `.alpha`), ComfyUI's `diffusion_model.` form of the same, XLabs names
-(`double_blocks.0.processor.qkv_lora1.down.weight`) and kohya's `lora_te1_` CLIP part: diffusers'
-`FluxPipeline.lora_state_dict` converts them all. Its kohya converter splits `linear1` at FLUX.1's real widths
-(3072 x 3 + 12288); `convert_lora` lets it run at any served width (see there).
-
-[dev] is guidance-distilled: `guidance` feeds an embedding (one pass per step, no negative prompt, no true
-CFG); [schnell] is timestep-distilled and has no guidance input. The served transformer's config tells them
-apart (`guidance_embeds`), so a fine-tune gets its own base's defaults: dev 28 steps at 3.5, schnell 4 at 0.
-Latents are 16 channels, packed into 2x2 patches as tokens: previews unpack them (`FluxPipeline._unpack_latents`)
-for TAEF1 or ComfyUI's FLUX projection. Sides are multiples of 16 (the VAE's 8 times the 2x2 patch).
+A LoRA adapts the transformer and, in some files, CLIP (never T5); every naming diffusers' `FluxPipeline`
+reads (diffusers/PEFT, kohya over BFL's fused qkv/linear1, ComfyUI, XLabs, kohya's CLIP part) is converted by
+its own converter, at any served width (`convert_lora`). The served transformer's `guidance_embeds` sets the
+defaults ([dev]: distilled guidance, 28 steps at 3.5; [schnell]: none, 4 at 0); no negative prompt; sides in
+16s; previews unpack the packed latents. The reasoning and sources: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -32,6 +22,7 @@ from engine.families.spec import (
     FamilySpec,
     LatentProjection,
     LoraSignature,
+    MemorySpec,
     Module,
     Pipeline,
     PreviewSpec,
@@ -44,7 +35,7 @@ from engine.families.tiny import text_config, tiny_t5_tokenizer, tiny_tokenizer,
 from engine.requests import CheckedRequest
 from lora_catalog.entries import Family
 
-__all__ = ["FAMILY", "build_tiny_pipeline", "convert_lora", "linear1_widths"]
+__all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "linear1_widths"]
 
 # FLUX.1 is trained on many aspect ratios around a megapixel; these are the common ones (multiples of 64).
 SIZE_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
@@ -80,6 +71,20 @@ VAE: dict[str, Any] = {
     "scaling_factor": 0.3611,
     "shift_factor": 0.1159,
 }
+# Parameter and buffer values of black-forest-labs/FLUX.1-dev as diffusers and transformers build them from its
+# configs (transformer/, text_encoder/ CLIP-L, text_encoder_2/ T5-XXL's encoder, vae/): 16.87 billion, 33.7 GB in
+# bf16 ([schnell] lacks the guidance embedding: 10 M fewer). T5 is never adapted (diffusers' loader does not) and
+# may run from host RAM: per prompt it takes token ids and gives embeddings, little to move, so where nothing else
+# fits the plan leaves its 9.5 GB there and prompts are encoded on the CPU (slower; not measured here).
+MEMORY = MemorySpec(
+    values=(
+        ("transformer", 11_901_408_320),
+        ("text_encoder", 123_060_557),
+        ("text_encoder_2", 4_762_310_656),
+        ("vae", 83_819_683),
+    ),
+    host_components=("text_encoder_2",),
+)
 # diffusers 0.42's kohya converter splits `linear1` into q, k, v and the MLP's input at these widths.
 REAL_LINEAR1 = (3072, 3072, 3072, 12288)
 _LINEAR1_UP = re.compile(
@@ -295,4 +300,5 @@ FAMILY = FamilySpec(
     preview=PreviewSpec("madebyollin/taef1", LATENT_RGB, unpack=FluxPipeline._unpack_latents),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
+    memory=MEMORY,
 )
