@@ -32,6 +32,7 @@ from engine.families import flux
 from engine.families.spec import (
     FamilySpec,
     LoraSignature,
+    MemorySpec,
     Module,
     Pipeline,
     PreviewSpec,
@@ -44,10 +45,21 @@ from engine.families.tiny import byte_level_vocabulary, tiny_vae
 from engine.requests import CheckedRequest
 from lora_catalog.entries import Family
 
-__all__ = ["FAMILY", "build_tiny_pipeline", "convert_lora", "tiny_qwen_tokenizer"]
+__all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "tiny_qwen_tokenizer"]
 
 # Z-Image's model card and demo offer these around a megapixel (multiples of 64), like FLUX.1's.
 SIZE_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
+# Parameter and buffer values of Tongyi-MAI/Z-Image-Turbo as diffusers and transformers build them from its configs
+# (transformer/, text_encoder/ Qwen3-4B, vae/ FLUX.1's): 10.26 billion, 20.5 GB in bf16. Qwen3 is never adapted and
+# may run from host RAM (token ids in, embeddings out): with it there, Z-Image fits a 24 GB GPU.
+MEMORY = MemorySpec(
+    values=(
+        ("transformer", 6_154_908_736),
+        ("text_encoder", 4_022_468_224),
+        ("vae", 83_819_683),
+    ),
+    host_components=("text_encoder",),
+)
 # Lower-cased names only Z-Image LoRAs have: its blocks' lists at the top of the transformer, in every naming
 # (diffusers', ComfyUI's `diffusion_model.`, kohya's `lora_unet_`). No UNet, FLUX or CLIP name starts so.
 _CLAIMS = re.compile(r"^(transformer\.|diffusion_model\.|lora_unet_)?(layers|noise_refiner|context_refiner)[._]\d+[._]")
@@ -205,4 +217,5 @@ FAMILY = FamilySpec(
     preview=PreviewSpec(flux.FAMILY.preview.tiny_vae, flux.LATENT_RGB),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
+    memory=MEMORY,
 )
