@@ -1,20 +1,10 @@
 """Z-Image (Turbo and its fine-tunes): `ZImagePipeline`, a single-stream DiT with a Qwen3 text encoder, 1024 px.
 
-The denoiser is `ZImageTransformer2DModel` (`transformer`): 30 single-stream blocks (`layers`) and two refiner
-stacks (`noise_refiner`, `context_refiner`), 3840 wide, each with attention (`to_q/k/v`, `to_out.0`), a SwiGLU
-feed-forward (`w1/w2/w3`) and an adaLN modulation. diffusers' loader adapts only the transformer (never Qwen3).
-Its LoRAs come in diffusers/PEFT names (`transformer.layers.0.attention.to_q.lora_A.weight`), ai-toolkit's and
-ComfyUI's `diffusion_model.` form of them (with `.alpha`), kohya/musubi names (`lora_unet_layers_0_attention_
-to_q.lora_down.weight`, `..._attention_out`, the fused `..._attention_qkv`), ComfyUI's names over the same
-original layers, and the dotted form some trainers write (`.lora.down.weight`): diffusers'
-`ZImagePipeline.lora_state_dict` converts them all, folding each `.alpha` into the factors (so no alphas come
-back); ComfyUI's fused `qkv` only after a rename (see convert_lora).
-
-Turbo is distilled to 8 transformer passes (9 scheduler steps) without guidance: `guidance_scale` 0 turns its
-classifier-free guidance off; above 0 the pipeline runs true CFG with the negative prompt. The autoencoder is
-FLUX.1's (16 channels, the same scale and shift), so previews use TAEF1 and ComfyUI's FLUX projection (ComfyUI
-gives Z-Image the FLUX latent format); the latents are spatial (the transformer patches them itself). Sides are
-multiples of 16 (the VAE's 8 times the 2x2 patches).
+A LoRA adapts the transformer only (never Qwen3, as diffusers' loader); every naming diffusers' `ZImagePipeline`
+reads (diffusers/PEFT, ai-toolkit/ComfyUI, kohya/musubi with the fused qkv, the dotted form) is converted by its
+own converter, and ComfyUI's fused qkv after a rename (`convert_lora`). Turbo's defaults: 9 steps at guidance 0;
+above 0 its true CFG reads the negative prompt; sides in 16s. FLUX.1's VAE, so FLUX.1's previews; Qwen3 may
+stay in host RAM. The reasoning and sources: docs/internals.md.
 """
 
 from __future__ import annotations
