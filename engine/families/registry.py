@@ -35,6 +35,7 @@ _REGISTERED = (
     _Registered(Family.SD15, "SD 1.5", "engine.families.sd15"),
     _Registered(Family.SD2, "SD 2.x", "engine.families.sd2"),
     _Registered(Family.FLUX, "FLUX.1", "engine.families.flux"),
+    _Registered(Family.ZIMAGE, "Z-Image", "engine.families.zimage"),
 )
 _BY_FAMILY = {r.family: r for r in _REGISTERED}
 

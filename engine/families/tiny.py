@@ -27,6 +27,7 @@ __all__ = [
     "TINY_SIZES",
     "TINY_UNET",
     "build_tiny",
+    "byte_level_vocabulary",
     "ensure_tiny_pipeline",
     "text_config",
     "tiny_scheduler",
@@ -99,6 +100,29 @@ def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
             parts = [joined, *parts[2:]]
     for special in ("<|startoftext|>", "<|endoftext|>"):
         vocab[special] = len(vocab)
+    return vocab, merges
+
+
+def byte_level_vocabulary() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A GPT-2-style byte-level BPE vocabulary (Qwen's layout: a word after a space starts with `\u0120`): the 256
+    byte symbols, then tokens for the demo words, with and without the space, built by merges (any other text
+    falls back to byte tokens)."""
+    symbols = list(_bytes_to_unicode().values())
+    vocab = {symbol: index for index, symbol in enumerate(symbols)}
+    merges: list[tuple[str, str]] = []
+
+    def merge(first: str, second: str) -> str:
+        if (first, second) not in merges:
+            merges.append((first, second))
+            vocab.setdefault(first + second, len(vocab))
+        return first + second
+
+    for word in _WORDS:
+        parts = list(word)
+        while len(parts) > 1:
+            parts = [merge(parts[0], parts[1]), *parts[2:]]
+    for word in _WORDS:
+        merge("\u0120", word)
     return vocab, merges
 
 

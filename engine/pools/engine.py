@@ -84,11 +84,12 @@ class Engine:
         pin = loaded.device.type == "cuda" and not settings.zero_gpu
         # What the pristine copies may take on the device at most: the residency charges it while the pool is there.
         touchable = sum(p.nbytes for p in self._table.params)
-        self.pristine_device_bytes = min(settings.pristine_bytes, touchable) if on_device else 0
+        self._pristine_budget = touchable if settings.pristine_bytes is None else settings.pristine_bytes
+        self.pristine_device_bytes = min(self._pristine_budget, touchable) if on_device else 0
         patcher = WeightPatcher(
             self._table.params,
             loaded.device if on_device else torch.device("cpu"),
-            budget=settings.pristine_bytes,
+            budget=self._pristine_budget,
             pin=pin,
         )
         self._store = AdapterStore(
@@ -402,7 +403,7 @@ class Engine:
             device_bytes=self._store.device_bytes,
             device_budget=device_budget,
             pristine_bytes=self._fused.pristine_bytes,
-            pristine_budget=self.settings.pristine_bytes,
+            pristine_budget=self._pristine_budget,
             applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._fused.applied),
             preview=self._preview.name if self._preview is not None else "off",
             waiting=self.scheduler.waiting,

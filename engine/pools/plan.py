@@ -71,7 +71,7 @@ class PoolNeed:
 class PlanOptions:
     """The settings a plan reads."""
 
-    pristine_bytes: int
+    pristine_bytes: int | None  # None: each pool's touchable weights
     pristine_store: str
     offload: bool
     adapter_cache: int
@@ -194,7 +194,8 @@ def _smaller_pristine(needs: Sequence[PoolNeed], total: int, options: PlanOption
     pristine copies on the device; None when there is none."""
     room = _room(needs, total, options)
     step = 256 * 2**20
-    size = options.pristine_bytes - options.pristine_bytes % step
+    largest = max(n.touchable for n in needs) if options.pristine_bytes is None else options.pristine_bytes
+    size = largest - largest % step
     while size >= 2**30:
         if sum(_place(n, size, pristine=True, host=False).nbytes for n in needs) <= room:
             return size
@@ -244,16 +245,20 @@ def _candidates(
         yield chosen or tuple(d if d.nbytes <= room else c for d, c in zip(device, cpu, strict=True)), False
 
 
-def _place(need: PoolNeed, pristine_bytes: int, *, pristine: bool, host: bool) -> Placement:
+def _allowance(need: PoolNeed, pristine_bytes: int | None) -> int:
+    return need.touchable if pristine_bytes is None else min(pristine_bytes, need.touchable)
+
+
+def _place(need: PoolNeed, pristine_bytes: int | None, *, pristine: bool, host: bool) -> Placement:
     left = need.host_able if host else ()
     weights = need.weights - sum(n for _, n in left)
-    allowance = min(pristine_bytes, need.touchable) if pristine else 0
+    allowance = _allowance(need, pristine_bytes) if pristine else 0
     return Placement(need.name, weights, allowance, tuple(c for c, _ in left))
 
 
 def _refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> str:
     own = ", ".join(
-        f"{n.name} {_gib(n.weights)} (its pristine copies up to {_gib(min(options.pristine_bytes, n.touchable))})"
+        f"{n.name} {_gib(n.weights)} (its pristine copies up to {_gib(_allowance(n, options.pristine_bytes))})"
         for n in needs
     )
     head = (
