@@ -21,10 +21,11 @@ from torch import nn
 
 from engine.caches.disk import DiskCache
 from engine.compare import MAX_COMPARE_LORAS
+from engine.errors import SettingsError
 from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
 from engine.outcomes import PoolStatus, ServedPool
-from engine.pipeline.loading import LoadedPipeline, resolve_device
+from engine.pipeline.loading import LoadedPipeline, resolve_device, vae_mismatch
 from engine.pools.engine import Engine
 from engine.pools.residency import Residency, device_budget, module_bytes
 from engine.pools.routing import PoolInfo, agreed_pool, described_pick, named_pool
@@ -214,6 +215,23 @@ def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
     return [m for m in loaded.pipe.components.values() if isinstance(m, nn.Module)]
 
 
+def _with_vae(settings: Settings) -> list[Settings]:
+    """Each pool's settings, `VAE_ID` kept only for the pools whose latent space it fits (SDXL's VAE must not
+    decode SD 1.5's latents); SettingsError when it fits none of the pools that could take it."""
+    chosen, refused = [], []
+    for pool in settings.pool_settings:
+        own = settings.for_pool(pool)
+        mismatch = vae_mismatch(own)
+        if mismatch is not None:
+            logger.warning("%s; pool %s keeps its own VAE", mismatch, pool.base_model_id)
+            refused.append(mismatch)
+            own = own.replace(vae_id=None)
+        chosen.append(own)
+    if refused and not any(own.vae_id and not own.loads_tiny for own in chosen):
+        raise SettingsError(f"VAE_ID fits none of the pools: {' / '.join(refused)}")
+    return chosen
+
+
 def build_pools(
     settings: Settings, resolver: AdapterResolver, load: Callable[..., LoadedPipeline], *, warm: bool
 ) -> Pools:
@@ -229,11 +247,12 @@ def build_pools(
         device, pools=len(pool_settings), adapter_cache_bytes=settings.device_cache_bytes, per_call=settings.per_call
     )
     residency = Residency(device, budget, offload=settings.pool_offload)
+    own_settings = [settings] if len(pool_settings) == 1 else _with_vae(settings)
     if len(pool_settings) == 1:
         loaded = [load(settings, warm=warm)]
     else:
         parked = {"park": True} if budget is not None else {}
-        loaded = [load(settings.for_pool(pool), warm=False, **parked) for pool in pool_settings]
+        loaded = [load(own, warm=False, **parked) for own in own_settings]
         residency.check({lp.base_model_id: module_bytes(pipeline_modules(lp)) for lp in loaded})
     engines: list[Engine] = []
     disk = None
@@ -246,8 +265,7 @@ def build_pools(
             keep_repos=keep | {settings.vae_id or ""},
             in_use=lambda: set[AdapterKey]().union(*(engine.adapters_in_use() for engine in engines)),
         )
-    for pool, lp in zip(pool_settings, loaded, strict=True):
-        own = settings if len(loaded) == 1 else settings.for_pool(pool)
+    for own, lp in zip(own_settings, loaded, strict=True):
         engines.append(Engine(lp, own, resolver, disk_cache=disk))
     pools = Pools(engines, resolver, residency)
     for memory in residency.snapshot():
