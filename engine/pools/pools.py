@@ -144,7 +144,7 @@ class Pools:
                 return self._routes[source.key]
         started = time.perf_counter()
         infos = [p.info for p in self._pools]
-        origin = lora_origin(self._resolver, source)
+        origin = lora_origin(self._resolver, source, self.default.engine.disk_cache)
         decision = described_pick(label, origin, infos)
         index = decision[0]
         logger.info(
@@ -190,12 +190,20 @@ class Pools:
             pool.engine.close()
 
 
-def lora_origin(resolver: AdapterResolver, source: AdapterSource) -> LoraOrigin:
+def lora_origin(resolver: AdapterResolver, source: AdapterSource, disk: DiskCache | None) -> LoraOrigin:
     """What a located LoRA says of its base: its card and tags, else its file (fetched here, into the Hub cache
-    the engine's preparation then reads; only its header is read)."""
+    the engine's preparation then reads; only its header is read). A download is held against pruning while
+    its header is read, and pruning is scheduled after it, as the preparation's own downloads are."""
 
     def read_file() -> FileEvidence:
-        header = resolver.header(source, resolver.fetch(source))
+        if disk is None or source.local_path is not None:
+            header = resolver.header(source, resolver.fetch(source))
+        else:
+            try:
+                with disk.hold(source.key):
+                    header = resolver.header(source, resolver.fetch(source))
+            finally:
+                disk.schedule()
         return header.metadata, {name: info.shape for name, info in header.tensors.items()}
 
     return judge_origin(source.declared_bases, read_file)

@@ -25,8 +25,9 @@ import dataclasses
 import logging
 import threading
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.caches.disk import DiskCache
@@ -52,6 +53,13 @@ class PreparedLora:
     resolve_s: float
     prepare_s: float
     warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class _KeyLock:
+    # Mutable, touched only under Preparer._locks_guard (`users`) or as the lock itself.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
 
 
 class Preparer:
@@ -80,7 +88,7 @@ class Preparer:
         self._gate = gate
         self._delta_budget = delta_budget
         self._locks_guard = threading.Lock()
-        self._key_locks: dict[AdapterKey, threading.Lock] = {}
+        self._key_locks: dict[AdapterKey, _KeyLock] = {}
 
     def adapter(self, spec: LoraSpec, leased: list[AdapterKey]) -> PreparedLora:
         """Steps 2–7 for one normalised spec; its key is appended to `leased` (the caller releases it)."""
@@ -98,12 +106,15 @@ class Preparer:
             # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
             size = (source.size or 0) + (source.embeddings_size or 0)
             hold = self._gate.hold(size, str(source.key)) if self._gate else nullcontext()
-            with hold, self._disk.hold(source.key) if self._disk is not None else nullcontext():
-                adapter, fetched = self._load(source)
-                adapter = self._store.add(adapter)
-        if self._disk is not None and source.local_path is None:
-            # A download may have grown the Hub cache: prune it off the request's path.
-            self._disk.schedule()
+            try:
+                with hold, self._disk.hold(source.key) if self._disk is not None else nullcontext():
+                    adapter, fetched = self._load(source)
+                    adapter = self._store.add(adapter)
+            finally:
+                if self._disk is not None and source.local_path is None:
+                    # A download grows the Hub cache whether the file is then used or refused (a wrong base, a
+                    # rank over the limit, NaN values): prune it off the request's path either way.
+                    self._disk.schedule()
         done = time.perf_counter()
         logger.info(
             "prepared %s: %d layers, rank %d, %d pivotal tokens, %.1f MiB in %.3f s (resolve and download %.3f s)",
@@ -140,6 +151,18 @@ class Preparer:
         # Kept with the adapter, so a cache hit still tells the user what the first load found.
         return dataclasses.replace(adapter, warnings=(warning,) if warning else (), embeddings=embeddings), fetched
 
-    def _key_lock(self, key: AdapterKey) -> threading.Lock:
+    @contextmanager
+    def _key_lock(self, key: AdapterKey) -> Iterator[None]:
+        """One preparation of `key` at a time; the lock lives while someone holds or waits for it, so the table
+        holds the keys being prepared now, not every key ever prepared."""
         with self._locks_guard:
-            return self._key_locks.setdefault(key, threading.Lock())
+            entry = self._key_locks.setdefault(key, _KeyLock())
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._locks_guard:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._key_locks[key]
