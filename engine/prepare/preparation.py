@@ -16,7 +16,9 @@ validated (step 1, once), and runs each remaining step in the module that owns i
 7. store    `store.AdapterStore.add`          — the host cache (LRU by bytes; never evicting leased adapters).
 
 A cached adapter skips 3–7. Steps 3–7 run once per adapter at a time (single-flight per key), so two
-requests for the same cold LoRA download it once.
+requests for the same cold LoRA download it once. Steps 3–6 hold the load gate for the file's bytes, and for a
+file that may keep its float32 ΔW (LoHa, DoRA on the CPU) the most that ΔW may take besides. Every download is
+followed by a Hub-cache prune, whether the LoRA is then used or refused.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,6 +36,7 @@ from engine.caches.disk import DiskCache
 from engine.caches.store import AdapterStore
 from engine.families.origin import check_origin, judge_origin
 from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
+from engine.formats.deltas import may_keep_delta
 from engine.formats.pivotal import TextEncoders
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.resolve import AdapterResolver, AdapterSource
@@ -103,12 +106,10 @@ class Preparer:
             cached = self._store.get(source.key)
             if cached is not None:
                 return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
-            # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
-            size = (source.size or 0) + (source.embeddings_size or 0)
-            hold = self._gate.hold(size, str(source.key)) if self._gate else nullcontext()
             try:
-                with hold, self._disk.hold(source.key) if self._disk is not None else nullcontext():
-                    adapter, fetched = self._load(source)
+                # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
+                with ExitStack() as gate, self._disk.hold(source.key) if self._disk is not None else nullcontext():
+                    adapter, fetched = self._load(source, gate)
                     adapter = self._store.add(adapter)
             finally:
                 if self._disk is not None and source.local_path is None:
@@ -128,12 +129,21 @@ class Preparer:
         )
         return PreparedLora(adapter, "miss", fetched - started, done - fetched, source.warnings)
 
-    def _load(self, source: AdapterSource) -> tuple[PreparedAdapter, float]:
+    def _load(self, source: AdapterSource, gate: ExitStack) -> tuple[PreparedAdapter, float]:
+        """Steps 3-6 inside the load gate (held on `gate`): the file's bytes for the download and the parse, and
+        for a file that may keep a float32 ΔW (LoHa, DoRA) the most that ΔW may take (`delta_budget`) besides."""
         label = f"LoRA {source.ref!r}"
+        size = (source.size or 0) + (source.embeddings_size or 0)
+        self._hold_gate(gate, size, source)
         path = self._resolver.fetch(source)
         embeddings_path = self._resolver.fetch_embeddings(source)
         fetched = time.perf_counter()
         header = self._resolver.header(source, path)
+        if self._delta_budget and may_keep_delta(header.tensors):
+            # Taken afresh rather than grown: nothing of the download is in RAM until the parse, and a load that
+            # waits holding nothing cannot deadlock with another one growing too.
+            gate.close()
+            self._hold_gate(gate, size + self._delta_budget, source)
         shapes = {name: info.shape for name, info in header.tensors.items()}
         origin = judge_origin(source.declared_bases, lambda: (header.metadata, shapes))
         warning = check_origin(label, origin, self._served_base)
@@ -150,6 +160,10 @@ class Preparer:
         embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
         # Kept with the adapter, so a cache hit still tells the user what the first load found.
         return dataclasses.replace(adapter, warnings=(warning,) if warning else (), embeddings=embeddings), fetched
+
+    def _hold_gate(self, gate: ExitStack, nbytes: int, source: AdapterSource) -> None:
+        if self._gate is not None:
+            gate.enter_context(self._gate.hold(nbytes, str(source.key)))
 
     @contextmanager
     def _key_lock(self, key: AdapterKey) -> Iterator[None]:
