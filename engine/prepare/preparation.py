@@ -42,9 +42,12 @@ from engine.prepare.loadgate import LoadGate
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import LoraSpec
 
-__all__ = ["PreparedLora", "Preparer"]
+__all__ = ["Lane", "PreparedLora", "Preparer"]
 
 logger = logging.getLogger(__name__)
+
+# Which load gate a preparation waits in: a queued request's, or a prefetch's (engine.pools.prefetch).
+Lane = Literal["request", "prefetch"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class Preparer:
         max_rank: int,
         disk: DiskCache | None = None,
         gate: LoadGate | None = None,
+        prefetch_gate: LoadGate | None = None,
         delta_budget: int = 0,
     ) -> None:
         self._resolver = resolver
@@ -88,13 +92,15 @@ class Preparer:
         self._served_base = served_base
         self._unet_config = unet_config
         self._max_rank = max_rank
-        self._gate = gate
+        # Requests' loads, and prefetches' (engine.pools.prefetch): a prefetch never takes a request's place.
+        self._gates: dict[Lane, LoadGate | None] = {"request": gate, "prefetch": prefetch_gate}
         self._delta_budget = delta_budget
         self._locks_guard = threading.Lock()
         self._key_locks: dict[AdapterKey, _KeyLock] = {}
 
-    def adapter(self, spec: LoraSpec, leased: list[AdapterKey]) -> PreparedLora:
-        """Steps 2–7 for one normalised spec; its key is appended to `leased` (the caller releases it)."""
+    def adapter(self, spec: LoraSpec, leased: list[AdapterKey], *, lane: Lane = "request") -> PreparedLora:
+        """Steps 2–7 for one normalised spec; its key is appended to `leased` (the caller releases it). `lane`
+        names the load gate it waits in: a request's, or the prefetches' own."""
         started = time.perf_counter()
         source = self._resolver.locate(spec)
         self._store.lease([source.key])
@@ -109,7 +115,7 @@ class Preparer:
             try:
                 # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
                 with ExitStack() as gate, self._disk.hold(source.key) if self._disk is not None else nullcontext():
-                    adapter, fetched = self._load(source, gate)
+                    adapter, fetched = self._load(source, gate, self._gates[lane])
                     adapter = self._store.add(adapter)
             finally:
                 if self._disk is not None and source.local_path is None:
@@ -129,12 +135,14 @@ class Preparer:
         )
         return PreparedLora(adapter, "miss", fetched - started, done - fetched, source.warnings)
 
-    def _load(self, source: AdapterSource, gate: ExitStack) -> tuple[PreparedAdapter, float]:
+    def _load(
+        self, source: AdapterSource, gate: ExitStack, load_gate: LoadGate | None
+    ) -> tuple[PreparedAdapter, float]:
         """Steps 3-6 inside the load gate (held on `gate`): the file's bytes for the download and the parse, and
         for a file that may keep a float32 ΔW (LoHa, DoRA) the most that ΔW may take (`delta_budget`) besides."""
         label = f"LoRA {source.ref!r}"
         size = (source.size or 0) + (source.embeddings_size or 0)
-        self._hold_gate(gate, size, source)
+        _hold(gate, load_gate, size, source)
         path = self._resolver.fetch(source)
         embeddings_path = self._resolver.fetch_embeddings(source)
         fetched = time.perf_counter()
@@ -143,7 +151,7 @@ class Preparer:
             # Taken afresh rather than grown: nothing of the download is in RAM until the parse, and a load that
             # waits holding nothing cannot deadlock with another one growing too.
             gate.close()
-            self._hold_gate(gate, size + self._delta_budget, source)
+            _hold(gate, load_gate, size + self._delta_budget, source)
         shapes = {name: info.shape for name, info in header.tensors.items()}
         origin = judge_origin(source.declared_bases, lambda: (header.metadata, shapes))
         warning = check_origin(label, origin, self._served_base)
@@ -161,10 +169,6 @@ class Preparer:
         # Kept with the adapter, so a cache hit still tells the user what the first load found.
         return dataclasses.replace(adapter, warnings=(warning,) if warning else (), embeddings=embeddings), fetched
 
-    def _hold_gate(self, gate: ExitStack, nbytes: int, source: AdapterSource) -> None:
-        if self._gate is not None:
-            gate.enter_context(self._gate.hold(nbytes, str(source.key)))
-
     @contextmanager
     def _key_lock(self, key: AdapterKey) -> Iterator[None]:
         """One preparation of `key` at a time; the lock lives while someone holds or waits for it, so the table
@@ -180,3 +184,8 @@ class Preparer:
                 entry.users -= 1
                 if entry.users == 0:
                     del self._key_locks[key]
+
+
+def _hold(stack: ExitStack, gate: LoadGate | None, nbytes: int, source: AdapterSource) -> None:
+    if gate is not None:
+        stack.enter_context(gate.hold(nbytes, str(source.key)))

@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from functools import partial
 from typing import TypeVar
 
@@ -23,7 +22,7 @@ import anyio
 import spaces
 
 from engine.caches.worker import GpuOutcome, WorkerCache, WorkerView
-from engine.compare import CompareCell, CompareLimits, CompareRequest, CompareResult, plan_cells, prepare_cells
+from engine.compare import CompareCell, CompareLimits, CompareRequest, CompareResult, open_cells, plan_cells
 from engine.errors import GenerationError
 from engine.events import EngineEvents, EngineObserver
 from engine.outcomes import LoraCheck, PoolStatus, PreparedRequest, Preview, Progress, ServedPool
@@ -100,15 +99,16 @@ class LocalBackend:
         on_queue: OnQueue | None = None,
         progress: CellProgress | None = None,
     ) -> CompareResult:
-        """Every cell planned and prepared on the LoRAs' pool, then run in one queue turn (one GPU call)."""
+        """Every cell planned on the LoRAs' pool, then queued as one ticket (a full queue refuses the grid before
+        anything is downloaded), prepared on the scheduler's bounded threads, and run in that one queue turn (one
+        GPU call; no other request between the cells). Cancelling the task leaves the queue, or stops the grid at
+        its next step."""
         started = time.perf_counter()
-        pool, cells = await anyio.to_thread.run_sync(self._plan_compare, request, base)
-        with ExitStack() as stack:
-            # Preparing may download: in a worker thread; the leases end with the stack.
-            prepared = await anyio.to_thread.run_sync(stack.enter_context, prepare_cells(pool.engine, cells))
-            # The first cell's request takes the queue turn; every cell runs inside it (no other request between).
-            async with pool.engine.scheduler.turn(cells[0].request, on_queue):
-                results = await _in_thread(partial(self._compare_cells, pool, prepared, progress))
+        pool, cells = await self._plan_compare(request, base)
+        engine = pool.engine
+        grid = partial(open_cells, engine, cells)
+        async with engine.scheduler.turn(cells[0].request, on_queue, prepare=grid) as prepared:
+            results = await _in_thread(partial(self._compare_cells, pool, prepared, progress))
         total_s = time.perf_counter() - started
         logger.info("compared %d cells on %s in %.2f s", len(cells), pool.base_model_id, total_s)
         return CompareResult(tuple(c.label for c in cells), results, int(cells[0].request.seed or 0), total_s)
@@ -140,13 +140,13 @@ class LocalBackend:
             return self._pools.route(request, base).pool
         return (await anyio.to_thread.run_sync(self._pools.route, request, base)).pool
 
-    def _plan_compare(self, request: CompareRequest, base: str) -> tuple[Pool, tuple[CompareCell, ...]]:
+    async def _plan_compare(self, request: CompareRequest, base: str) -> tuple[Pool, tuple[CompareCell, ...]]:
         loras = request.loras if isinstance(request.loras, tuple | list) else ()
         # Each LoRA once (a sweep names one several times): the cells' own checks come with `plan_cells`.
         unique = {
             (s.ref, s.revision, s.weight_name): s for s in loras if isinstance(s, LoraSpec) and isinstance(s.ref, str)
         }
-        pool = self._pools.route(GenerateRequest(prompt="compare", loras=tuple(unique.values())), base).pool
+        pool = await self._route(GenerateRequest(prompt="compare", loras=tuple(unique.values())), base)
         engine = pool.engine
         grid = CompareLimits(engine.settings.max_compare_cells, engine.settings.max_compare_steps)
         return pool, tuple(plan_cells(request, engine.defaults, engine.limits, grid))
