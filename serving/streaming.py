@@ -11,7 +11,7 @@ leaves the queue, or stops at its next step (before the VAE decode).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -31,7 +31,9 @@ class Frame:
     image: Image
 
 
-async def stream(work: Callable[[Preview], Awaitable[T]], *, poll_s: float = 0.25) -> AsyncIterator[Frame | T | None]:
+async def stream(
+    work: Callable[[Preview], Awaitable[T]], *, poll_s: float = 0.25
+) -> AsyncGenerator[Frame | T | None, None]:
     """Yield `Frame`s as `work(preview)` reports them and `None` ticks while it runs, then what it returned
     (or raise what it raised); closing the stream before the end cancels the work."""
     loop = asyncio.get_running_loop()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.errors import SettingsError
+from engine.errors import GpuUnavailableError, SettingsError
 from engine.outcomes import PoolMemory
 
 __all__ = ["WORKING_BYTES", "PoolMemory", "Residency", "device_budget", "module_bytes", "move_modules"]
@@ -176,7 +176,18 @@ class Residency:
 
     def _move_in(self, slot: _Slot) -> float:
         started = time.perf_counter()
-        moved = move_modules(slot.modules, self._device)
+        try:
+            moved = move_modules(slot.modules, self._device)
+        except torch.OutOfMemoryError as e:
+            # The pool stays where it was, whole: what had been moved goes back to host RAM.
+            for tensor in _tensors(slot.modules):
+                if tensor.device != self._host:
+                    tensor.data = tensor.data.to(self._host)
+            if self._device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise GpuUnavailableError(
+                f"pool {slot.name} could not be moved onto {self._device}: it is out of memory; try again shortly"
+            ) from e
         slot.resident = True
         slot.moves_in += 1
         slot.last_move_s = time.perf_counter() - started

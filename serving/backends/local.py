@@ -5,7 +5,8 @@ base it names, else the default; on a thread when routing may read the Hub), the
 scheduler (`Scheduler.turn`: queued, prepared off the GPU's path, admitted, left), and runs inside it through
 the `@spaces.GPU` function (a no-op off ZeroGPU), in a worker thread, with the pool's pipeline on the device.
 So on ZeroGPU the borrowed GPU time is spent on the swap and inference only. Waiting holds no thread; a
-cancelled task leaves the queue, or stops the run at its next step (the slot is left once the run has stopped).
+cancelled task leaves the queue, or stops the run at its next step (the slot is left once the run has stopped),
+on ZeroGPU too, where the GPU call is a generator of steps the main process closes (`serving.backends.zerogpu`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TypeVar
 
@@ -30,6 +31,7 @@ from engine.pools.engine import Engine
 from engine.pools.pools import Pool, Pools
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from serving.backends import CellProgress, OnQueue
+from serving.backends.zerogpu import Finished, Step, drive, gpu_errors, run_in_steps
 
 __all__ = ["LocalBackend"]
 
@@ -55,9 +57,14 @@ class LocalBackend:
         # of this object lives in the forked worker; the main process never fills it).
         self._view = WorkerView()
         self.worker_cache = WorkerCache(pools.default.engine.settings.device_cache_bytes)
-        # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU.
-        self._run_on_gpu = gpu(self._run_shipped if zero_gpu else self._run, duration=_gpu_duration)
-        self._compare_on_gpu = gpu(self._run_many, duration=_gpu_duration_many)
+        # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU, as a generator
+        # of steps so that a cancel reaches it (serving.backends.zerogpu).
+        if zero_gpu:
+            self._run_on_gpu = gpu(self._run_shipped, duration=_gpu_duration)
+            self._compare_on_gpu = gpu(self._run_many_shipped, duration=_gpu_duration_many)
+        else:
+            self._run_on_gpu = gpu(self._run, duration=_gpu_duration)
+            self._compare_on_gpu = gpu(self._run_many, duration=_gpu_duration_many)
 
     @classmethod
     def of(cls, engine: Engine, **kwargs: object) -> LocalBackend:
@@ -158,8 +165,11 @@ class LocalBackend:
         progress: CellProgress | None,
         cancel: threading.Event,
     ) -> tuple[GenerateResult, ...]:
-        # On ZeroGPU the event cannot be pickled into the worker (nor would it reach it).
-        return self._compare_on_gpu(prepared, progress, None if self._zero_gpu else cancel, pool.index)
+        if self._zero_gpu:
+            # The event cannot be pickled into the worker: the steps come back, and closing them stops the run.
+            with gpu_errors():
+                return drive(self._compare_on_gpu(prepared, pool.index), progress, cancel)
+        return self._compare_on_gpu(prepared, progress, cancel, pool.index)
 
     def _call_gpu(
         self,
@@ -171,7 +181,7 @@ class LocalBackend:
     ) -> GenerateResult:
         if self._zero_gpu:
             # No previews there: a callback from the ZeroGPU worker would not reach this process.
-            result = self._generate_shipped(prepared, progress, pool.index)
+            result = self._generate_shipped(prepared, progress, pool.index, cancel)
             # The worker's events reached the worker's copy of the observers; report its timings here instead
             # (its time waiting for the engine's lock is not known out here).
             if result.swapped:
@@ -181,12 +191,16 @@ class LocalBackend:
         # The pool goes by its index: on ZeroGPU the arguments are pickled, and an engine must not be.
         return self._run_on_gpu(prepared, progress, cancel, preview, pool.index)
 
-    def _generate_shipped(self, prepared: PreparedRequest, progress: Progress | None, pool: int) -> GenerateResult:
-        # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway.
-        outcome = self._run_on_gpu(self._view.ship(prepared), progress, pool)
-        if outcome.result is None:
-            # The worker lacked adapters it was thought to hold (a new worker): once more, with tensors.
-            outcome = self._run_on_gpu(self._view.ship(prepared, full=True), progress, pool)
+    def _generate_shipped(
+        self, prepared: PreparedRequest, progress: Progress | None, pool: int, cancel: threading.Event
+    ) -> GenerateResult:
+        # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway: the
+        # worker's steps come back instead, and closing them when `cancel` is set stops the run there.
+        with gpu_errors():
+            outcome = drive(self._run_on_gpu(self._view.ship(prepared), pool), progress, cancel)
+            if outcome.result is None:
+                # The worker lacked adapters it was thought to hold (a new worker): once more, with tensors.
+                outcome = drive(self._run_on_gpu(self._view.ship(prepared, full=True), pool), progress, cancel)
         self._view.learn(outcome)
         if outcome.result is None:
             raise GenerationError(f"the GPU worker could not receive {', '.join(map(str, outcome.missing))}")
@@ -217,13 +231,24 @@ class LocalBackend:
         with self._pools.on_device(chosen):
             return chosen.engine.run_many(prepared, progress=progress, cancel=cancel)
 
-    def _run_shipped(self, prepared: PreparedRequest, progress: Progress | None = None, pool: int = 0) -> GpuOutcome:
-        """Inside the GPU worker: fill in adapters from its cache, then swap and generate."""
+    def _run_shipped(self, prepared: PreparedRequest, pool: int = 0) -> Iterator[Step | Finished[GpuOutcome]]:
+        """Inside the GPU worker: fill in adapters from its cache, then swap and generate, a step at a time."""
         received = self.worker_cache.receive(prepared)
         if isinstance(received, tuple):
-            return GpuOutcome(None, received, self.worker_cache.held())
-        result = self._run(received, progress, pool=pool)
-        return GpuOutcome(result, (), self.worker_cache.held())
+            yield Finished(GpuOutcome(None, received, self.worker_cache.held()))
+            return
+
+        def run(progress: Progress, cancel: threading.Event) -> GpuOutcome:
+            result = self._run(received, progress, cancel, pool=pool)
+            return GpuOutcome(result, (), self.worker_cache.held())
+
+        yield from run_in_steps(run)
+
+    def _run_many_shipped(
+        self, prepared: tuple[PreparedRequest, ...], pool: int = 0
+    ) -> Iterator[Step | Finished[tuple[GenerateResult, ...]]]:
+        """Inside the GPU worker: a comparison's cells, a step at a time."""
+        yield from run_in_steps(lambda progress, cancel: self._run_many(prepared, progress, cancel, pool))
 
 
 async def _in_thread(work: Callable[[threading.Event], T]) -> T:

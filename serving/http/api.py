@@ -34,7 +34,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from engine.errors import GenerationCancelledError, InvalidRequestError, RequestTooLargeError, SwitchboardError
+from engine.errors import (
+    GenerationCancelledError,
+    GenerationError,
+    InvalidRequestError,
+    RequestTooLargeError,
+    SwitchboardError,
+)
 from engine.requests import GenerateResult
 from serving.errors import json_error
 from serving.http.body import HUB_HOST, HttpRequest, lora_from_path, parse_body
@@ -143,6 +149,11 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
                 outcome = await handlers.generate(parsed.request, on_queue=on_queue, transport="http", base=base)
             except SwitchboardError as e:
                 outcome = e
+            except Exception as e:
+                # Counted (500) by the handlers already; answered as JSON like every other error, never as the
+                # server's plain-text 500.
+                logger.exception("POST %s failed unexpectedly", request.url.path)
+                outcome = GenerationError(f"the request failed: {type(e).__name__}: {e}")
             finally:
                 group.cancel_scope.cancel()
         if isinstance(outcome, SwitchboardError):
