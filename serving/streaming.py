@@ -43,6 +43,7 @@ async def stream(
         loop.call_soon_threadsafe(frames.put_nowait, Frame(step, image))
 
     task = asyncio.ensure_future(work(preview))
+    getter: asyncio.Future[Frame] | None = None
     try:
         while not task.done():
             getter = asyncio.ensure_future(frames.get())
@@ -57,6 +58,8 @@ async def stream(
             if not task.done():
                 yield None
     finally:
+        if getter is not None:
+            getter.cancel()  # cancelled while waiting: no frame reader is left pending
         if not task.done():
             # Closed early: the client went away. The task leaves the queue, or its run stops at its next step.
             task.cancel()
