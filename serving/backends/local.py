@@ -3,7 +3,7 @@
 A request is routed to its pool (`engine.pools.pools.Pools.route`: the pool its LoRAs were made for, else the
 base it names, else the default; on a thread when routing may read the Hub), then takes one turn of that pool's
 scheduler (`Scheduler.turn`: queued, prepared off the GPU's path, admitted, left), and runs inside it through
-the `@spaces.GPU` function (a no-op off ZeroGPU), in a worker thread, with the pool's pipeline on the device.
+the `@spaces.GPU` function (a no-op off ZeroGPU), on the pool's own thread, with the pool's pipeline on the device.
 So on ZeroGPU the borrowed GPU time is spent on the swap and inference only. Waiting holds no thread; a
 cancelled task leaves the queue, or stops the run at its next step (the slot is left once the run has stopped),
 on ZeroGPU too, where the GPU call is a generator of steps the main process closes (`serving.backends.zerogpu`).
@@ -12,6 +12,7 @@ on ZeroGPU too, where the GPU call is a generator of steps the main process clos
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -57,6 +58,13 @@ class LocalBackend:
         # of this object lives in the forked worker; the main process never fills it).
         self._view = WorkerView()
         self.worker_cache = WorkerCache(pools.default.engine.settings.device_cache_bytes)
+        # The admitted run goes on a thread of its pool's own, never one of anyio's shared threads: requests still
+        # waiting (routing, checks, Gradio's sync handlers) may hold every one of those, and the slot would sit
+        # idle. One each suffices: a pool's slot holds one run at a time, left only once that run has stopped.
+        self._gpu_threads = tuple(
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu-{pool.index}")
+            for pool in pools.pools
+        )
         # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU, as a generator
         # of steps so that a cancel reaches it (serving.backends.zerogpu).
         if zero_gpu:
@@ -96,7 +104,9 @@ class LocalBackend:
     ) -> GenerateResult:
         pool = await self._route(request, base)
         async with pool.engine.scheduler.turn(request, on_queue) as prepared:
-            return await _in_thread(partial(self._call_gpu, pool, prepared, progress, preview))
+            return await _in_thread(
+                self._gpu_threads[pool.index], partial(self._call_gpu, pool, prepared, progress, preview)
+            )
 
     async def compare(
         self,
@@ -115,7 +125,9 @@ class LocalBackend:
         engine = pool.engine
         grid = partial(open_cells, engine, cells)
         async with engine.scheduler.turn(cells[0].request, on_queue, prepare=grid) as prepared:
-            results = await _in_thread(partial(self._compare_cells, pool, prepared, progress))
+            results = await _in_thread(
+                self._gpu_threads[pool.index], partial(self._compare_cells, pool, prepared, progress)
+            )
         total_s = time.perf_counter() - started
         logger.info("compared %d cells on %s in %.2f s", len(cells), pool.base_model_id, total_s)
         return CompareResult(tuple(c.label for c in cells), results, int(cells[0].request.seed or 0), total_s)
@@ -138,6 +150,8 @@ class LocalBackend:
 
     def close(self) -> None:
         self._pools.close()
+        for thread in self._gpu_threads:
+            thread.shutdown(wait=False, cancel_futures=True)
 
     # -- inside the turn -------------------------------------------------------------------------
 
@@ -251,11 +265,11 @@ class LocalBackend:
         yield from run_in_steps(lambda progress, cancel: self._run_many(prepared, progress, cancel, pool))
 
 
-async def _in_thread(work: Callable[[threading.Event], T]) -> T:
-    """`work(cancel)` in a worker thread; cancelling the awaiting task sets `cancel` and waits for the work to
-    stop before the cancellation goes on, so the caller's slot is never left while its run still holds the GPU."""
+async def _in_thread(thread: concurrent.futures.Executor, work: Callable[[threading.Event], T]) -> T:
+    """`work(cancel)` on `thread`; cancelling the awaiting task sets `cancel` and waits for the work to stop
+    before the cancellation goes on, so the caller's slot is never left while its run still holds the GPU."""
     cancel = threading.Event()
-    running = asyncio.ensure_future(anyio.to_thread.run_sync(work, cancel))
+    running = asyncio.get_running_loop().run_in_executor(thread, work, cancel)
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:

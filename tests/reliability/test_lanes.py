@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 
+import anyio
 import pytest
 
 from engine.compare import CompareRequest
@@ -111,6 +112,29 @@ def test_a_cancelled_comparison_leaves_the_queue(make_engine, loaded, clean_hub,
     running.result(WAIT_S)
     with pytest.raises(concurrent.futures.CancelledError):
         grid.result(WAIT_S)
+
+
+def test_the_admitted_request_needs_none_of_anyios_shared_threads(make_engine):
+    # Before the fix the GPU run took one of anyio's threads, which other waiters (routing, checks, Gradio's
+    # sync handlers) could all be holding: the slot then sat idle until one was given back.
+    backend = LocalBackend.of(make_engine())
+
+    async def scenario() -> bool:
+        gate = threading.Event()
+        limit = int(anyio.to_thread.current_default_thread_limiter().total_tokens)
+        holders = [asyncio.ensure_future(anyio.to_thread.run_sync(gate.wait)) for _ in range(limit)]
+        await asyncio.sleep(0.5)
+        run = asyncio.ensure_future(backend.generate(GenerateRequest(prompt="a fox", steps=1, seed=3)))
+        try:
+            done, _ = await asyncio.wait({run}, timeout=60)
+        finally:
+            gate.set()  # every shared thread given back: a run that waited for one finishes now
+            await asyncio.gather(*holders)
+        served_meanwhile = run in done
+        await run
+        return served_meanwhile
+
+    assert submit_blocking(scenario()).result(WAIT_S)
 
 
 # -- prefetches --------------------------------------------------------------------------------------------------
