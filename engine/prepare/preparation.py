@@ -59,6 +59,8 @@ class PreparedLora:
     resolve_s: float
     prepare_s: float
     warnings: tuple[str, ...] = ()
+    # The fine-tune it was trained for, when it runs on a pool of another base (see `_trained_for`).
+    trained_for: str | None = None
 
 
 @dataclass
@@ -103,15 +105,16 @@ class Preparer:
         names the load gate it waits in: a request's, or the prefetches' own."""
         started = time.perf_counter()
         source = self._resolver.locate(spec)
+        trained_for, warnings = self._trained_for(source)
         self._store.lease([source.key])
         leased.append(source.key)
         cached = self._store.get(source.key)
         if cached is not None:
-            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
+            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, warnings, trained_for)
         with self._key_lock(source.key):
             cached = self._store.get(source.key)
             if cached is not None:
-                return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
+                return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, warnings, trained_for)
             try:
                 # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
                 with ExitStack() as gate, self._disk.hold(source.key) if self._disk is not None else nullcontext():
@@ -133,7 +136,19 @@ class Preparer:
             done - fetched,
             fetched - started,
         )
-        return PreparedLora(adapter, "miss", fetched - started, done - fetched, source.warnings)
+        return PreparedLora(adapter, "miss", fetched - started, done - fetched, warnings, trained_for)
+
+    def _trained_for(self, source: AdapterSource) -> tuple[str | None, tuple[str, ...]]:
+        """A LoRA trained for a fine-tune (Civitai's Pony, ...) routed here because no pool serves that fine-tune:
+        the fine-tune's name, and the source's warnings with one saying so; else None and them unchanged."""
+        served = self._served_base.lower()
+        if source.finetune is None or any(base.lower() == served for base in source.declared_bases):
+            return None, source.warnings
+        note = (
+            f"LoRA {source.ref!r} was trained for {source.finetune}, which no pool here serves; it runs on "
+            f"{self._served_base}, a different checkpoint of the same family, so it may look different"
+        )
+        return source.finetune, (*source.warnings, note)
 
     def _load(
         self, source: AdapterSource, gate: ExitStack, load_gate: LoadGate | None
@@ -153,7 +168,9 @@ class Preparer:
             gate.close()
             _hold(gate, load_gate, size + self._delta_budget, source)
         shapes = {name: info.shape for name, info in header.tensors.items()}
-        origin = judge_origin(source.declared_bases, lambda: (header.metadata, shapes))
+        origin = judge_origin(
+            source.declared_bases, lambda: (header.metadata, shapes), declared_family=source.declared_family
+        )
         warning = check_origin(label, origin, self._served_base)
         adapter = prepare(
             path,
