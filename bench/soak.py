@@ -13,8 +13,9 @@ Measured at the end, once the clients are done and the queues have drained:
 
 - `ghosts`: requests that reached the GPU more than `GRACE_S` after their client left (a ghost run), plus
   requests still queued or prefetches still waiting once every client is gone;
-- `leaked_threads`: the server's threads beyond those after the warm-up (idle pools given a minute to shrink;
-  the schedulers' bounded preparation threads counted against their bound instead);
+- `leaked_threads`: the server's threads beyond those after the warm-up (idle pools given a minute to shrink,
+  anyio's idle workers let go; the schedulers' bounded preparation threads and each pool's one GPU thread counted
+  against their bound instead);
 - `disk_over_budget_bytes`: LoRA bytes in the Hub cache over `DISK_CACHE_BYTES` once pruning is idle;
 - `host_over_budget_bytes`: the most any pool's prepared adapters held over `HOST_CACHE_BYTES`, sampled
   every 0.25 s through the run;
@@ -40,10 +41,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 __all__ = ["GRACE_S", "Options", "main"]
 
@@ -51,7 +55,8 @@ __all__ = ["GRACE_S", "Options", "main"]
 GRACE_S = 20.0
 _DRAIN_S = 120.0
 _SETTLE_S = 60.0
-_PREPARE = re.compile(r"^prepare_\d+$")
+# Bounded pools started on demand: the schedulers' preparation threads, and each pool's one GPU thread.
+_BOUNDED = re.compile(r"^(prepare|gpu-\d+)_\d+$")
 
 
 @dataclass(frozen=True)
@@ -154,11 +159,13 @@ def run_clients(config: dict[str, Any], root: Path, name: str) -> dict[str, Any]
     return json.loads(result_path.read_text())
 
 
-def threads() -> tuple[int, int]:
-    """(threads other than the schedulers' preparation pools, preparation threads) of this process."""
+def threads(url: str) -> tuple[int, int]:
+    """(threads other than the bounded pools, the bounded pools' threads) of this process, once the server loop's
+    idle worker threads have been let go (`bench.soak_service`'s `/soak/idle`)."""
+    httpx.post(url + "soak/idle", timeout=30).raise_for_status()
     names = [t.name for t in threading.enumerate()]
-    prepare = sum(1 for n in names if _PREPARE.match(n))
-    return len(names) - prepare, prepare
+    bounded = sum(1 for n in names if _BOUNDED.match(n))
+    return len(names) - bounded, bounded
 
 
 def drain(service: Any) -> int:
@@ -209,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         warm = run_clients({**base, "duration_s": options.warmup_s, "bursts": [0.5], "seed_base": 0}, root, "warmup")
         drain(service)
         time.sleep(12)  # idle worker threads of the warm-up expire (anyio's after 10 s)
-        baseline, _ = threads()
+        baseline, _ = threads(service.url)
+        named = Counter(t.name for t in threading.enumerate())
         faults, watch = Faults(service.hub, options.duration_s, CUT_PREFIX), HostWatch(service.pools)
         faults.start()
         watch.start()
@@ -225,11 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         disk.wait_idle(60)
         disk_over = max(0, disk.lora_bytes() - disk.budget)
         deadline = time.monotonic() + _SETTLE_S
-        while threads()[0] > baseline and time.monotonic() < deadline:
+        while threads(service.url)[0] > baseline and time.monotonic() < deadline:
             time.sleep(1.0)
-        others, prepare = threads()
-        bound = sum(p.engine.settings.max_queue + p.engine.settings.prepare_workers for p in service.pools.pools)
-        leaked = max(0, others - baseline) + max(0, prepare - bound)
+        others, bounded = threads(service.url)
+        bound = sum(1 + p.engine.settings.max_queue + p.engine.settings.prepare_workers for p in service.pools.pools)
+        leaked = max(0, others - baseline) + max(0, bounded - bound)
+        # Named in the output when any leaked: what to look for.
+        newer = sorted((Counter(t.name for t in threading.enumerate()) - named).elements()) if leaked else []
         late = ghost_runs(service.backend.admitted, warm["departures"] + soak["departures"])
         ghosts = queued + len(late)
     finally:
@@ -254,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"soak: 5xx: {problem}", flush=True)
     for ghost in late:
         print(f"soak: ghost: {ghost}", flush=True)
+    if newer:
+        print(f"soak: threads since the warm-up: {', '.join(newer)}", flush=True)
     if queued:
         print(f"soak: ghost: {queued} requests or prefetches still queued once every client had gone", flush=True)
     if options.json_path is not None:

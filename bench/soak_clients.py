@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import os
 import random
 import signal
 import sys
@@ -334,7 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     config_path, result_path = (argv or sys.argv[1:])[:2]
     result = Soak(json.loads(Path(config_path).read_text())).run()
     Path(result_path).write_text(json.dumps(result))
-    return 0
+    # Ended here, not by returning: after some `job.cancel()`s gradio_client (2.7) keeps its session's event
+    # stream open (the server answers it with heartbeats: Gradio's own queue is empty by then) on a non-daemon
+    # executor thread that `Client.close()` leaves running, and the interpreter would wait for it forever.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
