@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from engine.errors import GpuUnavailableError
-from engine.pools import residency as residency_module
+from engine.pools.flat import FlatWeights
 from engine.pools.residency import Residency, module_bytes
 from serving.backends.local import LocalBackend
 from tests.support.app_server import serve_routes
@@ -56,20 +56,18 @@ def test_out_of_memory_moving_a_pool_in_is_a_503_and_leaves_it_where_it_was(monk
     before = {k: v.clone() for k, v in second.state_dict().items()}
     residency = Residency(torch.device("cpu"), module_bytes([first]))
     residency.add("first", [first], before_leaving=lambda: None)
-    residency.add("second", [second], before_leaving=lambda: None)
-    real = residency_module.move_modules
+    residency.add("second", [second], before_leaving=lambda: None)  # does not fit beside the first: in host RAM
 
-    def out_of_memory(modules, device):
-        if modules == [second]:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 KiB")
-        return real(modules, device)
+    def out_of_memory(self, device):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 KiB")
 
-    monkeypatch.setattr(residency_module, "move_modules", out_of_memory)
+    monkeypatch.setattr(FlatWeights, "to_device", out_of_memory)
     refusal = pytest.raises(GpuUnavailableError, match=r"pool second could not be moved onto cpu")
     with refusal as refused, residency.use("second"):
         pass
     assert refused.value.status == 503
     assert {m.name: m.resident for m in residency.snapshot()}["second"] is False
+    assert all(torch.equal(v, before[k]) for k, v in second.state_dict().items())
     monkeypatch.undo()
     with residency.use("second"):
         assert all(torch.equal(v, before[k]) for k, v in second.state_dict().items())
