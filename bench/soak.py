@@ -14,8 +14,9 @@ Measured at the end, once the clients are done and the queues have drained:
 - `ghosts`: requests that reached the GPU more than `GRACE_S` after their client left (a ghost run), plus
   requests still queued or prefetches still waiting once every client is gone;
 - `leaked_threads`: the server's threads beyond those after the warm-up (idle pools given a minute to shrink,
-  anyio's idle workers let go; the schedulers' bounded preparation threads and each pool's one GPU thread counted
-  against their bound instead);
+  anyio's idle workers let go); the schedulers' bounded preparation threads counted against their bound instead,
+  and the single-thread pools started on demand (each pool's GPU thread, the catalogue's revalidation) at one
+  thread of each name;
 - `disk_over_budget_bytes`: LoRA bytes in the Hub cache over `DISK_CACHE_BYTES` once pruning is idle;
 - `host_over_budget_bytes`: the most any pool's prepared adapters held over `HOST_CACHE_BYTES`, sampled
   every 0.25 s through the run;
@@ -55,8 +56,9 @@ __all__ = ["GRACE_S", "Options", "main"]
 GRACE_S = 20.0
 _DRAIN_S = 120.0
 _SETTLE_S = 60.0
-# Bounded pools started on demand: the schedulers' preparation threads, and each pool's one GPU thread.
-_BOUNDED = re.compile(r"^(prepare|gpu-\d+)_\d+$")
+_PREPARE = re.compile(r"^prepare_\d+$")
+# Single-thread pools started on demand, one per object that owns one: a second thread of a name is a leak.
+_SINGLE = re.compile(r"^(gpu-\d+|hub-revalidate|lora-catalog|.+-swr)_\d+$")
 
 
 @dataclass(frozen=True)
@@ -159,13 +161,14 @@ def run_clients(config: dict[str, Any], root: Path, name: str) -> dict[str, Any]
     return json.loads(result_path.read_text())
 
 
-def threads(url: str) -> tuple[int, int]:
-    """(threads other than the bounded pools, the bounded pools' threads) of this process, once the server loop's
-    idle worker threads have been let go (`bench.soak_service`'s `/soak/idle`)."""
+def threads(url: str) -> tuple[int, int, int]:
+    """(other threads, preparation threads, single-thread pools' threads beyond one of each name) of this process,
+    once the server loop's idle worker threads have been let go (`bench.soak_service`'s `/soak/idle`)."""
     httpx.post(url + "soak/idle", timeout=30).raise_for_status()
     names = [t.name for t in threading.enumerate()]
-    bounded = sum(1 for n in names if _BOUNDED.match(n))
-    return len(names) - bounded, bounded
+    prepare = sum(1 for n in names if _PREPARE.match(n))
+    singles = Counter(n for n in names if _SINGLE.match(n))
+    return len(names) - prepare - sum(singles.values()), prepare, sum(c - 1 for c in singles.values())
 
 
 def drain(service: Any) -> int:
@@ -216,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warm = run_clients({**base, "duration_s": options.warmup_s, "bursts": [0.5], "seed_base": 0}, root, "warmup")
         drain(service)
         time.sleep(12)  # idle worker threads of the warm-up expire (anyio's after 10 s)
-        baseline, _ = threads(service.url)
+        baseline = threads(service.url)[0]
         named = Counter(t.name for t in threading.enumerate())
         faults, watch = Faults(service.hub, options.duration_s, CUT_PREFIX), HostWatch(service.pools)
         faults.start()
@@ -235,9 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         deadline = time.monotonic() + _SETTLE_S
         while threads(service.url)[0] > baseline and time.monotonic() < deadline:
             time.sleep(1.0)
-        others, bounded = threads(service.url)
-        bound = sum(1 + p.engine.settings.max_queue + p.engine.settings.prepare_workers for p in service.pools.pools)
-        leaked = max(0, others - baseline) + max(0, bounded - bound)
+        others, prepare, doubled = threads(service.url)
+        bound = sum(p.engine.settings.max_queue + p.engine.settings.prepare_workers for p in service.pools.pools)
+        leaked = max(0, others - baseline) + max(0, prepare - bound) + doubled
         # Named in the output when any leaked: what to look for.
         newer = sorted((Counter(t.name for t in threading.enumerate()) - named).elements()) if leaked else []
         late = ghost_runs(service.backend.admitted, warm["departures"] + soak["departures"])
