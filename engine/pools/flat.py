@@ -1,18 +1,11 @@
 """One pool's weights as views of one flat buffer, so moving the pool is one copy at the floor of copying bytes.
 
-Moving a pipeline tensor by tensor costs one allocation (and on a GPU one small transfer) per tensor: SDXL's UNet
-has 1,680 of them, and the move took 2-3x one contiguous copy of its bytes. Here every parameter and buffer of a
-pool's modules is a view into one flat byte buffer, each at an aligned offset. Moving the pool allocates one
-buffer on the other side, copies the bytes in one go and points each tensor at its view (`tensor.data = view`),
-so the Parameter objects stay the ones the swap's target table and pristine copies hold, and every byte arrives
-as it left (a raw copy: bit-exact). The host buffer is kept for the pool's life (pinned when the pool computes on
-CUDA, for full-speed transfers), so moving out again allocates nothing. When a tensor is no longer the view it
-was given (a freshly loaded pipeline, or a module whose tensor was replaced), it is copied on its own into its
-place, and the layout is made again if the tensors themselves changed.
-
-Written here because no library does this for a whole pipeline kept resident: torch's `parameters_to_vector` /
-`vector_to_parameters` and `_flatten_dense_tensors` take one dtype, parameters only, and concatenate on every
-call; diffusers' group offloading and accelerate's hooks stream blocks in and out during each forward pass.
+Every parameter and buffer of a pool's modules is a view into one flat byte buffer at an aligned offset;
+moving the pool copies the bytes in one go and re-points each tensor (`tensor.data = view`), so the Parameter
+objects the swap's tables and pristine copies hold stay the same and every byte arrives as it left. The host
+buffer lives as long as the pool (pinned on CUDA). Written here because no library does this for a resident
+pipeline (`vector_to_parameters` takes one dtype and concatenates per call; diffusers' group offloading streams
+blocks per forward). Why (1,680 tensors in SDXL's UNet): docs/internals.md.
 """
 
 from __future__ import annotations
