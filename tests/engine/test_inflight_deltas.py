@@ -28,12 +28,12 @@ def test_a_kept_delta_is_charged_to_the_load_gate(make_engine, fixtures, tmp_pat
     kept = engine.status().cached[0].host_bytes
     size = file_size(fixtures[role], name, tmp_path)
     assert kept > 2 * size  # the kept ΔW dwarfs the factors (so the charge below is not the file's alone)
-    _, peak_bytes = engine._preparer._gate.peaks
+    _, peak_bytes = engine._preparer._gates["request"].peaks  # type: ignore[union-attr]
     assert peak_bytes >= size + kept
 
 
 def test_a_plain_lora_is_charged_its_file_only(make_engine, fixtures, tmp_path):
     engine = make_engine()
     generate(engine, one(fixtures["peft"]))
-    _, peak_bytes = engine._preparer._gate.peaks
+    _, peak_bytes = engine._preparer._gates["request"].peaks  # type: ignore[union-attr]
     assert peak_bytes == file_size(fixtures["peft"], "pytorch_lora_weights.safetensors", tmp_path)
