@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import threading
 import time
@@ -269,7 +270,10 @@ async def _in_thread(thread: concurrent.futures.Executor, work: Callable[[thread
     """`work(cancel)` on `thread`; cancelling the awaiting task sets `cancel` and waits for the work to stop
     before the cancellation goes on, so the caller's slot is never left while its run still holds the GPU."""
     cancel = threading.Event()
-    running = asyncio.get_running_loop().run_in_executor(thread, work, cancel)
+    # The caller's context goes along, as anyio's and asyncio's threads take it: Gradio's progress bar finds its
+    # event through a context variable, and a run without it reports no steps.
+    context = contextvars.copy_context()
+    running = asyncio.get_running_loop().run_in_executor(thread, context.run, work, cancel)
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
