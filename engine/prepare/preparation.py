@@ -67,7 +67,6 @@ class Preparer:
         encoders: TextEncoders,
         *,
         served_base: str,
-        unet_config: object,
         max_rank: int,
         disk: DiskCache | None = None,
         gate: LoadGate | None = None,
@@ -80,7 +79,6 @@ class Preparer:
         self._table = table
         self._encoders = encoders
         self._served_base = served_base
-        self._unet_config = unet_config
         self._max_rank = max_rank
         # Requests' loads, and prefetches' (engine.pools.prefetch): a prefetch never takes a request's place.
         self._gates: dict[Lane, LoadGate | None] = {"request": gate, "prefetch": prefetch_gate}
@@ -164,7 +162,6 @@ class Preparer:
             path,
             source.key,
             self._table,
-            unet_config=self._unet_config,
             max_rank=self._max_rank,
             metadata=header.metadata,
             shapes=shapes,
