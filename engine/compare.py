@@ -3,16 +3,17 @@
 A `CompareRequest` is either several LoRAs (one cell each, at its own scale) or a scale sweep of one
 LoRA, optionally with the base model first. `plan_cells` turns it into one ordinary `GenerateRequest`
 per cell — so a cell is exactly what `/generate` returns for the same inputs — checked against the
-grid's limits (cells, and denoising steps over all cells). The runner prepares every cell outside the
-GPU function and runs them in one queue turn with `Engine.run_many`: the pipeline is held once, and the
-swap between cells is the engine's exact one (pristine weights copied back, the next set fused).
+grid's limits (cells, and denoising steps over all cells). The runner queues the grid as one ticket first
+(a full queue refuses it before anything is downloaded), the scheduler prepares every cell on its bounded
+threads (`open_cells`), and the cells run in that one queue turn with `Engine.run_many`: the pipeline is held
+once, and the swap between cells is the engine's exact one (pristine weights copied back, the next set fused).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ from engine.requests import GenerateRequest, GenerateResult, Limits, LoraSpec, M
 if TYPE_CHECKING:  # the engine module brings torch; `import app` must stay light
     from engine.pools.engine import Engine, PreparedRequest
 
-__all__ = ["MAX_COMPARE_LORAS", "CompareCell", "CompareRequest", "CompareResult", "plan_cells", "prepare_cells"]
+__all__ = ["MAX_COMPARE_LORAS", "CompareCell", "CompareRequest", "CompareResult", "open_cells", "plan_cells"]
 
 # The issue's "a row of images for up to 4 LoRAs"; a sweep's length is bounded by MAX_COMPARE_CELLS.
 MAX_COMPARE_LORAS = 4
@@ -115,11 +116,16 @@ def plan_cells(
     return tuple(cells)
 
 
-@contextmanager
-def prepare_cells(engine: Engine, cells: Sequence[CompareCell]) -> Iterator[tuple[PreparedRequest, ...]]:
-    """Prepare every cell (outside the pipeline lock); all adapters stay leased inside the block."""
-    with ExitStack() as stack:
-        yield tuple(stack.enter_context(engine.prepare(cell.request)) for cell in cells)
+def open_cells(engine: Engine, cells: Sequence[CompareCell]) -> tuple[tuple[PreparedRequest, ...], Callable[[], None]]:
+    """Prepare every cell (outside the pipeline lock; the scheduler runs this as the grid's one ticket's
+    preparation); all adapters stay leased until the returned release is called."""
+    stack = ExitStack()
+    try:
+        prepared = tuple(stack.enter_context(engine.prepare(cell.request)) for cell in cells)
+    except BaseException:
+        stack.close()
+        raise
+    return prepared, stack.close
 
 
 def _cell_specs(loras: tuple[LoraSpec, ...], scales: tuple[float, ...]) -> list[tuple[str, tuple[LoraSpec, ...]]]:

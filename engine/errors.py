@@ -24,6 +24,8 @@ __all__ = [
     "GatedLoraError",
     "GenerationCancelledError",
     "GenerationError",
+    "GpuQuotaError",
+    "GpuUnavailableError",
     "HubUnavailableError",
     "IncompatibleLoraError",
     "InvalidRequestError",
@@ -125,3 +127,25 @@ class BackendUnavailableError(EngineError, ConnectionError):
 
     status = 503
     title = "Backend unreachable"
+
+
+class GpuQuotaError(EngineError):
+    """The GPU lender (ZeroGPU) refused the call: the caller's or the Space's quota is used up for now."""
+
+    status = 429
+    title = "GPU quota exceeded"
+
+    def __init__(self, message: str, retry_after_s: int = 60) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.retry_after_s))
+
+
+class GpuUnavailableError(EngineError):
+    """No GPU could take the call now (ZeroGPU had none, or its worker was lost; the device ran out of memory
+    moving a pool in): nothing was changed, and trying again shortly may succeed."""
+
+    status = 503
+    title = "GPU unavailable"

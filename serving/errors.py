@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import gradio as gr
 from starlette.responses import JSONResponse
 
-from engine.errors import EngineBusyError
+from engine.errors import EngineBusyError, GpuQuotaError
 from lora_catalog.errors import SwitchboardError
 
 __all__ = ["json_error", "user_errors"]
@@ -30,9 +30,11 @@ def user_errors() -> Iterator[None]:
 def json_error(error: SwitchboardError) -> JSONResponse:
     """The inference API's error shape: `{"error": message, "error_type": class name}` with the error's status.
 
-    A full queue also says when to come back (`Retry-After`, in seconds: the scheduler's estimate).
+    A full queue and a used-up GPU quota also say when to come back (`Retry-After`, in seconds: the
+    scheduler's estimate, or the GPU lender's).
     """
-    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, EngineBusyError) else None
+    retry = error.retry_after_s if isinstance(error, EngineBusyError | GpuQuotaError) else None
+    headers = {"Retry-After": str(retry)} if retry is not None else None
     return JSONResponse(
         {"error": str(error), "error_type": type(error).__name__}, status_code=error.status, headers=headers
     )

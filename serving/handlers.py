@@ -10,7 +10,7 @@ tree's (`lora_catalog.errors`); the callers turn them into answers with `serving
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -146,7 +146,7 @@ class Handlers:
         on_queue: OnQueue | None = None,
         transport: str = "gradio_api",
         base: str = "",
-    ) -> AsyncIterator[Frame | GenerateResult | None]:
+    ) -> AsyncGenerator[Frame | GenerateResult | None, None]:
         """`generate`, yielding preview frames while it denoises (none when previews are off) and `None` ticks
         while it waits, then the result; closing the stream cancels the generation."""
 

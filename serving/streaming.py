@@ -11,7 +11,7 @@ leaves the queue, or stops at its next step (before the VAE decode).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -31,7 +31,9 @@ class Frame:
     image: Image
 
 
-async def stream(work: Callable[[Preview], Awaitable[T]], *, poll_s: float = 0.25) -> AsyncIterator[Frame | T | None]:
+async def stream(
+    work: Callable[[Preview], Awaitable[T]], *, poll_s: float = 0.25
+) -> AsyncGenerator[Frame | T | None, None]:
     """Yield `Frame`s as `work(preview)` reports them and `None` ticks while it runs, then what it returned
     (or raise what it raised); closing the stream before the end cancels the work."""
     loop = asyncio.get_running_loop()
@@ -41,6 +43,7 @@ async def stream(work: Callable[[Preview], Awaitable[T]], *, poll_s: float = 0.2
         loop.call_soon_threadsafe(frames.put_nowait, Frame(step, image))
 
     task = asyncio.ensure_future(work(preview))
+    getter: asyncio.Future[Frame] | None = None
     try:
         while not task.done():
             getter = asyncio.ensure_future(frames.get())
@@ -55,6 +58,8 @@ async def stream(work: Callable[[Preview], Awaitable[T]], *, poll_s: float = 0.2
             if not task.done():
                 yield None
     finally:
+        if getter is not None:
+            getter.cancel()  # cancelled while waiting: no frame reader is left pending
         if not task.done():
             # Closed early: the client went away. The task leaves the queue, or its run stops at its next step.
             task.cancel()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -18,7 +18,10 @@ from engine.formats.dora import DoraUpdate
 from engine.formats.layers import LayerDelta, LayerUpdate, Scratch
 from engine.formats.lycoris import LohaFactors
 
-__all__ = ["keep_deltas"]
+__all__ = ["keep_deltas", "may_keep_delta"]
+
+# Names only LoHa factors and DoRA magnitudes have (PEFT's and kohya's): a file without them keeps no ΔW.
+_KEPT_NAMES = ("hada_w1_a", "lora_magnitude_vector", "dora_scale")
 
 
 def keep_deltas(layers: Sequence[LayerUpdate], params: Sequence[torch.Tensor], budget: int) -> list[LayerUpdate]:
@@ -31,6 +34,11 @@ def keep_deltas(layers: Sequence[LayerUpdate], params: Sequence[torch.Tensor], b
     return [
         _kept(layer, tuple(params[layer.target].shape), scratch) if _worth_keeping(layer) else layer for layer in layers
     ]
+
+
+def may_keep_delta(names: Iterable[str]) -> bool:
+    """Whether a file with these tensor names (its header's) has layers whose ΔW `keep_deltas` may keep."""
+    return any(part in name for name in names for part in _KEPT_NAMES)
 
 
 def _worth_keeping(layer: LayerUpdate) -> bool:

@@ -2,11 +2,17 @@
 
 With `COMPILE` set, the warm-up also compiles the family's denoiser for each size preset
 (`engine.pipeline.compiled`): the compile time is part of the warm-up, reported on its own.
+
+`VAE_ID` replaces a pool's VAE only where it fits: its latent space (channels, scaling and shift factors, read
+from its config) must be the pool's own VAE's, or every image would be decoded from the wrong latents with no
+error (SDXL's fp16-fix VAE scales by 0.13025, SD 1.5's latents by 0.18215). A pool it does not fit is refused at
+start (`vae_mismatch`); with several pools, `engine.pools.pools.build_pools` gives it only to those it fits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
 from collections.abc import Sequence
@@ -26,11 +32,21 @@ from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile
 from engine.requests import ModelDefaults
 from engine.settings import Settings
 
-__all__ = ["LoadedPipeline", "load_pipeline", "package_denoiser", "resolve_device", "resolve_dtype", "warm_up"]
+__all__ = [
+    "LoadedPipeline",
+    "load_pipeline",
+    "package_denoiser",
+    "resolve_device",
+    "resolve_dtype",
+    "vae_mismatch",
+    "warm_up",
+]
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The config fields that fix a VAE's latent space: two VAEs agreeing on them decode each other's latents.
+_LATENT_SPACE = ("latent_channels", "scaling_factor", "shift_factor")
 
 
 # A diffusers pipeline: its components (unet, text encoders, ...) are registered at run time, which a type
@@ -102,6 +118,9 @@ def load_pipeline(
     (the memory plan's choice, among those the family declares it can run there).
     """
     family = family_spec(settings.base_model_id, setting="BASE_MODEL_ID")
+    mismatch = vae_mismatch(settings)
+    if mismatch is not None:
+        raise SettingsError(mismatch)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device, family.half_dtype)
     if settings.compile != "off":
@@ -203,6 +222,33 @@ def warm_up(
         f" (compiling {compiled.shapes} shapes included)" if compiled else "",
     )
     return dataclasses.replace(loaded, warmup_s=warmup_s)
+
+
+def vae_mismatch(settings: Settings) -> str | None:
+    """Why `VAE_ID` does not fit the pipeline `settings.model_id` names (its latent space differs from the
+    pipeline's own VAE's), or None when it fits or there is nothing to fit (no VAE_ID; a tiny pipeline, which
+    keeps its own VAE). Reads both configs only (from the Hub cache or a folder), never the weights."""
+    if not settings.vae_id or settings.loads_tiny:
+        return None
+    own = _latent_space(AutoencoderKL.load_config(settings.model_id, subfolder="vae", token=settings.hf_token))
+    override = _latent_space(AutoencoderKL.load_config(settings.vae_id, token=settings.hf_token))
+    differ = [
+        f"{name} {override[name]} where its own VAE has {own[name]}"
+        for name in _LATENT_SPACE
+        if override[name] != own[name]
+    ]
+    if not differ:
+        return None
+    return (
+        f"VAE_ID={settings.vae_id!r} does not fit {settings.model_id} ({'; '.join(differ)}): its images would be "
+        "decoded from the wrong latents; accepted: a VAE of the same latent space as the pool's own"
+    )
+
+
+def _latent_space(config: dict[str, Any]) -> dict[str, object]:
+    # A config saved without a field means the class's default (diffusers' own reading of it).
+    defaults = inspect.signature(AutoencoderKL.__init__).parameters
+    return {name: config.get(name, defaults[name].default) for name in _LATENT_SPACE}
 
 
 def _compute_in_host_ram(module: torch.nn.Module, device: torch.device) -> None:

@@ -3,7 +3,8 @@
 A request is queued on the engine's scheduler (`engine.pools.scheduler`: one queue for every transport), which
 prepares it (`_open`: resolved, downloaded, converted) off the GPU's path and admits it when its adapters are
 ready; the one caller holding the slot (`serving.backends.local.LocalBackend`) then calls `run` (swap and
-inference under the lock). Any failure leaves the weights exactly as the last successful request left them.
+inference under the lock). Gallery-click prefetches prepare in a lane of their own (`engine.pools.prefetch`),
+never in a queued request's way. Any failure leaves the weights exactly as the last successful request left them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -30,9 +32,10 @@ from engine.pipeline.compiled import CompiledDenoiser
 from engine.pipeline.inference import engine_error, infer
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
+from engine.pools.prefetch import PrefetchLane
 from engine.pools.scheduler import Scheduler
 from engine.prepare.loadgate import LoadGate
-from engine.prepare.preparation import PreparedLora, Preparer
+from engine.prepare.preparation import Lane, PreparedLora, Preparer
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import (
     AdapterUse,
@@ -121,6 +124,8 @@ class Engine:
             max_rank=settings.max_rank,
             disk=self.disk_cache,
             gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
+            # Prefetches load one at a time, beside the requests' loads and never in their way.
+            prefetch_gate=LoadGate(workers=1, budget=settings.prepare_inflight_bytes),
             # LoHa's and DoRA's ΔW kept from preparation on the CPU, where recomputing it is slow
             # (engine.formats.deltas): a quarter of the host cache, so a kept ΔW never crowds out more than a few
             # other adapters.
@@ -144,10 +149,12 @@ class Engine:
             fused=self._fused.identity,
             max_queue=settings.max_queue,
             max_skip=settings.affinity_max_skip,
-            # One preparation per queued request and a few prefetches; the loads are bounded by the gate.
+            # One preparation per queued request, and room for a few still finishing after their request left;
+            # the loads are bounded by the gate.
             threads=settings.max_queue + settings.prepare_workers,
             mode=settings.scheduler,
         )
+        self._prefetches = PrefetchLane(partial(self._open, lane="prefetch"), pending=settings.max_queue)
         self._preview = load_preview_decoder(settings, loaded.family, loaded.device, loaded.dtype)
 
     @property
@@ -177,10 +184,11 @@ class Engine:
             release()
 
     def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
-        """Start preparing one LoRA into the cache (a gallery click): the later request is a cache hit."""
-        return self.scheduler.prefetch(GenerateRequest(prompt="prefetch", loras=(spec,)))
+        """Start preparing one LoRA into the cache (a gallery click) in the prefetch lane, behind every queued
+        request (`engine.pools.prefetch`): the later request is a cache hit. Cancel the future to drop it."""
+        return self._prefetches.submit(GenerateRequest(prompt="prefetch", loras=(spec,)))
 
-    def _open(self, request: GenerateRequest) -> tuple[PreparedRequest, Callable[[], None]]:
+    def _open(self, request: GenerateRequest, *, lane: Lane = "request") -> tuple[PreparedRequest, Callable[[], None]]:
         """Validate the request and make its adapters ready, leased until the returned release is called."""
         started = time.perf_counter()
         normalised = normalise_request(request, self.loaded.defaults, self._limits)
@@ -191,7 +199,7 @@ class Engine:
             warnings: list[str] = list(self.loaded.defaults.ignored(normalised))
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
-                ready = self._prepare_one(spec, leased)
+                ready = self._prepare_one(spec, leased, lane)
                 adapter = ready.adapter
                 if any(a.key == adapter.key for a, _ in adapters):
                     # Two specs can name one file (a branch and its sha, an explicit default file name).
@@ -219,9 +227,9 @@ class Engine:
             raise
         return prepared, lambda: self._store.release(leased)
 
-    def _prepare_one(self, spec: LoraSpec, leased: list[AdapterKey]) -> PreparedLora:
+    def _prepare_one(self, spec: LoraSpec, leased: list[AdapterKey], lane: Lane) -> PreparedLora:
         try:
-            return self._preparer.adapter(spec, leased)
+            return self._preparer.adapter(spec, leased, lane=lane)
         except SwitchboardError:
             raise
         except Exception as e:
@@ -362,8 +370,10 @@ class Engine:
         return self.scheduler.waiting
 
     def close(self) -> None:
-        """Refuse new requests and put the base weights back (the pipeline may outlive this engine)."""
+        """Refuse new requests, drop waiting prefetches and put the base weights back (the pipeline may outlive
+        this engine)."""
         self.scheduler.close()
+        self._prefetches.close()
         self.restore_base_weights()
 
     def restore_base_weights(self) -> None:

@@ -21,10 +21,11 @@ from cachetools import LRUCache
 
 from engine.caches.disk import DiskCache
 from engine.compare import MAX_COMPARE_LORAS
+from engine.errors import SettingsError
 from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
 from engine.outcomes import PoolMemory, PoolStatus, ServedPool
-from engine.pipeline.loading import LoadedPipeline, resolve_device, warm_up
+from engine.pipeline.loading import LoadedPipeline, resolve_device, vae_mismatch, warm_up
 from engine.pools.engine import Engine
 from engine.pools.flat import FlatWeights, module_tensors
 from engine.pools.plan import PlanOptions, declared_needs, device_memory, loaded_need, pipeline_modules, plan_memory
@@ -146,7 +147,7 @@ class Pools:
                 return self._routes[source.key]
         started = time.perf_counter()
         infos = [p.info for p in self._pools]
-        origin = lora_origin(self._resolver, source)
+        origin = lora_origin(self._resolver, source, self.default.engine.disk_cache)
         decision = described_pick(label, origin, infos)
         index = decision[0]
         logger.info(
@@ -196,12 +197,20 @@ class Pools:
             pool.engine.close()
 
 
-def lora_origin(resolver: AdapterResolver, source: AdapterSource) -> LoraOrigin:
+def lora_origin(resolver: AdapterResolver, source: AdapterSource, disk: DiskCache | None) -> LoraOrigin:
     """What a located LoRA says of its base: its card and tags, else its file (fetched here, into the Hub cache
-    the engine's preparation then reads; only its header is read)."""
+    the engine's preparation then reads; only its header is read). A download is held against pruning while
+    its header is read, and pruning is scheduled after it, as the preparation's own downloads are."""
 
     def read_file() -> FileEvidence:
-        header = resolver.header(source, resolver.fetch(source))
+        if disk is None or source.local_path is not None:
+            header = resolver.header(source, resolver.fetch(source))
+        else:
+            try:
+                with disk.hold(source.key):
+                    header = resolver.header(source, resolver.fetch(source))
+            finally:
+                disk.schedule()
         return header.metadata, {name: info.shape for name, info in header.tensors.items()}
 
     return judge_origin(source.declared_bases, read_file, declared_family=source.declared_family)
@@ -228,6 +237,23 @@ def _warmed(loaded: LoadedPipeline, settings: Settings) -> LoadedPipeline:
         return warm_up(loaded, settings)
     finally:
         weights.to_host()
+
+
+def _with_vae(settings: Settings) -> list[Settings]:
+    """Each pool's settings, `VAE_ID` kept only for the pools whose latent space it fits (SDXL's VAE must not
+    decode SD 1.5's latents); SettingsError when it fits none of the pools that could take it."""
+    chosen, refused = [], []
+    for pool in settings.pool_settings:
+        own = settings.for_pool(pool)
+        mismatch = vae_mismatch(own)
+        if mismatch is not None:
+            logger.warning("%s; pool %s keeps its own VAE", mismatch, pool.base_model_id)
+            refused.append(mismatch)
+            own = own.replace(vae_id=None)
+        chosen.append(own)
+    if refused and not any(own.vae_id and not own.loads_tiny for own in chosen):
+        raise SettingsError(f"VAE_ID fits none of the pools: {' / '.join(refused)}")
+    return chosen
 
 
 def build_pools(
@@ -261,11 +287,15 @@ def build_pools(
         host = first.host_components(pool.base_model_id) if first is not None else ()
         return {"host_components": host} if host else {}
 
+    own_settings = [settings] if len(pool_settings) == 1 else _with_vae(settings)
     if len(pool_settings) == 1:
         loaded = [load(settings, warm=warm, **placed(pool_settings[0]))]
     else:
         parked = {"park": True} if total is not None else {}
-        loaded = [load(settings.for_pool(pool), warm=False, **parked, **placed(pool)) for pool in pool_settings]
+        loaded = [
+            load(own, warm=False, **parked, **placed(pool))
+            for own, pool in zip(own_settings, pool_settings, strict=True)
+        ]
     plan = plan_memory([loaded_need(lp) for lp in loaded], total, options) if total is not None else None
     if plan is not None:
         logger.info("memory plan: %s", plan.describe())
@@ -284,8 +314,7 @@ def build_pools(
             civitai_dir=resolver.civitai_dir,
             in_use=lambda: set[AdapterKey]().union(*(engine.adapters_in_use() for engine in engines)),
         )
-    for pool, lp in zip(pool_settings, loaded, strict=True):
-        own = settings if len(loaded) == 1 else settings.for_pool(pool)
+    for own, lp in zip(own_settings, loaded, strict=True):
         if plan is not None:
             own = own.replace(pristine_store=plan.placement(lp.base_model_id).pristine_store)
         engines.append(Engine(lp, own, resolver, disk_cache=disk))

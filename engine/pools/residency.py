@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.errors import SettingsError
+from engine.errors import GpuUnavailableError, SettingsError
 from engine.outcomes import PoolMemory
 from engine.pools.flat import FlatWeights, module_bytes, module_tensors
 
@@ -147,7 +147,16 @@ class Residency:
 
     def _move_in(self, slot: _Slot) -> float:
         started = time.perf_counter()
-        moved = slot.weights.to_device(self._device)
+        try:
+            moved = slot.weights.to_device(self._device)
+        except torch.OutOfMemoryError as e:
+            # The pool stays where it was, whole: its tensors are pointed at the new buffer only once every copy
+            # is done (engine.pools.flat), so an allocation that fails leaves them in host RAM.
+            if self._device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise GpuUnavailableError(
+                f"pool {slot.name} could not be moved onto {self._device}: it is out of memory; try again shortly"
+            ) from e
         slot.resident = True
         slot.moves_in += 1
         slot.last_move_s = time.perf_counter() - started

@@ -8,10 +8,10 @@ Policy (`SCHEDULER=affinity`, the default), in the manner of vLLM's scheduler:
 
 - **Queued.** A request is queued in arrival order if fewer than `MAX_QUEUE` are waiting (the one running
   not counted); otherwise it is **rejected** at once with `EngineBusyError` (HTTP 503 with `Retry-After`).
-  Its preparation (resolve, download, parse, check: `Engine`'s preparation path) starts at once on a
-  bounded pool; the loads themselves are bounded by `PREPARE_WORKERS` and an in-flight byte budget
-  (`engine.prepare.loadgate`). A preparation that fails takes the request out of the queue with its error: it
-  costs the GPU nothing.
+  Its preparation (resolve, download, parse, check: `Engine`'s preparation path, or the ticket's own: a
+  comparison grid prepares all its cells in one ticket) starts at once on a bounded pool; the loads themselves
+  are bounded by `PREPARE_WORKERS` and an in-flight byte budget (`engine.prepare.loadgate`). A preparation that
+  fails takes the request out of the queue with its error: it costs the GPU nothing.
 - **Admitted.** Only a request whose adapters are ready may hold the GPU slot. When the slot is free, the
   scheduler admits the oldest ready request, unless a younger ready request needs exactly the adapter set
   already fused (no swap): that one is admitted instead (**affinity**).
@@ -46,11 +46,12 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Hashable
-from contextlib import asynccontextmanager
-from typing import Generic, TypeVar
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
+from typing import Any, Generic, TypeVar, overload
 
 from engine.errors import EngineBusyError, GenerationCancelledError
-from engine.pools.tickets import QueueView, Ticket, TicketState
+from engine.pools.tickets import Prepare, QueueView, Ticket, TicketState, waker
 from engine.requests import GenerateRequest
 
 __all__ = ["MODES", "QueueView", "Scheduler", "Ticket", "TicketState"]
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 MODES = ("affinity", "fifo_inline")
 P = TypeVar("P")
+Q = TypeVar("Q")
 # A first guess at one run's length for Retry-After, until a run has been measured.
 _FIRST_RUN_S = 2.0
 
@@ -86,21 +88,24 @@ class Scheduler(Generic[P]):
         self.max_skip = max_skip
         self.mode = mode
         self._cond = threading.Condition()
-        self._queue: list[Ticket[P]] = []
-        self._running: Ticket[P] | None = None
+        # Tickets of this scheduler's own preparation hold a P; a ticket with its own preparation, whatever it makes.
+        self._queue: list[Ticket[Any]] = []
+        self._running: Ticket[Any] | None = None
         self._seq = itertools.count(1)
         self._wakers: list[Callable[[], None]] = []
         self._closed = False
         self._run_s = _FIRST_RUN_S
         self._max_overtaken = 0
-        # One preparation per queued request at most, so this pool cannot be exhausted by waiting requests;
-        # the loads themselves are bounded separately (engine.prepare.loadgate).
+        # One preparation per queued request at most, so this pool cannot be exhausted by waiting requests (and
+        # room for preparations still finishing after their request left); the loads themselves are bounded
+        # separately (engine.prepare.loadgate). Prefetches never run here (engine.pools.prefetch).
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="prepare")
 
     # -- submitting ------------------------------------------------------------------------------
 
-    def submit(self, request: GenerateRequest) -> Ticket[P]:
-        """Queue `request` and start its preparation; EngineBusyError when MAX_QUEUE are waiting already."""
+    def submit(self, request: GenerateRequest, prepare: Prepare[Any] | None = None) -> Ticket[Any]:
+        """Queue `request` and start its preparation (its own `prepare` if given, else the scheduler's); raises
+        EngineBusyError when MAX_QUEUE are waiting already, before anything is prepared or downloaded."""
         now = time.perf_counter()
         with self._cond:
             waiting = len(self._queue)
@@ -115,7 +120,8 @@ class Scheduler(Generic[P]):
                     f"the engine is busy ({waiting} requests waiting, limit {self.max_queue}); try again shortly",
                     retry_after_s=retry,
                 )
-            ticket: Ticket[P] = Ticket(next(self._seq), request, now)
+            ticket: Ticket[Any] = Ticket(next(self._seq), request, now, prepare or partial(self._prepare, request))
+            ticket.affine = prepare is None
             if self.mode == "fifo_inline":
                 # Prepared inside the slot, as before this scheduler.
                 ticket.state = TicketState.READY
@@ -134,22 +140,14 @@ class Scheduler(Generic[P]):
         self._dispatch()
         return ticket
 
-    def prefetch(self, request: GenerateRequest) -> concurrent.futures.Future[None]:
-        """Prepare `request`'s adapters into the cache without queueing it (a gallery click, a check)."""
-
-        def warm() -> None:
-            _, release = self._prepare(request)
-            release()
-
-        return self._pool.submit(warm)
-
-    def _prepare_ticket(self, ticket: Ticket[P]) -> None:
+    def _prepare_ticket(self, ticket: Ticket[Any]) -> None:
         with self._cond:
             if ticket.state is not TicketState.PREPARING:
                 return
         started = time.perf_counter()
         try:
-            prepared, release = self._prepare(ticket.request)
+            prepared, release = ticket.prepare()
+            identity = self._identity(prepared) if ticket.affine else None
         except BaseException as e:  # handed to the waiter, who raises it: nothing is swallowed
             with self._cond:
                 elapsed = time.perf_counter() - started
@@ -170,6 +168,7 @@ class Scheduler(Generic[P]):
             keep = ticket.state is TicketState.PREPARING
             if keep:
                 ticket.state, ticket.prepared, ticket.release = TicketState.READY, prepared, release
+                ticket.identity = identity
                 ticket.prepare_s, ticket.ready_at = done - started, done
         if not keep:
             release()  # cancelled while it was being prepared
@@ -226,7 +225,7 @@ class Scheduler(Generic[P]):
         )
         self._changed()
 
-    def _choose(self) -> Ticket[P] | None:
+    def _choose(self) -> Ticket[Any] | None:
         ready = [t for t in self._queue if t.state is TicketState.READY]
         if not ready:
             return None
@@ -237,14 +236,14 @@ class Scheduler(Generic[P]):
         candidates = ready[: limit + 1]
         fused = self._fused()
         for ticket in candidates:
-            if ticket.prepared is not None and self._identity(ticket.prepared) == fused:
+            if ticket.identity is not None and ticket.identity == fused:
                 ticket.affinity = True
                 return ticket
         return candidates[0]
 
     async def wait(
         self,
-        ticket: Ticket[P],
+        ticket: Ticket[Any],
         on_update: Callable[[QueueView], None] | None = None,
         shown: QueueView | None = None,
     ) -> None:
@@ -258,7 +257,7 @@ class Scheduler(Generic[P]):
                     if self._settled(ticket):
                         return
                     view = self._view(ticket)
-                    self._wakers.append(_waker(loop, woken))
+                    self._wakers.append(waker(loop, woken))
                 if on_update is not None and view != shown:
                     on_update(view)
                     shown = view
@@ -267,7 +266,7 @@ class Scheduler(Generic[P]):
             self.cancel(ticket)
             raise
 
-    def _settled(self, ticket: Ticket[P]) -> bool:
+    def _settled(self, ticket: Ticket[Any]) -> bool:
         """True once `ticket` holds the slot; raises if it failed or was cancelled (caller holds the lock)."""
         if ticket.state is TicketState.RUNNING:
             return True
@@ -277,28 +276,50 @@ class Scheduler(Generic[P]):
             raise GenerationCancelledError("the request was cancelled while waiting in the queue")
         return False
 
-    def _prepare_in_slot(self, ticket: Ticket[P]) -> P:
+    def _prepare_in_slot(self, ticket: Ticket[Any]) -> Any:
         """`fifo_inline` mode: the admitted request is prepared here, inside the slot, as before the scheduler."""
         started = time.perf_counter()
-        prepared, release = self._prepare(ticket.request)
+        prepared, release = ticket.prepare()
         with self._cond:
             ticket.prepared, ticket.release = prepared, release
             ticket.prepare_s = time.perf_counter() - started
         logger.info("prepared #%d inside the slot in %.3f s", ticket.seq, ticket.prepare_s)
         return prepared
 
-    @asynccontextmanager
-    async def turn(
+    @overload
+    def turn(
         self, request: GenerateRequest, on_queue: Callable[[QueueView], None] | None = None
-    ) -> AsyncIterator[P]:
-        """A request's one way through: queued (EngineBusyError when full), waited for without a thread, then
-        the slot held, with the prepared request, inside the block; left (slot freed, leases released) after.
+    ) -> AbstractAsyncContextManager[P]: ...
 
-        `on_queue` hears the place the request joined at first, then each new one. Cancelling the task leaves
-        the queue; a run under way is its holder's to stop. In `fifo_inline` mode the request is prepared on
-        entering the block, inside the slot (in a worker thread, never on the event loop).
+    @overload
+    def turn(
+        self, request: GenerateRequest, on_queue: Callable[[QueueView], None] | None = None, *, prepare: Prepare[Q]
+    ) -> AbstractAsyncContextManager[Q]: ...
+
+    def turn(
+        self,
+        request: GenerateRequest,
+        on_queue: Callable[[QueueView], None] | None = None,
+        *,
+        prepare: Prepare[Any] | None = None,
+    ) -> AbstractAsyncContextManager[Any]:
+        """A request's one way through: queued (EngineBusyError when full, before anything is downloaded), waited
+        for without a thread, then the slot held, with the prepared work, inside the block; left (slot freed,
+        leases released) after.
+
+        The work is `request` prepared by the scheduler's own preparation, or what `prepare` makes (a comparison
+        grid's cells, prepared on the same bounded threads, all in the one turn). `on_queue` hears the place the
+        request joined at first, then each new one. Cancelling the task leaves the queue; a run under way is its
+        holder's to stop. In `fifo_inline` mode the work is prepared on entering the block, inside the slot (in
+        a worker thread, never on the event loop).
         """
-        ticket = self.submit(request)
+        return self._turn(request, on_queue, prepare)
+
+    @asynccontextmanager
+    async def _turn(
+        self, request: GenerateRequest, on_queue: Callable[[QueueView], None] | None, prepare: Prepare[Any] | None
+    ) -> AsyncIterator[Any]:
+        ticket = self.submit(request, prepare)
         try:
             joined = self.view(ticket)
             if on_queue is not None:
@@ -312,7 +333,7 @@ class Scheduler(Generic[P]):
         finally:
             self.finish(ticket)
 
-    def finish(self, ticket: Ticket[P]) -> None:
+    def finish(self, ticket: Ticket[Any]) -> None:
         """Leave: free the slot (after a result or an error) and release the adapters; dequeue if still queued."""
         now = time.perf_counter()
         with self._cond:
@@ -340,7 +361,7 @@ class Scheduler(Generic[P]):
         self._dispatch()
         self._changed()
 
-    def cancel(self, ticket: Ticket[P]) -> None:
+    def cancel(self, ticket: Ticket[Any]) -> None:
         """Take `ticket` out of the queue if it is still queued; a running one is its holder's to `finish`."""
         with self._cond:
             state = ticket.state
@@ -357,11 +378,11 @@ class Scheduler(Generic[P]):
 
     # -- state -----------------------------------------------------------------------------------
 
-    def view(self, ticket: Ticket[P]) -> QueueView:
+    def view(self, ticket: Ticket[Any]) -> QueueView:
         with self._cond:
             return self._view(ticket)
 
-    def _view(self, ticket: Ticket[P]) -> QueueView:
+    def _view(self, ticket: Ticket[Any]) -> QueueView:
         position = next((i + 1 for i, t in enumerate(self._queue) if t is ticket), 0)
         return QueueView(position=position, waiting=len(self._queue), state=ticket.state.value)
 
@@ -383,7 +404,7 @@ class Scheduler(Generic[P]):
             self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _remove(self, ticket: Ticket[P]) -> None:
+    def _remove(self, ticket: Ticket[Any]) -> None:
         self._queue = [t for t in self._queue if t is not ticket]
 
     def _retry_after(self, waiting: int) -> int:
@@ -395,18 +416,3 @@ class Scheduler(Generic[P]):
             wakers, self._wakers = self._wakers, []
         for wake in wakers:
             wake()
-
-
-def _waker(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> Callable[[], None]:
-    def wake() -> None:
-        try:
-            loop.call_soon_threadsafe(_resolve, future)
-        except RuntimeError:
-            logger.debug("a queued request's event loop closed before it was woken")
-
-    return wake
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from engine.requests import GenerateRequest
 
-__all__ = ["QueueView", "Ticket", "TicketState"]
+__all__ = ["Prepare", "QueueView", "Ticket", "TicketState", "waker"]
+
+logger = logging.getLogger(__name__)
 
 P = TypeVar("P")
 
@@ -32,13 +36,25 @@ class QueueView:
     state: str
 
 
-class Ticket(Generic[P]):
-    """One request's place in the queue. Its fields are the scheduler's, read and written under its lock."""
+# How a ticket is prepared: the prepared work, and what releases its adapters once it has run.
+Prepare = Callable[[], tuple[P, Callable[[], None]]]
 
-    def __init__(self, seq: int, request: GenerateRequest, submitted: float) -> None:
+
+class Ticket(Generic[P]):
+    """One request's place in the queue. Its fields are the scheduler's, read and written under its lock.
+
+    `prepare` is the ticket's own preparation (a comparison grid prepares all its cells in one ticket); the
+    scheduler's own is used when there is none. `identity` is the prepared set's, for affinity (None: never).
+    """
+
+    def __init__(self, seq: int, request: GenerateRequest, submitted: float, prepare: Prepare[P]) -> None:
         self.seq = seq
         self.request = request
         self.submitted = submitted
+        self.prepare = prepare
+        # Whether the prepared set's identity decides affinity (a grid's cells are several sets: it never does).
+        self.affine = True
+        self.identity: Hashable | None = None
         self.state = TicketState.PREPARING
         self.prepared: P | None = None
         self.release: Callable[[], None] | None = None
@@ -52,3 +68,20 @@ class Ticket(Generic[P]):
 
     def __repr__(self) -> str:
         return f"Ticket(#{self.seq}, {self.state.value})"
+
+
+def waker(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> Callable[[], None]:
+    """What wakes a waiter's future on its own loop, from any thread (a loop already closed is let be)."""
+
+    def wake() -> None:
+        try:
+            loop.call_soon_threadsafe(_resolve, future)
+        except RuntimeError:
+            logger.debug("a queued request's event loop closed before it was woken")
+
+    return wake
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

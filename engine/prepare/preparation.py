@@ -4,7 +4,9 @@
 resolve → fetch → header → check (the one origin judgement) → prepare (diffusers' converters) → store, each in
 the module that owns it; size limits are checked before anything is downloaded. A cached adapter skips all
 but resolve; the rest runs once per adapter at a time (single-flight per key), so two requests for the same
-cold LoRA download it once. Each step and its module: docs/internals.md.
+cold LoRA download it once. Fetch to prepare hold the load gate (a request's, or the prefetches' own) for the
+file's bytes, plus the most a kept float32 ΔW (LoHa, DoRA) may take; every download is followed by a disk-cache
+prune, whether the LoRA is then used or refused. Each step and its module: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -13,22 +15,27 @@ import dataclasses
 import logging
 import threading
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.caches.disk import DiskCache
 from engine.caches.store import AdapterStore
 from engine.families.origin import check_origin, judge_origin
 from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
+from engine.formats.deltas import may_keep_delta
 from engine.formats.pivotal import TextEncoders
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import LoraSpec
 
-__all__ = ["PreparedLora", "Preparer"]
+__all__ = ["Lane", "PreparedLora", "Preparer"]
 
 logger = logging.getLogger(__name__)
+
+# Which load gate a preparation waits in: a queued request's, or a prefetch's (engine.pools.prefetch).
+Lane = Literal["request", "prefetch"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,13 @@ class PreparedLora:
     trained_for: str | None = None
 
 
+@dataclass
+class _KeyLock:
+    # Mutable, touched only under Preparer._locks_guard (`users`) or as the lock itself.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+
+
 class Preparer:
     def __init__(
         self,
@@ -56,6 +70,7 @@ class Preparer:
         max_rank: int,
         disk: DiskCache | None = None,
         gate: LoadGate | None = None,
+        prefetch_gate: LoadGate | None = None,
         delta_budget: int = 0,
     ) -> None:
         self._resolver = resolver
@@ -65,13 +80,15 @@ class Preparer:
         self._encoders = encoders
         self._served_base = served_base
         self._max_rank = max_rank
-        self._gate = gate
+        # Requests' loads, and prefetches' (engine.pools.prefetch): a prefetch never takes a request's place.
+        self._gates: dict[Lane, LoadGate | None] = {"request": gate, "prefetch": prefetch_gate}
         self._delta_budget = delta_budget
         self._locks_guard = threading.Lock()
-        self._key_locks: dict[AdapterKey, threading.Lock] = {}
+        self._key_locks: dict[AdapterKey, _KeyLock] = {}
 
-    def adapter(self, spec: LoraSpec, leased: list[AdapterKey]) -> PreparedLora:
-        """Steps 2–7 for one normalised spec; its key is appended to `leased` (the caller releases it)."""
+    def adapter(self, spec: LoraSpec, leased: list[AdapterKey], *, lane: Lane = "request") -> PreparedLora:
+        """Steps 2–7 for one normalised spec; its key is appended to `leased` (the caller releases it). `lane`
+        names the load gate it waits in: a request's, or the prefetches' own."""
         started = time.perf_counter()
         source = self._resolver.locate(spec)
         trained_for, warnings = self._trained_for(source)
@@ -84,15 +101,16 @@ class Preparer:
             cached = self._store.get(source.key)
             if cached is not None:
                 return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, warnings, trained_for)
-            # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
-            size = (source.size or 0) + (source.embeddings_size or 0)
-            hold = self._gate.hold(size, str(source.key)) if self._gate else nullcontext()
-            with hold, self._disk.hold(source.key) if self._disk is not None else nullcontext():
-                adapter, fetched = self._load(source)
-                adapter = self._store.add(adapter)
-        if self._disk is not None and source.local_path is None:
-            # A download may have grown the Hub cache: prune it off the request's path.
-            self._disk.schedule()
+            try:
+                # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
+                with ExitStack() as gate, self._disk.hold(source.key) if self._disk is not None else nullcontext():
+                    adapter, fetched = self._load(source, gate, self._gates[lane])
+                    adapter = self._store.add(adapter)
+            finally:
+                if self._disk is not None and source.local_path is None:
+                    # A download grows the Hub cache whether the file is then used or refused (a wrong base, a
+                    # rank over the limit, NaN values): prune it off the request's path either way.
+                    self._disk.schedule()
         done = time.perf_counter()
         logger.info(
             "prepared %s: %d layers, rank %d, %d pivotal tokens, %.1f MiB in %.3f s (resolve and download %.3f s)",
@@ -118,12 +136,23 @@ class Preparer:
         )
         return source.finetune, (*source.warnings, note)
 
-    def _load(self, source: AdapterSource) -> tuple[PreparedAdapter, float]:
+    def _load(
+        self, source: AdapterSource, gate: ExitStack, load_gate: LoadGate | None
+    ) -> tuple[PreparedAdapter, float]:
+        """Steps 3-6 inside the load gate (held on `gate`): the file's bytes for the download and the parse, and
+        for a file that may keep a float32 ΔW (LoHa, DoRA) the most that ΔW may take (`delta_budget`) besides."""
         label = f"LoRA {source.ref!r}"
+        size = (source.size or 0) + (source.embeddings_size or 0)
+        _hold(gate, load_gate, size, source)
         path = self._resolver.fetch(source)
         embeddings_path = self._resolver.fetch_embeddings(source)
         fetched = time.perf_counter()
         header = self._resolver.header(source, path)
+        if self._delta_budget and may_keep_delta(header.tensors):
+            # Taken afresh rather than grown: nothing of the download is in RAM until the parse, and a load that
+            # waits holding nothing cannot deadlock with another one growing too.
+            gate.close()
+            _hold(gate, load_gate, size + self._delta_budget, source)
         shapes = {name: info.shape for name, info in header.tensors.items()}
         origin = judge_origin(
             source.declared_bases, lambda: (header.metadata, shapes), declared_family=source.declared_family
@@ -142,6 +171,23 @@ class Preparer:
         # Kept with the adapter, so a cache hit still tells the user what the first load found.
         return dataclasses.replace(adapter, warnings=(warning,) if warning else (), embeddings=embeddings), fetched
 
-    def _key_lock(self, key: AdapterKey) -> threading.Lock:
+    @contextmanager
+    def _key_lock(self, key: AdapterKey) -> Iterator[None]:
+        """One preparation of `key` at a time; the lock lives while someone holds or waits for it, so the table
+        holds the keys being prepared now, not every key ever prepared."""
         with self._locks_guard:
-            return self._key_locks.setdefault(key, threading.Lock())
+            entry = self._key_locks.setdefault(key, _KeyLock())
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._locks_guard:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._key_locks[key]
+
+
+def _hold(stack: ExitStack, gate: LoadGate | None, nbytes: int, source: AdapterSource) -> None:
+    if gate is not None:
+        stack.enter_context(gate.hold(nbytes, str(source.key)))

@@ -2,7 +2,8 @@
 
 Taking a set out never subtracts: each touched weight is copied back from a pristine copy made the first time
 it was touched, so the base is bit-exact after any number of swaps. Putting a set in writes each touched weight
-once, pristine plus every update on it summed in float32 (one `addmm_` per plain LoRA layer, rounded once).
+once, pristine plus every update on it summed in float32 (one `addmm_` per plain LoRA layer, rounded once); a
+set whose fused weights are not finite (finite factors overflowing float16) is refused and put back.
 Pristine copies live in a byte budget: copies of clean weights are dropped least recently used first, and a
 set whose weights alone need more is refused before anything changes.
 """
@@ -106,6 +107,7 @@ class WeightPatcher:
                     self._pristine.move_to_end(index)
                 bases = {index: self._pristine[index] for index in touched}
             self._dirty = set(touched)
+            finite: torch.Tensor | None = None
             for index in sorted(plan):
                 weight, base = self._params[index], bases[index]
                 if base.device != weight.device:
@@ -113,9 +115,23 @@ class WeightPatcher:
                     weight.copy_(base, non_blocking=True)
                     base = weight
                 fuse(weight, base, plan[index], self._scratch)
+                ok = torch.isfinite(weight).all()
+                finite = ok if finite is None else finite.logical_and_(ok)
+            # One read back for the whole set: finite factors can still overflow the weight's dtype once fused.
+            if finite is not None and not bool(finite):
+                raise self._overflow(plan, active)
         except BaseException:
             self.restore_all()
             raise
+
+    def _overflow(self, plan: dict[int, list[tuple[LayerUpdate, float]]], active: Sequence[ActiveAdapter]) -> Exception:
+        bad = [i for i in sorted(plan) if not bool(torch.isfinite(self._params[i]).all())]
+        dtype = str(self._params[bad[0]].dtype).removeprefix("torch.")
+        loras = ", ".join(f"{a.adapter.key.name!r}×{a.scale:g}" for a in active)
+        return LimitExceededError(
+            f"fusing {loras} makes {len(bad)} weights not finite in {dtype} (they overflow it); accepted: LoRAs "
+            "whose fused weights fit the served dtype (a smaller scale may)"
+        )
 
     @torch.no_grad()
     def restore_all(self) -> None:

@@ -3,19 +3,21 @@
 A request is routed to its pool (`engine.pools.pools.Pools.route`: the pool its LoRAs were made for, else the
 base it names, else the default; on a thread when routing may read the Hub), then takes one turn of that pool's
 scheduler (`Scheduler.turn`: queued, prepared off the GPU's path, admitted, left), and runs inside it through
-the `@spaces.GPU` function (a no-op off ZeroGPU), in a worker thread, with the pool's pipeline on the device.
+the `@spaces.GPU` function (a no-op off ZeroGPU), on the pool's own thread, with the pool's pipeline on the device.
 So on ZeroGPU the borrowed GPU time is spent on the swap and inference only. Waiting holds no thread; a
-cancelled task leaves the queue, or stops the run at its next step (the slot is left once the run has stopped).
+cancelled task leaves the queue, or stops the run at its next step (the slot is left once the run has stopped),
+on ZeroGPU too, where the GPU call is a generator of steps the main process closes (`serving.backends.zerogpu`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -23,7 +25,7 @@ import anyio
 import spaces
 
 from engine.caches.worker import GpuOutcome, WorkerCache, WorkerView
-from engine.compare import CompareCell, CompareLimits, CompareRequest, CompareResult, plan_cells, prepare_cells
+from engine.compare import CompareCell, CompareLimits, CompareRequest, CompareResult, open_cells, plan_cells
 from engine.errors import GenerationError
 from engine.events import EngineEvents, EngineObserver
 from engine.outcomes import LoraCheck, PoolStatus, PreparedRequest, Preview, Progress, ServedPool
@@ -33,6 +35,7 @@ from engine.pools.engine import Engine
 from engine.pools.pools import Pool, Pools
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from serving.backends import CellProgress, OnQueue
+from serving.backends.zerogpu import Finished, Step, drive, gpu_errors, run_in_steps
 
 __all__ = ["LocalBackend"]
 
@@ -60,9 +63,21 @@ class LocalBackend:
         # of this object lives in the forked worker; the main process never fills it).
         self._view = WorkerView()
         self.worker_cache = WorkerCache(pools.default.engine.settings.device_cache_bytes)
-        # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU.
-        self._run_on_gpu = gpu(self._run_shipped if zero_gpu else self._run, duration=_gpu_duration)
-        self._compare_on_gpu = gpu(self._run_many, duration=_gpu_duration_many)
+        # The admitted run goes on a thread of its pool's own, never one of anyio's shared threads: requests still
+        # waiting (routing, checks, Gradio's sync handlers) may hold every one of those, and the slot would sit
+        # idle. One each suffices: a pool's slot holds one run at a time, left only once that run has stopped.
+        self._gpu_threads = tuple(
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu-{pool.index}")
+            for pool in pools.pools
+        )
+        # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU, as a generator
+        # of steps so that a cancel reaches it (serving.backends.zerogpu).
+        if zero_gpu:
+            self._run_on_gpu = gpu(self._run_shipped, duration=_gpu_duration)
+            self._compare_on_gpu = gpu(self._run_many_shipped, duration=_gpu_duration_many)
+        else:
+            self._run_on_gpu = gpu(self._run, duration=_gpu_duration)
+            self._compare_on_gpu = gpu(self._run_many, duration=_gpu_duration_many)
         self._package_on_gpu = gpu(self._package, duration=_GPU_COMPILE_S)
 
     @classmethod
@@ -95,7 +110,9 @@ class LocalBackend:
     ) -> GenerateResult:
         pool = await self._route(request, base)
         async with pool.engine.scheduler.turn(request, on_queue) as prepared:
-            return await _in_thread(partial(self._call_gpu, pool, prepared, progress, preview))
+            return await _in_thread(
+                self._gpu_threads[pool.index], partial(self._call_gpu, pool, prepared, progress, preview)
+            )
 
     async def compare(
         self,
@@ -105,15 +122,18 @@ class LocalBackend:
         on_queue: OnQueue | None = None,
         progress: CellProgress | None = None,
     ) -> CompareResult:
-        """Every cell planned and prepared on the LoRAs' pool, then run in one queue turn (one GPU call)."""
+        """Every cell planned on the LoRAs' pool, then queued as one ticket (a full queue refuses the grid before
+        anything is downloaded), prepared on the scheduler's bounded threads, and run in that one queue turn (one
+        GPU call; no other request between the cells). Cancelling the task leaves the queue, or stops the grid at
+        its next step."""
         started = time.perf_counter()
-        pool, cells = await anyio.to_thread.run_sync(self._plan_compare, request, base)
-        with ExitStack() as stack:
-            # Preparing may download: in a worker thread; the leases end with the stack.
-            prepared = await anyio.to_thread.run_sync(stack.enter_context, prepare_cells(pool.engine, cells))
-            # The first cell's request takes the queue turn; every cell runs inside it (no other request between).
-            async with pool.engine.scheduler.turn(cells[0].request, on_queue):
-                results = await _in_thread(partial(self._compare_cells, pool, prepared, progress))
+        pool, cells = await self._plan_compare(request, base)
+        engine = pool.engine
+        grid = partial(open_cells, engine, cells)
+        async with engine.scheduler.turn(cells[0].request, on_queue, prepare=grid) as prepared:
+            results = await _in_thread(
+                self._gpu_threads[pool.index], partial(self._compare_cells, pool, prepared, progress)
+            )
         total_s = time.perf_counter() - started
         logger.info("compared %d cells on %s in %.2f s", len(cells), pool.base_model_id, total_s)
         return CompareResult(tuple(c.label for c in cells), results, int(cells[0].request.seed or 0), total_s)
@@ -136,6 +156,8 @@ class LocalBackend:
 
     def close(self) -> None:
         self._pools.close()
+        for thread in self._gpu_threads:
+            thread.shutdown(wait=False, cancel_futures=True)
 
     def compile_ahead(self, mode: str, *, sizes: Sequence[tuple[int, int]] | None = None) -> None:
         """ZeroGPU with COMPILE: each pool's denoiser compiled ahead of time in one GPU call at start-up.
@@ -165,13 +187,13 @@ class LocalBackend:
             return self._pools.route(request, base).pool
         return (await anyio.to_thread.run_sync(self._pools.route, request, base)).pool
 
-    def _plan_compare(self, request: CompareRequest, base: str) -> tuple[Pool, tuple[CompareCell, ...]]:
+    async def _plan_compare(self, request: CompareRequest, base: str) -> tuple[Pool, tuple[CompareCell, ...]]:
         loras = request.loras if isinstance(request.loras, tuple | list) else ()
         # Each LoRA once (a sweep names one several times): the cells' own checks come with `plan_cells`.
         unique = {
             (s.ref, s.revision, s.weight_name): s for s in loras if isinstance(s, LoraSpec) and isinstance(s.ref, str)
         }
-        pool = self._pools.route(GenerateRequest(prompt="compare", loras=tuple(unique.values())), base).pool
+        pool = await self._route(GenerateRequest(prompt="compare", loras=tuple(unique.values())), base)
         engine = pool.engine
         grid = CompareLimits(engine.settings.max_compare_cells, engine.settings.max_compare_steps)
         return pool, tuple(plan_cells(request, engine.defaults, engine.limits, grid))
@@ -183,8 +205,11 @@ class LocalBackend:
         progress: CellProgress | None,
         cancel: threading.Event,
     ) -> tuple[GenerateResult, ...]:
-        # On ZeroGPU the event cannot be pickled into the worker (nor would it reach it).
-        return self._compare_on_gpu(prepared, progress, None if self._zero_gpu else cancel, pool.index)
+        if self._zero_gpu:
+            # The event cannot be pickled into the worker: the steps come back, and closing them stops the run.
+            with gpu_errors():
+                return drive(self._compare_on_gpu(prepared, pool.index), progress, cancel)
+        return self._compare_on_gpu(prepared, progress, cancel, pool.index)
 
     def _call_gpu(
         self,
@@ -196,7 +221,7 @@ class LocalBackend:
     ) -> GenerateResult:
         if self._zero_gpu:
             # No previews there: a callback from the ZeroGPU worker would not reach this process.
-            result = self._generate_shipped(prepared, progress, pool.index)
+            result = self._generate_shipped(prepared, progress, pool.index, cancel)
             # The worker's events reached the worker's copy of the observers; report its timings here instead
             # (its time waiting for the engine's lock is not known out here).
             if result.swapped:
@@ -206,12 +231,16 @@ class LocalBackend:
         # The pool goes by its index: on ZeroGPU the arguments are pickled, and an engine must not be.
         return self._run_on_gpu(prepared, progress, cancel, preview, pool.index)
 
-    def _generate_shipped(self, prepared: PreparedRequest, progress: Progress | None, pool: int) -> GenerateResult:
-        # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway.
-        outcome = self._run_on_gpu(self._view.ship(prepared), progress, pool)
-        if outcome.result is None:
-            # The worker lacked adapters it was thought to hold (a new worker): once more, with tensors.
-            outcome = self._run_on_gpu(self._view.ship(prepared, full=True), progress, pool)
+    def _generate_shipped(
+        self, prepared: PreparedRequest, progress: Progress | None, pool: int, cancel: threading.Event
+    ) -> GenerateResult:
+        # Arguments are pickled into the ZeroGPU worker; an Event cannot be, and would not reach it anyway: the
+        # worker's steps come back instead, and closing them when `cancel` is set stops the run there.
+        with gpu_errors():
+            outcome = drive(self._run_on_gpu(self._view.ship(prepared), pool), progress, cancel)
+            if outcome.result is None:
+                # The worker lacked adapters it was thought to hold (a new worker): once more, with tensors.
+                outcome = drive(self._run_on_gpu(self._view.ship(prepared, full=True), pool), progress, cancel)
         self._view.learn(outcome)
         if outcome.result is None:
             raise GenerationError(f"the GPU worker could not receive {', '.join(map(str, outcome.missing))}")
@@ -252,20 +281,34 @@ class LocalBackend:
             AotDenoiser.install(loaded.denoiser, packages, mode)
             return packages
 
-    def _run_shipped(self, prepared: PreparedRequest, progress: Progress | None = None, pool: int = 0) -> GpuOutcome:
-        """Inside the GPU worker: fill in adapters from its cache, then swap and generate."""
+    def _run_shipped(self, prepared: PreparedRequest, pool: int = 0) -> Iterator[Step | Finished[GpuOutcome]]:
+        """Inside the GPU worker: fill in adapters from its cache, then swap and generate, a step at a time."""
         received = self.worker_cache.receive(prepared)
         if isinstance(received, tuple):
-            return GpuOutcome(None, received, self.worker_cache.held())
-        result = self._run(received, progress, pool=pool)
-        return GpuOutcome(result, (), self.worker_cache.held())
+            yield Finished(GpuOutcome(None, received, self.worker_cache.held()))
+            return
+
+        def run(progress: Progress, cancel: threading.Event) -> GpuOutcome:
+            result = self._run(received, progress, cancel, pool=pool)
+            return GpuOutcome(result, (), self.worker_cache.held())
+
+        yield from run_in_steps(run)
+
+    def _run_many_shipped(
+        self, prepared: tuple[PreparedRequest, ...], pool: int = 0
+    ) -> Iterator[Step | Finished[tuple[GenerateResult, ...]]]:
+        """Inside the GPU worker: a comparison's cells, a step at a time."""
+        yield from run_in_steps(lambda progress, cancel: self._run_many(prepared, progress, cancel, pool))
 
 
-async def _in_thread(work: Callable[[threading.Event], T]) -> T:
-    """`work(cancel)` in a worker thread; cancelling the awaiting task sets `cancel` and waits for the work to
-    stop before the cancellation goes on, so the caller's slot is never left while its run still holds the GPU."""
+async def _in_thread(thread: concurrent.futures.Executor, work: Callable[[threading.Event], T]) -> T:
+    """`work(cancel)` on `thread`; cancelling the awaiting task sets `cancel` and waits for the work to stop
+    before the cancellation goes on, so the caller's slot is never left while its run still holds the GPU."""
     cancel = threading.Event()
-    running = asyncio.ensure_future(anyio.to_thread.run_sync(work, cancel))
+    # The caller's context goes along, as anyio's and asyncio's threads take it: Gradio's progress bar finds its
+    # event through a context variable, and a run without it reports no steps.
+    context = contextvars.copy_context()
+    running = asyncio.get_running_loop().run_in_executor(thread, context.run, work, cancel)
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:

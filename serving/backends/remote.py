@@ -8,11 +8,14 @@ of the one tree, so the user sees the message a local pipeline would give; a clu
 `BackendUnavailableError` (503). Each call has its own connection: cancelling the awaiting task closes it, and
 the cluster stops the job when its ingress sees the connection go. No queue place, progress or previews come
 back: the bar jumps at the end. Comparison grids need the pipeline in this process and are refused.
+Credentials in the URL (`https://user:pass@host`) are sent, and never shown: `url`, every message and every
+log line carry the URL with them replaced by `***`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import asdict
 from typing import Any
@@ -40,12 +43,17 @@ __all__ = ["RemoteBackend"]
 
 logger = logging.getLogger(__name__)
 
+# The userinfo of a URL (`user:pass@` after the scheme), wherever a message quotes one.
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
 
 class RemoteBackend:
     """The cluster at `url` behind the `Backend` operations (see the module docstring)."""
 
     def __init__(self, url: str, *, timeout_s: float, transport: httpx.MockTransport | None = None) -> None:
-        self.url = url.rstrip("/")
+        self._url = url.rstrip("/")
+        # What is shown of it (messages, logs): the credentials left out.
+        self.url = _redacted(self._url)
         self._timeout = httpx.Timeout(timeout_s, connect=10.0)
         # Tests hand in a transport; it serves the start-up call and every operation's.
         self._transport = transport
@@ -53,10 +61,12 @@ class RemoteBackend:
         self.events = EngineEvents()
         try:
             with httpx.Client(timeout=self._timeout, transport=transport) as client:
-                response = client.get(self.url + "/v1/pools")
+                response = client.get(self._url + "/v1/pools")
             self._pools = pools_from_json(self._answer(response))
         except httpx.HTTPError as e:
-            raise SettingsError(f"BACKEND_URL={self.url!r} could not be reached ({type(e).__name__}: {e})") from e
+            raise SettingsError(
+                f"BACKEND_URL={self.url!r} could not be reached ({type(e).__name__}: {_redacted(str(e))})"
+            ) from None
         except SwitchboardError as e:
             raise SettingsError(f"BACKEND_URL={self.url!r} did not answer what this Space needs: {e}") from e
 
@@ -124,11 +134,13 @@ class RemoteBackend:
         """A JSON answer of the cluster; its errors raised as the tree's classes."""
         try:
             async with httpx.AsyncClient(timeout=self._timeout, transport=self._transport) as client:
-                response = await client.request(method, self.url + path, json=document)
+                response = await client.request(method, self._url + path, json=document)
         except httpx.HTTPError as e:
+            # Not chained: httpx's error holds the request, and so the URL with its credentials.
             raise BackendUnavailableError(
-                f"the backend at {self.url} could not be reached ({type(e).__name__}: {e}); try again shortly"
-            ) from e
+                f"the backend at {self.url} could not be reached ({type(e).__name__}: {_redacted(str(e))}); "
+                "try again shortly"
+            ) from None
         return self._answer(response)
 
     def _answer(self, response: httpx.Response) -> Any:
@@ -139,3 +151,7 @@ class RemoteBackend:
         if response.status_code != 200 or body is None:
             raise error_from_body(body, response.status_code)
         return body
+
+
+def _redacted(text: str) -> str:
+    return _USERINFO.sub("***@", text)

@@ -12,8 +12,13 @@ shapes, judged on a replica of the default pool, `PoolReplica.origin`, and kept 
 agree (a 400 naming each LoRA's base when they do not); a request without either goes to the default pool.
 Each request goes to its pool's deployment with its adapter set as the multiplexed model id, so Serve's
 router prefers a replica that holds it. A request without a seed gets one here, so a retry after a replica
-died (the one kind of failure retried) produces the same image the first try would have. This module imports
-no Ray (`serving.cluster.app` hands it Ray's failure classes), so its routing is tested without a cluster.
+died produces the same image the first try would have. Every call to a replica that dies or is unavailable
+(Ray's failure classes) is tried once more, on another replica as Serve routes it, and answered 503 after
+that. A client that hangs up cancels its call (Serve's proxy does too; this watch makes it so under any
+server): the replica's request leaves its queue or stops at its next step. What a LoRA says of its base is kept
+for `_ORIGIN_TTL_S`, as the catalogue keeps Hub metadata: a branch may move. The `lora` header is read as
+UTF-8, as `POST /` reads it. This module imports no Ray (`serving.cluster.app` hands it Ray's failure classes),
+so it is tested without a cluster.
 """
 
 from __future__ import annotations
@@ -22,21 +27,22 @@ import asyncio
 import json
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from cachetools import LRUCache
+from cachetools import TTLCache
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
+from engine.errors import BackendUnavailableError, GenerationCancelledError, InvalidRequestError, SwitchboardError
 from engine.pools.routing import LoraOrigin, PoolInfo, agreed_pool, described_pick, named_pool
 from engine.requests import MAX_SEED, GenerateRequest, LoraSpec
 from lora_catalog.bases import family_of_base
 from serving.cluster.wire import WIRE, Answer, adapter_set_id, request_from_json, request_to_json, spec_from_json
 from serving.errors import json_error
-from serving.http.api import parse_body, read_body
+from serving.http.api import lora_header, parse_body, read_body, unless_disconnected
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -45,10 +51,14 @@ __all__ = ["Ingress", "PoolRoute"]
 
 logger = logging.getLogger(__name__)
 
-# A replica that dies mid-request is replaced by Serve; the request is sent again, to any live replica.
-_ATTEMPTS = 3
-# Routing decisions kept, by LoRA reference (ref, revision, file): what a LoRA says of its base does not change.
+T = TypeVar("T")
+
+# A replica that dies mid-request is replaced by Serve; the request is sent once more, to a live replica.
+_ATTEMPTS = 2
+# Routing decisions kept, by LoRA reference (ref, revision, file), for as long as the catalogue trusts Hub
+# metadata: a revision left unnamed is a branch, which may move to a commit made for another base.
 _ORIGINS = 1024
+_ORIGIN_TTL_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,9 @@ class Ingress:
         self._retry_on = retry_on
         # Filled on the first request that needs them; the ingress's one event loop is their only user.
         self._infos: tuple[PoolInfo, ...] | None = None
-        self._origins: LRUCache[tuple[str, str | None, str | None], LoraOrigin] = LRUCache(maxsize=_ORIGINS)
+        self._origins: TTLCache[tuple[str, str | None, str | None], LoraOrigin] = TTLCache(
+            maxsize=_ORIGINS, ttl=_ORIGIN_TTL_S
+        )
 
     async def __call__(self, http: Request) -> Response:
         path = http.url.path.rstrip("/") or "/"
@@ -102,21 +114,30 @@ class Ingress:
         if isinstance(body, Response):
             return body
         try:
-            parsed = parse_body(body, lora=http.headers.get("lora"), accept=http.headers.get("accept"))
-            answer = await self._dispatch(parsed.request, base, parsed.media_type)
+            parsed = parse_body(body, lora=lora_header(http.headers.get("lora")), accept=http.headers.get("accept"))
         except SwitchboardError as e:
             return json_error(e)
-        return _response(answer)
+        return await self._answer(http, lambda: self._dispatch(parsed.request, base, parsed.media_type))
 
     async def _wire(self, http: Request, base: str) -> Response:
         body = await read_body(http)
         if isinstance(body, Response):
             return body
         try:
-            document = _json_body(body, "GenerateRequest")
-            answer = await self._dispatch(request_from_json(document), base, WIRE)
+            request = request_from_json(_json_body(body, "GenerateRequest"))
         except SwitchboardError as e:
             return json_error(e)
+        return await self._answer(http, lambda: self._dispatch(request, base, WIRE))
+
+    async def _answer(self, http: Request, dispatch: Callable[[], Awaitable[Answer]]) -> Response:
+        """A generation's answer; a client that hangs up first cancels it (the replica's request with it)."""
+        try:
+            answer = await unless_disconnected(http, dispatch)
+        except SwitchboardError as e:
+            return json_error(e)
+        if answer is None:
+            logger.info("%s: the client went away; its request was cancelled", http.url.path)
+            return json_error(GenerationCancelledError("the client went away"))
         return _response(answer)
 
     async def _check(self, http: Request) -> Response:
@@ -142,7 +163,10 @@ class Ingress:
         return await self._describe_on(pool, what, document)
 
     async def _describe_on(self, pool: PoolRoute, what: str, document: dict) -> Response:
-        return _response(await pool.handle.describe.remote(what, document))
+        try:
+            return _response(await self._call(pool, lambda: pool.handle.describe.remote(what, document)))
+        except SwitchboardError as e:
+            return json_error(e)
 
     def _pool(self, base: str) -> PoolRoute:
         """The pool for a named base (its base or model id, any case); the first pool when none is named."""
@@ -150,7 +174,12 @@ class Ingress:
 
     async def _served(self) -> Response:
         """Every pool as its replicas serve it (`ServedPool`), the default first: what a front end offers."""
-        answers = await asyncio.gather(*(p.handle.describe.remote("info", {}) for p in self._pools))
+        try:
+            answers = await asyncio.gather(
+                *(self._call(p, partial(p.handle.describe.remote, "info", {})) for p in self._pools)
+            )
+        except SwitchboardError as e:
+            return json_error(e)
         for answer in answers:
             if answer.status != 200:
                 return _response(answer)
@@ -162,7 +191,7 @@ class Ingress:
         if base.strip() or len(self._pools) == 1 or not request.loras:
             return self._pool(base)
         if self._infos is None:
-            self._infos = tuple(await asyncio.gather(*(p.handle.info.remote() for p in self._pools)))
+            self._infos = tuple(await asyncio.gather(*(self._call(p, p.handle.info.remote) for p in self._pools)))
         choices = []
         for spec in request.loras:
             origin = await self._origin(spec)
@@ -178,7 +207,8 @@ class Ingress:
         key = (spec.ref, spec.revision, spec.weight_name)
         if key in self._origins:
             return self._origins[key]
-        found = await self._pools[0].handle.origin.remote(asdict(spec))
+        default = self._pools[0]
+        found = await self._call(default, lambda: default.handle.origin.remote(asdict(spec)))
         if isinstance(found, LoraOrigin):
             self._origins[key] = found
         return found
@@ -192,9 +222,15 @@ class Ingress:
         set_id = adapter_set_id(request)
         handle = pool.handle.options(multiplexed_model_id=set_id) if set_id else pool.handle
         document = request_to_json(request)
+        answer: Answer = await self._call(pool, lambda: handle.generate.remote(document, media_type))
+        return answer
+
+    async def _call(self, pool: PoolRoute, call: Callable[[], Awaitable[T]]) -> T:
+        """A call to one of `pool`'s replicas, made once more if that replica died or was unavailable (Serve sends
+        it to a live one); BackendUnavailableError (503) when the second fails too."""
         for attempt in range(1, _ATTEMPTS + 1):
             try:
-                return await handle.generate.remote(document, media_type)
+                return await call()
             except self._retry_on as e:
                 logger.warning(
                     "a replica of %s failed on try %d of %d (%s: %s)",

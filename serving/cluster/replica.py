@@ -155,7 +155,8 @@ class PoolReplica:
         try:
             spec = spec_from_json(document)
             resolver = self._engine.resolver
-            return await asyncio.to_thread(lambda: lora_origin(resolver, resolver.locate(spec)))
+            disk = self._engine.disk_cache
+            return await asyncio.to_thread(lambda: lora_origin(resolver, resolver.locate(spec), disk))
         except SwitchboardError as e:
             error = json_error(e)
             return Answer(error.status_code, WIRE, bytes(error.body))

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote
 
 import anyio
@@ -36,7 +36,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from engine.errors import GenerationCancelledError, InvalidRequestError, RequestTooLargeError, SwitchboardError
+from engine.errors import (
+    GenerationCancelledError,
+    GenerationError,
+    InvalidRequestError,
+    RequestTooLargeError,
+    SwitchboardError,
+)
 from engine.requests import GenerateResult
 from serving.errors import json_error
 from serving.http.body import HUB_HOST, HttpRequest, lora_from_path, parse_body
@@ -53,13 +59,17 @@ __all__ = [
     "encode_image",
     "http_routes",
     "lora_from_path",
+    "lora_header",
     "make_routes",
     "parse_body",
     "read_body",
     "result_headers",
+    "unless_disconnected",
 ]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_BODY_BYTES = 64 * 1024
 _JPEG_QUALITY = 92
@@ -97,7 +107,7 @@ def result_headers(result: GenerateResult, position: int | None = None) -> dict[
     }
 
 
-def _lora_header(raw: str | None) -> str | None:
+def lora_header(raw: str | None) -> str | None:
     """The `lora` header as the client meant it: curl and httpx send UTF-8 bytes, Starlette reads latin-1."""
     if raw is None:
         return None
@@ -116,6 +126,24 @@ async def _watch_disconnect(request: Request, gone: Callable[[], None]) -> None:
             return
 
 
+async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
+    """`work()`, cancelled if the client hangs up first (then None); what it raises is raised as it is. Read the
+    body before: the watcher takes every message after it."""
+    outcome: T | None = None
+    failure: Exception | None = None
+    async with anyio.create_task_group() as group:
+        group.start_soon(_watch_disconnect, request, group.cancel_scope.cancel)
+        try:
+            outcome = await work()
+        except Exception as e:  # raised below, outside the group (which would wrap it in an ExceptionGroup)
+            failure = e
+        finally:
+            group.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return outcome
+
+
 def make_routes(handlers: Handlers) -> list[BaseRoute]:
     """The routes to add to the server in front of the UI (`POST /` and `POST /models/<base>`; `GET /` stays
     the UI). Each request goes through `handlers.generate`, as the UI's and `gradio_client`'s do."""
@@ -128,7 +156,7 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
             return body
         try:
             parsed = parse_body(
-                body, lora=_lora_header(request.headers.get("lora")), accept=request.headers.get("accept")
+                body, lora=lora_header(request.headers.get("lora")), accept=request.headers.get("accept")
             )
         except InvalidRequestError as e:
             handlers.report("http", e.status)
@@ -139,17 +167,22 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
             if not joined:
                 joined.append(view.position)
 
-        # What is answered (to nobody) if the client hangs up first: its request was cancelled with it.
-        outcome: GenerateResult | SwitchboardError = GenerationCancelledError("the client went away")
-        async with anyio.create_task_group() as group:
-            # A client that hangs up cancels the request: it leaves the queue, or its run stops at the next step.
-            group.start_soon(_watch_disconnect, request, group.cancel_scope.cancel)
+        async def attempt() -> GenerateResult | SwitchboardError:
             try:
-                outcome = await handlers.generate(parsed.request, on_queue=on_queue, transport="http", base=base)
+                return await handlers.generate(parsed.request, on_queue=on_queue, transport="http", base=base)
             except SwitchboardError as e:
-                outcome = e
-            finally:
-                group.cancel_scope.cancel()
+                return e
+            except Exception as e:
+                # Counted (500) by the handlers already; answered as JSON like every other error, never as the
+                # server's plain-text 500.
+                logger.exception("POST %s failed unexpectedly", request.url.path)
+                return GenerationError(f"the request failed: {type(e).__name__}: {e}")
+
+        # A client that hangs up cancels the request: it leaves the queue, or its run stops at the next step; what
+        # is answered then (to nobody) says so.
+        outcome = await unless_disconnected(request, attempt)
+        if outcome is None:
+            outcome = GenerationCancelledError("the client went away")
         if isinstance(outcome, SwitchboardError):
             return _failed(outcome, request.url.path)
         data = await anyio.to_thread.run_sync(encode_image, outcome.image, parsed.media_type)

@@ -23,6 +23,7 @@ from serving.ui import formatting as fmt
 from serving.ui import pools as pool_ui
 from serving.ui.gradio_api import BROWSE, CHECK, PIPELINE, compare, generate
 from serving.ui.panels import Browser, ComparePanel, RequestPanel
+from serving.ui.prefetches import SessionPrefetches
 
 __all__ = ["PRIVATE", "wire_browsing", "wire_compare", "wire_generation", "wire_status"]
 
@@ -41,6 +42,7 @@ def wire_browsing(
 ) -> None:
     entries, page, inserted = state
     placeholder = fmt.placeholder_image()
+    prefetches = SessionPrefetches()
     first, second = request.first, request.second
 
     def browse(base: str, search: str, sort: str, source: str, number: int) -> tuple[Any, ...]:
@@ -89,19 +91,33 @@ def wire_browsing(
             *controls,
         )
 
-    async def prefetch(slot: str, *fields: str) -> str:
-        """Prepare the LoRA just selected, so that Generate finds it in the cache; the badge says when."""
+    async def prefetch(
+        slot: str,
+        ref: str,
+        revision: str,
+        weight: str,
+        ref_2: str,
+        revision_2: str,
+        weight_2: str,
+        request: gr.Request,
+    ) -> Any:
+        """Prepare the LoRA just selected, so that Generate finds it in the cache; the badge says when. A newer
+        pick for the same slot, or the session leaving, drops it (`serving.ui.prefetches`)."""
         if slot not in ("LoRA 1", "LoRA 2"):
             return ""  # a comparison prepares its LoRAs when it runs
-        ref, revision, weight = fields[3:] if slot == "LoRA 2" else fields[:3]
-        spec = fmt.lora_spec(ref, 1.0, revision, weight)
+        fields = (ref_2, revision_2, weight_2) if slot == "LoRA 2" else (ref, revision, weight)
+        spec = fmt.lora_spec(fields[0], 1.0, fields[1], fields[2])
         if spec is None:
             return ""
         try:
-            await handlers.prefetch(spec)
+            finished = await prefetches.run(request.session_hash or "", slot, handlers.prefetch(spec))
         except SwitchboardError as e:
             return fmt.readiness_html(spec.ref, "failed", str(e))
-        return fmt.readiness_html(spec.ref, "ready")
+        # A dropped prefetch's badge is the newer pick's to set.
+        return fmt.readiness_html(spec.ref, "ready") if finished else gr.skip()
+
+    def leave(request: gr.Request) -> None:
+        prefetches.leave(request.session_hash or "")
 
     async def check(slot: str, ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
         spec = fmt.lora_spec(ref, 1.0, revision, weight)
@@ -165,11 +181,12 @@ def wire_browsing(
         prefetch,
         [request.slot, first.ref, first.revision, first.weight, second.ref, second.revision, second.weight],
         browser.readiness,
-        # Waits on the scheduler's preparation pool, not on a thread of Gradio's.
+        # Waits in the pool's prefetch lane, not on a thread of Gradio's.
         concurrency_limit=None,
         api_visibility=PRIVATE,
         show_progress="hidden",
     )
+    demo.unload(leave)
     check_opts: dict[str, Any] = {"concurrency_id": CHECK, "concurrency_limit": 2, "api_visibility": PRIVATE}
     check_outputs = [browser.details, request.prompt, inserted]
 

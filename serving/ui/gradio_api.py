@@ -15,6 +15,7 @@ default pool); a LoRA always runs on the base it was made for.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import gradio as gr
@@ -29,6 +30,7 @@ from serving.streaming import Frame
 from serving.ui import comparison as comparison_fields
 from serving.ui import formatting as fmt
 from serving.ui import pool_views
+from serving.ui.liveness import client_gone, until_gone
 
 __all__ = [
     "BROWSE",
@@ -73,28 +75,37 @@ async def generate(
 ) -> AsyncIterator[Frame | GenerateResult | None]:
     """Generate for the UI (`transport="ui"`) or the API: wait on the engine's scheduler (the one queue, no
     thread held) showing the place it gives, then preview frames as it denoises, then the result; `None`
-    ticks while nothing new comes. Closing it (the client went away) cancels the generation."""
+    ticks while nothing new comes. Closing it, or the client going away while it waits (`serving.ui.liveness`:
+    the API yields no ticks, so Gradio would not tell it), cancels the generation."""
 
     def on_queue(view: QueueView) -> None:
         progress(0, desc=fmt.queue_text(view))
 
+    gone = client_gone()
     progress(0, desc="Preparing LoRAs (download, convert)")
     with user_errors():
-        async for item in handlers.generate_stream(
+        stream = handlers.generate_stream(
             request, StepProgress(progress), on_queue=on_queue, transport=transport, base=base
-        ):
-            yield item
+        )
+        async with aclosing(stream):
+            async for item in stream:
+                if item is None and gone():
+                    # Closing the stream cancels the generation: it leaves the queue, or stops at its next step.
+                    return
+                yield item
 
 
 async def compare(handlers: Handlers, request: Any, progress: gr.Progress, base: str = "") -> Comparison:
-    """A comparison grid for the UI or the API (one queue turn for all its cells, awaited without a thread)."""
+    """A comparison grid for the UI or the API (one queue turn for all its cells, awaited without a thread); a
+    client that goes away cancels it (`serving.ui.liveness`)."""
 
     def on_queue(view: QueueView) -> None:
         progress(0, desc=fmt.queue_text(view))
 
+    gone = client_gone()
     progress(0, desc="Preparing LoRAs (download, convert)")
     with user_errors():
-        return await handlers.compare(request, CellProgress(progress), base, on_queue)
+        return await until_gone(handlers.compare(request, CellProgress(progress), base, on_queue), gone)
 
 
 def add_api_endpoints(handlers: Handlers) -> None:

@@ -7,37 +7,98 @@ fake below pickles the same way, so what a call ships is measured, not assumed. 
 
 from __future__ import annotations
 
+import inspect
 import pickle
-from collections.abc import Callable
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
 
+import gradio as gr
+import httpx
 import pytest
 import torch
+from spaces.zero.gradio import error as spaces_error
 
 from engine.caches.store import AdapterStore
 from engine.caches.worker import WorkerCache
+from engine.errors import GenerationCancelledError, GenerationError
 from engine.requests import GenerateRequest, LoraSpec
 from serving.backends.local import LocalBackend
 from serving.demo.synthetic import find_targets, make_lora
+from tests.support.app_server import serve_routes
 from tests.support.checks import generate
 
 
 class PicklingGpu:
-    """Stands in for `spaces.GPU`: arguments and result go through pickle; payload sizes are recorded."""
+    """Stands in for `spaces.GPU` as its wrappers behave (spaces/zero/wrappers.py): arguments and results go through
+    pickle (payload sizes recorded); an exception raised in the worker comes back as a `gr.Error` carrying only its
+    class name; a generator function runs on a worker thread, each item pickled back, and closing the caller's
+    generator sets a stop event after which the worker closes the task's generator at its next item
+    (`generator_function_wrapper`, `thread_wrapper.iterate`)."""
 
     def __init__(self) -> None:
         self.sent: list[int] = []
+        self.workers: list[threading.Thread] = []
 
     def __call__(self, task: Callable, duration: object = None) -> Callable:
         def call(*args: object) -> object:
             payload = pickle.dumps(args)
             self.sent.append(len(payload))
-            return pickle.loads(pickle.dumps(task(*pickle.loads(payload))))
+            try:
+                result = task(*pickle.loads(payload))
+            except Exception as e:
+                raise worker_error(e) from None
+            return pickle.loads(pickle.dumps(result))
 
-        return call
+        def generate(*args: object) -> Iterator[object]:
+            payload = pickle.dumps(args)
+            self.sent.append(len(payload))
+            items: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+            stop = threading.Event()
+
+            def iterate() -> None:
+                gen = task(*pickle.loads(payload))
+                while True:
+                    try:
+                        item = next(gen)
+                    except StopIteration:
+                        break
+                    except Exception as e:
+                        items.put(("error", worker_error(e)))
+                        return
+                    if stop.is_set():
+                        gen.close()
+                        break
+                    items.put(("ok", pickle.dumps(item)))
+                items.put(("end", None))
+
+            worker = threading.Thread(target=iterate, daemon=True)
+            worker.start()
+            try:
+                while True:
+                    kind, value = items.get()
+                    if kind == "end":
+                        return
+                    if kind == "error":
+                        raise value  # type: ignore[misc]
+                    try:
+                        yield pickle.loads(value)  # type: ignore[arg-type]
+                    except GeneratorExit:
+                        stop.set()
+                        raise
+            finally:
+                self.workers.append(worker)
+
+        return generate if inspect.isgeneratorfunction(task) else call
 
 
-def request(*refs: str) -> GenerateRequest:
-    return GenerateRequest(prompt="a fox", steps=2, seed=9, loras=tuple(LoraSpec(r) for r in refs))
+def worker_error(error: Exception) -> gr.Error:
+    return gr.Error(type(error).__name__, title="ZeroGPU worker error", print_exception=False)
+
+
+def request(*refs: str, steps: int = 2) -> GenerateRequest:
+    return GenerateRequest(prompt="a fox", steps=steps, seed=9, loras=tuple(LoraSpec(r) for r in refs))
 
 
 @pytest.fixture
@@ -130,3 +191,93 @@ def test_preparing_on_zerogpu_pins_nothing_even_with_the_device_reported_as_cuda
     assert check.layers > 0
     assert pinned == []
     assert not torch.cuda.is_initialized()
+
+
+# -- cancels and errors cross the worker boundary (issue 20, defects 5 and 7) -----------------------------------
+
+
+def slow_steps(loaded, monkeypatch, seen: list[int]) -> None:
+    """Each denoising step takes 0.1 s longer and is counted in `seen` (where it ran: the worker)."""
+    real_call = type(loaded.pipe).__call__
+
+    def call(self, *args: object, **kwargs: object):
+        callback = kwargs["callback_on_step_end"]
+
+        def counted(pipe, step, timestep, tensors):
+            seen.append(step)
+            time.sleep(0.1)
+            return callback(pipe, step, timestep, tensors)
+
+        return real_call(self, *args, **{**kwargs, "callback_on_step_end": counted})
+
+    monkeypatch.setattr(type(loaded.pipe), "__call__", call)
+
+
+def test_a_cancel_reaches_the_zerogpu_worker_and_stops_its_run(zero, make_engine, loaded, fixtures, monkeypatch):
+    engine, gpu, runner = zero
+    seen: list[int] = []
+    slow_steps(loaded, monkeypatch, seen)
+    cancel = threading.Event()
+
+    def cancel_at_step_two(step: int, total: int) -> None:
+        if step >= 2:
+            cancel.set()
+
+    with pytest.raises(GenerationCancelledError):
+        generate(runner, request(fixtures["peft"], steps=30), progress=cancel_at_step_two, cancel=cancel)
+    for worker in gpu.workers:
+        worker.join(timeout=60)
+    assert len(seen) < 30  # before the fix the worker ran all 30 steps for nobody
+    assert engine.status().applied == ()
+    monkeypatch.undo()
+    reference = generate(make_engine(), request(fixtures["peft"]))
+    assert generate(runner, request(fixtures["peft"])).image.tobytes() == reference.image.tobytes()
+
+
+def test_an_engine_error_in_the_worker_comes_back_as_itself(zero, loaded, monkeypatch):
+    _, _, runner = zero
+
+    def out_of_memory(self, *args: object, **kwargs: object):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(type(loaded.pipe), "__call__", out_of_memory)
+    with pytest.raises(GenerationError, match=r"out of memory generating 64x64"):
+        generate(runner, request())
+
+
+class RefusingGpu:
+    """`spaces.GPU` refusing every call with one of spaces' own errors (spaces/zero/client.py, wrappers.py)."""
+
+    def __init__(self, title: str, message: str) -> None:
+        self.error = spaces_error(title, message)
+
+    def __call__(self, task: Callable, duration: object = None) -> Callable:
+        def refuse(*args: object) -> Iterator[object]:
+            raise self.error
+            yield  # a generator, as the GPU call is
+
+        return refuse
+
+
+@pytest.mark.parametrize(
+    ("title", "message", "status", "retry_after"),
+    [
+        (
+            "ZeroGPU quota exceeded",
+            "You have exceeded your free ZeroGPU quota (60s requested vs. 12s left). Try again in 0:04:12.",
+            429,
+            "252",
+        ),
+        ("ZeroGPU worker error", "GPU task aborted", 503, None),
+        ("ZeroGPU queue timeout", "No GPU was available after 60s", 503, None),
+    ],
+)
+def test_spaces_refusals_are_json_errors_with_a_fitting_status(make_engine, title, message, status, retry_after):
+    engine = make_engine(gpu_mode="per_call", zero_gpu=True)
+    backend = LocalBackend.of(engine, zero_gpu=True, gpu=RefusingGpu(title, message))
+    with serve_routes(backend) as url:
+        answer = httpx.post(url, json={"inputs": "a fox", "parameters": {"num_inference_steps": 1}}, timeout=60)
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"].startswith("application/json")
+    assert message in answer.json()["error"]
+    assert answer.headers.get("retry-after") == retry_after

@@ -22,7 +22,16 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
-__all__ = ["AppServer", "free_port", "recording_backend", "serve_app", "serve_fixture_app", "serve_routes", "wait_http"]
+__all__ = [
+    "AppServer",
+    "free_port",
+    "recording_backend",
+    "serve_app",
+    "serve_asgi",
+    "serve_fixture_app",
+    "serve_routes",
+    "wait_http",
+]
 
 
 def free_port() -> int:
@@ -99,10 +108,17 @@ def serve_routes(backend: object) -> Iterator[str]:
     from serving.handlers import Handlers
     from serving.http.api import make_routes
 
-    port = free_port()
     # The routes need no catalogue: they only generate.
     handlers = Handlers(backend, None, Settings())  # type: ignore[arg-type]
-    app = Starlette(routes=make_routes(handlers))
+    with serve_asgi(Starlette(routes=make_routes(handlers))) as (url, _):
+        yield url
+
+
+@contextmanager
+def serve_asgi(app: object) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Any ASGI app under uvicorn in a thread, on a free port; yields its base URL and the server (whose
+    `server_state.connections` are the open ones)."""
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, name="http-api-test", daemon=True)
     thread.start()
@@ -112,7 +128,7 @@ def serve_routes(backend: object) -> Iterator[str]:
             if not thread.is_alive():
                 raise RuntimeError(f"uvicorn did not start on port {port}")
             time.sleep(0.02)
-        yield url
+        yield url, server
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -1,0 +1,162 @@
+"""The GPU call on ZeroGPU: a generator, so that a cancel reaches the GPU worker, and errors that survive the trip.
+
+`spaces.GPU` runs the decorated function in a forked worker process (`spaces/zero/wrappers.py`). Three facts of
+its wrappers shape this module:
+
+- A regular function cannot be stopped once sent: the main process waits on the worker's result queue
+  (`regular_function_wrapper`). A generator function can: closing the main process's generator sets the
+  worker's stop event, and the worker closes the task's generator after its next yield
+  (`generator_function_wrapper`, `thread_wrapper.iterate`). So the GPU call is a generator (`run_in_steps`,
+  inside the worker) that yields after each denoising step; the main process (`drive`) closes it when its
+  request is cancelled, and the worker's generator, closed, sets the run's cancel event: the run stops at its
+  next step and its swap is rolled back, instead of spending the user's quota on an image nobody will see.
+- An exception raised in the worker comes back as `gr.Error("<its class name>", title="ZeroGPU worker error")`:
+  the message and the class are lost. So the worker sends the tree's errors back as values (`Finished.error`),
+  and the main process raises them again.
+- spaces' own refusals are `gr.Error`s with titles (`spaces/zero/client.py`): `gpu_errors` maps them into the
+  tree, so every transport answers with a fitting status: a quota used up is a 429 with `Retry-After`, no GPU
+  or a lost worker a 503, a visitor who left while ZeroGPU queued the call a cancel.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Generic, TypeVar
+
+import gradio as gr
+
+from engine.errors import (
+    GenerationCancelledError,
+    GenerationError,
+    GpuQuotaError,
+    GpuUnavailableError,
+    LimitExceededError,
+    SwitchboardError,
+)
+
+__all__ = ["Finished", "Step", "drive", "gpu_errors", "run_in_steps"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# spaces' refusals by title (spaces/zero/client.py): a used-up quota, a duration over what the Space may ask.
+_QUOTA = ("ZeroGPU quota exceeded", "ZeroGPU pending credits exceeded")
+_ILLEGAL_DURATION = "ZeroGPU illegal duration"
+_WORKER = "ZeroGPU worker error"
+# "Try again in 0:04:12." (a timedelta as str), in spaces' quota message.
+_TRY_AGAIN = re.compile(r"Try again in (?:(\d+) days?, )?(\d+):(\d{2}):(\d{2})")
+_QUOTA_RETRY_S = 60
+
+
+@dataclass(frozen=True)
+class Step:
+    """One denoising step done: the progress callback's arguments."""
+
+    args: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Finished(Generic[T]):
+    """The run's end: its value, or the error of the tree it raised (pickled back as a value)."""
+
+    value: T | None
+    error: SwitchboardError | None = None
+
+
+def run_in_steps(run: Callable[[Callable[..., None], threading.Event], T]) -> Iterator[Step | Finished[T]]:
+    """Inside the GPU worker: `run(progress, cancel)` on a thread, a `Step` yielded for each progress call, then
+    `Finished`. Closing the generator (the caller cancelled) sets `cancel` and waits for the run to stop."""
+    events: queue.SimpleQueue[Step | Finished[T] | BaseException] = queue.SimpleQueue()
+    cancel = threading.Event()
+
+    def work() -> None:
+        try:
+            events.put(Finished(run(lambda *args: events.put(Step(args)), cancel)))
+        except SwitchboardError as e:
+            events.put(Finished(None, e))
+        except BaseException as e:  # raised below, in the worker's own thread, as spaces expects
+            events.put(e)
+
+    thread = threading.Thread(target=work, name="gpu-run", daemon=True)
+    thread.start()
+    try:
+        while True:
+            event = events.get()
+            if isinstance(event, BaseException):
+                raise event
+            yield event
+            if isinstance(event, Finished):
+                return
+    finally:
+        # Closed early: the run stops at its next step (GenerationCancelledError there, the swap rolled back).
+        cancel.set()
+        thread.join()
+
+
+def drive(
+    events: Iterator[Step | Finished[T]], progress: Callable[..., None] | None, cancel: threading.Event | None
+) -> T:
+    """In the main process: follow a GPU call's steps (reporting each to `progress`) to its value; closing it as
+    soon as `cancel` is set, which stops the worker's run at its next step."""
+    finished: Finished[T] | None = None
+    try:
+        for event in events:
+            if isinstance(event, Finished):
+                finished = event  # the worker's generator ends right after: let it end on its own
+                continue
+            if progress is not None:
+                progress(*event.args)
+            if cancel is not None and cancel.is_set():
+                raise GenerationCancelledError("the request was cancelled while it ran on the GPU")
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
+    if finished is None:
+        raise GpuUnavailableError("the GPU worker stopped before answering; try again shortly")
+    if finished.error is not None:
+        raise finished.error
+    if finished.value is None:
+        raise GenerationError("the GPU worker answered without a result")
+    return finished.value
+
+
+@contextmanager
+def gpu_errors() -> Iterator[None]:
+    """spaces' refusals and lost workers as errors of the tree (see the module docstring)."""
+    try:
+        yield
+    except gr.Error as e:
+        raise _mapped(e) from e
+    except RuntimeError as e:
+        if "closed by visitor" in str(e):  # spaces gave up queueing for a GPU: the client had left
+            raise GenerationCancelledError(f"the client went away while ZeroGPU queued the call ({e})") from e
+        raise
+
+
+def _mapped(error: gr.Error) -> SwitchboardError:
+    title, message = getattr(error, "title", "") or "", str(getattr(error, "message", error))
+    logger.warning("ZeroGPU refused or lost the call: %s: %s", title, message)
+    if title in _QUOTA:
+        return GpuQuotaError(f"{title}: {message}", retry_after_s=_retry_after(message))
+    if title == _ILLEGAL_DURATION:
+        return LimitExceededError(f"{title}: {message}; accepted: fewer steps or a smaller size")
+    if title == _WORKER and message != "GPU task aborted":
+        # An exception the worker raised, of which only the class name came back.
+        return GenerationError(f"generation failed in the GPU worker: {message}")
+    return GpuUnavailableError(f"{title or 'ZeroGPU'}: {message}; try again shortly")
+
+
+def _retry_after(message: str) -> int:
+    found = _TRY_AGAIN.search(message)
+    if found is None:
+        return _QUOTA_RETRY_S
+    days, hours, minutes, seconds = (int(part or 0) for part in found.groups())
+    return max(1, int(timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()))

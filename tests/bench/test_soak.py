@@ -1,0 +1,70 @@
+"""bench.soak's ghost count on known times, and (slow) a short soak that ends with its line, every problem at 0."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.soak import GRACE_S, ghost_runs
+from bench.soak_clients import classify_title
+
+REPO = Path(__file__).resolve().parents[2]
+LAST = re.compile(
+    r"soak: requests=(\d+) ok=(\d+) refused=(\d+) errors_5xx=(\d+) ghosts=(\d+) leaked_threads=(\d+) "
+    r"disk_over_budget_bytes=(\d+) host_over_budget_bytes=(\d+) base_exact=(true|false)"
+)
+
+
+def test_a_ghost_is_a_run_that_started_well_after_its_client_left():
+    departures = [[1, 100.0, "left"], [2, 100.0, "left"], [3, 100.0, "POST / hung up"]]
+    admitted = [(1, 99.0), (2, 100.0 + GRACE_S / 2), (3, 100.0 + GRACE_S + 1), (4, 500.0)]
+    assert ghost_runs(admitted, departures) == [
+        f"seed 3 (POST / hung up) ran {GRACE_S + 1:.1f} s after its client left"
+    ]
+
+
+def test_errors_are_classified_by_the_status_their_title_carries():
+    assert classify_title("Busy", "the engine is busy")[0] == "refused"
+    assert classify_title("Hub unreachable", "down")[0] == "refused"
+    assert classify_title("LoRA not found", "gone")[0] == "refused"
+    assert classify_title("Generation failed", "boom")[0] == "errors_5xx"
+    assert classify_title("Error", "an exception nobody mapped")[0] == "errors_5xx"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_short_soak_ends_with_every_problem_at_zero(tmp_path):
+    out = tmp_path / "soak.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.soak",
+            "--duration-s",
+            "60",
+            "--warmup-s",
+            "15",
+            "--clients",
+            "3",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=880,
+        check=False,
+    )
+    last = done.stdout.strip().splitlines()[-1]
+    found = LAST.fullmatch(last)
+    assert found, done.stdout[-2000:] + done.stderr[-2000:]
+    requests, ok, refused, errors, ghosts, leaked, disk, host, exact = found.groups()
+    assert (errors, ghosts, leaked, disk, host, exact) == ("0", "0", "0", "0", "0", "true"), done.stdout[-3000:]
+    assert int(ok) > 0 and int(refused) > 0 and int(requests) >= int(ok) + int(refused)
+    assert done.returncode == 0
+    assert json.loads(out.read_text())["base_exact"] is True
