@@ -1,18 +1,10 @@
 """Start-up wiring: which pools to serve (or which cluster to front), and the backend and catalogue around them.
 
-`build_runtime(settings)` decides once, at start:
-
-- `MODELS` or `MODEL_ID` set: serve exactly those pools (Hub ids, local diffusers folders, or the tiny
-  ones), or fail loudly;
-- `BACKEND_URL` set: a front end; the catalogue is browsed here, generation runs on that Ray Serve
-  cluster (`serving.backends.remote`, `serving.cluster.app`) and nothing is loaded here;
-- nothing set: SDXL when a CUDA device is present and its weights can be had (the Hub answers, or
-  they are in the local Hugging Face cache), with an SD 1.5 pool beside it on a GPU of 20 GB or more;
-  otherwise the offline demo — tiny random-weight SDXL, SD 1.5 and FLUX.1 pipelines with synthetic LoRAs
-  made on this machine, and a banner that says so.
-
-The pools (`engine.pools.pools`, one engine each) are served through `serving.backends.local.LocalBackend`,
-a cluster through `serving.backends.remote.RemoteBackend`: the one `Backend` every transport calls.
+`build_runtime(settings)` decides once: `MODELS`/`MODEL_ID` serve exactly those pools or fail loudly;
+`BACKEND_URL` makes a front end for a Ray Serve cluster (nothing loaded here); nothing set serves SDXL (and
+SD 1.5 beside it on 20 GB or more) when a CUDA device and the weights are there, else the offline demo of tiny
+random-weight pipelines with synthetic LoRAs and a banner saying so. Either way the result is the one
+`Backend` every transport calls (`LocalBackend` or `RemoteBackend`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Live previews: the latents of a denoising step turned into a small RGB image, cheaply.
 
-Two decoders, chosen once per engine (`load_preview_decoder`):
-
-- `TinyVaePreview`: diffusers' `AutoencoderTiny` (the family's, `PreviewSpec.tiny_vae`: TAESDXL for SDXL,
-  TAESD for SD 1.5 and 2.x, TAEF1 for FLUX.1), a distilled decoder that gives a recognisable full-size image
-  for a few percent of a denoiser step, decoding the latents as the family's pipeline would with it as its VAE.
-  Its weights are taken only from a local folder or the Hugging Face cache (`PREVIEW_VAE`; the Space's front
-  matter preloads `madebyollin/taesdxl`, `madebyollin/taesd` and `madebyollin/taef1`) — never downloaded
-  while serving.
-- `LinearPreview`: a fixed channels -> 3 linear map of the latent channels, the family's
-  (`PreviewSpec.projection`: ComfyUI's `latent_rgb_factors`, fitted on the diffusion-space latents of the
-  family's VAE — the same space a diffusers pipeline hands its per-step callback), at latent resolution (1/8
-  of the image side).
-
-Both take spatial latents (batch, channels, height, width); a family whose pipeline packs them into tokens
-(FLUX: 16 channels in 2x2 patches) unpacks them first (`PreviewSpec.unpack`, in `engine.pipeline.inference`).
-The pipeline's callback sees the noisy latents x_t. Sigma-parameterised schedulers (Euler, DPM++) keep
-them at scale sqrt(sigma^2 + 1), which would saturate every early preview; `_unit_variance` divides that
-out the way the scheduler's own `scale_model_input` does, so the preview fades from noise to the image.
-Flow-matching schedulers (FLUX's) scale nothing: their x_t is already a blend of noise and image.
+`TinyVaePreview` decodes with the family's tiny autoencoder (TAESDXL, TAESD, TAEF1) read only from a local
+folder or the Hugging Face cache (`PREVIEW_VAE`), never downloaded while serving; otherwise `LinearPreview`
+projects the latent channels to RGB with the family's fixed factors (ComfyUI's `latent_rgb_factors`). Packed
+latents (FLUX's 2x2 patches) are unpacked first; sigma-scaled latents are brought back to unit variance as the
+scheduler's `scale_model_input` does, so a preview fades from noise to the image. Details:
+docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """The start-up memory plan: what each pool keeps on the GPU, checked before anything loads and again after.
 
-The device's room for pipelines is its memory less what inference needs free (`MemorySpec.working_bytes`, the
-largest of the pools' families) and each pool's `DEVICE_CACHE_BYTES` (prepared adapters). A pool on the device
-costs its weights, plus, where its pristine copies live on the device, what they may take: `PRISTINE_BYTES`, or
-the weights a LoRA may touch when fewer. The plan takes the first of these that fits: every pool resident with its
-pristine copies; every pool resident, pristine copies on the device for those that still fit, in host RAM for the
-others (`PRISTINE_STORE=auto`); pools taking turns (`POOL_OFFLOAD=on`: each must fit alone); then the same with
-the components a family may run from host RAM left there (`MemorySpec.host_components`: FLUX's T5). A plan that
-cannot fit is refused, before loading when the families declare their sizes, with what would fit: which pools,
-which settings, which GPU. Where the device has no bound (the CPU, ZeroGPU's per-call GPU) there is no plan.
+Room for pipelines is the device's memory less inference's working memory and each pool's adapter cache; a pool
+costs its weights plus its pristine copies where they live on the device. The plan takes the first that fits:
+all resident with pristine copies; all resident, copies on the device where they fit (`PRISTINE_STORE=auto`);
+taking turns (`POOL_OFFLOAD=on`); then the same with the components a family may run from host RAM left there.
+A plan that cannot fit is refused, before loading when the families declare their sizes, naming what would fit
+(which pools, which settings, which GPU). No plan where the device has no bound (CPU, ZeroGPU).
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Prefetches (a gallery click preparing its LoRA ahead of Generate): a lane of their own, behind every request.
 
-Policy:
-
-- **Never in a request's way.** A prefetch only saves a later request its preparation; it is never needed. So it
-  runs on this lane's own thread, one at a time, through the preparation path's prefetch gate
-  (`engine.prepare.preparation.Preparer`), never on the scheduler's threads nor in the requests' load gate: a
-  queued request never waits for one (unless it needs the very LoRA a prefetch is downloading, whose download
-  it then shares rather than repeats).
-- **Bounded.** At most `pending` prefetches wait; past that the oldest waiting one is dropped (a user clicking
-  through the gallery wants the newest), its waiter told so with `EngineBusyError`.
-- **Dropped when no longer wanted.** Cancelling a prefetch's future (its waiter's task was cancelled: the user
-  picked something else, or left) takes it out before it starts; one already loading finishes into the cache
-  (a download is not torn down half-way), which bounds what an abandoned prefetch costs to one load.
-
-Written here rather than with a `ThreadPoolExecutor`: an executor's queue is unbounded and cannot drop its
-oldest entry. The thread runs only while there is work, so an idle engine holds none.
+Never in a request's way: one at a time on this lane's own thread, through the preparer's prefetch gate, never
+the scheduler's threads or the requests' load gate (a request needing the very LoRA being fetched shares its
+download). Bounded: past `pending` waiting, the oldest is dropped (the newest click is the one wanted). Dropped
+when no longer wanted: a cancelled waiter takes its prefetch out before it starts; one already loading
+finishes into the cache. Written here because an executor's queue is unbounded and cannot drop its oldest; the
+thread runs only while there is work. The reasoning: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Which pools' pipelines are on the compute device, and moving them in and out.
 
-The start-up memory plan (`engine.pools.plan`) gives the device's room for pipelines and checks that every
-pool fits it on its own (and all of them, with POOL_OFFLOAD=off). A pool on the device costs its weights plus
-the room its pristine copies may take there (they are dropped when it leaves). When the pools do not all fit,
-the least recently used idle pipeline waits in host RAM and is moved in on demand; a pool in use is never moved,
-and a pool that fits nothing is refused when added, so a lone pool is never evicted. On the CPU the "device" is
-host RAM: there is no budget and every pool stays resident, unless a budget is given (tests and benchmarks do,
-so the move itself is exercised and measured).
-
-Each pool's weights are views of one flat buffer (`engine.pools.flat.FlatWeights`): a move is one copy of its
-bytes into a new device buffer, or back into the pool's kept host buffer (pinned on CUDA), the Parameter
-objects kept (the swap's target table and pristine copies refer to them), every byte as it was.
+When the pools do not all fit the plan's room, the least recently used idle pipeline waits in host RAM and is
+moved in on demand; a pool in use is never moved, and a pool that fits nothing is refused when added, so a lone
+pool is never evicted. A pool on the device costs its weights plus its pristine copies there (dropped when it
+leaves). Each move is one copy of the pool's flat buffer (`engine.pools.flat`), Parameters kept, every byte as
+it was. On the CPU there is no budget unless one is given (tests and benchmarks exercise the move so).
 """
 
 from __future__ import annotations

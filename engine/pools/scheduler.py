@@ -1,39 +1,12 @@
 """One queue per pipeline, for every transport: admission to the GPU slot, and preparation ahead of it.
 
-The UI, `gradio_client`'s `/generate` and `POST /` all submit here; there is one queue, one limit
-(`MAX_QUEUE`) and one position that every client is shown. The GPU slot (swap and inference on the one
-pipeline) holds one request at a time.
-
-Policy (`SCHEDULER=affinity`, the default), in the manner of vLLM's scheduler:
-
-- **Queued.** A request is queued in arrival order if fewer than `MAX_QUEUE` are waiting (the one running
-  not counted); otherwise it is **rejected** at once with `EngineBusyError` (HTTP 503 with `Retry-After`).
-  Its preparation (resolve, download, parse, check: `Engine`'s preparation path, or the ticket's own: a
-  comparison grid prepares all its cells in one ticket) starts at once on a bounded pool; the loads themselves
-  are bounded by `PREPARE_WORKERS` and an in-flight byte budget (`engine.prepare.loadgate`). A preparation that
-  fails takes the request out of the queue with its error: it costs the GPU nothing.
-- **Admitted.** Only a request whose adapters are ready may hold the GPU slot. When the slot is free, the
-  scheduler admits the oldest ready request, unless a younger ready request needs exactly the adapter set
-  already fused (no swap): that one is admitted instead (**affinity**).
-- **Overtaking, and its bound.** Admitting a request counts one overtake against every older request that
-  was ready and waiting at that moment. A request that has been overtaken `AFFINITY_MAX_SKIP` times is
-  never overtaken again: from then on only it, or a request older than it, can be admitted. With
-  `AFFINITY_MAX_SKIP=0` admission is strict FIFO among ready requests.
-- **Still preparing.** A request whose adapters are still downloading cannot use the slot, so requests
-  behind it are admitted meanwhile; this is not counted as an overtake (like vLLM's requests waiting for a
-  structured-output grammar or remote KV blocks, which are skipped without losing their place). The most
-  it costs that request is the remainder of one run when its preparation finishes. These passes are
-  counted separately (`Ticket.passed_while_preparing`) and logged.
-- **Never done:** an unprepared request never holds the slot; a ready request is never overtaken more than
-  `AFFINITY_MAX_SKIP` times; no waiter polls for the slot (the scheduler hands it to one named request);
-  no thread is held by a request waiting in the queue (`turn`, `wait`); a cancelled request leaves the
-  queue at once and its leases are released.
-
-`SCHEDULER=fifo_inline` keeps the behaviour before this scheduler, for the benchmark's baseline: strict
-arrival order, and each request prepared inside the slot, so a download holds the GPU idle.
-
-Every decision is logged with its timings: queued, rejected, prepared or failed, admitted (with the wait,
-the affinity and how many it overtook), overtaken, finished.
+Every transport queues here: one limit (`MAX_QUEUE`; beyond it `EngineBusyError`, 503 with `Retry-After`), one
+position shown to every client, one run at a time in the slot. A queued request is prepared at once on bounded
+threads (a failed preparation leaves the queue, costing the GPU nothing); only a ready request is admitted, the
+oldest unless a younger one needs the set already fused (affinity), and none is overtaken more than
+`AFFINITY_MAX_SKIP` times. No waiter polls or holds a thread; a cancel leaves at once. `SCHEDULER=fifo_inline`
+is the benchmark's baseline. Every decision is logged with its timings; the policy in full, after vLLM's
+scheduler: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The GPU call on ZeroGPU: a generator, so that a cancel reaches the GPU worker, and errors that survive the trip.
 
-`spaces.GPU` runs the decorated function in a forked worker process (`spaces/zero/wrappers.py`). Three facts of
-its wrappers shape this module:
-
-- A regular function cannot be stopped once sent: the main process waits on the worker's result queue
-  (`regular_function_wrapper`). A generator function can: closing the main process's generator sets the
-  worker's stop event, and the worker closes the task's generator after its next yield
-  (`generator_function_wrapper`, `thread_wrapper.iterate`). So the GPU call is a generator (`run_in_steps`,
-  inside the worker) that yields after each denoising step; the main process (`drive`) closes it when its
-  request is cancelled, and the worker's generator, closed, sets the run's cancel event: the run stops at its
-  next step and its swap is rolled back, instead of spending the user's quota on an image nobody will see.
-- An exception raised in the worker comes back as `gr.Error("<its class name>", title="ZeroGPU worker error")`:
-  the message and the class are lost. So the worker sends the tree's errors back as values (`Finished.error`),
-  and the main process raises them again.
-- spaces' own refusals are `gr.Error`s with titles (`spaces/zero/client.py`): `gpu_errors` maps them into the
-  tree, so every transport answers with a fitting status: a quota used up is a 429 with `Retry-After`, no GPU
-  or a lost worker a 503, a visitor who left while ZeroGPU queued the call a cancel.
+spaces runs the call in a forked worker that can be stopped only when the call is a generator: so the run
+yields after each step (`run_in_steps`) and the main process (`drive`) closes it when its request is cancelled,
+which stops the run at its next step and rolls its swap back. Errors raised in the worker would come back as
+bare class names, so the tree's errors travel as values (`Finished.error`); spaces' own refusals become the
+tree's (`gpu_errors`): quota used up 429 with `Retry-After`, no GPU or a lost worker 503. The wrappers' facts
+this rests on (`spaces/zero/wrappers.py`): docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """The cluster's ingress: the Space's HTTP contract in front of one Serve deployment per base-model pool.
 
-- `POST /` with the `lora` header, and `POST /models/<base>`: parsed by `serving.http.api.parse_body`,
-  answered with the same bytes, `X-*` headers and JSON errors as the Space (plus `X-Replica`).
-- `POST /v1/generate` (and `/v1/models/<base>/generate`): a whole `GenerateRequest` as JSON from the
-  Space's `RemoteBackend`, answered with a PNG and the rest of the result (`serving.cluster.wire`);
-  `GET /v1/pools`, `GET /v1/status?base=` and `POST /v1/check`: the backend's other operations.
-
-Routing, as the Space's `engine.pools.pools.Pools.route` does it: a named base picks its pool; otherwise a
-request's LoRAs pick theirs (by what each says of its base: card and tags, else its file's metadata and
-shapes, judged on a replica of the default pool, `PoolReplica.origin`, and kept per file here), and must
-agree (a 400 naming each LoRA's base when they do not); a request without either goes to the default pool.
-Each request goes to its pool's deployment with its adapter set as the multiplexed model id, so Serve's
-router prefers a replica that holds it. A request without a seed gets one here, so a retry after a replica
-died produces the same image the first try would have. Every call to a replica that dies or is unavailable
-(Ray's failure classes) is tried once more, on another replica as Serve routes it, and answered 503 after
-that. A client that hangs up cancels its call (Serve's proxy does too; this watch makes it so under any
-server): the replica's request leaves its queue or stops at its next step. What a LoRA says of its base is kept
-for `_ORIGIN_TTL_S`, as the catalogue keeps Hub metadata: a branch may move. The `lora` header is read as
-UTF-8, as `POST /` reads it. This module imports no Ray (`serving.cluster.app` hands it Ray's failure classes),
-so it is tested without a cluster.
+It answers `POST /`, `POST /models/<base>` exactly as the Space does (plus `X-Replica`), and the
+`RemoteBackend`'s `/v1/*` operations. Routing is the Space's (`Pools.route`): a named base, else the pool the
+request's LoRAs agree on (each LoRA's origin judged on a default-pool replica and kept `_ORIGIN_TTL_S`), else
+the default. A request gets a seed here so a retry repeats its image; a call to a replica that died is tried
+once more, then answered 503; a client hanging up cancels its call. No Ray import (`serving.cluster.app` passes
+Ray's failure classes in), so it is tested without a cluster. The routes and rules in full:
+docs/internals.md.
 """
 
 from __future__ import annotations

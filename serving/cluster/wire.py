@@ -1,18 +1,11 @@
 """What travels between the Space (a front end), the cluster's ingress and its pool replicas, as JSON.
 
-The Space's runner (`serving.backends.remote.RemoteBackend`) sends a whole `GenerateRequest` (several LoRAs, their
-revisions, files and scales: more than the `lora` header can say) to the cluster's `POST /v1/generate`,
-and gets back the image as lossless PNG with everything else of the `GenerateResult`. Errors travel as the
-inference API's JSON (`{"error", "error_type"}`) and become the same class of the one tree again, looked
-up by name among its subclasses, so a new error class needs no table here.
-
-Validated by pydantic: what a front end sends (a request, a LoRA spec) by strict models of the wire shape,
-unknown fields refused, so a malformed body is a 400 naming where it is wrong, never a 500; numbers pass as
-sent, for the engine to check (`normalise_request`). What the cluster answers (a result, a status, a check,
-its pools) is read into the engine's own dataclasses by pydantic; an answer that does not fit is
-the backend's trouble (BackendUnavailableError).
-
-No ray, no gradio: both sides import this.
+A front end sends a whole `GenerateRequest` (more than the `lora` header can say) and gets the image back as
+lossless PNG with the rest of the `GenerateResult`. Errors travel as the inference API's JSON and become the
+same class of the one tree again, found by name. pydantic validates both ways: strict models of what a front
+end sends (unknown fields refused: a 400 naming where, never a 500), and the cluster's answers read into the
+engine's dataclasses (one that does not fit is `BackendUnavailableError`). No ray, no gradio: both sides
+import this.
 """
 
 from __future__ import annotations

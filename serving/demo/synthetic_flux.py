@@ -1,24 +1,11 @@
 """Synthetic FLUX.1 LoRA files in the formats people publish, each with its diffusers-named twin.
 
-A FLUX LoRA is made here as low-rank factors of BFL's own layers (the checkpoint layout kohya's sd-scripts,
-ComfyUI and XLabs train on): a double block's fused `img_attn.qkv` (q, k and v of the image stream, stacked by
-rows), its projections, MLPs and modulations; a single block's fused `linear1` (q, k, v and the MLP's input),
-`linear2` and modulation; and CLIP-L's attention. It is written in one of four namings:
-
-- `peft`: diffusers/PEFT (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`), each fused layer split
-  into diffusers' modules (the same down factor, the up factor's rows for each part), with
-  `lora_adapter_metadata`;
-- `kohya`: sd-scripts (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`, `.alpha`; `lora_te1_` CLIP);
-- `comfy`: ComfyUI's and ai-toolkit's BFL names (`diffusion_model.double_blocks.0.img_attn.qkv.lora_down.weight`,
-  `text_encoders.clip_l.transformer.` CLIP);
-- `xlabs`: XLabs' attention processors (`double_blocks.0.processor.qkv_lora1.down.weight`), attention only,
-  no alpha, no CLIP.
-
-`twin` is the same LoRA in diffusers' names, with the alpha's scale in its up factors: what a test hands
-diffusers' own loader as the reference where diffusers cannot read the file itself at the tiny pipeline's
-widths (its kohya converter splits `linear1` at FLUX.1's real widths). A `sparse` LoRA writes each fused
-layer as sd-scripts does when it converts a diffusers LoRA: the parts' down factors stacked, their up factors
-block-diagonal.
+Low-rank factors of BFL's own layers (fused `qkv` and `linear1`, projections, MLPs, modulations, and CLIP-L's
+attention) written in one of four namings: `peft` (diffusers/PEFT), `kohya` (sd-scripts, `.alpha`, `lora_te1_`),
+`comfy` (ComfyUI / ai-toolkit `diffusion_model.`) and `xlabs` (attention processors only). `twin` is the same
+LoRA in diffusers' names, the reference a test hands diffusers where its converter cannot read the file at the
+tiny pipeline's widths; `sparse` writes fused layers as sd-scripts converts a diffusers LoRA. The namings key
+by key: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""`POST /`: text-to-image over plain HTTP, shaped like Hugging Face's inference API.
+"""`POST /` and `POST /models/<base>`: text-to-image over plain HTTP, shaped like Hugging Face's inference API.
 
-    curl -H 'lora: minimaxir/sdxl-wrong-lora' http://localhost:7860 \\
-         -d '{"inputs": "elephant", "parameters": {"num_inference_steps": 20}}' > result.jpg
-
-`POST /models/<base repo id>` takes the same body and headers and generates on that base's pool (like
-the inference API's URL form); an unserved base is a 404 naming the served ones. Without it a request
-goes to its LoRAs' pool (the base they were made for), or the default one.
-
-The body is JSON whatever its Content-Type says (curl's `-d` sends a form type), validated by
-`serving.http.body.parse_body`. The `lora` header names a Hub repo id, a `local:` file or a Civitai LoRA (any
-form `lora_catalog.civitai.refs` reads); `parameters.loras` lists more as `{"path": ..., "scale": ...}` (the
-shape huggingface_hub's InferenceClient sends to text-to-image providers), each path one of those or a Hub file
-URL, parsed into its parts (nothing is fetched from the URL itself). The answer is the image
-(JPEG, or PNG when `Accept` prefers `image/png`), or a JSON error
-`{"error": message, "error_type": class name}` with a status that says whose
-fault it is. The request goes through the handlers (`serving.handlers`) like the UI's and
-`gradio_client`'s, into the one queue: a full queue answers 503 with `Retry-After`; a queued
-request holds no worker thread. `X-Queue-Position` says where it joined (absent when a cluster
-queued it). `X-Lora-Trained-For` names the LoRAs that run on another checkpoint than the fine-tune they were
-trained for (`<ref>=<fine-tune>`; absent when none). A client that hangs up leaves the queue, or cancels its
-generation.
+The body is JSON whatever its Content-Type (`serving.http.body.parse_body`); the `lora` header names a Hub
+repo, a `local:` file or a Civitai LoRA, and `parameters.loras` lists more as `{"path", "scale"}`, as
+huggingface_hub's InferenceClient sends them. It goes through the handlers into the one queue like every
+transport; the answer is the image (JPEG, or PNG when preferred) or a JSON error `{"error", "error_type"}`
+whose status says whose fault it is. A client that hangs up leaves the queue or cancels its generation. The
+headers and examples: README's "Use it" and docs/internals.md.
 """
 
 from __future__ import annotations
