@@ -229,6 +229,9 @@ class Settings(BaseModel):
     cluster_max_ongoing: Annotated[int, Field(ge=1, le=64), Env("CLUSTER_MAX_ONGOING")] = 1
     cluster_adapter_sets: Annotated[int, Field(ge=1, le=4096), Env("CLUSTER_ADAPTER_SETS")] = 16
     cluster_gpus_per_replica: Annotated[float, Field(ge=0.0, le=8.0), Env("CLUSTER_GPUS_PER_REPLICA")] = 1.0
+    # torch threads per replica; 0: one per core of the node, as torch outside Ray (Ray gives an actor that asks
+    # for no CPUs one thread, which makes a CPU replica slow and its floats differ from a process with more).
+    cluster_cpu_threads: Annotated[int, Field(ge=0, le=512), Env("CLUSTER_CPU_THREADS")] = 0
     # Gradio's own variables, read here so nothing else reads the environment; a Space sets both.
     server_name: Annotated[str, Env("GRADIO_SERVER_NAME")] = "0.0.0.0"
     server_port: Annotated[int, Field(ge=1, le=65535), Env("GRADIO_SERVER_PORT")] = 7860

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable
 
@@ -78,6 +79,8 @@ class PoolReplica:
         from ray import serve
 
         logging.basicConfig(level=settings.log_level_number)
+        # Deliberately: Ray starts an actor that asks for no CPUs with one thread (OMP_NUM_THREADS=1).
+        torch.set_num_threads(settings.cluster_cpu_threads or os.cpu_count() or 1)
         loaded = load_pipeline(settings, warm=not settings.zero_gpu)
         hub = HubSource(token=settings.hf_token, timeout_s=settings.hub_timeout_s)
         resolver = AdapterResolver(
@@ -98,7 +101,13 @@ class PoolReplica:
         self._pin: Callable[[str], Awaitable[AdapterPin]] = serve.multiplexed(max_num_models_per_replica=adapter_sets)(
             pin
         )
-        logger.info("replica %s serves %s with %d adapter sets", self._replica, settings.model_id, adapter_sets)
+        logger.info(
+            "replica %s serves %s with %d adapter sets on %d torch threads",
+            self._replica,
+            settings.model_id,
+            adapter_sets,
+            torch.get_num_threads(),
+        )
 
     async def generate(self, document: dict, media_type: str) -> Answer:
         """Generate one request; errors of the tree become their JSON answer, anything else propagates.

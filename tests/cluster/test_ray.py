@@ -1,19 +1,25 @@
 """The Ray Serve cluster (serving/cluster/app.py) on a local Ray instance: two CPU replicas of the tiny pipeline.
 
 Its answers are compared with the single-process app's (`serving.http.api` over the same tiny pipeline,
-as tests/serving/test_http_api.py serves it): same status, same bytes, same headers. Marked `ray` (a cluster
-takes a minute or more to start on two shared cores): `pytest -m ray tests/cluster/test_ray.py`.
+as tests/serving/test_http_api.py serves it): same status, same headers, the same bytes for errors and the
+same image within 2 levels per channel. Bit-exact claims stay within one process: torch's float sums depend on
+its thread count, which a replica sets itself (`CLUSTER_CPU_THREADS`), so the JPEG bytes of two processes may
+differ on some CPUs. Marked `ray` (a cluster takes a minute or more to start on two shared cores):
+`pytest -m ray tests/cluster/test_ray.py`.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pytest
+from PIL import Image
 
 pytest.importorskip("ray.serve")
 
@@ -42,10 +48,35 @@ def post(url: str, content: str, **headers: str) -> httpx.Response:
     return httpx.post(url, content=content, headers=headers, timeout=TIMEOUT)
 
 
+def pixels(image: bytes | Image.Image) -> np.ndarray:
+    decoded = image if isinstance(image, Image.Image) else Image.open(io.BytesIO(image))
+    return np.asarray(decoded.convert("RGB"), dtype=np.int16)
+
+
+def assert_same_answer(got: httpx.Response, expected: httpx.Response, what: object) -> None:
+    """The same status and type; an image the same within 2 levels per channel, anything else the same bytes."""
+    assert got.status_code == expected.status_code, (what, got.text[:300])
+    assert got.headers.get("content-type") == expected.headers.get("content-type"), what
+    if expected.headers.get("content-type", "").startswith("image/"):
+        assert_same_image(got.content, expected.content, what)
+    else:
+        assert got.content == expected.content, what
+
+
+def assert_same_image(got: bytes | Image.Image, expected: bytes | Image.Image, what: object) -> None:
+    a, b = pixels(got), pixels(expected)
+    assert a.shape == b.shape, what
+    assert int(np.abs(a - b).max()) <= 2, (what, int(np.abs(a - b).max()))
+
+
 @pytest.fixture(scope="module")
 def cluster_settings(base_settings):
     return base_settings.replace(
-        cluster_replicas=2, cluster_max_ongoing=1, cluster_adapter_sets=3, cluster_gpus_per_replica=0.0
+        cluster_replicas=2,
+        cluster_max_ongoing=1,
+        cluster_adapter_sets=3,
+        cluster_gpus_per_replica=0.0,
+        cluster_cpu_threads=1,
     )
 
 
@@ -102,8 +133,7 @@ def test_the_http_contract_answers_like_the_single_process_app(cluster, single, 
     ]
     for content, headers in cases:
         expected, got = post(single, content, **headers), post(cluster, content, **headers)
-        assert got.status_code == expected.status_code, (headers, got.text[:300])
-        assert got.content == expected.content, (headers, got.headers.get("content-type"))
+        assert_same_answer(got, expected, headers)
         for name in CONTRACT_HEADERS:
             assert got.headers.get(name) == expected.headers.get(name), (name, headers)
         assert (got.headers.get("x-timing") is None) == (expected.headers.get("x-timing") is None)
@@ -112,7 +142,7 @@ def test_the_http_contract_answers_like_the_single_process_app(cluster, single, 
     assert unserved.json()["error_type"] == "UnservedBaseError"
     assert "served: stabilityai/stable-diffusion-xl-base-1.0" in unserved.json()["error"]
     named = post(cluster + "models/stabilityai/stable-diffusion-xl-base-1.0", body(seed=5), lora=fixtures["peft"])
-    assert named.content == post(single, body(seed=5), lora=fixtures["peft"]).content
+    assert_same_answer(named, post(single, body(seed=5), lora=fixtures["peft"]), "named base")
 
 
 def test_a_repeated_adapter_lands_on_the_replica_that_holds_it(cluster, fixtures):
@@ -175,7 +205,7 @@ def test_the_space_with_backend_url_generates_on_the_cluster(cluster, cluster_se
             steps=2,
         )
         remote, local = generate(runtime.backend, request), generate(engine, request)
-        assert remote.image.tobytes() == local.image.tobytes()
+        assert_same_image(remote.image, local.image, "remote backend")
         assert remote.request == local.request
         assert [(a.ref, a.revision, a.weight_name, a.scale) for a in remote.adapters] == [
             (a.ref, a.revision, a.weight_name, a.scale) for a in local.adapters
@@ -223,7 +253,7 @@ def test_a_replica_killed_mid_run_is_replaced_and_no_request_is_lost(cluster, cl
     for i, (content, lora) in enumerate(jobs):
         expected = post(single, content, **({"lora": lora} if lora else {}))
         assert answers[i].status_code == 200, answers[i].text[:300]
-        assert answers[i].content == expected.content, i
+        assert_same_answer(answers[i], expected, i)
     # The long request was answered by another replica: the ingress sent it again after its replica died.
     assert answers[0].headers["x-replica"] != home
     deadline = time.monotonic() + 300
