@@ -171,7 +171,7 @@ class PoolReplica:
         return await asyncio.to_thread(self._weights)
 
     def _weights(self) -> tuple[str, str, tuple[str, ...]]:
-        self._engine.close()  # puts the base back under the engine's lock; the next request re-applies its set
+        self._engine.restore_base_weights()  # under the engine's lock; it keeps serving, the next request fuses its set
         cached = tuple(str(c.key) for c in self._engine.status().cached)
         return self._replica, weights_digest(self._engine.loaded.pipe), cached
 

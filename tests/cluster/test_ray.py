@@ -29,9 +29,8 @@ from ray import serve
 from engine.pipeline.loading import load_pipeline
 from serving.cluster.app import deployment_name, local_cluster
 from serving.cluster.replica import weights_digest
-from serving.runtime import GpuRunner
 from tests.support.app_server import free_port, serve_routes
-from tests.support.checks import generate
+from tests.support.checks import backend_of, generate
 
 pytestmark = pytest.mark.ray
 
@@ -89,7 +88,7 @@ def cluster(cluster_settings, fixtures) -> Iterator[str]:
 @pytest.fixture
 def single(engine) -> Iterator[str]:
     """The single-process app's POST / over the session's tiny pipeline."""
-    with serve_routes(GpuRunner(engine)) as url:
+    with serve_routes(backend_of(engine)) as url:
         yield url
 
 
