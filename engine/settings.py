@@ -247,7 +247,7 @@ class Settings(BaseModel):
     # pool runs CLUSTER_REPLICAS to this many replicas (0 to it for the pools named in CLUSTER_SCALE_TO_ZERO),
     # aiming at CLUSTER_TARGET_ONGOING requests per replica.
     cluster_max_replicas: Annotated[int, Field(ge=0, le=1024), Env("CLUSTER_MAX_REPLICAS")] = 0
-    cluster_target_ongoing: Annotated[float, Field(ge=0.01, le=64.0), Env("CLUSTER_TARGET_ONGOING")] = 0.6
+    cluster_target_ongoing: Annotated[float, Field(ge=0.01, le=64.0), Env("CLUSTER_TARGET_ONGOING")] = 0.5
     cluster_scale_to_zero: Annotated[tuple[str, ...], BeforeValidator(_names), Env("CLUSTER_SCALE_TO_ZERO")] = ()
     # Each replica downloads into its own Hub-cache folder, as replicas on separate machines would (for measuring
     # a cluster on one machine: bench.fleet --real); off, replicas on one node share its Hub cache.
