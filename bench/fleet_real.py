@@ -1,0 +1,388 @@
+"""`python -m bench.fleet --real`: both routers on a real local Ray Serve cluster, the fleet model beside them.
+
+Setup (needs requirements-ray.txt): Ray and Serve on this machine (`serving.cluster.app.local_serve`), one pool of
+`replicas` CPU replicas of the tiny pipeline (one torch thread each; each its own Hub-cache folder, as on a
+machine of its own: `CLUSTER_OWN_HUB_CACHE`), `capacity` adapter sets each, and the stand-in Hub (tests/support)
+holding one tiny LoRA per adapter. Each file's download is delayed by what an SDXL LoRA of its drawn size (the
+fleet model's catalogue for the seed: log-uniform 20-900 MB) takes at 100 MB/s, times k = T / 8.5 s, where T is
+the tiny pipeline's inference time measured on the cluster first: the tiny model stands for SDXL on an A10G,
+scaled in time, and so does the p95 target (13 s x k).
+
+Each run deploys the application afresh (new replicas: empty caches and disks) with `CLUSTER_ROUTER=ours` or
+`ray_multiplexed`, on the same Ray cluster, and replays `bench.fleet_model.request_stream` for the seed: the same
+adapters (and gaps) for both routers. Closed loop: `clients` clients, client c sending requests c, c + clients,
+... one after another. Open loop: the warm-up requests from those clients (as fast as the replicas go: a
+steady state of disks and caches in minutes rather than hours), then Poisson arrivals at a rate, at fractions of
+the highest rate the fleet model predicts for the policy. Measured after the warm-up: p50/p95 from send to
+answer, and the hit rate (`X-Lora-Cache`). The fleet model then runs the same scenario (same seed, requests,
+warm-up and rates; the costs the cluster measured: inference, swap, prepare) for each policy, to compare hit
+rates and p95s. A few hundred measured requests make a p95 (the 15th slowest of 300) and so the rate at the
+target noisy: the model itself, run over other seeds of this scenario, finds ratios from 1.2 to 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.fleet_model import Catalogue, Costs, Scenario, percentile, request_stream, simulate
+from bench.fleet_policies import make_policy
+from bench.fleet_sweep import latency_curve, max_rate
+
+__all__ = ["POLICY_OF", "RealOptions", "RealRun", "measure", "rate_at_target", "scaled_scenario"]
+
+# Our router is the fleet model's least_finish; Serve's multiplexed router with one slot is ray_multiplexed_m1.
+POLICY_OF = {"ours": "least_finish", "ray_multiplexed": "ray_multiplexed_m1"}
+_SDXL_INFERENCE_S = Costs.inference_s
+_TARGET_S = 13.0
+_TIMEOUT = httpx.Timeout(600.0)
+
+
+@dataclass(frozen=True)
+class RealOptions:
+    replicas: int = 3
+    adapters: int = 100
+    capacity: int = 4
+    warmup: int = 300
+    requests: int = 300
+    clients: int = 6  # closed loop: for the warm-up of every run, and for the closed-loop runs
+    steps: int = 2
+    side: int = 64
+    fractions: tuple[float, ...] = (0.75, 1.0, 1.25)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Sample:
+    index: int
+    sent: float
+    done: float
+    status: int
+    hit: bool
+    replica: str
+    timing: dict[str, float]
+
+    @property
+    def latency(self) -> float:
+        return self.done - self.sent
+
+
+@dataclass(frozen=True)
+class RealRun:
+    """One run on the cluster: a router, a workload (a rate, or closed loop), what was measured after warm-up."""
+
+    router: str
+    rate: float | None  # offered req/s; None for closed loop
+    completed: int
+    failed: int
+    hit_rate: float
+    p50_s: float
+    p95_s: float
+    throughput: float
+    inference_s: float
+    swap_s: float
+    prepare_s: float
+
+
+def scaled_scenario(options: RealOptions, costs: Costs, *, clients: int | None) -> Scenario:
+    return Scenario(
+        adapters=options.adapters,
+        replicas=options.replicas,
+        capacity=options.capacity,
+        disk_gb=1e6,  # each replica's own Hub-cache folder keeps every file it downloaded
+        zipf=1.1,
+        warmup=options.warmup,
+        requests=options.requests,
+        clients=clients,
+        # Open loop: the warm-up is sent by the closed-loop clients first, as fast as the replicas go.
+        warmup_clients=options.clients if clients is None else None,
+        costs=costs,
+    )
+
+
+def scaled_costs(inference_s: float, swap_s: float, prepare_s: float) -> Costs:
+    """The model's costs for the cluster: its measured steps, and downloads as SDXL's scaled by k = T / 8.5 s."""
+    k = inference_s / _SDXL_INFERENCE_S
+    return Costs(
+        inference_s=inference_s,
+        swap_cpu_s=swap_s,
+        swap_scale=1.0,
+        prepare_base_s=prepare_s,
+        prepare_s_per_mb=0.0,  # the tiny files cost the same to prepare whatever size they stand for
+        bandwidth_mb_s=Costs.bandwidth_mb_s / k,
+    )
+
+
+def rate_at_target(points: Sequence[tuple[float, float]], target_s: float) -> tuple[float, str]:
+    """The highest rate with p95 within `target_s`, interpolated between measured (rate, p95) points; with how it
+    was found: "interpolated", "lower bound" (every rate tried was within) or "none" (none was)."""
+    ordered = sorted(points)
+    within = [(rate, p95) for rate, p95 in ordered if p95 <= target_s]
+    if not within:
+        return 0.0, "none"
+    last = within[-1]
+    above = [(rate, p95) for rate, p95 in ordered if rate > last[0] and p95 > target_s]
+    if not above:
+        return last[0], "lower bound"
+    (r0, p0), (r1, p1) = last, above[0]
+    return r0 + (r1 - r0) * (target_s - p0) / (p1 - p0), "interpolated"
+
+
+class Cluster:
+    """Ray and Serve on this machine, the stand-in Hub and its LoRAs; one application deployed per run."""
+
+    def __init__(self, options: RealOptions, root: Path, hub_port: int) -> None:
+        from engine.families.sdxl import build_tiny_pipeline
+        from tests.support.loras import WEIGHTS, card, peft_file
+        from tests.support.standin_hub import StandInHub
+
+        self.options = options
+        self.hub = StandInHub(root / "hub", port=hub_port)
+        self.hub.start()
+        pipe = build_tiny_pipeline(seed=0)
+        for index in range(options.adapters):
+            self.hub.add_repo(self.repo(index), {"README.md": card(), WEIGHTS: peft_file(pipe, seed=index)})
+        self._runs = 0
+
+    @staticmethod
+    def repo(index: int) -> str:
+        return f"fleet-real/lora-{index:04d}"
+
+    def delay_downloads(self, k: float, seed: int) -> None:
+        sizes = Catalogue(scaled_scenario(self.options, Costs(), clients=None), seed).size_mb
+        for index, size in enumerate(sizes):
+            self.hub.set_download_delay(self.repo(index), size / Costs.bandwidth_mb_s * k)
+
+    def settings(self, router: str):
+        from engine.settings import Settings
+
+        return Settings(
+            model_id="tiny",
+            device="cpu",
+            dtype="float32",
+            cluster_router=router,  # type: ignore[arg-type]
+            cluster_replicas=self.options.replicas,
+            cluster_max_ongoing=1,
+            cluster_adapter_sets=self.options.capacity,
+            cluster_gpus_per_replica=0.0,
+            cluster_cpu_threads=1,
+            cluster_stats_period_s=0.5,
+            cluster_own_hub_cache=True,
+            # The fleet model's replica: one preparation at a time, requests in order.
+            prepare_workers=1,
+            affinity_max_skip=0,
+            previews=False,
+            hub_timeout_s=120.0,
+            log_level="WARNING",
+        )
+
+    def run(self, url: str, router: str, adapters: Sequence[int], gaps: Sequence[float] | None) -> list[Sample]:
+        """Deploy afresh under `router`, replay the stream (open loop at gaps, else closed loop), undeploy."""
+        from ray import serve
+
+        from serving.cluster.app import build_app
+
+        self._runs += 1
+        name = f"fleet-real-{self._runs}"
+        serve.run(build_app(self.settings(router)), name=name, route_prefix="/")
+        try:
+            return asyncio.run(self._replay(url, adapters, gaps))
+        finally:
+            serve.delete(name)
+
+    async def _replay(self, url: str, adapters: Sequence[int], gaps: Sequence[float] | None) -> list[Sample]:
+        samples: list[Sample] = []
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=_TIMEOUT, limits=limits) as client:
+
+            async def one(index: int) -> None:
+                samples.append(await self._send(client, url, index, adapters[index]))
+
+            # The warm-up (everything, for a closed-loop run) from the closed-loop clients, as fast as they go.
+            closed_until = len(adapters) if gaps is None else self.options.warmup
+
+            async def closed(first: int) -> None:
+                for index in range(first, closed_until, self.options.clients):
+                    await one(index)
+
+            await asyncio.gather(*(closed(c) for c in range(self.options.clients)))
+            if gaps is not None:
+                started, at, tasks = time.perf_counter(), 0.0, []
+                for index in range(closed_until, len(adapters)):
+                    at += gaps[index]
+                    await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
+                    tasks.append(asyncio.create_task(one(index)))
+                await asyncio.gather(*tasks)
+        return sorted(samples, key=lambda s: s.index)
+
+    async def _send(self, client: httpx.AsyncClient, url: str, index: int, adapter: int) -> Sample:
+        side, steps = self.options.side, self.options.steps
+        parameters = {"num_inference_steps": steps, "width": side, "height": side, "seed": index}
+        body = {"inputs": "a lighthouse", "parameters": parameters}
+        sent = time.perf_counter()
+        try:
+            answer = await client.post(url, json=body, headers={"lora": self.repo(adapter)})
+        except httpx.HTTPError as e:
+            print(f"request {index} failed: {type(e).__name__}: {e}", flush=True)
+            return Sample(index, sent, time.perf_counter(), 0, False, "", {})
+        done = time.perf_counter()
+        timing = dict(
+            (name, float(value))
+            for name, _, value in (part.partition("=") for part in answer.headers.get("x-timing", "").split(";"))
+            if value
+        )
+        hit = answer.headers.get("x-lora-cache", "").endswith("=hit")
+        return Sample(index, sent, done, answer.status_code, hit, answer.headers.get("x-replica", ""), timing)
+
+    def close(self) -> None:
+        self.hub.stop()
+
+
+def summarise(router: str, rate: float | None, samples: Sequence[Sample], warmup: int) -> RealRun:
+    counted = [s for s in samples if s.index >= warmup]
+    ok = [s for s in counted if s.status == 200]
+    latencies = sorted(s.latency for s in ok)
+    span = max(s.done for s in ok) - min(s.sent for s in ok) if ok else 0.0
+
+    def mean(name: str, where=lambda s: True) -> float:
+        values = [s.timing[name] for s in ok if name in s.timing and where(s)]
+        return statistics.fmean(values) if values else math.nan
+
+    return RealRun(
+        router=router,
+        rate=rate,
+        completed=len(ok),
+        failed=len(counted) - len(ok),
+        hit_rate=sum(s.hit for s in ok) / len(ok) if ok else math.nan,
+        p50_s=percentile(latencies, 50) if latencies else math.nan,
+        p95_s=percentile(latencies, 95) if latencies else math.nan,
+        throughput=len(ok) / span if span else 0.0,
+        inference_s=mean("inference"),
+        swap_s=mean("apply", lambda s: s.timing.get("apply", 0.0) > 0),
+        prepare_s=mean("prepare", lambda s: not s.hit),
+    )
+
+
+def measure(options: RealOptions, root: Path, hub_port: int, say) -> dict[str, object]:
+    """The whole real run: calibration, closed and open loop for both routers, and the model beside each."""
+    from serving.cluster.app import local_serve
+    from tests.support.app_server import free_port
+
+    began = time.perf_counter()
+    cluster = Cluster(options, root, hub_port)
+    runs: list[RealRun] = []
+    try:
+        with local_serve(port=free_port(), num_cpus=2) as url:
+            say(f"cluster up in {time.perf_counter() - began:.0f} s; calibrating on {options.adapters} LoRAs")
+            # Calibration: no download delays yet; one client, the first adapters of the stream.
+            calibration = summarise("ours", None, cluster.run(url, "ours", list(range(24)), None), 4)
+            k = calibration.inference_s / _SDXL_INFERENCE_S
+            target = _TARGET_S * k
+            say(f"tiny inference {calibration.inference_s:.3f} s: k={k:.4f}, p95 target {target:.2f} s")
+            cluster.delay_downloads(k, options.seed)
+            costs = scaled_costs(calibration.inference_s, calibration.swap_s, calibration.prepare_s)
+            predicted = _predicted_rates(options, costs, target)
+            say(f"the model predicts {predicted} req/s at the target")
+            adapters, gaps = request_stream(scaled_scenario(options, costs, clients=None), options.seed)
+            for router in POLICY_OF:
+                samples = cluster.run(url, router, adapters, None)
+                runs.append(summarise(router, None, samples, options.warmup))
+                say(f"{router} closed loop ({options.clients} clients): {_row(runs[-1])}")
+                for fraction in options.fractions:
+                    rate = round(fraction * predicted[router], 3)
+                    samples = cluster.run(url, router, adapters, [gap / rate for gap in gaps])
+                    runs.append(summarise(router, rate, samples, options.warmup))
+                    say(f"{router} at {rate} req/s: {_row(runs[-1])}")
+    finally:
+        cluster.close()
+    measured = _measured_costs(runs, costs)
+    return _compare(options, runs, measured, target, k, time.perf_counter() - began, say)
+
+
+def _predicted_rates(options: RealOptions, costs: Costs, target: float) -> dict[str, float]:
+    """Where to measure: the model's highest rate within the target, the median over five seeds (one seed's
+    few hundred requests make it noisy); a tenth of saturation when the model finds none."""
+    scenario = scaled_scenario(options, costs, clients=None)
+    rates = {}
+    for router, policy in POLICY_OF.items():
+        found = [
+            max_rate(scenario, policy, latency_curve(scenario, policy, seed), target, seed).rate
+            for seed in range(options.seed, options.seed + 5)
+        ]
+        rates[router] = round(statistics.median(found) or 0.1 * scenario.saturation_rate, 3)
+    return rates
+
+
+def _measured_costs(runs: Sequence[RealRun], fallback: Costs) -> Costs:
+    def mean(name: str, default: float) -> float:
+        values = [getattr(r, name) for r in runs if not math.isnan(getattr(r, name))]
+        return statistics.fmean(values) if values else default
+
+    return dataclasses.replace(
+        fallback,
+        inference_s=mean("inference_s", fallback.inference_s),
+        swap_cpu_s=mean("swap_s", fallback.swap_cpu_s),
+        prepare_base_s=mean("prepare_s", fallback.prepare_base_s),
+    )
+
+
+def _compare(
+    options: RealOptions, runs: list[RealRun], costs: Costs, target: float, k: float, wall: float, say
+) -> dict[str, object]:
+    """The model on each run's workload, the gaps, and each router's rate at the target."""
+    rows, result = [], {}
+    for run in runs:
+        scenario = scaled_scenario(options, costs, clients=None if run.rate is not None else options.clients)
+        sim = simulate(scenario, make_policy(POLICY_OF[run.router]), run.rate or 1.0, options.seed)
+        rows.append({"measured": dataclasses.asdict(run), "simulated": dataclasses.asdict(sim)})
+        say(
+            f"{run.router:<16} {'closed' if run.rate is None else f'{run.rate:.3f}':>7}  hit {run.hit_rate:.3f} "
+            f"(model {sim.hit_rate:.3f})  p95 {run.p95_s:.2f} s (model {sim.p95_s:.2f} s)"
+        )
+    for router in POLICY_OF:
+        mine = [row for row in rows if row["measured"]["router"] == router]
+        gaps = [abs(row["measured"]["hit_rate"] - row["simulated"]["hit_rate"]) for row in mine]
+        points = [(row["measured"]["rate"], row["measured"]["p95_s"]) for row in mine if row["measured"]["rate"]]
+        rate, how = rate_at_target(points, target)
+        open_loop = [row for row in mine if row["measured"]["rate"] is not None]
+        p95_ratios = [row["measured"]["p95_s"] / row["simulated"]["p95_s"] for row in open_loop]
+        model = scaled_scenario(options, costs, clients=None)
+        predicted = max((row["measured"]["rate"] for row in open_loop), default=1.0)
+        curve = [
+            simulate(model, make_policy(POLICY_OF[router]), round(f * predicted / 1.2, 4), options.seed)
+            for f in (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4)
+        ]
+        result[router] = {
+            "model_curve": [dataclasses.asdict(r) for r in curve],
+            "rate_at_target": rate,
+            "found": how,
+            "hit_rate": statistics.fmean(row["measured"]["hit_rate"] for row in open_loop),
+            "sim_gap": statistics.fmean(gaps),
+            "sim_gaps": gaps,
+            "p95_measured_over_model": p95_ratios,
+        }
+    return {
+        "benchmark": "fleet_real",
+        "options": dataclasses.asdict(options),
+        "k": k,
+        "target_p95_s": target,
+        "costs": dataclasses.asdict(costs),
+        "runs": rows,
+        "routers": result,
+        "wall_s": round(wall, 1),
+    }
+
+
+def _row(run: RealRun) -> str:
+    return (
+        f"{run.completed} ok, {run.failed} failed, hit {run.hit_rate:.3f}, p50 {run.p50_s:.2f} s, "
+        f"p95 {run.p95_s:.2f} s, {run.throughput:.2f} req/s (inference {run.inference_s:.3f} s)"
+    )
