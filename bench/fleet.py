@@ -63,6 +63,16 @@ def _policies(text: str) -> tuple[str, ...]:
     return names
 
 
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        fractions = tuple(float(f) for f in text.split(",") if f.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}; accepted: comma-separated numbers > 0") from e
+    if not fractions or min(fractions) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not accepted; accepted: comma-separated numbers > 0")
+    return fractions
+
+
 def _swap_from_json(path: Path) -> tuple[float, float]:
     """bench.swap's headline (c) time in seconds and the scale it needs: 1 for a GPU run."""
     try:
@@ -106,6 +116,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--real-warmup", type=int, default=real.warmup, help=f"--real: warm-up requests (default {real.warmup})")
     add("--real-requests", type=int, default=real.requests, help=f"--real: measured requests (default {real.requests})")
     add("--real-steps", type=int, default=real.steps, help=f"--real: denoising steps (default {real.steps})")
+    add(
+        "--real-fractions",
+        type=_fractions,
+        default=real.fractions,
+        help=f"--real: open-loop rates, fractions of saturation (default {','.join(map(str, real.fractions))})",
+    )
     args = parser.parse_args(argv)
     for name in ("adapters", "replicas", "capacity", "requests", "real_replicas", "real_adapters", "real_capacity"):
         if getattr(args, name) < 1:
@@ -243,6 +259,7 @@ def run_real(args: argparse.Namespace) -> dict[str, object]:
         warmup=args.real_warmup,
         requests=args.real_requests,
         steps=args.real_steps,
+        fractions=args.real_fractions,
         seed=args.seed,
     )
     root = Path(tempfile.mkdtemp(prefix="fleet-real-"))
@@ -257,7 +274,8 @@ def run_real(args: argparse.Namespace) -> dict[str, object]:
     _say(f"\nrate held at p95 <= {results['target_p95_s']:.2f} s (13 s scaled by k={results['k']:.4f}):")
     for name, summary in routers.items():  # type: ignore[attr-defined]
         _say(
-            f"  {name:<16} {summary['rate_at_target']:.3f} req/s ({summary['found']}), hit rate "
+            f"  {name:<16} {summary['rate_at_target']:.3f} req/s ({summary['found']}; the model "
+            f"{summary['model_rate_at_target']:.3f}), hit rate "
             f"{summary['hit_rate']:.3f}, model gaps {[round(g, 3) for g in summary['sim_gaps']]}, "
             f"p95 measured/model {[round(r, 2) for r in summary['p95_measured_over_model']]}"
         )
