@@ -1,5 +1,7 @@
 """`python -m bench.fleet --real`: both routers on a real local Ray Serve cluster, the fleet model beside them.
 
+The cluster and its clients are in bench/fleet_real_run.py; the measuring, the model and the comparison here.
+
 Setup (needs requirements-ray.txt): Ray and Serve on this machine (`serving.cluster.app.local_serve`), one pool of
 `replicas` CPU replicas of the tiny pipeline (one torch thread each; each its own Hub-cache folder, as on a
 machine of its own: `CLUSTER_OWN_HUB_CACHE`), `capacity` adapter sets each, and the stand-in Hub (tests/support)
@@ -24,7 +26,6 @@ others run, which the model (one GPU per replica) does not have.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
 import statistics
@@ -32,12 +33,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
-
-from bench.fleet_model import Catalogue, Costs, Scenario, percentile, request_stream, simulate
+from bench.fleet_model import Costs, Scenario, percentile, request_stream, simulate
 from bench.fleet_policies import make_policy
 from bench.fleet_sweep import latency_curve, max_rate
+
+if TYPE_CHECKING:
+    from bench.fleet_real_run import Cluster
 
 __all__ = ["POLICY_OF", "RealOptions", "RealRun", "measure", "rate_at_target", "scaled_scenario"]
 
@@ -45,7 +48,6 @@ __all__ = ["POLICY_OF", "RealOptions", "RealRun", "measure", "rate_at_target", "
 POLICY_OF = {"ours": "least_finish", "ray_multiplexed": "ray_multiplexed_m1"}
 _SDXL_INFERENCE_S = Costs.inference_s
 _TARGET_S = 13.0
-_TIMEOUT = httpx.Timeout(600.0)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,10 @@ class RealRun:
     inference_s: float
     swap_s: float
     prepare_s: float
+    # Where the tail came from: the p95 of the replica's own time (queue, load, swap, inference: `X-Timing`'s
+    # total) and of the rest of each request's latency (HTTP, the ingress, Serve's routing and backoff).
+    p95_replica_s: float = math.nan
+    p95_outside_s: float = math.nan
 
 
 def scaled_scenario(options: RealOptions, costs: Costs, *, clients: int | None) -> Scenario:
@@ -139,121 +145,6 @@ def rate_at_target(points: Sequence[tuple[float, float]], target_s: float) -> tu
     return r0 + (r1 - r0) * (target_s - p0) / (p1 - p0), "interpolated"
 
 
-class Cluster:
-    """Ray and Serve on this machine, the stand-in Hub and its LoRAs; one application deployed per run."""
-
-    def __init__(self, options: RealOptions, root: Path, hub_port: int) -> None:
-        from engine.families.sdxl import build_tiny_pipeline
-        from tests.support.loras import WEIGHTS, card, peft_file
-        from tests.support.standin_hub import StandInHub
-
-        self.options = options
-        self.hub = StandInHub(root / "hub", port=hub_port)
-        self.hub.start()
-        pipe = build_tiny_pipeline(seed=0)
-        for index in range(options.adapters):
-            self.hub.add_repo(self.repo(index), {"README.md": card(), WEIGHTS: peft_file(pipe, seed=index)})
-        self._runs = 0
-
-    @staticmethod
-    def repo(index: int) -> str:
-        return f"fleet-real/lora-{index:04d}"
-
-    def delay_downloads(self, k: float, seed: int) -> None:
-        sizes = Catalogue(scaled_scenario(self.options, Costs(), clients=None), seed).size_mb
-        for index, size in enumerate(sizes):
-            self.hub.set_download_delay(self.repo(index), size / Costs.bandwidth_mb_s * k)
-
-    def settings(self, router: str):
-        from engine.settings import Settings
-
-        return Settings(
-            model_id="tiny",
-            device="cpu",
-            dtype="float32",
-            cluster_router=router,  # type: ignore[arg-type]
-            cluster_replicas=self.options.replicas,
-            cluster_max_ongoing=1,
-            cluster_adapter_sets=self.options.capacity,
-            cluster_gpus_per_replica=0.0,
-            cluster_cpu_threads=1,
-            cluster_stats_period_s=0.5,
-            cluster_own_hub_cache=True,
-            # The fleet model's replica: one preparation at a time, requests in order.
-            prepare_workers=1,
-            affinity_max_skip=0,
-            previews=False,
-            hub_timeout_s=120.0,
-            log_level="WARNING",
-        )
-
-    def run(
-        self, url: str, router: str, adapters: Sequence[int], gaps: Sequence[float] | None, clients: int = 0
-    ) -> list[Sample]:
-        """Deploy afresh under `router`, replay the stream (open loop at gaps, else closed loop with `clients`,
-        by default the options'), undeploy."""
-        from ray import serve
-
-        from serving.cluster.app import build_app
-
-        self._runs += 1
-        name = f"fleet-real-{self._runs}"
-        serve.run(build_app(self.settings(router)), name=name, route_prefix="/")
-        try:
-            return asyncio.run(self._replay(url, adapters, gaps, clients or self.options.clients))
-        finally:
-            serve.delete(name)
-
-    async def _replay(
-        self, url: str, adapters: Sequence[int], gaps: Sequence[float] | None, clients: int
-    ) -> list[Sample]:
-        samples: list[Sample] = []
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        async with httpx.AsyncClient(timeout=_TIMEOUT, limits=limits) as client:
-
-            async def one(index: int) -> None:
-                samples.append(await self._send(client, url, index, adapters[index]))
-
-            # The warm-up (everything, for a closed-loop run) from the closed-loop clients, as fast as they go.
-            closed_until = len(adapters) if gaps is None else self.options.warmup
-
-            async def closed(first: int) -> None:
-                for index in range(first, closed_until, clients):
-                    await one(index)
-
-            await asyncio.gather(*(closed(c) for c in range(clients)))
-            if gaps is not None:
-                started, at, tasks = time.perf_counter(), 0.0, []
-                for index in range(closed_until, len(adapters)):
-                    at += gaps[index]
-                    await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
-                    tasks.append(asyncio.create_task(one(index)))
-                await asyncio.gather(*tasks)
-        return sorted(samples, key=lambda s: s.index)
-
-    async def _send(self, client: httpx.AsyncClient, url: str, index: int, adapter: int) -> Sample:
-        side, steps = self.options.side, self.options.steps
-        parameters = {"num_inference_steps": steps, "width": side, "height": side, "seed": index}
-        body = {"inputs": "a lighthouse", "parameters": parameters}
-        sent = time.perf_counter()
-        try:
-            answer = await client.post(url, json=body, headers={"lora": self.repo(adapter)})
-        except httpx.HTTPError as e:
-            print(f"request {index} failed: {type(e).__name__}: {e}", flush=True)
-            return Sample(index, sent, time.perf_counter(), 0, False, "", {})
-        done = time.perf_counter()
-        timing = dict(
-            (name, float(value))
-            for name, _, value in (part.partition("=") for part in answer.headers.get("x-timing", "").split(";"))
-            if value
-        )
-        hit = answer.headers.get("x-lora-cache", "").endswith("=hit")
-        return Sample(index, sent, done, answer.status_code, hit, answer.headers.get("x-replica", ""), timing)
-
-    def close(self) -> None:
-        self.hub.stop()
-
-
 def summarise(router: str, rate: float | None, samples: Sequence[Sample], warmup: int) -> RealRun:
     counted = [s for s in samples if s.index >= warmup]
     ok = [s for s in counted if s.status == 200]
@@ -276,11 +167,18 @@ def summarise(router: str, rate: float | None, samples: Sequence[Sample], warmup
         inference_s=mean("inference"),
         swap_s=mean("apply", lambda s: s.timing.get("apply", 0.0) > 0),
         prepare_s=mean("prepare", lambda s: not s.hit),
+        p95_replica_s=_p95([s.timing["total"] for s in ok if "total" in s.timing]),
+        p95_outside_s=_p95([s.latency - s.timing["total"] for s in ok if "total" in s.timing]),
     )
+
+
+def _p95(values: Sequence[float]) -> float:
+    return percentile(sorted(values), 95) if values else math.nan
 
 
 def measure(options: RealOptions, root: Path, hub_port: int, say) -> dict[str, object]:
     """The whole real run: calibration, closed and open loop for both routers, and the model beside each."""
+    from bench.fleet_real_run import Cluster
     from serving.cluster.app import local_serve
     from tests.support.app_server import free_port
 
@@ -422,5 +320,6 @@ def _compare(
 def _row(run: RealRun) -> str:
     return (
         f"{run.completed} ok, {run.failed} failed, hit {run.hit_rate:.3f}, p50 {run.p50_s:.2f} s, "
-        f"p95 {run.p95_s:.2f} s, {run.throughput:.2f} req/s (inference {run.inference_s:.3f} s)"
+        f"p95 {run.p95_s:.2f} s (on the replica {run.p95_replica_s:.2f} s, outside {run.p95_outside_s:.2f} s), "
+        f"{run.throughput:.2f} req/s (inference {run.inference_s:.3f} s)"
     )

@@ -10,7 +10,7 @@ what they hold, load, have on disk and measured; a replica whose report is older
 (it stopped answering Serve's stats calls) is ranked after every other.
 
 Calls other than `generate` (`describe`, `info`, `origin`, `weights`) take no GPU time: they go to the replica
-with the fewest requests from us, at random among equals. Configured by `serving.cluster.shape`.
+with the fewest requests from us, at random among equals, stale ones last. Configured by `serving.cluster.shape`.
 """
 
 from __future__ import annotations
@@ -59,12 +59,14 @@ class LeastFinishRouter(RequestRouter):
         if pending_request is not None:
             # Without this Serve would try the ranks again at once, forever, while every replica is full.
             pending_request.routing_context.should_backoff = True
+        views = self._views(candidate_replicas, now)
         if pending_request is None or pending_request.metadata.call_method != _GENERATE:
+            stale = {v.id: v.stale for v in views}
             counts = {replica: self._ledger.queued(replica)[0] for replica in by_id}
-            order = sorted(by_id, key=lambda r: (counts[r], random.random()))
+            order = sorted(by_id, key=lambda r: (stale[r], counts[r], random.random()))
             return [[by_id[r]] for r in order]
         set_id = pending_request.metadata.multiplexed_model_id
-        choices = rank(self._views(candidate_replicas, now), set_id, self._ledger, self._defaults, now)
+        choices = rank(views, set_id, self._ledger, self._defaults, now)
         best = choices[0]
         self._ledger.send(pending_request.metadata.internal_request_id, best.replica, set_id, best.service_s, now)
         logger.debug("set %s -> %s", set_id, [(c.replica, round(c.finish_s, 3)) for c in choices])
