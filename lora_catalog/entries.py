@@ -14,8 +14,8 @@ from .errors import SnapshotError
 
 __all__ = ["Family", "LoraEntry", "Source", "parse_datetime"]
 
-Source = Literal["hub", "local"]
-_SOURCES: tuple[str, ...] = ("hub", "local")
+Source = Literal["hub", "local", "civitai"]
+_SOURCES: tuple[str, ...] = ("hub", "local", "civitai")
 
 
 class Family(StrEnum):
@@ -56,6 +56,12 @@ class LoraEntry:
     # The pivotal-tuning embeddings file beside the weight file (lora_catalog.pivotal names the rule).
     embeddings_name: str | None = None
     embeddings_size: int | None = None
+    # Where a person reads about it when it has no Hub repo (a Civitai model page).
+    page_url: str | None = None
+    # Recommendations its page states, for the controls (Civitai's clipSkip and recommended LoRA strength:
+    # `strength`, `min_strength`, `max_strength`); this Space does not apply them itself.
+    clip_skip: int | None = None
+    recommended: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (datetimes as ISO 8601 strings, tuples as lists)."""
@@ -68,6 +74,8 @@ class LoraEntry:
                 value = value.isoformat()
             elif isinstance(value, Family):
                 value = value.value
+            if f.name == "recommended":
+                value = dict(self.recommended)
             data[f.name] = value
         return data
 
@@ -108,6 +116,9 @@ class LoraEntry:
             unsupported=_opt_str(data, "unsupported"),
             embeddings_name=_opt_str(data, "embeddings_name"),
             embeddings_size=_int(data, "embeddings_size") if data.get("embeddings_size") is not None else None,
+            page_url=_opt_str(data, "page_url"),
+            clip_skip=_int(data, "clip_skip") or None,
+            recommended=_numbers(data, "recommended"),
         )
 
 
@@ -134,6 +145,14 @@ def _str_tuple(data: Mapping[str, Any], key: str) -> tuple[str, ...]:
     if not isinstance(value, list | tuple):
         return ()
     return tuple(v for v in value if isinstance(v, str))
+
+
+def _numbers(data: Mapping[str, Any], key: str) -> tuple[tuple[str, float], ...]:
+    value = data.get(key)
+    if not isinstance(value, Mapping):
+        return ()
+    numbers = ((k, v) for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool))
+    return tuple((str(k), float(v)) for k, v in numbers if math.isfinite(v))
 
 
 def _int(data: Mapping[str, Any], key: str) -> int:

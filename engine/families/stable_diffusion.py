@@ -20,7 +20,7 @@ from engine.families import unet
 from engine.families.spec import LatentProjection, LoraSignature, PreviewSpec
 from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
 
-__all__ = ["COMPONENTS", "LOAD_OPTIONS", "PREVIEW", "SIGNATURE", "build_tiny_sd", "claims"]
+__all__ = ["COMPONENTS", "LOAD_OPTIONS", "PREVIEW", "SIGNATURE", "VAE_VALUES", "build_tiny_sd", "claims"]
 
 COMPONENTS = ("unet", "text_encoder")
 # Their Hub repos ship a safety checker; a LoRA switchboard serves art, as the SDXL pipeline does.
@@ -29,6 +29,9 @@ LOAD_OPTIONS: tuple[tuple[str, object], ...] = (
     ("feature_extractor", None),
     ("requires_safety_checker", False),
 )
+# The parameter and buffer values of their VAE (`AutoencoderKL`, vae/config.json of stable-diffusion-v1-5 and
+# stable-diffusion-2-1: block_out_channels 128/256/512/512, two layers per block, 4 latent channels).
+VAE_VALUES = 83_653_863
 # ComfyUI, comfy/latent_formats.py, class SD15 (latent_rgb_factors); `supported_models.SD20` uses it too, and
 # TAESD's model card names it compatible with SD 1 and 2 models.
 PREVIEW = PreviewSpec(

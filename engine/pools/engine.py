@@ -76,6 +76,9 @@ class Engine:
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
         # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
         pin = loaded.device.type == "cuda" and not settings.zero_gpu
+        # What the pristine copies may take on the device at most: the residency charges it while the pool is there.
+        touchable = sum(p.nbytes for p in self._table.params)
+        self.pristine_device_bytes = min(settings.pristine_bytes, touchable) if on_device else 0
         patcher = WeightPatcher(
             self._table.params,
             loaded.device if on_device else torch.device("cpu"),
@@ -92,10 +95,11 @@ class Engine:
             pin=pin,
             events=self.events,
         )
-        if disk_cache is None and resolver.uses_hub:
+        if disk_cache is None and (resolver.uses_hub or resolver.civitai_dir is not None):
             disk_cache = DiskCache(
                 settings.disk_cache_bytes,
                 cache_dir=resolver.cache_dir,
+                civitai_dir=resolver.civitai_dir,
                 # The budget is for LoRAs: the served model's own repos are never pruned.
                 keep_repos={settings.model_id, settings.base_model_id, loaded.model_id, settings.vae_id or ""},
                 in_use=self._store.in_use,
@@ -193,7 +197,9 @@ class Engine:
                 resolve_s, prepare_s = resolve_s + ready.resolve_s, prepare_s + ready.prepare_s
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
-                uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
+                uses.append(
+                    AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache, ready.trained_for)
+                )
                 warnings.extend((*adapter.warnings, *ready.warnings))
             check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
             self.events.prepared(time.perf_counter() - started)

@@ -1,22 +1,10 @@
 """From a LoRA reference to an adapter ready in the host cache: the one preparation path, top to bottom.
 
-`Preparer.adapter` takes one LoRA of a request that `requests.normalise_request` has already parsed and
-validated (step 1, once), and runs each remaining step in the module that owns it, in this order:
-
-2. resolve  `resolve.AdapterResolver.locate`  — Hub metadata (cached by the catalogue) or the local file,
-   and the pivotal-tuning embeddings file beside it if there is one (`lora_catalog.pivotal` names it);
-   the size limit is checked here for both, before anything is downloaded.
-3. fetch    `resolve.AdapterResolver.fetch`   — download into the Hub cache (partial downloads never used),
-   and `fetch_embeddings` the same way for the embeddings file.
-4. header   `resolve.AdapterResolver.header`  — the file's safetensors header, read strictly.
-5. check    `origin.check_origin`             — once, with everything known: card, tags, metadata, names, shapes
-   (`engine.families.origin`, the judgement pool routing uses too).
-6. prepare  `adapters.prepare`                — load, convert names with diffusers, match factors to weights;
-   `embeddings.TextEncoders.load` reads and checks the embeddings file against the served text encoders.
-7. store    `store.AdapterStore.add`          — the host cache (LRU by bytes; never evicting leased adapters).
-
-A cached adapter skips 3–7. Steps 3–7 run once per adapter at a time (single-flight per key), so two
-requests for the same cold LoRA download it once.
+`Preparer.adapter` takes one LoRA already parsed and validated by `requests.normalise_request`, then runs
+resolve → fetch → header → check (the one origin judgement) → prepare (diffusers' converters) → store, each in
+the module that owns it; size limits are checked before anything is downloaded. A cached adapter skips all
+but resolve; the rest runs once per adapter at a time (single-flight per key), so two requests for the same
+cold LoRA download it once. Each step and its module: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -52,6 +40,8 @@ class PreparedLora:
     resolve_s: float
     prepare_s: float
     warnings: tuple[str, ...] = ()
+    # The fine-tune it was trained for, when it runs on a pool of another base (see `_trained_for`).
+    trained_for: str | None = None
 
 
 class Preparer:
@@ -86,15 +76,16 @@ class Preparer:
         """Steps 2–7 for one normalised spec; its key is appended to `leased` (the caller releases it)."""
         started = time.perf_counter()
         source = self._resolver.locate(spec)
+        trained_for, warnings = self._trained_for(source)
         self._store.lease([source.key])
         leased.append(source.key)
         cached = self._store.get(source.key)
         if cached is not None:
-            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
+            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, warnings, trained_for)
         with self._key_lock(source.key):
             cached = self._store.get(source.key)
             if cached is not None:
-                return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
+                return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, warnings, trained_for)
             # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
             size = (source.size or 0) + (source.embeddings_size or 0)
             hold = self._gate.hold(size, str(source.key)) if self._gate else nullcontext()
@@ -115,7 +106,19 @@ class Preparer:
             done - fetched,
             fetched - started,
         )
-        return PreparedLora(adapter, "miss", fetched - started, done - fetched, source.warnings)
+        return PreparedLora(adapter, "miss", fetched - started, done - fetched, warnings, trained_for)
+
+    def _trained_for(self, source: AdapterSource) -> tuple[str | None, tuple[str, ...]]:
+        """A LoRA trained for a fine-tune (Civitai's Pony, ...) routed here because no pool serves that fine-tune:
+        the fine-tune's name, and the source's warnings with one saying so; else None and them unchanged."""
+        served = self._served_base.lower()
+        if source.finetune is None or any(base.lower() == served for base in source.declared_bases):
+            return None, source.warnings
+        note = (
+            f"LoRA {source.ref!r} was trained for {source.finetune}, which no pool here serves; it runs on "
+            f"{self._served_base}, a different checkpoint of the same family, so it may look different"
+        )
+        return source.finetune, (*source.warnings, note)
 
     def _load(self, source: AdapterSource) -> tuple[PreparedAdapter, float]:
         label = f"LoRA {source.ref!r}"
@@ -124,7 +127,9 @@ class Preparer:
         fetched = time.perf_counter()
         header = self._resolver.header(source, path)
         shapes = {name: info.shape for name, info in header.tensors.items()}
-        origin = judge_origin(source.declared_bases, lambda: (header.metadata, shapes))
+        origin = judge_origin(
+            source.declared_bases, lambda: (header.metadata, shapes), declared_family=source.declared_family
+        )
         warning = check_origin(label, origin, self._served_base)
         adapter = prepare(
             path,

@@ -35,6 +35,7 @@ from engine.pipeline.loading import load_pipeline
 from engine.pools.engine import Engine
 from engine.pools.pools import lora_origin, pool_info
 from engine.pools.routing import LoraOrigin, PoolInfo
+from engine.prepare.civitai import civitai_files
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import LOCAL_PREFIX, AdapterUse, GenerateResult
 from engine.settings import Settings
@@ -102,6 +103,7 @@ class PoolReplica:
             # A folder of its own under the Hub cache: this replica's disk, as on a machine of its own.
             cache_dir=Path(HF_HUB_CACHE) / f"replica-{self._replica}" if settings.cluster_own_hub_cache else None,
             timeout_s=settings.hub_timeout_s,
+            civitai=civitai_files(settings),
         )
         self._engine = Engine(loaded, settings, resolver)
         self._backend = LocalBackend.of(self._engine)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -15,17 +14,11 @@ from PIL import Image
 
 from engine.errors import InvalidRequestError
 from serving.http.api import lora_from_path, parse_body
-from tests.support.app_server import AppServer, serve_fixture_app
+from tests.support.app_server import AppServer
 from tests.support.loras import WEIGHTS
 
 TIMEOUT = httpx.Timeout(120.0)
 SIZE = {"num_inference_steps": 2, "guidance_scale": 5.0, "width": 64, "height": 64, "seed": 9}
-
-
-@pytest.fixture(scope="module")
-def server(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
-    with serve_fixture_app(loaded, base_settings, hub, fixtures) as served:
-        yield served
 
 
 @pytest.fixture(scope="module")
