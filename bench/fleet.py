@@ -2,7 +2,7 @@
 
     python -m bench.fleet [--adapters 2500] [--replicas 5] [--capacity 16] [--policies random,...]
                           [--swap-json swap.json] [--json PATH] [--plot DIR] [--validate-json FILE]
-    python -m bench.fleet --real [--real-replicas 3] [--real-adapters 300] ... [--json PATH] [--plot DIR]
+    python -m bench.fleet --real [--real-replicas 3] [--real-adapters 100] ... [--json PATH] [--plot DIR]
 
 A discrete-event simulation (simpy) of N adapters with Zipf popularity, Poisson arrivals and R replicas
 each holding K prepared adapters, with costs from stated sources (bench/fleet_model.py, docs/fleet.md).
@@ -15,7 +15,7 @@ model on the same scenario. It then prices the best policy's rate: dollars per 1
 and H100 (bench/fleet_cost.py: list prices and inference times with their sources).
 
 `--real` runs our router and Ray Serve's multiplexed one on a real local cluster of CPU replicas of the tiny
-pipeline instead, with the model beside each run (bench/fleet_real.py); its last line is `fleet_real:
+pipeline instead (about an hour), with the model beside each run (bench/fleet_real.py); its last line is `fleet_real:
 replicas=<R> adapters=<N> ours_rate=<req/s> ray_rate=<req/s> ratio=<ours/ray> hit_ours=<h> hit_ray=<h>
 sim_gap_ours=<gap> sim_gap_ray=<gap>`: the rates held at the scaled p95 target, the open-loop hit rates, and the
 mean gap between measured and simulated hit rates over each router's runs.
