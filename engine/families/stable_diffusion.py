@@ -20,9 +20,23 @@ from engine.families import unet
 from engine.families.spec import LatentProjection, LoraSignature, PreviewSpec
 from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
 
-__all__ = ["COMPONENTS", "LOAD_OPTIONS", "PREVIEW", "SIGNATURE", "VAE_VALUES", "build_tiny_sd", "claims"]
+__all__ = [
+    "COMPONENTS",
+    "CONVERTER",
+    "LOAD_OPTIONS",
+    "PREVIEW",
+    "SIGNATURE",
+    "VAE_VALUES",
+    "build_tiny_sd",
+    "call_arguments",
+    "claims",
+    "served_side",
+]
 
 COMPONENTS = ("unet", "text_encoder")
+CONVERTER = unet.converter(StableDiffusionPipeline)
+served_side = unet.served_side
+call_arguments = unet.call_arguments
 # Their Hub repos ship a safety checker; a LoRA switchboard serves art, as the SDXL pipeline does.
 LOAD_OPTIONS: tuple[tuple[str, object], ...] = (
     ("safety_checker", None),

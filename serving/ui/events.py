@@ -133,7 +133,7 @@ def wire_browsing(
     browser.base.change(
         lambda b: pool_ui.on_base(handlers, b),
         browser.base,
-        [browser.note, request.size, request.steps, request.guidance],
+        [browser.note, request.size, request.steps, request.guidance, request.negative],
         **opts,
     )
     browser.next.click(lambda b, s, o, src, n: browse(b, s, o, src, n + 1), [*filters, page], outputs, **opts)
@@ -158,6 +158,7 @@ def wire_browsing(
             request.size,
             request.steps,
             request.guidance,
+            request.negative,
         ],
         **opts,
     ).then(

@@ -21,16 +21,18 @@ if TYPE_CHECKING:
 __all__ = ["controls", "entry_controls", "on_base", "request_base", "snippets", "status"]
 
 
-def controls(pool: ServedPool | None) -> tuple[Any, Any, Any]:
-    """Size presets, steps and guidance of `pool` (left as they are for None)."""
+def controls(pool: ServedPool | None) -> tuple[Any, Any, Any, Any]:
+    """Size presets, steps, guidance and the negative prompt box of `pool` (which of the last two its model
+    reads), left as they are for None."""
     if pool is None:
-        return gr.skip(), gr.skip(), gr.skip()
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     defaults = pool.defaults
     presets = fmt.size_presets(defaults)
     return (
         gr.Dropdown(choices=presets, value=presets[0][1]),
         gr.Slider(value=defaults.steps),
-        gr.Slider(value=defaults.guidance),
+        gr.Slider(**fmt.guidance_control(defaults)),
+        gr.Textbox(**fmt.negative_control(defaults)),
     )
 
 
@@ -41,7 +43,7 @@ def on_base(handlers: Handlers, base: str) -> tuple[Any, ...]:
     return pool_views.base_note(pools, base or pools[0].base_model_id), *controls(pool)
 
 
-def entry_controls(handlers: Handlers, entry: LoraEntry) -> tuple[str, Any, Any, Any]:
+def entry_controls(handlers: Handlers, entry: LoraEntry) -> tuple[str, Any, Any, Any, Any]:
     """A LoRA picked from the gallery: a warning when no pool serves its family (or, for a fine-tune's Civitai
     LoRA, when it will run on another checkpoint), and its pool's controls."""
     pool = pool_views.pool_for_family(handlers.pools, entry.family)
