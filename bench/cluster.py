@@ -3,6 +3,7 @@
     python -m bench.cluster validate --out docs/cluster-validation.json   # then:
     python -m bench.fleet --validate-json docs/cluster-validation.json
     python -m bench.cluster ongoing --out docs/cluster-ongoing.json --values 1,2
+    python -m bench.cluster coldstart --out docs/cluster-coldstart.json
 
 Needs requirements-ray.txt. Starts a local Ray instance (2 CPUs) with two CPU replicas of the tiny
 pipeline and local synthetic LoRAs, one file per adapter of the scenario.
@@ -15,6 +16,9 @@ requests. Each seed uses its own files, so what earlier seeds left in the caches
 
 `ongoing` saturates the cluster (4 closed-loop clients, twice the replicas) with a Zipf stream over 30
 adapters for each `max_ongoing_requests` value, and reports hit rate and latency percentiles side by side.
+
+`coldstart` deploys a tiny SDXL pool and a tiny SD 1.5 pool scaled to zero, and times the SD 1.5 pool's first
+request (Serve starts its replica) against the next ones, with the replica's own pipeline load and warm-up.
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ def _settings(lora_dir: Path, *, sets: int, ongoing: int):
         device="cpu",
         dtype="float32",
         local_lora_dir=lora_dir,
+        # Both runs measure Serve's own multiplexed router (the fleet model's ray_multiplexed_m<N>).
+        cluster_router="ray_multiplexed",
+        cluster_cpu_threads=1,
         cluster_replicas=2,
         cluster_max_ongoing=ongoing,
         cluster_adapter_sets=sets,
@@ -162,16 +169,64 @@ def _saturate(url: str, loras: Sequence[str], clients: int, warmup: int) -> dict
     }
 
 
+def coldstart(out: Path, port: int, repeats: int) -> dict[str, object]:
+    """Two pools, the SD 1.5 one scaled to zero (autoscaling, `CLUSTER_SCALE_TO_ZERO`): its first request waits for
+    a replica to start (a cold start), the next ones find it warm; the SDXL pool stays up throughout."""
+    from ray import serve
+
+    from engine.pools.specs import PoolSetting
+    from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID, Settings
+    from serving.cluster.app import deployment_name, local_cluster
+
+    settings = Settings(
+        pools=(PoolSetting("tiny", DEFAULT_MODEL_ID), PoolSetting("tiny-sd15", SD15_MODEL_ID)),
+        device="cpu",
+        dtype="float32",
+        cluster_replicas=1,
+        cluster_max_replicas=1,
+        cluster_scale_to_zero=("tiny-sd15",),
+        cluster_gpus_per_replica=0.0,
+        cluster_cpu_threads=1,
+        log_level="WARNING",
+    )
+    body = json.dumps({"inputs": "a fox", "parameters": {"num_inference_steps": _STEPS, "seed": 1}})
+    with local_cluster(settings, port=port) as url, httpx.Client(timeout=_TIMEOUT) as client:
+        pool = serve.status().applications["switchboard"].deployments[deployment_name(SD15_MODEL_ID)]
+        before = pool.replica_states.get("RUNNING", 0)
+        times = []
+        for _ in range(1 + repeats):
+            started = time.perf_counter()
+            answer = client.post(f"{url}models/{SD15_MODEL_ID}", content=body)
+            if answer.status_code != 200:
+                raise RuntimeError(f"the cluster answered {answer.status_code}: {answer.text[:300]}")
+            times.append(time.perf_counter() - started)
+        status = client.get(f"{url}v1/status", params={"base": SD15_MODEL_ID}).json()
+    warm = statistics.median(times[1:])
+    result = {
+        "replicas_before": before,
+        "cold_s": round(times[0], 2),
+        "warm_median_s": round(warm, 3),
+        "pipeline_load_s": round(status["load_s"], 2),
+        "pipeline_warmup_s": round(status["warmup_s"], 2),
+        # What the cold start costs beyond the pipeline: Serve's scale-up, the actor's process and imports.
+        "serve_and_process_s": round(times[0] - warm - status["load_s"] - status["warmup_s"], 2),
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", choices=("validate", "ongoing"))
+    parser.add_argument("run", choices=("validate", "ongoing", "coldstart"))
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--values", default="1,2", help="max_ongoing_requests values for `ongoing`")
     parser.add_argument("--requests", type=int, default=220, help="requests per value for `ongoing`")
     parser.add_argument("--clients", type=int, default=4, help="closed-loop clients for `ongoing`")
     args = parser.parse_args(argv)
-    if args.run == "validate":
+    if args.run == "coldstart":
+        print(f"cluster: coldstart {coldstart(args.out, args.port, repeats=5)} -> {args.out}")
+    elif args.run == "validate":
         result = validate(args.out, args.port)
         print(f"cluster: measured_hit_rate={result['measured_hit_rate']:.3f} -> {args.out}")
     else:

@@ -2,6 +2,7 @@
 
     python -m bench.fleet [--adapters 2500] [--replicas 5] [--capacity 16] [--policies random,...]
                           [--swap-json swap.json] [--json PATH] [--plot DIR] [--validate-json FILE]
+    python -m bench.fleet --real [--real-replicas 3] [--real-adapters 100] ... [--json PATH] [--plot DIR]
 
 A discrete-event simulation (simpy) of N adapters with Zipf popularity, Poisson arrivals and R replicas
 each holding K prepared adapters, with costs from stated sources (bench/fleet_model.py, docs/fleet.md).
@@ -10,7 +11,14 @@ the replicas hold with p95 within the target (13 s: the reference service's tota
 line is `fleet: adapters=<N> replicas=<R> best_policy=<name> max_rate_at_p95_13s=<req/s>
 vs_random=<ratio> hit_rate=<h> sim_vs_ray_hit_rate_gap=<gap or na>`, where hit_rate is the best
 policy's at its highest rate and the gap compares a measured Ray Serve run (--validate-json) with the
-model on the same scenario.
+model on the same scenario. It then prices the best policy's rate: dollars per 1,000 images on A10G, L40S
+and H100 (bench/fleet_cost.py: list prices and inference times with their sources).
+
+`--real` runs our router and Ray Serve's multiplexed one on a real local cluster of CPU replicas of the tiny
+pipeline instead (about an hour), with the model beside each run (bench/fleet_real.py); its last line is `fleet_real:
+replicas=<R> adapters=<N> ours_rate=<req/s> ray_rate=<req/s> ratio=<ours/ray> hit_ours=<h> hit_ray=<h>
+sim_gap_ours=<gap> sim_gap_ray=<gap>`: the rates held at the scaled p95 target, the open-loop hit rates, and the
+mean gap between measured and simulated hit rates over each router's runs.
 """
 
 from __future__ import annotations
@@ -24,12 +32,17 @@ if __package__ in (None, ""):  # run as `python bench/fleet.py`
 import argparse
 import dataclasses
 import json
+import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 
+from bench.fleet_cost import GPUS, gpu_costs
 from bench.fleet_model import Costs, RunResult, Scenario
 from bench.fleet_policies import POLICIES, make_policy
+from bench.fleet_real import RealOptions, measure
 from bench.fleet_sweep import Validation, latency_curve, max_rate, validate, validation_spec
+from bench.serve import hub_environment
 
 __all__ = ["main", "run"]
 
@@ -48,6 +61,16 @@ def _policies(text: str) -> tuple[str, ...]:
     if "random" not in names:
         raise argparse.ArgumentTypeError(f"{text!r} lacks random; accepted: a list with random (the baseline)")
     return names
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        fractions = tuple(float(f) for f in text.split(",") if f.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}; accepted: comma-separated numbers > 0") from e
+    if not fractions or min(fractions) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not accepted; accepted: comma-separated numbers > 0")
+    return fractions
 
 
 def _swap_from_json(path: Path) -> tuple[float, float]:
@@ -84,8 +107,23 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--plot", type=Path, dest="plot_dir", help="write the JSON and its plots (PNG) into this folder")
     add("--validate-json", type=Path, help="a measured Ray Serve run (see --validation-spec) to compare with")
     add("--validation-spec", action="store_true", help="print the validation scenario as JSON and exit")
+    add("--no-cost", action="store_true", help="skip the cost per 1,000 images on A10G, L40S and H100")
+    real = RealOptions()
+    add("--real", action="store_true", help="both routers on a real local Ray Serve cluster (bench/fleet_real.py)")
+    add("--real-replicas", type=int, default=real.replicas, help=f"--real: CPU replicas (default {real.replicas})")
+    add("--real-adapters", type=int, default=real.adapters, help=f"--real: LoRAs (default {real.adapters})")
+    add("--real-capacity", type=int, default=real.capacity, help=f"--real: sets per replica (default {real.capacity})")
+    add("--real-warmup", type=int, default=real.warmup, help=f"--real: warm-up requests (default {real.warmup})")
+    add("--real-requests", type=int, default=real.requests, help=f"--real: measured requests (default {real.requests})")
+    add("--real-steps", type=int, default=real.steps, help=f"--real: denoising steps (default {real.steps})")
+    add(
+        "--real-fractions",
+        type=_fractions,
+        default=real.fractions,
+        help=f"--real: open-loop rates, fractions of saturation (default {','.join(map(str, real.fractions))})",
+    )
     args = parser.parse_args(argv)
-    for name in ("adapters", "replicas", "capacity", "requests"):
+    for name in ("adapters", "replicas", "capacity", "requests", "real_replicas", "real_adapters", "real_capacity"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)} is too small; accepted: 1 or more")
     for name in ("inference_s", "bandwidth_mbs", "swap_ms", "target_p95"):
@@ -173,6 +211,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             f"validation: measured hit rate {validation.measured_hit_rate:.3f}, simulated "
             f"{validation.simulated_hit_rate:.3f}, gap {validation.gap:.3f}"
         )
+    gpu = []
+    if not args.no_cost and best_name != "none":
+        _say(f"\ncost per 1,000 images within p95 <= {target:g} s, {scenario.replicas} replicas, {best_name}:")
+        gpu = [dataclasses.asdict(c) for c in gpu_costs(scenario, best_name, target, args.seed, _say)]
     line = (
         f"fleet: adapters={scenario.adapters} replicas={scenario.replicas} best_policy={best_name} "
         f"max_rate_at_p95_{target:g}s={found[winner].rate:.3f} "
@@ -191,6 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "vs_random": vs_random,
         "validation": None if validation is None else {**dataclasses.asdict(validation), "gap": validation.gap},
         "validation_spec": validation_spec(),
+        "cost": {"gpus": [dataclasses.asdict(g) for g in GPUS], "per_gpu": gpu},
         "wall_s": round(time.perf_counter() - began, 1),
         "final_line": line,
     }
@@ -207,12 +250,64 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     return results
 
 
+def run_real(args: argparse.Namespace) -> dict[str, object]:
+    """`--real`: the cluster run of bench/fleet_real.py, its report and its last line."""
+    options = RealOptions(
+        replicas=args.real_replicas,
+        adapters=args.real_adapters,
+        capacity=args.real_capacity,
+        warmup=args.real_warmup,
+        requests=args.real_requests,
+        steps=args.real_steps,
+        fractions=args.real_fractions,
+        seed=args.seed,
+    )
+    root = Path(tempfile.mkdtemp(prefix="fleet-real-"))
+    try:
+        hub_port = hub_environment(root)  # before anything imports huggingface_hub
+        results = measure(options, root, hub_port, _say)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    routers = results["routers"]
+    ours, ray = routers["ours"], routers["ray_multiplexed"]  # type: ignore[index]
+    ratio = ours["rate_at_target"] / ray["rate_at_target"] if ray["rate_at_target"] else None
+    _say(f"\nrate held at p95 <= {results['target_p95_s']:.2f} s (13 s scaled by k={results['k']:.4f}):")
+    for name, summary in routers.items():  # type: ignore[attr-defined]
+        _say(
+            f"  {name:<16} {summary['rate_at_target']:.3f} req/s ({summary['found']}; the model "
+            f"{summary['model_rate_at_target']:.3f}), hit rate "
+            f"{summary['hit_rate']:.3f}, model gaps {[round(g, 3) for g in summary['sim_gaps']]}, "
+            f"p95 measured/model {[round(r, 2) for r in summary['p95_measured_over_model']]}"
+        )
+    line = (
+        f"fleet_real: replicas={options.replicas} adapters={options.adapters} "
+        f"ours_rate={ours['rate_at_target']:.3f} ray_rate={ray['rate_at_target']:.3f} "
+        f"ratio={'na' if ratio is None else f'{ratio:.2f}'} hit_ours={ours['hit_rate']:.3f} "
+        f"hit_ray={ray['hit_rate']:.3f} sim_gap_ours={ours['sim_gap']:.3f} sim_gap_ray={ray['sim_gap']:.3f}"
+    )
+    results = {**results, "ratio": ratio, "final_line": line}
+    _say(f"the whole run took {results['wall_s']:.0f} s")
+    if args.json_path is not None:
+        args.json_path.write_text(json.dumps(results, indent=2))
+        _say(f"wrote {args.json_path}")
+    if args.plot_dir is not None:
+        from bench.plots import save_with_plots
+
+        for path in save_with_plots(results, args.plot_dir, "fleet-real"):
+            _say(f"wrote {path}")
+    _say(line)
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     if args.validation_spec:
         print(json.dumps(validation_spec(), indent=2))
         return 0
     try:
+        if args.real:
+            run_real(args)
+            return 0
         run(args)
     except ValueError as e:
         raise SystemExit(f"bench.fleet: {e}") from e

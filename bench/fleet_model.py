@@ -88,6 +88,8 @@ class Scenario:
     warmup: int = 12000  # requests run before measuring: the disks reach their steady state
     requests: int = 9000  # requests measured
     clients: int | None = None  # closed loop with this many clients instead of Poisson arrivals
+    # Poisson arrivals after a warm-up sent by this many closed-loop clients (fast, as a real cluster can afford)
+    warmup_clients: int | None = None
     costs: Costs = field(default_factory=Costs)
 
     def __post_init__(self) -> None:
@@ -98,6 +100,8 @@ class Scenario:
             raise ValueError("warmup, disk_gb and zipf must not be negative")
         if self.clients is not None and self.clients < 1:
             raise ValueError(f"clients={self.clients} is too small; accepted: 1 or more, or None for Poisson")
+        if self.warmup_clients is not None and self.warmup_clients < 1:
+            raise ValueError(f"warmup_clients={self.warmup_clients} is too small; accepted: 1 or more, or None")
 
     @property
     def saturation_rate(self) -> float:
@@ -299,6 +303,16 @@ class Fleet:
             yield self.env.timeout(gap / rate)
             self.env.process(self.policy.route(self, Request(index, adapter, self.env.now)))
 
+    def _warm_then_poisson(self, rate: float, adapters: Sequence[int], gaps: Sequence[float]) -> Generator:
+        """The warm-up from closed-loop clients, then the measured requests at `rate` once it is over."""
+        warmup, clients = self.scenario.warmup, self.scenario.warmup_clients or 1
+        yield self.env.all_of(
+            [self.env.process(self._client(range(c, warmup, clients), adapters)) for c in range(clients)]
+        )
+        for index in range(warmup, len(adapters)):
+            yield self.env.timeout(gaps[index] / rate)
+            self.env.process(self.policy.route(self, Request(index, adapters[index], self.env.now)))
+
     def _client(self, indices: Sequence[int], adapters: Sequence[int]) -> Generator:
         for index in indices:
             done = self.env.event()
@@ -310,7 +324,9 @@ class Fleet:
         total = self.scenario.warmup + self.scenario.requests
         adapters, gaps = request_stream(self.scenario, seed)
         clients = self.scenario.clients
-        if clients is None:
+        if clients is None and self.scenario.warmup_clients is not None:
+            self.env.process(self._warm_then_poisson(rate, adapters, gaps))
+        elif clients is None:
             self.env.process(self._poisson(rate, adapters, gaps))
         else:
             for client in range(clients):

@@ -3,7 +3,8 @@
     python -m bench.plots RESULTS.json... --out DIR
 
 Knows bench.swap's JSON (swap time against rank: ours, the floor, diffusers' hotswap and the reference
-cycle), bench.fleet's (latency and hit rate against arrival rate per policy) and a serving benchmark's
+cycle), bench.fleet's (latency and hit rate against arrival rate per policy; with --real, measured on a
+cluster beside the model) and a serving benchmark's
 (`{"benchmark": "serve", "latencies_s": {mode: [seconds, ...]}}`: the latency distribution per mode).
 A benchmark's `--plot DIR` writes its JSON into DIR and then draws the plots from that file.
 """
@@ -28,6 +29,7 @@ Results = Mapping[str, Any]
 
 __all__ = [
     "fleet_latency_plot",
+    "fleet_real_plot",
     "fleet_series",
     "main",
     "plot_json",
@@ -130,6 +132,46 @@ def fleet_latency_plot(results: Results, path: Path) -> Path:
     return path
 
 
+def fleet_real_plot(results: Results, path: Path) -> Path:
+    """bench.fleet --real: each router's measured p95 and hit rate against the rate (markers), the fleet model's
+    on the same scenario (lines), the scaled p95 target, and the rate each router holds at it (stars)."""
+    target = float(results["target_p95_s"])
+    options = results["options"]
+    figure = Figure(figsize=(11, 4.6), layout="constrained")
+    latency, hits = figure.subplots(1, 2, width_ratios=(3, 2))
+    for index, (router, summary) in enumerate(results["routers"].items()):
+        color = f"C{index}"
+        measured = sorted(
+            (r["measured"]["rate"], r["measured"]["p95_s"], r["measured"]["hit_rate"])
+            for r in results["runs"]
+            if r["measured"]["router"] == router and r["measured"]["rate"] is not None
+        )
+        model = sorted((r["rate"], r["p95_s"], r["hit_rate"]) for r in summary["model_curve"])
+        latency.plot([m[0] for m in model], [m[1] for m in model], "--", color=color, label=f"{router}: model p95")
+        latency.plot([m[0] for m in measured], [m[1] for m in measured], "o", color=color, label=f"{router}: measured")
+        hits.plot([m[0] for m in model], [m[2] for m in model], "--", color=color, label=f"{router}: model")
+        hits.plot([m[0] for m in measured], [m[2] for m in measured], "o", color=color, label=f"{router}: measured")
+        if summary["rate_at_target"]:
+            latency.plot([summary["rate_at_target"]], [target], marker="*", markersize=14, color=color)
+    latency.axhline(target, color="black", linewidth=1, label=f"p95 target {target:.2f} s (13 s scaled)")
+    latency.set_yscale("log")
+    latency.set_xlabel("arrival rate (requests/s); star: the rate held at the target, interpolated")
+    latency.set_ylabel("p95 latency (s, log scale)")
+    latency.set_title(
+        f"Real Ray Serve cluster: {options['adapters']} LoRAs on {options['replicas']} CPU replicas "
+        f"x {options['capacity']} sets (tiny pipeline)"
+    )
+    latency.grid(True, which="both", alpha=0.3)
+    latency.legend(fontsize="x-small", ncol=2)
+    hits.set_xlabel("arrival rate (requests/s)")
+    hits.set_ylabel("hit rate (adapter already prepared)")
+    hits.set_ylim(0, 1)
+    hits.grid(True, alpha=0.3)
+    hits.legend(fontsize="x-small")
+    figure.savefig(path, dpi=_DPI)
+    return path
+
+
 def serve_latency_plot(latencies_s: Mapping[str, Sequence[float]], path: Path, title: str = "") -> Path:
     """The serving benchmark's hook: each mode's latency distribution as an empirical CDF."""
     if not latencies_s or any(not samples for samples in latencies_s.values()):
@@ -160,11 +202,15 @@ def plot_json(json_path: Path, out_dir: Path) -> list[Path]:
     kind = results.get("benchmark") if isinstance(results, dict) else None
     if kind == "fleet":
         return [fleet_latency_plot(results, out_dir / f"{stem}-latency.png")]
+    if kind == "fleet_real":
+        return [fleet_real_plot(results, out_dir / f"{stem}-latency.png")]
     if kind == "serve":
         return [serve_latency_plot(results["latencies_s"], out_dir / f"{stem}-latency.png", results.get("title", ""))]
     if kind is None and isinstance(results, dict) and {"rows", "headline"} <= set(results):  # bench.swap's JSON
         return [swap_rank_plot(results, out_dir / f"{stem}-by-rank.png")]
-    raise ValueError(f"{json_path} is not a result this module knows; accepted: bench.swap, bench.fleet or serve JSON")
+    raise ValueError(
+        f"{json_path} is not a result this module knows; accepted: bench.swap, bench.fleet (--real) or serve JSON"
+    )
 
 
 def save_with_plots(results: Results, out_dir: Path, stem: str) -> list[Path]:

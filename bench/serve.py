@@ -162,7 +162,7 @@ def parse(argv: Sequence[str] | None) -> Options:
     )
 
 
-def _environment(root: Path) -> int:
+def hub_environment(root: Path) -> int:
     """Point huggingface_hub at a stand-in Hub before anything imports it; returns the Hub's port."""
     from tests.support.app_server import free_port
 
@@ -184,7 +184,7 @@ def _environment(root: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    port = _environment(root)
+    port = hub_environment(root)
     from bench.serve_run import Bench
 
     bench = Bench(options, root, port)

@@ -167,6 +167,13 @@ def _url(value: str | None) -> str | None:
     return value.rstrip("/")
 
 
+def _names(value: object) -> object:
+    """A comma-separated list (`a, b`) as a tuple of its non-empty items."""
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    return value
+
+
 def _nsfw_level(value: object) -> object:
     return value.strip().upper().replace("-", "") if isinstance(value, str) else value
 
@@ -281,6 +288,22 @@ class Settings(BaseModel):
     cluster_max_ongoing: Annotated[int, Field(ge=1, le=64), Env("CLUSTER_MAX_ONGOING")] = 1
     cluster_adapter_sets: Annotated[int, Field(ge=1, le=4096), Env("CLUSTER_ADAPTER_SETS")] = 16
     cluster_gpus_per_replica: Annotated[float, Field(ge=0.0, le=8.0), Env("CLUSTER_GPUS_PER_REPLICA")] = 1.0
+    # Where a pool's requests go (serving/cluster/policy.py): `ours` (the fleet model's least_finish) or Ray
+    # Serve's own multiplexed router; replicas report what `ours` reads every CLUSTER_STATS_PERIOD_S seconds.
+    cluster_router: Annotated[Literal["ours", "ray_multiplexed"], _Stripped, Env("CLUSTER_ROUTER")] = "ours"
+    cluster_stats_period_s: Annotated[float, Field(ge=0.05, le=60.0), Env("CLUSTER_STATS_PERIOD_S")] = 1.0
+    # torch threads per replica; 0: one per core of the node, as torch outside Ray (Ray gives an actor that asks
+    # for no CPUs one thread, which makes a CPU replica slow and its floats differ from a process with more).
+    cluster_cpu_threads: Annotated[int, Field(ge=0, le=512), Env("CLUSTER_CPU_THREADS")] = 0
+    # Autoscaling by queue depth (serving/cluster/shape.py): 0 keeps CLUSTER_REPLICAS per pool; otherwise each
+    # pool runs CLUSTER_REPLICAS to this many replicas (0 to it for the pools named in CLUSTER_SCALE_TO_ZERO),
+    # aiming at CLUSTER_TARGET_ONGOING requests per replica.
+    cluster_max_replicas: Annotated[int, Field(ge=0, le=1024), Env("CLUSTER_MAX_REPLICAS")] = 0
+    cluster_target_ongoing: Annotated[float, Field(ge=0.01, le=64.0), Env("CLUSTER_TARGET_ONGOING")] = 0.5
+    cluster_scale_to_zero: Annotated[tuple[str, ...], BeforeValidator(_names), Env("CLUSTER_SCALE_TO_ZERO")] = ()
+    # Each replica downloads into its own Hub-cache folder, as replicas on separate machines would (for measuring
+    # a cluster on one machine: bench.fleet --real); off, replicas on one node share its Hub cache.
+    cluster_own_hub_cache: Annotated[_Bool, Env("CLUSTER_OWN_HUB_CACHE")] = False
     # Gradio's own variables, read here so nothing else reads the environment; a Space sets both.
     server_name: Annotated[str, Env("GRADIO_SERVER_NAME")] = "0.0.0.0"
     server_port: Annotated[int, Field(ge=1, le=65535), Env("GRADIO_SERVER_PORT")] = 7860

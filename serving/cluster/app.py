@@ -7,16 +7,17 @@
 
 The ingress (`serving.cluster.ingress`) answers the Space's HTTP contract; each pool's replicas
 (`serving.cluster.replica`) run the Space's engine, with the request's adapter set as Serve's multiplexed
-model id, so requests for a LoRA go where it is already prepared. The shape comes from the settings:
-`CLUSTER_REPLICAS` per pool, `CLUSTER_MAX_ONGOING` requests per replica, `CLUSTER_ADAPTER_SETS` sets
-held per replica, `CLUSTER_GPUS_PER_REPLICA` (0 for CPU replicas).
+model id. Each pool's router (`CLUSTER_ROUTER`) is ours (`serving.cluster.router`: the replica where the
+request is expected to finish first) or Serve's multiplexed one. The shape comes from the settings
+(`serving.cluster.shape`): `CLUSTER_REPLICAS` per pool or autoscaling up to `CLUSTER_MAX_REPLICAS`,
+`CLUSTER_ADAPTER_SETS` sets held per replica, `CLUSTER_GPUS_PER_REPLICA` (0 for CPU replicas),
+`CLUSTER_CPU_THREADS` torch threads each.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,8 +29,9 @@ from ray.serve.exceptions import ReplicaUnavailableError
 from engine.settings import Settings
 from serving.cluster.ingress import Ingress
 from serving.cluster.replica import PoolReplica
+from serving.cluster.shape import deployment_name, pool_options
 
-__all__ = ["app", "build_app", "deployment_name", "local_cluster", "main"]
+__all__ = ["app", "build_app", "deployment_name", "local_cluster", "local_serve", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +39,9 @@ logger = logging.getLogger(__name__)
 def build_app(settings: Settings) -> Application:
     """The Serve application for `settings`; nothing is loaded until Serve starts the replicas."""
     pools = []
-    # MODELS (or MODEL_ID as one pool), the default first: one deployment each.
+    # MODELS (or MODEL_ID as one pool), the default first: one deployment each, shaped by serving.cluster.shape.
     for spec in settings.pool_settings:
-        deployment = serve.deployment(
-            name=deployment_name(spec.base_model_id),
-            num_replicas=settings.cluster_replicas,
-            max_ongoing_requests=settings.cluster_max_ongoing,
-            ray_actor_options={"num_cpus": 0, "num_gpus": settings.cluster_gpus_per_replica},
-        )(PoolReplica)
+        deployment = serve.deployment(**pool_options(settings, spec))(PoolReplica)
         pool_settings = settings.for_pool(spec)
         pools.append((spec.model_id, spec.base_model_id, deployment.bind(pool_settings, settings.cluster_adapter_sets)))
     # The ingress only parses and forwards; the default of 5 ongoing requests would queue work it can pass on.
@@ -54,8 +51,9 @@ def build_app(settings: Settings) -> Application:
 
 
 @contextmanager
-def local_cluster(settings: Settings, *, port: int, num_cpus: int = 2, name: str = "switchboard") -> Iterator[str]:
-    """Start Ray on this machine, deploy `build_app(settings)` on `port`, yield its URL; shut all down after.
+def local_serve(*, port: int, num_cpus: int = 2) -> Iterator[str]:
+    """Start Ray and Serve on this machine, yield the HTTP URL; shut both down after. No application yet:
+    `serve.run(build_app(settings), name=..., route_prefix="/")` deploys one (`local_cluster` does).
 
     For tests and benchmarks: worker processes get the Hub variables of this process (a stand-in Hub's endpoint),
     since Ray starts them from its own daemon; they import this project as installed (`pip install -e .`).
@@ -66,16 +64,18 @@ def local_cluster(settings: Settings, *, port: int, num_cpus: int = 2, name: str
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(settings), name=name, route_prefix="/")
         yield f"http://127.0.0.1:{port}/"
     finally:
         serve.shutdown()
         ray.shutdown()
 
 
-def deployment_name(base_model_id: str) -> str:
-    """A pool's deployment name: its base id with what Serve does not accept in names replaced."""
-    return "pool-" + re.sub(r"[^A-Za-z0-9_-]+", "-", base_model_id).strip("-")
+@contextmanager
+def local_cluster(settings: Settings, *, port: int, num_cpus: int = 2, name: str = "switchboard") -> Iterator[str]:
+    """`local_serve` with `build_app(settings)` deployed at its root."""
+    with local_serve(port=port, num_cpus=num_cpus) as url:
+        serve.run(build_app(settings), name=name, route_prefix="/")
+        yield url
 
 
 def main() -> None:

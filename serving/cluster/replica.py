@@ -8,6 +8,10 @@ The multiplexed model id is a request's adapter set (`wire.adapter_set_id`). Ser
 `AdapterPin`: while Serve holds it, the engine keeps the set's prepared adapters cached (a lease), and when
 Serve evicts it (calling `__del__`), the engine lets them go, so the engine's cache and Serve's LRU hold the
 same adapters and a "hit" in `X-Lora-Cache` means what Serve's routing thinks it means.
+
+Serve asks each replica for its routing stats (`record_routing_stats`): its `SetBook` (`serving.cluster.stats`)
+of the sets it holds, loads and has on disk, and its measured costs, which our router reads. Each replica runs
+torch on `CLUSTER_CPU_THREADS` threads, set here rather than left to Ray's one thread for an actor without CPUs.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.constants import HF_HUB_CACHE
 
 from engine.errors import SwitchboardError
 from engine.formats.adapters import AdapterKey
@@ -35,6 +42,7 @@ from engine.requests import LOCAL_PREFIX, AdapterUse, GenerateResult
 from engine.settings import Settings
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
+from serving.cluster.stats import SetBook
 from serving.cluster.wire import WIRE, Answer, encode_png, request_from_json, result_to_json, spec_from_json
 from serving.errors import json_error
 from serving.http.api import encode_image, result_headers
@@ -47,9 +55,10 @@ logger = logging.getLogger(__name__)
 class AdapterPin:
     """Serve's model object for one adapter set: holds the set's adapters in the engine's cache until evicted."""
 
-    def __init__(self, engine: Engine, set_id: str) -> None:
+    def __init__(self, engine: Engine, set_id: str, book: SetBook) -> None:
         self._engine = engine
         self.set_id = set_id
+        self._book = book
         self._lock = threading.Lock()
         self._keys: tuple[AdapterKey, ...] = ()
 
@@ -60,6 +69,7 @@ class AdapterPin:
                 return
             old, self._keys = self._keys, keys
         self._engine.hold(keys)
+        self._book.held(self.set_id)
         if old:
             self._engine.let_go(old)
 
@@ -69,6 +79,7 @@ class AdapterPin:
             keys, self._keys = self._keys, ()
         if keys:
             logger.info("adapter set %s evicted by Serve; releasing %d adapters", self.set_id, len(keys))
+            self._book.evicted(self.set_id)
             self._engine.let_go(keys)
 
 
@@ -80,6 +91,9 @@ class PoolReplica:
         from ray import serve
 
         logging.basicConfig(level=settings.log_level_number)
+        # Deliberately: Ray starts an actor that asks for no CPUs with one thread (OMP_NUM_THREADS=1).
+        torch.set_num_threads(settings.cluster_cpu_threads or os.cpu_count() or 1)
+        self._replica = serve.get_replica_context().replica_id.unique_id
         loaded = load_pipeline(settings, warm=not settings.zero_gpu)
         hub = HubSource(token=settings.hf_token, timeout_s=settings.hub_timeout_s)
         resolver = AdapterResolver(
@@ -87,38 +101,51 @@ class PoolReplica:
             local_dir=settings.local_lora_dir,
             token=settings.hf_token,
             max_bytes=settings.max_adapter_bytes,
+            # A folder of its own under the Hub cache: this replica's disk, as on a machine of its own.
+            cache_dir=Path(HF_HUB_CACHE) / f"replica-{self._replica}" if settings.cluster_own_hub_cache else None,
             timeout_s=settings.hub_timeout_s,
             civitai=civitai_files(settings),
         )
         self._engine = Engine(loaded, settings, resolver)
         self._backend = LocalBackend.of(self._engine)
-        self._replica = serve.get_replica_context().replica_id.unique_id
+        # What this replica holds, loads, has on disk and measured: its routing stats for our router.
+        self._book = SetBook()
 
         async def pin(set_id: str) -> AdapterPin:
-            return AdapterPin(self._engine, set_id)
+            return AdapterPin(self._engine, set_id, self._book)
 
         # Wired here, not as a decorated method, so the capacity is a setting; Serve detects it on the instance.
         self._pin: Callable[[str], Awaitable[AdapterPin]] = serve.multiplexed(max_num_models_per_replica=adapter_sets)(
             pin
         )
-        logger.info("replica %s serves %s with %d adapter sets", self._replica, settings.model_id, adapter_sets)
+        logger.info(
+            "replica %s serves %s with %d adapter sets on %d torch threads",
+            self._replica,
+            settings.model_id,
+            adapter_sets,
+            torch.get_num_threads(),
+        )
 
     async def generate(self, document: dict, media_type: str) -> Answer:
         """Generate one request; errors of the tree become their JSON answer, anything else propagates.
 
         Serve cancels the call when the caller goes away: the request leaves the queue or stops at its next step.
         """
+        from ray import serve
+
+        set_id = serve.get_multiplexed_model_id()
+        self._book.started(set_id)
+        result = None
         try:
             request = request_from_json(document)
-            from ray import serve
-
-            set_id = serve.get_multiplexed_model_id()
             pin = await self._pin(set_id) if set_id else None
             result = await self._backend.generate(request)
         except SwitchboardError as e:
             # The very bytes the Space answers with.
             error = json_error(e)
             return Answer(error.status_code, WIRE, bytes(error.body))
+        finally:
+            self._book.finished(set_id, result)
         if pin is not None:
             # The set as this request resolved it (a revision that moved swaps the old keys out).
             pin.hold(tuple(_key(use) for use in result.adapters))
@@ -146,6 +173,10 @@ class PoolReplica:
             return Answer(error.status_code, WIRE, bytes(error.body))
         return Answer(200, WIRE, _json(_plain(found)))
 
+    async def record_routing_stats(self) -> dict[str, object]:
+        """Serve's routing stats (every CLUSTER_STATS_PERIOD_S): what our router reads (`serving.cluster.stats`)."""
+        return self._book.report()
+
     async def info(self) -> PoolInfo:
         """What the ingress routes by: this pool's base, family and widths."""
         return pool_info(self._engine)
@@ -166,7 +197,7 @@ class PoolReplica:
         return await asyncio.to_thread(self._weights)
 
     def _weights(self) -> tuple[str, str, tuple[str, ...]]:
-        self._engine.close()  # puts the base back under the engine's lock; the next request re-applies its set
+        self._engine.restore_base_weights()  # under the engine's lock; it keeps serving, the next request fuses its set
         cached = tuple(str(c.key) for c in self._engine.status().cached)
         return self._replica, weights_digest(self._engine.loaded.pipe), cached
 

@@ -96,5 +96,6 @@ def test_serve_latency_hook(tmp_path):
 
 def test_an_unknown_json_is_refused_by_name(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
-    with pytest.raises(SystemExit, match=r"other\.json: .* accepted: bench\.swap, bench\.fleet or serve JSON"):
+    accepted = r"accepted: bench\.swap, bench\.fleet \(--real\) or serve JSON"
+    with pytest.raises(SystemExit, match=rf"other\.json: .* {accepted}"):
         plots.main([str(tmp_path / "other.json"), "--out", str(tmp_path)])

@@ -1,0 +1,326 @@
+"""`python -m bench.fleet --real`: both routers on a real local Ray Serve cluster, the fleet model beside them.
+
+The cluster and its clients are in bench/fleet_real_run.py; the measuring, the model and the comparison here.
+
+Setup (needs requirements-ray.txt): Ray and Serve on this machine (`serving.cluster.app.local_serve`), one pool of
+`replicas` CPU replicas of the tiny pipeline (one torch thread each; each its own Hub-cache folder, as on a
+machine of its own: `CLUSTER_OWN_HUB_CACHE`), `capacity` adapter sets each, and the stand-in Hub (tests/support)
+holding one tiny LoRA per adapter. Each file's download is delayed by what an SDXL LoRA of its drawn size (the
+fleet model's catalogue for the seed: log-uniform 20-900 MB) takes at 100 MB/s, times k = T / 8.5 s, where T is
+the tiny pipeline's inference time measured on the cluster first: the tiny model stands for SDXL on an A10G,
+scaled in time, and so does the p95 target (13 s x k).
+
+Each run deploys the application afresh (new replicas: empty caches and disks) with `CLUSTER_ROUTER=ours` or
+`ray_multiplexed`, on the same Ray cluster, and replays `bench.fleet_model.request_stream` for the seed: the same
+adapters (and gaps) for both routers. Closed loop: `clients` clients, client c sending requests c, c + clients,
+... one after another. Open loop: the warm-up requests from those clients (as fast as the replicas go: a
+steady state of disks and caches in minutes rather than hours), then Poisson arrivals at a rate, at fractions of
+saturation (every replica busy with inference alone), the same rates for both routers. Measured after the
+warm-up: p50/p95 from send to answer, and the hit rate (`X-Lora-Cache`). The fleet model then runs the same
+scenario (same seed, requests, warm-up and rates; the costs the cluster measured: inference, swap, prepare)
+for each policy, to compare hit rates and p95s. A few hundred measured requests make a p95 (the 15th slowest
+of 300) and so the rate at the target noisy: the model itself, run over other seeds of this scenario, finds
+ratios from 1.2 to 2. And CPU replicas sharing cores are not GPUs: a replica's inference slows while the
+others run, which the model (one GPU per replica) does not have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.fleet_model import Costs, Scenario, percentile, request_stream, simulate
+from bench.fleet_policies import make_policy
+from bench.fleet_sweep import latency_curve, max_rate
+
+if TYPE_CHECKING:
+    from bench.fleet_real_run import Cluster
+
+__all__ = ["POLICY_OF", "RealOptions", "RealRun", "measure", "rate_at_target", "scaled_scenario"]
+
+# Our router is the fleet model's least_finish; Serve's multiplexed router with one slot is ray_multiplexed_m1.
+POLICY_OF = {"ours": "least_finish", "ray_multiplexed": "ray_multiplexed_m1"}
+_SDXL_INFERENCE_S = Costs.inference_s
+_TARGET_S = 13.0
+
+
+@dataclass(frozen=True)
+class RealOptions:
+    replicas: int = 3
+    adapters: int = 100
+    capacity: int = 4
+    # The published run's sizes (docs/fleet.md): about an hour on 2 shared cores.
+    warmup: int = 200
+    requests: int = 250
+    clients: int = 6  # closed loop: for the warm-up of every run, and for the closed-loop runs
+    steps: int = 2
+    side: int = 64
+    # Open-loop rates for both routers, as fractions of saturation (every replica busy with inference alone).
+    fractions: tuple[float, ...] = (0.1, 0.17, 0.24)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Sample:
+    index: int
+    sent: float
+    done: float
+    status: int
+    hit: bool
+    replica: str
+    timing: dict[str, float]
+
+    @property
+    def latency(self) -> float:
+        return self.done - self.sent
+
+
+@dataclass(frozen=True)
+class RealRun:
+    """One run on the cluster: a router, a workload (a rate, or closed loop), what was measured after warm-up."""
+
+    router: str
+    rate: float | None  # offered req/s; None for closed loop
+    completed: int
+    failed: int
+    hit_rate: float
+    p50_s: float
+    p95_s: float
+    throughput: float
+    inference_s: float
+    swap_s: float
+    prepare_s: float
+    # Where the tail came from: the p95 of the replica's own time (queue, load, swap, inference: `X-Timing`'s
+    # total) and of the rest of each request's latency (HTTP, the ingress, Serve's routing and backoff).
+    p95_replica_s: float = math.nan
+    p95_outside_s: float = math.nan
+
+
+def scaled_scenario(options: RealOptions, costs: Costs, *, clients: int | None) -> Scenario:
+    return Scenario(
+        adapters=options.adapters,
+        replicas=options.replicas,
+        capacity=options.capacity,
+        disk_gb=1e6,  # each replica's own Hub-cache folder keeps every file it downloaded
+        zipf=1.1,
+        warmup=options.warmup,
+        requests=options.requests,
+        clients=clients,
+        # Open loop: the warm-up is sent by the closed-loop clients first, as fast as the replicas go.
+        warmup_clients=options.clients if clients is None else None,
+        costs=costs,
+    )
+
+
+def scaled_costs(inference_s: float, swap_s: float, prepare_s: float) -> Costs:
+    """The model's costs for the cluster: its measured steps, and downloads as SDXL's scaled by k = T / 8.5 s."""
+    k = inference_s / _SDXL_INFERENCE_S
+    return Costs(
+        inference_s=inference_s,
+        swap_cpu_s=swap_s,
+        swap_scale=1.0,
+        prepare_base_s=prepare_s,
+        prepare_s_per_mb=0.0,  # the tiny files cost the same to prepare whatever size they stand for
+        bandwidth_mb_s=Costs.bandwidth_mb_s / k,
+    )
+
+
+def rate_at_target(points: Sequence[tuple[float, float]], target_s: float) -> tuple[float, str]:
+    """The highest rate with p95 within `target_s`, interpolated between measured (rate, p95) points; with how it
+    was found: "interpolated", "lower bound" (every rate tried was within) or "none" (none was)."""
+    ordered = sorted(points)
+    within = [(rate, p95) for rate, p95 in ordered if p95 <= target_s]
+    if not within:
+        return 0.0, "none"
+    last = within[-1]
+    above = [(rate, p95) for rate, p95 in ordered if rate > last[0] and p95 > target_s]
+    if not above:
+        return last[0], "lower bound"
+    (r0, p0), (r1, p1) = last, above[0]
+    return r0 + (r1 - r0) * (target_s - p0) / (p1 - p0), "interpolated"
+
+
+def summarise(router: str, rate: float | None, samples: Sequence[Sample], warmup: int) -> RealRun:
+    counted = [s for s in samples if s.index >= warmup]
+    ok = [s for s in counted if s.status == 200]
+    latencies = sorted(s.latency for s in ok)
+    span = max(s.done for s in ok) - min(s.sent for s in ok) if ok else 0.0
+
+    def mean(name: str, where=lambda s: True) -> float:
+        values = [s.timing[name] for s in ok if name in s.timing and where(s)]
+        return statistics.fmean(values) if values else math.nan
+
+    return RealRun(
+        router=router,
+        rate=rate,
+        completed=len(ok),
+        failed=len(counted) - len(ok),
+        hit_rate=sum(s.hit for s in ok) / len(ok) if ok else math.nan,
+        p50_s=percentile(latencies, 50) if latencies else math.nan,
+        p95_s=percentile(latencies, 95) if latencies else math.nan,
+        throughput=len(ok) / span if span else 0.0,
+        inference_s=mean("inference"),
+        swap_s=mean("apply", lambda s: s.timing.get("apply", 0.0) > 0),
+        prepare_s=mean("prepare", lambda s: not s.hit),
+        p95_replica_s=_p95([s.timing["total"] for s in ok if "total" in s.timing]),
+        p95_outside_s=_p95([s.latency - s.timing["total"] for s in ok if "total" in s.timing]),
+    )
+
+
+def _p95(values: Sequence[float]) -> float:
+    return percentile(sorted(values), 95) if values else math.nan
+
+
+def measure(options: RealOptions, root: Path, hub_port: int, say) -> dict[str, object]:
+    """The whole real run: calibration, closed and open loop for both routers, and the model beside each."""
+    from bench.fleet_real_run import Cluster
+    from serving.cluster.app import local_serve
+    from tests.support.app_server import free_port
+
+    began = time.perf_counter()
+    cluster = Cluster(options, root, hub_port)
+    runs: list[RealRun] = []
+    try:
+        with local_serve(port=free_port(), num_cpus=2) as url:
+            say(f"cluster up in {time.perf_counter() - began:.0f} s; calibrating on {options.adapters} LoRAs")
+            calibration = _calibrate(cluster, url)
+            service_s = calibration["service_s"]
+            k = service_s / _SDXL_INFERENCE_S
+            target = _TARGET_S * k
+            say(f"calibration {calibration}: k={k:.4f}, p95 target {target:.2f} s")
+            cluster.delay_downloads(k, options.seed)
+            costs = scaled_costs(service_s, calibration["swap_s"], calibration["prepare_s"])
+            say(f"the model predicts {_predicted_rates(options, costs, target)} req/s at the target")
+            # One grid of rates for both routers: their p95s compare at each rate.
+            saturation = options.replicas / service_s
+            rates = [round(fraction * saturation, 3) for fraction in options.fractions]
+            adapters, gaps = request_stream(scaled_scenario(options, costs, clients=None), options.seed)
+            for router in POLICY_OF:
+                samples = cluster.run(url, router, adapters, None)
+                runs.append(summarise(router, None, samples, options.warmup))
+                say(f"{router} closed loop ({options.clients} clients): {_row(runs[-1])}")
+                for rate in rates:
+                    samples = cluster.run(url, router, adapters, [gap / rate for gap in gaps])
+                    runs.append(summarise(router, rate, samples, options.warmup))
+                    say(f"{router} at {rate} req/s: {_row(runs[-1])}")
+    finally:
+        cluster.close()
+    measured = _measured_costs(runs, costs, calibration["overhead_s"])
+    results = _compare(options, runs, measured, target, k, time.perf_counter() - began, say)
+    return {**results, "calibration": calibration}
+
+
+def _calibrate(cluster: Cluster, url: str) -> dict[str, float]:
+    """The tiny model's service time, what 8.5 s stands for: no download delays yet, one client per replica
+    (the replicas share this machine's cores, so a replica's inference is slower while the others run, as it
+    will be under load), 12 LoRAs (misses: their preparation and swap), then the same 12 three times (hits:
+    inference and swap on the replica, plus the overhead outside it: HTTP, the ingress, Serve's routing)."""
+    replicas = cluster.options.replicas
+    samples = cluster.run(url, "ours", [*range(12)] * 4, None, clients=replicas)
+    misses, hits = [s for s in samples[:12] if s.status == 200], [s for s in samples[12:] if s.status == 200]
+    if len(hits) < 18:
+        raise RuntimeError(f"the calibration got {len(hits)} of 36 answers; the cluster does not serve")
+    work = statistics.median(s.timing["inference"] + s.timing["apply"] for s in hits)
+    overhead = statistics.median(s.latency - s.timing["total"] for s in hits)
+    return {
+        "service_s": round(work + overhead, 4),
+        "inference_s": round(statistics.median(s.timing["inference"] for s in hits), 4),
+        "overhead_s": round(overhead, 4),
+        "swap_s": round(statistics.median(s.timing["apply"] for s in misses), 4),
+        "prepare_s": round(statistics.median(s.timing["prepare"] for s in misses), 4),
+    }
+
+
+def _predicted_rates(options: RealOptions, costs: Costs, target: float) -> dict[str, float]:
+    """What the model predicts: its highest rate within the target, the median over five seeds (one seed's few
+    hundred requests make it noisy); a tenth of saturation when it finds none."""
+    scenario = scaled_scenario(options, costs, clients=None)
+    rates = {}
+    for router, policy in POLICY_OF.items():
+        found = [
+            max_rate(scenario, policy, latency_curve(scenario, policy, seed), target, seed).rate
+            for seed in range(options.seed, options.seed + 5)
+        ]
+        rates[router] = round(statistics.median(found) or 0.1 * scenario.saturation_rate, 3)
+    return rates
+
+
+def _measured_costs(runs: Sequence[RealRun], fallback: Costs, overhead_s: float) -> Costs:
+    """The model's costs as the runs measured them; inference with the per-request overhead outside the replica's
+    work (HTTP, the ingress, Serve's routing), which a client waits for as it waits for inference."""
+
+    def mean(name: str, default: float) -> float:
+        values = [getattr(r, name) for r in runs if not math.isnan(getattr(r, name))]
+        return statistics.fmean(values) if values else default
+
+    return dataclasses.replace(
+        fallback,
+        inference_s=mean("inference_s", fallback.inference_s - overhead_s) + overhead_s,
+        swap_cpu_s=mean("swap_s", fallback.swap_cpu_s),
+        prepare_base_s=mean("prepare_s", fallback.prepare_base_s),
+    )
+
+
+def _compare(
+    options: RealOptions, runs: list[RealRun], costs: Costs, target: float, k: float, wall: float, say
+) -> dict[str, object]:
+    """The model on each run's workload, the gaps, and each router's rate at the target."""
+    rows, result = [], {}
+    for run in runs:
+        scenario = scaled_scenario(options, costs, clients=None if run.rate is not None else options.clients)
+        sim = simulate(scenario, make_policy(POLICY_OF[run.router]), run.rate or 1.0, options.seed)
+        rows.append({"measured": dataclasses.asdict(run), "simulated": dataclasses.asdict(sim)})
+        say(
+            f"{run.router:<16} {'closed' if run.rate is None else f'{run.rate:.3f}':>7}  hit {run.hit_rate:.3f} "
+            f"(model {sim.hit_rate:.3f})  p95 {run.p95_s:.2f} s (model {sim.p95_s:.2f} s)"
+        )
+    for router in POLICY_OF:
+        mine = [row for row in rows if row["measured"]["router"] == router]
+        gaps = [abs(row["measured"]["hit_rate"] - row["simulated"]["hit_rate"]) for row in mine]
+        points = [(row["measured"]["rate"], row["measured"]["p95_s"]) for row in mine if row["measured"]["rate"]]
+        rate, how = rate_at_target(points, target)
+        open_loop = [row for row in mine if row["measured"]["rate"] is not None]
+        p95_ratios = [row["measured"]["p95_s"] / row["simulated"]["p95_s"] for row in open_loop]
+        model = scaled_scenario(options, costs, clients=None)
+        predicted = max((row["measured"]["rate"] for row in open_loop), default=1.0)
+        curve = [
+            simulate(model, make_policy(POLICY_OF[router]), round(f * predicted / 1.2, 4), options.seed)
+            for f in (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4)
+        ]
+        policy = POLICY_OF[router]
+        result[router] = {
+            "model_rate_at_target": max_rate(
+                model, policy, latency_curve(model, policy, options.seed), target, options.seed
+            ).rate,
+            "model_curve": [dataclasses.asdict(r) for r in curve],
+            "rate_at_target": rate,
+            "found": how,
+            "hit_rate": statistics.fmean(row["measured"]["hit_rate"] for row in open_loop),
+            "sim_gap": statistics.fmean(gaps),
+            "sim_gaps": gaps,
+            "p95_measured_over_model": p95_ratios,
+        }
+    return {
+        "benchmark": "fleet_real",
+        "options": dataclasses.asdict(options),
+        "k": k,
+        "target_p95_s": target,
+        "costs": dataclasses.asdict(costs),
+        "runs": rows,
+        "routers": result,
+        "wall_s": round(wall, 1),
+    }
+
+
+def _row(run: RealRun) -> str:
+    return (
+        f"{run.completed} ok, {run.failed} failed, hit {run.hit_rate:.3f}, p50 {run.p50_s:.2f} s, "
+        f"p95 {run.p95_s:.2f} s (on the replica {run.p95_replica_s:.2f} s, outside {run.p95_outside_s:.2f} s), "
+        f"{run.throughput:.2f} req/s (inference {run.inference_s:.3f} s)"
+    )

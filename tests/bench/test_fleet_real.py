@@ -1,0 +1,86 @@
+"""bench.fleet --real's arithmetic without a cluster (the cluster run itself needs Ray: docs/fleet.md), and the
+fleet model's cost per 1,000 images."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from bench import plots
+from bench.fleet_cost import GPUS, gpu_costs
+from bench.fleet_model import Costs, Scenario, simulate
+from bench.fleet_policies import make_policy
+from bench.fleet_real import POLICY_OF, RealOptions, RealRun, _compare, rate_at_target, scaled_costs, scaled_scenario
+from tests.bench.test_plots import is_png
+
+SMALL = RealOptions(replicas=2, adapters=40, capacity=3, warmup=40, requests=120, clients=2)
+
+
+def test_the_rate_at_the_target_is_interpolated_between_the_rates_measured():
+    assert rate_at_target([(1.0, 0.5), (2.0, 0.7), (3.0, 1.1)], 0.9) == (pytest.approx(2.5), "interpolated")
+    assert rate_at_target([(2.0, 0.7), (1.0, 0.5)], 0.9) == (2.0, "lower bound")
+    assert rate_at_target([(1.0, 1.5), (2.0, 2.0)], 0.9) == (0.0, "none")
+
+
+def test_the_tiny_model_stands_for_sdxl_scaled_in_time():
+    costs = scaled_costs(inference_s=0.425, swap_s=0.004, prepare_s=0.03)
+    k = 0.425 / Costs.inference_s
+    # A 231 MB file takes 2.31 s at 100 MB/s for SDXL's 8.5 s image; k of that for the tiny one.
+    assert costs.download_s(231.0) == pytest.approx(2.31 * k)
+    assert (costs.swap_s, costs.prepare_s(900.0)) == (pytest.approx(0.004), pytest.approx(0.03))
+    scenario = scaled_scenario(SMALL, costs, clients=None)
+    assert (scenario.replicas, scenario.adapters, scenario.capacity, scenario.clients) == (2, 40, 3, None)
+
+
+def run(router: str, rate: float | None, hit: float, p95: float) -> RealRun:
+    return RealRun(router, rate, 120, 0, hit, p95 / 2, p95, 1.0, 0.4, 0.004, 0.03)
+
+
+def test_each_run_is_set_beside_the_model_and_drawn(tmp_path):
+    costs = scaled_costs(inference_s=0.4, swap_s=0.004, prepare_s=0.03)
+    runs = [
+        run("ours", None, 0.5, 0.6),
+        run("ours", 1.0, 0.45, 0.5),
+        run("ours", 2.0, 0.40, 0.9),
+        run("ray_multiplexed", None, 0.5, 0.6),
+        run("ray_multiplexed", 0.5, 0.45, 0.5),
+        run("ray_multiplexed", 1.0, 0.35, 0.9),
+    ]
+    said: list[str] = []
+    results = _compare(SMALL, runs, costs, target=0.7, k=0.05, wall=1.0, say=said.append)
+    assert len(results["runs"]) == 6 and len(said) == 6
+    for router, summary in results["routers"].items():
+        assert summary["rate_at_target"] == pytest.approx(1.5 if router == "ours" else 0.75)
+        assert summary["hit_rate"] == pytest.approx(0.425 if router == "ours" else 0.40)
+        assert len(summary["sim_gaps"]) == 3 and summary["sim_gap"] == pytest.approx(sum(summary["sim_gaps"]) / 3)
+        assert all(math.isfinite(r) for r in summary["p95_measured_over_model"])
+        assert [row["policy"] for row in summary["model_curve"]] == [POLICY_OF[router]] * 7
+    (json_path, png) = plots.save_with_plots(results, tmp_path, "fleet-real")
+    assert json.loads(json_path.read_text())["benchmark"] == "fleet_real" and is_png(png)
+
+
+def test_faster_gpus_hold_more_within_the_target_and_each_price_is_per_1000_images():
+    scenario = Scenario(adapters=60, replicas=2, capacity=4, warmup=100, requests=400)
+    said: list[str] = []
+    costs = gpu_costs(scenario, "least_finish", 13.0, 0, said.append)
+    assert [c.gpu for c in costs] == [g.name for g in GPUS] == ["A10G", "L40S", "H100"]
+    assert costs[0].rate < costs[1].rate < costs[2].rate
+    for cost in costs:
+        assert cost.dollars_per_1000 == pytest.approx(2 * cost.dollars_per_hour / (cost.rate * 3600) * 1000)
+    assert len(said) == 3 and all("per 1,000 images" in line for line in said)
+    assert dataclasses.asdict(costs[0])["inference_s"] == 8.5
+
+
+def test_the_model_can_warm_up_from_closed_loop_clients_then_measure_poisson_arrivals():
+    costs = scaled_costs(inference_s=1.0, swap_s=0.01, prepare_s=0.05)
+    scenario = scaled_scenario(SMALL, costs, clients=None)
+    assert scenario.warmup_clients == SMALL.clients
+    warm = simulate(scenario, make_policy("least_finish"), 0.3, seed=1)
+    cold = simulate(dataclasses.replace(scenario, warmup_clients=None), make_policy("least_finish"), 0.3, seed=1)
+    assert warm.completed == cold.completed == SMALL.requests
+    assert warm != cold  # the same requests, another warm-up: other disks and caches when measuring starts
+    with pytest.raises(ValueError, match="warmup_clients=0 is too small"):
+        dataclasses.replace(scenario, warmup_clients=0)
