@@ -115,7 +115,7 @@ class WeightPatcher:
                     weight.copy_(base, non_blocking=True)
                     base = weight
                 fuse(weight, base, plan[index], self._scratch)
-                ok = torch.isfinite(weight).all()
+                ok = _finite(weight)
                 finite = ok if finite is None else finite.logical_and_(ok)
             # One read back for the whole set: finite factors can still overflow the weight's dtype once fused.
             if finite is not None and not bool(finite):
@@ -125,7 +125,7 @@ class WeightPatcher:
             raise
 
     def _overflow(self, plan: dict[int, list[tuple[LayerUpdate, float]]], active: Sequence[ActiveAdapter]) -> Exception:
-        bad = [i for i in sorted(plan) if not bool(torch.isfinite(self._params[i]).all())]
+        bad = [i for i in sorted(plan) if not bool(_finite(self._params[i]))]
         dtype = str(self._params[bad[0]].dtype).removeprefix("torch.")
         loras = ", ".join(f"{a.adapter.key.name!r}×{a.scale:g}" for a in active)
         return LimitExceededError(
@@ -194,3 +194,13 @@ class WeightPatcher:
         if self._pristine_device.type == "cpu" and pin:
             copy = copy.pin_memory()
         return copy
+
+
+def _finite(weight: torch.Tensor) -> torch.Tensor:
+    """Whether every value of `weight` is finite, as a 0-d bool tensor (no sync).
+
+    Its extremes say so (`aminmax` propagates NaN, and an infinity is an extreme), read in one reduction:
+    `isfinite(weight).all()` writes a bool tensor the size of the weight first, which measured 41 ms against
+    1.5 ms for a 13 M-value bf16 weight on 2 CPU cores, five times the fuse it checks (bench.swap showed it).
+    """
+    return torch.isfinite(torch.stack(torch.aminmax(weight))).all()
