@@ -30,6 +30,7 @@ from serving.backends.remote import RemoteBackend
 from serving.cluster import ingress as ingress_module
 from serving.cluster.ingress import Ingress
 from serving.cluster.replica import PoolReplica
+from serving.cluster.stats import SetBook
 from serving.cluster.wire import WIRE, Answer, pools_to_json
 from tests.support.app_server import serve_asgi
 from tests.support.loras import SD15, SDXL
@@ -205,6 +206,7 @@ def cluster(make_engine, fake_ray) -> Iterator[tuple[str, object, object]]:
     engine = make_engine()
     replica = object.__new__(PoolReplica)
     replica._engine, replica._backend, replica._replica = engine, LocalBackend.of(engine), "replica-1"
+    replica._book = SetBook()  # what its generate reports to the router
     ingress = Ingress([("m", SDXL, ReplicaHandle(replica))])
 
     async def app(scope, receive, send) -> None:
