@@ -12,15 +12,17 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from engine.errors import InvalidRequestError, LimitExceededError
+from engine.samplers import SchedulerOptions, choose_scheduler, menu, sampler_label
 from lora_catalog import refs
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
 __all__ = [
+    "MAX_IMAGES",
     "AdapterUse",
     "CheckedRequest",
     "GenerateRequest",
@@ -28,16 +30,21 @@ __all__ = [
     "Limits",
     "LoraSpec",
     "ModelDefaults",
+    "Suggested",
     "Timings",
     "normalise_loras",
     "normalise_request",
     "parse_ref",
+    "seeds_of",
 ]
 
 MAX_SEED = 2**32 - 1
+# Images one request may ask for (consecutive seeds, one denoising batch where memory allows).
+MAX_IMAGES = 4
 SCALE_RANGE = (-2.0, 2.0)
 GUIDANCE_RANGE = (0.0, 30.0)
 LOCAL_PREFIX = refs.LOCAL_PREFIX
+T = TypeVar("T")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
@@ -63,17 +70,40 @@ class GenerateRequest:
     width: float | None = None
     height: float | None = None
     seed: float | None = None
+    # A sampler by the name people know ("DPM++ 2M Karras": engine.samplers) or a diffusers scheduler class the
+    # pool accepts (`ModelDefaults.schedulers`); None: the pool's own scheduler.
+    scheduler: str | None = None
+    # (option, value) pairs set on that scheduler (`engine.samplers.OPTION_VALUES`), where its class has them.
+    scheduler_options: tuple[tuple[str, object], ...] = ()
+    # Text-encoder layers skipped, as diffusers' `pipe(..., clip_skip=N)` counts them (A1111's "Clip skip 2" is 1).
+    clip_skip: float | None = None
+    # Images with consecutive seeds from `seed` (1 to MAX_IMAGES).
+    num_images: float | None = None
 
 
 @dataclass(frozen=True)
 class CheckedRequest(GenerateRequest):
-    """A request `normalise_request` has checked: whole numbers in range, defaults filled, a concrete seed."""
+    """A request `normalise_request` has checked: whole numbers in range, defaults filled, a concrete seed.
+
+    `scheduler` is a class name the pool accepts, or None for the pool's own; `sampler` names what runs either
+    way (the recipe's `Sampler:`). `defaults_from` says where each default that is not the pool's came from.
+    """
 
     steps: int = 0
     guidance: float = 0.0
     width: int = 0
     height: int = 0
     seed: int = 0
+    scheduler_options: SchedulerOptions = ()
+    clip_skip: int = 0
+    num_images: int = 1
+    sampler: str = ""
+    defaults_from: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """Each image's seed: consecutive from `seed` (wrapping within the seed range)."""
+        return seeds_of(self.seed, self.num_images)
 
 
 # The tiny pipelines make 64-128 px images; the smallest real base (SD 1.5) makes 512 px ones.
@@ -82,24 +112,51 @@ TINY_MAX_SIDE = 128
 
 @dataclass(frozen=True)
 class ModelDefaults:
-    """The served model's request defaults, and the (width, height) presets the UI offers (its family's)."""
+    """The served model's request defaults, the (width, height) presets the UI offers (its family's), its
+    scheduler class, the scheduler classes a request may name, and the largest `clip_skip` (0: none taken)."""
 
     steps: int
     guidance: float
     side: int
     max_side: int
     sizes: tuple[tuple[int, int], ...] = ()
+    scheduler: str = ""
+    schedulers: tuple[str, ...] = ()
+    max_clip_skip: int = 0
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples
         # here, once; without any (an older peer) the square of the default side is the one preset.
         sizes = tuple((int(w), int(h)) for w, h in self.sizes) or ((self.side, self.side),)
         object.__setattr__(self, "sizes", sizes)
+        object.__setattr__(self, "schedulers", tuple(self.schedulers))
 
     @property
     def is_tiny(self) -> bool:
         """The one rule for "this is a tiny test model": its default image side (no real base is under 512)."""
         return self.side <= TINY_MAX_SIDE
+
+    @property
+    def sampler(self) -> str:
+        """The name of the pool's own scheduler ("Euler" for SDXL's)."""
+        return sampler_label(self.scheduler, ()) if self.scheduler else ""
+
+    @property
+    def samplers(self) -> tuple[str, ...]:
+        """The sampler names a request may use here (the UI's menu)."""
+        return menu(self.schedulers)
+
+
+@dataclass(frozen=True)
+class Suggested:
+    """Defaults a request's LoRAs bring (a speed LoRA's sampler, steps and guidance; a card's recommendations):
+    they take the place of the pool's where the client set nothing. `sources` says where each came from."""
+
+    steps: int | None = None
+    guidance: float | None = None
+    scheduler: str | None = None
+    clip_skip: int | None = None
+    sources: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,6 +164,7 @@ class Limits:
     max_loras: int
     max_steps: int
     max_prompt_chars: int
+    max_images: int = MAX_IMAGES
 
 
 @dataclass(frozen=True)
@@ -133,6 +191,9 @@ class AdapterUse:
 
 @dataclass(frozen=True)
 class GenerateResult:
+    """What a run made: the first image and its seed, and for a request of several the rest (their seeds follow
+    on: `seeds`)."""
+
     image: Image
     seed: int
     request: CheckedRequest
@@ -140,6 +201,20 @@ class GenerateResult:
     adapters: tuple[AdapterUse, ...] = ()
     swapped: bool = False
     warnings: tuple[str, ...] = ()
+    more_images: tuple[Image, ...] = ()
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        return (self.image, *self.more_images)
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return seeds_of(self.seed, len(self.images))
+
+
+def seeds_of(seed: int, count: int) -> tuple[int, ...]:
+    """`count` consecutive seeds from `seed`, wrapping within 0..MAX_SEED (each a valid request seed)."""
+    return tuple((seed + i) % (MAX_SEED + 1) for i in range(count))
 
 
 def parse_ref(ref: object) -> tuple[Literal["hub", "local"], str]:
@@ -152,16 +227,31 @@ def parse_ref(ref: object) -> tuple[Literal["hub", "local"], str]:
         raise InvalidRequestError(f"{e}; or a local LoRA as 'local:<file>.safetensors'") from e
 
 
-def normalise_request(request: GenerateRequest, defaults: ModelDefaults, limits: Limits) -> CheckedRequest:
-    """Check every field and fill defaults; returns a new request with a concrete seed."""
+def normalise_request(
+    request: GenerateRequest, defaults: ModelDefaults, limits: Limits, suggested: Suggested | None = None
+) -> CheckedRequest:
+    """Check every field and fill defaults (the LoRAs' `suggested` ones before the pool's); returns a new request
+    with a concrete seed."""
+    suggested = suggested or Suggested()
     prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=False)
     negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
     loras = _loras(request.loras, limits.max_loras)
-    steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
-    guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
+    steps = _int("steps", request.steps, _first(suggested.steps, defaults.steps), 1, limits.max_steps)
+    guidance = _float("guidance", request.guidance, _first(suggested.guidance, defaults.guidance), *GUIDANCE_RANGE)
     width = _side("width", request.width, defaults)
     height = _side("height", request.height, defaults)
     seed = _int("seed", request.seed, secrets.randbelow(MAX_SEED + 1), 0, MAX_SEED)
+    named = request.scheduler if request.scheduler is not None else suggested.scheduler
+    scheduler, options = choose_scheduler(named, request.scheduler_options, defaults.scheduler, defaults.schedulers)
+    clip_skip = _clip_skip(request.clip_skip, _first(suggested.clip_skip, 0), defaults)
+    num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
+    set_by_client = {
+        "steps": request.steps,
+        "guidance": request.guidance,
+        "scheduler": request.scheduler,
+        "clip_skip": request.clip_skip,
+    }
+    sources = tuple((field, source) for field, source in suggested.sources if set_by_client.get(field) is None)
     return CheckedRequest(
         prompt=prompt,
         negative_prompt=negative,
@@ -171,7 +261,25 @@ def normalise_request(request: GenerateRequest, defaults: ModelDefaults, limits:
         width=width,
         height=height,
         seed=seed,
+        scheduler=scheduler,
+        scheduler_options=options,
+        clip_skip=clip_skip,
+        num_images=num_images,
+        sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
+        defaults_from=sources,
     )
+
+
+def _first(suggested: T | None, default: T) -> T:
+    return default if suggested is None else suggested
+
+
+def _clip_skip(value: object, default: int, defaults: ModelDefaults) -> int:
+    if defaults.max_clip_skip == 0:
+        if value not in (None, 0):
+            raise InvalidRequestError(f"clip_skip={value!r} is not accepted: this pool's model takes no CLIP skip")
+        return 0
+    return _int("clip_skip", value, min(default, defaults.max_clip_skip), 0, defaults.max_clip_skip)
 
 
 def normalise_loras(value: object, limit: int) -> tuple[LoraSpec, ...]:

@@ -117,6 +117,13 @@ class FamilySpec:
     build_tiny: TinyBuilder
     # Extra `from_pretrained` arguments (SD 1.x/2.x: no safety checker).
     load_options: tuple[tuple[str, object], ...] = ()
+    # Scheduler classes a request may name beyond the pipeline's `scheduler.compatibles` (LCM, TCD).
+    extra_schedulers: tuple[str, ...] = ()
+    # The largest `clip_skip` a loaded pipeline takes (its text encoders' depth); None: the family takes none.
+    max_clip_skip: Callable[[Pipeline], int] | None = None
+    # Readies a run's own shallow copy of the pipeline for `clip_skip` (a library mismatch worked around on the
+    # copy, never on the pool's pipeline: see the family's function); None: nothing to do.
+    prepare_clip_skip: Callable[[Pipeline], None] | None = None
 
     def size_presets(self, side: int, max_side: int) -> tuple[tuple[int, int], ...]:
         """The buckets scaled to `side` (to multiples of 64), after the square, those no larger than `max_side`."""

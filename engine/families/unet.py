@@ -13,7 +13,11 @@ from collections.abc import Mapping
 
 from engine.families.spec import Module, Shapes, Widths
 
-__all__ = ["is_unet_name", "lora_widths", "pipeline_widths"]
+__all__ = ["SPEED_SCHEDULERS", "is_unet_name", "lora_widths", "pipeline_widths"]
+
+# Schedulers beyond their pipelines' `scheduler.compatibles` that the UNet families run: the speed LoRAs' own
+# (diffusers' LCM-LoRA and TCD guides set them on SD 1.5 and SDXL pipelines with `from_config`).
+SPEED_SCHEDULERS = ("LCMScheduler", "TCDScheduler")
 
 # Compared lower-cased.
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".down.weight", "_lora.down.weight")

@@ -15,6 +15,7 @@ from engine.errors import SettingsError
 from engine.families.registry import FamilySpec, family_spec
 from engine.families.spec import fit_presets
 from engine.families.tiny import TINY_SIZES, build_tiny
+from engine.pipeline.schedulers import offered_schedulers
 from engine.requests import ModelDefaults
 from engine.settings import Settings
 
@@ -95,7 +96,15 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
     load_s = time.perf_counter() - started
     side = int(getattr(pipe, family.denoiser).config.sample_size) * int(pipe.vae_scale_factor)
     max_side = min(settings.max_side, max(2 * side, 256))
-    defaults = ModelDefaults(steps=family.steps, guidance=family.guidance, side=side, max_side=max_side)
+    defaults = ModelDefaults(
+        steps=family.steps,
+        guidance=family.guidance,
+        side=side,
+        max_side=max_side,
+        scheduler=type(pipe.scheduler).__name__,
+        schedulers=offered_schedulers(pipe.scheduler, family.extra_schedulers),
+        max_clip_skip=family.max_clip_skip(pipe) if family.max_clip_skip is not None else 0,
+    )
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
         defaults = dataclasses.replace(defaults, steps=4, sizes=fit_presets(side, TINY_SIZES, max_side))

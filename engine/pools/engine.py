@@ -27,6 +27,7 @@ from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, P
 from engine.pipeline.inference import engine_error, infer
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
+from engine.pipeline.schedulers import check_scheduler, run_pipeline
 from engine.pools.scheduler import Scheduler
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.preparation import PreparedLora, Preparer
@@ -174,6 +175,7 @@ class Engine:
         """Validate the request and make its adapters ready, leased until the returned release is called."""
         started = time.perf_counter()
         normalised = normalise_request(request, self.loaded.defaults, self._limits)
+        check_scheduler(normalised)
         leased: list[AdapterKey] = []
         try:
             adapters: list[tuple[PreparedAdapter, float]] = []
@@ -295,8 +297,8 @@ class Engine:
         try:
             swapped, apply_s = self._fused.swap(prepared.adapters)
             inferred = time.perf_counter()
-            image = infer(
-                self.loaded.pipe,
+            images = infer(
+                run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family),
                 prepared.request,
                 tokenizers=self._fused.tokenizers,
                 progress=progress,
@@ -323,10 +325,13 @@ class Engine:
             total=done - prepared.started,
         )
         logger.info(
-            "generated %dx%d in %d steps with %s: apply %.1f ms, inference %.2f s, total %.2f s (waited %.2f s)",
+            "generated %d× %dx%d in %d steps (%s) with %s: apply %.1f ms, inference %.2f s, total %.2f s "
+            "(waited %.2f s)",
+            len(images),
             prepared.request.width,
             prepared.request.height,
             prepared.request.steps,
+            prepared.request.sampler,
             ", ".join(str(a.key) for a, _ in prepared.adapters) or "no LoRA",
             apply_s * 1000,
             timings.inference,
@@ -334,7 +339,8 @@ class Engine:
             locked - prepared.started - prepared.resolve_s - prepared.prepare_s,
         )
         return GenerateResult(
-            image=image,
+            image=images[0],
+            more_images=images[1:],
             seed=prepared.request.seed,
             request=prepared.request,
             timings=timings,

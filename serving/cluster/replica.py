@@ -124,7 +124,8 @@ class PoolReplica:
     def _answer(self, result: GenerateResult, media_type: str) -> Answer:
         headers = {**result_headers(result), "X-Replica": self._replica}
         if media_type == WIRE:
-            body = _json({"image": encode_png(result.image), "result": result_to_json(result)})
+            more = [encode_png(image) for image in result.more_images]
+            body = _json({"image": encode_png(result.image), "more_images": more, "result": result_to_json(result)})
         else:
             body = encode_image(result.image, media_type)
         return Answer(200, media_type, body, tuple(headers.items()))
