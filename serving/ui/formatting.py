@@ -201,12 +201,19 @@ def result_info(result: GenerateResult) -> dict[str, Any]:
     request = result.request
     return {
         "seed": result.seed,
+        "seeds": list(result.seeds),
         "prompt": request.prompt,
         "negative_prompt": request.negative_prompt,
         "width": request.width,
         "height": request.height,
         "steps": request.steps,
         "guidance": request.guidance,
+        "sampler": request.sampler,
+        "scheduler": request.scheduler,
+        "scheduler_options": dict(request.scheduler_options),
+        "clip_skip": request.clip_skip,
+        # Where each default that is not the model's came from (a speed LoRA, a card's recommendation).
+        "defaults_from": dict(request.defaults_from),
         "loras": [asdict(a) for a in result.adapters],
         "swapped": result.swapped,
         "timings": asdict(result.timings),
@@ -231,10 +238,15 @@ def result_html(result: GenerateResult) -> str:
         for a in result.adapters
     )
     warnings = "".join(f"<p>⚠ {_esc(w)}</p>" for w in result.warnings)
+    seeds = ", ".join(f"<code>{seed}</code>" for seed in result.seeds)
+    skip = f" · CLIP skip {request.clip_skip + 1}" if request.clip_skip else ""
+    sources = "".join(f"<li>{_esc(field)}: {_esc(source)}</li>" for field, source in request.defaults_from)
+    defaults = f"<p>Defaults from the LoRA:</p><ul class='defaults-from'>{sources}</ul>" if sources else ""
     return (
-        f'<div class="result-info"><p><b>Seed</b> <code>{result.seed}</code> · {request.width} × {request.height} · '
-        f"{request.steps} steps · guidance {request.guidance:g}</p><table class='timing'>{rows}</table>"
-        f"<ul>{loras or '<li>no LoRA: the base model</li>'}</ul>{warnings}</div>"
+        f'<div class="result-info"><p><b>Seed</b> {seeds} · {request.width} × {request.height} · '
+        f"{request.steps} steps · {_esc(request.sampler)} · guidance {request.guidance:g}{skip}</p>"
+        f"<table class='timing'>{rows}</table>"
+        f"<ul>{loras or '<li>no LoRA: the base model</li>'}</ul>{defaults}{warnings}</div>"
     )
 
 
