@@ -187,6 +187,8 @@ class AdapterUse:
     weight_name: str
     scale: float
     cache: Literal["hit", "miss"]
+    # The file's hash as A1111 writes it in `Lora hashes` (12 hex digits; Civitai's AutoV3).
+    hash: str = ""
 
 
 @dataclass(frozen=True)

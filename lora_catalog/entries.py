@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from .errors import SnapshotError
+from .hints import LoraHints
 
 __all__ = ["Family", "LoraEntry", "Source", "parse_datetime"]
 
@@ -56,6 +57,8 @@ class LoraEntry:
     # The pivotal-tuning embeddings file beside the weight file (lora_catalog.pivotal names the rule).
     embeddings_name: str | None = None
     embeddings_size: int | None = None
+    # What it recommends for its use: a speed LoRA's sampler, steps and guidance, its card's settings.
+    hints: LoraHints = dataclasses.field(default_factory=LoraHints)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (datetimes as ISO 8601 strings, tuples as lists)."""
@@ -68,6 +71,8 @@ class LoraEntry:
                 value = value.isoformat()
             elif isinstance(value, Family):
                 value = value.value
+            elif isinstance(value, LoraHints):
+                value = value.to_json()
             data[f.name] = value
         return data
 
@@ -108,6 +113,7 @@ class LoraEntry:
             unsupported=_opt_str(data, "unsupported"),
             embeddings_name=_opt_str(data, "embeddings_name"),
             embeddings_size=_int(data, "embeddings_size") if data.get("embeddings_size") is not None else None,
+            hints=LoraHints.from_json(data.get("hints")),
         )
 
 

@@ -9,6 +9,7 @@ inference under the lock). Any failure leaves the weights exactly as the last su
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -32,6 +33,7 @@ from engine.pools.scheduler import Scheduler
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.preparation import PreparedLora, Preparer
 from engine.prepare.resolve import AdapterResolver
+from engine.recommended import suggested_defaults
 from engine.requests import (
     AdapterUse,
     GenerateRequest,
@@ -46,6 +48,7 @@ from engine.settings import Settings
 from engine.weights.fused import FusedSet, set_identity
 from engine.weights.swap import WeightPatcher
 from engine.weights.tokens import TokenPatcher
+from lora_catalog.hints import LoraHints
 
 __all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest", "Preview", "Progress"]
 
@@ -181,6 +184,7 @@ class Engine:
             adapters: list[tuple[PreparedAdapter, float]] = []
             uses: list[AdapterUse] = []
             warnings: list[str] = []
+            hints: list[LoraHints] = []
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
                 ready = self._prepare_one(spec, leased)
@@ -195,9 +199,19 @@ class Engine:
                 resolve_s, prepare_s = resolve_s + ready.resolve_s, prepare_s + ready.prepare_s
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
-                uses.append(AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache))
+                uses.append(
+                    AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache, adapter.file_hash)
+                )
                 warnings.extend((*adapter.warnings, *ready.warnings))
+                hints.append(ready.hints)
             check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
+            suggested, notes = suggested_defaults(hints, self.loaded.defaults, self._limits)
+            if suggested is not None:
+                # Where the client set nothing, the LoRAs' defaults (its seed, drawn above, is kept).
+                again = dataclasses.replace(request, seed=normalised.seed)
+                normalised = normalise_request(again, self.loaded.defaults, self._limits, suggested)
+                check_scheduler(normalised)
+                warnings.extend(notes)
             self.events.prepared(time.perf_counter() - started)
             prepared = PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.caches.disk import DiskCache
@@ -37,6 +37,8 @@ from engine.formats.pivotal import TextEncoders
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import LoraSpec
+from lora_catalog.hints import LoraHints, metadata_hints
+from lora_catalog.sft_header import addnet_hash
 
 __all__ = ["PreparedLora", "Preparer"]
 
@@ -52,6 +54,8 @@ class PreparedLora:
     resolve_s: float
     prepare_s: float
     warnings: tuple[str, ...] = ()
+    # What the LoRA recommends: its catalogue entry's (card, name) over its file's own.
+    hints: LoraHints = field(default_factory=LoraHints)
 
 
 class Preparer:
@@ -90,11 +94,14 @@ class Preparer:
         leased.append(source.key)
         cached = self._store.get(source.key)
         if cached is not None:
-            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
+            return PreparedLora(
+                cached, "hit", time.perf_counter() - started, 0.0, source.warnings, _hints(source, cached)
+            )
         with self._key_lock(source.key):
             cached = self._store.get(source.key)
             if cached is not None:
-                return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, source.warnings)
+                elapsed = time.perf_counter() - started
+                return PreparedLora(cached, "hit", elapsed, 0.0, source.warnings, _hints(source, cached))
             # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
             size = (source.size or 0) + (source.embeddings_size or 0)
             hold = self._gate.hold(size, str(source.key)) if self._gate else nullcontext()
@@ -115,7 +122,9 @@ class Preparer:
             done - fetched,
             fetched - started,
         )
-        return PreparedLora(adapter, "miss", fetched - started, done - fetched, source.warnings)
+        return PreparedLora(
+            adapter, "miss", fetched - started, done - fetched, source.warnings, _hints(source, adapter)
+        )
 
     def _load(self, source: AdapterSource) -> tuple[PreparedAdapter, float]:
         label = f"LoRA {source.ref!r}"
@@ -137,9 +146,21 @@ class Preparer:
             delta_budget=self._delta_budget,
         )
         embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
-        # Kept with the adapter, so a cache hit still tells the user what the first load found.
-        return dataclasses.replace(adapter, warnings=(warning,) if warning else (), embeddings=embeddings), fetched
+        # Kept with the adapter, so a cache hit still tells the user what the first load found; the hash is the
+        # recipe's (`Lora hashes`), read once here, off the GPU's path.
+        adapter = dataclasses.replace(
+            adapter,
+            warnings=(warning,) if warning else (),
+            embeddings=embeddings,
+            hints=metadata_hints(header.metadata, (source.key.weight_name,)),
+            file_hash=addnet_hash(path)[:12],
+        )
+        return adapter, fetched
 
     def _key_lock(self, key: AdapterKey) -> threading.Lock:
         with self._locks_guard:
             return self._key_locks.setdefault(key, threading.Lock())
+
+
+def _hints(source: AdapterSource, adapter: PreparedAdapter) -> LoraHints:
+    return source.hints.over(adapter.hints)

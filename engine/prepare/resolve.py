@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -50,6 +50,7 @@ from engine.requests import LOCAL_PREFIX, LoraSpec
 from lora_catalog.cards import choose_weight
 from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import HeaderError
+from lora_catalog.hints import LoraHints
 from lora_catalog.local import local_embeddings
 from lora_catalog.pivotal import embeddings_for
 from lora_catalog.sft_header import SafetensorsHeader, read_header
@@ -80,6 +81,8 @@ class AdapterSource:
     embeddings_name: str | None = None
     embeddings_size: int | None = None
     embeddings_path: Path | None = None
+    # What its catalogue entry recommends (its card, a speed LoRA's repo or name).
+    hints: LoraHints = field(default_factory=LoraHints)
 
 
 class AdapterResolver:
@@ -199,6 +202,7 @@ class AdapterResolver:
             warnings=(stale,) if stale else (),
             embeddings_name=entry.embeddings_name,
             embeddings_size=entry.embeddings_size,
+            hints=entry.hints,
         )
 
     def _locate_on_disk(self, spec: LoraSpec, repo_id: str, error: HubUnavailableError) -> AdapterSource | None:
