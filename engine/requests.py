@@ -204,6 +204,8 @@ class GenerateResult:
     swapped: bool = False
     warnings: tuple[str, ...] = ()
     more_images: tuple[Image, ...] = ()
+    # The model that made it (its Hub id or folder name): a recipe's `Model:`.
+    model_id: str = ""
 
     @property
     def images(self) -> tuple[Image, ...]:

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from engine.families.registry import FamilySpec, family_spec
 from engine.families.spec import fit_presets
 from engine.families.tiny import TINY_SIZES, build_tiny
 from engine.pipeline.schedulers import offered_schedulers
+from engine.pools.specs import HUB_ID
 from engine.requests import ModelDefaults
 from engine.settings import Settings
 
@@ -51,6 +53,11 @@ class LoadedPipeline:
     def denoiser(self) -> Pipeline:
         """The pipeline's denoiser (its family names the attribute: `unet`, or `transformer` for a DiT)."""
         return getattr(self.pipe, self.family.denoiser)
+
+    @property
+    def model_name(self) -> str:
+        """The model as results name it (a recipe's `Model:`): its Hub id, or a local folder's name, never its path."""
+        return self.model_id if HUB_ID.match(self.model_id) else PurePath(self.model_id).name
 
     @property
     def components(self) -> tuple[str, ...]:

@@ -361,6 +361,7 @@ class Engine:
             adapters=prepared.uses,
             swapped=swapped,
             warnings=prepared.warnings,
+            model_id=self.loaded.model_name,
         )
 
     @property

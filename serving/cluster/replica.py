@@ -36,6 +36,7 @@ from serving.backends.local import LocalBackend
 from serving.cluster.wire import WIRE, Answer, encode_png, request_from_json, result_to_json, spec_from_json
 from serving.errors import json_error
 from serving.http.api import encode_image, result_headers
+from serving.recipes import with_recipes
 
 __all__ = ["AdapterPin", "PoolReplica", "weights_digest"]
 
@@ -88,6 +89,7 @@ class PoolReplica:
             timeout_s=settings.hub_timeout_s,
         )
         self._engine = Engine(loaded, settings, resolver)
+        self._recipes = settings.recipes
         self._backend = LocalBackend.of(self._engine)
         self._replica = serve.get_replica_context().replica_id.unique_id
 
@@ -119,6 +121,10 @@ class PoolReplica:
         if pin is not None:
             # The set as this request resolved it (a revision that moved swaps the old keys out).
             pin.hold(tuple(_key(use) for use in result.adapters))
+        if media_type != WIRE and self._recipes:
+            # `POST /` straight to the cluster: its image carries its recipe as the Space's does (on the wire the
+            # front end's handlers add it).
+            result = with_recipes(result)
         return await asyncio.to_thread(self._answer, result, media_type)
 
     def _answer(self, result: GenerateResult, media_type: str) -> Answer:

@@ -152,6 +152,7 @@ class _ResultJson(BaseModel):
     adapters: tuple[AdapterUse, ...]
     swapped: bool
     warnings: tuple[str, ...]
+    model_id: str = ""
 
 
 class _PoolsJson(BaseModel):
@@ -228,6 +229,7 @@ def result_to_json(result: GenerateResult) -> dict[str, Any]:
         "adapters": [asdict(use) for use in result.adapters],
         "swapped": result.swapped,
         "warnings": list(result.warnings),
+        "model_id": result.model_id,
     }
 
 
@@ -250,6 +252,7 @@ def result_from_json(document: Mapping[str, Any], png: bytes, more: Sequence[byt
         adapters=read.adapters,
         swapped=read.swapped,
         warnings=read.warnings,
+        model_id=read.model_id,
     )
 
 

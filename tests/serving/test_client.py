@@ -221,3 +221,18 @@ def test_generate_images_answers_a_list_each_image_its_seed_alone(client):
             assert difference <= 2, seed
     with pytest.raises(AppError, match=r"num_images=5 is out of range; accepted: an integer from 1 to 4"):
         client.predict(**(CLIENT_GENERATE | {"num_images": 5}), api_name="/generate_images")
+
+
+def test_the_clients_images_carry_their_recipe(client):
+    from serving.recipes import parse_recipe
+
+    path, info = client.predict(**(CLIENT_GENERATE | {"scheduler": "DDIM"}), api_name="/generate")
+    with Image.open(path) as image:
+        recipe = parse_recipe(image.info["parameters"])
+    assert (recipe.request.seed, recipe.request.scheduler) == (info["seed"], "DDIM")
+    cells, _ = client.predict(**(CLIENT_GENERATE | {"num_images": 2}), api_name="/generate_images")
+    seeds = []
+    for cell in cells:
+        with Image.open(cell["image"]) as image:
+            seeds.append(parse_recipe(image.info["parameters"]).request.seed)
+    assert seeds == [21, 22]

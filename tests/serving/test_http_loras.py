@@ -242,3 +242,22 @@ def test_bad_samplers_are_a_400_listing_what_is_accepted(server, parameters, mat
     # Over a range's top is the engine's LimitExceededError, an InvalidRequestError too.
     assert response.json()["error_type"] in ("InvalidRequestError", "LimitExceededError")
     assert re.search(match, response.json()["error"]), response.json()["error"]
+
+
+def test_every_answer_carries_its_recipe_png_chunk_or_jpeg_exif(server, fixtures):
+    from serving.recipes import parse_recipe, read_recipe
+
+    as_png = post(server, {"scheduler": "Euler a", "loras": [{"path": fixtures["peft"], "scale": 0.5}]})
+    with Image.open(io.BytesIO(as_png.content)) as opened:
+        recipe = parse_recipe(read_recipe(opened) or "")
+    assert str(recipe.request.seed) == as_png.headers["x-seed"] == "9"
+    assert (recipe.request.scheduler, recipe.request.loras[0].ref, recipe.request.loras[0].scale) == (
+        "Euler a",
+        fixtures["peft"],
+        0.5,
+    )
+    as_jpeg = post(server, {}, accept="image/jpeg")
+    assert as_jpeg.headers["content-type"] == "image/jpeg"
+    with Image.open(io.BytesIO(as_jpeg.content)) as opened:
+        text = read_recipe(opened) or ""
+    assert text.startswith("a fox in a forest\nSteps: 2, Sampler: Euler, CFG scale: 5, Seed: 9, Size: 64x64")
