@@ -79,6 +79,9 @@ class GenerateRequest:
     clip_skip: float | None = None
     # Images with consecutive seeds from `seed` (1 to MAX_IMAGES).
     num_images: float | None = None
+    # Whether the LoRAs' recommended settings (a speed LoRA's, a card's) fill what the client left unset; the
+    # UI's switch. Off: the pool's defaults.
+    lora_defaults: bool = True
 
 
 @dataclass(frozen=True)
@@ -248,6 +251,8 @@ def normalise_request(
     named = request.scheduler if request.scheduler is not None else suggested.scheduler
     scheduler, options = choose_scheduler(named, request.scheduler_options, defaults.scheduler, defaults.schedulers)
     clip_skip = _clip_skip(request.clip_skip, _first(suggested.clip_skip, 0), defaults)
+    if not isinstance(request.lora_defaults, bool):
+        raise InvalidRequestError(f"lora_defaults={request.lora_defaults!r} is not accepted; accepted: true, false")
     num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
     set_by_client = {
         "steps": request.steps,
@@ -269,6 +274,7 @@ def normalise_request(
         scheduler_options=options,
         clip_skip=clip_skip,
         num_images=num_images,
+        lora_defaults=request.lora_defaults,
         sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
         defaults_from=sources,
     )

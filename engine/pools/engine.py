@@ -205,7 +205,8 @@ class Engine:
                 warnings.extend((*adapter.warnings, *ready.warnings))
                 hints.append(ready.hints)
             check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
-            suggested, notes = suggested_defaults(hints, self.loaded.defaults, self._limits)
+            wanted = hints if normalised.lora_defaults else ()
+            suggested, notes = suggested_defaults(wanted, self.loaded.defaults, self._limits)
             if suggested is not None:
                 # Where the client set nothing, the LoRAs' defaults (its seed, drawn above, is kept).
                 again = dataclasses.replace(request, seed=normalised.seed)

@@ -116,6 +116,7 @@ class _RequestJson(BaseModel):
     scheduler_options: list[Any] | None = None
     clip_skip: _Number | None = None
     num_images: _Number | None = None
+    lora_defaults: bool = True
 
     def request(self) -> GenerateRequest:
         return GenerateRequest(**self._values(GenerateRequest))

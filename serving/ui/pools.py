@@ -11,26 +11,29 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 from lora_catalog.entries import Family, LoraEntry
+from lora_catalog.hints import LoraHints
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
-from serving.ui import pool_views
+from serving.ui import pool_views, session
 
 if TYPE_CHECKING:
     from engine.outcomes import ServedPool
 
-__all__ = ["controls", "entry_controls", "on_base", "request_base", "snippets", "status"]
+__all__ = ["controls", "entry_controls", "on_base", "recommended", "request_base", "snippets", "status", "with_hints"]
 
 
-def controls(pool: ServedPool | None) -> tuple[Any, Any, Any]:
-    """Size presets, steps and guidance of `pool` (left as they are for None)."""
+def controls(pool: ServedPool | None) -> tuple[Any, Any, Any, Any, Any]:
+    """Size presets, steps, guidance, samplers and CLIP skip range of `pool` (left as they are for None)."""
     if pool is None:
-        return gr.skip(), gr.skip(), gr.skip()
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
     defaults = pool.defaults
     presets = fmt.size_presets(defaults)
     return (
         gr.Dropdown(choices=presets, value=presets[0][1]),
         gr.Slider(value=defaults.steps),
         gr.Slider(value=defaults.guidance),
+        gr.Dropdown(choices=fmt.sampler_choices(defaults), value=""),
+        gr.Slider(value=1, **fmt.clip_skip_range(defaults)),
     )
 
 
@@ -41,7 +44,7 @@ def on_base(handlers: Handlers, base: str) -> tuple[Any, ...]:
     return pool_views.base_note(pools, base or pools[0].base_model_id), *controls(pool)
 
 
-def entry_controls(handlers: Handlers, entry: LoraEntry) -> tuple[str, Any, Any, Any]:
+def entry_controls(handlers: Handlers, entry: LoraEntry) -> tuple[Any, ...]:
     """A LoRA picked from the gallery: a warning when no pool serves its family, and its pool's controls."""
     pool = pool_views.pool_for_family(handlers.pools, entry.family)
     warning = ""
@@ -67,3 +70,20 @@ def snippets(handlers: Handlers, url: str) -> str:
     """The API panel: the examples, and the per-base forms."""
     text = fmt.api_snippets(url, handlers.example_lora(), handlers.default.defaults)
     return f"{text}\n\n{pool_views.pools_api_snippets(url, handlers.pools)}"
+
+
+def with_hints(hints: dict, slot: str, entry: LoraEntry) -> dict:
+    """The session's LoRA recommendations with `slot`'s now `entry`'s (and the family whose pool it runs on)."""
+    return {**hints, slot: {"hints": entry.hints.to_json(), "family": str(entry.family)}}
+
+
+def recommended(handlers: Handlers, hints: dict, on: bool) -> tuple[Any, ...]:
+    """Steps, guidance, sampler, CLIP skip and the note: the LoRAs' recommendations on the pool they run on (a
+    speed LoRA's first: `lora_catalog.hints.blend_hints`), or that pool's defaults with the switch off."""
+    slots = [hints[slot] for slot in ("LoRA 1", "LoRA 2") if isinstance(hints.get(slot), dict)]
+    pool = next(
+        (p for s in slots if (p := pool_views.pool_for_family(handlers.pools, s.get("family", ""))) is not None),
+        handlers.default,
+    )
+    loras = [LoraHints.from_json(s.get("hints")) for s in slots]
+    return session.recommended(loras, pool.defaults, handlers.settings.max_steps, on)

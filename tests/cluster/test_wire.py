@@ -120,6 +120,7 @@ def test_the_wire_models_carry_every_field_of_the_engines_dataclasses():
         scheduler_options=(("use_karras_sigmas", True), ("timestep_spacing", "trailing")),
         clip_skip=1,
         num_images=3,
+        lora_defaults=False,
     )
     document = json.loads(json.dumps(request_to_json(request)))
     assert set(document) == {f.name for f in fields(GenerateRequest)}

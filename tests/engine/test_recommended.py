@@ -77,3 +77,8 @@ def test_what_a_pool_cannot_follow_is_left_out_with_a_warning(engine, repos):
     assert "recommends 100 steps; this Space allows 60: not used" in warnings
     assert "recommends the sampler 'Restart', which this pool does not offer" in warnings
     assert "recommends CLIP skip 8 (A1111's count); this model takes up to 2: not used" in warnings
+
+
+def test_without_lora_defaults_the_pools_own_are_used(engine, repos):
+    off = generate(engine, request(LoraSpec(repos["lcm"]), lora_defaults=False)).request
+    assert (off.steps, off.guidance, off.sampler, off.defaults_from) == (4, 5.0, "Euler", ())
