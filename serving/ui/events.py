@@ -316,6 +316,8 @@ def wire_compare(handlers: Handlers, request: RequestPanel, comparison: CompareP
         guidance: float,
         seed: float | None,
         randomize: bool,
+        sampler: str,
+        clip_skip: float,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
     ) -> tuple[Any, ...]:
         with user_errors():
@@ -331,6 +333,8 @@ def wire_compare(handlers: Handlers, request: RequestPanel, comparison: CompareP
                 width,
                 height,
                 fmt.seed_value(seed, randomize),
+                sampler,
+                int(clip_skip or 1) - 1,
             )
         done = await compare(handlers, built, progress)
         result = done.result
@@ -350,6 +354,8 @@ def wire_compare(handlers: Handlers, request: RequestPanel, comparison: CompareP
             request.guidance,
             request.seed,
             request.randomize,
+            request.sampler,
+            request.clip_skip,
         ],
         [comparison.grid, comparison.cells, comparison.info, request.seed, status_md],
         concurrency_id=PIPELINE,

@@ -207,19 +207,23 @@ def add_api_endpoints(handlers: Handlers) -> None:
         height: float | None,
         seed: float | None,
         base: str = "",
+        scheduler: str = "",
+        clip_skip: float | None = 0,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
         """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
 
         `loras`: up to 4 LoRAs, one per line or comma-separated; `scales`: "" (each at 1), one scale for all,
         one per LoRA, or several for a single LoRA (a sweep, e.g. "0, 0.5, 1"); `include_base` puts the base
-        model's image first. Each cell is what /generate returns for the same inputs. The LoRAs must share one
-        base model, on which the grid runs (`base` names it when the LoRAs declare none, "" for the default).
+        model's image first. Each cell is what /generate returns for the same inputs (`scheduler` and `clip_skip` as
+        there, shared by every cell). The LoRAs must share one base model, on which the grid runs (`base` names it
+        when the LoRAs declare none, "" for the default).
         """
         with user_errors():
             request = comparison_fields.compare_request(
-                prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed
-            )
+                prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
+                scheduler, clip_skip,
+            )  # fmt: skip
         comparison = await compare(handlers, request, progress, (base or "").strip())
         result = comparison.result
         gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
@@ -273,9 +277,10 @@ def add_api_endpoints(handlers: Handlers) -> None:
         concurrency_id=PIPELINE,
         concurrency_limit=None,
     )
+    comparing = [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base]
     trigger.click(
         compare_api,
-        [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base],
+        [*comparing, scheduler, clip_skip],
         [grid, cells, compare_json],
         api_name="compare",
         concurrency_id=PIPELINE,

@@ -73,6 +73,8 @@ def test_only_the_five_named_endpoints_are_public(client):
         "height",
         "seed",
         "base",
+        "scheduler",
+        "clip_skip",
     ]
 
 
