@@ -307,3 +307,28 @@ def test_seeds_wrap_within_the_seed_range(engine):
     result = generate(engine, request(seed=2**32 - 1, num_images=2, steps=1))
     assert result.seeds == (2**32 - 1, 0)
     assert dataclasses.replace(result.request, num_images=1).seeds == (2**32 - 1,)
+
+
+def test_a_batch_that_runs_out_of_memory_is_made_one_image_at_a_time(loaded):
+    """The GPU path's fallback, driven on the CPU: the batch call fails as CUDA would, the images come one by one,
+    each the one its seed gives alone (here exactly: each is a run of one image)."""
+    from engine.pipeline.inference import infer
+    from engine.requests import CheckedRequest
+
+    calls: list[int] = []
+
+    class Tight:
+        """The pipeline, with a device too small for more than one image at a time."""
+
+        def __call__(self, **kwargs):
+            calls.append(kwargs.get("num_images_per_prompt", 1))
+            if calls[-1] > 1:
+                raise torch.OutOfMemoryError("CUDA out of memory (as a test says)")
+            return loaded.pipe(**kwargs)
+
+    checked = CheckedRequest(PROMPT, steps=2, guidance=5.0, width=64, height=64, seed=30, num_images=3, sampler="Euler")
+    common = {"tokenizers": {}, "progress": None, "cancel": None, "decoder": None, "preview_every": 2}
+    images = infer(Tight(), checked, **common)
+    assert calls == [3, 1, 1, 1]
+    alone = [infer(loaded.pipe, dataclasses.replace(checked, seed=s, num_images=1), **common)[0] for s in (30, 31, 32)]
+    assert [i.tobytes() for i in images] == [i.tobytes() for i in alone]
