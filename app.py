@@ -39,7 +39,10 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
             with gr.Column(scale=5):
                 served = handlers.default.base_model_id
                 browser = panels.browser_panel(
-                    served, pool_views.base_choices(handlers.pools), pool_views.base_note(handlers.pools, served)
+                    served,
+                    pool_views.base_choices(handlers.pools),
+                    pool_views.base_note(handlers.pools, served),
+                    civitai=handlers.civitai,
                 )
             with gr.Column(scale=4, elem_id="request-column"):
                 request = panels.request_panel(handlers)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.samplers import SchedulerOptions, choose_scheduler, menu, sampler_label
 from lora_catalog import refs
+from lora_catalog.civitai.refs import ACCEPTED as CIVITAI_ACCEPTED
+from lora_catalog.civitai.refs import parse_civitai
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -50,7 +52,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """One LoRA of a request: a Hub repo id (or `local:<file>`), its scale, optional revision and file."""
+    """One LoRA of a request: a Hub repo id, `local:<file>` or a Civitai reference; its scale, optional revision
+    and file (Hub repos only)."""
 
     ref: str
     scale: float = 1.0
@@ -192,6 +195,9 @@ class AdapterUse:
     cache: Literal["hit", "miss"]
     # The file's hash as A1111 writes it in `Lora hashes` (12 hex digits; Civitai's AutoV3).
     hash: str = ""
+    # The fine-tune it was trained for when it ran on a pool of another base (a Civitai "Pony" LoRA on SDXL);
+    # None when it ran on the base it declares.
+    trained_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -224,14 +230,20 @@ def seeds_of(seed: int, count: int) -> tuple[int, ...]:
     return tuple((seed + i) % (MAX_SEED + 1) for i in range(count))
 
 
-def parse_ref(ref: object) -> tuple[Literal["hub", "local"], str]:
-    """Split a LoRA reference into its kind and name, refusing anything path- or URL-like."""
+def parse_ref(ref: object) -> tuple[Literal["hub", "local", "civitai"], str]:
+    """Split a LoRA reference into its kind and name, refusing anything path- or URL-like but Civitai's forms
+    (`lora_catalog.civitai.refs`), which become their canonical `civitai:<version>` / `civitai:models/<model>`."""
+    civitai = parse_civitai(ref)
+    if civitai is not None:
+        return "civitai", civitai.canonical
     try:
         if isinstance(ref, str) and refs.is_local_ref(ref.strip()):
             return "local", refs.parse_local_ref(ref.strip()).as_posix()
         return "hub", refs.validate_repo_id(ref)  # type: ignore[arg-type]
     except InvalidRequestError as e:
-        raise InvalidRequestError(f"{e}; or a local LoRA as 'local:<file>.safetensors'") from e
+        raise InvalidRequestError(
+            f"{e}; or a local LoRA as 'local:<file>.safetensors'; or a Civitai LoRA: {CIVITAI_ACCEPTED}"
+        ) from e
 
 
 def normalise_request(
@@ -331,6 +343,8 @@ def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
         if not isinstance(spec, LoraSpec):
             raise InvalidRequestError(f"LoRA entry {spec!r} is not a LoraSpec")
         kind, name = parse_ref(spec.ref)
+        # A Civitai reference names its version and file itself: a revision or file given with it is dropped, as
+        # for a local file.
         ref = f"{LOCAL_PREFIX}{name}" if kind == "local" else name
         revision = _checked(refs.validate_revision, spec.revision) if kind == "hub" else None
         weight_name = _checked(refs.validate_weight_name, spec.weight_name) if kind == "hub" else None

@@ -40,6 +40,7 @@ from engine.pools.specs import (
 )
 
 __all__ = [
+    "CIVITAI_STORAGE_HOSTS",
     "DEFAULT_MODEL_ID",
     "SD15_MODEL_ID",
     "TINY_MODEL_ID",
@@ -158,11 +159,34 @@ def _url(value: str | None) -> str | None:
     return value.rstrip("/")
 
 
+def _nsfw_level(value: object) -> object:
+    return value.strip().upper().replace("-", "") if isinstance(value, str) else value
+
+
+def _hosts(value: object) -> object:
+    """`a.example, *.example.org` as a tuple of lower-cased host names (`*.` allows the sub-domains)."""
+    if not isinstance(value, str):
+        return value
+    hosts = tuple(h.strip().lower().rstrip(".") for h in value.split(",") if h.strip())
+    for host in hosts:
+        if not re.fullmatch(r"(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", host):
+            raise _Refused(
+                f"holds {host!r}, not a host name", "comma-separated host names, '*.<domain>' for its sub-domains"
+            )
+    return hosts
+
+
 def _from_env(info: ValidationInfo) -> bool:
     return isinstance(info.context, dict) and bool(info.context.get(_FROM_ENV))
 
 
 _Stripped = BeforeValidator(_strip)
+# Civitai's storage hosts its download endpoint redirects to: `b2.civitai.com` (signed out) and its Cloudflare R2
+# delivery worker (signed in), as seen in the wild (ComfyUI Civitai clients allow the same two).
+CIVITAI_STORAGE_HOSTS = (
+    "*.civitai.com",
+    "civitai-delivery-worker-prod.5ac0637cfd0766c97916cefa3764fbdf.r2.cloudflarestorage.com",
+)
 _Bytes = Annotated[int, BeforeValidator(_byte_size)]
 _Bool = Annotated[bool, BeforeValidator(_bool)]
 
@@ -214,6 +238,19 @@ class Settings(BaseModel):
     catalog_refresh: Annotated[_Bool, Env("CATALOG_REFRESH")] = True
     hub_timeout_s: Annotated[float, Field(ge=0.1, le=600.0), Env("HUB_TIMEOUT_S")] = 10.0
     hf_token: Annotated[str | None, Field(repr=False), Env("HF_TOKEN")] = None
+    # Civitai (lora_catalog.civitai): its API and downloads, at one endpoint, under an NSFW ceiling; downloads
+    # follow redirects to the endpoint's host and these hosts only; the token goes to the endpoint's host only.
+    civitai: Annotated[_Bool, Env("CIVITAI")] = True
+    civitai_endpoint: Annotated[str, AfterValidator(_url), Env("CIVITAI_ENDPOINT")] = "https://civitai.com"
+    civitai_token: Annotated[str | None, Field(repr=False), Env("CIVITAI_TOKEN")] = None
+    civitai_max_nsfw_level: Annotated[
+        Literal["PG", "PG13", "R", "X", "XXX"], BeforeValidator(_nsfw_level), Env("CIVITAI_MAX_NSFW_LEVEL")
+    ] = "PG13"
+    civitai_allowed_hosts: Annotated[tuple[str, ...], BeforeValidator(_hosts), Env("CIVITAI_ALLOWED_HOSTS")] = (
+        CIVITAI_STORAGE_HOSTS
+    )
+    # Where Civitai files are kept (None: `$HF_HOME/civitai`); DISK_CACHE_BYTES covers them with the Hub's LoRAs.
+    civitai_cache_dir: Annotated[Path | None, Env("CIVITAI_CACHE_DIR")] = None
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper), Env("LOG_LEVEL")] = (
         "INFO"
     )

@@ -17,7 +17,11 @@ from .entries import Family
 
 __all__ = [
     "DEFAULT_BASE",
+    "FINETUNE_BASES",
+    "ILLUSTRIOUS_BASE",
     "KNOWN_BASES",
+    "NOOBAI_BASE",
+    "PONY_BASE",
     "KnownBase",
     "family_from_keys",
     "family_from_metadata",
@@ -52,7 +56,19 @@ KNOWN_BASES: tuple[KnownBase, ...] = (
     KnownBase("black-forest-labs/FLUX.1-schnell", "FLUX.1 [schnell]", Family.FLUX),
 )
 
-_BY_ID: dict[str, Family] = {b.repo_id.lower(): b.family for b in KNOWN_BASES}
+# SDXL fine-tunes that are ecosystems of their own (Civitai files LoRAs under "Pony", "Illustrious" and "NoobAI"
+# as base models): the repo id standing for each (its authors' own), SDXL-shaped. `MODELS` may name one as the
+# BASE of a pool serving that fine-tune, so its LoRAs run there. Left out of the base filter (KNOWN_BASES).
+PONY_BASE = "AstraliteHeart/pony-diffusion-v6"
+ILLUSTRIOUS_BASE = "OnomaAIResearch/Illustrious-xl-early-release-v0"
+NOOBAI_BASE = "Laxhar/noobai-XL-1.1"
+FINETUNE_BASES: tuple[KnownBase, ...] = (
+    KnownBase(PONY_BASE, "Pony Diffusion V6 XL", Family.SDXL),
+    KnownBase(ILLUSTRIOUS_BASE, "Illustrious XL", Family.SDXL),
+    KnownBase(NOOBAI_BASE, "NoobAI XL", Family.SDXL),
+)
+
+_BY_ID: dict[str, Family] = {b.repo_id.lower(): b.family for b in (*KNOWN_BASES, *FINETUNE_BASES)}
 # Fine-tune series publish one repo per version; every version keeps the SDXL architecture.
 _SERIES: tuple[tuple[str, Family], ...] = (
     ("rundiffusion/juggernaut-xl-", Family.SDXL),

@@ -1,4 +1,5 @@
-"""`Catalog`: the facade the UI pages through — Hub listing, snapshot and local folders in one list.
+"""`Catalog`: the facade the UI pages through — Hub listing, snapshot and local folders in one list; Civitai
+references are described through its source (`lora_catalog.civitai`).
 
 Stale-while-revalidate: the first page for a base is answered from the
 snapshot at once while a background thread asks the Hub; later pages see the
@@ -26,8 +27,18 @@ from typing import Literal
 
 from cachetools import LRUCache
 
+from .civitai.listing import CivitaiListings
+from .civitai.refs import parse_civitai
+from .civitai.source import CivitaiSource
 from .entries import LoraEntry
-from .errors import CatalogError, HubUnavailableError, InvalidRequestError, LoraNotFoundError, SnapshotError
+from .errors import (
+    CatalogError,
+    CivitaiUnavailableError,
+    HubUnavailableError,
+    InvalidRequestError,
+    LoraNotFoundError,
+    SnapshotError,
+)
 from .hub import HubSource, Sort, check_sort
 from .listing import (
     CatalogPage,
@@ -43,11 +54,22 @@ from .local import LocalIndex, LocalLora, scan_local_dirs
 from .refs import is_local_ref, parse_local_ref, validate_repo_id
 from .snapshot import Snapshot, read_snapshot, write_snapshot
 
-__all__ = ["Catalog"]
+__all__ = ["LISTING_SOURCES", "Catalog", "ListingSource", "check_listing_source"]
 
 logger = logging.getLogger(__name__)
 
 _Key = tuple[str, str, Sort]  # (base, lower-cased search, sort)
+# Where a page's LoRAs come from: the Hub (with local folders and the snapshot), or Civitai's tab.
+ListingSource = Literal["hub", "civitai"]
+LISTING_SOURCES: tuple[str, ...] = ("hub", "civitai")
+
+
+def check_listing_source(source: str) -> ListingSource:
+    if source not in LISTING_SOURCES:
+        raise InvalidRequestError(f"source {source!r} is not accepted; accepted: {', '.join(LISTING_SOURCES)}")
+    return source  # type: ignore[return-value]
+
+
 _MAX_LISTINGS = 64
 _MAX_PAGE_SIZE = 200
 
@@ -73,10 +95,13 @@ class Catalog:
         list_ttl_s: float = 300.0,
         retry_after_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        civitai: CivitaiSource | None = None,
     ) -> None:
         if not 1 <= list_limit <= 10_000:
             raise InvalidRequestError(f"list_limit={list_limit!r} is not accepted; accepted: 1 to 10000")
         self._hub = hub
+        self._civitai = civitai
+        self._civitai_listings = CivitaiListings(civitai, ttl_s=list_ttl_s, clock=clock) if civitai else None
         self._refresh = refresh and hub is not None
         self._list_limit = list_limit
         self._ttl = list_ttl_s
@@ -93,16 +118,31 @@ class Catalog:
         self._snapshot = _load_snapshot(snapshot_path)
 
     def page(
-        self, base: str, *, search: str = "", sort: Sort = "downloads", page: int = 0, page_size: int = 24
+        self,
+        base: str,
+        *,
+        search: str = "",
+        sort: Sort = "downloads",
+        page: int = 0,
+        page_size: int = 24,
+        source: ListingSource = "hub",
     ) -> CatalogPage:
-        """One page of LoRAs for `base`: local ones first, then the Hub's (live, or the snapshot) by `sort`."""
+        """One page of LoRAs for `base`: local ones first, then the Hub's (live, or the snapshot) by `sort`; or,
+        with `source="civitai"`, Civitai's (`lora_catalog.civitai.listing`)."""
         base = validate_repo_id(base, what="base model id")
         sort = check_sort(sort)
+        source = check_listing_source(source)
         search = (search or "").strip()
         if not isinstance(page, int) or page < 0:
             raise InvalidRequestError(f"page={page!r} is not accepted; accepted: an integer from 0")
         if not isinstance(page_size, int) or not 1 <= page_size <= _MAX_PAGE_SIZE:
             raise InvalidRequestError(f"page_size={page_size!r} is not accepted; accepted: 1 to {_MAX_PAGE_SIZE}")
+        if source == "civitai":
+            if self._civitai_listings is None:
+                offline = Freshness("civitai", None, True, "This Space runs without Civitai")
+                return _paged([], page, page_size, offline)
+            listed, freshness = self._civitai_listings.entries(base, search, sort)
+            return _paged(listed, page, page_size, freshness)
         key = (base, search.lower(), sort)
         hub_entries, freshness = self._hub_side(key, self._listing_for(key))
         local = sorted(search_entries((e for e in self._local.entries if fits_base(e, base)), search), key=_title)
@@ -115,19 +155,22 @@ class Catalog:
                 else "Loading the list from the Hub; showing local LoRAs meanwhile"
             )
             freshness = Freshness("local", None, freshness.offline, message)
-        start = page * page_size
-        return CatalogPage(
-            entries=tuple(entries[start : start + page_size]),
-            page=page,
-            page_size=page_size,
-            total_known=len(entries),
-            has_more=start + page_size < len(entries),
-            freshness=freshness,
-        )
+        return _paged(entries, page, page_size, freshness)
+
+    @property
+    def civitai(self) -> CivitaiSource | None:
+        """The Civitai source (None: this catalogue runs without Civitai)."""
+        return self._civitai
 
     def resolve(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry:
-        """The entry for a ref: `local:<path>` from the local folders, anything else through the Hub."""
+        """The entry for a ref: `local:<path>` from the local folders, a Civitai reference (any form
+        `lora_catalog.civitai.refs` reads) through Civitai, anything else through the Hub."""
         ref = ref.strip() if isinstance(ref, str) else ref
+        civitai = parse_civitai(ref)
+        if civitai is not None:
+            if self._civitai is None:
+                raise CivitaiUnavailableError(f"cannot look up {ref!r}: this Space runs without Civitai access")
+            return self._civitai.entry(civitai)
         if isinstance(ref, str) and is_local_ref(ref):
             if revision is not None or weight_name is not None:
                 raise InvalidRequestError(f"local LoRA {ref!r} takes no revision or weight_name; accepted: None")
@@ -140,6 +183,9 @@ class Catalog:
 
     def stale_warning(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> str | None:
         """Why a Hub LoRA's cached metadata is served stale (the Hub is down, or it is being revalidated), or None."""
+        civitai = parse_civitai(ref)
+        if civitai is not None:
+            return self._civitai.stale_warning(civitai) if self._civitai is not None else None
         if self._hub is None or is_local_ref(ref):
             return None
         return self._hub.stale_warning(ref, revision, weight_name)
@@ -201,6 +247,10 @@ class Catalog:
             executor.shutdown(wait=False, cancel_futures=True)
         if self._hub is not None:
             self._hub.close()
+        if self._civitai_listings is not None:
+            self._civitai_listings.close()
+        if self._civitai is not None:
+            self._civitai.close()
 
     def __enter__(self) -> Catalog:
         return self
@@ -313,6 +363,18 @@ class Catalog:
             return entries, Freshness("snapshot", snapshot.created_at, offline, message)
         message = "Offline: no snapshot" if offline else "Loading the list from the Hub"
         return entries, Freshness("none", None, offline, message)
+
+
+def _paged(entries: list[LoraEntry], page: int, page_size: int, freshness: Freshness) -> CatalogPage:
+    start = page * page_size
+    return CatalogPage(
+        entries=tuple(entries[start : start + page_size]),
+        page=page,
+        page_size=page_size,
+        total_known=len(entries),
+        has_more=start + page_size < len(entries),
+        freshness=freshness,
+    )
 
 
 def _load_snapshot(path: Path | None) -> Snapshot | None:

@@ -15,8 +15,8 @@ from .hints import LoraHints
 
 __all__ = ["Family", "LoraEntry", "Source", "parse_datetime"]
 
-Source = Literal["hub", "local"]
-_SOURCES: tuple[str, ...] = ("hub", "local")
+Source = Literal["hub", "local", "civitai"]
+_SOURCES: tuple[str, ...] = ("hub", "local", "civitai")
 
 
 class Family(StrEnum):
@@ -57,8 +57,14 @@ class LoraEntry:
     # The pivotal-tuning embeddings file beside the weight file (lora_catalog.pivotal names the rule).
     embeddings_name: str | None = None
     embeddings_size: int | None = None
-    # What it recommends for its use: a speed LoRA's sampler, steps and guidance, its card's settings.
+    # What it recommends for its use: a speed LoRA's sampler, steps and guidance, its card's (or Civitai page's)
+    # settings, CLIP skip among them.
     hints: LoraHints = dataclasses.field(default_factory=LoraHints)
+    # Where a person reads about it when it has no Hub repo (a Civitai model page).
+    page_url: str | None = None
+    # The LoRA strength its page recommends (Civitai's `strength`, `min_strength`, `max_strength`), shown with
+    # its card; this Space does not apply it itself.
+    recommended: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (datetimes as ISO 8601 strings, tuples as lists)."""
@@ -73,6 +79,8 @@ class LoraEntry:
                 value = value.value
             elif isinstance(value, LoraHints):
                 value = value.to_json()
+            if f.name == "recommended":
+                value = dict(self.recommended)
             data[f.name] = value
         return data
 
@@ -114,6 +122,8 @@ class LoraEntry:
             embeddings_name=_opt_str(data, "embeddings_name"),
             embeddings_size=_int(data, "embeddings_size") if data.get("embeddings_size") is not None else None,
             hints=LoraHints.from_json(data.get("hints")),
+            page_url=_opt_str(data, "page_url"),
+            recommended=_numbers(data, "recommended"),
         )
 
 
@@ -140,6 +150,14 @@ def _str_tuple(data: Mapping[str, Any], key: str) -> tuple[str, ...]:
     if not isinstance(value, list | tuple):
         return ()
     return tuple(v for v in value if isinstance(v, str))
+
+
+def _numbers(data: Mapping[str, Any], key: str) -> tuple[tuple[str, float], ...]:
+    value = data.get(key)
+    if not isinstance(value, Mapping):
+        return ()
+    numbers = ((k, v) for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool))
+    return tuple((str(k), float(v)) for k, v in numbers if math.isfinite(v))
 
 
 def _int(data: Mapping[str, Any], key: str) -> int:

@@ -17,6 +17,9 @@ __all__ = [
     "AdapterLoadError",
     "AmbiguousWeightsError",
     "CatalogError",
+    "CivitaiUnavailableError",
+    "ContentPolicyError",
+    "DownloadRefusedError",
     "GatedLoraError",
     "HeaderError",
     "HubUnavailableError",
@@ -25,7 +28,9 @@ __all__ = [
     "InvalidWeightNameError",
     "LoraNotFoundError",
     "NoSafetensorsError",
+    "NotALoraError",
     "PickleOnlyError",
+    "RestrictedLoraError",
     "SnapshotError",
     "SwitchboardError",
 ]
@@ -76,6 +81,39 @@ class HubUnavailableError(CatalogError, ConnectionError):
 
     status = 503
     title = "Hub unreachable"
+
+
+class CivitaiUnavailableError(HubUnavailableError):
+    """Civitai's API could not be reached in time, failed (5xx) or answered something unreadable."""
+
+    title = "Civitai unreachable"
+
+
+class NotALoraError(InvalidRequestError):
+    """A reference names a checkpoint, an embedding or another kind of model that is not a LoRA."""
+
+    title = "Not a LoRA"
+
+
+class RestrictedLoraError(GatedLoraError):
+    """A LoRA whose download needs a login or early access (Civitai answers 401 / 403, or sends to its login)."""
+
+    title = "Download restricted"
+
+
+class ContentPolicyError(CatalogError, PermissionError):
+    """A LoRA this Space's content policy refuses (Civitai's NSFW rating above `CIVITAI_MAX_NSFW_LEVEL`)."""
+
+    status = 403
+    title = "Refused by content policy"
+
+
+class DownloadRefusedError(CatalogError):
+    """The source served something other than what its metadata promised (another hash, more bytes), or sent
+    the download to a host outside the allowed ones: nothing of it is kept."""
+
+    status = 502
+    title = "Download refused"
 
 
 class AdapterLoadError(CatalogError):

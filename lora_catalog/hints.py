@@ -10,7 +10,8 @@ count). The presets are their authors' model cards' settings.
 A card's recommendations are read only from forms that parse reliably: the Hub's widget defaults
 (`inference.parameters`, then the first widget example's `parameters`), as diffusers' keyword arguments
 (`num_inference_steps`, `guidance_scale`, `negative_prompt`, `clip_skip`, `scheduler`); a kohya file's metadata
-gives the CLIP skip it was trained with (`ss_clip_skip`, A1111's count: 2 is one layer skipped). Prose is not
+gives the CLIP skip it was trained with (`ss_clip_skip`, A1111's count: 2 is one layer skipped), a Civitai
+version its page's (`clipSkip`, A1111's count too; Civitai's API states no steps, CFG or sampler). Prose is not
 read. Each value keeps where it came from, which the UI and the result show. Sampler names are strings here
 (`engine.samplers` knows what each is); CLIP skip is diffusers' count (layers skipped).
 """
@@ -23,7 +24,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SPEED_PRESETS", "LoraHints", "SpeedPreset", "blend_hints", "card_hints", "metadata_hints", "speed_hints"]
+__all__ = [
+    "SPEED_PRESETS",
+    "LoraHints",
+    "SpeedPreset",
+    "blend_hints",
+    "card_hints",
+    "civitai_hints",
+    "metadata_hints",
+    "speed_hints",
+]
 
 
 @dataclass(frozen=True)
@@ -170,6 +180,16 @@ def metadata_hints(metadata: Mapping[str, str], names: Iterable[str] = ()) -> Lo
     if raw.isdigit() and int(raw) > 1:
         trained = _checked({"clip_skip": int(raw) - 1}, {"clip_skip": f"its training metadata (ss_clip_skip={raw})"})
         return speed.over(trained)
+    return speed
+
+
+def civitai_hints(clip_skip: int | None, names: Iterable[str | None] = ()) -> LoraHints:
+    """What a Civitai version's page recommends: its `clipSkip` (A1111's count), and a speed LoRA's preset when
+    its model's or version's `names` say it is one."""
+    speed = speed_hints(names)
+    if clip_skip is not None and clip_skip > 1:
+        page = _checked({"clip_skip": clip_skip - 1}, {"clip_skip": f"its Civitai page (clipSkip {clip_skip})"})
+        return speed.over(page)
     return speed
 
 

@@ -22,7 +22,7 @@ __all__ = [
     "sort_entries",
 ]
 
-FreshnessSource = Literal["hub", "snapshot", "local", "none"]
+FreshnessSource = Literal["hub", "snapshot", "local", "none", "civitai"]
 _EPOCH = datetime.min.replace(tzinfo=UTC)
 
 

@@ -20,6 +20,7 @@ from PIL.Image import Image
 from engine.compare import MAX_COMPARE_LORAS, CompareRequest, CompareResult
 from engine.errors import GenerationCancelledError
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from lora_catalog.catalog import Catalog, check_listing_source
 from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import SwitchboardError
 from lora_catalog.hub import check_sort
@@ -31,7 +32,6 @@ from serving.ui.grid import grid_image
 if TYPE_CHECKING:
     from engine.outcomes import LoraCheck, PoolStatus, ServedPool
     from engine.settings import Settings
-    from lora_catalog.catalog import Catalog
     from serving.backends import Backend, CellProgress, OnQueue
 
 __all__ = ["PAGE_SIZE", "Comparison", "Handlers", "LoraReport"]
@@ -81,14 +81,20 @@ class Handlers:
         """(LoRAs, cells, steps over all cells) one comparison may hold."""
         return MAX_COMPARE_LORAS, self.settings.max_compare_cells, self.settings.max_compare_steps
 
-    def page(self, base: str, search: str, sort: str, page: int) -> CatalogPage:
-        """One page of LoRAs for `base` ("" for the default pool's)."""
+    @property
+    def civitai(self) -> bool:
+        """Whether the catalogue has Civitai beside the Hub (its tab in the browser, Civitai references)."""
+        return self._catalog is not None and self._catalog.civitai is not None
+
+    def page(self, base: str, search: str, sort: str, page: int, source: str = "hub") -> CatalogPage:
+        """One page of LoRAs for `base` ("" for the default pool's), from the Hub or (`source="civitai"`) Civitai."""
         return self._catalog.page(
             base or self.default.base_model_id,
             search=search or "",
             sort=check_sort(sort or "downloads"),
             page=page,
             page_size=PAGE_SIZE,
+            source=check_listing_source(source or "hub"),
         )
 
     async def lora(self, spec: LoraSpec) -> LoraReport:

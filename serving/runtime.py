@@ -33,6 +33,7 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from engine.errors import SettingsError, SwitchboardError
 from engine.pipeline.loading import LoadedPipeline, load_pipeline
 from engine.pools.pools import build_pools
+from engine.prepare.civitai import CivitaiFiles, civitai_files
 from engine.prepare.resolve import AdapterResolver
 from engine.settings import (
     DEFAULT_MODEL_ID,
@@ -204,13 +205,15 @@ def build_runtime(
 def _serve_model(
     settings: Settings, started: float, hub_endpoint: str | None, load: Callable[..., LoadedPipeline]
 ) -> Runtime:
-    hub, catalog, local_dirs = _hub_catalog(settings, hub_endpoint)
+    civitai = civitai_files(settings)
+    hub, catalog, local_dirs = _hub_catalog(settings, hub_endpoint, civitai)
     resolver = AdapterResolver(
         catalog,
         local_dir=settings.local_lora_dir,
         token=settings.hf_token,
         max_bytes=settings.max_adapter_bytes,
         timeout_s=settings.hub_timeout_s,
+        civitai=civitai,
     )
     try:
         # On ZeroGPU the GPU exists only inside @spaces.GPU calls, so warming up at start would run on none.
@@ -232,7 +235,9 @@ def _serve_model(
     )
 
 
-def _hub_catalog(settings: Settings, hub_endpoint: str | None) -> tuple[HubSource, Catalog, tuple[Path, ...]]:
+def _hub_catalog(
+    settings: Settings, hub_endpoint: str | None, civitai: CivitaiFiles | None
+) -> tuple[HubSource, Catalog, tuple[Path, ...]]:
     hub = HubSource(endpoint=hub_endpoint, token=settings.hf_token, timeout_s=settings.hub_timeout_s)
     local_dirs = (settings.local_lora_dir,) if settings.local_lora_dir else ()
     catalog = Catalog(
@@ -240,6 +245,7 @@ def _hub_catalog(settings: Settings, hub_endpoint: str | None) -> tuple[HubSourc
         snapshot_path=_snapshot_path(settings),
         local_dirs=local_dirs,
         refresh=settings.catalog_refresh,
+        civitai=civitai.source if civitai is not None else None,
     )
     return hub, catalog, local_dirs
 
@@ -249,7 +255,9 @@ def _serve_remote(settings: Settings, started: float, hub_endpoint: str | None) 
     assert settings.backend_url is not None
     backend = RemoteBackend(settings.backend_url, timeout_s=settings.backend_timeout_s)
     base = backend.pools()[0].base_model_id
-    hub, catalog, local_dirs = _hub_catalog(settings.replace(base_model_id=base), hub_endpoint)
+    # The front end describes Civitai LoRAs (cards, /lora_info); the cluster's replicas download them.
+    civitai = civitai_files(settings)
+    hub, catalog, local_dirs = _hub_catalog(settings.replace(base_model_id=base), hub_endpoint, civitai)
     boot_s = time.perf_counter() - started
     logger.info("front end for the cluster at %s serving %s (start-up %.1f s)", backend.url, base, boot_s)
     return Runtime(

@@ -1,19 +1,25 @@
-"""The Hub disk cache, pruned least recently used first to a byte budget with huggingface_hub's own tools.
+"""The LoRA disk caches, pruned least recently used first to one byte budget with huggingface_hub's own tools.
 
-LoRA files are downloaded into the Hub cache (`hf_hub_download`), which never shrinks by itself. After
-each download a background thread scans it (`scan_cache_dir`) and, while the LoRA repos in it take more
-than the budget, deletes whole revisions (`HFCacheInfo.delete_revisions`, which also removes blobs no
-other revision shares), least recently read first. Two kinds of revision are never deleted:
+LoRA files are downloaded into the Hub cache (`hf_hub_download`), and Civitai's into a folder of their own
+(`<civitai_dir>/<version>/<file>`, `engine.prepare.civitai`); neither shrinks by itself. After each download a
+background thread scans both (`scan_cache_dir` for the Hub's) and, while the LoRAs in them take more than the
+budget together, deletes the least recently read first: a Hub revision whole (`HFCacheInfo.delete_revisions`,
+which also removes blobs no other revision shares), a Civitai version's folder whole. Two kinds are never
+deleted:
 
 - the served model's own repos (the base pipeline, a VAE): the budget is for LoRAs;
 - revisions in use: an adapter being resolved, downloaded or read (held with `hold`), or one leased or
   fused in the engine's store. `hold` and the deletion share one lock, so a revision checked as unused
   cannot become used before it is gone, and a revision held is never deleted under a reader.
+
+A Civitai file's last read is its mtime (the resolver touches it on each use: atime is unreliable on many
+mounts); half-written downloads (`.part-*`) count towards the bytes but are never chosen.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections import Counter
@@ -31,7 +37,18 @@ __all__ = ["DiskCache", "PruneReport"]
 
 logger = logging.getLogger(__name__)
 
-_Revision = tuple[str, str]  # (repo id, commit sha)
+_Revision = tuple[str, str, str]  # (source, name, revision): ("hub", repo id, commit sha), ("civitai", ref, version)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """One deletable unit: a Hub revision or a Civitai version's folder."""
+
+    last_read: float
+    identity: _Revision
+    size: int
+    label: str
+    folder: Path | None = None  # a Civitai version's folder (None: a Hub revision)
 
 
 @dataclass(frozen=True)
@@ -53,9 +70,11 @@ class DiskCache:
         cache_dir: Path | None = None,
         keep_repos: Iterable[str] = (),
         in_use: Callable[[], set[AdapterKey]] = set,
+        civitai_dir: Path | None = None,
     ) -> None:
         self.budget = budget
         self._cache_dir = cache_dir
+        self._civitai_dir = civitai_dir
         self._keep_repos = frozenset(keep_repos)
         self._in_use = in_use
         self._lock = threading.Lock()
@@ -67,7 +86,7 @@ class DiskCache:
     @contextmanager
     def hold(self, key: AdapterKey) -> Iterator[None]:
         """Keep `key`'s revision on disk inside the block (waits while a deletion runs)."""
-        revision = (key.name, key.revision)
+        revision = _identity(key)
         with self._lock:
             self._held[revision] += 1
         try:
@@ -97,49 +116,62 @@ class DiskCache:
         return True
 
     def lora_bytes(self) -> int:
-        """Bytes the LoRA repos take in the Hub cache now (the served model's repos excluded)."""
-        return sum(r.size_on_disk for r in self._lora_repos())
+        """Bytes the LoRAs take on disk now: Hub repos (the served model's excluded) and Civitai files."""
+        return sum(r.size_on_disk for r in self._lora_repos()) + sum(c.size for c in self._civitai_candidates()[0])
 
     def prune(self) -> PruneReport:
-        """Delete least recently used LoRA revisions until the LoRA repos fit the budget."""
+        """Delete least recently used LoRA revisions (Hub) and versions (Civitai) until the LoRAs fit the budget."""
         started = time.perf_counter()
+        info = None
         try:
             info = scan_cache_dir(self._cache_dir)
         except CacheNotFound:
-            return PruneReport(0, 0, (), (), time.perf_counter() - started)
+            pass
         except CorruptedCacheException as e:
             logger.warning("the Hub cache could not be scanned, nothing pruned: %s", e)
             return PruneReport(0, 0, (), (), time.perf_counter() - started)
-        repos = [r for r in info.repos if r.repo_type == "model" and r.repo_id not in self._keep_repos]
-        total = sum(r.size_on_disk for r in repos)
+        repos = [r for r in info.repos if r.repo_type == "model" and r.repo_id not in self._keep_repos] if info else []
+        civitai, partial = self._civitai_candidates()
+        total = sum(r.size_on_disk for r in repos) + sum(c.size for c in civitai) + partial
         if total <= self.budget:
             return self._report(total, total, (), (), started)
         # Least recently read first: a revision's last access is its most recently read file's.
-        revisions = sorted(
-            (
-                (max((f.blob_last_accessed for f in rev.files), default=0.0), repo.repo_id, rev)
+        candidates = sorted(
+            [
+                _Candidate(
+                    max((f.blob_last_accessed for f in rev.files), default=0.0),
+                    ("hub", repo.repo_id, rev.commit_hash),
+                    rev.size_on_disk,
+                    f"{repo.repo_id}@{rev.commit_hash[:10]}",
+                )
                 for repo in repos
                 for rev in repo.revisions
-            ),
-            key=lambda item: item[0],
+            ]
+            + civitai,
+            key=lambda c: c.last_read,
         )
         with self._lock:
-            busy = set(self._held) | {(k.name, k.revision) for k in self._in_use() if k.source == "hub"}
-            chosen, kept, left = [], [], total
-            for _, repo_id, rev in revisions:
+            busy = set(self._held) | {_identity(k) for k in self._in_use()}
+            chosen: list[_Candidate] = []
+            kept, left = [], total
+            for candidate in candidates:
                 if left <= self.budget:
                     break
-                if (repo_id, rev.commit_hash) in busy:
-                    kept.append(f"{repo_id}@{rev.commit_hash[:10]}")
+                if candidate.identity in busy:
+                    kept.append(candidate.label)
                     continue
-                chosen.append((repo_id, rev.commit_hash))
-                left -= rev.size_on_disk
-            if chosen:
-                strategy = info.delete_revisions(*(sha for _, sha in chosen))
-                left = total - strategy.expected_freed_size
+                chosen.append(candidate)
+                left -= candidate.size
+            hub = [c.identity[2] for c in chosen if c.folder is None]
+            if hub and info is not None:
+                strategy = info.delete_revisions(*hub)
+                left = total - strategy.expected_freed_size - sum(c.size for c in chosen if c.folder is not None)
                 # Deleting under the lock: `hold` cannot start reading a revision being deleted.
                 strategy.execute()
-        deleted = tuple(f"{repo}@{sha[:10]}" for repo, sha in chosen)
+            for candidate in chosen:
+                if candidate.folder is not None:
+                    shutil.rmtree(candidate.folder, ignore_errors=True)
+        deleted = tuple(c.label for c in chosen)
         return self._report(total, left, deleted, tuple(kept), started)
 
     def _report(
@@ -159,6 +191,32 @@ class DiskCache:
             )
         return report
 
+    def _civitai_candidates(self) -> tuple[list[_Candidate], int]:
+        """Each Civitai version's folder as a candidate, and the bytes of half-written downloads (never chosen)."""
+        folder = self._civitai_dir
+        if folder is None or not folder.is_dir():
+            return [], 0
+        candidates, partial = [], 0
+        for version in folder.iterdir():
+            if not version.is_dir():
+                continue
+            files = [(f, f.stat()) for f in version.iterdir() if f.is_file()]
+            partial += sum(stat.st_size for f, stat in files if f.name.startswith(".part-"))
+            done = [(f, stat) for f, stat in files if not f.name.startswith(".part-")]
+            if not done:
+                continue
+            ref = f"civitai:{version.name}"
+            candidates.append(
+                _Candidate(
+                    max(stat.st_mtime for _, stat in done),
+                    ("civitai", ref, version.name),
+                    sum(stat.st_size for _, stat in done),
+                    ref,
+                    version,
+                )
+            )
+        return candidates, partial
+
     def _lora_repos(self) -> list:
         try:
             info = scan_cache_dir(self._cache_dir)
@@ -176,4 +234,9 @@ class DiskCache:
             try:
                 self.prune()
             except OSError as e:
-                logger.warning("pruning the Hub cache failed: %s", e)
+                logger.warning("pruning the LoRA disk caches failed: %s", e)
+
+
+def _identity(key: AdapterKey) -> _Revision:
+    """What `key` is on disk: a Hub revision, or a Civitai version (its ref and version id)."""
+    return (key.source, key.name, key.revision)

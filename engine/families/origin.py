@@ -66,10 +66,15 @@ def declared_bases_from_tags(tags: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(bases))
 
 
-def judge_origin(declared_bases: Iterable[str], read_file: Callable[[], FileEvidence]) -> LoraOrigin:
+def judge_origin(
+    declared_bases: Iterable[str], read_file: Callable[[], FileEvidence], *, declared_family: Family | None = None
+) -> LoraOrigin:
     """The origin of a LoRA declaring `declared_bases` (card, tags); `read_file` is called only when they
-    name no base we know, and gives the file's metadata and tensor shapes."""
+    name no base we know, and gives the file's metadata and tensor shapes. A source that states the family
+    itself (`declared_family`: Civitai's base label, UNKNOWN for a base no family of ours has) decides alone."""
     bases = tuple(dict.fromkeys(declared_bases))
+    if declared_family is not None:
+        return LoraOrigin(bases, (declared_family,), "card")
     known = tuple(dict.fromkeys(f for f in map(family_of_base, bases) if f is not Family.UNKNOWN))
     if known:
         return LoraOrigin(bases, known, "card")

@@ -96,10 +96,11 @@ class Engine:
             pin=pin,
             events=self.events,
         )
-        if disk_cache is None and resolver.uses_hub:
+        if disk_cache is None and (resolver.uses_hub or resolver.civitai_dir is not None):
             disk_cache = DiskCache(
                 settings.disk_cache_bytes,
                 cache_dir=resolver.cache_dir,
+                civitai_dir=resolver.civitai_dir,
                 # The budget is for LoRAs: the served model's own repos are never pruned.
                 keep_repos={settings.model_id, settings.base_model_id, loaded.model_id, settings.vae_id or ""},
                 in_use=self._store.in_use,
@@ -200,7 +201,15 @@ class Engine:
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
                 uses.append(
-                    AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache, adapter.file_hash)
+                    AdapterUse(
+                        spec.ref,
+                        key.revision,
+                        key.weight_name,
+                        spec.scale,
+                        ready.cache,
+                        adapter.file_hash,
+                        ready.trained_for,
+                    )
                 )
                 warnings.extend((*adapter.warnings, *ready.warnings))
                 hints.append(ready.hints)

@@ -197,7 +197,7 @@ def lora_origin(resolver: AdapterResolver, source: AdapterSource) -> LoraOrigin:
         header = resolver.header(source, resolver.fetch(source))
         return header.metadata, {name: info.shape for name, info in header.tensors.items()}
 
-    return judge_origin(source.declared_bases, read_file)
+    return judge_origin(source.declared_bases, read_file, declared_family=source.declared_family)
 
 
 def pool_info(engine: Engine) -> PoolInfo:
@@ -237,13 +237,14 @@ def build_pools(
         residency.check({lp.base_model_id: module_bytes(pipeline_modules(lp)) for lp in loaded})
     engines: list[Engine] = []
     disk = None
-    if resolver.uses_hub:
+    if resolver.uses_hub or resolver.civitai_dir is not None:
         keep = {r for p in pool_settings for r in (p.model_id, p.base_model_id)} | {lp.model_id for lp in loaded}
         disk = DiskCache(
             settings.disk_cache_bytes,
             cache_dir=resolver.cache_dir,
             # The budget is for LoRAs: the served models' own repos are never pruned.
             keep_repos=keep | {settings.vae_id or ""},
+            civitai_dir=resolver.civitai_dir,
             in_use=lambda: set[AdapterKey]().union(*(engine.adapters_in_use() for engine in engines)),
         )
     for pool, lp in zip(pool_settings, loaded, strict=True):

@@ -54,7 +54,9 @@ class PreparedLora:
     resolve_s: float
     prepare_s: float
     warnings: tuple[str, ...] = ()
-    # What the LoRA recommends: its catalogue entry's (card, name) over its file's own.
+    # The fine-tune it was trained for, when it runs on a pool of another base (see `_trained_for`).
+    trained_for: str | None = None
+    # What the LoRA recommends: its catalogue entry's (card, Civitai page, name) over its file's own.
     hints: LoraHints = field(default_factory=LoraHints)
 
 
@@ -90,18 +92,18 @@ class Preparer:
         """Steps 2–7 for one normalised spec; its key is appended to `leased` (the caller releases it)."""
         started = time.perf_counter()
         source = self._resolver.locate(spec)
+        trained_for, warnings = self._trained_for(source)
         self._store.lease([source.key])
         leased.append(source.key)
         cached = self._store.get(source.key)
         if cached is not None:
-            return PreparedLora(
-                cached, "hit", time.perf_counter() - started, 0.0, source.warnings, _hints(source, cached)
-            )
+            hints = _hints(source, cached)
+            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, warnings, trained_for, hints)
         with self._key_lock(source.key):
             cached = self._store.get(source.key)
             if cached is not None:
                 elapsed = time.perf_counter() - started
-                return PreparedLora(cached, "hit", elapsed, 0.0, source.warnings, _hints(source, cached))
+                return PreparedLora(cached, "hit", elapsed, 0.0, warnings, trained_for, _hints(source, cached))
             # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
             size = (source.size or 0) + (source.embeddings_size or 0)
             hold = self._gate.hold(size, str(source.key)) if self._gate else nullcontext()
@@ -122,9 +124,20 @@ class Preparer:
             done - fetched,
             fetched - started,
         )
-        return PreparedLora(
-            adapter, "miss", fetched - started, done - fetched, source.warnings, _hints(source, adapter)
+        hints = _hints(source, adapter)
+        return PreparedLora(adapter, "miss", fetched - started, done - fetched, warnings, trained_for, hints)
+
+    def _trained_for(self, source: AdapterSource) -> tuple[str | None, tuple[str, ...]]:
+        """A LoRA trained for a fine-tune (Civitai's Pony, ...) routed here because no pool serves that fine-tune:
+        the fine-tune's name, and the source's warnings with one saying so; else None and them unchanged."""
+        served = self._served_base.lower()
+        if source.finetune is None or any(base.lower() == served for base in source.declared_bases):
+            return None, source.warnings
+        note = (
+            f"LoRA {source.ref!r} was trained for {source.finetune}, which no pool here serves; it runs on "
+            f"{self._served_base}, a different checkpoint of the same family, so it may look different"
         )
+        return source.finetune, (*source.warnings, note)
 
     def _load(self, source: AdapterSource) -> tuple[PreparedAdapter, float]:
         label = f"LoRA {source.ref!r}"
@@ -133,7 +146,9 @@ class Preparer:
         fetched = time.perf_counter()
         header = self._resolver.header(source, path)
         shapes = {name: info.shape for name, info in header.tensors.items()}
-        origin = judge_origin(source.declared_bases, lambda: (header.metadata, shapes))
+        origin = judge_origin(
+            source.declared_bases, lambda: (header.metadata, shapes), declared_family=source.declared_family
+        )
         warning = check_origin(label, origin, self._served_base)
         adapter = prepare(
             path,

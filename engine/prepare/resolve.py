@@ -1,11 +1,13 @@
-"""From a LoRA reference to a checked file on disk: Hub repos through huggingface_hub, or local files.
+"""From a LoRA reference to a checked file on disk: Hub repos through huggingface_hub, local files, or Civitai.
 
 Resolution asks the catalogue (which caches Hub metadata, so a LoRA used again
 costs no Hub call), refuses over-size files from metadata before downloading,
 and downloads into the Hub cache, whose partial downloads are never used.
 A pivotal-tuning embeddings file beside the LoRA (named by the rule in
 `lora_catalog.pivotal`, in a Hub repo or a local folder) is located, size-checked
-and downloaded the same way.
+and downloaded the same way. Civitai LoRAs (`civitai:<version>`) take `engine.prepare.civitai`'s way: its API
+(cached by the catalogue's source), the size limit from its metadata, then a download kept only when its SHA256
+matched.
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ from engine.errors import (
 )
 from engine.families.origin import declared_bases_from_tags
 from engine.formats.adapters import AdapterKey
+from engine.prepare.civitai import CivitaiFiles, CivitaiLocation
 from engine.requests import LOCAL_PREFIX, LoraSpec
 from lora_catalog.cards import choose_weight
-from lora_catalog.entries import LoraEntry
-from lora_catalog.errors import HeaderError
+from lora_catalog.civitai.refs import is_civitai_ref
+from lora_catalog.entries import Family, LoraEntry
+from lora_catalog.errors import CivitaiUnavailableError, HeaderError
 from lora_catalog.hints import LoraHints
 from lora_catalog.local import local_embeddings
 from lora_catalog.pivotal import embeddings_for
@@ -81,8 +85,15 @@ class AdapterSource:
     embeddings_name: str | None = None
     embeddings_size: int | None = None
     embeddings_path: Path | None = None
-    # What its catalogue entry recommends (its card, a speed LoRA's repo or name).
+    # What its catalogue entry recommends (its card or Civitai page, a speed LoRA's repo or name).
     hints: LoraHints = field(default_factory=LoraHints)
+    # A family its source states outright, even one no pool serves (Civitai's base label): it decides routing.
+    declared_family: Family | None = None
+    # The fine-tune it was trained for when that is not its family's base (Civitai's "Pony", ...): running it on
+    # a pool of another base is said with the result.
+    finetune: str | None = None
+    # Where a Civitai LoRA is downloaded from (None for the Hub and local files).
+    civitai: CivitaiLocation | None = None
 
 
 class AdapterResolver:
@@ -95,8 +106,10 @@ class AdapterResolver:
         max_bytes: int,
         cache_dir: Path | None = None,
         timeout_s: float = 10.0,
+        civitai: CivitaiFiles | None = None,
     ) -> None:
         self._hub = hub
+        self._civitai = civitai
         self._local_dir = local_dir
         self._token = token
         self._max_bytes = max_bytes
@@ -112,11 +125,18 @@ class AdapterResolver:
         """The Hub cache LoRAs are downloaded into (None: huggingface_hub's default)."""
         return self._cache_dir
 
+    @property
+    def civitai_dir(self) -> Path | None:
+        """The folder Civitai LoRAs are downloaded into (None: no Civitai access)."""
+        return self._civitai.folder if self._civitai is not None else None
+
     def locate(self, spec: LoraSpec) -> AdapterSource:
         """Identify the file a normalised spec names (a Hub metadata call unless the catalogue has it cached)."""
         # The spec was parsed and validated once, by `normalise_request`; only its kind is read here.
         if spec.ref.startswith(LOCAL_PREFIX):
             source = self._locate_local(spec.ref.removeprefix(LOCAL_PREFIX))
+        elif is_civitai_ref(spec.ref):
+            source = self._locate_civitai(spec.ref)
         else:
             source = self._locate_hub(spec, spec.ref)
         self._check_size(source.ref, source.key.weight_name, source.size)
@@ -128,6 +148,8 @@ class AdapterResolver:
         """The adapter file on local disk, downloading it into the Hub cache when needed."""
         if source.local_path is not None:
             return source.local_path
+        if source.civitai is not None and self._civitai is not None:
+            return self._civitai.fetch(source.key, source.civitai)
         return self._download(source, source.key.weight_name, source.size)
 
     def fetch_embeddings(self, source: AdapterSource) -> Path | None:
@@ -203,6 +225,22 @@ class AdapterResolver:
             embeddings_name=entry.embeddings_name,
             embeddings_size=entry.embeddings_size,
             hints=entry.hints,
+        )
+
+    def _locate_civitai(self, ref: str) -> AdapterSource:
+        if self._civitai is None:
+            raise CivitaiUnavailableError(f"LoRA {ref!r} is on Civitai, but this Space runs without Civitai access")
+        key, location, stale = self._civitai.locate(ref)
+        return AdapterSource(
+            key,
+            ref,
+            location.resolved.file.size,
+            location.declared_bases,
+            warnings=(stale,) if stale else (),
+            declared_family=location.family,
+            hints=location.resolved.version.hints,
+            finetune=location.finetune,
+            civitai=location,
         )
 
     def _locate_on_disk(self, spec: LoraSpec, repo_id: str, error: HubUnavailableError) -> AdapterSource | None:

@@ -28,6 +28,7 @@ from engine.pipeline.loading import load_pipeline
 from engine.pools.engine import Engine
 from engine.pools.pools import lora_origin, pool_info
 from engine.pools.routing import LoraOrigin, PoolInfo
+from engine.prepare.civitai import civitai_files
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import LOCAL_PREFIX, AdapterUse, GenerateResult
 from engine.settings import Settings
@@ -87,6 +88,7 @@ class PoolReplica:
             token=settings.hf_token,
             max_bytes=settings.max_adapter_bytes,
             timeout_s=settings.hub_timeout_s,
+            civitai=civitai_files(settings),
         )
         self._engine = Engine(loaded, settings, resolver)
         self._recipes = settings.recipes

@@ -8,16 +8,18 @@ the inference API's URL form); an unserved base is a 404 naming the served ones.
 goes to its LoRAs' pool (the base they were made for), or the default one.
 
 The body is JSON whatever its Content-Type says (curl's `-d` sends a form type), validated by
-`serving.http.body.parse_body`. The `lora` header names a Hub repo id or a `local:` file; `parameters.loras`
-lists more as `{"path": ..., "scale": ...}` (the shape huggingface_hub's InferenceClient sends to
-text-to-image providers), each path a repo id or a Hub file URL, parsed into its parts (nothing is fetched
-from the URL itself). The answer is the image
+`serving.http.body.parse_body`. The `lora` header names a Hub repo id, a `local:` file or a Civitai LoRA (any
+form `lora_catalog.civitai.refs` reads); `parameters.loras` lists more as `{"path": ..., "scale": ...}` (the
+shape huggingface_hub's InferenceClient sends to text-to-image providers), each path one of those or a Hub file
+URL, parsed into its parts (nothing is fetched from the URL itself). The answer is the image
 (JPEG, or PNG when `Accept` prefers `image/png`), or a JSON error
 `{"error": message, "error_type": class name}` with a status that says whose
 fault it is. The request goes through the handlers (`serving.handlers`) like the UI's and
 `gradio_client`'s, into the one queue: a full queue answers 503 with `Retry-After`; a queued
 request holds no worker thread. `X-Queue-Position` says where it joined (absent when a cluster
-queued it). A client that hangs up leaves the queue, or cancels its generation.
+queued it). `X-Lora-Trained-For` names the LoRAs that run on another checkpoint than the fine-tune they were
+trained for (`<ref>=<fine-tune>`; absent when none). A client that hangs up leaves the queue, or cancels its
+generation.
 """
 
 from __future__ import annotations
@@ -68,8 +70,11 @@ def result_headers(result: GenerateResult, position: int | None = None) -> dict[
     the request joined the queue at (when it went through this process's scheduler)."""
     timings = result.timings
     place = {} if position is None else {"X-Queue-Position": str(position)}
+    elsewhere = [f"{quote(a.ref, safe=_REF_SAFE)}={quote(a.trained_for)}" for a in result.adapters if a.trained_for]
+    trained = {"X-Lora-Trained-For": ",".join(elsewhere)} if elsewhere else {}
     return {
         **place,
+        **trained,
         "X-Seed": str(result.seed),
         "X-Timing": (
             f"resolve={timings.resolve:.3f};prepare={timings.prepare:.3f};apply={timings.apply:.3f};"

@@ -3,10 +3,12 @@
 `{"inputs": "<prompt>", "parameters": {...}, "options": {...}}`, unknown fields refused at every level;
 `parameters.scheduler` names a sampler or scheduler class, `scheduler_options` its options, `clip_skip` the text
 layers skipped (the engine checks each against the pool); `parameters.loras` lists `{"path": ..., "scale": ...}`
-(the shape huggingface_hub's InferenceClient sends to text-to-image providers), each path a repo id or a
-`https://huggingface.co/<repo>/resolve/<revision>/<file>` URL, parsed into its parts (nothing is fetched from the
-URL itself). JSON has one number type: 20.0 is an acceptable integer, `true` is not a number. Every refusal is
-an InvalidRequestError (400) naming the field, its value and what is accepted: pydantic's ValidationError is
+(the shape huggingface_hub's InferenceClient sends to text-to-image providers), each path a repo id, a
+`https://huggingface.co/<repo>/resolve/<revision>/<file>` URL or a Civitai reference (`civitai:<version>`, a
+civitai.com model page or download link, an AIR), parsed into its parts (nothing is fetched from a URL itself: a
+Civitai id is looked up at the configured endpoint). JSON has one number type: 20.0 is an acceptable integer,
+`true` is not a number. Every refusal is an InvalidRequestError (400) naming the field, its value and what is
+accepted: pydantic's ValidationError is
 translated in one place (`_refusal`), from each field's `description` (what it accepts).
 """
 
@@ -21,14 +23,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidat
 
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateRequest, LoraSpec
+from lora_catalog.civitai.refs import SITE_HOSTS, parse_civitai
 
 __all__ = ["HUB_HOST", "HttpRequest", "lora_from_path", "parse_body"]
 
 HUB_HOST = "huggingface.co"
 _ACCEPTED_PATH = (
-    f"a Hub repo id 'owner/name' or a Hub file URL 'https://{HUB_HOST}/<owner>/<name>/resolve/<revision>/<file>'"
+    f"a Hub repo id 'owner/name' or a Hub file URL 'https://{HUB_HOST}/<owner>/<name>/resolve/<revision>/<file>'; "
+    "or a Civitai LoRA ('civitai:<version id>', a https://civitai.com/models/<id> page or "
+    "/api/download/models/<version id> link, or an AIR)"
 )
-_ITEM_SHAPE = '{"path": "<repo id or Hub file URL>", "scale": <number>}'
+_ITEM_SHAPE = '{"path": "<repo id, Hub file URL or Civitai reference>", "scale": <number>}'
 _BODY_SHAPE = '{"inputs": "<prompt>", "parameters": {...}}'
 _STRING = "a string"
 _SCHEDULER = "a string: a sampler name such as 'DPM++ 2M Karras' or a diffusers scheduler class"
@@ -139,17 +144,26 @@ def _spec(item: _Lora, where: str) -> LoraSpec:
 
 
 def lora_from_path(path: str, *, where: str = "path") -> tuple[str, str | None, str | None]:
-    """(repo id, revision, file) from a repo id or a `https://huggingface.co/<repo>/resolve/<rev>/<file>` URL.
+    """(repo id, revision, file) from a repo id or a `https://huggingface.co/<repo>/resolve/<rev>/<file>` URL;
+    a Civitai link as its canonical `civitai:<version>` (or `civitai:models/<model>`) with no revision or file.
 
     Only the URL's parts are used: the file is then fetched the one way every LoRA is (the Hub client and its
-    cache, with its size limit), so no request ever makes the server fetch from a host a client chose.
+    cache, or Civitai's API at the configured endpoint, with the size limit), so no request ever makes the server
+    fetch from a host a client chose.
     """
     text = path.strip()
     if "://" not in text:
-        # A repo id (or a local: file, as in the header); the engine validates it with every other LoRA.
+        # A repo id, a local: file or a Civitai id or AIR; the engine validates it with every other LoRA.
         return text, None, None
-    refused = f"{where} {path!r} is not accepted ({{}}); accepted: {_ACCEPTED_PATH}"
     parts = urlsplit(text)
+    if (parts.hostname or "").lower().rstrip(".") in SITE_HOSTS:
+        try:
+            civitai = parse_civitai(text)
+        except InvalidRequestError as e:
+            raise type(e)(f"{where}: {e}") from e
+        if civitai is not None:
+            return civitai.canonical, None, None
+    refused = f"{where} {path!r} is not accepted ({{}}); accepted: {_ACCEPTED_PATH}"
     # The whole netloc, not the host name: a port or user info is refused too. Host names are case-blind.
     if parts.scheme != "https" or parts.netloc.lower() != HUB_HOST:
         raise InvalidRequestError(

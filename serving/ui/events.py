@@ -44,9 +44,9 @@ def wire_browsing(
     placeholder = fmt.placeholder_image()
     first, second = request.first, request.second
 
-    def browse(base: str, search: str, sort: str, number: int) -> tuple[Any, ...]:
+    def browse(base: str, search: str, sort: str, source: str, number: int) -> tuple[Any, ...]:
         with user_errors():
-            result = handlers.page(base, search, sort, max(0, int(number)))
+            result = handlers.page(base, search, sort, max(0, int(number)), source)
         items = [(e.preview_urls[0] if e.preview_urls else placeholder, e.title) for e in result.entries]
         shown = f"{result.page * PAGE_SIZE + 1}–{result.page * PAGE_SIZE + len(result.entries)}"
         label = f"{shown} of {result.total_known}" if result.entries else "no LoRAs found"
@@ -110,7 +110,12 @@ def wire_browsing(
     ) -> tuple[Any, ...]:
         spec = fmt.lora_spec(ref, 1.0, revision, weight)
         if spec is None:
-            return fmt.error_card("Type a Hub repo id (owner/name) or a local: file first."), prompt, triggers, hints
+            return (
+                fmt.error_card("Type a Hub repo id (owner/name), a Civitai link or a local: file first."),
+                prompt,
+                triggers,
+                hints,
+            )
         try:
             report = await handlers.lora(spec)
         except SwitchboardError as e:
@@ -120,13 +125,13 @@ def wire_browsing(
         card = fmt.entry_card(report.entry, hub_url, report.check)
         return card, new_prompt, {**triggers, slot: trigger}, pool_ui.with_hints(hints, slot, report.entry)
 
-    filters = [browser.base, browser.search, browser.sort]
+    filters = [browser.base, browser.search, browser.sort, browser.source]
     outputs = [browser.gallery, entries, page, browser.page_info, browser.previous, browser.next]
     opts: dict[str, Any] = {"concurrency_id": BROWSE, "concurrency_limit": 4, "api_visibility": PRIVATE}
-    demo.load(lambda b, s, o: browse(b, s, o, 0), filters, outputs, **opts)
+    demo.load(lambda b, s, o, src: browse(b, s, o, src, 0), filters, outputs, **opts)
     gr.on(
-        [browser.base.change, browser.sort.change, browser.search.submit],
-        lambda b, s, o: browse(b, s, o, 0),
+        [browser.base.change, browser.sort.change, browser.search.submit, browser.source.change],
+        lambda b, s, o, src: browse(b, s, o, src, 0),
         filters,
         outputs,
         **opts,
@@ -152,8 +157,10 @@ def wire_browsing(
     request.recommended.change(
         recommend, [hinted, request.recommended, request.slot], recommend_outputs, **recommend_opts
     )
-    browser.next.click(lambda b, s, o, n: browse(b, s, o, n + 1), [*filters, page], outputs, **opts)
-    browser.previous.click(lambda b, s, o, n: browse(b, s, o, max(0, n - 1)), [*filters, page], outputs, **opts)
+    browser.next.click(lambda b, s, o, src, n: browse(b, s, o, src, n + 1), [*filters, page], outputs, **opts)
+    browser.previous.click(
+        lambda b, s, o, src, n: browse(b, s, o, src, max(0, n - 1)), [*filters, page], outputs, **opts
+    )
     selected = browser.gallery.select(
         select,
         [entries, request.slot, request.prompt, inserted, comparison.loras, hinted],

@@ -30,11 +30,13 @@ __all__ = [
     "error_card",
     "insert_trigger",
     "lora_spec",
+    "note_html",
     "parse_size",
     "placeholder_image",
     "preview_html",
     "queue_text",
     "readiness_html",
+    "recommended_text",
     "result_html",
     "result_info",
     "sampler_choices",
@@ -167,6 +169,8 @@ def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -
     if entry.repo_id:
         link = f"{hub_url.rstrip('/')}/{entry.repo_id}"
         where = f'<a href="{_esc(link)}" target="_blank" rel="noopener">{_esc(link)}</a>'
+    elif entry.page_url:
+        where = f'<a href="{_esc(entry.page_url)}" target="_blank" rel="noopener">{_esc(entry.page_url)}</a>'
     else:
         where = f"local file <code>{_esc(entry.weight_name or entry.ref)}</code>"
     badges = [f'<span class="badge">{_esc(entry.license or "licence unknown")}</span>']
@@ -174,7 +178,10 @@ def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -
         badges.append('<span class="badge nc">non-commercial</span>')
     if entry.unsupported:
         badges.append(f'<span class="badge nc">not supported: {_esc(entry.unsupported)}</span>')
-    if entry.source == "hub":
+    if entry.source == "civitai":
+        labels = [t.removeprefix("civitai-base:") for t in entry.tags if t.startswith("civitai-base:")]
+        badges.append(f'<span class="badge">Civitai{_esc(" · " + labels[0]) if labels else ""}</span>')
+    if entry.source in ("hub", "civitai"):
         badges.append(f'<span class="badge">⬇ {entry.downloads:,}</span><span class="badge">♥ {entry.likes:,}</span>')
     triggers = "".join(f'<span class="chip">{_esc(t)}</span>' for t in entry.trigger_words) or "<em>none given</em>"
     parts = [
@@ -184,6 +191,8 @@ def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -
         f"<p>{''.join(badges)}</p>",
         f"<p>Trigger words: {triggers}</p>",
     ]
+    if recommended := recommended_text(entry):
+        parts.append(f"<p>Recommended: {_esc(recommended)}</p>")
     if check is not None:
         parts.append(
             f'<p><span class="badge ok">✓ loads</span> rank {check.rank} · {check.layers} layers · '
@@ -191,6 +200,23 @@ def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -
         )
         parts += [f"<p>⚠ {_esc(w)}</p>" for w in check.warnings]
     return f'<div class="lora-card">{"".join(parts)}</div>'
+
+
+def recommended_text(entry: LoraEntry) -> str:
+    """What the LoRA's page recommends (Civitai's strength range; a CLIP skip its card, page or file states, in
+    A1111's count as the form shows it), or "" when it says nothing."""
+    values = dict(entry.recommended)
+    parts = []
+    if "strength" in values:
+        span = (
+            f" ({values['min_strength']:g}–{values['max_strength']:g})"
+            if "min_strength" in values and "max_strength" in values
+            else ""
+        )
+        parts.append(f"scale {values['strength']:g}{span}")
+    if entry.hints.clip_skip:
+        parts.append(f"CLIP skip {entry.hints.clip_skip + 1}")
+    return " · ".join(parts)
 
 
 def queue_text(view: QueueView) -> str:
@@ -210,6 +236,11 @@ def check_info(check: LoraCheck) -> dict[str, Any]:
     """A LoraCheck as JSON-ready data."""
     data = asdict(check)
     return {**data, "components": list(check.components), "warnings": list(check.warnings)}
+
+
+def note_html(message: str) -> str:
+    """A note under the LoRA's card: something to know, not a refusal."""
+    return f'<p class="lora-note">⚠ {_esc(message)}</p>'
 
 
 def error_card(message: str) -> str:

@@ -110,6 +110,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
         width, height = gr.Number(defaults.side), gr.Number(defaults.side)
         seed, page = gr.Number(-1), gr.Number(0, precision=0)
         base, search, sort = gr.Textbox(""), gr.Textbox(""), gr.Textbox("downloads")
+        source = gr.Textbox("hub")
         repo_id, revision, weight_name = gr.Textbox(), gr.Textbox(""), gr.Textbox("")
         loras, scales, include_base = gr.Textbox(""), gr.Textbox(""), gr.Checkbox(False)
         # "" and 0: the pool's own scheduler and no CLIP skip (or the LoRAs' recommendations), as before.
@@ -141,7 +142,8 @@ def add_api_endpoints(handlers: Handlers) -> None:
         clip_skip: float | None = 0,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
-        """Generate an image; `lora` and `lora_2` are Hub repo ids or local: files ("" for none); seed -1 is random.
+        """Generate an image; `lora` and `lora_2` are Hub repo ids, Civitai references (`civitai:<version id>`, a
+        civitai.com model page or download link, an AIR) or local: files ("" for none); seed -1 is random.
 
         The LoRAs pick the base model they were made for; without one, `base` names a served base ("" for the
         default). `scheduler`: a sampler ("DPM++ 2M Karras", "Euler a", "LCM", ...) or a diffusers scheduler class,
@@ -229,13 +231,16 @@ def add_api_endpoints(handlers: Handlers) -> None:
         gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
         return comparison.grid, gallery, comparison_fields.compare_info(result)
 
-    def catalog_api(base: str, search: str, sort: str, page: int | None) -> dict[str, Any]:
-        """One page of LoRAs for a base model ("" for the served one), and how fresh the list is."""
+    def catalog_api(base: str, search: str, sort: str, page: int | None, source: str = "hub") -> dict[str, Any]:
+        """One page of LoRAs for a base model ("" for the served one), and how fresh the list is; `source` is
+        "hub" or "civitai" (Civitai's LoRAs that run on that base's pool)."""
         with user_errors():
-            return catalog_json(handlers.page(base, search, sort, page or 0))
+            return catalog_json(handlers.page(base, search, sort, page or 0, source or "hub"))
 
     async def lora_info(repo_id: str, revision: str, weight_name: str) -> dict[str, Any]:
-        """What a LoRA is (its catalogue entry) and whether it loads here (rank, size, layers, warnings)."""
+        """What a LoRA is (its catalogue entry: trigger words, and for a Civitai LoRA its page, recommended scale
+        and CLIP skip) and whether it loads here (rank, size, layers, warnings); `repo_id` may be a Civitai
+        reference too."""
         with user_errors():
             spec = fmt.lora_spec(repo_id, 1.0, revision, weight_name) or LoraSpec(repo_id or "")
             report = await handlers.lora(spec)
@@ -288,7 +293,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
     )
     trigger.click(
         catalog_api,
-        [base, search, sort, page],
+        [base, search, sort, page, source],
         page_json,
         api_name="catalog",
         concurrency_id=BROWSE,

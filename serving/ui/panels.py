@@ -36,6 +36,8 @@ class Browser:
 
     base: gr.Dropdown
     note: gr.Markdown
+    # The Hub, or Civitai's tab (hidden when the Space runs without Civitai).
+    source: gr.Radio
     sort: gr.Dropdown
     search: gr.Textbox
     gallery: gr.Gallery
@@ -115,7 +117,14 @@ def header(banner: str | None) -> None:
     )
 
 
-def browser_panel(served: str, choices: list[tuple[str, str]], note: str) -> Browser:
+def browser_panel(served: str, choices: list[tuple[str, str]], note: str, *, civitai: bool = False) -> Browser:
+    source = gr.Radio(
+        [("Hugging Face Hub", "hub"), ("Civitai", "civitai")],
+        value="hub",
+        label="Source",
+        visible=civitai,
+        elem_id="source-filter",
+    )
     with gr.Row():
         base = gr.Dropdown(choices, value=served, label="Base model", scale=2, elem_id="base-filter")
         sort = gr.Dropdown(list(SORTS), value="downloads", label="Sort by", scale=1)
@@ -137,7 +146,7 @@ def browser_panel(served: str, choices: list[tuple[str, str]], note: str) -> Bro
     details = gr.HTML("<div class='lora-card'><em>Select a LoRA to see its details.</em></div>", elem_id="lora-details")
     # Selecting a LoRA starts its preparation; this badge says when it is ready (a cache hit on Generate).
     readiness = gr.HTML("", elem_id="lora-ready")
-    return Browser(base, base_note, sort, search, gallery, previous, page_info, next_button, details, readiness)
+    return Browser(base, base_note, source, sort, search, gallery, previous, page_info, next_button, details, readiness)
 
 
 def request_panel(handlers: Handlers) -> RequestPanel:
@@ -148,7 +157,9 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
     with gr.Group():
         ref = gr.Textbox(
-            label="LoRA 1 — Hub repo id or local: file", elem_id="lora-1", placeholder="owner/name (optional)"
+            label="LoRA 1 — Hub repo id, Civitai link or local: file",
+            elem_id="lora-1",
+            placeholder="owner/name, https://civitai.com/models/… or civitai:<version id> (optional)",
         )
         scale = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 1 scale", elem_id="lora-1-scale")
         with gr.Accordion("Revision, weight file, check", open=False, elem_id="lora-1-options"):
@@ -156,7 +167,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
             weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
             check = gr.Button("Check this LoRA", size="sm")
     with gr.Accordion("Blend a second LoRA", open=False), gr.Group():
-        ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id or local: file", elem_id="lora-2")
+        ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id, Civitai link or local: file", elem_id="lora-2")
         scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale")
         revision_2 = gr.Textbox(label="Revision", placeholder="main")
         weight_2 = gr.Textbox(label="Weight file")

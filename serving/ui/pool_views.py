@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from engine.pools.routing import pool_of_base
 from lora_catalog.bases import KNOWN_BASES, family_of_base
-from lora_catalog.entries import Family
+from lora_catalog.civitai.bases import civitai_base_for
+from lora_catalog.entries import Family, LoraEntry
 from serving.ui.formatting import status_markdown
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ __all__ = [
     "base_choices",
     "base_note",
     "display_name",
+    "finetune_note",
     "pool_for_base",
     "pool_for_family",
     "pools_api_snippets",
@@ -63,6 +65,20 @@ def base_choices(pools: Sequence[ServedPool]) -> list[tuple[str, str]]:
         else:
             browse.append((f"{base.display_name} (not served here)", base.repo_id))
     return served + runs + browse
+
+
+def finetune_note(pools: Sequence[ServedPool], entry: LoraEntry) -> str | None:
+    """For a Civitai LoRA trained for a fine-tune (Pony, ...) no pool serves: that it runs on another checkpoint
+    (the routing's rule, `pool_of_base`); None otherwise."""
+    base = entry.base_models[0] if entry.source == "civitai" and entry.base_models else None
+    finetune = civitai_base_for(base) if base else None
+    runs_on = pool_for_base(pools, base) if base and finetune and finetune.finetune else None
+    if runs_on is None or finetune is None or runs_on.base_model_id.lower() == (base or "").lower():
+        return None
+    return (
+        f"Trained for {finetune.label}, which no pool here serves: it runs on "
+        f"{display_name(runs_on.base_model_id)}, a different checkpoint of the same family."
+    )
 
 
 def unserved_note(pools: Sequence[ServedPool], family: Family | str, what: str) -> str:

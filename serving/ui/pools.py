@@ -45,11 +45,14 @@ def on_base(handlers: Handlers, base: str) -> tuple[Any, ...]:
 
 
 def entry_controls(handlers: Handlers, entry: LoraEntry) -> tuple[Any, ...]:
-    """A LoRA picked from the gallery: a warning when no pool serves its family, and its pool's controls."""
+    """A LoRA picked from the gallery: a warning when no pool serves its family (or, for a fine-tune's Civitai
+    LoRA, when it will run on another checkpoint), and its pool's controls."""
     pool = pool_views.pool_for_family(handlers.pools, entry.family)
     warning = ""
     if pool is None and entry.family is not Family.UNKNOWN:
         warning = fmt.error_card(pool_views.unserved_note(handlers.pools, entry.family, "This LoRA"))
+    elif note := pool_views.finetune_note(handlers.pools, entry):
+        warning = fmt.note_html(note)
     return warning, *controls(pool)
 
 

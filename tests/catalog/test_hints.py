@@ -6,7 +6,15 @@ import pytest
 
 from lora_catalog.cards import entry_from_hub_item
 from lora_catalog.entries import LoraEntry
-from lora_catalog.hints import SPEED_PRESETS, LoraHints, blend_hints, card_hints, metadata_hints, speed_hints
+from lora_catalog.hints import (
+    SPEED_PRESETS,
+    LoraHints,
+    blend_hints,
+    card_hints,
+    civitai_hints,
+    metadata_hints,
+    speed_hints,
+)
 
 
 @pytest.mark.parametrize(
@@ -60,6 +68,14 @@ def test_a_kohya_file_says_the_clip_skip_it_was_trained_with():
     assert metadata_hints({"ss_clip_skip": "None"}).empty
     assert metadata_hints({"ss_clip_skip": "1"}).empty
     assert metadata_hints({"modelspec.title": "Hyper-SD 8steps"}).speed == "Hyper-SD"
+
+
+def test_a_civitai_pages_clip_skip_in_a1111s_count_and_a_speed_loras_name():
+    hints = civitai_hints(2, ("Anime lineart", "v2.0"))
+    assert (hints.clip_skip, hints.speed, hints.source("clip_skip")) == (1, None, "its Civitai page (clipSkip 2)")
+    assert civitai_hints(1).empty and civitai_hints(None).empty
+    fast = civitai_hints(None, ("Hyper-SD 8steps", "v1"))
+    assert (fast.speed, fast.steps, fast.sampler) == ("Hyper-SD", 8, SPEED_PRESETS["Hyper-SD"].sampler)
     assert metadata_hints({}, ("lcm_lora.safetensors",)).speed == "LCM"
 
 

@@ -99,3 +99,31 @@ def test_resource_budgets_parse_with_units():
     assert (settings.pristine_bytes, settings.disk_cache_bytes) == (512 * 2**20, 5 * 10**9)
     defaults = Settings.from_env({})
     assert (defaults.pristine_bytes, defaults.disk_cache_bytes) == (7 * 2**30, 20 * 2**30)
+
+
+def test_civitai_settings_are_read_strictly_and_the_token_is_never_shown(tmp_path):
+    default = Settings.from_env({})
+    assert default.civitai and default.civitai_endpoint == "https://civitai.com"
+    assert default.civitai_max_nsfw_level == "PG13" and default.civitai_token is None
+    assert "*.civitai.com" in default.civitai_allowed_hosts
+    settings = Settings.from_env(
+        {
+            "CIVITAI_ENDPOINT": "http://127.0.0.1:8000/",
+            "CIVITAI_TOKEN": "civitai-token-value",
+            "CIVITAI_MAX_NSFW_LEVEL": "pg-13",
+            "CIVITAI_ALLOWED_HOSTS": "Files.Example.org, *.cdn.example.net",
+            "CIVITAI_CACHE_DIR": str(tmp_path),
+            "CIVITAI": "off",
+        }
+    )
+    assert settings.civitai_endpoint == "http://127.0.0.1:8000" and settings.civitai_max_nsfw_level == "PG13"
+    assert settings.civitai_allowed_hosts == ("files.example.org", "*.cdn.example.net")
+    assert settings.civitai_cache_dir == tmp_path and not settings.civitai
+    assert "civitai-token-value" not in repr(settings) and "civitai-token-value" not in str(settings)
+    for env, message in (
+        ({"CIVITAI_MAX_NSFW_LEVEL": "adult"}, r"CIVITAI_MAX_NSFW_LEVEL='adult' is not accepted; accepted: PG, PG13"),
+        ({"CIVITAI_ALLOWED_HOSTS": "evil.com/x"}, r"holds 'evil.com/x', not a host name"),
+        ({"CIVITAI_ENDPOINT": "civitai.com"}, r"CIVITAI_ENDPOINT='civitai.com' is not accepted; accepted: an http"),
+    ):
+        with pytest.raises(SettingsError, match=message):
+            Settings.from_env(env)

@@ -1,0 +1,52 @@
+"""Civitai's `baseModel` labels and where their LoRAs run: the one mapping table (a test per entry).
+
+Each label maps to the base repo id that stands for it (what routing and `MODELS` speak), its family and
+whether it is a fine-tune of its family's base. SDXL-shaped fine-tunes (Pony, Illustrious, NoobAI) run on a
+pool serving that fine-tune when `MODELS` has one (its BASE names the id below), else on the family's first
+pool, and the answer then says the LoRA runs on another checkpoint than it was trained for. Every other label
+(SD 3.5, video models, ...) maps to nothing: such a LoRA gets the 404 naming the served bases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..bases import DEFAULT_BASE, ILLUSTRIOUS_BASE, NOOBAI_BASE, PONY_BASE
+from ..entries import Family
+
+__all__ = ["CIVITAI_BASES", "CivitaiBase", "civitai_base", "civitai_base_for"]
+
+
+@dataclass(frozen=True)
+class CivitaiBase:
+    """One of Civitai's `baseModel` labels, as routing reads it."""
+
+    label: str
+    base_model_id: str
+    family: Family
+    finetune: bool = False
+
+
+# Labels as Civitai's API spells them (its BaseModel enum; e.g. "SDXL 1.0", "Flux.1 D" in
+# developer.civitai.com/site/reference/models). Matched ignoring case.
+CIVITAI_BASES: tuple[CivitaiBase, ...] = (
+    CivitaiBase("SD 1.5", "stable-diffusion-v1-5/stable-diffusion-v1-5", Family.SD15),
+    CivitaiBase("SDXL 1.0", DEFAULT_BASE, Family.SDXL),
+    CivitaiBase("Pony", PONY_BASE, Family.SDXL, finetune=True),
+    CivitaiBase("Illustrious", ILLUSTRIOUS_BASE, Family.SDXL, finetune=True),
+    CivitaiBase("NoobAI", NOOBAI_BASE, Family.SDXL, finetune=True),
+    CivitaiBase("Flux.1 D", "black-forest-labs/FLUX.1-dev", Family.FLUX),
+    CivitaiBase("Flux.1 S", "black-forest-labs/FLUX.1-schnell", Family.FLUX),
+)
+_BY_LABEL = {b.label.lower(): b for b in CIVITAI_BASES}
+_BY_ID = {b.base_model_id.lower(): b for b in CIVITAI_BASES}
+
+
+def civitai_base(label: str) -> CivitaiBase | None:
+    """The table's entry for Civitai's `baseModel` label; None for a base this Space maps to no pool."""
+    return _BY_LABEL.get(label.strip().lower())
+
+
+def civitai_base_for(base_model_id: str) -> CivitaiBase | None:
+    """The table's entry standing for a base repo id (the catalogue tab asks Civitai by label); None if none."""
+    return _BY_ID.get(base_model_id.strip().lower())
