@@ -22,6 +22,7 @@ __all__ = [
     "POOL_SIZE",
     "SDXL_UNET_CONFIG",
     "build_sdxl_unet",
+    "default_dtype",
     "drift_from_fill",
     "fill_module",
     "mismatched_tensors",
@@ -124,7 +125,7 @@ def drift_from_fill(module: nn.Module, pool: torch.Tensor) -> tuple[float, int]:
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     # Creating the modules in `dtype` (instead of casting afterwards) keeps diffusers from warning
     # about modules it would keep in float32 when loading a checkpoint; this UNet has none.
     previous = torch.get_default_dtype()
@@ -144,7 +145,7 @@ def build_sdxl_unet(
 ) -> UNet2DConditionModel:
     """SDXL's UNet (or another `config`) with every tensor filled from `pool`, ready for inference-free benchmarks."""
     device = torch.device(device)
-    with torch.device("meta"), _default_dtype(dtype):
+    with torch.device("meta"), default_dtype(dtype):
         unet = UNet2DConditionModel.from_config(dict(config if config is not None else SDXL_UNET_CONFIG))
     unet = unet.to_empty(device=device)
     fill_module(unet, pool if pool is not None else random_pool())

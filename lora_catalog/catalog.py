@@ -1,16 +1,11 @@
-"""`Catalog`: the facade the UI pages through — Hub listing, snapshot and local folders in one list; Civitai
-references are described through its source (`lora_catalog.civitai`).
+"""`Catalog`: the facade the UI pages through (Hub listing, snapshot and local folders in one list; Civitai
+through its own source).
 
-Stale-while-revalidate: the first page for a base is answered from the
-snapshot at once while a background thread asks the Hub; later pages see the
-live list. A live list is kept for `list_ttl_s`, then served stale while it is
-refreshed in the background. When the Hub fails, the last good list (or the
-snapshot) stays on screen with `offline=True`, and the Hub is retried in the
-background at most every `retry_after_s`.
-
-When to block on the Hub: only for a (base, search, sort) with no list of its
-own while the Hub is known to answer, or on the very first call when there is
-no snapshot to show; each such wait is bounded by the HubSource timeout.
+Stale-while-revalidate: a base's first page comes from the snapshot at once while the Hub is asked in the
+background; a live list is kept `list_ttl_s`, then served stale while refreshed. When the Hub fails the last
+good list stays on screen (`offline=True`) and the Hub is retried at most every `retry_after_s`. It blocks on
+the Hub only for a query with no list of its own while the Hub answers, or on the very first call with no
+snapshot, each wait bounded by the HubSource timeout.
 """
 
 from __future__ import annotations

@@ -15,22 +15,14 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-import httpx2
 from cachetools import LRUCache
 from huggingface_hub import HfApi
 from huggingface_hub.errors import (
-    EntryNotFoundError,
-    GatedRepoError,
-    HfHubHTTPError,
-    OfflineModeIsEnabled,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
     SafetensorsParsingError,
 )
 from huggingface_hub.hf_api import ModelInfo
@@ -41,11 +33,11 @@ from .entries import LoraEntry
 from .errors import (
     CatalogError,
     GatedLoraError,
-    HeaderError,
     HubUnavailableError,
     InvalidRequestError,
     LoraNotFoundError,
 )
+from .hub_errors import hub_errors
 from .pivotal import embeddings_for
 from .refs import is_commit_sha, validate_repo_id, validate_revision, validate_weight_name
 from .sft_header import (
@@ -349,43 +341,8 @@ class HubSource:
                 logger.warning("skipping a listing item for %s: %s", base, e)
         return entries
 
-    @contextmanager
-    def _wrap(self, what: str, *, repo_id: str | None = None, revision: str | None = None) -> Iterator[None]:
-        """Turn huggingface_hub/httpx errors into catalogue errors that name `what` failed."""
-        try:
-            yield
-        except HeaderError:
-            raise  # the file's fault, already named (a ValueError, which would read as malformed JSON below)
-        except GatedRepoError as e:
-            raise GatedLoraError(
-                f"LoRA repo {repo_id!r} is gated; this Space serves only LoRAs anyone can download"
-            ) from e
-        except RepositoryNotFoundError as e:
-            raise LoraNotFoundError(
-                f"LoRA repo {repo_id!r} was not found on the Hub (or it is private); accepted: a public model repo "
-                "id 'owner/name'"
-            ) from e
-        except RevisionNotFoundError as e:
-            raise LoraNotFoundError(
-                f"revision {revision!r} of LoRA repo {repo_id!r} was not found; accepted: an existing branch, tag or "
-                "commit sha"
-            ) from e
-        except EntryNotFoundError as e:
-            raise LoraNotFoundError(f"a file of LoRA repo {repo_id!r} was not found while {what}") from e
-        except HfHubHTTPError as e:
-            status = e.response.status_code if e.response is not None else "?"
-            raise HubUnavailableError(f"the Hub at {self.endpoint} answered HTTP {status} while {what}") from e
-        except OfflineModeIsEnabled as e:
-            raise HubUnavailableError(f"huggingface_hub's offline mode (HF_HUB_OFFLINE) is on while {what}") from e
-        except httpx2.TimeoutException as e:
-            raise HubUnavailableError(
-                f"the Hub at {self.endpoint} did not answer within {self.timeout_s:g} s while {what}"
-            ) from e
-        except httpx2.HTTPError as e:
-            raise HubUnavailableError(f"the Hub at {self.endpoint} could not be reached while {what}: {e}") from e
-        except (ValueError, KeyError, TypeError) as e:
-            # r.json() and ModelInfo(**data) on a malformed or truncated answer.
-            raise HubUnavailableError(f"the Hub at {self.endpoint} answered malformed JSON while {what}: {e}") from e
+    def _wrap(self, what: str, *, repo_id: str | None = None, revision: str | None = None):
+        return hub_errors(what, endpoint=self.endpoint, timeout_s=self.timeout_s, repo_id=repo_id, revision=revision)
 
 
 def _info_to_item(info: ModelInfo) -> dict[str, Any]:

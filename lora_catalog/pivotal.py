@@ -1,24 +1,10 @@
 """Pivotal-tuning embeddings files: which file goes with a LoRA, and the tokens it defines.
 
-diffusers' advanced DreamBooth scripts (`examples/advanced_diffusion_training/
-train_dreambooth_lora_sdxl_advanced.py`) train new tokens alongside the LoRA and
-publish their embeddings next to it: one safetensors file with a tensor per text
-encoder, `clip_l` (text_encoder) and `clip_g` (text_encoder_2), one row per new
-token. The tokens are `<s0>`, `<s1>`, ... in row order (the script names them
-`<s{i}>` and saves the rows in that order), and the card's instance prompt uses
-them, e.g. `a photo of <s0><s1>`.
-
-Accepted file names, for a LoRA file `<stem>.safetensors` (the same rule for Hub
-repos and local folders):
-
-1. `<stem>_emb.safetensors` beside it: the script's WebUI copy `<name>.safetensors`
-   goes with `<name>_emb.safetensors`, and a local pair named this way is accepted.
-2. For `pytorch_lora_weights.safetensors`, the name the scripts give the LoRA:
-   `embeddings.safetensors` (the script before December 2023, diffusers #6403), or
-   else the only `*_emb.safetensors` beside it (since: `<output dir>_emb.safetensors`).
-
-Several `*_emb.safetensors` files and no name match means none is taken: a guess
-could pair a LoRA with another LoRA's tokens.
+diffusers' advanced DreamBooth scripts publish, next to the LoRA, one safetensors file with a row per new token
+(`<s0>`, `<s1>`, ...) for each text encoder (`clip_l`, `clip_g`). For `<stem>.safetensors` the accepted files
+are `<stem>_emb.safetensors`, or for `pytorch_lora_weights.safetensors` `embeddings.safetensors` or the only
+`*_emb.safetensors` beside it; several candidates and no name match means none (a guess could pair a LoRA with
+another's tokens). Sources: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Safetensors headers, parsed by huggingface_hub and checked strictly here (no torch).
 
-A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (tensor name -> dtype,
-shape, data offsets, plus an optional `__metadata__` str->str map) and then the raw tensor bytes. The
-catalogue reads headers to place a LoRA by its base without loading tensors; the engine checks a downloaded
-file's header before it trusts it.
-
-huggingface_hub parses headers (`parse_local_safetensors_file_metadata` for a file; the Hub source uses
-`HfApi.parse_safetensors_file_metadata`, which reads by HTTP Range) but trusts what they say: offsets that
-lie about the data, tensors past the end of a truncated file, overlapping tensors, unknown dtypes all pass
-(tests/catalog/test_header.py shows it), and safetensors' `safe_open`, which does check, needs the whole
-file. So this module keeps only what the library does not do: `declared_length` checks the 8-byte prefix
-against our limit and the file's size before the library reads the header (its own limit is a fixed 25 MB),
-and `checked_header` checks the library's result. Every check names the problem, because a file that lies
-would otherwise fail much later, deep inside the loader. Bytes and streams (a Range-read prefix, a file
-in memory) have no library reader: they are decoded here into the library's types and checked the same way.
+huggingface_hub parses headers (locally and by HTTP Range) but trusts them: offsets that lie, tensors past a
+truncated end, overlaps and unknown dtypes all pass, and safetensors' `safe_open` checks only with the whole
+file. So this module keeps what the library does not do: the 8-byte length against our limit and the file's
+size before the library reads, and a strict check of the library's result, each naming the problem. Bytes and
+streams (a Range-read prefix) have no library reader and are decoded here into its types. Why each check
+matters: docs/internals.md and tests/catalog/test_header.py.
 """
 
 from __future__ import annotations

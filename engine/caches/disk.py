@@ -1,19 +1,11 @@
 """The LoRA disk caches, pruned least recently used first to one byte budget with huggingface_hub's own tools.
 
-LoRA files are downloaded into the Hub cache (`hf_hub_download`), and Civitai's into a folder of their own
-(`<civitai_dir>/<version>/<file>`, `engine.prepare.civitai`); neither shrinks by itself. After each download a
-background thread scans both (`scan_cache_dir` for the Hub's) and, while the LoRAs in them take more than the
-budget together, deletes the least recently read first: a Hub revision whole (`HFCacheInfo.delete_revisions`,
-which also removes blobs no other revision shares), a Civitai version's folder whole. Two kinds are never
-deleted:
-
-- the served model's own repos (the base pipeline, a VAE): the budget is for LoRAs;
-- revisions in use: an adapter being resolved, downloaded or read (held with `hold`), or one leased or
-  fused in the engine's store. `hold` and the deletion share one lock, so a revision checked as unused
-  cannot become used before it is gone, and a revision held is never deleted under a reader.
-
-A Civitai file's last read is its mtime (the resolver touches it on each use: atime is unreliable on many
-mounts); half-written downloads (`.part-*`) count towards the bytes but are never chosen.
+After each download a background thread scans the Hub cache (`scan_cache_dir`) and the Civitai folder and,
+while their LoRAs take more than the budget, deletes the least recently read first: a Hub revision whole
+(`delete_revisions`), a Civitai version's folder whole. Never deleted: the served model's own repos, and
+revisions in use (held while resolved, downloaded or read, or leased or fused), under one lock with `hold`
+so a revision checked as unused cannot become used before it is gone. Details:
+docs/internals.md.
 """
 
 from __future__ import annotations

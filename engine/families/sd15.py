@@ -10,13 +10,17 @@ from __future__ import annotations
 from diffusers import StableDiffusionPipeline
 
 from engine.families import stable_diffusion as sd
-from engine.families.spec import FamilySpec
+from engine.families.spec import FamilySpec, MemorySpec
 from lora_catalog.entries import Family
 
 __all__ = ["FAMILY", "build_tiny_pipeline"]
 
 # SDXL's aspect buckets at half their side (the UI's presets, rounded to multiples of 64 when served).
 SIZE_BUCKETS = ((512, 512), (576, 448), (448, 576), (608, 416), (416, 608), (672, 384), (384, 672))
+
+# Parameter and buffer values of stable-diffusion-v1-5/stable-diffusion-v1-5 as diffusers and transformers build
+# them from its unet/ and text_encoder/ configs (CLIP ViT-L/14's text model): 1.07 billion, 2.13 GB in fp16.
+MEMORY = MemorySpec(values=(("unet", 859_520_964), ("text_encoder", 123_060_557), ("vae", sd.VAE_VALUES)))
 
 
 def build_tiny_pipeline(seed: int = 0) -> StableDiffusionPipeline:
@@ -41,4 +45,5 @@ FAMILY = FamilySpec(
     extra_schedulers=sd.SCHEDULERS,
     max_clip_skip=sd.max_clip_skip,
     prepare_clip_skip=sd.alias_text_model,
+    memory=MEMORY,
 )

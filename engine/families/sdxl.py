@@ -16,7 +16,7 @@ from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
 from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
 from engine.families import unet
-from engine.families.spec import FamilySpec, LatentProjection, LoraSignature, PreviewSpec
+from engine.families.spec import FamilySpec, LatentProjection, LoraSignature, MemorySpec, PreviewSpec
 from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
 from lora_catalog.entries import Family
 
@@ -34,6 +34,17 @@ LATENT_RGB = LatentProjection(
         (-0.3165, -0.2492, -0.2188),
     ),
     bias=(0.1084, -0.0175, -0.0011),
+)
+
+# Parameter and buffer values of stabilityai/stable-diffusion-xl-base-1.0 as diffusers and transformers build them
+# from its configs (CLIP ViT-L/14's and OpenCLIP bigG's text models): 3.47 billion, 6.94 GB in fp16.
+MEMORY = MemorySpec(
+    values=(
+        ("unet", 2_567_463_684),
+        ("text_encoder", 123_060_557),
+        ("text_encoder_2", 694_659_917),
+        ("vae", 83_653_863),
+    )
 )
 
 
@@ -103,4 +114,5 @@ FAMILY = FamilySpec(
     build_tiny=build_tiny_pipeline,
     extra_schedulers=unet.SPEED_SCHEDULERS,
     max_clip_skip=max_clip_skip,
+    memory=MEMORY,
 )

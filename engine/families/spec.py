@@ -1,8 +1,8 @@
 """What a base-model family declares: the one shape every `engine.families.<family>` module fills in.
 
 A family module builds one `FamilySpec` named `FAMILY`; nothing outside it knows a family's pipeline class,
-denoiser, LoRA components, request defaults, size presets, LoRA signature, converter, preview decoder or tiny
-builder. This module only holds the shape (and imports no torch: `engine.families.registry`, which
+denoiser, LoRA components, request defaults, size presets, LoRA signature, converter, preview decoder, tiny
+builder or model sizes. This module only holds the shape (and imports no torch: `engine.families.registry`, which
 `engine.settings` reads, must stay light); code that reads a family reads these fields, never a family name.
 """
 
@@ -19,6 +19,7 @@ __all__ = [
     "LatentProjection",
     "LoraConverter",
     "LoraSignature",
+    "MemorySpec",
     "PipelineClass",
     "PreviewSpec",
     "Widths",
@@ -75,6 +76,33 @@ class PreviewSpec:
     projection: LatentProjection | None
 
 
+@dataclass(frozen=True)
+class MemorySpec:
+    """What the family's pipelines hold, for the start-up memory plan (`engine.pools.plan`) before anything loads.
+
+    `values`: (pipeline component, its parameter and buffer values) of the family's reference model, from its
+    published configs (fine-tunes share them); bytes follow the served dtype. Empty: the plan judges the loaded
+    pipeline only. `host_components`: components the family's pipeline can run with their weights in host RAM
+    (FLUX's T5 encoder: 9.5 GB in bf16); the plan leaves them there only when the pools fit no other way, and then
+    the pool's loading and inference must keep and run them there (`MemoryPlan.host_components`). The UNet
+    families have none. `working_bytes`: what inference needs free beside the weights at the family's largest
+    sizes (activations, the VAE's decode); the plan keeps the largest of its pools' free.
+    """
+
+    values: tuple[tuple[str, int], ...] = ()
+    host_components: tuple[str, ...] = ()
+    # SDXL at 1024² peaks at about 3-4 GiB of activations in fp16.
+    working_bytes: int = 4 * 2**30
+
+    def values_of(self, components: tuple[str, ...]) -> int:
+        """The values of `components` (those the spec names)."""
+        return sum(n for c, n in self.values if c in components)
+
+    @property
+    def total_values(self) -> int:
+        return sum(n for _, n in self.values)
+
+
 class TinyBuilder(Protocol):
     def __call__(self, seed: int = 0) -> Pipeline: ...
 
@@ -124,6 +152,8 @@ class FamilySpec:
     # Readies a run's own shallow copy of the pipeline for `clip_skip` (a library mismatch worked around on the
     # copy, never on the pool's pipeline: see the family's function); None: nothing to do.
     prepare_clip_skip: Callable[[Pipeline], None] | None = None
+    # Its pipelines' sizes and the components that may stay in host RAM, for the memory plan.
+    memory: MemorySpec = MemorySpec()
 
     def size_presets(self, side: int, max_side: int) -> tuple[tuple[int, int], ...]:
         """The buckets scaled to `side` (to multiples of 64), after the square, those no larger than `max_side`."""

@@ -30,6 +30,7 @@ __all__ = [
     "PREVIEW",
     "SCHEDULERS",
     "SIGNATURE",
+    "VAE_VALUES",
     "alias_text_model",
     "build_tiny_sd",
     "claims",
@@ -43,6 +44,9 @@ LOAD_OPTIONS: tuple[tuple[str, object], ...] = (
     ("feature_extractor", None),
     ("requires_safety_checker", False),
 )
+# The parameter and buffer values of their VAE (`AutoencoderKL`, vae/config.json of stable-diffusion-v1-5 and
+# stable-diffusion-2-1: block_out_channels 128/256/512/512, two layers per block, 4 latent channels).
+VAE_VALUES = 83_653_863
 # ComfyUI, comfy/latent_formats.py, class SD15 (latent_rgb_factors); `supported_models.SD20` uses it too, and
 # TAESD's model card names it compatible with SD 1 and 2 models.
 PREVIEW = PreviewSpec(

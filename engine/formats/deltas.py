@@ -1,16 +1,9 @@
 """Which layer updates keep their ΔW from preparation instead of recomputing it at every swap.
 
-Measured by bench.swap's formats section (full-size SDXL UNet, 140 attention projections, bf16 weights,
-2 quiet CPU cores), swap time over the floor (a plain LoRA of the same rank on the same weights), ranks 8 / 32:
-
-- LoHa: recomputed 11.2 / 6.5 (two products and their Hadamard product per swap), kept 0.94 / 0.46;
-- DoRA: recomputed 1.57 / 1.21, kept 1.25 / 0.81 (its rescale stays per swap: the norm depends on the scale);
-- LoKr: recomputed 0.87 / 0.53, kept 0.90 / 0.63, so it keeps its factors; plain LoRA is the floor itself.
-
-A kept ΔW costs 4 bytes per weight value it touches (19-145x the factors at these ranks), so the engine gives
-a budget: a share of the host cache on the CPU, none on a GPU, where the products run on the device at a
-fraction of a swap's cost (not measured: no GPU was lent). An adapter keeps the ΔW of all its LoHa and DoRA
-layers or of none, so its bytes in the cache are known before it is stored.
+LoHa and DoRA layers keep theirs (a recomputed LoHa ΔW costs up to 11x a plain LoRA's swap); LoKr keeps its
+factors. A kept ΔW costs 4 bytes per weight value it touches, so it comes out of a budget (a share of the host
+cache on the CPU, none on a GPU), all of an adapter's layers or none, so its cached bytes are known before it is
+stored. The measurements behind the choice: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """DoRA: the base weight plus a LoRA-type ΔW, rescaled to a learned magnitude, as PEFT merges it.
 
-PEFT (`tuners/lora/variants.py` `DoraLinearVariant.merge_safe` and `_DoraConvNdVariant.merge_safe`;
-`tuners/lora/dora.py` `get_weight_norm`) fuses `W' = m / ‖W0 + s·ΔW‖ · (W0 + s·ΔW)`, the norm of
-each output row (over the input and kernel axes for a convolution), `s` the LoRA scaling times the
-request's scale, `m` fixed. PEFT files store `m` as `lora_magnitude_vector`: shape (out,) for a
-Linear, (1, out, 1, 1) for a Conv2d.
-
-kohya files written by LyCORIS store it as `dora_scale`, on either axis (`lycoris/modules/locon.py`
-and `loha.py`, `wd_on_out`): shape (out, 1, …) normalises each output row like PEFT; (1, in, …)
-normalises each input column over the output and kernel axes (`functional/general.py`
-`_weight_decompose`, lines 117-139). The axis is read from the shape, as LyCORIS's own loader does.
-The request's scale multiplies ΔW, as in PEFT (LyCORIS instead interpolates the rescale factor by its
-multiplier; at scale 1 the two agree).
-
-With several adapters on one weight each DoRA contributes `(f - 1)·W0 + f·s·ΔW`, `f = m / ‖W0 + s·ΔW‖`
-computed from the base weight: what PEFT's unmerged forward pass computes for several active
-adapters (`DoraLinearLayer.forward`: `(mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result`),
-independent of the order they are listed in.
+`W' = m / ‖W0 + s·ΔW‖ · (W0 + s·ΔW)`, the norm per output row (PEFT's `lora_magnitude_vector`) or, for
+LyCORIS files whose `dora_scale` lies on the input axis, per input column: the axis is read from the shape,
+as LyCORIS's loader does. The request's scale multiplies ΔW, as in PEFT. Several adapters on one weight each
+add `(f - 1)·W0 + f·s·ΔW` with `f` computed from the base, as PEFT's unmerged forward pass does, independent
+of their order. Sources, line by line: docs/internals.md.
 """
 
 from __future__ import annotations

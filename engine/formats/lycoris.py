@@ -1,24 +1,10 @@
 """LyCORIS layers (LoHa, LoKr, LoCon with a Tucker core): their ΔW, and their scale as LyCORIS defines it.
 
-The products follow LyCORIS 4.1.3 (`lycoris/functional/loha.py` `_diff_weight`, lines 123-140;
-`lycoris/functional/lokr.py` `_kron_weight`/`make_kron`, lines 16-25 and 129-140;
-`lycoris/functional/locon.py` `_diff_weight`, lines 39-54) and PEFT's `LoHaLayer`/`LoKrLayer`
-`get_delta_weight`, which agree on the tensor layouts. The scale differs by naming:
-
-- kohya/LyCORIS names (`lora_unet_….hada_w1_a`): `alpha / dim`, with `alpha` from the file's
-  `.alpha` tensor and `alpha = dim` when it is missing or 0 (`modules/loha.py` 130-138,
-  `modules/lokr.py` 207-218, `modules/locon.py` the same). `dim` is the factorisation rank
-  (`hada_w1_b.shape[0]`, `loha.py` 158-170; `lokr_w1_b`/`lokr_w2_b.shape[0]`, `lokr.py` 263-270).
-  The exception: a LoKr block with both halves un-factorised (`lokr_w1` and `lokr_w2` full) has
-  scale 1 whatever its alpha (`lokr.py` 210-212, "use scale = 1"; `make_module_from_state_dict`
-  sets `lora_dim = 1` for it, 266-270).
-- PEFT names (`….hada_w1_a` under `unet.` or `base_model.model.`): `alpha / r` always
-  (peft `tuners/loha/layer.py` and `tuners/lokr/layer.py` `update_layer`, `self.scaling = alpha / r`),
-  with `r` and `alpha` from the adapter config when the file carries it (see `engine.formats.adapters`).
-
-Each ΔW is built in float32 from the stored factors and added to the swap's accumulator; the
-elementwise parts (LoHa's Hadamard product, LoKr's Kronecker product) are folded into one
-`addcmul_` so no weight-sized ΔW is ever materialised for them.
+Products as LyCORIS 4.1.3 and PEFT compute them (they agree on layouts). The scale follows the naming: kohya
+names take `alpha / dim` (`alpha = dim` when missing or 0; a LoKr with both halves whole has scale 1), PEFT
+names take `alpha / r` from the adapter config. Each ΔW is built in float32 and added to the swap's
+accumulator, LoHa's Hadamard and LoKr's Kronecker products folded into one `addcmul_` so no weight-sized ΔW is
+materialised for them. Sources, line by line: docs/internals.md.
 """
 
 from __future__ import annotations

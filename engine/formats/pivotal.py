@@ -1,32 +1,11 @@
-"""Pivotal-tuning tokens: put into both tokenizers and text encoders for a request, taken out exactly.
+"""Pivotal-tuning tokens: put into the tokenizers and text encoders for a request, taken out exactly.
 
-A pivotal-tuning LoRA comes with an embeddings file (which names are accepted, and
-which tokens it defines: `lora_catalog.pivotal`): rows `clip_l` for `text_encoder`
-and `clip_g` for `text_encoder_2`, one per token `<s0>`, `<s1>`, ... While such a
-LoRA is fused, the pipeline tokenizes its tokens to new ids and looks their rows
-up in the text encoders, as diffusers' `load_textual_inversion(rows, token=...,
-text_encoder=..., tokenizer=...)` for each encoder would make it do.
-
-Nothing is added to the served objects and then removed again. transformers'
-tokenizers cannot take an added token out (the vocabulary of the Rust tokenizer
-only grows), and diffusers' own `unload_textual_inversion` has left rows behind in
-`text_encoder_2` (diffusers #6974). Instead, for each token set a copy of each base
-tokenizer gets the tokens (made once per set and cached, when the adapter is
-prepared: the common `<s0><s1>` is built once per process), and each text
-encoder's embedding gets a new weight, the base matrix with the rows appended.
-Taking the tokens out puts the base weight tensors back: they were never written,
-so they are bit-exact and of their original size by construction.
-
-The pipeline's tokenizer attributes are the base ones except during a run of a
-fused set with tokens (`swapped_tokenizers`, under the pipeline lock), so a prompt
-naming `<s0>` without such a LoRA is plain text, as before; the base tokenizers
-never give an id past their vocabulary, so appended rows left in while a set stays
-fused between requests are never read by them.
-
-Two LoRAs of one request that define the same token are refused with an error
-(`check_clashes`) rather than renamed: a prompt's `<s0>` cannot say which LoRA's
-`<s0>` it means, so any rewrite would be a guess. The LoRA's scale does not scale
-the rows, as in diffusers.
+Nothing is added to the served objects and removed again (a tokenizer's vocabulary only grows, and diffusers'
+`unload_textual_inversion` has left rows behind, diffusers #6974): each token set gets copies of the base
+tokenizers and embedding weights with the rows appended, swapped in only while such a set runs (under the
+pipeline lock), and taking them out puts the untouched base tensors back, bit-exact by construction. Two LoRAs
+of one request defining the same token are refused (a rewrite would be a guess); a LoRA's scale does not scale
+the rows, as in diffusers. The whole argument: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -44,6 +44,8 @@ class LoadedPipeline:
     load_s: float
     warmup_s: float
     family: FamilySpec
+    # Components the memory plan left in host RAM (`MemorySpec.host_components`): never moved to the device.
+    host_components: tuple[str, ...] = ()
 
     @property
     def is_tiny(self) -> bool:
@@ -82,12 +84,15 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
     return _DTYPES[setting]
 
 
-def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) -> LoadedPipeline:
+def load_pipeline(
+    settings: Settings, *, warm: bool = True, park: bool = False, host_components: tuple[str, ...] = ()
+) -> LoadedPipeline:
     """Load `settings.model_id` (a Hub id, a local diffusers folder or a tiny one) and warm it up.
 
     The class comes from the family of `settings.base_model_id`. With `park`, the weights stay in
     host memory (in the compute dtype) for `engine.pools.pools` to move in when the pool is first used;
-    `device` still names where it will compute, and no warm-up runs.
+    `device` still names where it will compute, and no warm-up runs. `host_components` stay in host RAM
+    (the memory plan's choice, among those the family declares it can run there).
     """
     family = family_spec(settings.base_model_id, setting="BASE_MODEL_ID")
     device = resolve_device(settings.device)
@@ -98,7 +103,20 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
     )
     target = torch.device("cpu") if park else device
     # Casting only when needed: diffusers warns on a cast that may break modules kept in float32.
-    pipe = pipe.to(device=target) if pipe.dtype == dtype else pipe.to(device=target, dtype=dtype)
+    cast = None if pipe.dtype == dtype else dtype
+    if host_components:
+        refused = sorted(set(host_components) - set(family.memory.host_components))
+        if refused:
+            raise SettingsError(
+                f"{settings.model_id} cannot run {', '.join(refused)} from host RAM; accepted: "
+                f"{', '.join(family.memory.host_components) or 'none of its components'}"
+            )
+        # Component by component, so that those left in host RAM never visit the device.
+        for name, component in pipe.components.items():
+            if isinstance(component, torch.nn.Module):
+                component.to(device=torch.device("cpu") if name in host_components else target, dtype=cast)
+    else:
+        pipe = pipe.to(device=target) if cast is None else pipe.to(device=target, dtype=cast)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
     side = int(getattr(pipe, family.denoiser).config.sample_size) * int(pipe.vae_scale_factor)
@@ -127,6 +145,7 @@ def load_pipeline(settings: Settings, *, warm: bool = True, park: bool = False) 
         load_s=load_s,
         warmup_s=0.0,
         family=family,
+        host_components=host_components,
     )
     if not warm or park:
         return loaded

@@ -80,6 +80,9 @@ class Engine:
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
         # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
         pin = loaded.device.type == "cuda" and not settings.zero_gpu
+        # What the pristine copies may take on the device at most: the residency charges it while the pool is there.
+        touchable = sum(p.nbytes for p in self._table.params)
+        self.pristine_device_bytes = min(settings.pristine_bytes, touchable) if on_device else 0
         patcher = WeightPatcher(
             self._table.params,
             loaded.device if on_device else torch.device("cpu"),

@@ -16,21 +16,22 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import torch
 from cachetools import LRUCache
-from torch import nn
 
 from engine.caches.disk import DiskCache
 from engine.compare import MAX_COMPARE_LORAS
 from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
-from engine.outcomes import PoolStatus, ServedPool
+from engine.outcomes import PoolMemory, PoolStatus, ServedPool
 from engine.pipeline.loading import LoadedPipeline, resolve_device
 from engine.pools.engine import Engine
-from engine.pools.residency import Residency, device_budget, module_bytes
+from engine.pools.plan import PlanOptions, declared_needs, device_memory, loaded_need, pipeline_modules, plan_memory
+from engine.pools.residency import Residency
 from engine.pools.routing import PoolInfo, agreed_pool, described_pick, named_pool
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import GenerateRequest, LoraSpec, normalise_loras
-from engine.settings import Settings
+from engine.settings import PoolSetting, Settings
 from lora_catalog.entries import Family
 
 __all__ = ["Pool", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
@@ -88,6 +89,7 @@ class Pools:
                 engine.loaded.base_model_id,
                 pipeline_modules(engine.loaded),
                 before_leaving=engine.prepare_to_leave_device,
+                pristine=engine.pristine_device_bytes,
             )
         self._routes: LRUCache[AdapterKey, tuple[int | None, str]] = LRUCache(maxsize=_ROUTE_CACHE)
         self._routes_lock = threading.Lock()
@@ -177,6 +179,10 @@ class Pools:
             for p in self._pools
         )
 
+    def residency_snapshot(self) -> tuple[PoolMemory, ...]:
+        """Where each pool's pipeline is now."""
+        return self._residency.snapshot()
+
     def status(self) -> tuple[PoolStatus, ...]:
         memory = {m.name: m for m in self._residency.snapshot()}
         return tuple(
@@ -209,32 +215,43 @@ def pool_info(engine: Engine) -> PoolInfo:
     return PoolInfo(loaded.base_model_id, family.family, widths.cross_attention, widths.text)
 
 
-def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
-    """The pipeline's modules that hold weights (what moves between the device and host RAM)."""
-    return [m for m in loaded.pipe.components.values() if isinstance(m, nn.Module)]
-
-
 def build_pools(
-    settings: Settings, resolver: AdapterResolver, load: Callable[..., LoadedPipeline], *, warm: bool
+    settings: Settings,
+    resolver: AdapterResolver,
+    load: Callable[..., LoadedPipeline],
+    *,
+    warm: bool,
+    memory: Callable[[torch.device], int | None] | None = None,
 ) -> Pools:
-    """Load every pool of `settings` (the default first) and place them on the device by the memory budget.
+    """Load every pool of `settings` (the default first) and place them on the device by the memory plan.
 
-    One pool is loaded and warmed as before pools existed. Several wait in host RAM while the budget places
-    them (when there is one) and warm up on first use. They share one Hub-cache pruner, which keeps every
-    pool's model files and every pool's adapters in use.
+    The plan (`engine.pools.plan`) is checked before anything loads, from the families' declared sizes, and again
+    on the loaded pipelines; it sets each pool's pristine store (`PRISTINE_STORE=auto`) and the device's room.
+    One pool is loaded and warmed as before pools existed. Several wait in host RAM while the plan places them
+    (when there is one) and warm up on first use. They share one Hub-cache pruner, which keeps every pool's model
+    files and every pool's adapters in use. `memory`: the device's memory in bytes, None for no bound (tests
+    give one; by default the GPU's, or none on the CPU and ZeroGPU).
     """
     pool_settings = settings.pool_settings
     device = resolve_device(settings.device)
-    budget = device_budget(
-        device, pools=len(pool_settings), adapter_cache_bytes=settings.device_cache_bytes, per_call=settings.per_call
-    )
-    residency = Residency(device, budget, offload=settings.pool_offload)
+    total = memory(device) if memory is not None else device_memory(device, per_call=settings.per_call)
+    options = PlanOptions.of(settings)
+    declared = declared_needs(settings, device) if total is not None else None
+    # Refused before anything is downloaded or loaded; its choice of components left in host RAM is final.
+    first = plan_memory(declared, total, options) if total is not None and declared is not None else None
+
+    def placed(pool: PoolSetting) -> dict[str, object]:
+        host = first.host_components(pool.base_model_id) if first is not None else ()
+        return {"host_components": host} if host else {}
+
     if len(pool_settings) == 1:
-        loaded = [load(settings, warm=warm)]
+        loaded = [load(settings, warm=warm, **placed(pool_settings[0]))]
     else:
-        parked = {"park": True} if budget is not None else {}
-        loaded = [load(settings.for_pool(pool), warm=False, **parked) for pool in pool_settings]
-        residency.check({lp.base_model_id: module_bytes(pipeline_modules(lp)) for lp in loaded})
+        parked = {"park": True} if total is not None else {}
+        loaded = [load(settings.for_pool(pool), warm=False, **parked, **placed(pool)) for pool in pool_settings]
+    plan = plan_memory([loaded_need(lp) for lp in loaded], total, options) if total is not None else None
+    if plan is not None:
+        logger.info("memory plan: %s", plan.describe())
     engines: list[Engine] = []
     disk = None
     if resolver.uses_hub or resolver.civitai_dir is not None:
@@ -249,13 +266,15 @@ def build_pools(
         )
     for pool, lp in zip(pool_settings, loaded, strict=True):
         own = settings if len(loaded) == 1 else settings.for_pool(pool)
+        if plan is not None:
+            own = own.replace(pristine_store=plan.placement(lp.base_model_id).pristine_store)
         engines.append(Engine(lp, own, resolver, disk_cache=disk))
-    pools = Pools(engines, resolver, residency)
-    for memory in residency.snapshot():
+    pools = Pools(engines, resolver, Residency(device, plan.room if plan is not None else None))
+    for memory_of in pools.residency_snapshot():
         logger.info(
             "pool %s: %.2f GiB, %s",
-            memory.name,
-            memory.nbytes / 2**30,
-            "on the device" if memory.resident else "waiting in host RAM",
+            memory_of.name,
+            memory_of.nbytes / 2**30,
+            "on the device" if memory_of.resident else "waiting in host RAM",
         )
     return pools

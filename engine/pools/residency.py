@@ -1,16 +1,16 @@
 """Which pools' pipelines are on the compute device, and moving them in and out.
 
-The pools' resident sizes are summed at start against the device's budget. When
-they do not all fit, the least recently used idle pipeline waits in host RAM
-(pinned, so it comes back at full copy speed) and is moved in on demand; a pool
-in use is never moved. On the CPU the "device" is host RAM: there is no budget
-and every pool stays resident, unless a budget is given (tests and benchmarks do,
+The start-up memory plan (`engine.pools.plan`) gives the device's room for pipelines and checks that every
+pool fits it on its own (and all of them, with POOL_OFFLOAD=off). A pool on the device costs its weights plus
+the room its pristine copies may take there (they are dropped when it leaves). When the pools do not all fit,
+the least recently used idle pipeline waits in host RAM and is moved in on demand; a pool in use is never moved,
+and a pool that fits nothing is refused when added, so a lone pool is never evicted. On the CPU the "device" is
+host RAM: there is no budget and every pool stays resident, unless a budget is given (tests and benchmarks do,
 so the move itself is exercised and measured).
 
-Moving is done tensor by tensor with `tensor.data = copy` rather than
-`pipeline.to()`: the Parameter objects stay the same (the swap's target table and
-pristine copies refer to them), host copies are pinned for fast transfers back,
-and a CPU "offload" is a real copy that a test can check bit for bit.
+Each pool's weights are views of one flat buffer (`engine.pools.flat.FlatWeights`): a move is one copy of its
+bytes into a new device buffer, or back into the pool's kept host buffer (pinned on CUDA), the Parameter
+objects kept (the swap's target table and pristine copies refer to them), every byte as it was.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -27,60 +27,20 @@ from torch import nn
 
 from engine.errors import SettingsError
 from engine.outcomes import PoolMemory
+from engine.pools.flat import FlatWeights, module_bytes, module_tensors
 
-__all__ = ["WORKING_BYTES", "PoolMemory", "Residency", "device_budget", "module_bytes", "move_modules"]
-
-# Kept free for inference itself: SDXL at 1024² peaks at about 3-4 GiB of activations in fp16.
-WORKING_BYTES = 4 * 2**30
+__all__ = ["PoolMemory", "Residency", "module_bytes"]
 
 logger = logging.getLogger(__name__)
-
-
-def device_budget(device: torch.device, *, pools: int, adapter_cache_bytes: int, per_call: bool) -> int | None:
-    """Bytes the pools' pipelines may hold on `device`; None where there is no bound to keep.
-
-    On the CPU the pipelines live in host RAM anyway, and on ZeroGPU the device is lent per call.
-    """
-    if device.type != "cuda" or per_call:
-        return None
-    total = torch.cuda.get_device_properties(device).total_memory
-    return max(0, total - WORKING_BYTES - pools * adapter_cache_bytes)
-
-
-def _tensors(modules: Iterator[nn.Module] | list[nn.Module]) -> Iterator[torch.Tensor]:
-    seen: set[int] = set()
-    for module in modules:
-        for tensor in (*module.parameters(), *module.buffers()):
-            if id(tensor) not in seen:
-                seen.add(id(tensor))
-                yield tensor
-
-
-def module_bytes(modules: list[nn.Module]) -> int:
-    """Bytes of every parameter and buffer of `modules` (shared tensors once)."""
-    return sum(t.nbytes for t in _tensors(modules))
-
-
-@torch.no_grad()
-def move_modules(modules: list[nn.Module], device: torch.device) -> int:
-    """Copy every parameter and buffer to `device` in place of the old storage; returns the bytes moved."""
-    pin = device.type == "cpu" and torch.cuda.is_available()
-    moved = 0
-    for tensor in _tensors(modules):
-        copy = tensor.data.to(device, copy=True, non_blocking=not pin)
-        tensor.data = copy.pin_memory() if pin else copy
-        moved += tensor.nbytes
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return moved
 
 
 @dataclass
 class _Slot:
     # Mutable bookkeeping, touched only under Residency._cond.
     name: str
-    modules: list[nn.Module]
-    nbytes: int
+    weights: FlatWeights
+    # What its pristine copies may take on the device while it is there (0 when they live in host RAM).
+    pristine: int
     before_leaving: Callable[[], None]
     resident: bool
     users: int = 0
@@ -88,15 +48,20 @@ class _Slot:
     moves_in: int = 0
     last_move_s: float = 0.0
 
+    @property
+    def nbytes(self) -> int:
+        """What the pool holds on the device while it is there."""
+        return self.weights.nbytes + self.pristine
+
 
 class Residency:
     """LRU residency of pool pipelines on one device, bounded by `budget` bytes (None: no bound)."""
 
-    def __init__(self, device: torch.device, budget: int | None, *, offload: bool = True) -> None:
+    def __init__(self, device: torch.device, budget: int | None) -> None:
         self._device = device
-        self._host = torch.device("cpu")
         self._budget = budget
-        self._offload = offload
+        # Host buffers are pinned only for a CUDA device (ZeroGPU's main process never moves a pool: no budget).
+        self._pin = device.type == "cuda"
         self._slots: dict[str, _Slot] = {}
         self._cond = threading.Condition()
 
@@ -104,30 +69,34 @@ class Residency:
     def budget(self) -> int | None:
         return self._budget
 
-    def add(self, name: str, modules: list[nn.Module], *, before_leaving: Callable[[], None]) -> bool:
-        """Register a pool (in host RAM or on the device) and place it by the budget; True if resident."""
-        nbytes = module_bytes(modules)
-        on_device = all(t.device == self._device for t in _tensors(modules))
+    def add(
+        self, name: str, modules: list[nn.Module], *, before_leaving: Callable[[], None], pristine: int = 0
+    ) -> bool:
+        """Register a pool (in host RAM or on the device) and place it by the budget; True if resident.
+
+        `pristine`: the bytes its pristine copies may take on the device while it is there. A pool that could
+        never be placed, even alone, is refused here (at start-up), rather than failing every request later.
+        """
+        weights = FlatWeights(modules, pin=self._pin)
+        on_device = all(t.device == self._device for t in module_tensors(modules))
         with self._cond:
-            fits = self._free() >= nbytes
-            slot = _Slot(name, modules, nbytes, before_leaving, resident=on_device)
+            slot = _Slot(name, weights, pristine, before_leaving, resident=on_device)
+            if self._budget is not None and slot.nbytes > self._budget:
+                raise SettingsError(
+                    f"pool {name} needs {_gib(slot.nbytes)} on the device ({_gib(weights.nbytes)} of weights, "
+                    f"{_gib(pristine)} for pristine copies) and the device has {_gib(self._budget)} for pipelines; "
+                    "accepted: a pool that fits alone (see the memory plan at start-up)"
+                )
+            fits = self._free() >= slot.nbytes
             self._slots[name] = slot
+            # A pool loaded in host RAM that does not fit yet stays in the tensors it was loaded in: packing it
+            # into its flat host buffer now would hold it twice in host RAM for a while. Its first move in copies
+            # tensor by tensor; from its first move out on, every move is one copy.
             if not on_device and fits:
                 self._move_in(slot)
             elif on_device and not fits:
                 self._move_out(slot)
             return slot.resident
-
-    def check(self, sizes: Mapping[str, int]) -> None:
-        """Before loading further: with offloading off, fail when the pools do not all fit, naming the numbers."""
-        total = sum(sizes.values())
-        if self._budget is None or self._offload or total <= self._budget:
-            return
-        listed = ", ".join(f"{name} {_gib(n)}" for name, n in sizes.items())
-        raise SettingsError(
-            f"POOL_OFFLOAD=off but the pools need {_gib(total)} ({listed}) and the device has "
-            f"{_gib(self._budget)} for them; accepted: fewer or smaller MODELS, or POOL_OFFLOAD=on"
-        )
 
     @contextmanager
     def use(self, name: str) -> Iterator[float]:
@@ -143,8 +112,10 @@ class Residency:
                 if victim is not None:
                     self._move_out(victim)
                 elif not any(s.resident and s.users for s in self._slots.values()):
+                    # Cannot happen: `add` refuses a pool that does not fit alone.
                     raise SettingsError(
-                        f"pool {name} needs {_gib(slot.nbytes)} but the device budget is {_gib(self._budget or 0)}"
+                        f"pool {name} needs {_gib(slot.nbytes)} but the device has {_gib(self._budget or 0)} for "
+                        "pipelines; accepted: a pool that fits alone"
                     )
                 else:
                     logger.info("pool %s waits for a busy pool to free the device", name)
@@ -161,7 +132,7 @@ class Residency:
     def snapshot(self) -> tuple[PoolMemory, ...]:
         with self._cond:
             return tuple(
-                PoolMemory(s.name, s.nbytes, s.resident, s.users, s.moves_in, s.last_move_s)
+                PoolMemory(s.name, s.weights.nbytes, s.resident, s.users, s.moves_in, s.last_move_s)
                 for s in self._slots.values()
             )
 
@@ -176,7 +147,7 @@ class Residency:
 
     def _move_in(self, slot: _Slot) -> float:
         started = time.perf_counter()
-        moved = move_modules(slot.modules, self._device)
+        moved = slot.weights.to_device(self._device)
         slot.resident = True
         slot.moves_in += 1
         slot.last_move_s = time.perf_counter() - started
@@ -187,7 +158,7 @@ class Residency:
         started = time.perf_counter()
         # The base weights go back first, so what waits in host RAM is the pristine pipeline.
         slot.before_leaving()
-        moved = move_modules(slot.modules, self._host)
+        moved = slot.weights.to_host()
         slot.resident = False
         if self._device.type == "cuda":
             torch.cuda.empty_cache()

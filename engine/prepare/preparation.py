@@ -1,22 +1,10 @@
 """From a LoRA reference to an adapter ready in the host cache: the one preparation path, top to bottom.
 
-`Preparer.adapter` takes one LoRA of a request that `requests.normalise_request` has already parsed and
-validated (step 1, once), and runs each remaining step in the module that owns it, in this order:
-
-2. resolve  `resolve.AdapterResolver.locate`  — Hub metadata (cached by the catalogue) or the local file,
-   and the pivotal-tuning embeddings file beside it if there is one (`lora_catalog.pivotal` names it);
-   the size limit is checked here for both, before anything is downloaded.
-3. fetch    `resolve.AdapterResolver.fetch`   — download into the Hub cache (partial downloads never used),
-   and `fetch_embeddings` the same way for the embeddings file.
-4. header   `resolve.AdapterResolver.header`  — the file's safetensors header, read strictly.
-5. check    `origin.check_origin`             — once, with everything known: card, tags, metadata, names, shapes
-   (`engine.families.origin`, the judgement pool routing uses too).
-6. prepare  `adapters.prepare`                — load, convert names with diffusers, match factors to weights;
-   `embeddings.TextEncoders.load` reads and checks the embeddings file against the served text encoders.
-7. store    `store.AdapterStore.add`          — the host cache (LRU by bytes; never evicting leased adapters).
-
-A cached adapter skips 3–7. Steps 3–7 run once per adapter at a time (single-flight per key), so two
-requests for the same cold LoRA download it once.
+`Preparer.adapter` takes one LoRA already parsed and validated by `requests.normalise_request`, then runs
+resolve → fetch → header → check (the one origin judgement) → prepare (diffusers' converters) → store, each in
+the module that owns it; size limits are checked before anything is downloaded. A cached adapter skips all
+but resolve; the rest runs once per adapter at a time (single-flight per key), so two requests for the same
+cold LoRA download it once. Each step and its module: docs/internals.md.
 """
 
 from __future__ import annotations

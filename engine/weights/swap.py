@@ -1,16 +1,10 @@
 """The swap: fuse a set of prepared adapters into the base weights, and take it out again exactly.
 
-Taking a set out never subtracts: every weight a set touched is copied back from
-a pristine copy made the first time that weight was touched, so the base is
-bit-exact after any number of swaps. Putting a set in writes each touched weight
-once, from its pristine value plus every update on it summed in float32
-(`engine.formats.layers.fuse`: one `addmm_` per plain LoRA layer, rounded once).
-
-Pristine copies live inside a byte budget: copies of weights that are clean (not
-fused right now) are dropped least recently used first to make room, and a set
-whose touched weights alone need more than the budget is refused before anything
-changes. A dropped copy is simply taken again, from the clean weight, the next
-time a set touches that weight.
+Taking a set out never subtracts: each touched weight is copied back from a pristine copy made the first time
+it was touched, so the base is bit-exact after any number of swaps. Putting a set in writes each touched weight
+once, pristine plus every update on it summed in float32 (one `addmm_` per plain LoRA layer, rounded once).
+Pristine copies live in a byte budget: copies of clean weights are dropped least recently used first, and a
+set whose weights alone need more is refused before anything changes.
 """
 
 from __future__ import annotations

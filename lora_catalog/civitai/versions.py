@@ -1,17 +1,10 @@
 """Civitai's answers read into frozen records, and this Space's policy on them.
 
-`GET /api/v1/model-versions/{id}` (developer.civitai.com/site/reference/model-versions; the handler is
-civitai/civitai `src/pages/api/v1/model-versions/[id].ts`) answers a version with `modelId`, `baseModel`,
-`trainedWords`, `status`, `availability`, `nsfwLevel`, `earlyAccessEndsAt`, `model: {name, type, nsfw}`,
-`files: [{name, type, sizeKB, metadata: {format}, hashes: {SHA256}, downloadUrl, primary}]`, `images` and `stats`;
-`GET /api/v1/models/{id}` a model with its published `modelVersions` (`src/pages/api/v1/models/[id].ts`). Fields
-are read one by one and a missing optional one degrades to nothing; a missing id or file list is an unreadable
-answer.
-
-The policy (`check_version`): LoRAs only (Civitai's LORA, LoCon and DoRA types; anything else is refused naming
-what it is), NSFW ratings within the configured ceiling (Civitai's `nsfwLevel` bit flags: PG 1, PG-13 2, R 4,
-X 8, XXX 16, Blocked 32, as civitai's `browsingLevel.constants.ts` defines them; a model flagged `nsfw` is above
-PG-13), no early access, and one primary `.safetensors` file with a SHA256 to check the download against.
+Fields of `GET /api/v1/model-versions/{id}` and `GET /api/v1/models/{id}` are read one by one; a missing
+optional one degrades to nothing, a missing id or file list is an unreadable answer. The policy
+(`check_version`): LoRAs only (LORA, LoCon, DoRA; anything else refused naming what it is), NSFW within the
+configured ceiling (Civitai's `nsfwLevel` flags), no early access, and one primary `.safetensors` file with a
+SHA256 to check the download against. Fields and sources: docs/internals.md.
 """
 
 from __future__ import annotations

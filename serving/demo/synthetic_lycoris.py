@@ -1,19 +1,9 @@
 """Synthetic LoHa, LoKr and DoRA files, in the kohya names LyCORIS writes and in PEFT's names.
 
-Companions of `serving.demo.synthetic` for the tests and the benchmark: random factors for a pipeline's
-real modules, with the tensor layouts of LyCORIS 4.1.3 (`lycoris/modules/loha.py`, `lokr.py`,
-`locon.py`) and of PEFT's `LoHaModel`/`LoKrModel`/DoRA `get_peft_model_state_dict`, which agree:
-
-- LoHa: `hada_w{1,2}_a` (out, r) and `hada_w{1,2}_b` (r, in · kernel); with Tucker cores (3x3
-  convolutions) `hada_t{1,2}` (r, r, k, k), `hada_w{1,2}_a` (r, out), `hada_w{1,2}_b` (r, in).
-- LoKr: `lokr_w1` (a, c) whole, `lokr_w2` whole (b, d[, k, k]) or as `lokr_w2_a` (b, r) and
-  `lokr_w2_b` (r, d · kernel), or with a Tucker core `lokr_t2` (r, r, k, k), `lokr_w2_a` (r, b),
-  `lokr_w2_b` (r, d); out = a · b and in = c · d, split as LyCORIS's `factorization` splits them.
-- DoRA: plain LoRA factors plus `dora_scale` (kohya; (out, 1, …) or (1, in, …)) or
-  `lora_magnitude_vector` (PEFT; (out,) or (1, out, 1, 1) for a convolution).
-
-kohya names carry `.alpha` tensors; PEFT names carry diffusers-style `lora_adapter_metadata`.
-Each ΔW is about `strength` of the weight's scale, like `serving.demo.synthetic.make_lora`'s.
+Companions of `serving.demo.synthetic` for the tests and the benchmark: random factors for a pipeline's real
+modules with the tensor layouts of LyCORIS 4.1.3 and PEFT (they agree); kohya names carry `.alpha`, PEFT names
+diffusers-style `lora_adapter_metadata`. Each ΔW is about `strength` of the weight's scale. The layouts, tensor
+by tensor: docs/internals.md.
 """
 
 from __future__ import annotations

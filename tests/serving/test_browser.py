@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.app_server import AppServer, serve_app, serve_fixture_app
+from tests.support.app_server import serve_app, serve_fixture_app
 
 pytestmark = pytest.mark.browser
 
@@ -54,13 +54,6 @@ def page(browser) -> Iterator[object]:
     context.close()
 
 
-# Function-scoped: two engines must never patch the shared tiny pipeline at the same time.
-@pytest.fixture
-def hub_app(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
-    with serve_fixture_app(loaded, base_settings, hub, fixtures) as served:
-        yield served
-
-
 def tile(page, title: str):
     return page.locator(f'#lora-gallery button.thumbnail-item:has(img[alt="{title}"])')
 
@@ -71,8 +64,8 @@ def generate_and_wait(page) -> None:
     page.locator("#result-info table.timing").wait_for(timeout=WAIT_MS)
 
 
-def test_pick_a_hub_lora_fill_its_trigger_and_generate(page, hub_app, fixtures):
-    page.goto(hub_app.url)
+def test_pick_a_hub_lora_fill_its_trigger_and_generate(page, server, fixtures):
+    page.goto(server.url)
     tile(page, "peft").wait_for(timeout=WAIT_MS)
     assert page.locator("#lora-gallery button.thumbnail-item").count() >= 10
     page.screenshot(path=str(SHOTS / "hub-gallery.png"), full_page=True)
@@ -98,12 +91,12 @@ def test_pick_a_hub_lora_fill_its_trigger_and_generate(page, hub_app, fixtures):
     page.locator("#status-panel").get_by_text("Engine status").click()
     page.locator("#api-panel").get_by_text("Use via API: Python and curl").click()
     page.locator("#api-snippets code", has_text="gradio_client").first.wait_for(timeout=WAIT_MS)
-    assert hub_app.url in page.locator("#api-snippets").inner_text()
+    assert server.url in page.locator("#api-snippets").inner_text()
     page.screenshot(path=str(SHOTS / "hub-generated.png"), full_page=True)
 
 
-def test_a_custom_lora_is_checked_before_generating(page, hub_app, fixtures):
-    page.goto(hub_app.url)
+def test_a_custom_lora_is_checked_before_generating(page, server, fixtures):
+    page.goto(server.url)
     tile(page, "kohya").wait_for(timeout=WAIT_MS)
     page.locator("#prompt textarea").fill("a fox in a forest")
     lora = page.locator("#lora-1 textarea, #lora-1 input").first
@@ -233,10 +226,10 @@ def test_the_preview_shows_the_image_forming_before_the_final_one(page, loaded, 
     assert "12 steps" in page.locator("#result-info").inner_text()
 
 
-def test_the_comparison_grid_shows_labelled_cells_and_downloads(page, hub_app, fixtures, tmp_path):
+def test_the_comparison_grid_shows_labelled_cells_and_downloads(page, server, fixtures, tmp_path):
     from playwright.sync_api import expect
 
-    page.goto(hub_app.url)
+    page.goto(server.url)
     tile(page, "peft").wait_for(timeout=WAIT_MS)
     page.locator("#prompt textarea").fill("a fox in a forest")
     page.get_by_label("Compare").check()

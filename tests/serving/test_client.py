@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -11,21 +10,9 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from tests.support.app_server import AppServer, serve_fixture_app
 from tests.support.reliability_app import CLIENT_GENERATE
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
-
-
-@pytest.fixture(scope="module")
-def server(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
-    with serve_fixture_app(loaded, base_settings, hub, fixtures) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def client(server: AppServer) -> Client:
-    return Client(server.url, verbose=False)
 
 
 def generate(client: Client, **overrides: object) -> tuple[Image.Image, dict]:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from tests.support.app_server import AppServer, serve_fixture_app
 from tests.support.reliability_app import CLIENT_GENERATE
 
 GENERATE = CLIENT_GENERATE
@@ -25,18 +22,6 @@ COMPARE = {
     "height": 64,
     "seed": 21,
 }
-
-
-@pytest.fixture(scope="module")
-def server(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
-    settings = base_settings.replace(max_compare_steps=100)
-    with serve_fixture_app(loaded, settings, hub, fixtures) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def client(server: AppServer) -> Client:
-    return Client(server.url, verbose=False)
 
 
 def pixels(path: str) -> bytes:
@@ -126,8 +111,8 @@ def test_a_scale_sweep_of_one_lora(client, fixtures):
         ({"loras": "a/one", "scales": "0, 3"}, r"scale of a/one=3 is out of range; accepted: a number from -2 to 2"),
         ({"loras": "a/one\na/one"}, r"LoRA 'a/one' is listed twice"),
         (
-            {"loras": "a/one", "scales": "0, 1", "steps": 60},
-            r"2 cells x 60 steps = 120 steps; accepted: at most 100 steps",
+            {"loras": "a/one", "scales": "0, 0.5, 1", "steps": 60},
+            r"3 cells x 60 steps = 180 steps; accepted: at most 150 steps",
         ),
     ],
 )

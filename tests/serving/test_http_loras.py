@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,7 +15,7 @@ from PIL import Image
 
 from engine.errors import InvalidRequestError
 from serving.http.api import lora_from_path, parse_body
-from tests.support.app_server import AppServer, serve_fixture_app
+from tests.support.app_server import AppServer
 from tests.support.loras import WEIGHTS
 
 TIMEOUT = httpx.Timeout(120.0)
@@ -35,12 +34,6 @@ CLIENT_ARGS = {
     "height": 64,
     "seed": 9,
 }
-
-
-@pytest.fixture(scope="module")
-def server(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
-    with serve_fixture_app(loaded, base_settings, hub, fixtures) as served:
-        yield served
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -19,23 +18,12 @@ from serving.backends.local import LocalBackend
 from serving.handlers import Handlers
 from serving.http.api import http_routes
 from serving.http.metrics import Metrics
-from tests.support.app_server import AppServer, serve_fixture_app
+from tests.support.app_server import AppServer
 from tests.support.checks import generate
 from tests.support.reliability_app import fresh_repo
 
 TIMEOUT = httpx.Timeout(120.0)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-@pytest.fixture(scope="module")
-def server(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
-    with serve_fixture_app(loaded, base_settings, hub, fixtures, metrics=True) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def client(server: AppServer) -> Client:
-    return Client(server.url, verbose=False)
 
 
 def parse(text: str) -> Samples:
@@ -106,7 +94,7 @@ def test_the_families_the_issue_asks_for_are_exposed(server):
 
 
 def test_counts_move_as_requests_are_made(server, client, fixtures, clean_hub):
-    lora = fixtures["second"]
+    lora = fresh_repo(clean_hub, fixtures)  # never requested before, whichever test ran first on the shared app
     before = scrape(server)
 
     # Through gradio_client's named API: the LoRA is not cached yet (a host miss), then swapped in.

@@ -8,6 +8,7 @@ routes under uvicorn, for HTTP tests that need an engine of their own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import queue
 import socket
 import threading
@@ -47,6 +48,7 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
 class AppServer:
     url: str
     demo: object
+    engine: object = None  # serve_fixture_app's engine, for fixtures that manage it
 
 
 @contextmanager
@@ -171,7 +173,7 @@ def serve_fixture_app(
         with serve_app(
             engine, catalog, hub_url=hub.url, allowed_paths=[fixtures.local_dir], metrics=metrics, backend=built
         ) as served:
-            yield served
+            yield dataclasses.replace(served, engine=engine)
     finally:
         engine.close()
         catalog.close()

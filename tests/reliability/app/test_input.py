@@ -1,9 +1,9 @@
 """The launched app under bad input, through `gradio_client`, `POST /` and the UI's handlers.
 
-One server (UI, named API and the inference-API POST on one port) over one engine with an HF token, as a Space
-runs it. Every refusal is checked for its message (an `AppError` from gradio_client, a JSON error with its HTTP
-status, a `gr.Error` from a UI handler) and for leaving the served set as it was. The helpers here serve
-test_app_load.py too.
+The package's one server (conftest.py: UI, named API and the inference-API POST on one port, over one engine
+with an HF token, as a Space runs it). Every refusal is checked for its message (an `AppError` from
+gradio_client, a JSON error with its HTTP status, a `gr.Error` from a UI handler) and for leaving the served
+set as it was.
 """
 
 from __future__ import annotations
@@ -11,42 +11,25 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-from collections.abc import Iterator
 
 import gradio as gr
 import httpx
 import pytest
 from gradio_client.exceptions import AppError
 
-from engine.requests import GenerateRequest
 from tests.support.checks import BAD_REPOS, generate
 from tests.support.reliability_app import (
     HTTP_STATUS,
     UI_ARGUMENTS,
-    App,
     api,
     assert_http_error,
     body,
-    launch,
     plain,
     png_bytes,
     post,
     run_ui_generate,
-    serve_peft,
     ui_handler,
 )
-
-
-@pytest.fixture(scope="module")
-def app(loaded, base_settings, hub, fixtures) -> Iterator[App]:
-    with launch(loaded, base_settings, hub, fixtures) as started:
-        yield started
-
-
-@pytest.fixture
-def serving(app, fixtures) -> Iterator[tuple[GenerateRequest, bytes]]:
-    yield from serve_peft(app, fixtures)
-
 
 # -- bad LoRAs ---------------------------------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterator
 
 import gradio as gr
 import httpx
@@ -26,7 +25,6 @@ from tests.support.reliability_app import (
     body,
     fresh_repo,
     hold_pipeline,
-    launch,
     png_bytes,
     post,
     run_ui_generate,
@@ -37,12 +35,6 @@ from tests.support.reliability_app import (
 # Range, then the file), so its preparation takes at least 8 s: long against a tiny-pipeline request.
 DELAY_PER_REQUEST_S = 4.0
 DOWNLOAD_DELAY_S = 2 * DELAY_PER_REQUEST_S
-
-
-@pytest.fixture(scope="module")
-def app(loaded, base_settings, hub, fixtures) -> Iterator[App]:
-    with launch(loaded, base_settings, hub, fixtures) as started:
-        yield started
 
 
 class Recorder:

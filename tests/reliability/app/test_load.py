@@ -1,6 +1,6 @@
 """The launched app under faults and load: a Hub outage, out-of-memory, a client hanging up, 8 concurrent
 clients of both APIs (each must get exactly the image it would get alone), a full queue, and the HF token
-(used, never shown). Server and helpers come from test_app_input.py.
+(used, never shown). The server is the package's (conftest.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -32,25 +31,11 @@ from tests.support.reliability_app import (
     body,
     fresh_repo,
     hold_pipeline,
-    launch,
     plain,
     png_bytes,
     post,
-    serve_peft,
     ui_handler,
 )
-
-
-@pytest.fixture(scope="module")
-def app(loaded, base_settings, hub, fixtures) -> Iterator[App]:
-    with launch(loaded, base_settings, hub, fixtures) as started:
-        yield started
-
-
-@pytest.fixture
-def serving(app, fixtures) -> Iterator[tuple[GenerateRequest, bytes]]:
-    yield from serve_peft(app, fixtures)
-
 
 # -- faults --------------------------------------------------------------------------------------------------
 
