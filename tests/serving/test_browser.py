@@ -269,10 +269,10 @@ def choose(page, elem_id: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
-def test_the_sampler_menu_the_speed_switch_history_and_a_share_link(page, browser, hub_app, fixtures):
+def test_the_sampler_menu_the_speed_switch_history_and_a_share_link(page, browser, server, fixtures):
     from playwright.sync_api import expect
 
-    page.goto(hub_app.url)
+    page.goto(server.url)
     tile(page, "lcm-lora").wait_for(timeout=WAIT_MS)
     tile(page, "lcm-lora").click()
     # A speed LoRA: its own sampler, steps and guidance fill the form, and the note says why.
