@@ -11,9 +11,13 @@ import torch
 
 from .ours import FORMATS
 
-__all__ = ["HEADLINE_RANK", "VARIANTS", "Options", "parse_options"]
+__all__ = ["FAMILIES", "HEADLINE_RANK", "VARIANTS", "Options", "parse_options"]
 
 HEADLINE_RANK = 32
+# The models the benchmark swaps on: SDXL's whole UNet, or a real-width slice of FLUX.1's transformer.
+FAMILIES = ("sdxl", "flux")
+# FLUX LoRAs are trained at higher ranks than SDXL's (ai-toolkit's and sd-scripts' defaults: 16 and up).
+_FLUX_HEADLINE_RANK = 64
 VARIANTS = ("loha", "lokr", "dora")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -34,10 +38,12 @@ class Options:
     variants: tuple[str, ...] = ()  # LyCORIS/DoRA formats measured against the floor (section "formats")
     full: bool = False
     plot_dir: Path | None = None
+    family: str = "sdxl"
 
     @property
     def headline_rank(self) -> int:
-        return HEADLINE_RANK if HEADLINE_RANK in self.ranks else self.ranks[0]
+        wanted = _FLUX_HEADLINE_RANK if self.family == "flux" else HEADLINE_RANK
+        return wanted if wanted in self.ranks else self.ranks[0]
 
     @property
     def dtype_name(self) -> str:
@@ -56,6 +62,7 @@ class Options:
             "quick": self.quick,
             "variants": list(self.variants),
             "full": self.full,
+            "family": self.family,
         }
 
 
@@ -72,6 +79,10 @@ class _Defaults:
 _DEFAULT = _Defaults(ranks=(8, 32), repeats=4, reference_repeats=1, leak_swaps=24, variants=VARIANTS)
 _FULL = _Defaults(ranks=(8, 32, 128), repeats=7, reference_repeats=3, leak_swaps=200, variants=VARIANTS)
 _QUICK = _Defaults(ranks=(8,), repeats=3, reference_repeats=1, leak_swaps=20, variants=("loha",))
+# FLUX: ranks 16 and 64; no LyCORIS section (diffusers' FLUX loader reads no LoHa/LoKr).
+_FLUX = _Defaults(ranks=(16, 64), repeats=4, reference_repeats=1, leak_swaps=24, variants=())
+_FLUX_FULL = _Defaults(ranks=(16, 64, 128), repeats=7, reference_repeats=3, leak_swaps=200, variants=())
+_FLUX_QUICK = _Defaults(ranks=(16,), repeats=3, reference_repeats=1, leak_swaps=20, variants=())
 
 
 def _ranks(text: str) -> tuple[int, ...]:
@@ -100,9 +111,17 @@ def _variants(text: str) -> tuple[str, ...]:
 
 def parse_options(argv: Sequence[str] | None = None, description: str | None = None) -> Options:
     parser = argparse.ArgumentParser(prog="python -m bench.swap", description=description)
+    parser.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="sdxl",
+        help="sdxl: the whole SDXL UNet; flux: FLUX.1's transformer at real width, 2 double + 4 single blocks",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=tuple(_DTYPES), default="bfloat16")
-    parser.add_argument("--ranks", type=_ranks, help="LoRA ranks (default 8,32; --full: 8,32,128; --quick: 8)")
+    parser.add_argument(
+        "--ranks", type=_ranks, help="LoRA ranks (default 8,32; --full: 8,32,128; --quick: 8; FLUX: 16,64)"
+    )
     parser.add_argument("--formats", type=_formats, default=FORMATS, help="peft,kohya (default: both)")
     parser.add_argument(
         "--variants",
@@ -138,7 +157,14 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
     quick, full = args.quick, args.full
     if quick and full:
         parser.error("--quick and --full were both given; accepted: one of them")
-    default = _QUICK if quick else _FULL if full else _DEFAULT
+    if args.family == "flux":
+        if args.variants:
+            parser.error(
+                f"--variants {','.join(args.variants)} with --family flux; accepted: none (no LyCORIS on FLUX)"
+            )
+        default = _FLUX_QUICK if quick else _FLUX_FULL if full else _FLUX
+    else:
+        default = _QUICK if quick else _FULL if full else _DEFAULT
     return Options(
         device=torch.device(args.device),
         dtype=_DTYPES[args.dtype],
@@ -154,4 +180,5 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         variants=args.variants if args.variants is not None else default.variants,
         full=full,
         plot_dir=args.plot_dir,
+        family=args.family,
     )

@@ -14,8 +14,10 @@ import torch
 from torch import nn
 
 from engine.caches.store import AdapterStore
+from engine.families.registry import spec_for
 from engine.formats.adapters import AdapterKey, LayerFactors, PreparedAdapter, TargetTable, prepare
 from engine.weights.swap import ActiveAdapter, WeightPatcher
+from lora_catalog.entries import Family
 from lora_catalog.sft_header import read_header
 from serving.demo.synthetic import LoraTarget, kohya_metadata, make_lora, peft_metadata, save_lora
 
@@ -74,13 +76,22 @@ def round_robin(clock: Clock, swaps: Mapping[str, Callable[[int], object]], repe
 
 
 class Ours:
-    """The engine's swap path for one UNet: target table, pristine-restoring patcher and adapter store."""
+    """The engine's swap path for one denoiser (an SDXL UNet, a FLUX transformer): target table with its family's
+    converter, pristine-restoring patcher and adapter store."""
 
     def __init__(
-        self, unet: nn.Module, *, device: torch.device, dtype: torch.dtype, max_rank: int, cache_bytes: int
+        self,
+        unet: nn.Module,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_rank: int,
+        cache_bytes: int,
+        family: Family = Family.SDXL,
     ) -> None:
+        spec = spec_for(family)
         self.unet = unet
-        self.table = TargetTable({"unet": unet})
+        self.table = TargetTable({spec.denoiser: unet}, denoiser=spec.denoiser, convert_lora=spec.convert_lora)
         # As the engine: pristine copies on the compute device; a device tier only off the CPU, where the
         # host copy is kept in the compute dtype instead.
         self.patcher = WeightPatcher(self.table.params, device)
@@ -101,7 +112,6 @@ class Ours:
             path,
             key,
             self.table,
-            unet_config=self.unet.config,
             max_rank=self._max_rank,
             metadata=header.metadata,
             shapes={tensor: info.shape for tensor, info in header.tensors.items()},

@@ -37,13 +37,13 @@ import torch
 from diffusers import FluxTransformer2DModel
 from torch import nn
 
+from bench.flux_slice import FLUX_SLICE_CONFIG
 from bench.measure import Clock, cpu_description
 from bench.sdxl_unet import (
     POOL_SIZE,
     SDXL_UNET_CONFIG,
+    build_filled,
     build_sdxl_unet,
-    default_dtype,
-    fill_module,
     mismatched_tensors,
     random_pool,
 )
@@ -63,19 +63,6 @@ SD15_UNET_CONFIG: dict[str, Any] = {
     "norm_num_groups": 32,
 }
 CONFIGS = {"sd15": SD15_UNET_CONFIG, "sdxl": SDXL_UNET_CONFIG}
-# black-forest-labs/FLUX.1-dev, transformer/config.json, with 2 of its 19 double and 4 of its 38 single blocks.
-FLUX_SLICE_CONFIG: dict[str, Any] = {
-    "patch_size": 1,
-    "in_channels": 64,
-    "num_layers": 2,
-    "num_single_layers": 4,
-    "attention_head_dim": 128,
-    "num_attention_heads": 24,
-    "joint_attention_dim": 4096,
-    "pooled_projection_dim": 768,
-    "guidance_embeds": True,
-    "axes_dims_rope": (16, 56, 56),
-}
 MODELS = (*CONFIGS, "flux")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -91,11 +78,8 @@ def build(name: str, dtype: torch.dtype, pool: torch.Tensor) -> nn.Module:
     """The model `name` in host RAM, every tensor filled from `pool` (see `bench.sdxl_unet`)."""
     if name != "flux":
         return build_sdxl_unet(dtype=dtype, device="cpu", pool=pool, config=CONFIGS[name])
-    with torch.device("meta"), default_dtype(dtype):
-        model = FluxTransformer2DModel(**FLUX_SLICE_CONFIG)
-    model = model.to_empty(device="cpu")
-    fill_module(model, pool)
-    return model.requires_grad_(False).eval()
+    # The slice `bench.swap --family flux` swaps on (bench.flux_slice).
+    return build_filled(FluxTransformer2DModel, FLUX_SLICE_CONFIG, dtype=dtype, device=torch.device("cpu"), pool=pool)
 
 
 @torch.no_grad()

@@ -1,10 +1,11 @@
-"""The diffusers ways of changing LoRA per request, on a pipeline whose UNet is the one benchmarked."""
+"""The diffusers ways of changing LoRA per request, on a pipeline whose denoiser is the one benchmarked."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
 
@@ -45,8 +46,9 @@ def reference_pipeline(unet: UNet2DConditionModel) -> StableDiffusionXLPipeline:
     return pipe
 
 
-def reference_cycle(pipe: StableDiffusionXLPipeline, path: Path, name: str, clock: Clock) -> CycleTimes:
-    """One request of the reference service: load the file, fuse it, and after generating, take it out again."""
+def reference_cycle(pipe: Any, path: Path, name: str, clock: Clock) -> CycleTimes:
+    """One request of the reference service: load the file, fuse it, and after generating, take it out again
+    (an SDXL or a FLUX pipeline: its LoRAs adapt the denoiser only, which `fuse_lora` fuses by default)."""
     started = clock()
     pipe.load_lora_weights(str(path.parent), weight_name=path.name, adapter_name=name)
     loaded = clock()
@@ -61,9 +63,7 @@ def reference_cycle(pipe: StableDiffusionXLPipeline, path: Path, name: str, cloc
     )
 
 
-def hotswap_times(
-    pipe: StableDiffusionXLPipeline, paths: Sequence[Path], *, rank: int, repeats: int, clock: Clock
-) -> list[float]:
+def hotswap_times(pipe: Any, paths: Sequence[Path], *, rank: int, repeats: int, clock: Clock) -> list[float]:
     """Milliseconds to hot-swap one unfused adapter for another, as diffusers documents it.
 
     `enable_lora_hotswap` must come before the first adapter is loaded; every later

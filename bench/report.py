@@ -88,7 +88,7 @@ def report(
             f"{rss.after / _MIB:.0f} MiB ({rss.growth_mib:+.1f} MiB, {rss.growth_percent:+.2f}%)"
         )
     say(
-        f"exact: {str(exactness.exact).lower()} (every UNet tensor bit-compared with its regenerated value after "
+        f"exact: {str(exactness.exact).lower()} (every model tensor bit-compared with its regenerated value after "
         f"all of our swaps; {exactness.mismatched} differ)"
     )
     say(

@@ -21,6 +21,7 @@ from torch import nn
 __all__ = [
     "POOL_SIZE",
     "SDXL_UNET_CONFIG",
+    "build_filled",
     "build_sdxl_unet",
     "default_dtype",
     "drift_from_fill",
@@ -136,6 +137,16 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def build_filled(model_class: Any, config: dict[str, Any], *, dtype: torch.dtype, device: torch.device, pool) -> Any:
+    """A diffusers model of `config`, made on the meta device, allocated once in `dtype`, filled from `pool`."""
+    with torch.device("meta"), default_dtype(dtype):
+        model = model_class.from_config(dict(config))
+    model = model.to_empty(device=device)
+    fill_module(model, pool)
+    model.requires_grad_(False)
+    return model.eval()
+
+
 def build_sdxl_unet(
     *,
     dtype: torch.dtype,
@@ -144,10 +155,10 @@ def build_sdxl_unet(
     config: dict[str, Any] | None = None,
 ) -> UNet2DConditionModel:
     """SDXL's UNet (or another `config`) with every tensor filled from `pool`, ready for inference-free benchmarks."""
-    device = torch.device(device)
-    with torch.device("meta"), default_dtype(dtype):
-        unet = UNet2DConditionModel.from_config(dict(config if config is not None else SDXL_UNET_CONFIG))
-    unet = unet.to_empty(device=device)
-    fill_module(unet, pool if pool is not None else random_pool())
-    unet.requires_grad_(False)
-    return unet.eval()
+    return build_filled(
+        UNet2DConditionModel,
+        config if config is not None else SDXL_UNET_CONFIG,
+        dtype=dtype,
+        device=torch.device(device),
+        pool=pool if pool is not None else random_pool(),
+    )

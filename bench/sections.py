@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from engine.formats.adapters import PreparedAdapter
+from lora_catalog.entries import Family
 
+from .flux_slice import reference_flux_pipeline
 from .measure import Clock, Row, rss_bytes
 from .options import Options
 from .ours import Floor, LoraPair, Ours, round_robin
@@ -116,7 +118,12 @@ def _measure_rank(
     itemsize = torch.empty((), dtype=options.dtype).element_size()
     largest = max(pair.file_size for pair in pairs.values())
     ours = Ours(
-        unet, device=device, dtype=options.dtype, max_rank=max(options.ranks), cache_bytes=2 * itemsize * largest
+        unet,
+        device=device,
+        dtype=options.dtype,
+        max_rank=max(options.ranks),
+        cache_bytes=2 * itemsize * largest,
+        family=Family(options.family),
     )
     kept = {
         fmt: tuple(
@@ -228,7 +235,7 @@ def measure_reference(unet: nn.Module, pairs: Pairs, options: Options, clock: Cl
     Every cycle, the untimed first one included, fuses and unfuses on the same weights, which is
     what makes them drift.
     """
-    pipe = reference_pipeline(unet)
+    pipe = reference_flux_pipeline(unet) if options.family == "flux" else reference_pipeline(unet)
     rows: list[Row] = []
     first = pairs[(options.ranks[0], options.formats[0])].paths
     reference_cycle(pipe, first[1], "warm-up", clock)  # one-time costs: imports, PEFT's first injection

@@ -1,8 +1,12 @@
 """The swap benchmark: changing the served LoRA on the full-size SDXL UNet, five ways, side by side.
 
-    python -m bench.swap [--device cpu|cuda] [--dtype bfloat16|float16|float32] [--ranks 8,32]
-                         [--repeats N] [--formats peft,kohya] [--variants loha,lokr,dora]
+    python -m bench.swap [--family sdxl|flux] [--device cpu|cuda] [--dtype bfloat16|float16|float32]
+                         [--ranks 8,32] [--repeats N] [--formats peft,kohya] [--variants loha,lokr,dora]
                          [--quick | --full] [--json PATH] [--plot DIR]
+
+`--family flux` runs the same sections on a real-width slice of FLUX.1's transformer (`bench.flux_slice`:
+2 double and 4 single blocks at width 3072, every layer of each adapted, in kohya's BFL names with fused
+qkv/linear1 and in diffusers' names), at ranks 16 and 64, without the LyCORIS section.
 
 (a) the reference service: diffusers' load_lora_weights + fuse_lora + unfuse_lora + unload_lora_weights
     per request, a different adapter each time;
@@ -36,16 +40,17 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import diffusers
 import torch
 import transformers
 
+from bench.flux_slice import build_flux_slice, flux_pool, flux_targets, write_flux_pair
 from bench.formats import measure_formats
 from bench.measure import FUSE_FLAGS, Clock, cpu_description
 from bench.options import Options, parse_options
-from bench.ours import write_pair
+from bench.ours import LoraPair, write_pair
 from bench.report import Exactness, report
 from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, mismatched_tensors, random_pool
 from bench.sections import measure_ours, measure_reference
@@ -74,6 +79,7 @@ def _cpu_pressure() -> str:
 
 def run(options: Options) -> dict[str, object]:
     device, dtype = options.device, options.dtype
+    flux = options.family == "flux"
     began = time.perf_counter()
     if options.threads is not None:
         torch.set_num_threads(options.threads)
@@ -90,34 +96,28 @@ def run(options: Options) -> dict[str, object]:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "before": _cpu_pressure(),
     }
+    model_name = "FLUX.1 transformer slice (2 double + 4 single blocks, width 3072)" if flux else "SDXL UNet"
     _say(
-        f"swap benchmark: SDXL UNet with random weights, {options.dtype_name} on {environment['gpu'] or device}; "
+        f"swap benchmark: {model_name} with random weights, {options.dtype_name} on {environment['gpu'] or device}; "
         f"torch {torch.__version__}, diffusers {diffusers.__version__}, {torch.get_num_threads()} threads"
     )
     _say(f"CPU: {cpu}; fuse-relevant flags: {' '.join(f for f in FUSE_FLAGS if f in flags) or 'none found'}")
     _say(f"CPU flags: {' '.join(flags) or 'unknown'}")
     _say(f"machine: {environment['before']}")
     started = time.perf_counter()
-    pool = random_pool()
-    unet = build_sdxl_unet(dtype=dtype, device=device, pool=pool)
+    pool = flux_pool() if flux else random_pool()
+    unet = (build_flux_slice if flux else build_sdxl_unet)(dtype=dtype, device=device, pool=pool)
     parameters = sum(p.numel() for p in unet.parameters())
-    _say(f"built the UNet: {parameters / 1e9:.3f}B parameters in {time.perf_counter() - started:.1f} s")
-    targets = find_targets({"unet": unet}, {"unet": UNET_ATTENTION})
-    if len(targets) != EXPECTED_TARGETS:
-        raise SystemExit(f"found {len(targets)} attention projections, expected {EXPECTED_TARGETS}: not SDXL's UNet")
-    values = sum(torch.Size(t.weight_shape).numel() for t in targets)
-    _say(f"LoRA targets: {len(targets)} attention projections (attn1/attn2 q, k, v, out) holding {values / 1e6:.0f}M")
+    _say(f"built the model: {parameters / 1e9:.3f}B parameters in {time.perf_counter() - started:.1f} s")
+    write = _flux_targets(unet) if flux else _sdxl_targets(unet)
 
     with tempfile.TemporaryDirectory(prefix="swap-bench-") as scratch:
         folder = options.workdir or Path(scratch)
         started = time.perf_counter()
-        pairs = {
-            (rank, fmt): write_pair(folder, targets, rank=rank, fmt=fmt)
-            for rank in options.ranks
-            for fmt in options.formats
-        }
+        pairs = {(rank, fmt): write(folder, rank, fmt) for rank in options.ranks for fmt in options.formats}
         _say(f"wrote {2 * len(pairs)} LoRA files (float16) in {time.perf_counter() - started:.1f} s")
         ours = measure_ours(unet, pairs, options, clock, _say)
+        targets = find_targets({"unet": unet}, {"unet": UNET_ATTENTION}) if options.variants else []
         formats = measure_formats(unet, targets, folder, options, clock, _say) if options.variants else None
         mismatched = mismatched_tensors(unet, pool)
         _say(f"our swaps are done; {len(mismatched)} tensors differ from the base; {_cpu_pressure()}")
@@ -130,6 +130,31 @@ def run(options: Options) -> dict[str, object]:
     gc.collect()
     exactness = Exactness(not mismatched, len(mismatched), drift, drifted, reference.cycles)
     return report(options, environment, ours, reference, exactness, _say, formats)
+
+
+def _sdxl_targets(unet: torch.nn.Module) -> Callable[[Path, int, str], LoraPair]:
+    targets = find_targets({"unet": unet}, {"unet": UNET_ATTENTION})
+    if len(targets) != EXPECTED_TARGETS:
+        raise SystemExit(f"found {len(targets)} attention projections, expected {EXPECTED_TARGETS}: not SDXL's UNet")
+    values = sum(torch.Size(t.weight_shape).numel() for t in targets)
+    _say(f"LoRA targets: {len(targets)} attention projections (attn1/attn2 q, k, v, out) holding {values / 1e6:.0f}M")
+    return lambda folder, rank, fmt: write_pair(folder, targets, rank=rank, fmt=fmt)
+
+
+def _flux_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], LoraPair]:
+    layers = flux_targets(transformer)
+    modules = dict(transformer.named_modules())
+    values = sum(
+        modules[part.removeprefix("transformer.")].weight.numel()  # type: ignore[union-attr]
+        for layer in layers
+        for part in layer.parts
+    )
+    parts = sum(len(layer.parts) for layer in layers)
+    _say(
+        f"LoRA targets: {len(layers)} BFL layers (fused qkv and linear1, projections, MLPs, modulations) over "
+        f"{parts} diffusers modules holding {values / 1e6:.0f}M"
+    )
+    return lambda folder, rank, fmt: write_flux_pair(folder, layers, rank=rank, fmt=fmt)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

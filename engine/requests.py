@@ -29,6 +29,7 @@ __all__ = [
     "CheckedRequest",
     "GenerateRequest",
     "GenerateResult",
+    "GuidanceKind",
     "Limits",
     "LoraSpec",
     "ModelDefaults",
@@ -48,6 +49,9 @@ GUIDANCE_RANGE = (0.0, 30.0)
 LOCAL_PREFIX = refs.LOCAL_PREFIX
 T = TypeVar("T")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# How a served model reads `guidance`: classifier-free guidance (with the negative prompt), a distilled guidance
+# embedding (FLUX.1 [dev]: no negative prompt, one pass per step), or not at all (FLUX.1 [schnell]).
+GuidanceKind = Literal["cfg", "distilled", "none"]
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ TINY_MAX_SIDE = 128
 @dataclass(frozen=True)
 class ModelDefaults:
     """The served model's request defaults, the (width, height) presets the UI offers (its family's), its
-    scheduler class, the scheduler classes a request may name, and the largest `clip_skip` (0: none taken)."""
+    scheduler class, the scheduler classes a request may name, the largest `clip_skip` (0: none taken), and which
+    inputs it reads: how it reads `guidance` (`GuidanceKind`) and whether it reads the negative prompt."""
 
     steps: int
     guidance: float
@@ -129,6 +134,9 @@ class ModelDefaults:
     scheduler: str = ""
     schedulers: tuple[str, ...] = ()
     max_clip_skip: int = 0
+    guidance_kind: GuidanceKind = "cfg"
+    negative_prompt: bool = True
+    side_multiple: int = 8
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples
@@ -141,6 +149,17 @@ class ModelDefaults:
     def is_tiny(self) -> bool:
         """The one rule for "this is a tiny test model": its default image side (no real base is under 512)."""
         return self.side <= TINY_MAX_SIDE
+
+    def ignored(self, request: CheckedRequest) -> tuple[str, ...]:
+        """Warnings for what `request` sets that this model does not read (accepted, and left unused)."""
+        warnings = []
+        if request.negative_prompt and not self.negative_prompt:
+            warnings.append(
+                "negative_prompt does not apply to this model (its guidance is distilled into it: no CFG); ignored"
+            )
+        if self.guidance_kind == "none" and request.guidance != self.guidance:
+            warnings.append(f"guidance does not apply to this model (it takes none); {request.guidance:g} ignored")
+        return tuple(warnings)
 
     @property
     def sampler(self) -> str:
@@ -386,6 +405,9 @@ def _float(name: str, value: object, default: float, low: float, high: float) ->
 
 def _side(name: str, value: object, defaults: ModelDefaults) -> int:
     side = _int(name, value, defaults.side, 64, defaults.max_side)
-    if side % 8:
-        raise InvalidRequestError(f"{name}={side} is not a multiple of 8; accepted: 64 to {defaults.max_side} in 8s")
+    step = defaults.side_multiple
+    if side % step:
+        raise InvalidRequestError(
+            f"{name}={side} is not a multiple of {step}; accepted: 64 to {defaults.max_side} in {step}s"
+        )
     return side

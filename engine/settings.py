@@ -30,8 +30,10 @@ from pydantic_core import ErrorDetails
 from engine.errors import SettingsError
 from engine.pools.specs import (
     DEFAULT_MODEL_ID,
+    FLUX_MODEL_ID,
     HUB_ID,
     SD15_MODEL_ID,
+    TINY_FLUX_MODEL_ID,
     TINY_MODEL_ID,
     TINY_MODEL_IDS,
     TINY_SD15_MODEL_ID,
@@ -42,7 +44,9 @@ from engine.pools.specs import (
 __all__ = [
     "CIVITAI_STORAGE_HOSTS",
     "DEFAULT_MODEL_ID",
+    "FLUX_MODEL_ID",
     "SD15_MODEL_ID",
+    "TINY_FLUX_MODEL_ID",
     "TINY_MODEL_ID",
     "TINY_MODEL_IDS",
     "TINY_SD15_MODEL_ID",
@@ -92,6 +96,10 @@ def _bytes_of(text: str) -> int:
 
 def _byte_size(value: object) -> object:
     return _bytes_of(value) if isinstance(value, str) else value
+
+
+def _auto_none(value: object) -> object:
+    return None if isinstance(value, str) and value.strip().lower() == "auto" else value
 
 
 def _at_least_one_byte(value: int) -> int:
@@ -210,8 +218,9 @@ class Settings(BaseModel):
     pristine_store: Annotated[Literal["auto", "device", "cpu"], _Stripped, Env("PRISTINE_STORE")] = "auto"
     host_cache_bytes: Annotated[_Bytes, Env("HOST_CACHE_BYTES")] = 4 * 2**30
     device_cache_bytes: Annotated[_Bytes, Env("DEVICE_CACHE_BYTES")] = 2 * 2**30
-    # SDXL's UNet and both text encoders in fp16 are about 6.5 GiB; a LoRA touching all of them fits.
-    pristine_bytes: Annotated[_Bytes, Env("PRISTINE_BYTES")] = 7 * 2**30
+    # None (`auto`): each pool's own touchable weights, so no LoRA is refused for how much it adapts (a FLUX LoRA
+    # from ai-toolkit touches nearly all of the transformer's 22 GiB); the memory plan places the copies.
+    pristine_bytes: Annotated[_Bytes | None, BeforeValidator(_auto_none), Env("PRISTINE_BYTES")] = None
     disk_cache_bytes: Annotated[_Bytes, Env("DISK_CACHE_BYTES")] = 20 * 2**30
     max_adapter_bytes: Annotated[_Bytes, Env("MAX_ADAPTER_BYTES")] = 1536 * 2**20
     max_rank: Annotated[int, Field(ge=1, le=4096), Env("MAX_RANK")] = 256

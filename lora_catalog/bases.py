@@ -54,6 +54,7 @@ KNOWN_BASES: tuple[KnownBase, ...] = (
     KnownBase("stabilityai/stable-diffusion-2-1-base", "Stable Diffusion 2.1 base", Family.SD2),
     KnownBase("black-forest-labs/FLUX.1-dev", "FLUX.1 [dev]", Family.FLUX),
     KnownBase("black-forest-labs/FLUX.1-schnell", "FLUX.1 [schnell]", Family.FLUX),
+    KnownBase("Tongyi-MAI/Z-Image-Turbo", "Z-Image Turbo", Family.ZIMAGE),
 )
 
 # SDXL fine-tunes that are ecosystems of their own (Civitai files LoRAs under "Pony", "Illustrious" and "NoobAI"
@@ -76,6 +77,11 @@ _SERIES: tuple[tuple[str, Family], ...] = (
     ("cagliostrolab/animagine-xl-", Family.SDXL),
 )
 
+# Z-Image's transformer lists at the top of its names (diffusers', ComfyUI's and kohya's forms); CLIP's
+# `encoder.layers.N` never starts a name.
+_ZIMAGE_BLOCKS = re.compile(
+    r"^(transformer\.|diffusion_model\.|lora_unet_)?(layers|noise_refiner|context_refiner)[._]\d+[._]"
+)
 _UNET_BLOCKS = ("down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block")
 
 # kohya's `ss_base_model_version` values (sd-scripts library/sai_model_spec.py and train_util.py).
@@ -85,6 +91,10 @@ _SS_VERSIONS: tuple[tuple[str, Family], ...] = (
     ("sd_v2", Family.SD2),
     ("flux", Family.FLUX),
     ("sd3", Family.UNKNOWN),
+    # Z-Image trainers (musubi-tuner, ai-toolkit) spell the architecture with or without a separator.
+    ("z-image", Family.ZIMAGE),
+    ("z_image", Family.ZIMAGE),
+    ("zimage", Family.ZIMAGE),
 )
 # modelspec.architecture prefixes (Stability's ModelSpec); the refiner is a separate, incompatible net.
 _ARCHITECTURES: tuple[tuple[str, Family], ...] = (
@@ -96,10 +106,14 @@ _ARCHITECTURES: tuple[tuple[str, Family], ...] = (
     ("stable-diffusion-3", Family.UNKNOWN),
     ("flux-1", Family.FLUX),
     ("flux.1", Family.FLUX),
+    ("z-image", Family.ZIMAGE),
+    ("z_image", Family.ZIMAGE),
+    ("zimage", Family.ZIMAGE),
 )
 # Checkpoint file names as trainers record them in `ss_sd_model_name`; a best-effort guess.
 _MODEL_NAMES: tuple[tuple[re.Pattern[str], Family], ...] = (
     (re.compile(r"flux"), Family.FLUX),
+    (re.compile(r"z[-_]?image"), Family.ZIMAGE),
     (re.compile(r"sd_?xl|xl[_-]?base|(^|[^a-z])xl([^a-z]|$)"), Family.SDXL),
     (re.compile(r"v2[-_.]?[01]|sd_?2[01]?([^0-9]|$)|768-v"), Family.SD2),
     (re.compile(r"v1[-_.]?[45]|sd_?1[-_.]?5|sd15"), Family.SD15),
@@ -147,11 +161,13 @@ def family_from_keys(tensor_names: Iterable[str]) -> Family | None:
     their own signatures. SD 1.x and SD 2.x LoRAs share their tensor names (only shapes differ), so
     both come out as `Family.SD15` here.
     """
-    flux = sdxl = sd1 = False
+    flux = zimage = sdxl = sd1 = False
     for raw in tensor_names:
         name = raw.lower()
         if "double_blocks" in name or "single_blocks" in name or "single_transformer_blocks" in name:
             flux = True
+        elif _ZIMAGE_BLOCKS.match(name):
+            zimage = True
         elif name.startswith(("lora_te1_", "lora_te2_", "text_encoder_2.", "te2.")):
             sdxl = True
         elif ("transformer_blocks_1_" in name or "transformer_blocks.1." in name) and _is_unet(name):
@@ -166,6 +182,8 @@ def family_from_keys(tensor_names: Iterable[str]) -> Family | None:
             sd1 = True
     if flux:
         return Family.FLUX
+    if zimage:
+        return Family.ZIMAGE
     if sdxl:
         return Family.SDXL
     if sd1:

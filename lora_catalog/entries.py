@@ -26,6 +26,7 @@ class Family(StrEnum):
     SD15 = "sd15"
     SD2 = "sd2"
     FLUX = "flux"
+    ZIMAGE = "zimage"
     UNKNOWN = "unknown"
 
 

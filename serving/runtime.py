@@ -8,8 +8,8 @@
   cluster (`serving.backends.remote`, `serving.cluster.app`) and nothing is loaded here;
 - nothing set: SDXL when a CUDA device is present and its weights can be had (the Hub answers, or
   they are in the local Hugging Face cache), with an SD 1.5 pool beside it on a GPU of 20 GB or more;
-  otherwise the offline demo — tiny random-weight SDXL and SD 1.5 pipelines with synthetic LoRAs made
-  on this machine, and a banner that says so.
+  otherwise the offline demo — tiny random-weight SDXL, SD 1.5 and FLUX.1 pipelines with synthetic LoRAs
+  made on this machine, and a banner that says so.
 
 The pools (`engine.pools.pools`, one engine each) are served through `serving.backends.local.LocalBackend`,
 a cluster through `serving.backends.remote.RemoteBackend`: the one `Backend` every transport calls.
@@ -37,7 +37,9 @@ from engine.prepare.civitai import CivitaiFiles, civitai_files
 from engine.prepare.resolve import AdapterResolver
 from engine.settings import (
     DEFAULT_MODEL_ID,
+    FLUX_MODEL_ID,
     SD15_MODEL_ID,
+    TINY_FLUX_MODEL_ID,
     TINY_MODEL_ID,
     TINY_SD15_MODEL_ID,
     PoolSetting,
@@ -72,7 +74,11 @@ _PROBE_TIMEOUT_S = 3.0
 # An A10G (24 GB) holds SDXL (about 7 GB in fp16) and SD 1.5 (about 2.5 GB) with room to generate.
 _TWO_POOL_GPU_BYTES = 20 * 10**9
 DEFAULT_POOLS = (PoolSetting(DEFAULT_MODEL_ID, DEFAULT_MODEL_ID), PoolSetting(SD15_MODEL_ID, SD15_MODEL_ID))
-DEMO_POOLS = (PoolSetting(TINY_MODEL_ID, DEFAULT_MODEL_ID), PoolSetting(TINY_SD15_MODEL_ID, SD15_MODEL_ID))
+DEMO_POOLS = (
+    PoolSetting(TINY_MODEL_ID, DEFAULT_MODEL_ID),
+    PoolSetting(TINY_SD15_MODEL_ID, SD15_MODEL_ID),
+    PoolSetting(TINY_FLUX_MODEL_ID, FLUX_MODEL_ID),
+)
 
 
 @dataclass(frozen=True)
@@ -315,14 +321,15 @@ def _render_previews(backend: Backend, catalog: Catalog, folder: Path, stop: thr
 
 def demo_banner(reason: str, served: tuple[str, ...] = (DEFAULT_MODEL_ID,)) -> str:
     """The offline demo's banner (Markdown): what this is, why, and how to get the real thing."""
-    structures = " and ".join(display_name(base) for base in served)
+    names = [display_name(base) for base in served]
+    structures = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     return (
         "**Offline demo: you are looking at tiny random-weight models.** "
         f"They have the structure of {structures} but random weights, so every image is a noise-like pattern, "
         f"not art; the {len(demo_loras(served))} LoRAs are synthetic ones made on this machine. "
         f"Why: {reason}. "
         "To run the real models, start it on a machine with a CUDA GPU and access to the Hugging Face Hub "
-        "(for example a GPU Space), or set `MODELS` (or `MODEL_ID`) to SDXL, SD 1.5 or SD 2.x repo ids "
+        "(for example a GPU Space), or set `MODELS` (or `MODEL_ID`) to SDXL, SD 1.5, SD 2.x or FLUX.1 repo ids "
         "or local diffusers folders."
     )
 

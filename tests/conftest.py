@@ -163,12 +163,67 @@ def loaded_sd15(tiny_sd15_dir: Path, base_settings):
 
 
 @pytest.fixture(scope="session")
-def demo_load(loaded, loaded_sd15) -> Callable[..., object]:
-    """A loader for `build_runtime`'s offline demo: the session's tiny SDXL and SD 1.5 pipelines, one per pool."""
-    from engine.settings import TINY_MODEL_ID
+def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.families.tiny import ensure_tiny_pipeline
+
+    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-flux") / "pipeline", model_id="tiny-flux")
+
+
+@pytest.fixture(scope="session")
+def loaded_flux(tiny_flux_dir: Path, base_settings):
+    """The tiny FLUX.1 [dev] pipeline, loaded from its folder like a real one (a third pool)."""
+    from engine.pipeline.loading import load_pipeline
+    from engine.settings import FLUX_MODEL_ID
+
+    return load_pipeline(base_settings.replace(model_id=str(tiny_flux_dir), base_model_id=FLUX_MODEL_ID))
+
+
+@pytest.fixture(scope="session")
+def pristine_flux(loaded_flux) -> dict[str, object]:
+    pipe = loaded_flux.pipe
+    return {
+        f"{name}.{key}": value.detach().clone()
+        for name in ("transformer", "text_encoder", "text_encoder_2", "vae")
+        for key, value in getattr(pipe, name).state_dict().items()
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_zimage_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.families.tiny import ensure_tiny_pipeline
+
+    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-zimage") / "pipeline", model_id="tiny-zimage")
+
+
+@pytest.fixture(scope="session")
+def loaded_zimage(tiny_zimage_dir: Path, base_settings):
+    """The tiny Z-Image Turbo pipeline, loaded from its folder like a real one (a second DiT family)."""
+    from engine.pipeline.loading import load_pipeline
+    from engine.pools.specs import ZIMAGE_MODEL_ID
+
+    return load_pipeline(base_settings.replace(model_id=str(tiny_zimage_dir), base_model_id=ZIMAGE_MODEL_ID))
+
+
+@pytest.fixture(scope="session")
+def pristine_zimage(loaded_zimage) -> dict[str, object]:
+    pipe = loaded_zimage.pipe
+    return {
+        f"{name}.{key}": value.detach().clone()
+        for name in ("transformer", "text_encoder", "vae")
+        for key, value in getattr(pipe, name).state_dict().items()
+    }
+
+
+@pytest.fixture(scope="session")
+def demo_load(loaded, loaded_sd15, loaded_flux) -> Callable[..., object]:
+    """A loader for `build_runtime`'s offline demo: the session's tiny SDXL, SD 1.5 and FLUX pipelines, one per
+    pool."""
+    from engine.settings import TINY_FLUX_MODEL_ID, TINY_MODEL_ID, TINY_SD15_MODEL_ID
+
+    pipelines = {TINY_MODEL_ID: loaded, TINY_SD15_MODEL_ID: loaded_sd15, TINY_FLUX_MODEL_ID: loaded_flux}
 
     def load(settings, warm: bool = True):
-        return loaded if settings.model_id == TINY_MODEL_ID else loaded_sd15
+        return pipelines[settings.model_id]
 
     return load
 

@@ -2,8 +2,10 @@
 
 `judge_origin` weighs, in order: what its card and Hub tags declare (a base we know decides, and names the
 exact bases), the kohya/ModelSpec metadata in its file (`lora_catalog.bases.family_from_metadata`), and
-last its tensors: the served families whose signature claims one of its names (`FamilySpec.signature`;
-families whose LoRAs share every name, as SD 1.x and 2.x do, all stay), with the widths its factors show.
+last its tensors: the served families whose signature claims the most of its names (`FamilySpec.signature`;
+families whose LoRAs share every name, as SD 1.x and 2.x do, all stay; a name several families write, as
+kohya's `lora_te1_` for SDXL's and FLUX's CLIP-L, does not outvote the transformer's or UNet's names around
+it), with the widths its factors show.
 The file is read only when the card does not decide. Two consumers ask it: preparation
 (`check_origin`: refuse a LoRA of another family, warn when it declares nothing) and pool routing
 (`engine.pools.routing.pick_pool`: which served pool it belongs to).
@@ -41,13 +43,13 @@ class LoraOrigin:
     bases: tuple[str, ...]
     families: tuple[Family, ...]
     how: str
-    cross_attention_dims: frozenset[int] = frozenset()
+    denoiser_dims: frozenset[int] = frozenset()
     text_dims: frozenset[int] = frozenset()
     unknown_bases: tuple[str, ...] = ()
 
     @property
     def widths(self) -> Widths:
-        return Widths(self.cross_attention_dims, self.text_dims)
+        return Widths(self.denoiser_dims, self.text_dims)
 
     def describe(self) -> str:
         if self.bases:
@@ -85,12 +87,14 @@ def judge_origin(
         return LoraOrigin((), (declared,), "metadata", unknown_bases=bases)
     specs = served_specs()
     names = [name.lower() for name in shapes]
-    claimed = [s for s in specs if any(map(s.signature.claims, names))]
+    claims = {s.family: sum(map(s.signature.claims, names)) for s in specs}
+    most = max(claims.values(), default=0)
+    claimed = [s for s in specs if most and claims[s.family] == most]
     widths = [s.signature.lora_widths(shapes) for s in claimed or specs]
-    cross = frozenset().union(*(w.cross_attention for w in widths))
+    denoiser = frozenset().union(*(w.denoiser for w in widths))
     text = frozenset().union(*(w.text for w in widths))
     families = tuple(dict.fromkeys(s.family for s in claimed))
-    return LoraOrigin((), families, "shapes", cross, text, unknown_bases=bases)
+    return LoraOrigin((), families, "shapes", denoiser, text, unknown_bases=bases)
 
 
 def check_origin(label: str, origin: LoraOrigin, served_base: str) -> str | None:

@@ -3,7 +3,7 @@
 A pool serves one base model; the family of that base (from `lora_catalog.bases`) names a module here, whose
 `FAMILY` (`engine.families.spec.FamilySpec`) says how its pipeline is loaded, which modules a LoRA may change,
 its request defaults and size presets, how a LoRA made for it looks, its preview decoder and tiny builder.
-Families the catalogue lists but no module declares (FLUX, unknown ones) are not served; `family_spec` refuses
+Families the catalogue lists but no module declares (unknown ones) are not served; `family_spec` refuses
 them with the served ones named. Modules are imported on first use: `engine.settings` reads the served list
 here and must not import torch.
 
@@ -34,6 +34,8 @@ _REGISTERED = (
     _Registered(Family.SDXL, "SDXL", "engine.families.sdxl"),
     _Registered(Family.SD15, "SD 1.5", "engine.families.sd15"),
     _Registered(Family.SD2, "SD 2.x", "engine.families.sd2"),
+    _Registered(Family.FLUX, "FLUX.1", "engine.families.flux"),
+    _Registered(Family.ZIMAGE, "Z-Image", "engine.families.zimage"),
 )
 _BY_FAMILY = {r.family: r for r in _REGISTERED}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from diffusers import StableDiffusionPipeline
 
 from engine.families import stable_diffusion as sd
-from engine.families.spec import FamilySpec, MemorySpec
+from engine.families.spec import FamilySpec, MemorySpec, RunDefaults, fixed_defaults
 from lora_catalog.entries import Family
 
 __all__ = ["FAMILY", "build_tiny_pipeline"]
@@ -34,10 +34,11 @@ FAMILY = FamilySpec(
     denoiser="unet",
     components=sd.COMPONENTS,
     side=512,
-    steps=25,
-    guidance=7.5,
+    served_side=sd.served_side,
+    defaults=fixed_defaults(RunDefaults(steps=25, guidance=7.5)),
+    call_arguments=sd.call_arguments,
     size_buckets=SIZE_BUCKETS,
-    lora_loader=StableDiffusionPipeline,
+    convert_lora=sd.CONVERTER,
     signature=sd.SIGNATURE,
     preview=sd.PREVIEW,
     build_tiny=build_tiny_pipeline,

@@ -16,7 +16,15 @@ from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
 from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
 from engine.families import unet
-from engine.families.spec import FamilySpec, LatentProjection, LoraSignature, MemorySpec, PreviewSpec
+from engine.families.spec import (
+    FamilySpec,
+    LatentProjection,
+    LoraSignature,
+    MemorySpec,
+    PreviewSpec,
+    RunDefaults,
+    fixed_defaults,
+)
 from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
 from lora_catalog.entries import Family
 
@@ -105,10 +113,11 @@ FAMILY = FamilySpec(
     denoiser="unet",
     components=("unet", "text_encoder", "text_encoder_2"),
     side=1024,
-    steps=25,
-    guidance=5.0,
+    served_side=unet.served_side,
+    defaults=fixed_defaults(RunDefaults(steps=25, guidance=5.0)),
+    call_arguments=unet.call_arguments,
     size_buckets=SIZE_BUCKETS,
-    lora_loader=StableDiffusionXLPipeline,
+    convert_lora=unet.converter(StableDiffusionXLPipeline),
     signature=LoraSignature(claims, unet.lora_widths, unet.pipeline_widths),
     preview=PreviewSpec("madebyollin/taesdxl", LATENT_RGB),
     build_tiny=build_tiny_pipeline,

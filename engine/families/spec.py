@@ -1,8 +1,9 @@
 """What a base-model family declares: the one shape every `engine.families.<family>` module fills in.
 
 A family module builds one `FamilySpec` named `FAMILY`; nothing outside it knows a family's pipeline class,
-denoiser, LoRA components, request defaults, size presets, LoRA signature, converter, preview decoder, tiny
-builder or model sizes. This module only holds the shape (and imports no torch: `engine.families.registry`, which
+denoiser, LoRA components, request defaults and which inputs apply, default side, the pipeline call's
+arguments, size presets, LoRA signature, converter, preview decoder (and the latents' layout), tiny builder
+or model sizes. This module only holds the shape (and imports no torch: `engine.families.registry`, which
 `engine.settings` reads, must stay light); code that reads a family reads these fields, never a family name.
 """
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine.requests import CheckedRequest, GuidanceKind
 from lora_catalog.entries import Family
 
 __all__ = [
@@ -22,8 +24,10 @@ __all__ = [
     "MemorySpec",
     "PipelineClass",
     "PreviewSpec",
+    "RunDefaults",
     "Widths",
     "fit_presets",
+    "fixed_defaults",
 ]
 
 # A diffusers pipeline and its models (their components and configs are registered at run time, which a type
@@ -31,18 +35,22 @@ __all__ = [
 Pipeline = Any
 Module = Any
 Shapes = Mapping[str, tuple[int, ...]]
+Tensor = Any
 
 
 @dataclass(frozen=True)
 class Widths:
-    """The input widths a LoRA's factors (or a pipeline's modules) show: cross-attention and text encoders."""
+    """The input widths a LoRA's factors (or a pipeline's modules) show: the denoiser's and the text encoders'.
 
-    cross_attention: frozenset[int] = frozenset()
+    `denoiser` is the width that tells the family's bases apart: a UNet's cross-attention width, a DiT's hidden
+    width (its attention projections' input)."""
+
+    denoiser: frozenset[int] = frozenset()
     text: frozenset[int] = frozenset()
 
     def within(self, other: Widths) -> bool:
         """Every width here is one of `other`'s (a LoRA's factors fit a pipeline's modules)."""
-        return self.cross_attention <= other.cross_attention and self.text <= other.text
+        return self.denoiser <= other.denoiser and self.text <= other.text
 
 
 @dataclass(frozen=True)
@@ -68,12 +76,43 @@ class LatentProjection:
     bias: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
+class LatentUnpacker(Protocol):
+    """The pipeline's per-step latents -> (batch, channels, height, width) for an image of `height` x `width`."""
+
+    def __call__(self, latents: Tensor, height: int, width: int, vae_scale_factor: int, /) -> Tensor: ...
+
+
 @dataclass(frozen=True)
 class PreviewSpec:
-    """The family's live-preview decoders: a distilled VAE's Hub repo (AutoencoderTiny) and a linear fallback."""
+    """The family's live-preview decoders: a distilled VAE's Hub repo (AutoencoderTiny) and a linear fallback.
+
+    `unpack` turns the latents a step hands its callback into spatial ones (a DiT's are packed into tokens);
+    None when they are spatial already (the UNets')."""
 
     tiny_vae: str | None
     projection: LatentProjection | None
+    unpack: LatentUnpacker | None = None
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    """A served pipeline's request defaults, and which of a request's inputs it reads.
+
+    `guidance_kind`: `cfg` (classifier-free guidance, which reads the negative prompt), `distilled` (a guidance
+    embedding the model was distilled with: one pass per step, no negative prompt) or `none` (no guidance input).
+    """
+
+    steps: int
+    guidance: float
+    guidance_kind: GuidanceKind = "cfg"
+    negative_prompt: bool = True
+    # Image sides must be multiples of this (FLUX: the VAE's 8 times its 2x2 patches).
+    side_multiple: int = 8
+
+
+def fixed_defaults(defaults: RunDefaults) -> Callable[[Pipeline], RunDefaults]:
+    """The same defaults for every pipeline of a family (the UNet families: theirs never depend on the weights)."""
+    return lambda pipe: defaults
 
 
 @dataclass(frozen=True)
@@ -108,16 +147,22 @@ class TinyBuilder(Protocol):
 
 
 class PipelineClass(Protocol):
-    """A diffusers pipeline class, as loading uses it."""
+    """A diffusers pipeline class, as loading (`from_pretrained`) and the LoRA converters (`lora_state_dict`, a
+    classmethod) use it."""
 
     def from_pretrained(self, pretrained_model_name_or_path: str, /, **kwargs: Any) -> Pipeline: ...
 
+    def lora_state_dict(self, pretrained_model_name_or_path_or_dict: Any, /, **kwargs: Any) -> Any: ...
+
 
 class LoraConverter(Protocol):
-    """What converts a LoRA's names for a family: a diffusers pipeline class's `lora_state_dict` (a classmethod),
-    which takes a state dict and returns it in diffusers' names with the network alphas it read."""
+    """What converts a LoRA's names for a family: a file's tensors and the served denoiser in, the tensors in
+    diffusers' names (`<component>.<module>.lora_A.weight`, or diffusers' older names) and the network alphas
+    read out, by diffusers' own converters (the family's pipeline class's `lora_state_dict`)."""
 
-    def lora_state_dict(self, pretrained_model_name_or_path_or_dict: Any, /, **kwargs: Any) -> Any: ...
+    def __call__(
+        self, state_dict: dict[str, Tensor], denoiser: Module, /
+    ) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]: ...
 
 
 @dataclass(frozen=True)
@@ -131,14 +176,18 @@ class FamilySpec:
     denoiser: str
     # Pipeline attributes a LoRA may change (the denoiser and text encoders).
     components: tuple[str, ...]
-    # The native image side; the served pipeline's own config wins when it differs (SD 2.1 base: 512).
+    # The native image side the size buckets are declared at.
     side: int
-    steps: int
-    guidance: float
+    # The side a served pipeline makes by default, read from it (SD 2.1 base: 512, where the family's is 768).
+    served_side: Callable[[Pipeline], int]
+    # A served pipeline's request defaults and the inputs it reads (FLUX.1 [dev] and [schnell] differ).
+    defaults: Callable[[Pipeline], RunDefaults]
+    # The pipeline call's arguments for a checked request (the seed's generator and callbacks are added).
+    call_arguments: Callable[[CheckedRequest], dict[str, Any]]
     # (width, height) presets at `side`, scaled to the served side; the UI offers the square first.
     size_buckets: tuple[tuple[int, int], ...]
-    # Whose `lora_state_dict` converts kohya/SGM/PEFT names for this family (diffusers' own converters).
-    lora_loader: LoraConverter
+    # Converts kohya/SGM/XLabs/PEFT names for this family (diffusers' own converters).
+    convert_lora: LoraConverter
     signature: LoraSignature
     preview: PreviewSpec
     # A random-weight pipeline of the family's real structure, small enough for a CPU (tests, offline demo).
@@ -152,6 +201,8 @@ class FamilySpec:
     # Readies a run's own shallow copy of the pipeline for `clip_skip` (a library mismatch worked around on the
     # copy, never on the pool's pipeline: see the family's function); None: nothing to do.
     prepare_clip_skip: Callable[[Pipeline], None] | None = None
+    # The half precision `DTYPE=auto` loads it in on a GPU (FLUX.1's activations overflow float16).
+    half_dtype: str = "float16"
     # Its pipelines' sizes and the components that may stay in host RAM, for the memory plan.
     memory: MemorySpec = MemorySpec()
 

@@ -26,6 +26,7 @@ from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_to
 
 __all__ = [
     "COMPONENTS",
+    "CONVERTER",
     "LOAD_OPTIONS",
     "PREVIEW",
     "SCHEDULERS",
@@ -33,11 +34,16 @@ __all__ = [
     "VAE_VALUES",
     "alias_text_model",
     "build_tiny_sd",
+    "call_arguments",
     "claims",
     "max_clip_skip",
+    "served_side",
 ]
 
 COMPONENTS = ("unet", "text_encoder")
+CONVERTER = unet.converter(StableDiffusionPipeline)
+served_side = unet.served_side
+call_arguments = unet.call_arguments
 # Their Hub repos ship a safety checker; a LoRA switchboard serves art, as the SDXL pipeline does.
 LOAD_OPTIONS: tuple[tuple[str, object], ...] = (
     ("safety_checker", None),

@@ -1,4 +1,4 @@
-"""What every tiny random-weight pipeline shares: a CLIP tokenizer, CLIP text configs, a VAE, a scheduler.
+"""What every tiny random-weight pipeline shares: CLIP and T5 tokenizers, CLIP text configs, a VAE, a scheduler.
 
 Each family builds its tiny pipeline in its own module (`engine.families.<family>.build_tiny`) with its real
 structure (blocks, heads, conditioning, text encoders, a cross-attention width of its own, so a LoRA's shapes
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from diffusers import AutoencoderKL, EulerDiscreteScheduler
-from transformers import CLIPTextConfig, CLIPTokenizer
+from transformers import CLIPTextConfig, CLIPTokenizer, T5Tokenizer
 
 from engine.families.registry import family_spec
 from engine.pools.specs import TINY_MODEL_ID, TINY_MODEL_IDS
@@ -27,9 +27,11 @@ __all__ = [
     "TINY_SIZES",
     "TINY_UNET",
     "build_tiny",
+    "byte_level_vocabulary",
     "ensure_tiny_pipeline",
     "text_config",
     "tiny_scheduler",
+    "tiny_t5_tokenizer",
     "tiny_tokenizer",
     "tiny_vae",
 ]
@@ -101,11 +103,46 @@ def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
+def byte_level_vocabulary() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A GPT-2-style byte-level BPE vocabulary (Qwen's layout: a word after a space starts with `\u0120`): the 256
+    byte symbols, then tokens for the demo words, with and without the space, built by merges (any other text
+    falls back to byte tokens)."""
+    symbols = list(_bytes_to_unicode().values())
+    vocab = {symbol: index for index, symbol in enumerate(symbols)}
+    merges: list[tuple[str, str]] = []
+
+    def merge(first: str, second: str) -> str:
+        if (first, second) not in merges:
+            merges.append((first, second))
+            vocab.setdefault(first + second, len(vocab))
+        return first + second
+
+    for word in _WORDS:
+        parts = list(word)
+        while len(parts) > 1:
+            parts = [merge(parts[0], parts[1]), *parts[2:]]
+    for word in _WORDS:
+        merge("\u0120", word)
+    return vocab, merges
+
+
 def tiny_tokenizer(pad_token: str = "<|endoftext|>") -> CLIPTokenizer:
     vocab, merges = _vocab_and_merges()
     # Built from files a tokenizer reports model_max_length 1e30, which makes the pipeline overflow.
     # transformers' annotation says merges are strings; its BPE takes the (first, second) pairs built here.
     return CLIPTokenizer(vocab=vocab, merges=merges, pad_token=pad_token, model_max_length=77)  # type: ignore[arg-type]
+
+
+def tiny_t5_tokenizer() -> T5Tokenizer:
+    """A T5 tokenizer over the same small vocabulary: a Unigram model built by `tokenizers` (transformers'
+    T5Tokenizer builds it from the list of pieces), with a whole-word piece per demo word and single characters
+    for the rest, so any prompt tokenizes without the 32k-piece SentencePiece model of a real T5."""
+    characters = sorted(set("".join(_WORDS)) | set("abcdefghijklmnopqrstuvwxyz0123456789,.!?'-<>"))
+    # T5's layout: <pad> 0, </s> 1, <unk> 2, then the pieces (scores: whole words first, then characters).
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [(f"\u2581{word}", -1.0) for word in dict.fromkeys(_WORDS)]
+    pieces += [(character, -5.0) for character in characters]
+    return T5Tokenizer(vocab=pieces, extra_ids=0)
 
 
 def text_config(tokenizer: CLIPTokenizer, hidden_size: int = 32) -> CLIPTextConfig:
@@ -133,18 +170,21 @@ def build_tiny(model_id: str, seed: int = 0) -> Pipeline:
     return family_spec(TINY_MODEL_IDS[model_id]).build_tiny(seed)
 
 
-def tiny_vae(seed: int) -> AutoencoderKL:
+def tiny_vae(seed: int, **family: Any) -> AutoencoderKL:
+    """A small VAE (2x downsampling); `family` overrides its config where the family's VAE differs (FLUX's:
+    16 latent channels, no quant convolutions, its scaling and shift factors)."""
     torch.manual_seed(seed + 1)
-    return AutoencoderKL(
-        block_out_channels=(16, 32),
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=TINY_SIDE,
-    )
+    config: dict[str, Any] = {
+        "block_out_channels": (16, 32),
+        "in_channels": 3,
+        "out_channels": 3,
+        "down_block_types": ("DownEncoderBlock2D",) * 2,
+        "up_block_types": ("UpDecoderBlock2D",) * 2,
+        "latent_channels": 4,
+        "norm_num_groups": 8,
+        "sample_size": TINY_SIDE,
+    }
+    return AutoencoderKL(**(config | family))
 
 
 def tiny_scheduler(prediction_type: str = "epsilon") -> EulerDiscreteScheduler:

@@ -1,7 +1,7 @@
 """Turning a LoRA file into a prepared adapter: per-layer updates mapped to the weights they change.
 
-Names are converted by diffusers' own code (`lora_state_dict` handles kohya/SGM
-names and network alphas; its state-dict utilities give PEFT names; `engine.formats.naming`
+Names are converted by diffusers' own code (the served family's converter, a `lora_state_dict`, handles
+kohya/SGM/XLabs names and network alphas; its state-dict utilities give PEFT names; `engine.formats.naming`
 sends LyCORIS and DoRA names the same way), then each module's tensors are matched
 by name and shape to a weight of the pipeline, once. A plain LoRA module becomes a
 `LayerFactors`; LoHa/LoKr/Tucker modules an `engine.formats.lycoris` layer; a DoRA magnitude
@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import StableDiffusionXLPipeline
@@ -29,13 +30,13 @@ from safetensors.torch import load_file
 from torch import nn
 
 from engine.errors import AdapterLoadError, IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
+from engine.families import unet
 from engine.families.spec import LoraConverter
 from engine.formats.deltas import keep_deltas
 from engine.formats.dora import dora_update
 from engine.formats.layers import LayerFactors, LayerUpdate
 from engine.formats.lycoris import lycoris_layer
 from engine.formats.naming import (
-    COMPONENTS,
     SplitTensors,
     component_state_dict,
     is_kohya,
@@ -48,7 +49,6 @@ from lora_catalog.hints import LoraHints
 from lora_catalog.variants import unsupported_variant
 
 __all__ = [
-    "COMPONENTS",
     "AdapterKey",
     "LayerFactors",
     "LayerUpdate",
@@ -95,8 +95,11 @@ class PreparedAdapter:
 
     @property
     def nbytes(self) -> int:
+        """Bytes held; a factor several layers share (a fused layer's down factor, split by diffusers' FLUX
+        converter into q, k and v) counted once."""
         extra = self.embeddings.nbytes if self.embeddings is not None else 0
-        return extra + sum(t.nbytes for layer in self.layers for t in layer.tensors)
+        unique = {_view(t): t.nbytes for layer in self.layers for t in layer.tensors}
+        return extra + sum(unique.values())
 
     @property
     def device(self) -> torch.device:
@@ -118,23 +121,46 @@ class PreparedAdapter:
         if all(t.device == device and (dtype is None or t.dtype == dtype) for t in tensors) and not pin:
             return self
 
+        moved: dict[tuple, torch.Tensor] = {}  # a shared factor stays shared on the other side
+
         def move(t: torch.Tensor) -> torch.Tensor:
-            moved = t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
-            return moved.pin_memory() if pin else moved
+            if (key := _view(t)) not in moved:
+                copy = t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
+                moved[key] = copy.pin_memory() if pin else copy
+            return moved[key]
 
         return dataclasses.replace(self, layers=tuple(layer.map(move) for layer in self.layers))
 
 
+def _view(t: torch.Tensor) -> tuple:
+    """What identifies a tensor's values: its storage and the view into it."""
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+# SDXL's converter: what a table made without a family's (tests and benchmarks over an SDXL UNet) converts with.
+_SDXL_CONVERTER = unet.converter(StableDiffusionXLPipeline)
+
+
 class TargetTable:
-    """Every Linear/Conv2d weight a LoRA may change, indexed once per pipeline."""
+    """Every Linear/Conv2d weight a LoRA may change, indexed once per pipeline, and how its LoRAs' names convert.
+
+    `components` are the pipeline's adaptable models by attribute (the family's `FamilySpec.components`),
+    `denoiser` the one that denoises (`unet`, `transformer`), `convert_lora` the family's converter.
+    """
 
     def __init__(
-        self, components: Mapping[str, nn.Module], *, lora_loader: LoraConverter = StableDiffusionXLPipeline
+        self,
+        components: Mapping[str, nn.Module],
+        *,
+        denoiser: str = "unet",
+        convert_lora: LoraConverter = _SDXL_CONVERTER,
     ) -> None:
-        # The family's converter (`FamilySpec.lora_loader`, a diffusers pipeline class): its `lora_state_dict`
-        # converts kohya/SGM names for that family.
-        self.lora_loader = lora_loader
-        # Which of COMPONENTS this pipeline has (SD 1.x/2.x: no text_encoder_2).
+        if denoiser not in components:
+            raise ValueError(f"the denoiser {denoiser!r} is not among the components {', '.join(components)}")
+        self._convert_lora = convert_lora
+        self._denoiser_module = components[denoiser]
+        self.denoiser = denoiser
+        # The pipeline's adaptable components (SD 1.x/2.x: unet, text_encoder; FLUX: transformer, text_encoder).
         self.components = tuple(components)
         self.params: list[torch.Tensor] = []
         self.names: list[str] = []  # `component.module` per index: LyCORIS/DoRA modules, errors, components touched
@@ -156,6 +182,14 @@ class TargetTable:
     def __len__(self) -> int:
         return len(self.params)
 
+    def convert(self, state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Mapping[str, Any] | None]:
+        """A file's plain factors in diffusers' names, with the network alphas read (the family's converter)."""
+        return self._convert_lora(state_dict, self._denoiser_module)
+
+    def kohya_modules(self, stems: list[str], label: str) -> dict[str, tuple[str, str]]:
+        """(component, module) of each kohya module name (`engine.formats.naming.kohya_modules`)."""
+        return kohya_modules(stems, self.convert, self.components, self.denoiser, label)
+
 
 def detect_variant(tensor_names: Iterable[str]) -> str | None:
     """The name of an adapter variant the fused swap cannot apply (OFT, IA3, ...), or None when it can."""
@@ -172,7 +206,6 @@ def prepare(
     key: AdapterKey,
     table: TargetTable,
     *,
-    unet_config: object,
     max_rank: int,
     metadata: Mapping[str, str],
     shapes: Mapping[str, tuple[int, ...]],
@@ -200,11 +233,11 @@ def prepare(
             raise AdapterLoadError(f"{label} holds NaN or infinite values in {name!r}; accepted: finite weights only")
     config = _adapter_config(metadata, label)
     split = split_tensors(tensors)
-    magnitudes = _magnitudes(split, table, unet_config, label)
+    magnitudes = _magnitudes(split, table, label)
     layers: list[LayerUpdate] = []
     if split.plain:
-        layers.extend(_plain_layers(split.plain, table, unet_config, config, label))
-    layers.extend(_lycoris_layers(split, table, unet_config, config, label))
+        layers.extend(_plain_layers(split.plain, table, config, label))
+    layers.extend(_lycoris_layers(split, table, config, label))
     layers = [_with_magnitude(layer, magnitudes, table, label) for layer in layers]
     if magnitudes:
         names = ", ".join(table.names[i] for i in sorted(magnitudes)[:5])
@@ -245,15 +278,17 @@ def _adapter_config(metadata: Mapping[str, str], label: str) -> dict[str, dict]:
 
 
 def _plain_layers(
-    plain: Mapping[str, torch.Tensor], table: TargetTable, unet_config: object, config: Mapping, label: str
+    plain: Mapping[str, torch.Tensor], table: TargetTable, config: Mapping, label: str
 ) -> list[LayerUpdate]:
     try:
-        state_dict, network_alphas = table.lora_loader.lora_state_dict(dict(plain), unet_config=unet_config)
+        state_dict, network_alphas = table.convert(dict(plain))
+    except IncompatibleLoraError as e:  # the converter found factors the served pipeline's shapes do not fit
+        raise IncompatibleLoraError(f"{label}: {e}") from e
     except (ValueError, KeyError, IndexError) as e:
         raise IncompatibleLoraError(f"{label} has tensor names the served pipeline does not know: {e}") from e
     layers: list[LayerUpdate] = []
     for component in table.components:
-        part = component_state_dict(state_dict, component)
+        part = component_state_dict(state_dict, component, denoiser=component == table.denoiser)
         if part:
             alphas = _component_alphas(network_alphas, component)
             layers.extend(_factors(part, component, table, alphas, config.get(component), label))
@@ -312,13 +347,11 @@ def _factors(
     return out
 
 
-def _lycoris_layers(
-    split: SplitTensors, table: TargetTable, unet_config: object, config: Mapping, label: str
-) -> list[LayerUpdate]:
-    kohya = kohya_modules([s for s in split.lycoris if is_kohya(s)], unet_config, label, table.lora_loader)
+def _lycoris_layers(split: SplitTensors, table: TargetTable, config: Mapping, label: str) -> list[LayerUpdate]:
+    kohya = table.kohya_modules([s for s in split.lycoris if is_kohya(s)], label)
     layers: list[LayerUpdate] = []
     for stem, params in sorted(split.lycoris.items()):
-        candidates = [kohya[stem]] if stem in kohya else peft_stem(stem)
+        candidates = [kohya[stem]] if stem in kohya else peft_stem(stem, table.components)
         index = _target(table, candidates, label, stem)
         component = table.names[index].partition(".")[0]
         where = f"{label}: {table.names[index]}"
@@ -336,16 +369,19 @@ def _lycoris_layers(
     return layers
 
 
-def _magnitudes(split: SplitTensors, table: TargetTable, unet_config: object, label: str) -> dict[int, tuple]:
+def _magnitudes(split: SplitTensors, table: TargetTable, label: str) -> dict[int, tuple]:
     """DoRA magnitudes by target index, with whether they follow PEFT's layout."""
     found: dict[int, tuple] = {}
-    stems = [s for s in sorted(split.kohya_magnitudes) if is_kohya(s)]
-    kohya = kohya_modules(stems, unet_config, label, table.lora_loader)
+    kohya = table.kohya_modules([s for s in sorted(split.kohya_magnitudes) if is_kohya(s)], label)
+    components = table.components
     for stem, tensor in split.kohya_magnitudes.items():
         # `dora_scale` (LyCORIS) may lie on either axis; its shape tells which.
-        found[_target(table, [kohya[stem]] if stem in kohya else peft_stem(stem), label, stem)] = (tensor, False)
+        found[_target(table, [kohya[stem]] if stem in kohya else peft_stem(stem, components), label, stem)] = (
+            tensor,
+            False,
+        )
     for stem, tensor in split.peft_magnitudes.items():
-        found[_target(table, peft_stem(stem), label, stem)] = (tensor, True)
+        found[_target(table, peft_stem(stem, components), label, stem)] = (tensor, True)
     return found
 
 

@@ -1,20 +1,21 @@
 """From a LoRA file's tensor names to the pipeline modules they change.
 
-Plain low-rank factors go through diffusers' own conversion (`lora_state_dict` for kohya/SGM names
-and alphas, its state-dict utilities for PEFT names). diffusers has no converter for LyCORIS
-tensors, and drops kohya's `dora_scale`; their modules are named here the same way: each kohya
-name (`lora_unet_input_blocks_4_1_…`) is passed through that conversion once as a placeholder
-pair of factors, so it lands on exactly the module a plain LoRA of that name would.
+Plain low-rank factors go through diffusers' own conversion (the family's `FamilySpec.convert_lora`, a
+pipeline class's `lora_state_dict`, for kohya/SGM/XLabs names and alphas; its state-dict utilities for PEFT
+names). diffusers has no converter for LyCORIS tensors, and drops kohya's `dora_scale`; their modules are
+named here the same way: each kohya name (`lora_unet_input_blocks_4_1_…`) is passed through that conversion
+once as a placeholder pair of factors, so it lands on exactly the module a plain LoRA of that name would.
+Which components there are, and which is the denoiser, is the served family's (`TargetTable`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from diffusers import StableDiffusionXLPipeline
 from diffusers.utils.state_dict_utils import (
     convert_state_dict_to_diffusers,
     convert_state_dict_to_peft,
@@ -22,12 +23,13 @@ from diffusers.utils.state_dict_utils import (
 )
 
 from engine.errors import IncompatibleLoraError
-from engine.families.spec import LoraConverter
 from engine.formats.lycoris import LYCORIS_PARAMS
 
-__all__ = ["COMPONENTS", "SplitTensors", "component_state_dict", "kohya_modules", "peft_stem", "split_tensors"]
+__all__ = ["Convert", "SplitTensors", "component_state_dict", "kohya_modules", "peft_stem", "split_tensors"]
 
-COMPONENTS = ("unet", "text_encoder", "text_encoder_2")
+# A state dict in a file's names -> diffusers' names and network alphas (the served family's converter, bound
+# to the served denoiser: `TargetTable.convert`).
+Convert = Callable[[dict[str, torch.Tensor]], tuple[dict[str, torch.Tensor], Mapping[str, Any] | None]]
 _KOHYA_PREFIXES = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_")
 # Names a module's tensors end with; longest first, so `lora_mid.weight` is not read as `weight`.
 _MODULE_PARAMS = (*LYCORIS_PARAMS, "lora_down.weight", "lora_up.weight", "alpha", "dora_scale")
@@ -69,13 +71,16 @@ def split_tensors(tensors: Mapping[str, torch.Tensor]) -> SplitTensors:
     return split
 
 
-def component_state_dict(state_dict: Mapping[str, torch.Tensor], component: str) -> dict[str, torch.Tensor]:
-    """One component's part of diffusers' converted state dict, in PEFT names (`<module>.lora_A.weight`)."""
+def component_state_dict(
+    state_dict: Mapping[str, torch.Tensor], component: str, *, denoiser: bool
+) -> dict[str, torch.Tensor]:
+    """One component's part of diffusers' converted state dict, in PEFT names (`<module>.lora_A.weight`);
+    `denoiser`: the component is the pipeline's denoiser (diffusers' older names differ from a text encoder's)."""
     prefix = f"{component}."
     part = {k.removeprefix(prefix): v for k, v in state_dict.items() if k.startswith(prefix)}
     if not part:
         return part
-    if component == "unet":
+    if denoiser:
         return part if any("lora_A" in k for k in part) else convert_unet_state_dict_to_peft(part)
     if any("lora_A" in k for k in part):
         return part
@@ -87,14 +92,12 @@ def is_kohya(stem: str) -> bool:
 
 
 def kohya_modules(
-    stems: Sequence[str],
-    unet_config: object,
-    label: str,
-    loader: LoraConverter = StableDiffusionXLPipeline,
+    stems: Sequence[str], convert: Convert, components: Sequence[str], denoiser: str, label: str
 ) -> dict[str, tuple[str, str]]:
     """(component, module) for each kohya module name, found by diffusers' conversion of a placeholder LoRA.
 
-    `loader` is the served family's converter (`FamilySpec.lora_loader`), whose `lora_state_dict` knows its names.
+    `convert` is the served family's converter (`TargetTable.convert`), which knows its names; `components` the
+    served pipeline's adaptable components, `denoiser` the one that is its denoiser.
     """
     if not stems:
         return {}
@@ -104,12 +107,14 @@ def kohya_modules(
         placeholders[f"{stem}.lora_down.weight"] = marker
         placeholders[f"{stem}.lora_up.weight"] = marker.clone()
     try:
-        state_dict, _ = loader.lora_state_dict(placeholders, unet_config=unet_config)
+        state_dict, _ = convert(placeholders)
+    except IncompatibleLoraError as e:
+        raise IncompatibleLoraError(f"{label}: {e}") from e
     except (ValueError, KeyError, IndexError) as e:
         raise IncompatibleLoraError(f"{label} has module names the served pipeline does not know: {e}") from e
     found: dict[str, tuple[str, str]] = {}
-    for component in COMPONENTS:
-        for key, marker in component_state_dict(state_dict, component).items():
+    for component in components:
+        for key, marker in component_state_dict(state_dict, component, denoiser=component == denoiser).items():
             if key.endswith(".lora_A.weight"):
                 found[stems[int(marker.item())]] = (component, key.removesuffix(".lora_A.weight"))
     missing = [stem for stem in stems if stem not in found]
@@ -118,10 +123,11 @@ def kohya_modules(
     return found
 
 
-def peft_stem(stem: str) -> list[tuple[str, str]]:
-    """Candidate (component, module) pairs for `unet.<m>`, `text_encoder.<m>` or `base_model.model.<m>`."""
+def peft_stem(stem: str, components: Sequence[str]) -> list[tuple[str, str]]:
+    """Candidate (component, module) pairs for `<component>.<m>` (`unet.<m>`, `transformer.<m>`,
+    `text_encoder.<m>`, ...) or `base_model.model.<m>`, among the served `components`."""
     if stem.startswith("base_model.model."):
         module = stem.removeprefix("base_model.model.")
-        return [(component, module) for component in COMPONENTS]
+        return [(component, module) for component in components]
     component, _, module = stem.partition(".")
-    return [(component, module)] if component in COMPONENTS and module else []
+    return [(component, module)] if component in components and module else []

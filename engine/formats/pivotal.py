@@ -76,9 +76,11 @@ class TextEncoders:
     only what was captured here, and the tokenizer copies are cached under their own lock.
     """
 
-    def __init__(self, pipe: Any) -> None:
-        # The entries of ENCODERS this pipeline has: both for SDXL, `text_encoder` (clip_l) alone for SD 1.x/2.x.
-        self.encoders = tuple(e for e in ENCODERS if getattr(pipe, e[0], None) is not None)
+    def __init__(self, pipe: Any, components: Iterable[str]) -> None:
+        # The entries of ENCODERS among the pipeline's adaptable `components` (its family's): both for SDXL,
+        # `text_encoder` (clip_l) alone for SD 1.x/2.x and FLUX (whose text_encoder_2, T5, no LoRA adapts).
+        wanted = set(components)
+        self.encoders = tuple(e for e in ENCODERS if e[0] in wanted)
         self.tokenizers = tuple(getattr(pipe, tokenizer) for _, tokenizer, _ in self.encoders)
         self.modules: tuple[nn.Embedding, ...] = tuple(
             getattr(pipe, encoder).get_input_embeddings() for encoder, _, _ in self.encoders

@@ -1,11 +1,12 @@
 """One denoising run on the warm pipeline, with cancellation, progress and previews between steps.
 
 The weights are whatever the caller fused before (`engine.weights.fused`); this module only calls the pipeline,
-with the tokenizers that fused set needs (its pivotal-tuning tokens: `engine.formats.pivotal`) for the run alone
-(the pipeline is the run's own copy when the request names a sampler or a CLIP skip: `engine.pipeline.schedulers`),
-and turns what it raises into the engine's errors. Several images are one call with one generator per image
-(diffusers draws each image's noise from its own, so each equals a run of its seed alone, up to the batch's
-rounding); when that batch does not fit the device's memory, they are made one at a time, on the same weights.
+with the arguments its family reads (`FamilySpec.call_arguments`) and the tokenizers that fused set needs (its
+pivotal-tuning tokens: `engine.formats.pivotal`) for the run alone (the pipeline is the run's own copy when the
+request names a sampler or a CLIP skip: `engine.pipeline.schedulers`), and turns what it raises into the engine's
+errors. Several images are one call with one generator per image (diffusers draws each image's noise from its
+own, so each equals a run of its seed alone, up to the batch's rounding); when that batch does not fit the
+device's memory, they are made one at a time, on the same weights.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.errors import GenerationCancelledError, GenerationError, SwitchboardError
+from engine.families.spec import FamilySpec
 from engine.outcomes import Preview, Progress
 from engine.pipeline.preview import PreviewDecoder, StepPreviews
 from engine.requests import CheckedRequest
@@ -33,6 +35,7 @@ def infer(
     pipe: Any,
     request: CheckedRequest,
     *,
+    family: FamilySpec,
     tokenizers: Mapping[str, Any],
     progress: Progress | None,
     cancel: threading.Event | None,
@@ -43,6 +46,9 @@ def infer(
     """The request's images, in the order of its seeds."""
     steps = request.steps
     previews = StepPreviews.for_run(decoder, preview_every, steps, preview)
+    # The latents a step hands its callback, made spatial for the decoders (a DiT packs them into tokens).
+    unpack = family.preview.unpack
+    vae_scale = int(pipe.vae_scale_factor)
 
     def on_step(pipe: Any, step: int, timestep: object, callback_kwargs: dict) -> dict:
         if cancel is not None and cancel.is_set():
@@ -51,7 +57,10 @@ def infer(
             raise GenerationCancelledError("the request was cancelled during generation")
         done = step + 1
         if previews is not None:
-            previews(done, callback_kwargs["latents"], pipe.scheduler)
+            latents = callback_kwargs["latents"]
+            if unpack is not None:
+                latents = unpack(latents, request.height, request.width, vae_scale)
+            previews(done, latents, pipe.scheduler)
         if progress is not None:
             progress(done, steps)
         return callback_kwargs
@@ -63,12 +72,7 @@ def infer(
         if len(seeds) > 1:
             extra["num_images_per_prompt"] = len(seeds)
         output = pipe(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt or None,
-            num_inference_steps=steps,
-            guidance_scale=request.guidance,
-            width=request.width,
-            height=request.height,
+            **family.call_arguments(request),
             generator=generators if len(seeds) > 1 else generators[0],
             callback_on_step_end=on_step,
             output_type="pil",

@@ -10,6 +10,7 @@ from pathlib import PurePath
 from typing import Any
 
 import torch
+from accelerate.utils import send_to_device
 from diffusers import AutoencoderKL
 
 from engine.errors import SettingsError
@@ -78,9 +79,10 @@ def resolve_device(setting: str) -> torch.device:
     return device
 
 
-def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(setting: str, device: torch.device, half: str = "float16") -> torch.dtype:
+    """`DTYPE`'s dtype on `device`; `auto` is the family's half precision (`half`) on a GPU, float32 on the CPU."""
     if setting == "auto":
-        return torch.float16 if device.type in ("cuda", "mps") else torch.float32
+        return _DTYPES[half] if device.type in ("cuda", "mps") else torch.float32
     return _DTYPES[setting]
 
 
@@ -96,7 +98,7 @@ def load_pipeline(
     """
     family = family_spec(settings.base_model_id, setting="BASE_MODEL_ID")
     device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
+    dtype = resolve_dtype(settings.dtype, device, family.half_dtype)
     started = time.perf_counter()
     pipe: Pipeline = (
         build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
@@ -115,20 +117,26 @@ def load_pipeline(
         for name, component in pipe.components.items():
             if isinstance(component, torch.nn.Module):
                 component.to(device=torch.device("cpu") if name in host_components else target, dtype=cast)
+                if name in host_components:
+                    _compute_in_host_ram(component, device)
     else:
         pipe = pipe.to(device=target) if cast is None else pipe.to(device=target, dtype=cast)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
-    side = int(getattr(pipe, family.denoiser).config.sample_size) * int(pipe.vae_scale_factor)
+    side = family.served_side(pipe)
     max_side = min(settings.max_side, max(2 * side, 256))
+    run = family.defaults(pipe)
     defaults = ModelDefaults(
-        steps=family.steps,
-        guidance=family.guidance,
+        steps=run.steps,
+        guidance=run.guidance,
         side=side,
         max_side=max_side,
         scheduler=type(pipe.scheduler).__name__,
         schedulers=offered_schedulers(pipe.scheduler, family.extra_schedulers),
         max_clip_skip=family.max_clip_skip(pipe) if family.max_clip_skip is not None else 0,
+        guidance_kind=run.guidance_kind,
+        negative_prompt=run.negative_prompt,
+        side_multiple=run.side_multiple,
     )
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
@@ -159,6 +167,23 @@ def load_pipeline(
         warmup_s,
     )
     return dataclasses.replace(loaded, warmup_s=warmup_s)
+
+
+def _compute_in_host_ram(module: torch.nn.Module, device: torch.device) -> None:
+    """A component left in host RAM computes there, called as if it were on `device`: its inputs are brought to
+    host RAM and its outputs handed back on `device` (FluxPipeline sends T5 the token ids on its execution device).
+    accelerate's offload hooks would move its weights to the device for each call instead, the very bytes the
+    plan keeps off it; its `send_to_device` moves the nested arguments and outputs (a ModelOutput too)."""
+    host = torch.device("cpu")
+
+    def inputs(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        return send_to_device(args, host), send_to_device(kwargs, host)
+
+    def outputs(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        return send_to_device(output, device)
+
+    module.register_forward_pre_hook(inputs, with_kwargs=True)
+    module.register_forward_hook(outputs, with_kwargs=True)
 
 
 def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Pipeline:

@@ -3,17 +3,22 @@
 Two decoders, chosen once per engine (`load_preview_decoder`):
 
 - `TinyVaePreview`: diffusers' `AutoencoderTiny` (the family's, `PreviewSpec.tiny_vae`: TAESDXL for SDXL,
-  TAESD for SD 1.5 and 2.x), a distilled decoder that gives a recognisable full-size image for a few percent
-  of a UNet step. Its weights are taken only from a local folder or the Hugging Face cache (`PREVIEW_VAE`;
-  the Space's front matter preloads `madebyollin/taesdxl` and `madebyollin/taesd`) — never downloaded while
-  serving.
-- `LinearPreview`: a fixed 4 -> 3 linear map of the latent channels, the family's (`PreviewSpec.projection`:
-  ComfyUI's `latent_rgb_factors`, fitted on the diffusion-space latents of the family's VAE — the same space
-  a diffusers pipeline hands its per-step callback), at latent resolution (1/8 of the image side).
+  TAESD for SD 1.5 and 2.x, TAEF1 for FLUX.1), a distilled decoder that gives a recognisable full-size image
+  for a few percent of a denoiser step, decoding the latents as the family's pipeline would with it as its VAE.
+  Its weights are taken only from a local folder or the Hugging Face cache (`PREVIEW_VAE`; the Space's front
+  matter preloads `madebyollin/taesdxl`, `madebyollin/taesd` and `madebyollin/taef1`) — never downloaded
+  while serving.
+- `LinearPreview`: a fixed channels -> 3 linear map of the latent channels, the family's
+  (`PreviewSpec.projection`: ComfyUI's `latent_rgb_factors`, fitted on the diffusion-space latents of the
+  family's VAE — the same space a diffusers pipeline hands its per-step callback), at latent resolution (1/8
+  of the image side).
 
+Both take spatial latents (batch, channels, height, width); a family whose pipeline packs them into tokens
+(FLUX: 16 channels in 2x2 patches) unpacks them first (`PreviewSpec.unpack`, in `engine.pipeline.inference`).
 The pipeline's callback sees the noisy latents x_t. Sigma-parameterised schedulers (Euler, DPM++) keep
 them at scale sqrt(sigma^2 + 1), which would saturate every early preview; `_unit_variance` divides that
 out the way the scheduler's own `scale_model_input` does, so the preview fades from noise to the image.
+Flow-matching schedulers (FLUX's) scale nothing: their x_t is already a blend of noise and image.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ class PreviewDecoder(Protocol):
 
 
 class LinearPreview:
-    """The fixed per-family projection, at latent resolution: a 4x3 matmul, microseconds per pixel row."""
+    """The fixed per-family projection, at latent resolution: a (channels x 3) matmul, microseconds per row."""
 
     def __init__(self, projection: LatentProjection, family: Family) -> None:
         self.name = f"linear ({family.value})"
@@ -78,12 +83,16 @@ class TinyVaePreview:
     def __init__(self, vae: torch.nn.Module, source: str) -> None:
         self.name = f"AutoencoderTiny ({source})"
         self._vae = vae
+        # As a diffusers pipeline decodes with it as its VAE: latents / scaling_factor (+ shift_factor, FLUX's).
+        config = getattr(vae, "config", None)
+        self._scaling = float(getattr(config, "scaling_factor", 1.0) or 1.0)
+        self._shift = float(getattr(config, "shift_factor", 0.0) or 0.0)
 
     @torch.inference_mode()
     def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image:
         weight = next(self._vae.parameters())
-        latent = _unit_variance(latents[:1], scheduler).to(device=weight.device, dtype=weight.dtype)
-        return _to_image(self._vae.decode(latent).sample)  # type: ignore[operator]
+        latent = _unit_variance(latents[:1], scheduler) / self._scaling + self._shift
+        return _to_image(self._vae.decode(latent.to(device=weight.device, dtype=weight.dtype)).sample)  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -169,6 +178,9 @@ def _tiny_vae(source: str, device: torch.device, dtype: torch.dtype) -> TinyVaeP
 
 
 def _unit_variance(latents: torch.Tensor, scheduler: object) -> torch.Tensor:
+    if not hasattr(scheduler, "scale_model_input"):
+        # A flow-matching scheduler: x_t = (1 - sigma) x_0 + sigma * noise is at unit scale already.
+        return latents
     sigmas = getattr(scheduler, "sigmas", None)
     index = getattr(scheduler, "step_index", None)
     if not isinstance(sigmas, torch.Tensor) or index is None or not 0 <= index < len(sigmas):

@@ -72,21 +72,25 @@ class Engine:
         # Subscribers (serving.http.metrics) count what the engine reports here; the engine keeps no counts itself.
         self.events = EngineEvents()
         pipe = loaded.pipe
+        family = loaded.family
         self._table = TargetTable(
-            {c: getattr(pipe, c) for c in loaded.components}, lora_loader=loaded.family.lora_loader
+            {c: getattr(pipe, c) for c in loaded.components},
+            denoiser=family.denoiser,
+            convert_lora=family.convert_lora,
         )
         # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
-        encoders = TextEncoders(pipe)
+        encoders = TextEncoders(pipe, loaded.components)
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
         # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
         pin = loaded.device.type == "cuda" and not settings.zero_gpu
         # What the pristine copies may take on the device at most: the residency charges it while the pool is there.
         touchable = sum(p.nbytes for p in self._table.params)
-        self.pristine_device_bytes = min(settings.pristine_bytes, touchable) if on_device else 0
+        self._pristine_budget = touchable if settings.pristine_bytes is None else settings.pristine_bytes
+        self.pristine_device_bytes = min(self._pristine_budget, touchable) if on_device else 0
         patcher = WeightPatcher(
             self._table.params,
             loaded.device if on_device else torch.device("cpu"),
-            budget=settings.pristine_bytes,
+            budget=self._pristine_budget,
             pin=pin,
         )
         self._store = AdapterStore(
@@ -115,7 +119,6 @@ class Engine:
             self._table,
             encoders,
             served_base=loaded.base_model_id,
-            unet_config=loaded.denoiser.config,
             max_rank=settings.max_rank,
             disk=self.disk_cache,
             gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
@@ -226,6 +229,8 @@ class Engine:
                 check_scheduler(normalised)
                 warnings.extend(notes)
             self.events.prepared(time.perf_counter() - started)
+            # What the request (its final form, the LoRAs' defaults filled) sets that this model does not read.
+            warnings[:0] = self.loaded.defaults.ignored(normalised)
             prepared = PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
             )
@@ -327,6 +332,7 @@ class Engine:
             images = infer(
                 run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family),
                 prepared.request,
+                family=self.loaded.family,
                 tokenizers=self._fused.tokenizers,
                 progress=progress,
                 cancel=cancel,
@@ -424,7 +430,7 @@ class Engine:
             device_bytes=self._store.device_bytes,
             device_budget=device_budget,
             pristine_bytes=self._fused.pristine_bytes,
-            pristine_budget=self.settings.pristine_bytes,
+            pristine_budget=self._pristine_budget,
             applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._fused.applied),
             preview=self._preview.name if self._preview is not None else "off",
             waiting=self.scheduler.waiting,

@@ -71,7 +71,7 @@ class PoolNeed:
 class PlanOptions:
     """The settings a plan reads."""
 
-    pristine_bytes: int
+    pristine_bytes: int | None  # None: each pool's touchable weights
     pristine_store: str
     offload: bool
     adapter_cache: int
@@ -163,11 +163,12 @@ def loaded_need(loaded: LoadedPipeline) -> PoolNeed:
 def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, ...] | None:
     """Each pool's need from its family's declared sizes, before loading; None when a pool's are unknown (a tiny
     pipeline, a local folder, or a family that declares none)."""
-    itemsize = torch.empty((), dtype=resolve_dtype(settings.dtype, device)).element_size()
     needs = []
     for pool in settings.pool_settings:
         family = family_spec(pool.base_model_id, setting="BASE_MODEL_ID")
         memory = family.memory
+        # Each family's own half precision under DTYPE=auto (FLUX.1: bfloat16), as load_pipeline loads it.
+        itemsize = torch.empty((), dtype=resolve_dtype(settings.dtype, device, family.half_dtype)).element_size()
         # A local folder may hold anything (a tiny pipeline, a pruned one): it is judged once loaded.
         if settings.for_pool(pool).loads_tiny or Path(pool.model_id).exists() or not memory.values:
             return None
@@ -193,7 +194,8 @@ def _smaller_pristine(needs: Sequence[PoolNeed], total: int, options: PlanOption
     pristine copies on the device; None when there is none."""
     room = _room(needs, total, options)
     step = 256 * 2**20
-    size = options.pristine_bytes - options.pristine_bytes % step
+    largest = max(n.touchable for n in needs) if options.pristine_bytes is None else options.pristine_bytes
+    size = largest - largest % step
     while size >= 2**30:
         if sum(_place(n, size, pristine=True, host=False).nbytes for n in needs) <= room:
             return size
@@ -243,16 +245,20 @@ def _candidates(
         yield chosen or tuple(d if d.nbytes <= room else c for d, c in zip(device, cpu, strict=True)), False
 
 
-def _place(need: PoolNeed, pristine_bytes: int, *, pristine: bool, host: bool) -> Placement:
+def _allowance(need: PoolNeed, pristine_bytes: int | None) -> int:
+    return need.touchable if pristine_bytes is None else min(pristine_bytes, need.touchable)
+
+
+def _place(need: PoolNeed, pristine_bytes: int | None, *, pristine: bool, host: bool) -> Placement:
     left = need.host_able if host else ()
     weights = need.weights - sum(n for _, n in left)
-    allowance = min(pristine_bytes, need.touchable) if pristine else 0
+    allowance = _allowance(need, pristine_bytes) if pristine else 0
     return Placement(need.name, weights, allowance, tuple(c for c, _ in left))
 
 
 def _refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> str:
     own = ", ".join(
-        f"{n.name} {_gib(n.weights)} (its pristine copies up to {_gib(min(options.pristine_bytes, n.touchable))})"
+        f"{n.name} {_gib(n.weights)} (its pristine copies up to {_gib(_allowance(n, options.pristine_bytes))})"
         for n in needs
     )
     head = (

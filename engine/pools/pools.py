@@ -212,7 +212,7 @@ def pool_info(engine: Engine) -> PoolInfo:
     family = loaded.family
     encoders = {c: getattr(loaded.pipe, c) for c in family.components if c != family.denoiser}
     widths = family.signature.pipeline_widths(loaded.denoiser, encoders)
-    return PoolInfo(loaded.base_model_id, family.family, widths.cross_attention, widths.text)
+    return PoolInfo(loaded.base_model_id, family.family, widths.denoiser, widths.text)
 
 
 def build_pools(

@@ -3,7 +3,7 @@
 The origin says what the LoRA was made for and how that was found. A base its card declares picks the pool
 serving exactly that base, else the first pool of that family; a family its metadata declares picks the first
 pool of that family; a LoRA judged by its tensors goes to the first pool whose family its names leave and whose
-widths (cross-attention and text encoders) hold every width its factors show, and to none in particular when
+widths (denoiser and text encoders) hold every width its factors show, and to none in particular when
 pools of several families fit. Several LoRAs of one request must agree (`agreed_pool`).
 """
 
@@ -38,12 +38,12 @@ class PoolInfo:
 
     base_model_id: str
     family: Family
-    cross_attention_dims: frozenset[int]
+    denoiser_dims: frozenset[int]
     text_dims: frozenset[int]
 
     @property
     def widths(self) -> Widths:
-        return Widths(self.cross_attention_dims, self.text_dims)
+        return Widths(self.denoiser_dims, self.text_dims)
 
 
 def pick_pool(label: str, origin: LoraOrigin, pools: Sequence[PoolInfo]) -> int | None:

@@ -17,21 +17,34 @@ from lora_catalog.entries import Family
 
 __all__ = [
     "DEFAULT_MODEL_ID",
+    "FLUX_MODEL_ID",
     "HUB_ID",
     "SD15_MODEL_ID",
+    "TINY_FLUX_MODEL_ID",
     "TINY_MODEL_ID",
     "TINY_MODEL_IDS",
     "TINY_SD15_MODEL_ID",
+    "TINY_ZIMAGE_MODEL_ID",
+    "ZIMAGE_MODEL_ID",
     "PoolSetting",
     "parse_models",
 ]
 
 DEFAULT_MODEL_ID = "stabilityai/stable-diffusion-xl-base-1.0"
 SD15_MODEL_ID = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+FLUX_MODEL_ID = "black-forest-labs/FLUX.1-dev"
+ZIMAGE_MODEL_ID = "Tongyi-MAI/Z-Image-Turbo"
 # Name the embedded random-weight pipelines (built by their base's family); they are never looked up on the Hub.
 TINY_MODEL_ID = "tiny"
 TINY_SD15_MODEL_ID = "tiny-sd15"
-TINY_MODEL_IDS = {TINY_MODEL_ID: DEFAULT_MODEL_ID, TINY_SD15_MODEL_ID: SD15_MODEL_ID}
+TINY_FLUX_MODEL_ID = "tiny-flux"
+TINY_ZIMAGE_MODEL_ID = "tiny-zimage"
+TINY_MODEL_IDS = {
+    TINY_MODEL_ID: DEFAULT_MODEL_ID,
+    TINY_SD15_MODEL_ID: SD15_MODEL_ID,
+    TINY_FLUX_MODEL_ID: FLUX_MODEL_ID,
+    TINY_ZIMAGE_MODEL_ID: ZIMAGE_MODEL_ID,
+}
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
 _MODELS_FORM = (
     "a comma-separated list of MODEL or MODEL=BASE, where MODEL is a Hub repo id, a local diffusers folder "

@@ -57,7 +57,6 @@ class Preparer:
         encoders: TextEncoders,
         *,
         served_base: str,
-        unet_config: object,
         max_rank: int,
         disk: DiskCache | None = None,
         gate: LoadGate | None = None,
@@ -69,7 +68,6 @@ class Preparer:
         self._table = table
         self._encoders = encoders
         self._served_base = served_base
-        self._unet_config = unet_config
         self._max_rank = max_rank
         self._gate = gate
         self._delta_budget = delta_budget
@@ -142,7 +140,6 @@ class Preparer:
             path,
             source.key,
             self._table,
-            unet_config=self._unet_config,
             max_rank=self._max_rank,
             metadata=header.metadata,
             shapes=shapes,

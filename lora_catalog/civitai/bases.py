@@ -37,6 +37,7 @@ CIVITAI_BASES: tuple[CivitaiBase, ...] = (
     CivitaiBase("NoobAI", NOOBAI_BASE, Family.SDXL, finetune=True),
     CivitaiBase("Flux.1 D", "black-forest-labs/FLUX.1-dev", Family.FLUX),
     CivitaiBase("Flux.1 S", "black-forest-labs/FLUX.1-schnell", Family.FLUX),
+    CivitaiBase("ZImageTurbo", "Tongyi-MAI/Z-Image-Turbo", Family.ZIMAGE),
 )
 _BY_LABEL = {b.label.lower(): b for b in CIVITAI_BASES}
 _BY_ID = {b.base_model_id.lower(): b for b in CIVITAI_BASES}

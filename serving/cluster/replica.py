@@ -19,6 +19,7 @@ import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import torch
 
@@ -176,11 +177,14 @@ class PoolReplica:
         return self._replica, weights_digest(self._engine.loaded.pipe), cached
 
 
-def weights_digest(pipe: object) -> str:
-    """SHA-256 over every weight's name and bytes: equal digests are bit-exact weights."""
+def weights_digest(pipe: Any) -> str:
+    """SHA-256 over every weight's name and bytes of the pipeline's models (its family's denoiser, text encoders
+    and VAE): equal digests are bit-exact weights."""
     digest = hashlib.sha256()
-    for name in ("unet", "text_encoder", "text_encoder_2", "vae"):
-        for key, value in sorted(getattr(pipe, name).state_dict().items()):
+    models = {name: m for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    for name in sorted(models):
+        for key, value in sorted(models[name].state_dict().items()):
+            digest.update(f"{name}.".encode())
             digest.update(key.encode())
             digest.update(value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

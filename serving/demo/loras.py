@@ -1,8 +1,9 @@
 """The offline demo's LoRAs: synthetic LoRAs for the tiny pipelines, made locally, with previews.
 
 When neither a GPU nor the Hub is at hand the Space serves the tiny random-weight
-SDXL and SD 1.5 pipelines, and the catalogue needs LoRAs that fit each. These are random low-rank
-factors (see `serving.demo.synthetic`) saved as ordinary local LoRA files, with the
+SDXL, SD 1.5 and FLUX.1 pipelines, and the catalogue needs LoRAs that fit each. These are random low-rank
+factors (see `serving.demo.synthetic`, and `serving.demo.synthetic_flux` for FLUX's namings: kohya,
+diffusers, XLabs, ComfyUI) saved as ordinary local LoRA files, with the
 ModelSpec metadata the local catalogue source reads (title, trigger phrase,
 license), and a preview rendered by the tiny pipeline with that LoRA, saved
 next to it as `<stem>.png`. Files are written once; a marker records the format,
@@ -25,7 +26,7 @@ from PIL import Image
 
 from engine.pipeline.loading import Pipeline
 from engine.requests import GenerateRequest, LoraSpec
-from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID
+from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, SD15_MODEL_ID
 from serving.backends import Backend, blocking
 from serving.demo.synthetic import (
     TEXT_ATTENTION,
@@ -38,8 +39,10 @@ from serving.demo.synthetic import (
     peft_metadata,
     save_lora,
 )
+from serving.demo.synthetic_flux import FluxFormat, flux_layers, make_flux_lora
 
 __all__ = [
+    "DEMO_FLUX_LORAS",
     "DEMO_LORAS",
     "DEMO_SD15_LORAS",
     "PREVIEW_PROMPT",
@@ -51,10 +54,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 2
+_FORMAT = 3
 _MARKER = "switchboard_demo.json"
-_ARCHITECTURES = {DEFAULT_MODEL_ID: "stable-diffusion-xl-v1-base/lora", SD15_MODEL_ID: "stable-diffusion-v1/lora"}
-_KOHYA_VERSIONS = {DEFAULT_MODEL_ID: "sdxl_base_v1-0", SD15_MODEL_ID: "sd_v1"}
+_ARCHITECTURES = {
+    DEFAULT_MODEL_ID: "stable-diffusion-xl-v1-base/lora",
+    SD15_MODEL_ID: "stable-diffusion-v1/lora",
+    FLUX_MODEL_ID: "flux-1-dev/lora",
+}
+_KOHYA_VERSIONS = {DEFAULT_MODEL_ID: "sdxl_base_v1-0", SD15_MODEL_ID: "sd_v1", FLUX_MODEL_ID: "flux1"}
 
 
 PREVIEW_PROMPT = "a fox in a forest at sunset"
@@ -72,7 +79,7 @@ class DemoLora:
     trigger: str
     license: str
     description: str
-    fmt: Literal["peft", "kohya"]
+    fmt: Literal["peft", "kohya"] | FluxFormat
     seed: int
     strength: float
     rank: int = 4
@@ -197,9 +204,59 @@ DEMO_SD15_LORAS: tuple[DemoLora, ...] = (
 )
 
 
+DEMO_FLUX_LORAS: tuple[DemoLora, ...] = (
+    DemoLora(
+        "copper_bloom",
+        "Copper Bloom",
+        "copper bloom",
+        "other",
+        "FLUX.1, kohya naming over BFL's fused qkv and linear1, with .alpha and a CLIP part (lora_te1_).",
+        "kohya",
+        seed=301,
+        strength=1.0,
+        text_encoders=True,
+        base=FLUX_MODEL_ID,
+    ),
+    DemoLora(
+        "glass_tide",
+        "Glass Tide",
+        "glass tide",
+        "apache-2.0",
+        "FLUX.1, diffusers/PEFT naming.",
+        "peft",
+        seed=302,
+        strength=1.0,
+        base=FLUX_MODEL_ID,
+    ),
+    DemoLora(
+        "static_fern",
+        "Static Fern",
+        "static fern",
+        "cc-by-nc-4.0",
+        "FLUX.1, XLabs naming (attention processors only).",
+        "xlabs",
+        seed=303,
+        strength=1.5,
+        base=FLUX_MODEL_ID,
+    ),
+    DemoLora(
+        "ash_lantern",
+        "Ash Lantern",
+        "ash lantern",
+        "mit",
+        "FLUX.1, ComfyUI's diffusion_model. naming.",
+        "comfy",
+        seed=304,
+        strength=1.0,
+        base=FLUX_MODEL_ID,
+    ),
+)
+_ALL = (*DEMO_LORAS, *DEMO_SD15_LORAS, *DEMO_FLUX_LORAS)
+
+
 def demo_loras(served: tuple[str, ...] = (DEFAULT_MODEL_ID,)) -> tuple[DemoLora, ...]:
     """The demo LoRAs for the served bases."""
-    return tuple(lora for lora in (*DEMO_LORAS, *DEMO_SD15_LORAS) if lora.base in served)
+    return tuple(lora for lora in _ALL if lora.base in served)
 
 
 def ensure_demo_loras(folder: Path, pipes: Mapping[str, Pipeline] | Pipeline) -> tuple[Path, ...]:
@@ -227,6 +284,8 @@ def ensure_demo_loras(folder: Path, pipes: Mapping[str, Pipeline] | Pipeline) ->
 
 
 def _make(lora: DemoLora, pipe: Pipeline) -> tuple[dict[str, object], dict[str, str]]:
+    if lora.base == FLUX_MODEL_ID:
+        return _make_flux(lora, pipe)
     encoders = [c for c in ("text_encoder", "text_encoder_2") if getattr(pipe, c, None) is not None]
     components = {c: getattr(pipe, c) for c in ("unet", *encoders)}
     patterns: dict[str, tuple[str, ...]] = {"unet": UNET_ATTENTION_FF_CONV if lora.conv else UNET_ATTENTION}
@@ -234,9 +293,8 @@ def _make(lora: DemoLora, pipe: Pipeline) -> tuple[dict[str, object], dict[str, 
         patterns |= dict.fromkeys(encoders, TEXT_ATTENTION)
     targets = find_targets(components, patterns)
     names: KohyaNames = "sdxl" if lora.base == DEFAULT_MODEL_ID else "sd1"
-    tensors = make_lora(
-        targets, rank=lora.rank, seed=lora.seed, fmt=lora.fmt, strength=lora.strength, kohya_names=names
-    )
+    fmt: Literal["peft", "kohya"] = "kohya" if lora.fmt == "kohya" else "peft"
+    tensors = make_lora(targets, rank=lora.rank, seed=lora.seed, fmt=fmt, strength=lora.strength, kohya_names=names)
     if lora.fmt == "kohya":
         base_version = _KOHYA_VERSIONS[lora.base]
         metadata = kohya_metadata(dim=lora.rank, alpha=float(lora.rank), title=lora.title, base_version=base_version)
@@ -245,11 +303,25 @@ def _make(lora: DemoLora, pipe: Pipeline) -> tuple[dict[str, object], dict[str, 
     return dict(tensors), metadata
 
 
+def _make_flux(lora: DemoLora, pipe: Pipeline) -> tuple[dict[str, object], dict[str, str]]:
+    if lora.fmt == "xlabs":
+        xlabs = ("img_attn.qkv", "img_attn.proj", "txt_attn.qkv", "txt_attn.proj")
+        layers = flux_layers(pipe.transformer, double=xlabs, single=("qkv",))
+    else:
+        layers = flux_layers(pipe.transformer, pipe.text_encoder if lora.text_encoders else None)
+    alpha = None if lora.fmt == "xlabs" else float(lora.rank)
+    made = make_flux_lora(layers, rank=lora.rank, seed=lora.seed, strength=lora.strength, alpha=alpha)
+    tensors, metadata = made.file(lora.fmt)
+    if lora.fmt == "kohya":
+        metadata = kohya_metadata(dim=lora.rank, alpha=float(lora.rank), title=lora.title, base_version="flux1")
+    return dict(tensors), metadata
+
+
 def render_previews(backend: Backend, folder: Path, *, stop: threading.Event | None = None) -> int:
     """Render `<stem>.png` for each demo LoRA in `folder` that has none, until `stop` is set; returns how many."""
     folder = Path(folder)
     made = 0
-    for lora in (*DEMO_LORAS, *DEMO_SD15_LORAS):
+    for lora in _ALL:
         target = folder / f"{lora.stem}.png"
         if stop is not None and stop.is_set():
             break

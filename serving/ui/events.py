@@ -136,7 +136,15 @@ def wire_browsing(
         outputs,
         **opts,
     )
-    pool_controls = [request.size, request.steps, request.guidance, request.sampler, request.clip_skip]
+    # The controls that follow the pool; the negative prompt box last (only whether its model reads it).
+    pool_controls = [
+        request.size,
+        request.steps,
+        request.guidance,
+        request.sampler,
+        request.clip_skip,
+        request.negative,
+    ]
     recommend_outputs = [request.steps, request.guidance, request.sampler, request.clip_skip, request.note]
 
     def recommend(hints: dict, on: bool, slot: str) -> tuple[Any, ...]:
@@ -147,11 +155,9 @@ def wire_browsing(
     recommend_opts: dict[str, Any] = {"api_visibility": PRIVATE, "queue": False, "show_progress": "hidden"}
 
     def on_base(base: str, waiting: dict | None) -> tuple[Any, ...]:
-        note, *controls = pool_ui.on_base(handlers, base)
-        if isinstance(waiting, dict) and waiting.get("base") == base:
-            # A share link or a history entry chose this base: its own values, not the pool's defaults.
-            controls = waiting["controls"]
-        return note, *controls, None
+        # A share link or a history entry that chose this base: its own values, not the pool's defaults.
+        values = waiting["controls"] if isinstance(waiting, dict) and waiting.get("base") == base else None
+        return (*pool_ui.on_base(handlers, base, values), None)
 
     browser.base.change(on_base, [browser.base, pending], [browser.note, *pool_controls, pending], **opts)
     request.recommended.change(

@@ -103,6 +103,35 @@ def clip_skip_range(defaults: ModelDefaults) -> dict[str, Any]:
     }
 
 
+# How a served model reads `guidance` (engine.requests.GuidanceKind): the slider's label and info.
+_GUIDANCE = {
+    "cfg": ("Guidance", "classifier-free guidance; the negative prompt applies"),
+    "distilled": ("Guidance (distilled)", "the model's distilled guidance embedding: no CFG, no negative prompt"),
+    "none": ("Guidance (not used)", "this model takes no guidance"),
+}
+
+
+def guidance_control(defaults: ModelDefaults) -> dict[str, Any]:
+    """The guidance slider for a served model: its default, and a label and info saying how the model reads it."""
+    label, info = _GUIDANCE[defaults.guidance_kind]
+    return {"value": defaults.guidance, "label": label, "info": info, "interactive": defaults.guidance_kind != "none"}
+
+
+def negative_control(defaults: ModelDefaults) -> dict[str, Any]:
+    """The negative prompt box for a served model: editable where the model reads it, else saying it does not."""
+    applies = defaults.negative_prompt
+    return {"interactive": applies, "info": "" if applies else "not used by this model (no CFG)"}
+
+
+def inputs_note(defaults: ModelDefaults) -> str:
+    """Which of guidance and the negative prompt a served model reads, in a few words."""
+    if defaults.guidance_kind == "distilled":
+        return f"distilled guidance {defaults.guidance:g} (no negative prompt)"
+    if defaults.guidance_kind == "none":
+        return "no guidance or negative prompt"
+    return f"guidance {defaults.guidance:g}"
+
+
 def parse_size(value: str | None) -> tuple[int, int]:
     width, _, height = (value or "").partition("x")
     if not (width.isdigit() and height.isdigit()):

@@ -247,10 +247,10 @@ def add_api_endpoints(handlers: Handlers) -> None:
         return {"entry": report.entry.to_json(), "check": fmt.check_info(report.check)}
 
     async def pool_status() -> dict[str, Any]:
-        """Each pool's base, family, memory (on the device or waiting in host RAM; null on a cluster) and engine
-        status."""
+        """Each pool's base, family, request defaults and the inputs it reads, memory (on the device or waiting in
+        host RAM; null on a cluster) and engine status."""
         with user_errors():
-            return pool_views.pools_status_json(await handlers.status())
+            return pool_views.pools_status_json(await handlers.status(), handlers.pools)
 
     generation: list[Any] = [
         prompt,

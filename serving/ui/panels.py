@@ -153,7 +153,9 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     defaults = handlers.default.defaults
     sizes = fmt.size_presets(defaults)
     prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", placeholder="a fox in a forest")
-    negative = gr.Textbox(label="Negative prompt", lines=1, placeholder="blurry, low quality")
+    negative = gr.Textbox(
+        label="Negative prompt", lines=1, placeholder="blurry, low quality", **fmt.negative_control(defaults)
+    )
     slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
     with gr.Group():
         ref = gr.Textbox(
@@ -175,7 +177,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     with gr.Row():
         size = gr.Dropdown(sizes, value=sizes[0][1], label="Size")
         steps = gr.Slider(1, handlers.settings.max_steps, value=defaults.steps, step=1, label="Steps", elem_id="steps")
-        guidance = gr.Slider(0, 20, value=defaults.guidance, step=0.5, label="Guidance", elem_id="guidance")
+        guidance = gr.Slider(0, 20, step=0.5, elem_id="guidance", **fmt.guidance_control(defaults))
     with gr.Row():
         sampler = gr.Dropdown(fmt.sampler_choices(defaults), value="", label="Sampler", elem_id="sampler")
         clip_skip = gr.Slider(**fmt.clip_skip_range(defaults), value=1, step=1, label="CLIP skip", elem_id="clip-skip")

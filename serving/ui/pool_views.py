@@ -7,13 +7,14 @@ or remote alike) or their status. Importing this module imports no torch (the ap
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from engine.pools.routing import pool_of_base
 from lora_catalog.bases import KNOWN_BASES, family_of_base
 from lora_catalog.civitai.bases import civitai_base_for
 from lora_catalog.entries import Family, LoraEntry
-from serving.ui.formatting import status_markdown
+from serving.ui.formatting import inputs_note, status_markdown
 
 if TYPE_CHECKING:
     from engine.outcomes import PoolStatus, ServedPool
@@ -96,7 +97,7 @@ def base_note(pools: Sequence[ServedPool], base: str) -> str:
     defaults = pool.defaults
     return (
         f"LoRAs for {display_name(base)} generate on **{display_name(pool.base_model_id)}** "
-        f"({pool.family}): {defaults.side}×{defaults.side}, {defaults.steps} steps, guidance {defaults.guidance:g}."
+        f"({pool.family}): {defaults.side}×{defaults.side}, {defaults.steps} steps, {inputs_note(defaults)}."
     )
 
 
@@ -120,8 +121,10 @@ def _memory_line(status: PoolStatus) -> str:
     return f"**Pipeline** {memory.nbytes / _GIB:.2f} GiB, {where}{moved}\n\n"
 
 
-def pools_status_json(statuses: Sequence[PoolStatus]) -> dict[str, Any]:
-    """The per-pool status for the API."""
+def pools_status_json(statuses: Sequence[PoolStatus], pools: Sequence[ServedPool]) -> dict[str, Any]:
+    """The per-pool status for the API, with each pool's request defaults and which inputs it reads
+    (`guidance_kind`, `negative_prompt`: FLUX.1 [dev]'s guidance is distilled, [schnell] takes none)."""
+    defaults = {p.base_model_id: asdict(p.defaults) for p in pools}
     return {
         "pools": [
             {
@@ -129,6 +132,7 @@ def pools_status_json(statuses: Sequence[PoolStatus]) -> dict[str, Any]:
                 "model_id": s.engine.model_id,
                 "family": s.family,
                 "default": s.default,
+                "defaults": defaults.get(s.base_model_id),
                 "resident": s.memory.resident if s.memory is not None else None,
                 "pipeline_bytes": s.memory.nbytes if s.memory is not None else None,
                 "moves_in": s.memory.moves_in if s.memory is not None else None,
@@ -155,6 +159,10 @@ def pools_api_snippets(url: str, pools: Sequence[ServedPool]) -> str:
     for pool in pools:
         defaults = pool.defaults
         body = f'{{"inputs": "an elephant", "parameters": {{"width": {defaults.side}, "height": {defaults.side}}}}}'
+        lines.append(
+            f"{display_name(pool.base_model_id)}: {defaults.steps} steps, {inputs_note(defaults)} by default; "
+            f"sides in multiples of {defaults.side_multiple}."
+        )
         lines.append(
             f"```bash\ncurl {url.rstrip('/')}/models/{pool.base_model_id} \\\n     -d '{body}' > result.jpg\n```"
         )

@@ -6,6 +6,7 @@ serving its own pools.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
@@ -22,26 +23,30 @@ if TYPE_CHECKING:
 __all__ = ["controls", "entry_controls", "on_base", "recommended", "request_base", "snippets", "status", "with_hints"]
 
 
-def controls(pool: ServedPool | None) -> tuple[Any, Any, Any, Any, Any]:
-    """Size presets, steps, guidance, samplers and CLIP skip range of `pool` (left as they are for None)."""
+def controls(pool: ServedPool | None, values: Sequence[Any] | None = None) -> tuple[Any, ...]:
+    """Size presets, steps, guidance, samplers, CLIP skip range and the negative prompt box of `pool` (which of
+    guidance and the negative prompt its model reads), left as they are for None. `values` (size, steps,
+    guidance, sampler, CLIP skip: a share link's or a history entry's) take the place of the pool's defaults."""
     if pool is None:
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return (gr.skip(),) * 6
     defaults = pool.defaults
     presets = fmt.size_presets(defaults)
+    size, steps, guidance, sampler, clip_skip = values or (presets[0][1], defaults.steps, defaults.guidance, "", 1)
     return (
-        gr.Dropdown(choices=presets, value=presets[0][1]),
-        gr.Slider(value=defaults.steps),
-        gr.Slider(value=defaults.guidance),
-        gr.Dropdown(choices=fmt.sampler_choices(defaults), value=""),
-        gr.Slider(value=1, **fmt.clip_skip_range(defaults)),
+        gr.Dropdown(choices=presets, value=size),
+        gr.Slider(value=steps),
+        gr.Slider(**{**fmt.guidance_control(defaults), "value": guidance}),
+        gr.Dropdown(choices=fmt.sampler_choices(defaults), value=sampler),
+        gr.Slider(**{**fmt.clip_skip_range(defaults), "value": clip_skip}),
+        gr.Textbox(**fmt.negative_control(defaults)),
     )
 
 
-def on_base(handlers: Handlers, base: str) -> tuple[Any, ...]:
-    """A new base in the filter: its note, and its pool's sizes and defaults."""
+def on_base(handlers: Handlers, base: str, values: Sequence[Any] | None = None) -> tuple[Any, ...]:
+    """A new base in the filter: its note, and its pool's sizes and defaults (or `values`: see `controls`)."""
     pools = handlers.pools
     pool = pool_views.pool_for_base(pools, base) if base else None
-    return pool_views.base_note(pools, base or pools[0].base_model_id), *controls(pool)
+    return pool_views.base_note(pools, base or pools[0].base_model_id), *controls(pool, values)
 
 
 def entry_controls(handlers: Handlers, entry: LoraEntry) -> tuple[Any, ...]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.flux_slice import FLUX_SLICE_CONFIG, build_flux_slice, flux_targets, write_flux_pair
 from bench.formats import measure_formats
 from bench.measure import Clock
 from bench.options import Options, parse_options
@@ -175,6 +176,42 @@ def test_floor_kernels_reach_the_same_weights(tiny_config, pool, tmp_path):
     assert mismatched_tensors(unet, pool) == []
 
 
+# A FLUX transformer of FLUX.1's structure at a tiny width (the real-width slice is the benchmark's).
+TINY_FLUX = {
+    **FLUX_SLICE_CONFIG,
+    "num_layers": 1,
+    "num_single_layers": 1,
+    "attention_head_dim": 16,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 32,
+    "pooled_projection_dim": 32,
+    "axes_dims_rope": (4, 6, 6),
+}
+
+
+def test_the_flux_sections_swap_exactly_and_match_diffusers_on_a_narrow_slice(pool, tmp_path):
+    transformer = build_flux_slice(dtype=torch.bfloat16, device=CPU, pool=pool, config=TINY_FLUX)
+    layers = flux_targets(transformer)
+    assert {layer.name for layer in layers} >= {"double_blocks.0.img_attn.qkv", "single_blocks.0.linear1"}
+    opts = options(family="flux")
+    pairs = {(4, fmt): write_flux_pair(tmp_path, layers, rank=4, fmt=fmt) for fmt in opts.formats}
+    results = measure_ours(transformer, pairs, opts, Clock(CPU), say=lambda _: None)
+    assert mismatched_tensors(transformer, pool) == []
+    assert {r.method.strip() for r in results.rows} >= {"(e) floor: fastest exact kernel", "(c) ours, cached adapter"}
+    # diffusers' kohya converter splits linear1 at FLUX.1's widths only: at this width the reference reads the
+    # diffusers-named files (the real-width run reads both).
+    reference = measure_reference(
+        transformer,
+        {(4, "peft"): pairs[(4, "peft")]},
+        options(family="flux", formats=("peft",)),
+        Clock(CPU),
+        say=lambda _: None,
+    )
+    assert {r.method.strip() for r in reference.rows} >= {"(a) reference cycle", "(b) diffusers hotswap"}
+    flux = parse_options(["--family", "flux"])
+    assert (flux.ranks, flux.variants, flux.headline_rank, flux.formats) == ((16, 64), (), 64, ("peft", "kohya"))
+
+
 def test_quick_defaults_and_bad_arguments(capsys):
     quick = parse_options(["--quick"])
     assert (quick.ranks, quick.repeats, quick.reference_repeats, quick.leak_swaps) == ((8,), 3, 1, 20)
@@ -200,6 +237,9 @@ def test_quick_defaults_and_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         parse_options(["--formats", "peft,lycoris"])
     assert "accepted: peft,kohya" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_options(["--family", "flux", "--variants", "loha"])
+    assert "accepted: none (no LyCORIS on FLUX)" in capsys.readouterr().err
 
 
 @pytest.mark.slow

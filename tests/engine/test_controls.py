@@ -320,6 +320,8 @@ def test_a_batch_that_runs_out_of_memory_is_made_one_image_at_a_time(loaded):
     class Tight:
         """The pipeline, with a device too small for more than one image at a time."""
 
+        vae_scale_factor = loaded.pipe.vae_scale_factor
+
         def __call__(self, **kwargs):
             calls.append(kwargs.get("num_images_per_prompt", 1))
             if calls[-1] > 1:
@@ -327,7 +329,14 @@ def test_a_batch_that_runs_out_of_memory_is_made_one_image_at_a_time(loaded):
             return loaded.pipe(**kwargs)
 
     checked = CheckedRequest(PROMPT, steps=2, guidance=5.0, width=64, height=64, seed=30, num_images=3, sampler="Euler")
-    common = {"tokenizers": {}, "progress": None, "cancel": None, "decoder": None, "preview_every": 2}
+    common = {
+        "family": loaded.family,
+        "tokenizers": {},
+        "progress": None,
+        "cancel": None,
+        "decoder": None,
+        "preview_every": 2,
+    }
     images = infer(Tight(), checked, **common)
     assert calls == [3, 1, 1, 1]
     alone = [infer(loaded.pipe, dataclasses.replace(checked, seed=s, num_images=1), **common)[0] for s in (30, 31, 32)]

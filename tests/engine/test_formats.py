@@ -52,7 +52,7 @@ def targets(pipe) -> list[LoraTarget]:
 
 
 def load(path: Path, table: TargetTable, pipe, *, delta_budget: int = 0) -> PreparedAdapter:
-    return load_file(path, table, pipe.unet.config, delta_budget=delta_budget)
+    return load_file(path, table, delta_budget=delta_budget)
 
 
 def fused(adapter: PreparedAdapter, table: TargetTable, scale: float) -> dict[str, torch.Tensor]:

@@ -59,9 +59,7 @@ def every_format(pipe, table: TargetTable, folder: Path) -> list[PreparedAdapter
             lycoris_metadata("dora", targets, fmt="peft", rank=4, alpha=4),
         ),
     }
-    return [
-        load(save_lora(folder / f"{name}.safetensors", t, m), table, pipe.unet.config) for name, (t, m) in made.items()
-    ]
+    return [load(save_lora(folder / f"{name}.safetensors", t, m), table) for name, (t, m) in made.items()]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -102,7 +100,6 @@ def test_bfloat16_weights_are_rounded_once_from_a_float64_merge(tmp_path):
     adapter = load(
         save_lora(tmp_path / "lora.safetensors", tensors, peft_metadata(targets, rank=8, alpha=4)),
         table,
-        pipe.unet.config,
     )
     base = {table.names[layer.target]: table.params[layer.target].detach().clone() for layer in adapter.layers}
     patcher = WeightPatcher(table.params, torch.device("cpu"))
@@ -153,12 +150,10 @@ def test_dora_with_another_adapter_on_the_same_weights_matches_peft_forward(tmp_
     dora_adapter = load(
         save_lora(tmp_path / "dora.safetensors", dora, lycoris_metadata("dora", targets, fmt="peft", rank=4, alpha=4)),
         table,
-        pipe.unet.config,
     )
     plain_adapter = load(
         save_lora(tmp_path / "plain.safetensors", plain, peft_metadata(targets, rank=4, alpha=2)),
         table,
-        pipe.unet.config,
     )
     patcher = WeightPatcher(table.params, torch.device("cpu"))
     patcher.apply([ActiveAdapter(plain_adapter, 0.9), ActiveAdapter(dora_adapter, 0.6)])
@@ -197,7 +192,7 @@ def test_unsupported_variants_are_refused_by_name_and_marked_in_the_catalogue(tm
     path = save_lora(tmp_path / "variant.safetensors", tensors)
     before = [p.detach().clone() for p in table.params]
     with pytest.raises(UnsupportedLoraVariantError, match=rf"uses {variant}, which the fused swap cannot apply"):
-        load(path, table, pipe.unet.config)
+        load(path, table)
     assert all(torch.equal(p, b) for p, b in zip(table.params, before, strict=True))
     (entry,) = scan_local_dirs([tmp_path]).entries
     assert entry.unsupported == variant

@@ -62,3 +62,59 @@ def test_cuda_samplers_clip_skip_and_batches_leave_the_pool_as_it_was(cuda_loade
         alone = generate(engine, GenerateRequest("a fox", steps=4, seed=seed, scheduler="Euler a")).image
         difference = np.abs(np.asarray(image, dtype=np.int16) - np.asarray(alone, dtype=np.int16)).max()
         assert difference <= 2, seed
+
+
+@pytest.mark.parametrize("gpu_mode", ["persistent", "per_call"])
+def test_cuda_flux_swaps_are_exact_in_bfloat16(tiny_flux_dir, base_settings, tmp_path, gpu_mode):
+    """DTYPE=auto loads FLUX in bfloat16 on a GPU (its activations overflow float16); every naming swaps in and
+    out exactly there."""
+    from engine.settings import FLUX_MODEL_ID
+    from tests.support.flux import CASES, write_flux_loras
+
+    settings = base_settings.replace(
+        model_id=str(tiny_flux_dir), base_model_id=FLUX_MODEL_ID, device="cuda", dtype="auto", gpu_mode=gpu_mode
+    )
+    loaded = load_pipeline(settings)
+    assert loaded.dtype == torch.bfloat16
+    write_flux_loras(loaded.pipe, tmp_path)
+    resolver = AdapterResolver(None, local_dir=tmp_path, token=None, max_bytes=2**30)
+    engine = Engine(loaded, settings.replace(local_lora_dir=tmp_path), resolver)
+    transformer = loaded.pipe.transformer
+    before = {k: v.clone() for k, v in transformer.state_dict().items()}
+    request = GenerateRequest("a fox", steps=2, width=64, height=64, seed=1)
+    base = generate(engine, request).image
+    for case in CASES:
+        lora = generate(engine, GenerateRequest("a fox", loras=(LoraSpec(f"local:{case.file_name}"),), seed=1))
+        assert lora.image.tobytes() != base.tobytes(), case.name
+    engine.restore_base_weights()
+    assert all(torch.equal(v, before[k]) for k, v in transformer.state_dict().items())
+    assert generate(engine, request).image.tobytes() == base.tobytes()
+    engine.close()
+
+
+@pytest.mark.parametrize("gpu_mode", ["persistent", "per_call"])
+def test_cuda_zimage_swaps_are_exact_in_bfloat16(tiny_zimage_dir, base_settings, tmp_path, gpu_mode):
+    """DTYPE=auto loads Z-Image in bfloat16 on a GPU (the precision it was trained in); every naming swaps in and
+    out exactly there."""
+    from engine.pools.specs import ZIMAGE_MODEL_ID
+    from tests.support.zimage import CASES, write_zimage_loras
+
+    settings = base_settings.replace(
+        model_id=str(tiny_zimage_dir), base_model_id=ZIMAGE_MODEL_ID, device="cuda", dtype="auto", gpu_mode=gpu_mode
+    )
+    loaded = load_pipeline(settings)
+    assert loaded.dtype == torch.bfloat16
+    write_zimage_loras(loaded.pipe, tmp_path)
+    resolver = AdapterResolver(None, local_dir=tmp_path, token=None, max_bytes=2**30)
+    engine = Engine(loaded, settings.replace(local_lora_dir=tmp_path), resolver)
+    transformer = loaded.pipe.transformer
+    before = {k: v.clone() for k, v in transformer.state_dict().items()}
+    request = GenerateRequest("a fox", steps=2, width=64, height=64, seed=1)
+    base = generate(engine, request).image
+    for case in CASES:
+        lora = generate(engine, GenerateRequest("a fox", loras=(LoraSpec(f"local:{case.file_name}"),), seed=1))
+        assert lora.image.tobytes() != base.tobytes(), case.name
+    engine.restore_base_weights()
+    assert all(torch.equal(v, before[k]) for k, v in transformer.state_dict().items())
+    assert generate(engine, request).image.tobytes() == base.tobytes()
+    engine.close()

@@ -159,7 +159,12 @@ FLUX = PoolNeed(
 
 
 def test_a_family_s_host_components_are_left_in_host_ram_only_when_nothing_else_fits():
-    options = PlanOptions.of(fp16(DEFAULT_MODEL_ID))
+    # PRISTINE_BYTES=auto: copies for a LoRA touching all of FLUX's transformer do not fit beside it on 48 GB, so
+    # they wait in host RAM (the plan names a PRISTINE_BYTES that would keep them on the device).
+    auto = plan_memory([FLUX], L40S, PlanOptions.of(fp16(DEFAULT_MODEL_ID)))
+    assert auto.placements[0].host_components == () and auto.placements[0].pristine_store == "cpu"
+    assert auto.smaller_pristine is not None
+    options = PlanOptions.of(fp16(DEFAULT_MODEL_ID, pristine_bytes=7 * GIB))
     (alone,) = plan_memory([FLUX], L40S, options).placements
     assert alone.host_components == () and alone.pristine_store == "device"
     sdxl_need = declared_needs(fp16(DEFAULT_MODEL_ID), torch.device("cpu"))

@@ -98,7 +98,9 @@ def test_resource_budgets_parse_with_units():
     settings = Settings.from_env({"PRISTINE_BYTES": "512MiB", "DISK_CACHE_BYTES": "5GB"})
     assert (settings.pristine_bytes, settings.disk_cache_bytes) == (512 * 2**20, 5 * 10**9)
     defaults = Settings.from_env({})
-    assert (defaults.pristine_bytes, defaults.disk_cache_bytes) == (7 * 2**30, 20 * 2**30)
+    # PRISTINE_BYTES unset or `auto`: each pool's touchable weights (None here, the engine sizes it).
+    assert (defaults.pristine_bytes, defaults.disk_cache_bytes) == (None, 20 * 2**30)
+    assert Settings.from_env({"PRISTINE_BYTES": "auto"}).pristine_bytes is None
 
 
 def test_civitai_settings_are_read_strictly_and_the_token_is_never_shown(tmp_path):

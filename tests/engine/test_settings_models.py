@@ -26,8 +26,17 @@ def test_models_lists_pools_the_first_being_the_default(tmp_path):
 
 
 def test_tiny_models_default_to_their_own_base():
-    assert parse_models("tiny,tiny-sd15") == DEMO_POOLS
+    assert parse_models("tiny,tiny-sd15,tiny-flux") == DEMO_POOLS
     assert Settings.from_env({"MODELS": "tiny,tiny-sd15"}).loads_tiny
+
+
+def test_flux_bases_and_their_fine_tunes_are_served():
+    pools = parse_models("black-forest-labs/FLUX.1-schnell,someone/flux-tune=black-forest-labs/FLUX.1-dev,tiny-flux")
+    assert [p.base_model_id for p in pools] == [
+        "black-forest-labs/FLUX.1-schnell",
+        "black-forest-labs/FLUX.1-dev",
+        "black-forest-labs/FLUX.1-dev",
+    ]
 
 
 def test_two_pools_of_one_family_are_allowed():
@@ -54,7 +63,7 @@ def test_model_id_stays_the_one_pool_shorthand():
         ("=a/b", r"item '=a/b' is malformed"),
         ("a/b=c/d=e/f", r"is malformed"),
         ("a/b=not a repo", r"BASE 'not a repo' is not a Hub repo id"),
-        ("someone/flux-tune=black-forest-labs/FLUX.1-dev", r"of the flux family, not served here"),
+        ("someone/xl-tune=stabilityai/stable-diffusion-xl-refiner-1.0", r"refiner-1.0' is not a base we know"),
         ("someone/thing", r"base 'someone/thing' is not a base we know.*names the base it was trained from"),
         (f"{DEFAULT_MODEL_ID},{DEFAULT_MODEL_ID}", r"lists 'stabilityai/stable-diffusion-xl-base-1.0' twice"),
     ],

@@ -166,6 +166,28 @@ def test_the_offline_demo_shows_its_banner_and_generates(page, demo_load, tmp_pa
             page.locator("#result", has_text="Denoising").wait_for(timeout=WAIT_MS)
             page.screenshot(path=str(SHOTS / "offline-demo-progress.png"), full_page=False)
             page.locator("#result-info", has_text="60 steps").wait_for(timeout=WAIT_MS)
+
+            # The demo's third pool: FLUX.1 [dev], its LoRAs in four namings; its distilled guidance and the
+            # negative prompt it does not read say so, and a kohya LoRA with fused layers generates on it.
+            page.locator("#base-filter input").click()
+            page.get_by_role("option", name="FLUX.1 [dev] (served)").click()
+            note = page.locator("#base-note", has_text="generate on FLUX.1 [dev]")
+            note.wait_for(timeout=WAIT_MS)
+            assert "distilled guidance 3.5 (no negative prompt)" in note.inner_text()
+            tile(page, "Copper Bloom").wait_for(timeout=WAIT_MS)
+            assert page.locator("#lora-gallery button.thumbnail-item").count() == 4
+            page.get_by_text("Guidance (distilled)").wait_for(timeout=WAIT_MS)
+            assert page.get_by_label("Negative prompt").is_disabled()
+            tile(page, "Copper Bloom").click()
+            page.locator("#lora-details", has_text="Copper Bloom").wait_for(timeout=WAIT_MS)
+            assert page.locator("#prompt textarea").input_value() == "copper bloom"
+            page.locator("#steps input[type=number]").fill("4")
+            page.locator("#steps input[type=number]").press("Enter")
+            page.locator("#generate").click()
+            info = page.locator("#result-info", has_text="local:copper_bloom.safetensors")
+            info.wait_for(timeout=WAIT_MS)
+            assert "guidance 3.5" in info.inner_text(), "FLUX.1 [dev]'s own default"
+            page.screenshot(path=str(SHOTS / "offline-demo-flux.png"), full_page=True)
     finally:
         runtime.close()
 

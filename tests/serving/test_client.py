@@ -183,6 +183,9 @@ def test_the_base_parameter_and_the_pool_status(client):
     assert [(p["base_model_id"], p["family"], p["default"], p["resident"]) for p in status["pools"]] == [
         (SDXL, "sdxl", True, True)
     ]
+    # Which inputs the pool reads: SDXL's guidance is classifier-free, with the negative prompt.
+    (defaults,) = (p["defaults"] for p in status["pools"])
+    assert (defaults["guidance_kind"], defaults["negative_prompt"], defaults["side_multiple"]) == ("cfg", True, 8)
 
 
 def test_generate_takes_a_sampler_and_clip_skip_and_says_what_ran(client):

@@ -6,9 +6,9 @@ import pytest
 
 from engine.errors import SettingsError
 from engine.requests import GenerateRequest, LoraSpec
-from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID, Settings
+from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, SD15_MODEL_ID, Settings
 from lora_catalog.sft_header import read_header
-from serving.demo.loras import DEMO_LORAS, DEMO_SD15_LORAS, ensure_demo_loras
+from serving.demo.loras import DEMO_FLUX_LORAS, DEMO_LORAS, DEMO_SD15_LORAS, ensure_demo_loras
 from serving.runtime import build_runtime, plan_start, probe_base
 from tests.support.checks import generate
 
@@ -88,18 +88,19 @@ def test_demo_loras_carry_titles_triggers_and_licences(tmp_path, loaded):
     assert [p.stat().st_mtime_ns for p in paths] == written
 
 
-def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded, loaded_sd15):
+def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, demo_load, loaded_sd15, loaded_flux):
     loads: list[Settings] = []
 
     def load(settings: Settings, warm: bool = True):
         loads.append(settings)
-        return loaded if settings.model_id == "tiny" else loaded_sd15
+        return demo_load(settings, warm)
 
     runtime = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=load)
     try:
-        assert runtime.wait_ready(timeout=300)
-        assert [s.model_id for s in loads] == ["tiny", "tiny-sd15"]
-        assert tuple(p.base_model_id for p in runtime.backend.pools()) == (DEFAULT_MODEL_ID, SD15_MODEL_ID)
+        assert runtime.wait_ready(timeout=600)
+        assert [s.model_id for s in loads] == ["tiny", "tiny-sd15", "tiny-flux"]
+        bases = (DEFAULT_MODEL_ID, SD15_MODEL_ID, FLUX_MODEL_ID)
+        assert tuple(p.base_model_id for p in runtime.backend.pools()) == bases
         assert runtime.demo is True
         assert "tiny random-weight model" in (runtime.banner or "")
         assert "no CUDA GPU was found" in (runtime.banner or "")
@@ -122,6 +123,16 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded, l
         )
         assert on_sd15.adapters[0].ref == sd15_page.entries[0].ref
         assert on_sd15.image.size == (loaded_sd15.defaults.side, loaded_sd15.defaults.side)
+        # The FLUX pool's: one file per naming (kohya with a CLIP part, diffusers, XLabs, ComfyUI), each routed to
+        # the FLUX pool by its own evidence and changing its image.
+        flux_page = runtime.catalog.page(FLUX_MODEL_ID)
+        assert sorted(e.title for e in flux_page.entries) == sorted(lora.title for lora in DEMO_FLUX_LORAS)
+        assert all(e.preview_urls for e in flux_page.entries)
+        flux_base = generate(runtime.backend, GenerateRequest(prompt="a fox", seed=3), base=FLUX_MODEL_ID)
+        for entry in flux_page.entries:
+            on_flux = generate(runtime.backend, GenerateRequest(prompt="a fox", seed=3, loras=(LoraSpec(entry.ref),)))
+            assert on_flux.image.size == (loaded_flux.defaults.side,) * 2
+            assert on_flux.image.tobytes() != flux_base.image.tobytes(), entry.title
     finally:
         runtime.close()
     again = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=load)
@@ -131,11 +142,11 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, loaded, l
         again.close()
 
 
-def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, loaded, loaded_sd15):
+def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, demo_load):
     def load(settings: Settings, warm: bool = True):
         if not settings.loads_tiny:
             raise OSError("disk full")
-        return loaded if settings.model_id == "tiny" else loaded_sd15
+        return demo_load(settings, warm)
 
     runtime = build_runtime(
         Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: True, probe=lambda s: None, load=load

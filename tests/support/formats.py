@@ -18,7 +18,7 @@ def components(pipe) -> dict[str, nn.Module]:
     return {c: getattr(pipe, c) for c in COMPONENTS}
 
 
-def load(path: Path, table: TargetTable, unet_config, *, delta_budget: int = 0) -> PreparedAdapter:
+def load(path: Path, table: TargetTable, *, delta_budget: int = 0) -> PreparedAdapter:
     """What the engine does with a new file: read its header, then prepare it against `table`."""
     header = read_header(path)
     key = AdapterKey("test", path.stem, "0" * 40, path.name)
@@ -27,7 +27,6 @@ def load(path: Path, table: TargetTable, unet_config, *, delta_budget: int = 0) 
         path,
         key,
         table,
-        unet_config=unet_config,
         max_rank=64,
         metadata=header.metadata,
         shapes=shapes,

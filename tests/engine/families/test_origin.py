@@ -11,13 +11,23 @@ from engine.families.registry import SERVED_FAMILIES, served_specs, spec_for
 from engine.pools.routing import PoolInfo, pick_pool
 from lora_catalog.entries import Family
 from serving.demo.synthetic import TEXT_ATTENTION, UNET_ATTENTION, find_targets, make_lora
+from serving.demo.synthetic_flux import flux_layers, make_flux_lora
+from tests.support.zimage import factors, lora_file
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 SD15 = "stable-diffusion-v1-5/stable-diffusion-v1-5"
 SD2 = "stabilityai/stable-diffusion-2-1"
-BASES = {Family.SDXL: SDXL, Family.SD15: SD15, Family.SD2: SD2}
-# The kohya metadata each family's trainer writes (sd-scripts' `ss_base_model_version`).
-KOHYA_VERSIONS = {Family.SDXL: "sdxl_base_v1-0", Family.SD15: "sd_v1", Family.SD2: "sd_v2"}
+FLUX = "black-forest-labs/FLUX.1-dev"
+ZIMAGE = "Tongyi-MAI/Z-Image-Turbo"
+BASES = {Family.SDXL: SDXL, Family.SD15: SD15, Family.SD2: SD2, Family.FLUX: FLUX, Family.ZIMAGE: ZIMAGE}
+# The kohya metadata each family's trainer writes (sd-scripts' `ss_base_model_version`; musubi-tuner's Z-Image).
+KOHYA_VERSIONS = {
+    Family.SDXL: "sdxl_base_v1-0",
+    Family.SD15: "sd_v1",
+    Family.SD2: "sd_v2",
+    Family.FLUX: "flux1",
+    Family.ZIMAGE: "zimage",
+}
 KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
 
 
@@ -30,7 +40,14 @@ def shapes_of(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
 
 
 def lora_for(pipe, family: Family, fmt: str) -> dict[str, tuple[int, ...]]:
-    """A LoRA made for a tiny pipeline of `family` (UNet and text-encoder attention), as names and shapes."""
+    """A LoRA made for a tiny pipeline of `family` (denoiser and text-encoder attention), as names and shapes."""
+    if family is Family.FLUX:
+        layers = flux_layers(pipe.transformer, pipe.text_encoder)
+        return shapes_of(make_flux_lora(layers, rank=2, seed=5).file("peft" if fmt == "peft" else "kohya")[0])
+    if family is Family.ZIMAGE:
+        return shapes_of(
+            lora_file(factors(pipe.transformer, rank=2, seed=5), "peft" if fmt == "peft" else "kohya", 2.0)
+        )
     spec = spec_for(family)
     components = {c: getattr(pipe, c) for c in spec.components}
     patterns = {c: UNET_ATTENTION if c == spec.denoiser else TEXT_ATTENTION for c in components}
@@ -44,7 +61,7 @@ def pools_of(tiny_pipes) -> list[PoolInfo]:
         pipe = tiny_pipes[spec.family]
         encoders = {c: getattr(pipe, c) for c in spec.components if c != spec.denoiser}
         widths = spec.signature.pipeline_widths(getattr(pipe, spec.denoiser), encoders)
-        infos.append(PoolInfo(BASES[spec.family], spec.family, widths.cross_attention, widths.text))
+        infos.append(PoolInfo(BASES[spec.family], spec.family, widths.denoiser, widths.text))
     return infos
 
 

@@ -1,0 +1,304 @@
+"""FLUX.1 ([dev], [schnell] and their fine-tunes): `FluxPipeline`, a DiT with CLIP-L and T5-XXL, 1024 px.
+
+A LoRA adapts the transformer and, in some files, CLIP (never T5); every naming diffusers' `FluxPipeline`
+reads (diffusers/PEFT, kohya over BFL's fused qkv/linear1, ComfyUI, XLabs, kohya's CLIP part) is converted by
+its own converter, at any served width (`convert_lora`). The served transformer's `guidance_embeds` sets the
+defaults ([dev]: distilled guidance, 28 steps at 3.5; [schnell]: none, 4 at 0); no negative prompt; sides in
+16s; previews unpack the packed latents. The reasoning and sources: docs/internals.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+from transformers import CLIPTextModel, T5Config, T5EncoderModel
+
+from engine.errors import IncompatibleLoraError
+from engine.families.spec import (
+    FamilySpec,
+    LatentProjection,
+    LoraSignature,
+    MemorySpec,
+    Module,
+    Pipeline,
+    PreviewSpec,
+    RunDefaults,
+    Shapes,
+    Tensor,
+    Widths,
+)
+from engine.families.tiny import text_config, tiny_t5_tokenizer, tiny_tokenizer, tiny_vae
+from engine.requests import CheckedRequest
+from lora_catalog.entries import Family
+
+__all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "linear1_widths"]
+
+# FLUX.1 is trained on many aspect ratios around a megapixel; these are the common ones (multiples of 64).
+SIZE_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
+# ComfyUI, comfy/latent_formats.py, class Flux (latent_rgb_factors, latent_rgb_factors_bias): fitted on the
+# diffusion-space latents (after FLUX's VAE shift and scale), the space FluxPipeline hands its per-step callback.
+LATENT_RGB = LatentProjection(
+    weights=(
+        (-0.0346, 0.0244, 0.0681),
+        (0.0034, 0.0210, 0.0687),
+        (0.0275, -0.0668, -0.0433),
+        (-0.0174, 0.0160, 0.0617),
+        (0.0859, 0.0721, 0.0329),
+        (0.0004, 0.0383, 0.0115),
+        (0.0405, 0.0861, 0.0915),
+        (-0.0236, -0.0185, -0.0259),
+        (-0.0245, 0.0250, 0.1180),
+        (0.1008, 0.0755, -0.0421),
+        (-0.0515, 0.0201, 0.0011),
+        (0.0428, -0.0012, -0.0036),
+        (0.0817, 0.0765, 0.0749),
+        (-0.1264, -0.0522, -0.1103),
+        (-0.0280, -0.0881, -0.0499),
+        (-0.1262, -0.0982, -0.0778),
+    ),
+    bias=(-0.0329, -0.0718, -0.0851),
+)
+# FLUX's VAE, where it differs from the tiny one's: 16 latent channels, no quant convolutions, and its
+# scaling and shift factors (the diffusion-space latents are (z - 0.1159) * 0.3611).
+VAE: dict[str, Any] = {
+    "latent_channels": 16,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+}
+# Parameter and buffer values of black-forest-labs/FLUX.1-dev as diffusers and transformers build them from its
+# configs (transformer/, text_encoder/ CLIP-L, text_encoder_2/ T5-XXL's encoder, vae/): 16.87 billion, 33.7 GB in
+# bf16 ([schnell] lacks the guidance embedding: 10 M fewer). T5 is never adapted (diffusers' loader does not) and
+# may run from host RAM: per prompt it takes token ids and gives embeddings, little to move, so where nothing else
+# fits the plan leaves its 9.5 GB there and prompts are encoded on the CPU (slower; not measured here).
+MEMORY = MemorySpec(
+    values=(
+        ("transformer", 11_901_408_320),
+        ("text_encoder", 123_060_557),
+        ("text_encoder_2", 4_762_310_656),
+        ("vae", 83_819_683),
+    ),
+    host_components=("text_encoder_2",),
+)
+# diffusers 0.42's kohya converter splits `linear1` into q, k, v and the MLP's input at these widths.
+REAL_LINEAR1 = (3072, 3072, 3072, 12288)
+_LINEAR1_UP = re.compile(
+    r"^(?:lora_unet_single_blocks_(\d+)_linear1|diffusion_model\.single_blocks\.(\d+)\.linear1)\.lora_up\.weight$"
+)
+_LINEAR1_PARTS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
+# Lower-cased names only FLUX LoRAs have: BFL's blocks (kohya, ComfyUI, XLabs), diffusers' single blocks and
+# kohya's diffusers-named mixture; diffusers' double blocks share `transformer.transformer_blocks.N.attn.` with
+# other DiTs (the origin judgement counts claims, so such names alone leave the widths to decide).
+_CLAIMS = re.compile(
+    r"double_blocks|single_blocks|single_transformer_blocks|lora_transformer_"
+    r"|^transformer\.transformer_blocks\.\d+\.(attn|ff|ff_context|norm1|norm1_context)\."
+)
+# The attention inputs a LoRA's down factor shows the hidden width on (q/k/v alone, fused, or with the MLP).
+_HIDDEN_INPUT = re.compile(r"(to_[qkv]|add_[qkv]_proj|qkv|qkv_lora\d?|linear1)[._]")
+_DOWN = (".lora_down.weight", ".lora_a.weight", ".down.weight")
+_TEXT = re.compile(r"^(lora_te1?_|text_encoder\.|text_encoders\.clip_l\.)")
+
+
+def claims(name: str) -> bool:
+    """A lower-cased tensor name of a FLUX LoRA's transformer part."""
+    return bool(_CLAIMS.search(name))
+
+
+def lora_widths(shapes: Shapes) -> Widths:
+    """The hidden width its transformer factors take, and the CLIP width of its text part."""
+    hidden, text = set(), set()
+    for name, shape in shapes.items():
+        lowered = name.lower()
+        if not lowered.endswith(_DOWN) or len(shape) < 2:
+            continue
+        if _TEXT.match(lowered):
+            if "q_proj" in lowered:
+                text.add(int(shape[1]))
+        elif _HIDDEN_INPUT.search(lowered):
+            hidden.add(int(shape[1]))
+    return Widths(frozenset(hidden), frozenset(text))
+
+
+def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
+    """The transformer's hidden width (heads x head width) and the CLIP encoder's."""
+    hidden = int(denoiser.config.num_attention_heads) * int(denoiser.config.attention_head_dim)
+    return Widths(frozenset({hidden}), frozenset(int(e.config.hidden_size) for e in encoders.values()))
+
+
+def linear1_widths(denoiser: Module) -> tuple[int, int, int, int] | None:
+    """The widths of q, k, v and the MLP's input a single block's fused `linear1` holds, read from the served
+    transformer's modules (None when it has no single block)."""
+    blocks = getattr(denoiser, "single_transformer_blocks", None)
+    if not blocks:
+        return None
+    q, k, v, mlp = (int(blocks[0].get_submodule(part).out_features) for part in _LINEAR1_PARTS)
+    return q, k, v, mlp
+
+
+def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
+    """diffusers' own conversion (`FluxPipeline.lora_state_dict`), at the served transformer's widths.
+
+    diffusers' kohya converter splits each `linear1` factor at FLUX.1's widths (3072 x 3 + 12288) and asserts
+    they add up. On a transformer of other widths (the tiny one), each `linear1` up factor is first padded with
+    zero rows to those widths, its rows for q, k, v and the MLP placed at the offsets diffusers splits at, and
+    the four factors it gives are cropped back after: the split and its sparse test see exactly the factor
+    they would at real width, and zero rows change neither. At real width nothing is padded.
+    A factor whose rows fit no served width is refused here (IncompatibleLoraError naming both shapes), never
+    asserted on; what diffusers' converter cannot read comes out as a ValueError.
+    """
+    widths = linear1_widths(denoiser)
+    padded, crops = _pad_linear1(state_dict, widths)
+    try:
+        converted, alphas = FluxPipeline.lora_state_dict(padded, return_alphas=True)
+    except (AssertionError, RuntimeError, NotImplementedError, TypeError, AttributeError) as e:
+        raise ValueError(f"diffusers' FLUX converter could not read it ({type(e).__name__}: {e})") from e
+    for key, rows in crops.items():
+        if key in converted:
+            converted[key] = converted[key][:rows].contiguous()
+    return converted, alphas
+
+
+def _pad_linear1(
+    state_dict: Mapping[str, Tensor], widths: tuple[int, int, int, int] | None
+) -> tuple[dict[str, Tensor], dict[str, int]]:
+    """The state dict with each kohya `linear1` up factor laid out at diffusers' widths, and the crops to undo."""
+    padded = dict(state_dict)
+    crops: dict[str, int] = {}
+    for name, up in state_dict.items():
+        match = _LINEAR1_UP.match(name)
+        if match is None:
+            continue
+        if widths is None:
+            raise IncompatibleLoraError(f"{name} adapts a single block's linear1; the served transformer has none")
+        if up.ndim != 2 or up.shape[0] != sum(widths):
+            raise IncompatibleLoraError(
+                f"{name} has {up.shape[0] if up.ndim else 0} output rows; the served transformer's linear1 has "
+                f"{sum(widths)} (q, k, v of {widths[0]} each and an MLP input of {widths[3]})"
+            )
+        if widths == REAL_LINEAR1:
+            continue
+        if any(w > real for w, real in zip(widths, REAL_LINEAR1, strict=True)):
+            raise IncompatibleLoraError(f"{name}: the served linear1 widths {widths} exceed FLUX.1's {REAL_LINEAR1}")
+        block = match[1] or match[2]
+        laid = up.new_zeros((sum(REAL_LINEAR1), up.shape[1]))
+        start = offset = 0
+        for part, width, real in zip(_LINEAR1_PARTS, widths, REAL_LINEAR1, strict=True):
+            laid[offset : offset + width] = up[start : start + width]
+            crops[f"transformer.single_transformer_blocks.{block}.{part}.lora_B.weight"] = width
+            start, offset = start + width, offset + real
+        padded[name] = laid
+    return padded, crops
+
+
+def served_side(pipe: Pipeline) -> int:
+    """FluxPipeline's default side: its class's default latent size times the VAE's scale (1024 for FLUX.1),
+    which the served VAE's config states as `sample_size` (a tiny VAE states its own)."""
+    return int(pipe.vae.config.sample_size)
+
+
+def defaults(pipe: Pipeline) -> RunDefaults:
+    """[dev] (and its fine-tunes) reads guidance through its distilled embedding; [schnell] has none."""
+    if pipe.transformer.config.guidance_embeds:
+        return RunDefaults(28, 3.5, "distilled", negative_prompt=False, side_multiple=_side_multiple(pipe))
+    return RunDefaults(4, 0.0, "none", negative_prompt=False, side_multiple=_side_multiple(pipe))
+
+
+def _side_multiple(pipe: Pipeline) -> int:
+    # The VAE's downsampling times the 2x2 patches the latents are packed into.
+    return 2 * int(pipe.vae_scale_factor)
+
+
+def call_arguments(request: CheckedRequest) -> dict[str, Any]:
+    """FluxPipeline's call: no negative prompt (its true CFG stays off), `guidance` for the distilled embedding."""
+    return {
+        "prompt": request.prompt,
+        "num_inference_steps": request.steps,
+        "guidance_scale": request.guidance,
+        "width": request.width,
+        "height": request.height,
+    }
+
+
+def build_tiny_pipeline(seed: int = 0) -> FluxPipeline:
+    """A tiny FLUX.1 [dev] pipeline: 2 double and 2 single blocks 32 wide (MLP 128), the distilled guidance
+    embedding, CLIP (32 wide) and a T5 encoder with their tokenizers, a 16-channel VAE with FLUX's shift and
+    scale, and FLUX.1-dev's scheduler. About 0.2 M parameters; the same seed gives the same weights."""
+    tokenizer, tokenizer_2 = tiny_tokenizer(), tiny_t5_tokenizer()
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16 * 4,
+        num_layers=2,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        guidance_embeds=True,
+        axes_dims_rope=(4, 6, 6),
+    )
+    vae = tiny_vae(seed, **VAE)
+    torch.manual_seed(seed + 2)
+    text_encoder = CLIPTextModel(text_config(tokenizer, hidden_size=32))
+    torch.manual_seed(seed + 3)
+    text_encoder_2 = T5EncoderModel(
+        T5Config(
+            vocab_size=len(tokenizer_2),
+            d_model=32,
+            d_kv=8,
+            d_ff=37,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+            feed_forward_proj="gated-gelu",
+            dropout_rate=0.0,
+            pad_token_id=tokenizer_2.pad_token_id,
+            eos_token_id=tokenizer_2.eos_token_id,
+        )
+    )
+    # FLUX.1-dev's scheduler/scheduler_config.json.
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+    pipe = FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        transformer=transformer,
+    )
+    dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.loading.Pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe
+
+
+FAMILY = FamilySpec(
+    family=Family.FLUX,
+    pipeline_class=FluxPipeline,
+    denoiser="transformer",
+    components=("transformer", "text_encoder"),
+    side=1024,
+    served_side=served_side,
+    defaults=defaults,
+    call_arguments=call_arguments,
+    size_buckets=SIZE_BUCKETS,
+    convert_lora=convert_lora,
+    signature=LoraSignature(claims, lora_widths, pipeline_widths),
+    preview=PreviewSpec("madebyollin/taef1", LATENT_RGB, unpack=FluxPipeline._unpack_latents),
+    build_tiny=build_tiny_pipeline,
+    half_dtype="bfloat16",
+    memory=MEMORY,
+)

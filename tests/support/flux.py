@@ -1,0 +1,66 @@
+"""FLUX LoRA files for the tiny FLUX pipeline, in every naming diffusers reads, each with the file a reference
+loads: the file itself where diffusers reads it at the tiny widths, else its diffusers-named twin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving.demo.synthetic import save_lora
+from serving.demo.synthetic_flux import FluxFormat, flux_layers, make_flux_lora
+
+# Every BFL layer but a single block's fused `linear1`, whose kohya split diffusers makes at FLUX.1's widths only.
+WITHOUT_LINEAR1 = ("linear2", "modulation.lin")
+XLABS_DOUBLE = ("img_attn.qkv", "img_attn.proj", "txt_attn.qkv", "txt_attn.proj")
+
+
+@dataclass(frozen=True)
+class FluxCase:
+    """One FLUX LoRA file: how it is made, and what diffusers' reference loads for it."""
+
+    name: str
+    fmt: FluxFormat
+    text: bool = True
+    linear1: bool = True
+    sparse: bool = False
+    alpha: float | None = 2.0
+    seed: int = 1
+
+    @property
+    def file_name(self) -> str:
+        return f"flux_{self.name}.safetensors"
+
+    @property
+    def twin_name(self) -> str:
+        return f"flux_{self.name}_twin.safetensors"
+
+    @property
+    def reference_name(self) -> str:
+        """diffusers reads a kohya/ComfyUI `linear1` only at FLUX.1's real widths: the twin stands in for it."""
+        return self.twin_name if self.linear1 and self.fmt in ("kohya", "comfy") else self.file_name
+
+
+CASES = (
+    FluxCase("peft", "peft", seed=11),
+    FluxCase("kohya", "kohya", linear1=False, seed=12),
+    FluxCase("kohya_linear1", "kohya", seed=13),
+    FluxCase("kohya_sparse", "kohya", sparse=True, alpha=None, seed=14),
+    FluxCase("comfy", "comfy", linear1=False, seed=15),
+    FluxCase("comfy_linear1", "comfy", text=False, seed=16),
+    FluxCase("xlabs", "xlabs", text=False, alpha=None, seed=17),
+)
+
+
+def write_flux_loras(pipe, folder: Path, *, strength: float = 1.0, cases=CASES) -> dict[str, FluxCase]:
+    """Each case's file and its twin in `folder` (rank 4), by case name."""
+    for case in cases:
+        if case.fmt == "xlabs":
+            layers = flux_layers(pipe.transformer, double=XLABS_DOUBLE, single=("qkv",))
+        else:
+            single = ("linear1", *WITHOUT_LINEAR1) if case.linear1 else WITHOUT_LINEAR1
+            layers = flux_layers(pipe.transformer, pipe.text_encoder if case.text else None, single=single)
+        lora = make_flux_lora(layers, rank=4, seed=case.seed, strength=strength, alpha=case.alpha, sparse=case.sparse)
+        tensors, metadata = lora.file(case.fmt)
+        save_lora(folder / case.file_name, tensors, metadata)
+        save_lora(folder / case.twin_name, lora.twin())
+    return {case.name: case for case in cases}
