@@ -46,9 +46,13 @@ def suggested_defaults(
             f"{'none' if defaults.max_clip_skip == 0 else f'up to {defaults.max_clip_skip + 1}'}: not used"
         )
         clip_skip = None
+    guidance = blended.guidance
+    if guidance is not None and defaults.guidance_kind == "none":
+        notes.append(f"{where['guidance']} recommends guidance {guidance:g}; this model takes none: not used")
+        guidance = None
     # The request's names for the hints' fields.
-    used = {"steps": steps, "guidance": blended.guidance, "scheduler": scheduler, "clip_skip": clip_skip}
+    used = {"steps": steps, "guidance": guidance, "scheduler": scheduler, "clip_skip": clip_skip}
     hint_field = {"steps": "steps", "guidance": "guidance", "scheduler": "sampler", "clip_skip": "clip_skip"}
     sources = tuple((name, where[hint_field[name]]) for name, value in used.items() if value is not None)
-    suggested = Suggested(steps, blended.guidance, scheduler, clip_skip, sources)
+    suggested = Suggested(steps, guidance, scheduler, clip_skip, sources)
     return suggested, tuple(notes)

@@ -318,7 +318,10 @@ def _first(suggested: T | None, default: T) -> T:
 def _clip_skip(value: object, default: int, defaults: ModelDefaults) -> int:
     if defaults.max_clip_skip == 0:
         if value not in (None, 0):
-            raise InvalidRequestError(f"clip_skip={value!r} is not accepted: this pool's model takes no CLIP skip")
+            raise InvalidRequestError(
+                f"clip_skip={value!r} is not accepted: this pool's model takes no CLIP skip (its pipeline has no "
+                "clip_skip input); accepted: 0 or none"
+            )
         return 0
     return _int("clip_skip", value, min(default, defaults.max_clip_skip), 0, defaults.max_clip_skip)
 

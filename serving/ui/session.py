@@ -107,8 +107,10 @@ def recommended(
     if blended.steps is not None and blended.steps <= max_steps:
         steps = blended.steps
         notes.append((f"steps {steps}", where["steps"]))
-    guidance = blended.guidance if blended.guidance is not None else defaults.guidance
-    if "guidance" in where:
+    guidance = defaults.guidance
+    # A model that takes no guidance (FLUX.1 [schnell]) keeps its own.
+    if blended.guidance is not None and defaults.guidance_kind != "none":
+        guidance = blended.guidance
         notes.append((f"guidance {guidance:g}", where["guidance"]))
     sampler = ""
     if blended.sampler:

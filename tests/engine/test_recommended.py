@@ -82,3 +82,43 @@ def test_what_a_pool_cannot_follow_is_left_out_with_a_warning(engine, repos):
 def test_without_lora_defaults_the_pools_own_are_used(engine, repos):
     off = generate(engine, request(LoraSpec(repos["lcm"]), lora_defaults=False)).request
     assert (off.steps, off.guidance, off.sampler, off.defaults_from) == (4, 5.0, "Euler", ())
+
+
+def test_on_a_flow_pool_a_speed_loras_sampler_and_clip_skip_are_left_out_and_its_steps_kept():
+    """A FLUX.1 [schnell]-like pool (Euler flow alone, no CLIP skip, no guidance): an SDXL speed LoRA's settings
+    that cannot apply are left out with a note each; its steps still apply (the UI's switch says the same)."""
+    from engine.recommended import suggested_defaults
+    from engine.requests import Limits, ModelDefaults
+    from lora_catalog.hints import LoraHints
+    from serving.ui.session import recommended
+
+    schnell = ModelDefaults(
+        steps=4,
+        guidance=0.0,
+        side=1024,
+        max_side=2048,
+        scheduler="FlowMatchEulerDiscreteScheduler",
+        schedulers=("FlowMatchEulerDiscreteScheduler",),
+        guidance_kind="none",
+        negative_prompt=False,
+        side_multiple=16,
+    )
+    where = "speed LoRA (Hyper-SD)"
+    hints = LoraHints(
+        speed="Hyper-SD",
+        steps=8,
+        guidance=3.5,
+        sampler="DDIM trailing",
+        clip_skip=1,
+        sources=tuple((field, where) for field in ("steps", "guidance", "sampler", "clip_skip")),
+    )
+    suggested, notes = suggested_defaults([hints], schnell, Limits(max_loras=2, max_steps=60, max_prompt_chars=500))
+    assert suggested is not None
+    assert (suggested.steps, suggested.guidance, suggested.scheduler, suggested.clip_skip) == (8, None, None, None)
+    assert suggested.sources == (("steps", where),)
+    assert " | ".join(notes) == (
+        f"{where} recommends the sampler 'DDIM trailing', which this pool does not offer | "
+        f"{where} recommends CLIP skip 2 (A1111's count); this model takes none: not used | "
+        f"{where} recommends guidance 3.5; this model takes none: not used"
+    )
+    assert recommended([hints], schnell, 60, True)[:4] == (8, 0.0, "", 1)
