@@ -4,19 +4,39 @@ Where the client set nothing, a speed LoRA's sampler, steps and guidance, and a 
 settings, take the place of the pool's defaults (`engine.requests.normalise_request` applies them and records
 where each came from). A blend takes a speed LoRA's settings first (`blend_hints`). A recommendation this pool
 cannot follow — a sampler it does not offer, more steps than it allows, a CLIP skip its model does not take — is
-left out with a warning, never refused: the client did not ask for it.
+left out with a warning, never refused: the client did not ask for it. `final_request` is the request a pool
+runs: its LoRAs' defaults filled, and what it sets that the model does not read named.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Sequence
 
 from engine.errors import InvalidRequestError
-from engine.requests import Limits, ModelDefaults, Suggested
+from engine.pipeline.schedulers import check_scheduler
+from engine.requests import CheckedRequest, GenerateRequest, Limits, ModelDefaults, Suggested, normalise_request
 from engine.samplers import choose_scheduler
 from lora_catalog.hints import LoraHints, blend_hints
 
-__all__ = ["suggested_defaults"]
+__all__ = ["final_request", "suggested_defaults"]
+
+
+def final_request(
+    request: GenerateRequest,
+    checked: CheckedRequest,
+    hints: Sequence[LoraHints],
+    defaults: ModelDefaults,
+    limits: Limits,
+) -> tuple[CheckedRequest, tuple[str, ...], tuple[str, ...]]:
+    """`request` (already `checked` without its LoRAs' defaults) with them where the client set nothing and it
+    asks for them, its drawn seed kept; the warnings for what it sets that the model does not read
+    (`ModelDefaults.ignored`), and the notes on the recommendations left out."""
+    suggested, notes = suggested_defaults(hints if checked.lora_defaults else (), defaults, limits)
+    if suggested is not None:
+        checked = normalise_request(dataclasses.replace(request, seed=checked.seed), defaults, limits, suggested)
+        check_scheduler(checked)
+    return checked, defaults.ignored(checked), notes
 
 
 def suggested_defaults(

@@ -9,7 +9,6 @@ inference under the lock). Any failure leaves the weights exactly as the last su
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import time
@@ -33,7 +32,7 @@ from engine.pools.scheduler import Scheduler
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.preparation import PreparedLora, Preparer
 from engine.prepare.resolve import AdapterResolver
-from engine.recommended import suggested_defaults
+from engine.recommended import final_request
 from engine.requests import (
     AdapterUse,
     GenerateRequest,
@@ -220,17 +219,10 @@ class Engine:
                 warnings.extend((*adapter.warnings, *ready.warnings))
                 hints.append(ready.hints)
             check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
-            wanted = hints if normalised.lora_defaults else ()
-            suggested, notes = suggested_defaults(wanted, self.loaded.defaults, self._limits)
-            if suggested is not None:
-                # Where the client set nothing, the LoRAs' defaults (its seed, drawn above, is kept).
-                again = dataclasses.replace(request, seed=normalised.seed)
-                normalised = normalise_request(again, self.loaded.defaults, self._limits, suggested)
-                check_scheduler(normalised)
-                warnings.extend(notes)
+            normalised, ignored, notes = final_request(request, normalised, hints, self.loaded.defaults, self._limits)
+            warnings[:0] = ignored
+            warnings.extend(notes)
             self.events.prepared(time.perf_counter() - started)
-            # What the request (its final form, the LoRAs' defaults filled) sets that this model does not read.
-            warnings[:0] = self.loaded.defaults.ignored(normalised)
             prepared = PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
             )
