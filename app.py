@@ -19,6 +19,7 @@ import spaces  # noqa: F401
 
 from serving.handlers import Handlers
 from serving.ui import events, panels, pool_views
+from serving.ui import history as session_events
 from serving.ui.gradio_api import add_api_endpoints
 
 __all__ = ["build_demo", "main"]
@@ -30,7 +31,10 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
     """The Blocks over one set of handlers; every event is a closure over them (no global state)."""
     with gr.Blocks(title="LoRA Switchboard") as demo:
         panels.header(banner)
-        state = (gr.State([]), gr.State(0), gr.State({}))  # entries shown, page, triggers inserted per slot
+        # Entries shown, page, triggers inserted per slot, each slot's LoRA recommendations, form values waiting for
+        # the base filter's change (a share link's); the session's history.
+        state = (gr.State([]), gr.State(0), gr.State({}), gr.State({}), gr.State(None))
+        history = gr.State([])
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
                 served = handlers.default.base_model_id
@@ -44,13 +48,14 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
                 request = panels.request_panel(handlers)
                 with gr.Tabs():
                     with gr.Tab("Result", elem_id="result-tab"):
-                        image, info = panels.result_panel(handlers)
+                        result = panels.result_panel(handlers)
                     with gr.Tab("Compare", elem_id="compare-tab"):
                         comparison = panels.compare_panel(handlers)
         status_md, refresh = panels.status_panel()
         api_md = panels.api_panel()
         events.wire_browsing(demo, handlers, browser, request, comparison, state, hub_url)
-        events.wire_generation(handlers, request, browser.base, image, info, status_md)
+        events.wire_generation(handlers, request, browser.base, result, status_md, history)
+        session_events.wire_session(demo, handlers, browser, request, result, (history, state[4]))
         events.wire_compare(handlers, request, comparison, status_md)
         events.wire_status(demo, handlers, status_md, refresh, api_md)
         add_api_endpoints(handlers)

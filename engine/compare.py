@@ -45,6 +45,10 @@ class CompareRequest:
     width: int | None = None
     height: int | None = None
     seed: int | None = None
+    # The sampler and CLIP skip every cell runs with (as `GenerateRequest`'s).
+    scheduler: str | None = None
+    scheduler_options: tuple[tuple[str, object], ...] = ()
+    clip_skip: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ def plan_cells(
             width=request.width,
             height=request.height,
             seed=request.seed,
+            scheduler=request.scheduler,
+            scheduler_options=request.scheduler_options,
+            clip_skip=request.clip_skip,
         ),
         defaults,
         limits,

@@ -12,9 +12,10 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from engine.errors import InvalidRequestError, LimitExceededError
+from engine.samplers import SchedulerOptions, choose_scheduler, menu, sampler_label
 from lora_catalog import refs
 from lora_catalog.civitai.refs import ACCEPTED as CIVITAI_ACCEPTED
 from lora_catalog.civitai.refs import parse_civitai
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from PIL.Image import Image
 
 __all__ = [
+    "MAX_IMAGES",
     "AdapterUse",
     "CheckedRequest",
     "GenerateRequest",
@@ -31,16 +33,21 @@ __all__ = [
     "Limits",
     "LoraSpec",
     "ModelDefaults",
+    "Suggested",
     "Timings",
     "normalise_loras",
     "normalise_request",
     "parse_ref",
+    "seeds_of",
 ]
 
 MAX_SEED = 2**32 - 1
+# Images one request may ask for (consecutive seeds, one denoising batch where memory allows).
+MAX_IMAGES = 4
 SCALE_RANGE = (-2.0, 2.0)
 GUIDANCE_RANGE = (0.0, 30.0)
 LOCAL_PREFIX = refs.LOCAL_PREFIX
+T = TypeVar("T")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 # How a served model reads `guidance`: classifier-free guidance (with the negative prompt), a distilled guidance
 # embedding (FLUX.1 [dev]: no negative prompt, one pass per step), or not at all (FLUX.1 [schnell]).
@@ -70,17 +77,43 @@ class GenerateRequest:
     width: float | None = None
     height: float | None = None
     seed: float | None = None
+    # A sampler by the name people know ("DPM++ 2M Karras": engine.samplers) or a diffusers scheduler class the
+    # pool accepts (`ModelDefaults.schedulers`); None: the pool's own scheduler.
+    scheduler: str | None = None
+    # (option, value) pairs set on that scheduler (`engine.samplers.OPTION_VALUES`), where its class has them.
+    scheduler_options: tuple[tuple[str, object], ...] = ()
+    # Text-encoder layers skipped, as diffusers' `pipe(..., clip_skip=N)` counts them (A1111's "Clip skip 2" is 1).
+    clip_skip: float | None = None
+    # Images with consecutive seeds from `seed` (1 to MAX_IMAGES).
+    num_images: float | None = None
+    # Whether the LoRAs' recommended settings (a speed LoRA's, a card's) fill what the client left unset; the
+    # UI's switch. Off: the pool's defaults.
+    lora_defaults: bool = True
 
 
 @dataclass(frozen=True)
 class CheckedRequest(GenerateRequest):
-    """A request `normalise_request` has checked: whole numbers in range, defaults filled, a concrete seed."""
+    """A request `normalise_request` has checked: whole numbers in range, defaults filled, a concrete seed.
+
+    `scheduler` is a class name the pool accepts, or None for the pool's own; `sampler` names what runs either
+    way (the recipe's `Sampler:`). `defaults_from` says where each default that is not the pool's came from.
+    """
 
     steps: int = 0
     guidance: float = 0.0
     width: int = 0
     height: int = 0
     seed: int = 0
+    scheduler_options: SchedulerOptions = ()
+    clip_skip: int = 0
+    num_images: int = 1
+    sampler: str = ""
+    defaults_from: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """Each image's seed: consecutive from `seed` (wrapping within the seed range)."""
+        return seeds_of(self.seed, self.num_images)
 
 
 # The tiny pipelines make 64-128 px images; the smallest real base (SD 1.5) makes 512 px ones.
@@ -89,7 +122,8 @@ TINY_MAX_SIDE = 128
 
 @dataclass(frozen=True)
 class ModelDefaults:
-    """The served model's request defaults, the (width, height) presets the UI offers (its family's), and which
+    """The served model's request defaults, the (width, height) presets the UI offers (its family's), its
+    scheduler class, the scheduler classes a request may name, the largest `clip_skip` (0: none taken), and which
     inputs it reads: how it reads `guidance` (`GuidanceKind`) and whether it reads the negative prompt."""
 
     steps: int
@@ -97,6 +131,9 @@ class ModelDefaults:
     side: int
     max_side: int
     sizes: tuple[tuple[int, int], ...] = ()
+    scheduler: str = ""
+    schedulers: tuple[str, ...] = ()
+    max_clip_skip: int = 0
     guidance_kind: GuidanceKind = "cfg"
     negative_prompt: bool = True
     side_multiple: int = 8
@@ -106,6 +143,7 @@ class ModelDefaults:
         # here, once; without any (an older peer) the square of the default side is the one preset.
         sizes = tuple((int(w), int(h)) for w, h in self.sizes) or ((self.side, self.side),)
         object.__setattr__(self, "sizes", sizes)
+        object.__setattr__(self, "schedulers", tuple(self.schedulers))
 
     @property
     def is_tiny(self) -> bool:
@@ -123,12 +161,35 @@ class ModelDefaults:
             warnings.append(f"guidance does not apply to this model (it takes none); {request.guidance:g} ignored")
         return tuple(warnings)
 
+    @property
+    def sampler(self) -> str:
+        """The name of the pool's own scheduler ("Euler" for SDXL's)."""
+        return sampler_label(self.scheduler, ()) if self.scheduler else ""
+
+    @property
+    def samplers(self) -> tuple[str, ...]:
+        """The sampler names a request may use here (the UI's menu)."""
+        return menu(self.schedulers)
+
+
+@dataclass(frozen=True)
+class Suggested:
+    """Defaults a request's LoRAs bring (a speed LoRA's sampler, steps and guidance; a card's recommendations):
+    they take the place of the pool's where the client set nothing. `sources` says where each came from."""
+
+    steps: int | None = None
+    guidance: float | None = None
+    scheduler: str | None = None
+    clip_skip: int | None = None
+    sources: tuple[tuple[str, str], ...] = ()
+
 
 @dataclass(frozen=True)
 class Limits:
     max_loras: int
     max_steps: int
     max_prompt_chars: int
+    max_images: int = MAX_IMAGES
 
 
 @dataclass(frozen=True)
@@ -151,6 +212,8 @@ class AdapterUse:
     weight_name: str
     scale: float
     cache: Literal["hit", "miss"]
+    # The file's hash as A1111 writes it in `Lora hashes` (12 hex digits; Civitai's AutoV3).
+    hash: str = ""
     # The fine-tune it was trained for when it ran on a pool of another base (a Civitai "Pony" LoRA on SDXL);
     # None when it ran on the base it declares.
     trained_for: str | None = None
@@ -158,6 +221,9 @@ class AdapterUse:
 
 @dataclass(frozen=True)
 class GenerateResult:
+    """What a run made: the first image and its seed, and for a request of several the rest (their seeds follow
+    on: `seeds`)."""
+
     image: Image
     seed: int
     request: CheckedRequest
@@ -165,6 +231,22 @@ class GenerateResult:
     adapters: tuple[AdapterUse, ...] = ()
     swapped: bool = False
     warnings: tuple[str, ...] = ()
+    more_images: tuple[Image, ...] = ()
+    # The model that made it (its Hub id or folder name): a recipe's `Model:`.
+    model_id: str = ""
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        return (self.image, *self.more_images)
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return seeds_of(self.seed, len(self.images))
+
+
+def seeds_of(seed: int, count: int) -> tuple[int, ...]:
+    """`count` consecutive seeds from `seed`, wrapping within 0..MAX_SEED (each a valid request seed)."""
+    return tuple((seed + i) % (MAX_SEED + 1) for i in range(count))
 
 
 def parse_ref(ref: object) -> tuple[Literal["hub", "local", "civitai"], str]:
@@ -183,16 +265,33 @@ def parse_ref(ref: object) -> tuple[Literal["hub", "local", "civitai"], str]:
         ) from e
 
 
-def normalise_request(request: GenerateRequest, defaults: ModelDefaults, limits: Limits) -> CheckedRequest:
-    """Check every field and fill defaults; returns a new request with a concrete seed."""
+def normalise_request(
+    request: GenerateRequest, defaults: ModelDefaults, limits: Limits, suggested: Suggested | None = None
+) -> CheckedRequest:
+    """Check every field and fill defaults (the LoRAs' `suggested` ones before the pool's); returns a new request
+    with a concrete seed."""
+    suggested = suggested or Suggested()
     prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=False)
     negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
     loras = _loras(request.loras, limits.max_loras)
-    steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
-    guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
+    steps = _int("steps", request.steps, _first(suggested.steps, defaults.steps), 1, limits.max_steps)
+    guidance = _float("guidance", request.guidance, _first(suggested.guidance, defaults.guidance), *GUIDANCE_RANGE)
     width = _side("width", request.width, defaults)
     height = _side("height", request.height, defaults)
     seed = _int("seed", request.seed, secrets.randbelow(MAX_SEED + 1), 0, MAX_SEED)
+    named = request.scheduler if request.scheduler is not None else suggested.scheduler
+    scheduler, options = choose_scheduler(named, request.scheduler_options, defaults.scheduler, defaults.schedulers)
+    clip_skip = _clip_skip(request.clip_skip, _first(suggested.clip_skip, 0), defaults)
+    if not isinstance(request.lora_defaults, bool):
+        raise InvalidRequestError(f"lora_defaults={request.lora_defaults!r} is not accepted; accepted: true, false")
+    num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
+    set_by_client = {
+        "steps": request.steps,
+        "guidance": request.guidance,
+        "scheduler": request.scheduler,
+        "clip_skip": request.clip_skip,
+    }
+    sources = tuple((field, source) for field, source in suggested.sources if set_by_client.get(field) is None)
     return CheckedRequest(
         prompt=prompt,
         negative_prompt=negative,
@@ -202,7 +301,29 @@ def normalise_request(request: GenerateRequest, defaults: ModelDefaults, limits:
         width=width,
         height=height,
         seed=seed,
+        scheduler=scheduler,
+        scheduler_options=options,
+        clip_skip=clip_skip,
+        num_images=num_images,
+        lora_defaults=request.lora_defaults,
+        sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
+        defaults_from=sources,
     )
+
+
+def _first(suggested: T | None, default: T) -> T:
+    return default if suggested is None else suggested
+
+
+def _clip_skip(value: object, default: int, defaults: ModelDefaults) -> int:
+    if defaults.max_clip_skip == 0:
+        if value not in (None, 0):
+            raise InvalidRequestError(
+                f"clip_skip={value!r} is not accepted: this pool's model takes no CLIP skip (its pipeline has no "
+                "clip_skip input); accepted: 0 or none"
+            )
+        return 0
+    return _int("clip_skip", value, min(default, defaults.max_clip_skip), 0, defaults.max_clip_skip)
 
 
 def normalise_loras(value: object, limit: int) -> tuple[LoraSpec, ...]:

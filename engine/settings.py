@@ -279,6 +279,8 @@ class Settings(BaseModel):
     zero_gpu: Annotated[_Bool, Env("SPACES_ZERO_GPU")] = False
     # GET /metrics (Prometheus text); off by default because a public Space would publish it to everyone.
     metrics: Annotated[_Bool, Env("METRICS")] = False
+    # Each image carries its recipe (A1111's `parameters`: prompt, settings, LoRAs and their hashes).
+    recipes: Annotated[_Bool, Env("RECIPES")] = True
     # With a URL, the Space is a front end: generation goes to that Ray Serve cluster (serving.cluster.app).
     backend_url: Annotated[str | None, AfterValidator(_url), Env("BACKEND_URL")] = None
     backend_timeout_s: Annotated[float, Field(ge=1.0, le=86_400.0), Env("BACKEND_TIMEOUT_S")] = 600.0

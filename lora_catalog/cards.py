@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 from .bases import family_of_base
 from .entries import Family, LoraEntry, parse_datetime
 from .errors import AmbiguousWeightsError, InvalidRequestError, LoraNotFoundError, NoSafetensorsError, PickleOnlyError
+from .hints import card_hints, speed_hints
 from .pivotal import embeddings_for, is_embeddings_file, with_token_triggers
 
 __all__ = [
@@ -104,6 +105,8 @@ def entry_from_hub_item(item: Mapping[str, Any], *, endpoint: str, listed_base: 
         source="hub",
         embeddings_name=embeddings_name,
         embeddings_size=siblings.get(embeddings_name) if embeddings_name else None,
+        # The card's own settings before a speed kind's generic ones.
+        hints=card_hints(card).over(speed_hints([repo_id, weight_name, *tags], repo_id=repo_id)),
     )
 
 

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from .errors import SnapshotError
+from .hints import LoraHints
 
 __all__ = ["Family", "LoraEntry", "Source", "parse_datetime"]
 
@@ -57,11 +58,13 @@ class LoraEntry:
     # The pivotal-tuning embeddings file beside the weight file (lora_catalog.pivotal names the rule).
     embeddings_name: str | None = None
     embeddings_size: int | None = None
+    # What it recommends for its use: a speed LoRA's sampler, steps and guidance, its card's (or Civitai page's)
+    # settings, CLIP skip among them.
+    hints: LoraHints = dataclasses.field(default_factory=LoraHints)
     # Where a person reads about it when it has no Hub repo (a Civitai model page).
     page_url: str | None = None
-    # Recommendations its page states, for the controls (Civitai's clipSkip and recommended LoRA strength:
-    # `strength`, `min_strength`, `max_strength`); this Space does not apply them itself.
-    clip_skip: int | None = None
+    # The LoRA strength its page recommends (Civitai's `strength`, `min_strength`, `max_strength`), shown with
+    # its card; this Space does not apply it itself.
     recommended: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -75,6 +78,8 @@ class LoraEntry:
                 value = value.isoformat()
             elif isinstance(value, Family):
                 value = value.value
+            elif isinstance(value, LoraHints):
+                value = value.to_json()
             if f.name == "recommended":
                 value = dict(self.recommended)
             data[f.name] = value
@@ -117,8 +122,8 @@ class LoraEntry:
             unsupported=_opt_str(data, "unsupported"),
             embeddings_name=_opt_str(data, "embeddings_name"),
             embeddings_size=_int(data, "embeddings_size") if data.get("embeddings_size") is not None else None,
+            hints=LoraHints.from_json(data.get("hints")),
             page_url=_opt_str(data, "page_url"),
-            clip_skip=_int(data, "clip_skip") or None,
             recommended=_numbers(data, "recommended"),
         )
 

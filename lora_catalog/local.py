@@ -19,6 +19,7 @@ from .bases import family_from_keys, family_from_metadata
 from .cards import is_non_commercial
 from .entries import Family, LoraEntry
 from .errors import HeaderError
+from .hints import metadata_hints
 from .pivotal import (
     embeddings_for,
     is_embeddings_file,
@@ -129,6 +130,7 @@ def entry_for_file(root: Path, path: Path) -> LoraEntry | None:
         unsupported=unsupported_variant(header.tensors),
         embeddings_name=embeddings.name if embeddings else None,
         embeddings_size=embeddings.stat().st_size if embeddings else None,
+        hints=metadata_hints(metadata, (path.name,)),
     )
 
 

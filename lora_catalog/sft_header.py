@@ -10,6 +10,7 @@ matters: docs/internals.md and tests/catalog/test_header.py.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -33,6 +34,7 @@ __all__ = [
     "DTYPE_BITS",
     "SafetensorsHeader",
     "TensorInfo",
+    "addnet_hash",
     "checked_header",
     "declared_length",
     "read_header",
@@ -133,6 +135,22 @@ def read_header(
     if len(raw) < length:
         raise HeaderError(f"{label}: file truncated: the header declares {length} bytes but only {len(raw)} follow")
     return checked_header(_decode(raw, label), header_size=length, file_size=stream_size, label=label)
+
+
+def addnet_hash(path: Path) -> str:
+    """A LoRA file's hash as A1111 writes it in `Lora hashes` (its first 12 hex digits; Civitai's AutoV3).
+
+    kohya's sd-scripts `addnet_hash_safetensors`, which A1111 uses for safetensors LoRAs: the sha256 of the file
+    after its header, so editing the metadata does not change it. Read once, by 1 MiB blocks. Its own few lines,
+    as neither library is a dependency here.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        file.seek(8 + length)
+        for block in iter(lambda: file.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_header_bytes(

@@ -10,6 +10,7 @@ tree's (`lora_catalog.errors`); the callers turn them into answers with `serving
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import SwitchboardError
 from lora_catalog.hub import check_sort
 from lora_catalog.listing import CatalogPage
+from serving.recipes import with_recipes
 from serving.streaming import Frame, Preview, stream
 from serving.ui.grid import grid_image
 
@@ -132,7 +134,8 @@ class Handlers:
             self.report(transport, 500)
             raise
         self.report(transport, 200)
-        return result
+        # Every transport's images carry their recipe (A1111's `parameters`), unless RECIPES=0.
+        return with_recipes(result) if self.settings.recipes else result
 
     def report(self, transport: str, status: int) -> None:
         """Count how a request of `transport` ended (a transport refusing one before it reaches `generate` too)."""
@@ -164,6 +167,8 @@ class Handlers:
     ) -> Comparison:
         """A comparison grid: every cell in one queue turn on the LoRAs' pool (else `base`'s), then the grid."""
         result = await self.backend.compare(request, base=base, on_queue=on_queue, progress=progress)
+        if self.settings.recipes:
+            result = dataclasses.replace(result, results=tuple(with_recipes(r) for r in result.results))
         return Comparison(result, grid_image(result.labels, [r.image for r in result.results]))
 
     async def status(self) -> tuple[PoolStatus, ...]:

@@ -43,5 +43,8 @@ FAMILY = FamilySpec(
     preview=sd.PREVIEW,
     build_tiny=build_tiny_pipeline,
     load_options=sd.LOAD_OPTIONS,
+    extra_schedulers=sd.SCHEDULERS,
+    max_clip_skip=sd.max_clip_skip,
+    prepare_clip_skip=sd.alias_text_model,
     memory=MEMORY,
 )

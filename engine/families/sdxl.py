@@ -28,7 +28,7 @@ from engine.families.spec import (
 from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
 from lora_catalog.entries import Family
 
-__all__ = ["FAMILY", "build_tiny_pipeline"]
+__all__ = ["FAMILY", "build_tiny_pipeline", "max_clip_skip"]
 
 # Some of SDXL's training aspect buckets (about a megapixel each; its report lists them all).
 SIZE_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
@@ -62,6 +62,12 @@ def claims(name: str) -> bool:
         return True
     # SD3 and Flux transformers have numbered transformer_blocks too, but no UNet blocks.
     return ("transformer_blocks_1_" in name or "transformer_blocks.1." in name) and unet.is_unet_name(name)
+
+
+def max_clip_skip(pipe: Any) -> int:
+    """SDXL's pipeline reads `hidden_states[-(clip_skip + 2)]` of both encoders: at least their first layer."""
+    layers = (pipe.text_encoder.config.num_hidden_layers, pipe.text_encoder_2.config.num_hidden_layers)
+    return int(min(layers)) - 2
 
 
 def build_tiny_pipeline(seed: int = 0) -> StableDiffusionXLPipeline:
@@ -115,5 +121,7 @@ FAMILY = FamilySpec(
     signature=LoraSignature(claims, unet.lora_widths, unet.pipeline_widths),
     preview=PreviewSpec("madebyollin/taesdxl", LATENT_RGB),
     build_tiny=build_tiny_pipeline,
+    extra_schedulers=unet.SPEED_SCHEDULERS,
+    max_clip_skip=max_clip_skip,
     memory=MEMORY,
 )

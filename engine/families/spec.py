@@ -194,6 +194,13 @@ class FamilySpec:
     build_tiny: TinyBuilder
     # Extra `from_pretrained` arguments (SD 1.x/2.x: no safety checker).
     load_options: tuple[tuple[str, object], ...] = ()
+    # Scheduler classes a request may name beyond the pipeline's `scheduler.compatibles` (LCM, TCD).
+    extra_schedulers: tuple[str, ...] = ()
+    # The largest `clip_skip` a loaded pipeline takes (its text encoders' depth); None: the family takes none.
+    max_clip_skip: Callable[[Pipeline], int] | None = None
+    # Readies a run's own shallow copy of the pipeline for `clip_skip` (a library mismatch worked around on the
+    # copy, never on the pool's pipeline: see the family's function); None: nothing to do.
+    prepare_clip_skip: Callable[[Pipeline], None] | None = None
     # The half precision `DTYPE=auto` loads it in on a GPU (FLUX.1's activations overflow float16).
     half_dtype: str = "float16"
     # Its pipelines' sizes and the components that may stay in host RAM, for the memory plan.

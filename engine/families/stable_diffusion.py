@@ -10,6 +10,10 @@ same: one preview serves both. Their tiny pipelines differ where the real ones d
 
 from __future__ import annotations
 
+import copy
+import threading
+import weakref
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -25,11 +29,14 @@ __all__ = [
     "CONVERTER",
     "LOAD_OPTIONS",
     "PREVIEW",
+    "SCHEDULERS",
     "SIGNATURE",
     "VAE_VALUES",
+    "alias_text_model",
     "build_tiny_sd",
     "call_arguments",
     "claims",
+    "max_clip_skip",
     "served_side",
 ]
 
@@ -70,6 +77,40 @@ def claims(name: str) -> bool:
 
 
 SIGNATURE = LoraSignature(claims, unet.lora_widths, unet.pipeline_widths)
+SCHEDULERS = unet.SPEED_SCHEDULERS
+
+
+def max_clip_skip(pipe: Any) -> int:
+    """The pipeline reads `hidden_states[-(clip_skip + 1)]` of its one encoder: at least its first layer."""
+    return int(pipe.text_encoder.config.num_hidden_layers) - 1
+
+
+def alias_text_model(run: Any) -> None:
+    """Let a run of `StableDiffusionPipeline` with `clip_skip` work on transformers 5.6 and later.
+
+    With `clip_skip` set, diffusers (0.42; huggingface/diffusers#14124, open) applies
+    `text_encoder.text_model.final_layer_norm`; transformers 5.6 flattened `CLIPTextModel`, whose
+    `final_layer_norm` is now its own attribute and `text_model` is gone. `run` is the run's own shallow copy of
+    the pipeline (`engine.pipeline.schedulers.run_pipeline`): its text encoder becomes a shallow copy (the same
+    modules and weights) that also answers to that one name. The pool's encoder is never given it (other code
+    tells a flattened encoder by its lacking `text_model`); a nested encoder (older transformers) is left be.
+    One copy per encoder, kept: transformers marks the model it installed its hidden-state hooks through (on the
+    shared layers), so a new copy per run would install them again and record every layer twice.
+    """
+    encoder = run.text_encoder
+    if encoder is None or hasattr(encoder, "text_model") or not hasattr(encoder, "final_layer_norm"):
+        return
+    with _ALIASED_LOCK:
+        aliased = _ALIASED.get(encoder)
+        if aliased is None:
+            aliased = copy.copy(encoder)
+            object.__setattr__(aliased, "text_model", SimpleNamespace(final_layer_norm=encoder.final_layer_norm))
+            _ALIASED[encoder] = aliased
+    run.text_encoder = aliased
+
+
+_ALIASED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_ALIASED_LOCK = threading.Lock()
 
 
 def build_tiny_sd(

@@ -16,7 +16,19 @@ from typing import Any
 from engine.families.spec import LoraConverter, Module, Pipeline, PipelineClass, Shapes, Tensor, Widths
 from engine.requests import CheckedRequest
 
-__all__ = ["call_arguments", "converter", "is_unet_name", "lora_widths", "pipeline_widths", "served_side"]
+__all__ = [
+    "SPEED_SCHEDULERS",
+    "call_arguments",
+    "converter",
+    "is_unet_name",
+    "lora_widths",
+    "pipeline_widths",
+    "served_side",
+]
+
+# Schedulers beyond their pipelines' `scheduler.compatibles` that the UNet families run: the speed LoRAs' own
+# (diffusers' LCM-LoRA and TCD guides set them on SD 1.5 and SDXL pipelines with `from_config`).
+SPEED_SCHEDULERS = ("LCMScheduler", "TCDScheduler")
 
 # Compared lower-cased.
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".down.weight", "_lora.down.weight")

@@ -45,6 +45,7 @@ from engine.formats.naming import (
     split_tensors,
 )
 from engine.formats.pivotal import TokenEmbeddings
+from lora_catalog.hints import LoraHints
 from lora_catalog.variants import unsupported_variant
 
 __all__ = [
@@ -88,6 +89,9 @@ class PreparedAdapter:
     warnings: tuple[str, ...] = ()
     # Pivotal-tuning tokens that come with the LoRA (engine.formats.pivotal); kept on the host, tiny.
     embeddings: TokenEmbeddings | None = None
+    # What the file says of itself (a speed LoRA's name, its training CLIP skip), and its hash as A1111 writes it.
+    hints: LoraHints = dataclasses.field(default_factory=LoraHints)
+    file_hash: str = ""
 
     @property
     def nbytes(self) -> int:

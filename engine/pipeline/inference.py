@@ -2,8 +2,11 @@
 
 The weights are whatever the caller fused before (`engine.weights.fused`); this module only calls the pipeline,
 with the arguments its family reads (`FamilySpec.call_arguments`) and the tokenizers that fused set needs (its
-pivotal-tuning tokens: `engine.formats.pivotal`) for the run alone, and turns what it raises into the engine's
-errors.
+pivotal-tuning tokens: `engine.formats.pivotal`) for the run alone (the pipeline is the run's own copy when the
+request names a sampler or a CLIP skip: `engine.pipeline.schedulers`), and turns what it raises into the engine's
+errors. Several images are one call with one generator per image (diffusers draws each image's noise from its
+own, so each equals a run of its seed alone, up to the batch's rounding); when that batch does not fit the
+device's memory, they are made one at a time, on the same weights.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ def infer(
     decoder: PreviewDecoder | None,
     preview_every: int,
     preview: Preview | None = None,
-) -> Image:
+) -> tuple[Image, ...]:
+    """The request's images, in the order of its seeds."""
     steps = request.steps
     previews = StepPreviews.for_run(decoder, preview_every, steps, preview)
     # The latents a step hands its callback, made spatial for the decoders (a DiT packs them into tokens).
@@ -61,17 +65,36 @@ def infer(
             progress(done, steps)
         return callback_kwargs
 
-    # Called under the pipeline lock: the tokenizers are the base ones again after the run, however it ends.
-    with swapped_tokenizers(pipe, tokenizers):
+    def call(seeds: tuple[int, ...]) -> list[Image]:
+        generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
+        # Only what a request set beyond the pipeline's defaults is passed (a one-image run's call is unchanged).
+        extra: dict[str, Any] = {"clip_skip": request.clip_skip} if request.clip_skip else {}
+        if len(seeds) > 1:
+            extra["num_images_per_prompt"] = len(seeds)
         output = pipe(
             **family.call_arguments(request),
-            generator=torch.Generator("cpu").manual_seed(request.seed),
+            generator=generators if len(seeds) > 1 else generators[0],
             callback_on_step_end=on_step,
             output_type="pil",
+            **extra,
         )
+        return list(output.images)
+
+    # Called under the pipeline lock: the tokenizers are the base ones again after the run, however it ends.
+    with swapped_tokenizers(pipe, tokenizers):
+        seeds = request.seeds
+        try:
+            images = call(seeds)
+        except torch.OutOfMemoryError:
+            if len(seeds) == 1:
+                raise
+            # The batch does not fit: one image at a time (the same images, each as a run of its seed alone).
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            images = [image for seed in seeds for image in call((seed,))]
     if cancel is not None and cancel.is_set():
         raise GenerationCancelledError("the request was cancelled during generation")
-    return output.images[0]
+    return tuple(images)
 
 
 def engine_error(error: BaseException, request: CheckedRequest) -> BaseException:

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 import torch
@@ -29,6 +30,8 @@ from engine.families.spec import fit_presets
 from engine.families.tiny import TINY_SIZES, build_tiny
 from engine.pipeline.aot import AotDenoiser, AotPackage, capture_calls, compile_package, inductor_options
 from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile_denoiser, configure_caches
+from engine.pipeline.schedulers import offered_schedulers
+from engine.pools.specs import HUB_ID
 from engine.requests import ModelDefaults
 from engine.settings import Settings
 
@@ -82,6 +85,11 @@ class LoadedPipeline:
         """The denoiser's compiled forward (COMPILE), with its counts; None while it runs eager."""
         forward = self.denoiser.__dict__.get("forward")
         return forward if isinstance(forward, CompiledDenoiser | AotDenoiser) else None
+
+    @property
+    def model_name(self) -> str:
+        """The model as results name it (a recipe's `Model:`): its Hub id, or a local folder's name, never its path."""
+        return self.model_id if HUB_ID.match(self.model_id) else PurePath(self.model_id).name
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -162,6 +170,9 @@ def load_pipeline(
         guidance=run.guidance,
         side=side,
         max_side=max_side,
+        scheduler=type(pipe.scheduler).__name__,
+        schedulers=offered_schedulers(pipe.scheduler, family.extra_schedulers),
+        max_clip_skip=family.max_clip_skip(pipe) if family.max_clip_skip is not None else 0,
         guidance_kind=run.guidance_kind,
         negative_prompt=run.negative_prompt,
         side_multiple=run.side_multiple,

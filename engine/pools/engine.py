@@ -32,11 +32,13 @@ from engine.pipeline.compiled import CompiledDenoiser
 from engine.pipeline.inference import engine_error, infer
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
+from engine.pipeline.schedulers import check_scheduler, run_pipeline
 from engine.pools.prefetch import PrefetchLane
 from engine.pools.scheduler import Scheduler
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.preparation import Lane, PreparedLora, Preparer
 from engine.prepare.resolve import AdapterResolver
+from engine.recommended import final_request
 from engine.requests import (
     AdapterUse,
     GenerateRequest,
@@ -51,6 +53,7 @@ from engine.settings import Settings
 from engine.weights.fused import FusedSet, set_identity
 from engine.weights.swap import WeightPatcher
 from engine.weights.tokens import TokenPatcher
+from lora_catalog.hints import LoraHints
 
 __all__ = ["Engine", "EngineStatus", "LoraCheck", "PreparedRequest", "Preview", "Progress"]
 
@@ -192,11 +195,13 @@ class Engine:
         """Validate the request and make its adapters ready, leased until the returned release is called."""
         started = time.perf_counter()
         normalised = normalise_request(request, self.loaded.defaults, self._limits)
+        check_scheduler(normalised)
         leased: list[AdapterKey] = []
         try:
             adapters: list[tuple[PreparedAdapter, float]] = []
             uses: list[AdapterUse] = []
-            warnings: list[str] = list(self.loaded.defaults.ignored(normalised))
+            warnings: list[str] = []
+            hints: list[LoraHints] = []
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
                 ready = self._prepare_one(spec, leased, lane)
@@ -212,10 +217,22 @@ class Engine:
                 adapters.append((adapter, spec.scale))
                 key = adapter.key
                 uses.append(
-                    AdapterUse(spec.ref, key.revision, key.weight_name, spec.scale, ready.cache, ready.trained_for)
+                    AdapterUse(
+                        spec.ref,
+                        key.revision,
+                        key.weight_name,
+                        spec.scale,
+                        ready.cache,
+                        adapter.file_hash,
+                        ready.trained_for,
+                    )
                 )
                 warnings.extend((*adapter.warnings, *ready.warnings))
+                hints.append(ready.hints)
             check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
+            normalised, ignored, notes = final_request(request, normalised, hints, self.loaded.defaults, self._limits)
+            warnings[:0] = ignored
+            warnings.extend(notes)
             self.events.prepared(time.perf_counter() - started)
             prepared = PreparedRequest(
                 normalised, tuple(adapters), tuple(uses), resolve_s, prepare_s, tuple(warnings), started
@@ -315,8 +332,8 @@ class Engine:
         try:
             swapped, apply_s = self._fused.swap(prepared.adapters)
             inferred = time.perf_counter()
-            image = infer(
-                self.loaded.pipe,
+            images = infer(
+                run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family),
                 prepared.request,
                 family=self.loaded.family,
                 tokenizers=self._fused.tokenizers,
@@ -344,10 +361,13 @@ class Engine:
             total=done - prepared.started,
         )
         logger.info(
-            "generated %dx%d in %d steps with %s: apply %.1f ms, inference %.2f s, total %.2f s (waited %.2f s)",
+            "generated %d× %dx%d in %d steps (%s) with %s: apply %.1f ms, inference %.2f s, total %.2f s "
+            "(waited %.2f s)",
+            len(images),
             prepared.request.width,
             prepared.request.height,
             prepared.request.steps,
+            prepared.request.sampler,
             ", ".join(str(a.key) for a, _ in prepared.adapters) or "no LoRA",
             apply_s * 1000,
             timings.inference,
@@ -355,13 +375,15 @@ class Engine:
             locked - prepared.started - prepared.resolve_s - prepared.prepare_s,
         )
         return GenerateResult(
-            image=image,
+            image=images[0],
+            more_images=images[1:],
             seed=prepared.request.seed,
             request=prepared.request,
             timings=timings,
             adapters=prepared.uses,
             swapped=swapped,
             warnings=prepared.warnings,
+            model_id=self.loaded.model_name,
         )
 
     @property

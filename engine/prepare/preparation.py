@@ -29,6 +29,8 @@ from engine.formats.pivotal import TextEncoders
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import LoraSpec
+from lora_catalog.hints import LoraHints, metadata_hints
+from lora_catalog.sft_header import addnet_hash
 
 __all__ = ["Lane", "PreparedLora", "Preparer"]
 
@@ -49,6 +51,8 @@ class PreparedLora:
     warnings: tuple[str, ...] = ()
     # The fine-tune it was trained for, when it runs on a pool of another base (see `_trained_for`).
     trained_for: str | None = None
+    # What the LoRA recommends: its catalogue entry's (card, Civitai page, name) over its file's own.
+    hints: LoraHints = field(default_factory=LoraHints)
 
 
 @dataclass
@@ -96,11 +100,13 @@ class Preparer:
         leased.append(source.key)
         cached = self._store.get(source.key)
         if cached is not None:
-            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, warnings, trained_for)
+            hints = _hints(source, cached)
+            return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, warnings, trained_for, hints)
         with self._key_lock(source.key):
             cached = self._store.get(source.key)
             if cached is not None:
-                return PreparedLora(cached, "hit", time.perf_counter() - started, 0.0, warnings, trained_for)
+                elapsed = time.perf_counter() - started
+                return PreparedLora(cached, "hit", elapsed, 0.0, warnings, trained_for, _hints(source, cached))
             try:
                 # The in-flight bound (engine.prepare.loadgate) covers the download and the parse: what costs RAM.
                 with ExitStack() as gate, self._disk.hold(source.key) if self._disk is not None else nullcontext():
@@ -122,7 +128,8 @@ class Preparer:
             done - fetched,
             fetched - started,
         )
-        return PreparedLora(adapter, "miss", fetched - started, done - fetched, warnings, trained_for)
+        hints = _hints(source, adapter)
+        return PreparedLora(adapter, "miss", fetched - started, done - fetched, warnings, trained_for, hints)
 
     def _trained_for(self, source: AdapterSource) -> tuple[str | None, tuple[str, ...]]:
         """A LoRA trained for a fine-tune (Civitai's Pony, ...) routed here because no pool serves that fine-tune:
@@ -168,8 +175,16 @@ class Preparer:
             delta_budget=self._delta_budget,
         )
         embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
-        # Kept with the adapter, so a cache hit still tells the user what the first load found.
-        return dataclasses.replace(adapter, warnings=(warning,) if warning else (), embeddings=embeddings), fetched
+        # Kept with the adapter, so a cache hit still tells the user what the first load found; the hash is the
+        # recipe's (`Lora hashes`), read once here, off the GPU's path.
+        adapter = dataclasses.replace(
+            adapter,
+            warnings=(warning,) if warning else (),
+            embeddings=embeddings,
+            hints=metadata_hints(header.metadata, (source.key.weight_name,)),
+            file_hash=addnet_hash(path)[:12],
+        )
+        return adapter, fetched
 
     @contextmanager
     def _key_lock(self, key: AdapterKey) -> Iterator[None]:
@@ -191,3 +206,7 @@ class Preparer:
 def _hold(stack: ExitStack, gate: LoadGate | None, nbytes: int, source: AdapterSource) -> None:
     if gate is not None:
         stack.enter_context(gate.hold(nbytes, str(source.key)))
+
+
+def _hints(source: AdapterSource, adapter: PreparedAdapter) -> LoraHints:
+    return source.hints.over(adapter.hints)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -54,6 +54,7 @@ from lora_catalog.cards import choose_weight
 from lora_catalog.civitai.refs import is_civitai_ref
 from lora_catalog.entries import Family, LoraEntry
 from lora_catalog.errors import CivitaiUnavailableError, HeaderError
+from lora_catalog.hints import LoraHints
 from lora_catalog.local import local_embeddings
 from lora_catalog.pivotal import embeddings_for
 from lora_catalog.sft_header import SafetensorsHeader, read_header
@@ -84,6 +85,8 @@ class AdapterSource:
     embeddings_name: str | None = None
     embeddings_size: int | None = None
     embeddings_path: Path | None = None
+    # What its catalogue entry recommends (its card or Civitai page, a speed LoRA's repo or name).
+    hints: LoraHints = field(default_factory=LoraHints)
     # A family its source states outright, even one no pool serves (Civitai's base label): it decides routing.
     declared_family: Family | None = None
     # The fine-tune it was trained for when that is not its family's base (Civitai's "Pony", ...): running it on
@@ -221,6 +224,7 @@ class AdapterResolver:
             warnings=(stale,) if stale else (),
             embeddings_name=entry.embeddings_name,
             embeddings_size=entry.embeddings_size,
+            hints=entry.hints,
         )
 
     def _locate_civitai(self, ref: str) -> AdapterSource:
@@ -234,6 +238,7 @@ class AdapterResolver:
             location.declared_bases,
             warnings=(stale,) if stale else (),
             declared_family=location.family,
+            hints=location.resolved.version.hints,
             finetune=location.finetune,
             civitai=location,
         )

@@ -26,6 +26,7 @@ from ..errors import (
     PickleOnlyError,
     RestrictedLoraError,
 )
+from ..hints import LoraHints, civitai_hints
 from .bases import civitai_base
 from .refs import CivitaiRef
 
@@ -122,7 +123,7 @@ class CivitaiVersion:
     likes: int
     published_at: datetime | None
     air: str | None
-    clip_skip: int | None
+    clip_skip: int | None  # A1111's count, as Civitai states it (2: one text-encoder layer skipped)
     recommended: tuple[tuple[str, float], ...]
 
     @property
@@ -132,6 +133,11 @@ class CivitaiVersion:
     @property
     def title(self) -> str:
         return f"{self.model_name} ({self.version_name})" if self.version_name else self.model_name
+
+    @property
+    def hints(self) -> LoraHints:
+        """What its page recommends for the controls (its clipSkip; a speed LoRA's preset by its names)."""
+        return civitai_hints(self.clip_skip, (self.model_name, self.version_name))
 
     def page_url(self, site: str) -> str:
         return f"{site.rstrip('/')}/models/{self.model_id}?modelVersionId={self.version_id}"
@@ -157,7 +163,7 @@ class CivitaiVersion:
             sha=file.sha256 if file else None,
             source="civitai",
             page_url=self.page_url(site),
-            clip_skip=self.clip_skip,
+            hints=self.hints,
             recommended=self.recommended,
         )
 

@@ -324,7 +324,8 @@ async def _in_thread(thread: concurrent.futures.Executor, work: Callable[[thread
 
 def _gpu_duration(prepared: PreparedRequest, *args: object) -> int:
     request = prepared.request
-    megapixels = (request.width or 1024) * (request.height or 1024) / 2**20
+    # Several images are one batch: about as many times the pixels to denoise.
+    megapixels = (request.width or 1024) * (request.height or 1024) * max(1, request.num_images) / 2**20
     return int(min(_GPU_MAX_S, _GPU_BASE_S + (request.steps or 25) * megapixels * _GPU_S_PER_MEGAPIXEL_STEP))
 
 

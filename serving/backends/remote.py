@@ -90,7 +90,8 @@ class RemoteBackend:
         started = time.perf_counter()
         document = await self._call("POST", path, request_to_json(request))
         try:
-            result = result_from_json(document["result"], decode_png(document["image"]))
+            more = [decode_png(png) for png in document.get("more_images") or ()]
+            result = result_from_json(document["result"], decode_png(document["image"]), more)
         except (KeyError, TypeError) as e:
             raise BackendUnavailableError(f"the backend at {self.url} answered something unreadable: {e}") from e
         if progress is not None:

@@ -46,6 +46,7 @@ from serving.cluster.stats import SetBook
 from serving.cluster.wire import WIRE, Answer, encode_png, request_from_json, result_to_json, spec_from_json
 from serving.errors import json_error
 from serving.http.api import encode_image, result_headers
+from serving.recipes import with_recipes
 
 __all__ = ["AdapterPin", "PoolReplica", "weights_digest"]
 
@@ -107,6 +108,7 @@ class PoolReplica:
             civitai=civitai_files(settings),
         )
         self._engine = Engine(loaded, settings, resolver)
+        self._recipes = settings.recipes
         self._backend = LocalBackend.of(self._engine)
         # What this replica holds, loads, has on disk and measured: its routing stats for our router.
         self._book = SetBook()
@@ -149,12 +151,17 @@ class PoolReplica:
         if pin is not None:
             # The set as this request resolved it (a revision that moved swaps the old keys out).
             pin.hold(tuple(_key(use) for use in result.adapters))
+        if media_type != WIRE and self._recipes:
+            # `POST /` straight to the cluster: its image carries its recipe as the Space's does (on the wire the
+            # front end's handlers add it).
+            result = with_recipes(result)
         return await asyncio.to_thread(self._answer, result, media_type)
 
     def _answer(self, result: GenerateResult, media_type: str) -> Answer:
         headers = {**result_headers(result), "X-Replica": self._replica}
         if media_type == WIRE:
-            body = _json({"image": encode_png(result.image), "result": result_to_json(result)})
+            more = [encode_png(image) for image in result.more_images]
+            body = _json({"image": encode_png(result.image), "more_images": more, "result": result_to_json(result)})
         else:
             body = encode_image(result.image, media_type)
         return Answer(200, media_type, body, tuple(headers.items()))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, TypeVar
 
@@ -104,10 +104,36 @@ class _RequestJson(BaseModel):
     width: _Number | None = None
     height: _Number | None = None
     seed: _Number | None = None
+    scheduler: str | None = None
+    # [[option, value], ...] as sent; the engine checks names and values (`engine.samplers`).
+    scheduler_options: list[Any] | None = None
+    clip_skip: _Number | None = None
+    num_images: _Number | None = None
+    lora_defaults: bool = True
 
     def request(self) -> GenerateRequest:
-        values = {name: getattr(self, name) for name in type(self).model_fields if name != "loras"}
-        return GenerateRequest(**values, loras=tuple(s.spec() for s in self.loras or ()))
+        return GenerateRequest(**self._values(GenerateRequest))
+
+    def _values(self, into: type[GenerateRequest]) -> dict[str, Any]:
+        names = {f.name for f in fields(into)}
+        values = {name: getattr(self, name) for name in type(self).model_fields if name in names}
+        values["loras"] = tuple(s.spec() for s in self.loras or ())
+        values["scheduler_options"] = tuple(
+            tuple(pair) if isinstance(pair, list) else pair for pair in self.scheduler_options or ()
+        )
+        return values
+
+
+class _CheckedJson(_RequestJson):
+    """The request a cluster checked, sent back with its result: what ran, and where its defaults came from."""
+
+    sampler: str = ""
+    defaults_from: list[list[str]] | None = None
+
+    def checked(self) -> CheckedRequest:
+        values = self._values(CheckedRequest)
+        values["defaults_from"] = tuple((str(f), str(s)) for f, s in self.defaults_from or ())
+        return CheckedRequest(**values)
 
 
 class _ResultJson(BaseModel):
@@ -115,11 +141,12 @@ class _ResultJson(BaseModel):
 
     seed: int
     # The cluster sends back the request it checked: whole numbers, defaults filled, a concrete seed.
-    request: _RequestJson
+    request: _CheckedJson
     timings: Timings
     adapters: tuple[AdapterUse, ...]
     swapped: bool
     warnings: tuple[str, ...]
+    model_id: str = ""
 
 
 class _PoolsJson(BaseModel):
@@ -136,6 +163,9 @@ _STATUS = TypeAdapter(EngineStatus)
 def request_to_json(request: GenerateRequest) -> dict[str, Any]:
     document = asdict(request)
     document["loras"] = [asdict(spec) for spec in request.loras]
+    options = request.scheduler_options
+    # Pairs as a list of pairs (a mapping, as a caller may give, the same way); the engine checks them.
+    document["scheduler_options"] = [list(p) for p in (options.items() if isinstance(options, Mapping) else options)]
     return document
 
 
@@ -193,29 +223,30 @@ def result_to_json(result: GenerateResult) -> dict[str, Any]:
         "adapters": [asdict(use) for use in result.adapters],
         "swapped": result.swapped,
         "warnings": list(result.warnings),
+        "model_id": result.model_id,
     }
 
 
-def _checked(request: GenerateRequest) -> CheckedRequest:
-    return CheckedRequest(**{f.name: getattr(request, f.name) for f in fields(request)})
-
-
-def result_from_json(document: Mapping[str, Any], png: bytes) -> GenerateResult:
+def result_from_json(document: Mapping[str, Any], png: bytes, more: Sequence[bytes] = ()) -> GenerateResult:
+    """A result from its JSON and its images' PNGs (the first, then the rest of a request for several)."""
     try:
         read = _ResultJson.model_validate(document)
-        image = Image.open(io.BytesIO(png))
-        image.load()
+        images = [Image.open(io.BytesIO(data)) for data in (png, *more)]
+        for image in images:
+            image.load()
     except (ValidationError, OSError) as e:
         why = _first(e) if isinstance(e, ValidationError) else str(e)
         raise BackendUnavailableError(f"the backend answered a result this Space cannot read ({why})") from e
     return GenerateResult(
-        image=image,
+        image=images[0],
+        more_images=tuple(images[1:]),
         seed=read.seed,
-        request=_checked(read.request.request()),
+        request=read.request.checked(),
         timings=read.timings,
         adapters=read.adapters,
         swapped=read.swapped,
         warnings=read.warnings,
+        model_id=read.model_id,
     )
 
 

@@ -10,14 +10,12 @@ headers and examples: README's "Use it" and docs/internals.md.
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote
 
 import anyio
-from PIL.Image import Image
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -32,6 +30,7 @@ from engine.errors import (
 from engine.requests import GenerateResult
 from serving.errors import json_error
 from serving.http.body import HUB_HOST, HttpRequest, lora_from_path, parse_body
+from serving.recipes import encode_image
 
 if TYPE_CHECKING:
     # Typing only: the cluster's ingress reuses this module without the Space's runtime (spaces, the catalogue).
@@ -58,19 +57,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_BODY_BYTES = 64 * 1024
-_JPEG_QUALITY = 92
 # Characters of a LoRA ref kept as they are in the X-Lora-Cache header (everything in a Hub repo id).
 _REF_SAFE = "/:@._-~"
-
-
-def encode_image(image: Image, media_type: str) -> bytes:
-    """The image as the answer's bytes: PNG, or JPEG at a fixed quality (the same bytes for the same image)."""
-    buffer = io.BytesIO()
-    if media_type == "image/png":
-        image.save(buffer, format="PNG")
-    else:
-        image.convert("RGB").save(buffer, format="JPEG", quality=_JPEG_QUALITY)
-    return buffer.getvalue()
 
 
 def result_headers(result: GenerateResult, position: int | None = None) -> dict[str, str]:

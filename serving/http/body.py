@@ -1,12 +1,14 @@
 """The body of `POST /` (and the cluster ingress's): the inference API's JSON, validated by pydantic models.
 
 `{"inputs": "<prompt>", "parameters": {...}, "options": {...}}`, unknown fields refused at every level;
-`parameters.loras` lists `{"path": ..., "scale": ...}` (the shape huggingface_hub's InferenceClient sends to
-text-to-image providers), each path a repo id, a `https://huggingface.co/<repo>/resolve/<revision>/<file>`
-URL or a Civitai reference (`civitai:<version>`, a civitai.com model page or download link, an AIR), parsed
-into its parts (nothing is fetched from a URL itself: a Civitai id is looked up at the configured endpoint).
-JSON has one number type: 20.0 is an acceptable integer, `true` is not a number. Every refusal is an
-InvalidRequestError (400) naming the field, its value and what is accepted: pydantic's ValidationError is
+`parameters.scheduler` names a sampler or scheduler class, `scheduler_options` its options, `clip_skip` the text
+layers skipped (the engine checks each against the pool); `parameters.loras` lists `{"path": ..., "scale": ...}`
+(the shape huggingface_hub's InferenceClient sends to text-to-image providers), each path a repo id, a
+`https://huggingface.co/<repo>/resolve/<revision>/<file>` URL or a Civitai reference (`civitai:<version>`, a
+civitai.com model page or download link, an AIR), parsed into its parts (nothing is fetched from a URL itself: a
+Civitai id is looked up at the configured endpoint). JSON has one number type: 20.0 is an acceptable integer,
+`true` is not a number. Every refusal is an InvalidRequestError (400) naming the field, its value and what is
+accepted: pydantic's ValidationError is
 translated in one place (`_refusal`), from each field's `description` (what it accepts).
 """
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError
 
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateRequest, LoraSpec
@@ -34,6 +36,9 @@ _ACCEPTED_PATH = (
 _ITEM_SHAPE = '{"path": "<repo id, Hub file URL or Civitai reference>", "scale": <number>}'
 _BODY_SHAPE = '{"inputs": "<prompt>", "parameters": {...}}'
 _STRING = "a string"
+_SCHEDULER = "a string: a sampler name such as 'DPM++ 2M Karras' or a diffusers scheduler class"
+_OPTIONS = 'an object of scheduler options, e.g. {"use_karras_sigmas": true, "timestep_spacing": "trailing"}'
+_OPTION_VALUE = "a boolean or a string (a scheduler option's value)"
 
 
 def _whole(value: object) -> object:
@@ -42,6 +47,16 @@ def _whole(value: object) -> object:
 
 
 _Integer = Annotated[int, BeforeValidator(_whole)]
+
+
+def _option_value(value: object) -> bool | str:
+    """A scheduler option's value: a boolean or a string, as sent (the engine checks which)."""
+    if not isinstance(value, bool | str):
+        raise ValueError("not a boolean or a string")
+    return value
+
+
+_OptionValue = Annotated[bool | str, PlainValidator(_option_value)]
 _INTEGER, _NUMBER = "an integer", "a number"
 # Strict: no string is a number, no boolean is an integer.
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -69,6 +84,10 @@ class _Parameters(BaseModel):
     seed: Annotated[_Integer | None, Field(description=_INTEGER)] = None
     lora_scale: Annotated[float | None, Field(description=_NUMBER)] = None
     loras: Annotated[list[_Lora] | None, Field(description=f"a list [{_ITEM_SHAPE}, ...]")] = None
+    # Hugging Face's text-to-image task: "override the scheduler with a compatible one" (a sampler name works too).
+    scheduler: Annotated[str | None, Field(description=_SCHEDULER)] = None
+    scheduler_options: Annotated[dict[str, _OptionValue] | None, Field(description=_OPTIONS)] = None
+    clip_skip: Annotated[_Integer | None, Field(description=_INTEGER)] = None
 
 
 class _Body(BaseModel):
@@ -110,9 +129,12 @@ def parse_body(body: bytes, *, lora: str | None, accept: str | None) -> HttpRequ
             "(entries of parameters.loras carry their own scale)"
         )
     header = (LoraSpec(lora, scale=1.0 if scale is None else scale),) if lora else ()
-    fields = parameters.model_dump(by_alias=True, exclude_none=True, exclude={"loras", "lora_scale"})
+    fields = parameters.model_dump(
+        by_alias=True, exclude_none=True, exclude={"loras", "lora_scale", "scheduler_options"}
+    )
+    options = tuple(sorted((parameters.scheduler_options or {}).items()))
     # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.
-    request = GenerateRequest(prompt=parsed.inputs, loras=header + listed, **fields)
+    request = GenerateRequest(prompt=parsed.inputs, loras=header + listed, scheduler_options=options, **fields)
     return HttpRequest(request=request, media_type=_media_type(accept))
 
 
@@ -180,7 +202,8 @@ def _refusal(error: ValidationError) -> InvalidRequestError:
         )
     accepted = _accepted(loc)
     # A value is shown where a plain one was expected; a misplaced structure is only named.
-    shown = f"{_json_type(value)} {value!r}" if accepted in (_INTEGER, _NUMBER, _STRING) else _json_type(value)
+    plain = (_INTEGER, _NUMBER, _STRING, _SCHEDULER, _OPTION_VALUE)
+    shown = f"{_json_type(value)} {value!r}" if accepted in plain else _json_type(value)
     return InvalidRequestError(f"{_where(loc)} must be {accepted}, got {shown}")
 
 
@@ -199,9 +222,12 @@ def _accepted(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             model, accepted = _Lora, f"an object {_ITEM_SHAPE}"
-        else:
+        elif part in model.model_fields:
             accepted = model.model_fields[part].description or "a value"
             model = _Parameters if part == "parameters" else model
+        else:
+            # A key of `scheduler_options`, the one mapping: its value was refused.
+            return _OPTION_VALUE
     return accepted
 
 

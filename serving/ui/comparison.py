@@ -29,6 +29,8 @@ def compare_request(
     width: float | None,
     height: float | None,
     seed: float | None,
+    scheduler: str | None = None,
+    clip_skip: float | None = None,
 ) -> CompareRequest:
     """A comparison from form fields: LoRAs one per line (or comma-separated), scales as a list of numbers.
 
@@ -65,6 +67,8 @@ def compare_request(
         width=width,  # type: ignore[arg-type]
         height=height,  # type: ignore[arg-type]
         seed=seed_value(seed),  # type: ignore[arg-type]
+        scheduler=(scheduler or "").strip() or None,
+        clip_skip=clip_skip or None,  # type: ignore[arg-type]
     )
 
 

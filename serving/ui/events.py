@@ -7,22 +7,23 @@ small Gradio concurrency groups of their own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import gradio as gr
 
 from engine.errors import SwitchboardError
-from engine.requests import GenerateRequest
 from lora_catalog.entries import LoraEntry
 from serving.errors import user_errors
 from serving.handlers import PAGE_SIZE, Handlers
 from serving.streaming import Frame
 from serving.ui import comparison as comparison_fields
 from serving.ui import formatting as fmt
+from serving.ui import history as history_ui
 from serving.ui import pools as pool_ui
 from serving.ui.gradio_api import BROWSE, CHECK, PIPELINE, compare, generate
-from serving.ui.panels import Browser, ComparePanel, RequestPanel
+from serving.ui.history import FORM
+from serving.ui.panels import Browser, ComparePanel, RequestPanel, ResultPanel
 from serving.ui.prefetches import SessionPrefetches
 
 __all__ = ["PRIVATE", "wire_browsing", "wire_compare", "wire_generation", "wire_status"]
@@ -37,10 +38,10 @@ def wire_browsing(
     browser: Browser,
     request: RequestPanel,
     comparison: ComparePanel,
-    state: tuple[gr.State, gr.State, gr.State],
+    state: tuple[gr.State, gr.State, gr.State, gr.State, gr.State],
     hub_url: str,
 ) -> None:
-    entries, page, inserted = state
+    entries, page, inserted, hinted, pending = state
     placeholder = fmt.placeholder_image()
     prefetches = SessionPrefetches()
     first, second = request.first, request.second
@@ -64,7 +65,7 @@ def wire_browsing(
         )
 
     def select(
-        shown: list[dict], slot: str, prompt: str, triggers: dict, listed: str, evt: gr.SelectData
+        shown: list[dict], slot: str, prompt: str, triggers: dict, listed: str, hints: dict, evt: gr.SelectData
     ) -> tuple[Any, ...]:
         entry = LoraEntry.from_json(shown[evt.index])
         # Its pool's size presets and defaults follow; a LoRA of a base no pool serves says so on its card.
@@ -75,7 +76,7 @@ def wire_browsing(
             lines = [line for line in (listed or "").splitlines() if line.strip()]
             added = lines if entry.ref in (line.strip() for line in lines) else [*lines, entry.ref]
             # Card, readiness badge, the six LoRA fields, prompt, triggers: all kept; the list grows.
-            return (card, *(gr.skip() for _ in range(9)), "\n".join(added), *controls)
+            return (card, *(gr.skip() for _ in range(9)), "\n".join(added), gr.skip(), *controls)
         trigger = entry.trigger_words[0] if entry.trigger_words else None
         new_prompt = fmt.insert_trigger(prompt, triggers.get(slot), trigger)
         fields = (entry.ref, "", entry.weight_name if entry.source == "hub" else "")
@@ -88,6 +89,7 @@ def wire_browsing(
             new_prompt,
             {**triggers, slot: trigger},
             gr.skip(),
+            pool_ui.with_hints(hints, slot, entry),
             *controls,
         )
 
@@ -119,21 +121,25 @@ def wire_browsing(
     def leave(request: gr.Request) -> None:
         prefetches.leave(request.session_hash or "")
 
-    async def check(slot: str, ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
+    async def check(
+        slot: str, ref: str, revision: str, weight: str, prompt: str, triggers: dict, hints: dict
+    ) -> tuple[Any, ...]:
         spec = fmt.lora_spec(ref, 1.0, revision, weight)
         if spec is None:
             return (
                 fmt.error_card("Type a Hub repo id (owner/name), a Civitai link or a local: file first."),
                 prompt,
                 triggers,
+                hints,
             )
         try:
             report = await handlers.lora(spec)
         except SwitchboardError as e:
-            return fmt.error_card(str(e)), prompt, triggers
+            return fmt.error_card(str(e)), prompt, triggers, hints
         trigger = report.entry.trigger_words[0] if report.entry.trigger_words else None
         new_prompt = fmt.insert_trigger(prompt, triggers.get(slot), trigger)
-        return fmt.entry_card(report.entry, hub_url, report.check), new_prompt, {**triggers, slot: trigger}
+        card = fmt.entry_card(report.entry, hub_url, report.check)
+        return card, new_prompt, {**triggers, slot: trigger}, pool_ui.with_hints(hints, slot, report.entry)
 
     filters = [browser.base, browser.search, browser.sort, browser.source]
     outputs = [browser.gallery, entries, page, browser.page_info, browser.previous, browser.next]
@@ -146,19 +152,40 @@ def wire_browsing(
         outputs,
         **opts,
     )
-    browser.base.change(
-        lambda b: pool_ui.on_base(handlers, b),
-        browser.base,
-        [browser.note, request.size, request.steps, request.guidance, request.negative],
-        **opts,
+    # The controls that follow the pool; the negative prompt box last (only whether its model reads it).
+    pool_controls = [
+        request.size,
+        request.steps,
+        request.guidance,
+        request.sampler,
+        request.clip_skip,
+        request.negative,
+    ]
+    recommend_outputs = [request.steps, request.guidance, request.sampler, request.clip_skip, request.note]
+
+    def recommend(hints: dict, on: bool, slot: str) -> tuple[Any, ...]:
+        if slot == "Compare":
+            return (gr.skip(),) * len(recommend_outputs)
+        return pool_ui.recommended(handlers, hints, bool(on))
+
+    recommend_opts: dict[str, Any] = {"api_visibility": PRIVATE, "queue": False, "show_progress": "hidden"}
+
+    def on_base(base: str, waiting: dict | None) -> tuple[Any, ...]:
+        # A share link or a history entry that chose this base: its own values, not the pool's defaults.
+        values = waiting["controls"] if isinstance(waiting, dict) and waiting.get("base") == base else None
+        return (*pool_ui.on_base(handlers, base, values), None)
+
+    browser.base.change(on_base, [browser.base, pending], [browser.note, *pool_controls, pending], **opts)
+    request.recommended.change(
+        recommend, [hinted, request.recommended, request.slot], recommend_outputs, **recommend_opts
     )
     browser.next.click(lambda b, s, o, src, n: browse(b, s, o, src, n + 1), [*filters, page], outputs, **opts)
     browser.previous.click(
         lambda b, s, o, src, n: browse(b, s, o, src, max(0, n - 1)), [*filters, page], outputs, **opts
     )
-    browser.gallery.select(
+    selected = browser.gallery.select(
         select,
-        [entries, request.slot, request.prompt, inserted, comparison.loras],
+        [entries, request.slot, request.prompt, inserted, comparison.loras, hinted],
         [
             browser.details,
             browser.readiness,
@@ -171,13 +198,13 @@ def wire_browsing(
             request.prompt,
             inserted,
             comparison.loras,
-            request.size,
-            request.steps,
-            request.guidance,
-            request.negative,
+            hinted,
+            *pool_controls,
         ],
         **opts,
-    ).then(
+    )
+    selected.then(recommend, [hinted, request.recommended, request.slot], recommend_outputs, **recommend_opts)
+    selected.then(
         prefetch,
         [request.slot, first.ref, first.revision, first.weight, second.ref, second.revision, second.weight],
         browser.readiness,
@@ -188,18 +215,27 @@ def wire_browsing(
     )
     demo.unload(leave)
     check_opts: dict[str, Any] = {"concurrency_id": CHECK, "concurrency_limit": 2, "api_visibility": PRIVATE}
-    check_outputs = [browser.details, request.prompt, inserted]
+    check_outputs = [browser.details, request.prompt, inserted, hinted]
 
     # Gradio awaits a handler only when it is a coroutine function itself.
-    async def check_first(ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
-        return await check("LoRA 1", ref, revision, weight, prompt, triggers)
+    async def check_first(*fields: Any) -> tuple[Any, ...]:
+        return await check("LoRA 1", *fields)
 
-    async def check_second(ref: str, revision: str, weight: str, prompt: str, triggers: dict) -> tuple[Any, ...]:
-        return await check("LoRA 2", ref, revision, weight, prompt, triggers)
+    async def check_second(*fields: Any) -> tuple[Any, ...]:
+        return await check("LoRA 2", *fields)
 
-    for handler, lora in ((check_first, first), (check_second, second)):
-        lora.check.click(
-            handler, [lora.ref, lora.revision, lora.weight, request.prompt, inserted], check_outputs, **check_opts
+    for handler, lora, name in ((check_first, first, "LoRA 1"), (check_second, second, "LoRA 2")):
+        checked = lora.check.click(
+            handler,
+            [lora.ref, lora.revision, lora.weight, request.prompt, inserted, hinted],
+            check_outputs,
+            **check_opts,
+        )
+        checked.then(
+            _for_slot(recommend, name),
+            [hinted, request.recommended],
+            recommend_outputs,
+            **recommend_opts,
         )
 
 
@@ -207,9 +243,9 @@ def wire_generation(
     handlers: Handlers,
     request: RequestPanel,
     base: gr.Dropdown,
-    image: gr.Image,
-    info: gr.HTML,
+    result: ResultPanel,
     status_md: gr.Markdown,
+    history: gr.State,
 ) -> None:
     async def generate_ui(
         prompt: str,
@@ -225,36 +261,40 @@ def wire_generation(
         size: str,
         steps: float,
         guidance: float,
+        sampler: str,
+        clip_skip: float,
+        num_images: float,
+        recommended: bool,
         seed: float | None,
         randomize: bool,
         browsed: str,
+        kept: list,
+        page: gr.Request,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
     ) -> AsyncIterator[tuple[Any, ...]]:
+        values: tuple[Any, ...] = (prompt, negative, ref, revision, weight, scale, ref_2, revision_2, weight_2)
+        values += (scale_2, size, steps, guidance, sampler, clip_skip, num_images, recommended, seed, randomize)
+        values += (browsed, kept)
+        form = dict(zip(FORM, values, strict=True))
         with user_errors():
-            width, height = fmt.parse_size(size)
-            specs = (fmt.lora_spec(ref, scale, revision, weight), fmt.lora_spec(ref_2, scale_2, revision_2, weight_2))
-            built = GenerateRequest(
-                prompt=prompt,
-                negative_prompt=negative,
-                loras=tuple(s for s in specs if s is not None),
-                steps=int(steps),
-                guidance=float(guidance),
-                width=width,
-                height=height,
-                seed=fmt.seed_value(seed, randomize),
-            )
+            built = history_ui.request_of(form)
         # An async generator: it yields previews as the engine denoises, and ticks while it waits so that
         # Gradio, which checks the client after each yield, closes it when the browser went away (which cancels
         # the generation, queued or running).
         # Without a LoRA the browsed base's pool generates; a LoRA runs on the base it was made for.
         on_base = pool_ui.request_base(handlers, browsed, bool(built.loras))
+        skip = (gr.skip(),) * 5
         async for item in generate(handlers, built, progress, transport="ui", base=on_base):
             if isinstance(item, Frame):
-                yield item.image, fmt.preview_html(item.step, int(steps)), gr.skip(), gr.skip()
+                yield item.image, fmt.preview_html(item.step, int(steps)), gr.skip(), gr.skip(), *skip
             elif item is None:
-                yield (gr.skip(),) * 4
+                yield (gr.skip(),) * 4 + skip
             else:
-                yield item.image, fmt.result_html(item), item.seed, await pool_ui.status(handlers)
+                share, shown, now = history_ui.remember(form, item, fmt.base_url(dict(page.headers)))
+                several = len(item.images) > 1
+                gallery = gr.Gallery(value=history_ui.cells(item) if several else None, visible=several)
+                status = await pool_ui.status(handlers)
+                yield item.image, fmt.result_html(item), item.seed, status, gallery, share, shown, now, gr.skip()
 
     slots = [
         getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")
@@ -269,21 +309,28 @@ def wire_generation(
         request.size,
         request.steps,
         request.guidance,
+        request.sampler,
+        request.clip_skip,
+        request.num_images,
+        request.recommended,
         request.seed,
         request.randomize,
         base,
+        history,
     ]
+    assert len(inputs) == len(FORM)
+    outputs = [result.image, result.info, request.seed, status_md, result.gallery, result.share, result.history]
     gr.on(
         [request.run.click, request.prompt.submit],
         generate_ui,
         inputs,
-        [image, info, request.seed, status_md],
+        [*outputs, history, result.use_again],
         concurrency_id=PIPELINE,
         # The scheduler is the one queue and limit for every transport: Gradio hands generations over at once
         # (they wait on the scheduler, holding no thread), rather than keeping a second queue.
         concurrency_limit=None,
         api_visibility=PRIVATE,
-        show_progress_on=image,
+        show_progress_on=result.image,
     )
 
 
@@ -299,6 +346,8 @@ def wire_compare(handlers: Handlers, request: RequestPanel, comparison: CompareP
         guidance: float,
         seed: float | None,
         randomize: bool,
+        sampler: str,
+        clip_skip: float,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
     ) -> tuple[Any, ...]:
         with user_errors():
@@ -314,6 +363,8 @@ def wire_compare(handlers: Handlers, request: RequestPanel, comparison: CompareP
                 width,
                 height,
                 fmt.seed_value(seed, randomize),
+                sampler,
+                int(clip_skip or 1) - 1,
             )
         done = await compare(handlers, built, progress)
         result = done.result
@@ -333,6 +384,8 @@ def wire_compare(handlers: Handlers, request: RequestPanel, comparison: CompareP
             request.guidance,
             request.seed,
             request.randomize,
+            request.sampler,
+            request.clip_skip,
         ],
         [comparison.grid, comparison.cells, comparison.info, request.seed, status_md],
         concurrency_id=PIPELINE,
@@ -356,3 +409,10 @@ def wire_status(demo: gr.Blocks, handlers: Handlers, status_md: gr.Markdown, ref
     demo.load(status, None, status_md, api_visibility=PRIVATE, queue=False)
     refresh.click(status, None, status_md, api_visibility=PRIVATE, queue=False)
     demo.load(snippets, None, api_md, api_visibility=PRIVATE, queue=False)
+
+
+def _for_slot(recommend: Callable[[dict, bool, str], tuple[Any, ...]], slot: str) -> Callable[..., tuple[Any, ...]]:
+    def for_slot(hints: dict, on: bool) -> tuple[Any, ...]:
+        return recommend(hints, on, slot)
+
+    return for_slot

@@ -25,6 +25,7 @@ __all__ = [
     "api_snippets",
     "base_url",
     "check_info",
+    "clip_skip_range",
     "entry_card",
     "error_card",
     "insert_trigger",
@@ -38,6 +39,7 @@ __all__ = [
     "recommended_text",
     "result_html",
     "result_info",
+    "sampler_choices",
     "seconds",
     "seed_value",
     "size_presets",
@@ -81,6 +83,24 @@ def size_presets(defaults: ModelDefaults) -> list[tuple[str, str]]:
     """(label, "WxH") choices: the served model's presets (its family's, scaled to its side; small ones for a
     tiny model), carried in its defaults so a remote pool's are shown as a local one's."""
     return [(f"{w} × {h}", f"{w}x{h}") for w, h in defaults.sizes]
+
+
+def sampler_choices(defaults: ModelDefaults) -> list[tuple[str, str]]:
+    """The sampler menu: first the default (the LoRA's recommendation, else the model's own), then the names
+    people know that the pool offers."""
+    own = f" ({defaults.sampler})" if defaults.sampler else ""
+    return [(f"Default: the LoRA's or the model's{own}", ""), *((label, label) for label in defaults.samplers)]
+
+
+def clip_skip_range(defaults: ModelDefaults) -> dict[str, Any]:
+    """The CLIP skip slider's range in A1111's count (1: none), and whether the model takes one at all."""
+    top = defaults.max_clip_skip + 1
+    return {
+        "minimum": 1,
+        "maximum": max(top, 2),
+        "interactive": defaults.max_clip_skip > 0,
+        "info": "1 = none (A1111's count)" if top > 1 else "this model takes none",
+    }
 
 
 # How a served model reads `guidance` (engine.requests.GuidanceKind): the slider's label and info.
@@ -212,7 +232,8 @@ def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -
 
 
 def recommended_text(entry: LoraEntry) -> str:
-    """What the LoRA's page recommends (Civitai's strength range and CLIP skip), or "" when it says nothing."""
+    """What the LoRA's page recommends (Civitai's strength range; a CLIP skip its card, page or file states, in
+    A1111's count as the form shows it), or "" when it says nothing."""
     values = dict(entry.recommended)
     parts = []
     if "strength" in values:
@@ -222,8 +243,8 @@ def recommended_text(entry: LoraEntry) -> str:
             else ""
         )
         parts.append(f"scale {values['strength']:g}{span}")
-    if entry.clip_skip:
-        parts.append(f"CLIP skip {entry.clip_skip}")
+    if entry.hints.clip_skip:
+        parts.append(f"CLIP skip {entry.hints.clip_skip + 1}")
     return " · ".join(parts)
 
 
@@ -260,12 +281,19 @@ def result_info(result: GenerateResult) -> dict[str, Any]:
     request = result.request
     return {
         "seed": result.seed,
+        "seeds": list(result.seeds),
         "prompt": request.prompt,
         "negative_prompt": request.negative_prompt,
         "width": request.width,
         "height": request.height,
         "steps": request.steps,
         "guidance": request.guidance,
+        "sampler": request.sampler,
+        "scheduler": request.scheduler,
+        "scheduler_options": dict(request.scheduler_options),
+        "clip_skip": request.clip_skip,
+        # Where each default that is not the model's came from (a speed LoRA, a card's recommendation).
+        "defaults_from": dict(request.defaults_from),
         "loras": [asdict(a) for a in result.adapters],
         "swapped": result.swapped,
         "timings": asdict(result.timings),
@@ -290,10 +318,15 @@ def result_html(result: GenerateResult) -> str:
         for a in result.adapters
     )
     warnings = "".join(f"<p>⚠ {_esc(w)}</p>" for w in result.warnings)
+    seeds = ", ".join(f"<code>{seed}</code>" for seed in result.seeds)
+    skip = f" · CLIP skip {request.clip_skip + 1}" if request.clip_skip else ""
+    sources = "".join(f"<li>{_esc(field)}: {_esc(source)}</li>" for field, source in request.defaults_from)
+    defaults = f"<p>Defaults from the LoRA:</p><ul class='defaults-from'>{sources}</ul>" if sources else ""
     return (
-        f'<div class="result-info"><p><b>Seed</b> <code>{result.seed}</code> · {request.width} × {request.height} · '
-        f"{request.steps} steps · guidance {request.guidance:g}</p><table class='timing'>{rows}</table>"
-        f"<ul>{loras or '<li>no LoRA: the base model</li>'}</ul>{warnings}</div>"
+        f'<div class="result-info"><p><b>Seed</b> {seeds} · {request.width} × {request.height} · '
+        f"{request.steps} steps · {_esc(request.sampler)} · guidance {request.guidance:g}{skip}</p>"
+        f"<table class='timing'>{rows}</table>"
+        f"<ul>{loras or '<li>no LoRA: the base model</li>'}</ul>{defaults}{warnings}</div>"
     )
 
 
@@ -359,8 +392,12 @@ image_path, info = client.predict(
     width={defaults.side},
     height={defaults.side},
     seed=-1,  # -1 picks a random seed; info["seed"] says which
+    scheduler="",  # a sampler: "Euler a", "DPM++ 2M Karras", "LCM", ... ("" = the LoRA's or the model's)
+    clip_skip=0,  # text-encoder layers skipped, as diffusers counts them (A1111's "Clip skip 2" is 1)
     api_name="/generate",
 )
+# 1 to 4 images with consecutive seeds: [{{"image": path, "caption": "seed N"}}, ...]
+images, info = client.predict(prompt="an elephant", lora="{example_lora}", num_images=4, api_name="/generate_images")
 page = client.predict(base="", search="", sort="downloads", page=0, api_name="/catalog")
 lora = client.predict(repo_id="{example_lora}", revision="", weight_name="", api_name="/lora_info")
 # A comparison: one seed, a sweep of one LoRA's scale (or several LoRAs, one per line), the base first.
@@ -382,7 +419,9 @@ grid_path, cells, info = client.predict(
     curl = f"```bash\ncurl -H 'lora: {example_lora}' {url} \\\n     -d '{body}' > result.jpg\n```"
     notes = (
         "Parameters: `num_inference_steps`, `guidance_scale`, `negative_prompt`, `width`, `height`, `seed`, "
-        '`lora_scale`. Send `Accept: image/png` for a PNG. Errors are JSON `{"error": ..., "error_type": ...}` '
+        "`lora_scale`, `loras`, `scheduler` (a sampler name or a diffusers scheduler class), `scheduler_options` "
+        '(e.g. `{"use_karras_sigmas": true}`), `clip_skip`. Images carry their recipe (A1111\'s `parameters`). '
+        'Send `Accept: image/png` for a PNG. Errors are JSON `{"error": ..., "error_type": ...}` '
         "with status 400 (bad input or incompatible LoRA), 403 (gated), 404 (unknown LoRA), 503 (busy or Hub "
         "unreachable) or 500."
     )

@@ -1,5 +1,5 @@
-"""The named API `gradio_client` sees (/generate, /compare, /catalog, /lora_info, /pool_status), and the progress
-plumbing.
+"""The named API `gradio_client` sees (/generate, /generate_images, /compare, /catalog, /lora_info, /pool_status),
+and the progress plumbing.
 
 Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named
 here and nothing of the UI's own events (those are private). Each endpoint takes its inputs, calls the
@@ -7,7 +7,9 @@ one shared handler (`serving.handlers`) the UI calls too, and formats the answer
 `gr.Error` in `serving.errors`, which `gradio_client` raises as `AppError`.
 
 `/generate` is a generator: while the engine denoises it yields previews (the image so far, with info
-`{"preview": true, "step": k}`), then the final image and its info; `Client.predict` returns the last.
+`{"preview": true, "step": k}`), then the final image and its info; `Client.predict` returns the last. Its
+`scheduler`, `scheduler_options` and `clip_skip` default to what it did before they existed (the model's own, or
+the LoRAs' recommendation). `/generate_images` makes 1 to 4 images in one run and answers a list.
 `/generate` and `/compare` take `base`: a served base repo id for a request without a LoRA ("" for the
 default pool); a LoRA always runs on the base it was made for.
 """
@@ -122,7 +124,11 @@ def add_api_endpoints(handlers: Handlers) -> None:
         source = gr.Textbox("hub")
         repo_id, revision, weight_name = gr.Textbox(), gr.Textbox(""), gr.Textbox("")
         loras, scales, include_base = gr.Textbox(""), gr.Textbox(""), gr.Checkbox(False)
+        # "" and 0: the pool's own scheduler and no CLIP skip (or the LoRAs' recommendations), as before.
+        scheduler, scheduler_options, clip_skip = gr.Textbox(""), gr.JSON(None), gr.Number(0)
+        num_images = gr.Number(2)
         image = gr.Image(type="pil", format="png", label="image")
+        images = gr.Gallery(type="pil", format="png", label="images")
         grid = gr.Image(type="pil", format="png", label="grid")
         cells = gr.Gallery(type="pil", format="png", label="cells")
         info, page_json, lora_json = gr.JSON(label="info"), gr.JSON(label="page"), gr.JSON(label="lora")
@@ -142,32 +148,65 @@ def add_api_endpoints(handlers: Handlers) -> None:
         height: float | None,
         seed: float | None,
         base: str = "",
+        scheduler: str = "",
+        scheduler_options: dict | None = None,
+        clip_skip: float | None = 0,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
         """Generate an image; `lora` and `lora_2` are Hub repo ids, Civitai references (`civitai:<version id>`, a
         civitai.com model page or download link, an AIR) or local: files ("" for none); seed -1 is random.
 
         The LoRAs pick the base model they were made for; without one, `base` names a served base ("" for the
-        default). Yields previews while denoising (info `{"preview": true, "step": k}`), then the image and its
-        info.
+        default). `scheduler`: a sampler ("DPM++ 2M Karras", "Euler a", "LCM", ...) or a diffusers scheduler class,
+        "" for the LoRAs' recommendation or the model's own; `scheduler_options` e.g. {"use_karras_sigmas": true};
+        `clip_skip`: text-encoder layers skipped as diffusers counts them (A1111's "Clip skip 2" is 1). Yields
+        previews while denoising (info `{"preview": true, "step": k}`), then the image and its info.
         """
         with user_errors():
-            specs = (_spec(lora, lora_scale, "lora_scale"), _spec(lora_2, lora_2_scale, "lora_2_scale"))
-            request = GenerateRequest(
-                prompt=prompt,
-                negative_prompt=negative_prompt or "",
-                loras=tuple(s for s in specs if s),
-                steps=steps,
-                guidance=guidance,
-                width=width,
-                height=height,
-                seed=fmt.seed_value(seed),
-            )
+            request = _request(
+                prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
+                seed, scheduler, scheduler_options, clip_skip, 1,
+            )  # fmt: skip
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
             if isinstance(item, Frame):
                 yield item.image, {"preview": True, "step": item.step}
             elif item is not None:  # ticks are for the UI's liveness check: the API shows frames and the result
                 yield item.image, fmt.result_info(item)
+
+    async def generate_images_api(
+        prompt: str,
+        negative_prompt: str,
+        lora: str,
+        lora_scale: float,
+        lora_2: str,
+        lora_2_scale: float,
+        steps: float | None,
+        guidance: float | None,
+        width: float | None,
+        height: float | None,
+        seed: float | None,
+        base: str = "",
+        scheduler: str = "",
+        scheduler_options: dict | None = None,
+        clip_skip: float | None = 0,
+        num_images: float | None = 2,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
+    ) -> tuple[list[tuple[Any, str]], dict[str, Any]]:
+        """Several images (1 to 4) in one run, with consecutive seeds from `seed`: `[{"image": path, "caption":
+        "seed N"}, ...]` and the info (`seeds` lists them; each is what /generate gives for that seed, within 2 levels).
+        Arguments as /generate's, with `num_images`."""
+        with user_errors():
+            request = _request(
+                prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
+                seed, scheduler, scheduler_options, clip_skip, num_images,
+            )  # fmt: skip
+        result: GenerateResult | None = None
+        async for item in generate(handlers, request, progress, base=(base or "").strip()):
+            if isinstance(item, GenerateResult):
+                result = item
+        assert result is not None  # the stream ends with the result, or raises
+        gallery = [(image, f"seed {seed}") for image, seed in zip(result.images, result.seeds, strict=True)]
+        return gallery, fmt.result_info(result)
 
     async def compare_api(
         prompt: str,
@@ -181,19 +220,23 @@ def add_api_endpoints(handlers: Handlers) -> None:
         height: float | None,
         seed: float | None,
         base: str = "",
+        scheduler: str = "",
+        clip_skip: float | None = 0,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
         """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
 
         `loras`: up to 4 LoRAs, one per line or comma-separated; `scales`: "" (each at 1), one scale for all,
         one per LoRA, or several for a single LoRA (a sweep, e.g. "0, 0.5, 1"); `include_base` puts the base
-        model's image first. Each cell is what /generate returns for the same inputs. The LoRAs must share one
-        base model, on which the grid runs (`base` names it when the LoRAs declare none, "" for the default).
+        model's image first. Each cell is what /generate returns for the same inputs (`scheduler` and `clip_skip` as
+        there, shared by every cell). The LoRAs must share one base model, on which the grid runs (`base` names it
+        when the LoRAs declare none, "" for the default).
         """
         with user_errors():
             request = comparison_fields.compare_request(
-                prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed
-            )
+                prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
+                scheduler, clip_skip,
+            )  # fmt: skip
         comparison = await compare(handlers, request, progress, (base or "").strip())
         result = comparison.result
         gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
@@ -220,9 +263,22 @@ def add_api_endpoints(handlers: Handlers) -> None:
         with user_errors():
             return pool_views.pools_status_json(await handlers.status(), handlers.pools)
 
+    generation: list[Any] = [
+        prompt,
+        negative_prompt,
+        lora,
+        lora_scale,
+        lora_2,
+        lora_2_scale,
+        steps,
+        guidance,
+        width,
+        height,
+    ]
+    generation += [seed, base, scheduler, scheduler_options, clip_skip]
     trigger.click(
         generate_api,
-        [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance, width, height, seed, base],
+        generation,
         [image, info],
         api_name="generate",
         concurrency_id=PIPELINE,
@@ -230,8 +286,17 @@ def add_api_endpoints(handlers: Handlers) -> None:
         concurrency_limit=None,
     )
     trigger.click(
+        generate_images_api,
+        [*generation, num_images],
+        [images, info],
+        api_name="generate_images",
+        concurrency_id=PIPELINE,
+        concurrency_limit=None,
+    )
+    comparing = [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base]
+    trigger.click(
         compare_api,
-        [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base],
+        [*comparing, scheduler, clip_skip],
         [grid, cells, compare_json],
         api_name="compare",
         concurrency_id=PIPELINE,
@@ -253,6 +318,45 @@ def add_api_endpoints(handlers: Handlers) -> None:
         api_name="lora_info",
         concurrency_id=CHECK,
         concurrency_limit=2,
+    )
+
+
+def _request(
+    prompt: str,
+    negative_prompt: str | None,
+    loras: tuple[str, float | None, str, float | None],
+    steps: float | None,
+    guidance: float | None,
+    width: float | None,
+    height: float | None,
+    seed: float | None,
+    scheduler: str | None,
+    scheduler_options: object,
+    clip_skip: float | None,
+    num_images: float | None,
+) -> GenerateRequest:
+    """The API's arguments as a request ("" and empty values: not set); the engine checks every value."""
+    lora, lora_scale, lora_2, lora_2_scale = loras
+    specs = (_spec(lora, lora_scale, "lora_scale"), _spec(lora_2, lora_2_scale, "lora_2_scale"))
+    if scheduler_options is not None and not isinstance(scheduler_options, dict):
+        raise InvalidRequestError(
+            f"scheduler_options={scheduler_options!r} is not accepted; accepted: an object such as "
+            '{"use_karras_sigmas": true} (or null)'
+        )
+    return GenerateRequest(
+        prompt=prompt,
+        negative_prompt=negative_prompt or "",
+        loras=tuple(s for s in specs if s),
+        steps=steps,
+        guidance=guidance,
+        width=width,
+        height=height,
+        seed=fmt.seed_value(seed),
+        scheduler=(scheduler or "").strip() or None,
+        scheduler_options=tuple(sorted((scheduler_options or {}).items())),
+        # 0 is no CLIP skip: sent as not set, so a LoRA's recommendation applies.
+        clip_skip=clip_skip or None,
+        num_images=num_images,
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from engine.requests import MAX_IMAGES
 from lora_catalog.hub import SORTS
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
@@ -18,6 +19,7 @@ __all__ = [
     "ComparePanel",
     "LoraSlot",
     "RequestPanel",
+    "ResultPanel",
     "api_panel",
     "browser_panel",
     "compare_panel",
@@ -69,9 +71,27 @@ class RequestPanel:
     size: gr.Dropdown
     steps: gr.Slider
     guidance: gr.Slider
+    sampler: gr.Dropdown
+    clip_skip: gr.Slider
+    num_images: gr.Slider
+    recommended: gr.Checkbox
+    note: gr.Markdown
     seed: gr.Number
     randomize: gr.Checkbox
     run: gr.Button
+
+
+@dataclass(frozen=True)
+class ResultPanel:
+    """The result: the image (previews while it forms), all images of a request for several, the timings, a
+    share link; and the session's history with "use these settings again"."""
+
+    image: gr.Image
+    info: gr.HTML
+    gallery: gr.Gallery
+    share: gr.Textbox
+    history: gr.Gallery
+    use_again: gr.Button
 
 
 @dataclass(frozen=True)
@@ -157,10 +177,17 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     with gr.Row():
         size = gr.Dropdown(sizes, value=sizes[0][1], label="Size")
         steps = gr.Slider(1, handlers.settings.max_steps, value=defaults.steps, step=1, label="Steps", elem_id="steps")
-        guidance = gr.Slider(0, 20, step=0.5, **fmt.guidance_control(defaults))
+        guidance = gr.Slider(0, 20, step=0.5, elem_id="guidance", **fmt.guidance_control(defaults))
     with gr.Row():
-        seed = gr.Number(-1, label="Seed", info="the seed used shows here", precision=0, minimum=-1)
-        randomize = gr.Checkbox(True, label="Random seed each time")
+        sampler = gr.Dropdown(fmt.sampler_choices(defaults), value="", label="Sampler", elem_id="sampler")
+        clip_skip = gr.Slider(**fmt.clip_skip_range(defaults), value=1, step=1, label="CLIP skip", elem_id="clip-skip")
+        num_images = gr.Slider(1, MAX_IMAGES, value=1, step=1, label="Images", elem_id="num-images")
+    # The switch: a LoRA's own settings (a speed LoRA's sampler, steps and guidance; its card's) fill the form.
+    recommended = gr.Checkbox(True, label="Use the LoRA's recommended settings", elem_id="use-recommended")
+    note = gr.Markdown("", elem_id="settings-note")
+    with gr.Row():
+        seed = gr.Number(-1, label="Seed", info="the seed used shows here", precision=0, minimum=-1, elem_id="seed")
+        randomize = gr.Checkbox(True, label="Random seed each time", elem_id="randomize")
     run = gr.Button("Generate", variant="primary", size="lg", elem_id="generate")
     return RequestPanel(
         prompt,
@@ -171,13 +198,18 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         size,
         steps,
         guidance,
+        sampler,
+        clip_skip,
+        num_images,
+        recommended,
+        note,
         seed,
         randomize,
         run,
     )
 
 
-def result_panel(handlers: Handlers) -> tuple[gr.Image, gr.HTML]:
+def result_panel(handlers: Handlers) -> ResultPanel:
     image = gr.Image(
         label="Result",
         type="pil",
@@ -188,7 +220,22 @@ def result_panel(handlers: Handlers) -> tuple[gr.Image, gr.HTML]:
         buttons=["download", "fullscreen"],
         elem_classes="tiny-output" if handlers.default.defaults.is_tiny else None,
     )
-    return image, gr.HTML(elem_id="result-info")
+    gallery = gr.Gallery(
+        label="Images", type="pil", format="png", columns=4, height="auto", visible=False, elem_id="result-gallery"
+    )
+    info = gr.HTML(elem_id="result-info")
+    share = gr.Textbox(
+        label="Share link: opens this Space with these LoRAs and settings",
+        interactive=False,
+        buttons=["copy"],
+        elem_id="share-link",
+    )
+    with gr.Accordion("History (this browser session)", open=False, elem_id="history-panel"):
+        history = gr.Gallery(
+            label="Earlier results", columns=6, height="auto", allow_preview=False, elem_id="history", buttons=[]
+        )
+        use_again = gr.Button("Use these settings again", size="sm", interactive=False, elem_id="use-again")
+    return ResultPanel(image, info, gallery, share, history, use_again)
 
 
 def compare_panel(handlers: Handlers) -> ComparePanel:

@@ -6,44 +6,50 @@ serving its own pools.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
 from lora_catalog.entries import Family, LoraEntry
+from lora_catalog.hints import LoraHints
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
-from serving.ui import pool_views
+from serving.ui import pool_views, session
 
 if TYPE_CHECKING:
     from engine.outcomes import ServedPool
 
-__all__ = ["controls", "entry_controls", "on_base", "request_base", "snippets", "status"]
+__all__ = ["controls", "entry_controls", "on_base", "recommended", "request_base", "snippets", "status", "with_hints"]
 
 
-def controls(pool: ServedPool | None) -> tuple[Any, Any, Any, Any]:
-    """Size presets, steps, guidance and the negative prompt box of `pool` (which of the last two its model
-    reads), left as they are for None."""
+def controls(pool: ServedPool | None, values: Sequence[Any] | None = None) -> tuple[Any, ...]:
+    """Size presets, steps, guidance, samplers, CLIP skip range and the negative prompt box of `pool` (which of
+    guidance and the negative prompt its model reads), left as they are for None. `values` (size, steps,
+    guidance, sampler, CLIP skip: a share link's or a history entry's) take the place of the pool's defaults."""
     if pool is None:
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return (gr.skip(),) * 6
     defaults = pool.defaults
     presets = fmt.size_presets(defaults)
+    size, steps, guidance, sampler, clip_skip = values or (presets[0][1], defaults.steps, defaults.guidance, "", 1)
     return (
-        gr.Dropdown(choices=presets, value=presets[0][1]),
-        gr.Slider(value=defaults.steps),
-        gr.Slider(**fmt.guidance_control(defaults)),
+        gr.Dropdown(choices=presets, value=size),
+        gr.Slider(value=steps),
+        gr.Slider(**{**fmt.guidance_control(defaults), "value": guidance}),
+        gr.Dropdown(choices=fmt.sampler_choices(defaults), value=sampler),
+        gr.Slider(**{**fmt.clip_skip_range(defaults), "value": clip_skip}),
         gr.Textbox(**fmt.negative_control(defaults)),
     )
 
 
-def on_base(handlers: Handlers, base: str) -> tuple[Any, ...]:
-    """A new base in the filter: its note, and its pool's sizes and defaults."""
+def on_base(handlers: Handlers, base: str, values: Sequence[Any] | None = None) -> tuple[Any, ...]:
+    """A new base in the filter: its note, and its pool's sizes and defaults (or `values`: see `controls`)."""
     pools = handlers.pools
     pool = pool_views.pool_for_base(pools, base) if base else None
-    return pool_views.base_note(pools, base or pools[0].base_model_id), *controls(pool)
+    return pool_views.base_note(pools, base or pools[0].base_model_id), *controls(pool, values)
 
 
-def entry_controls(handlers: Handlers, entry: LoraEntry) -> tuple[str, Any, Any, Any, Any]:
+def entry_controls(handlers: Handlers, entry: LoraEntry) -> tuple[Any, ...]:
     """A LoRA picked from the gallery: a warning when no pool serves its family (or, for a fine-tune's Civitai
     LoRA, when it will run on another checkpoint), and its pool's controls."""
     pool = pool_views.pool_for_family(handlers.pools, entry.family)
@@ -72,3 +78,20 @@ def snippets(handlers: Handlers, url: str) -> str:
     """The API panel: the examples, and the per-base forms."""
     text = fmt.api_snippets(url, handlers.example_lora(), handlers.default.defaults)
     return f"{text}\n\n{pool_views.pools_api_snippets(url, handlers.pools)}"
+
+
+def with_hints(hints: dict, slot: str, entry: LoraEntry) -> dict:
+    """The session's LoRA recommendations with `slot`'s now `entry`'s (and the family whose pool it runs on)."""
+    return {**hints, slot: {"hints": entry.hints.to_json(), "family": str(entry.family)}}
+
+
+def recommended(handlers: Handlers, hints: dict, on: bool) -> tuple[Any, ...]:
+    """Steps, guidance, sampler, CLIP skip and the note: the LoRAs' recommendations on the pool they run on (a
+    speed LoRA's first: `lora_catalog.hints.blend_hints`), or that pool's defaults with the switch off."""
+    slots = [hints[slot] for slot in ("LoRA 1", "LoRA 2") if isinstance(hints.get(slot), dict)]
+    pool = next(
+        (p for s in slots if (p := pool_views.pool_for_family(handlers.pools, s.get("family", ""))) is not None),
+        handlers.default,
+    )
+    loras = [LoraHints.from_json(s.get("hints")) for s in slots]
+    return session.recommended(loras, pool.defaults, handlers.settings.max_steps, on)

@@ -196,7 +196,8 @@ def test_a_version_resolves_with_its_metadata(source, civitai):
     assert entry.ref == "civitai:101" and entry.source == "civitai"
     assert entry.trigger_words == ("civstyle", "glow")
     assert entry.family is Family.SDXL and entry.base_models == ("stabilityai/stable-diffusion-xl-base-1.0",)
-    assert entry.clip_skip == 2
+    # Its page's clipSkip (A1111's count) is the LoRA's recommended CLIP skip, as diffusers counts it.
+    assert entry.hints.clip_skip == 1 and "Civitai page (clipSkip 2)" in (entry.hints.source("clip_skip") or "")
     assert dict(entry.recommended) == {"strength": 0.8, "min_strength": 0.5, "max_strength": 1.2}
     # Only the previews rated within the ceiling are shown.
     assert entry.preview_urls == ("https://image.example/pg.jpeg",)

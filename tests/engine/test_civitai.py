@@ -65,6 +65,9 @@ def civitai(files) -> Iterator[StandInCivitai]:
         started.add_lora(1101, files["sdxl"], download="tampered")
         started.add_lora(1102, files["nan"])
         started.add_lora(1103, files["sdxl"], download="login")
+        # A page stating CLIP skip 2 (A1111's count), and a speed LoRA known by its model's name.
+        started.add_lora(1104, files["sd15"], base_model="SD 1.5", clip_skip=2)
+        started.add_lora(1105, files["sdxl"], model_name="DMD2 4-step LoRA")
         yield started
 
 
@@ -151,6 +154,17 @@ def test_a_finetune_on_the_sdxl_pool_says_it_runs_on_another_checkpoint(pools):
     # The same file declared for SDXL itself runs with no such note.
     plain = generate(pools, request(LoraSpec("civitai:1001")))
     assert plain.adapters[0].trained_for is None and not any("trained for" in w for w in plain.warnings)
+
+
+def test_a_civitai_pages_clip_skip_and_a_speed_loras_name_are_its_defaults(pools):
+    """Civitai's clipSkip is a recommendation like a card's: the default where the client set none."""
+    skipped = generate(pools, request(LoraSpec("civitai:1104"))).request
+    assert skipped.clip_skip == 1 and dict(skipped.defaults_from)["clip_skip"] == "its Civitai page (clipSkip 2)"
+    assert generate(pools, dataclasses.replace(request(LoraSpec("civitai:1104")), clip_skip=0)).request.clip_skip == 0
+    fast = generate(pools, request(LoraSpec("civitai:1105"))).request
+    # The client's 2 steps stay; the sampler and guidance are DMD2's own.
+    assert (fast.steps, fast.sampler, fast.guidance) == (2, "LCM", 0.0)
+    assert "DMD2" in dict(fast.defaults_from)["scheduler"]
 
 
 def test_one_pool_judges_a_civitai_lora_by_its_label_too(hub, civitai, tmp_path, loaded, base_settings):

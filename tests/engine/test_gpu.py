@@ -43,6 +43,27 @@ def test_cuda_swaps_are_exact_in_both_gpu_modes(cuda_loaded, base_settings, hub,
     assert generate(engine, GenerateRequest("a fox", steps=2, seed=1)).image.tobytes() == base.tobytes()
 
 
+def test_cuda_samplers_clip_skip_and_batches_leave_the_pool_as_it_was(cuda_loaded, base_settings, hub):
+    """Per-request samplers on a CUDA pool: the scheduler object untouched, the default image the same after;
+    a batch of four within 2 levels of each seed alone (fp16 batches round differently)."""
+    import numpy as np
+
+    settings = base_settings.replace(device="cuda", dtype="float16")
+    resolver = AdapterResolver(HubSource(endpoint=hub.url), local_dir=None, token=None, max_bytes=2**30)
+    engine = Engine(cuda_loaded, settings, resolver)
+    scheduler = cuda_loaded.pipe.scheduler
+    plain = generate(engine, GenerateRequest("a fox", steps=4, seed=3)).image
+    for name in ("DPM++ 2M Karras", "LCM", "Euler a"):
+        generate(engine, GenerateRequest("a fox", steps=4, seed=3, scheduler=name, clip_skip=1))
+    assert cuda_loaded.pipe.scheduler is scheduler
+    assert generate(engine, GenerateRequest("a fox", steps=4, seed=3)).image.tobytes() == plain.tobytes()
+    batch = generate(engine, GenerateRequest("a fox", steps=4, seed=10, num_images=4, scheduler="Euler a"))
+    for seed, image in zip(batch.seeds, batch.images, strict=True):
+        alone = generate(engine, GenerateRequest("a fox", steps=4, seed=seed, scheduler="Euler a")).image
+        difference = np.abs(np.asarray(image, dtype=np.int16) - np.asarray(alone, dtype=np.int16)).max()
+        assert difference <= 2, seed
+
+
 @pytest.mark.parametrize("gpu_mode", ["persistent", "per_call"])
 def test_cuda_flux_swaps_are_exact_in_bfloat16(tiny_flux_dir, base_settings, tmp_path, gpu_mode):
     """DTYPE=auto loads FLUX in bfloat16 on a GPU (its activations overflow float16); every naming swaps in and

@@ -169,6 +169,7 @@ def test_a_cancelled_generation_does_not_decode_and_the_next_one_does(engine, lo
 
 def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
     from lora_catalog.catalog import Catalog
+    from serving.ui.history import FORM
 
     recording = recording_backend(engine)
     catalog = Catalog(None, local_dirs=(fixtures.local_dir,), refresh=False)
@@ -192,7 +193,9 @@ def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
         with serve_app(engine, catalog, backend=holding) as app:
             fn_index, fn = next((i, f) for i, f in app.demo.fns.items() if f.name == "generate_ui")
             data = [getattr(c, "value", None) for c in fn.inputs]
-            data[0], data[11], data[14] = "a fox", 40, False  # prompt, steps, random seed off
+            values = dict(zip(FORM, data, strict=True))
+            values |= {"prompt": "a fox", "steps": 40, "randomize": False}
+            data = [values[name] for name in FORM]
             session = "disconnect-test"
             join = httpx.post(
                 f"{app.url}gradio_api/queue/join",

@@ -5,6 +5,7 @@ Screenshots are kept under artifacts/screenshots/ for people to look at.
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -283,3 +284,72 @@ def test_the_comparison_grid_shows_labelled_cells_and_downloads(page, server, fi
     with Image.open(saved) as grid:
         assert grid.format == "PNG"
         assert grid.width > 3 * 256
+
+
+def choose(page, elem_id: str, option: str) -> None:
+    page.locator(f"#{elem_id} input").click()
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def test_the_sampler_menu_the_speed_switch_history_and_a_share_link(page, browser, server, fixtures):
+    from playwright.sync_api import expect
+
+    page.goto(server.url)
+    tile(page, "lcm-lora").wait_for(timeout=WAIT_MS)
+    tile(page, "lcm-lora").click()
+    # A speed LoRA: its own sampler, steps and guidance fill the form, and the note says why.
+    note = page.locator("#settings-note")
+    expect(note).to_contain_text("LCM speed LoRA", timeout=WAIT_MS)
+    expect(page.locator("#sampler input")).to_have_value("LCM", timeout=WAIT_MS)
+    expect(page.locator("#guidance input[type=number]")).to_have_value("1", timeout=WAIT_MS)
+    page.screenshot(path=str(SHOTS / "speed-lora.png"), full_page=True)
+    # The switch: off gives the model's own defaults back.
+    page.locator("#use-recommended input").uncheck()
+    expect(page.locator("#guidance input[type=number]")).to_have_value("5", timeout=WAIT_MS)
+    expect(note).to_contain_text("recommended settings are off", timeout=WAIT_MS)
+    page.locator("#use-recommended input").check()
+    expect(page.locator("#sampler input")).to_have_value("LCM", timeout=WAIT_MS)
+
+    # The user overrides the sampler from the menu, asks for two images and generates.
+    choose(page, "sampler", "Euler a")
+    page.locator("#num-images input[type=number]").fill("2")
+    page.locator("#num-images input[type=number]").press("Enter")
+    page.locator("#prompt textarea").fill("a fox in a forest")
+    page.locator("#randomize input").uncheck()
+    page.locator("#generate").click()
+    info = page.locator("#result-info", has_text="Euler a")
+    info.wait_for(timeout=WAIT_MS)
+    assert "4 steps" in info.inner_text() and "guidance 1" in info.inner_text()
+    expect(page.locator("#result-gallery button.thumbnail-item")).to_have_count(2, timeout=WAIT_MS)
+    share = page.locator("#share-link textarea, #share-link input").first
+    expect(share).to_have_value(re.compile(r"sampler=Euler\+a"), timeout=WAIT_MS)
+    link = share.input_value()
+    assert f"lora={fixtures['lcm-lora'].replace('/', '%2F')}" in link and "images=2" in link
+    seed = re.search(r"seed=(\d+)", link).group(1)  # type: ignore[union-attr]
+    first_image = page.locator("#result img").get_attribute("src")
+    page.screenshot(path=str(SHOTS / "share-link.png"), full_page=True)
+
+    # The history keeps it; "use these settings again" puts them back after the form changed.
+    choose(page, "sampler", "DDIM")
+    page.locator("#history-panel").get_by_text("History (this browser session)").click()
+    page.locator("#history button.thumbnail-item").first.click()
+    page.locator("#use-again").click()
+    expect(page.locator("#sampler input")).to_have_value("Euler a", timeout=WAIT_MS)
+
+    # The link reopens the Space with the same LoRA and settings, and makes the same image.
+    shared = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+    try:
+        shared.goto(link)
+        expect(shared.locator("#lora-1 textarea, #lora-1 input").first).to_have_value(
+            fixtures["lcm-lora"], timeout=WAIT_MS
+        )
+        expect(shared.locator("#sampler input")).to_have_value("Euler a", timeout=WAIT_MS)
+        expect(shared.locator("#seed input")).to_have_value(seed, timeout=WAIT_MS)
+        assert shared.locator("#prompt textarea").input_value() == "a fox in a forest"
+        shared.locator("#generate").click()
+        shared.locator("#result-info", has_text=seed).wait_for(timeout=WAIT_MS)
+        again = shared.locator("#result img").get_attribute("src")
+        assert first_image is not None and again is not None
+        assert page.request.get(first_image).body() == shared.request.get(again).body()
+    finally:
+        shared.context.close()

@@ -163,7 +163,11 @@ def test_gradio_client_generates_and_describes_civitai_loras(server):
         repo_id="urn:air:sdxl:lora:civitai:200@2001", revision="", weight_name="", api_name="/lora_info"
     )
     entry = LoraEntry.from_json(described["entry"])
-    assert entry.trigger_words == ("civglow",) and entry.clip_skip == 2 and dict(entry.recommended)["strength"] == 0.7
+    assert (
+        entry.trigger_words == ("civglow",)
+        and entry.hints.clip_skip == 1
+        and dict(entry.recommended)["strength"] == 0.7
+    )
     assert entry.page_url is not None and entry.page_url.endswith("/models/200?modelVersionId=2001")
     assert described["check"]["revision"] == "2001"
     card = fmt.entry_card(entry, "https://huggingface.co", None)

@@ -23,8 +23,10 @@ def generate(client: Client, **overrides: object) -> tuple[Image.Image, dict]:
 
 def test_only_the_five_named_endpoints_are_public(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert set(endpoints) == {"/generate", "/compare", "/catalog", "/lora_info", "/pool_status"}
+    assert set(endpoints) == {"/generate", "/generate_images", "/compare", "/catalog", "/lora_info", "/pool_status"}
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
+    images = [p["parameter_name"] for p in endpoints["/generate_images"]["parameters"]]
+    assert images == [*names, "num_images"]
     assert names == [
         "prompt",
         "negative_prompt",
@@ -38,7 +40,13 @@ def test_only_the_five_named_endpoints_are_public(client):
         "height",
         "seed",
         "base",
+        "scheduler",
+        "scheduler_options",
+        "clip_skip",
     ]
+    defaults = {p["parameter_name"]: p["parameter_default"] for p in endpoints["/generate"]["parameters"]}
+    # What /generate did before these existed: the model's own scheduler, no CLIP skip.
+    assert (defaults["scheduler"], defaults["scheduler_options"], defaults["clip_skip"]) == ("", None, 0)
     compare = [p["parameter_name"] for p in endpoints["/compare"]["parameters"]]
     assert compare == [
         "prompt",
@@ -52,6 +60,8 @@ def test_only_the_five_named_endpoints_are_public(client):
         "height",
         "seed",
         "base",
+        "scheduler",
+        "clip_skip",
     ]
 
 
@@ -176,3 +186,45 @@ def test_the_base_parameter_and_the_pool_status(client):
     # Which inputs the pool reads: SDXL's guidance is classifier-free, with the negative prompt.
     (defaults,) = (p["defaults"] for p in status["pools"])
     assert (defaults["guidance_kind"], defaults["negative_prompt"], defaults["side_multiple"]) == ("cfg", True, 8)
+
+
+def test_generate_takes_a_sampler_and_clip_skip_and_says_what_ran(client):
+    plain, plain_info = generate(client)
+    euler_a, info = generate(client, scheduler="Euler a")
+    karras, karras_info = generate(
+        client, scheduler="DPMSolverMultistepScheduler", scheduler_options={"use_karras_sigmas": True}
+    )
+    skipped, skipped_info = generate(client, clip_skip=1)
+    assert (plain_info["sampler"], plain_info["scheduler"], plain_info["clip_skip"]) == ("Euler", None, 0)
+    assert (info["sampler"], karras_info["sampler"], skipped_info["clip_skip"]) == ("Euler a", "DPM++ 2M Karras", 1)
+    assert len({plain.tobytes(), euler_a.tobytes(), karras.tobytes(), skipped.tobytes()}) == 4
+    with pytest.raises(AppError, match=r"scheduler 'Restart' is not offered here; accepted: a sampler \(Euler"):
+        generate(client, scheduler="Restart")
+
+
+def test_generate_images_answers_a_list_each_image_its_seed_alone(client):
+    cells, info = client.predict(**(CLIENT_GENERATE | {"num_images": 3}), api_name="/generate_images")
+    assert [cell["caption"] for cell in cells] == ["seed 21", "seed 22", "seed 23"]
+    assert info["seeds"] == [21, 22, 23]
+    for cell, seed in zip(cells, info["seeds"], strict=True):
+        with Image.open(cell["image"]) as batch:
+            alone, _ = generate(client, seed=seed)
+            difference = max(abs(a - b) for a, b in zip(batch.convert("RGB").tobytes(), alone.tobytes(), strict=True))
+            assert difference <= 2, seed
+    with pytest.raises(AppError, match=r"num_images=5 is out of range; accepted: an integer from 1 to 4"):
+        client.predict(**(CLIENT_GENERATE | {"num_images": 5}), api_name="/generate_images")
+
+
+def test_the_clients_images_carry_their_recipe(client):
+    from serving.recipes import parse_recipe
+
+    path, info = client.predict(**(CLIENT_GENERATE | {"scheduler": "DDIM"}), api_name="/generate")
+    with Image.open(path) as image:
+        recipe = parse_recipe(image.info["parameters"])
+    assert (recipe.request.seed, recipe.request.scheduler) == (info["seed"], "DDIM")
+    cells, _ = client.predict(**(CLIENT_GENERATE | {"num_images": 2}), api_name="/generate_images")
+    seeds = []
+    for cell in cells:
+        with Image.open(cell["image"]) as image:
+            seeds.append(parse_recipe(image.info["parameters"]).request.seed)
+    assert seeds == [21, 22]

@@ -79,6 +79,16 @@ def test_each_cell_equals_what_generate_returns_byte_for_byte(client, fixtures):
         assert grid.height > 256
 
 
+def test_cells_share_the_sampler_and_clip_skip_each_equal_to_generate(client, fixtures):
+    _, cells, info = compared(client, loras=fixtures["peft"], include_base=True, scheduler="DDIM", clip_skip=1)
+    assert [c["sampler"] for c in info["cells"]] == ["DDIM", "DDIM"]
+    expected = [
+        generated(client, scheduler="DDIM", clip_skip=1),
+        generated(client, lora=fixtures["peft"], scheduler="DDIM", clip_skip=1),
+    ]
+    assert [pixels(c["image"]) for c in cells] == expected
+
+
 def test_a_scale_sweep_of_one_lora(client, fixtures):
     _, cells, info = compared(client, loras=fixtures["peft"], scales="0, 0.5, 1", seed=-1)
     assert info["labels"] == ["peft (0)", "peft (0.5)", "peft (1)"]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from engine.errors import InvalidRequestError
-from engine.requests import AdapterUse, GenerateRequest, GenerateResult, LoraSpec, ModelDefaults, Timings
+from engine.requests import AdapterUse, CheckedRequest, GenerateResult, LoraSpec, ModelDefaults, Timings
 from lora_catalog.entries import Family, LoraEntry
 from serving.ui import formatting as fmt
 
@@ -94,7 +94,19 @@ def test_entry_card_shows_link_licence_badge_and_triggers():
 
 
 def test_result_html_and_info_describe_timings_and_cache():
-    request = GenerateRequest("a cat", loras=(LoraSpec("a/b"),), steps=4, guidance=5.0, width=64, height=64, seed=9)
+    request = CheckedRequest(
+        "a cat",
+        loras=(LoraSpec("a/b"),),
+        steps=4,
+        guidance=5.0,
+        width=64,
+        height=64,
+        seed=9,
+        sampler="LCM",
+        scheduler="LCMScheduler",
+        clip_skip=1,
+        defaults_from=(("steps", "speed LoRA a/b (LCM)"),),
+    )
     result = GenerateResult(
         image=None,  # type: ignore[arg-type]
         seed=9,
@@ -106,8 +118,12 @@ def test_result_html_and_info_describe_timings_and_cache():
     text = fmt.result_html(result)
     for part in ("<code>9</code>", "download / resolve", "500 ms", "2 ms", "1.50 s", "2.30 s", "miss", "⚠ careful"):
         assert part in text
+    assert "LCM · guidance 5 · CLIP skip 2" in text
+    assert "<li>steps: speed LoRA a/b (LCM)</li>" in text
     info = fmt.result_info(result)
     assert info["seed"] == 9
+    assert (info["sampler"], info["scheduler"], info["clip_skip"]) == ("LCM", "LCMScheduler", 1)
+    assert info["defaults_from"] == {"steps": "speed LoRA a/b (LCM)"}
     assert info["loras"][0]["cache"] == "miss"
     assert info["timings"]["inference"] == 1.5
 

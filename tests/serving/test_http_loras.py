@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import httpx
 import pytest
@@ -19,6 +20,20 @@ from tests.support.loras import WEIGHTS
 
 TIMEOUT = httpx.Timeout(120.0)
 SIZE = {"num_inference_steps": 2, "guidance_scale": 5.0, "width": 64, "height": 64, "seed": 9}
+# /generate's arguments for the same request as SIZE's.
+CLIENT_ARGS = {
+    "prompt": "a fox in a forest",
+    "negative_prompt": "",
+    "lora": "",
+    "lora_scale": 1.0,
+    "lora_2": "",
+    "lora_2_scale": 1.0,
+    "steps": 2,
+    "guidance": 5.0,
+    "width": 64,
+    "height": 64,
+    "seed": 9,
+}
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +191,66 @@ def test_lora_scale_without_the_header_is_refused_even_with_a_list():
     body = json.dumps({"inputs": "a fox", "parameters": {"lora_scale": 0.3, "loras": [{"path": "o/b"}]}})
     with pytest.raises(InvalidRequestError, match=r"entries of parameters\.loras carry their own scale"):
         parse_body(body.encode(), lora=None, accept=None)
+
+
+# -- the sampler and CLIP skip, per request ---------------------------------------------------------
+
+
+def test_inference_client_scheduler_is_the_named_apis_sampler(server, inference):
+    """huggingface_hub's `text_to_image(..., scheduler=...)`: the same image as /generate with that sampler."""
+    by_class = inference.text_to_image("a fox in a forest", **SIZE, scheduler="EulerAncestralDiscreteScheduler")
+    by_name = png(post(server, {"scheduler": "Euler a"}))
+    path, info = Client(server.url, verbose=False).predict(
+        **{**CLIENT_ARGS, "scheduler": "EulerAncestralDiscreteScheduler"}, api_name="/generate"
+    )
+    with Image.open(path) as image:
+        assert by_class.convert("RGB").tobytes() == image.convert("RGB").tobytes() == by_name.tobytes()
+    assert (info["scheduler"], info["sampler"]) == ("EulerAncestralDiscreteScheduler", "Euler a")
+    plain = png(post(server, {}))
+    assert plain.tobytes() != by_name.tobytes()
+
+
+def test_scheduler_options_and_clip_skip_travel_in_parameters(server):
+    karras = png(
+        post(server, {"scheduler": "DPMSolverMultistepScheduler", "scheduler_options": {"use_karras_sigmas": True}})
+    )
+    assert karras.tobytes() == png(post(server, {"scheduler": "DPM++ 2M Karras"})).tobytes()
+    skipped = png(post(server, {"clip_skip": 1}))
+    assert skipped.tobytes() != png(post(server, {})).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("parameters", "match"),
+    [
+        ({"scheduler": "Restart"}, r"scheduler 'Restart' is not offered here; accepted: a sampler \(Euler, Euler a, "),
+        ({"scheduler": "DDIM", "scheduler_options": {"use_karras_sigmas": True}}, r"DDIMScheduler has no option"),
+        ({"scheduler_options": {"timestep_spacing": 1}}, r"timestep_spacing must be a boolean or a string"),
+        ({"clip_skip": 9}, r"clip_skip=9 is out of range; accepted: an integer from 0 to 1"),
+        ({"num_images": 2}, r"unknown parameter\(s\) num_images; accepted: .*scheduler, scheduler_options, clip_skip"),
+    ],
+)
+def test_bad_samplers_are_a_400_listing_what_is_accepted(server, parameters, match):
+    response = post(server, parameters)
+    assert response.status_code == 400, response.text[:300]
+    # Over a range's top is the engine's LimitExceededError, an InvalidRequestError too.
+    assert response.json()["error_type"] in ("InvalidRequestError", "LimitExceededError")
+    assert re.search(match, response.json()["error"]), response.json()["error"]
+
+
+def test_every_answer_carries_its_recipe_png_chunk_or_jpeg_exif(server, fixtures):
+    from serving.recipes import parse_recipe, read_recipe
+
+    as_png = post(server, {"scheduler": "Euler a", "loras": [{"path": fixtures["peft"], "scale": 0.5}]})
+    with Image.open(io.BytesIO(as_png.content)) as opened:
+        recipe = parse_recipe(read_recipe(opened) or "")
+    assert str(recipe.request.seed) == as_png.headers["x-seed"] == "9"
+    assert (recipe.request.scheduler, recipe.request.loras[0].ref, recipe.request.loras[0].scale) == (
+        "Euler a",
+        fixtures["peft"],
+        0.5,
+    )
+    as_jpeg = post(server, {}, accept="image/jpeg")
+    assert as_jpeg.headers["content-type"] == "image/jpeg"
+    with Image.open(io.BytesIO(as_jpeg.content)) as opened:
+        text = read_recipe(opened) or ""
+    assert text.startswith("a fox in a forest\nSteps: 2, Sampler: Euler, CFG scale: 5, Seed: 9, Size: 64x64")

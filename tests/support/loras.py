@@ -196,6 +196,8 @@ def publish_fixtures(hub, pipe, local_dir: Path) -> Fixtures:
     add("kohya", {"README.md": kohya_card, "ohwx_style.safetensors": kohya_file(pipe, seed=2)}, likes=50, downloads=400)
     sdxl("peft-noalpha", peft_file(pipe, seed=3, alpha=None))
     add("second", {"README.md": card(SDXL, instance_prompt="tok"), WEIGHTS: peft_file(pipe, seed=4)})
+    # A speed LoRA by its name (LCM: its sampler, 4 steps, guidance 1), listed on the first page.
+    add("lcm-lora", {"README.md": card(SDXL), WEIGHTS: peft_file(pipe, seed=27)}, downloads=300)
     sdxl("no-base", peft_file(pipe, seed=8), name="lora.safetensors", base=None)
     sdxl("sd15", peft_file(pipe, seed=9), base=SD15)
     sdxl("flux", peft_file(pipe, seed=10), base=FLUX)

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gradio as gr
 import httpx
@@ -84,9 +85,16 @@ UI_ARGUMENTS: dict[str, object] = {
     "size": "64x64",
     "steps": 1,
     "guidance": 5.0,
+    "sampler": "",  # "": the LoRA's recommendation or the model's own
+    "clip_skip": 1,  # A1111's count: none skipped
+    "num_images": 1,
+    "recommended": True,
     "seed": 1,
     "randomize": False,
     "browsed": "",  # the base filter ("": the default pool)
+    "kept": [],  # the session's history
+    # The page's request (the share link is built from its headers).
+    "page": SimpleNamespace(headers={"host": "localhost:7860"}),
 }
 
 

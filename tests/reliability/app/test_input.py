@@ -204,5 +204,5 @@ def test_the_ui_shows_the_reason_as_a_gradio_error(app, serving, changes, fragme
 
 
 def test_the_ui_check_shows_why_a_lora_is_refused(app, fixtures):
-    card_html, _, _ = asyncio.run(ui_handler(app, "check_first")(fixtures["sd15"], "", "", "a prompt", {}))
+    card_html, _, _, _ = asyncio.run(ui_handler(app, "check_first")(fixtures["sd15"], "", "", "a prompt", {}, {}))
     assert "made for stable-diffusion-v1-5/stable-diffusion-v1-5" in card_html

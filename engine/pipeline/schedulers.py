@@ -1,0 +1,95 @@
+"""A run's own scheduler: the class a request names, built from the pool's scheduler config, for that run only.
+
+The pool's scheduler object is never replaced or reconfigured: a request that names a sampler runs on a shallow
+copy of the pipeline (`run_pipeline`, which also readies a copy for a family's `clip_skip`) holding a new
+instance, `Cls.from_config(pool.scheduler.config, **options)` — what diffusers' documentation does to switch
+schedulers, on a copy instead of on the shared pipeline. The copy shares every model (no memory, no cast:
+`DiffusionPipeline.from_pipe` would cast them to its `dtype` argument), and whatever the run sets on its pipeline
+(the scheduler's timesteps, the guidance it records) stays on the copy, so the next request, or one on another
+pool, sees the pool's own scheduler exactly as it was. A request naming none runs on the pool's pipeline.
+
+Which classes a pool offers: its scheduler's `compatibles` (diffusers' list) and the family's extras (LCM and
+TCD, which diffusers documents for the UNet families), those that can be built here (DPMSolverSDEScheduler
+needs torchsde, LMSDiscreteScheduler scipy).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+from typing import Any
+
+import diffusers
+
+from engine.errors import InvalidRequestError
+from engine.families.spec import FamilySpec
+from engine.requests import CheckedRequest
+from engine.samplers import OPTION_VALUES, SchedulerOptions
+
+__all__ = ["build_scheduler", "check_scheduler", "offered_schedulers", "run_pipeline"]
+
+logger = logging.getLogger(__name__)
+
+# A diffusers pipeline or scheduler (see engine.pipeline.loading.Pipeline).
+Pipeline = Any
+
+
+def offered_schedulers(default: Any, extras: tuple[str, ...]) -> tuple[str, ...]:
+    """The scheduler classes a request may name on a pipeline whose scheduler is `default`, sorted."""
+    names = [type(default).__name__, *(cls.__name__ for cls in default.compatibles), *extras]
+    offered = []
+    for name in dict.fromkeys(names):
+        try:
+            _class(name).from_config(default.config)
+        except (ImportError, AttributeError, ValueError, TypeError) as e:
+            # A class whose backend is missing is one of diffusers' placeholders, which raise ImportError here.
+            logger.info("scheduler %s is not offered: %s", name, str(e).splitlines()[0] if str(e) else type(e))
+            continue
+        offered.append(name)
+    return tuple(sorted(offered))
+
+
+def check_scheduler(request: CheckedRequest) -> None:
+    """Refuse options the request's scheduler class does not have (InvalidRequestError names the accepted ones)."""
+    if request.scheduler is None:
+        return
+    accepted = _options_of(request.scheduler)
+    unknown = [name for name, _ in request.scheduler_options if name not in accepted]
+    if unknown:
+        raise InvalidRequestError(
+            f"scheduler {request.scheduler} has no option {', '.join(unknown)}; accepted for it: "
+            f"{', '.join(sorted(set(accepted) & set(OPTION_VALUES))) or 'none'}"
+        )
+
+
+def build_scheduler(default: Any, name: str, options: SchedulerOptions) -> Any:
+    """A new scheduler of class `name` from the pool's scheduler config, with `options` set on it."""
+    return _class(name).from_config(default.config, **dict(options))
+
+
+def run_pipeline(pipe: Pipeline, request: CheckedRequest, family: FamilySpec) -> Pipeline:
+    """The pipeline a run calls: the pool's own, or a shallow copy holding the request's own scheduler (and, with
+    `clip_skip`, what the family needs for it: `FamilySpec.prepare_clip_skip`)."""
+    clip_skip = family.prepare_clip_skip if request.clip_skip else None
+    if request.scheduler is None and clip_skip is None:
+        return pipe
+    view = copy.copy(pipe)
+    if request.scheduler is not None:
+        # DiffusionPipeline.__setattr__ records the component in the copy's own config dict (a new one: the
+        # pool's stays as it is).
+        view.scheduler = build_scheduler(pipe.scheduler, request.scheduler, request.scheduler_options)
+    if clip_skip is not None:
+        clip_skip(view)
+    return view
+
+
+def _class(name: str) -> Any:
+    cls = getattr(diffusers, name, None)
+    if not isinstance(cls, type) or not name.endswith("Scheduler"):
+        raise AttributeError(f"diffusers has no scheduler class {name!r}")
+    return cls
+
+
+def _options_of(name: str) -> tuple[str, ...]:
+    return tuple(inspect.signature(_class(name).__init__).parameters)

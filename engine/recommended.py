@@ -1,0 +1,78 @@
+"""The defaults a request's LoRAs bring: what they recommend (`lora_catalog.hints`), checked against the pool.
+
+Where the client set nothing, a speed LoRA's sampler, steps and guidance, and a card's or a file's recommended
+settings, take the place of the pool's defaults (`engine.requests.normalise_request` applies them and records
+where each came from). A blend takes a speed LoRA's settings first (`blend_hints`). A recommendation this pool
+cannot follow — a sampler it does not offer, more steps than it allows, a CLIP skip its model does not take — is
+left out with a warning, never refused: the client did not ask for it. `final_request` is the request a pool
+runs: its LoRAs' defaults filled, and what it sets that the model does not read named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from engine.errors import InvalidRequestError
+from engine.pipeline.schedulers import check_scheduler
+from engine.requests import CheckedRequest, GenerateRequest, Limits, ModelDefaults, Suggested, normalise_request
+from engine.samplers import choose_scheduler
+from lora_catalog.hints import LoraHints, blend_hints
+
+__all__ = ["final_request", "suggested_defaults"]
+
+
+def final_request(
+    request: GenerateRequest,
+    checked: CheckedRequest,
+    hints: Sequence[LoraHints],
+    defaults: ModelDefaults,
+    limits: Limits,
+) -> tuple[CheckedRequest, tuple[str, ...], tuple[str, ...]]:
+    """`request` (already `checked` without its LoRAs' defaults) with them where the client set nothing and it
+    asks for them, its drawn seed kept; the warnings for what it sets that the model does not read
+    (`ModelDefaults.ignored`), and the notes on the recommendations left out."""
+    suggested, notes = suggested_defaults(hints if checked.lora_defaults else (), defaults, limits)
+    if suggested is not None:
+        checked = normalise_request(dataclasses.replace(request, seed=checked.seed), defaults, limits, suggested)
+        check_scheduler(checked)
+    return checked, defaults.ignored(checked), notes
+
+
+def suggested_defaults(
+    hints: Iterable[LoraHints], defaults: ModelDefaults, limits: Limits
+) -> tuple[Suggested | None, tuple[str, ...]]:
+    """The request's LoRAs' defaults for this pool (None when they recommend nothing), and what was left out."""
+    blended = blend_hints(hints)
+    if blended.empty:
+        return None, ()
+    notes: list[str] = []
+    where = {field: source for field, source in blended.sources}
+    steps = blended.steps
+    if steps is not None and steps > limits.max_steps:
+        notes.append(f"{where['steps']} recommends {steps} steps; this Space allows {limits.max_steps}: not used")
+        steps = None
+    scheduler = blended.sampler
+    if scheduler is not None:
+        try:
+            choose_scheduler(scheduler, (), defaults.scheduler, defaults.schedulers)
+        except InvalidRequestError:
+            notes.append(f"{where['sampler']} recommends the sampler {scheduler!r}, which this pool does not offer")
+            scheduler = None
+    clip_skip = blended.clip_skip
+    if clip_skip is not None and clip_skip > defaults.max_clip_skip:
+        notes.append(
+            f"{where['clip_skip']} recommends CLIP skip {clip_skip + 1} (A1111's count); this model takes "
+            f"{'none' if defaults.max_clip_skip == 0 else f'up to {defaults.max_clip_skip + 1}'}: not used"
+        )
+        clip_skip = None
+    guidance = blended.guidance
+    if guidance is not None and defaults.guidance_kind == "none":
+        notes.append(f"{where['guidance']} recommends guidance {guidance:g}; this model takes none: not used")
+        guidance = None
+    # The request's names for the hints' fields.
+    used = {"steps": steps, "guidance": guidance, "scheduler": scheduler, "clip_skip": clip_skip}
+    hint_field = {"steps": "steps", "guidance": "guidance", "scheduler": "sampler", "clip_skip": "clip_skip"}
+    sources = tuple((name, where[hint_field[name]]) for name, value in used.items() if value is not None)
+    suggested = Suggested(steps, guidance, scheduler, clip_skip, sources)
+    return suggested, tuple(notes)

@@ -1,0 +1,202 @@
+"""Images that carry their recipe: A1111's `parameters` text, the form A1111, Civitai and most tools read.
+
+    a fox in a forest <lora:owner/name:0.8>
+    Negative prompt: blurry
+    Steps: 25, Sampler: DPM++ 2M Karras, CFG scale: 5, Seed: 42, Size: 1024x1024, Model: <model id>, Clip skip: 2,
+    Lora hashes: "owner/name: 0123456789ab", Version: LoRA Switchboard
+
+(the parameters on one line). Each LoRA is an A1111 `<lora:NAME:weight>` tag after the prompt, and its hash is
+the one A1111 writes (kohya's addnet hash, 12 hex digits; Civitai's AutoV3). NAME is the Hub repo id, followed by
+the weight file when the request named one (`owner/name/file.safetensors`), or `~` and the path for a local file
+(A1111 splits tags at `:`, so `local:` cannot appear). A value holding `,`, `:` or a newline is quoted as A1111
+quotes it (JSON). Clip skip is A1111's count (diffusers' plus one), written when a layer is skipped.
+
+`with_recipes` gives a result whose images hold their own recipe in `info["parameters"]`: Gradio writes text
+info into the PNGs it serves, and `encode_image` writes it as the PNG text chunk, or for a JPEG as EXIF
+UserComment ("UNICODE" and UTF-16, big-endian, as piexif writes it for A1111). `parse_recipe` reads the text back
+(A1111's grammar) into a request. `RECIPES=0` turns recipes off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from PIL import Image, PngImagePlugin
+
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.samplers import find_sampler
+
+if TYPE_CHECKING:
+    from engine.requests import AdapterUse
+
+__all__ = ["KEY", "Recipe", "encode_image", "parse_recipe", "recipe_text", "with_recipes"]
+
+KEY = "parameters"
+VERSION = "LoRA Switchboard"
+_JPEG_QUALITY = 92
+_EXIF_IFD, _USER_COMMENT = 0x8769, 0x9286
+_UNICODE = b"UNICODE\x00"
+_LOCAL = "~"
+_PREFERRED = "pytorch_lora_weights.safetensors"
+# A1111's own grammar for the parameters line (modules/infotext_utils.py, re_param_code).
+_PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+_LORA_TAG = re.compile(r"\s*<lora:([^>]+)>")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A recipe read back: the request it describes, and every parameter as written (A1111's names)."""
+
+    request: GenerateRequest
+    parameters: dict[str, str]
+    hashes: dict[str, str]
+
+
+def recipe_text(result: GenerateResult, index: int = 0) -> str:
+    """The recipe of the result's `index`-th image (its own seed)."""
+    request = result.request
+    tags = "".join(f" <lora:{_lora_name(use)}:{use.scale:g}>" for use in result.adapters)
+    lines = [f"{request.prompt}{tags}"]
+    if request.negative_prompt:
+        lines.append(f"Negative prompt: {request.negative_prompt}")
+    parameters: dict[str, object] = {
+        "Steps": request.steps,
+        "Sampler": request.sampler,
+        "CFG scale": f"{request.guidance:g}",
+        "Seed": result.seeds[index],
+        "Size": f"{request.width}x{request.height}",
+        "Model": result.model_id,
+    }
+    if request.clip_skip:
+        parameters["Clip skip"] = request.clip_skip + 1
+    hashes = [f"{_lora_name(use)}: {use.hash}" for use in result.adapters if use.hash]
+    if hashes:
+        parameters["Lora hashes"] = ", ".join(hashes)
+    parameters["Version"] = VERSION
+    lines.append(", ".join(f"{key}: {_quote(str(value))}" for key, value in parameters.items() if value != ""))
+    return "\n".join(lines)
+
+
+def with_recipes(result: GenerateResult) -> GenerateResult:
+    """The result with each image a copy holding its own recipe in `info["parameters"]`."""
+    images = []
+    for index, image in enumerate(result.images):
+        copy = image.copy()
+        copy.info[KEY] = recipe_text(result, index)
+        images.append(copy)
+    return dataclasses.replace(result, image=images[0], more_images=tuple(images[1:]))
+
+
+def encode_image(image: Image.Image, media_type: str) -> bytes:
+    """PNG, or JPEG at a fixed quality; the image's recipe (if it holds one) as a PNG text chunk or EXIF."""
+    recipe = image.info.get(KEY)
+    buffer = io.BytesIO()
+    if media_type == "image/png":
+        info = None
+        if isinstance(recipe, str):
+            info = PngImagePlugin.PngInfo()
+            info.add_text(KEY, recipe)  # iTXt when the text is not latin-1
+        image.save(buffer, format="PNG", pnginfo=info)
+    else:
+        options: dict[str, object] = {}
+        if isinstance(recipe, str):
+            exif = Image.Exif()
+            exif.endian = ">"
+            exif.get_ifd(_EXIF_IFD)[_USER_COMMENT] = _UNICODE + recipe.encode("utf-16-be")
+            options["exif"] = exif
+        image.convert("RGB").save(buffer, format="JPEG", quality=_JPEG_QUALITY, **options)
+    return buffer.getvalue()
+
+
+def read_recipe(image: Image.Image) -> str | None:
+    """The recipe an opened PNG or JPEG holds (its text chunk, or its EXIF UserComment), or None."""
+    text = image.info.get(KEY)
+    if isinstance(text, str):
+        return text
+    comment = image.getexif().get_ifd(_EXIF_IFD).get(_USER_COMMENT)
+    if isinstance(comment, bytes) and comment.startswith(_UNICODE):
+        return comment[len(_UNICODE) :].decode("utf-16-be")
+    return None
+
+
+def parse_recipe(text: str) -> Recipe:
+    """A recipe's request: prompt and LoRA tags, negative prompt, steps, sampler, CFG, seed, size, clip skip."""
+    lines = text.strip().split("\n")
+    found = _PARAM.findall(lines[-1]) if lines else []
+    parameters = {key.strip(): _unquote(value) for key, value in found} if len(found) >= 3 else {}
+    body = lines[:-1] if parameters else lines
+    prompt_lines: list[str] = []
+    negative_lines: list[str] = []
+    negative = False
+    for line in body:
+        if line.startswith("Negative prompt:"):
+            negative, line = True, line.removeprefix("Negative prompt:").strip()
+        (negative_lines if negative else prompt_lines).append(line)
+    prompt = "\n".join(prompt_lines)
+    loras = tuple(_lora_spec(tag) for tag in _LORA_TAG.findall(prompt))
+    width, _, height = parameters.get("Size", "").partition("x")
+    sampler = find_sampler(parameters.get("Sampler", ""), parameters.get("Schedule type", ""))
+    clip_skip = _number(parameters.get("Clip skip"))
+    request = GenerateRequest(
+        prompt=_LORA_TAG.sub("", prompt).strip(),
+        negative_prompt="\n".join(negative_lines).strip(),
+        loras=loras,
+        steps=_number(parameters.get("Steps")),
+        guidance=_number(parameters.get("CFG scale")),
+        width=_number(width),
+        height=_number(height),
+        seed=_number(parameters.get("Seed")),
+        scheduler=sampler.label if sampler is not None else (parameters.get("Sampler") or None),
+        clip_skip=clip_skip - 1 if clip_skip is not None else None,
+    )
+    hashes = dict(part.split(": ", 1) for part in parameters.get("Lora hashes", "").split(", ") if ": " in part)
+    return Recipe(request, parameters, {_ref(name): value for name, value in hashes.items()})
+
+
+def _lora_name(use: AdapterUse) -> str:
+    if use.ref.startswith("local:"):
+        return _LOCAL + use.ref.removeprefix("local:")
+    return use.ref if use.weight_name in ("", _PREFERRED) else f"{use.ref}/{use.weight_name}"
+
+
+def _lora_spec(tag: str) -> LoraSpec:
+    name, _, weight = tag.rpartition(":")
+    scale = _number(weight)
+    if not name:  # <lora:name> without a weight
+        name, scale = weight, 1.0
+    parts = _ref(name).split("/")
+    if not name.startswith(_LOCAL) and len(parts) > 2:
+        return LoraSpec("/".join(parts[:2]), 1.0 if scale is None else scale, weight_name="/".join(parts[2:]))
+    return LoraSpec(_ref(name), 1.0 if scale is None else scale)
+
+
+def _ref(name: str) -> str:
+    return f"local:{name.removeprefix(_LOCAL)}" if name.startswith(_LOCAL) else name
+
+
+def _quote(text: str) -> str:
+    """A1111's quoting: only values with a comma, a colon or a newline, as JSON strings."""
+    return json.dumps(text, ensure_ascii=False) if any(c in text for c in ",:\n") else text
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        try:
+            return str(json.loads(text))
+        except json.JSONDecodeError:
+            return text
+    return text
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        value = float(text) if text else None
+    except ValueError:
+        return None
+    return int(value) if value is not None and value.is_integer() else value

@@ -1,0 +1,166 @@
+"""The UI's form as a request, and what the session keeps of each result: its history and its share link.
+
+The form's values (`FORM`, in the order the Generate event takes them) make the request (`request_of`). After
+each result the session remembers them as link parameters (`serving.ui.session.share_params`) with a thumbnail,
+newest first; "use these settings again" puts an entry's back into the form, and a page opened with such
+parameters in its URL starts with them (`wire_session`), both through `serving.ui.session.form_values`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gradio as gr
+
+from engine.requests import GenerateRequest, GenerateResult
+from serving.handlers import Handlers
+from serving.ui import formatting as fmt
+from serving.ui import pool_views, session
+from serving.ui.panels import Browser, RequestPanel, ResultPanel
+
+__all__ = ["FORM", "cells", "remember", "request_of", "wire_session"]
+
+PRIVATE = "private"
+# The Generate event's inputs, by name (the link parameters' names where they have one).
+FORM = (
+    "prompt",
+    "negative",
+    "lora",
+    "lora_revision",
+    "lora_weight",
+    "lora_scale",
+    "lora_2",
+    "lora_2_revision",
+    "lora_2_weight",
+    "lora_2_scale",
+    "size",
+    "steps",
+    "guidance",
+    "sampler",
+    "clip_skip",
+    "images",
+    "recommended",
+    "seed",
+    "randomize",
+    "base",
+    "history",
+)
+
+
+def request_of(form: Mapping[str, Any]) -> GenerateRequest:
+    """The request the form asks for. With the switch on, what the form leaves at its default (the sampler,
+    CLIP skip 1) stays unset, so a LoRA's own recommendation (even one only its file's metadata holds) applies."""
+    width, height = fmt.parse_size(form["size"])
+    specs = (
+        fmt.lora_spec(form["lora"], form["lora_scale"], form["lora_revision"], form["lora_weight"]),
+        fmt.lora_spec(form["lora_2"], form["lora_2_scale"], form["lora_2_revision"], form["lora_2_weight"]),
+    )
+    on = bool(form["recommended"])
+    skip = int(form["clip_skip"] or 1) - 1
+    return GenerateRequest(
+        prompt=form["prompt"],
+        negative_prompt=form["negative"],
+        loras=tuple(s for s in specs if s is not None),
+        steps=int(form["steps"]),
+        guidance=float(form["guidance"]),
+        width=width,
+        height=height,
+        seed=fmt.seed_value(form["seed"], form["randomize"]),
+        scheduler=form["sampler"] or None,
+        clip_skip=skip if skip or not on else None,
+        num_images=int(form["images"] or 1),
+        lora_defaults=on,
+    )
+
+
+def cells(result: GenerateResult) -> list[tuple[Any, str]]:
+    """A request for several images, as the gallery shows it: each image with its seed."""
+    return [(image, f"seed {seed}") for image, seed in zip(result.images, result.seeds, strict=True)]
+
+
+def remember(form: Mapping[str, Any], result: GenerateResult, base_url: str) -> tuple[str, list, list]:
+    """The result's share link, and the session's history with it first: (link, gallery items, entries)."""
+    values = dict(form)
+    values["seed"] = result.seed
+    values["sampler"] = form["sampler"] or ""
+    values["images"] = int(form["images"] or 1)
+    values["clip_skip"] = int(form["clip_skip"] or 1)
+    params = session.share_params(values)
+    request = result.request
+    caption = f"{result.seed} · {request.sampler} · {request.steps} steps · {request.prompt[:40]}"
+    entries = [session.history_entry(params, result.image, caption), *(form["history"] or [])]
+    entries = entries[: session.HISTORY_SIZE]
+    return session.share_url(base_url, params), [(e["thumb"], e["caption"]) for e in entries], entries
+
+
+def wire_session(
+    demo: gr.Blocks,
+    handlers: Handlers,
+    browser: Browser,
+    request: RequestPanel,
+    result: ResultPanel,
+    states: tuple[gr.State, gr.State],
+) -> None:
+    """The share link read on load, and "use these settings again" for a history entry.
+
+    A new base in the filter resets the form's size, steps, guidance, sampler and CLIP skip to its pool's
+    (`serving.ui.events`); when a link or an entry names a base, its values for those wait in `pending` for
+    that change to apply instead.
+    """
+    history, pending = states
+    first, second = request.first, request.second
+    fields = [
+        request.prompt,
+        request.negative,
+        first.ref,
+        first.scale,
+        first.revision,
+        first.weight,
+        second.ref,
+        second.scale,
+        second.revision,
+        second.weight,
+        request.size,
+        request.steps,
+        request.guidance,
+        request.sampler,
+        request.clip_skip,
+        request.num_images,
+        request.seed,
+        browser.base,
+        request.randomize,
+    ]
+    assert len(fields) == len(session.FIELDS) + 1
+    chosen = gr.State(None)
+
+    controls = slice(session.FIELDS.index("size"), session.FIELDS.index("images"))
+
+    def values(params: Mapping[str, str], browsed: str) -> tuple[Any, ...]:
+        base = params.get("base") or ""
+        pool = pool_views.pool_for_base(handlers.pools, base) if base else None
+        filled = session.form_values(params, (pool or handlers.default).defaults, handlers.settings.max_steps)
+        waiting = None
+        if pool is not None and base != browsed:
+            # The filter's change would reset these to the pool's defaults: it applies them instead.
+            waiting = {"base": base, "controls": list(filled[controls])}
+        return (*filled, waiting)
+
+    def opened(browsed: str, page: gr.Request) -> tuple[Any, ...]:
+        params = dict(page.query_params) if page is not None else {}
+        if not any(name in params for name in session.FIELDS):
+            return (gr.skip(),) * (len(fields) + 1)
+        return values(params, browsed)
+
+    def pick(evt: gr.SelectData) -> tuple[Any, Any]:
+        return evt.index, gr.Button(interactive=True)
+
+    def again(entries: list, index: int | None, browsed: str) -> tuple[Any, ...]:
+        if index is None or not 0 <= index < len(entries or []):
+            return (gr.skip(),) * (len(fields) + 1)
+        return values(entries[index]["params"], browsed)
+
+    options: dict[str, Any] = {"api_visibility": PRIVATE, "queue": False}
+    demo.load(opened, browser.base, [*fields, pending], **options)
+    result.history.select(pick, None, [chosen, result.use_again], **options)
+    result.use_again.click(again, [history, chosen, browser.base], [*fields, pending], **options)

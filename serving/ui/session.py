@@ -1,0 +1,149 @@
+"""The browser session's side of a generation: the LoRA's recommended settings in the form, the history of
+results with "use these settings again", and share links.
+
+A share link is the Space's URL with the form's values as query parameters (`?prompt=...&lora=owner/name&
+lora_scale=0.8&sampler=LCM&steps=4&seed=42...`), read when the page loads; the history keeps each result's
+values the same way, so both fill the form through `form_values`. Values are checked as the form's own (a size or
+sampler the pool does not offer, a number out of range, is left as the form has it): a link is only a form
+filled in, and the engine checks the request when it is sent. Pure functions, no Gradio objects but `gr.skip`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+import gradio as gr
+
+from engine.requests import MAX_IMAGES, MAX_SEED, ModelDefaults
+from engine.samplers import find_sampler, sampler_label
+from lora_catalog.hints import LoraHints, blend_hints
+
+__all__ = ["FIELDS", "HISTORY_SIZE", "form_values", "history_entry", "recommended", "share_params", "share_url"]
+
+# The form's fields a link or a history entry carries, in the order `form_values` answers them.
+FIELDS = (
+    "prompt",
+    "negative",
+    "lora",
+    "lora_scale",
+    "lora_revision",
+    "lora_weight",
+    "lora_2",
+    "lora_2_scale",
+    "lora_2_revision",
+    "lora_2_weight",
+    "size",
+    "steps",
+    "guidance",
+    "sampler",
+    "clip_skip",
+    "images",
+    "seed",
+    "base",
+)
+HISTORY_SIZE = 12
+_THUMB = 192
+_TEXT = ("prompt", "negative", "lora", "lora_revision", "lora_weight", "lora_2", "lora_2_revision", "lora_2_weight")
+
+
+def share_params(values: Mapping[str, object]) -> dict[str, str]:
+    """The form's values as query parameters (empty ones and defaults left out: a short link)."""
+    params: dict[str, str] = {}
+    for name in FIELDS:
+        value = values.get(name)
+        if value is None or value == "" or (name.endswith("scale") and value == 1.0):
+            continue
+        params[name] = f"{value:g}" if isinstance(value, float) else str(value)
+    return params
+
+
+def share_url(base_url: str, params: Mapping[str, str]) -> str:
+    return f"{base_url.rstrip('/')}/?{urlencode(params)}"
+
+
+def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: int) -> tuple[Any, ...]:
+    """The form's new values from a link's or a history entry's parameters, in FIELDS' order, then whether the
+    seed is random; `gr.skip()` where a parameter is absent or not one the form can show."""
+    out: dict[str, Any] = {}
+    for name in _TEXT:
+        if isinstance(params.get(name), str):
+            out[name] = params[name]
+    for name in ("lora_scale", "lora_2_scale"):
+        out[name] = _number(params.get(name), -2.0, 2.0)
+    sizes = [f"{w}x{h}" for w, h in defaults.sizes]
+    out["size"] = params["size"] if params.get("size") in sizes else None
+    out["steps"] = _whole(params.get("steps"), 1, max_steps)
+    out["guidance"] = _number(params.get("guidance"), 0.0, 20.0)
+    sampler = find_sampler(params.get("sampler", ""))
+    out["sampler"] = sampler.label if sampler is not None and sampler.label in defaults.samplers else None
+    out["clip_skip"] = _whole(params.get("clip_skip"), 1, defaults.max_clip_skip + 1)
+    out["images"] = _whole(params.get("images"), 1, MAX_IMAGES)
+    out["seed"] = _whole(params.get("seed"), 0, MAX_SEED)
+    out["base"] = params.get("base") or None
+    values = tuple(gr.skip() if out.get(name) is None else out[name] for name in FIELDS)
+    # A link with a seed reproduces that image: the seed is not drawn again.
+    return (*values, gr.skip() if out["seed"] is None else False)
+
+
+def history_entry(params: Mapping[str, str], image: Any, caption: str) -> dict[str, Any]:
+    """A result as the session's history keeps it: its form values, a thumbnail and a caption."""
+    thumb = image.copy()
+    thumb.thumbnail((_THUMB, _THUMB))
+    return {"params": dict(params), "thumb": thumb, "caption": caption}
+
+
+def recommended(
+    hints: Sequence[LoraHints], defaults: ModelDefaults, max_steps: int, on: bool
+) -> tuple[int, float, str, int, str]:
+    """Steps, guidance, sampler, CLIP skip (A1111's count) and a note saying where each came from: the LoRAs'
+    recommendations (a speed LoRA's first) when `on` and they give one the pool can follow, else the pool's."""
+    blended = blend_hints(hints) if on else LoraHints()
+    where = dict(blended.sources)
+    notes: list[tuple[str, str]] = []
+    steps = defaults.steps
+    if blended.steps is not None and blended.steps <= max_steps:
+        steps = blended.steps
+        notes.append((f"steps {steps}", where["steps"]))
+    guidance = defaults.guidance
+    # A model that takes no guidance (FLUX.1 [schnell]) keeps its own.
+    if blended.guidance is not None and defaults.guidance_kind != "none":
+        guidance = blended.guidance
+        notes.append((f"guidance {guidance:g}", where["guidance"]))
+    sampler = ""
+    if blended.sampler:
+        found = find_sampler(blended.sampler)
+        label = found.label if found is not None else sampler_label(blended.sampler, ())
+        if label in defaults.samplers:
+            sampler = label
+            notes.append((f"sampler {label}", where["sampler"]))
+    clip_skip = 1
+    if blended.clip_skip is not None and blended.clip_skip <= defaults.max_clip_skip:
+        clip_skip = blended.clip_skip + 1
+        notes.append((f"CLIP skip {clip_skip}", where["clip_skip"]))
+    if notes:
+        kind = f"**{blended.speed} speed LoRA**: its own settings. " if blended.speed else ""
+        # One line per source: "steps 4, guidance 1, sampler LCM — speed LoRA (LCM, ...)".
+        sources = dict.fromkeys(source for _, source in notes)
+        lines = [", ".join(v for v, s in notes if s == source) + f" — {source}" for source in sources]
+        note = f"{kind}Recommended by the LoRA: " + "; ".join(lines)
+    elif not on and hints and any(not h.empty for h in hints):
+        note = "The LoRA's recommended settings are off: the model's defaults."
+    else:
+        note = ""
+    return steps, guidance, sampler, clip_skip, note
+
+
+def _number(text: object, low: float, high: float) -> float | None:
+    try:
+        value = float(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) and low <= value <= high else None
+
+
+def _whole(text: object, low: int, high: int) -> int | None:
+    value = _number(text, low, high)
+    return int(value) if value is not None and value.is_integer() else None

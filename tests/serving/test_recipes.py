@@ -1,0 +1,120 @@
+"""Recipes: A1111's `parameters` text written for a result, read back, and carried in PNG and JPEG files."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from engine.requests import AdapterUse, CheckedRequest, GenerateResult, LoraSpec, Timings
+from serving.recipes import encode_image, parse_recipe, read_recipe, recipe_text, with_recipes
+
+USES = (
+    AdapterUse("owner/style", "abc", "pytorch_lora_weights.safetensors", 0.8, "hit", "0123456789ab"),
+    AdapterUse("ByteDance/SDXL-Lightning", "def", "sdxl_lightning_4step_lora.safetensors", 1.0, "miss", "ba9876543210"),
+    AdapterUse("local:styles/ink.safetensors", "1-2", "ink.safetensors", -0.5, "hit", "aaaaaaaaaaaa"),
+)
+
+
+def result(**fields: object) -> GenerateResult:
+    request = CheckedRequest(
+        prompt="a fox, in a forest: at dusk",
+        negative_prompt="blurry, low quality",
+        loras=tuple(LoraSpec(u.ref, u.scale) for u in USES),
+        steps=4,
+        guidance=1.5,
+        width=64,
+        height=128,
+        seed=2**32 - 1,
+        scheduler="DPMSolverMultistepScheduler",
+        scheduler_options=(("use_karras_sigmas", True),),
+        clip_skip=1,
+        num_images=2,
+        sampler="DPM++ 2M Karras",
+    )
+    images = (Image.new("RGB", (64, 128), (9, 9, 9)), Image.new("RGB", (64, 128), (1, 2, 3)))
+    values: dict = {"image": images[0], "more_images": images[1:], "seed": request.seed, "request": request}
+    return GenerateResult(**(values | {"timings": Timings(), "adapters": USES, "model_id": "owner/model"} | fields))
+
+
+def test_a_recipe_is_a1111s_parameters_text():
+    text = recipe_text(result())
+    prompt, negative, parameters = text.split("\n")
+    assert prompt == (
+        "a fox, in a forest: at dusk <lora:owner/style:0.8> "
+        "<lora:ByteDance/SDXL-Lightning/sdxl_lightning_4step_lora.safetensors:1> <lora:~styles/ink.safetensors:-0.5>"
+    )
+    assert negative == "Negative prompt: blurry, low quality"
+    assert parameters == (
+        "Steps: 4, Sampler: DPM++ 2M Karras, CFG scale: 1.5, Seed: 4294967295, Size: 64x128, Model: owner/model, "
+        'Clip skip: 2, Lora hashes: "owner/style: 0123456789ab, ByteDance/SDXL-Lightning/sdxl_lightning_4step_lora'
+        '.safetensors: ba9876543210, ~styles/ink.safetensors: aaaaaaaaaaaa", Version: LoRA Switchboard'
+    )
+    # The second image's own seed (consecutive, wrapping).
+    assert "Seed: 0," in recipe_text(result(), 1)
+
+
+def test_a_recipe_reads_back_into_the_same_request():
+    made = result()
+    recipe = parse_recipe(recipe_text(made))
+    request, checked = recipe.request, made.request
+    assert (request.prompt, request.negative_prompt) == (checked.prompt, checked.negative_prompt)
+    assert (request.steps, request.guidance, request.seed) == (checked.steps, checked.guidance, checked.seed)
+    assert (request.width, request.height, request.clip_skip) == (checked.width, checked.height, checked.clip_skip)
+    assert request.scheduler == "DPM++ 2M Karras"
+    assert request.loras == (
+        LoraSpec("owner/style", 0.8),
+        LoraSpec("ByteDance/SDXL-Lightning", 1.0, weight_name="sdxl_lightning_4step_lora.safetensors"),
+        LoraSpec("local:styles/ink.safetensors", -0.5),
+    )
+    assert recipe.hashes["owner/style"] == "0123456789ab"
+    assert recipe.hashes["local:styles/ink.safetensors"] == "aaaaaaaaaaaa"
+    assert recipe.parameters["Model"] == "owner/model"
+
+
+def test_recipes_a1111_wrote_are_read():
+    # A1111 1.9's form: the schedule apart, a quoted value, a multi-line prompt, a tag without a weight.
+    text = (
+        "masterpiece, 1girl\nsolo <lora:add_detail:0.5> <lora:ink>\nNegative prompt: lowres\n"
+        "Steps: 28, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 7, Seed: 123, Size: 832x1216, "
+        'Model hash: 7f96a1a9ca, Model: animagine, Clip skip: 2, Lora hashes: "add_detail: 7c6bad76eb54", '
+        "Version: v1.9.4"
+    )
+    recipe = parse_recipe(text)
+    assert recipe.request.prompt == "masterpiece, 1girl\nsolo"
+    assert recipe.request.loras == (LoraSpec("add_detail", 0.5), LoraSpec("ink", 1.0))
+    assert (recipe.request.scheduler, recipe.request.clip_skip, recipe.request.width) == ("DPM++ 2M Karras", 1, 832)
+    assert recipe.hashes == {"add_detail": "7c6bad76eb54"}
+
+
+@pytest.mark.parametrize("media_type", ["image/png", "image/jpeg"])
+def test_png_and_jpeg_carry_each_images_own_recipe(media_type):
+    carried = with_recipes(result())
+    for index, image in enumerate(carried.images):
+        with Image.open(io.BytesIO(encode_image(image, media_type))) as opened:
+            assert read_recipe(opened) == recipe_text(carried, index)
+    plain = result().image
+    assert "parameters" not in plain.info, "the engine's own image is never written to"
+    with Image.open(io.BytesIO(encode_image(plain, media_type))) as opened:
+        assert read_recipe(opened) is None
+
+
+@pytest.mark.parametrize("recipes", [True, False])
+def test_every_handlers_result_carries_its_recipe_unless_recipes_are_off(engine, fixtures, recipes):
+    from engine.requests import GenerateRequest
+    from serving.backends import blocking
+    from serving.handlers import Handlers
+    from tests.support.checks import backend_of
+
+    handlers = Handlers(backend_of(engine), None, engine.settings.replace(recipes=recipes))  # type: ignore[arg-type]
+    request = GenerateRequest("a fox", loras=(LoraSpec(fixtures["peft"], 0.5),), steps=1, width=64, height=64, seed=3)
+    made = blocking(handlers.generate(request))
+    if not recipes:
+        assert "parameters" not in made.image.info
+        return
+    recipe = parse_recipe(made.image.info["parameters"])
+    assert recipe.request.loras == (LoraSpec(fixtures["peft"], 0.5),)
+    assert (recipe.request.seed, recipe.request.steps, recipe.request.scheduler) == (3, 1, "Euler")
+    # The hash A1111 writes: sha256 of the file after its header (kohya's addnet hash), 12 hex digits.
+    assert recipe.hashes[fixtures["peft"]] == made.adapters[0].hash and len(made.adapters[0].hash) == 12

@@ -1,0 +1,100 @@
+"""The UI's session pieces without a browser: share links, the form they fill, the LoRAs' recommended settings."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlsplit
+
+import gradio as gr
+
+from engine.requests import LoraSpec, ModelDefaults
+from lora_catalog.hints import LoraHints, speed_hints
+from serving.ui import session
+from serving.ui.history import FORM, request_of
+
+DEFAULTS = ModelDefaults(
+    steps=25,
+    guidance=5.0,
+    side=1024,
+    max_side=1536,
+    sizes=((1024, 1024), (1152, 896)),
+    scheduler="EulerDiscreteScheduler",
+    schedulers=("EulerAncestralDiscreteScheduler", "EulerDiscreteScheduler", "LCMScheduler"),
+    max_clip_skip=10,
+)
+FORM_VALUES = {
+    "prompt": "a fox, in a forest & more",
+    "negative": "",
+    "lora": "owner/style",
+    "lora_scale": 0.8,
+    "lora_revision": "",
+    "lora_weight": "",
+    "lora_2": "latent-consistency/lcm-lora-sdxl",
+    "lora_2_scale": 1.0,
+    "lora_2_revision": "",
+    "lora_2_weight": "",
+    "size": "1152x896",
+    "steps": 4,
+    "guidance": 1.0,
+    "sampler": "Euler a",
+    "clip_skip": 2,
+    "images": 2,
+    "recommended": True,
+    "seed": 42,
+    "randomize": True,
+    "base": "",
+    "history": [],
+}
+
+
+def test_a_share_link_fills_the_form_it_was_made_from():
+    params = session.share_params(FORM_VALUES)
+    url = session.share_url("https://me-space.hf.space/", params)
+    query = dict(parse_qsl(urlsplit(url).query))
+    assert query["prompt"] == "a fox, in a forest & more"
+    assert "lora_2_scale" not in query and "negative" not in query, "defaults and empty fields stay out"
+    filled = dict(zip((*session.FIELDS, "randomize"), session.form_values(query, DEFAULTS, 60), strict=True))
+    for name in ("prompt", "lora", "lora_scale", "size", "steps", "guidance", "sampler", "clip_skip", "seed"):
+        assert filled[name] == FORM_VALUES[name], name
+    assert filled["images"] == 2
+    # A link with a seed makes that image: the seed is not drawn again.
+    assert filled["randomize"] is False
+
+
+def test_what_the_form_cannot_show_is_left_as_it_is():
+    odd = {"size": "999x999", "steps": "500", "sampler": "Restart", "clip_skip": "40", "seed": "-3", "lora_scale": "x"}
+    filled = dict(zip((*session.FIELDS, "randomize"), session.form_values(odd, DEFAULTS, 60), strict=True))
+    skip = gr.skip()
+    assert all(filled[name] == skip for name in odd)
+    assert filled["randomize"] == skip
+
+
+def test_the_form_asks_for_what_it_shows_leaving_defaults_to_the_loras_when_the_switch_is_on():
+    form = {**FORM_VALUES, "sampler": "", "clip_skip": 1}
+    on = request_of(form)
+    assert (on.scheduler, on.clip_skip, on.lora_defaults, on.num_images) == (None, None, True, 2)
+    assert on.loras == (LoraSpec("owner/style", 0.8), LoraSpec("latent-consistency/lcm-lora-sdxl", 1.0))
+    off = request_of({**form, "recommended": False})
+    assert (off.scheduler, off.clip_skip, off.lora_defaults) == (None, 0, False)
+    chosen = request_of(FORM_VALUES)
+    assert (chosen.scheduler, chosen.clip_skip) == ("Euler a", 1)
+    assert set(FORM) == {*FORM_VALUES}
+
+
+def test_the_recommended_settings_say_where_they_come_from():
+    style = LoraHints(clip_skip=1, sources=(("clip_skip", "its training metadata (ss_clip_skip=2)"),))
+    lcm = speed_hints(["latent-consistency/lcm-lora-sdxl"], repo_id="latent-consistency/lcm-lora-sdxl")
+    steps, guidance, sampler, clip_skip, note = session.recommended([style, lcm], DEFAULTS, 60, True)
+    assert (steps, guidance, sampler, clip_skip) == (4, 1.0, "LCM", 2)
+    assert note.startswith("**LCM speed LoRA**: its own settings. Recommended by the LoRA: steps 4, guidance 1, ")
+    assert "CLIP skip 2 — its training metadata (ss_clip_skip=2)" in note
+    assert session.recommended([style, lcm], DEFAULTS, 60, False) == (
+        25,
+        5.0,
+        "",
+        1,
+        "The LoRA's recommended settings are off: the model's defaults.",
+    )
+    # A sampler the pool does not offer stays the default, and is not claimed in the note.
+    tcd = speed_hints(["h1t/TCD-SDXL-LoRA"], repo_id="h1t/TCD-SDXL-LoRA")
+    _, _, sampler, _, note = session.recommended([tcd], DEFAULTS, 60, True)
+    assert sampler == "" and "sampler" not in note
