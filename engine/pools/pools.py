@@ -21,6 +21,7 @@ from cachetools import LRUCache
 
 from engine.caches.disk import DiskCache
 from engine.compare import MAX_COMPARE_LORAS
+from engine.devices import same_device
 from engine.errors import SettingsError
 from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
@@ -228,7 +229,7 @@ def pool_info(engine: Engine) -> PoolInfo:
 def _warmed(loaded: LoadedPipeline, settings: Settings) -> LoadedPipeline:
     """`loaded` warmed up (and compiled) on its device; one parked in host RAM goes back there afterwards."""
     modules = pipeline_modules(loaded)
-    if all(t.device.type == loaded.device.type for t in module_tensors(modules)):
+    if all(same_device(t.device, loaded.device) for t in module_tensors(modules)):
         return warm_up(loaded, settings)
     # Moved the way the residency moves pools (one flat buffer each way); back out before the next pool comes in.
     weights = FlatWeights(modules, pin=False)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.devices import same_device
 from engine.errors import GpuUnavailableError, SettingsError
 from engine.outcomes import PoolMemory
 from engine.pools.flat import FlatWeights, module_bytes, module_tensors
@@ -72,7 +73,9 @@ class Residency:
         never be placed, even alone, is refused here (at start-up), rather than failing every request later.
         """
         weights = FlatWeights(modules, pin=self._pin)
-        on_device = all(t.device == self._device for t in module_tensors(modules))
+        # `cuda` (the setting) and `cuda:0` (a tensor's) are one device: with `==` a pool loaded on the GPU would look
+        # absent and be copied in a second time (engine.devices).
+        on_device = all(same_device(t.device, self._device) for t in module_tensors(modules))
         with self._cond:
             slot = _Slot(name, weights, pristine, before_leaving, resident=on_device)
             if self._budget is not None and slot.nbytes > self._budget:
