@@ -160,6 +160,7 @@ def load_pipeline(
                     _compute_in_host_ram(component, device)
     else:
         pipe = pipe.to(device=target) if cast is None else pipe.to(device=target, dtype=cast)
+    _vae_in_float32(pipe)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
     side = family.served_side(pipe)
@@ -277,6 +278,31 @@ def _compute_in_host_ram(module: torch.nn.Module, device: torch.device) -> None:
 
     module.register_forward_pre_hook(inputs, with_kwargs=True)
     module.register_forward_hook(outputs, with_kwargs=True)
+
+
+def _vae_in_float32(pipe: Pipeline) -> None:
+    """Keep a half-precision VAE its config marks `force_upcast` in float32, once, at load.
+
+    SDXL's pipelines would otherwise upcast it for each decode and cast it back afterwards (`upcast_vae`,
+    deprecated: a FutureWarning per request), re-pointing its parameters twice per request, so a pool's flat
+    buffer (`engine.pools.flat`) would no longer hold them. Widened once, it computes with the very values that
+    upcast gave it; the latents it is handed (in the denoiser's dtype) are widened where its decode takes them.
+    Only pipelines that would upcast (those with `upcast_vae`) are touched: SD 1.5's decodes in half precision.
+    """
+    vae = getattr(pipe, "vae", None)
+    if vae is None or not hasattr(pipe, "upcast_vae"):
+        return
+    if vae.dtype != torch.float16 or not vae.config.force_upcast:
+        return
+    vae.to(dtype=torch.float32)
+    # `_decode` and `tiled_decode` hand the latents to post_quant_conv (when the VAE has one), then the decoder.
+    for module in (vae.post_quant_conv, vae.decoder):
+        if module is not None:
+            module.register_forward_pre_hook(_widened)
+
+
+def _widened(_: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
 def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Pipeline:
