@@ -8,11 +8,15 @@ fake below pickles the same way, so what a call ships is measured, not assumed. 
 from __future__ import annotations
 
 import inspect
+import os
 import pickle
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import gradio as gr
 import httpx
@@ -20,14 +24,14 @@ import pytest
 import torch
 from spaces.zero.gradio import error as spaces_error
 
-from engine.caches.store import AdapterStore
 from engine.caches.worker import WorkerCache
 from engine.errors import GenerationCancelledError, GenerationError
 from engine.requests import GenerateRequest, LoraSpec
 from serving.backends.local import LocalBackend
-from serving.demo.synthetic import find_targets, make_lora
 from tests.support.app_server import serve_routes
 from tests.support.checks import generate
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class PicklingGpu:
@@ -144,53 +148,87 @@ def test_the_worker_cache_stays_in_its_budget(make_engine, fixtures):
         assert runner.worker_cache.nbytes <= one + one // 2
 
 
-def test_the_main_process_never_pins_or_initialises_cuda_on_zerogpu(loaded, monkeypatch):
-    # ZeroGPU reports the device as cuda in the main process; the store must not pin there.
-    pinned: list[int] = []
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: pinned.append(1) or self)
-    store = AdapterStore(
-        host_budget=2**30,
-        device_budget=2**30,
-        device=torch.device("cuda"),
-        dtype=torch.float16,
-        use_device_tier=False,
-        pin=False,
+# Each runs in a fresh process: `torch.cuda.is_initialized()` says whether anything in the process ever touched
+# CUDA, and in a run that includes the `gpu` tests something has, before these tests begin.
+_ADAPTER_STORE_CHECK = """
+import torch
+from engine.caches.store import AdapterStore
+from engine.families.sdxl import build_tiny_pipeline
+from engine.formats.adapters import AdapterKey, LayerFactors, PreparedAdapter
+from serving.demo.synthetic import find_targets, make_lora
+
+pinned = []
+torch.Tensor.pin_memory = lambda self, *a, **k: pinned.append(1) or self
+store = AdapterStore(
+    host_budget=2**30,
+    device_budget=2**30,
+    device=torch.device("cuda"),
+    dtype=torch.float16,
+    use_device_tier=False,
+    pin=False,
+)
+targets = find_targets({"unet": build_tiny_pipeline().unet}, {"unet": (r"attn1\\.to_q$",)})
+tensors = make_lora(targets, rank=2, seed=1, fmt="peft")
+downs = [t for name, t in sorted(tensors.items()) if "lora_A" in name]
+ups = [t for name, t in sorted(tensors.items()) if "lora_B" in name]
+layers = tuple(LayerFactors(i, d, u, 1.0) for i, (d, u) in enumerate(zip(downs, ups, strict=True)))
+store.add(PreparedAdapter(AdapterKey("hub", "a/b", "0" * 40, "w.safetensors"), layers, 1, 2, ("unet",)))
+assert pinned == [], pinned
+assert not torch.cuda.is_initialized()
+"""
+
+_PREPARE_CHECK = """
+import dataclasses, sys
+import torch
+from engine.pipeline.loading import load_pipeline
+from engine.pools.engine import Engine
+from engine.prepare.resolve import AdapterResolver
+from engine.requests import LoraSpec
+from engine.settings import Settings
+from lora_catalog.hub import HubSource
+
+settings_json, hub_url, ref = sys.argv[1:4]
+base = Settings.model_validate_json(settings_json)
+loaded = load_pipeline(base, warm=False)
+settings = base.replace(zero_gpu=True, gpu_mode="auto")
+pinned = []
+torch.Tensor.pin_memory = lambda self, *a, **k: pinned.append(1) or self
+source = HubSource(endpoint=hub_url, timeout_s=5)
+resolver = AdapterResolver(source, local_dir=None, token=None, max_bytes=2**30)
+engine = Engine(dataclasses.replace(loaded, device=torch.device("cuda")), settings, resolver)
+try:
+    check = engine.check_lora(LoraSpec(ref))
+finally:
+    source.close()
+assert check.layers > 0
+assert pinned == [], pinned
+assert not torch.cuda.is_initialized()
+"""
+
+
+def _in_a_fresh_process(code: str, *args: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
-    targets = find_targets({"unet": loaded.pipe.unet}, {"unet": (r"attn1\.to_q$",)})
-    from engine.formats.adapters import AdapterKey, LayerFactors, PreparedAdapter
-
-    tensors = make_lora(targets, rank=2, seed=1, fmt="peft")
-    downs = [t for name, t in sorted(tensors.items()) if "lora_A" in name]
-    ups = [t for name, t in sorted(tensors.items()) if "lora_B" in name]
-    layers = tuple(LayerFactors(i, d, u, 1.0) for i, (d, u) in enumerate(zip(downs, ups, strict=True)))
-    store.add(PreparedAdapter(AdapterKey("hub", "a/b", "0" * 40, "w.safetensors"), layers, 1, 2, ("unet",)))
-    assert pinned == []
-    assert not torch.cuda.is_initialized()
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_preparing_on_zerogpu_pins_nothing_even_with_the_device_reported_as_cuda(
-    loaded, base_settings, hub, fixtures, monkeypatch
-):
+def test_the_main_process_never_pins_or_initialises_cuda_on_zerogpu(monkeypatch):
+    # ZeroGPU reports the device as cuda in the main process; the store must not pin there. This process stands
+    # in for one where the `gpu` tests already ran: the check must not depend on it.
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    _in_a_fresh_process(_ADAPTER_STORE_CHECK)
+
+
+def test_preparing_on_zerogpu_pins_nothing_even_with_the_device_reported_as_cuda(base_settings, hub, fixtures):
     # In ZeroGPU's main process the pipeline reports cuda; preparing an adapter must still not pin it.
-    import dataclasses
-
-    from engine.pools.engine import Engine
-    from engine.prepare.resolve import AdapterResolver
-    from lora_catalog.hub import HubSource
-
-    pinned: list[int] = []
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: pinned.append(1) or self)
-    settings = base_settings.replace(zero_gpu=True, gpu_mode="auto")
-    source = HubSource(endpoint=hub.url, timeout_s=5)
-    resolver = AdapterResolver(source, local_dir=None, token=None, max_bytes=2**30)
-    engine = Engine(dataclasses.replace(loaded, device=torch.device("cuda")), settings, resolver)
-    try:
-        check = engine.check_lora(LoraSpec(fixtures["second"]))
-    finally:
-        source.close()
-    assert check.layers > 0
-    assert pinned == []
-    assert not torch.cuda.is_initialized()
+    _in_a_fresh_process(_PREPARE_CHECK, base_settings.model_dump_json(), hub.url, fixtures["second"])
 
 
 # -- cancels and errors cross the worker boundary (issue 20, defects 5 and 7) -----------------------------------
