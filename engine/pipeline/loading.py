@@ -21,7 +21,6 @@ from pathlib import PurePath
 from typing import Any
 
 import torch
-from accelerate.utils import send_to_device
 from diffusers import AutoencoderKL
 
 from engine.errors import SettingsError
@@ -30,6 +29,7 @@ from engine.families.spec import fit_presets
 from engine.families.tiny import TINY_SIZES, build_tiny
 from engine.pipeline.aot import AotDenoiser, AotPackage, capture_calls, compile_package, inductor_options
 from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile_denoiser, configure_caches
+from engine.pipeline.encoders import ENCODER_CACHE_BYTES, run_from_host_ram
 from engine.pipeline.schedulers import offered_schedulers
 from engine.pools.specs import HUB_ID
 from engine.requests import ModelDefaults
@@ -157,7 +157,9 @@ def load_pipeline(
             if isinstance(component, torch.nn.Module):
                 component.to(device=torch.device("cpu") if name in host_components else target, dtype=cast)
                 if name in host_components:
-                    _compute_in_host_ram(component, device)
+                    # Its outputs are kept for recent prompts only where no LoRA or pivotal token changes it.
+                    cache = None if name in family.components else ENCODER_CACHE_BYTES
+                    run_from_host_ram(component, device, cache_bytes=cache)
     else:
         pipe = pipe.to(device=target) if cast is None else pipe.to(device=target, dtype=cast)
     _vae_in_float32(pipe)
@@ -261,23 +263,6 @@ def _latent_space(config: dict[str, Any]) -> dict[str, object]:
     # A config saved without a field means the class's default (diffusers' own reading of it).
     defaults = inspect.signature(AutoencoderKL.__init__).parameters
     return {name: config.get(name, defaults[name].default) for name in _LATENT_SPACE}
-
-
-def _compute_in_host_ram(module: torch.nn.Module, device: torch.device) -> None:
-    """A component left in host RAM computes there, called as if it were on `device`: its inputs are brought to
-    host RAM and its outputs handed back on `device` (FluxPipeline sends T5 the token ids on its execution device).
-    accelerate's offload hooks would move its weights to the device for each call instead, the very bytes the
-    plan keeps off it; its `send_to_device` moves the nested arguments and outputs (a ModelOutput too)."""
-    host = torch.device("cpu")
-
-    def inputs(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
-        return send_to_device(args, host), send_to_device(kwargs, host)
-
-    def outputs(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-        return send_to_device(output, device)
-
-    module.register_forward_pre_hook(inputs, with_kwargs=True)
-    module.register_forward_hook(outputs, with_kwargs=True)
 
 
 def _vae_in_float32(pipe: Pipeline) -> None:
