@@ -3,8 +3,9 @@
 Only the family's declared denoiser is compiled; the text encoders stay eager. Its weights are graph inputs, never
 constants (freezing is refused), and the swap writes into those same tensors, so no swap recompiles or re-captures.
 Shapes are static: each size preset with guidance is compiled inside the warm-up, any other shape runs eager. CUDA-
-graph calls are serialised process-wide with their outputs copied out; a moved pool's graphs are recorded again by
-torch. `COMPILE_CACHE_DIR` is inductor's cache folder. Why each of these: docs/internals.md.
+graph calls are serialised process-wide with their outputs copied out; a pool that takes turns on the device is
+compiled without CUDA graphs (each move would record its graphs again, and torch keeps the old ones).
+`COMPILE_CACHE_DIR` is inductor's cache folder. Why each of these: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -117,16 +118,24 @@ class CompiledDenoiser:
     (the engine's pipeline lock), like the swap.
     """
 
-    def __init__(self, module: torch.nn.Module, mode: str, *, backend: str = "inductor") -> None:
+    def __init__(
+        self, module: torch.nn.Module, mode: str, *, backend: str = "inductor", cudagraphs: bool = True
+    ) -> None:
         self._module = module
         self._eager: Callable[..., Any] = module.forward
         self.mode, self.backend = mode, backend
         options = torch._inductor.list_mode_options(mode) if backend == "inductor" else {}
         # CUDA graphs (reduce-overhead, and max-autotune on a GPU) reuse their output memory each step.
-        self._cudagraphs = bool(options.get("triton.cudagraphs")) and _on_cuda(module)
-        self._compiled = torch.compile(
-            self._eager, backend=backend, mode=mode if backend == "inductor" else None, dynamic=False
-        )
+        self.cudagraphs = bool(options.get("triton.cudagraphs")) and cudagraphs
+        self._cudagraphs = self.cudagraphs and _on_cuda(module)
+        if backend != "inductor":
+            self._compiled = torch.compile(self._eager, backend=backend, dynamic=False)
+        elif self.cudagraphs or not options.get("triton.cudagraphs"):
+            self._compiled = torch.compile(self._eager, backend=backend, mode=mode, dynamic=False)
+        else:
+            # The mode's own options less its CUDA graphs (torch.compile takes a mode or options, not both).
+            options = {**options, "triton.cudagraphs": False}
+            self._compiled = torch.compile(self._eager, backend=backend, options=options, dynamic=False)
         self._shapes: set[Hashable] = set()
         self._learning = False
         self._logged: set[Hashable] = set()
@@ -136,12 +145,14 @@ class CompiledDenoiser:
         self.report: CompileReport | None = None
 
     @classmethod
-    def install(cls, module: torch.nn.Module, mode: str, *, backend: str = "inductor") -> CompiledDenoiser:
+    def install(
+        cls, module: torch.nn.Module, mode: str, *, backend: str = "inductor", cudagraphs: bool = True
+    ) -> CompiledDenoiser:
         """Compile `module`'s forward in place (a module already compiled keeps its `CompiledDenoiser`)."""
         existing = module.__dict__.get("forward")
         if isinstance(existing, CompiledDenoiser):
             return existing
-        compiled = cls(module, mode, backend=backend)
+        compiled = cls(module, mode, backend=backend, cudagraphs=cudagraphs)
         module.forward = compiled
         return compiled
 
@@ -213,9 +224,13 @@ def compile_denoiser(
     run: Callable[[int, int], None],
     *,
     backend: str = "inductor",
+    cudagraphs: bool = True,
 ) -> CompiledDenoiser:
-    """Compile `module` for each (width, height) in `sizes`: `run(width, height)` runs the pipeline once at it."""
-    compiled = CompiledDenoiser.install(module, mode, backend=backend)
+    """Compile `module` for each (width, height) in `sizes`: `run(width, height)` runs the pipeline once at it.
+
+    `cudagraphs=False` drops the mode's CUDA graphs (a pool that takes turns on the device: `engine.pools.pools`).
+    """
+    compiled = CompiledDenoiser.install(module, mode, backend=backend, cudagraphs=cudagraphs)
     started, before = time.perf_counter(), dynamo_compiles()
     with compiled.learning():
         for width, height in sizes:

@@ -208,10 +208,12 @@ def warm_up(
     *,
     backend: str = "inductor",
     sizes: Sequence[tuple[int, int]] | None = None,
+    cudagraphs: bool = True,
 ) -> LoadedPipeline:
     """Run the pipeline once (and with `COMPILE`, compile its denoiser for every size preset); on the device.
 
     `backend` and `sizes` (default: the presets) are for tests and benchmarks: dynamo's `aot_eager`, fewer sizes.
+    `cudagraphs=False`: compiled without the mode's CUDA graphs (a pool that will move; `engine.pools.pools`).
     """
     warmup_s = _warm_up(loaded)
     compiled = None
@@ -224,6 +226,7 @@ def warm_up(
             loaded.defaults.sizes if sizes is None else sizes,
             lambda w, h: _run_once(loaded, w, h),
             backend=backend,
+            cudagraphs=cudagraphs,
         )
         warmup_s += compiled.compile_s
     logger.info(

@@ -226,16 +226,24 @@ def pool_info(engine: Engine) -> PoolInfo:
     return PoolInfo(loaded.base_model_id, family.family, widths.denoiser, widths.text)
 
 
-def _warmed(loaded: LoadedPipeline, settings: Settings) -> LoadedPipeline:
-    """`loaded` warmed up (and compiled) on its device; one parked in host RAM goes back there afterwards."""
+def _warmed(loaded: LoadedPipeline, settings: Settings, *, moves: bool) -> LoadedPipeline:
+    """`loaded` warmed up (and compiled) on its device; one parked in host RAM goes back there afterwards.
+
+    A pool that `moves` (the pools take turns on the device) is compiled without CUDA graphs: each move puts its
+    weights at new addresses, torch records every shape's graph again at the next call and keeps the earlier ones
+    (`StaticInputIdxMismatch` is not counted toward its re-record limit), so graphs and their memory would grow with
+    every move, and each move-in would pay a recording per shape. Pools that stay resident keep them.
+    """
+    if moves and settings.compile in ("reduce-overhead", "max-autotune"):
+        logger.info("pool %s takes turns on the device: compiled without CUDA graphs", loaded.base_model_id)
     modules = pipeline_modules(loaded)
     if all(same_device(t.device, loaded.device) for t in module_tensors(modules)):
-        return warm_up(loaded, settings)
+        return warm_up(loaded, settings, cudagraphs=not moves)
     # Moved the way the residency moves pools (one flat buffer each way); back out before the next pool comes in.
     weights = FlatWeights(modules, pin=False)
     weights.to_device(loaded.device)
     try:
-        return warm_up(loaded, settings)
+        return warm_up(loaded, settings, cudagraphs=not moves)
     finally:
         weights.to_host()
 
@@ -302,7 +310,10 @@ def build_pools(
         logger.info("memory plan: %s", plan.describe())
     if len(pool_settings) > 1 and settings.compile != "off" and warm:
         # Compiling is warming up: each pool on the device in turn, once, at start-up (after the plan accepted them).
-        loaded = [_warmed(lp, settings.for_pool(pool)) for pool, lp in zip(pool_settings, loaded, strict=True)]
+        moves = plan is not None and not plan.resident
+        loaded = [
+            _warmed(lp, settings.for_pool(pool), moves=moves) for pool, lp in zip(pool_settings, loaded, strict=True)
+        ]
     engines: list[Engine] = []
     disk = None
     if resolver.uses_hub or resolver.civitai_dir is not None:

@@ -261,7 +261,7 @@ def test_inductor_serves_swaps_without_recompiling_and_equal_to_eager(settings, 
 def test_several_pools_are_each_compiled_at_start_up(base_settings, loaded, loaded_sd15, monkeypatch):
     warmed: list[tuple[str, str]] = []
 
-    def warm(pipeline, settings):
+    def warm(pipeline, settings, **_: object):
         warmed.append((pipeline.base_model_id, settings.model_id))
         return pipeline
 
