@@ -113,6 +113,7 @@ class Engine:
                 settings.disk_cache_bytes,
                 cache_dir=resolver.cache_dir,
                 civitai_dir=resolver.civitai_dir,
+                download_timeout_s=settings.hub_timeout_s,
                 # The budget is for LoRAs: the served model's own repos are never pruned.
                 keep_repos={settings.model_id, settings.base_model_id, loaded.model_id, settings.vae_id or ""},
                 in_use=self._store.in_use,

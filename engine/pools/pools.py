@@ -312,6 +312,7 @@ def build_pools(
             # The budget is for LoRAs: the served models' own repos are never pruned.
             keep_repos=keep | {settings.vae_id or ""},
             civitai_dir=resolver.civitai_dir,
+            download_timeout_s=settings.hub_timeout_s,
             in_use=lambda: set[AdapterKey]().union(*(engine.adapters_in_use() for engine in engines)),
         )
     for own, lp in zip(own_settings, loaded, strict=True):
