@@ -204,15 +204,12 @@ class DiskCache:
             busy = set(self._held) | {_identity(k) for k in self._in_use()}
             for version in (v for v in folder.iterdir() if v.is_dir()):
                 for path in version.glob(f"{PARTIAL_PREFIX}*"):
-                    try:
+                    with contextlib.suppress(FileNotFoundError):  # its download finished (renamed it) meanwhile
                         stat = path.stat()
                         if stat.st_mtime < cutoff:
                             path.unlink()
-                    except FileNotFoundError:  # its download finished (renamed it) or failed meanwhile
-                        continue
-                    if stat.st_mtime < cutoff:
-                        freed += stat.st_size
-                        logger.info("deleted a stale partial download %s (%d bytes)", path, stat.st_size)
+                            freed += stat.st_size
+                            logger.info("deleted a stale partial download %s (%d bytes)", path, stat.st_size)
                 if _civitai_identity(version) not in busy and not any(version.iterdir()):
                     with contextlib.suppress(OSError):  # a file appeared: it stays
                         version.rmdir()
