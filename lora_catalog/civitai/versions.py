@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Any
+from urllib.parse import urlsplit
 
+from ..cards import IMAGE_SUFFIXES
 from ..entries import Family, LoraEntry, parse_datetime
 from ..errors import (
     AmbiguousWeightsError,
@@ -187,7 +189,7 @@ def parse_version(document: object, where: str) -> CivitaiVersion:
     images = tuple(
         (image["url"], _level(image.get("nsfwLevel")))
         for image in document.get("images") or ()
-        if isinstance(image, Mapping) and isinstance(image.get("url"), str) and image.get("type", "image") == "image"
+        if isinstance(image, Mapping) and _raster_url(image.get("url")) and image.get("type", "image") == "image"
     )
     return CivitaiVersion(
         version_id=version_id,
@@ -359,3 +361,14 @@ def _level(value: object) -> int | None:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _raster_url(url: object) -> bool:
+    """Whether a Civitai image URL may be a preview: https and a raster image, as the Hub's previews.
+
+    Gradio's Gallery downloads an `.svg` on the server, with no size limit, to inline it.
+    """
+    if not isinstance(url, str):
+        return False
+    split = urlsplit(url)
+    return split.scheme == "https" and bool(split.netloc) and split.path.lower().endswith(IMAGE_SUFFIXES)

@@ -39,7 +39,11 @@ def civitai() -> Iterator[StandInCivitai]:
         started.add_lora(101, DATA, model_id=10, trained_words=("civstyle", "glow"), clip_skip=2,
                          settings={"strength": 0.8, "minStrength": 0.5, "maxStrength": 1.2},
                          images=[{"url": "https://image.example/pg.jpeg", "nsfwLevel": 1, "type": "image"},
-                                 {"url": "https://image.example/r.jpeg", "nsfwLevel": 4, "type": "image"}])  # fmt: skip
+                                 {"url": "https://image.example/r.jpeg", "nsfwLevel": 4, "type": "image"},
+                                 # Not raster, or not https: never a preview (Gradio fetches an .svg server-side).
+                                 {"url": "https://attacker.example/t.svg", "nsfwLevel": 1, "type": "image"},
+                                 {"url": "http://image.example/plain.jpeg", "nsfwLevel": 1, "type": "image"},
+                                 {"url": "data:image/png;base64,AAAA", "nsfwLevel": 1, "type": "image"}])  # fmt: skip
         # Model 20: two published versions, the later one published last.
         started.add_lora(201, DATA, model_id=20, published_at="2024-01-01T00:00:00.000Z")
         started.add_lora(202, DATA + b"2", model_id=20, published_at="2025-06-01T00:00:00.000Z")
@@ -199,7 +203,7 @@ def test_a_version_resolves_with_its_metadata(source, civitai):
     # Its page's clipSkip (A1111's count) is the LoRA's recommended CLIP skip, as diffusers counts it.
     assert entry.hints.clip_skip == 1 and "Civitai page (clipSkip 2)" in (entry.hints.source("clip_skip") or "")
     assert dict(entry.recommended) == {"strength": 0.8, "min_strength": 0.5, "max_strength": 1.2}
-    # Only the previews rated within the ceiling are shown.
+    # Only the https raster previews rated within the ceiling are shown.
     assert entry.preview_urls == ("https://image.example/pg.jpeg",)
     assert entry.page_url == f"{civitai.url}/models/10?modelVersionId=101"
     assert LoraEntry.from_json(entry.to_json()) == entry
