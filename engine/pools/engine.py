@@ -34,6 +34,7 @@ from engine.pipeline.inference import engine_error, gpu_lock, infer
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
 from engine.pipeline.schedulers import check_scheduler, run_pipeline
+from engine.pools.hostplan import pristine_budget
 from engine.pools.plan import scratch_bytes
 from engine.pools.prefetch import PrefetchLane
 from engine.pools.scheduler import Scheduler
@@ -97,12 +98,12 @@ class Engine:
             configure_pinned()
         # What the pristine copies may take on the device at most: the residency charges it while the pool is there.
         touchable = sum(p.nbytes for p in self._table.params)
-        self._pristine_budget = touchable if settings.pristine_bytes is None else settings.pristine_bytes
-        self.pristine_device_bytes = min(self._pristine_budget, touchable) if on_device else 0
-        budget_setting = "PRISTINE_BYTES"
-        if not on_device and host_pristine is not None and host_pristine < self._pristine_budget:
-            # The plan fitted the copies in host RAM with less: a LoRA set touching more is refused, not an OOM.
-            self._pristine_budget, budget_setting = host_pristine, "HOST_RAM_BYTES"
+        allowance = touchable if settings.pristine_bytes is None else min(settings.pristine_bytes, touchable)
+        self.pristine_device_bytes = allowance if on_device else 0
+        sizes = [p.nbytes for p in self._table.params]
+        self._pristine_budget, budget_setting = pristine_budget(
+            sizes, pinned=pin and not on_device, pristine_bytes=settings.pristine_bytes, host_pristine=host_pristine
+        )
         # The swap's float32 scratch buffers on the device while the pool is there (the residency charges them).
         largest = max((p.numel() for p in self._table.params), default=0)
         self.scratch_device_bytes = scratch_bytes(largest) if loaded.device.type != "cpu" and not self._per_call else 0

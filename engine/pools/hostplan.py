@@ -18,7 +18,7 @@ from engine.hostmem import pinned_nbytes
 if TYPE_CHECKING:
     from engine.pools.plan import Placement, PlanOptions, PoolNeed
 
-__all__ = ["MIN_CACHE", "HostNeed", "fit_host", "host_need", "host_refusal"]
+__all__ = ["MIN_CACHE", "HostNeed", "fit_host", "host_need", "host_refusal", "pristine_budget"]
 
 # The least a pool's pristine copies get in host RAM under `PRISTINE_BYTES=auto` (its touchable weights if fewer).
 _MIN_PRISTINE = 2**30
@@ -79,6 +79,23 @@ def fit_host(
     return tuple(
         replace(p, host_pristine=g, host_bytes=f + g) for p, f, g in zip(placements, fixed, granted, strict=True)
     )
+
+
+def pristine_budget(
+    sizes: Sequence[int], *, pinned: bool, pristine_bytes: int | None, host_pristine: int | None
+) -> tuple[int, str]:
+    """A pool's pristine-copy budget and the setting its refusal names, for weights of `sizes` bytes.
+
+    `PRISTINE_BYTES=auto` holds every touchable weight's copy, pinned ones at what pinning them takes (so no LoRA
+    is refused for its coverage); `host_pristine`, what the plan left in host RAM, binds when it is less than
+    the touchable weights (their rounding is the host margin's).
+    """
+    touchable = sum(sizes)
+    held = sum(pinned_nbytes(n) for n in sizes) if pinned else touchable
+    budget = held if pristine_bytes is None else pristine_bytes
+    if host_pristine is not None and host_pristine < min(budget, touchable):
+        return host_pristine, "HOST_RAM_BYTES"
+    return budget, "PRISTINE_BYTES"
 
 
 def _wanted(need: PoolNeed, placement: Placement, options: PlanOptions) -> int:

@@ -10,6 +10,7 @@ from engine.errors import LimitExceededError
 from engine.formats.adapters import AdapterKey, PreparedAdapter
 from engine.formats.layers import LayerFactors
 from engine.hostmem import PINNED_EXACT_ABOVE, cgroup_limit, configure_pinned, default_host_budget, pinned_nbytes
+from engine.pools.hostplan import pristine_budget
 from engine.settings import Settings
 from engine.weights.swap import ActiveAdapter, WeightPatcher
 
@@ -94,3 +95,16 @@ def test_on_a_gpu_a_large_odd_sized_pinned_buffer_pins_its_size_not_a_power_of_t
     assert buffer.is_pinned()
     assert torch.cuda.host_memory_stats()[stat] - before == size
     del buffer
+
+
+def test_under_pristine_bytes_auto_a_pinned_pool_s_budget_holds_every_weight_s_pinned_copy():
+    """Counted as pinned, a LoRA touching every weight must still fit `auto` (no LoRA refused for its coverage)."""
+    sizes = [3000, 5 * 2**20, 700]
+    assert pristine_budget(sizes, pinned=True, pristine_bytes=None, host_pristine=None) == (
+        4096 + 5 * 2**20 + 1024,
+        "PRISTINE_BYTES",
+    )
+    # The plan's host share binds only where it left less than the touchable weights.
+    assert pristine_budget(sizes, pinned=True, pristine_bytes=None, host_pristine=sum(sizes))[1] == "PRISTINE_BYTES"
+    assert pristine_budget(sizes, pinned=True, pristine_bytes=None, host_pristine=2**20) == (2**20, "HOST_RAM_BYTES")
+    assert pristine_budget(sizes, pinned=False, pristine_bytes=4000, host_pristine=4000) == (4000, "PRISTINE_BYTES")
