@@ -15,6 +15,7 @@ from engine.families import flux
 from engine.pipeline.loading import load_pipeline
 from engine.pools.plan import PlanOptions, declared_needs, largest_values, plan_memory
 from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, PoolSetting, Settings
+from tests.support.images import assert_images_close
 
 # A host that holds whatever a plan places there: these tests judge the GPU side (the host side: test_hostplan).
 HOST_RAM = 2**40
@@ -148,7 +149,8 @@ def test_t5_left_in_host_ram_encodes_there_and_the_image_is_the_same(loaded_flux
     were; on a GPU (test below) they carry T5's inputs and outputs across."""
     hosted = load_pipeline(flux_settings(base_settings, tiny_flux_dir), host_components=("text_encoder_2",))
     assert hosted.host_components == ("text_encoder_2",)
-    assert np.array_equal(image(hosted), image(loaded_flux))
+    # Another pipeline than the session's, its weights in other storage: within 2 levels (tests/support/images.py).
+    assert_images_close(image(hosted), image(loaded_flux))
 
 
 @pytest.mark.gpu
@@ -159,4 +161,4 @@ def test_on_a_gpu_t5_in_host_ram_gives_the_devices_image(tiny_flux_dir, base_set
     assert hosted.pipe.text_encoder_2.device.type == "cpu" and hosted.pipe.transformer.device.type == "cuda"
     on_device = load_pipeline(settings)
     # T5 in bf16 on the CPU and on the GPU round differently; 2 levels on 8-bit images, as elsewhere.
-    assert np.abs(image(hosted) - image(on_device)).max() <= 2
+    assert_images_close(image(hosted), image(on_device))

@@ -16,6 +16,7 @@ from engine.pipeline.loading import load_pipeline
 from engine.pools.plan import PlanOptions, declared_needs, largest_values, plan_memory
 from engine.pools.specs import ZIMAGE_MODEL_ID
 from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
+from tests.support.images import assert_images_close
 
 # A host that holds whatever a plan places there: these tests judge the GPU side (the host side: test_hostplan).
 HOST_RAM = 2**40
@@ -123,7 +124,8 @@ def test_qwen3_left_in_host_ram_encodes_there_and_the_image_is_the_same(loaded_z
     settings = base_settings.replace(model_id=str(tiny_zimage_dir), base_model_id=ZIMAGE_MODEL_ID)
     hosted = load_pipeline(settings, host_components=("text_encoder",))
     assert hosted.host_components == ("text_encoder",)
-    assert np.array_equal(image(hosted), image(loaded_zimage))
+    # Another pipeline than the session's, its weights in other storage: within 2 levels (tests/support/images.py).
+    assert_images_close(image(hosted), image(loaded_zimage))
 
 
 @pytest.mark.gpu
@@ -136,4 +138,4 @@ def test_on_a_gpu_qwen3_in_host_ram_gives_the_devices_image(tiny_zimage_dir, bas
     assert hosted.pipe.text_encoder.device.type == "cpu" and hosted.pipe.transformer.device.type == "cuda"
     on_device = load_pipeline(settings)
     # Qwen3 in bf16 on the CPU and on the GPU round differently; 2 levels on 8-bit images, as elsewhere.
-    assert np.abs(image(hosted) - image(on_device)).max() <= 2
+    assert_images_close(image(hosted), image(on_device))
