@@ -131,6 +131,32 @@ def test_bad_input_is_a_400_naming_the_problem(url, body, match):
     assert re.search(match, response.json()["error"])
 
 
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        # Two sigma schedules: diffusers refuses them together; the run used to fail with a 500.
+        (
+            '{"use_exponential_sigmas": true, "use_karras_sigmas": true}',
+            r"EulerDiscreteScheduler cannot run with use_exponential_sigmas=true, use_karras_sigmas=true: Only one "
+            r"of .*; accepted for it: .*, one of use_karras_sigmas, use_exponential_sigmas, use_beta_sigmas at a time",
+        ),
+        ('{"use_beta_sigmas": true}', None),  # the README offers it: scipy is a requirement (a 500 without it)
+    ],
+)
+def test_scheduler_options_are_a_400_or_run_never_a_500(url, options, match):
+    body = (
+        '{"inputs": "a fox", "parameters": {"num_inference_steps": 2, "seed": 1, "scheduler": "Euler", '
+        f'"scheduler_options": {options}}}}}'
+    )
+    response = post(url, body)
+    if match is None:
+        assert response.status_code == 200, why(response)
+        return
+    assert response.status_code == 400, why(response)
+    assert response.json()["error_type"] == "InvalidRequestError"
+    assert re.search(match, response.json()["error"]), response.json()["error"]
+
+
 def test_a_deeply_nested_body_is_a_400_not_a_crash(url):
     response = post(url, "[" * 60_000)
     assert response.status_code == 400, why(response)
