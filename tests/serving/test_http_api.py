@@ -248,6 +248,32 @@ def test_a_full_queue_is_a_503_and_the_waiting_request_still_succeeds(make_engin
     assert served.status_code == 200
 
 
+def test_x_queue_position_is_0_straight_to_the_gpu_and_1_behind_the_running_request(url, engine, monkeypatch):
+    """README: "1 = next, 0 = straight to the GPU" (a request to an idle pool was answered 1 while it prepared)."""
+    prepare = engine.scheduler._prepare
+
+    def slow(request):
+        # Still preparing when it joins, as a LoRA being downloaded is (a quick preparation could finish first).
+        threading.Event().wait(0.5)
+        return prepare(request)
+
+    monkeypatch.setattr(engine.scheduler, "_prepare", slow)
+    idle = post(url)
+    assert idle.status_code == 200, why(idle)
+    assert idle.headers["X-Queue-Position"] == "0"
+    with Blocker(engine):
+        responses: queue.Queue[httpx.Response] = queue.Queue()
+        sender = threading.Thread(target=lambda: responses.put(post(url)))
+        sender.start()
+        view = engine.scheduler
+        while view.waiting == 0 and sender.is_alive():
+            threading.Event().wait(0.01)
+    sender.join(120)
+    behind = responses.get(timeout=1)
+    assert behind.status_code == 200, why(behind)
+    assert behind.headers["X-Queue-Position"] == "1"
+
+
 def test_a_generation_failure_is_a_500_and_the_next_request_works(url, engine, fixtures, monkeypatch):
     def broken_decode(*args, **kwargs):
         raise RuntimeError("injected VAE failure")
