@@ -44,6 +44,7 @@ from engine.prepare.resolve import AdapterResolver
 from engine.recommended import final_request
 from engine.requests import (
     AdapterUse,
+    CheckedRequest,
     GenerateRequest,
     GenerateResult,
     Limits,
@@ -203,6 +204,13 @@ class Engine:
         finally:
             release()
 
+    def check(self, request: GenerateRequest) -> CheckedRequest:
+        """The request checked as this pool runs it, its scheduler built from the pool's config (no I/O, no
+        weights): what a transport refuses before queueing it."""
+        checked = normalise_request(request, self.loaded.defaults, self._limits)
+        check_scheduler(checked, self.loaded.pipe.scheduler)
+        return checked
+
     def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
         """Start preparing one LoRA into the cache (a gallery click) in the prefetch lane, behind every queued
         request (`engine.pools.prefetch`): the later request is a cache hit. Cancel the future to drop it."""
@@ -211,8 +219,7 @@ class Engine:
     def _open(self, request: GenerateRequest, *, lane: Lane = "request") -> tuple[PreparedRequest, Callable[[], None]]:
         """Validate the request and make its adapters ready, leased until the returned release is called."""
         started = time.perf_counter()
-        normalised = normalise_request(request, self.loaded.defaults, self._limits)
-        check_scheduler(normalised)
+        normalised = self.check(request)
         leased: list[AdapterKey] = []
         try:
             adapters: list[tuple[PreparedAdapter, float]] = []
@@ -247,7 +254,10 @@ class Engine:
                 warnings.extend((*adapter.warnings, *ready.warnings))
                 hints.append(ready.hints)
             check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
-            normalised, ignored, notes = final_request(request, normalised, hints, self.loaded.defaults, self._limits)
+            final, ignored, notes = final_request(request, normalised, hints, self.loaded.defaults, self._limits)
+            if (final.scheduler, final.scheduler_options) != (normalised.scheduler, normalised.scheduler_options):
+                check_scheduler(final, self.loaded.pipe.scheduler)  # the LoRAs' sampler, with the client's options
+            normalised = final
             warnings[:0] = ignored
             warnings.extend(notes)
             self.events.prepared(time.perf_counter() - started)

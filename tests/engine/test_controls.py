@@ -89,7 +89,7 @@ def test_the_offered_schedulers_are_the_pipelines_compatibles_and_the_speed_ones
 @pytest.mark.parametrize("scheduler", CANDIDATES)
 def test_each_offered_scheduler_equals_diffusers(engine, reference_sdxl, scheduler):
     if scheduler not in engine.defaults.schedulers:
-        # Not buildable here (torchsde, scipy missing; EDM's sigmas absent from this config): refused up front.
+        # Not buildable here (torchsde missing; EDM's sigmas absent from this config): refused up front.
         with pytest.raises(InvalidRequestError, match=f"scheduler '{scheduler}' is not offered here"):
             generate(engine, request(scheduler=scheduler))
         return
