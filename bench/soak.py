@@ -18,8 +18,9 @@ Measured at the end, once the clients are done and the queues have drained:
   and the single-thread pools started on demand (each pool's GPU thread, the catalogue's revalidation) at one
   thread of each name;
 - `disk_over_budget_bytes`: LoRA bytes in the Hub cache over `DISK_CACHE_BYTES` once pruning is idle;
-- `host_over_budget_bytes`: the most any pool's prepared adapters held over `HOST_CACHE_BYTES`, sampled
-  every 0.25 s through the run;
+- `host_over_budget_bytes`: the most any pool's prepared adapters held over `HOST_CACHE_BYTES`, or all pools'
+  adapters and pristine copies in host RAM together held over `HOST_RAM_BYTES`, sampled every 0.25 s through
+  the run;
 - `base_exact`: every weight of both pools bit-exact with what was loaded, after the pools put the base back.
 
 The last line: `soak: requests= ok= refused= errors_5xx= ghosts= leaked_threads= disk_over_budget_bytes=
@@ -135,18 +136,30 @@ class Faults(threading.Thread):
 
 
 class HostWatch(threading.Thread):
-    """The most any pool's prepared adapters held over the host budget, sampled through the run."""
+    """The most any pool's prepared adapters held over HOST_CACHE_BYTES, or all pools' adapters and pristine
+    copies in host RAM over HOST_RAM_BYTES, sampled through the run."""
 
     def __init__(self, pools: Any) -> None:
         super().__init__(name="soak-host-watch", daemon=True)
         self._pools, self._halt = pools, threading.Event()
+        from engine.pools.plan import PlanOptions  # the service imports the engine once the Hub's environment is set
+
+        self._host_ram = PlanOptions.of(pools.pools[0].engine.settings).host_ram
         self.over = 0
 
     def run(self) -> None:
         while not self._halt.wait(0.25):
-            for pool in self._pools.pools:
-                status = pool.engine.status()
-                self.over = max(self.over, status.host_bytes - status.host_budget)
+            self.sample()
+
+    def sample(self) -> None:
+        held = 0
+        for pool in self._pools.pools:
+            status = pool.engine.status()
+            self.over = max(self.over, status.host_bytes - status.host_budget)
+            host_pristine = status.pristine_bytes if not pool.engine.pristine_device_bytes else 0
+            held += status.host_bytes + host_pristine
+        if self._host_ram is not None:
+            self.over = max(self.over, held - self._host_ram)
 
     def stop(self) -> None:
         self._halt.set()

@@ -14,7 +14,6 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from engine.errors import InvalidRequestError
-from engine.pipeline.schedulers import check_scheduler
 from engine.requests import CheckedRequest, GenerateRequest, Limits, ModelDefaults, Suggested, normalise_request
 from engine.samplers import choose_scheduler
 from lora_catalog.hints import LoraHints, blend_hints
@@ -35,7 +34,6 @@ def final_request(
     suggested, notes = suggested_defaults(hints if checked.lora_defaults else (), defaults, limits)
     if suggested is not None:
         checked = normalise_request(dataclasses.replace(request, seed=checked.seed), defaults, limits, suggested)
-        check_scheduler(checked)
     return checked, defaults.ignored(checked), notes
 
 

@@ -234,6 +234,9 @@ class Settings(BaseModel):
     # None (`auto`): each pool's own touchable weights, so no LoRA is refused for how much it adapts (a FLUX LoRA
     # from ai-toolkit touches nearly all of the transformer's 22 GiB); the memory plan places the copies.
     pristine_bytes: Annotated[_Bytes | None, BeforeValidator(_auto_none), Env("PRISTINE_BYTES")] = None
+    # None (`auto`): the machine's RAM or its cgroup's limit, less a margin for the process itself
+    # (engine.hostmem); the memory plan fits everything it places in host RAM within it.
+    host_ram_bytes: Annotated[_Bytes | None, BeforeValidator(_auto_none), Env("HOST_RAM_BYTES")] = None
     disk_cache_bytes: Annotated[_Bytes, Env("DISK_CACHE_BYTES")] = 20 * 2**30
     max_adapter_bytes: Annotated[_Bytes, Env("MAX_ADAPTER_BYTES")] = 1536 * 2**20
     max_rank: Annotated[int, Field(ge=1, le=4096), Env("MAX_RANK")] = 256

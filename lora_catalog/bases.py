@@ -17,7 +17,6 @@ from .entries import Family
 
 __all__ = [
     "DEFAULT_BASE",
-    "FINETUNE_BASES",
     "ILLUSTRIOUS_BASE",
     "KNOWN_BASES",
     "NOOBAI_BASE",
@@ -40,6 +39,13 @@ class KnownBase:
     family: Family
 
 
+# SDXL fine-tunes that are ecosystems of their own (Civitai files LoRAs under "Pony", "Illustrious" and "NoobAI"
+# as base models, most of its SDXL-shaped ones): the repo id standing for each (its authors' own), SDXL-shaped.
+# `MODELS` may name one as the BASE of a pool serving that fine-tune; else their LoRAs run on the SDXL pool.
+PONY_BASE = "AstraliteHeart/pony-diffusion-v6"
+ILLUSTRIOUS_BASE = "OnomaAIResearch/Illustrious-xl-early-release-v0"
+NOOBAI_BASE = "Laxhar/noobai-XL-1.1"
+
 KNOWN_BASES: tuple[KnownBase, ...] = (
     KnownBase(DEFAULT_BASE, "SDXL 1.0", Family.SDXL),
     KnownBase("stabilityai/sdxl-turbo", "SDXL Turbo", Family.SDXL),
@@ -47,6 +53,9 @@ KNOWN_BASES: tuple[KnownBase, ...] = (
     KnownBase("SG161222/RealVisXL_V4.0", "RealVisXL V4.0", Family.SDXL),
     KnownBase("Lykon/dreamshaper-xl-1-0", "DreamShaper XL 1.0", Family.SDXL),
     KnownBase("cagliostrolab/animagine-xl-3.1", "Animagine XL 3.1", Family.SDXL),
+    KnownBase(PONY_BASE, "Pony Diffusion V6 XL", Family.SDXL),
+    KnownBase(ILLUSTRIOUS_BASE, "Illustrious XL", Family.SDXL),
+    KnownBase(NOOBAI_BASE, "NoobAI XL", Family.SDXL),
     KnownBase("stable-diffusion-v1-5/stable-diffusion-v1-5", "Stable Diffusion 1.5", Family.SD15),
     KnownBase("runwayml/stable-diffusion-v1-5", "Stable Diffusion 1.5 (runwayml)", Family.SD15),
     KnownBase("CompVis/stable-diffusion-v1-4", "Stable Diffusion 1.4", Family.SD15),
@@ -57,19 +66,7 @@ KNOWN_BASES: tuple[KnownBase, ...] = (
     KnownBase("Tongyi-MAI/Z-Image-Turbo", "Z-Image Turbo", Family.ZIMAGE),
 )
 
-# SDXL fine-tunes that are ecosystems of their own (Civitai files LoRAs under "Pony", "Illustrious" and "NoobAI"
-# as base models): the repo id standing for each (its authors' own), SDXL-shaped. `MODELS` may name one as the
-# BASE of a pool serving that fine-tune, so its LoRAs run there. Left out of the base filter (KNOWN_BASES).
-PONY_BASE = "AstraliteHeart/pony-diffusion-v6"
-ILLUSTRIOUS_BASE = "OnomaAIResearch/Illustrious-xl-early-release-v0"
-NOOBAI_BASE = "Laxhar/noobai-XL-1.1"
-FINETUNE_BASES: tuple[KnownBase, ...] = (
-    KnownBase(PONY_BASE, "Pony Diffusion V6 XL", Family.SDXL),
-    KnownBase(ILLUSTRIOUS_BASE, "Illustrious XL", Family.SDXL),
-    KnownBase(NOOBAI_BASE, "NoobAI XL", Family.SDXL),
-)
-
-_BY_ID: dict[str, Family] = {b.repo_id.lower(): b.family for b in (*KNOWN_BASES, *FINETUNE_BASES)}
+_BY_ID: dict[str, Family] = {b.repo_id.lower(): b.family for b in KNOWN_BASES}
 # Fine-tune series publish one repo per version; every version keeps the SDXL architecture.
 _SERIES: tuple[tuple[str, Family], ...] = (
     ("rundiffusion/juggernaut-xl-", Family.SDXL),

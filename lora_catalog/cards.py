@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import SplitResult, parse_qs, quote, unquote, urlsplit
 
 from .bases import family_of_base
 from .entries import Family, LoraEntry, parse_datetime
@@ -39,6 +39,7 @@ PICKLE_SUFFIXES: tuple[str, ...] = (".bin", ".ckpt", ".pt", ".pth")
 REPO_ID_PATTERN = re.compile(r"^(?!.*(?:--|\.\.))[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_REPO_ID_CHARS = 96
 _MAX_PREVIEWS = 4
+_FILE_URL_KINDS = ("resolve", "blob", "raw")  # the Hub's URLs of one file of a repo at a revision
 _NON_COMMERCIAL = re.compile(r"(^|[^a-z])nc([^a-z]|$)|non[-_ ]?commercial|research[-_ ]only|noncommercial")
 
 
@@ -163,14 +164,42 @@ def _previews(
 
 
 def _preview_url(url: str, endpoint: str, repo_id: str, sha: str | None) -> str | None:
-    scheme = urlsplit(url).scheme.lower()
-    if scheme in ("http", "https"):
-        return url
-    # A relative path names a file in the repo; anything else (javascript:, ../, \) is not shown.
-    parts = (url[2:] if url.startswith("./") else url).split("/")
-    if scheme or "\\" in url or url.startswith("/") or ".." in parts or not all(parts):
+    """A card's preview image as the Hub's resolve URL, or None: not shown.
+
+    Only a path in the repo, or a file URL on the Hub endpoint (`/{repo}/resolve|blob|raw/{revision}/{path}`),
+    and only raster images. A URL elsewhere would be loaded by every visitor's browser, and Gradio's Gallery
+    downloads an `.svg` on the server, with no size limit, to inline it.
+    """
+    split = urlsplit(url)
+    revision: str | None = sha
+    if split.scheme or split.netloc:
+        found = _hub_file(split, endpoint)
+        if found is None:
+            return None
+        repo_id, revision, path = found
+    else:
+        path = url[2:] if url.startswith("./") else url
+    parts = path.split("/")
+    if "\\" in path or ".." in parts or not all(parts) or not path.lower().endswith(IMAGE_SUFFIXES):
         return None
-    return resolve_url(endpoint, repo_id, sha, "/".join(parts))
+    return resolve_url(endpoint, repo_id, revision, path)
+
+
+def _hub_file(split: SplitResult, endpoint: str) -> tuple[str, str, str] | None:
+    """(repo id, revision, path) of a file URL on the Hub endpoint (same scheme, host and port), else None."""
+    hub = urlsplit(endpoint)
+    try:
+        same_host = (split.scheme.lower(), split.hostname, split.port) == (hub.scheme.lower(), hub.hostname, hub.port)
+    except ValueError:  # a port that is not a number
+        return None
+    prefix = hub.path.rstrip("/") + "/"
+    if not same_host or split.username is not None or split.password is not None or not split.path.startswith(prefix):
+        return None
+    segments = split.path[len(prefix) :].split("/")
+    repo_id = "/".join(segments[:2])
+    if len(segments) < 5 or segments[2] not in _FILE_URL_KINDS or not REPO_ID_PATTERN.match(repo_id):
+        return None
+    return repo_id, unquote(segments[3]), "/".join(unquote(s) for s in segments[4:])
 
 
 def _widget(card: Mapping[str, Any]) -> list[Mapping[str, Any]]:

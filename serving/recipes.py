@@ -9,7 +9,9 @@
 the one A1111 writes (kohya's addnet hash, 12 hex digits; Civitai's AutoV3). NAME is the Hub repo id, followed by
 the weight file when the request named one (`owner/name/file.safetensors`), or `~` and the path for a local file
 (A1111 splits tags at `:`, so `local:` cannot appear). A value holding `,`, `:` or a newline is quoted as A1111
-quotes it (JSON). Clip skip is A1111's count (diffusers' plus one), written when a layer is skipped.
+quotes it (JSON). Clip skip is A1111's count (diffusers' plus one), written when a layer is skipped. The prompt
+and negative prompt cannot add structure: a `<name:` tag, "Negative prompt:" or a line starting "Steps:" in them
+gets one more space (`_ESCAPES`), so a recipe names exactly the LoRAs that ran, in A1111, Civitai and here.
 
 `with_recipes` gives a result whose images hold their own recipe in `info["parameters"]`: Gradio writes text
 info into the PNGs it serves, and `encode_image` writes it as the PNG text chunk, or for a JPEG as EXIF
@@ -46,6 +48,16 @@ _PREFERRED = "pytorch_lora_weights.safetensors"
 # A1111's own grammar for the parameters line (modules/infotext_utils.py, re_param_code).
 _PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 _LORA_TAG = re.compile(r"\s*<lora:([^>]+)>")
+# User text that a reader would take for the recipe's own structure: an extra-network tag (A1111 applies any
+# `<name:...>` in a prompt; Civitai lists `<lora:...>` as a resource), "Negative prompt:" (Civitai splits there
+# anywhere, A1111 at a line's start) and a line starting "Steps:" (Civitai's parameters line). A1111 has no
+# escape for them, so each gets one more space (`< lora:`, `Negative prompt :`, `Steps :`), which no reader takes
+# for structure and which `parse_recipe` takes away again in a recipe of ours: the prompt reads back as written.
+_ESCAPED = (("<", r"(?=\w+:)"), ("Negative prompt", ":"), ("^Steps", ":"))  # (before, after) the added space
+_ESCAPES = tuple(
+    (re.compile(f"({before})( *)({after})", re.M), re.compile(f"({before}) ( *)({after})", re.M))
+    for before, after in _ESCAPED
+)
 
 
 @dataclass(frozen=True)
@@ -61,9 +73,9 @@ def recipe_text(result: GenerateResult, index: int = 0) -> str:
     """The recipe of the result's `index`-th image (its own seed)."""
     request = result.request
     tags = "".join(f" <lora:{_lora_name(use)}:{use.scale:g}>" for use in result.adapters)
-    lines = [f"{request.prompt}{tags}"]
+    lines = [f"{_escape(request.prompt)}{tags}"]
     if request.negative_prompt:
-        lines.append(f"Negative prompt: {request.negative_prompt}")
+        lines.append(f"Negative prompt: {_escape(request.negative_prompt)}")
     parameters: dict[str, object] = {
         "Steps": request.steps,
         "Sampler": request.sampler,
@@ -139,12 +151,14 @@ def parse_recipe(text: str) -> Recipe:
         (negative_lines if negative else prompt_lines).append(line)
     prompt = "\n".join(prompt_lines)
     loras = tuple(_lora_spec(tag) for tag in _LORA_TAG.findall(prompt))
+    # Only our own recipes escape their text (another tool's "< lora:x>" is that prompt's own text).
+    ours = _unescape if parameters.get("Version") == VERSION else str
     width, _, height = parameters.get("Size", "").partition("x")
     sampler = find_sampler(parameters.get("Sampler", ""), parameters.get("Schedule type", ""))
     clip_skip = _number(parameters.get("Clip skip"))
     request = GenerateRequest(
-        prompt=_LORA_TAG.sub("", prompt).strip(),
-        negative_prompt="\n".join(negative_lines).strip(),
+        prompt=ours(_LORA_TAG.sub("", prompt).strip()),
+        negative_prompt=ours("\n".join(negative_lines).strip()),
         loras=loras,
         steps=_number(parameters.get("Steps")),
         guidance=_number(parameters.get("CFG scale")),
@@ -156,6 +170,18 @@ def parse_recipe(text: str) -> Recipe:
     )
     hashes = dict(part.split(": ", 1) for part in parameters.get("Lora hashes", "").split(", ") if ": " in part)
     return Recipe(request, parameters, {_ref(name): value for name, value in hashes.items()})
+
+
+def _escape(text: str) -> str:
+    for plain, _ in _ESCAPES:
+        text = plain.sub(r"\1 \2\3", text)
+    return text
+
+
+def _unescape(text: str) -> str:
+    for _, escaped in _ESCAPES:
+        text = escaped.sub(r"\1\2\3", text)
+    return text
 
 
 def _lora_name(use: AdapterUse) -> str:

@@ -2,7 +2,9 @@
 
 After each download a background thread scans the Hub cache (`scan_cache_dir`) and the Civitai folder and,
 while their LoRAs take more than the budget, deletes the least recently read first: a Hub revision whole
-(`delete_revisions`), a Civitai version's folder whole. Never deleted: the served model's own repos, and
+(`delete_revisions`), a Civitai version's folder whole. A Civitai download's partial file counts against the
+budget while it is written and is deleted once stale (unwritten for longer than a live download goes between
+writes: `stale_partial_after_s`). Never deleted: the served model's own repos, and
 revisions in use (held while resolved, downloaded or read, or leased or fused), under one lock with `hold`
 so a revision checked as unused cannot become used before it is gone. Details:
 docs/internals.md.
@@ -10,6 +12,7 @@ docs/internals.md.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import threading
@@ -24,6 +27,7 @@ from huggingface_hub import scan_cache_dir
 from huggingface_hub.errors import CacheNotFound, CorruptedCacheException
 
 from engine.formats.adapters import AdapterKey
+from lora_catalog.civitai.download import PARTIAL_PREFIX, stale_partial_after_s
 
 __all__ = ["DiskCache", "PruneReport"]
 
@@ -63,8 +67,11 @@ class DiskCache:
         keep_repos: Iterable[str] = (),
         in_use: Callable[[], set[AdapterKey]] = set,
         civitai_dir: Path | None = None,
+        download_timeout_s: float = 10.0,
     ) -> None:
         self.budget = budget
+        # A Civitai download's partial file not written for this long is left by a download that is gone.
+        self._stale_partial_s = stale_partial_after_s(download_timeout_s)
         self._cache_dir = cache_dir
         self._civitai_dir = civitai_dir
         self._keep_repos = frozenset(keep_repos)
@@ -108,8 +115,10 @@ class DiskCache:
         return True
 
     def lora_bytes(self) -> int:
-        """Bytes the LoRAs take on disk now: Hub repos (the served model's excluded) and Civitai files."""
-        return sum(r.size_on_disk for r in self._lora_repos()) + sum(c.size for c in self._civitai_candidates()[0])
+        """Bytes the LoRAs take on disk now: Hub repos (the served model's excluded), Civitai files and the
+        Civitai downloads in progress."""
+        civitai, partial = self._civitai_candidates()
+        return sum(r.size_on_disk for r in self._lora_repos()) + sum(c.size for c in civitai) + partial
 
     def prune(self) -> PruneReport:
         """Delete least recently used LoRA revisions (Hub) and versions (Civitai) until the LoRAs fit the budget."""
@@ -123,10 +132,11 @@ class DiskCache:
             logger.warning("the Hub cache could not be scanned, nothing pruned: %s", e)
             return PruneReport(0, 0, (), (), time.perf_counter() - started)
         repos = [r for r in info.repos if r.repo_type == "model" and r.repo_id not in self._keep_repos] if info else []
+        stale = self._delete_stale_partials()
         civitai, partial = self._civitai_candidates()
         total = sum(r.size_on_disk for r in repos) + sum(c.size for c in civitai) + partial
         if total <= self.budget:
-            return self._report(total, total, (), (), started)
+            return self._report(total + stale, total, (), (), started)
         # Least recently read first: a revision's last access is its most recently read file's.
         candidates = sorted(
             [
@@ -164,7 +174,7 @@ class DiskCache:
                 if candidate.folder is not None:
                     shutil.rmtree(candidate.folder, ignore_errors=True)
         deleted = tuple(c.label for c in chosen)
-        return self._report(total, left, deleted, tuple(kept), started)
+        return self._report(total + stale, left, deleted, tuple(kept), started)
 
     def _report(
         self, before: int, after: int, deleted: tuple[str, ...], kept: tuple[str, ...], started: float
@@ -183,8 +193,30 @@ class DiskCache:
             )
         return report
 
+    def _delete_stale_partials(self) -> int:
+        """Delete the Civitai downloads' partial files no download writes any more (a crashed process's, or one
+        killed); a version folder left empty goes too unless its version is in use. Returns the bytes freed."""
+        folder = self._civitai_dir
+        if folder is None or not folder.is_dir():
+            return 0
+        freed, cutoff = 0, time.time() - self._stale_partial_s
+        with self._lock:
+            busy = set(self._held) | {_identity(k) for k in self._in_use()}
+            for version in (v for v in folder.iterdir() if v.is_dir()):
+                for path in version.glob(f"{PARTIAL_PREFIX}*"):
+                    with contextlib.suppress(FileNotFoundError):  # its download finished (renamed it) meanwhile
+                        stat = path.stat()
+                        if stat.st_mtime < cutoff:
+                            path.unlink()
+                            freed += stat.st_size
+                            logger.info("deleted a stale partial download %s (%d bytes)", path, stat.st_size)
+                if _civitai_identity(version) not in busy and not any(version.iterdir()):
+                    with contextlib.suppress(OSError):  # a file appeared: it stays
+                        version.rmdir()
+        return freed
+
     def _civitai_candidates(self) -> tuple[list[_Candidate], int]:
-        """Each Civitai version's folder as a candidate, and the bytes of half-written downloads (never chosen)."""
+        """Each Civitai version's folder as a candidate, and the bytes of downloads in progress (never chosen)."""
         folder = self._civitai_dir
         if folder is None or not folder.is_dir():
             return [], 0
@@ -193,17 +225,17 @@ class DiskCache:
             if not version.is_dir():
                 continue
             files = [(f, f.stat()) for f in version.iterdir() if f.is_file()]
-            partial += sum(stat.st_size for f, stat in files if f.name.startswith(".part-"))
-            done = [(f, stat) for f, stat in files if not f.name.startswith(".part-")]
+            partial += sum(stat.st_size for f, stat in files if f.name.startswith(PARTIAL_PREFIX))
+            done = [(f, stat) for f, stat in files if not f.name.startswith(PARTIAL_PREFIX)]
             if not done:
                 continue
-            ref = f"civitai:{version.name}"
+            identity = _civitai_identity(version)
             candidates.append(
                 _Candidate(
                     max(stat.st_mtime for _, stat in done),
-                    ("civitai", ref, version.name),
+                    identity,
                     sum(stat.st_size for _, stat in done),
-                    ref,
+                    identity[1],
                     version,
                 )
             )
@@ -227,6 +259,11 @@ class DiskCache:
                 self.prune()
             except OSError as e:
                 logger.warning("pruning the LoRA disk caches failed: %s", e)
+
+
+def _civitai_identity(version: Path) -> _Revision:
+    """What a Civitai version's folder (named by its version id) holds: as `_identity` names its key."""
+    return ("civitai", f"civitai:{version.name}", version.name)
 
 
 def _identity(key: AdapterKey) -> _Revision:

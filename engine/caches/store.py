@@ -34,14 +34,18 @@ class CachedAdapter:
 
 
 class ByteLRU:
-    """An LRU map from adapter keys to prepared adapters, bounded by their bytes."""
+    """An LRU map from adapter keys to prepared adapters, bounded by their bytes (`pinned`: counted as pinned)."""
 
-    def __init__(self, name: Tier, budget: int, events: EngineEvents | None = None) -> None:
+    def __init__(self, name: Tier, budget: int, events: EngineEvents | None = None, *, pinned: bool = False) -> None:
         self.name: Tier = name
         self.budget = budget
         self._events = events
+        self._pinned = pinned
         self._items: OrderedDict[AdapterKey, PreparedAdapter] = OrderedDict()
         self._bytes = 0
+
+    def _size(self, item: PreparedAdapter) -> int:
+        return item.pinned_bytes if self._pinned else item.nbytes
 
     @property
     def nbytes(self) -> int:
@@ -55,7 +59,7 @@ class ByteLRU:
 
     def size_of(self, key: AdapterKey) -> int:
         item = self._items.get(key)
-        return item.nbytes if item is not None else 0
+        return self._size(item) if item is not None else 0
 
     def peek(self, key: AdapterKey) -> PreparedAdapter | None:
         return self._items.get(key)
@@ -67,7 +71,7 @@ class ByteLRU:
         return item
 
     def put(self, key: AdapterKey, value: PreparedAdapter, protected: set[AdapterKey]) -> None:
-        size = value.nbytes
+        size = self._size(value)
         if size > self.budget:
             raise LimitExceededError(
                 f"LoRA {key} needs {size / 2**20:.1f} MiB, more than the whole {self.name} cache "
@@ -75,7 +79,7 @@ class ByteLRU:
             )
         self.trim(protected | {key}, room=size)
         if key in self._items:
-            self._bytes -= self._items.pop(key).nbytes
+            self._bytes -= self._size(self._items.pop(key))
         self._items[key] = value
         self._bytes += size
         if self._bytes > self.budget:
@@ -89,9 +93,13 @@ class ByteLRU:
     def evict(self, key: AdapterKey) -> None:
         item = self._items.pop(key, None)
         if item is not None:
-            self._bytes -= item.nbytes
+            self._bytes -= self._size(item)
             logger.info(
-                "evicted %s from the %s cache on request (%d bytes, %d left)", key, self.name, item.nbytes, self._bytes
+                "evicted %s from the %s cache on request (%d bytes, %d left)",
+                key,
+                self.name,
+                self._size(item),
+                self._bytes,
             )
 
     def trim(self, protected: set[AdapterKey], room: int = 0) -> None:
@@ -101,7 +109,7 @@ class ByteLRU:
                 return
             if key in protected:
                 continue
-            size = self._items.pop(key).nbytes
+            size = self._size(self._items.pop(key))
             self._bytes -= size
             logger.info("evicted %s from the %s cache (%d bytes, %d left)", key, self.name, size, self._bytes)
             if self._events is not None:
@@ -124,12 +132,13 @@ class AdapterStore:
     ) -> None:
         self._lock = threading.Lock()
         self._events = events
-        self._host = ByteLRU("host", host_budget, events)
-        self._device_tier = ByteLRU("device", device_budget, events) if use_device_tier else None
         self._device = device
         self._dtype = dtype
         # Pinned host copies make uploads asynchronous; pinning initialises CUDA, which ZeroGPU's main process must not.
         self._pin = device.type == "cuda" if pin is None else pin
+        # The host tier's budget counts pinned bytes where it pins (engine.hostmem).
+        self._host = ByteLRU("host", host_budget, events, pinned=self._pin)
+        self._device_tier = ByteLRU("device", device_budget, events) if use_device_tier else None
         self._leases: Counter[AdapterKey] = Counter()
         self._active: set[AdapterKey] = set()
         # Adapters an outside cache (Ray Serve's multiplexed LRU) let go: evicted as soon as nothing uses them.

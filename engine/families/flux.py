@@ -84,6 +84,8 @@ MEMORY = MemorySpec(
         ("vae", 83_819_683),
     ),
     host_components=("text_encoder_2",),
+    # Each double block's AdaLayerNormZero projection, 3072 to 6 x 3072.
+    largest_values=56_623_104,
 )
 # diffusers 0.42's kohya converter splits `linear1` into q, k, v and the MLP's input at these widths.
 REAL_LINEAR1 = (3072, 3072, 3072, 12288)

@@ -20,7 +20,10 @@ SIZE_BUCKETS = ((512, 512), (576, 448), (448, 576), (608, 416), (416, 608), (672
 
 # Parameter and buffer values of stable-diffusion-v1-5/stable-diffusion-v1-5 as diffusers and transformers build
 # them from its unet/ and text_encoder/ configs (CLIP ViT-L/14's text model): 1.07 billion, 2.13 GB in fp16.
-MEMORY = MemorySpec(values=(("unet", 859_520_964), ("text_encoder", 123_060_557), ("vae", sd.VAE_VALUES)))
+MEMORY = MemorySpec(
+    values=(("unet", 859_520_964), ("text_encoder", 123_060_557), ("vae", sd.VAE_VALUES)),
+    largest_values=sd.LARGEST_VALUES,
+)
 
 
 def build_tiny_pipeline(seed: int = 0) -> StableDiffusionPipeline:

@@ -21,7 +21,10 @@ SIZE_BUCKETS = ((768, 768), (864, 672), (672, 864), (912, 624), (624, 912), (100
 
 # Parameter and buffer values of stabilityai/stable-diffusion-2-1 as diffusers and transformers build them from
 # its unet/ and text_encoder/ configs (OpenCLIP ViT-H's text model, 23 layers): 1.29 billion, 2.58 GB in fp16.
-MEMORY = MemorySpec(values=(("unet", 865_910_724), ("text_encoder", 340_387_917), ("vae", sd.VAE_VALUES)))
+MEMORY = MemorySpec(
+    values=(("unet", 865_910_724), ("text_encoder", 340_387_917), ("vae", sd.VAE_VALUES)),
+    largest_values=sd.LARGEST_VALUES,
+)
 
 
 def build_tiny_pipeline(seed: int = 0) -> StableDiffusionPipeline:

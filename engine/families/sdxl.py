@@ -52,7 +52,9 @@ MEMORY = MemorySpec(
         ("text_encoder", 123_060_557),
         ("text_encoder_2", 694_659_917),
         ("vae", 83_653_863),
-    )
+    ),
+    # The up blocks' 3x3 convolutions from 2560 to 1280 channels.
+    largest_values=29_491_200,
 )
 
 

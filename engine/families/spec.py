@@ -125,13 +125,15 @@ class MemorySpec:
     (FLUX's T5 encoder: 9.5 GB in bf16); the plan leaves them there only when the pools fit no other way, and then
     the pool's loading and inference must keep and run them there (`MemoryPlan.host_components`). The UNet
     families have none. `working_bytes`: what inference needs free beside the weights at the family's largest
-    sizes (activations, the VAE's decode); the plan keeps the largest of its pools' free.
+    sizes (activations, the VAE's decode); the plan keeps the largest of its pools' free. `largest_values`: the
+    values of the largest Linear/Conv2d weight a LoRA may touch, which sizes the swap's float32 scratch buffers.
     """
 
     values: tuple[tuple[str, int], ...] = ()
     host_components: tuple[str, ...] = ()
     # SDXL at 1024² peaks at about 3-4 GiB of activations in fp16.
     working_bytes: int = 4 * 2**30
+    largest_values: int = 0
 
     def values_of(self, components: tuple[str, ...]) -> int:
         """The values of `components` (those the spec names)."""

@@ -27,6 +27,7 @@ from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_to
 __all__ = [
     "COMPONENTS",
     "CONVERTER",
+    "LARGEST_VALUES",
     "LOAD_OPTIONS",
     "PREVIEW",
     "SCHEDULERS",
@@ -53,6 +54,8 @@ LOAD_OPTIONS: tuple[tuple[str, object], ...] = (
 # The parameter and buffer values of their VAE (`AutoencoderKL`, vae/config.json of stable-diffusion-v1-5 and
 # stable-diffusion-2-1: block_out_channels 128/256/512/512, two layers per block, 4 latent channels).
 VAE_VALUES = 83_653_863
+# Their UNets' largest weight a LoRA may touch: the up blocks' 3x3 convolutions from 2560 to 1280 channels.
+LARGEST_VALUES = 29_491_200
 # ComfyUI, comfy/latent_formats.py, class SD15 (latent_rgb_factors); `supported_models.SD20` uses it too, and
 # TAESD's model card names it compatible with SD 1 and 2 models.
 PREVIEW = PreviewSpec(

@@ -49,6 +49,7 @@ MEMORY = MemorySpec(
         ("vae", 83_819_683),
     ),
     host_components=("text_encoder",),
+    largest_values=39_321_600,
 )
 # Lower-cased names only Z-Image LoRAs have: its blocks' lists at the top of the transformer, in every naming
 # (diffusers', ComfyUI's `diffusion_model.`, kohya's `lora_unet_`). No UNet, FLUX or CLIP name starts so.

@@ -45,6 +45,7 @@ from engine.formats.naming import (
     split_tensors,
 )
 from engine.formats.pivotal import TokenEmbeddings
+from engine.hostmem import pinned_nbytes
 from lora_catalog.hints import LoraHints
 from lora_catalog.variants import unsupported_variant
 
@@ -99,6 +100,13 @@ class PreparedAdapter:
         converter into q, k and v) counted once."""
         extra = self.embeddings.nbytes if self.embeddings is not None else 0
         unique = {_view(t): t.nbytes for layer in self.layers for t in layer.tensors}
+        return extra + sum(unique.values())
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes held once pinned: each tensor at what pinning it takes (`engine.hostmem.pinned_nbytes`)."""
+        extra = self.embeddings.nbytes if self.embeddings is not None else 0
+        unique = {_view(t): pinned_nbytes(t.nbytes) for layer in self.layers for t in layer.tensors}
         return extra + sum(unique.values())
 
     @property

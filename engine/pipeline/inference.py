@@ -6,13 +6,15 @@ pivotal-tuning tokens: `engine.formats.pivotal`) for the run alone (the pipeline
 request names a sampler or a CLIP skip: `engine.pipeline.schedulers`), and turns what it raises into the engine's
 errors. Several images are one call with one generator per image (diffusers draws each image's noise from its
 own, so each equals a run of its seed alone, up to the batch's rounding); when that batch does not fit the
-device's memory, they are made one at a time, on the same weights.
+device's memory, they are made one at a time, on the same weights. On a GPU one pool denoises at a time
+(`gpu_lock`), so the memory plan keeps one pool's working memory free, not every pool's.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,7 +29,26 @@ from engine.weights.tokens import swapped_tokenizers
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["engine_error", "infer"]
+__all__ = ["engine_error", "gpu_lock", "infer"]
+
+_GPU_LOCKS: dict[int, threading.Lock] = {}
+_GPU_LOCKS_GUARD = threading.Lock()
+
+
+def gpu_lock(device: torch.device) -> AbstractContextManager[object]:
+    """The lock every pool's run on `device` holds while it denoises and decodes (none off CUDA).
+
+    Each pool has its own GPU thread; two denoising at once would each need their working memory free (the
+    plan keeps one: `engine.pools.plan`) and finish no sooner, a step at these sizes already filling the GPU.
+    The swaps and preparation of other pools still overlap it. `cuda` and `cuda:0` are one device.
+    """
+    if device.type != "cuda":
+        return nullcontext()
+    index = device.index
+    if index is None:
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    with _GPU_LOCKS_GUARD:
+        return _GPU_LOCKS.setdefault(index, threading.Lock())
 
 
 @torch.inference_mode()

@@ -26,13 +26,16 @@ from engine.errors import HubUnavailableError, InvalidRequestError, PreparationE
 from engine.events import EngineEvents
 from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable
 from engine.formats.pivotal import TextEncoders, check_clashes
+from engine.hostmem import configure_pinned
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
 from engine.pipeline.aot import AotDenoiser
 from engine.pipeline.compiled import CompiledDenoiser
-from engine.pipeline.inference import engine_error, infer
+from engine.pipeline.inference import engine_error, gpu_lock, infer
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
 from engine.pipeline.schedulers import check_scheduler, run_pipeline
+from engine.pools.hostplan import pristine_budget
+from engine.pools.plan import scratch_bytes
 from engine.pools.prefetch import PrefetchLane
 from engine.pools.scheduler import Scheduler
 from engine.prepare.loadgate import LoadGate
@@ -41,6 +44,7 @@ from engine.prepare.resolve import AdapterResolver
 from engine.recommended import final_request
 from engine.requests import (
     AdapterUse,
+    CheckedRequest,
     GenerateRequest,
     GenerateResult,
     Limits,
@@ -68,8 +72,10 @@ class Engine:
         resolver: AdapterResolver,
         *,
         disk_cache: DiskCache | None = None,
+        host_pristine: int | None = None,
     ) -> None:
-        """One pool's engine; `disk_cache` is the Hub cache's pruner when pools share one (else made here)."""
+        """One pool's engine; `disk_cache` is the Hub cache's pruner when pools share one (else made here);
+        `host_pristine`: what the memory plan left in host RAM for its pristine copies there (HOST_RAM_BYTES)."""
         self.loaded = loaded
         self.settings = settings
         self.resolver = resolver
@@ -88,15 +94,26 @@ class Engine:
         on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
         # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
         pin = loaded.device.type == "cuda" and not settings.zero_gpu
+        if pin:
+            # Before anything is pinned: large pinned buffers at their size, not a power of two (engine.hostmem).
+            configure_pinned()
         # What the pristine copies may take on the device at most: the residency charges it while the pool is there.
         touchable = sum(p.nbytes for p in self._table.params)
-        self._pristine_budget = touchable if settings.pristine_bytes is None else settings.pristine_bytes
-        self.pristine_device_bytes = min(self._pristine_budget, touchable) if on_device else 0
+        allowance = touchable if settings.pristine_bytes is None else min(settings.pristine_bytes, touchable)
+        self.pristine_device_bytes = allowance if on_device else 0
+        sizes = [p.nbytes for p in self._table.params]
+        self._pristine_budget, budget_setting = pristine_budget(
+            sizes, pinned=pin and not on_device, pristine_bytes=settings.pristine_bytes, host_pristine=host_pristine
+        )
+        # The swap's float32 scratch buffers on the device while the pool is there (the residency charges them).
+        largest = max((p.numel() for p in self._table.params), default=0)
+        self.scratch_device_bytes = scratch_bytes(largest) if loaded.device.type != "cpu" and not self._per_call else 0
         patcher = WeightPatcher(
             self._table.params,
             loaded.device if on_device else torch.device("cpu"),
             budget=self._pristine_budget,
             pin=pin,
+            budget_setting=budget_setting,
         )
         self._store = AdapterStore(
             host_budget=settings.host_cache_bytes,
@@ -113,6 +130,7 @@ class Engine:
                 settings.disk_cache_bytes,
                 cache_dir=resolver.cache_dir,
                 civitai_dir=resolver.civitai_dir,
+                download_timeout_s=settings.hub_timeout_s,
                 # The budget is for LoRAs: the served model's own repos are never pruned.
                 keep_repos={settings.model_id, settings.base_model_id, loaded.model_id, settings.vae_id or ""},
                 in_use=self._store.in_use,
@@ -186,6 +204,13 @@ class Engine:
         finally:
             release()
 
+    def check(self, request: GenerateRequest) -> CheckedRequest:
+        """The request checked as this pool runs it, its scheduler built from the pool's config (no I/O, no
+        weights): what a transport refuses before queueing it."""
+        checked = normalise_request(request, self.loaded.defaults, self._limits)
+        check_scheduler(checked, self.loaded.pipe.scheduler)
+        return checked
+
     def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
         """Start preparing one LoRA into the cache (a gallery click) in the prefetch lane, behind every queued
         request (`engine.pools.prefetch`): the later request is a cache hit. Cancel the future to drop it."""
@@ -194,8 +219,7 @@ class Engine:
     def _open(self, request: GenerateRequest, *, lane: Lane = "request") -> tuple[PreparedRequest, Callable[[], None]]:
         """Validate the request and make its adapters ready, leased until the returned release is called."""
         started = time.perf_counter()
-        normalised = normalise_request(request, self.loaded.defaults, self._limits)
-        check_scheduler(normalised)
+        normalised = self.check(request)
         leased: list[AdapterKey] = []
         try:
             adapters: list[tuple[PreparedAdapter, float]] = []
@@ -230,7 +254,10 @@ class Engine:
                 warnings.extend((*adapter.warnings, *ready.warnings))
                 hints.append(ready.hints)
             check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
-            normalised, ignored, notes = final_request(request, normalised, hints, self.loaded.defaults, self._limits)
+            final, ignored, notes = final_request(request, normalised, hints, self.loaded.defaults, self._limits)
+            if (final.scheduler, final.scheduler_options) != (normalised.scheduler, normalised.scheduler_options):
+                check_scheduler(final, self.loaded.pipe.scheduler)  # the LoRAs' sampler, with the client's options
+            normalised = final
             warnings[:0] = ignored
             warnings.extend(notes)
             self.events.prepared(time.perf_counter() - started)
@@ -331,18 +358,19 @@ class Engine:
         previous = self._fused.applied
         try:
             swapped, apply_s = self._fused.swap(prepared.adapters)
-            inferred = time.perf_counter()
-            images = infer(
-                run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family),
-                prepared.request,
-                family=self.loaded.family,
-                tokenizers=self._fused.tokenizers,
-                progress=progress,
-                cancel=cancel,
-                decoder=self._preview,
-                preview_every=self.settings.preview_every,
-                preview=preview,
-            )
+            with gpu_lock(self.loaded.device):
+                inferred = time.perf_counter()
+                images = infer(
+                    run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family),
+                    prepared.request,
+                    family=self.loaded.family,
+                    tokenizers=self._fused.tokenizers,
+                    progress=progress,
+                    cancel=cancel,
+                    decoder=self._preview,
+                    preview_every=self.settings.preview_every,
+                    preview=preview,
+                )
         except BaseException as e:
             self._fused.rollback(previous)
             mapped = engine_error(e, prepared.request)

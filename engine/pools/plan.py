@@ -1,9 +1,13 @@
-"""The start-up memory plan: what each pool keeps on the GPU, checked before anything loads and again after.
+"""The start-up memory plan: what each pool keeps on the GPU and in host RAM, checked before anything loads and
+again after.
 
-Room for pipelines is the device's memory less inference's working memory and each pool's adapter cache; a pool
-costs its weights plus its pristine copies where they live on the device. The plan takes the first that fits:
-all resident with pristine copies; all resident, copies on the device where they fit (`PRISTINE_STORE=auto`);
-taking turns (`POOL_OFFLOAD=on`); then the same with the components a family may run from host RAM left there.
+Room for pipelines is the device's memory less the CUDA context, one pool's working memory (one GPU-wide lock
+lets one pool denoise at a time, `engine.pipeline.inference.gpu_lock`: two at once would each need theirs and
+finish no sooner), each compiled pool's CUDA graph pool and each pool's adapter cache; a pool costs its weights,
+the swap's float32 scratch buffers and its pristine copies where they live on the device. What a plan places in
+host RAM must fit `HOST_RAM_BYTES` (`engine.pools.hostplan`). The plan takes the first that fits: all resident
+with pristine copies; all resident, copies on the device where they fit (`PRISTINE_STORE=auto`); taking turns
+(`POOL_OFFLOAD=on`); then the same with the components a family may run from host RAM left there.
 A plan that cannot fit is refused, before loading when the families declare their sizes, naming what would fit
 (which pools, which settings, which GPU). No plan where the device has no bound (CPU, ZeroGPU).
 """
@@ -21,8 +25,10 @@ from torch import nn
 from engine.errors import SettingsError
 from engine.families.registry import family_spec
 from engine.families.spec import MemorySpec
+from engine.hostmem import default_host_budget, host_ram
 from engine.pipeline.loading import LoadedPipeline, resolve_dtype
 from engine.pools.flat import module_bytes
+from engine.pools.hostplan import MIN_CACHE, fit_host, host_need, host_refusal
 from engine.settings import Settings
 
 __all__ = [
@@ -48,8 +54,11 @@ GPUS: tuple[tuple[str, int], ...] = (
     ("L40S (48 GB)", int(44.0 * _GIB)),
     ("A100 or H100 (80 GB)", int(79.0 * _GIB)),
 )
-# The smallest adapter cache worth suggesting.
-_MIN_ADAPTER_CACHE = 256 * 2**20
+# Declared, not measured here (no GPU was lent): torch's CUDA context with CUDA 12's lazy module loading and
+# cuBLAS's workspaces, reported at 300-800 MiB on recent GPUs; `bench/gpu_check.sh` is where to measure it.
+CUDA_CONTEXT_BYTES = 768 * 2**20
+# The swap's float32 scratch slots (engine.formats.layers.Scratch), each as large as the largest touched weight.
+_SCRATCH_SLOTS = 5
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class PoolNeed:
     touchable: int
     host_able: tuple[tuple[str, int], ...] = ()
     working: int = MemorySpec().working_bytes
+    # The swap's float32 scratch buffers on the device while the pool is there.
+    scratch: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,25 +83,44 @@ class PlanOptions:
     pristine_store: str
     offload: bool
     adapter_cache: int
+    # What the plan may place in host RAM (None: no bound), and each pool's adapter cache there.
+    host_ram: int | None = None
+    host_cache: int = 0
+    # COMPILE=reduce-overhead: each pool's CUDA graphs keep a memory pool of their own.
+    graphs: bool = False
 
     @classmethod
     def of(cls, settings: Settings) -> PlanOptions:
-        return cls(settings.pristine_bytes, settings.pristine_store, settings.pool_offload, settings.device_cache_bytes)
+        host = settings.host_ram_bytes if settings.host_ram_bytes is not None else default_host_budget(host_ram())
+        return cls(
+            settings.pristine_bytes,
+            settings.pristine_store,
+            settings.pool_offload,
+            settings.device_cache_bytes,
+            host_ram=host,
+            host_cache=settings.host_cache_bytes,
+            graphs=settings.compile == "reduce-overhead",
+        )
 
 
 @dataclass(frozen=True)
 class Placement:
     """One pool in a plan: the weights it keeps on the device, what its pristine copies may take there (0: in host
-    RAM), and the components left in host RAM."""
+    RAM), the components left in host RAM, its scratch buffers on the device; what it holds in host RAM and its
+    pristine copies' budget there."""
 
     name: str
     weights: int
     pristine: int
     host_components: tuple[str, ...] = ()
+    scratch: int = 0
+    host_bytes: int = 0
+    host_pristine: int = 0
 
     @property
     def nbytes(self) -> int:
-        return self.weights + self.pristine
+        """What the pool holds on the device while it is there."""
+        return self.weights + self.pristine + self.scratch
 
     @property
     def pristine_store(self) -> str:
@@ -108,6 +138,8 @@ class MemoryPlan:
     resident: bool
     # A smaller PRISTINE_BYTES with which every pool would stay resident with its pristine copies on the device.
     smaller_pristine: int | None = None
+    # What the plan may place in host RAM (None: no bound).
+    host_budget: int | None = None
 
     def placement(self, name: str) -> Placement:
         return next(p for p in self.placements if p.name == name)
@@ -119,7 +151,11 @@ class MemoryPlan:
     def describe(self) -> str:
         pools = "; ".join(
             f"{p.name} {_gib(p.weights)}"
-            + (f" + {_gib(p.pristine)} pristine copies" if p.pristine else " (pristine copies in host RAM)")
+            + (
+                f" + {_gib(p.pristine)} pristine copies"
+                if p.pristine
+                else f" (pristine copies in host RAM, up to {_gib(p.host_pristine)})"
+            )
             + (f", {' and '.join(p.host_components)} in host RAM" if p.host_components else "")
             for p in self.placements
         )
@@ -130,7 +166,13 @@ class MemoryPlan:
             if self.smaller_pristine is not None
             else ""
         )
-        return f"{_gib(self.room)} of {_gib(self.total)} for pipelines, {mode}: {pools}{hint}"
+        host = "" if self.host_budget is None else f"; host RAM {_gib(self.host_bytes)} of {_gib(self.host_budget)}"
+        return f"{_gib(self.room)} of {_gib(self.total)} for pipelines, {mode}: {pools}{hint}{host}"
+
+    @property
+    def host_bytes(self) -> int:
+        """What the plan places in host RAM at most."""
+        return sum(p.host_bytes for p in self.placements)
 
 
 def device_memory(device: torch.device, *, per_call: bool) -> int | None:
@@ -147,14 +189,27 @@ def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
     ]
 
 
+def scratch_bytes(largest_values: int) -> int:
+    """The swap's float32 scratch buffers for a pool whose largest touchable weight has `largest_values` values."""
+    return _SCRATCH_SLOTS * 4 * largest_values
+
+
+def largest_values(modules: list[nn.Module]) -> int:
+    """The values of the largest Linear/Conv2d weight of `modules` (what a LoRA may touch)."""
+    sizes = [m.weight.numel() for module in modules for m in module.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
+    return max(sizes, default=0)
+
+
 def loaded_need(loaded: LoadedPipeline) -> PoolNeed:
     """A loaded pipeline's need, measured (without the components already left in host RAM)."""
     family, pipe = loaded.family, loaded.pipe
-    touchable = module_bytes(getattr(pipe, c) for c in family.components if c not in loaded.host_components)
+    touched = [getattr(pipe, c) for c in family.components if c not in loaded.host_components]
+    touchable = module_bytes(touched)
     movable = [c for c in family.memory.host_components if c not in loaded.host_components]
     host_able = tuple((c, module_bytes([getattr(pipe, c)])) for c in movable)
     weights = module_bytes(pipeline_modules(loaded))
-    return PoolNeed(loaded.base_model_id, weights, touchable, host_able, family.memory.working_bytes)
+    scratch = scratch_bytes(largest_values(touched))
+    return PoolNeed(loaded.base_model_id, weights, touchable, host_able, family.memory.working_bytes, scratch)
 
 
 def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, ...] | None:
@@ -171,7 +226,8 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
             return None
         host_able = tuple((c, memory.values_of((c,)) * itemsize) for c in memory.host_components)
         weights, touchable = memory.total_values * itemsize, memory.values_of(family.components) * itemsize
-        needs.append(PoolNeed(pool.base_model_id, weights, touchable, host_able, memory.working_bytes))
+        scratch = scratch_bytes(memory.largest_values)
+        needs.append(PoolNeed(pool.base_model_id, weights, touchable, host_able, memory.working_bytes, scratch))
     return tuple(needs)
 
 
@@ -200,20 +256,26 @@ def _smaller_pristine(needs: Sequence[PoolNeed], total: int, options: PlanOption
     return None
 
 
-def _working(needs: Sequence[PoolNeed]) -> int:
-    return max(n.working for n in needs)
+def _working(needs: Sequence[PoolNeed], options: PlanOptions) -> int:
+    """The CUDA context, one pool's working memory (one pool denoises at a time under `gpu_lock`)
+    and, with CUDA graphs, every pool's graph pool (each holds its captured shapes' activations apart)."""
+    graphs = sum(n.working for n in needs) if options.graphs else 0
+    return CUDA_CONTEXT_BYTES + max(n.working for n in needs) + graphs
 
 
 def _room(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> int:
-    return total - _working(needs) - len(needs) * options.adapter_cache
+    return total - _working(needs, options) - len(needs) * options.adapter_cache
 
 
 def _first_fit(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> MemoryPlan | None:
     room = _room(needs, total, options)
     for host in (False, True) if any(n.host_able for n in needs) else (False,):
         for placements, resident in _candidates(needs, options, room, host=host):
-            if (sum if resident else max)(p.nbytes for p in placements) <= room:
-                return MemoryPlan(total, room, placements, resident)
+            if (sum if resident else max)(p.nbytes for p in placements) > room:
+                continue
+            placed = fit_host(needs, placements, resident=resident, options=options)
+            if placed is not None:
+                return MemoryPlan(total, room, placed, resident, host_budget=options.host_ram)
     return None
 
 
@@ -250,16 +312,24 @@ def _place(need: PoolNeed, pristine_bytes: int | None, *, pristine: bool, host: 
     left = need.host_able if host else ()
     weights = need.weights - sum(n for _, n in left)
     allowance = _allowance(need, pristine_bytes) if pristine else 0
-    return Placement(need.name, weights, allowance, tuple(c for c, _ in left))
+    return Placement(need.name, weights, allowance, tuple(c for c, _ in left), need.scratch)
 
 
 def _refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> str:
+    device_only = _first_fit(needs, total, replace(options, host_ram=None))
+    if device_only is not None:
+        held = [
+            host_need(n, p, resident=device_only.resident, options=options)
+            for n, p in zip(needs, device_only.placements, strict=True)
+        ]
+        return host_refusal(needs, held, options, fits=lambda some, changed: _fits(some, total, changed))
     own = ", ".join(
         f"{n.name} {_gib(n.weights)} (its pristine copies up to {_gib(_allowance(n, options.pristine_bytes))})"
         for n in needs
     )
     head = (
-        f"the pools do not fit this GPU's {_gib(total)}, of which {_gib(_working(needs))} is kept for inference and "
+        f"the pools do not fit this GPU's {_gib(total)}, of which {_gib(_working(needs, options))} is kept for "
+        "inference (the CUDA context, one pool's working memory and any CUDA graphs) and "
         f"{_gib(options.adapter_cache)} per pool for adapters (DEVICE_CACHE_BYTES): {own}, with "
         f"POOL_OFFLOAD={'on' if options.offload else 'off'} and PRISTINE_STORE={options.pristine_store}"
     )
@@ -298,11 +368,11 @@ def _would_fit(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> l
 
 def _largest_cache(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> int | None:
     """The largest DEVICE_CACHE_BYTES, in 256 MiB steps from the current one down, with which the pools fit."""
-    cache = options.adapter_cache - options.adapter_cache % _MIN_ADAPTER_CACHE
-    while cache >= _MIN_ADAPTER_CACHE:
+    cache = options.adapter_cache - options.adapter_cache % MIN_CACHE
+    while cache >= MIN_CACHE:
         if _fits(needs, total, replace(options, adapter_cache=cache)):
             return cache
-        cache -= _MIN_ADAPTER_CACHE
+        cache -= MIN_CACHE
     return None
 
 

@@ -92,7 +92,8 @@ class Pools:
                 engine.loaded.base_model_id,
                 pipeline_modules(engine.loaded),
                 before_leaving=engine.prepare_to_leave_device,
-                pristine=engine.pristine_device_bytes,
+                # What it holds on the device besides its weights: pristine copies there and the swap's scratch.
+                pristine=engine.pristine_device_bytes + engine.scratch_device_bytes,
             )
         self._routes: LRUCache[AdapterKey, tuple[int | None, str]] = LRUCache(maxsize=_ROUTE_CACHE)
         self._routes_lock = threading.Lock()
@@ -324,12 +325,17 @@ def build_pools(
             # The budget is for LoRAs: the served models' own repos are never pruned.
             keep_repos=keep | {settings.vae_id or ""},
             civitai_dir=resolver.civitai_dir,
+            download_timeout_s=settings.hub_timeout_s,
             in_use=lambda: set[AdapterKey]().union(*(engine.adapters_in_use() for engine in engines)),
         )
     for own, lp in zip(own_settings, loaded, strict=True):
+        host_pristine = None
         if plan is not None:
-            own = own.replace(pristine_store=plan.placement(lp.base_model_id).pristine_store)
-        engines.append(Engine(lp, own, resolver, disk_cache=disk))
+            placement = plan.placement(lp.base_model_id)
+            own = own.replace(pristine_store=placement.pristine_store)
+            if placement.pristine_store == "cpu" and plan.host_budget is not None:
+                host_pristine = placement.host_pristine
+        engines.append(Engine(lp, own, resolver, disk_cache=disk, host_pristine=host_pristine))
     pools = Pools(engines, resolver, Residency(device, plan.room if plan is not None else None))
     for memory_of in pools.residency_snapshot():
         logger.info(

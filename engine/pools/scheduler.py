@@ -357,7 +357,9 @@ class Scheduler(Generic[P]):
 
     def _view(self, ticket: Ticket[Any]) -> QueueView:
         position = next((i + 1 for i, t in enumerate(self._queue) if t is ticket), 0)
-        return QueueView(position=position, waiting=len(self._queue), state=ticket.state.value)
+        # Those queued before it, and the one on the GPU: a request that joins an idle pool has none ahead.
+        ahead = max(position - 1, 0) + int(position > 0 and self._running is not None)
+        return QueueView(position=position, waiting=len(self._queue), state=ticket.state.value, ahead=ahead)
 
     @property
     def waiting(self) -> int:

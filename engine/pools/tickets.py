@@ -29,11 +29,13 @@ class TicketState(enum.Enum):
 
 @dataclass(frozen=True)
 class QueueView:
-    """Where a request stands, as every transport shows it: 1-based place among those waiting (0: running)."""
+    """Where a request stands, as every transport shows it: 1-based place among those waiting (0: running), and
+    how many requests go to the GPU before it (the one running counted; 0: it goes next, the slot is free)."""
 
     position: int
     waiting: int
     state: str
+    ahead: int = 0
 
 
 # How a ticket is prepared: the prepared work, and what releases its adapters once it has run.

@@ -117,9 +117,14 @@ def civitai_files(settings: Settings) -> CivitaiFiles | None:
 
 
 def _stored_name(name: str) -> str:
-    """The file's name as kept on disk: Civitai's when it is a plain `.safetensors` name, else a safe one."""
+    """The file's name as kept on disk: Civitai's when it is a plain `.safetensors` name, else a safe one.
+
+    A name starting with '.' (a hidden file, or one the disk cache would take for a download in progress,
+    `.part-…`) is renamed, not refused: the creator chose it, and the user asking for the version cannot change it.
+    """
     try:
         checked = validate_weight_name(name)
     except InvalidRequestError:
         checked = None
-    return checked if checked is not None and "/" not in checked else "lora.safetensors"
+    plain = checked is not None and "/" not in checked and not checked.startswith(".")
+    return checked if plain and checked is not None else "lora.safetensors"

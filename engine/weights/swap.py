@@ -4,8 +4,9 @@ Taking a set out never subtracts: each touched weight is copied back from a pris
 it was touched, so the base is bit-exact after any number of swaps. Putting a set in writes each touched weight
 once, pristine plus every update on it summed in float32 (one `addmm_` per plain LoRA layer, rounded once); a
 set whose fused weights are not finite (finite factors overflowing float16) is refused and put back.
-Pristine copies live in a byte budget: copies of clean weights are dropped least recently used first, and a
-set whose weights alone need more is refused before anything changes.
+Pristine copies live in a byte budget, counted as pinned where they are pinned (`engine.hostmem`): copies of
+clean weights are dropped least recently used first, and a set whose weights alone need more is refused before
+anything changes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from engine.errors import LimitExceededError
 from engine.formats.adapters import PreparedAdapter
 from engine.formats.layers import LayerUpdate, Scratch, fuse
+from engine.hostmem import pinned_nbytes
 
 __all__ = ["ActiveAdapter", "WeightPatcher"]
 
@@ -50,10 +52,13 @@ class WeightPatcher:
         *,
         budget: int | None = None,
         pin: bool | None = None,
+        budget_setting: str = "PRISTINE_BYTES",
     ) -> None:
         self._params = list(params)
         self._pristine_device = pristine_device
         self._budget = budget
+        # The setting a refusal names: PRISTINE_BYTES, or HOST_RAM_BYTES where the memory plan set the budget.
+        self._budget_setting = budget_setting
         # Pinned host copies make restores to the GPU asynchronous; ZeroGPU's main process must never pin.
         self._pin = pin
         self._lock = threading.Lock()
@@ -96,12 +101,12 @@ class WeightPatcher:
             self._dirty -= stale
             # A touched weight without a copy is clean (dirty weights always keep theirs): copy it as it is.
             missing = sorted(touched - self._pristine_keys())
-            self._make_room(sum(self._params[i].nbytes for i in missing), keep=touched)
+            self._make_room(sum(self._cost(i) for i in missing), keep=touched)
             for index in missing:
                 copy = self._snapshot(self._params[index])
                 with self._lock:
                     self._pristine[index] = copy
-                    self._bytes += copy.nbytes
+                    self._bytes += self._cost(index)
             with self._lock:
                 for index in touched:
                     self._pristine.move_to_end(index)
@@ -144,7 +149,8 @@ class WeightPatcher:
         keep = (keep or set()) | self._dirty
         with self._lock:
             for index in [i for i in self._pristine if i not in keep]:
-                self._bytes -= self._pristine.pop(index).nbytes
+                self._pristine.pop(index)
+                self._bytes -= self._cost(index)
         self._scratch.clear()
 
     def pristine_copies(self, indices: Iterable[int]) -> dict[int, torch.Tensor]:
@@ -155,12 +161,13 @@ class WeightPatcher:
     def _check_budget(self, touched: set[int], active: Sequence[ActiveAdapter]) -> None:
         if self._budget is None:
             return
-        need = sum(self._params[i].nbytes for i in touched)
+        need = sum(self._cost(i) for i in touched)
         if need > self._budget:
             names = ", ".join(str(a.adapter.key) for a in active)
             raise LimitExceededError(
                 f"the LoRA set [{names}] changes {need / 2**20:.1f} MiB of weights, more than the pristine-copy "
-                f"budget of {self._budget / 2**20:.1f} MiB; accepted: sets that touch at most PRISTINE_BYTES"
+                f"budget of {self._budget / 2**20:.1f} MiB ({self._budget_setting}); accepted: sets that touch at "
+                f"most {self._budget_setting}"
             )
 
     def _make_room(self, room: int, keep: set[int]) -> None:
@@ -173,10 +180,17 @@ class WeightPatcher:
                     break
                 if index in keep or index in self._dirty:
                     continue
-                self._bytes -= self._pristine.pop(index).nbytes
+                self._pristine.pop(index)
+                self._bytes -= self._cost(index)
             left = self._bytes
         if room:
             logger.debug("pristine copies: %d bytes kept, %d bytes to add", left, room)
+
+    def _cost(self, index: int) -> int:
+        """What weight `index`'s pristine copy takes: its pinned size where it is pinned (engine.hostmem)."""
+        nbytes = self._params[index].nbytes
+        pinned = self._pin if self._pin is not None else self._params[index].device.type == "cuda"
+        return pinned_nbytes(nbytes) if pinned and self._pristine_device.type == "cpu" else nbytes
 
     def _pristine_keys(self) -> set[int]:
         with self._lock:

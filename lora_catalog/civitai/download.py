@@ -31,14 +31,25 @@ from ..errors import (
     RestrictedLoraError,
 )
 
-__all__ = ["HostPolicy", "download_file"]
+__all__ = ["PARTIAL_PREFIX", "HostPolicy", "download_file", "stale_partial_after_s"]
 
 logger = logging.getLogger(__name__)
 
 _MAX_HOPS = 5
-_CHUNK = 1 << 20
 # Slack over the size the API announced: `sizeKB` is a float of kilobytes, not an exact byte count.
 _SIZE_SLACK = 64 * 1024
+# A download in progress is a file of this prefix beside its target; no finished file is ever named so.
+PARTIAL_PREFIX = ".part-"
+
+
+def stale_partial_after_s(timeout_s: float) -> float:
+    """How long a partial file can go unwritten before no download writes it any more.
+
+    `download_file` writes each piece as it arrives, and the HTTP client fails a read that waits more than
+    `timeout_s` (the download then deletes its file), so a live download's file is never that old; ten
+    timeouts, at least a minute, leave room for a process the OS or the GIL held back.
+    """
+    return max(60.0, 10 * timeout_s)
 
 
 class HostPolicy:
@@ -95,12 +106,13 @@ def download_file(
                 f"{size} bytes, MAX_ADAPTER_BYTES is {max_bytes})"
             )
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=".part-", dir=target.parent)
+        fd, temp = tempfile.mkstemp(prefix=PARTIAL_PREFIX, dir=target.parent)
         digest = hashlib.sha256()
         try:
             with os.fdopen(fd, "wb") as out:
                 received = 0
-                for chunk in response.iter_bytes(_CHUNK):
+                # Each piece as it arrives (no chunk size), flushed: the file's mtime shows the download alive.
+                for chunk in response.iter_bytes():
                     received += len(chunk)
                     if received > cap:
                         raise DownloadRefusedError(
@@ -108,6 +120,7 @@ def download_file(
                         )
                     digest.update(chunk)
                     out.write(chunk)
+                    out.flush()
             if digest.hexdigest() != sha256:
                 raise DownloadRefusedError(
                     f"the file Civitai sent for {label} has SHA256 {digest.hexdigest()[:16]}…, not the "

@@ -3,7 +3,8 @@
 Fields of `GET /api/v1/model-versions/{id}` and `GET /api/v1/models/{id}` are read one by one; a missing
 optional one degrades to nothing, a missing id or file list is an unreadable answer. The policy
 (`check_version`): LoRAs only (LORA, LoCon, DoRA; anything else refused naming what it is), NSFW within the
-configured ceiling (Civitai's `nsfwLevel` flags), no early access, and one primary `.safetensors` file with a
+configured ceiling (Civitai's `nsfwLevel` flags; a level that cannot be read is above every ceiling but the
+top one), no early access, and one primary `.safetensors` file with a
 SHA256 to check the download against. Fields and sources: docs/internals.md.
 """
 
@@ -15,7 +16,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Any
+from urllib.parse import urlsplit
 
+from ..cards import IMAGE_SUFFIXES
 from ..entries import Family, LoraEntry, parse_datetime
 from ..errors import (
     AmbiguousWeightsError,
@@ -80,6 +83,7 @@ class NsfwLevel(IntEnum):
 
 
 _BLOCKED = 32
+_TOP = max(NsfwLevel)  # the ceiling that allows every level
 
 
 def parse_nsfw_level(value: str) -> NsfwLevel:
@@ -145,7 +149,7 @@ class CivitaiVersion:
     def entry(self, site: str, ceiling: NsfwLevel, file: CivitaiFile | None = None) -> LoraEntry:
         """The catalogue's entry (previews only of images rated within `ceiling`)."""
         base = civitai_base(self.base_model)
-        previews = tuple(url for url, level in self.images if level is not None and _within(level, ceiling))
+        previews = tuple(url for url, level in self.images if _shown(level, ceiling))
         return LoraEntry(
             ref=self.ref,
             repo_id=None,
@@ -185,7 +189,7 @@ def parse_version(document: object, where: str) -> CivitaiVersion:
     images = tuple(
         (image["url"], _level(image.get("nsfwLevel")))
         for image in document.get("images") or ()
-        if isinstance(image, Mapping) and isinstance(image.get("url"), str) and image.get("type", "image") == "image"
+        if isinstance(image, Mapping) and _raster_url(image.get("url")) and image.get("type", "image") == "image"
     )
     return CivitaiVersion(
         version_id=version_id,
@@ -295,7 +299,10 @@ def _check_nsfw(version: CivitaiVersion, ceiling: NsfwLevel, label: str) -> None
         raise ContentPolicyError(f"{label} is marked NSFW by Civitai; {accepted}")
     level = version.nsfw_level
     if level is None:
-        return
+        # Unreadable or missing: it may be any level, so it passes only a ceiling that allows every level.
+        if ceiling is _TOP:
+            return
+        raise ContentPolicyError(f"{label} has no NSFW rating that could be read in Civitai's answer; {accepted}")
     if level == 0 and ceiling < NsfwLevel.XXX:
         raise ContentPolicyError(f"{label} has no NSFW rating on Civitai yet; {accepted}")
     if not _within(level, ceiling):
@@ -305,6 +312,11 @@ def _check_nsfw(version: CivitaiVersion, ceiling: NsfwLevel, label: str) -> None
 
 def _within(level: int, ceiling: NsfwLevel) -> bool:
     return level != 0 and not (level & _BLOCKED) and not (level & ~ceiling.allowed_bits)
+
+
+def _shown(level: int | None, ceiling: NsfwLevel) -> bool:
+    """Whether a preview rated `level` is shown (unreadable: only where every level is allowed)."""
+    return ceiling is _TOP if level is None else _within(level, ceiling)
 
 
 def _is_safetensors(file: Mapping[str, Any]) -> bool:
@@ -336,4 +348,27 @@ def _positive(value: object) -> int | None:
 
 
 def _level(value: object) -> int | None:
+    """An `nsfwLevel` in any JSON form of a whole number >= 0 (16, 16.0, "16"); None when it is not one."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _raster_url(url: object) -> bool:
+    """Whether a Civitai image URL may be a preview: https and a raster image, as the Hub's previews.
+
+    Gradio's Gallery downloads an `.svg` on the server, with no size limit, to inline it.
+    """
+    if not isinstance(url, str):
+        return False
+    split = urlsplit(url)
+    return split.scheme == "https" and bool(split.netloc) and split.path.lower().endswith(IMAGE_SUFFIXES)

@@ -63,7 +63,8 @@ _REF_SAFE = "/:@._-~"
 
 def result_headers(result: GenerateResult, position: int | None = None) -> dict[str, str]:
     """The answer's `X-*` headers: the seed, each phase's seconds, whether each LoRA was cached, and the place
-    the request joined the queue at (when it went through this process's scheduler)."""
+    the request joined the queue at (when it went through this process's scheduler): how many requests went to
+    the GPU before it, the one running counted (0: straight to the GPU, 1: next)."""
     timings = result.timings
     place = {} if position is None else {"X-Queue-Position": str(position)}
     elsewhere = [f"{quote(a.ref, safe=_REF_SAFE)}={quote(a.trained_for)}" for a in result.adapters if a.trained_for]
@@ -139,7 +140,7 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
 
         def on_queue(view: QueueView) -> None:
             if not joined:
-                joined.append(view.position)
+                joined.append(view.ahead)
 
         async def attempt() -> GenerateResult | SwitchboardError:
             try:

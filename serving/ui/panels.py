@@ -129,10 +129,12 @@ def browser_panel(served: str, choices: list[tuple[str, str]], note: str, *, civ
         base = gr.Dropdown(choices, value=served, label="Base model", scale=2, elem_id="base-filter")
         sort = gr.Dropdown(list(SORTS), value="downloads", label="Sort by", scale=1)
     base_note = gr.Markdown(note, elem_id="base-note")
-    search = gr.Textbox(label="Search", placeholder="style, subject, trigger word… (Enter)")
+    search = gr.Textbox(label="Search", placeholder="style, subject, trigger word… (Enter)", elem_id="lora-search")
     gallery = gr.Gallery(
         label="LoRAs",
         columns=4,
+        # A page of fewer LoRAs keeps the tiles' size (Gradio stretches them to fill the row by default).
+        fit_columns=False,
         height="auto",
         allow_preview=False,
         object_fit="cover",
@@ -179,7 +181,8 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         steps = gr.Slider(1, handlers.settings.max_steps, value=defaults.steps, step=1, label="Steps", elem_id="steps")
         guidance = gr.Slider(0, 20, step=0.5, elem_id="guidance", **fmt.guidance_control(defaults))
     with gr.Row():
-        sampler = gr.Dropdown(fmt.sampler_choices(defaults), value="", label="Sampler", elem_id="sampler")
+        # Twice the others' width: "Default (DPM++ 2M Karras)" and the longer names fit beside the arrow.
+        sampler = gr.Dropdown(fmt.sampler_choices(defaults), value="", label="Sampler", elem_id="sampler", scale=2)
         clip_skip = gr.Slider(**fmt.clip_skip_range(defaults), value=1, step=1, label="CLIP skip", elem_id="clip-skip")
         num_images = gr.Slider(1, MAX_IMAGES, value=1, step=1, label="Images", elem_id="num-images")
     # The switch: a LoRA's own settings (a speed LoRA's sampler, steps and guidance; its card's) fill the form.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak import GRACE_S, ghost_runs
+from bench.soak import GRACE_S, HostWatch, ghost_runs
 from bench.soak_clients import classify_title
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,6 +34,25 @@ def test_errors_are_classified_by_the_status_their_title_carries():
     assert classify_title("LoRA not found", "gone")[0] == "refused"
     assert classify_title("Generation failed", "boom")[0] == "errors_5xx"
     assert classify_title("Error", "an exception nobody mapped")[0] == "errors_5xx"
+
+
+def test_host_over_budget_counts_all_pools_adapters_and_host_pristine_copies_against_host_ram_bytes():
+    from types import SimpleNamespace
+
+    from engine.settings import Settings
+
+    settings = Settings(host_ram_bytes=10_000)
+
+    def pool(host: int, pristine: int, on_device: int) -> SimpleNamespace:
+        status = SimpleNamespace(host_bytes=host, host_budget=8_000, pristine_bytes=pristine)
+        return SimpleNamespace(
+            engine=SimpleNamespace(settings=settings, status=lambda: status, pristine_device_bytes=on_device)
+        )
+
+    # Each pool within HOST_CACHE_BYTES; together, with the first's pristine copies in host RAM, 2,500 over.
+    watch = HostWatch(SimpleNamespace(pools=[pool(5_000, 1_500, 0), pool(6_000, 9_999, 1)]))
+    watch.sample()
+    assert watch.over == 2_500
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ from lora_catalog.errors import (
     PickleOnlyError,
     RestrictedLoraError,
 )
-from tests.support.standin_civitai import StandInCivitai
+from tests.support.standin_civitai import MISSING, StandInCivitai
 
 TOKEN = "civitai-secret-3f9a1c"
 DATA = b"not really a LoRA, but bytes with a hash" * 50
@@ -39,7 +39,11 @@ def civitai() -> Iterator[StandInCivitai]:
         started.add_lora(101, DATA, model_id=10, trained_words=("civstyle", "glow"), clip_skip=2,
                          settings={"strength": 0.8, "minStrength": 0.5, "maxStrength": 1.2},
                          images=[{"url": "https://image.example/pg.jpeg", "nsfwLevel": 1, "type": "image"},
-                                 {"url": "https://image.example/r.jpeg", "nsfwLevel": 4, "type": "image"}])  # fmt: skip
+                                 {"url": "https://image.example/r.jpeg", "nsfwLevel": 4, "type": "image"},
+                                 # Not raster, or not https: never a preview (Gradio fetches an .svg server-side).
+                                 {"url": "https://attacker.example/t.svg", "nsfwLevel": 1, "type": "image"},
+                                 {"url": "http://image.example/plain.jpeg", "nsfwLevel": 1, "type": "image"},
+                                 {"url": "data:image/png;base64,AAAA", "nsfwLevel": 1, "type": "image"}])  # fmt: skip
         # Model 20: two published versions, the later one published last.
         started.add_lora(201, DATA, model_id=20, published_at="2024-01-01T00:00:00.000Z")
         started.add_lora(202, DATA + b"2", model_id=20, published_at="2025-06-01T00:00:00.000Z")
@@ -199,7 +203,7 @@ def test_a_version_resolves_with_its_metadata(source, civitai):
     # Its page's clipSkip (A1111's count) is the LoRA's recommended CLIP skip, as diffusers counts it.
     assert entry.hints.clip_skip == 1 and "Civitai page (clipSkip 2)" in (entry.hints.source("clip_skip") or "")
     assert dict(entry.recommended) == {"strength": 0.8, "min_strength": 0.5, "max_strength": 1.2}
-    # Only the previews rated within the ceiling are shown.
+    # Only the https raster previews rated within the ceiling are shown.
     assert entry.preview_urls == ("https://image.example/pg.jpeg",)
     assert entry.page_url == f"{civitai.url}/models/10?modelVersionId=101"
     assert LoraEntry.from_json(entry.to_json()) == entry
@@ -231,6 +235,78 @@ def test_nsfw_loras_are_refused_above_the_ceiling(civitai):
     assert lenient.resolve("civitai:304").version.version_id == 304
     strict.close()
     lenient.close()
+
+
+# `nsfwLevel` in every JSON form it may come in: read as a number, or (unreadable) counted above the ceiling.
+READABLE_XXX = (16, 16.0, "16", " 16 ", "16.0")
+READABLE_PG = (1, 1.0, "1")
+UNREADABLE = (MISSING, None, "", "sixteen", 16.5, -16, True, float("inf"), [16], {"level": 16})
+LEVELS = (*READABLE_XXX, *READABLE_PG, *UNREADABLE)
+
+
+@pytest.fixture(scope="module")
+def levels() -> Iterator[StandInCivitai]:
+    with StandInCivitai() as started:
+        for index, level in enumerate(LEVELS):
+            started.add_lora(1300 + index, DATA, nsfw_level=level, downloads=100 - index)
+        yield started
+
+
+def _version_of(level: object) -> str:
+    return f"civitai:{1300 + next(i for i, known in enumerate(LEVELS) if known is level)}"
+
+
+def _sources(url: str) -> dict[NsfwLevel, CivitaiSource]:
+    return {c: CivitaiSource(url, timeout_s=5, max_nsfw=c) for c in (NsfwLevel.PG13, NsfwLevel.X, NsfwLevel.XXX)}
+
+
+@pytest.mark.parametrize("level", READABLE_XXX, ids=repr)
+def test_an_nsfw_level_in_any_json_number_form_is_refused_above_the_ceiling(levels, level):
+    sources = _sources(levels.url)
+    try:
+        with pytest.raises(ContentPolicyError, match=r"is rated XXX on Civitai; accepted here: .* up to PG-13"):
+            sources[NsfwLevel.PG13].resolve(_version_of(level))
+        assert sources[NsfwLevel.XXX].resolve(_version_of(level)).version.nsfw_level == 16
+    finally:
+        for source in sources.values():
+            source.close()
+
+
+@pytest.mark.parametrize("level", READABLE_PG, ids=repr)
+def test_a_pg_level_in_any_json_number_form_is_served(levels, level):
+    source = CivitaiSource(levels.url, timeout_s=5)
+    try:
+        assert source.resolve(_version_of(level)).version.nsfw_level == 1
+    finally:
+        source.close()
+
+
+@pytest.mark.parametrize("level", UNREADABLE, ids=lambda v: "missing" if v is MISSING else repr(v))
+def test_an_unreadable_nsfw_level_counts_as_above_every_ceiling_but_the_top(levels, level):
+    sources = _sources(levels.url)
+    try:
+        for ceiling in (NsfwLevel.PG13, NsfwLevel.X):
+            with pytest.raises(ContentPolicyError, match="has no NSFW rating that could be read") as caught:
+                sources[ceiling].resolve(_version_of(level))
+            assert caught.value.status == 403
+        # CIVITAI_MAX_NSFW_LEVEL=XXX allows every level, so not knowing which one does not matter.
+        assert sources[NsfwLevel.XXX].resolve(_version_of(level)).version.nsfw_level is None
+    finally:
+        for source in sources.values():
+            source.close()
+
+
+def test_the_listing_applies_the_ceiling_to_levels_in_any_form_and_leaves_unreadable_ones_out(levels):
+    sdxl = civitai_base("SDXL 1.0")
+    assert sdxl is not None
+    sources = _sources(levels.url)
+    try:
+        assert {e.ref for e in sources[NsfwLevel.PG13].list_loras([sdxl])} == {_version_of(v) for v in READABLE_PG}
+        assert {e.ref for e in sources[NsfwLevel.X].list_loras([sdxl])} == {_version_of(v) for v in READABLE_PG}
+        assert {e.ref for e in sources[NsfwLevel.XXX].list_loras([sdxl])} == {_version_of(v) for v in LEVELS}
+    finally:
+        for source in sources.values():
+            source.close()
 
 
 def test_early_access_is_a_403_naming_why(source):

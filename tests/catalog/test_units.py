@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import UTC, datetime
 
@@ -268,9 +269,78 @@ def test_hub_record_previews_skip_unsafe_urls_and_resolve_relative_ones() -> Non
         "siblings": [{"rfilename": "other.png"}, {"rfilename": "x.safetensors"}],
     }
     entry = entry_from_hub_item(item, endpoint=ENDPOINT)
-    assert entry.preview_urls == (f"{ENDPOINT}/o/p/resolve/{'b' * 40}/images/a%20b.png", "https://cdn.example/x.png")
+    assert entry.preview_urls == (f"{ENDPOINT}/o/p/resolve/{'b' * 40}/images/a%20b.png",)
     assert entry.trigger_words == ("first prompt",)
     assert entry.family is Family.UNKNOWN
+
+
+def _previews(*urls: str, endpoint: str = ENDPOINT) -> tuple[str, ...]:
+    item = {"id": "o/p", "sha": "b" * 40, "cardData": {"widget": [{"output": {"url": u}} for u in urls]}}
+    return entry_from_hub_item(item, endpoint=endpoint).preview_urls
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("images/a.png", f"{ENDPOINT}/o/p/resolve/{'b' * 40}/images/a.png"),
+        (f"{ENDPOINT}/o/p/resolve/main/images/a.png", f"{ENDPOINT}/o/p/resolve/main/images/a.png"),
+        (f"{ENDPOINT}/o/p/blob/main/images/a.png?download=true", f"{ENDPOINT}/o/p/resolve/main/images/a.png"),
+        ("https://HUB.example/o/q/raw/refs%2Fpr%2F1/b%20c.webp", f"{ENDPOINT}/o/q/resolve/refs%2Fpr%2F1/b%20c.webp"),
+    ],
+)
+def test_card_previews_in_the_repo_or_on_the_hub_are_shown_through_its_resolve_url(url: str, shown: str) -> None:
+    assert _previews(url) == (shown,)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://attacker.example/track.svg",
+        "https://attacker.example/x.png",
+        "//attacker.example/x.png",
+        "http://hub.example/o/p/resolve/main/a.png",  # not the endpoint's scheme
+        "https://hub.example.attacker.example/o/p/resolve/main/a.png",
+        "https://hub.example:8443/o/p/resolve/main/a.png",
+        "https://hub.example@attacker.example/o/p/resolve/main/a.png",
+        "https://user@hub.example/o/p/resolve/main/a.png",
+        "https://hub.example/api/models/o/p/a.png",
+        "https://hub.example/o/p/resolve/main/../../x.png",
+        "https://hub.example/o/p/resolve/main/%2e%2e/x.png",
+        "https://hub.example/o/p/resolve/main/track.svg",  # Gradio's Gallery downloads an .svg on the server
+        "images/track.svg",
+        "images/clip.mp4",
+        "data:image/png;base64,AAAA",
+        "file:///etc/passwd.png",
+    ],
+)
+def test_card_previews_anywhere_else_are_not_shown(url: str) -> None:
+    assert _previews(url) == ()
+
+
+def test_a_hub_endpoint_with_a_path_keeps_previews_under_that_path() -> None:
+    mirror = "https://mirror.example/hf"
+    assert _previews(f"{mirror}/o/p/resolve/main/a.png", endpoint=mirror) == (f"{mirror}/o/p/resolve/main/a.png",)
+    assert _previews("https://mirror.example/o/p/resolve/main/a.png", endpoint=mirror) == ()
+
+
+def test_a_card_preview_on_another_host_makes_no_request_from_the_gallery(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradio's Gallery fetches an .svg URL on the server to inline it; a card's preview must never get there."""
+    import gradio as gr
+    from gradio import processing_utils
+
+    asked: list[str] = []
+
+    async def recorded(url: str, *args: object, **kwargs: object) -> object:
+        asked.append(url)
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(processing_utils, "async_ssrf_protected_get", recorded)
+    previews = _previews("https://attacker.example/track.svg")
+    for url in previews:  # what the catalogue gallery is given (serving/ui/events.py)
+        with contextlib.suppress(OSError):
+            gr.Gallery().postprocess([(url, "title")])
+    assert asked == []
+    assert previews == ()
 
 
 def test_family_prefers_the_base_it_was_listed_under() -> None:

@@ -12,7 +12,6 @@ shared cores):
 from __future__ import annotations
 
 import concurrent.futures
-import io
 import json
 import os
 import signal
@@ -21,10 +20,8 @@ import time
 from collections.abc import Callable, Iterator
 
 import httpx
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 pytest.importorskip("ray.serve")
 
@@ -40,6 +37,7 @@ from serving.cluster.shape import ROUTER_CLASS, router_kwargs
 from serving.cluster.wire import adapter_set_id, request_to_json
 from tests.support.app_server import free_port, serve_routes
 from tests.support.checks import backend_of, generate
+from tests.support.images import assert_images_close
 
 pytestmark = pytest.mark.ray
 
@@ -62,25 +60,14 @@ def at_once(count: int, call: Callable[[int], httpx.Response]) -> list[httpx.Res
         return list(pool.map(call, range(count)))
 
 
-def pixels(image: bytes | Image.Image) -> np.ndarray:
-    decoded = image if isinstance(image, Image.Image) else Image.open(io.BytesIO(image))
-    return np.asarray(decoded.convert("RGB"), dtype=np.int16)
-
-
 def assert_same_answer(got: httpx.Response, expected: httpx.Response, what: object) -> None:
     """The same status and type; an image the same within 2 levels per channel, anything else the same bytes."""
     assert got.status_code == expected.status_code, (what, got.text[:300])
     assert got.headers.get("content-type") == expected.headers.get("content-type"), what
     if expected.headers.get("content-type", "").startswith("image/"):
-        assert_same_image(got.content, expected.content, what)
+        assert_images_close(got.content, expected.content, what)
     else:
         assert got.content == expected.content, what
-
-
-def assert_same_image(got: bytes | Image.Image, expected: bytes | Image.Image, what: object) -> None:
-    a, b = pixels(got), pixels(expected)
-    assert a.shape == b.shape, what
-    assert int(np.abs(a - b).max()) <= 2, (what, int(np.abs(a - b).max()))
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +222,7 @@ def test_the_router_is_a_setting_and_both_policies_run_on_one_cluster(cluster, c
             call = handle.options(multiplexed_model_id=adapter_set_id(request)).generate
             answers.append(call.remote(request_to_json(request), "image/png").result(timeout_s=300))
         assert [a.status for a in answers] == [200, 200]
-        assert_same_image(answers[0].body, answers[1].body, "one request under each router")
+        assert_images_close(answers[0].body, answers[1].body, "one request under each router")
     finally:
         serve.delete("multiplexed")
 
@@ -286,7 +273,7 @@ def test_the_space_with_backend_url_generates_on_the_cluster(cluster, cluster_se
             steps=2,
         )
         remote, local = generate(runtime.backend, request), generate(engine, request)
-        assert_same_image(remote.image, local.image, "remote backend")
+        assert_images_close(remote.image, local.image, "remote backend")
         assert remote.request == local.request
         assert [(a.ref, a.revision, a.weight_name, a.scale) for a in remote.adapters] == [
             (a.ref, a.revision, a.weight_name, a.scale) for a in local.adapters

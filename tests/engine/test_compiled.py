@@ -2,7 +2,8 @@
 
 The default suite compiles with dynamo's `aot_eager` backend (dynamo's tracing, guards and graphs, AOTAutograd's
 functionalised graph, no code generation: inductor takes minutes on these CPUs); one `slow` test runs inductor.
-The references are eager runs of the same pipeline weights through the same engine path.
+The references are eager runs of the same pipeline weights through the same engine path: another pipeline, in
+other storage, so its images agree within 2 levels (tests/support/images.py), never bit for bit.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from serving.backends.local import LocalBackend
 from serving.runtime import build_runtime
 from serving.ui.formatting import status_markdown
 from tests.support.checks import generate
+from tests.support.images import LEVELS, assert_images_close, level_difference
 from tests.support.loras import PIVOTAL_PROMPT
 
 SIZE = (64, 64)
@@ -97,10 +99,6 @@ def _request(prompt: str, loras: tuple[tuple[str, float], ...], round_: int) -> 
     return GenerateRequest(prompt, loras=specs, steps=2, seed=11, width=SIZE[0], height=SIZE[1])
 
 
-def _pixels(result) -> np.ndarray:
-    return np.asarray(result.image, dtype=np.int16)
-
-
 def test_fifty_swaps_recompile_nothing_and_every_image_equals_eager(
     compiled_loaded, compiled_engine, eager_engine, fixtures, pivotal
 ):
@@ -108,7 +106,7 @@ def test_fifty_swaps_recompile_nothing_and_every_image_equals_eager(
     assert compiled is not None and compiled.shapes == 1
     sets = _sets(fixtures, pivotal)
     requests = [_request(*sets[i % len(sets)], i // len(sets)) for i in range(SWAPS)]
-    base = _pixels(generate(eager_engine, _request("a fox", (), 0)))
+    base = generate(eager_engine, _request("a fox", (), 0))
     before, calls = dynamo_compiles(), compiled.compiled_calls
     with torch._dynamo.config.patch(error_on_recompile=True):
         results = [generate(compiled_engine, request) for request in requests]
@@ -117,10 +115,10 @@ def test_fifty_swaps_recompile_nothing_and_every_image_equals_eager(
     assert compiled.compiled_calls == calls + 2 * SWAPS  # every step of every request ran the compiled graph
     assert all(r.swapped for r in results)
     for request, result in zip(requests, results, strict=True):
-        eager = _pixels(generate(eager_engine, request))
-        assert np.abs(_pixels(result) - eager).max() <= 2, request
+        eager = generate(eager_engine, request)
+        assert_images_close(result, eager, request)
         if request.loras:
-            assert np.abs(eager - base).max() > 2, request  # the LoRA shows in the image it is compared on
+            assert level_difference(eager, base) > LEVELS, request  # the LoRA shows in the image it is compared on
 
 
 def test_a_swapped_lora_changes_the_compiled_output_exactly_as_it_changes_eager(
@@ -185,8 +183,8 @@ def test_a_pool_offloaded_and_brought_back_stays_equal_to_eager_and_compiles_not
             with residency.use("compiled") as moved_s:
                 assert moved_s > 0  # it was in host RAM: moved back in for this request
                 pointers.add(first.data_ptr())
-                result = _pixels(generate(compiled_engine, request))
-            assert np.abs(result - _pixels(generate(eager_engine, request))).max() <= 2, request
+                result = generate(compiled_engine, request)
+            assert_images_close(result, generate(eager_engine, request), request)
     assert len(pointers) > 1  # the weights did move to other storage
     assert dynamo_compiles() == compiles and compiled_loaded.compiled.recompiles == 0
     assert residency.snapshot()[0].moves_in >= 6
@@ -199,7 +197,9 @@ def test_a_shape_not_compiled_runs_eager_without_compiling(compiled_loaded, comp
     result = generate(compiled_engine, request)
     assert dynamo_compiles() == compiles
     assert compiled.eager_calls == eager_calls + 2
-    assert np.array_equal(_pixels(result), _pixels(generate(eager_engine, request)))
+    # Another pipeline than the eager engine's, whose weights the tests before moved into other storage: on an
+    # AMD EPYC one channel of one pixel came out 1 level apart when run after the rest of this file (issue 28).
+    assert_images_close(result, generate(eager_engine, request))
     status = compiled_engine.status()
     assert (status.compile_mode, status.compiled_shapes, status.recompiles) == ("default", 1, 0)
     assert status.eager_calls == compiled.eager_calls
@@ -249,8 +249,7 @@ def test_inductor_serves_swaps_without_recompiling_and_equal_to_eager(settings, 
         compiles = dynamo_compiles()
         for index, (prompt, loras) in enumerate(sets):
             request = _request(prompt, loras, 0)
-            result = _pixels(generate(engine, request))
-            assert np.abs(result - _pixels(generate(eager_engine, request))).max() <= 2, index
+            assert_images_close(generate(engine, request), generate(eager_engine, request), index)
         assert dynamo_compiles() == compiles and loaded.compiled.recompiles == 0
         assert loaded.compiled.eager_calls == 0
     finally:
@@ -300,7 +299,8 @@ def test_on_zerogpu_start_up_compiles_ahead_of_time(tiny_dir, loaded, hub, monke
 
 def test_a_dit_family_compiles_its_declared_transformer(tiny_flux_dir, base_settings):
     """FLUX declares `transformer` as its denoiser: that module is compiled, and values written into its weights in
-    place (as the swap writes them) show in the compiled images exactly as in eager ones, with no recompile."""
+    place (as the swap writes them) show in the compiled images as in eager ones (within 2 levels: the compiled
+    graph is another code path over the same weights), with no recompile."""
     settings = base_settings.replace(model_id=str(tiny_flux_dir), base_model_id=FLUX_MODEL_ID, compile="default")
     loaded = warm_up(load_pipeline(settings, warm=False), settings, backend="aot_eager", sizes=[SIZE])
     compiled = loaded.compiled
@@ -325,8 +325,8 @@ def test_a_dit_family_compiles_its_declared_transformer(tiny_flux_dir, base_sett
             for parameter in list(loaded.denoiser.parameters())[:20]:
                 parameter.add_(0.05 * torch.randn_like(parameter))
         after = image(compiled)
-        assert np.abs(after - before).max() > 1e-3  # the new values show
-        np.testing.assert_array_equal(after, image(compiled.eager))
+        assert level_difference(after, before) > LEVELS  # the new values show, beyond the tolerance below
+        assert_images_close(after, image(compiled.eager))
         assert dynamo_compiles() == compiles and compiled.recompiles == 0
     finally:
         loaded.denoiser.forward = compiled

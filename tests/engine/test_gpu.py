@@ -11,6 +11,7 @@ from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.hub import HubSource
 from tests.support.checks import generate
+from tests.support.images import assert_images_close
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,8 +47,6 @@ def test_cuda_swaps_are_exact_in_both_gpu_modes(cuda_loaded, base_settings, hub,
 def test_cuda_samplers_clip_skip_and_batches_leave_the_pool_as_it_was(cuda_loaded, base_settings, hub):
     """Per-request samplers on a CUDA pool: the scheduler object untouched, the default image the same after;
     a batch of four within 2 levels of each seed alone (fp16 batches round differently)."""
-    import numpy as np
-
     settings = base_settings.replace(device="cuda", dtype="float16")
     resolver = AdapterResolver(HubSource(endpoint=hub.url), local_dir=None, token=None, max_bytes=2**30)
     engine = Engine(cuda_loaded, settings, resolver)
@@ -60,8 +59,7 @@ def test_cuda_samplers_clip_skip_and_batches_leave_the_pool_as_it_was(cuda_loade
     batch = generate(engine, GenerateRequest("a fox", steps=4, seed=10, num_images=4, scheduler="Euler a"))
     for seed, image in zip(batch.seeds, batch.images, strict=True):
         alone = generate(engine, GenerateRequest("a fox", steps=4, seed=seed, scheduler="Euler a")).image
-        difference = np.abs(np.asarray(image, dtype=np.int16) - np.asarray(alone, dtype=np.int16)).max()
-        assert difference <= 2, seed
+        assert_images_close(image, alone, seed)
 
 
 @pytest.mark.parametrize("gpu_mode", ["persistent", "per_call"])

@@ -9,7 +9,6 @@ was written on (no GPU was lent).
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,6 +21,7 @@ from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.hub import HubSource
 from tests.support.checks import generate
+from tests.support.images import assert_images_close
 from tests.support.loras import PIVOTAL_PROMPT
 
 pytestmark = [
@@ -77,9 +77,7 @@ def test_twenty_swaps_capture_nothing_again_and_equal_eager(base_settings, hub, 
     try:
         compiles = dynamo_compiles()
         for request in _requests(fixtures, pivotal):
-            image = np.asarray(generate(compiled_engine, request).image, dtype=np.int16)
-            eager = np.asarray(generate(eager_engine, request).image, dtype=np.int16)
-            assert np.abs(image - eager).max() <= 2, request
+            assert_images_close(generate(compiled_engine, request), generate(eager_engine, request), request)
         assert captures == []  # graphs recorded at start-up only (none at all without CUDA graphs)
         assert dynamo_compiles() == compiles
         assert loaded.compiled is not None
@@ -120,9 +118,9 @@ def test_a_pool_brought_back_records_its_graphs_once_and_stays_equal_to_eager(
             captured = len(captures)
             with residency.use("compiled"):
                 for request in requests:
-                    image = np.asarray(generate(compiled_engine, request).image, dtype=np.int16)
-                    eager = np.asarray(generate(eager_engine, request).image, dtype=np.int16)
-                    assert np.abs(image - eager).max() <= 2, (moves, request)
+                    assert_images_close(
+                        generate(compiled_engine, request), generate(eager_engine, request), (moves, request)
+                    )
             # At most one recording for the one shape (none when the allocator gave back the same addresses).
             assert len(captures) - captured <= 1
         assert loaded.compiled is not None and loaded.compiled.recompiles == 0

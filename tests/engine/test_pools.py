@@ -25,6 +25,7 @@ from lora_catalog.hub import HubSource
 from serving.backends import blocking
 from serving.demo.synthetic import LoraTarget, find_targets, kohya_metadata, make_lora, peft_metadata, save_lora
 from tests.support.checks import backend_of, generate
+from tests.support.images import assert_images_close
 from tests.support.loras import FLUX, SDXL, card, kohya_file, peft_file, sft
 from tests.support.sd15 import write_sd15_loras
 
@@ -223,23 +224,26 @@ def test_an_offloaded_pool_comes_back_bit_exact(
     ]
     # Start both runs from fresh copies: with the pipelines still in the storage from_pretrained gave them, the
     # first LoRA images came out different from those after any copy although every weight and buffer compared
-    # bit-equal (an open question, see the report); from the first copy on, images repeat exactly.
+    # bit-equal: where a weight lives picks the kernel on some CPUs, and so the last bit of some sums (issue 28).
     for group in modules:
         FlatWeights(group, pin=False).to_device(torch.device("cpu"))
     reference = make_pools(loaded, loaded_sd15, base_settings, clean_hub, lora_dir)
     work = [mixed_request(i) for i in (1, 2, 3, 4, 5, 0, 6, 7)]
-    expected = [generate(reference, r, base=b).image.tobytes() for r, b in work]
+    expected = [generate(reference, r, base=b).image for r, b in work]
     reference.close()
     sizes = [module_bytes(group) for group in modules]
     # Room for either pipeline, not both: every switch of base moves one out and the other in.
     pools = make_pools(loaded, loaded_sd15, base_settings, clean_hub, lora_dir, budget=max(sizes))
     try:
         assert [m.resident for m in (s.memory for s in pools.status())] == [True, False]
-        got = [generate(pools, r, base=b).image.tobytes() for r, b in work]
+        got = [generate(pools, r, base=b).image for r, b in work]
         memory = {s.base_model_id: s.memory for s in pools.status()}
         assert memory[SD15_MODEL_ID].moves_in >= 2 and memory[SDXL].moves_in >= 2
         assert sum(m.resident for m in memory.values()) == 1
-        assert got == expected
+        # Each move put the weights into new flat buffers: other storage, so the images agree within 2 levels
+        # (tests/support/images.py); the weights themselves come back bit-exact (below).
+        for index, (image, wanted) in enumerate(zip(got, expected, strict=True)):
+            assert_images_close(image, wanted, work[index])
     finally:
         pools.close()
     assert_bit_exact(loaded.pipe, pristine, ("unet", "text_encoder", "text_encoder_2", "vae"))

@@ -9,6 +9,7 @@ from diffusers import StableDiffusionXLPipeline
 
 from engine.requests import GenerateRequest, LoraSpec
 from tests.support.checks import assert_pristine, generate
+from tests.support.images import assert_images_close
 
 PROMPT = "a photo of a cat in sks style"
 
@@ -61,7 +62,7 @@ def test_lora_matches_diffusers_fuse_and_changes_the_image(engine, fixtures, tin
     ours = pixels(generate(engine, request(LoraSpec(repo_id, scale=scale))).image)
     reference = pixels(diffusers_image(tiny_dir, [(repo_id, weight_name, scale)]))
     assert np.abs(reference - base).mean() > 2, "the fixture LoRA must visibly change the image"
-    assert np.abs(ours - reference).max() <= 2
+    assert_images_close(ours, reference)
     assert np.abs(ours - reference).mean() < 0.1
 
 
@@ -73,7 +74,7 @@ def test_two_loras_blend_like_diffusers_weighted_adapters(engine, fixtures, tiny
     ours = pixels(generate(engine, request(LoraSpec(a[0], scale=a[2]), LoraSpec(b[0], scale=b[2]))).image)
     only_a = pixels(generate(engine, request(LoraSpec(a[0], scale=a[2]))).image)
     reference = pixels(diffusers_image(tiny_dir, [a, b]))
-    assert np.abs(ours - reference).max() <= 2
+    assert_images_close(ours, reference)
     assert np.abs(ours - only_a).mean() > 1
 
 

@@ -7,7 +7,6 @@ no GPU was lent). The references are eager runs of the same weights through the 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,13 +21,10 @@ from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
 from tests.reliability.test_zerogpu import PicklingGpu
 from tests.support.checks import generate
+from tests.support.images import assert_images_close
 from tests.support.loras import PIVOTAL_PROMPT
 
 pytestmark = pytest.mark.slow
-
-
-def _pixels(result) -> np.ndarray:
-    return np.asarray(result.image, dtype=np.int16)
 
 
 def _request(prompt: str, *loras: tuple[str, float]) -> GenerateRequest:
@@ -73,8 +69,7 @@ def test_the_package_holds_no_weights_and_serves_swaps_equal_to_eager(zero, make
     ]
     calls = aot.compiled_calls
     for request in requests:
-        result = _pixels(generate(backend, request))
-        assert np.abs(result - _pixels(generate(eager, request))).max() <= 2, request
+        assert_images_close(generate(backend, request), generate(eager, request), request)
     assert aot.compiled_calls == calls + 2 * len(requests) and aot.eager_calls == 0
     assert aot.binds == 1  # bound once to the module's tensors; every swap wrote into them
     status = engine.status()
@@ -124,4 +119,6 @@ def test_a_swap_changes_the_package_output_exactly_as_eager_and_a_move_rebinds(z
     with residency.use("aot"):
         moved_aot, _ = outputs()
     assert aot.binds == binds + 1
-    torch.testing.assert_close(moved_aot, base_aot, rtol=0, atol=0)
+    # Other storage picks other kernels on some CPUs (issue 28): the same outputs within rounding, as above; a
+    # package still reading the old pointers would read freed memory.
+    torch.testing.assert_close(moved_aot, base_aot, rtol=0, atol=1e-5)

@@ -353,3 +353,39 @@ def test_the_sampler_menu_the_speed_switch_history_and_a_share_link(page, browse
         assert page.request.get(first_image).body() == shared.request.get(again).body()
     finally:
         shared.context.close()
+
+
+def test_a_page_with_one_lora_draws_its_tile_at_the_size_of_a_full_pages(page, server):
+    """A search that finds one LoRA drew its tile across the whole column (Gradio fits the columns to the items)."""
+    from playwright.sync_api import expect
+
+    page.goto(server.url)
+    tile(page, "peft").wait_for(timeout=WAIT_MS)
+    tiles = page.locator("#lora-gallery button.thumbnail-item")
+    assert tiles.count() >= 4
+    full = tiles.first.bounding_box()
+    search = page.locator("#lora-search textarea, #lora-search input").first
+    search.fill("dora")
+    search.press("Enter")
+    expect(tiles).to_have_count(1, timeout=WAIT_MS)
+    expect(tile(page, "dora")).to_be_visible(timeout=WAIT_MS)
+    one = tiles.first.bounding_box()
+    page.screenshot(path=str(SHOTS / "one-lora-page.png"), full_page=True)
+    assert full is not None and one is not None
+    assert abs(one["width"] - full["width"]) <= 2 and abs(one["height"] - full["height"]) <= 2, (full, one)
+
+
+def test_the_sampler_menus_default_label_is_shown_whole(page, server):
+    """At the default width the default's label ran under the menu's arrow, cut off."""
+    page.goto(server.url)
+    sampler = page.locator("#sampler input")
+    sampler.wait_for(timeout=WAIT_MS)
+    page.locator("#sampler").screenshot(path=str(SHOTS / "sampler-default.png"))
+    measure = "e => ({value: e.value, scroll: e.scrollWidth, client: e.clientWidth})"
+    shown = sampler.evaluate(measure)
+    assert shown["value"] == "Default (Euler)", shown
+    assert shown["scroll"] <= shown["client"], shown
+    # The longest name the menu offers fits too.
+    choose(page, "sampler", "DPM++ SDE Karras")
+    longest = sampler.evaluate(measure)
+    assert longest["value"] == "DPM++ SDE Karras" and longest["scroll"] <= longest["client"], longest

@@ -10,6 +10,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
+from tests.support.images import assert_images_close
 from tests.support.reliability_app import CLIENT_GENERATE
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
@@ -209,8 +210,7 @@ def test_generate_images_answers_a_list_each_image_its_seed_alone(client):
     for cell, seed in zip(cells, info["seeds"], strict=True):
         with Image.open(cell["image"]) as batch:
             alone, _ = generate(client, seed=seed)
-            difference = max(abs(a - b) for a, b in zip(batch.convert("RGB").tobytes(), alone.tobytes(), strict=True))
-            assert difference <= 2, seed
+            assert_images_close(batch, alone, seed)
     with pytest.raises(AppError, match=r"num_images=5 is out of range; accepted: an integer from 1 to 4"):
         client.predict(**(CLIENT_GENERATE | {"num_images": 5}), api_name="/generate_images")
 

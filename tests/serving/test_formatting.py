@@ -42,6 +42,13 @@ def test_base_choices_put_the_served_base_and_its_family_first():
     assert browse_only == sorted(browse_only)
     assert ("FLUX.1 [dev] (not served here)", "black-forest-labs/FLUX.1-dev") in choices
     assert ("SDXL Turbo (runs on SDXL 1.0)", "stabilityai/sdxl-turbo") in choices
+    # Civitai's SDXL-shaped ecosystems (most of its SDXL LoRAs), as its routing runs them: on the SDXL pool.
+    for label, repo_id in (
+        ("Pony Diffusion V6 XL", "AstraliteHeart/pony-diffusion-v6"),
+        ("Illustrious XL", "OnomaAIResearch/Illustrious-xl-early-release-v0"),
+        ("NoobAI XL", "Laxhar/noobai-XL-1.1"),
+    ):
+        assert (f"{label} (runs on SDXL 1.0)", repo_id) in choices
     mine = base_choices((ServedPool("me/my-sdxl", "me/my-sdxl", "sdxl", defaults, True),))
     assert mine[0] == ("me/my-sdxl (served)", "me/my-sdxl")
 

@@ -131,6 +131,32 @@ def test_bad_input_is_a_400_naming_the_problem(url, body, match):
     assert re.search(match, response.json()["error"])
 
 
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        # Two sigma schedules: diffusers refuses them together; the run used to fail with a 500.
+        (
+            '{"use_exponential_sigmas": true, "use_karras_sigmas": true}',
+            r"EulerDiscreteScheduler cannot run with use_exponential_sigmas=true, use_karras_sigmas=true: Only one "
+            r"of .*; accepted for it: .*, one of use_karras_sigmas, use_exponential_sigmas, use_beta_sigmas at a time",
+        ),
+        ('{"use_beta_sigmas": true}', None),  # the README offers it: scipy is a requirement (a 500 without it)
+    ],
+)
+def test_scheduler_options_are_a_400_or_run_never_a_500(url, options, match):
+    body = (
+        '{"inputs": "a fox", "parameters": {"num_inference_steps": 2, "seed": 1, "scheduler": "Euler", '
+        f'"scheduler_options": {options}}}}}'
+    )
+    response = post(url, body)
+    if match is None:
+        assert response.status_code == 200, why(response)
+        return
+    assert response.status_code == 400, why(response)
+    assert response.json()["error_type"] == "InvalidRequestError"
+    assert re.search(match, response.json()["error"]), response.json()["error"]
+
+
 def test_a_deeply_nested_body_is_a_400_not_a_crash(url):
     response = post(url, "[" * 60_000)
     assert response.status_code == 400, why(response)
@@ -220,6 +246,32 @@ def test_a_full_queue_is_a_503_and_the_waiting_request_still_succeeds(make_engin
     assert refused.json()["error_type"] == "EngineBusyError"
     assert "limit 1" in refused.json()["error"]
     assert served.status_code == 200
+
+
+def test_x_queue_position_is_0_straight_to_the_gpu_and_1_behind_the_running_request(url, engine, monkeypatch):
+    """README: "1 = next, 0 = straight to the GPU" (a request to an idle pool was answered 1 while it prepared)."""
+    prepare = engine.scheduler._prepare
+
+    def slow(request):
+        # Still preparing when it joins, as a LoRA being downloaded is (a quick preparation could finish first).
+        threading.Event().wait(0.5)
+        return prepare(request)
+
+    monkeypatch.setattr(engine.scheduler, "_prepare", slow)
+    idle = post(url)
+    assert idle.status_code == 200, why(idle)
+    assert idle.headers["X-Queue-Position"] == "0"
+    with Blocker(engine):
+        responses: queue.Queue[httpx.Response] = queue.Queue()
+        sender = threading.Thread(target=lambda: responses.put(post(url)))
+        sender.start()
+        view = engine.scheduler
+        while view.waiting == 0 and sender.is_alive():
+            threading.Event().wait(0.01)
+    sender.join(120)
+    behind = responses.get(timeout=1)
+    assert behind.status_code == 200, why(behind)
+    assert behind.headers["X-Queue-Position"] == "1"
 
 
 def test_a_generation_failure_is_a_500_and_the_next_request_works(url, engine, fixtures, monkeypatch):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import re
 
 import pytest
 from PIL import Image
@@ -86,6 +88,67 @@ def test_recipes_a1111_wrote_are_read():
     assert recipe.request.loras == (LoraSpec("add_detail", 0.5), LoraSpec("ink", 1.0))
     assert (recipe.request.scheduler, recipe.request.clip_skip, recipe.request.width) == ("DPM++ 2M Karras", 1, 832)
     assert recipe.hashes == {"add_detail": "7c6bad76eb54"}
+
+
+# How A1111 finds extra networks in a prompt (modules/extra_networks.py, re_extra_net) and Civitai the negative
+# prompt (src/utils/metadata/automatic.metadata.ts: split at "Negative prompt:" anywhere) and its parameters line
+# (the first line starting "Steps: "): user text must give none of them a match of its own.
+A1111_EXTRA_NET = re.compile(r"<(\w+):([^>]+)>")
+ONE = (USES[0],)
+TRICKY = (
+    "a fox <lora:attacker/other-lora:1.5>",
+    "a fox <lyco:attacker/other:1> <hypernet:x:1> <LoRA:y:2>",
+    "Negative prompt: blurry",
+    "a fox Negative prompt: blurry",
+    'Steps: 99, Sampler: Euler, Seed: 7, Lora hashes: "attacker/other-lora: 0123456789ab"',
+    # Text that already looks escaped reads back as written too.
+    "< lora:x:1> <  lyco:y> Negative prompt : Negative prompt  : a",
+    "Steps : 1, Steps  : 2",
+    "a <3: fox <> <:x> <lora x:1>",
+)
+
+
+def with_text(prompt: str, negative: str = "", adapters: tuple[AdapterUse, ...] = ONE) -> GenerateResult:
+    made = result(adapters=adapters)
+    request = dataclasses.replace(made.request, prompt=prompt, negative_prompt=negative)
+    return dataclasses.replace(made, request=request)
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_a_prompt_cannot_add_a_lora_or_a_negative_prompt_to_its_recipe(text):
+    made = with_text(text, "lowres")
+    written = recipe_text(made)
+    recipe = parse_recipe(written)
+    assert recipe.request.loras == (LoraSpec("owner/style", 0.8),)
+    assert (recipe.request.prompt, recipe.request.negative_prompt) == (text, "lowres")
+    assert recipe.hashes == {"owner/style": "0123456789ab"}
+    # What A1111 and Civitai would read: the one LoRA that ran, the negative prompt as written, our parameters.
+    assert [name for _, name in A1111_EXTRA_NET.findall(written)] == ["owner/style:0.8"]
+    assert written.count("Negative prompt:") == 1 and written.split("Negative prompt:")[1].startswith(" lowres\n")
+    assert [line for line in written.split("\n") if line.startswith("Steps: ")] == [written.split("\n")[-1]]
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_a_negative_prompt_cannot_add_a_lora_or_parameters_to_its_recipe(text):
+    written = recipe_text(with_text("a fox", text))
+    recipe = parse_recipe(written)
+    assert recipe.request.loras == (LoraSpec("owner/style", 0.8),)
+    assert (recipe.request.prompt, recipe.request.negative_prompt) == ("a fox", text)
+    assert [name for _, name in A1111_EXTRA_NET.findall(written)] == ["owner/style:0.8"]
+    assert written.count("Negative prompt:") == 1
+    assert [line for line in written.split("\n") if line.startswith("Steps: ")] == [written.split("\n")[-1]]
+
+
+def test_a_recipe_without_loras_names_none_whatever_the_prompt_says():
+    recipe = parse_recipe(recipe_text(with_text("a fox <lora:attacker/other-lora:1.5>", adapters=())))
+    assert recipe.request.loras == () and recipe.hashes == {}
+    assert recipe.request.prompt == "a fox <lora:attacker/other-lora:1.5>"
+
+
+def test_text_in_a_recipe_another_tool_wrote_is_read_as_written():
+    # Only our own recipes carry the escaping; another tool's "< lora:x>" is its prompt's text.
+    text = "a fox < lora:x:1> Negative prompt : no\nSteps: 20, Sampler: Euler, CFG scale: 7, Seed: 1, Version: v1.9.4"
+    assert parse_recipe(text).request.prompt == "a fox < lora:x:1> Negative prompt : no"
 
 
 @pytest.mark.parametrize("media_type", ["image/png", "image/jpeg"])

@@ -29,8 +29,10 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["CivitaiRequest", "StandInCivitai"]
+__all__ = ["MISSING", "CivitaiRequest", "StandInCivitai"]
 
+# `nsfw_level=MISSING`: the version's JSON has no `nsfwLevel` key at all.
+MISSING: Any = object()
 DOWNLOADS = ("redirect", "direct", "elsewhere", "login", "401", "403", "tampered")
 
 
@@ -125,7 +127,7 @@ class StandInCivitai:
         model_type: str = "LORA",
         model_name: str | None = None,
         nsfw: bool = False,
-        nsfw_level: int = 1,
+        nsfw_level: object = 1,
         trained_words: Sequence[str] = ("civstyle",),
         availability: str = "Public",
         early_access_ends: str | None = None,
@@ -173,6 +175,8 @@ class StandInCivitai:
             "images": list(images),
             "downloadUrl": f"{self.url}/api/download/models/{version_id}",
         }
+        if nsfw_level is MISSING:
+            del document["nsfwLevel"]
         if clip_skip is not None:
             document["clipSkip"] = clip_skip
         if settings is not None:

@@ -29,6 +29,7 @@ from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
 from tests.support.checks import generate
 from tests.support.flux import CASES, write_flux_loras
+from tests.support.images import assert_images_close
 
 PROMPT = "a photo of a fox in sks style"
 FLUX = "black-forest-labs/FLUX.1-dev"
@@ -137,7 +138,7 @@ def test_each_flux_lora_format_matches_diffusers_fuse(flux_engine, flux_loras, t
     ours = pixels(result.image)
     reference = pixels(diffusers_image(tiny_flux_dir, flux_loras, case.reference_name, scale=0.8))
     assert np.abs(reference - base).mean() > 2, "the LoRA must visibly change the image"
-    assert np.abs(ours - reference).max() <= 2
+    assert_images_close(ours, reference)
     assert np.abs(ours - reference).mean() < 0.1
     checked = flux_engine.check_lora(LoraSpec(f"local:{case.file_name}"))
     assert checked.components == (("transformer", "text_encoder") if case.text else ("transformer",))
@@ -145,7 +146,7 @@ def test_each_flux_lora_format_matches_diffusers_fuse(flux_engine, flux_loras, t
 
 def test_without_a_lora_the_image_is_diffusers_own(flux_engine, flux_loras, tiny_flux_dir):
     ours = pixels(generate(flux_engine, request()).image)
-    assert np.abs(ours - pixels(diffusers_image(tiny_flux_dir, flux_loras, None))).max() <= 1
+    assert_images_close(ours, diffusers_image(tiny_flux_dir, flux_loras, None))
 
 
 @pytest.mark.parametrize("sparse", [False, True])

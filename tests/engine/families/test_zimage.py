@@ -28,6 +28,7 @@ from lora_catalog.bases import family_from_keys, family_from_metadata
 from lora_catalog.entries import Family
 from serving.demo.synthetic import save_lora
 from tests.support.checks import generate
+from tests.support.images import assert_images_close
 from tests.support.zimage import CASES, MODULES, lora_file, write_zimage_loras
 
 PROMPT = "a photo of a fox in sks style"
@@ -118,7 +119,7 @@ def test_each_zimage_lora_format_matches_diffusers_fuse(zimage_engine, zimage_lo
     ours = pixels(generate(zimage_engine, request(LoraSpec(f"local:{case.file_name}", scale=0.8))).image)
     reference = pixels(diffusers_image(tiny_zimage_dir, zimage_loras, case.reference_name, scale=0.8))
     assert np.abs(reference - base).mean() > 2, "the LoRA must visibly change the image"
-    assert np.abs(ours - reference).max() <= 2
+    assert_images_close(ours, reference)
     assert np.abs(ours - reference).mean() < 0.1
     assert zimage_engine.check_lora(LoraSpec(f"local:{case.file_name}")).components == ("transformer",)
 
@@ -143,14 +144,14 @@ def test_with_guidance_and_a_negative_prompt_the_image_is_diffusers_cfg(zimage_e
     """Above 0, Turbo's guidance is true CFG: the engine's call reads the negative prompt as diffusers does."""
     ours = pixels(generate(zimage_engine, request(LoraSpec("local:zimage_kohya.safetensors"), guidance=2.0)).image)
     reference = diffusers_image(tiny_zimage_dir, zimage_loras, "zimage_kohya.safetensors", guidance=2.0)
-    assert np.abs(ours - pixels(reference)).max() <= 2
+    assert_images_close(ours, reference)
     unguided = pixels(generate(zimage_engine, request(LoraSpec("local:zimage_kohya.safetensors"))).image)
     assert np.abs(ours - unguided).mean() > 1
 
 
 def test_without_a_lora_the_image_is_diffusers_own(zimage_engine, zimage_loras, tiny_zimage_dir):
     ours = pixels(generate(zimage_engine, request()).image)
-    assert np.abs(ours - pixels(diffusers_image(tiny_zimage_dir, zimage_loras, None))).max() <= 1
+    assert_images_close(ours, diffusers_image(tiny_zimage_dir, zimage_loras, None))
 
 
 # -- wrong shapes -------------------------------------------------------------------------------------------
