@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.devices import normal_device
 from engine.errors import GenerationCancelledError, GenerationError, SwitchboardError
 from engine.families.spec import FamilySpec
 from engine.outcomes import Preview, Progress
@@ -44,9 +45,8 @@ def gpu_lock(device: torch.device) -> AbstractContextManager[object]:
     """
     if device.type != "cuda":
         return nullcontext()
-    index = device.index
-    if index is None:
-        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    index = normal_device(device).index
+    assert index is not None  # normal_device names a CUDA device's index
     with _GPU_LOCKS_GUARD:
         return _GPU_LOCKS.setdefault(index, threading.Lock())
 

@@ -51,7 +51,8 @@ def test_a_resident_pool_holds_its_swap_s_scratch_buffers_on_the_device():
     assert sum(p.nbytes for p in plan.placements) <= plan.room
 
 
-def test_every_run_on_one_gpu_shares_one_lock_and_the_cpu_has_none():
+def test_every_run_on_one_gpu_shares_one_lock_and_the_cpu_has_none(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # `cuda` names the current device, here 0
     assert gpu_lock(torch.device("cuda")) is gpu_lock(torch.device("cuda:0"))
     assert gpu_lock(torch.device("cuda:1")) is not gpu_lock(torch.device("cuda:0"))
     with gpu_lock(torch.device("cpu")), gpu_lock(torch.device("cpu")):
