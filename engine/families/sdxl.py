@@ -55,6 +55,7 @@ MEMORY = MemorySpec(
     ),
     # The up blocks' 3x3 convolutions from 2560 to 1280 channels.
     largest_values=29_491_200,
+    float32_in_fp16=("vae",),
 )
 
 

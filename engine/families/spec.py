@@ -127,6 +127,8 @@ class MemorySpec:
     families have none. `working_bytes`: what inference needs free beside the weights at the family's largest
     sizes (activations, the VAE's decode); the plan keeps the largest of its pools' free. `largest_values`: the
     values of the largest Linear/Conv2d weight a LoRA may touch, which sizes the swap's float32 scratch buffers.
+    `float32_in_fp16`: components loading keeps in float32 when the pool runs in float16 (SDXL's `force_upcast`
+    VAE: `engine.pipeline.loading`), counted at 4 bytes a value.
     """
 
     values: tuple[tuple[str, int], ...] = ()
@@ -134,6 +136,7 @@ class MemorySpec:
     # SDXL at 1024² peaks at about 3-4 GiB of activations in fp16.
     working_bytes: int = 4 * 2**30
     largest_values: int = 0
+    float32_in_fp16: tuple[str, ...] = ()
 
     def values_of(self, components: tuple[str, ...]) -> int:
         """The values of `components` (those the spec names)."""

@@ -220,12 +220,15 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
         family = family_spec(pool.base_model_id, setting="BASE_MODEL_ID")
         memory = family.memory
         # Each family's own half precision under DTYPE=auto (FLUX.1: bfloat16), as load_pipeline loads it.
-        itemsize = torch.empty((), dtype=resolve_dtype(settings.dtype, device, family.half_dtype)).element_size()
+        dtype = resolve_dtype(settings.dtype, device, family.half_dtype)
+        itemsize = torch.empty((), dtype=dtype).element_size()
         # A local folder may hold anything (a tiny pipeline, a pruned one): it is judged once loaded.
         if settings.for_pool(pool).loads_tiny or Path(pool.model_id).exists() or not memory.values:
             return None
         host_able = tuple((c, memory.values_of((c,)) * itemsize) for c in memory.host_components)
         weights, touchable = memory.total_values * itemsize, memory.values_of(family.components) * itemsize
+        if dtype == torch.float16:
+            weights += memory.values_of(memory.float32_in_fp16) * (4 - itemsize)
         scratch = scratch_bytes(memory.largest_values)
         needs.append(PoolNeed(pool.base_model_id, weights, touchable, host_able, memory.working_bytes, scratch))
     return tuple(needs)

@@ -133,7 +133,8 @@ def sd15_touchable() -> int:
 
 def test_sdxl_on_a_t4_keeps_its_pristine_copies_in_host_ram():
     (placement,) = plan_for(fp16(DEFAULT_MODEL_ID), T4).placements
-    assert placement.pristine_store == "cpu" and placement.weights == pytest.approx(6.46 * GIB, rel=0.01)
+    # 6.62 GiB: its VAE is kept in float32.
+    assert placement.pristine_store == "cpu" and placement.weights == pytest.approx(6.62 * GIB, rel=0.01)
 
 
 def test_sdxl_on_a_12_gb_gpu_is_refused_naming_what_would_fit():
@@ -142,7 +143,7 @@ def test_sdxl_on_a_12_gb_gpu_is_refused_naming_what_would_fit():
         plan_for(fp16(DEFAULT_MODEL_ID), RTX_12GB)
     message = str(refused.value)
     assert "the pools do not fit this GPU's 11.76 GiB" in message
-    assert f"{DEFAULT_MODEL_ID} 6.46 GiB (its pristine copies up to 6.31 GiB)" in message
+    assert f"{DEFAULT_MODEL_ID} 6.62 GiB (its pristine copies up to 6.31 GiB)" in message
     # Its weights and the swap's scratch buffers outgrow what is left beside the CUDA context and one pool's
     # working memory, whatever the adapter cache: a T4 is what fits.
     assert message.endswith("accepted: a larger GPU: T4 (16 GB)")

@@ -104,7 +104,7 @@ def test_flux1_dev_in_bf16_is_its_33_7_gb_and_t5_may_wait_in_host_ram():
     assert flux_need.weights == 2 * 16_870_599_216 and flux_need.weights / 1e9 == pytest.approx(33.74, abs=0.01)
     assert flux_need.touchable == 2 * (11_901_408_320 + 123_060_557)
     assert flux_need.host_able == (("text_encoder_2", 2 * 4_762_310_656),)
-    assert sdxl_need.weights / GIB == pytest.approx(6.46, abs=0.01)
+    assert sdxl_need.weights / GIB == pytest.approx(6.62, abs=0.01)  # its VAE in float32
 
 
 def test_flux1_dev_beside_sdxl_does_not_fit_24_gb_and_the_refusal_says_what_would():
