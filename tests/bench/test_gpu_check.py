@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
 # `step NAME LIMIT_S cuda|any ...` lines (hooks are commented out and not counted).
 STEP = re.compile(r"^step (\S+) (\d+) (cuda|any) ", re.MULTILINE)
+# What gpu_wheels.sh leaves out: gradio and what only it needs, and requirements-dev.txt's test-only tools.
+NOT_CARRIED = ("gradio", "gradio_client", "fastapi", "uvicorn", "lycoris", "playwright", "simpy")
 INSTALL = re.compile(r"timeout -k \d+ (\d+) ")
 
 
@@ -44,22 +46,24 @@ def test_the_cpu_dry_run_goes_end_to_end_with_every_cuda_step_skipped(tmp_path):
     assert (out / "gpu_check.log").is_file()
 
 
-def test_the_gpu_tests_and_benchmarks_import_without_gradio():
+def test_the_gpu_tests_and_benchmarks_import_without_gradio_or_test_only_tools():
     """Regression: serving.backends.zerogpu imported gradio at module level, so the local backend (and through it
     bench.compile and the gpu tests) could not run in gpu_check.sh's venv, which carries no gradio (36 MiB more
-    than the tree's 64 MiB limit leaves room for)."""
+    than the tree's 64 MiB limit leaves room for) nor the test-only tools."""
     gpu_tests = sorted(
         ".".join(path.relative_to(ROOT).with_suffix("").parts)
         for path in (ROOT / "tests").rglob("test_*.py")
         if "pytest.mark.gpu" in path.read_text()
     )
-    modules = ["bench.swap", "bench.pools", "bench.pristine", "bench.compile", "bench.unet_step", *gpu_tests]
+    benches = ["bench.swap", "bench.pools", "bench.pristine", "bench.compile", "bench.unet_step"]
+    support = ["tests.conftest", "tests.support.standin_hub", "tests.support.loras"]
+    modules = [*benches, *support, *gpu_tests]
     assert "tests.engine.test_gpu" in modules
     blocker = (
         "import importlib, sys\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.partition('.')[0] in ('gradio', 'gradio_client', 'fastapi', 'uvicorn'):\n"
+        f"        if name.partition('.')[0] in {NOT_CARRIED!r}:\n"
         "            raise ImportError(f'{name} is not carried')\n"
         "sys.meta_path.insert(0, Block())\n"
         f"for name in {modules!r}:\n"
