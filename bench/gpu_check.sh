@@ -93,10 +93,8 @@ step() {
   rm -f "$output"
 }
 
-module() { "$py" -m "$@"; }
-
-# --- the steps, most valuable first (limits sum to 475 s; with the install's 50, 525 s) -------------------
-step env 45 any '^env:' "$py" -c "
+# --- the steps, most valuable first (limits sum to 485 s; with the install's 50, 535 s) -------------------
+step env 60 any '^env:' "$py" -c "
 import torch, diffusers, peft, transformers, huggingface_hub, safetensors
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'
 print(f'env: gpu={gpu!r} torch={torch.__version__} cuda={torch.version.cuda} diffusers={diffusers.__version__} '
@@ -105,20 +103,20 @@ print(f'env: gpu={gpu!r} torch={torch.__version__} cuda={torch.version.cuda} dif
 gpu_tests=$(grep -rlE 'pytest\.mark\.gpu' tests --include='test_*.py' | sort | tr '\n' ' ')
 step pytest_gpu 100 cuda '(passed|failed|error|skipped)|^(FAILED|ERROR) ' \
   "$py" -m pytest -p no:cacheprovider -q -rfEs -m gpu --timeout 100 $gpu_tests
-step swap_sdxl 70 cuda '^(swap_vs_floor=|swap benchmark:)' module bench.swap --device cuda --quick
-step swap_flux 50 cuda '^(swap_vs_floor=|swap benchmark:)' module bench.swap --device cuda --quick --family flux
-step pools 40 cuda '^(restore_vs_floor=|gpu:)' module bench.pools --device cuda --dtype float16 --repeats 2
-step pristine 15 cuda '^pristine_restore' module bench.pristine --device cuda
+step swap_sdxl 70 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick
+step swap_flux 45 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick --family flux
+step pools 40 cuda '^(restore_vs_floor=|gpu:)' "$py" -m bench.pools --device cuda --dtype float16 --repeats 2
+step pristine 15 cuda '^pristine_restore' "$py" -m bench.pristine --device cuda
 step compile_tiny 75 cuda '^compile: ' \
-  module bench.compile --device cuda --tiny --families sdxl --swaps 6 --repeats 3 --steps 4
-step unet_step 80 cuda '^unet_step: ' module bench.unet_step --device cuda --modes default --repeats 3
+  "$py" -m bench.compile --device cuda --tiny --families sdxl --swaps 6 --repeats 3 --steps 4
+step unet_step 80 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes default --repeats 3
 # Hooks for the confirmations still to write (issue 29, section 4's list), one line each when they exist:
-# step residency_add 30 cuda '^residency: ' module bench.residency --device cuda            # moves, peak on add
-# step host_pinned 30 cuda '^host_pinned: ' module bench.host_pinned --device cuda          # host_memory_stats
-# step vae_decode 30 cuda '^vae_decode: ' module bench.vae_decode --device cuda             # peak reserved
-# step swap_pinned 60 cuda '^swap_vs_floor=' module bench.swap --device cuda --quick --pristine host
-# step rerecord 60 cuda '^rerecord: ' module bench.rerecord --device cuda --moves 20        # CUDA graphs re-recorded
-# step unet_step_graphs 90 cuda '^unet_step: ' module bench.unet_step --device cuda --modes reduce-overhead
+# step residency_add 30 cuda '^residency: ' "$py" -m bench.residency --device cuda            # moves, peak on add
+# step host_pinned 30 cuda '^host_pinned: ' "$py" -m bench.host_pinned --device cuda          # host_memory_stats
+# step vae_decode 30 cuda '^vae_decode: ' "$py" -m bench.vae_decode --device cuda             # peak reserved
+# step swap_pinned 60 cuda '^swap_vs_floor=' "$py" -m bench.swap --device cuda --quick --pristine host
+# step rerecord 60 cuda '^rerecord: ' "$py" -m bench.rerecord --device cuda --moves 20        # CUDA graphs re-recorded
+# step unet_step_graphs 90 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes reduce-overhead
 
 echo
 echo "gpu_check: $(($(date +%s) - began)) s in all; results in $results, output in $log"
