@@ -101,8 +101,9 @@ print(f'env: gpu={gpu!r} torch={torch.__version__} cuda={torch.version.cuda} dif
       f'peft={peft.__version__} transformers={transformers.__version__} huggingface_hub={huggingface_hub.__version__}')"
 # pytest -m gpu over the files that hold gpu tests (the others import test-only tools the venv does not carry).
 gpu_tests=$(grep -rlE 'pytest\.mark\.gpu' tests --include='test_*.py' | sort | tr '\n' ' ')
-step pytest_gpu 100 cuda '(passed|failed|error|skipped)|^(FAILED|ERROR) ' \
-  "$py" -m pytest -p no:cacheprovider -q -rfEs -m gpu --timeout 100 $gpu_tests
+# -v: each test's verdict is printed as it ends, so a run cut short by its limit still reports those that ran.
+step pytest_gpu 100 cuda ' (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|^(FAILED|ERROR) |[0-9]+ (passed|failed)' \
+  "$py" -m pytest -p no:cacheprovider -v -rfEs -m gpu --timeout 100 $gpu_tests
 step swap_sdxl 70 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick
 step swap_flux 45 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick --family flux
 step pools 40 cuda '^(restore_vs_floor=|gpu:)' "$py" -m bench.pools --device cuda --dtype float16 --repeats 2
