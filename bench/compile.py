@@ -1,18 +1,19 @@
 """The compile benchmark: eager against compiled denoisers, through the engine's own swaps, per family.
 
     python -m bench.compile [--families sdxl,sd15] [--modes default] [--device cpu|cuda] [--swaps 20]
-                            [--steps 4] [--repeats 5] [--no-slice] [--json PATH]
+                            [--steps 4] [--repeats 5] [--no-slice] [--tiny] [--json PATH]
 
 Per family, one pipeline, measured side by side in one run: its denoiser's step time (one call on the inputs a
 request gives it, eager and compiled taking turns), its image time (a request's inference, median over a run of
 swaps; each request runs eager, then compiled, through the engine's one path), the start-up compile's time, and
 across the run of swaps (LoRA formats, ranks 2 to 64, scales, sets of several, other layers, pivotal tokens)
 dynamo's recompile count and each compiled image's largest difference from the eager image of the same request,
-in 8-bit levels. On the CPU (default) the pipeline is the family's tiny one, and
+in 8-bit levels. On the CPU (default, or `--tiny` on any device) the pipeline is the family's tiny one, and
 a real-width slice of SDXL's denoiser (its middle block at 1024², full width: 1280 channels, 20 heads,
 cross-attention 2048; one transformer layer of its ten) has its step time measured the same way, with swaps of
-LoRAs on its attention. With `--device cuda` it is the family's full model (`--model` or the family's base, from
-the Hub cache), in float16, at its native size, with `--modes default,reduce-overhead` (CUDA graphs) by default.
+LoRAs on its attention. With `--device cuda` (and no `--tiny`) it is the family's full model (`--model` or the
+family's base, from the Hub cache), in float16, at its native size; on cuda `--modes default,reduce-overhead`
+(CUDA graphs) is the default.
 
 Each row prints `compile: family=... mode=... recompiles_after_swaps=... max_diff_vs_eager=... step_speedup=...
 compile_s=...`; the last line is the same over every row (recompiles summed, the largest difference, the smallest
@@ -158,7 +159,7 @@ def _alternate(clock: Clock, calls: dict[str, Callable[[], object]], repeats: in
 def measure_family(name: str, args: argparse.Namespace, workdir: Path) -> list[Row]:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    model = args.model or (None if cuda else TINY[name])
+    model = args.model or (None if cuda and not args.tiny else TINY[name])
     base = args.base or TINY_MODEL_IDS[TINY[name]]
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -279,7 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--swaps", type=int, default=20)
     parser.add_argument("--steps", type=int, default=None, help="default 4 on the CPU, 20 on cuda")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--no-slice", action="store_true", help="skip the real-width slice (CPU)")
+    parser.add_argument("--no-slice", action="store_true", help="skip the real-width slice (CPU, or --tiny)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="cuda: the tiny pipelines and the slice, as on the CPU (no Hub needed)"
+    )
     parser.add_argument("--cache-dir", type=Path, default=None, help="inductor's cache folder (COMPILE_CACHE_DIR)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -301,8 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-compile-") as workdir:
         for family in families:
             rows.extend(measure_family(family, args, Path(workdir)))
-        if not cuda and not args.no_slice:
-            row = measure_slice(args.modes[0], args.repeats, args.swaps, Path(workdir))
+        if (args.tiny or not cuda) and not args.no_slice:
+            device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+            row = measure_slice(args.modes[0], args.repeats, args.swaps, Path(workdir), device, dtype)
             rows.append(row)
             _say(row)
     if args.json is not None:

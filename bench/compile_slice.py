@@ -51,16 +51,27 @@ class SDXLMiddle(nn.Module):
         return self.mid_block(sample, temb, encoder_hidden_states=encoder_hidden_states)
 
 
-def measure_slice(mode: str, repeats: int, swaps: int, workdir: Path) -> dict[str, Any]:
+def measure_slice(
+    mode: str,
+    repeats: int,
+    swaps: int,
+    workdir: Path,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
+    device = device or torch.device("cpu")
     torch.manual_seed(0)
-    middle = SDXLMiddle().eval()
+    middle = SDXLMiddle().eval().to(device=device, dtype=dtype)
     for parameter in middle.parameters():
         parameter.requires_grad_(False)
-    inputs = (torch.randn(2, 1280, 32, 32), torch.randn(2, 1280), torch.randn(2, 77, 2048))
+    inputs = tuple(
+        t.to(device=device, dtype=dtype)
+        for t in (torch.randn(2, 1280, 32, 32), torch.randn(2, 1280), torch.randn(2, 77, 2048))
+    )
     folder = workdir / "slice"
     folder.mkdir(parents=True, exist_ok=True)
     targets = find_targets({"unet": middle}, {"unet": UNET_ATTENTION})
-    ours = Ours(middle, device=torch.device("cpu"), dtype=torch.float32, max_rank=128, cache_bytes=2**31)
+    ours = Ours(middle, device=device, dtype=dtype, max_rank=128, cache_bytes=2**31)
     adapters = [
         ours.prepare(path, f"r{rank}-{index}")
         for rank in _RANKS
@@ -78,10 +89,10 @@ def measure_slice(mode: str, repeats: int, swaps: int, workdir: Path) -> dict[st
             chosen = sets[index % len(sets)]
             ours.patcher.apply(tuple(ActiveAdapter(ours.store.for_compute(a), s) for a, s in chosen))
             out, eager = compiled(*inputs), compiled.eager(*inputs)
-            span = float(eager.max() - eager.min())
-            diff_levels = max(diff_levels, float((out - eager).abs().max()) / span * 255)
+            span = float(eager.float().max() - eager.float().min())
+            diff_levels = max(diff_levels, float((out.float() - eager.float()).abs().max()) / span * 255)
         recompiles = dynamo_compiles() - compiles + compiled.recompiles
-        clock = Clock(torch.device("cpu"))
+        clock = Clock(device)
         times: dict[str, list[float]] = {"eager": [], "compiled": []}
         for _ in range(repeats):
             for name, call in (("eager", compiled.eager), ("compiled", compiled)):
@@ -93,6 +104,7 @@ def measure_slice(mode: str, repeats: int, swaps: int, workdir: Path) -> dict[st
     return {
         "family": "sdxl-slice",
         "model": "SDXL middle block, 1 of 10 transformer layers, random weights",
+        "device": str(device),
         "mode": mode,
         "size": [1024, 1024],
         "swaps": swaps,

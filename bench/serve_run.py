@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,7 @@ from engine.pipeline.loading import load_pipeline
 from engine.pools.engine import Engine, PreparedRequest
 from engine.pools.scheduler import Ticket, TicketState
 from engine.prepare.resolve import AdapterResolver
-from engine.requests import GenerateResult, LoraSpec
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from engine.settings import DEFAULT_MODEL_ID, Settings
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
@@ -111,9 +112,7 @@ class Bench:
         warm = range(self.options.warm)
         for index in warm:
             self.hub.set_download_delay(repo_id(mode, index), 0.0)
-        futures = [engine.prefetch(LoraSpec(repo_id(mode, index))) for index in warm]
-        for future in futures:
-            future.result(timeout=_TIMEOUT_S)
+        warm_cache(engine, [LoraSpec(repo_id(mode, index)) for index in warm])
         for index in range(self.options.adapters):
             self.hub.set_download_delay(repo_id(mode, index), self.delays[index])
 
@@ -168,3 +167,12 @@ class Bench:
             for future in futures:
                 future.result()
         return samples, time.perf_counter() - began
+
+
+def warm_cache(engine: Engine, specs: Sequence[LoraSpec]) -> None:
+    """Prepare each LoRA into the engine's cache through the request path, which waits its turn: the prefetch
+    lane is bounded and drops its oldest past MAX_QUEUE waiting (a gallery click superseded), so a warm-up of
+    more LoRAs than that through it was refused (`EngineBusyError`)."""
+    for spec in specs:
+        with engine.prepare(GenerateRequest(prompt="warm-up", loras=(spec,))):
+            pass

@@ -13,14 +13,13 @@ from __future__ import annotations
 import logging
 import queue
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Generic, TypeVar
-
-import gradio as gr
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from engine.errors import (
     GenerationCancelledError,
@@ -30,6 +29,9 @@ from engine.errors import (
     LimitExceededError,
     SwitchboardError,
 )
+
+if TYPE_CHECKING:
+    import gradio as gr
 
 __all__ = ["Finished", "Step", "drive", "gpu_errors", "run_in_steps"]
 
@@ -123,10 +125,14 @@ def gpu_errors() -> Iterator[None]:
     """spaces' refusals and lost workers as errors of the tree (see the module docstring)."""
     try:
         yield
-    except gr.Error as e:
-        raise _mapped(e) from e
-    except RuntimeError as e:
-        if "closed by visitor" in str(e):  # spaces gave up queueing for a GPU: the client had left
+    except Exception as e:
+        # A gr.Error exists only once gradio is imported (spaces imports it on ZeroGPU): looked up, not imported,
+        # so the local backend, the GPU tests and the benchmarks need no UI library (bench/gpu_check.sh has none).
+        gradio = sys.modules.get("gradio")
+        if gradio is not None and isinstance(e, gradio.Error):
+            raise _mapped(e) from e
+        if isinstance(e, RuntimeError) and "closed by visitor" in str(e):
+            # spaces gave up queueing for a GPU: the client had left
             raise GenerationCancelledError(f"the client went away while ZeroGPU queued the call ({e})") from e
         raise
 

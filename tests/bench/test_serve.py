@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from bench.serve import ModeResult, Options, Sample, _union, draws, sizes_mb
+from engine.requests import GenerateRequest, LoraSpec
+from tests.support.loras import WEIGHTS, card, peft_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,6 +49,21 @@ def test_both_modes_replay_the_same_zipf_draws_and_sizes():
     assert all(20 <= size <= 900 for size in sizes_mb(options))
 
 
+def test_the_warm_up_caches_more_loras_than_the_prefetch_lane_holds(make_engine, loaded, hub):
+    """Regression: the warm-up went through the bounded prefetch lane, which drops its oldest past MAX_QUEUE
+    waiting, so `bench.serve`'s default run (24 warm, a queue of 16) stopped in its warm-up (EngineBusyError)."""
+    from bench.serve_run import warm_cache
+
+    engine = make_engine(max_queue=1)
+    specs = [LoraSpec(f"bench-warm/lora-{index}") for index in range(3)]
+    for index, spec in enumerate(specs):
+        hub.add_repo(spec.ref, {"README.md": card(), WEIGHTS: peft_file(loaded.pipe, seed=500 + index)}, tags=["lora"])
+    warm_cache(engine, specs)
+    for spec in specs:
+        with engine.prepare(GenerateRequest(prompt="after the warm-up", loras=(spec,))) as prepared:
+            assert [use.cache for use in prepared.uses] == ["hit"]
+
+
 @pytest.mark.slow
 def test_a_small_run_ends_with_the_summary_line(tmp_path):
     out = tmp_path / "serve.json"
@@ -55,14 +72,16 @@ def test_a_small_run_ends_with_the_summary_line(tmp_path):
             sys.executable,
             "-m",
             "bench.serve",
+            # More warm LoRAs than the queue's 16 (max(16, 2 x clients)): the warm-up once went through the
+            # bounded prefetch lane and was dropped past 16.
             "--adapters",
-            "12",
+            "18",
             "--clients",
             "3",
             "--requests",
             "2",
             "--warm",
-            "3",
+            "17",
             "--bandwidth-mb-s",
             "900",
             "--json",
@@ -78,7 +97,13 @@ def test_a_small_run_ends_with_the_summary_line(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     last = done.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"serve_p95_vs_fifo=[\d.]+ gpu_busy=[\d.]+ swaps_per_request=[\d.]+ max_overtakes=\d+", last)
+    found = re.fullmatch(
+        r"serve_p95_vs_fifo=([\d.]+) gpu_busy=([\d.]+) swaps_per_request=([\d.]+) max_overtakes=(\d+)", last
+    )
+    assert found, done.stdout[-2000:]
+    ratio, busy, swaps, overtakes = (float(value) for value in found.groups())
+    assert ratio > 0 and 0 < busy <= 1 and 0 <= swaps <= 1 and overtakes >= 0, last
+    assert "failed:" not in done.stderr, done.stderr[-2000:]
     assert out.is_file()
     # The plot is drawn from the JSON the run wrote into the plot folder (bench.plots), one line per mode.
     written = json.loads((tmp_path / "plots" / "serve.json").read_text())

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The prepared GPU check: every GPU measurement, most valuable first, in one run that fits a lent machine's minutes.
+#
+#   bash bench/gpu_wheels.sh              # here, once: the wheels into .whl/ (the GPU machine cannot fetch)
+#   bash bench/gpu_check.sh               # there, from the repository root (carry .whl)
+#   bash bench/gpu_check.sh --cpu-dry-run # anywhere: the same run with this Python, each CUDA step skipped
+#
+# It makes a venv that sees the machine's own torch (--system-site-packages) and installs the carried wheels into
+# it, then runs each step under its own `timeout`; the limits sum to under 9 minutes on an H100/H200-class
+# machine. Every step's result lines (and a status line: ok, failed, timed out or skipped) go to
+# $OUT/gpu_check.txt (OUT defaults to ./gpu_check_out), its whole output to $OUT/gpu_check.log, and the results
+# are printed at the end. A step that fails or runs out of time does not stop the ones after it. Without a CUDA
+# device each CUDA step is skipped with a line saying so. To add a measurement: one `step` line below.
+set -uo pipefail
+
+dry=0
+for arg in "$@"; do
+  case "$arg" in
+    --cpu-dry-run) dry=1 ;;
+    *) echo "unknown argument $arg; accepted: --cpu-dry-run" >&2; exit 2 ;;
+  esac
+done
+
+OUT="${OUT:-./gpu_check_out}"
+mkdir -p "$OUT"
+results="$OUT/gpu_check.txt"
+log="$OUT/gpu_check.log"
+: >"$results"
+: >"$log"
+began=$(date +%s)
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# Nothing to fetch there: every model is built from a config with random weights, every LoRA written locally.
+export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False TOKENIZERS_PARALLELISM=false
+
+say() { echo "$*" | tee -a "$results"; }
+
+# --- the venv -------------------------------------------------------------------------------------------------
+if [ "$dry" = 1 ]; then
+  py="${PYTHON:-python3}"
+  say "install: skipped (--cpu-dry-run: $py as it is)"
+else
+  venv="${GPU_CHECK_VENV:-/tmp/gpu_check_venv}"
+  started=$(date +%s)
+  if ! ls .whl/*.whl >/dev/null 2>&1; then
+    say "install: failed (no wheels in .whl/: run bash bench/gpu_wheels.sh here first and carry .whl)"
+    exit 1
+  fi
+  # The machine's python3 is itself a venv's (/opt/torch/.venv): --system-site-packages would reach only its base
+  # interpreter's packages, so the new venv also reads that venv's site-packages through a .pth file, after its
+  # own (a carried wheel wins over the machine's copy). Installed with the machine's pip, by target folder.
+  if timeout -k 5 20 python3 -m venv --system-site-packages --without-pip "$venv" >>"$log" 2>&1 &&
+    site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") &&
+    python3 -c "import site; print('\n'.join(site.getsitepackages()))" >"$site/_machine_packages.pth" &&
+    timeout -k 5 30 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$site" .whl/*.whl >>"$log" 2>&1; then
+    say "install: ok ($(ls .whl/*.whl | wc -l) wheels in $(($(date +%s) - started)) s)"
+  else
+    say "install: failed (see $log)"
+    exit 1
+  fi
+  py="$venv/bin/python"
+fi
+
+cuda=0
+if [ "$dry" = 0 ]; then
+  cuda=$("$py" -c "import torch; print(int(torch.cuda.is_available()))" 2>>"$log" || echo 0)
+fi
+
+# step NAME LIMIT_S cuda|any PATTERN COMMAND...: run COMMAND under `timeout LIMIT_S`; its lines matching the
+# extended regex PATTERN are its results.
+step() {
+  local name=$1 limit=$2 needs=$3 pattern=$4
+  shift 4
+  if [ "$needs" = cuda ] && [ "$cuda" != 1 ]; then
+    say "$name: skipped ($([ "$dry" = 1 ] && echo "--cpu-dry-run" || echo "no CUDA device"))"
+    return
+  fi
+  local started rc took status
+  started=$(date +%s)
+  printf '\n===== %s (limit %s s): %s\n' "$name" "$limit" "$*" >>"$log"
+  local output="$OUT/.step.out"
+  timeout -k 10 "$limit" "$@" >"$output" 2>&1
+  rc=$?
+  took=$(($(date +%s) - started))
+  cat "$output" >>"$log"
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status="timed out after $limit s" ;;
+    *) status="failed (exit $rc)" ;;
+  esac
+  say "$name: $status in $took s"
+  grep -E -- "$pattern" "$output" | sed "s/^/  /" | tee -a "$results"
+  rm -f "$output"
+}
+
+# --- the steps, most valuable first (limits sum to 485 s; with the install's 50, 535 s) -------------------
+step env 60 any '^env:' "$py" -c "
+import torch, diffusers, peft, transformers, huggingface_hub, safetensors
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'
+print(f'env: gpu={gpu!r} torch={torch.__version__} cuda={torch.version.cuda} diffusers={diffusers.__version__} '
+      f'peft={peft.__version__} transformers={transformers.__version__} huggingface_hub={huggingface_hub.__version__}')"
+# pytest -m gpu over the files that hold gpu tests (the others import test-only tools the venv does not carry).
+gpu_tests=$(grep -rlE 'pytest\.mark\.gpu' tests --include='test_*.py' | sort | tr '\n' ' ')
+# -v: each test's verdict is printed as it ends, so a run cut short by its limit still reports those that ran.
+step pytest_gpu 100 cuda ' (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|^(FAILED|ERROR) |[0-9]+ (passed|failed)' \
+  "$py" -m pytest -p no:cacheprovider -v -rfEs -m gpu --timeout 100 $gpu_tests
+step swap_sdxl 70 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick
+step swap_flux 45 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick --family flux
+step pools 40 cuda '^(restore_vs_floor=|gpu:)' "$py" -m bench.pools --device cuda --dtype float16 --repeats 2
+step pristine 15 cuda '^pristine_restore' "$py" -m bench.pristine --device cuda
+step compile_tiny 75 cuda '^compile: ' \
+  "$py" -m bench.compile --device cuda --tiny --families sdxl --swaps 6 --repeats 3 --steps 4
+step unet_step 80 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes default --repeats 3
+# Hooks for the confirmations still to write (issue 29, section 4's list), one line each when they exist:
+# step residency_add 30 cuda '^residency: ' "$py" -m bench.residency --device cuda            # moves, peak on add
+# step host_pinned 30 cuda '^host_pinned: ' "$py" -m bench.host_pinned --device cuda          # host_memory_stats
+# step vae_decode 30 cuda '^vae_decode: ' "$py" -m bench.vae_decode --device cuda             # peak reserved
+# step swap_pinned 60 cuda '^swap_vs_floor=' "$py" -m bench.swap --device cuda --quick --pristine host
+# step rerecord 60 cuda '^rerecord: ' "$py" -m bench.rerecord --device cuda --moves 20        # CUDA graphs re-recorded
+# step unet_step_graphs 90 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes reduce-overhead
+
+echo
+echo "gpu_check: $(($(date +%s) - began)) s in all; results in $results, output in $log"
+cat "$results"

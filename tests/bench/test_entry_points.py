@@ -1,0 +1,82 @@
+"""(slow) Every `python -m bench.…` the README quotes, run end to end at its smallest size: each must end with its
+result line, whose fields are read here. Covered elsewhere: bench.swap --quick (test_smoke), bench.compile
+(test_compile), bench.serve (test_serve), bench.soak (test_soak), bench.fleet and bench.plots (in process, in
+test_fleet and test_plots). Not here: bench.cluster and bench.fleet --real, which start a Ray cluster."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NUMBER = r"(\d+(?:\.\d+)?(?:e[+-]\d+)?)"
+
+pytestmark = pytest.mark.slow
+
+
+def last_line(*argv: str, timeout: int = 1500) -> str:
+    """Run `python -m bench.<argv>` and return its last line, failing with its output if it failed."""
+    done = subprocess.run(
+        [sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(600)
+def test_pristine_restores_a_share_of_sdxls_projections_from_host_ram():
+    line = last_line("bench.pristine", "--device", "cpu", "--fraction", "0.02", "--repeats", "1")
+    found = re.fullmatch(rf"pristine_restore_host_ms={NUMBER} device_ms=n/a host_vs_device=n/a bytes=(\d+)", line)
+    assert found, line
+    assert float(found[1]) > 0 and int(found[2]) > 0
+
+
+@pytest.mark.timeout(600)
+def test_fp8_reports_the_worst_error_of_each_storage():
+    line = last_line("bench.fp8", "--rank", "4")
+    found = re.fullmatch(rf"worst_error_fp16={NUMBER} worst_error_bf16={NUMBER} worst_error_fp8_e4m3={NUMBER}", line)
+    assert found, line
+    assert all(float(value) >= 0 for value in found.groups())
+
+
+@pytest.mark.timeout(1800)
+def test_pools_brings_the_sd15_unet_back_exactly():
+    line = last_line("bench.pools", "--models", "sd15", "--repeats", "1")
+    found = re.fullmatch(rf"restore_vs_floor={NUMBER} exact=(true|false)", line)
+    assert found, line
+    assert float(found[1]) > 0 and found[2] == "true"
+
+
+@pytest.mark.timeout(1800)
+def test_preview_times_both_previews_against_a_full_size_step():
+    line = last_line("bench.preview", "--side", "256", "--repeats", "1", "--step-repeats", "1")
+    found = re.fullmatch(rf"linear_vs_step={NUMBER} taesd_vs_step={NUMBER}", line)
+    assert found, line
+    assert 0 < float(found[1]) < float(found[2])
+
+
+@pytest.mark.timeout(1800)
+def test_swap_on_the_flux_slice_ends_with_the_verdict_line():
+    line = last_line("bench.swap", "--family", "flux", "--quick")
+    found = re.fullmatch(rf"swap_vs_floor={NUMBER} swap_vs_reference={NUMBER} exact=(true|false)", line)
+    assert found, line
+    assert float(found[1]) > 0 and float(found[2]) > 0 and found[3] == "true"
+
+
+@pytest.mark.timeout(1800)
+def test_unet_step_compiles_the_tiny_unet_and_matches_eager():
+    line = last_line("bench.unet_step", "--tiny", "--side", "64", "--repeats", "1")
+    found = re.fullmatch(
+        rf"unet_step: mode=default eager_ms={NUMBER} compiled_ms={NUMBER} speedup={NUMBER} max_diff={NUMBER} "
+        rf"compile_s={NUMBER}",
+        line,
+    )
+    assert found, line
+    eager, compiled, speedup, diff, compile_s = (float(value) for value in found.groups())
+    assert eager > 0 and compiled > 0 and speedup > 0 and compile_s > 0
+    # float32 on the CPU: compiled kernels reorder sums, a difference of a few ulps of the output's range.
+    assert diff < 1e-4
