@@ -108,9 +108,11 @@ step swap_sdxl 70 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap -
 step swap_flux 45 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick --family flux
 step pools 40 cuda '^(restore_vs_floor=|gpu:)' "$py" -m bench.pools --device cuda --dtype float16 --repeats 2
 step pristine 15 cuda '^pristine_restore' "$py" -m bench.pristine --device cuda
-step compile_tiny 75 cuda '^compile: ' \
+step compile_tiny 65 cuda '^compile: ' \
   "$py" -m bench.compile --device cuda --tiny --families sdxl --swaps 6 --repeats 3 --steps 4
-step unet_step 80 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes default --repeats 3
+step unet_step 65 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes default --repeats 3
+# A host-RAM T5's encode: on the host's CPU, streamed to the GPU (group offloading), and from the prompt cache.
+step encode 25 cuda '^encode_host_s=' "$py" -m bench.encode --layers 1 --repeats 2
 # Hooks for the confirmations still to write (issue 29, section 4's list), one line each when they exist:
 # step residency_add 30 cuda '^residency: ' "$py" -m bench.residency --device cuda            # moves, peak on add
 # step host_pinned 30 cuda '^host_pinned: ' "$py" -m bench.host_pinned --device cuda          # host_memory_stats
