@@ -25,9 +25,9 @@ from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import SwitchboardError
 from lora_catalog.hub import check_sort
 from lora_catalog.listing import CatalogPage
+from serving.grid import grid_image
 from serving.recipes import with_recipes
 from serving.streaming import Frame, Preview, stream
-from serving.ui.grid import grid_image
 
 if TYPE_CHECKING:
     from engine.outcomes import LoraCheck, PoolStatus, ServedPool
