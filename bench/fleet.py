@@ -40,7 +40,8 @@ from collections.abc import Sequence
 from bench.fleet_cost import GPUS, gpu_costs
 from bench.fleet_model import Costs, RunResult, Scenario
 from bench.fleet_policies import POLICIES, make_policy
-from bench.fleet_real import RealOptions, measure
+from bench.fleet_real import RealOptions
+from bench.fleet_real_run import measure
 from bench.fleet_sweep import Validation, latency_curve, max_rate, validate, validation_spec
 from bench.serve import hub_environment
 

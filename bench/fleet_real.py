@@ -1,6 +1,6 @@
 """`python -m bench.fleet --real`: both routers on a real local Ray Serve cluster, the fleet model beside them.
 
-The cluster and its clients are in bench/fleet_real_run.py; the measuring, the model and the comparison here.
+The cluster, its clients and the run's sequence are in bench/fleet_real_run.py; the model and the comparison here.
 
 Setup (needs requirements-ray.txt): Ray and Serve on this machine (`serving.cluster.app.local_serve`), one pool of
 `replicas` CPU replicas of the tiny pipeline (one torch thread each; each its own Hub-cache folder, as on a
@@ -29,20 +29,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from bench.fleet_model import Costs, Scenario, percentile, request_stream, simulate
+from bench.fleet_model import Costs, Scenario, percentile, simulate
 from bench.fleet_policies import make_policy
 from bench.fleet_sweep import latency_curve, max_rate
 
-if TYPE_CHECKING:
-    from bench.fleet_real_run import Cluster
-
-__all__ = ["POLICY_OF", "RealOptions", "RealRun", "measure", "rate_at_target", "scaled_scenario"]
+__all__ = ["POLICY_OF", "RealOptions", "RealRun", "rate_at_target", "scaled_scenario", "summarise"]
 
 # Our router is the fleet model's least_finish; Serve's multiplexed router with one slot is ray_multiplexed_m1.
 POLICY_OF = {"ours": "least_finish", "ray_multiplexed": "ray_multiplexed_m1"}
@@ -175,66 +169,6 @@ def summarise(router: str, rate: float | None, samples: Sequence[Sample], warmup
 
 def _p95(values: Sequence[float]) -> float:
     return percentile(sorted(values), 95) if values else math.nan
-
-
-def measure(options: RealOptions, root: Path, hub_port: int, say) -> dict[str, object]:
-    """The whole real run: calibration, closed and open loop for both routers, and the model beside each."""
-    from bench.fleet_real_run import Cluster
-    from serving.cluster.app import local_serve
-    from tests.support.app_server import free_port
-
-    began = time.perf_counter()
-    cluster = Cluster(options, root, hub_port)
-    runs: list[RealRun] = []
-    try:
-        with local_serve(port=free_port(), num_cpus=2) as url:
-            say(f"cluster up in {time.perf_counter() - began:.0f} s; calibrating on {options.adapters} LoRAs")
-            calibration = _calibrate(cluster, url)
-            service_s = calibration["service_s"]
-            k = service_s / _SDXL_INFERENCE_S
-            target = _TARGET_S * k
-            say(f"calibration {calibration}: k={k:.4f}, p95 target {target:.2f} s")
-            cluster.delay_downloads(k, options.seed)
-            costs = scaled_costs(service_s, calibration["swap_s"], calibration["prepare_s"])
-            say(f"the model predicts {_predicted_rates(options, costs, target)} req/s at the target")
-            # One grid of rates for both routers: their p95s compare at each rate.
-            saturation = options.replicas / service_s
-            rates = [round(fraction * saturation, 3) for fraction in options.fractions]
-            adapters, gaps = request_stream(scaled_scenario(options, costs, clients=None), options.seed)
-            for router in POLICY_OF:
-                samples = cluster.run(url, router, adapters, None)
-                runs.append(summarise(router, None, samples, options.warmup))
-                say(f"{router} closed loop ({options.clients} clients): {_row(runs[-1])}")
-                for rate in rates:
-                    samples = cluster.run(url, router, adapters, [gap / rate for gap in gaps])
-                    runs.append(summarise(router, rate, samples, options.warmup))
-                    say(f"{router} at {rate} req/s: {_row(runs[-1])}")
-    finally:
-        cluster.close()
-    measured = _measured_costs(runs, costs, calibration["overhead_s"])
-    results = _compare(options, runs, measured, target, k, time.perf_counter() - began, say)
-    return {**results, "calibration": calibration}
-
-
-def _calibrate(cluster: Cluster, url: str) -> dict[str, float]:
-    """The tiny model's service time, what 8.5 s stands for: no download delays yet, one client per replica
-    (the replicas share this machine's cores, so a replica's inference is slower while the others run, as it
-    will be under load), 12 LoRAs (misses: their preparation and swap), then the same 12 three times (hits:
-    inference and swap on the replica, plus the overhead outside it: HTTP, the ingress, Serve's routing)."""
-    replicas = cluster.options.replicas
-    samples = cluster.run(url, "ours", [*range(12)] * 4, None, clients=replicas)
-    misses, hits = [s for s in samples[:12] if s.status == 200], [s for s in samples[12:] if s.status == 200]
-    if len(hits) < 18:
-        raise RuntimeError(f"the calibration got {len(hits)} of 36 answers; the cluster does not serve")
-    work = statistics.median(s.timing["inference"] + s.timing["apply"] for s in hits)
-    overhead = statistics.median(s.latency - s.timing["total"] for s in hits)
-    return {
-        "service_s": round(work + overhead, 4),
-        "inference_s": round(statistics.median(s.timing["inference"] for s in hits), 4),
-        "overhead_s": round(overhead, 4),
-        "swap_s": round(statistics.median(s.timing["apply"] for s in misses), 4),
-        "prepare_s": round(statistics.median(s.timing["prepare"] for s in misses), 4),
-    }
 
 
 def _predicted_rates(options: RealOptions, costs: Costs, target: float) -> dict[str, float]:

@@ -6,16 +6,31 @@ a request stream from closed-loop clients and then, for an open-loop run, at Poi
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
-from bench.fleet_model import Catalogue, Costs
-from bench.fleet_real import RealOptions, Sample, scaled_scenario
+from bench.fleet_model import Catalogue, Costs, request_stream
+from bench.fleet_real import (
+    _SDXL_INFERENCE_S,
+    _TARGET_S,
+    POLICY_OF,
+    RealOptions,
+    RealRun,
+    Sample,
+    _compare,
+    _measured_costs,
+    _predicted_rates,
+    _row,
+    scaled_costs,
+    scaled_scenario,
+    summarise,
+)
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "measure"]
 
 _TIMEOUT = httpx.Timeout(600.0)
 
@@ -133,3 +148,62 @@ class Cluster:
 
     def close(self) -> None:
         self.hub.stop()
+
+
+def measure(options: RealOptions, root: Path, hub_port: int, say) -> dict[str, object]:
+    """The whole real run: calibration, closed and open loop for both routers, and the model beside each."""
+    from serving.cluster.app import local_serve
+    from tests.support.app_server import free_port
+
+    began = time.perf_counter()
+    cluster = Cluster(options, root, hub_port)
+    runs: list[RealRun] = []
+    try:
+        with local_serve(port=free_port(), num_cpus=2) as url:
+            say(f"cluster up in {time.perf_counter() - began:.0f} s; calibrating on {options.adapters} LoRAs")
+            calibration = _calibrate(cluster, url)
+            service_s = calibration["service_s"]
+            k = service_s / _SDXL_INFERENCE_S
+            target = _TARGET_S * k
+            say(f"calibration {calibration}: k={k:.4f}, p95 target {target:.2f} s")
+            cluster.delay_downloads(k, options.seed)
+            costs = scaled_costs(service_s, calibration["swap_s"], calibration["prepare_s"])
+            say(f"the model predicts {_predicted_rates(options, costs, target)} req/s at the target")
+            # One grid of rates for both routers: their p95s compare at each rate.
+            saturation = options.replicas / service_s
+            rates = [round(fraction * saturation, 3) for fraction in options.fractions]
+            adapters, gaps = request_stream(scaled_scenario(options, costs, clients=None), options.seed)
+            for router in POLICY_OF:
+                samples = cluster.run(url, router, adapters, None)
+                runs.append(summarise(router, None, samples, options.warmup))
+                say(f"{router} closed loop ({options.clients} clients): {_row(runs[-1])}")
+                for rate in rates:
+                    samples = cluster.run(url, router, adapters, [gap / rate for gap in gaps])
+                    runs.append(summarise(router, rate, samples, options.warmup))
+                    say(f"{router} at {rate} req/s: {_row(runs[-1])}")
+    finally:
+        cluster.close()
+    measured = _measured_costs(runs, costs, calibration["overhead_s"])
+    results = _compare(options, runs, measured, target, k, time.perf_counter() - began, say)
+    return {**results, "calibration": calibration}
+
+
+def _calibrate(cluster: Cluster, url: str) -> dict[str, float]:
+    """The tiny model's service time, what 8.5 s stands for: no download delays yet, one client per replica
+    (the replicas share this machine's cores, so a replica's inference is slower while the others run, as it
+    will be under load), 12 LoRAs (misses: their preparation and swap), then the same 12 three times (hits:
+    inference and swap on the replica, plus the overhead outside it: HTTP, the ingress, Serve's routing)."""
+    replicas = cluster.options.replicas
+    samples = cluster.run(url, "ours", [*range(12)] * 4, None, clients=replicas)
+    misses, hits = [s for s in samples[:12] if s.status == 200], [s for s in samples[12:] if s.status == 200]
+    if len(hits) < 18:
+        raise RuntimeError(f"the calibration got {len(hits)} of 36 answers; the cluster does not serve")
+    work = statistics.median(s.timing["inference"] + s.timing["apply"] for s in hits)
+    overhead = statistics.median(s.latency - s.timing["total"] for s in hits)
+    return {
+        "service_s": round(work + overhead, 4),
+        "inference_s": round(statistics.median(s.timing["inference"] for s in hits), 4),
+        "overhead_s": round(overhead, 4),
+        "swap_s": round(statistics.median(s.timing["apply"] for s in misses), 4),
+        "prepare_s": round(statistics.median(s.timing["prepare"] for s in misses), 4),
+    }

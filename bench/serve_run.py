@@ -29,7 +29,7 @@ from tests.support.app_server import free_port
 from tests.support.loras import WEIGHTS, card, peft_file
 from tests.support.standin_hub import StandInHub
 
-from .serve import MODES, ModeResult, Options, Sample, draws, sizes_mb
+from .serve_model import MODES, ModeResult, Options, Sample, draws, sizes_mb
 
 _TIMEOUT_S = 900.0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve import ModeResult, Options, Sample, _union, draws, sizes_mb
+from bench.serve_model import ModeResult, Options, Sample, _union, draws, sizes_mb
 from engine.requests import GenerateRequest, LoraSpec
 from tests.support.loras import WEIGHTS, card, peft_file
 
