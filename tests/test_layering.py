@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -51,3 +52,44 @@ def test_no_engine_module_imports_web_space_or_cli_code():
     modules = _modules("engine")
     assert len(modules) > 30 and "engine.pools.engine" in modules
     assert _imported(modules, [*WEB, "lora_catalog.__main__"]) == []
+
+
+def _static_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules `name` imports anywhere in its file (functions included), less those imported only
+    for type checking (`if TYPE_CHECKING:`), which never run."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+        for node in ast.walk(block)
+    }
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {m for m in found if m in known and m != name}
+
+
+def test_no_two_modules_import_each_other():
+    """A pair that imports each other has no layer between them: one of them holds what both need."""
+    paths = {
+        m: REPO / (m.replace(".", "/") + ".py")
+        for p in ("engine", "serving", "lora_catalog", "bench")
+        for m in _modules(p)
+    }
+    paths = {m: p if p.exists() else p.with_suffix("") / "__init__.py" for m, p in paths.items()}
+    graph = {m: _static_imports(m, p, set(paths)) for m, p in paths.items()}
+    assert len(graph) > 100
+    mutual = sorted({tuple(sorted((a, b))) for a, imported in graph.items() for b in imported if a in graph[b]})
+    assert mutual == []
