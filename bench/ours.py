@@ -178,7 +178,10 @@ class Floor:
     """The least work an exact fused swap does: each touched weight from its pristine copy plus ΔW, rounded once.
 
     No adapter objects, no store, no plan: the factors are prepared in float32 on the weight's device
-    outside any timing, and each layer is one kernel call. `choose` measures the kernels in `KERNELS`
+    outside any timing, and each layer is one kernel call. So what it leaves out, and ours pays, is: the
+    factors' float32 cast (ours casts the file's float16 factors in each `addmm_`), the overflow check (ours
+    reads a fused weight back only where its bounds say it could overflow: never for the benchmark's LoRAs),
+    and the store's and the plan's bookkeeping. `choose` measures the kernels in `KERNELS`
     on this machine and keeps the fastest (they give bit-identical weights; one that does not is dropped).
     """
 

@@ -16,7 +16,7 @@ __all__ = ["Exactness", "report"]
 
 Say = Callable[[str], None]
 _MIB = 2**20
-_METHOD_ORDER = ("(e)", "(c)", "(f)", "(d)", "(b)", "(a)")
+_METHOD_ORDER = ("(e)", "(c)", "(g)", "(f)", "(d)", "(b)", "(a)")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from engine.formats.adapters import PreparedAdapter
+from engine.weights.swap import ActiveAdapter, WeightPatcher
 from lora_catalog.entries import Family
 
 from .flux_slice import reference_flux_pipeline
@@ -26,8 +27,11 @@ Pairs = Mapping[tuple[int, str], LoraPair]
 _MIB = 2**20
 # What each round-robin method is called in the table, and how it differs from the others.
 _METHODS = {
-    "(e)": ("(e) floor: fastest exact kernel", "plain tensors, float32 factors ready"),
+    "(e)": ("(e) floor: fastest exact kernel", "plain tensors, float32 factors ready, no overflow check"),
     "(c)": ("(c) ours, cached adapter", "AdapterStore.for_compute + WeightPatcher.apply"),
+    # On a GPU only: the pristine copies in pinned host RAM (the plan's choice for SDXL on an A10G), each
+    # restore a host-to-device copy, against the same floor (whose copies are on the device).
+    "(g)": ("(g) ours, pristine in pinned host", "as (c), restores over PCIe"),
 }
 
 
@@ -146,6 +150,7 @@ def _measure_rank(
     # still the base, before the floor (which fuses outside the patcher) takes turns with it.
     ours.swap(kept[options.formats[0]][0])
     ours.patcher.restore_all()
+    host = _pinned_host_patcher(ours, kept[options.formats[0]][0]) if device.type == "cuda" else None
     floor = Floor(ours.table.params, touched, ours.patcher.pristine_copies(touched)) if together else None
     if floor is not None:
         floor.choose(floor.factors(kept[options.formats[0]][0]), clock)
@@ -153,10 +158,15 @@ def _measure_rank(
     for fmt, adapters in kept.items():
         swaps = _floor_swaps(floor, adapters) if floor is not None else {}
         swaps.update(_ours_swaps(ours, adapters))
+        if host is not None:
+            swaps.update(_host_swaps(ours, host, adapters))
         samples.setdefault(fmt, {}).update(round_robin(clock, swaps, repeats))
     if floor is not None:
         floor.restore()
-    del floor
+    if host is not None:
+        host.restore_all()
+        host.forget_pristine()
+    del floor, host
     rss = None
     for fmt, adapters in kept.items():
         for key, (method, note) in _METHODS.items():
@@ -169,6 +179,15 @@ def _measure_rank(
         first = False
     ours.reset()
     return rss, together, kernel
+
+
+def _pinned_host_patcher(ours: Ours, adapter: PreparedAdapter) -> WeightPatcher:
+    """A second patcher over the same weights keeping its pristine copies in pinned host memory, its copies taken
+    now, while the weights are the base (every method rewrites each touched weight from its own copy)."""
+    host = WeightPatcher(ours.table.params, torch.device("cpu"), pin=True)
+    host.apply((ActiveAdapter(ours.store.for_compute(adapter), 1.0),))
+    host.restore_all()
+    return host
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -184,6 +203,10 @@ def _floor_swaps(floor: Floor, adapters: Sequence[PreparedAdapter]) -> dict[str,
 
 def _ours_swaps(ours: Ours, adapters: Sequence[PreparedAdapter]) -> dict[str, Callable]:
     return {"(c)": lambda i: ours.swap(adapters[i % 2])}
+
+
+def _host_swaps(ours: Ours, host: WeightPatcher, adapters: Sequence[PreparedAdapter]) -> dict[str, Callable]:
+    return {"(g)": lambda i: host.apply((ActiveAdapter(ours.store.for_compute(adapters[i % 2]), 1.0),))}
 
 
 def _floor_alone(

@@ -14,7 +14,10 @@ qkv/linear1 and in diffusers' names), at ranks 16 and 64, without the LyCORIS se
 (c) ours, cached adapter: WeightPatcher.apply through AdapterStore.for_compute, as the engine swaps;
 (d) ours, first-seen file: read the header, prepare, keep in the store, apply;
 (e) the floor: each touched weight from a pristine copy plus ΔW in float32, rounded once, by the fastest
-    of several plain-tensor kernels that reach exactly the engine's weights (measured on this machine).
+    of several plain-tensor kernels that reach exactly the engine's weights (measured on this machine); it
+    leaves out the factors' float32 cast (made before timing) and the overflow check, which ours pays;
+(g) on a GPU only: ours with the pristine copies in pinned host memory (each restore over PCIe), beside (c)
+    whose copies are on the device.
 
 (e) and (c) take turns swap by swap, so load from other processes falls on all of them alike. A second
 section times LoHa, LoKr and DoRA adapters (ΔW recomputed per swap, as the engine does, and ΔW cached in

@@ -90,7 +90,8 @@ class FusedSet:
         active = tuple(ActiveAdapter(self._store.for_compute(a), s) for a, s in wanted)
         self._apply(active)
         if self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
+            # Wait for this swap's own stream only: a device-wide sync would also wait for another pool's inference.
+            torch.cuda.current_stream(self._device).synchronize()
         elapsed = time.perf_counter() - started
         logger.info(
             "swap %s -> %s: %d layers, tokens %s in %.1f ms",

@@ -3,7 +3,10 @@
 Taking a set out never subtracts: each touched weight is copied back from a pristine copy made the first time
 it was touched, so the base is bit-exact after any number of swaps. Putting a set in writes each touched weight
 once, pristine plus every update on it summed in float32 (one `addmm_` per plain LoRA layer, rounded once); a
-set whose fused weights are not finite (finite factors overflowing float16) is refused and put back.
+set whose fused weights are not finite (finite factors overflowing float16) is refused and put back. Only weights
+whose bound (`engine.formats.bounds`: max|W| recorded once per weight, plus each layer's bound from preparation)
+could reach the dtype's largest finite value are read back to find out, so a swap of an ordinary LoRA reads
+nothing back and, on a GPU, queues without waiting for the device.
 Pristine copies live in a byte budget, counted as pinned where they are pinned (`engine.hostmem`): copies of
 clean weights are dropped least recently used first, and a set whose weights alone need more is refused before
 anything changes.
@@ -21,6 +24,7 @@ import torch
 
 from engine.errors import LimitExceededError
 from engine.formats.adapters import PreparedAdapter
+from engine.formats.bounds import UNBOUNDED, Reach, needs_check
 from engine.formats.layers import LayerUpdate, Scratch, fuse
 from engine.hostmem import pinned_nbytes
 
@@ -65,6 +69,8 @@ class WeightPatcher:
         self._pristine: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._bytes = 0
         self._dirty: set[int] = set()
+        # max|value| of each weight as first touched (its base: it never changes), kept when its copy is dropped.
+        self._base_max: dict[int, float] = {}
         self._scratch = Scratch()
 
     @property
@@ -89,9 +95,14 @@ class WeightPatcher:
         so the caller can re-apply what it served before.
         """
         plan: dict[int, list[tuple[LayerUpdate, float]]] = {}
+        reaches: dict[int, list[tuple[Reach, float]]] = {}
         for item in active:
-            for layer in item.adapter.layers:
+            bounds = item.adapter.reach
+            if len(bounds) != len(item.adapter.layers):
+                bounds = (UNBOUNDED,) * len(item.adapter.layers)
+            for layer, bound in zip(item.adapter.layers, bounds, strict=True):
                 plan.setdefault(layer.target, []).append((layer, item.scale))
+                reaches.setdefault(layer.target, []).append((bound, item.scale))
         touched = set(plan)
         self._check_budget(touched, active)
         try:
@@ -102,6 +113,7 @@ class WeightPatcher:
             # A touched weight without a copy is clean (dirty weights always keep theirs): copy it as it is.
             missing = sorted(touched - self._pristine_keys())
             self._make_room(sum(self._cost(i) for i in missing), keep=touched)
+            self._record_maxima(sorted(touched - self._base_max.keys()))
             for index in missing:
                 copy = self._snapshot(self._params[index])
                 with self._lock:
@@ -112,7 +124,7 @@ class WeightPatcher:
                     self._pristine.move_to_end(index)
                 bases = {index: self._pristine[index] for index in touched}
             self._dirty = set(touched)
-            finite: torch.Tensor | None = None
+            checked = [i for i in sorted(plan) if needs_check(self._base_max[i], reaches[i], self._params[i].dtype)]
             for index in sorted(plan):
                 weight, base = self._params[index], bases[index]
                 if base.device != weight.device:
@@ -120,17 +132,16 @@ class WeightPatcher:
                     weight.copy_(base, non_blocking=True)
                     base = weight
                 fuse(weight, base, plan[index], self._scratch)
-                ok = _finite(weight)
-                finite = ok if finite is None else finite.logical_and_(ok)
-            # One read back for the whole set: finite factors can still overflow the weight's dtype once fused.
-            if finite is not None and not bool(finite):
-                raise self._overflow(plan, active)
+            # Finite factors can still overflow the weight's dtype once fused: where the bounds cannot rule that
+            # out, one read back for the whole set (the only device sync of a swap).
+            if checked and not bool(torch.stack([_finite(self._params[i]) for i in checked]).all()):
+                raise self._overflow(checked, active)
         except BaseException:
             self.restore_all()
             raise
 
-    def _overflow(self, plan: dict[int, list[tuple[LayerUpdate, float]]], active: Sequence[ActiveAdapter]) -> Exception:
-        bad = [i for i in sorted(plan) if not bool(_finite(self._params[i]))]
+    def _overflow(self, checked: Sequence[int], active: Sequence[ActiveAdapter]) -> Exception:
+        bad = [i for i in checked if not bool(_finite(self._params[i]))]
         dtype = str(self._params[bad[0]].dtype).removeprefix("torch.")
         loras = ", ".join(f"{a.adapter.key.name!r}×{a.scale:g}" for a in active)
         return LimitExceededError(
@@ -188,9 +199,13 @@ class WeightPatcher:
 
     def _cost(self, index: int) -> int:
         """What weight `index`'s pristine copy takes: its pinned size where it is pinned (engine.hostmem)."""
-        nbytes = self._params[index].nbytes
-        pinned = self._pin if self._pin is not None else self._params[index].device.type == "cuda"
-        return pinned_nbytes(nbytes) if pinned and self._pristine_device.type == "cpu" else nbytes
+        weight = self._params[index]
+        return pinned_nbytes(weight.nbytes) if self._pins(weight) else weight.nbytes
+
+    def _pins(self, weight: torch.Tensor) -> bool:
+        """Whether `weight`'s pristine copy is pinned: in host memory for a GPU's weights, unless told otherwise."""
+        pin = self._pin if self._pin is not None else weight.device.type == "cuda"
+        return pin and self._pristine_device.type == "cpu"
 
     def _pristine_keys(self) -> set[int]:
         with self._lock:
@@ -202,16 +217,24 @@ class WeightPatcher:
         for index, copy in copies:
             self._params[index].copy_(copy, non_blocking=True)
 
+    def _record_maxima(self, indices: Sequence[int]) -> None:
+        """Record max|value| of weights touched for the first time (clean: their base), with one read back."""
+        if not indices:
+            return
+        extremes = [torch.aminmax(self._params[i].detach()) for i in indices]
+        maxima = torch.stack([torch.maximum(low.abs(), high.abs()).float() for low, high in extremes]).tolist()
+        self._base_max.update(zip(indices, maxima, strict=True))
+
     def _snapshot(self, weight: torch.Tensor) -> torch.Tensor:
-        copy = weight.detach().to(self._pristine_device, copy=True)
-        pin = self._pin if self._pin is not None else weight.device.type == "cuda"
-        if self._pristine_device.type == "cpu" and pin:
-            copy = copy.pin_memory()
-        return copy
+        """A copy of `weight` where pristine copies live: allocated there once (pinned host memory for a GPU's
+        weights unless told otherwise), filled without waiting for the device when it is pinned."""
+        pin = self._pins(weight)
+        copy = torch.empty(weight.shape, dtype=weight.dtype, device=self._pristine_device, pin_memory=pin)
+        return copy.copy_(weight.detach(), non_blocking=pin)
 
 
 def _finite(weight: torch.Tensor) -> torch.Tensor:
-    """Whether every value of `weight` is finite, as a 0-d bool tensor (no sync).
+    """Whether every value of `weight` is finite, as a 0-d bool tensor (no sync); run where bounds allow it not to be.
 
     Its extremes say so (`aminmax` propagates NaN, and an infinity is an extreme), read in one reduction:
     `isfinite(weight).all()` writes a bool tensor the size of the weight first, which measured 41 ms against
