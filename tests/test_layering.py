@@ -1,4 +1,4 @@
-"""The layers keep to their imports: the engine knows no web or Space code, the catalogue no torch."""
+"""The layers keep to their imports: the engine knows no web code, the catalogue no torch, the identities neither."""
 
 from __future__ import annotations
 
@@ -51,3 +51,10 @@ def test_no_engine_module_imports_web_space_or_cli_code():
     modules = _modules("engine")
     assert len(modules) > 30 and "engine.pools.engine" in modules
     assert _imported(modules, [*WEB, "lora_catalog.__main__"]) == []
+
+
+def test_the_families_identities_import_no_torch_engine_catalogue_or_web_code():
+    # Both the catalogue and the engine read each family's identity, so it may import neither (nor torch).
+    modules = _modules("families")
+    assert "families.sdxl" in modules and "families.identity" in modules
+    assert _imported(modules, ["torch", "diffusers", "transformers", "engine", "lora_catalog", *WEB]) == []
