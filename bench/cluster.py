@@ -174,7 +174,7 @@ def coldstart(out: Path, port: int, repeats: int) -> dict[str, object]:
     a replica to start (a cold start), the next ones find it warm; the SDXL pool stays up throughout."""
     from ray import serve
 
-    from engine.pools.specs import PoolSetting
+    from engine.models import PoolSetting
     from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID, Settings
     from serving.cluster.app import deployment_name, local_cluster
 

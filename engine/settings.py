@@ -28,7 +28,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from engine.errors import SettingsError
-from engine.pools.specs import (
+from engine.models import (
     DEFAULT_MODEL_ID,
     FLUX_MODEL_ID,
     HUB_ID,

@@ -1,4 +1,4 @@
-"""One catalogue entry (`LoraEntry`) and the base-model families it can belong to."""
+"""One catalogue entry (`LoraEntry`); the base-model families it can belong to are `families.Family`'s."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any, Literal
+
+from families import Family
 
 from .errors import SnapshotError
 from .hints import LoraHints
@@ -17,17 +18,6 @@ __all__ = ["Family", "LoraEntry", "Source", "parse_datetime"]
 
 Source = Literal["hub", "local", "civitai"]
 _SOURCES: tuple[str, ...] = ("hub", "local", "civitai")
-
-
-class Family(StrEnum):
-    """Architectures a LoRA can target; a LoRA only fits bases of its own family."""
-
-    SDXL = "sdxl"
-    SD15 = "sd15"
-    SD2 = "sd2"
-    FLUX = "flux"
-    ZIMAGE = "zimage"
-    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)

@@ -198,8 +198,8 @@ def tiny_zimage_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def loaded_zimage(tiny_zimage_dir: Path, base_settings):
     """The tiny Z-Image Turbo pipeline, loaded from its folder like a real one (a second DiT family)."""
+    from engine.models import ZIMAGE_MODEL_ID
     from engine.pipeline.loading import load_pipeline
-    from engine.pools.specs import ZIMAGE_MODEL_ID
 
     return load_pipeline(base_settings.replace(model_id=str(tiny_zimage_dir), base_model_id=ZIMAGE_MODEL_ID))
 

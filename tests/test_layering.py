@@ -1,4 +1,4 @@
-"""The layers keep to their imports: the engine knows no web or Space code, the catalogue no torch."""
+"""The layers keep to their imports: the engine knows no web code, the catalogue no torch, the identities neither."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_no_two_modules_import_each_other():
     """A pair that imports each other has no layer between them: one of them holds what both need."""
     paths = {
         m: REPO / (m.replace(".", "/") + ".py")
-        for p in ("engine", "serving", "lora_catalog", "bench")
+        for p in ("families", "engine", "serving", "lora_catalog", "bench")
         for m in _modules(p)
     }
     paths = {m: p if p.exists() else p.with_suffix("") / "__init__.py" for m, p in paths.items()}
@@ -93,3 +93,10 @@ def test_no_two_modules_import_each_other():
     assert len(graph) > 100
     mutual = sorted({tuple(sorted((a, b))) for a, imported in graph.items() for b in imported if a in graph[b]})
     assert mutual == []
+
+
+def test_the_families_identities_import_no_torch_engine_catalogue_or_web_code():
+    # Both the catalogue and the engine read each family's identity, so it may import neither (nor torch).
+    modules = _modules("families")
+    assert "families.sdxl" in modules and "families.identity" in modules
+    assert _imported(modules, ["torch", "diffusers", "transformers", "engine", "lora_catalog", *WEB]) == []

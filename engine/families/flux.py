@@ -33,7 +33,7 @@ from engine.families.spec import (
 )
 from engine.families.tiny import text_config, tiny_t5_tokenizer, tiny_tokenizer, tiny_vae
 from engine.requests import CheckedRequest
-from lora_catalog.entries import Family
+from families.flux import IDENTITY
 
 __all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "linear1_widths"]
 
@@ -93,22 +93,10 @@ _LINEAR1_UP = re.compile(
     r"^(?:lora_unet_single_blocks_(\d+)_linear1|diffusion_model\.single_blocks\.(\d+)\.linear1)\.lora_up\.weight$"
 )
 _LINEAR1_PARTS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
-# Lower-cased names only FLUX LoRAs have: BFL's blocks (kohya, ComfyUI, XLabs), diffusers' single blocks and
-# kohya's diffusers-named mixture; diffusers' double blocks share `transformer.transformer_blocks.N.attn.` with
-# other DiTs (the origin judgement counts claims, so such names alone leave the widths to decide).
-_CLAIMS = re.compile(
-    r"double_blocks|single_blocks|single_transformer_blocks|lora_transformer_"
-    r"|^transformer\.transformer_blocks\.\d+\.(attn|ff|ff_context|norm1|norm1_context)\."
-)
 # The attention inputs a LoRA's down factor shows the hidden width on (q/k/v alone, fused, or with the MLP).
 _HIDDEN_INPUT = re.compile(r"(to_[qkv]|add_[qkv]_proj|qkv|qkv_lora\d?|linear1)[._]")
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".down.weight")
 _TEXT = re.compile(r"^(lora_te1?_|text_encoder\.|text_encoders\.clip_l\.)")
-
-
-def claims(name: str) -> bool:
-    """A lower-cased tensor name of a FLUX LoRA's transformer part."""
-    return bool(_CLAIMS.search(name))
 
 
 def lora_widths(shapes: Shapes) -> Widths:
@@ -288,7 +276,7 @@ def build_tiny_pipeline(seed: int = 0) -> FluxPipeline:
 
 
 FAMILY = FamilySpec(
-    family=Family.FLUX,
+    identity=IDENTITY,
     pipeline_class=FluxPipeline,
     denoiser="transformer",
     components=("transformer", "text_encoder"),
@@ -298,7 +286,7 @@ FAMILY = FamilySpec(
     call_arguments=call_arguments,
     size_buckets=SIZE_BUCKETS,
     convert_lora=convert_lora,
-    signature=LoraSignature(claims, lora_widths, pipeline_widths),
+    signature=LoraSignature(IDENTITY.claims, lora_widths, pipeline_widths),
     preview=PreviewSpec("madebyollin/taef1", LATENT_RGB, unpack=FluxPipeline._unpack_latents),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",

@@ -12,7 +12,7 @@ from diffusers import StableDiffusionPipeline
 
 from engine.families import stable_diffusion as sd
 from engine.families.spec import FamilySpec, MemorySpec, RunDefaults, fixed_defaults
-from lora_catalog.entries import Family
+from families.sd2 import IDENTITY
 
 __all__ = ["FAMILY", "build_tiny_pipeline"]
 
@@ -33,7 +33,7 @@ def build_tiny_pipeline(seed: int = 0) -> StableDiffusionPipeline:
 
 
 FAMILY = FamilySpec(
-    family=Family.SD2,
+    identity=IDENTITY,
     pipeline_class=StableDiffusionPipeline,
     denoiser="unet",
     components=sd.COMPONENTS,

@@ -26,7 +26,7 @@ from engine.families.spec import (
     fixed_defaults,
 )
 from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
-from lora_catalog.entries import Family
+from families.sdxl import IDENTITY
 
 __all__ = ["FAMILY", "build_tiny_pipeline", "max_clip_skip"]
 
@@ -57,14 +57,6 @@ MEMORY = MemorySpec(
     largest_values=29_491_200,
     float32_in_fp16=("vae",),
 )
-
-
-def claims(name: str) -> bool:
-    """A lower-cased tensor name only an SDXL LoRA has."""
-    if name.startswith(("lora_te1_", "lora_te2_", "text_encoder_2.", "te2.")):
-        return True
-    # SD3 and Flux transformers have numbered transformer_blocks too, but no UNet blocks.
-    return ("transformer_blocks_1_" in name or "transformer_blocks.1." in name) and unet.is_unet_name(name)
 
 
 def max_clip_skip(pipe: Any) -> int:
@@ -111,7 +103,7 @@ def build_tiny_pipeline(seed: int = 0) -> StableDiffusionXLPipeline:
 
 
 FAMILY = FamilySpec(
-    family=Family.SDXL,
+    identity=IDENTITY,
     pipeline_class=StableDiffusionXLPipeline,
     denoiser="unet",
     components=("unet", "text_encoder", "text_encoder_2"),
@@ -121,7 +113,7 @@ FAMILY = FamilySpec(
     call_arguments=unet.call_arguments,
     size_buckets=SIZE_BUCKETS,
     convert_lora=unet.converter(StableDiffusionXLPipeline),
-    signature=LoraSignature(claims, unet.lora_widths, unet.pipeline_widths),
+    signature=LoraSignature(IDENTITY.claims, unet.lora_widths, unet.pipeline_widths),
     preview=PreviewSpec("madebyollin/taesdxl", LATENT_RGB),
     build_tiny=build_tiny_pipeline,
     extra_schedulers=unet.SPEED_SCHEDULERS,

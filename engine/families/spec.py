@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.requests import CheckedRequest, GuidanceKind
-from lora_catalog.entries import Family
+from families import Family, FamilyIdentity
 
 __all__ = [
     "FamilySpec",
@@ -174,7 +174,8 @@ class LoraConverter(Protocol):
 class FamilySpec:
     """Everything one family needs, from loading its pipeline to judging a LoRA made for it."""
 
-    family: Family
+    # What the family is (its name, bases, metadata spellings, key claims, Civitai labels, model ids).
+    identity: FamilyIdentity
     # The diffusers class its pipelines load with (never guessed from file names).
     pipeline_class: PipelineClass
     # The pipeline attribute holding the denoiser: `unet` for the UNet families, `transformer` for DiTs.
@@ -210,6 +211,10 @@ class FamilySpec:
     half_dtype: str = "float16"
     # Its pipelines' sizes and the components that may stay in host RAM, for the memory plan.
     memory: MemorySpec = MemorySpec()
+
+    @property
+    def family(self) -> Family:
+        return self.identity.family
 
     def size_presets(self, side: int, max_side: int) -> tuple[tuple[int, int], ...]:
         """The buckets scaled to `side` (to multiples of 64), after the square, those no larger than `max_side`."""

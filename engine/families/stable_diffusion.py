@@ -2,10 +2,11 @@
 
 Their LoRAs share every tensor name (cross-attention in the first down block, one transformer block per
 attention, kohya's single `lora_te_` text encoder): names alone cannot tell them apart, only widths can (SD
-1.x's cross-attention is 768 wide, SD 2.x's 1024). So both families claim the same names here, and the
-origin judgement (`engine.families.origin`) keeps both until a card, the file's metadata or the served
-pipelines' widths decide; the ambiguity is coded nowhere else. Their VAE, and so their latent space, is the
-same: one preview serves both. Their tiny pipelines differ where the real ones do (projections, widths).
+1.x's cross-attention is 768 wide, SD 2.x's 1024). So both families' identities claim the same names
+(`families.unet_names`), and the origin judgement (`engine.families.origin`) keeps both until a card, the
+file's metadata or the served pipelines' widths decide; the ambiguity is coded nowhere else. Their VAE, and so
+their latent space, is the same: one preview serves both. Their tiny pipelines differ where the real ones do
+(projections, widths).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from transformers import CLIPTextModel
 from engine.families import unet
 from engine.families.spec import LatentProjection, LoraSignature, PreviewSpec
 from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
+from families.unet_names import sd_claims
 
 __all__ = [
     "COMPONENTS",
@@ -36,7 +38,6 @@ __all__ = [
     "alias_text_model",
     "build_tiny_sd",
     "call_arguments",
-    "claims",
     "max_clip_skip",
     "served_side",
 ]
@@ -71,15 +72,7 @@ PREVIEW = PreviewSpec(
 )
 
 
-def claims(name: str) -> bool:
-    """A lower-cased tensor name only an SD 1.x or SD 2.x LoRA has (both: they share every name)."""
-    # SDXL's first down block has no attention at all (`input_blocks_1_1` is the same block in LDM naming).
-    first_attention = "down_blocks_0_attentions" in name or "down_blocks.0.attentions" in name
-    # kohya names SD 1.x/2.x's single text encoder `lora_te_`, SDXL's two `lora_te1_`/`lora_te2_`.
-    return first_attention or "input_blocks_1_1" in name or name.startswith("lora_te_")
-
-
-SIGNATURE = LoraSignature(claims, unet.lora_widths, unet.pipeline_widths)
+SIGNATURE = LoraSignature(sd_claims, unet.lora_widths, unet.pipeline_widths)
 SCHEDULERS = unet.SPEED_SCHEDULERS
 
 

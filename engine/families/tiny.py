@@ -20,7 +20,8 @@ from diffusers import AutoencoderKL, EulerDiscreteScheduler
 from transformers import CLIPTextConfig, CLIPTokenizer, T5Tokenizer
 
 from engine.families.registry import family_spec
-from engine.pools.specs import TINY_MODEL_ID, TINY_MODEL_IDS
+from families import TINY_MODEL_IDS
+from families.sdxl import TINY_ID as TINY_MODEL_ID
 
 __all__ = [
     "TINY_SIDE",

@@ -20,7 +20,6 @@ __all__ = [
     "SPEED_SCHEDULERS",
     "call_arguments",
     "converter",
-    "is_unet_name",
     "lora_widths",
     "pipeline_widths",
     "served_side",
@@ -33,12 +32,6 @@ SPEED_SCHEDULERS = ("LCMScheduler", "TCDScheduler")
 # Compared lower-cased.
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".down.weight", "_lora.down.weight")
 _TEXT_PREFIXES = ("lora_te", "text_encoder", "te.", "te1.", "te2.")
-_UNET_BLOCKS = ("down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block")
-
-
-def is_unet_name(name: str) -> bool:
-    """A lower-cased tensor name of a UNet module, in kohya, PEFT/diffusers or original (LDM) naming."""
-    return name.startswith(("lora_unet_", "unet.")) or any(block in name for block in _UNET_BLOCKS)
 
 
 def lora_widths(shapes: Shapes) -> Widths:

@@ -33,7 +33,7 @@ from engine.families.spec import (
 )
 from engine.families.tiny import byte_level_vocabulary, tiny_vae
 from engine.requests import CheckedRequest
-from lora_catalog.entries import Family
+from families.zimage import IDENTITY
 
 __all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "tiny_qwen_tokenizer"]
 
@@ -51,9 +51,6 @@ MEMORY = MemorySpec(
     host_components=("text_encoder",),
     largest_values=39_321_600,
 )
-# Lower-cased names only Z-Image LoRAs have: its blocks' lists at the top of the transformer, in every naming
-# (diffusers', ComfyUI's `diffusion_model.`, kohya's `lora_unet_`). No UNet, FLUX or CLIP name starts so.
-_CLAIMS = re.compile(r"^(transformer\.|diffusion_model\.|lora_unet_)?(layers|noise_refiner|context_refiner)[._]\d+[._]")
 # The attention inputs a LoRA's down factor shows the hidden width on (q/k/v alone or fused).
 _HIDDEN_INPUT = re.compile(r"attention[._](to[._]?[qkv]|qkv)[._]")
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".lora.down.weight")
@@ -67,11 +64,6 @@ _CHAT_TEMPLATE = (
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 _SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-
-
-def claims(name: str) -> bool:
-    """A lower-cased tensor name of a Z-Image LoRA."""
-    return bool(_CLAIMS.search(name))
 
 
 def lora_widths(shapes: Shapes) -> Widths:
@@ -193,7 +185,7 @@ def build_tiny_pipeline(seed: int = 0) -> ZImagePipeline:
 
 
 FAMILY = FamilySpec(
-    family=Family.ZIMAGE,
+    identity=IDENTITY,
     pipeline_class=ZImagePipeline,
     denoiser="transformer",
     components=("transformer",),
@@ -203,7 +195,7 @@ FAMILY = FamilySpec(
     call_arguments=call_arguments,
     size_buckets=SIZE_BUCKETS,
     convert_lora=convert_lora,
-    signature=LoraSignature(claims, lora_widths, pipeline_widths),
+    signature=LoraSignature(IDENTITY.claims, lora_widths, pipeline_widths),
     # FLUX.1's autoencoder: TAEF1 and its projection decode Z-Image's latents, which are spatial already.
     preview=PreviewSpec(flux.FAMILY.preview.tiny_vae, flux.LATENT_RGB),
     build_tiny=build_tiny_pipeline,

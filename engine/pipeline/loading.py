@@ -27,11 +27,11 @@ from engine.errors import SettingsError
 from engine.families.registry import FamilySpec, family_spec
 from engine.families.spec import fit_presets
 from engine.families.tiny import TINY_SIZES, build_tiny
+from engine.models import HUB_ID
 from engine.pipeline.aot import AotDenoiser, AotPackage, capture_calls, compile_package, inductor_options
 from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile_denoiser, configure_caches
 from engine.pipeline.encoders import ENCODER_CACHE_BYTES, run_from_host_ram
 from engine.pipeline.schedulers import offered_schedulers
-from engine.pools.specs import HUB_ID
 from engine.requests import ModelDefaults
 from engine.settings import Settings
 

@@ -2,7 +2,7 @@
 
 Each label maps to the base repo id that stands for it (what routing and `MODELS` speak), its family and
 whether it is a fine-tune of its family's base. SDXL-shaped fine-tunes (Pony, Illustrious, NoobAI) run on a
-pool serving that fine-tune when `MODELS` has one (its BASE names the id below), else on the family's first
+pool serving that fine-tune when `MODELS` has one (its BASE names the label's id), else on the family's first
 pool, and the answer then says the LoRA runs on another checkpoint than it was trained for. Every other label
 (SD 3.5, video models, ...) maps to nothing: such a LoRA gets the 404 naming the served bases.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..bases import DEFAULT_BASE, ILLUSTRIOUS_BASE, NOOBAI_BASE, PONY_BASE
+from families import IDENTITIES
+
 from ..entries import Family
 
 __all__ = ["CIVITAI_BASES", "CivitaiBase", "civitai_base", "civitai_base_for"]
@@ -27,17 +28,13 @@ class CivitaiBase:
     finetune: bool = False
 
 
-# Labels as Civitai's API spells them (its BaseModel enum; e.g. "SDXL 1.0", "Flux.1 D" in
-# developer.civitai.com/site/reference/models). Matched ignoring case.
-CIVITAI_BASES: tuple[CivitaiBase, ...] = (
-    CivitaiBase("SD 1.5", "stable-diffusion-v1-5/stable-diffusion-v1-5", Family.SD15),
-    CivitaiBase("SDXL 1.0", DEFAULT_BASE, Family.SDXL),
-    CivitaiBase("Pony", PONY_BASE, Family.SDXL, finetune=True),
-    CivitaiBase("Illustrious", ILLUSTRIOUS_BASE, Family.SDXL, finetune=True),
-    CivitaiBase("NoobAI", NOOBAI_BASE, Family.SDXL, finetune=True),
-    CivitaiBase("Flux.1 D", "black-forest-labs/FLUX.1-dev", Family.FLUX),
-    CivitaiBase("Flux.1 S", "black-forest-labs/FLUX.1-schnell", Family.FLUX),
-    CivitaiBase("ZImageTurbo", "Tongyi-MAI/Z-Image-Turbo", Family.ZIMAGE),
+# Each family's labels (`FamilyIdentity.civitai`, as Civitai's API spells them: its BaseModel enum, e.g.
+# "SDXL 1.0", "Flux.1 D" in developer.civitai.com/site/reference/models), oldest architecture first. Matched
+# ignoring case.
+CIVITAI_BASES: tuple[CivitaiBase, ...] = tuple(
+    CivitaiBase(c.label, c.base_model_id, i.family, c.finetune)
+    for i in sorted(IDENTITIES.values(), key=lambda i: i.released)
+    for c in i.civitai
 )
 _BY_LABEL = {b.label.lower(): b for b in CIVITAI_BASES}
 _BY_ID = {b.base_model_id.lower(): b for b in CIVITAI_BASES}

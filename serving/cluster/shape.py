@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from engine.errors import SettingsError
-from engine.pools.specs import PoolSetting
+from engine.models import PoolSetting
 from engine.settings import Settings
 
 __all__ = ["ROUTER_CLASS", "autoscaling_config", "deployment_name", "pool_options", "router_config", "router_kwargs"]

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from engine.pools.specs import PoolSetting
+from engine.models import PoolSetting
 from engine.settings import SD15_MODEL_ID
 from serving.cluster.app import local_cluster
 from tests.support.app_server import free_port

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import SettingsError
-from engine.pools.specs import PoolSetting
+from engine.models import PoolSetting
 from engine.settings import SD15_MODEL_ID, Settings
 from serving.cluster.shape import ROUTER_CLASS, deployment_name, pool_options
 

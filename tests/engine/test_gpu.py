@@ -94,7 +94,7 @@ def test_cuda_flux_swaps_are_exact_in_bfloat16(tiny_flux_dir, base_settings, tmp
 def test_cuda_zimage_swaps_are_exact_in_bfloat16(tiny_zimage_dir, base_settings, tmp_path, gpu_mode):
     """DTYPE=auto loads Z-Image in bfloat16 on a GPU (the precision it was trained in); every naming swaps in and
     out exactly there."""
-    from engine.pools.specs import ZIMAGE_MODEL_ID
+    from engine.models import ZIMAGE_MODEL_ID
     from tests.support.zimage import CASES, write_zimage_loras
 
     settings = base_settings.replace(

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from engine.errors import LimitExceededError, SettingsError
+from engine.models import ZIMAGE_MODEL_ID
 from engine.pools.engine import Engine
 from engine.pools.plan import PlanOptions, PoolNeed, declared_needs, plan_memory
 from engine.pools.pools import build_pools
-from engine.pools.specs import ZIMAGE_MODEL_ID
 from engine.prepare.resolve import AdapterResolver
 from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
 from lora_catalog.hub import HubSource

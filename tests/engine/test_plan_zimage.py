@@ -12,9 +12,9 @@ from transformers import Qwen3Config, Qwen3Model
 
 from engine.errors import SettingsError
 from engine.families import zimage
+from engine.models import ZIMAGE_MODEL_ID
 from engine.pipeline.loading import load_pipeline
 from engine.pools.plan import PlanOptions, declared_needs, largest_values, plan_memory
-from engine.pools.specs import ZIMAGE_MODEL_ID
 from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
 from tests.support.images import assert_images_close
 

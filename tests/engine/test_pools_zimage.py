@@ -12,10 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
+from engine.models import FLUX_MODEL_ID, ZIMAGE_MODEL_ID
 from engine.pools.engine import Engine
 from engine.pools.pools import Pools
 from engine.pools.residency import Residency
-from engine.pools.specs import FLUX_MODEL_ID, ZIMAGE_MODEL_ID
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.hub import HubSource

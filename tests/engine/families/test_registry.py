@@ -105,3 +105,11 @@ def test_a_loaded_pipeline_carries_its_presets_in_its_defaults_across_json(loade
     # As the cluster and a remote Space send them: JSON lists, read back as the same frozen defaults.
     sent = json.loads(json.dumps(dataclasses.asdict(loaded.defaults)))
     assert ModelDefaults(**sent) == loaded.defaults
+
+
+def test_each_spec_holds_its_familys_identity_and_reads_its_claims_from_it():
+    from families import IDENTITIES
+
+    for spec in served_specs():
+        assert spec.identity is IDENTITIES[spec.family]
+        assert spec.signature.claims is spec.identity.claims

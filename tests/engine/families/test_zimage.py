@@ -19,9 +19,9 @@ from engine.families import flux
 from engine.families.origin import judge_origin
 from engine.families.registry import family_spec, served_specs
 from engine.families.zimage import FAMILY, convert_lora
+from engine.models import ZIMAGE_MODEL_ID
 from engine.pools.engine import Engine
 from engine.pools.routing import PoolInfo, pick_pool
-from engine.pools.specs import ZIMAGE_MODEL_ID
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import CheckedRequest, GenerateRequest, LoraSpec
 from lora_catalog.bases import family_from_keys, family_from_metadata

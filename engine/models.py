@@ -1,7 +1,8 @@
 """`MODELS`: the pools to serve, each a model and the base its LoRAs are checked against.
 
-Parsed strictly by `parse_models` for `engine.settings` (this module, like settings, never imports torch;
-`engine.families.registry` lists the served families and imports each family's module only when asked).
+Parsed strictly by `parse_models` for `engine.settings`, beside it (this module, like settings, never imports
+torch; `engine.families.registry` lists the served families and imports each family's module only when asked).
+The model ids are the families' own (`families/<family>.py`), named here as settings has always named them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from engine.errors import SettingsError
 from engine.families.registry import SERVED_FAMILIES, served_labels
+from families import TINY_MODEL_IDS, flux, sd15, sdxl, zimage
 from lora_catalog.bases import family_of_base
 from lora_catalog.entries import Family
 
@@ -30,21 +32,14 @@ __all__ = [
     "parse_models",
 ]
 
-DEFAULT_MODEL_ID = "stabilityai/stable-diffusion-xl-base-1.0"
-SD15_MODEL_ID = "stable-diffusion-v1-5/stable-diffusion-v1-5"
-FLUX_MODEL_ID = "black-forest-labs/FLUX.1-dev"
-ZIMAGE_MODEL_ID = "Tongyi-MAI/Z-Image-Turbo"
-# Name the embedded random-weight pipelines (built by their base's family); they are never looked up on the Hub.
-TINY_MODEL_ID = "tiny"
-TINY_SD15_MODEL_ID = "tiny-sd15"
-TINY_FLUX_MODEL_ID = "tiny-flux"
-TINY_ZIMAGE_MODEL_ID = "tiny-zimage"
-TINY_MODEL_IDS = {
-    TINY_MODEL_ID: DEFAULT_MODEL_ID,
-    TINY_SD15_MODEL_ID: SD15_MODEL_ID,
-    TINY_FLUX_MODEL_ID: FLUX_MODEL_ID,
-    TINY_ZIMAGE_MODEL_ID: ZIMAGE_MODEL_ID,
-}
+DEFAULT_MODEL_ID = sdxl.MODEL_ID
+SD15_MODEL_ID = sd15.MODEL_ID
+FLUX_MODEL_ID = flux.MODEL_ID
+ZIMAGE_MODEL_ID = zimage.MODEL_ID
+TINY_MODEL_ID = sdxl.TINY_ID
+TINY_SD15_MODEL_ID = sd15.TINY_ID
+TINY_FLUX_MODEL_ID = flux.TINY_ID
+TINY_ZIMAGE_MODEL_ID = zimage.TINY_ID
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
 _MODELS_FORM = (
     "a comma-separated list of MODEL or MODEL=BASE, where MODEL is a Hub repo id, a local diffusers folder "

@@ -1,0 +1,52 @@
+"""Each base-model family's identity, in one torch-free place that the catalogue and the engine both read.
+
+A family's identity (`FamilyIdentity`, in `families/<family>.py`) is what it is before any pipeline: its name
+and label, its bases and their metadata spellings, the tensor names its LoRAs claim, its Civitai labels and its
+model ids. `lora_catalog` labels files and bases from it; the engine's `FamilySpec` holds it and adds how the
+family's pipelines load and run. This package imports neither torch, `engine` nor `lora_catalog`.
+
+Adding a family touches only:
+- `families/<family>.py`: its `IDENTITY`;
+- one line, its member of `Family` (`families/identity.py`), the registry;
+- `engine/families/<family>.py`: its `FAMILY`, a `FamilySpec` holding the identity;
+- its tests (`tests/engine/families/test_<family>.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from families.identity import Base, CivitaiLabel, Family, FamilyIdentity, Spellings
+
+__all__ = [
+    "IDENTITIES",
+    "TINY_MODEL_IDS",
+    "Base",
+    "CivitaiLabel",
+    "Family",
+    "FamilyIdentity",
+    "Spellings",
+    "identity_of",
+]
+
+
+def _load(family: Family) -> FamilyIdentity:
+    identity = importlib.import_module(f"families.{family.value}").IDENTITY
+    if not isinstance(identity, FamilyIdentity) or identity.family is not family:
+        raise TypeError(f"families.{family.value}.IDENTITY is not the FamilyIdentity of {family}")
+    return identity
+
+
+# Every registered family's identity, in `Family`'s order.
+IDENTITIES: Mapping[Family, FamilyIdentity] = MappingProxyType({f: _load(f) for f in Family if f is not Family.UNKNOWN})
+# The embedded random-weight pipelines' ids, each to the reference model whose family builds it.
+TINY_MODEL_IDS: Mapping[str, str] = MappingProxyType({i.tiny_id: i.model_id for i in IDENTITIES.values() if i.tiny_id})
+
+
+def identity_of(family: Family) -> FamilyIdentity:
+    """A registered family's identity; ValueError names the registered families otherwise."""
+    if family not in IDENTITIES:
+        raise ValueError(f"{family!r} is no registered family; registered: {', '.join(IDENTITIES)}")
+    return IDENTITIES[family]

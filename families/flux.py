@@ -1,0 +1,56 @@
+"""FLUX.1's identity ([dev], [schnell] and their fine-tunes): BFL's double and single stream blocks name it."""
+
+from __future__ import annotations
+
+import re
+
+from families.identity import Base, CivitaiLabel, Family, FamilyIdentity, Spellings
+
+__all__ = ["IDENTITY", "MODEL_ID", "TINY_ID", "claims", "label_claims"]
+
+MODEL_ID = "black-forest-labs/FLUX.1-dev"
+TINY_ID = "tiny-flux"
+# Lower-cased names only FLUX LoRAs have: BFL's blocks (kohya, ComfyUI, XLabs), diffusers' single blocks and
+# kohya's diffusers-named mixture; diffusers' double blocks share `transformer.transformer_blocks.N.attn.` with
+# other DiTs (the origin judgement counts claims, so such names alone leave the widths to decide).
+_CLAIMS = re.compile(
+    r"double_blocks|single_blocks|single_transformer_blocks|lora_transformer_"
+    r"|^transformer\.transformer_blocks\.\d+\.(attn|ff|ff_context|norm1|norm1_context)\."
+)
+# The names the catalogue labels a file FLUX by: BFL's blocks and diffusers' single blocks, which no other
+# architecture has (it labels no file by the names other DiTs share).
+_OWN = ("double_blocks", "single_blocks", "single_transformer_blocks")
+
+
+def claims(name: str) -> bool:
+    """A lower-cased tensor name of a FLUX LoRA's transformer part."""
+    return bool(_CLAIMS.search(name))
+
+
+def label_claims(name: str) -> bool:
+    """A lower-cased tensor name no other architecture's LoRA has."""
+    return any(block in name for block in _OWN)
+
+
+IDENTITY = FamilyIdentity(
+    family=Family.FLUX,
+    label="FLUX.1",
+    bases=(
+        Base(MODEL_ID, "FLUX.1 [dev]"),
+        Base("black-forest-labs/FLUX.1-schnell", "FLUX.1 [schnell]"),
+    ),
+    claims=claims,
+    spellings=Spellings(
+        architectures=("flux-1", "flux.1"),
+        kohya_versions=("flux",),
+        checkpoint_names=r"flux",
+    ),
+    label_claims=label_claims,
+    precedence=0,
+    released="2024-08",
+    civitai=(
+        CivitaiLabel("Flux.1 D", MODEL_ID),
+        CivitaiLabel("Flux.1 S", "black-forest-labs/FLUX.1-schnell"),
+    ),
+    tiny_id=TINY_ID,
+)

@@ -1,0 +1,93 @@
+"""The shape of a family's identity, and `Family`, the registry: one member per family.
+
+Pure data and string tests, no torch: the catalogue (`lora_catalog`) and the engine both read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["Base", "CivitaiLabel", "Family", "FamilyIdentity", "Spellings"]
+
+
+class Family(StrEnum):
+    """Architectures a LoRA can target; a LoRA only fits bases of its own family.
+
+    The registry of families: each member but UNKNOWN names its identity module `families/<value>.py` (and the
+    engine's `engine/families/<value>.py`); the order is the served order (the first is the default family)."""
+
+    SDXL = "sdxl"
+    SD15 = "sd15"
+    SD2 = "sd2"
+    FLUX = "flux"
+    ZIMAGE = "zimage"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Base:
+    """A base model of the family, as the UI offers it in its base filter."""
+
+    repo_id: str
+    display_name: str
+
+
+@dataclass(frozen=True)
+class CivitaiLabel:
+    """One of Civitai's `baseModel` labels (as its API spells it) and the base repo id standing for it.
+
+    `finetune`: the label is an ecosystem fine-tune of the family's base (Pony), whose LoRAs run on the family's
+    pool when no pool serves that fine-tune."""
+
+    label: str
+    base_model_id: str
+    finetune: bool = False
+
+
+@dataclass(frozen=True)
+class Spellings:
+    """How a LoRA file's safetensors metadata names the family (matched lower-cased).
+
+    `architectures`: prefixes of Stability's ModelSpec `modelspec.architecture`; `kohya_versions`: prefixes of
+    kohya's `ss_base_model_version`; `kohya_v2`: kohya's `ss_v2` flag set means this family; `checkpoint_names`:
+    a regex searched in the checkpoint file name trainers record (`ss_sd_model_name`), a best-effort guess."""
+
+    architectures: tuple[str, ...] = ()
+    kohya_versions: tuple[str, ...] = ()
+    kohya_v2: bool = False
+    checkpoint_names: str | None = None
+
+
+@dataclass(frozen=True)
+class FamilyIdentity:
+    """What a family is, before any pipeline: its names, bases, metadata spellings, key claims and Civitai labels."""
+
+    family: Family
+    # The family in words, as messages name it ("SD 1.5").
+    label: str
+    # Its known bases; the first is its reference model (the one a pool of the family loads by default).
+    bases: tuple[Base, ...]
+    # A lower-cased tensor name the engine counts for the family (`engine.families.spec.LoraSignature.claims`:
+    # names several families share leave the widths to decide).
+    claims: Callable[[str], bool]
+    # Lower-cased repo id prefixes of fine-tune series that publish one repo per version.
+    series: tuple[str, ...] = ()
+    spellings: Spellings = Spellings()
+    # A lower-cased tensor name by which the catalogue labels a file as the family's; None: it never labels by
+    # names (SD 2.x LoRAs share every name with SD 1.x's, so the catalogue labels both SD 1.5).
+    label_claims: Callable[[str], bool] | None = None
+    # Where a file (or checkpoint name) shows several families' signs, the lowest precedence wins: the DiTs' own
+    # block names beat the UNets' (a FLUX LoRA may carry kohya's `lora_te1_` CLIP part), SDXL's beat SD 1.x/2.x's.
+    precedence: int = 0
+    # Year and month of the architecture's first release: Civitai's labels are listed oldest first.
+    released: str = ""
+    civitai: tuple[CivitaiLabel, ...] = ()
+    # The embedded random-weight pipeline of the family's structure (never looked up on the Hub); None: none.
+    tiny_id: str | None = None
+
+    @property
+    def model_id(self) -> str:
+        """The reference model's repo id."""
+        return self.bases[0].repo_id
