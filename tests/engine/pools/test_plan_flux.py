@@ -21,7 +21,7 @@ from tests.support.images import assert_images_close
 HOST_RAM = 2**40
 
 GIB = 2**30
-# What torch reports for these GPUs' memory (as in tests/engine/test_plan.py).
+# What torch reports for these GPUs' memory (as in tests/engine/pools/test_plan.py).
 A10G = 23_028 * 2**20
 L40S = 46_068 * 2**20
 
