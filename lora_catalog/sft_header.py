@@ -5,7 +5,7 @@ truncated end, overlaps and unknown dtypes all pass, and safetensors' `safe_open
 file. So this module keeps what the library does not do: the 8-byte length against our limit and the file's
 size before the library reads, and a strict check of the library's result, each naming the problem. Bytes and
 streams (a Range-read prefix) have no library reader and are decoded here into its types. Why each check
-matters: docs/internals.md and tests/catalog/test_header.py.
+matters: docs/internals.md and tests/lora_catalog/test_header.py.
 """
 
 from __future__ import annotations

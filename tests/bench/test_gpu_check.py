@@ -58,7 +58,7 @@ def test_the_gpu_tests_and_benchmarks_import_without_gradio_or_test_only_tools()
     benches = ["bench.swap", "bench.pools", "bench.pristine", "bench.compile", "bench.unet_step"]
     support = ["tests.conftest", "tests.support.standin_hub", "tests.support.loras"]
     modules = [*benches, *support, *gpu_tests]
-    assert "tests.engine.test_gpu" in modules
+    assert "tests.engine.pools.test_gpu" in modules
     blocker = (
         "import importlib, sys\n"
         "class Block:\n"

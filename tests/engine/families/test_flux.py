@@ -11,36 +11,38 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderTiny, FluxPipeline, FluxTransformer2DModel
+from diffusers import FluxPipeline, FluxTransformer2DModel
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.loaders.lora_conversion_utils import _convert_kohya_flux_lora_to_diffusers
 
 from engine.errors import IncompatibleLoraError
 from engine.families.flux import FAMILY, LATENT_RGB, REAL_LINEAR1, convert_lora, linear1_widths
 from engine.families.origin import judge_origin
-from engine.families.registry import served_specs
 from engine.pipeline.preview import LinearPreview, TinyVaePreview
-from engine.pools.engine import Engine
-from engine.pools.routing import PoolInfo, pick_pool
-from engine.prepare.resolve import AdapterResolver
+from engine.pools.routing import pick_pool
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.entries import Family
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
 from tests.support.checks import generate
+from tests.support.dit import (
+    PROMPT,
+    assert_components_pristine,
+    local_engine,
+    pixels,
+    preview_frames,
+    save_taef1,
+    served_pools,
+)
+from tests.support.dit import diffusers_image as dit_image
 from tests.support.flux import CASES, write_flux_loras
 from tests.support.images import assert_images_close
 
-PROMPT = "a photo of a fox in sks style"
 FLUX = "black-forest-labs/FLUX.1-dev"
 
 
 def request(*loras: LoraSpec, seed: int = 7) -> GenerateRequest:
     return GenerateRequest(prompt=PROMPT, loras=tuple(loras), steps=3, guidance=3.5, width=64, height=64, seed=seed)
-
-
-def pixels(image) -> np.ndarray:
-    return np.asarray(image, dtype=np.int16)
 
 
 @pytest.fixture(scope="module")
@@ -64,24 +66,15 @@ def wide_loras(flux_loras) -> Path:
 @pytest.fixture
 def flux_engine(loaded_flux, base_settings, flux_loras):
     settings = base_settings.replace(local_lora_dir=flux_loras, base_model_id=FLUX)
-    resolver = AdapterResolver(None, local_dir=flux_loras, token=None, max_bytes=settings.max_adapter_bytes)
-    engine = Engine(loaded_flux, settings, resolver)
-    yield engine
-    engine.close()
+    with local_engine(loaded_flux, settings, flux_loras) as engine:
+        yield engine
 
 
 def diffusers_image(tiny_flux_dir: Path, folder: Path, weight_name: str | None, scale: float = 1.0):
     """diffusers' own result: load_lora_weights, then fuse_lora of both components (its default fuses the
     transformer only, and a LoRA's CLIP part would stay a live layer)."""
-    pipe = FluxPipeline.from_pretrained(tiny_flux_dir)
-    pipe.set_progress_bar_config(disable=True)
-    if weight_name is not None:
-        pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name="a0")
-        pipe.fuse_lora(components=["transformer", "text_encoder"], lora_scale=scale)
-    generator = torch.Generator("cpu").manual_seed(7)
-    return pipe(
-        prompt=PROMPT, num_inference_steps=3, guidance_scale=3.5, width=64, height=64, generator=generator
-    ).images[0]
+    components = ("transformer", "text_encoder")
+    return dit_image(FluxPipeline, tiny_flux_dir, folder, weight_name, components=components, scale=scale, guidance=3.5)
 
 
 # -- the family --------------------------------------------------------------------------------------------
@@ -183,9 +176,7 @@ def test_a_flux_lora_whose_shapes_fit_nothing_is_refused_naming_the_mismatch(
     ):
         flux_engine.check_lora(LoraSpec("local:wide_peft.safetensors"))
     flux_engine.restore_base_weights()
-    for name in ("transformer", "text_encoder"):
-        for key, value in getattr(loaded_flux.pipe, name).state_dict().items():
-            assert torch.equal(value, pristine_flux[f"{name}.{key}"]), f"{name}.{key} drifted"
+    assert_components_pristine(loaded_flux.pipe, pristine_flux, ("transformer", "text_encoder"))
 
 
 # -- origin -------------------------------------------------------------------------------------------------
@@ -194,12 +185,7 @@ def test_a_flux_lora_whose_shapes_fit_nothing_is_refused_naming_the_mismatch(
 def test_every_flux_naming_is_judged_flux_by_its_names_and_routed_to_the_flux_pool(tiny_pipes, flux_loras):
     from lora_catalog.sft_header import read_header
 
-    pools = []
-    for spec in served_specs():
-        pipe = tiny_pipes[spec.family]
-        encoders = {c: getattr(pipe, c) for c in spec.components if c != spec.denoiser}
-        widths = spec.signature.pipeline_widths(getattr(pipe, spec.denoiser), encoders)
-        pools.append(PoolInfo(f"base/{spec.family}", spec.family, widths.denoiser, widths.text))
+    pools = served_pools(tiny_pipes)
     for case in CASES:
         header = read_header(flux_loras / case.file_name)
         shapes = {name: info.shape for name, info in header.tensors.items()}
@@ -221,19 +207,10 @@ def test_flux_metadata_decides_without_a_card(metadata):
 
 
 def test_previews_unpack_flux_latents_for_taef1_and_the_linear_projection(loaded_flux, base_settings, tmp_path):
-    torch.manual_seed(0)
-    taef1 = AutoencoderTiny(latent_channels=16)  # TAEF1's architecture, random weights
-    taef1.save_pretrained(tmp_path / "taef1")
+    taef1 = save_taef1(tmp_path / "taef1")  # TAEF1's architecture, random weights
     for source, size in ((str(tmp_path / "taef1"), (256, 256)), ("none", (32, 32))):
         settings = base_settings.replace(base_model_id=FLUX, preview_vae=source, preview_every=1)
-        resolver = AdapterResolver(None, local_dir=None, token=None, max_bytes=settings.max_adapter_bytes)
-        engine = Engine(loaded_flux, settings, resolver)
-        frames = []
-        try:
-            with engine.prepare(request()) as prepared:
-                engine.run(prepared, preview=lambda step, image, frames=frames: frames.append((step, image)))
-        finally:
-            engine.close()
+        frames = preview_frames(loaded_flux, settings, request())
         assert [step for step, _ in frames] == [1, 2]
         # A 64 px image is 32x32 latents under the tiny VAE (packed as 16x16 tokens of 2x2 patches): TAEF1
         # upsamples them 8x, the linear preview stays at latent resolution.
@@ -262,9 +239,9 @@ def test_the_base_is_bit_exact_after_swaps_across_formats_and_failures(
             with pytest.raises(IncompatibleLoraError):
                 generate(flux_engine, request(LoraSpec("local:wide_peft.safetensors")))
     flux_engine.restore_base_weights()
-    for name in ("transformer", "text_encoder", "text_encoder_2", "vae"):
-        for key, value in getattr(loaded_flux.pipe, name).state_dict().items():
-            assert torch.equal(value, pristine_flux[f"{name}.{key}"]), f"{name}.{key} drifted"
+    assert_components_pristine(
+        loaded_flux.pipe, pristine_flux, ("transformer", "text_encoder", "text_encoder_2", "vae")
+    )
     assert generate(flux_engine, request()).image.tobytes() == base
 
 

@@ -12,36 +12,38 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderTiny, ZImagePipeline
+from diffusers import ZImagePipeline
 
 from engine.errors import IncompatibleLoraError
 from engine.families import flux
 from engine.families.origin import judge_origin
-from engine.families.registry import family_spec, served_specs
+from engine.families.registry import family_spec
 from engine.families.zimage import FAMILY, convert_lora
 from engine.models import ZIMAGE_MODEL_ID
-from engine.pools.engine import Engine
-from engine.pools.routing import PoolInfo, pick_pool
-from engine.prepare.resolve import AdapterResolver
+from engine.pools.routing import pick_pool
 from engine.requests import CheckedRequest, GenerateRequest, LoraSpec
 from lora_catalog.bases import family_from_keys, family_from_metadata
 from lora_catalog.entries import Family
 from serving.demo.synthetic import save_lora
 from tests.support.checks import generate
+from tests.support.dit import (
+    PROMPT,
+    assert_components_pristine,
+    local_engine,
+    pixels,
+    preview_frames,
+    save_taef1,
+    served_pools,
+)
+from tests.support.dit import diffusers_image as dit_image
 from tests.support.images import assert_images_close
 from tests.support.zimage import CASES, MODULES, lora_file, write_zimage_loras
-
-PROMPT = "a photo of a fox in sks style"
 
 
 def request(*loras: LoraSpec, seed: int = 7, guidance: float = 0.0) -> GenerateRequest:
     return GenerateRequest(
         prompt=PROMPT, loras=tuple(loras), steps=3, guidance=guidance, width=64, height=64, seed=seed
     )
-
-
-def pixels(image) -> np.ndarray:
-    return np.asarray(image, dtype=np.int16)
 
 
 @pytest.fixture(scope="module")
@@ -57,24 +59,17 @@ def zimage_loras(loaded_zimage, tmp_path_factory: pytest.TempPathFactory) -> Pat
 @pytest.fixture
 def zimage_engine(loaded_zimage, base_settings, zimage_loras):
     settings = base_settings.replace(local_lora_dir=zimage_loras, base_model_id=ZIMAGE_MODEL_ID)
-    resolver = AdapterResolver(None, local_dir=zimage_loras, token=None, max_bytes=settings.max_adapter_bytes)
-    engine = Engine(loaded_zimage, settings, resolver)
-    yield engine
-    engine.close()
+    with local_engine(loaded_zimage, settings, zimage_loras) as engine:
+        yield engine
 
 
 def diffusers_image(tiny_dir: Path, folder: Path, weight_name: str | None, scale: float = 1.0, guidance: float = 0.0):
     """diffusers' own result: load_lora_weights, then fuse_lora of the transformer (the one component its
     Z-Image loader adapts)."""
-    pipe = ZImagePipeline.from_pretrained(tiny_dir)
-    pipe.set_progress_bar_config(disable=True)
-    if weight_name is not None:
-        pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name="a0")
-        pipe.fuse_lora(components=["transformer"], lora_scale=scale)
-    generator = torch.Generator("cpu").manual_seed(7)
-    return pipe(
-        prompt=PROMPT, num_inference_steps=3, guidance_scale=guidance, width=64, height=64, generator=generator
-    ).images[0]
+    components = ("transformer",)
+    return dit_image(
+        ZImagePipeline, tiny_dir, folder, weight_name, components=components, scale=scale, guidance=guidance
+    )
 
 
 # -- the family --------------------------------------------------------------------------------------------
@@ -166,21 +161,10 @@ def test_a_zimage_lora_whose_shapes_fit_nothing_is_refused_naming_the_layer(
         zimage_engine.check_lora(LoraSpec("local:zimage_wide.safetensors"))
     assert caught.value.status == 400 and "(24, 24)" in str(caught.value)
     zimage_engine.restore_base_weights()
-    for key, value in loaded_zimage.pipe.transformer.state_dict().items():
-        assert torch.equal(value, pristine_zimage[f"transformer.{key}"]), key
+    assert_components_pristine(loaded_zimage.pipe, pristine_zimage, ("transformer",))
 
 
 # -- origin and routing -------------------------------------------------------------------------------------
-
-
-def served_pools(tiny_pipes) -> list[PoolInfo]:
-    pools = []
-    for spec in served_specs():
-        pipe = tiny_pipes[spec.family]
-        encoders = {c: getattr(pipe, c) for c in spec.components if c != spec.denoiser}
-        widths = spec.signature.pipeline_widths(getattr(pipe, spec.denoiser), encoders)
-        pools.append(PoolInfo(f"base/{spec.family}", spec.family, widths.denoiser, widths.text))
-    return pools
 
 
 def test_every_zimage_naming_is_judged_zimage_by_its_names_and_routed_beside_flux_and_sdxl(tiny_pipes, zimage_loras):
@@ -207,13 +191,9 @@ def test_the_card_and_the_metadata_decide_for_zimage():
 
 def test_a_zimage_lora_in_an_engine_serving_flux_is_refused_naming_the_family(loaded_flux, base_settings, zimage_loras):
     settings = base_settings.replace(local_lora_dir=zimage_loras, base_model_id="black-forest-labs/FLUX.1-dev")
-    resolver = AdapterResolver(None, local_dir=zimage_loras, token=None, max_bytes=settings.max_adapter_bytes)
-    engine = Engine(loaded_flux, settings, resolver)
-    try:
-        with pytest.raises(IncompatibleLoraError, match=r"trained for the zimage family"):
-            engine.check_lora(LoraSpec("local:zimage_kohya.safetensors"))
-    finally:
-        engine.close()
+    refused = pytest.raises(IncompatibleLoraError, match=r"trained for the zimage family")
+    with local_engine(loaded_flux, settings, zimage_loras) as engine, refused:
+        engine.check_lora(LoraSpec("local:zimage_kohya.safetensors"))
 
 
 # -- previews -----------------------------------------------------------------------------------------------
@@ -222,18 +202,10 @@ def test_a_zimage_lora_in_an_engine_serving_flux_is_refused_naming_the_family(lo
 def test_previews_decode_zimage_latents_as_flux1s(loaded_zimage, base_settings, tmp_path):
     assert FAMILY.preview.tiny_vae == "madebyollin/taef1" and FAMILY.preview.projection is flux.LATENT_RGB
     assert FAMILY.preview.unpack is None  # Z-Image's latents are spatial between steps
-    torch.manual_seed(0)
-    AutoencoderTiny(latent_channels=16).save_pretrained(tmp_path / "taef1")  # TAEF1's architecture
+    save_taef1(tmp_path / "taef1")  # TAEF1's architecture
     for source, size in ((str(tmp_path / "taef1"), (256, 256)), ("none", (32, 32))):
         settings = base_settings.replace(base_model_id=ZIMAGE_MODEL_ID, preview_vae=source, preview_every=1)
-        resolver = AdapterResolver(None, local_dir=None, token=None, max_bytes=settings.max_adapter_bytes)
-        engine = Engine(loaded_zimage, settings, resolver)
-        frames = []
-        try:
-            with engine.prepare(request()) as prepared:
-                engine.run(prepared, preview=lambda step, image, frames=frames: frames.append((step, image)))
-        finally:
-            engine.close()
+        frames = preview_frames(loaded_zimage, settings, request())
         assert [step for step, _ in frames] == [1, 2]
         assert all(image.size == size for _, image in frames), source
 
@@ -249,7 +221,5 @@ def test_the_base_is_bit_exact_after_swaps_across_formats_and_failures(zimage_en
             with pytest.raises(IncompatibleLoraError):
                 generate(zimage_engine, request(LoraSpec("local:zimage_wide.safetensors")))
     zimage_engine.restore_base_weights()
-    for name in ("transformer", "text_encoder", "vae"):
-        for key, value in getattr(loaded_zimage.pipe, name).state_dict().items():
-            assert torch.equal(value, pristine_zimage[f"{name}.{key}"]), f"{name}.{key} drifted"
+    assert_components_pristine(loaded_zimage.pipe, pristine_zimage, ("transformer", "text_encoder", "vae"))
     assert generate(zimage_engine, request()).image.tobytes() == base

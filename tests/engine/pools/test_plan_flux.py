@@ -4,7 +4,6 @@ RAM, encodes prompts there and gives the image it gives on the device."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from diffusers import AutoencoderKL, FluxTransformer2DModel
@@ -13,20 +12,14 @@ from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 from engine.errors import SettingsError
 from engine.families import flux
 from engine.pipeline.loading import load_pipeline
-from engine.pools.plan import PlanOptions, declared_needs, largest_values, plan_memory
+from engine.pools.plan import PlanOptions, largest_values, plan_memory
 from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, PoolSetting, Settings
+from tests.support.dit import A10G, FLUX1_VAE, GIB, HOST_RAM, L40S, needs_on_a_gpu, values
+from tests.support.dit import pipeline_image as image
 from tests.support.images import assert_images_close
 
-# A host that holds whatever a plan places there: these tests judge the GPU side (the host side: test_hostplan).
-HOST_RAM = 2**40
-
-GIB = 2**30
-# What torch reports for these GPUs' memory (as in tests/engine/test_plan.py).
-A10G = 23_028 * 2**20
-L40S = 46_068 * 2**20
-
 # black-forest-labs/FLUX.1-dev's config.json files, the fields that differ from diffusers' and transformers'
-# defaults (transformer/, text_encoder/ CLIP-L, text_encoder_2/ T5-XXL, vae/).
+# defaults (transformer/, text_encoder/ CLIP-L, text_encoder_2/ T5-XXL; vae/: FLUX1_VAE).
 _TRANSFORMER = {
     "in_channels": 64,
     "num_layers": 19,
@@ -56,19 +49,6 @@ _T5_XXL = T5Config(
     feed_forward_proj="gated-gelu",
     tie_word_embeddings=False,
 )
-_VAE = {
-    "down_block_types": ("DownEncoderBlock2D",) * 4,
-    "up_block_types": ("UpDecoderBlock2D",) * 4,
-    "block_out_channels": (128, 256, 512, 512),
-    "layers_per_block": 2,
-    "latent_channels": 16,
-    "use_quant_conv": False,
-    "use_post_quant_conv": False,
-}
-
-
-def values(module: torch.nn.Module) -> int:
-    return sum(t.numel() for t in (*module.parameters(), *module.buffers()))
 
 
 def test_declared_sizes_are_what_diffusers_and_transformers_build_from_flux1_devs_configs():
@@ -77,7 +57,7 @@ def test_declared_sizes_are_what_diffusers_and_transformers_build_from_flux1_dev
             "transformer": FluxTransformer2DModel(**_TRANSFORMER),
             "text_encoder": CLIPTextModel(_CLIP_L),
             "text_encoder_2": T5EncoderModel(_T5_XXL),
-            "vae": AutoencoderKL(**_VAE),
+            "vae": AutoencoderKL(**FLUX1_VAE),
         }
     assert dict(flux.FAMILY.memory.values) == {name: values(module) for name, module in built.items()}
     # The largest weight a LoRA may touch sizes the swap's float32 scratch buffers on the device.
@@ -90,13 +70,6 @@ def test_declared_sizes_are_what_diffusers_and_transformers_build_from_flux1_dev
 def flux_beside_sdxl(**changes: object) -> Settings:
     pools = (PoolSetting(FLUX_MODEL_ID, FLUX_MODEL_ID), PoolSetting(DEFAULT_MODEL_ID, DEFAULT_MODEL_ID))
     return Settings(dtype="auto", device="cpu", pools=pools).replace(**{"host_ram_bytes": HOST_RAM, **changes})
-
-
-def needs_on_a_gpu(settings: Settings):
-    # DTYPE=auto as on a GPU: each family's half precision (FLUX.1 bf16, SDXL fp16); nothing touches CUDA.
-    needs = declared_needs(settings, torch.device("cuda"))
-    assert needs is not None
-    return needs
 
 
 def test_flux1_dev_in_bf16_is_its_33_7_gb_and_t5_may_wait_in_host_ram():
@@ -131,13 +104,6 @@ def test_flux1_dev_beside_sdxl_fits_48_gb():
     resident = plan_memory(needs_on_a_gpu(settings), L40S, PlanOptions.of(settings.replace(pool_offload=False)))
     assert resident.resident and resident.host_components(FLUX_MODEL_ID) == ("text_encoder_2",)
     assert resident.host_components(DEFAULT_MODEL_ID) == ()
-
-
-def image(loaded) -> np.ndarray:
-    """The pipeline's own call, two steps at 64 px, one seed."""
-    generator = torch.Generator("cpu").manual_seed(7)
-    out = loaded.pipe(prompt="a fox in a forest", num_inference_steps=2, width=64, height=64, generator=generator)
-    return np.asarray(out.images[0], dtype=np.int16)
 
 
 def flux_settings(base_settings: Settings, tiny_flux_dir, **changes: object) -> Settings:

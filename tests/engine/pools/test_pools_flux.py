@@ -5,7 +5,6 @@ and every transport (POST /models/<FLUX>, POST / with a FLUX LoRA, a comparison)
 from __future__ import annotations
 
 import dataclasses
-import io
 import threading
 from pathlib import Path
 
@@ -14,29 +13,21 @@ import numpy as np
 import pytest
 import torch
 from diffusers import FluxTransformer2DModel
-from PIL import Image
 
 from engine.compare import CompareRequest
 from engine.errors import IncompatibleLoraError, InvalidRequestError
-from engine.pools.engine import Engine
-from engine.pools.pools import Pools
-from engine.pools.residency import Residency
-from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import FLUX_MODEL_ID
-from lora_catalog.hub import HubSource
 from serving.backends import blocking
 from serving.demo.synthetic import kohya_metadata, save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
 from serving.ui.pool_views import pools_status_json
 from tests.support.app_server import serve_routes
 from tests.support.checks import backend_of, generate
+from tests.support.dit import assert_components_pristine, hub_pools, pool_of, response_image
+from tests.support.dit import pool_request as request
 from tests.support.flux import write_flux_loras
 from tests.support.loras import SD15, SDXL, card, kohya_file, peft_file, sft
-
-
-def request(*loras: LoraSpec, seed: int = 7) -> GenerateRequest:
-    return GenerateRequest(prompt="a fox in a forest", loras=tuple(loras), steps=2, width=64, height=64, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -66,24 +57,9 @@ def twin(loaded_flux) -> dict[str, torch.Tensor]:
 
 @pytest.fixture
 def pools(loaded, loaded_flux, base_settings, clean_hub, lora_dir):
-    settings = base_settings.replace(local_lora_dir=lora_dir)
-    resolver = AdapterResolver(
-        HubSource(endpoint=clean_hub.url, timeout_s=5),
-        local_dir=lora_dir,
-        token=None,
-        max_bytes=settings.max_adapter_bytes,
-    )
-    engines = [
-        Engine(loaded, settings, resolver),
-        Engine(loaded_flux, settings.replace(base_model_id=FLUX_MODEL_ID), resolver),
-    ]
-    made = Pools(engines, resolver, Residency(torch.device("cpu"), None))
-    yield made
-    made.close()
-
-
-def pool_of(pools: Pools, *refs: str) -> str:
-    return pools.route(request(*(LoraSpec(r) for r in refs))).pool.base_model_id
+    pipelines = [(loaded, base_settings.base_model_id), (loaded_flux, FLUX_MODEL_ID)]
+    with hub_pools(pipelines, base_settings, clean_hub.url, lora_dir) as made:
+        yield made
 
 
 def test_a_flux_lora_goes_to_the_flux_pool_by_its_card_its_metadata_or_its_names(pools):
@@ -161,13 +137,8 @@ def test_both_bases_are_bit_exact_after_a_mixed_run_with_failures(pools, loaded,
                 generate(pools, request(LoraSpec("flux-pools/flux-card"), LoraSpec("flux-pools/sdxl-card")))
     for pool in pools.pools:
         pool.engine.restore_base_weights()
-    for pipe, kept, names in (
-        (loaded.pipe, pristine, ("unet", "text_encoder", "text_encoder_2")),
-        (loaded_flux.pipe, pristine_flux, ("transformer", "text_encoder", "text_encoder_2")),
-    ):
-        for name in names:
-            for key, value in getattr(pipe, name).state_dict().items():
-                assert torch.equal(value, kept[f"{name}.{key}"]), f"{name}.{key} drifted"
+    assert_components_pristine(loaded.pipe, pristine, ("unet", "text_encoder", "text_encoder_2"))
+    assert_components_pristine(loaded_flux.pipe, pristine_flux, ("transformer", "text_encoder", "text_encoder_2"))
     assert [generate(pools, request(), base=b).image.tobytes() for b in (SDXL, FLUX_MODEL_ID)] == base_images
 
 
@@ -175,17 +146,13 @@ def test_every_transport_reaches_the_flux_pool(pools):
     backend = backend_of(pools)
     body = '{"inputs": "a fox in a forest", "parameters": {"num_inference_steps": 2, "seed": 7}}'
     png = {"accept": "image/png"}
-
-    def image(response: httpx.Response) -> bytes:
-        return Image.open(io.BytesIO(response.content)).convert("RGB").tobytes()
-
     with serve_routes(backend) as url:
         named = httpx.post(f"{url}models/{FLUX_MODEL_ID}", content=body, headers=png, timeout=120)
         assert named.status_code == 200, named.text[:300]
-        assert image(named) == generate(pools, request(), base=FLUX_MODEL_ID).image.tobytes()
+        assert response_image(named) == generate(pools, request(), base=FLUX_MODEL_ID).image.tobytes()
         by_base = httpx.post(url, content=body, headers={"lora": "flux-pools/flux-card", **png}, timeout=120)
         assert by_base.status_code == 200, by_base.text[:300]
-        assert image(by_base) == generate(pools, request(LoraSpec("flux-pools/flux-card"))).image.tobytes()
+        assert response_image(by_base) == generate(pools, request(LoraSpec("flux-pools/flux-card"))).image.tobytes()
         wide = httpx.post(url, content=body, headers={"lora": "flux-pools/flux-wide"}, timeout=120)
         assert wide.status_code == 400 and wide.json()["error_type"] == "IncompatibleLoraError"
         assert "do not fit transformer." in wide.json()["error"] and "(32, 32)" in wide.json()["error"]

@@ -4,7 +4,6 @@ the plan leaves it in host RAM, encodes prompts there and gives the image it giv
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from diffusers import AutoencoderKL, ZImageTransformer2DModel
@@ -14,20 +13,14 @@ from engine.errors import SettingsError
 from engine.families import zimage
 from engine.models import ZIMAGE_MODEL_ID
 from engine.pipeline.loading import load_pipeline
-from engine.pools.plan import PlanOptions, declared_needs, largest_values, plan_memory
+from engine.pools.plan import PlanOptions, largest_values, plan_memory
 from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
+from tests.support.dit import A10G, FLUX1_VAE, GIB, HOST_RAM, L40S, needs_on_a_gpu, values
+from tests.support.dit import pipeline_image as image
 from tests.support.images import assert_images_close
 
-# A host that holds whatever a plan places there: these tests judge the GPU side (the host side: test_hostplan).
-HOST_RAM = 2**40
-
-GIB = 2**30
-# What torch reports for these GPUs' memory (as in tests/engine/test_plan.py).
-A10G = 23_028 * 2**20
-L40S = 46_068 * 2**20
-
 # Tongyi-MAI/Z-Image-Turbo's config.json files, the fields that differ from diffusers' and transformers' defaults
-# (transformer/: diffusers' defaults are Z-Image's; text_encoder/ Qwen3-4B; vae/ FLUX.1's).
+# (transformer/: diffusers' defaults are Z-Image's; text_encoder/ Qwen3-4B; vae/ FLUX.1's: FLUX1_VAE).
 _QWEN3_4B = Qwen3Config(
     vocab_size=151936,
     hidden_size=2560,
@@ -40,19 +33,6 @@ _QWEN3_4B = Qwen3Config(
     rope_theta=1_000_000.0,
     tie_word_embeddings=True,
 )
-_VAE = {
-    "down_block_types": ("DownEncoderBlock2D",) * 4,
-    "up_block_types": ("UpDecoderBlock2D",) * 4,
-    "block_out_channels": (128, 256, 512, 512),
-    "layers_per_block": 2,
-    "latent_channels": 16,
-    "use_quant_conv": False,
-    "use_post_quant_conv": False,
-}
-
-
-def values(module: torch.nn.Module) -> int:
-    return sum(t.numel() for t in (*module.parameters(), *module.buffers()))
 
 
 def test_declared_sizes_are_what_diffusers_and_transformers_build_from_z_image_turbos_configs():
@@ -60,7 +40,7 @@ def test_declared_sizes_are_what_diffusers_and_transformers_build_from_z_image_t
         built = {
             "transformer": ZImageTransformer2DModel(),
             "text_encoder": Qwen3Model(_QWEN3_4B),
-            "vae": AutoencoderKL(**_VAE),
+            "vae": AutoencoderKL(**FLUX1_VAE),
         }
     assert dict(zimage.FAMILY.memory.values) == {name: values(module) for name, module in built.items()}
     # The largest weight a LoRA may touch sizes the swap's float32 scratch buffers on the device.
@@ -74,13 +54,6 @@ def settings_for(*models: str, **changes: object) -> Settings:
     return Settings(dtype="auto", device="cpu", pools=tuple(PoolSetting(m, m) for m in models)).replace(
         **{"host_ram_bytes": HOST_RAM, **changes}
     )
-
-
-def needs_on_a_gpu(settings: Settings):
-    # DTYPE=auto as on a GPU: each family's half precision (Z-Image bf16, SDXL fp16); nothing touches CUDA.
-    needs = declared_needs(settings, torch.device("cuda"))
-    assert needs is not None
-    return needs
 
 
 def test_z_image_turbo_in_bf16_is_its_20_5_gb_and_qwen3_may_wait_in_host_ram():
@@ -110,13 +83,6 @@ def test_z_image_beside_sdxl_are_both_resident_on_48_gb():
     plan = plan_memory(needs_on_a_gpu(settings), L40S, PlanOptions.of(settings))
     assert plan.resident and all(not p.host_components for p in plan.placements)
     assert sum(p.nbytes for p in plan.placements) <= plan.room
-
-
-def image(loaded) -> np.ndarray:
-    """The pipeline's own call, two steps at 64 px, one seed."""
-    generator = torch.Generator("cpu").manual_seed(7)
-    out = loaded.pipe(prompt="a fox in a forest", num_inference_steps=2, width=64, height=64, generator=generator)
-    return np.asarray(out.images[0], dtype=np.int16)
 
 
 def test_qwen3_left_in_host_ram_encodes_there_and_the_image_is_the_same(loaded_zimage, tiny_zimage_dir, base_settings):

@@ -17,7 +17,7 @@ from engine.samplers import OPTION_VALUES, SchedulerOptions
 from tests.support.checks import generate
 
 SIGMAS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")
-# PNDM's PRK steps need 4 on the tiny pipelines' scheduler config (tests/engine/test_controls.py).
+# PNDM's PRK steps need 4 on the tiny pipelines' scheduler config (tests/engine/pipeline/test_controls.py).
 STEPS = 4
 
 

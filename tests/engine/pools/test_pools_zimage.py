@@ -4,32 +4,23 @@ shapes fit nothing a 400 naming the layer; every base bit-exact after a mixed ru
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from PIL import Image
 
 from engine.models import FLUX_MODEL_ID, ZIMAGE_MODEL_ID
-from engine.pools.engine import Engine
-from engine.pools.pools import Pools
-from engine.pools.residency import Residency
-from engine.prepare.resolve import AdapterResolver
-from engine.requests import GenerateRequest, LoraSpec
-from lora_catalog.hub import HubSource
+from engine.requests import LoraSpec
 from serving.demo.synthetic import kohya_metadata, save_lora
 from tests.support.app_server import serve_routes
 from tests.support.checks import backend_of, generate
+from tests.support.dit import hub_pools, pool_of, response_image
+from tests.support.dit import pool_request as request
 from tests.support.flux import CASES as FLUX_CASES
 from tests.support.flux import write_flux_loras
 from tests.support.loras import SDXL, card, kohya_file, sft
 from tests.support.zimage import CASES, MODULES, factors, lora_file, write_zimage_loras
-
-
-def request(*loras: LoraSpec, seed: int = 7) -> GenerateRequest:
-    return GenerateRequest(prompt="a fox in a forest", loras=tuple(loras), steps=2, width=64, height=64, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -53,25 +44,9 @@ def lora_dir(loaded, loaded_flux, loaded_zimage, hub, tmp_path_factory: pytest.T
 
 @pytest.fixture
 def pools(loaded, loaded_flux, loaded_zimage, base_settings, clean_hub, lora_dir):
-    settings = base_settings.replace(local_lora_dir=lora_dir)
-    resolver = AdapterResolver(
-        HubSource(endpoint=clean_hub.url, timeout_s=5),
-        local_dir=lora_dir,
-        token=None,
-        max_bytes=settings.max_adapter_bytes,
-    )
-    engines = [
-        Engine(loaded, settings, resolver),
-        Engine(loaded_flux, settings.replace(base_model_id=FLUX_MODEL_ID), resolver),
-        Engine(loaded_zimage, settings.replace(base_model_id=ZIMAGE_MODEL_ID), resolver),
-    ]
-    made = Pools(engines, resolver, Residency(torch.device("cpu"), None))
-    yield made
-    made.close()
-
-
-def pool_of(pools: Pools, *refs: str) -> str:
-    return pools.route(request(*(LoraSpec(r) for r in refs))).pool.base_model_id
+    pipelines = [(loaded, base_settings.base_model_id), (loaded_flux, FLUX_MODEL_ID), (loaded_zimage, ZIMAGE_MODEL_ID)]
+    with hub_pools(pipelines, base_settings, clean_hub.url, lora_dir) as made:
+        yield made
 
 
 def test_a_zimage_lora_goes_to_the_zimage_pool_by_its_card_its_metadata_or_its_names(pools):
@@ -99,17 +74,13 @@ def test_every_base_is_bit_exact_after_a_mixed_run(pools):
 def test_every_transport_reaches_the_zimage_pool(pools):
     body = '{"inputs": "a fox in a forest", "parameters": {"num_inference_steps": 2, "seed": 7}}'
     png = {"accept": "image/png"}
-
-    def image(response: httpx.Response) -> bytes:
-        return Image.open(io.BytesIO(response.content)).convert("RGB").tobytes()
-
     with serve_routes(backend_of(pools)) as url:
         named = httpx.post(f"{url}models/{ZIMAGE_MODEL_ID}", content=body, headers=png, timeout=120)
         assert named.status_code == 200, named.text[:300]
-        assert image(named) == generate(pools, request(), base=ZIMAGE_MODEL_ID).image.tobytes()
+        assert response_image(named) == generate(pools, request(), base=ZIMAGE_MODEL_ID).image.tobytes()
         by_base = httpx.post(url, content=body, headers={"lora": "zimage-pools/card", **png}, timeout=120)
         assert by_base.status_code == 200, by_base.text[:300]
-        assert image(by_base) == generate(pools, request(LoraSpec("zimage-pools/card"))).image.tobytes()
+        assert response_image(by_base) == generate(pools, request(LoraSpec("zimage-pools/card"))).image.tobytes()
         wide = httpx.post(url, content=body, headers={"lora": "zimage-pools/wide"}, timeout=120)
         assert wide.status_code == 400 and wide.json()["error_type"] == "IncompatibleLoraError"
         assert "do not fit transformer.layers.0.attention.to_" in wide.json()["error"]

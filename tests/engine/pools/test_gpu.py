@@ -11,6 +11,7 @@ from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.hub import HubSource
 from tests.support.checks import generate
+from tests.support.dit import assert_swaps_exact
 from tests.support.images import assert_images_close
 
 pytestmark = [
@@ -75,19 +76,7 @@ def test_cuda_flux_swaps_are_exact_in_bfloat16(tiny_flux_dir, base_settings, tmp
     loaded = load_pipeline(settings)
     assert loaded.dtype == torch.bfloat16
     write_flux_loras(loaded.pipe, tmp_path)
-    resolver = AdapterResolver(None, local_dir=tmp_path, token=None, max_bytes=2**30)
-    engine = Engine(loaded, settings.replace(local_lora_dir=tmp_path), resolver)
-    transformer = loaded.pipe.transformer
-    before = {k: v.clone() for k, v in transformer.state_dict().items()}
-    request = GenerateRequest("a fox", steps=2, width=64, height=64, seed=1)
-    base = generate(engine, request).image
-    for case in CASES:
-        lora = generate(engine, GenerateRequest("a fox", loras=(LoraSpec(f"local:{case.file_name}"),), seed=1))
-        assert lora.image.tobytes() != base.tobytes(), case.name
-    engine.restore_base_weights()
-    assert all(torch.equal(v, before[k]) for k, v in transformer.state_dict().items())
-    assert generate(engine, request).image.tobytes() == base.tobytes()
-    engine.close()
+    assert_swaps_exact(loaded, settings, tmp_path, CASES)
 
 
 @pytest.mark.parametrize("gpu_mode", ["persistent", "per_call"])
@@ -103,16 +92,4 @@ def test_cuda_zimage_swaps_are_exact_in_bfloat16(tiny_zimage_dir, base_settings,
     loaded = load_pipeline(settings)
     assert loaded.dtype == torch.bfloat16
     write_zimage_loras(loaded.pipe, tmp_path)
-    resolver = AdapterResolver(None, local_dir=tmp_path, token=None, max_bytes=2**30)
-    engine = Engine(loaded, settings.replace(local_lora_dir=tmp_path), resolver)
-    transformer = loaded.pipe.transformer
-    before = {k: v.clone() for k, v in transformer.state_dict().items()}
-    request = GenerateRequest("a fox", steps=2, width=64, height=64, seed=1)
-    base = generate(engine, request).image
-    for case in CASES:
-        lora = generate(engine, GenerateRequest("a fox", loras=(LoraSpec(f"local:{case.file_name}"),), seed=1))
-        assert lora.image.tobytes() != base.tobytes(), case.name
-    engine.restore_base_weights()
-    assert all(torch.equal(v, before[k]) for k, v in transformer.state_dict().items())
-    assert generate(engine, request).image.tobytes() == base.tobytes()
-    engine.close()
+    assert_swaps_exact(loaded, settings, tmp_path, CASES)
