@@ -16,8 +16,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from cachetools import LRUCache
@@ -31,7 +29,6 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 from .cards import choose_weight, entry_from_hub_item, resolve_url
 from .entries import LoraEntry
 from .errors import (
-    CatalogError,
     GatedLoraError,
     HubUnavailableError,
     InvalidRequestError,
@@ -47,6 +44,7 @@ from .sft_header import (
     declared_length,
     unparsed_header,
 )
+from .swr import StaleWhileRevalidate
 
 __all__ = ["LIST_EXPAND", "SORTS", "HubSource", "Sort", "check_sort"]
 
@@ -77,23 +75,12 @@ _MAX_LIST_LIMIT = 10_000
 _MAX_PAGE_SIZE = 1000  # the Hub's own cap per page
 _CACHE_MAX = 1024
 _LIBRARY_NAME, _LIBRARY_VERSION = "lora-switchboard", "0.1.0"
-# How long a stale entry is served before a failed revalidation is tried again.
-_REVALIDATE_RETRY_S = 60.0
 
 
 def check_sort(sort: str) -> Sort:
     if sort not in SORTS:
         raise InvalidRequestError(f"sort {sort!r} is not accepted; accepted: {', '.join(SORTS)}")
     return sort  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class _Cached:
-    entry: LoraEntry
-    expires_at: float | None  # None: a commit sha never changes
-    # Set when a background revalidation could not reach the Hub: why, and when to try again.
-    failure: str | None = None
-    retry_at: float = 0.0
 
 
 _Key = tuple[str, str | None, str | None]
@@ -124,15 +111,16 @@ class HubSource:
         self.endpoint: str = self._api.endpoint.rstrip("/")
         self.timeout_s = float(timeout_s)
         self._page_size = page_size
-        self._cache_ttl_s = cache_ttl_s
-        self._clock = clock
         self._lock = threading.Lock()
-        # Count-bounded: past its TTL an entry stays (served stale while revalidated), so no TTLCache.
-        self._resolved: LRUCache[_Key, _Cached] = LRUCache(maxsize=_CACHE_MAX)
-        self._headers: LRUCache[tuple[str, str, str], SafetensorsHeader] = LRUCache(maxsize=_CACHE_MAX)
         # Stale-while-revalidate: one background lookup at a time, never on a request's path.
-        self._revalidating: set[_Key] = set()
-        self._executor: ThreadPoolExecutor | None = None
+        self._resolved: StaleWhileRevalidate[_Key, LoraEntry] = StaleWhileRevalidate(
+            self._lookup, ttl_s=cache_ttl_s, name="hub", maxsize=_CACHE_MAX, clock=clock
+        )
+        # A commit sha never changes: entries resolved at one are never revalidated.
+        self._at_commit: StaleWhileRevalidate[_Key, LoraEntry] = StaleWhileRevalidate(
+            self._lookup, ttl_s=math.inf, name="hub-commit", maxsize=_CACHE_MAX, clock=clock
+        )
+        self._headers: LRUCache[tuple[str, str, str], SafetensorsHeader] = LRUCache(maxsize=_CACHE_MAX)
 
     def list_loras(
         self, base: str, *, search: str | None = None, sort: Sort = "downloads", limit: int = 100
@@ -182,68 +170,27 @@ class HubSource:
         repo_id = validate_repo_id(repo_id)
         revision = validate_revision(revision)
         weight_name = validate_weight_name(weight_name)
-        key = (repo_id, revision, weight_name)
-        with self._lock:
-            hit = self._resolved.get(key)
-            now = self._clock()
-            if hit is not None and (hit.expires_at is None or now < hit.expires_at):
-                return hit.entry
-            if hit is not None:
-                if now >= hit.retry_at and key not in self._revalidating:
-                    self._revalidating.add(key)
-                    self._revalidator().submit(self._revalidate, key)
-                return hit.entry
-        return self._lookup(key)
+        cache = self._at_commit if is_commit_sha(revision) else self._resolved
+        return cache.get((repo_id, revision, weight_name))
 
     def stale_warning(self, repo_id: str, revision: str | None = None, weight_name: str | None = None) -> str | None:
         """Why the cached entry for these arguments is not fresh (past its TTL), or None when it is."""
         key = (repo_id, revision, weight_name)
-        with self._lock:
-            hit = self._resolved.get(key)
-            if hit is None or hit.expires_at is None or self._clock() < hit.expires_at:
-                return None
-            age_min = (self._clock() - hit.expires_at + self._cache_ttl_s) / 60
-        why = f"the Hub could not be reached ({hit.failure})" if hit.failure else "it is being revalidated"
+        stale = self._resolved.stale(key)
+        if stale is None:
+            return None
+        entry = self._resolved.peek(key)
+        sha = entry.sha if entry is not None else None
+        why = f"the Hub could not be reached ({stale.failure})" if stale.failure else "it is being revalidated"
         return (
-            f"LoRA {repo_id!r} is served from Hub metadata {age_min:.0f} min old at revision "
-            f"{(hit.entry.sha or '?')[:10]}: {why}"
+            f"LoRA {repo_id!r} is served from Hub metadata {stale.age_s / 60:.0f} min old at revision "
+            f"{(sha or '?')[:10]}: {why}"
         )
 
     def close(self) -> None:
         """Stop background revalidation (a lookup in progress finishes on its own)."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
-
-    def _revalidator(self) -> ThreadPoolExecutor:
-        # Called under self._lock.
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hub-revalidate")
-        return self._executor
-
-    def _revalidate(self, key: _Key) -> None:
-        started = self._clock()
-        try:
-            entry = self._lookup(key)
-        except HubUnavailableError as e:
-            with self._lock:
-                hit = self._resolved.get(key)
-                if hit is not None:
-                    # Keep serving it; ask again after a while, not on every request while the Hub is down.
-                    retry = started + min(_REVALIDATE_RETRY_S, self._cache_ttl_s)
-                    self._resolved[key] = dataclasses.replace(hit, failure=str(e), retry_at=retry)
-            logger.warning("could not revalidate LoRA %s; serving its cached metadata: %s", key[0], e)
-        except CatalogError as e:
-            # The Hub answered that the repo, revision or file is gone (or gated now): stop serving it.
-            with self._lock:
-                self._resolved.pop(key, None)
-            logger.warning("LoRA %s is no longer servable, dropped from the cache: %s", key[0], e)
-        else:
-            logger.info("revalidated LoRA %s at %s in %.2f s", key[0], entry.sha, self._clock() - started)
-        finally:
-            with self._lock:
-                self._revalidating.discard(key)
+        self._resolved.close()
+        self._at_commit.close()
 
     def _lookup(self, key: _Key) -> LoraEntry:
         repo_id, revision, weight_name = key
@@ -267,11 +214,7 @@ class HubSource:
         embeddings = embeddings_for(chosen, sizes)
         size = sizes[embeddings] if embeddings else None
         entry = dataclasses.replace(entry, weight_name=chosen, weight_size=sizes[chosen], sha=info.sha or entry.sha)
-        entry = dataclasses.replace(entry, embeddings_name=embeddings, embeddings_size=size)
-        expires = None if is_commit_sha(revision) else self._clock() + self._cache_ttl_s
-        with self._lock:
-            self._resolved[key] = _Cached(entry, expires)
-        return entry
+        return dataclasses.replace(entry, embeddings_name=embeddings, embeddings_size=size)
 
     def read_remote_header(self, entry: LoraEntry) -> SafetensorsHeader:
         """The weight file's safetensors header, read with HTTP Range requests (no tensor data downloaded)."""

@@ -1,6 +1,6 @@
 """A count-bounded cache whose entries are served stale while one background lookup revalidates them (RFC 5861).
 
-What `HubSource` does for Hub metadata, as a small reusable piece (the Civitai source uses it): a fresh entry
+Hub metadata (`HubSource`) and Civitai answers are cached through it: a fresh entry
 is answered from memory; past its TTL it is still answered at once while one background lookup refreshes it;
 when that lookup cannot reach the source (`unavailable`), the entry keeps being served, with `stale` saying
 how old it is and why, and the lookup is retried at most every `retry_s`; when the source answers that the
@@ -85,6 +85,12 @@ class StaleWhileRevalidate(Generic[K, V]):
                     self._executor.submit(self._revalidate, key)
                 return hit.value
         return self._fetch(key)
+
+    def peek(self, key: K) -> V | None:
+        """The cached value for `key` (stale or not), or None; never looks it up or revalidates it."""
+        with self._lock:
+            hit = self._entries.get(key)
+        return hit.value if hit is not None else None
 
     def stale(self, key: K) -> Staleness | None:
         """None when `key`'s entry is fresh (or absent); else its age and why it was not refreshed."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 import torch
 
+from engine.caches.lru import SizedLRU
 from engine.errors import LimitExceededError
 from engine.events import EngineEvents, Tier
 from engine.formats.adapters import AdapterKey, PreparedAdapter
@@ -33,87 +34,59 @@ class CachedAdapter:
     active: bool
 
 
-class ByteLRU:
-    """An LRU map from adapter keys to prepared adapters, bounded by their bytes (`pinned`: counted as pinned)."""
+class ByteLRU(SizedLRU[AdapterKey, PreparedAdapter]):
+    """Prepared adapters LRU-bounded by their bytes (`pinned`: counted as pinned); refuses one larger than the
+    whole budget, and runs over it only while the adapters kept (in use) fill it."""
 
     def __init__(self, name: Tier, budget: int, events: EngineEvents | None = None, *, pinned: bool = False) -> None:
+        super().__init__(budget, _pinned_size if pinned else _size, self._evicted)
         self.name: Tier = name
         self.budget = budget
         self._events = events
-        self._pinned = pinned
-        self._items: OrderedDict[AdapterKey, PreparedAdapter] = OrderedDict()
-        self._bytes = 0
-
-    def _size(self, item: PreparedAdapter) -> int:
-        return item.pinned_bytes if self._pinned else item.nbytes
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
-
-    def __contains__(self, key: AdapterKey) -> bool:
-        return key in self._items
+        return self.currsize
 
     def ordered_keys(self) -> list[AdapterKey]:
-        return list(self._items)
+        return list(self)
 
-    def size_of(self, key: AdapterKey) -> int:
-        item = self._items.get(key)
-        return self._size(item) if item is not None else 0
-
-    def peek(self, key: AdapterKey) -> PreparedAdapter | None:
-        return self._items.get(key)
-
-    def get(self, key: AdapterKey) -> PreparedAdapter | None:
-        item = self._items.get(key)
-        if item is not None:
-            self._items.move_to_end(key)
-        return item
-
-    def put(self, key: AdapterKey, value: PreparedAdapter, protected: set[AdapterKey]) -> None:
-        size = self._size(value)
+    def put(self, key: AdapterKey, value: PreparedAdapter, keep: Collection[AdapterKey] = ()) -> int:
+        size = self.sizeof(key, value)
         if size > self.budget:
             raise LimitExceededError(
                 f"LoRA {key} needs {size / 2**20:.1f} MiB, more than the whole {self.name} cache "
                 f"({self.budget / 2**20:.1f} MiB); accepted: adapters that fit the cache budget"
             )
-        self.trim(protected | {key}, room=size)
-        if key in self._items:
-            self._bytes -= self._size(self._items.pop(key))
-        self._items[key] = value
-        self._bytes += size
-        if self._bytes > self.budget:
+        super().put(key, value, keep)
+        if self.currsize > self.budget:
             logger.warning(
                 "%s cache over budget (%d > %d bytes): the rest is in use and cannot be evicted",
                 self.name,
-                self._bytes,
+                self.currsize,
                 self.budget,
             )
+        return size
 
     def evict(self, key: AdapterKey) -> None:
-        item = self._items.pop(key, None)
-        if item is not None:
-            self._bytes -= self._size(item)
+        size = self.size_of(key)
+        if self.pop(key) is not None:
             logger.info(
-                "evicted %s from the %s cache on request (%d bytes, %d left)",
-                key,
-                self.name,
-                self._size(item),
-                self._bytes,
+                "evicted %s from the %s cache on request (%d bytes, %d left)", key, self.name, size, self.currsize
             )
 
-    def trim(self, protected: set[AdapterKey], room: int = 0) -> None:
-        """Evict least-recently-used unprotected items until `room` more bytes fit."""
-        for key in list(self._items):
-            if self._bytes + room <= self.budget:
-                return
-            if key in protected:
-                continue
-            size = self._size(self._items.pop(key))
-            self._bytes -= size
-            logger.info("evicted %s from the %s cache (%d bytes, %d left)", key, self.name, size, self._bytes)
-            if self._events is not None:
-                self._events.evicted(self.name, size)
+    def _evicted(self, key: AdapterKey, _value: PreparedAdapter, size: int) -> None:
+        logger.info("evicted %s from the %s cache (%d bytes, %d left)", key, self.name, size, self.currsize)
+        if self._events is not None:
+            self._events.evicted(self.name, size)
+
+
+def _size(_key: AdapterKey, adapter: PreparedAdapter) -> int:
+    return adapter.nbytes
+
+
+def _pinned_size(_key: AdapterKey, adapter: PreparedAdapter) -> int:
+    return adapter.pinned_bytes
 
 
 class AdapterStore:
@@ -188,7 +161,7 @@ class AdapterStore:
         with self._lock:
             cached = self._device_tier.get(adapter.key)
             if cached is None:
-                self._device_tier.trim(self._protected(), room=adapter.nbytes)
+                self._device_tier.trim(adapter.nbytes, keep=self._protected())
         if self._events is not None:
             self._events.cache_lookup("device", cached is not None)
         if cached is not None:
@@ -242,6 +215,6 @@ class AdapterStore:
             for tier in (self._host, self._device_tier):
                 if tier is not None:
                     tier.evict(key)
-        self._host.trim(protected)
+        self._host.trim(keep=protected)
         if self._device_tier is not None:
-            self._device_tier.trim(protected)
+            self._device_tier.trim(keep=protected)

@@ -80,7 +80,7 @@ class WorkerCache:
             for adapter, scale in prepared.adapters:
                 if adapter.layers:
                     if adapter.nbytes <= self._lru.budget:
-                        self._lru.put(adapter.key, adapter, protected=keys)
+                        self._lru.put(adapter.key, adapter, keep=keys)
                     filled.append((adapter, scale))
                 elif (cached := self._lru.get(adapter.key)) is not None:
                     filled.append((cached, scale))

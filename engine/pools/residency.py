@@ -5,6 +5,7 @@ moved in on demand; a pool in use is never moved, and a pool that fits nothing i
 pool is never evicted. A pool on the device costs its weights plus its pristine copies there (dropped when it
 leaves). Each move is one copy of the pool's flat buffer (`engine.pools.flat`), Parameters kept, every byte as
 it was. On the CPU there is no budget unless one is given (tests and benchmarks exercise the move so).
+Hand-written, not `engine.caches.lru`: evicting here moves a pipeline or waits for one to idle, never drops a value.
 """
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from engine.caches.lru import SizedLRU
 from engine.errors import LimitExceededError
 from engine.formats.adapters import PreparedAdapter
 from engine.formats.bounds import UNBOUNDED, Reach, needs_check
@@ -66,8 +66,8 @@ class WeightPatcher:
         # Pinned host copies make restores to the GPU asynchronous; ZeroGPU's main process must never pin.
         self._pin = pin
         self._lock = threading.Lock()
-        self._pristine: OrderedDict[int, torch.Tensor] = OrderedDict()
-        self._bytes = 0
+        # Copies of clean weights are evicted least recently used first (`_make_room`); dirty ones are kept.
+        self._pristine: SizedLRU[int, torch.Tensor] = SizedLRU(budget, lambda index, _copy: self._cost(index))
         self._dirty: set[int] = set()
         # max|value| of each weight as first touched (its base: it never changes), kept when its copy is dropped.
         self._base_max: dict[int, float] = {}
@@ -80,7 +80,7 @@ class WeightPatcher:
     @property
     def pristine_bytes(self) -> int:
         with self._lock:
-            return self._bytes
+            return self._pristine.currsize
 
     @property
     def budget(self) -> int | None:
@@ -117,12 +117,10 @@ class WeightPatcher:
             for index in missing:
                 copy = self._snapshot(self._params[index])
                 with self._lock:
-                    self._pristine[index] = copy
-                    self._bytes += self._cost(index)
+                    self._pristine.put(index, copy, keep=touched)
             with self._lock:
-                for index in touched:
-                    self._pristine.move_to_end(index)
-                bases = {index: self._pristine[index] for index in touched}
+                self._pristine.touch(touched)
+                bases = {index: self._copy(index) for index in touched}
             self._dirty = set(touched)
             checked = [i for i in sorted(plan) if needs_check(self._base_max[i], reaches[i], self._params[i].dtype)]
             for index in sorted(plan):
@@ -161,13 +159,12 @@ class WeightPatcher:
         with self._lock:
             for index in [i for i in self._pristine if i not in keep]:
                 self._pristine.pop(index)
-                self._bytes -= self._cost(index)
         self._scratch.clear()
 
     def pristine_copies(self, indices: Iterable[int]) -> dict[int, torch.Tensor]:
         """The pristine copies of weights already touched, by index (shared, not copied: never write to them)."""
         with self._lock:
-            return {index: self._pristine[index] for index in indices}
+            return {index: self._copy(index) for index in indices}
 
     def _check_budget(self, touched: set[int], active: Sequence[ActiveAdapter]) -> None:
         if self._budget is None:
@@ -186,14 +183,8 @@ class WeightPatcher:
         if self._budget is None:
             return
         with self._lock:
-            for index in list(self._pristine):
-                if self._bytes + room <= self._budget:
-                    break
-                if index in keep or index in self._dirty:
-                    continue
-                self._pristine.pop(index)
-                self._bytes -= self._cost(index)
-            left = self._bytes
+            self._pristine.trim(room, keep=keep | self._dirty)
+            left = self._pristine.currsize
         if room:
             logger.debug("pristine copies: %d bytes kept, %d bytes to add", left, room)
 
@@ -207,13 +198,20 @@ class WeightPatcher:
         pin = self._pin if self._pin is not None else weight.device.type == "cuda"
         return pin and self._pristine_device.type == "cpu"
 
+    def _copy(self, index: int) -> torch.Tensor:
+        # Called under self._lock; a weight touched before has its copy (a KeyError here is a bug).
+        copy = self._pristine.peek(index)
+        if copy is None:
+            raise KeyError(index)
+        return copy
+
     def _pristine_keys(self) -> set[int]:
         with self._lock:
             return set(self._pristine)
 
     def _restore(self, indices: set[int]) -> None:
         with self._lock:
-            copies = [(i, self._pristine[i]) for i in sorted(indices)]
+            copies = [(i, self._copy(i)) for i in sorted(indices)]
         for index, copy in copies:
             self._params[index].copy_(copy, non_blocking=True)
 
