@@ -11,10 +11,11 @@ import math
 import re
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from engine.errors import InvalidRequestError, LimitExceededError
+from engine.request_schema import RequestField, request_field
 from engine.samplers import SchedulerOptions, choose_scheduler, menu, sampler_label
 from lora_catalog import refs
 from lora_catalog.civitai.refs import ACCEPTED as CIVITAI_ACCEPTED
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_IMAGES",
+    "REQUEST_FIELDS",
     "AdapterUse",
     "CheckedRequest",
     "GenerateRequest",
@@ -35,6 +37,7 @@ __all__ = [
     "ModelDefaults",
     "Suggested",
     "Timings",
+    "fields_of",
     "normalise_loras",
     "normalise_request",
     "parse_ref",
@@ -46,6 +49,7 @@ MAX_SEED = 2**32 - 1
 MAX_IMAGES = 4
 SCALE_RANGE = (-2.0, 2.0)
 GUIDANCE_RANGE = (0.0, 30.0)
+MIN_SIDE = 64
 LOCAL_PREFIX = refs.LOCAL_PREFIX
 T = TypeVar("T")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
@@ -65,30 +69,77 @@ class LoraSpec:
     weight_name: str | None = None
 
 
+_INTEGER, _NUMBER, _TEXT = "an integer", "a number", "a string"
+_SAMPLER = "a string: a sampler name such as 'DPM++ 2M Karras' or a diffusers scheduler class"
+_OPTIONS = 'an object of scheduler options, e.g. {"use_karras_sigmas": true, "timestep_spacing": "trailing"}'
+_F = RequestField
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A request as a client asked for it: numbers as sent (2.5 steps is refused by name, not rounded)."""
+    """A request as a client asked for it: numbers as sent (2.5 steps is refused by name, not rounded).
 
-    prompt: str
-    negative_prompt: str = ""
-    loras: tuple[LoraSpec, ...] = ()
-    steps: float | None = None
-    guidance: float | None = None
-    width: float | None = None
-    height: float | None = None
-    seed: float | None = None
+    Each field declares itself once (`engine.request_schema`); every transport's model is derived from these.
+    """
+
+    prompt: str = request_field(MISSING, _F("text", _TEXT, "what to draw", gradio=("prompt",)))
+    negative_prompt: str = request_field(
+        "", _F("text", _TEXT, "what to keep out (CFG models)", http="negative_prompt", gradio=("negative_prompt",))
+    )
+    loras: tuple[LoraSpec, ...] = request_field(
+        (),
+        _F(
+            "loras",
+            "a list of LoRAs",
+            "the LoRAs and their scales",
+            http="loras",
+            gradio=("lora", "lora_scale", "lora_2", "lora_2_scale"),
+        ),
+    )
+    steps: float | None = request_field(
+        None, _F("integer", _INTEGER, "denoising steps", low=1, http="num_inference_steps", gradio=("steps",))
+    )
+    guidance: float | None = request_field(
+        None,
+        _F("number", _NUMBER, "guidance scale", *GUIDANCE_RANGE, http="guidance_scale", gradio=("guidance",)),
+    )
+    width: float | None = request_field(
+        None, _F("integer", _INTEGER, "image width in px", low=MIN_SIDE, http="width", gradio=("width",))
+    )
+    height: float | None = request_field(
+        None, _F("integer", _INTEGER, "image height in px", low=MIN_SIDE, http="height", gradio=("height",))
+    )
+    seed: float | None = request_field(
+        None, _F("integer", _INTEGER, "the first image's seed", 0, MAX_SEED, http="seed", gradio=("seed",))
+    )
     # A sampler by the name people know ("DPM++ 2M Karras": engine.samplers) or a diffusers scheduler class the
     # pool accepts (`ModelDefaults.schedulers`); None: the pool's own scheduler.
-    scheduler: str | None = None
+    scheduler: str | None = request_field(
+        None, _F("sampler", _SAMPLER, "the sampler", http="scheduler", gradio=("scheduler",))
+    )
     # (option, value) pairs set on that scheduler (`engine.samplers.OPTION_VALUES`), where its class has them.
-    scheduler_options: tuple[tuple[str, object], ...] = ()
+    scheduler_options: tuple[tuple[str, object], ...] = request_field(
+        (), _F("options", _OPTIONS, "the sampler's options", http="scheduler_options", gradio=("scheduler_options",))
+    )
     # Text-encoder layers skipped, as diffusers' `pipe(..., clip_skip=N)` counts them (A1111's "Clip skip 2" is 1).
-    clip_skip: float | None = None
+    clip_skip: float | None = request_field(
+        None, _F("integer", _INTEGER, "text-encoder layers skipped", low=0, http="clip_skip", gradio=("clip_skip",))
+    )
     # Images with consecutive seeds from `seed` (1 to MAX_IMAGES).
-    num_images: float | None = None
+    num_images: float | None = request_field(
+        None, _F("integer", _INTEGER, "images from consecutive seeds", 1, MAX_IMAGES, gradio=("num_images",))
+    )
     # Whether the LoRAs' recommended settings (a speed LoRA's, a card's) fill what the client left unset; the
     # UI's switch. Off: the pool's defaults.
-    lora_defaults: bool = True
+    lora_defaults: bool = request_field(True, _F("switch", "true or false", "the LoRAs' recommended settings"))
+
+
+def fields_of(cls: type[GenerateRequest] = GenerateRequest) -> tuple[RequestField, ...]:
+    """The request's fields as declared, in order, each with its name."""
+    return tuple(replace(f.metadata["request"], name=f.name) for f in fields(cls) if "request" in f.metadata)
+
+
+REQUEST_FIELDS = fields_of()
 
 
 @dataclass(frozen=True)
@@ -407,10 +458,10 @@ def _float(name: str, value: object, default: float, low: float, high: float) ->
 
 
 def _side(name: str, value: object, defaults: ModelDefaults) -> int:
-    side = _int(name, value, defaults.side, 64, defaults.max_side)
+    side = _int(name, value, defaults.side, MIN_SIDE, defaults.max_side)
     step = defaults.side_multiple
     if side % step:
         raise InvalidRequestError(
-            f"{name}={side} is not a multiple of {step}; accepted: 64 to {defaults.max_side} in {step}s"
+            f"{name}={side} is not a multiple of {step}; accepted: {MIN_SIDE} to {defaults.max_side} in {step}s"
         )
     return side
