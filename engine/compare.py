@@ -128,7 +128,8 @@ def open_cells(engine: Engine, cells: Sequence[CompareCell]) -> tuple[tuple[Prep
     preparation); all adapters stay leased until the returned release is called."""
     stack = ExitStack()
     try:
-        prepared = tuple(stack.enter_context(engine.prepare(cell.request)) for cell in cells)
+        # Each cell's scheduler built from the pool's config (`Engine.check`), as a request's is before queueing.
+        prepared = tuple(stack.enter_context(engine.prepare(engine.check(cell.request))) for cell in cells)
     except BaseException:
         stack.close()
         raise

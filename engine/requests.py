@@ -42,6 +42,7 @@ __all__ = [
     "normalise_request",
     "parse_ref",
     "seeds_of",
+    "with_suggested",
 ]
 
 MAX_SEED = 2**32 - 1
@@ -160,6 +161,9 @@ class CheckedRequest(GenerateRequest):
     num_images: int = 1
     sampler: str = ""
     defaults_from: tuple[tuple[str, str], ...] = ()
+    # The fields the client left to the defaults (of `SUGGESTIBLE`): the LoRAs' recommendations may fill them
+    # once they are prepared (`with_suggested`), without checking the request again.
+    left_unset: tuple[str, ...] = ()
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -316,34 +320,31 @@ def parse_ref(ref: object) -> tuple[Literal["hub", "local", "civitai"], str]:
         ) from e
 
 
+# The fields a LoRA's recommendation may fill where the client left them unset (`Suggested`).
+SUGGESTIBLE = ("steps", "guidance", "scheduler", "clip_skip")
+
+
 def normalise_request(
     request: GenerateRequest, defaults: ModelDefaults, limits: Limits, suggested: Suggested | None = None
 ) -> CheckedRequest:
-    """Check every field and fill defaults (the LoRAs' `suggested` ones before the pool's); returns a new request
-    with a concrete seed."""
-    suggested = suggested or Suggested()
+    """Check every field and fill defaults (the LoRAs' `suggested` ones before the pool's: `with_suggested`);
+    returns a new request with a concrete seed."""
     prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=False)
     negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
     loras = _loras(request.loras, limits.max_loras)
-    steps = _int("steps", request.steps, _first(suggested.steps, defaults.steps), 1, limits.max_steps)
-    guidance = _float("guidance", request.guidance, _first(suggested.guidance, defaults.guidance), *GUIDANCE_RANGE)
+    steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
+    guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
     width = _side("width", request.width, defaults)
     height = _side("height", request.height, defaults)
     seed = _int("seed", request.seed, secrets.randbelow(MAX_SEED + 1), 0, MAX_SEED)
-    named = request.scheduler if request.scheduler is not None else suggested.scheduler
-    scheduler, options = choose_scheduler(named, request.scheduler_options, defaults.scheduler, defaults.schedulers)
-    clip_skip = _clip_skip(request.clip_skip, _first(suggested.clip_skip, 0), defaults)
+    scheduler, options = choose_scheduler(
+        request.scheduler, request.scheduler_options, defaults.scheduler, defaults.schedulers
+    )
+    clip_skip = _clip_skip(request.clip_skip, 0, defaults)
     if not isinstance(request.lora_defaults, bool):
         raise InvalidRequestError(f"lora_defaults={request.lora_defaults!r} is not accepted; accepted: true, false")
     num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
-    set_by_client = {
-        "steps": request.steps,
-        "guidance": request.guidance,
-        "scheduler": request.scheduler,
-        "clip_skip": request.clip_skip,
-    }
-    sources = tuple((field, source) for field, source in suggested.sources if set_by_client.get(field) is None)
-    return CheckedRequest(
+    checked = CheckedRequest(
         prompt=prompt,
         negative_prompt=negative,
         loras=loras,
@@ -358,12 +359,37 @@ def normalise_request(
         num_images=num_images,
         lora_defaults=request.lora_defaults,
         sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
-        defaults_from=sources,
+        left_unset=tuple(name for name in SUGGESTIBLE if getattr(request, name) is None),
     )
+    return checked if suggested is None else with_suggested(checked, suggested, defaults)
 
 
-def _first(suggested: T | None, default: T) -> T:
-    return default if suggested is None else suggested
+def with_suggested(checked: CheckedRequest, suggested: Suggested, defaults: ModelDefaults) -> CheckedRequest:
+    """`checked` with the LoRAs' `suggested` defaults where its client set nothing (`left_unset`), and where each
+    came from; nothing else is checked again. A suggested sampler takes the client's options (`choose_scheduler`
+    checks they fit it)."""
+    unset = set(checked.left_unset)
+
+    def pick(name: str, value: T, suggestion: T | None) -> T:
+        return suggestion if name in unset and suggestion is not None else value
+
+    scheduler, options = checked.scheduler, checked.scheduler_options
+    named = pick("scheduler", None, suggested.scheduler)
+    if named is not None:
+        scheduler, options = choose_scheduler(named, options, defaults.scheduler, defaults.schedulers)
+    clip_skip = checked.clip_skip
+    if "clip_skip" in unset and suggested.clip_skip is not None and defaults.max_clip_skip:
+        clip_skip = min(suggested.clip_skip, defaults.max_clip_skip)
+    return replace(
+        checked,
+        steps=pick("steps", checked.steps, suggested.steps),
+        guidance=pick("guidance", checked.guidance, suggested.guidance),
+        scheduler=scheduler,
+        scheduler_options=options,
+        clip_skip=clip_skip,
+        sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
+        defaults_from=tuple((f, source) for f, source in suggested.sources if f in unset or f not in SUGGESTIBLE),
+    )
 
 
 def _clip_skip(value: object, default: int, defaults: ModelDefaults) -> int:

@@ -102,6 +102,7 @@ class _WireRequest(BaseModel):
     def checked(self) -> CheckedRequest:
         values = self._values(CheckedRequest)
         values["defaults_from"] = tuple((str(f), str(s)) for f, s in getattr(self, "defaults_from", None) or ())
+        values["left_unset"] = tuple(getattr(self, "left_unset", None) or ())
         return CheckedRequest(**values)
 
     def _values(self, into: type[GenerateRequest]) -> dict[str, Any]:
@@ -151,6 +152,7 @@ _CheckedJson = create_model(
     __doc__="The request a cluster checked, sent back with its result: what ran, and where its defaults came from.",
     sampler=(str, ""),
     defaults_from=(list[list[str]] | None, None),
+    left_unset=(list[str] | None, None),
 )
 
 

@@ -45,7 +45,8 @@ def test_the_http_parameters_are_the_declared_fields_under_their_inference_api_n
 def test_the_wire_carries_every_declared_field_and_the_checked_request_more():
     assert list(wire._RequestJson.model_fields) == [f.name for f in REQUEST_FIELDS]
     assert [n for n, f in wire._RequestJson.model_fields.items() if f.is_required()] == ["prompt"]
-    assert set(wire._CheckedJson.model_fields) - set(wire._RequestJson.model_fields) == {"sampler", "defaults_from"}
+    added = set(wire._CheckedJson.model_fields) - set(wire._RequestJson.model_fields)
+    assert added == {"sampler", "defaults_from", "left_unset"}
 
 
 def _api_parameters() -> dict[str, list[str]]:
