@@ -19,7 +19,8 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from engine.errors import InvalidRequestError, LimitExceededError
-from engine.requests import GenerateRequest, GenerateResult, Limits, LoraSpec, ModelDefaults, normalise_request
+from engine.normalise import normalise_request
+from engine.requests import GenerateRequest, GenerateResult, Limits, LoraSpec, ModelDefaults
 
 if TYPE_CHECKING:  # the engine module brings torch; `import app` must stay light
     from engine.pools.engine import Engine, PreparedRequest

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from engine.errors import InvalidRequestError
-from engine.requests import CheckedRequest, Limits, ModelDefaults, Suggested, with_suggested
+from engine.normalise import with_suggested
+from engine.requests import CheckedRequest, Limits, ModelDefaults, Suggested
 from engine.samplers import choose_scheduler
 from lora_catalog.hints import LoraHints, blend_hints
 

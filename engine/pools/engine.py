@@ -27,6 +27,7 @@ from engine.events import EngineEvents
 from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable
 from engine.formats.pivotal import TextEncoders, check_clashes
 from engine.hostmem import configure_pinned
+from engine.normalise import normalise_request
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
 from engine.pipeline.aot import AotDenoiser
 from engine.pipeline.compiled import CompiledDenoiser
@@ -51,7 +52,6 @@ from engine.requests import (
     LoraSpec,
     ModelDefaults,
     Timings,
-    normalise_request,
 )
 from engine.settings import Settings
 from engine.weights.fused import FusedSet, set_identity
