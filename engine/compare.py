@@ -19,7 +19,8 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from engine.errors import InvalidRequestError, LimitExceededError
-from engine.requests import GenerateRequest, GenerateResult, Limits, LoraSpec, ModelDefaults, normalise_request
+from engine.normalise import normalise_request
+from engine.requests import GenerateRequest, GenerateResult, Limits, LoraSpec, ModelDefaults
 
 if TYPE_CHECKING:  # the engine module brings torch; `import app` must stay light
     from engine.pools.engine import Engine, PreparedRequest
@@ -128,7 +129,8 @@ def open_cells(engine: Engine, cells: Sequence[CompareCell]) -> tuple[tuple[Prep
     preparation); all adapters stay leased until the returned release is called."""
     stack = ExitStack()
     try:
-        prepared = tuple(stack.enter_context(engine.prepare(cell.request)) for cell in cells)
+        # Each cell's scheduler built from the pool's config (`Engine.check`), as a request's is before queueing.
+        prepared = tuple(stack.enter_context(engine.prepare(engine.check(cell.request))) for cell in cells)
     except BaseException:
         stack.close()
         raise

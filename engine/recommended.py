@@ -1,7 +1,7 @@
 """The defaults a request's LoRAs bring: what they recommend (`lora_catalog.hints`), checked against the pool.
 
 Where the client set nothing, a speed LoRA's sampler, steps and guidance, and a card's or a file's recommended
-settings, take the place of the pool's defaults (`engine.requests.normalise_request` applies them and records
+settings, take the place of the pool's defaults (`engine.requests.with_suggested` applies them and records
 where each came from). A blend takes a speed LoRA's settings first (`blend_hints`). A recommendation this pool
 cannot follow — a sampler it does not offer, more steps than it allows, a CLIP skip its model does not take — is
 left out with a warning, never refused: the client did not ask for it. `final_request` is the request a pool
@@ -10,11 +10,11 @@ runs: its LoRAs' defaults filled, and what it sets that the model does not read 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 
 from engine.errors import InvalidRequestError
-from engine.requests import CheckedRequest, GenerateRequest, Limits, ModelDefaults, Suggested, normalise_request
+from engine.normalise import with_suggested
+from engine.requests import CheckedRequest, Limits, ModelDefaults, Suggested
 from engine.samplers import choose_scheduler
 from lora_catalog.hints import LoraHints, blend_hints
 
@@ -22,18 +22,14 @@ __all__ = ["final_request", "suggested_defaults"]
 
 
 def final_request(
-    request: GenerateRequest,
-    checked: CheckedRequest,
-    hints: Sequence[LoraHints],
-    defaults: ModelDefaults,
-    limits: Limits,
+    checked: CheckedRequest, hints: Sequence[LoraHints], defaults: ModelDefaults, limits: Limits
 ) -> tuple[CheckedRequest, tuple[str, ...], tuple[str, ...]]:
-    """`request` (already `checked` without its LoRAs' defaults) with them where the client set nothing and it
-    asks for them, its drawn seed kept; the warnings for what it sets that the model does not read
+    """`checked` (without its LoRAs' defaults) with them where the client set nothing and it asks for them
+    (`with_suggested`: not checked again); the warnings for what it sets that the model does not read
     (`ModelDefaults.ignored`), and the notes on the recommendations left out."""
     suggested, notes = suggested_defaults(hints if checked.lora_defaults else (), defaults, limits)
     if suggested is not None:
-        checked = normalise_request(dataclasses.replace(request, seed=checked.seed), defaults, limits, suggested)
+        checked = with_suggested(checked, suggested, defaults)
     return checked, defaults.ignored(checked), notes
 
 

@@ -1,30 +1,26 @@
-"""Requests and results: frozen, typed, and validated in one place.
+"""Requests and results: frozen and typed; each request field declared once (`engine.request_schema`).
 
-`normalise_request` is the single gate every entry point (UI, Gradio API, HTTP)
-goes through: it checks types and ranges, fills the served model's defaults and
-returns a new request; the caller's object is never changed.
+`engine.normalise.normalise_request` is the single gate every entry point (UI, Gradio API, HTTP) goes through:
+it checks types and ranges, fills the served model's defaults and returns a new request; the caller's object is
+never changed.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import secrets
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeVar
+from dataclasses import MISSING, dataclass, fields, replace
+from typing import TYPE_CHECKING, Literal
 
-from engine.errors import InvalidRequestError, LimitExceededError
-from engine.samplers import SchedulerOptions, choose_scheduler, menu, sampler_label
+from engine.request_schema import RequestField, request_field
+from engine.samplers import SchedulerOptions, menu, sampler_label
 from lora_catalog import refs
-from lora_catalog.civitai.refs import ACCEPTED as CIVITAI_ACCEPTED
-from lora_catalog.civitai.refs import parse_civitai
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
 __all__ = [
     "MAX_IMAGES",
+    "REQUEST_FIELDS",
+    "SUGGESTIBLE",
     "AdapterUse",
     "CheckedRequest",
     "GenerateRequest",
@@ -35,9 +31,7 @@ __all__ = [
     "ModelDefaults",
     "Suggested",
     "Timings",
-    "normalise_loras",
-    "normalise_request",
-    "parse_ref",
+    "fields_of",
     "seeds_of",
 ]
 
@@ -46,9 +40,8 @@ MAX_SEED = 2**32 - 1
 MAX_IMAGES = 4
 SCALE_RANGE = (-2.0, 2.0)
 GUIDANCE_RANGE = (0.0, 30.0)
+MIN_SIDE = 64
 LOCAL_PREFIX = refs.LOCAL_PREFIX
-T = TypeVar("T")
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 # How a served model reads `guidance`: classifier-free guidance (with the negative prompt), a distilled guidance
 # embedding (FLUX.1 [dev]: no negative prompt, one pass per step), or not at all (FLUX.1 [schnell]).
 GuidanceKind = Literal["cfg", "distilled", "none"]
@@ -65,30 +58,77 @@ class LoraSpec:
     weight_name: str | None = None
 
 
+_INTEGER, _NUMBER, _TEXT = "an integer", "a number", "a string"
+_SAMPLER = "a string: a sampler name such as 'DPM++ 2M Karras' or a diffusers scheduler class"
+_OPTIONS = 'an object of scheduler options, e.g. {"use_karras_sigmas": true, "timestep_spacing": "trailing"}'
+_F = RequestField
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A request as a client asked for it: numbers as sent (2.5 steps is refused by name, not rounded)."""
+    """A request as a client asked for it: numbers as sent (2.5 steps is refused by name, not rounded).
 
-    prompt: str
-    negative_prompt: str = ""
-    loras: tuple[LoraSpec, ...] = ()
-    steps: float | None = None
-    guidance: float | None = None
-    width: float | None = None
-    height: float | None = None
-    seed: float | None = None
+    Each field declares itself once (`engine.request_schema`); every transport's model is derived from these.
+    """
+
+    prompt: str = request_field(MISSING, _F("text", _TEXT, "what to draw", gradio=("prompt",)))
+    negative_prompt: str = request_field(
+        "", _F("text", _TEXT, "what to keep out (CFG models)", http="negative_prompt", gradio=("negative_prompt",))
+    )
+    loras: tuple[LoraSpec, ...] = request_field(
+        (),
+        _F(
+            "loras",
+            "a list of LoRAs",
+            "the LoRAs and their scales",
+            http="loras",
+            gradio=("lora", "lora_scale", "lora_2", "lora_2_scale"),
+        ),
+    )
+    steps: float | None = request_field(
+        None, _F("integer", _INTEGER, "denoising steps", low=1, http="num_inference_steps", gradio=("steps",))
+    )
+    guidance: float | None = request_field(
+        None,
+        _F("number", _NUMBER, "guidance scale", *GUIDANCE_RANGE, http="guidance_scale", gradio=("guidance",)),
+    )
+    width: float | None = request_field(
+        None, _F("integer", _INTEGER, "image width in px", low=MIN_SIDE, http="width", gradio=("width",))
+    )
+    height: float | None = request_field(
+        None, _F("integer", _INTEGER, "image height in px", low=MIN_SIDE, http="height", gradio=("height",))
+    )
+    seed: float | None = request_field(
+        None, _F("integer", _INTEGER, "the first image's seed", 0, MAX_SEED, http="seed", gradio=("seed",))
+    )
     # A sampler by the name people know ("DPM++ 2M Karras": engine.samplers) or a diffusers scheduler class the
     # pool accepts (`ModelDefaults.schedulers`); None: the pool's own scheduler.
-    scheduler: str | None = None
+    scheduler: str | None = request_field(
+        None, _F("sampler", _SAMPLER, "the sampler", http="scheduler", gradio=("scheduler",))
+    )
     # (option, value) pairs set on that scheduler (`engine.samplers.OPTION_VALUES`), where its class has them.
-    scheduler_options: tuple[tuple[str, object], ...] = ()
+    scheduler_options: tuple[tuple[str, object], ...] = request_field(
+        (), _F("options", _OPTIONS, "the sampler's options", http="scheduler_options", gradio=("scheduler_options",))
+    )
     # Text-encoder layers skipped, as diffusers' `pipe(..., clip_skip=N)` counts them (A1111's "Clip skip 2" is 1).
-    clip_skip: float | None = None
+    clip_skip: float | None = request_field(
+        None, _F("integer", _INTEGER, "text-encoder layers skipped", low=0, http="clip_skip", gradio=("clip_skip",))
+    )
     # Images with consecutive seeds from `seed` (1 to MAX_IMAGES).
-    num_images: float | None = None
+    num_images: float | None = request_field(
+        None, _F("integer", _INTEGER, "images from consecutive seeds", 1, MAX_IMAGES, gradio=("num_images",))
+    )
     # Whether the LoRAs' recommended settings (a speed LoRA's, a card's) fill what the client left unset; the
     # UI's switch. Off: the pool's defaults.
-    lora_defaults: bool = True
+    lora_defaults: bool = request_field(True, _F("switch", "true or false", "the LoRAs' recommended settings"))
+
+
+def fields_of(cls: type[GenerateRequest] = GenerateRequest) -> tuple[RequestField, ...]:
+    """The request's fields as declared, in order, each with its name."""
+    return tuple(replace(f.metadata["request"], name=f.name) for f in fields(cls) if "request" in f.metadata)
+
+
+REQUEST_FIELDS = fields_of()
 
 
 @dataclass(frozen=True)
@@ -109,11 +149,18 @@ class CheckedRequest(GenerateRequest):
     num_images: int = 1
     sampler: str = ""
     defaults_from: tuple[tuple[str, str], ...] = ()
+    # The fields the client left to the defaults (of `SUGGESTIBLE`): the LoRAs' recommendations may fill them
+    # once they are prepared (`with_suggested`), without checking the request again.
+    left_unset: tuple[str, ...] = ()
 
     @property
     def seeds(self) -> tuple[int, ...]:
         """Each image's seed: consecutive from `seed` (wrapping within the seed range)."""
         return seeds_of(self.seed, self.num_images)
+
+
+# The fields a LoRA's recommendation may fill where the client left them unset (`Suggested`).
+SUGGESTIBLE = ("steps", "guidance", "scheduler", "clip_skip")
 
 
 # The tiny pipelines make 64-128 px images; the smallest real base (SD 1.5) makes 512 px ones.
@@ -247,170 +294,3 @@ class GenerateResult:
 def seeds_of(seed: int, count: int) -> tuple[int, ...]:
     """`count` consecutive seeds from `seed`, wrapping within 0..MAX_SEED (each a valid request seed)."""
     return tuple((seed + i) % (MAX_SEED + 1) for i in range(count))
-
-
-def parse_ref(ref: object) -> tuple[Literal["hub", "local", "civitai"], str]:
-    """Split a LoRA reference into its kind and name, refusing anything path- or URL-like but Civitai's forms
-    (`lora_catalog.civitai.refs`), which become their canonical `civitai:<version>` / `civitai:models/<model>`."""
-    civitai = parse_civitai(ref)
-    if civitai is not None:
-        return "civitai", civitai.canonical
-    try:
-        if isinstance(ref, str) and refs.is_local_ref(ref.strip()):
-            return "local", refs.parse_local_ref(ref.strip()).as_posix()
-        return "hub", refs.validate_repo_id(ref)  # type: ignore[arg-type]
-    except InvalidRequestError as e:
-        raise InvalidRequestError(
-            f"{e}; or a local LoRA as 'local:<file>.safetensors'; or a Civitai LoRA: {CIVITAI_ACCEPTED}"
-        ) from e
-
-
-def normalise_request(
-    request: GenerateRequest, defaults: ModelDefaults, limits: Limits, suggested: Suggested | None = None
-) -> CheckedRequest:
-    """Check every field and fill defaults (the LoRAs' `suggested` ones before the pool's); returns a new request
-    with a concrete seed."""
-    suggested = suggested or Suggested()
-    prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=False)
-    negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
-    loras = _loras(request.loras, limits.max_loras)
-    steps = _int("steps", request.steps, _first(suggested.steps, defaults.steps), 1, limits.max_steps)
-    guidance = _float("guidance", request.guidance, _first(suggested.guidance, defaults.guidance), *GUIDANCE_RANGE)
-    width = _side("width", request.width, defaults)
-    height = _side("height", request.height, defaults)
-    seed = _int("seed", request.seed, secrets.randbelow(MAX_SEED + 1), 0, MAX_SEED)
-    named = request.scheduler if request.scheduler is not None else suggested.scheduler
-    scheduler, options = choose_scheduler(named, request.scheduler_options, defaults.scheduler, defaults.schedulers)
-    clip_skip = _clip_skip(request.clip_skip, _first(suggested.clip_skip, 0), defaults)
-    if not isinstance(request.lora_defaults, bool):
-        raise InvalidRequestError(f"lora_defaults={request.lora_defaults!r} is not accepted; accepted: true, false")
-    num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
-    set_by_client = {
-        "steps": request.steps,
-        "guidance": request.guidance,
-        "scheduler": request.scheduler,
-        "clip_skip": request.clip_skip,
-    }
-    sources = tuple((field, source) for field, source in suggested.sources if set_by_client.get(field) is None)
-    return CheckedRequest(
-        prompt=prompt,
-        negative_prompt=negative,
-        loras=loras,
-        steps=steps,
-        guidance=guidance,
-        width=width,
-        height=height,
-        seed=seed,
-        scheduler=scheduler,
-        scheduler_options=options,
-        clip_skip=clip_skip,
-        num_images=num_images,
-        lora_defaults=request.lora_defaults,
-        sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
-        defaults_from=sources,
-    )
-
-
-def _first(suggested: T | None, default: T) -> T:
-    return default if suggested is None else suggested
-
-
-def _clip_skip(value: object, default: int, defaults: ModelDefaults) -> int:
-    if defaults.max_clip_skip == 0:
-        if value not in (None, 0):
-            raise InvalidRequestError(
-                f"clip_skip={value!r} is not accepted: this pool's model takes no CLIP skip (its pipeline has no "
-                "clip_skip input); accepted: 0 or none"
-            )
-        return 0
-    return _int("clip_skip", value, min(default, defaults.max_clip_skip), 0, defaults.max_clip_skip)
-
-
-def normalise_loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
-    """A request's LoRAs checked and normalised as `normalise_request` does (the pools route on these)."""
-    return _loras(value, limit)
-
-
-def _text(name: str, value: object, limit: int, *, allow_empty: bool) -> str:
-    if value is None and allow_empty:
-        return ""
-    if not isinstance(value, str):
-        raise InvalidRequestError(f"{name} must be text, got {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InvalidRequestError(f"{name} is not valid UTF-8 text (bad character at position {e.start})") from e
-    if bad := _CONTROL.search(value):
-        raise InvalidRequestError(
-            f"{name} holds a control character U+{ord(bad.group()):04X} at position {bad.start()}; "
-            "accepted: printable text, spaces, tabs and newlines"
-        )
-    text = " ".join(value.split())
-    if not text and not allow_empty:
-        raise InvalidRequestError(f"{name} is empty; accepted: 1 to {limit} characters of text")
-    if len(text) > limit:
-        raise LimitExceededError(f"{name} has {len(text)} characters; accepted: at most {limit}")
-    return text
-
-
-def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list | tuple):
-        raise InvalidRequestError(f"loras must be a list of LoRA specs, got {type(value).__name__}")
-    if len(value) > limit:
-        raise LimitExceededError(f"{len(value)} LoRAs requested; accepted: at most {limit} per request")
-    specs: list[LoraSpec] = []
-    for spec in value:
-        if not isinstance(spec, LoraSpec):
-            raise InvalidRequestError(f"LoRA entry {spec!r} is not a LoraSpec")
-        kind, name = parse_ref(spec.ref)
-        # A Civitai reference names its version and file itself: a revision or file given with it is dropped, as
-        # for a local file.
-        ref = f"{LOCAL_PREFIX}{name}" if kind == "local" else name
-        revision = _checked(refs.validate_revision, spec.revision) if kind == "hub" else None
-        weight_name = _checked(refs.validate_weight_name, spec.weight_name) if kind == "hub" else None
-        scale = _float(f"scale of {ref}", spec.scale, 1.0, *SCALE_RANGE)
-        specs.append(LoraSpec(ref=ref, scale=scale, revision=revision, weight_name=weight_name))
-    identities = [(s.ref, s.revision, s.weight_name) for s in specs]
-    if len(set(identities)) != len(identities):
-        twice = next(i[0] for i in identities if identities.count(i) > 1)
-        raise InvalidRequestError(f"LoRA {twice!r} is listed twice; accepted: each LoRA once, with one scale")
-    return tuple(specs)
-
-
-def _checked(check: Callable[[str | None], str | None], value: object) -> str | None:
-    return check(value or None)  # type: ignore[arg-type]
-
-
-def _int(name: str, value: object, default: int, low: int, high: int) -> int:
-    if value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name}={value!r} is not an integer; accepted: an integer from {low} to {high}")
-    if not low <= value <= high:
-        error = LimitExceededError if value > high else InvalidRequestError
-        raise error(f"{name}={value} is out of range; accepted: an integer from {low} to {high}")
-    return value
-
-
-def _float(name: str, value: object, default: float, low: float, high: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequestError(f"{name}={value!r} is not a number; accepted: a number from {low:g} to {high:g}")
-    if not low <= value <= high:
-        raise InvalidRequestError(f"{name}={value:g} is out of range; accepted: a number from {low:g} to {high:g}")
-    return float(value)
-
-
-def _side(name: str, value: object, defaults: ModelDefaults) -> int:
-    side = _int(name, value, defaults.side, 64, defaults.max_side)
-    step = defaults.side_multiple
-    if side % step:
-        raise InvalidRequestError(
-            f"{name}={side} is not a multiple of {step}; accepted: 64 to {defaults.max_side} in {step}s"
-        )
-    return side

@@ -27,6 +27,7 @@ from engine.events import EngineEvents
 from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable
 from engine.formats.pivotal import TextEncoders, check_clashes
 from engine.hostmem import configure_pinned
+from engine.normalise import normalise_request
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
 from engine.pipeline.aot import AotDenoiser
 from engine.pipeline.compiled import CompiledDenoiser
@@ -51,7 +52,6 @@ from engine.requests import (
     LoraSpec,
     ModelDefaults,
     Timings,
-    normalise_request,
 )
 from engine.settings import Settings
 from engine.weights.fused import FusedSet, set_identity
@@ -206,7 +206,8 @@ class Engine:
 
     def check(self, request: GenerateRequest) -> CheckedRequest:
         """The request checked as this pool runs it, its scheduler built from the pool's config (no I/O, no
-        weights): what a transport refuses before queueing it."""
+        weights): what a transport refuses before queueing it. The one check a request gets: `LocalBackend`
+        queues what this returns, and preparing a `CheckedRequest` takes it as checked here."""
         checked = normalise_request(request, self.loaded.defaults, self._limits)
         check_scheduler(checked, self.loaded.pipe.scheduler)
         return checked
@@ -217,9 +218,10 @@ class Engine:
         return self._prefetches.submit(GenerateRequest(prompt="prefetch", loras=(spec,)))
 
     def _open(self, request: GenerateRequest, *, lane: Lane = "request") -> tuple[PreparedRequest, Callable[[], None]]:
-        """Validate the request and make its adapters ready, leased until the returned release is called."""
+        """Validate the request (unless this pool's `check` made it) and make its adapters ready, leased until the
+        returned release is called."""
         started = time.perf_counter()
-        normalised = self.check(request)
+        normalised = request if isinstance(request, CheckedRequest) else self.check(request)
         leased: list[AdapterKey] = []
         try:
             adapters: list[tuple[PreparedAdapter, float]] = []
@@ -254,7 +256,7 @@ class Engine:
                 warnings.extend((*adapter.warnings, *ready.warnings))
                 hints.append(ready.hints)
             check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
-            final, ignored, notes = final_request(request, normalised, hints, self.loaded.defaults, self._limits)
+            final, ignored, notes = final_request(normalised, hints, self.loaded.defaults, self._limits)
             if (final.scheduler, final.scheduler_options) != (normalised.scheduler, normalised.scheduler_options):
                 check_scheduler(final, self.loaded.pipe.scheduler)  # the LoRAs' sampler, with the client's options
             normalised = final

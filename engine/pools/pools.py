@@ -25,6 +25,7 @@ from engine.devices import same_device
 from engine.errors import SettingsError
 from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
+from engine.normalise import normalise_loras
 from engine.outcomes import PoolMemory, PoolStatus, ServedPool
 from engine.pipeline.loading import LoadedPipeline, resolve_device, vae_mismatch, warm_up
 from engine.pools.engine import Engine
@@ -33,7 +34,7 @@ from engine.pools.plan import PlanOptions, declared_needs, device_memory, loaded
 from engine.pools.residency import Residency
 from engine.pools.routing import PoolInfo, agreed_pool, described_pick, named_pool
 from engine.prepare.resolve import AdapterResolver, AdapterSource
-from engine.requests import GenerateRequest, LoraSpec, normalise_loras
+from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import PoolSetting, Settings
 from lora_catalog.entries import Family
 

@@ -1,6 +1,6 @@
 """From a LoRA reference to an adapter ready in the host cache: the one preparation path, top to bottom.
 
-`Preparer.adapter` takes one LoRA already parsed and validated by `requests.normalise_request`, then runs
+`Preparer.adapter` takes one LoRA already parsed and validated by `normalise.normalise_request`, then runs
 resolve → fetch → header → check (the one origin judgement) → prepare (diffusers' converters) → store, each in
 the module that owns it; size limits are checked before anything is downloaded. A cached adapter skips all
 but resolve; the rest runs once per adapter at a time (single-flight per key), so two requests for the same

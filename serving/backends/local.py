@@ -110,9 +110,10 @@ class LocalBackend:
     ) -> GenerateResult:
         pool = await self._route(request, base)
         # Refused here, never queued: what the pool cannot run (its scheduler options among it) is a 400 before
-        # the request takes a place (on a thread: a scheduler class is built on first use, 10-250 ms).
-        await anyio.to_thread.run_sync(pool.engine.check, request)
-        async with pool.engine.scheduler.turn(request, on_queue) as prepared:
+        # the request takes a place (on a thread: a scheduler class is built on first use, 10-250 ms). Checked
+        # once: the checked request is what is queued and prepared.
+        checked = await anyio.to_thread.run_sync(pool.engine.check, request)
+        async with pool.engine.scheduler.turn(checked, on_queue) as prepared:
             return await _in_thread(
                 self._gpu_threads[pool.index], partial(self._call_gpu, pool, prepared, progress, preview)
             )

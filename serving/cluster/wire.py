@@ -14,11 +14,11 @@ import base64
 import io
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Annotated, Any, TypeVar
 
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, create_model
 
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
 from engine.outcomes import EngineStatus, LoraCheck, ServedPool
@@ -91,49 +91,69 @@ class _SpecJson(BaseModel):
         return LoraSpec(self.ref, self.scale, self.revision, self.weight_name)
 
 
-class _RequestJson(BaseModel):
-    """A GenerateRequest on the wire (its fields, tests/cluster/test_wire.py checks)."""
+class _WireRequest(BaseModel):
+    """A GenerateRequest on the wire: its fields are derived from the request's declaration (`_wire_fields`)."""
 
     model_config = _STRICT
-
-    prompt: str
-    negative_prompt: str = ""
-    loras: list[_SpecJson] | None = None
-    steps: _Number | None = None
-    guidance: _Number | None = None
-    width: _Number | None = None
-    height: _Number | None = None
-    seed: _Number | None = None
-    scheduler: str | None = None
-    # [[option, value], ...] as sent; the engine checks names and values (`engine.samplers`).
-    scheduler_options: list[Any] | None = None
-    clip_skip: _Number | None = None
-    num_images: _Number | None = None
-    lora_defaults: bool = True
 
     def request(self) -> GenerateRequest:
         return GenerateRequest(**self._values(GenerateRequest))
 
+    def checked(self) -> CheckedRequest:
+        values = self._values(CheckedRequest)
+        values["defaults_from"] = tuple((str(f), str(s)) for f, s in getattr(self, "defaults_from", None) or ())
+        values["left_unset"] = tuple(getattr(self, "left_unset", None) or ())
+        return CheckedRequest(**values)
+
     def _values(self, into: type[GenerateRequest]) -> dict[str, Any]:
         names = {f.name for f in fields(into)}
         values = {name: getattr(self, name) for name in type(self).model_fields if name in names}
-        values["loras"] = tuple(s.spec() for s in self.loras or ())
+        values["loras"] = tuple(s.spec() for s in getattr(self, "loras", None) or ())
         values["scheduler_options"] = tuple(
-            tuple(pair) if isinstance(pair, list) else pair for pair in self.scheduler_options or ()
+            tuple(pair) if isinstance(pair, list) else pair for pair in getattr(self, "scheduler_options", None) or ()
         )
         return values
 
 
-class _CheckedJson(_RequestJson):
-    """The request a cluster checked, sent back with its result: what ran, and where its defaults came from."""
+# Each kind of request field as a front end sends it: numbers as sent (the engine checks them), the scheduler's
+# options as [[option, value], ...] (the engine checks names and values: `engine.samplers`).
+_WIRE_TYPES: dict[str, Any] = {
+    "text": str,
+    "integer": _Number,
+    "number": _Number,
+    "loras": list[_SpecJson],
+    "sampler": str,
+    "options": list[Any],
+    "switch": bool,
+}
 
-    sampler: str = ""
-    defaults_from: list[list[str]] | None = None
 
-    def checked(self) -> CheckedRequest:
-        values = self._values(CheckedRequest)
-        values["defaults_from"] = tuple((str(f), str(s)) for f, s in self.defaults_from or ())
-        return CheckedRequest(**values)
+def _wire_fields() -> dict[str, Any]:
+    """Every request field: required where the request has no default, optional (null) where its default is
+    None or empty, else with that default."""
+    out: dict[str, Any] = {}
+    for declared in fields(GenerateRequest):
+        kind = _WIRE_TYPES[declared.metadata["request"].kind]
+        if declared.default is MISSING:
+            out[declared.name] = (kind, ...)
+        elif declared.default in (None, ()):
+            out[declared.name] = (kind | None, None)
+        else:
+            out[declared.name] = (kind, declared.default)
+    return out
+
+
+# Derived from the request's one declaration (tests/cluster/test_wire.py checks them against it).
+_RequestJson = create_model("_RequestJson", __base__=_WireRequest, **_wire_fields())
+# The request a cluster checked, sent back with its result: what ran, and where its defaults came from.
+_CheckedJson = create_model(
+    "_CheckedJson",
+    __base__=_RequestJson,
+    __doc__="The request a cluster checked, sent back with its result: what ran, and where its defaults came from.",
+    sampler=(str, ""),
+    defaults_from=(list[list[str]] | None, None),
+    left_unset=(list[str] | None, None),
+)
 
 
 class _ResultJson(BaseModel):
@@ -141,7 +161,7 @@ class _ResultJson(BaseModel):
 
     seed: int
     # The cluster sends back the request it checked: whole numbers, defaults filled, a concrete seed.
-    request: _CheckedJson
+    request: _CheckedJson  # type: ignore[valid-type]  # derived at import: mypy sees Any
     timings: Timings
     adapters: tuple[AdapterUse, ...]
     swapped: bool
@@ -237,11 +257,12 @@ def result_from_json(document: Mapping[str, Any], png: bytes, more: Sequence[byt
     except (ValidationError, OSError) as e:
         why = _first(e) if isinstance(e, ValidationError) else str(e)
         raise BackendUnavailableError(f"the backend answered a result this Space cannot read ({why})") from e
+    checked: _WireRequest = read.request
     return GenerateResult(
         image=images[0],
         more_images=tuple(images[1:]),
         seed=read.seed,
-        request=read.request.checked(),
+        request=checked.checked(),
         timings=read.timings,
         adapters=read.adapters,
         swapped=read.swapped,

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError, create_model
 
 from engine.errors import InvalidRequestError
-from engine.requests import GenerateRequest, LoraSpec
+from engine.requests import REQUEST_FIELDS, GenerateRequest, LoraSpec
 from lora_catalog.civitai.refs import SITE_HOSTS, parse_civitai
 
 __all__ = ["HUB_HOST", "HttpRequest", "lora_from_path", "parse_body"]
@@ -35,9 +35,9 @@ _ACCEPTED_PATH = (
 )
 _ITEM_SHAPE = '{"path": "<repo id, Hub file URL or Civitai reference>", "scale": <number>}'
 _BODY_SHAPE = '{"inputs": "<prompt>", "parameters": {...}}'
-_STRING = "a string"
-_SCHEDULER = "a string: a sampler name such as 'DPM++ 2M Karras' or a diffusers scheduler class"
-_OPTIONS = 'an object of scheduler options, e.g. {"use_karras_sigmas": true, "timestep_spacing": "trailing"}'
+_FIELDS = {f.name: f for f in REQUEST_FIELDS}
+_STRING = _FIELDS["negative_prompt"].accepts
+_SCHEDULER = _FIELDS["scheduler"].accepts
 _OPTION_VALUE = "a boolean or a string (a scheduler option's value)"
 
 
@@ -57,7 +57,7 @@ def _option_value(value: object) -> bool | str:
 
 
 _OptionValue = Annotated[bool | str, PlainValidator(_option_value)]
-_INTEGER, _NUMBER = "an integer", "a number"
+_INTEGER, _NUMBER = _FIELDS["steps"].accepts, _FIELDS["guidance"].accepts
 # Strict: no string is a number, no boolean is an integer.
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -71,30 +71,51 @@ class _Lora(BaseModel):
     scale: Annotated[float | None, Field(description=_NUMBER)] = None
 
 
-class _Parameters(BaseModel):
-    """The inference API's parameters; a serialization alias names the GenerateRequest field one fills."""
+# Each kind of request field as the inference API's JSON carries it (`engine.request_schema`).
+_HTTP_TYPES: dict[str, Any] = {
+    "text": str,
+    "integer": _Integer,
+    "number": float,
+    "loras": list[_Lora],
+    "sampler": str,
+    "options": dict[str, _OptionValue],
+}
+# The inference API's own parameters lead the list, as Hugging Face's text-to-image task documents them.
+_LEADING = ("num_inference_steps", "guidance_scale")
 
-    model_config = _STRICT
 
-    num_inference_steps: Annotated[_Integer | None, Field(description=_INTEGER, serialization_alias="steps")] = None
-    guidance_scale: Annotated[float | None, Field(description=_NUMBER, serialization_alias="guidance")] = None
-    negative_prompt: Annotated[str | None, Field(description=_STRING)] = None
-    width: Annotated[_Integer | None, Field(description=_INTEGER)] = None
-    height: Annotated[_Integer | None, Field(description=_INTEGER)] = None
-    seed: Annotated[_Integer | None, Field(description=_INTEGER)] = None
-    lora_scale: Annotated[float | None, Field(description=_NUMBER)] = None
-    loras: Annotated[list[_Lora] | None, Field(description=f"a list [{_ITEM_SHAPE}, ...]")] = None
-    # Hugging Face's text-to-image task: "override the scheduler with a compatible one" (a sampler name works too).
-    scheduler: Annotated[str | None, Field(description=_SCHEDULER)] = None
-    scheduler_options: Annotated[dict[str, _OptionValue] | None, Field(description=_OPTIONS)] = None
-    clip_skip: Annotated[_Integer | None, Field(description=_INTEGER)] = None
+def _parameters_fields() -> dict[str, Any]:
+    """The inference API's parameters from the request's fields (`http` names them; the field each fills is the
+    serialization alias), all optional; `lora_scale`, the `lora` header's scale, comes before `loras`."""
+    named = {f.http: f for f in REQUEST_FIELDS if f.http is not None}
+    order = [*_LEADING, *(name for name in named if name not in _LEADING)]
+    out: dict[str, Any] = {}
+    for http in order:
+        declared = named[http]
+        if declared.kind == "loras":
+            out["lora_scale"] = (float | None, Field(None, description=_NUMBER))
+        # Hugging Face's text-to-image task: "override the scheduler with a compatible one" (a sampler name too).
+        accepts = f"a list [{_ITEM_SHAPE}, ...]" if declared.kind == "loras" else declared.accepts
+        alias = declared.name if declared.name != http else None
+        out[http] = (_HTTP_TYPES[declared.kind] | None, Field(None, description=accepts, serialization_alias=alias))
+    return out
+
+
+# The inference API's parameters, derived from the request's one declaration.
+_Parameters = create_model(
+    "_Parameters",
+    __config__=_STRICT,
+    __doc__="The inference API's parameters; a serialization alias names the GenerateRequest field one fills.",
+    **_parameters_fields(),
+)
 
 
 class _Body(BaseModel):
     model_config = _STRICT
 
     inputs: Annotated[str, Field(description="the prompt as a string")]
-    parameters: Annotated[_Parameters | None, Field(description="a JSON object")] = None
+    # A model derived at import (mypy sees Any).
+    parameters: Annotated[_Parameters | None, Field(description="a JSON object")] = None  # type: ignore[valid-type]
     # Part of the inference API's body (wait_for_model, use_cache); nothing here needs it.
     options: Any = None
 

@@ -122,3 +122,34 @@ def test_on_a_flow_pool_a_speed_loras_sampler_and_clip_skip_are_left_out_and_its
         f"{where} recommends guidance 3.5; this model takes none: not used"
     )
     assert recommended([hints], schnell, 60, True)[:4] == (8, 0.0, "", 1)
+
+
+def test_a_request_is_normalised_and_checked_once_its_loras_defaults_filled_after(engine, repos, fixtures, monkeypatch):
+    """LocalBackend checks a request before queueing it and queues what the check made: preparing it does not
+    normalise it again, and the LoRAs' recommendations fill what the client left unset without a second pass."""
+    import engine.pools.engine as engine_module
+    import engine.recommended as recommended_module
+
+    calls: list[str] = []
+
+    def counted(module, name: str) -> None:
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    counted(engine_module, "normalise_request")
+    counted(engine_module, "check_scheduler")
+    if hasattr(recommended_module, "normalise_request"):
+        counted(recommended_module, "normalise_request")
+    plain = generate(engine, request(LoraSpec(fixtures["peft"], 0.8)))
+    assert calls == ["normalise_request", "check_scheduler"]
+    calls.clear()
+    lcm = generate(engine, request(LoraSpec(repos["lcm"])))
+    # The LoRA's sampler is a class of its own: built from the pool's config once it is known.
+    assert calls == ["normalise_request", "check_scheduler", "check_scheduler"]
+    assert (lcm.request.steps, lcm.request.sampler, plain.request.sampler) == (4, "LCM", engine.defaults.sampler)
+    assert lcm.request.left_unset == ("steps", "guidance", "scheduler", "clip_skip")

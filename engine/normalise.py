@@ -1,0 +1,225 @@
+"""Checking a request: `normalise_request` is the single gate every entry point goes through (via `Engine.check`).
+
+It checks types and ranges, fills the served model's defaults and returns a new `CheckedRequest`; the caller's
+object is never changed. The LoRAs' recommendations are filled later, once they are prepared (`with_suggested`),
+without checking the request again. Each refusal names the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Literal, TypeVar
+
+from engine.errors import InvalidRequestError, LimitExceededError
+from engine.requests import (
+    GUIDANCE_RANGE,
+    LOCAL_PREFIX,
+    MAX_SEED,
+    MIN_SIDE,
+    SCALE_RANGE,
+    SUGGESTIBLE,
+    CheckedRequest,
+    GenerateRequest,
+    Limits,
+    LoraSpec,
+    ModelDefaults,
+    Suggested,
+)
+from engine.samplers import choose_scheduler, sampler_label
+from lora_catalog import refs
+from lora_catalog.civitai.refs import ACCEPTED as CIVITAI_ACCEPTED
+from lora_catalog.civitai.refs import parse_civitai
+
+__all__ = ["normalise_loras", "normalise_request", "parse_ref", "with_suggested"]
+
+T = TypeVar("T")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def parse_ref(ref: object) -> tuple[Literal["hub", "local", "civitai"], str]:
+    """Split a LoRA reference into its kind and name, refusing anything path- or URL-like but Civitai's forms
+    (`lora_catalog.civitai.refs`), which become their canonical `civitai:<version>` / `civitai:models/<model>`."""
+    civitai = parse_civitai(ref)
+    if civitai is not None:
+        return "civitai", civitai.canonical
+    try:
+        if isinstance(ref, str) and refs.is_local_ref(ref.strip()):
+            return "local", refs.parse_local_ref(ref.strip()).as_posix()
+        return "hub", refs.validate_repo_id(ref)  # type: ignore[arg-type]
+    except InvalidRequestError as e:
+        raise InvalidRequestError(
+            f"{e}; or a local LoRA as 'local:<file>.safetensors'; or a Civitai LoRA: {CIVITAI_ACCEPTED}"
+        ) from e
+
+
+def normalise_request(
+    request: GenerateRequest, defaults: ModelDefaults, limits: Limits, suggested: Suggested | None = None
+) -> CheckedRequest:
+    """Check every field and fill defaults (the LoRAs' `suggested` ones before the pool's: `with_suggested`);
+    returns a new request with a concrete seed."""
+    prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=False)
+    negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
+    loras = _loras(request.loras, limits.max_loras)
+    steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
+    guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
+    width = _side("width", request.width, defaults)
+    height = _side("height", request.height, defaults)
+    seed = _int("seed", request.seed, secrets.randbelow(MAX_SEED + 1), 0, MAX_SEED)
+    scheduler, options = choose_scheduler(
+        request.scheduler, request.scheduler_options, defaults.scheduler, defaults.schedulers
+    )
+    clip_skip = _clip_skip(request.clip_skip, 0, defaults)
+    if not isinstance(request.lora_defaults, bool):
+        raise InvalidRequestError(f"lora_defaults={request.lora_defaults!r} is not accepted; accepted: true, false")
+    num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
+    checked = CheckedRequest(
+        prompt=prompt,
+        negative_prompt=negative,
+        loras=loras,
+        steps=steps,
+        guidance=guidance,
+        width=width,
+        height=height,
+        seed=seed,
+        scheduler=scheduler,
+        scheduler_options=options,
+        clip_skip=clip_skip,
+        num_images=num_images,
+        lora_defaults=request.lora_defaults,
+        sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
+        left_unset=tuple(name for name in SUGGESTIBLE if getattr(request, name) is None),
+    )
+    return checked if suggested is None else with_suggested(checked, suggested, defaults)
+
+
+def with_suggested(checked: CheckedRequest, suggested: Suggested, defaults: ModelDefaults) -> CheckedRequest:
+    """`checked` with the LoRAs' `suggested` defaults where its client set nothing (`left_unset`), and where each
+    came from; nothing else is checked again. A suggested sampler takes the client's options (`choose_scheduler`
+    checks they fit it)."""
+    unset = set(checked.left_unset)
+
+    def pick(name: str, value: T, suggestion: T | None) -> T:
+        return suggestion if name in unset and suggestion is not None else value
+
+    scheduler, options = checked.scheduler, checked.scheduler_options
+    named = pick("scheduler", None, suggested.scheduler)
+    if named is not None:
+        scheduler, options = choose_scheduler(named, options, defaults.scheduler, defaults.schedulers)
+    clip_skip = checked.clip_skip
+    if "clip_skip" in unset and suggested.clip_skip is not None and defaults.max_clip_skip:
+        clip_skip = min(suggested.clip_skip, defaults.max_clip_skip)
+    return replace(
+        checked,
+        steps=pick("steps", checked.steps, suggested.steps),
+        guidance=pick("guidance", checked.guidance, suggested.guidance),
+        scheduler=scheduler,
+        scheduler_options=options,
+        clip_skip=clip_skip,
+        sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
+        defaults_from=tuple((f, source) for f, source in suggested.sources if f in unset or f not in SUGGESTIBLE),
+    )
+
+
+def _clip_skip(value: object, default: int, defaults: ModelDefaults) -> int:
+    if defaults.max_clip_skip == 0:
+        if value not in (None, 0):
+            raise InvalidRequestError(
+                f"clip_skip={value!r} is not accepted: this pool's model takes no CLIP skip (its pipeline has no "
+                "clip_skip input); accepted: 0 or none"
+            )
+        return 0
+    return _int("clip_skip", value, min(default, defaults.max_clip_skip), 0, defaults.max_clip_skip)
+
+
+def normalise_loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
+    """A request's LoRAs checked and normalised as `normalise_request` does (the pools route on these)."""
+    return _loras(value, limit)
+
+
+def _text(name: str, value: object, limit: int, *, allow_empty: bool) -> str:
+    if value is None and allow_empty:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{name} must be text, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(f"{name} is not valid UTF-8 text (bad character at position {e.start})") from e
+    if bad := _CONTROL.search(value):
+        raise InvalidRequestError(
+            f"{name} holds a control character U+{ord(bad.group()):04X} at position {bad.start()}; "
+            "accepted: printable text, spaces, tabs and newlines"
+        )
+    text = " ".join(value.split())
+    if not text and not allow_empty:
+        raise InvalidRequestError(f"{name} is empty; accepted: 1 to {limit} characters of text")
+    if len(text) > limit:
+        raise LimitExceededError(f"{name} has {len(text)} characters; accepted: at most {limit}")
+    return text
+
+
+def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise InvalidRequestError(f"loras must be a list of LoRA specs, got {type(value).__name__}")
+    if len(value) > limit:
+        raise LimitExceededError(f"{len(value)} LoRAs requested; accepted: at most {limit} per request")
+    specs: list[LoraSpec] = []
+    for spec in value:
+        if not isinstance(spec, LoraSpec):
+            raise InvalidRequestError(f"LoRA entry {spec!r} is not a LoraSpec")
+        kind, name = parse_ref(spec.ref)
+        # A Civitai reference names its version and file itself: a revision or file given with it is dropped, as
+        # for a local file.
+        ref = f"{LOCAL_PREFIX}{name}" if kind == "local" else name
+        revision = _checked(refs.validate_revision, spec.revision) if kind == "hub" else None
+        weight_name = _checked(refs.validate_weight_name, spec.weight_name) if kind == "hub" else None
+        scale = _float(f"scale of {ref}", spec.scale, 1.0, *SCALE_RANGE)
+        specs.append(LoraSpec(ref=ref, scale=scale, revision=revision, weight_name=weight_name))
+    identities = [(s.ref, s.revision, s.weight_name) for s in specs]
+    if len(set(identities)) != len(identities):
+        twice = next(i[0] for i in identities if identities.count(i) > 1)
+        raise InvalidRequestError(f"LoRA {twice!r} is listed twice; accepted: each LoRA once, with one scale")
+    return tuple(specs)
+
+
+def _checked(check: Callable[[str | None], str | None], value: object) -> str | None:
+    return check(value or None)  # type: ignore[arg-type]
+
+
+def _int(name: str, value: object, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name}={value!r} is not an integer; accepted: an integer from {low} to {high}")
+    if not low <= value <= high:
+        error = LimitExceededError if value > high else InvalidRequestError
+        raise error(f"{name}={value} is out of range; accepted: an integer from {low} to {high}")
+    return value
+
+
+def _float(name: str, value: object, default: float, low: float, high: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequestError(f"{name}={value!r} is not a number; accepted: a number from {low:g} to {high:g}")
+    if not low <= value <= high:
+        raise InvalidRequestError(f"{name}={value:g} is out of range; accepted: a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def _side(name: str, value: object, defaults: ModelDefaults) -> int:
+    side = _int(name, value, defaults.side, MIN_SIDE, defaults.max_side)
+    step = defaults.side_multiple
+    if side % step:
+        raise InvalidRequestError(
+            f"{name}={side} is not a multiple of {step}; accepted: {MIN_SIDE} to {defaults.max_side} in {step}s"
+        )
+    return side

@@ -1,0 +1,42 @@
+"""How a request field is declared: once, on `GenerateRequest` (`engine.requests`), for every transport.
+
+Each field of `GenerateRequest` carries a `RequestField` in its dataclass metadata: what it accepts (in the
+words refusals use), what it means, its fixed bounds (limits that depend on the settings or the pool are the
+engine's to apply), and its names at the edges: the inference API's parameter on `POST /` (Hugging Face's own
+names as aliases) and the Gradio API's arguments. The HTTP body, the cluster's wire and the Gradio API are
+derived from these (`serving.http.body`, `serving.cluster.wire`, `serving.ui.gradio_api`); a test holds each
+equal to them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["FieldKind", "RequestField", "request_field"]
+
+# How a JSON value of the field looks: text, a whole number, any number, the LoRA list, a sampler name, the
+# scheduler's options, or a switch.
+FieldKind = Literal["text", "integer", "number", "loras", "sampler", "options", "switch"]
+
+
+@dataclass(frozen=True)
+class RequestField:
+    """One request field's declaration (see the module docstring); `name` is filled from the dataclass field."""
+
+    kind: FieldKind
+    accepts: str
+    description: str
+    low: float | None = None
+    high: float | None = None
+    # Its parameter in the inference API's `parameters` (None: not one of them).
+    http: str | None = None
+    # The Gradio API's arguments for it (the LoRA list is two LoRAs and their scales; none: not offered there).
+    gradio: tuple[str, ...] = ()
+    name: str = ""
+
+
+def request_field(default: Any, declared: RequestField) -> Any:
+    """A dataclass field with `default` that carries its declaration (read back by `engine.requests.fields_of`)."""
+    return dataclasses.field(default=default, metadata={"request": declared})
