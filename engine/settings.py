@@ -2,14 +2,8 @@
 
 This is the only module that reads environment variables (Gradio reads its own `GRADIO_*` and huggingface_hub
 its own `HF_*` ones). Each field is declared once: its type, default, range and the variable that sets it
-(`Env`). pydantic validates (at construction and in `replace` too); `from_env` turns any refusal into one
-SettingsError naming the variable, its value and what is accepted. A bad value stops start-up.
-
-Plain pydantic, not pydantic-settings: the variables are not named after the fields (GRADIO_SERVER_PORT,
-SPACES_ZERO_GPU), byte sizes and booleans have their own spellings, MODELS, MODEL_ID and BASE_MODEL_ID
-depend on each other, and each error must name the variable; a short constructor says that without another
-dependency. Checks of the filesystem (LOCAL_LORA_DIR, a PREVIEW_VAE folder) run on the environment's values
-only: code may name a folder it creates afterwards (the offline demo's).
+(`Env`). `from_env` turns any refusal into one SettingsError naming the variable, its value and what is
+accepted; a bad value stops start-up. Why not pydantic-settings: docs/internals.md, "engine/settings.py".
 """
 
 from __future__ import annotations

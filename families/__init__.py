@@ -1,15 +1,10 @@
 """Each base-model family's identity, in one torch-free place that the catalogue and the engine both read.
 
-A family's identity (`FamilyIdentity`, in `families/<family>.py`) is what it is before any pipeline: its name
-and label, its bases and their metadata spellings, the tensor names its LoRAs claim, its Civitai labels and its
-model ids. `lora_catalog` labels files and bases from it; the engine's `FamilySpec` holds it and adds how the
-family's pipelines load and run. This package imports neither torch, `engine` nor `lora_catalog`.
-
-Adding a family touches only:
-- `families/<family>.py`: its `IDENTITY`;
-- one line, its member of `Family` (`families/identity.py`), the registry;
-- `engine/families/<family>.py`: its `FAMILY`, a `FamilySpec` holding the identity;
-- its tests (`tests/engine/families/test_<family>.py`).
+A family's identity (`FamilyIdentity`, in `families/<family>.py`) is its name, bases and their metadata spellings,
+LoRA tensor claims, Civitai labels and model ids. `lora_catalog` reads it; the engine's `FamilySpec` holds it and
+adds how the pipelines load and run. This package imports neither torch, `engine` nor `lora_catalog`.
+Adding a family touches only `families/<family>.py`, its `Family` member (`families/identity.py`),
+`engine/families/<family>.py` and its tests (docs/internals.md, "families/__init__.py").
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """What a LoRA recommends for its own use: a speed LoRA's sampler, steps and guidance; a card's settings.
 
-Speed LoRAs (LCM, Lightning, Hyper-SD, DMD2, TCD, Turbo) only work with their own scheduler, few steps and low
-guidance. They are recognised, in this order, from well-known repos, then from names that say so (the repo's,
-the weight file's, the card's tags, the file's kohya/ModelSpec title): `lcm`, `sdxl-lightning`, `hyper-sd`,
-`dmd2`, `tcd`, `sdxl-turbo` as words, never a bare "lightning" or "turbo" (a style LoRA may be called that).
-A step count in the file's name ("4step", "8-steps") is the LoRA's own (Lightning and Hyper-SD ship one file per
-count). The presets are their authors' model cards' settings.
-
-A card's recommendations are read only from forms that parse reliably: the Hub's widget defaults
-(`inference.parameters`, then the first widget example's `parameters`), as diffusers' keyword arguments
-(`num_inference_steps`, `guidance_scale`, `negative_prompt`, `clip_skip`, `scheduler`); a kohya file's metadata
-gives the CLIP skip it was trained with (`ss_clip_skip`, A1111's count: 2 is one layer skipped), a Civitai
-version its page's (`clipSkip`, A1111's count too; Civitai's API states no steps, CFG or sampler). Prose is not
-read. Each value keeps where it came from, which the UI and the result show. Sampler names are strings here
-(`engine.samplers` knows what each is); CLIP skip is diffusers' count (layers skipped).
+Speed LoRAs (LCM, Lightning, Hyper-SD, DMD2, TCD, Turbo) are recognised from well-known repos, then from names
+that say so (never a bare "lightning" or "turbo"), and get their authors' settings. A card's settings are read
+only from forms that parse reliably (the Hub's widget parameters, kohya's `ss_clip_skip`, Civitai's `clipSkip`);
+prose is not read. Each value keeps where it came from. Sampler names are strings here; CLIP skip is diffusers'
+count. The recognition order and the forms read: docs/internals.md, "lora_catalog/hints.py".
 """
 
 from __future__ import annotations

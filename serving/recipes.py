@@ -1,22 +1,11 @@
 """Images that carry their recipe: A1111's `parameters` text, the form A1111, Civitai and most tools read.
 
-    a fox in a forest <lora:owner/name:0.8>
-    Negative prompt: blurry
-    Steps: 25, Sampler: DPM++ 2M Karras, CFG scale: 5, Seed: 42, Size: 1024x1024, Model: <model id>, Clip skip: 2,
-    Lora hashes: "owner/name: 0123456789ab", Version: LoRA Switchboard
-
-(the parameters on one line). Each LoRA is an A1111 `<lora:NAME:weight>` tag after the prompt, and its hash is
-the one A1111 writes (kohya's addnet hash, 12 hex digits; Civitai's AutoV3). NAME is the Hub repo id, followed by
-the weight file when the request named one (`owner/name/file.safetensors`), or `~` and the path for a local file
-(A1111 splits tags at `:`, so `local:` cannot appear). A value holding `,`, `:` or a newline is quoted as A1111
-quotes it (JSON). Clip skip is A1111's count (diffusers' plus one), written when a layer is skipped. The prompt
-and negative prompt cannot add structure: a `<name:` tag, "Negative prompt:" or a line starting "Steps:" in them
-gets one more space (`_ESCAPES`), so a recipe names exactly the LoRAs that ran, in A1111, Civitai and here.
-
-`with_recipes` gives a result whose images hold their own recipe in `info["parameters"]`: Gradio writes text
-info into the PNGs it serves, and `encode_image` writes it as the PNG text chunk, or for a JPEG as EXIF
-UserComment ("UNICODE" and UTF-16, big-endian, as piexif writes it for A1111). `parse_recipe` reads the text back
-(A1111's grammar) into a request. `RECIPES=0` turns recipes off.
+Each LoRA is an A1111 `<lora:NAME:weight>` tag after the prompt with A1111's hash (kohya's addnet hash); values
+holding `,`, `:` or a newline are quoted as A1111 quotes them. A prompt cannot add structure: a `<name:` tag,
+"Negative prompt:" or a leading "Steps:" in it gets one more space (`_ESCAPES`), so a recipe names exactly the
+LoRAs that ran. `with_recipes` puts the recipe in `info["parameters"]`, `encode_image` writes it as a PNG text
+chunk or JPEG EXIF, `parse_recipe` reads it back. `RECIPES=0` turns recipes off.
+The format, with an example: docs/internals.md, "serving/recipes.py".
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """How far a layer update can move its weight's values, bounded once from its factors at preparation.
 
-The swap fuses in float32 and rounds into the weight's dtype once; finite factors can still overflow either.
-Reading every fused weight back after each swap to find out costs a whole extra pass over the touched weights
-(and a device sync on a GPU), so instead each layer's largest possible |ΔW| is bounded here, on the host, when
-the adapter is prepared, and the swap checks a weight's fused values only when `max|W| + Σ |scale| · bound`
-could reach the largest finite value (`fused_bound`, `needs_check`). For every realistic LoRA in bfloat16 or
-float32 (and almost every one in float16) no check runs.
-
-The bounds are triangle inequalities on the products the formats compute (`engine.formats.layers`,
-`engine.formats.lycoris`, `engine.formats.dora`): for `left @ right`, every entry and every partial sum is at
-most `max_i Σ_k |left_ik| · max_j |right_kj|`. `peak` bounds every float32 value formed on the way (the factors'
-own products), so an intermediate overflow is covered too; NaN needs an infinity or 0/0 first (the factors are
-finite, checked at preparation; DoRA clamps its norms), so no infinity means no NaN.
+Reading every fused weight back after each swap costs a pass over the touched weights (and a device sync on a
+GPU), so each layer's largest possible |ΔW| is bounded here, on the host, when the adapter is prepared, and the
+swap checks a weight only when `max|W| + Σ |scale| · bound` could reach the dtype's largest finite value
+(`fused_bound`, `needs_check`): for realistic LoRAs in bfloat16 or float32, never. The bounds are triangle
+inequalities on the formats' products; `peak` also covers every float32 intermediate.
+Why they are sound: docs/internals.md, "engine/formats/bounds.py".
 """
 
 from __future__ import annotations

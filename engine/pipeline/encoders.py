@@ -1,16 +1,10 @@
 """Text encoders the memory plan leaves in host RAM: computed on the GPU, their weights streamed in per call, and
 their outputs for recent prompts kept.
 
-Run on the CPU, FLUX's T5-XXL costs about 4.9 TFLOP per 512-token prompt: tens of seconds on a Space's vCPUs. On
-a CUDA device its weights stay in host RAM (the bytes the plan keeps off the device) and diffusers' group
-offloading streams them in leaf by leaf on a side stream, the next leaf's copy overlapping this one's compute
-(`apply_group_offloading(..., use_stream=True)`): the device holds a couple of layers at a time. On the CPU there
-is nothing to stream; hooks hand the encoder its inputs in host RAM and its outputs back where the caller expects.
-
-Each such encoder remembers its outputs for recent inputs (token ids, masks and flags: the prompt, the negative
-prompt, the CLIP skip, the tokenizer's ids for pivotal tokens), in host RAM, bounded in bytes (`CachedEncoder`).
-Only encoders no LoRA and no pivotal token changes are cached (the family's `components` are the touchable ones),
-so an output depends on the inputs alone.
+On CUDA, diffusers' group offloading streams their weights in leaf by leaf on a side stream; on the CPU, hooks
+move inputs and outputs only. Each such encoder keeps its outputs for recent inputs in host RAM, bounded in bytes
+(`CachedEncoder`); only encoders no LoRA and no pivotal token changes are cached, so an output depends on its
+inputs alone. The cost that decides it: docs/internals.md, "engine/pipeline/encoders.py".
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """A run's own scheduler: the class a request names, built from the pool's scheduler config, for that run only.
 
-The pool's scheduler object is never replaced or reconfigured: a request that names a sampler runs on a shallow
-copy of the pipeline (`run_pipeline`, which also readies a copy for a family's `clip_skip`) holding a new
-instance, `Cls.from_config(pool.scheduler.config, **options)` — what diffusers' documentation does to switch
-schedulers, on a copy instead of on the shared pipeline. The copy shares every model (no memory, no cast:
-`DiffusionPipeline.from_pipe` would cast them to its `dtype` argument), and whatever the run sets on its pipeline
-(the scheduler's timesteps, the guidance it records) stays on the copy, so the next request, or one on another
-pool, sees the pool's own scheduler exactly as it was. A request naming none runs on the pool's pipeline.
-
-Which classes a pool offers: its scheduler's `compatibles` (diffusers' list) and the family's extras (LCM and
-TCD, which diffusers documents for the UNet families), those that can be built here (DPMSolverSDEScheduler
-needs torchsde). A request's class and options are built once when the request is checked, before it is queued
-(`check_scheduler`): what diffusers refuses (two sigma schedules at once, a library missing) is a 400 there,
-never a failure inside the run.
+The pool's scheduler is never replaced or reconfigured: a request naming a sampler runs on a shallow copy of
+the pipeline holding `Cls.from_config(pool.scheduler.config, **options)`, sharing every model, so the next
+request sees the pool's scheduler exactly as it was. A pool offers its scheduler's `compatibles` and its
+family's extras that can be built here. A request's class and options are built once when it is checked, before
+it is queued (`check_scheduler`): what diffusers refuses is a 400 there, never a failure inside the run.
+Why a copy, not `from_pipe`: docs/internals.md, "engine/pipeline/schedulers.py".
 """
 
 from __future__ import annotations

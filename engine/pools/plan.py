@@ -1,15 +1,11 @@
 """The start-up memory plan: what each pool keeps on the GPU and in host RAM, checked before anything loads and
 again after.
 
-Room for pipelines is the device's memory less the CUDA context, one pool's working memory (one GPU-wide lock
-lets one pool denoise at a time, `engine.pipeline.inference.gpu_lock`: two at once would each need theirs and
-finish no sooner), each compiled pool's CUDA graph pool and each pool's adapter cache; a pool costs its weights,
-the swap's float32 scratch buffers and its pristine copies where they live on the device. What a plan places in
-host RAM must fit `HOST_RAM_BYTES` (`engine.pools.hostplan`). The plan takes the first that fits: all resident
-with pristine copies; all resident, copies on the device where they fit (`PRISTINE_STORE=auto`); taking turns
-(`POOL_OFFLOAD=on`); then the same with the components a family may run from host RAM left there.
-A plan that cannot fit is refused, before loading when the families declare their sizes, naming what would fit
-(which pools, which settings, which GPU). No plan where the device has no bound (CPU, ZeroGPU).
+The plan takes the first that fits: all resident with pristine copies; copies on the device where they fit
+(`PRISTINE_STORE=auto`); taking turns (`POOL_OFFLOAD=on`); then with the components a family may run from host
+RAM left there; host RAM within `HOST_RAM_BYTES`. A plan that cannot fit is refused, before loading when the
+families declare their sizes, naming what would fit. No plan where the device has no bound (CPU, ZeroGPU).
+What counts against the device: docs/internals.md, "engine/pools/plan.py".
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The swap: fuse a set of prepared adapters into the base weights, and take it out again exactly.
 
-Taking a set out never subtracts: each touched weight is copied back from a pristine copy made the first time
-it was touched, so the base is bit-exact after any number of swaps. Putting a set in writes each touched weight
-once, pristine plus every update on it summed in float32 (one `addmm_` per plain LoRA layer, rounded once); a
-set whose fused weights are not finite (finite factors overflowing float16) is refused and put back. Only weights
-whose bound (`engine.formats.bounds`: max|W| recorded once per weight, plus each layer's bound from preparation)
-could reach the dtype's largest finite value are read back to find out, so a swap of an ordinary LoRA reads
-nothing back and, on a GPU, queues without waiting for the device.
-Pristine copies live in a byte budget, counted as pinned where they are pinned (`engine.hostmem`): copies of
-clean weights are dropped least recently used first, and a set whose weights alone need more is refused before
-anything changes.
+Taking a set out never subtracts: each touched weight is copied back from a pristine copy made when it was first
+touched, so the base is bit-exact after any number of swaps. Putting a set in writes each touched weight once,
+pristine plus every update summed in float32, rounded once; a set whose fused weights are not finite is refused
+and put back, read back only where `engine.formats.bounds` says it could overflow. Pristine copies live in a byte
+budget (clean ones dropped least recently used first); a set needing more is refused before anything changes.
+More: docs/internals.md, "engine/weights/swap.py".
 """
 
 from __future__ import annotations

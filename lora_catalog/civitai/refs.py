@@ -1,15 +1,9 @@
 """Civitai references: every form a user pastes, parsed into one model version (or one model) before any network use.
 
-Accepted (`parse_civitai`), each naming a version, or a model whose latest published version is meant:
-
-- `civitai:<version>`, and `civitai:models/<model>` (the two canonical forms, what every other form becomes);
-- a model page `https://civitai.com/models/<model>[/<slug>][?modelVersionId=<version>]`;
-- a download link `https://civitai.com/api/download/models/<version>[?type=...&format=...]`;
-- an AIR, `urn:air:<ecosystem>:<type>:civitai:<model>[@<version>][.<format>]` (`urn:` and `air:` optional,
-  as Civitai's parsers accept: developer.civitai.com/site/guide/air).
-
-Only the parts are read: nothing is ever fetched from a URL a client gave (the configured endpoint is asked
-about the id). A link carrying a `token` is refused without echoing it.
+Accepted (`parse_civitai`): `civitai:<version>`, `civitai:models/<model>`, a civitai.com model page or download
+link, and an AIR (`urn:air:<ecosystem>:<type>:civitai:<model>[@<version>]`). Only the parts are read: nothing is
+ever fetched from a URL a client gave. A link carrying a `token` is refused without echoing it.
+Every form, in full: docs/internals.md, "lora_catalog/civitai/refs.py".
 """
 
 from __future__ import annotations

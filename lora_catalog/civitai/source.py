@@ -1,15 +1,10 @@
 """`CivitaiSource`: Civitai's public REST API as a second LoRA source, at `CIVITAI_ENDPOINT` only.
 
-A reference (`refs.parse_civitai`) is resolved to one model version: `GET /api/v1/model-versions/{id}`, or for
-a model without a version `GET /api/v1/models/{id}` first, whose latest published version is then read. Answers
-are cached like Hub metadata (`lora_catalog.swr`: fresh for `cache_ttl_s`, then served stale while one
-background lookup revalidates them), and the policy (`versions.check_version`: LoRAs only, the NSFW ceiling,
-no early access) is applied on every use, so a cached answer is judged like a new one. Files are downloaded
-by `download.download_file` (Civitai's hosts only, the SHA256 checked). The catalogue tab lists LoRAs for a
-base through `GET /api/v1/models?types=LORA&baseModels=<label>&sort=Most Downloaded`.
-
-The token (`CIVITAI_TOKEN`) goes in an `Authorization` header to the endpoint's host only; it is never part
-of a URL, a log line or an error message.
+A reference is resolved to one model version through the API; answers are cached stale-while-revalidate
+(`lora_catalog.swr`), and the policy (`versions.check_version`) is applied on every use, so a cached answer is
+judged like a new one. Files come from `download.download_file` (Civitai's hosts only, SHA256 checked). The
+token (`CIVITAI_TOKEN`) goes in a header to the endpoint's host only, never in a URL, log line or error.
+The API calls made: docs/internals.md, "lora_catalog/civitai/source.py".
 """
 
 from __future__ import annotations

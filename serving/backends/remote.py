@@ -1,15 +1,10 @@
 """`RemoteBackend`: the Space as a front end, generating on a Ray Serve cluster (`BACKEND_URL`).
 
-It carries the `Backend` operations to the cluster's ingress (`serving.cluster.ingress`): a whole request to
-`POST /v1/generate` (or `/v1/models/<base>/generate`), answered with a lossless PNG and the rest of the result
-(`serving.cluster.wire`); LoRA checks, prefetches and status likewise. The served pools are read once at start,
-so a Space whose cluster is down fails to start, saying so. A JSON error from the cluster becomes the same class
-of the one tree, so the user sees the message a local pipeline would give; a cluster that cannot be reached is a
-`BackendUnavailableError` (503). Each call has its own connection: cancelling the awaiting task closes it, and
-the cluster stops the job when its ingress sees the connection go. No queue place, progress or previews come
-back: the bar jumps at the end. Comparison grids need the pipeline in this process and are refused.
-Credentials in the URL (`https://user:pass@host`) are sent, and never shown: `url`, every message and every
-log line carry the URL with them replaced by `***`.
+It carries the `Backend` operations to the cluster's ingress (`serving.cluster.ingress`, `serving.cluster.wire`).
+The served pools are read once at start, so a Space whose cluster is down fails to start, saying so. A cluster's
+JSON error becomes the same class of the one tree; an unreachable cluster is `BackendUnavailableError` (503).
+Cancelling a call closes its connection. No progress or previews; comparisons are refused. Credentials in the
+URL are sent, never shown (`***`). Details: docs/internals.md, "serving/backends/remote.py".
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """LoRA Switchboard past one GPU: a Ray Serve application with one deployment per base-model pool.
 
-    pip install -r requirements-ray.txt
-    ray start --head                        # or a cluster from docs/cluster.md
     MODEL_ID=stabilityai/stable-diffusion-xl-base-1.0 CLUSTER_REPLICAS=5 serve run serving.cluster.app:app
     python -m serving.cluster.app               # the same, from the environment, until Ctrl-C
 
-The ingress (`serving.cluster.ingress`) answers the Space's HTTP contract; each pool's replicas
-(`serving.cluster.replica`) run the Space's engine, with the request's adapter set as Serve's multiplexed
-model id. Each pool's router (`CLUSTER_ROUTER`) is ours (`serving.cluster.router`: the replica where the
-request is expected to finish first) or Serve's multiplexed one. The shape comes from the settings
-(`serving.cluster.shape`): `CLUSTER_REPLICAS` per pool or autoscaling up to `CLUSTER_MAX_REPLICAS`,
-`CLUSTER_ADAPTER_SETS` sets held per replica, `CLUSTER_GPUS_PER_REPLICA` (0 for CPU replicas),
-`CLUSTER_CPU_THREADS` torch threads each.
+The ingress answers the Space's HTTP contract; each pool's replicas run the Space's engine, routed by ours or
+Serve's multiplexed router (`CLUSTER_ROUTER`), shaped by the settings (`serving.cluster.shape`).
+Set-up and the parts: docs/internals.md, "serving/cluster/app.py", and docs/cluster.md.
 """
 
 from __future__ import annotations

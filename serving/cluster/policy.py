@@ -1,17 +1,9 @@
 """Our router's policy for a pool's replicas: `least_finish` of the fleet model (bench/fleet_policies.py).
 
-    A request goes to the replica where it is expected to finish first:
-      finish = queue + load + swap + inference, where
-      queue     = the work sent there and not finished, less what has run of it (our ledger: fresh, exact)
-      load      = 0 if the replica holds the set prepared, is loading it, or has it queued; else prepare,
-                  plus download unless the set's files are on its disk (what it reported)
-      swap      = 0 if the set is fused there and nothing is queued; else the measured swap
-      inference = the measured inference
-    Costs are the pool's means (replicas' stats, else the defaults); ties go to the set's home order
-    (rendezvous hashing), so a set sticks to one replica; replicas whose stats went stale come last.
-
-The replicas' side is `serving.cluster.stats`; the Ray Serve glue is `serving.cluster.router`. No ray here:
-this module is what the unit tests (tests/cluster/test_policy.py) and the router share.
+A request goes to the replica where it is expected to finish first (queue + load + swap + inference, each from
+our ledger or the replicas' measured costs); ties go to the set's rendezvous-hash order, so a set sticks to one
+replica; replicas whose stats went stale come last. No ray here: the unit tests and `serving.cluster.router`
+share it. Each term of the estimate: docs/internals.md, "serving/cluster/policy.py".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """One pool's replica on Ray Serve: the Space's engine on one device, its adapter sets multiplexed by Serve.
 
-Every request goes through the replica's own `LocalBackend`, as on the Space: the engine's scheduler queues it,
-prepares it and admits it; nothing here calls the engine's swap directly.
-
-The multiplexed model id is a request's adapter set (`wire.adapter_set_id`). Serve keeps an LRU of
-`CLUSTER_ADAPTER_SETS` ids per replica and routes a request to a replica holding its id; here each id is an
-`AdapterPin`: while Serve holds it, the engine keeps the set's prepared adapters cached (a lease), and when
-Serve evicts it (calling `__del__`), the engine lets them go, so the engine's cache and Serve's LRU hold the
-same adapters and a "hit" in `X-Lora-Cache` means what Serve's routing thinks it means.
-
-Serve asks each replica for its routing stats (`record_routing_stats`): its `SetBook` (`serving.cluster.stats`)
-of the sets it holds, loads and has on disk, and its measured costs, which our router reads. Each replica runs
-torch on `CLUSTER_CPU_THREADS` threads, set here rather than left to Ray's one thread for an actor without CPUs.
+Every request goes through the replica's own `LocalBackend`, as on the Space; nothing here calls the swap.
+Serve's multiplexed model id is a request's adapter set; each id Serve holds is an `AdapterPin` leasing the set's
+prepared adapters in the engine's cache, released when Serve evicts it, so the engine's cache and Serve's LRU
+hold the same adapters. The replica reports its `SetBook` (`serving.cluster.stats`) as its routing stats and
+runs torch on `CLUSTER_CPU_THREADS` threads. Details: docs/internals.md, "serving/cluster/replica.py".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Our Ray Serve request router (`CLUSTER_ROUTER=ours`): the policy of `serving.cluster.policy` on Serve 2.60.
 
-Serve's contract (ray/serve/_private/request_router/request_router.py, `RequestRouter`): `choose_replicas`
-returns ranks of replicas, best first; Serve sends the request to the first rank with a replica whose queue
-is below `max_ongoing_requests`, and tries again after a backoff when none is. Here each rank is one replica,
-in order of expected finish. `on_request_routed` says which replica accepted a request and
-`on_request_completed` when it ended: they keep our ledger (the queue part of the estimate) exact without
-waiting for reports. The replicas' reports (`RunningReplica.routing_stats`, `serving.cluster.stats`) give
-what they hold, load, have on disk and measured; a replica whose report is older than `stale_after_s`
-(it stopped answering Serve's stats calls) is ranked after every other.
-
-Calls other than `generate` (`describe`, `info`, `origin`, `weights`) take no GPU time: they go to the replica
-with the fewest requests from us, at random among equals, stale ones last. Configured by `serving.cluster.shape`.
+`choose_replicas` ranks the replicas one per rank, in order of expected finish; `on_request_routed` and
+`on_request_completed` keep our ledger of each replica's queue exact without waiting for reports; a replica
+whose report is older than `stale_after_s` ranks last. Calls other than `generate` go to the replica with the
+fewest of our requests. Serve's contract, as read: docs/internals.md, "serving/cluster/router.py".
 """
 
 from __future__ import annotations

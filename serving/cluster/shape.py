@@ -1,15 +1,8 @@
 """Each pool's Serve deployment options, from the settings (no ray here: `serving.cluster.app` applies them).
 
-- Router (`CLUSTER_ROUTER`): `ours` is `serving.cluster.router.LeastFinishRouter`, fed by the replicas' routing
-  stats every `CLUSTER_STATS_PERIOD_S`; `ray_multiplexed` is Serve's default router with the multiplexed id.
-- Slots (`max_ongoing_requests`): `ours` sends each request at once to the replica it chose and lets that
-  replica's engine queue it (its scheduler prepares queued requests ahead), so a replica takes `MAX_QUEUE`
-  waiting plus one running; Serve's router only sends to a replica below its slots, so with
-  `ray_multiplexed` it is `CLUSTER_MAX_ONGOING` (1 for SDXL pools: docs/cluster.md).
-- Replicas: `CLUSTER_REPLICAS` each; with `CLUSTER_MAX_REPLICAS` set, Serve's autoscaler instead keeps each
-  pool's queue depth (requests queued or running per replica, in its routers and on the replica) near
-  `CLUSTER_TARGET_ONGOING`, between `CLUSTER_REPLICAS` (0 for the pools named in `CLUSTER_SCALE_TO_ZERO`)
-  and `CLUSTER_MAX_REPLICAS`.
+Router (`CLUSTER_ROUTER`): ours or Serve's multiplexed one. Slots: with ours a replica takes `MAX_QUEUE` waiting
+plus one running (its engine queues); with Serve's, `CLUSTER_MAX_ONGOING`. Replicas: `CLUSTER_REPLICAS` each, or
+autoscaled by queue depth up to `CLUSTER_MAX_REPLICAS`. Why each: docs/internals.md, "serving/cluster/shape.py".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """What a pool's replica tells our router (`serving.cluster.policy`), both sides of Serve's routing stats.
 
-Serve asks each replica for its routing stats (`PoolReplica.record_routing_stats`) every
-`CLUSTER_STATS_PERIOD_S` and hands the dict to the routers in the replica's `RunningReplica.routing_stats`.
-The replica's `SetBook` keeps, per adapter set (the multiplexed model id, `wire.adapter_set_id`):
-
-- which sets it holds prepared (Serve's LRU of `AdapterPin`s with their adapters leased) and which it is
-  loading (a request for a set it did not hold is being downloaded or prepared);
-- which sets it downloaded to its disk, with what the download and the preparation cost (the last 1,024);
-- the set it used last (fused now), and running means of the measured inference, swap, prepare and download.
-
-The router reads the dict back with `read_stats` (pydantic, strict on shapes): a report that does not fit
-is no report, and the router routes as if the replica had not answered. No ray here: tested without a cluster.
+A replica's `SetBook` keeps the adapter sets it holds prepared, is loading and has on disk (with their costs),
+the set fused now, and running means of the measured costs; Serve hands its dict to the routers every
+`CLUSTER_STATS_PERIOD_S`. `read_stats` reads it back strictly (pydantic): a report that does not fit counts as
+no report. No ray here: tested without a cluster. Details: docs/internals.md, "serving/cluster/stats.py".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The body of `POST /` (and the cluster ingress's): the inference API's JSON, validated by pydantic models.
 
 `{"inputs": "<prompt>", "parameters": {...}, "options": {...}}`, unknown fields refused at every level;
-`parameters.scheduler` names a sampler or scheduler class, `scheduler_options` its options, `clip_skip` the text
-layers skipped (the engine checks each against the pool); `parameters.loras` lists `{"path": ..., "scale": ...}`
-(the shape huggingface_hub's InferenceClient sends to text-to-image providers), each path a repo id, a
-`https://huggingface.co/<repo>/resolve/<revision>/<file>` URL or a Civitai reference (`civitai:<version>`, a
-civitai.com model page or download link, an AIR), parsed into its parts (nothing is fetched from a URL itself: a
-Civitai id is looked up at the configured endpoint). JSON has one number type: 20.0 is an acceptable integer,
-`true` is not a number. Every refusal is an InvalidRequestError (400) naming the field, its value and what is
-accepted: pydantic's ValidationError is
-translated in one place (`_refusal`), from each field's `description` (what it accepts).
+`parameters.loras` lists `{"path": ..., "scale": ...}` (InferenceClient's shape), each path parsed into its
+parts, never fetched as a URL. Every refusal is an InvalidRequestError (400) naming the field, its value and what
+is accepted, translated from pydantic in one place (`_refusal`). The fields, in full: docs/internals.md,
+"serving/http/body.py".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The named API `gradio_client` sees (/generate, /generate_images, /compare, /catalog, /lora_info, /pool_status),
 and the progress plumbing.
 
-Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named
-here and nothing of the UI's own events (those are private). Each endpoint takes its inputs, calls the
-one shared handler (`serving.handlers`) the UI calls too, and formats the answer as JSON; errors become
-`gr.Error` in `serving.errors`, which `gradio_client` raises as `AppError`.
-
-`/generate` is a generator: while the engine denoises it yields previews (the image so far, with info
-`{"preview": true, "step": k}`), then the final image and its info; `Client.predict` returns the last. Its
-`scheduler`, `scheduler_options` and `clip_skip` default to what it did before they existed (the model's own, or
-the LoRAs' recommendation). `/generate_images` makes 1 to 4 images in one run and answers a list.
-`/generate` and `/compare` take `base`: a served base repo id for a request without a LoRA ("" for the
-default pool); a LoRA always runs on the base it was made for.
+Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named here;
+it calls the one shared handler (`serving.handlers`) the UI calls too and answers JSON; errors become `gr.Error`
+(`serving.errors`). `/generate` yields previews, then the final image. New parameters default to what the
+endpoint did before they existed. Details: docs/internals.md, "serving/ui/gradio_api.py".
 """
 
 from __future__ import annotations
