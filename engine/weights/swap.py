@@ -25,7 +25,7 @@ import torch
 from engine.errors import LimitExceededError
 from engine.formats.adapters import PreparedAdapter
 from engine.formats.bounds import UNBOUNDED, Reach, needs_check
-from engine.formats.layers import LayerUpdate, Scratch, fuse
+from engine.formats.layers import LayerUpdate, Scratch, factors_in_float32, fuse
 from engine.hostmem import pinned_nbytes
 
 __all__ = ["ActiveAdapter", "WeightPatcher"]
@@ -125,6 +125,7 @@ class WeightPatcher:
                 bases = {index: self._pristine[index] for index in touched}
             self._dirty = set(touched)
             checked = [i for i in sorted(plan) if needs_check(self._base_max[i], reaches[i], self._params[i].dtype)]
+            plan = self._in_float32(plan)
             for index in sorted(plan):
                 weight, base = self._params[index], bases[index]
                 if base.device != weight.device:
@@ -139,6 +140,16 @@ class WeightPatcher:
         except BaseException:
             self.restore_all()
             raise
+
+    def _in_float32(
+        self, plan: dict[int, list[tuple[LayerUpdate, float]]]
+    ) -> dict[int, list[tuple[LayerUpdate, float]]]:
+        """`plan` with its plain factors cast to float32 in one op for the whole set (`factors_in_float32`)."""
+        if not plan:
+            return plan
+        device = self._params[next(iter(plan))].device
+        ready = factors_in_float32([u for updates in plan.values() for u, _ in updates], device, self._scratch)
+        return {index: [(ready.get(id(u), u), scale) for u, scale in updates] for index, updates in plan.items()}
 
     def _overflow(self, checked: Sequence[int], active: Sequence[ActiveAdapter]) -> Exception:
         bad = [i for i in checked if not bool(_finite(self._params[i]))]
