@@ -22,6 +22,7 @@ from engine.families.sdxl import build_tiny_pipeline
 from engine.formats.adapters import PreparedAdapter, TargetTable
 from engine.formats.layers import LayerFactors, Scratch, factors_in_float32
 from engine.requests import GenerateRequest, LoraSpec
+from engine.weights import swap
 from engine.weights.swap import ActiveAdapter, WeightPatcher
 from lora_catalog import scan_local_dirs
 from lora_catalog.entries import LoraEntry
@@ -246,7 +247,7 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_swap_casts_all_its_float16_factors_in_one_op(tmp_path):
+def test_a_swap_casts_all_its_float16_factors_in_one_op(tmp_path, monkeypatch):
     """Per-factor casts were two small parallel regions per layer, which a loaded CPU made cost ours 1.2-1.5x
     the floor on FLUX (`bench.swap --family flux`); counted, not timed: one `cat`, no per-factor `_to_copy`."""
     pipe = build_tiny_pipeline()
@@ -267,11 +268,22 @@ def test_a_swap_casts_all_its_float16_factors_in_one_op(tmp_path):
     patcher.apply([ActiveAdapter(adapters[0], 1.0)])  # the first touch copies and reads each weight once
     with _Ops() as ops:
         patcher.apply([ActiveAdapter(adapters[1], 0.7)])
-    patcher.restore_all()
+    one_chunk = [table.params[layer.target].clone() for layer in adapters[1].layers]
     layers = len(adapters[1].layers)
     assert ops.counts["cat"] == 1, ops.counts
     assert ops.counts["_to_copy"] == 0, ops.counts
     assert ops.counts["addmm_"] == layers, ops.counts
+    # A set too large for one cast is cast in chunks (the scratch stays bounded), to the same weights.
+    monkeypatch.setattr(
+        swap, "_CHUNK_VALUES", 2 * max(layer.up.numel() + layer.down.numel() for layer in adapters[1].layers)
+    )
+    patcher.apply([ActiveAdapter(adapters[0], 1.0)])
+    with _Ops() as ops:
+        patcher.apply([ActiveAdapter(adapters[1], 0.7)])
+    assert 1 < ops.counts["cat"] <= layers, ops.counts
+    fused = [table.params[layer.target] for layer in adapters[1].layers]
+    assert all(torch.equal(a, b) for a, b in zip(fused, one_chunk, strict=True))
+    patcher.restore_all()
 
 
 def test_a_factor_shared_by_several_layers_is_cast_once():
