@@ -179,7 +179,7 @@ class Floor:
 
     No adapter objects, no store, no plan: the factors are prepared in float32 on the weight's device
     outside any timing, and each layer is one kernel call. So what it leaves out, and ours pays, is: the
-    factors' float32 cast (ours casts the file's float16 factors in each `addmm_`), the overflow check (ours
+    factors' float32 cast (ours casts a set's float16 factors per swap, in one `torch.cat`), the overflow check (ours
     reads a fused weight back only where its bounds say it could overflow: never for the benchmark's LoRAs),
     and the store's and the plan's bookkeeping. `choose` measures the kernels in `KERNELS`
     on this machine and keeps the fastest (they give bit-identical weights; one that does not is dropped).

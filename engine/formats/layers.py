@@ -18,12 +18,12 @@ from typing import ClassVar, Protocol, Self, cast
 
 import torch
 
-__all__ = ["LayerDelta", "LayerFactors", "LayerUpdate", "Scratch", "as_float32", "fuse"]
+__all__ = ["LayerDelta", "LayerFactors", "LayerUpdate", "Scratch", "as_float32", "factors_in_float32", "fuse"]
 
 Mapper = Callable[[torch.Tensor], torch.Tensor]
 
-# Scratch slots: the accumulator, two temporaries for the updates' own products, the saved base.
-ACC, TMP1, TMP2, TMP3, BASE = range(5)
+# Scratch slots: the accumulator, two temporaries for the updates' own products, the saved base, a swap's factors.
+ACC, TMP1, TMP2, TMP3, BASE, FACTORS = range(6)
 
 
 class Scratch:
@@ -115,6 +115,46 @@ class LayerDelta:
     def add_to(self, acc: torch.Tensor, alpha: float, scratch: Scratch) -> None:
         delta = self.delta.to(device=acc.device, non_blocking=True).view(acc.shape)
         acc.add_(delta, alpha=alpha * self.scaling)
+
+
+def factors_in_float32(
+    updates: Sequence[LayerUpdate], device: torch.device, scratch: Scratch
+) -> dict[int, LayerUpdate]:
+    """The plain LoRA updates among `updates` whose factors are narrower than float32 on `device`, by `id`, with
+    those factors cast to float32 in one `torch.cat` into the scratch (a factor shared by several updates, as
+    kohya's fused qkv shares its down factor, once); `LayerFactors.add_to` then casts nothing.
+
+    Why one op: cast factor by factor, a FLUX swap makes two small parallel regions per layer besides the three
+    big ones; on a loaded machine each region waits for every intra-op thread to be scheduled, so their number,
+    not their bytes, cost ours 1.2-1.5x the floor (`bench.swap --family flux`), the floor having none.
+    """
+    plain = [u for u in updates if isinstance(u, LayerFactors)]
+    offsets: dict[tuple, int] = {}
+    sources: list[torch.Tensor] = []
+    total = 0
+    for update in plain:
+        for tensor in update.tensors:
+            key = _key(tensor)
+            if key in offsets or tensor.dtype == torch.float32 or tensor.device != device:
+                continue
+            offsets[key] = total
+            sources.append(tensor.reshape(-1))
+            total += tensor.numel()
+    if not sources:
+        return {}
+    flat = scratch.get(FACTORS, (total,), device)
+    torch.cat(sources, out=flat)
+
+    def cast(tensor: torch.Tensor) -> torch.Tensor:
+        start = offsets.get(_key(tensor))
+        return tensor if start is None else flat[start : start + tensor.numel()].view(tensor.shape)
+
+    return {id(update): update.map(cast) for update in plain}
+
+
+def _key(tensor: torch.Tensor) -> tuple:
+    """What identifies a factor's values: where they start, their layout and dtype (so a shared factor is one)."""
+    return (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
 
 
 class BaseDependent(Protocol):

@@ -2,10 +2,10 @@
 
 Taking a set out never subtracts: each touched weight is copied back from a pristine copy made when it was first
 touched, so the base is bit-exact after any number of swaps. Putting a set in writes each touched weight once,
-pristine plus every update summed in float32, rounded once; a set whose fused weights are not finite is refused
-and put back, read back only where `engine.formats.bounds` says it could overflow. Pristine copies live in a byte
-budget (clean ones dropped least recently used first); a set needing more is refused before anything changes.
-More: docs/internals.md, "engine/weights/swap.py".
+pristine plus every update summed in float32 (the set's float16 factors cast up front in one op), rounded once;
+a set whose fused weights are not finite is refused and put back, read back only where `engine.formats.bounds`
+says it could overflow. Pristine copies live in a byte budget (clean ones dropped least recently used first); a
+set needing more is refused before anything changes. More: docs/internals.md, "engine/weights/swap.py".
 """
 
 from __future__ import annotations
@@ -21,12 +21,16 @@ from engine.caches.lru import SizedLRU
 from engine.errors import LimitExceededError
 from engine.formats.adapters import PreparedAdapter
 from engine.formats.bounds import UNBOUNDED, Reach, needs_check
-from engine.formats.layers import LayerUpdate, Scratch, fuse
+from engine.formats.layers import LayerUpdate, Scratch, factors_in_float32, fuse
 from engine.hostmem import pinned_nbytes
 
 __all__ = ["ActiveAdapter", "WeightPatcher"]
 
 logger = logging.getLogger(__name__)
+
+Plan = dict[int, list[tuple[LayerUpdate, float]]]
+# Factor values cast to float32 in one op at most (64 MiB of scratch): a FLUX slice's rank-16 set is 5 M.
+_CHUNK_VALUES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ class WeightPatcher:
         other failure the touched weights are restored to base before the error propagates,
         so the caller can re-apply what it served before.
         """
-        plan: dict[int, list[tuple[LayerUpdate, float]]] = {}
+        plan: Plan = {}
         reaches: dict[int, list[tuple[Reach, float]]] = {}
         for item in active:
             bounds = item.adapter.reach
@@ -119,13 +123,8 @@ class WeightPatcher:
                 bases = {index: self._copy(index) for index in touched}
             self._dirty = set(touched)
             checked = [i for i in sorted(plan) if needs_check(self._base_max[i], reaches[i], self._params[i].dtype)]
-            for index in sorted(plan):
-                weight, base = self._params[index], bases[index]
-                if base.device != weight.device:
-                    # Pristine copies kept in host memory: restore first, then the weight itself is the base.
-                    weight.copy_(base, non_blocking=True)
-                    base = weight
-                fuse(weight, base, plan[index], self._scratch)
+            for chunk in _chunks(plan):
+                self._fuse(self._in_float32(chunk), bases)
             # Finite factors can still overflow the weight's dtype once fused: where the bounds cannot rule that
             # out, one read back for the whole set (the only device sync of a swap).
             if checked and not bool(torch.stack([_finite(self._params[i]) for i in checked]).all()):
@@ -133,6 +132,23 @@ class WeightPatcher:
         except BaseException:
             self.restore_all()
             raise
+
+    def _fuse(self, plan: Plan, bases: dict[int, torch.Tensor]) -> None:
+        for index in sorted(plan):
+            weight, base = self._params[index], bases[index]
+            if base.device != weight.device:
+                # Pristine copies kept in host memory: restore first, then the weight itself is the base.
+                weight.copy_(base, non_blocking=True)
+                base = weight
+            fuse(weight, base, plan[index], self._scratch)
+
+    def _in_float32(self, plan: Plan) -> Plan:
+        """`plan` with its plain factors cast to float32 in one op (`factors_in_float32`)."""
+        if not plan:
+            return plan
+        device = self._params[next(iter(plan))].device
+        ready = factors_in_float32([u for updates in plan.values() for u, _ in updates], device, self._scratch)
+        return {index: [(ready.get(id(u), u), scale) for u, scale in updates] for index, updates in plan.items()}
 
     def _overflow(self, checked: Sequence[int], active: Sequence[ActiveAdapter]) -> Exception:
         bad = [i for i in checked if not bool(_finite(self._params[i]))]
@@ -225,6 +241,21 @@ class WeightPatcher:
         pin = self._pins(weight)
         copy = torch.empty(weight.shape, dtype=weight.dtype, device=self._pristine_device, pin_memory=pin)
         return copy.copy_(weight.detach(), non_blocking=pin)
+
+
+def _chunks(plan: Plan) -> list[Plan]:
+    """`plan` in index order, cut where its factors pass `_CHUNK_VALUES`: each chunk's factors are cast in one op
+    into a scratch buffer that stays as large as the largest chunk (a whole rank-128 FLUX LoRA would be GBs)."""
+    chunks: list[Plan] = [{}]
+    values = 0
+    for index in sorted(plan):
+        size = sum(t.numel() for update, _ in plan[index] for t in update.tensors)
+        if chunks[-1] and values + size > _CHUNK_VALUES:
+            chunks.append({})
+            values = 0
+        chunks[-1][index] = plan[index]
+        values += size
+    return chunks
 
 
 def _finite(weight: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ adapters active; the engine-level tests use the stand-in Hub's LyCORIS/DoRA fixt
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,14 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.tuners.tuners_utils import BaseTunerLayer
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.errors import UnsupportedLoraVariantError
 from engine.families.sdxl import build_tiny_pipeline
 from engine.formats.adapters import PreparedAdapter, TargetTable
+from engine.formats.layers import LayerFactors, Scratch, factors_in_float32
 from engine.requests import GenerateRequest, LoraSpec
+from engine.weights import swap
 from engine.weights.swap import ActiveAdapter, WeightPatcher
 from lora_catalog import scan_local_dirs
 from lora_catalog.entries import LoraEntry
@@ -229,3 +233,67 @@ def test_the_engine_serves_lycoris_and_dora_repos_and_restores_the_base(engine, 
     again = generate(engine, request())
     assert again.image.tobytes() == base.image.tobytes()
     assert_pristine(loaded, pristine)
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the aten ops run under it, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_swap_casts_all_its_float16_factors_in_one_op(tmp_path, monkeypatch):
+    """Per-factor casts were two small parallel regions per layer, which a loaded CPU made cost ours 1.2-1.5x
+    the floor on FLUX (`bench.swap --family flux`); counted, not timed: one `cat`, no per-factor `_to_copy`."""
+    pipe = build_tiny_pipeline()
+    pipe.unet.to(torch.bfloat16)
+    table = TargetTable({"unet": pipe.unet})
+    targets = find_targets({"unet": pipe.unet}, {"unet": UNET_ATTENTION})
+    paths = [
+        save_lora(
+            tmp_path / f"{seed}.safetensors",
+            {k: v.half() for k, v in make_lora(targets, rank=4, seed=seed, fmt="kohya", alpha=2).items()},
+            {},
+        )
+        for seed in (61, 62)
+    ]
+    adapters = [load(path, table) for path in paths]
+    assert {t.dtype for a in adapters for layer in a.layers for t in layer.tensors} == {torch.float16}
+    patcher = WeightPatcher(table.params, torch.device("cpu"))
+    patcher.apply([ActiveAdapter(adapters[0], 1.0)])  # the first touch copies and reads each weight once
+    with _Ops() as ops:
+        patcher.apply([ActiveAdapter(adapters[1], 0.7)])
+    one_chunk = [table.params[layer.target].clone() for layer in adapters[1].layers]
+    layers = len(adapters[1].layers)
+    assert ops.counts["cat"] == 1, ops.counts
+    assert ops.counts["_to_copy"] == 0, ops.counts
+    assert ops.counts["addmm_"] == layers, ops.counts
+    # A set too large for one cast is cast in chunks (the scratch stays bounded), to the same weights.
+    monkeypatch.setattr(
+        swap, "_CHUNK_VALUES", 2 * max(layer.up.numel() + layer.down.numel() for layer in adapters[1].layers)
+    )
+    patcher.apply([ActiveAdapter(adapters[0], 1.0)])
+    with _Ops() as ops:
+        patcher.apply([ActiveAdapter(adapters[1], 0.7)])
+    assert 1 < ops.counts["cat"] <= layers, ops.counts
+    fused = [table.params[layer.target] for layer in adapters[1].layers]
+    assert all(torch.equal(a, b) for a, b in zip(fused, one_chunk, strict=True))
+    patcher.restore_all()
+
+
+def test_a_factor_shared_by_several_layers_is_cast_once():
+    """kohya's fused qkv gives q, k and v one down factor: it is cast once, and each layer reads that cast."""
+    down, ups = torch.randn(4, 16).half(), [torch.randn(8, 4).half() for _ in range(3)]
+    layers = [LayerFactors(i, down, up, 0.5) for i, up in enumerate(ups)]
+    ready = factors_in_float32(layers, torch.device("cpu"), Scratch())
+    cast = [ready[id(layer)] for layer in layers]
+    assert len({layer.down.data_ptr() for layer in cast}) == 1
+    assert len({layer.up.data_ptr() for layer in cast}) == 3
+    for layer, made in zip(layers, cast, strict=True):
+        assert made.down.dtype == made.up.dtype == torch.float32
+        assert torch.equal(made.down, layer.down.float()) and torch.equal(made.up, layer.up.float())
