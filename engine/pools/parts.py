@@ -13,8 +13,8 @@ import torch
 from engine.caches.disk import DiskCache
 from engine.caches.store import AdapterStore
 from engine.events import EngineEvents
-from engine.formats.adapters import TargetTable
 from engine.formats.pivotal import TextEncoders
+from engine.formats.targets import TargetTable
 from engine.hostmem import configure_pinned
 from engine.pipeline.loading import LoadedPipeline
 from engine.pools.hostplan import pristine_budget

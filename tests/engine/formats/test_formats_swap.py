@@ -17,7 +17,8 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 
 from engine.errors import UnsupportedLoraVariantError
 from engine.families.sdxl import build_tiny_pipeline
-from engine.formats.adapters import PreparedAdapter, TargetTable
+from engine.formats.adapters import PreparedAdapter
+from engine.formats.targets import TargetTable
 from engine.requests import GenerateRequest, LoraSpec
 from engine.weights.swap import ActiveAdapter, WeightPatcher
 from lora_catalog import scan_local_dirs
