@@ -25,6 +25,7 @@ from serving.ui.gradio_api import BROWSE, CHECK, PIPELINE, compare, generate
 from serving.ui.history import FORM
 from serving.ui.panels import Browser, ComparePanel, RequestPanel, ResultPanel
 from serving.ui.prefetches import SessionPrefetches
+from serving.ui.snippets import base_url
 
 __all__ = ["PRIVATE", "wire_browsing", "wire_compare", "wire_generation", "wire_status"]
 
@@ -290,7 +291,7 @@ def wire_generation(
             elif item is None:
                 yield (gr.skip(),) * 4 + skip
             else:
-                share, shown, now = history_ui.remember(form, item, fmt.base_url(dict(page.headers)))
+                share, shown, now = history_ui.remember(form, item, base_url(dict(page.headers)))
                 several = len(item.images) > 1
                 gallery = gr.Gallery(value=history_ui.cells(item) if several else None, visible=several)
                 status = await pool_ui.status(handlers)
@@ -404,7 +405,7 @@ def wire_status(demo: gr.Blocks, handlers: Handlers, status_md: gr.Markdown, ref
 
     # Gradio hands the request only to a function whose own signature asks for it (not through a partial).
     def snippets(request: gr.Request) -> str:
-        return pool_ui.snippets(handlers, fmt.base_url(dict(request.headers)))
+        return pool_ui.snippets(handlers, base_url(dict(request.headers)))
 
     demo.load(status, None, status_md, api_visibility=PRIVATE, queue=False)
     refresh.click(status, None, status_md, api_visibility=PRIVATE, queue=False)
