@@ -7,7 +7,7 @@ small Gradio concurrency groups of their own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import gradio as gr
@@ -38,6 +38,48 @@ def wire_generation(
     status_md: gr.Markdown,
     history: gr.State,
 ) -> None:
+    generate_ui = _generate_ui(handlers)
+    slots = [
+        getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")
+    ]
+    inputs = [
+        request.prompt,
+        request.negative,
+        *slots[:3],
+        request.first.scale,
+        *slots[3:],
+        request.second.scale,
+        request.size,
+        request.steps,
+        request.guidance,
+        request.sampler,
+        request.clip_skip,
+        request.num_images,
+        request.recommended,
+        request.seed,
+        request.randomize,
+        base,
+        history,
+    ]
+    assert len(inputs) == len(FORM)
+    outputs = [result.image, result.info, request.seed, status_md, result.gallery, result.share, result.history]
+    gr.on(
+        [request.run.click, request.prompt.submit],
+        generate_ui,
+        inputs,
+        [*outputs, history, result.use_again],
+        concurrency_id=PIPELINE,
+        # The scheduler is the one queue and limit for every transport: Gradio hands generations over at once
+        # (they wait on the scheduler, holding no thread), rather than keeping a second queue.
+        concurrency_limit=None,
+        api_visibility=PRIVATE,
+        show_progress_on=result.image,
+    )
+
+
+def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, ...]]]:
+    """The Generate button's handler; Gradio reads its parameters (the form, the page, its progress)."""
+
     async def generate_ui(
         prompt: str,
         negative: str,
@@ -87,42 +129,7 @@ def wire_generation(
                 status = await pool_ui.status(handlers)
                 yield item.image, fmt.result_html(item), item.seed, status, gallery, share, shown, now, gr.skip()
 
-    slots = [
-        getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")
-    ]
-    inputs = [
-        request.prompt,
-        request.negative,
-        *slots[:3],
-        request.first.scale,
-        *slots[3:],
-        request.second.scale,
-        request.size,
-        request.steps,
-        request.guidance,
-        request.sampler,
-        request.clip_skip,
-        request.num_images,
-        request.recommended,
-        request.seed,
-        request.randomize,
-        base,
-        history,
-    ]
-    assert len(inputs) == len(FORM)
-    outputs = [result.image, result.info, request.seed, status_md, result.gallery, result.share, result.history]
-    gr.on(
-        [request.run.click, request.prompt.submit],
-        generate_ui,
-        inputs,
-        [*outputs, history, result.use_again],
-        concurrency_id=PIPELINE,
-        # The scheduler is the one queue and limit for every transport: Gradio hands generations over at once
-        # (they wait on the scheduler, holding no thread), rather than keeping a second queue.
-        concurrency_limit=None,
-        api_visibility=PRIVATE,
-        show_progress_on=result.image,
-    )
+    return generate_ui
 
 
 def wire_compare(handlers: Handlers, request: RequestPanel, comparison: ComparePanel, status_md: gr.Markdown) -> None:
