@@ -14,6 +14,7 @@ from PIL import Image, ImageDraw
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateResult, LoraSpec, ModelDefaults
 from lora_catalog.entries import LoraEntry
+from lora_catalog.listing import CatalogPage
 
 if TYPE_CHECKING:
     from engine.pools.engine import EngineStatus, LoraCheck
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APP_CSS",
+    "catalog_json",
     "check_info",
     "clip_skip_range",
     "entry_card",
@@ -370,3 +372,21 @@ def _compile_line(status: EngineStatus) -> str:
         f"**Compiled** `{status.compile_mode}`: {status.compiled_shapes} shapes in {status.compile_s:.1f} s "
         f"(part of the warm-up) · recompiles since {status.recompiles} · other shapes run eager {status.eager_calls}×"
     )
+
+
+def catalog_json(result: CatalogPage) -> dict[str, Any]:
+    """A catalogue page as the API answers it."""
+    freshness = result.freshness
+    return {
+        "entries": [e.to_json() for e in result.entries],
+        "page": result.page,
+        "page_size": result.page_size,
+        "total_known": result.total_known,
+        "has_more": result.has_more,
+        "freshness": {
+            "source": freshness.source,
+            "updated_at": freshness.updated_at.isoformat() if freshness.updated_at else None,
+            "offline": freshness.offline,
+            "message": freshness.message,
+        },
+    }

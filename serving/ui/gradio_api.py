@@ -9,7 +9,7 @@ endpoint did before they existed. Details: docs/internals.md, "serving/ui/gradio
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -18,7 +18,6 @@ import gradio as gr
 from engine.errors import InvalidRequestError
 from engine.pools.scheduler import QueueView
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
-from lora_catalog.listing import CatalogPage
 from serving.errors import user_errors
 from serving.handlers import Comparison, Handlers
 from serving.streaming import Frame
@@ -34,7 +33,6 @@ __all__ = [
     "CellProgress",
     "StepProgress",
     "add_api_endpoints",
-    "catalog_json",
     "compare",
     "generate",
 ]
@@ -128,133 +126,12 @@ def add_api_endpoints(handlers: Handlers) -> None:
         compare_json, status_json = gr.JSON(label="info"), gr.JSON(label="status")
         trigger = gr.Button()
 
-    async def generate_api(
-        prompt: str,
-        negative_prompt: str,
-        lora: str,
-        lora_scale: float,
-        lora_2: str,
-        lora_2_scale: float,
-        steps: float | None,
-        guidance: float | None,
-        width: float | None,
-        height: float | None,
-        seed: float | None,
-        base: str = "",
-        scheduler: str = "",
-        scheduler_options: dict | None = None,
-        clip_skip: float | None = 0,
-        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
-    ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
-        """Generate an image; `lora` and `lora_2` are Hub repo ids, Civitai references (`civitai:<version id>`, a
-        civitai.com model page or download link, an AIR) or local: files ("" for none); seed -1 is random.
-
-        The LoRAs pick the base model they were made for; without one, `base` names a served base ("" for the
-        default). `scheduler`: a sampler ("DPM++ 2M Karras", "Euler a", "LCM", ...) or a diffusers scheduler class,
-        "" for the LoRAs' recommendation or the model's own; `scheduler_options` e.g. {"use_karras_sigmas": true};
-        `clip_skip`: text-encoder layers skipped as diffusers counts them (A1111's "Clip skip 2" is 1). Yields
-        previews while denoising (info `{"preview": true, "step": k}`), then the image and its info.
-        """
-        with user_errors():
-            request = _request(
-                prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
-                seed, scheduler, scheduler_options, clip_skip, 1,
-            )  # fmt: skip
-        async for item in generate(handlers, request, progress, base=(base or "").strip()):
-            if isinstance(item, Frame):
-                yield item.image, {"preview": True, "step": item.step}
-            elif item is not None:  # ticks are for the UI's liveness check: the API shows frames and the result
-                yield item.image, fmt.result_info(item)
-
-    async def generate_images_api(
-        prompt: str,
-        negative_prompt: str,
-        lora: str,
-        lora_scale: float,
-        lora_2: str,
-        lora_2_scale: float,
-        steps: float | None,
-        guidance: float | None,
-        width: float | None,
-        height: float | None,
-        seed: float | None,
-        base: str = "",
-        scheduler: str = "",
-        scheduler_options: dict | None = None,
-        clip_skip: float | None = 0,
-        num_images: float | None = 2,
-        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
-    ) -> tuple[list[tuple[Any, str]], dict[str, Any]]:
-        """Several images (1 to 4) in one run, with consecutive seeds from `seed`: `[{"image": path, "caption":
-        "seed N"}, ...]` and the info (`seeds` lists them; each is what /generate gives for that seed, within 2 levels).
-        Arguments as /generate's, with `num_images`."""
-        with user_errors():
-            request = _request(
-                prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
-                seed, scheduler, scheduler_options, clip_skip, num_images,
-            )  # fmt: skip
-        result: GenerateResult | None = None
-        async for item in generate(handlers, request, progress, base=(base or "").strip()):
-            if isinstance(item, GenerateResult):
-                result = item
-        assert result is not None  # the stream ends with the result, or raises
-        gallery = [(image, f"seed {seed}") for image, seed in zip(result.images, result.seeds, strict=True)]
-        return gallery, fmt.result_info(result)
-
-    async def compare_api(
-        prompt: str,
-        negative_prompt: str,
-        loras: str,
-        scales: str,
-        include_base: bool,
-        steps: float | None,
-        guidance: float | None,
-        width: float | None,
-        height: float | None,
-        seed: float | None,
-        base: str = "",
-        scheduler: str = "",
-        clip_skip: float | None = 0,
-        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
-    ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
-        """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
-
-        `loras`: up to 4 LoRAs, one per line or comma-separated; `scales`: "" (each at 1), one scale for all,
-        one per LoRA, or several for a single LoRA (a sweep, e.g. "0, 0.5, 1"); `include_base` puts the base
-        model's image first. Each cell is what /generate returns for the same inputs (`scheduler` and `clip_skip` as
-        there, shared by every cell). The LoRAs must share one base model, on which the grid runs (`base` names it
-        when the LoRAs declare none, "" for the default).
-        """
-        with user_errors():
-            request = comparison_fields.compare_request(
-                prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
-                scheduler, clip_skip,
-            )  # fmt: skip
-        comparison = await compare(handlers, request, progress, (base or "").strip())
-        result = comparison.result
-        gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
-        return comparison.grid, gallery, comparison_fields.compare_info(result)
-
-    def catalog_api(base: str, search: str, sort: str, page: int | None, source: str = "hub") -> dict[str, Any]:
-        """One page of LoRAs for a base model ("" for the served one), and how fresh the list is; `source` is
-        "hub" or "civitai" (Civitai's LoRAs that run on that base's pool)."""
-        with user_errors():
-            return catalog_json(handlers.page(base, search, sort, page or 0, source or "hub"))
-
-    async def lora_info(repo_id: str, revision: str, weight_name: str) -> dict[str, Any]:
-        """What a LoRA is (its catalogue entry: trigger words, and for a Civitai LoRA its page, recommended scale
-        and CLIP skip) and whether it loads here (rank, size, layers, warnings); `repo_id` may be a Civitai
-        reference too."""
-        with user_errors():
-            spec = fmt.lora_spec(repo_id, 1.0, revision, weight_name) or LoraSpec(repo_id or "")
-            report = await handlers.lora(spec)
-        return {"entry": report.entry.to_json(), "check": fmt.check_info(report.check)}
-
-    async def pool_status() -> dict[str, Any]:
-        """Each pool's base, family, request defaults and the inputs it reads, memory (on the device or waiting in
-        host RAM; null on a cluster) and engine status."""
-        with user_errors():
-            return pool_views.pools_status_json(await handlers.status(), handlers.pools)
+    generate_api = _generate_api(handlers)
+    generate_images_api = _generate_images_api(handlers)
+    compare_api = _compare_api(handlers)
+    catalog_api = _catalog_api(handlers)
+    lora_info = _lora_info(handlers)
+    pool_status = _pool_status(handlers)
 
     generation: list[Any] = [
         prompt,
@@ -314,6 +191,159 @@ def add_api_endpoints(handlers: Handlers) -> None:
     )
 
 
+# Each endpoint's handler is made here: Gradio names its parameters and documents it from its signature and docstring.
+def _generate_api(handlers: Handlers) -> Callable[..., Any]:
+    async def generate_api(
+        prompt: str,
+        negative_prompt: str,
+        lora: str,
+        lora_scale: float,
+        lora_2: str,
+        lora_2_scale: float,
+        steps: float | None,
+        guidance: float | None,
+        width: float | None,
+        height: float | None,
+        seed: float | None,
+        base: str = "",
+        scheduler: str = "",
+        scheduler_options: dict | None = None,
+        clip_skip: float | None = 0,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
+    ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
+        """Generate an image; `lora` and `lora_2` are Hub repo ids, Civitai references (`civitai:<version id>`, a
+        civitai.com model page or download link, an AIR) or local: files ("" for none); seed -1 is random.
+
+        The LoRAs pick the base model they were made for; without one, `base` names a served base ("" for the
+        default). `scheduler`: a sampler ("DPM++ 2M Karras", "Euler a", "LCM", ...) or a diffusers scheduler class,
+        "" for the LoRAs' recommendation or the model's own; `scheduler_options` e.g. {"use_karras_sigmas": true};
+        `clip_skip`: text-encoder layers skipped as diffusers counts them (A1111's "Clip skip 2" is 1). Yields
+        previews while denoising (info `{"preview": true, "step": k}`), then the image and its info.
+        """
+        with user_errors():
+            request = _request(
+                prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
+                seed, scheduler, scheduler_options, clip_skip, 1,
+            )  # fmt: skip
+        async for item in generate(handlers, request, progress, base=(base or "").strip()):
+            if isinstance(item, Frame):
+                yield item.image, {"preview": True, "step": item.step}
+            elif item is not None:  # ticks are for the UI's liveness check: the API shows frames and the result
+                yield item.image, fmt.result_info(item)
+
+    return generate_api
+
+
+def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
+    async def generate_images_api(
+        prompt: str,
+        negative_prompt: str,
+        lora: str,
+        lora_scale: float,
+        lora_2: str,
+        lora_2_scale: float,
+        steps: float | None,
+        guidance: float | None,
+        width: float | None,
+        height: float | None,
+        seed: float | None,
+        base: str = "",
+        scheduler: str = "",
+        scheduler_options: dict | None = None,
+        clip_skip: float | None = 0,
+        num_images: float | None = 2,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
+    ) -> tuple[list[tuple[Any, str]], dict[str, Any]]:
+        """Several images (1 to 4) in one run, with consecutive seeds from `seed`: `[{"image": path, "caption":
+        "seed N"}, ...]` and the info (`seeds` lists them; each is what /generate gives for that seed, within 2 levels).
+        Arguments as /generate's, with `num_images`."""
+        with user_errors():
+            request = _request(
+                prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
+                seed, scheduler, scheduler_options, clip_skip, num_images,
+            )  # fmt: skip
+        result: GenerateResult | None = None
+        async for item in generate(handlers, request, progress, base=(base or "").strip()):
+            if isinstance(item, GenerateResult):
+                result = item
+        assert result is not None  # the stream ends with the result, or raises
+        gallery = [(image, f"seed {seed}") for image, seed in zip(result.images, result.seeds, strict=True)]
+        return gallery, fmt.result_info(result)
+
+    return generate_images_api
+
+
+def _compare_api(handlers: Handlers) -> Callable[..., Any]:
+    async def compare_api(
+        prompt: str,
+        negative_prompt: str,
+        loras: str,
+        scales: str,
+        include_base: bool,
+        steps: float | None,
+        guidance: float | None,
+        width: float | None,
+        height: float | None,
+        seed: float | None,
+        base: str = "",
+        scheduler: str = "",
+        clip_skip: float | None = 0,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
+    ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
+        """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
+
+        `loras`: up to 4 LoRAs, one per line or comma-separated; `scales`: "" (each at 1), one scale for all,
+        one per LoRA, or several for a single LoRA (a sweep, e.g. "0, 0.5, 1"); `include_base` puts the base
+        model's image first. Each cell is what /generate returns for the same inputs (`scheduler` and `clip_skip` as
+        there, shared by every cell). The LoRAs must share one base model, on which the grid runs (`base` names it
+        when the LoRAs declare none, "" for the default).
+        """
+        with user_errors():
+            request = comparison_fields.compare_request(
+                prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
+                scheduler, clip_skip,
+            )  # fmt: skip
+        comparison = await compare(handlers, request, progress, (base or "").strip())
+        result = comparison.result
+        gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
+        return comparison.grid, gallery, comparison_fields.compare_info(result)
+
+    return compare_api
+
+
+def _catalog_api(handlers: Handlers) -> Callable[..., Any]:
+    def catalog_api(base: str, search: str, sort: str, page: int | None, source: str = "hub") -> dict[str, Any]:
+        """One page of LoRAs for a base model ("" for the served one), and how fresh the list is; `source` is
+        "hub" or "civitai" (Civitai's LoRAs that run on that base's pool)."""
+        with user_errors():
+            return fmt.catalog_json(handlers.page(base, search, sort, page or 0, source or "hub"))
+
+    return catalog_api
+
+
+def _lora_info(handlers: Handlers) -> Callable[..., Any]:
+    async def lora_info(repo_id: str, revision: str, weight_name: str) -> dict[str, Any]:
+        """What a LoRA is (its catalogue entry: trigger words, and for a Civitai LoRA its page, recommended scale
+        and CLIP skip) and whether it loads here (rank, size, layers, warnings); `repo_id` may be a Civitai
+        reference too."""
+        with user_errors():
+            spec = fmt.lora_spec(repo_id, 1.0, revision, weight_name) or LoraSpec(repo_id or "")
+            report = await handlers.lora(spec)
+        return {"entry": report.entry.to_json(), "check": fmt.check_info(report.check)}
+
+    return lora_info
+
+
+def _pool_status(handlers: Handlers) -> Callable[..., Any]:
+    async def pool_status() -> dict[str, Any]:
+        """Each pool's base, family, request defaults and the inputs it reads, memory (on the device or waiting in
+        host RAM; null on a cluster) and engine status."""
+        with user_errors():
+            return pool_views.pools_status_json(await handlers.status(), handlers.pools)
+
+    return pool_status
+
+
 def _request(
     prompt: str,
     negative_prompt: str | None,
@@ -358,21 +388,3 @@ def _spec(lora: str | None, scale: float | None, name: str) -> LoraSpec | None:
     if (lora or "").strip() and scale is None:
         raise InvalidRequestError(f"{name} is empty; accepted: a number from -2 to 2 (1 is the LoRA as trained)")
     return fmt.lora_spec(lora, scale)
-
-
-def catalog_json(result: CatalogPage) -> dict[str, Any]:
-    """A catalogue page as the API answers it."""
-    freshness = result.freshness
-    return {
-        "entries": [e.to_json() for e in result.entries],
-        "page": result.page,
-        "page_size": result.page_size,
-        "total_known": result.total_known,
-        "has_more": result.has_more,
-        "freshness": {
-            "source": freshness.source,
-            "updated_at": freshness.updated_at.isoformat() if freshness.updated_at else None,
-            "offline": freshness.offline,
-            "message": freshness.message,
-        },
-    }
