@@ -126,28 +126,10 @@ def add_api_endpoints(handlers: Handlers) -> None:
         compare_json, status_json = gr.JSON(label="info"), gr.JSON(label="status")
         trigger = gr.Button()
 
-    generate_api = _generate_api(handlers)
-    generate_images_api = _generate_images_api(handlers)
-    compare_api = _compare_api(handlers)
-    catalog_api = _catalog_api(handlers)
-    lora_info = _lora_info(handlers)
-    pool_status = _pool_status(handlers)
-
-    generation: list[Any] = [
-        prompt,
-        negative_prompt,
-        lora,
-        lora_scale,
-        lora_2,
-        lora_2_scale,
-        steps,
-        guidance,
-        width,
-        height,
-    ]
-    generation += [seed, base, scheduler, scheduler_options, clip_skip]
+    generation: list[Any] = [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance]
+    generation += [width, height, seed, base, scheduler, scheduler_options, clip_skip]
     trigger.click(
-        generate_api,
+        _generate_api(handlers),
         generation,
         [image, info],
         api_name="generate",
@@ -156,7 +138,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
         concurrency_limit=None,
     )
     trigger.click(
-        generate_images_api,
+        _generate_images_api(handlers),
         [*generation, num_images],
         [images, info],
         api_name="generate_images",
@@ -165,25 +147,39 @@ def add_api_endpoints(handlers: Handlers) -> None:
     )
     comparing = [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base]
     trigger.click(
-        compare_api,
+        _compare_api(handlers),
         [*comparing, scheduler, clip_skip],
         [grid, cells, compare_json],
         api_name="compare",
         concurrency_id=PIPELINE,
         concurrency_limit=None,
     )
+    lookups = ([base, search, sort, page, source], page_json, status_json, [repo_id, revision, weight_name], lora_json)
+    _wire_lookups(handlers, trigger, *lookups)
+
+
+def _wire_lookups(
+    handlers: Handlers,
+    trigger: gr.Button,
+    catalog_inputs: list[Any],
+    page_json: gr.JSON,
+    status_json: gr.JSON,
+    lora_inputs: list[Any],
+    lora_json: gr.JSON,
+) -> None:
+    """The endpoints that read without generating: /catalog, /pool_status, /lora_info (in that order)."""
     trigger.click(
-        catalog_api,
-        [base, search, sort, page, source],
+        _catalog_api(handlers),
+        catalog_inputs,
         page_json,
         api_name="catalog",
         concurrency_id=BROWSE,
         concurrency_limit=4,
     )
-    trigger.click(pool_status, None, status_json, api_name="pool_status", queue=False)
+    trigger.click(_pool_status(handlers), None, status_json, api_name="pool_status", queue=False)
     trigger.click(
-        lora_info,
-        [repo_id, revision, weight_name],
+        _lora_info(handlers),
+        lora_inputs,
         lora_json,
         api_name="lora_info",
         concurrency_id=CHECK,
