@@ -18,7 +18,7 @@ import gradio as gr
 import spaces  # noqa: F401
 
 from serving.handlers import Handlers
-from serving.ui import events, panels, pool_views
+from serving.ui import browsing, events, panels, pool_views
 from serving.ui import history as session_events
 from serving.ui.gradio_api import add_api_endpoints
 
@@ -53,7 +53,7 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
                         comparison = panels.compare_panel(handlers)
         status_md, refresh = panels.status_panel()
         api_md = panels.api_panel()
-        events.wire_browsing(demo, handlers, browser, request, comparison, state, hub_url)
+        browsing.wire_browsing(demo, handlers, browser, request, comparison, state, hub_url)
         events.wire_generation(handlers, request, browser.base, result, status_md, history)
         session_events.wire_session(demo, handlers, browser, request, result, (history, state[4]))
         events.wire_compare(handlers, request, comparison, status_md)

@@ -15,7 +15,8 @@ from torch import nn
 
 from engine.caches.store import AdapterStore
 from engine.families.registry import spec_for
-from engine.formats.adapters import AdapterKey, LayerFactors, PreparedAdapter, TargetTable, prepare
+from engine.formats.adapters import AdapterKey, LayerFactors, PreparedAdapter, prepare
+from engine.formats.targets import TargetTable
 from engine.weights.swap import ActiveAdapter, WeightPatcher
 from lora_catalog.entries import Family
 from lora_catalog.sft_header import read_header

@@ -9,18 +9,17 @@ accepted; a bad value stops start-up. Why not pydantic-settings: docs/internals.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
-from urllib.parse import urlsplit
 
 import annotated_types
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
+from engine import settings_values as sv
 from engine.errors import SettingsError
 from engine.models import (
     DEFAULT_MODEL_ID,
@@ -50,10 +49,6 @@ __all__ = [
     "parse_models",
 ]
 
-_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-_FROM_ENV = "from_env"  # validation context: the values come from the environment
-
 
 @dataclass(frozen=True)
 class Env:
@@ -62,142 +57,15 @@ class Env:
     var: str
 
 
-class _Refused(ValueError):
-    """A value one of the validators below refuses: what is wrong with it, and what is accepted."""
-
-    def __init__(self, problem: str, accepted: str) -> None:
-        super().__init__(f"{problem}; accepted: {accepted}")
-        self.problem, self.accepted = problem, accepted
-
-
-def _strip(value: object) -> object:
-    return value.strip() if isinstance(value, str) else value
-
-
-def _upper(value: object) -> object:
-    return value.strip().upper() if isinstance(value, str) else value
-
-
-def _bytes_of(text: str) -> int:
-    """`4GiB`, `512MB` or `1048576` as bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).upper() if match else None
-    if match is None or unit not in _UNITS:
-        units = ", ".join(u for u in _UNITS if u)
-        raise _Refused("is not a byte size", f"a number with an optional unit ({units}), e.g. 4GiB")
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-def _byte_size(value: object) -> object:
-    return _bytes_of(value) if isinstance(value, str) else value
-
-
-def _auto_none(value: object) -> object:
-    return None if isinstance(value, str) and value.strip().lower() == "auto" else value
-
-
-def _at_least_one_byte(value: int) -> int:
-    if value < 1:
-        raise _Refused("is not accepted", "a byte size of at least 1 byte, e.g. 2GiB")
-    return value
-
-
-def _bool(value: object) -> object:
-    if not isinstance(value, str):
-        return value
-    if value.strip().lower() not in _BOOLS:
-        raise _Refused("is not accepted", ", ".join(_BOOLS))
-    return _BOOLS[value.strip().lower()]
-
-
-def _device(value: str) -> str:
-    if value in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", value):
-        return value
-    raise _Refused("is not accepted", "auto, cpu, cuda, cuda:<index>, mps")
-
-
-def _model_id(value: str) -> str:
-    if not value:
-        raise _Refused("is empty", "a Hub repo id, a local diffusers folder or 'tiny'")
-    return value
-
-
-def _hub_id(value: str) -> str:
-    if not HUB_ID.match(value):
-        raise _Refused("is not a Hub repo id", "'owner/name'")
-    return value
-
-
-def _preview_vae(value: str, info: ValidationInfo) -> str:
-    if value in ("auto", "none") or HUB_ID.match(value) or not _from_env(info):
-        return value
-    folder = Path(value).expanduser()
-    if folder.is_dir():
-        return str(folder.resolve())
-    raise _Refused(
-        "is not accepted", "auto, none, a Hub repo id (owner/name) or an existing folder holding an AutoencoderTiny"
-    )
-
-
-def _folder(value: Path | None, info: ValidationInfo) -> Path | None:
-    if value is None or not _from_env(info):
-        return value
-    path = value.expanduser().resolve()
-    if not path.is_dir():
-        raise _Refused("is not an existing folder", "a path to a folder")
-    return path
-
-
-def _url(value: str | None) -> str | None:
-    if value is None:
-        return None
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise _Refused("is not accepted", "an http(s) URL with a host and no query, e.g. http://head-node:8000")
-    try:
-        parts.port  # noqa: B018 -- urlsplit checks the port only when it is read
-    except ValueError as e:
-        raise _Refused("has a bad port", "a port from 0 to 65535") from e
-    return value.rstrip("/")
-
-
-def _names(value: object) -> object:
-    """A comma-separated list (`a, b`) as a tuple of its non-empty items."""
-    if isinstance(value, str):
-        return tuple(item.strip() for item in value.split(",") if item.strip())
-    return value
-
-
-def _nsfw_level(value: object) -> object:
-    return value.strip().upper().replace("-", "") if isinstance(value, str) else value
-
-
-def _hosts(value: object) -> object:
-    """`a.example, *.example.org` as a tuple of lower-cased host names (`*.` allows the sub-domains)."""
-    if not isinstance(value, str):
-        return value
-    hosts = tuple(h.strip().lower().rstrip(".") for h in value.split(",") if h.strip())
-    for host in hosts:
-        if not re.fullmatch(r"(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", host):
-            raise _Refused(
-                f"holds {host!r}, not a host name", "comma-separated host names, '*.<domain>' for its sub-domains"
-            )
-    return hosts
-
-
-def _from_env(info: ValidationInfo) -> bool:
-    return isinstance(info.context, dict) and bool(info.context.get(_FROM_ENV))
-
-
-_Stripped = BeforeValidator(_strip)
+_Stripped = BeforeValidator(sv.strip)
 # Civitai's storage hosts its download endpoint redirects to: `b2.civitai.com` (signed out) and its Cloudflare R2
 # delivery worker (signed in), as seen in the wild (ComfyUI Civitai clients allow the same two).
 CIVITAI_STORAGE_HOSTS = (
     "*.civitai.com",
     "civitai-delivery-worker-prod.5ac0637cfd0766c97916cefa3764fbdf.r2.cloudflarestorage.com",
 )
-_Bytes = Annotated[int, BeforeValidator(_byte_size)]
-_Bool = Annotated[bool, BeforeValidator(_bool)]
+_Bytes = Annotated[int, BeforeValidator(sv.byte_size)]
+_Bool = Annotated[bool, BeforeValidator(sv.boolean)]
 
 
 class Settings(BaseModel):
@@ -206,13 +74,13 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
 
     # MODEL_ID, BASE_MODEL_ID and MODELS depend on each other: `from_env` reads them.
-    model_id: Annotated[str, AfterValidator(_model_id), Env("MODEL_ID")] = DEFAULT_MODEL_ID
+    model_id: Annotated[str, AfterValidator(sv.model_id), Env("MODEL_ID")] = DEFAULT_MODEL_ID
     model_id_explicit: bool = False
-    base_model_id: Annotated[str, AfterValidator(_hub_id), Env("BASE_MODEL_ID")] = DEFAULT_MODEL_ID
+    base_model_id: Annotated[str, AfterValidator(sv.hub_id), Env("BASE_MODEL_ID")] = DEFAULT_MODEL_ID
     # Empty: one pool, `model_id` checked against `base_model_id` (the MODEL_ID shorthand).
     pools: tuple[PoolSetting, ...] = ()
     pool_offload: Annotated[_Bool, Env("POOL_OFFLOAD")] = True
-    device: Annotated[str, AfterValidator(_device), Env("DEVICE")] = "auto"
+    device: Annotated[str, AfterValidator(sv.device), Env("DEVICE")] = "auto"
     dtype: Annotated[Literal["auto", "float32", "float16", "bfloat16"], _Stripped, Env("DTYPE")] = "auto"
     vae_id: Annotated[str | None, Env("VAE_ID")] = None
     # torch.compile of each pool's denoiser at start-up (engine.pipeline.compiled); `reduce-overhead` adds CUDA
@@ -227,10 +95,10 @@ class Settings(BaseModel):
     device_cache_bytes: Annotated[_Bytes, Env("DEVICE_CACHE_BYTES")] = 2 * 2**30
     # None (`auto`): each pool's own touchable weights, so no LoRA is refused for how much it adapts (a FLUX LoRA
     # from ai-toolkit touches nearly all of the transformer's 22 GiB); the memory plan places the copies.
-    pristine_bytes: Annotated[_Bytes | None, BeforeValidator(_auto_none), Env("PRISTINE_BYTES")] = None
+    pristine_bytes: Annotated[_Bytes | None, BeforeValidator(sv.auto_none), Env("PRISTINE_BYTES")] = None
     # None (`auto`): the machine's RAM or its cgroup's limit, less a margin for the process itself
     # (engine.hostmem); the memory plan fits everything it places in host RAM within it.
-    host_ram_bytes: Annotated[_Bytes | None, BeforeValidator(_auto_none), Env("HOST_RAM_BYTES")] = None
+    host_ram_bytes: Annotated[_Bytes | None, BeforeValidator(sv.auto_none), Env("HOST_RAM_BYTES")] = None
     disk_cache_bytes: Annotated[_Bytes, Env("DISK_CACHE_BYTES")] = 20 * 2**30
     max_adapter_bytes: Annotated[_Bytes, Env("MAX_ADAPTER_BYTES")] = 1536 * 2**20
     max_rank: Annotated[int, Field(ge=1, le=4096), Env("MAX_RANK")] = 256
@@ -241,18 +109,18 @@ class Settings(BaseModel):
     max_queue: Annotated[int, Field(ge=1, le=10_000), Env("MAX_QUEUE")] = 16
     affinity_max_skip: Annotated[int, Field(ge=0, le=1000), Env("AFFINITY_MAX_SKIP")] = 3
     prepare_workers: Annotated[int, Field(ge=1, le=64), Env("PREPARE_WORKERS")] = 2
-    prepare_inflight_bytes: Annotated[_Bytes, AfterValidator(_at_least_one_byte), Env("PREPARE_INFLIGHT_BYTES")] = (
+    prepare_inflight_bytes: Annotated[_Bytes, AfterValidator(sv.at_least_one_byte), Env("PREPARE_INFLIGHT_BYTES")] = (
         2 * 2**30
     )
     scheduler: Annotated[Literal["affinity", "fifo_inline"], _Stripped, Env("SCHEDULER")] = "affinity"
     # Live previews while denoising (off for `POST /`, which answers with the final image only).
     previews: Annotated[_Bool, Env("PREVIEWS")] = True
-    preview_vae: Annotated[str, AfterValidator(_preview_vae), Env("PREVIEW_VAE")] = "auto"
+    preview_vae: Annotated[str, AfterValidator(sv.preview_vae), Env("PREVIEW_VAE")] = "auto"
     preview_every: Annotated[int, Field(ge=1, le=500), Env("PREVIEW_EVERY")] = 2
     # Comparison grids: cells per grid and denoising steps over all its cells.
     max_compare_cells: Annotated[int, Field(ge=1, le=16), Env("MAX_COMPARE_CELLS")] = 6
     max_compare_steps: Annotated[int, Field(ge=1, le=10_000), Env("MAX_COMPARE_STEPS")] = 150
-    local_lora_dir: Annotated[Path | None, AfterValidator(_folder), Env("LOCAL_LORA_DIR")] = None
+    local_lora_dir: Annotated[Path | None, AfterValidator(sv.folder), Env("LOCAL_LORA_DIR")] = None
     catalog_snapshot: Annotated[Path | None, Env("CATALOG_SNAPSHOT")] = None
     catalog_refresh: Annotated[_Bool, Env("CATALOG_REFRESH")] = True
     hub_timeout_s: Annotated[float, Field(ge=0.1, le=600.0), Env("HUB_TIMEOUT_S")] = 10.0
@@ -260,17 +128,17 @@ class Settings(BaseModel):
     # Civitai (lora_catalog.civitai): its API and downloads, at one endpoint, under an NSFW ceiling; downloads
     # follow redirects to the endpoint's host and these hosts only; the token goes to the endpoint's host only.
     civitai: Annotated[_Bool, Env("CIVITAI")] = True
-    civitai_endpoint: Annotated[str, AfterValidator(_url), Env("CIVITAI_ENDPOINT")] = "https://civitai.com"
+    civitai_endpoint: Annotated[str, AfterValidator(sv.url), Env("CIVITAI_ENDPOINT")] = "https://civitai.com"
     civitai_token: Annotated[str | None, Field(repr=False), Env("CIVITAI_TOKEN")] = None
     civitai_max_nsfw_level: Annotated[
-        Literal["PG", "PG13", "R", "X", "XXX"], BeforeValidator(_nsfw_level), Env("CIVITAI_MAX_NSFW_LEVEL")
+        Literal["PG", "PG13", "R", "X", "XXX"], BeforeValidator(sv.nsfw_level), Env("CIVITAI_MAX_NSFW_LEVEL")
     ] = "PG13"
-    civitai_allowed_hosts: Annotated[tuple[str, ...], BeforeValidator(_hosts), Env("CIVITAI_ALLOWED_HOSTS")] = (
+    civitai_allowed_hosts: Annotated[tuple[str, ...], BeforeValidator(sv.hosts), Env("CIVITAI_ALLOWED_HOSTS")] = (
         CIVITAI_STORAGE_HOSTS
     )
     # Where Civitai files are kept (None: `$HF_HOME/civitai`); DISK_CACHE_BYTES covers them with the Hub's LoRAs.
     civitai_cache_dir: Annotated[Path | None, Env("CIVITAI_CACHE_DIR")] = None
-    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper), Env("LOG_LEVEL")] = (
+    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(sv.upper), Env("LOG_LEVEL")] = (
         "INFO"
     )
     zero_gpu: Annotated[_Bool, Env("SPACES_ZERO_GPU")] = False
@@ -279,7 +147,7 @@ class Settings(BaseModel):
     # Each image carries its recipe (A1111's `parameters`: prompt, settings, LoRAs and their hashes).
     recipes: Annotated[_Bool, Env("RECIPES")] = True
     # With a URL, the Space is a front end: generation goes to that Ray Serve cluster (serving.cluster.app).
-    backend_url: Annotated[str | None, AfterValidator(_url), Env("BACKEND_URL")] = None
+    backend_url: Annotated[str | None, AfterValidator(sv.url), Env("BACKEND_URL")] = None
     backend_timeout_s: Annotated[float, Field(ge=1.0, le=86_400.0), Env("BACKEND_TIMEOUT_S")] = 600.0
     # The cluster's shape (serving.cluster.app): replicas per pool, requests a replica takes at once, adapter
     # sets each replica holds (Serve's multiplexed LRU, which the engine's prepared-adapter cache follows).
@@ -299,7 +167,7 @@ class Settings(BaseModel):
     # aiming at CLUSTER_TARGET_ONGOING requests per replica.
     cluster_max_replicas: Annotated[int, Field(ge=0, le=1024), Env("CLUSTER_MAX_REPLICAS")] = 0
     cluster_target_ongoing: Annotated[float, Field(ge=0.01, le=64.0), Env("CLUSTER_TARGET_ONGOING")] = 0.5
-    cluster_scale_to_zero: Annotated[tuple[str, ...], BeforeValidator(_names), Env("CLUSTER_SCALE_TO_ZERO")] = ()
+    cluster_scale_to_zero: Annotated[tuple[str, ...], BeforeValidator(sv.names), Env("CLUSTER_SCALE_TO_ZERO")] = ()
     # Each replica downloads into its own Hub-cache folder, as replicas on separate machines would (for measuring
     # a cluster on one machine: bench.fleet --real); off, replicas on one node share its Hub cache.
     cluster_own_hub_cache: Annotated[_Bool, Env("CLUSTER_OWN_HUB_CACHE")] = False
@@ -328,7 +196,7 @@ class Settings(BaseModel):
             values["model_id_explicit"] = "model_id" in raw
             values.setdefault("base_model_id", _default_base(model_id))
         try:
-            return cls.model_validate(values, context={_FROM_ENV: True})
+            return cls.model_validate(values, context={sv.FROM_ENV: True})
         except ValidationError as e:
             raise _settings_error(e, raw) from None
 
@@ -373,8 +241,8 @@ _ENV_VARS = {
 def parse_bytes(name: str, raw: str) -> int:
     """Parse a byte size such as `4GiB`, `512MB` or `1048576`; SettingsError names `name` when it is not one."""
     try:
-        return _bytes_of(raw)
-    except _Refused as e:
+        return sv.bytes_of(raw)
+    except sv.Refused as e:
         raise SettingsError(f"{name}={raw!r} {e.problem}; accepted: {e.accepted}") from None
 
 
@@ -395,7 +263,7 @@ def _settings_error(error: ValidationError, raw: Mapping[str, str]) -> SettingsE
     cause = detail.get("ctx", {}).get("error")
     if isinstance(cause, SettingsError):
         return cause
-    if isinstance(cause, _Refused):
+    if isinstance(cause, sv.Refused):
         problem, accepted = cause.problem, cause.accepted
     else:
         problem, accepted = "is not accepted", _accepted(info, detail)

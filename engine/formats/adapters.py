@@ -20,19 +20,14 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from diffusers import StableDiffusionXLPipeline
 from peft.utils.other import get_pattern_key
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from torch import nn
 
 from engine.devices import same_device
 from engine.errors import AdapterLoadError, IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
-from engine.families import unet
-from engine.families.spec import LoraConverter
 from engine.formats.bounds import Reach, reach
 from engine.formats.deltas import keep_deltas
 from engine.formats.dora import dora_update
@@ -42,11 +37,11 @@ from engine.formats.naming import (
     SplitTensors,
     component_state_dict,
     is_kohya,
-    kohya_modules,
     peft_stem,
     split_tensors,
 )
 from engine.formats.pivotal import TokenEmbeddings
+from engine.formats.targets import TargetTable
 from engine.hostmem import pinned_nbytes
 from lora_catalog.hints import LoraHints
 from lora_catalog.variants import unsupported_variant
@@ -56,7 +51,6 @@ __all__ = [
     "LayerFactors",
     "LayerUpdate",
     "PreparedAdapter",
-    "TargetTable",
     "detect_variant",
     "prepare",
 ]
@@ -153,60 +147,6 @@ class PreparedAdapter:
 def _view(t: torch.Tensor) -> tuple:
     """What identifies a tensor's values: its storage and the view into it."""
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
-
-
-# SDXL's converter: what a table made without a family's (tests and benchmarks over an SDXL UNet) converts with.
-_SDXL_CONVERTER = unet.converter(StableDiffusionXLPipeline)
-
-
-class TargetTable:
-    """Every Linear/Conv2d weight a LoRA may change, indexed once per pipeline, and how its LoRAs' names convert.
-
-    `components` are the pipeline's adaptable models by attribute (the family's `FamilySpec.components`),
-    `denoiser` the one that denoises (`unet`, `transformer`), `convert_lora` the family's converter.
-    """
-
-    def __init__(
-        self,
-        components: Mapping[str, nn.Module],
-        *,
-        denoiser: str = "unet",
-        convert_lora: LoraConverter = _SDXL_CONVERTER,
-    ) -> None:
-        if denoiser not in components:
-            raise ValueError(f"the denoiser {denoiser!r} is not among the components {', '.join(components)}")
-        self._convert_lora = convert_lora
-        self._denoiser_module = components[denoiser]
-        self.denoiser = denoiser
-        # The pipeline's adaptable components (SD 1.x/2.x: unet, text_encoder; FLUX: transformer, text_encoder).
-        self.components = tuple(components)
-        self.params: list[torch.Tensor] = []
-        self.names: list[str] = []  # `component.module` per index: LyCORIS/DoRA modules, errors, components touched
-        self._index: dict[tuple[str, str], int] = {}
-        for component, model in components.items():
-            for name, module in model.named_modules():
-                if isinstance(module, nn.Linear | nn.Conv2d):
-                    self._index[(component, name)] = len(self.params)
-                    self.params.append(module.weight)
-                    self.names.append(f"{component}.{name}")
-        self._flat_text = {c: not hasattr(m, "text_model") for c, m in components.items()}
-
-    def lookup(self, component: str, module: str) -> int | None:
-        if self._flat_text.get(component):
-            # Published CLIP LoRAs name modules under `text_model.`; recent transformers flattened it.
-            module = module.removeprefix("text_model.")
-        return self._index.get((component, module))
-
-    def __len__(self) -> int:
-        return len(self.params)
-
-    def convert(self, state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Mapping[str, Any] | None]:
-        """A file's plain factors in diffusers' names, with the network alphas read (the family's converter)."""
-        return self._convert_lora(state_dict, self._denoiser_module)
-
-    def kohya_modules(self, stems: list[str], label: str) -> dict[str, tuple[str, str]]:
-        """(component, module) of each kohya module name (`engine.formats.naming.kohya_modules`)."""
-        return kohya_modules(stems, self.convert, self.components, self.denoiser, label)
 
 
 def detect_variant(tensor_names: Iterable[str]) -> str | None:

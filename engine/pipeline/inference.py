@@ -13,8 +13,9 @@ device's memory, they are made one at a time, on the same weights. On a GPU one 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -86,20 +87,7 @@ def infer(
             progress(done, steps)
         return callback_kwargs
 
-    def call(seeds: tuple[int, ...]) -> list[Image]:
-        generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
-        # Only what a request set beyond the pipeline's defaults is passed (a one-image run's call is unchanged).
-        extra: dict[str, Any] = {"clip_skip": request.clip_skip} if request.clip_skip else {}
-        if len(seeds) > 1:
-            extra["num_images_per_prompt"] = len(seeds)
-        output = pipe(
-            **family.call_arguments(request),
-            generator=generators if len(seeds) > 1 else generators[0],
-            callback_on_step_end=on_step,
-            output_type="pil",
-            **extra,
-        )
-        return list(output.images)
+    call = partial(_images, pipe, request, family, on_step)
 
     # Called under the pipeline lock: the tokenizers are the base ones again after the run, however it ends.
     with swapped_tokenizers(pipe, tokenizers):
@@ -116,6 +104,25 @@ def infer(
     if cancel is not None and cancel.is_set():
         raise GenerationCancelledError("the request was cancelled during generation")
     return tuple(images)
+
+
+def _images(
+    pipe: Any, request: CheckedRequest, family: FamilySpec, on_step: Callable[..., dict], seeds: tuple[int, ...]
+) -> list[Image]:
+    """One pipeline call for `seeds` (a batch when several), `on_step` called after each step."""
+    generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
+    # Only what a request set beyond the pipeline's defaults is passed (a one-image run's call is unchanged).
+    extra: dict[str, Any] = {"clip_skip": request.clip_skip} if request.clip_skip else {}
+    if len(seeds) > 1:
+        extra["num_images_per_prompt"] = len(seeds)
+    output = pipe(
+        **family.call_arguments(request),
+        generator=generators if len(seeds) > 1 else generators[0],
+        callback_on_step_end=on_step,
+        output_type="pil",
+        **extra,
+    )
+    return list(output.images)
 
 
 def engine_error(error: BaseException, request: CheckedRequest) -> BaseException:

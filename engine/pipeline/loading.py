@@ -131,6 +131,34 @@ def load_pipeline(
         raise SettingsError(mismatch)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device, family.half_dtype)
+    _check_compile(settings, device)
+    started = time.perf_counter()
+    pipe: Pipeline = (
+        build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
+    )
+    pipe = _place(pipe, settings, family, device, dtype=dtype, park=park, host_components=host_components)
+    _vae_in_float32(pipe)
+    pipe.set_progress_bar_config(disable=True)
+    load_s = time.perf_counter() - started
+    defaults = _defaults(pipe, family, settings)
+    loaded = LoadedPipeline(
+        pipe=pipe,
+        model_id=settings.model_id,
+        base_model_id=settings.base_model_id,
+        device=device,
+        dtype=dtype,
+        defaults=defaults,
+        load_s=load_s,
+        warmup_s=0.0,
+        family=family,
+        host_components=host_components,
+    )
+    if not warm or park:
+        return loaded
+    return warm_up(loaded, settings)
+
+
+def _check_compile(settings: Settings, device: torch.device) -> None:
     if settings.compile != "off":
         # Refused before the weights are read: a mode this device cannot run, or one that would bake weights in
         # (on ZeroGPU the denoiser is compiled ahead of time: engine.pipeline.aot).
@@ -138,10 +166,19 @@ def load_pipeline(
             inductor_options(settings.compile)
         else:
             check_compilable(settings.compile, device)
-    started = time.perf_counter()
-    pipe: Pipeline = (
-        build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
-    )
+
+
+def _place(
+    pipe: Pipeline,
+    settings: Settings,
+    family: FamilySpec,
+    device: torch.device,
+    *,
+    dtype: torch.dtype,
+    park: bool,
+    host_components: tuple[str, ...],
+) -> Pipeline:
+    """The pipeline on its device (the CPU when parked) in `dtype`, `host_components` left in host RAM."""
     target = torch.device("cpu") if park else device
     # Casting only when needed: diffusers warns on a cast that may break modules kept in float32.
     cast = None if pipe.dtype == dtype else dtype
@@ -162,9 +199,11 @@ def load_pipeline(
                     run_from_host_ram(component, device, cache_bytes=cache)
     else:
         pipe = pipe.to(device=target) if cast is None else pipe.to(device=target, dtype=cast)
-    _vae_in_float32(pipe)
-    pipe.set_progress_bar_config(disable=True)
-    load_s = time.perf_counter() - started
+    return pipe
+
+
+def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDefaults:
+    """The served model's request defaults: the family's, its sizes around the pipeline's own side."""
     side = family.served_side(pipe)
     max_side = min(settings.max_side, max(2 * side, 256))
     run = family.defaults(pipe)
@@ -185,21 +224,7 @@ def load_pipeline(
         defaults = dataclasses.replace(defaults, steps=4, sizes=fit_presets(side, TINY_SIZES, max_side))
     else:
         defaults = dataclasses.replace(defaults, sizes=family.size_presets(side, max_side))
-    loaded = LoadedPipeline(
-        pipe=pipe,
-        model_id=settings.model_id,
-        base_model_id=settings.base_model_id,
-        device=device,
-        dtype=dtype,
-        defaults=defaults,
-        load_s=load_s,
-        warmup_s=0.0,
-        family=family,
-        host_components=host_components,
-    )
-    if not warm or park:
-        return loaded
-    return warm_up(loaded, settings)
+    return defaults
 
 
 def warm_up(

@@ -16,31 +16,23 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Any
-
-import torch
 
 from engine.caches.disk import DiskCache
-from engine.caches.store import AdapterStore
 from engine.errors import HubUnavailableError, InvalidRequestError, PreparationError, SwitchboardError
 from engine.events import EngineEvents
-from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable
-from engine.formats.pivotal import TextEncoders, check_clashes
-from engine.hostmem import configure_pinned
+from engine.formats.adapters import AdapterKey, PreparedAdapter
+from engine.formats.pivotal import check_clashes
 from engine.normalise import normalise_request
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
-from engine.pipeline.aot import AotDenoiser
-from engine.pipeline.compiled import CompiledDenoiser
 from engine.pipeline.inference import engine_error, gpu_lock, infer
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
 from engine.pipeline.schedulers import check_scheduler, run_pipeline
-from engine.pools.hostplan import pristine_budget
-from engine.pools.plan import scratch_bytes
+from engine.pools.parts import build_parts
 from engine.pools.prefetch import PrefetchLane
+from engine.pools.report import engine_status
 from engine.pools.scheduler import Scheduler
-from engine.prepare.loadgate import LoadGate
-from engine.prepare.preparation import Lane, PreparedLora, Preparer
+from engine.prepare.preparation import Lane, PreparedLora
 from engine.prepare.resolve import AdapterResolver
 from engine.recommended import final_request
 from engine.requests import (
@@ -55,7 +47,6 @@ from engine.requests import (
 )
 from engine.settings import Settings
 from engine.weights.fused import FusedSet, set_identity
-from engine.weights.swap import WeightPatcher
 from engine.weights.tokens import TokenPatcher
 from lora_catalog.hints import LoraHints
 
@@ -82,83 +73,21 @@ class Engine:
         self._per_call = settings.per_call
         # Subscribers (serving.http.metrics) count what the engine reports here; the engine keeps no counts itself.
         self.events = EngineEvents()
-        pipe = loaded.pipe
-        family = loaded.family
-        self._table = TargetTable(
-            {c: getattr(pipe, c) for c in loaded.components},
-            denoiser=family.denoiser,
-            convert_lora=family.convert_lora,
-        )
-        # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
-        encoders = TextEncoders(pipe, loaded.components)
-        on_device = loaded.device.type != "cpu" and not self._per_call and settings.pristine_store != "cpu"
-        # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
-        pin = loaded.device.type == "cuda" and not settings.zero_gpu
-        if pin:
-            # Before anything is pinned: large pinned buffers at their size, not a power of two (engine.hostmem).
-            configure_pinned()
-        # What the pristine copies may take on the device at most: the residency charges it while the pool is there.
-        touchable = sum(p.nbytes for p in self._table.params)
-        allowance = touchable if settings.pristine_bytes is None else min(settings.pristine_bytes, touchable)
-        self.pristine_device_bytes = allowance if on_device else 0
-        sizes = [p.nbytes for p in self._table.params]
-        self._pristine_budget, budget_setting = pristine_budget(
-            sizes, pinned=pin and not on_device, pristine_bytes=settings.pristine_bytes, host_pristine=host_pristine
-        )
-        # The swap's float32 scratch buffers on the device while the pool is there (the residency charges them).
-        largest = max((p.numel() for p in self._table.params), default=0)
-        self.scratch_device_bytes = scratch_bytes(largest) if loaded.device.type != "cpu" and not self._per_call else 0
-        patcher = WeightPatcher(
-            self._table.params,
-            loaded.device if on_device else torch.device("cpu"),
-            budget=self._pristine_budget,
-            pin=pin,
-            budget_setting=budget_setting,
-        )
-        self._store = AdapterStore(
-            host_budget=settings.host_cache_bytes,
-            device_budget=settings.device_cache_bytes,
-            device=loaded.device,
-            dtype=loaded.dtype,
-            # On the CPU the host copy is the compute copy; on ZeroGPU device memory does not outlive a call.
-            use_device_tier=loaded.device.type != "cpu" and not self._per_call,
-            pin=pin,
-            events=self.events,
-        )
-        if disk_cache is None and (resolver.uses_hub or resolver.civitai_dir is not None):
-            disk_cache = DiskCache(
-                settings.disk_cache_bytes,
-                cache_dir=resolver.cache_dir,
-                civitai_dir=resolver.civitai_dir,
-                download_timeout_s=settings.hub_timeout_s,
-                # The budget is for LoRAs: the served model's own repos are never pruned.
-                keep_repos={settings.model_id, settings.base_model_id, loaded.model_id, settings.vae_id or ""},
-                in_use=self._store.in_use,
-            )
-        self.disk_cache = disk_cache
-        self._preparer = Preparer(
-            resolver,
-            self._store,
-            self._table,
-            encoders,
-            served_base=loaded.base_model_id,
-            max_rank=settings.max_rank,
-            disk=self.disk_cache,
-            gate=LoadGate(workers=settings.prepare_workers, budget=settings.prepare_inflight_bytes),
-            # Prefetches load one at a time, beside the requests' loads and never in their way.
-            prefetch_gate=LoadGate(workers=1, budget=settings.prepare_inflight_bytes),
-            # LoHa's and DoRA's ΔW kept from preparation on the CPU, where recomputing it is slow
-            # (engine.formats.deltas): a quarter of the host cache, so a kept ΔW never crowds out more than a few
-            # other adapters.
-            delta_budget=settings.host_cache_bytes // 4 if loaded.device.type == "cpu" else 0,
-        )
+        parts = build_parts(loaded, settings, resolver, self.events, disk_cache=disk_cache, host_pristine=host_pristine)
+        self._table = parts.table
+        self._store = parts.store
+        self._pristine_budget = parts.pristine_budget
+        self.pristine_device_bytes = parts.pristine_device_bytes
+        self.scratch_device_bytes = parts.scratch_device_bytes
+        self.disk_cache = parts.disk_cache
+        self._preparer = parts.preparer
         self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
         # The pipeline lock: uncontended under the scheduler, it keeps a direct `run` call safe too.
         self._lock = threading.Lock()
         # The one place where the weights change (through `WeightPatcher`).
         self._fused = FusedSet(
-            patcher,
-            TokenPatcher(encoders),
+            parts.patcher,
+            TokenPatcher(parts.encoders),
             self._store,
             per_call=self._per_call,
             device=loaded.device,
@@ -381,6 +310,23 @@ class Engine:
             raise mapped from e
         finally:
             self._fused.after_call()
+        timings = self._finished(prepared, locked, inferred, apply_s, len(images))
+        return GenerateResult(
+            image=images[0],
+            more_images=images[1:],
+            seed=prepared.request.seed,
+            request=prepared.request,
+            timings=timings,
+            adapters=prepared.uses,
+            swapped=swapped,
+            warnings=prepared.warnings,
+            model_id=self.loaded.model_name,
+        )
+
+    def _finished(
+        self, prepared: PreparedRequest, locked: float, inferred: float, apply_s: float, images: int
+    ) -> Timings:
+        """The request's timings, reported and logged, once its images are made."""
         done = time.perf_counter()
         self.events.inferred(done - inferred)
         timings = Timings(
@@ -393,7 +339,7 @@ class Engine:
         logger.info(
             "generated %d× %dx%d in %d steps (%s) with %s: apply %.1f ms, inference %.2f s, total %.2f s "
             "(waited %.2f s)",
-            len(images),
+            images,
             prepared.request.width,
             prepared.request.height,
             prepared.request.steps,
@@ -404,17 +350,7 @@ class Engine:
             timings.total,
             locked - prepared.started - prepared.resolve_s - prepared.prepare_s,
         )
-        return GenerateResult(
-            image=images[0],
-            more_images=images[1:],
-            seed=prepared.request.seed,
-            request=prepared.request,
-            timings=timings,
-            adapters=prepared.uses,
-            swapped=swapped,
-            warnings=prepared.warnings,
-            model_id=self.loaded.model_name,
-        )
+        return timings
 
     @property
     def waiting(self) -> int:
@@ -449,40 +385,15 @@ class Engine:
     # -- status ----------------------------------------------------------------------------------
 
     def status(self) -> EngineStatus:
-        host_budget, device_budget = self._store.budgets
-        return EngineStatus(
-            model_id=self.loaded.model_id,
-            base_model_id=self.loaded.base_model_id,
-            device=str(self.loaded.device),
-            dtype=str(self.loaded.dtype).removeprefix("torch."),
-            is_tiny=self.loaded.is_tiny,
+        return engine_status(
+            self.loaded,
+            self._store,
+            self._fused,
             per_call=self._per_call,
-            load_s=self.loaded.load_s,
-            warmup_s=self.loaded.warmup_s,
-            cached=tuple(self._store.snapshot()),
-            host_bytes=self._store.host_bytes,
-            host_budget=host_budget,
-            device_bytes=self._store.device_bytes,
-            device_budget=device_budget,
-            pristine_bytes=self._fused.pristine_bytes,
             pristine_budget=self._pristine_budget,
-            applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in self._fused.applied),
             preview=self._preview.name if self._preview is not None else "off",
             waiting=self.scheduler.waiting,
-            **_compile_status(self.loaded.compiled),
         )
-
-
-def _compile_status(compiled: CompiledDenoiser | AotDenoiser | None) -> dict[str, Any]:
-    if compiled is None:
-        return {}
-    return {
-        "compile_mode": compiled.mode,
-        "compile_s": compiled.compile_s,
-        "compiled_shapes": compiled.shapes,
-        "recompiles": compiled.recompiles,
-        "eager_calls": compiled.eager_calls,
-    }
 
 
 def _cell_progress(progress: Callable[[int, int, int], None], cell: int) -> Progress:

@@ -30,7 +30,15 @@ from engine.outcomes import PoolMemory, PoolStatus, ServedPool
 from engine.pipeline.loading import LoadedPipeline, resolve_device, vae_mismatch, warm_up
 from engine.pools.engine import Engine
 from engine.pools.flat import FlatWeights, module_tensors
-from engine.pools.plan import PlanOptions, declared_needs, device_memory, loaded_need, pipeline_modules, plan_memory
+from engine.pools.plan import (
+    MemoryPlan,
+    PlanOptions,
+    declared_needs,
+    device_memory,
+    loaded_need,
+    pipeline_modules,
+    plan_memory,
+)
 from engine.pools.residency import Residency
 from engine.pools.routing import PoolInfo, agreed_pool, described_pick, named_pool
 from engine.prepare.resolve import AdapterResolver, AdapterSource
@@ -317,27 +325,15 @@ def build_pools(
             _warmed(lp, settings.for_pool(pool), moves=moves) for pool, lp in zip(pool_settings, loaded, strict=True)
         ]
     engines: list[Engine] = []
-    disk = None
-    if resolver.uses_hub or resolver.civitai_dir is not None:
-        keep = {r for p in pool_settings for r in (p.model_id, p.base_model_id)} | {lp.model_id for lp in loaded}
-        disk = DiskCache(
-            settings.disk_cache_bytes,
-            cache_dir=resolver.cache_dir,
-            # The budget is for LoRAs: the served models' own repos are never pruned.
-            keep_repos=keep | {settings.vae_id or ""},
-            civitai_dir=resolver.civitai_dir,
-            download_timeout_s=settings.hub_timeout_s,
-            in_use=lambda: set[AdapterKey]().union(*(engine.adapters_in_use() for engine in engines)),
-        )
+    disk = _shared_disk_cache(settings, resolver, loaded, engines)
     for own, lp in zip(own_settings, loaded, strict=True):
-        host_pristine = None
-        if plan is not None:
-            placement = plan.placement(lp.base_model_id)
-            own = own.replace(pristine_store=placement.pristine_store)
-            if placement.pristine_store == "cpu" and plan.host_budget is not None:
-                host_pristine = placement.host_pristine
-        engines.append(Engine(lp, own, resolver, disk_cache=disk, host_pristine=host_pristine))
+        engines.append(_engine(own, lp, plan, resolver, disk))
     pools = Pools(engines, resolver, Residency(device, plan.room if plan is not None else None))
+    _log_residency(pools)
+    return pools
+
+
+def _log_residency(pools: Pools) -> None:
     for memory_of in pools.residency_snapshot():
         logger.info(
             "pool %s: %.2f GiB, %s",
@@ -345,4 +341,34 @@ def build_pools(
             memory_of.nbytes / 2**30,
             "on the device" if memory_of.resident else "waiting in host RAM",
         )
-    return pools
+
+
+def _shared_disk_cache(
+    settings: Settings, resolver: AdapterResolver, loaded: Sequence[LoadedPipeline], engines: Sequence[Engine]
+) -> DiskCache | None:
+    """The pools' one Hub-cache pruner (None without a Hub or Civitai folder); `engines` fills in after it."""
+    if not (resolver.uses_hub or resolver.civitai_dir is not None):
+        return None
+    keep = {r for p in settings.pool_settings for r in (p.model_id, p.base_model_id)} | {lp.model_id for lp in loaded}
+    return DiskCache(
+        settings.disk_cache_bytes,
+        cache_dir=resolver.cache_dir,
+        # The budget is for LoRAs: the served models' own repos are never pruned.
+        keep_repos=keep | {settings.vae_id or ""},
+        civitai_dir=resolver.civitai_dir,
+        download_timeout_s=settings.hub_timeout_s,
+        in_use=lambda: set[AdapterKey]().union(*(engine.adapters_in_use() for engine in engines)),
+    )
+
+
+def _engine(
+    own: Settings, lp: LoadedPipeline, plan: MemoryPlan | None, resolver: AdapterResolver, disk: DiskCache | None
+) -> Engine:
+    """One pool's engine, its pristine store (and host RAM for it) as the memory plan placed it."""
+    host_pristine = None
+    if plan is not None:
+        placement = plan.placement(lp.base_model_id)
+        own = own.replace(pristine_store=placement.pristine_store)
+        if placement.pristine_store == "cpu" and plan.host_budget is not None:
+            host_pristine = placement.host_pristine
+    return Engine(lp, own, resolver, disk_cache=disk, host_pristine=host_pristine)

@@ -23,9 +23,10 @@ from typing import Literal
 from engine.caches.disk import DiskCache
 from engine.caches.store import AdapterStore
 from engine.families.origin import check_origin, judge_origin
-from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
+from engine.formats.adapters import AdapterKey, PreparedAdapter, prepare
 from engine.formats.deltas import may_keep_delta
 from engine.formats.pivotal import TextEncoders
+from engine.formats.targets import TargetTable
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import LoraSpec

@@ -9,7 +9,7 @@ endpoint did before they existed. Details: docs/internals.md, "serving/ui/gradio
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -18,7 +18,6 @@ import gradio as gr
 from engine.errors import InvalidRequestError
 from engine.pools.scheduler import QueueView
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
-from lora_catalog.listing import CatalogPage
 from serving.errors import user_errors
 from serving.handlers import Comparison, Handlers
 from serving.streaming import Frame
@@ -34,7 +33,6 @@ __all__ = [
     "CellProgress",
     "StepProgress",
     "add_api_endpoints",
-    "catalog_json",
     "compare",
     "generate",
 ]
@@ -128,6 +126,69 @@ def add_api_endpoints(handlers: Handlers) -> None:
         compare_json, status_json = gr.JSON(label="info"), gr.JSON(label="status")
         trigger = gr.Button()
 
+    generation: list[Any] = [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance]
+    generation += [width, height, seed, base, scheduler, scheduler_options, clip_skip]
+    trigger.click(
+        _generate_api(handlers),
+        generation,
+        [image, info],
+        api_name="generate",
+        concurrency_id=PIPELINE,
+        # The engine's scheduler is the one queue (see app.py): Gradio does not hold generations back.
+        concurrency_limit=None,
+    )
+    trigger.click(
+        _generate_images_api(handlers),
+        [*generation, num_images],
+        [images, info],
+        api_name="generate_images",
+        concurrency_id=PIPELINE,
+        concurrency_limit=None,
+    )
+    comparing = [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base]
+    trigger.click(
+        _compare_api(handlers),
+        [*comparing, scheduler, clip_skip],
+        [grid, cells, compare_json],
+        api_name="compare",
+        concurrency_id=PIPELINE,
+        concurrency_limit=None,
+    )
+    lookups = ([base, search, sort, page, source], page_json, status_json, [repo_id, revision, weight_name], lora_json)
+    _wire_lookups(handlers, trigger, *lookups)
+
+
+def _wire_lookups(
+    handlers: Handlers,
+    trigger: gr.Button,
+    catalog_inputs: list[Any],
+    page_json: gr.JSON,
+    status_json: gr.JSON,
+    lora_inputs: list[Any],
+    lora_json: gr.JSON,
+) -> None:
+    """The endpoints that read without generating: /catalog, /pool_status, /lora_info (in that order)."""
+    trigger.click(
+        _catalog_api(handlers),
+        catalog_inputs,
+        page_json,
+        api_name="catalog",
+        concurrency_id=BROWSE,
+        concurrency_limit=4,
+    )
+    trigger.click(_pool_status(handlers), None, status_json, api_name="pool_status", queue=False)
+    trigger.click(
+        _lora_info(handlers),
+        lora_inputs,
+        lora_json,
+        api_name="lora_info",
+        concurrency_id=CHECK,
+        concurrency_limit=2,
+    )
+
+
+# Each endpoint's handler is made here: Gradio names its parameters and documents it from its signature and docstring.
+def _generate_api(handlers: Handlers) -> Callable[..., Any]:
     async def generate_api(
         prompt: str,
         negative_prompt: str,
@@ -166,6 +227,10 @@ def add_api_endpoints(handlers: Handlers) -> None:
             elif item is not None:  # ticks are for the UI's liveness check: the API shows frames and the result
                 yield item.image, fmt.result_info(item)
 
+    return generate_api
+
+
+def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
     async def generate_images_api(
         prompt: str,
         negative_prompt: str,
@@ -201,6 +266,10 @@ def add_api_endpoints(handlers: Handlers) -> None:
         gallery = [(image, f"seed {seed}") for image, seed in zip(result.images, result.seeds, strict=True)]
         return gallery, fmt.result_info(result)
 
+    return generate_images_api
+
+
+def _compare_api(handlers: Handlers) -> Callable[..., Any]:
     async def compare_api(
         prompt: str,
         negative_prompt: str,
@@ -235,12 +304,20 @@ def add_api_endpoints(handlers: Handlers) -> None:
         gallery = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
         return comparison.grid, gallery, comparison_fields.compare_info(result)
 
+    return compare_api
+
+
+def _catalog_api(handlers: Handlers) -> Callable[..., Any]:
     def catalog_api(base: str, search: str, sort: str, page: int | None, source: str = "hub") -> dict[str, Any]:
         """One page of LoRAs for a base model ("" for the served one), and how fresh the list is; `source` is
         "hub" or "civitai" (Civitai's LoRAs that run on that base's pool)."""
         with user_errors():
-            return catalog_json(handlers.page(base, search, sort, page or 0, source or "hub"))
+            return fmt.catalog_json(handlers.page(base, search, sort, page or 0, source or "hub"))
 
+    return catalog_api
+
+
+def _lora_info(handlers: Handlers) -> Callable[..., Any]:
     async def lora_info(repo_id: str, revision: str, weight_name: str) -> dict[str, Any]:
         """What a LoRA is (its catalogue entry: trigger words, and for a Civitai LoRA its page, recommended scale
         and CLIP skip) and whether it loads here (rank, size, layers, warnings); `repo_id` may be a Civitai
@@ -250,68 +327,17 @@ def add_api_endpoints(handlers: Handlers) -> None:
             report = await handlers.lora(spec)
         return {"entry": report.entry.to_json(), "check": fmt.check_info(report.check)}
 
+    return lora_info
+
+
+def _pool_status(handlers: Handlers) -> Callable[..., Any]:
     async def pool_status() -> dict[str, Any]:
         """Each pool's base, family, request defaults and the inputs it reads, memory (on the device or waiting in
         host RAM; null on a cluster) and engine status."""
         with user_errors():
             return pool_views.pools_status_json(await handlers.status(), handlers.pools)
 
-    generation: list[Any] = [
-        prompt,
-        negative_prompt,
-        lora,
-        lora_scale,
-        lora_2,
-        lora_2_scale,
-        steps,
-        guidance,
-        width,
-        height,
-    ]
-    generation += [seed, base, scheduler, scheduler_options, clip_skip]
-    trigger.click(
-        generate_api,
-        generation,
-        [image, info],
-        api_name="generate",
-        concurrency_id=PIPELINE,
-        # The engine's scheduler is the one queue (see app.py): Gradio does not hold generations back.
-        concurrency_limit=None,
-    )
-    trigger.click(
-        generate_images_api,
-        [*generation, num_images],
-        [images, info],
-        api_name="generate_images",
-        concurrency_id=PIPELINE,
-        concurrency_limit=None,
-    )
-    comparing = [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base]
-    trigger.click(
-        compare_api,
-        [*comparing, scheduler, clip_skip],
-        [grid, cells, compare_json],
-        api_name="compare",
-        concurrency_id=PIPELINE,
-        concurrency_limit=None,
-    )
-    trigger.click(
-        catalog_api,
-        [base, search, sort, page, source],
-        page_json,
-        api_name="catalog",
-        concurrency_id=BROWSE,
-        concurrency_limit=4,
-    )
-    trigger.click(pool_status, None, status_json, api_name="pool_status", queue=False)
-    trigger.click(
-        lora_info,
-        [repo_id, revision, weight_name],
-        lora_json,
-        api_name="lora_info",
-        concurrency_id=CHECK,
-        concurrency_limit=2,
-    )
+    return pool_status
 
 
 def _request(
@@ -358,21 +384,3 @@ def _spec(lora: str | None, scale: float | None, name: str) -> LoraSpec | None:
     if (lora or "").strip() and scale is None:
         raise InvalidRequestError(f"{name} is empty; accepted: a number from -2 to 2 (1 is the LoRA as trained)")
     return fmt.lora_spec(lora, scale)
-
-
-def catalog_json(result: CatalogPage) -> dict[str, Any]:
-    """A catalogue page as the API answers it."""
-    freshness = result.freshness
-    return {
-        "entries": [e.to_json() for e in result.entries],
-        "page": result.page,
-        "page_size": result.page_size,
-        "total_known": result.total_known,
-        "has_more": result.has_more,
-        "freshness": {
-            "source": freshness.source,
-            "updated_at": freshness.updated_at.isoformat() if freshness.updated_at else None,
-            "offline": freshness.offline,
-            "message": freshness.message,
-        },
-    }

@@ -105,32 +105,11 @@ def wire_session(
     """The share link read on load, and "use these settings again" for a history entry.
 
     A new base in the filter resets the form's size, steps, guidance, sampler and CLIP skip to its pool's
-    (`serving.ui.events`); when a link or an entry names a base, its values for those wait in `pending` for
+    (`serving.ui.browsing`); when a link or an entry names a base, its values for those wait in `pending` for
     that change to apply instead.
     """
     history, pending = states
-    first, second = request.first, request.second
-    fields = [
-        request.prompt,
-        request.negative,
-        first.ref,
-        first.scale,
-        first.revision,
-        first.weight,
-        second.ref,
-        second.scale,
-        second.revision,
-        second.weight,
-        request.size,
-        request.steps,
-        request.guidance,
-        request.sampler,
-        request.clip_skip,
-        request.num_images,
-        request.seed,
-        browser.base,
-        request.randomize,
-    ]
+    fields = _session_fields(browser, request)
     assert len(fields) == len(session.FIELDS) + 1
     chosen = gr.State(None)
 
@@ -164,3 +143,29 @@ def wire_session(
     demo.load(opened, browser.base, [*fields, pending], **options)
     result.history.select(pick, None, [chosen, result.use_again], **options)
     result.use_again.click(again, [history, chosen, browser.base], [*fields, pending], **options)
+
+
+def _session_fields(browser: Browser, request: RequestPanel) -> list[Any]:
+    """The form's fields a share link or a history entry fills (`session.FIELDS`), and the Randomize box."""
+    first, second = request.first, request.second
+    return [
+        request.prompt,
+        request.negative,
+        first.ref,
+        first.scale,
+        first.revision,
+        first.weight,
+        second.ref,
+        second.scale,
+        second.revision,
+        second.weight,
+        request.size,
+        request.steps,
+        request.guidance,
+        request.sampler,
+        request.clip_skip,
+        request.num_images,
+        request.seed,
+        browser.base,
+        request.randomize,
+    ]

@@ -16,6 +16,7 @@ from lora_catalog.hints import LoraHints
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
 from serving.ui import pool_views, session
+from serving.ui.snippets import api_snippets
 
 if TYPE_CHECKING:
     from engine.outcomes import ServedPool
@@ -76,7 +77,7 @@ async def status(handlers: Handlers) -> str:
 
 def snippets(handlers: Handlers, url: str) -> str:
     """The API panel: the examples, and the per-base forms."""
-    text = fmt.api_snippets(url, handlers.example_lora(), handlers.default.defaults)
+    text = api_snippets(url, handlers.example_lora(), handlers.default.defaults)
     return f"{text}\n\n{pool_views.pools_api_snippets(url, handlers.pools)}"
 
 

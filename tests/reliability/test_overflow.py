@@ -14,7 +14,7 @@ from safetensors.torch import save
 
 from engine.errors import LimitExceededError
 from engine.families.sdxl import build_tiny_pipeline
-from engine.formats.adapters import TargetTable
+from engine.formats.targets import TargetTable
 from engine.requests import GenerateRequest, LoraSpec
 from engine.weights import swap
 from engine.weights.swap import ActiveAdapter, WeightPatcher

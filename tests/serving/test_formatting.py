@@ -10,6 +10,7 @@ from engine.errors import InvalidRequestError
 from engine.requests import AdapterUse, CheckedRequest, GenerateResult, LoraSpec, ModelDefaults, Timings
 from lora_catalog.entries import Family, LoraEntry
 from serving.ui import formatting as fmt
+from serving.ui.snippets import api_snippets, base_url
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 
@@ -136,10 +137,10 @@ def test_result_html_and_info_describe_timings_and_cache():
 
 
 def test_snippets_use_the_url_clients_reach():
-    assert fmt.base_url({"host": "localhost:8888"}) == "http://localhost:8888/"
-    assert fmt.base_url({"host": "me-space.hf.space"}) == "https://me-space.hf.space/"
-    assert fmt.base_url({"host": "10.0.0.2", "x-forwarded-host": "a.b", "x-forwarded-proto": "https"}) == "https://a.b/"
-    text = fmt.api_snippets("http://localhost:8888/", "alice/ink", ModelDefaults(25, 5.0, 1024, 1536))
+    assert base_url({"host": "localhost:8888"}) == "http://localhost:8888/"
+    assert base_url({"host": "me-space.hf.space"}) == "https://me-space.hf.space/"
+    assert base_url({"host": "10.0.0.2", "x-forwarded-host": "a.b", "x-forwarded-proto": "https"}) == "https://a.b/"
+    text = api_snippets("http://localhost:8888/", "alice/ink", ModelDefaults(25, 5.0, 1024, 1536))
     assert 'Client("http://localhost:8888/")' in text
     assert "curl -H 'lora: alice/ink' http://localhost:8888/" in text
     assert 'api_name="/generate"' in text

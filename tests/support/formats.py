@@ -6,7 +6,8 @@ from pathlib import Path
 
 from torch import nn
 
-from engine.formats.adapters import AdapterKey, PreparedAdapter, TargetTable, prepare
+from engine.formats.adapters import AdapterKey, PreparedAdapter, prepare
+from engine.formats.targets import TargetTable
 from lora_catalog.sft_header import read_header
 from serving.demo.synthetic import TEXT_ATTENTION, UNET_ATTENTION_FF_CONV
 

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from engine.families.sdxl import build_tiny_pipeline
-from engine.formats.adapters import PreparedAdapter, TargetTable
+from engine.formats.adapters import PreparedAdapter
 from engine.formats.bounds import fused_bound
+from engine.formats.targets import TargetTable
 from serving.demo.synthetic import LoraTarget, find_targets, kohya_key, kohya_metadata, make_lora, save_lora
 from serving.demo.synthetic_lycoris import lycoris_metadata, make_dora, make_loha, make_lokr
 from tests.support.formats import components, load

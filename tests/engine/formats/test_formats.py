@@ -21,8 +21,9 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from engine.families.sdxl import build_tiny_pipeline
-from engine.formats.adapters import PreparedAdapter, TargetTable
+from engine.formats.adapters import PreparedAdapter
 from engine.formats.layers import LayerDelta
+from engine.formats.targets import TargetTable
 from serving.demo.synthetic import (
     LoraTarget,
     find_targets,

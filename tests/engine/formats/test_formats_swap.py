@@ -19,8 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.errors import UnsupportedLoraVariantError
 from engine.families.sdxl import build_tiny_pipeline
-from engine.formats.adapters import PreparedAdapter, TargetTable
+from engine.formats.adapters import PreparedAdapter
 from engine.formats.layers import LayerFactors, Scratch, factors_in_float32
+from engine.formats.targets import TargetTable
 from engine.requests import GenerateRequest, LoraSpec
 from engine.weights import swap
 from engine.weights.swap import ActiveAdapter, WeightPatcher

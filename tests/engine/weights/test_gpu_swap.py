@@ -12,7 +12,7 @@ import torch
 
 from engine.caches.store import AdapterStore
 from engine.families.sdxl import build_tiny_pipeline
-from engine.formats.adapters import TargetTable
+from engine.formats.targets import TargetTable
 from engine.weights.swap import ActiveAdapter, WeightPatcher
 from serving.demo.synthetic import UNET_ATTENTION, find_targets, make_lora, peft_metadata, save_lora
 from tests.support.formats import load
