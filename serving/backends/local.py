@@ -70,6 +70,9 @@ class LocalBackend:
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu-{pool.index}")
             for pool in pools.pools
         )
+        # A request's check (a scheduler class is built on its first use: 10-250 ms) has threads of its own too,
+        # for the same reason: a request must not wait for one of anyio's shared threads to be refused or queued.
+        self._check_threads = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="check")
         # A no-op off ZeroGPU; on it, the wrapped call runs in a forked worker that holds the GPU, as a generator
         # of steps so that a cancel reaches it (serving.backends.zerogpu).
         if zero_gpu:
@@ -110,9 +113,10 @@ class LocalBackend:
     ) -> GenerateResult:
         pool = await self._route(request, base)
         # Refused here, never queued: what the pool cannot run (its scheduler options among it) is a 400 before
-        # the request takes a place (on a thread: a scheduler class is built on first use, 10-250 ms). Checked
-        # once: the checked request is what is queued and prepared.
-        checked = await anyio.to_thread.run_sync(pool.engine.check, request)
+        # the request takes a place. Checked once: the checked request is what is queued and prepared.
+        checked = await asyncio.get_running_loop().run_in_executor(
+            self._check_threads, contextvars.copy_context().run, pool.engine.check, request
+        )
         async with pool.engine.scheduler.turn(checked, on_queue) as prepared:
             return await _in_thread(
                 self._gpu_threads[pool.index], partial(self._call_gpu, pool, prepared, progress, preview)
@@ -160,7 +164,7 @@ class LocalBackend:
 
     def close(self) -> None:
         self._pools.close()
-        for thread in self._gpu_threads:
+        for thread in (*self._gpu_threads, self._check_threads):
             thread.shutdown(wait=False, cancel_futures=True)
 
     def compile_ahead(self, mode: str, *, sizes: Sequence[tuple[int, int]] | None = None) -> None:
