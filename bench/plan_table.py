@@ -1,5 +1,5 @@
-"""The memory plan's answers for the README's hardware table: each served combination on each GPU of the plan's
-`GPUS`, with the host RAM of the Space that carries it, under the default settings (`QUANTIZE=auto`).
+"""The memory plan's answers for the README's hardware table: each served combination on each GPU a Space runs
+on, with the host RAM of the Space that carries it, under the default settings (`QUANTIZE=auto`).
 
     python -m bench.plan_table
 
@@ -23,15 +23,17 @@ from engine.models import ZIMAGE_MODEL_ID
 from engine.pools.plan import GPUS, PlanOptions, declared_needs, plan_memory
 from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, SD15_MODEL_ID, PoolSetting, Settings
 
-_GB = 10**9
-# The Space hardware carrying each GPU of `GPUS`, by the GPU's name there, and its host RAM (Hugging Face's
-# hardware list; the A10G's `a10g-large` rather than its 15 GB `a10g-small`, which T5 or Qwen3 in host RAM outgrow).
-SPACES = {
-    "T4 (16 GB)": ("t4-small", 15 * _GB),
-    "A10G or L4 (24 GB)": ("a10g-large", 46 * _GB),
-    "L40S (48 GB)": ("l40sx1", 62 * _GB),
-    "A100 or H100 (80 GB)": ("a100-large", 142 * _GB),
-}
+_GB, _MIB = 10**9, 2**20
+# Each GPU with the memory torch reports for it (the tests' figures; the A100's the plan's `GPUS` figure) and the
+# Space hardware carrying it with its host RAM (Hugging Face's hardware list; the A10G's `a10g-large` rather than
+# its 15 GB `a10g-small`, which T5 or Qwen3 in host RAM outgrow).
+SPACES = (
+    ("T4", 15_095 * _MIB, "t4-small", 15 * _GB),
+    ("A10G", 23_028 * _MIB, "a10g-large", 46 * _GB),
+    ("L4", 23_034 * _MIB, "l4x1", 30 * _GB),
+    ("L40S", 46_068 * _MIB, "l40sx1", 62 * _GB),
+    ("A100 or H100", GPUS[-1][1], "a100-large", 142 * _GB),
+)
 COMBINATIONS = {
     "SDXL alone": (DEFAULT_MODEL_ID,),
     "SDXL and SD 1.5": (DEFAULT_MODEL_ID, SD15_MODEL_ID),
@@ -58,8 +60,7 @@ def answer(models: tuple[str, ...], total: int, ram: int, **changes: object) -> 
 
 def main() -> None:
     for label, models in COMBINATIONS.items():
-        for gpu, total in GPUS:
-            space, ram = SPACES[gpu]
+        for gpu, total, space, ram in SPACES:
             print(f"{label} | {gpu}, {space} ({ram // _GB} GB RAM) | {answer(models, total, ram)}")
 
 
