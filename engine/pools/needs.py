@@ -119,9 +119,10 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
         dtype = resolve_dtype(settings.dtype, device, family.half_dtype)
         itemsize = torch.empty((), dtype=dtype).element_size()
         # A local folder may hold anything (a tiny pipeline, a pruned one): it is judged once loaded.
-        if settings.for_pool(pool).loads_tiny or Path(pool.model_id).exists() or not memory.values:
+        own = settings.for_pool(pool)
+        if own.loads_tiny or Path(pool.model_id).exists() or not memory.values:
             return None
-        if memory.linears is None and settings.quantize == "fp8":
+        if memory.linears is None and own.quantize == "fp8":
             return None
         host_able = tuple((c, memory.values_of((c,)) * itemsize) for c in memory.host_components)
         weights, touchable = memory.total_values * itemsize, memory.values_of(family.components) * itemsize

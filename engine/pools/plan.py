@@ -99,6 +99,7 @@ class PlanOptions:
             host_cache=settings.host_cache_bytes,
             graphs=settings.compile == "reduce-overhead",
             quantize=settings.quantize,
+            pool_quantize=tuple((p.base_model_id, p.quantize) for p in settings.pool_settings if p.quantize),
         )
 
 

@@ -306,7 +306,7 @@ def build_pools(
         host = first.host_components(pool.base_model_id) if first is not None else ()
         return {"host_components": host} if host else {}
 
-    own_settings = [settings] if len(pool_settings) == 1 else _with_vae(settings)
+    own_settings = [settings.for_pool(pool_settings[0])] if len(pool_settings) == 1 else _with_vae(settings)
     if len(pool_settings) == 1:
         loaded = [load(settings, warm=warm, **placed(pool_settings[0]))]
     else:

@@ -143,6 +143,18 @@ def test_auto_prefers_native_storage_where_it_fits():
     assert "QUANTIZE" not in plan.describe()
 
 
+def test_a_models_item_s_quantize_rules_its_pool():
+    # FLUX.1 kept native by its MODELS item does not fit 24 GB, whatever QUANTIZE says for the others.
+    kept = Settings.from_env({"MODELS": f"{FLUX_MODEL_ID}:off"}).replace(device="cpu", host_ram_bytes=A10G_LARGE_RAM)
+    with pytest.raises(SettingsError, match=r"QUANTIZE=off; accepted: QUANTIZE=auto"):
+        plan_for(kept, A10G)
+    # SDXL stored in fp8 by its item, beside FLUX.1 left to auto on 48 GB (where FLUX.1 stays bf16).
+    models = {"MODELS": f"{FLUX_MODEL_ID},{DEFAULT_MODEL_ID}:fp8"}
+    plan = plan_for(Settings.from_env(models).replace(device="cpu", host_ram_bytes=A10G_LARGE_RAM), L40S)
+    assert [plan.storage(FLUX_MODEL_ID), plan.storage(DEFAULT_MODEL_ID)] == ["native", "fp8"]
+    assert plan.auto_quantized == ()
+
+
 def test_flux1_dev_on_a_t4_is_refused_naming_a_larger_gpu():
     t4 = 15_095 * MIB
     with pytest.raises(SettingsError, match=r"QUANTIZE=auto; accepted: a larger GPU: A10G or L4 \(24 GB\)$"):
