@@ -273,7 +273,7 @@ def test_a_held_set_stays_cached_and_let_go_evicts_it_once_unused(make_engine, f
 
 def test_a_replica_pins_exactly_the_keys_its_request_prepared(make_engine, fixtures):
     """A replica holds an adapter set by the keys it reads back from the result (`AdapterPin`): the very keys the
-    engine prepared, for Hub and local LoRAs alike."""
+    engine prepared, for Hub and local LoRAs alike (every kind of reference: tests/cluster/test_lease.py)."""
     from serving.cluster.replica import lease_keys
 
     engine = make_engine()
