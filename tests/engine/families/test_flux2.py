@@ -7,6 +7,8 @@ The third DiT family: everything it needs is engine/families/flux2.py (and its t
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,9 +22,10 @@ from engine.errors import IncompatibleLoraError
 from engine.families.flux2 import FAMILY, LATENT_RGB, convert_lora
 from engine.families.origin import judge_origin
 from engine.families.registry import family_spec
+from engine.pipeline.loading import load_pipeline
 from engine.requests import CheckedRequest, GenerateRequest, LoraSpec
 from families.flux import MODEL_ID as FLUX1
-from families.flux2 import MODEL_ID, MODEL_ID_9B
+from families.flux2 import BASE_4B, MODEL_ID, MODEL_ID_9B
 from lora_catalog.bases import family_from_metadata
 from lora_catalog.civitai.bases import civitai_base
 from lora_catalog.entries import Family
@@ -136,6 +139,38 @@ def test_comfyuis_lora_down_names_are_read_as_their_ai_toolkit_twin(flux2_loras,
 def test_without_a_lora_the_image_is_diffusers_own(flux2_engine, flux2_loras, tiny_flux2_dir):
     ours = pixels(generate(flux2_engine, request()).image)
     assert_images_close(ours, diffusers_image(tiny_flux2_dir, flux2_loras, None))
+
+
+@pytest.fixture(scope="module")
+def tiny_base_dir(tiny_flux2_dir, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny klein as an undistilled base model: the same weights, `is_distilled` false in its model_index."""
+    folder = tmp_path_factory.mktemp("tiny-flux2-base") / "pipeline"
+    shutil.copytree(tiny_flux2_dir, folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "is_distilled": False}))
+    return folder
+
+
+def test_a_base_model_runs_diffusers_cfg_with_its_defaults(tiny_base_dir, base_settings, flux2_loras):
+    """klein's base models take CFG (4.0 by default, 50 steps): the engine's call is diffusers' own."""
+    settings = base_settings.replace(model_id=str(tiny_base_dir), base_model_id=BASE_4B, local_lora_dir=flux2_loras)
+    loaded = load_pipeline(settings)
+    assert (loaded.defaults.guidance, loaded.defaults.guidance_kind) == (4.0, "cfg")
+    with local_engine(loaded, settings, flux2_loras) as engine:
+        guided = dataclasses.replace(request(LoraSpec("local:flux2_kohya.safetensors")), guidance=4.0)
+        ours = pixels(generate(engine, guided).image)
+        unguided = pixels(generate(engine, dataclasses.replace(guided, guidance=1.0)).image)
+    reference = dit_image(
+        Flux2KleinPipeline,
+        tiny_base_dir,
+        flux2_loras,
+        "flux2_kohya.safetensors",
+        components=("transformer",),
+        guidance=4.0,
+    )
+    assert_images_close(ours, reference)
+    # The tiny Qwen3's prompt and empty-prompt embeddings are close: CFG moves the image a little, but moves it.
+    assert (ours != unguided).any()
 
 
 # -- FLUX.1 and FLUX.2 told apart ----------------------------------------------------------------------------
