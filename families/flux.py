@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from families.flux2 import own_name as flux2_own_name
 from families.identity import Base, CivitaiLabel, Family, FamilyIdentity, Spellings
 
 __all__ = ["IDENTITY", "MODEL_ID", "TINY_ID", "claims", "label_claims"]
@@ -23,13 +24,15 @@ _OWN = ("double_blocks", "single_blocks", "single_transformer_blocks")
 
 
 def claims(name: str) -> bool:
-    """A lower-cased tensor name of a FLUX LoRA's transformer part."""
-    return bool(_CLAIMS.search(name))
+    """A lower-cased tensor name of a FLUX LoRA's transformer part (never a layer only FLUX.2 has, in the blocks
+    FLUX.2 kept)."""
+    return bool(_CLAIMS.search(name)) and not flux2_own_name(name)
 
 
 def label_claims(name: str) -> bool:
-    """A lower-cased tensor name no other architecture's LoRA has."""
-    return any(block in name for block in _OWN)
+    """A lower-cased tensor name no other architecture's LoRA has (FLUX.2 shares the block names: see
+    families/flux2.py)."""
+    return any(block in name for block in _OWN) and not flux2_own_name(name)
 
 
 IDENTITY = FamilyIdentity(

@@ -215,6 +215,32 @@ def pristine_zimage(loaded_zimage) -> dict[str, object]:
 
 
 @pytest.fixture(scope="session")
+def tiny_flux2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.families.tiny import ensure_tiny_pipeline
+
+    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-flux2") / "pipeline", model_id="tiny-flux2")
+
+
+@pytest.fixture(scope="session")
+def loaded_flux2(tiny_flux2_dir: Path, base_settings):
+    """The tiny FLUX.2 [klein] 4B pipeline, loaded from its folder like a real one (the third DiT family)."""
+    from engine.pipeline.loading import load_pipeline
+    from families.flux2 import MODEL_ID
+
+    return load_pipeline(base_settings.replace(model_id=str(tiny_flux2_dir), base_model_id=MODEL_ID))
+
+
+@pytest.fixture(scope="session")
+def pristine_flux2(loaded_flux2) -> dict[str, object]:
+    pipe = loaded_flux2.pipe
+    return {
+        f"{name}.{key}": value.detach().clone()
+        for name in ("transformer", "text_encoder", "vae")
+        for key, value in getattr(pipe, name).state_dict().items()
+    }
+
+
+@pytest.fixture(scope="session")
 def demo_load(loaded, loaded_sd15, loaded_flux) -> Callable[..., object]:
     """A loader for `build_runtime`'s offline demo: the session's tiny SDXL, SD 1.5 and FLUX pipelines, one per
     pool."""

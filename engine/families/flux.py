@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransfo
 from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
 from engine.errors import IncompatibleLoraError
+from engine.families.bfl_blocks import FLUX1_RATIOS, contradicts
 from engine.families.spec import (
     FamilySpec,
     LatentProjection,
@@ -292,7 +294,8 @@ FAMILY = FamilySpec(
     call_arguments=call_arguments,
     size_buckets=SIZE_BUCKETS,
     convert_lora=convert_lora,
-    signature=LoraSignature(IDENTITY.claims, lora_widths, pipeline_widths),
+    # FLUX.2 shares its block names: a LoRA whose MLP widths are FLUX.2's is not FLUX.1's (bfl_blocks).
+    signature=LoraSignature(IDENTITY.claims, lora_widths, pipeline_widths, partial(contradicts, FLUX1_RATIOS)),
     preview=PreviewSpec("madebyollin/taef1", LATENT_RGB, unpack=FluxPipeline._unpack_latents),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",

@@ -2,7 +2,8 @@
 
 `judge_origin` weighs, in order: what its card and Hub tags declare (a base we know decides, and names the
 exact bases), the kohya/ModelSpec metadata in its file (`lora_catalog.bases.family_from_metadata`), and
-last its tensors: the served families whose signature claims the most of its names (`FamilySpec.signature`;
+last its tensors: the served families whose signature claims the most of its names (`FamilySpec.signature`,
+among those its factors' shapes do not rule out;
 families whose LoRAs share every name, as SD 1.x and 2.x do, all stay; a name several families write, as
 kohya's `lora_te1_` for SDXL's and FLUX's CLIP-L, does not outvote the transformer's or UNet's names around
 it), with the widths its factors show.
@@ -85,7 +86,8 @@ def judge_origin(
     # A refiner, SD3 and other architectures we do not know declare Family.UNKNOWN: their tensors still tell.
     if declared is not None and declared is not Family.UNKNOWN:
         return LoraOrigin((), (declared,), "metadata", unknown_bases=bases)
-    specs = served_specs()
+    # A family whose layers the factors' shapes cannot fit at any width is out before names are counted.
+    specs = tuple(s for s in served_specs() if s.signature.rules_out is None or not s.signature.rules_out(shapes))
     names = [name.lower() for name in shapes]
     claims = {s.family: sum(map(s.signature.claims, names)) for s in specs}
     most = max(claims.values(), default=0)

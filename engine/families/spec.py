@@ -61,12 +61,14 @@ class LoraSignature:
     `claims(name)`: this lower-cased tensor name is one only this family's LoRAs have (families whose LoRAs share
     every name, as SD 1.x and 2.x do, claim the same names). `lora_widths(shapes)`: the widths a LoRA's factors
     were made for, read from its header; `pipeline_widths(denoiser, text_encoders)`: the same widths of a served
-    pipeline, read from its models.
+    pipeline, read from its models. `rules_out(shapes)`: the factors' shapes are ones no layer of the family has
+    at any width (FLUX.1 and FLUX.2 share their block names, not their MLPs' ratios); None: shapes rule nothing out.
     """
 
     claims: Callable[[str], bool]
     lora_widths: Callable[[Shapes], Widths]
     pipeline_widths: Callable[[Module, Mapping[str, Module]], Widths]
+    rules_out: Callable[[Shapes], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -219,10 +221,17 @@ class FamilySpec:
     half_dtype: str = "float16"
     # Its pipelines' sizes and the components that may stay in host RAM, for the memory plan.
     memory: MemorySpec = MemorySpec()
+    # (base repo id, its sizes) for bases of other sizes than `memory`'s (FLUX.2 [klein] 9B beside 4B).
+    base_memory: tuple[tuple[str, MemorySpec], ...] = ()
 
     @property
     def family(self) -> Family:
         return self.identity.family
+
+    def memory_of(self, base_model_id: str) -> MemorySpec:
+        """The sizes of a pool serving `base_model_id`: its own where the family declares them, else `memory`."""
+        wanted = base_model_id.strip().lower()
+        return next((m for base, m in self.base_memory if base.lower() == wanted), self.memory)
 
     def size_presets(self, side: int, max_side: int) -> tuple[tuple[int, int], ...]:
         """The buckets scaled to `side` (to multiples of 64), after the square, those no larger than `max_side`."""

@@ -114,7 +114,7 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
     needs = []
     for pool in settings.pool_settings:
         family = family_spec(pool.base_model_id, setting="BASE_MODEL_ID")
-        memory = family.memory
+        memory = family.memory_of(pool.base_model_id)
         # Each family's own half precision under DTYPE=auto (FLUX.1: bfloat16), as load_pipeline loads it.
         dtype = resolve_dtype(settings.dtype, device, family.half_dtype)
         itemsize = torch.empty((), dtype=dtype).element_size()

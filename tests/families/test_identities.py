@@ -25,7 +25,7 @@ def test_every_registered_family_has_its_identity_and_its_bases_name_it(family):
 
 
 def test_unknown_is_no_registered_family():
-    with pytest.raises(ValueError, match="registered: sdxl, sd15, sd2, flux, zimage"):
+    with pytest.raises(ValueError, match="registered: sdxl, sd15, sd2, flux, zimage, flux2"):
         identity_of(Family.UNKNOWN)
 
 
@@ -44,6 +44,17 @@ def test_a_flux_lora_with_kohyas_clip_part_is_labelled_flux_not_sdxl():
     assert family_from_keys([KOHYA_CLIP_L, FLUX_BLOCK]) is Family.FLUX
 
 
+def test_flux2s_own_layers_label_it_and_the_block_names_it_shares_with_flux1_stay_flux1s():
+    """The catalogue labels by names alone: FLUX.2's fused single-block projection, SwiGLU and shared modulations
+    are its own; BFL's block names are FLUX.1's too (the engine's judgement reads the shapes as well)."""
+    shared = "diffusion_model.single_blocks.0.linear1.lora_A.weight"
+    assert family_from_keys([shared, "transformer.single_transformer_blocks.0.attn.to_qkv_mlp_proj.lora_A.weight"]) is (
+        Family.FLUX2
+    )
+    assert family_from_keys(["diffusion_model.double_stream_modulation_img.lin.lora_A.weight"]) is Family.FLUX2
+    assert family_from_keys([shared]) is Family.FLUX
+
+
 def test_sdxl_names_beat_the_names_sd1_and_sd2_share_and_those_are_labelled_sd15():
     assert family_from_keys([SD_FIRST_ATTENTION]) is Family.SD15
     assert family_from_keys([SD_FIRST_ATTENTION, SDXL_CLIP_G]) is Family.SDXL
@@ -54,6 +65,7 @@ def test_sdxl_names_beat_the_names_sd1_and_sd2_share_and_those_are_labelled_sd15
     [
         ("flux_xl_base.safetensors", Family.FLUX),
         ("z-image-sdxl-mix.safetensors", Family.ZIMAGE),
+        ("flux-2-klein-4b.safetensors", Family.FLUX2),
         ("sd_xl_v1-5_merge.safetensors", Family.SDXL),
         ("sd15_v2-1_merge.ckpt", Family.SD2),
     ],

@@ -1,6 +1,6 @@
-"""Per-request controls on the flow-matching pools (the tiny FLUX.1 [dev] and Z-Image Turbo): the one sampler
-their pipelines take and its options, other samplers and CLIP skip refused naming what is accepted, several
-images with consecutive seeds, and each image's recipe.
+"""Per-request controls on the flow-matching pools (the tiny FLUX.1 [dev], Z-Image Turbo and FLUX.2 [klein]): the
+one sampler their pipelines take and its options, other samplers and CLIP skip refused naming what is accepted,
+several images with consecutive seeds, and each image's recipe.
 
 References are diffusers' own runs on a pipeline loaded from the same folder: another pipeline, its weights in
 other storage, so its images agree with ours within 2 levels (tests/support/images.py).
@@ -27,7 +27,7 @@ def request(seed: int = 3, steps: int = 2, **fields: object) -> GenerateRequest:
     return GenerateRequest(prompt=PROMPT, steps=steps, width=64, height=64, seed=seed, **fields)  # type: ignore[arg-type]
 
 
-@pytest.fixture(params=["flux", "zimage"])
+@pytest.fixture(params=["flux", "zimage", "flux2"])
 def flow_engine(request: pytest.FixtureRequest, base_settings):
     from engine.pools.engine import Engine
     from engine.prepare.resolve import AdapterResolver

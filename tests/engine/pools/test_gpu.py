@@ -93,3 +93,18 @@ def test_cuda_zimage_swaps_are_exact_in_bfloat16(tiny_zimage_dir, base_settings,
     assert loaded.dtype == torch.bfloat16
     write_zimage_loras(loaded.pipe, tmp_path)
     assert_swaps_exact(loaded, settings, tmp_path, CASES)
+
+
+@pytest.mark.parametrize("gpu_mode", ["persistent", "per_call"])
+def test_cuda_flux2_swaps_are_exact_in_bfloat16(tiny_flux2_dir, base_settings, tmp_path, gpu_mode):
+    """DTYPE=auto loads FLUX.2 [klein] in bfloat16 on a GPU; every naming swaps in and out exactly there."""
+    from families.flux2 import MODEL_ID
+    from tests.support.flux2 import CASES, write_flux2_loras
+
+    settings = base_settings.replace(
+        model_id=str(tiny_flux2_dir), base_model_id=MODEL_ID, device="cuda", dtype="auto", gpu_mode=gpu_mode
+    )
+    loaded = load_pipeline(settings)
+    assert loaded.dtype == torch.bfloat16
+    write_flux2_loras(loaded.pipe, tmp_path)
+    assert_swaps_exact(loaded, settings, tmp_path, CASES)
