@@ -69,7 +69,7 @@ def input_panel(defaults: ModelDefaults, prompt: gr.Textbox) -> InputPanel:
         "Start from an image (image-to-image; paint a mask to inpaint)", elem_id="inputs", **accordion_control(defaults)
     ) as accordion:
         editor = gr.ImageEditor(
-            label="Input image: paint over what to repaint (white); nothing painted: the whole image",
+            label="Input image (paint what to repaint)",
             type="pil",
             image_mode="RGBA",
             sources=("upload", "clipboard", "webcam"),
@@ -132,8 +132,7 @@ def wire_inputs(
 def accordion_control(defaults: ModelDefaults, keep: bool = False) -> dict[str, Any]:
     """The panel is there where the pool takes an image, and open where it needs one (`keep`: else left as the
     user has it)."""
-    takes = defaults.needs_image or defaults.strength is not None or defaults.inpaint_strength is not None
-    control: dict[str, Any] = {"visible": takes}
+    control: dict[str, Any] = {"visible": any(mode in defaults.modes for mode in STARTED)}
     if defaults.needs_image or not keep:
         control["open"] = defaults.needs_image
     return control

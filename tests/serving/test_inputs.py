@@ -8,7 +8,8 @@ from PIL import Image, ImageDraw
 from engine.requests import REQUEST_FIELDS, InputImage, ModelDefaults
 from serving.ui import inputs
 
-DEFAULTS = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128, strength=0.3)
+MODES = ("text-to-image", "image-to-image", "inpainting")
+DEFAULTS = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128, strength=0.3, modes=MODES)
 
 
 def painted(box: tuple[int, int, int, int], size: tuple[int, int] = (64, 48)) -> Image.Image:
@@ -57,10 +58,16 @@ def test_the_strength_slider_is_the_declared_field_at_the_pools_default():
     assert control["visible"] and declared.description in control["info"]
     assert inputs.prompt_control(DEFAULTS)["placeholder"] == inputs.PROMPT_PLACEHOLDER
     assert inputs.input_note(DEFAULTS) == ""
+    # The panel is there, closed until opened (or left as the user has it when the base changes).
+    assert inputs.accordion_control(DEFAULTS) == {"visible": True, "open": False}
+    assert inputs.accordion_control(DEFAULTS, keep=True) == {"visible": True}
+    text_only = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128)
+    assert inputs.accordion_control(text_only)["visible"] is False
 
 
 def test_an_editing_pool_asks_for_an_instruction_and_hides_the_strength_it_does_not_take():
-    editing = ModelDefaults(steps=4, guidance=2.5, side=64, max_side=128, needs_image=True)
+    editing = ModelDefaults(steps=4, guidance=2.5, side=64, max_side=128, needs_image=True, modes=("image-to-image",))
+    assert inputs.accordion_control(editing, keep=True) == {"visible": True, "open": True}
     assert inputs.strength_control(editing)["visible"] is False
     assert inputs.prompt_control(editing)["placeholder"] == inputs.EDIT_PLACEHOLDER
     assert "edits an image by instruction" in inputs.input_note(editing)
