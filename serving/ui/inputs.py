@@ -139,17 +139,19 @@ def accordion_control(defaults: ModelDefaults, keep: bool = False) -> dict[str, 
 
 
 def strength_control(defaults: ModelDefaults) -> dict[str, Any]:
-    """The slider's settings for a pool: the declared range, the pool's image-to-image default, hidden where
-    the pool has no image-to-image pipeline (an editing pool's image is its input, not a start to re-noise)."""
+    """The slider's settings for a pool: the declared range at the pool's image-to-image default; an editing pool
+    re-noises only when inpainting (its edit takes the image whole), so there it is the inpainting default, said
+    so; hidden where no mode of the pool takes a strength."""
     low, high = STRENGTH.low or 0.0, STRENGTH.high if STRENGTH.high is not None else 1.0
-    value = defaults.strength
+    value = defaults.strength if defaults.strength is not None else defaults.inpaint_strength
+    only = " — inpainting only: an edit takes the whole image" if defaults.strength is None else ""
     return {
         "minimum": low,
         "maximum": high,
         "step": 0.05,
         "value": high if value is None else value,
         "label": "Strength",
-        "info": f"{STRENGTH.description} (runs that share of the steps)",
+        "info": f"{STRENGTH.description} (runs that share of the steps){only}",
         "visible": value is not None,
     }
 

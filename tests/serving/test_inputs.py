@@ -3,6 +3,8 @@ a pool's defaults give (the strength slider from the request's declaration, an e
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from PIL import Image, ImageDraw
 
 from engine.requests import REQUEST_FIELDS, InputImage, ModelDefaults
@@ -65,9 +67,13 @@ def test_the_strength_slider_is_the_declared_field_at_the_pools_default():
     assert inputs.accordion_control(text_only)["visible"] is False
 
 
-def test_an_editing_pool_asks_for_an_instruction_and_hides_the_strength_it_does_not_take():
+def test_an_editing_pool_asks_for_an_instruction_and_takes_a_strength_only_to_inpaint():
     editing = ModelDefaults(steps=4, guidance=2.5, side=64, max_side=128, needs_image=True, modes=("image-to-image",))
     assert inputs.accordion_control(editing, keep=True) == {"visible": True, "open": True}
     assert inputs.strength_control(editing)["visible"] is False
+    # FLUX.1 Kontext's inpainting pipeline re-noises (diffusers' default 1.0); its edit takes no strength.
+    inpaints = replace(editing, inpaint_strength=1.0, modes=("image-to-image", "inpainting"))
+    control = inputs.strength_control(inpaints)
+    assert (control["visible"], control["value"]) == (True, 1.0) and "inpainting only" in control["info"]
     assert inputs.prompt_control(editing)["placeholder"] == inputs.EDIT_PLACEHOLDER
     assert "edits an image by instruction" in inputs.input_note(editing)
