@@ -18,7 +18,7 @@ import gradio as gr
 import spaces  # noqa: F401
 
 from serving.handlers import Handlers
-from serving.ui import browsing, events, panels, pool_views
+from serving.ui import browsing, events, inputs, panels, pool_views
 from serving.ui import history as session_events
 from serving.ui.gradio_api import add_api_endpoints
 
@@ -58,6 +58,8 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         session_events.wire_session(demo, handlers, browser, request, result, (history, state[4]))
         events.wire_compare(handlers, request, comparison, status_md)
         events.wire_status(demo, handlers, status_md, refresh, api_md)
+        source = request.source
+        inputs.wire_inputs(handlers, browser.base, state[4], request.prompt, source, result.image, result.use_input)
         add_api_endpoints(handlers)
     # Gradio's queue only holds catalogue and check events (generations pass straight to the scheduler, which
     # enforces MAX_QUEUE); a size here would be a second, different limit on generations.

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.normalise import normalise_request
-from engine.requests import GenerateRequest, GenerateResult, Limits, LoraSpec, ModelDefaults
+from engine.requests import GenerateRequest, GenerateResult, InputImage, Limits, LoraSpec, ModelDefaults
 
 if TYPE_CHECKING:  # the engine module brings torch; `import app` must stay light
     from engine.pools.engine import Engine, PreparedRequest
@@ -50,6 +50,10 @@ class CompareRequest:
     scheduler: str | None = None
     scheduler_options: tuple[tuple[str, object], ...] = ()
     clip_skip: int | None = None
+    # The image every cell starts from, its mask and the strength (as `GenerateRequest`'s; none: text-to-image).
+    image: InputImage | None = None
+    mask_image: InputImage | None = None
+    strength: float | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,9 @@ def plan_cells(
             scheduler=request.scheduler,
             scheduler_options=request.scheduler_options,
             clip_skip=request.clip_skip,
+            image=request.image,
+            mask_image=request.mask_image,
+            strength=request.strength,
         ),
         defaults,
         limits,

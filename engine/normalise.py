@@ -15,6 +15,8 @@ from dataclasses import replace
 from typing import Literal, TypeVar
 
 from engine.errors import InvalidRequestError, LimitExceededError
+from engine.images import ACCEPTED as IMAGE_ACCEPTED
+from engine.images import InputImage
 from engine.requests import (
     GUIDANCE_RANGE,
     LOCAL_PREFIX,
@@ -61,13 +63,15 @@ def normalise_request(
 ) -> CheckedRequest:
     """Check every field and fill defaults (the LoRAs' `suggested` ones before the pool's: `with_suggested`);
     returns a new request with a concrete seed."""
-    prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=False)
+    _check_mode(request, defaults)
+    # An image request may come without a prompt (a raw image body: image-to-image with the defaults).
+    prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=request.image is not None)
     negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
     loras = _loras(request.loras, limits.max_loras)
     steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
     guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
-    width = _side("width", request.width, defaults)
-    height = _side("height", request.height, defaults)
+    width, height = _size(request, defaults)
+    strength = _strength(request, defaults, steps)
     seed = _int("seed", request.seed, secrets.randbelow(MAX_SEED + 1), 0, MAX_SEED)
     scheduler, options = choose_scheduler(
         request.scheduler, request.scheduler_options, defaults.scheduler, defaults.schedulers
@@ -90,6 +94,9 @@ def normalise_request(
         clip_skip=clip_skip,
         num_images=num_images,
         lora_defaults=request.lora_defaults,
+        image=request.image,
+        mask_image=request.mask_image,
+        strength=strength,
         sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
         left_unset=tuple(name for name in SUGGESTIBLE if getattr(request, name) is None),
     )
@@ -213,6 +220,63 @@ def _float(name: str, value: object, default: float, low: float, high: float) ->
     if not low <= value <= high:
         raise InvalidRequestError(f"{name}={value:g} is out of range; accepted: a number from {low:g} to {high:g}")
     return float(value)
+
+
+def _check_mode(request: GenerateRequest, defaults: ModelDefaults) -> None:
+    """The images are images, and the pool serves the request's mode (an editing pool: only with an image)."""
+    for name in ("image", "mask_image"):
+        value = getattr(request, name)
+        if value is not None and not isinstance(value, InputImage):
+            raise InvalidRequestError(f"{name} is a {type(value).__name__}; accepted: {IMAGE_ACCEPTED} (or none)")
+    if request.mask_image is not None and request.image is None:
+        raise InvalidRequestError("mask_image was given without an image; accepted: a mask with the image it masks")
+    if request.mode in defaults.modes:
+        return
+    served = ", ".join(defaults.modes)
+    if defaults.needs_image:
+        raise InvalidRequestError(
+            f"this pool's model edits an image: a {request.mode} request needs one; accepted: an image with the "
+            f"instruction as the prompt ({served})"
+        )
+    raise InvalidRequestError(f"this pool's model has no {request.mode} pipeline; accepted: {served}")
+
+
+def _size(request: GenerateRequest, defaults: ModelDefaults) -> tuple[int, int]:
+    """The output's size: as asked (for an image, its target size), else the image's size rounded to the side
+    multiple, else the pool's default side."""
+    image = request.image
+    if image is None or request.width is not None or request.height is not None:
+        return _side("width", request.width, defaults), _side("height", request.height, defaults)
+    step = defaults.side_multiple
+    width, height = (max(MIN_SIDE, step * round(side / step)) for side in image.size)
+    if max(width, height) > defaults.max_side:
+        raise LimitExceededError(
+            f"the image is {image.width}x{image.height}, over this pool's largest side {defaults.max_side}; "
+            f"accepted: an image of sides {MIN_SIDE} to {defaults.max_side}, or a target_size (width and height) "
+            "it is resized to"
+        )
+    return width, height
+
+
+def _strength(request: GenerateRequest, defaults: ModelDefaults, steps: int) -> float | None:
+    """The strength an image run uses (None: text-to-image, or a pool whose pipeline takes none). diffusers
+    runs about `steps * strength` steps: fewer than one is refused here, not failed in the run."""
+    if request.image is None:
+        if request.strength is not None:
+            raise InvalidRequestError(
+                f"strength={request.strength!r} was given without an image; accepted: a strength with an image"
+            )
+        return None
+    default = defaults.inpaint_strength if request.mode == "inpainting" else defaults.strength
+    if default is None:
+        return request.strength if isinstance(request.strength, int | float) else None
+    strength = _float("strength", request.strength, default, 0.0, 1.0)
+    if steps * strength < 1:
+        raise InvalidRequestError(
+            f"strength={strength:g} with {steps} steps runs no denoising step; accepted: a strength from "
+            f"{1 / steps:g} to 1 at {steps} steps (or more steps)"
+        )
+    return strength
 
 
 def _side(name: str, value: object, defaults: ModelDefaults) -> int:

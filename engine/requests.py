@@ -201,9 +201,10 @@ class ModelDefaults:
     scheduler class, the scheduler classes a request may name, the largest `clip_skip` (0: none taken), and which
     inputs it reads: how it reads `guidance` (`GuidanceKind`) and whether it reads the negative prompt.
 
-    `strength` and `inpaint_strength`: the default strength of its image-to-image and inpainting pipelines
-    (diffusers' own defaults for those classes); None where the pool has no such pipeline. `needs_image`: an
-    instruction-editing pool (FLUX.1 Kontext), which takes no request without an image."""
+    `modes`: the requests it serves (`GenerateRequest.mode`). `strength` and `inpaint_strength`: the default
+    strength of its image-to-image and inpainting pipelines (diffusers' own defaults for those classes); None
+    where it has no such pipeline or its pipeline takes no strength (FLUX.1 Kontext). `needs_image`: an
+    instruction-editing pool, which takes no request without an image."""
 
     steps: int
     guidance: float
@@ -219,6 +220,7 @@ class ModelDefaults:
     strength: float | None = None
     inpaint_strength: float | None = None
     needs_image: bool = False
+    modes: tuple[RequestMode, ...] = ("text-to-image",)
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples
@@ -226,6 +228,7 @@ class ModelDefaults:
         sizes = tuple((int(w), int(h)) for w, h in self.sizes) or ((self.side, self.side),)
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "schedulers", tuple(self.schedulers))
+        object.__setattr__(self, "modes", tuple(self.modes))
 
     @property
     def is_tiny(self) -> bool:
@@ -241,7 +244,7 @@ class ModelDefaults:
             )
         if self.guidance_kind == "none" and request.guidance != self.guidance:
             warnings.append(f"guidance does not apply to this model (it takes none); {request.guidance:g} ignored")
-        return tuple(warnings)
+        return (*warnings, *_image_warnings(request, self))
 
     @property
     def sampler(self) -> str:
@@ -324,6 +327,24 @@ class GenerateResult:
     @property
     def seeds(self) -> tuple[int, ...]:
         return seeds_of(self.seed, len(self.images))
+
+
+def _image_warnings(request: CheckedRequest, defaults: ModelDefaults) -> tuple[str, ...]:
+    """What a request's images bring that runs otherwise than sent: a mask of another size than the image
+    (resized to it), a strength the pool's pipeline does not take."""
+    warnings = []
+    image, mask = request.image, request.mask_image
+    if image is not None and mask is not None and mask.size != image.size:
+        warnings.append(
+            f"mask_image is {mask.width}x{mask.height}, the image {image.width}x{image.height}: the mask was "
+            "resized to the image's size"
+        )
+    default = defaults.inpaint_strength if request.mode == "inpainting" else defaults.strength
+    if image is not None and default is None and request.strength is not None:
+        warnings.append(
+            f"strength does not apply to this model (it edits the whole image); {request.strength:g} ignored"
+        )
+    return tuple(warnings)
 
 
 def seeds_of(seed: int, count: int) -> tuple[int, ...]:

@@ -73,6 +73,9 @@ def recipe_text(result: GenerateResult, index: int = 0) -> str:
         "Size": f"{request.width}x{request.height}",
         "Model": result.model_id,
     }
+    # A1111's img2img and inpaint tabs write the strength so; a recipe cannot hold the input image itself.
+    if request.image is not None and request.strength is not None:
+        parameters["Denoising strength"] = f"{request.strength:g}"
     if request.clip_skip:
         parameters["Clip skip"] = request.clip_skip + 1
     hashes = [f"{_lora_name(use)}: {use.hash}" for use in result.adapters if use.hash]
@@ -126,7 +129,8 @@ def read_recipe(image: Image.Image) -> str | None:
 
 
 def parse_recipe(text: str) -> Recipe:
-    """A recipe's request: prompt and LoRA tags, negative prompt, steps, sampler, CFG, seed, size, clip skip."""
+    """A recipe's request: prompt and LoRA tags, negative prompt, steps, sampler, CFG, seed, size, clip skip,
+    and an image-to-image recipe's denoising strength."""
     lines = text.strip().split("\n")
     found = _PARAM.findall(lines[-1]) if lines else []
     parameters = {key.strip(): _unquote(value) for key, value in found} if len(found) >= 3 else {}
@@ -156,6 +160,8 @@ def parse_recipe(text: str) -> Recipe:
         seed=_number(parameters.get("Seed")),
         scheduler=sampler.label if sampler is not None else (parameters.get("Sampler") or None),
         clip_skip=clip_skip - 1 if clip_skip is not None else None,
+        # An image-to-image recipe's strength; the image it started from is the caller's to give.
+        strength=_number(parameters.get("Denoising strength")),
     )
     hashes = dict(part.split(": ", 1) for part in parameters.get("Lora hashes", "").split(", ") if ": " in part)
     return Recipe(request, parameters, {_ref(name): value for name, value in hashes.items()})

@@ -15,7 +15,13 @@ from functools import partial
 from typing import Any
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+from diffusers import (
+    FlowMatchEulerDiscreteScheduler,
+    FluxImg2ImgPipeline,
+    FluxInpaintPipeline,
+    FluxPipeline,
+    FluxTransformer2DModel,
+)
 from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
 from engine.errors import IncompatibleLoraError
@@ -300,4 +306,6 @@ FAMILY = FamilySpec(
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
     memory=MEMORY,
+    image_to_image=FluxImg2ImgPipeline,
+    inpainting=FluxInpaintPipeline,
 )

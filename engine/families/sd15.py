@@ -7,7 +7,7 @@ pipeline has the same structure, with a cross-attention width of its own (48).
 
 from __future__ import annotations
 
-from diffusers import StableDiffusionPipeline
+from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionInpaintPipeline, StableDiffusionPipeline
 
 from engine.families import stable_diffusion as sd
 from engine.families.spec import FamilySpec, MemorySpec, RunDefaults, fixed_defaults
@@ -56,4 +56,6 @@ FAMILY = FamilySpec(
     max_clip_skip=sd.max_clip_skip,
     prepare_clip_skip=sd.alias_text_model,
     memory=MEMORY,
+    image_to_image=StableDiffusionImg2ImgPipeline,
+    inpainting=StableDiffusionInpaintPipeline,
 )

@@ -12,7 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
+from diffusers import (
+    StableDiffusionXLImg2ImgPipeline,
+    StableDiffusionXLInpaintPipeline,
+    StableDiffusionXLPipeline,
+    UNet2DConditionModel,
+)
 from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
 from engine.families import unet
@@ -125,4 +130,6 @@ FAMILY = FamilySpec(
     extra_schedulers=unet.SPEED_SCHEDULERS,
     max_clip_skip=max_clip_skip,
     memory=MEMORY,
+    image_to_image=StableDiffusionXLImg2ImgPipeline,
+    inpainting=StableDiffusionXLInpaintPipeline,
 )

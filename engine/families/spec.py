@@ -223,6 +223,13 @@ class FamilySpec:
     memory: MemorySpec = MemorySpec()
     # (base repo id, its sizes) for bases of other sizes than `memory`'s (FLUX.2 [klein] 9B beside 4B).
     base_memory: tuple[tuple[str, MemorySpec], ...] = ()
+    # The diffusers classes a pool of the family runs a request with an image on, built from the pool's own
+    # components (`engine.pipeline.modes`: no weight loaded or copied): image-to-image, and inpainting. None: the
+    # family has none in diffusers, and such a request is refused naming what the pool serves.
+    image_to_image: PipelineClass | None = None
+    inpainting: PipelineClass | None = None
+    # An instruction-editing base (FLUX.1 Kontext): its own pipeline takes the image, and no request comes without.
+    needs_image: bool = False
 
     @property
     def family(self) -> Family:

@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+from diffusers import (
+    FlowMatchEulerDiscreteScheduler,
+    ZImageImg2ImgPipeline,
+    ZImageInpaintPipeline,
+    ZImagePipeline,
+    ZImageTransformer2DModel,
+)
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
 
@@ -205,4 +211,6 @@ FAMILY = FamilySpec(
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
     memory=MEMORY,
+    image_to_image=ZImageImg2ImgPipeline,
+    inpainting=ZImageInpaintPipeline,
 )

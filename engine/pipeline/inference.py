@@ -24,6 +24,7 @@ from engine.devices import normal_device
 from engine.errors import GenerationCancelledError, GenerationError, SwitchboardError
 from engine.families.spec import FamilySpec
 from engine.outcomes import Preview, Progress
+from engine.pipeline.modes import accepted_arguments, image_arguments
 from engine.pipeline.preview import PreviewDecoder, StepPreviews
 from engine.requests import CheckedRequest
 from engine.weights.tokens import swapped_tokenizers
@@ -78,13 +79,16 @@ def infer(
             # the most expensive single step at SDXL sizes, for an image nobody will see.
             raise GenerationCancelledError("the request was cancelled during generation")
         done = step + 1
+        # The steps this run makes, as the pipeline counts them: with an image, diffusers runs a `strength` share
+        # of `steps` (0.6 of 10: 6), by its own rounding per class.
+        total = int(getattr(pipe, "_num_timesteps", None) or steps)
         if previews is not None:
             latents = callback_kwargs["latents"]
             if unpack is not None:
                 latents = unpack(latents, request.height, request.width, vae_scale)
-            previews(done, latents, pipe.scheduler)
+            previews(done, latents, pipe.scheduler, total)
         if progress is not None:
-            progress(done, steps)
+            progress(done, total)
         return callback_kwargs
 
     call = partial(_images, pipe, request, family, on_step)
@@ -115,8 +119,12 @@ def _images(
     extra: dict[str, Any] = {"clip_skip": request.clip_skip} if request.clip_skip else {}
     if len(seeds) > 1:
         extra["num_images_per_prompt"] = len(seeds)
+    # An image run's class takes its own set (SDXL's img2img call has no width and height: the image sets them).
+    arguments = family.call_arguments(request)
+    if request.image is not None:
+        arguments = {**accepted_arguments(pipe, arguments), **image_arguments(pipe, request)}
     output = pipe(
-        **family.call_arguments(request),
+        **arguments,
         generator=generators if len(seeds) > 1 else generators[0],
         callback_on_step_end=on_step,
         output_type="pil",

@@ -31,6 +31,7 @@ from engine.models import HUB_ID
 from engine.pipeline.aot import AotDenoiser, AotPackage, capture_calls, compile_package, inductor_options
 from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile_denoiser, configure_caches
 from engine.pipeline.encoders import ENCODER_CACHE_BYTES, run_from_host_ram
+from engine.pipeline.modes import default_strength, mode_class, served_modes
 from engine.pipeline.schedulers import offered_schedulers
 from engine.requests import ModelDefaults
 from engine.settings import Settings
@@ -218,6 +219,10 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
         guidance_kind=run.guidance_kind,
         negative_prompt=run.negative_prompt,
         side_multiple=run.side_multiple,
+        strength=default_strength(mode_class(family, "image-to-image")),
+        inpaint_strength=default_strength(mode_class(family, "inpainting")),
+        needs_image=family.needs_image,
+        modes=served_modes(family),
     )
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.

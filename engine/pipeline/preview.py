@@ -104,9 +104,10 @@ class StepPreviews:
             return None
         return cls(decoder, every, steps, send)
 
-    def __call__(self, done: int, latents: torch.Tensor, scheduler: object) -> None:
-        # The last step's preview would only race the final image.
-        if done % self.every or done >= self.steps:
+    def __call__(self, done: int, latents: torch.Tensor, scheduler: object, total: int | None = None) -> None:
+        # The last step's preview would only race the final image (`total`: the steps the run makes, fewer than
+        # asked for with an image's strength).
+        if done % self.every or done >= (total or self.steps):
             return
         started = time.perf_counter()
         image = self.decoder(latents, scheduler)

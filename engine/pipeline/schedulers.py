@@ -20,6 +20,7 @@ import diffusers
 
 from engine.errors import InvalidRequestError
 from engine.families.spec import FamilySpec
+from engine.pipeline.modes import mode_pipeline
 from engine.requests import CheckedRequest
 from engine.samplers import OPTION_VALUES, SchedulerOptions
 
@@ -92,9 +93,12 @@ def build_scheduler(default: Any, name: str, options: SchedulerOptions) -> Any:
 
 
 def run_pipeline(pipe: Pipeline, request: CheckedRequest, family: FamilySpec) -> Pipeline:
-    """The pipeline a run calls: the pool's own, or a shallow copy holding the request's own scheduler (and, with
-    `clip_skip`, what the family needs for it: `FamilySpec.prepare_clip_skip`)."""
+    """The pipeline a run calls: the pool's own (or its mode's, for a request with an image), or a shallow copy
+    holding the request's own scheduler (and, with `clip_skip`, what the family needs for it:
+    `FamilySpec.prepare_clip_skip`)."""
     clip_skip = family.prepare_clip_skip if request.clip_skip else None
+    # A request with an image: the mode's pipeline over the same components (`engine.pipeline.modes`).
+    pipe = mode_pipeline(pipe, request, family)
     if request.scheduler is None and clip_skip is None:
         return pipe
     view = copy.copy(pipe)

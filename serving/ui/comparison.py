@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from engine.compare import CompareRequest, CompareResult
@@ -31,6 +32,7 @@ def compare_request(
     seed: float | None,
     scheduler: str | None = None,
     clip_skip: float | None = None,
+    starting: Mapping[str, Any] | None = None,
 ) -> CompareRequest:
     """A comparison from form fields: LoRAs one per line (or comma-separated), scales as a list of numbers.
 
@@ -69,6 +71,8 @@ def compare_request(
         seed=seed_value(seed),  # type: ignore[arg-type]
         scheduler=(scheduler or "").strip() or None,
         clip_skip=clip_skip or None,  # type: ignore[arg-type]
+        # The image every cell starts from (`image`, `mask_image`, `strength`; none: text-to-image).
+        **(starting or {}),
     )
 
 

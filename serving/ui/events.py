@@ -21,6 +21,7 @@ from serving.ui import history as history_ui
 from serving.ui import pools as pool_ui
 from serving.ui.gradio_api import PIPELINE, compare, generate
 from serving.ui.history import FORM
+from serving.ui.inputs import mode_html, source_images
 from serving.ui.panels import ComparePanel, RequestPanel, ResultPanel
 from serving.ui.snippets import base_url
 
@@ -58,6 +59,8 @@ def wire_generation(
         request.recommended,
         request.seed,
         request.randomize,
+        request.source.editor,
+        request.source.strength,
         base,
         history,
     ]
@@ -100,6 +103,8 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
         recommended: bool,
         seed: float | None,
         randomize: bool,
+        source: dict | None,
+        strength: float | None,
         browsed: str,
         kept: list,
         page: gr.Request,
@@ -107,7 +112,7 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
     ) -> AsyncIterator[tuple[Any, ...]]:
         values: tuple[Any, ...] = (prompt, negative, ref, revision, weight, scale, ref_2, revision_2, weight_2)
         values += (scale_2, size, steps, guidance, sampler, clip_skip, num_images, recommended, seed, randomize)
-        values += (browsed, kept)
+        values += (source, strength, browsed, kept)
         form = dict(zip(FORM, values, strict=True))
         with user_errors():
             built = history_ui.request_of(form)
@@ -117,9 +122,12 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
         # Without a LoRA the browsed base's pool generates; a LoRA runs on the base it was made for.
         on_base = pool_ui.request_base(handlers, browsed, bool(built.loras))
         skip = (gr.skip(),) * 5
+        # An image run makes a strength's share of the steps, as its pipeline rounds it: the progress bar has the
+        # engine's count, the preview line no total of its own.
+        total = int(steps) if built.image is None else None
         async for item in generate(handlers, built, progress, transport="ui", base=on_base):
             if isinstance(item, Frame):
-                yield item.image, fmt.preview_html(item.step, int(steps)), gr.skip(), gr.skip(), *skip
+                yield item.image, fmt.preview_html(item.step, total), gr.skip(), gr.skip(), *skip
             elif item is None:
                 yield (gr.skip(),) * 4 + skip
             else:
@@ -127,48 +135,14 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
                 several = len(item.images) > 1
                 gallery = gr.Gallery(value=history_ui.cells(item) if several else None, visible=several)
                 status = await pool_ui.status(handlers)
-                yield item.image, fmt.result_html(item), item.seed, status, gallery, share, shown, now, gr.skip()
+                info = fmt.result_html(item) + mode_html(item.request)
+                yield item.image, info, item.seed, status, gallery, share, shown, now, gr.skip()
 
     return generate_ui
 
 
 def wire_compare(handlers: Handlers, request: RequestPanel, comparison: ComparePanel, status_md: gr.Markdown) -> None:
-    async def compare_ui(
-        prompt: str,
-        negative: str,
-        loras: str,
-        scales: str,
-        include_base: bool,
-        size: str,
-        steps: float,
-        guidance: float,
-        seed: float | None,
-        randomize: bool,
-        sampler: str,
-        clip_skip: float,
-        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
-    ) -> tuple[Any, ...]:
-        with user_errors():
-            width, height = fmt.parse_size(size)
-            built = comparison_fields.compare_request(
-                prompt,
-                negative,
-                loras,
-                scales,
-                bool(include_base),
-                int(steps),
-                float(guidance),
-                width,
-                height,
-                fmt.seed_value(seed, randomize),
-                sampler,
-                int(clip_skip or 1) - 1,
-            )
-        done = await compare(handlers, built, progress)
-        result = done.result
-        cells = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
-        return done.grid, cells, comparison_fields.compare_html(result), result.seed, await pool_ui.status(handlers)
-
+    compare_ui = _compare_ui(handlers)
     comparison.run.click(
         compare_ui,
         [
@@ -184,6 +158,8 @@ def wire_compare(handlers: Handlers, request: RequestPanel, comparison: CompareP
             request.randomize,
             request.sampler,
             request.clip_skip,
+            request.source.editor,
+            request.source.strength,
         ],
         [comparison.grid, comparison.cells, comparison.info, request.seed, status_md],
         concurrency_id=PIPELINE,
@@ -192,6 +168,54 @@ def wire_compare(handlers: Handlers, request: RequestPanel, comparison: CompareP
         api_visibility=PRIVATE,
         show_progress_on=comparison.grid,
     )
+
+
+def _compare_ui(handlers: Handlers) -> Callable[..., Any]:
+    """The Compare button's handler: the form's settings for every cell (and the input image, when there is one)."""
+
+    async def compare_ui(
+        prompt: str,
+        negative: str,
+        loras: str,
+        scales: str,
+        include_base: bool,
+        size: str,
+        steps: float,
+        guidance: float,
+        seed: float | None,
+        randomize: bool,
+        sampler: str,
+        clip_skip: float,
+        source: dict | None,
+        strength: float | None,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
+    ) -> tuple[Any, ...]:
+        with user_errors():
+            width, height = fmt.parse_size(size)
+            # Every cell starts from the input image, when there is one (as Generate does).
+            image, mask = source_images(source)
+            starting = {"image": image, "mask_image": mask, "strength": strength if image is not None else None}
+            built = comparison_fields.compare_request(
+                prompt,
+                negative,
+                loras,
+                scales,
+                bool(include_base),
+                int(steps),
+                float(guidance),
+                width,
+                height,
+                fmt.seed_value(seed, randomize),
+                sampler,
+                int(clip_skip or 1) - 1,
+                starting,
+            )
+        done = await compare(handlers, built, progress)
+        result = done.result
+        cells = [(r.image, label) for label, r in zip(result.labels, result.results, strict=True)]
+        return done.grid, cells, comparison_fields.compare_html(result), result.seed, await pool_ui.status(handlers)
+
+    return compare_ui
 
 
 def wire_status(demo: gr.Blocks, handlers: Handlers, status_md: gr.Markdown, refresh: gr.Button, api_md: Any) -> None:

@@ -15,15 +15,15 @@ from typing import Any
 
 import gradio as gr
 
-from engine.errors import InvalidRequestError
 from engine.pools.scheduler import QueueView
-from engine.requests import GenerateRequest, GenerateResult, InputImage, LoraSpec
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from serving.errors import user_errors
 from serving.handlers import Comparison, Handlers
 from serving.streaming import Frame
 from serving.ui import comparison as comparison_fields
 from serving.ui import formatting as fmt
 from serving.ui import pool_views
+from serving.ui.api_requests import api_request, starting_fields
 from serving.ui.liveness import client_gone, until_gone
 
 __all__ = [
@@ -151,7 +151,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
     comparing = [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base]
     trigger.click(
         _compare_api(handlers),
-        [*comparing, scheduler, clip_skip],
+        [*comparing, scheduler, clip_skip, *starting],
         [grid, cells, compare_json],
         api_name="compare",
         concurrency_id=PIPELINE,
@@ -225,7 +225,7 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         (info `{"preview": true, "step": k}`), then the image and its info.
         """
         with user_errors():
-            request = _request(
+            request = api_request(
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
                 seed, scheduler, scheduler_options, clip_skip, 1, (image, mask, strength),
             )  # fmt: skip
@@ -265,7 +265,7 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
         "seed N"}, ...]` and the info (`seeds` lists them; each is what /generate gives for that seed, within 2 levels).
         Arguments as /generate's, with `num_images`."""
         with user_errors():
-            request = _request(
+            request = api_request(
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
                 seed, scheduler, scheduler_options, clip_skip, num_images, (image, mask, strength),
             )  # fmt: skip
@@ -295,6 +295,9 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         base: str = "",
         scheduler: str = "",
         clip_skip: float | None = 0,
+        image: Any = None,
+        mask: Any = None,
+        strength: float | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
         """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
@@ -303,12 +306,13 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         one per LoRA, or several for a single LoRA (a sweep, e.g. "0, 0.5, 1"); `include_base` puts the base
         model's image first. Each cell is what /generate returns for the same inputs (`scheduler` and `clip_skip` as
         there, shared by every cell). The LoRAs must share one base model, on which the grid runs (`base` names it
-        when the LoRAs declare none, "" for the default).
+        when the LoRAs declare none, "" for the default). `image`, `mask` and `strength` as /generate's: every cell
+        starts from the same image (none: text-to-image).
         """
         with user_errors():
             request = comparison_fields.compare_request(
                 prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
-                scheduler, clip_skip,
+                scheduler, clip_skip, starting_fields(image, mask, strength),
             )  # fmt: skip
         comparison = await compare(handlers, request, progress, (base or "").strip())
         result = comparison.result
@@ -349,54 +353,3 @@ def _pool_status(handlers: Handlers) -> Callable[..., Any]:
             return pool_views.pools_status_json(await handlers.status(), handlers.pools)
 
     return pool_status
-
-
-def _request(
-    prompt: str,
-    negative_prompt: str | None,
-    loras: tuple[str, float | None, str, float | None],
-    steps: float | None,
-    guidance: float | None,
-    width: float | None,
-    height: float | None,
-    seed: float | None,
-    scheduler: str | None,
-    scheduler_options: object,
-    clip_skip: float | None,
-    num_images: float | None,
-    starting: tuple[Any, Any, float | None] = (None, None, None),
-) -> GenerateRequest:
-    """The API's arguments as a request ("" and empty values: not set); the engine checks every value."""
-    lora, lora_scale, lora_2, lora_2_scale = loras
-    image, mask, strength = starting
-    specs = (_spec(lora, lora_scale, "lora_scale"), _spec(lora_2, lora_2_scale, "lora_2_scale"))
-    if scheduler_options is not None and not isinstance(scheduler_options, dict):
-        raise InvalidRequestError(
-            f"scheduler_options={scheduler_options!r} is not accepted; accepted: an object such as "
-            '{"use_karras_sigmas": true} (or null)'
-        )
-    return GenerateRequest(
-        prompt=prompt,
-        negative_prompt=negative_prompt or "",
-        loras=tuple(s for s in specs if s),
-        steps=steps,
-        guidance=guidance,
-        width=width,
-        height=height,
-        seed=fmt.seed_value(seed),
-        scheduler=(scheduler or "").strip() or None,
-        scheduler_options=tuple(sorted((scheduler_options or {}).items())),
-        # 0 is no CLIP skip: sent as not set, so a LoRA's recommendation applies.
-        clip_skip=clip_skip or None,
-        num_images=num_images,
-        image=InputImage.from_pil(image) if image is not None else None,
-        mask_image=InputImage.from_pil(mask, "L") if mask is not None else None,
-        strength=strength,
-    )
-
-
-def _spec(lora: str | None, scale: float | None, name: str) -> LoraSpec | None:
-    """The API's LoRA and scale; an explicit empty scale for a named LoRA is refused by name, not guessed."""
-    if (lora or "").strip() and scale is None:
-        raise InvalidRequestError(f"{name} is empty; accepted: a number from -2 to 2 (1 is the LoRA as trained)")
-    return fmt.lora_spec(lora, scale)

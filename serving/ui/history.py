@@ -17,6 +17,7 @@ from engine.requests import GenerateRequest, GenerateResult
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
 from serving.ui import pool_views, session
+from serving.ui.inputs import source_images
 from serving.ui.panels import Browser, RequestPanel, ResultPanel
 
 __all__ = ["FORM", "cells", "remember", "request_of", "wire_session"]
@@ -43,6 +44,8 @@ FORM = (
     "recommended",
     "seed",
     "randomize",
+    "source",
+    "strength",
     "base",
     "history",
 )
@@ -58,6 +61,9 @@ def request_of(form: Mapping[str, Any]) -> GenerateRequest:
     )
     on = bool(form["recommended"])
     skip = int(form["clip_skip"] or 1) - 1
+    # The input image and the mask painted on it (none: text-to-image, where the strength does not apply).
+    image, mask = source_images(form["source"])
+    strength = form["strength"] if image is not None else None
     return GenerateRequest(
         prompt=form["prompt"],
         negative_prompt=form["negative"],
@@ -71,6 +77,9 @@ def request_of(form: Mapping[str, Any]) -> GenerateRequest:
         clip_skip=skip if skip or not on else None,
         num_images=int(form["images"] or 1),
         lora_defaults=on,
+        image=image,
+        mask_image=mask,
+        strength=None if strength is None else float(strength),
     )
 
 
@@ -86,9 +95,14 @@ def remember(form: Mapping[str, Any], result: GenerateResult, base_url: str) -> 
     values["sampler"] = form["sampler"] or ""
     values["images"] = int(form["images"] or 1)
     values["clip_skip"] = int(form["clip_skip"] or 1)
-    params = session.share_params(values)
     request = result.request
-    caption = f"{result.seed} · {request.sampler} · {request.steps} steps · {request.prompt[:40]}"
+    # A link cannot carry the input image: it says one was used (and the strength it ran at).
+    started = request.image is not None
+    values["strength"] = request.strength if started else None
+    values["input"] = request.mode if started else None
+    params = session.share_params(values)
+    mode = f" · {request.mode}" if started else ""
+    caption = f"{result.seed} · {request.sampler} · {request.steps} steps{mode} · {request.prompt[:40]}"
     entries = [session.history_entry(params, result.image, caption), *(form["history"] or [])]
     entries = entries[: session.HISTORY_SIZE]
     return session.share_url(base_url, params), [(e["thumb"], e["caption"]) for e in entries], entries
@@ -166,6 +180,8 @@ def _session_fields(browser: Browser, request: RequestPanel) -> list[Any]:
         request.clip_skip,
         request.num_images,
         request.seed,
+        request.source.strength,
+        request.source.shared,
         browser.base,
         request.randomize,
     ]

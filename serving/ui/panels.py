@@ -13,6 +13,7 @@ from engine.requests import MAX_IMAGES
 from lora_catalog.hub import SORTS
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
+from serving.ui.inputs import InputPanel, input_panel, prompt_control
 
 __all__ = [
     "Browser",
@@ -61,10 +62,12 @@ class LoraSlot:
 
 @dataclass(frozen=True)
 class RequestPanel:
-    """What to generate: prompt, LoRAs, size, steps, guidance, seed, and the Generate button."""
+    """What to generate: prompt, an image to start from, LoRAs, size, steps, guidance, seed, and the Generate
+    button."""
 
     prompt: gr.Textbox
     negative: gr.Textbox
+    source: InputPanel
     slot: gr.Radio
     first: LoraSlot
     second: LoraSlot
@@ -83,8 +86,8 @@ class RequestPanel:
 
 @dataclass(frozen=True)
 class ResultPanel:
-    """The result: the image (previews while it forms), all images of a request for several, the timings, a
-    share link; and the session's history with "use these settings again"."""
+    """The result: the image (previews while it forms), "use as input", all images of a request for several, the
+    timings, a share link; and the session's history with "use these settings again"."""
 
     image: gr.Image
     info: gr.HTML
@@ -92,6 +95,8 @@ class ResultPanel:
     share: gr.Textbox
     history: gr.Gallery
     use_again: gr.Button
+    # Puts the result into the input image, to iterate on it.
+    use_input: gr.Button
 
 
 @dataclass(frozen=True)
@@ -154,22 +159,13 @@ def browser_panel(served: str, choices: list[tuple[str, str]], note: str, *, civ
 def request_panel(handlers: Handlers) -> RequestPanel:
     defaults = handlers.default.defaults
     sizes = fmt.size_presets(defaults)
-    prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", placeholder="a fox in a forest")
+    prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", **prompt_control(defaults))
     negative = gr.Textbox(
         label="Negative prompt", lines=1, placeholder="blurry, low quality", **fmt.negative_control(defaults)
     )
+    source = input_panel(defaults, prompt)
     slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
-    with gr.Group():
-        ref = gr.Textbox(
-            label="LoRA 1 — Hub repo id, Civitai link or local: file",
-            elem_id="lora-1",
-            placeholder="owner/name, https://civitai.com/models/… or civitai:<version id> (optional)",
-        )
-        scale = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 1 scale", elem_id="lora-1-scale")
-        with gr.Accordion("Revision, weight file, check", open=False, elem_id="lora-1-options"):
-            revision = gr.Textbox(label="Revision (branch, tag or commit)", placeholder="main")
-            weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
-            check = gr.Button("Check this LoRA", size="sm")
+    first = _first_slot()
     with gr.Accordion("Blend a second LoRA", open=False), gr.Group():
         ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id, Civitai link or local: file", elem_id="lora-2")
         scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale")
@@ -195,8 +191,9 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     return RequestPanel(
         prompt,
         negative,
+        source,
         slot,
-        LoraSlot(ref, scale, revision, weight, check),
+        first,
         LoraSlot(ref_2, scale_2, revision_2, weight_2, check_2),
         size,
         steps,
@@ -212,6 +209,21 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     )
 
 
+def _first_slot() -> LoraSlot:
+    with gr.Group():
+        ref = gr.Textbox(
+            label="LoRA 1 — Hub repo id, Civitai link or local: file",
+            elem_id="lora-1",
+            placeholder="owner/name, https://civitai.com/models/… or civitai:<version id> (optional)",
+        )
+        scale = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 1 scale", elem_id="lora-1-scale")
+        with gr.Accordion("Revision, weight file, check", open=False, elem_id="lora-1-options"):
+            revision = gr.Textbox(label="Revision (branch, tag or commit)", placeholder="main")
+            weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
+            check = gr.Button("Check this LoRA", size="sm")
+    return LoraSlot(ref, scale, revision, weight, check)
+
+
 def result_panel(handlers: Handlers) -> ResultPanel:
     image = gr.Image(
         label="Result",
@@ -223,6 +235,7 @@ def result_panel(handlers: Handlers) -> ResultPanel:
         buttons=["download", "fullscreen"],
         elem_classes="tiny-output" if handlers.default.defaults.is_tiny else None,
     )
+    use_input = gr.Button("Use as input", size="sm", elem_id="use-as-input")
     gallery = gr.Gallery(
         label="Images", type="pil", format="png", columns=4, height="auto", visible=False, elem_id="result-gallery"
     )
@@ -238,7 +251,7 @@ def result_panel(handlers: Handlers) -> ResultPanel:
             label="Earlier results", columns=6, height="auto", allow_preview=False, elem_id="history", buttons=[]
         )
         use_again = gr.Button("Use these settings again", size="sm", interactive=False, elem_id="use-again")
-    return ResultPanel(image, info, gallery, share, history, use_again)
+    return ResultPanel(image, info, gallery, share, history, use_again, use_input)
 
 
 def compare_panel(handlers: Handlers) -> ComparePanel:

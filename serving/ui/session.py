@@ -5,7 +5,9 @@ A share link is the Space's URL with the form's values as query parameters (`?pr
 lora_scale=0.8&sampler=LCM&steps=4&seed=42...`), read when the page loads; the history keeps each result's
 values the same way, so both fill the form through `form_values`. Values are checked as the form's own (a size or
 sampler the pool does not offer, a number out of range, is left as the form has it): a link is only a form
-filled in, and the engine checks the request when it is sent. Pure functions, no Gradio objects but `gr.skip`.
+filled in, and the engine checks the request when it is sent. A link cannot carry an input image: for a result
+made from one it has `input=image-to-image` (or `inpainting`) and the strength, and the form says so. Pure
+functions, no Gradio objects but `gr.skip`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import gradio as gr
 from engine.requests import MAX_IMAGES, MAX_SEED, ModelDefaults
 from engine.samplers import find_sampler, sampler_label
 from lora_catalog.hints import LoraHints, blend_hints
+from serving.ui.inputs import STARTED, link_note
 
 __all__ = ["FIELDS", "HISTORY_SIZE", "form_values", "history_entry", "recommended", "share_params", "share_url"]
 
@@ -42,6 +45,8 @@ FIELDS = (
     "clip_skip",
     "images",
     "seed",
+    "strength",
+    "input",
     "base",
 )
 HISTORY_SIZE = 12
@@ -82,6 +87,9 @@ def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: i
     out["clip_skip"] = _whole(params.get("clip_skip"), 1, defaults.max_clip_skip + 1)
     out["images"] = _whole(params.get("images"), 1, MAX_IMAGES)
     out["seed"] = _whole(params.get("seed"), 0, MAX_SEED)
+    out["strength"] = _number(params.get("strength"), 0.0, 1.0)
+    # The result started from an input image, which the link cannot carry: the form says so.
+    out["input"] = link_note(params["input"]) if params.get("input") in STARTED else None
     out["base"] = params.get("base") or None
     values = tuple(gr.skip() if out.get(name) is None else out[name] for name in FIELDS)
     # A link with a seed reproduces that image: the seed is not drawn again.

@@ -27,7 +27,8 @@ def test_only_the_five_named_endpoints_are_public(client):
     assert set(endpoints) == {"/generate", "/generate_images", "/compare", "/catalog", "/lora_info", "/pool_status"}
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
     images = [p["parameter_name"] for p in endpoints["/generate_images"]["parameters"]]
-    assert images == [*names, "num_images"]
+    # /generate_images takes num_images after /generate's text-to-image arguments, before the image's.
+    assert images == [*names[:-3], "num_images", *names[-3:]]
     assert names == [
         "prompt",
         "negative_prompt",
@@ -44,6 +45,9 @@ def test_only_the_five_named_endpoints_are_public(client):
         "scheduler",
         "scheduler_options",
         "clip_skip",
+        "image",
+        "mask",
+        "strength",
     ]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in endpoints["/generate"]["parameters"]}
     # What /generate did before these existed: the model's own scheduler, no CLIP skip.
@@ -63,6 +67,9 @@ def test_only_the_five_named_endpoints_are_public(client):
         "base",
         "scheduler",
         "clip_skip",
+        "image",
+        "mask",
+        "strength",
     ]
 
 

@@ -9,7 +9,7 @@ import re
 import pytest
 from PIL import Image
 
-from engine.requests import AdapterUse, CheckedRequest, GenerateResult, LoraSpec, Timings
+from engine.requests import AdapterUse, CheckedRequest, GenerateResult, InputImage, LoraSpec, Timings
 from serving.recipes import encode_image, parse_recipe, read_recipe, recipe_text, with_recipes
 
 USES = (
@@ -88,6 +88,33 @@ def test_recipes_a1111_wrote_are_read():
     assert recipe.request.loras == (LoraSpec("add_detail", 0.5), LoraSpec("ink", 1.0))
     assert (recipe.request.scheduler, recipe.request.clip_skip, recipe.request.width) == ("DPM++ 2M Karras", 1, 832)
     assert recipe.hashes == {"add_detail": "7c6bad76eb54"}
+
+
+def test_an_image_to_image_recipe_has_a1111s_denoising_strength():
+    """A1111's img2img tab writes `Denoising strength` after the model; a text-to-image recipe has none."""
+    start = InputImage.from_pil(Image.new("RGB", (64, 128), (50, 60, 70)))
+    mask = InputImage.from_pil(Image.new("L", (64, 128), 255), "L")
+    made = result()
+    for image, mask_image in ((start, None), (start, mask)):
+        request = dataclasses.replace(made.request, image=image, mask_image=mask_image, strength=0.6)
+        parameters = recipe_text(dataclasses.replace(made, request=request)).split("\n")[-1]
+        assert "Model: owner/model, Denoising strength: 0.6, Clip skip: 2, " in parameters, request.mode
+        # No blur is applied to a mask (diffusers' inpainting reads it binarized): no `Mask blur` is claimed.
+        assert "Mask blur" not in parameters
+        assert parse_recipe(parameters).request.strength == 0.6
+    assert "Denoising strength" not in recipe_text(made)
+    assert parse_recipe(recipe_text(made)).request.strength is None
+
+
+def test_an_img2img_recipe_a1111_wrote_is_read_with_its_strength():
+    text = (
+        "a castle <lora:ink:0.7>\nSteps: 30, Sampler: Euler a, Schedule type: Automatic, CFG scale: 7, Seed: 9, "
+        "Size: 512x768, Model hash: 6ce0161689, Model: v1-5-pruned-emaonly, Denoising strength: 0.45, "
+        "Mask blur: 4, Version: v1.10.1"
+    )
+    recipe = parse_recipe(text)
+    assert (recipe.request.strength, recipe.request.steps, recipe.request.width) == (0.45, 30, 512)
+    assert recipe.parameters["Mask blur"] == "4"
 
 
 # How A1111 finds extra networks in a prompt (modules/extra_networks.py, re_extra_net) and Civitai the negative

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from PIL import Image
 
 from engine.errors import SettingsError
-from engine.requests import GenerateRequest, LoraSpec
+from engine.requests import GenerateRequest, InputImage, LoraSpec
 from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, SD15_MODEL_ID, Settings
 from lora_catalog.sft_header import read_header
+from serving.demo.example import EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH
 from serving.demo.loras import DEMO_FLUX_LORAS, DEMO_LORAS, DEMO_SD15_LORAS, ensure_demo_loras
 from serving.runtime import build_runtime, plan_start, probe_base
 from tests.support.checks import generate
@@ -140,6 +144,27 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, demo_load
         assert again.preview_thread is None
     finally:
         again.close()
+
+
+def test_the_offline_demo_starts_from_its_example_image_on_each_pool(demo_dir, demo_load):
+    """The example the UI offers (serving/demo/example.png) runs image-to-image on every demo pool, with a LoRA."""
+    runtime = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=demo_load)
+    try:
+        assert runtime.wait_ready(timeout=600)
+        with Image.open(EXAMPLE_IMAGE) as bundled:
+            example = InputImage.from_pil(bundled)
+        for pool in runtime.backend.pools():
+            side = pool.defaults.side
+            asked = GenerateRequest(prompt=EXAMPLE_PROMPT, seed=3, width=side, height=side)
+            plain = generate(runtime.backend, asked, base=pool.base_model_id)
+            lora = LoraSpec(runtime.catalog.page(pool.base_model_id).entries[0].ref)
+            started = replace(asked, image=example, strength=EXAMPLE_STRENGTH, loras=(lora,))
+            made = generate(runtime.backend, started)
+            assert (made.request.mode, made.request.strength) == ("image-to-image", EXAMPLE_STRENGTH), pool.family
+            assert made.image.size == (side, side) and made.adapters[0].ref == lora.ref
+            assert made.image.tobytes() != plain.image.tobytes(), pool.family
+    finally:
+        runtime.close()
 
 
 def test_a_default_sdxl_that_fails_to_load_falls_back_to_the_demo(demo_dir, demo_load):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from urllib.parse import parse_qsl, urlsplit
 
 import gradio as gr
+from PIL import Image
 
-from engine.requests import LoraSpec, ModelDefaults
+from engine.requests import CheckedRequest, GenerateResult, InputImage, LoraSpec, ModelDefaults, Timings
 from lora_catalog.hints import LoraHints, speed_hints
 from serving.ui import session
-from serving.ui.history import FORM, request_of
+from serving.ui.history import FORM, remember, request_of
 
 DEFAULTS = ModelDefaults(
     steps=25,
@@ -41,6 +43,8 @@ FORM_VALUES = {
     "recommended": True,
     "seed": 42,
     "randomize": True,
+    "source": None,
+    "strength": 0.6,
     "base": "",
     "history": [],
 }
@@ -78,6 +82,8 @@ def test_the_form_asks_for_what_it_shows_leaving_defaults_to_the_loras_when_the_
     chosen = request_of(FORM_VALUES)
     assert (chosen.scheduler, chosen.clip_skip) == ("Euler a", 1)
     assert set(FORM) == {*FORM_VALUES}
+    # No input image: text-to-image, where the strength slider does not apply.
+    assert (chosen.image, chosen.mask_image, chosen.strength) == (None, None, None)
 
 
 def test_the_recommended_settings_say_where_they_come_from():
@@ -98,3 +104,28 @@ def test_the_recommended_settings_say_where_they_come_from():
     tcd = speed_hints(["h1t/TCD-SDXL-LoRA"], repo_id="h1t/TCD-SDXL-LoRA")
     _, _, sampler, _, note = session.recommended([tcd], DEFAULTS, 60, True)
     assert sampler == "" and "sampler" not in note
+
+
+def test_the_form_with_an_input_image_asks_for_image_to_image_at_its_strength():
+    source = {"background": Image.new("RGBA", (64, 48), (10, 20, 30, 255)), "layers": [], "composite": None}
+    request = request_of({**FORM_VALUES, "source": source})
+    assert request.image == InputImage.from_pil(Image.new("RGB", (64, 48), (10, 20, 30)))
+    assert (request.mask_image, request.strength, request.mode) == (None, 0.6, "image-to-image")
+
+
+def test_a_share_link_says_its_result_started_from_an_input_image_it_cannot_carry():
+    image = InputImage.from_pil(Image.new("RGB", (64, 64), (200, 10, 10)))
+    checked = CheckedRequest(prompt="a fox", steps=10, width=64, height=64, seed=5, image=image, strength=0.6)
+    made = GenerateResult(image=Image.new("RGB", (64, 64)), seed=5, request=checked, timings=Timings())
+    link, _, entries = remember({**FORM_VALUES, "source": {"background": image.to_pil()}}, made, "https://s.hf.space")
+    query = dict(parse_qsl(urlsplit(link).query))
+    assert (query["input"], query["strength"]) == ("image-to-image", "0.6")
+    assert "image-to-image" in entries[0]["caption"]
+    filled = dict(zip((*session.FIELDS, "randomize"), session.form_values(query, DEFAULTS, 60), strict=True))
+    assert filled["strength"] == 0.6
+    assert "input image (image-to-image), which a link or the history cannot carry" in filled["input"]
+    # A text-to-image result's link says nothing of an input.
+    plain = dataclasses.replace(made, request=dataclasses.replace(checked, image=None, strength=None))
+    text_link, _, _ = remember(FORM_VALUES, plain, "https://s.hf.space")
+    assert "input=" not in text_link and "strength=" not in text_link
+    assert session.form_values({"seed": "5"}, DEFAULTS, 60)[session.FIELDS.index("input")] == gr.skip()

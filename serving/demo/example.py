@@ -1,0 +1,65 @@
+"""The example input image: a small landscape drawn here, so the repository bundles no third-party picture.
+
+`serving/demo/example.png` is what `draw_example` draws (`python -m serving.demo.example` writes it again; a test
+holds the two equal). The UI offers it as an example input with `EXAMPLE_PROMPT` at `EXAMPLE_STRENGTH`: a scene
+with plain shapes and a clear horizon, which image-to-image visibly keeps while a prompt and a LoRA restyle it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+__all__ = ["EXAMPLE_IMAGE", "EXAMPLE_PROMPT", "EXAMPLE_SIDE", "EXAMPLE_STRENGTH", "draw_example"]
+
+EXAMPLE_IMAGE = Path(__file__).with_name("example.png")
+# 256 px: the largest tiny preset (the offline demo's pools make 64-256 px images); a real pool resizes it.
+EXAMPLE_SIDE = 256
+EXAMPLE_PROMPT = "a lake in the mountains at sunset, oil painting"
+EXAMPLE_STRENGTH = 0.6
+
+_SKY_TOP, _SKY_BOTTOM = (42, 56, 120), (250, 170, 110)
+_HORIZON = 0.62
+
+
+def draw_example(side: int = EXAMPLE_SIDE) -> Image.Image:
+    """A sunset over mountains and a lake, with a tree: an RGB image `side` px square, the same every time."""
+    image = Image.new("RGB", (side, side))
+    draw = ImageDraw.Draw(image)
+    horizon = round(side * _HORIZON)
+    for y in range(horizon):
+        t = y / max(horizon - 1, 1)
+        draw.line([(0, y), (side, y)], fill=_mix(_SKY_TOP, _SKY_BOTTOM, t))
+    s = side / 256  # the shapes are laid out on a 256 px canvas and scaled
+    draw.ellipse(_box(s, 196, 30, 232, 66), fill=(255, 214, 120))
+    draw.polygon(_points(s, (0, 159), (60, 80), (118, 159)), fill=(70, 62, 96))
+    draw.polygon(_points(s, (80, 159), (170, 62), (256, 159)), fill=(92, 78, 110))
+    draw.polygon(_points(s, (148, 92), (170, 62), (192, 92), (170, 84)), fill=(236, 232, 240))
+    for y in range(horizon, side):
+        t = (y - horizon) / max(side - horizon - 1, 1)
+        draw.line([(0, y), (side, y)], fill=_mix((204, 130, 104), (30, 50, 90), t))
+    # The sun's reflection: a few bright strokes on the water.
+    for row, half in ((168, 18), (178, 12), (190, 8)):
+        draw.line(_points(s, (214 - half, row), (214 + half, row)), fill=(255, 200, 130), width=max(1, round(2 * s)))
+    draw.polygon(_points(s, (0, 256), (0, 200), (70, 214), (120, 256)), fill=(40, 86, 52))
+    draw.rectangle(_box(s, 36, 150, 44, 212), fill=(74, 50, 34))
+    draw.ellipse(_box(s, 14, 110, 66, 166), fill=(46, 110, 62))
+    return image
+
+
+def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> tuple[int, int, int]:
+    return (round(a[0] + (b[0] - a[0]) * t), round(a[1] + (b[1] - a[1]) * t), round(a[2] + (b[2] - a[2]) * t))
+
+
+def _points(s: float, *points: tuple[int, int]) -> list[tuple[float, float]]:
+    return [(x * s, y * s) for x, y in points]
+
+
+def _box(s: float, x0: int, y0: int, x1: int, y1: int) -> tuple[float, float, float, float]:
+    return (x0 * s, y0 * s, x1 * s, y1 * s)
+
+
+if __name__ == "__main__":
+    draw_example().save(EXAMPLE_IMAGE, format="PNG", optimize=True)
+    print(f"wrote {EXAMPLE_IMAGE} ({EXAMPLE_IMAGE.stat().st_size} bytes)")

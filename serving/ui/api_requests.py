@@ -1,0 +1,84 @@
+"""The Gradio API's arguments as requests: `/generate`'s and `/generate_images`' as a `GenerateRequest`, and the
+image, mask and strength every generation endpoint takes (`/compare` too) as the request's fields.
+
+Values pass as given ("" and empty ones: not set); the engine checks each by name (`engine.normalise`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PIL import Image
+
+from engine.errors import InvalidRequestError
+from engine.images import ImageMode
+from engine.requests import GenerateRequest, InputImage, LoraSpec
+from serving.ui import formatting as fmt
+
+__all__ = ["api_request", "starting_fields"]
+
+
+def starting_fields(image: Any, mask: Any, strength: float | None) -> dict[str, Any]:
+    """An endpoint's `image`, `mask` (white repainted) and `strength` (gradio_client's `handle_file` uploads the
+    files; Gradio hands them over as PIL images) as the request's `image`, `mask_image` and `strength`."""
+    return {
+        "image": _input(image, "image", "RGB"),
+        "mask_image": _input(mask, "mask", "L"),
+        "strength": strength,
+    }
+
+
+def _input(value: Any, name: str, mode: ImageMode) -> InputImage | None:
+    if value is None:
+        return None
+    if not isinstance(value, Image.Image):
+        raise InvalidRequestError(f"{name} is a {type(value).__name__}; accepted: an image file (handle_file) or none")
+    return InputImage.from_pil(value, mode)
+
+
+def api_request(
+    prompt: str,
+    negative_prompt: str | None,
+    loras: tuple[str, float | None, str, float | None],
+    steps: float | None,
+    guidance: float | None,
+    width: float | None,
+    height: float | None,
+    seed: float | None,
+    scheduler: str | None,
+    scheduler_options: object,
+    clip_skip: float | None,
+    num_images: float | None,
+    starting: tuple[Any, Any, float | None] = (None, None, None),
+) -> GenerateRequest:
+    """The API's arguments as a request ("" and empty values: not set); the engine checks every value."""
+    lora, lora_scale, lora_2, lora_2_scale = loras
+    specs = (_spec(lora, lora_scale, "lora_scale"), _spec(lora_2, lora_2_scale, "lora_2_scale"))
+    if scheduler_options is not None and not isinstance(scheduler_options, dict):
+        raise InvalidRequestError(
+            f"scheduler_options={scheduler_options!r} is not accepted; accepted: an object such as "
+            '{"use_karras_sigmas": true} (or null)'
+        )
+    return GenerateRequest(
+        prompt=prompt,
+        negative_prompt=negative_prompt or "",
+        loras=tuple(s for s in specs if s),
+        steps=steps,
+        guidance=guidance,
+        width=width,
+        height=height,
+        seed=fmt.seed_value(seed),
+        scheduler=(scheduler or "").strip() or None,
+        scheduler_options=tuple(sorted((scheduler_options or {}).items())),
+        # 0 is no CLIP skip: sent as not set, so a LoRA's recommendation applies.
+        clip_skip=clip_skip or None,
+        num_images=num_images,
+        **starting_fields(*starting),
+    )
+
+
+def _spec(lora: str | None, scale: float | None, name: str) -> LoraSpec | None:
+    """The API's LoRA and scale; an explicit empty scale for a named LoRA is refused by name, not guessed."""
+    if (lora or "").strip() and scale is None:
+        raise InvalidRequestError(f"{name} is empty; accepted: a number from -2 to 2 (1 is the LoRA as trained)")
+    return fmt.lora_spec(lora, scale)

@@ -1,0 +1,211 @@
+"""Start from an image: the UI's input image with its mask, the strength, and what an editing pool asks for.
+
+One `gr.ImageEditor` holds both: its background is the input image (upload, paste or webcam) and what is painted
+on it is the inpainting mask (white repainted, as diffusers reads a mask; nothing painted: image-to-image). The
+strength slider takes its bounds and wording from the request's declaration (`GenerateRequest.strength`) and its
+value from the pool's defaults; a pool that edits by instruction (`ModelDefaults.needs_image`: FLUX.1 Kontext)
+shows how to word its prompt instead, and a pool without an image-to-image pipeline hides the slider. "Use as
+input" puts a result into the editor, to iterate on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+from PIL import Image, ImageChops
+
+from engine.requests import REQUEST_FIELDS, CheckedRequest, InputImage, ModelDefaults
+from serving.demo.example import EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH
+from serving.handlers import Handlers
+from serving.ui import pool_views
+
+__all__ = [
+    "EDIT_PLACEHOLDER",
+    "PROMPT_PLACEHOLDER",
+    "STARTED",
+    "InputPanel",
+    "accordion_control",
+    "input_note",
+    "input_panel",
+    "link_note",
+    "mode_html",
+    "prompt_control",
+    "source_images",
+    "strength_control",
+    "wire_inputs",
+]
+
+STRENGTH = next(f for f in REQUEST_FIELDS if f.name == "strength")
+PROMPT_PLACEHOLDER = "a fox in a forest"
+# An instruction-editing pool reads the prompt as what to change in the image (Kontext's own examples read so).
+EDIT_PLACEHOLDER = "what to change: make it a watercolor · add a red scarf · turn the day into night"
+_EDIT_NOTE = (
+    "**This model edits an image by instruction.** Give it an image below and say what to change "
+    '("make it a watercolor", "add a red scarf to the fox"), not what the whole picture shows.'
+)
+_MASK = "#ffffff"
+# The request modes that start from an image (`GenerateRequest.mode`), as a share link's `input` names them.
+STARTED = ("image-to-image", "inpainting")
+
+
+@dataclass(frozen=True)
+class InputPanel:
+    """The input image (with the mask painted on it), the strength, the pool's note (an editing pool's hint) and
+    a share link's word that its result started from an image."""
+
+    accordion: gr.Accordion
+    editor: gr.ImageEditor
+    strength: gr.Slider
+    note: gr.Markdown
+    shared: gr.Markdown
+
+
+def input_panel(defaults: ModelDefaults, prompt: gr.Textbox) -> InputPanel:
+    """The panel under the prompt; open at once on an editing pool (which takes no request without an image)."""
+    with gr.Accordion(
+        "Start from an image (image-to-image; paint a mask to inpaint)", elem_id="inputs", **accordion_control(defaults)
+    ) as accordion:
+        editor = gr.ImageEditor(
+            label="Input image (paint what to repaint)",
+            type="pil",
+            image_mode="RGBA",
+            sources=("upload", "clipboard", "webcam"),
+            # One layer, the mask: painted in the one colour a mask takes.
+            layers=gr.LayerOptions(allow_additional_layers=False),
+            brush=gr.Brush(colors=[_MASK], color_mode="fixed", default_color=_MASK),
+            transforms=(),
+            height=360,
+            elem_id="input-image",
+        )
+        strength = gr.Slider(elem_id="strength", **strength_control(defaults))
+        gr.Examples(
+            [[str(EXAMPLE_IMAGE), EXAMPLE_PROMPT, EXAMPLE_STRENGTH]],
+            [editor, prompt, strength],
+            label="Example input (drawn by serving/demo/example.py)",
+            cache_examples=False,
+            api_visibility="private",
+            elem_id="input-examples",
+        )
+    note = gr.Markdown(input_note(defaults), elem_id="input-note")
+    shared = gr.Markdown("", elem_id="input-shared")
+    return InputPanel(accordion, editor, strength, note, shared)
+
+
+def wire_inputs(
+    handlers: Handlers,
+    base: gr.Dropdown,
+    pending: gr.State,
+    prompt: gr.Textbox,
+    source: InputPanel,
+    result: gr.Image,
+    use_input: gr.Button,
+) -> None:
+    """A new base: its pool's strength, prompt hint and note (the panel opens on an editing pool). "Use as
+    input": the result becomes the input image."""
+
+    def on_base(browsed: str, waiting: dict | None) -> tuple[Any, ...]:
+        pool = pool_views.pool_for_base(handlers.pools, browsed) if browsed else None
+        if pool is None:
+            return (gr.skip(),) * 4
+        defaults = pool.defaults
+        # A share link or a history entry that chose this base brings its own strength (`wire_session`).
+        linked = isinstance(waiting, dict) and waiting.get("base") == browsed
+        slider = strength_control(defaults)
+        if linked:
+            slider.pop("value")
+        panel = gr.Accordion(**accordion_control(defaults, keep=True))
+        return gr.Slider(**slider), gr.Markdown(input_note(defaults)), gr.Textbox(**prompt_control(defaults)), panel
+
+    def use(image: Image.Image | None) -> tuple[Any, Any]:
+        if image is None:
+            return gr.skip(), gr.skip()
+        return image, gr.Accordion(open=True)
+
+    options: dict[str, Any] = {"api_visibility": "private", "queue": False}
+    base.change(on_base, [base, pending], [source.strength, source.note, prompt, source.accordion], **options)
+    use_input.click(use, result, [source.editor, source.accordion], **options)
+
+
+def accordion_control(defaults: ModelDefaults, keep: bool = False) -> dict[str, Any]:
+    """The panel is there where the pool takes an image, and open where it needs one (`keep`: else left as the
+    user has it)."""
+    control: dict[str, Any] = {"visible": any(mode in defaults.modes for mode in STARTED)}
+    if defaults.needs_image or not keep:
+        control["open"] = defaults.needs_image
+    return control
+
+
+def strength_control(defaults: ModelDefaults) -> dict[str, Any]:
+    """The slider's settings for a pool: the declared range at the pool's image-to-image default; an editing pool
+    re-noises only when inpainting (its edit takes the image whole), so there it is the inpainting default, said
+    so; hidden where no mode of the pool takes a strength."""
+    low, high = STRENGTH.low or 0.0, STRENGTH.high if STRENGTH.high is not None else 1.0
+    value = defaults.strength if defaults.strength is not None else defaults.inpaint_strength
+    only = " — inpainting only: an edit takes the whole image" if defaults.strength is None else ""
+    return {
+        "minimum": low,
+        "maximum": high,
+        "step": 0.05,
+        "value": high if value is None else value,
+        "label": "Strength",
+        "info": f"{STRENGTH.description} (runs that share of the steps){only}",
+        "visible": value is not None,
+    }
+
+
+def prompt_control(defaults: ModelDefaults) -> dict[str, Any]:
+    """The prompt box's placeholder: an instruction on an editing pool, a description elsewhere."""
+    return {"placeholder": EDIT_PLACEHOLDER if defaults.needs_image else PROMPT_PLACEHOLDER}
+
+
+def input_note(defaults: ModelDefaults) -> str:
+    """The note under the panel: an editing pool's hint, else nothing."""
+    return _EDIT_NOTE if defaults.needs_image else ""
+
+
+def link_note(mode: str) -> str:
+    """What a share link of a result made from an input image says (the link carries settings, not images)."""
+    return (
+        f"These settings made a result from an input image ({mode}), which a link or the history cannot carry: "
+        "add an image above to make it again."
+    )
+
+
+def mode_html(request: CheckedRequest) -> str:
+    """The result's line for a run from an image: its mode and strength (nothing for text-to-image)."""
+    if request.image is None:
+        return ""
+    strength = f" at strength {request.strength:g}" if request.strength is not None else ""
+    masked = " (the painted mask repainted)" if request.mask_image is not None else ""
+    size = f"{request.image.width} × {request.image.height}"
+    return f'<p class="input-mode">{request.mode.capitalize()}{strength} from the {size} input image{masked}</p>'
+
+
+def source_images(value: Mapping[str, Any] | None) -> tuple[InputImage | None, InputImage | None]:
+    """The editor's value as the request's image and mask: the background in RGB, and the painted strokes of
+    every layer as an `L` mask (255 where painted at all); no mask where nothing is painted."""
+    value = value or {}
+    background = value.get("background")
+    if not isinstance(background, Image.Image):
+        return None, None
+    image = InputImage.from_pil(_flatten(background))
+    painted = [layer.getchannel("A") for layer in value.get("layers") or () if isinstance(layer, Image.Image)]
+    painted = [alpha.point(lambda a: 255 if a else 0) for alpha in painted if alpha.getbbox() is not None]
+    if not painted:
+        return image, None
+    mask = painted[0]
+    for alpha in painted[1:]:
+        mask = ImageChops.lighter(mask, alpha)
+    return image, InputImage.from_pil(mask, "L")
+
+
+def _flatten(image: Image.Image) -> Image.Image:
+    """An RGB image; a transparent upload is laid on white, as a viewer shows it (not its hidden colours)."""
+    if image.mode in ("RGBA", "LA") or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")

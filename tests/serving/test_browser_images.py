@@ -1,0 +1,80 @@
+"""Starting from an image in a real browser: upload, paint a mask, generate (inpainting), "use as input",
+generate again (image-to-image); the progress bar counts the steps a strength runs (0.6 of 10: 6)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from serving.demo.example import EXAMPLE_IMAGE
+from tests.support.app_server import serve_fixture_app
+from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, SlowSteps, browser, page, tile
+
+pytestmark = pytest.mark.browser
+__all__ = ["browser", "page"]  # fixtures, found by pytest in this module's globals
+
+if CHROMIUM is None:
+    pytest.skip("chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+
+
+def set_number(page, elem_id: str, value: str) -> None:
+    field = page.locator(f"#{elem_id} input[type=number]")
+    field.fill(value)
+    field.press("Enter")
+
+
+def paint_mask(page) -> None:
+    """A stroke across the middle of the input image with the editor's brush (white: the mask)."""
+    page.locator("#input-image").get_by_role("button", name="Brush", exact=True).click()
+    canvas = page.locator("#input-image .pixi-target canvas").first
+    box = canvas.bounding_box()
+    assert box is not None
+    x, y = box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.5
+    page.mouse.move(x, y)
+    page.mouse.down()
+    for k in range(1, 11):
+        page.mouse.move(x + box["width"] * 0.04 * k, y, steps=2)
+    page.mouse.up()
+
+
+def test_upload_paint_a_mask_generate_use_as_input_and_generate_again(page, loaded, base_settings, hub, fixtures):
+    from playwright.sync_api import expect
+
+    with serve_fixture_app(loaded, base_settings, hub, fixtures, backend=SlowSteps) as served:
+        page.goto(served.url)
+        tile(page, "peft").wait_for(timeout=WAIT_MS)
+        page.locator("#prompt textarea").fill("a fox in a forest")
+        page.locator("#randomize input").uncheck()
+        set_number(page, "steps", "10")
+        page.locator("#inputs").get_by_text("Start from an image").click()
+        page.locator("#input-image input[type=file]").set_input_files(str(EXAMPLE_IMAGE))
+        page.locator("#input-image").get_by_role("button", name="Brush", exact=True).wait_for(timeout=WAIT_MS)
+        paint_mask(page)
+        set_number(page, "strength", "0.6")
+        page.wait_for_timeout(500)  # the canvas draws the stroke on its next frame
+        page.locator("#inputs").screenshot(path=str(SHOTS / "input-mask.png"))
+
+        page.locator("#generate").click()
+        # The progress bar counts the steps the strength runs: 6 of the 10 asked for; previews come as they do
+        # from text (PREVIEW_EVERY=2: after steps 2 and 4).
+        page.locator("#result", has_text=re.compile(r"\b\d/6 steps")).wait_for(timeout=WAIT_MS)
+        page.locator("#result-info", has_text="Preview after step").wait_for(timeout=WAIT_MS)
+        page.locator("#request-column").screenshot(path=str(SHOTS / "input-progress.png"))
+        info = page.locator("#result-info .input-mode")
+        expect(info).to_contain_text("Inpainting at strength 0.6", timeout=WAIT_MS)
+        page.locator("#result-info table.timing").wait_for(timeout=WAIT_MS)
+        first = page.locator("#result img").get_attribute("src")
+        assert "10 steps" in page.locator("#result-info").inner_text()
+        share = page.locator("#share-link textarea, #share-link input").first
+        expect(share).to_have_value(re.compile(r"input=inpainting"), timeout=WAIT_MS)
+        assert "strength=0.6" in share.input_value()
+
+        # The result becomes the input (no mask on it): image-to-image from it.
+        page.locator("#use-as-input").click()
+        page.wait_for_timeout(1000)
+        page.locator("#generate").click()
+        expect(info).to_contain_text("Image-to-image at strength 0.6", timeout=WAIT_MS)
+        page.locator("#result-info table.timing").wait_for(timeout=WAIT_MS)
+        expect(page.locator("#result img")).not_to_have_attribute("src", first or "", timeout=WAIT_MS)
+        page.locator("#request-column").screenshot(path=str(SHOTS / "input-again.png"))
