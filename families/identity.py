@@ -23,6 +23,7 @@ class Family(StrEnum):
     SD2 = "sd2"
     FLUX = "flux"
     ZIMAGE = "zimage"
+    QWEN_IMAGE = "qwen_image"
     UNKNOWN = "unknown"
 
 

@@ -12,6 +12,7 @@ from engine.pools.routing import PoolInfo, pick_pool
 from lora_catalog.entries import Family
 from serving.demo.synthetic import TEXT_ATTENTION, UNET_ATTENTION, find_targets, make_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
+from tests.support import qwen_image
 from tests.support.zimage import factors, lora_file
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
@@ -19,7 +20,15 @@ SD15 = "stable-diffusion-v1-5/stable-diffusion-v1-5"
 SD2 = "stabilityai/stable-diffusion-2-1"
 FLUX = "black-forest-labs/FLUX.1-dev"
 ZIMAGE = "Tongyi-MAI/Z-Image-Turbo"
-BASES = {Family.SDXL: SDXL, Family.SD15: SD15, Family.SD2: SD2, Family.FLUX: FLUX, Family.ZIMAGE: ZIMAGE}
+QWEN_IMAGE = "Qwen/Qwen-Image"
+BASES = {
+    Family.SDXL: SDXL,
+    Family.SD15: SD15,
+    Family.SD2: SD2,
+    Family.FLUX: FLUX,
+    Family.ZIMAGE: ZIMAGE,
+    Family.QWEN_IMAGE: QWEN_IMAGE,
+}
 # The kohya metadata each family's trainer writes (sd-scripts' `ss_base_model_version`; musubi-tuner's Z-Image).
 KOHYA_VERSIONS = {
     Family.SDXL: "sdxl_base_v1-0",
@@ -27,6 +36,7 @@ KOHYA_VERSIONS = {
     Family.SD2: "sd_v2",
     Family.FLUX: "flux1",
     Family.ZIMAGE: "zimage",
+    Family.QWEN_IMAGE: "qwen_image",
 }
 KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
 
@@ -48,6 +58,9 @@ def lora_for(pipe, family: Family, fmt: str) -> dict[str, tuple[int, ...]]:
         return shapes_of(
             lora_file(factors(pipe.transformer, rank=2, seed=5), "peft" if fmt == "peft" else "kohya", 2.0)
         )
+    if family is Family.QWEN_IMAGE:
+        made = qwen_image.factors(pipe.transformer, rank=2, seed=5)
+        return shapes_of(qwen_image.lora_file(made, "peft" if fmt == "peft" else "kohya", 2.0))
     spec = spec_for(family)
     components = {c: getattr(pipe, c) for c in spec.components}
     patterns = {c: UNET_ATTENTION if c == spec.denoiser else TEXT_ATTENTION for c in components}
