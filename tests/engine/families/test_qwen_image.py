@@ -45,6 +45,9 @@ def qwen_loras(loaded_qwen_image, tmp_path_factory: pytest.TempPathFactory) -> P
     # Made for a wider Qwen-Image (64 wide, where the tiny one is 56): its factors fit no served layer.
     wide = {m: (torch.ones(2, 64), torch.ones(64, 2)) for m in MODULES[:2]}
     save_lora(folder / "qwen_wide.safetensors", lora_file(wide, "peft", None))
+    # lightx2v's speed LoRA as its file is named (its factors here are random, in its bare names).
+    lightning = lora_file(factors(loaded_qwen_image.pipe.transformer, seed=58), "bare", 16.0)
+    save_lora(folder / "Qwen-Image-Lightning-4steps-V1.0.safetensors", lightning)
     return folder
 
 
@@ -164,6 +167,20 @@ def test_with_true_cfg_the_image_is_diffusers_cfg(qwen_engine, qwen_loras, tiny_
 def test_without_a_lora_the_image_is_diffusers_own(qwen_engine, qwen_loras, tiny_qwen_image_dir):
     ours = pixels(generate(qwen_engine, request()).image)
     assert_images_close(ours, diffusers_image(tiny_qwen_image_dir, qwen_loras, None))
+
+
+def test_qwen_image_lightning_brings_its_steps_no_cfg_and_the_flow_euler_sampler(qwen_engine):
+    """As SDXL-Lightning's: where the client sets nothing, lightx2v's file name sets 4 steps, true CFG off
+    (guidance 1) and Euler on the flow; the image is the one those settings give when sent explicitly."""
+    lightning = LoraSpec("local:Qwen-Image-Lightning-4steps-V1.0.safetensors")
+    result = generate(qwen_engine, GenerateRequest(prompt=PROMPT, loras=(lightning,), width=64, height=64, seed=7))
+    checked = result.request
+    assert (checked.steps, checked.guidance, checked.sampler) == (4, 1.0, "Euler flow")
+    assert "speed LoRA (Qwen-Image-Lightning" in dict(checked.defaults_from)["steps"]
+    explicit = GenerateRequest(
+        prompt=PROMPT, loras=(lightning,), steps=4, guidance=1.0, scheduler="Euler flow", width=64, height=64, seed=7
+    )
+    assert generate(qwen_engine, explicit).image.tobytes() == result.image.tobytes()
 
 
 # -- wrong shapes -------------------------------------------------------------------------------------------
