@@ -11,14 +11,18 @@ import torch
 
 from .ours import FORMATS
 
-__all__ = ["FAMILIES", "HEADLINE_RANK", "VARIANTS", "Options", "parse_options"]
+__all__ = ["FAMILIES", "FAMILY_VALUES", "HEADLINE_RANK", "VARIANTS", "Options", "parse_options"]
 
 HEADLINE_RANK = 32
-# The models the benchmark swaps on: SDXL's whole UNet, or a real-width slice of FLUX.1's transformer.
-FAMILIES = ("sdxl", "flux")
-# FLUX LoRAs are trained at higher ranks than SDXL's (ai-toolkit's and sd-scripts' defaults: 16 and up).
+# The models the benchmark swaps on: SDXL's whole UNet, or a real-width slice of FLUX.1's or Qwen-Image's
+# transformer; each as the engine's family (`families.Family`) it is.
+FAMILIES = ("sdxl", "flux", "qwen")
+FAMILY_VALUES = {"sdxl": "sdxl", "flux": "flux", "qwen": "qwen_image"}
+# FLUX and Qwen-Image LoRAs are trained at higher ranks than SDXL's (ai-toolkit's, sd-scripts' and musubi-tuner's
+# defaults: 16 and up).
 _FLUX_HEADLINE_RANK = 64
 VARIANTS = ("loha", "lokr", "dora")
+_DIT_LABELS = {"flux": "FLUX", "qwen": "Qwen-Image"}
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -42,7 +46,7 @@ class Options:
 
     @property
     def headline_rank(self) -> int:
-        wanted = _FLUX_HEADLINE_RANK if self.family == "flux" else HEADLINE_RANK
+        wanted = _FLUX_HEADLINE_RANK if self.family in ("flux", "qwen") else HEADLINE_RANK
         return wanted if wanted in self.ranks else self.ranks[0]
 
     @property
@@ -79,7 +83,7 @@ class _Defaults:
 _DEFAULT = _Defaults(ranks=(8, 32), repeats=4, reference_repeats=1, leak_swaps=24, variants=VARIANTS)
 _FULL = _Defaults(ranks=(8, 32, 128), repeats=7, reference_repeats=3, leak_swaps=200, variants=VARIANTS)
 _QUICK = _Defaults(ranks=(8,), repeats=3, reference_repeats=1, leak_swaps=20, variants=("loha",))
-# FLUX: ranks 16 and 64; no LyCORIS section (diffusers' FLUX loader reads no LoHa/LoKr).
+# FLUX and Qwen-Image: ranks 16 and 64; no LyCORIS section (diffusers' loaders of these read no LoHa/LoKr).
 _FLUX = _Defaults(ranks=(16, 64), repeats=4, reference_repeats=1, leak_swaps=24, variants=())
 _FLUX_FULL = _Defaults(ranks=(16, 64, 128), repeats=7, reference_repeats=3, leak_swaps=200, variants=())
 _FLUX_QUICK = _Defaults(ranks=(16,), repeats=3, reference_repeats=1, leak_swaps=20, variants=())
@@ -115,12 +119,13 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         "--family",
         choices=FAMILIES,
         default="sdxl",
-        help="sdxl: the whole SDXL UNet; flux: FLUX.1's transformer at real width, 2 double + 4 single blocks",
+        help="sdxl: the whole SDXL UNet; flux: FLUX.1's transformer at real width, 2 double + 4 single blocks; "
+        "qwen: Qwen-Image's transformer at real width, 3 blocks",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=tuple(_DTYPES), default="bfloat16")
     parser.add_argument(
-        "--ranks", type=_ranks, help="LoRA ranks (default 8,32; --full: 8,32,128; --quick: 8; FLUX: 16,64)"
+        "--ranks", type=_ranks, help="LoRA ranks (default 8,32; --full: 8,32,128; --quick: 8; FLUX, Qwen: 16,64)"
     )
     parser.add_argument("--formats", type=_formats, default=FORMATS, help="peft,kohya (default: both)")
     parser.add_argument(
@@ -157,10 +162,11 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
     quick, full = args.quick, args.full
     if quick and full:
         parser.error("--quick and --full were both given; accepted: one of them")
-    if args.family == "flux":
+    if args.family in ("flux", "qwen"):
         if args.variants:
             parser.error(
-                f"--variants {','.join(args.variants)} with --family flux; accepted: none (no LyCORIS on FLUX)"
+                f"--variants {','.join(args.variants)} with --family {args.family}; accepted: none (no LyCORIS "
+                f"on {_DIT_LABELS[args.family]})"
             )
         default = _FLUX_QUICK if quick else _FLUX_FULL if full else _FLUX
     else:
