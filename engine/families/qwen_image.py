@@ -35,6 +35,7 @@ from engine.families.spec import (
 )
 from engine.families.tiny_qwen_image import build_tiny_pipeline
 from engine.requests import CheckedRequest
+from engine.storage import LinearSizes
 from families.qwen_image import IDENTITY
 
 __all__ = ["FAMILY", "LATENT_RGB", "MEMORY", "convert_lora", "unpack_latents"]
@@ -79,6 +80,9 @@ MEMORY = MemorySpec(
     host_components=("text_encoder",),
     # Each block's image and text modulation, 3072 to 6 x 3072.
     largest_values=56_623_104,
+    # fp8 storage (engine.storage): its Linears' weight values, output rows and in + out widths, LoRA branches on
+    # every Linear of the transformer.
+    linears=LinearSizes(20_424_818_688, 5_548_096, 9_247_616),
 )
 # The attention inputs a LoRA's down factor shows the hidden width on (the image stream's q/k/v and the text
 # stream's add_q/k/v_proj, which take the text after `txt_in`).

@@ -1,6 +1,7 @@
-"""Qwen-Image in the start-up memory plan: its declared sizes are Qwen/Qwen-Image's (57.7 GB in bf16); alone it
-fits a 48 GB GPU only with its Qwen2.5-VL encoder in host RAM and a smaller adapter cache, an 80 GB one with
-everything resident (beside SDXL too), never 24 GB in bf16; its encoder, when the plan leaves it in host RAM,
+"""Qwen-Image in the start-up memory plan: its declared sizes are Qwen/Qwen-Image's (57.7 GB in bf16). In bf16
+(QUANTIZE=off) it fits a 48 GB GPU alone only with its Qwen2.5-VL encoder in host RAM and a smaller adapter
+cache, an 80 GB one with everything resident (beside SDXL too), never 24 GB; under QUANTIZE=auto its transformer
+in fp8 fits 48 GB alone and beside SDXL, and 24 GB still not. Its encoder, when the plan leaves it in host RAM,
 encodes prompts there and gives the image it gives on the device."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+from torch import nn
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from engine.errors import SettingsError
@@ -15,6 +17,7 @@ from engine.families import qwen_image
 from engine.pipeline.loading import load_pipeline
 from engine.pools.plan import PlanOptions, largest_values, plan_memory
 from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
+from engine.storage import linear_sizes
 from families.qwen_image import MODEL_ID
 from tests.support.dit import A10G, GIB, HOST_RAM, L40S, needs_on_a_gpu, values
 from tests.support.dit import pipeline_image as image
@@ -72,11 +75,16 @@ def test_declared_sizes_are_what_diffusers_and_transformers_build_from_qwen_imag
     assert qwen_image.FAMILY.memory.largest_values == largest_values([built[c] for c in qwen_image.FAMILY.components])
     assert qwen_image.FAMILY.memory.host_components == ("text_encoder",)
     assert "text_encoder" not in qwen_image.FAMILY.components
+    # fp8 storage's sizes (engine.storage): LoRA branches on every Linear; no text encoder is adapted.
+    transformer = built["transformer"]
+    linears = [(n, m.out_features, m.in_features) for n, m in transformer.named_modules() if isinstance(m, nn.Linear)]
+    assert qwen_image.MEMORY.linears == linear_sizes(linears, None) and qwen_image.MEMORY.largest_encoder_values == 0
 
 
 def settings_for(*models: str, **changes: object) -> Settings:
+    """bf16 (QUANTIZE=off) unless `changes` say otherwise."""
     return Settings(dtype="auto", device="cpu", pools=tuple(PoolSetting(m, m) for m in models)).replace(
-        **{"host_ram_bytes": HOST_RAM, **changes}
+        **{"host_ram_bytes": HOST_RAM, "quantize": "off", **changes}
     )
 
 
@@ -88,7 +96,9 @@ def test_qwen_image_in_bf16_is_its_57_7_gb_and_qwen2_5_vl_may_wait_in_host_ram()
 
 
 def test_on_48_gb_qwen_image_fits_alone_only_with_qwen2_5_vl_in_host_ram_and_a_smaller_adapter_cache():
-    with pytest.raises(SettingsError, match=r"accepted: DEVICE_CACHE_BYTES=768MiB; or a larger GPU: A100 or H100"):
+    with pytest.raises(
+        SettingsError, match=r"accepted: QUANTIZE=auto .*; or DEVICE_CACHE_BYTES=768MiB; or a larger GPU: A100 or H100"
+    ):
         default = settings_for(MODEL_ID)
         plan_memory(needs_on_a_gpu(default), L40S, PlanOptions.of(default))
     smaller = settings_for(MODEL_ID, device_cache_bytes=768 * 2**20)
@@ -98,6 +108,20 @@ def test_on_48_gb_qwen_image_fits_alone_only_with_qwen2_5_vl_in_host_ram_and_a_s
     beside = settings_for(MODEL_ID, DEFAULT_MODEL_ID, device_cache_bytes=768 * 2**20)
     with pytest.raises(SettingsError, match=r"A100 or H100 \(80 GB\)"):
         plan_memory(needs_on_a_gpu(beside), L40S, PlanOptions.of(beside))
+
+
+def test_under_quantize_auto_its_transformer_in_fp8_fits_48_gb_alone_and_beside_sdxl_but_not_24_gb():
+    alone = settings_for(MODEL_ID, quantize="auto")
+    plan = plan_memory(needs_on_a_gpu(alone), L40S, PlanOptions.of(alone))
+    (placement,) = plan.placements
+    assert plan.auto_quantized == (MODEL_ID,) and not placement.host_components
+    assert placement.nbytes / GIB == pytest.approx(36.94, abs=0.01)
+    beside = settings_for(MODEL_ID, DEFAULT_MODEL_ID, quantize="auto")
+    plan = plan_memory(needs_on_a_gpu(beside), L40S, PlanOptions.of(beside))
+    assert plan.resident and plan.auto_quantized == (MODEL_ID,)
+    assert plan.host_components(MODEL_ID) == ("text_encoder",)
+    with pytest.raises(SettingsError, match=r"\(denoiser in fp8\).*accepted: a larger GPU: L40S \(48 GB\)$"):
+        plan_memory(needs_on_a_gpu(alone), A10G, PlanOptions.of(alone))
 
 
 def test_on_80_gb_qwen_image_is_resident_alone_and_beside_sdxl_and_24_gb_is_refused():
