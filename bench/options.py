@@ -151,26 +151,8 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         "--plot", type=Path, dest="plot_dir", help="write the JSON and its plot (swap time against rank) here"
     )
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda was asked for, but torch sees no CUDA device; accepted: cpu on this machine")
-    for name in ("repeats", "reference_repeats", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} {value} is too small; accepted: 1 or more")
-    if args.leak_swaps is not None and args.leak_swaps < 0:
-        parser.error(f"--leak-swaps {args.leak_swaps} is negative; accepted: 0 (skip) or more")
+    default = _checked_defaults(parser, args)
     quick, full = args.quick, args.full
-    if quick and full:
-        parser.error("--quick and --full were both given; accepted: one of them")
-    if args.family in ("flux", "qwen"):
-        if args.variants:
-            parser.error(
-                f"--variants {','.join(args.variants)} with --family {args.family}; accepted: none (no LyCORIS "
-                f"on {_DIT_LABELS[args.family]})"
-            )
-        default = _FLUX_QUICK if quick else _FLUX_FULL if full else _FLUX
-    else:
-        default = _QUICK if quick else _FULL if full else _DEFAULT
     return Options(
         device=torch.device(args.device),
         dtype=_DTYPES[args.dtype],
@@ -188,3 +170,26 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         plot_dir=args.plot_dir,
         family=args.family,
     )
+
+
+def _checked_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> _Defaults:
+    """The run's defaults (by family and --quick/--full), after refusing what cannot run, naming what can."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda was asked for, but torch sees no CUDA device; accepted: cpu on this machine")
+    for name in ("repeats", "reference_repeats", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} {value} is too small; accepted: 1 or more")
+    if args.leak_swaps is not None and args.leak_swaps < 0:
+        parser.error(f"--leak-swaps {args.leak_swaps} is negative; accepted: 0 (skip) or more")
+    quick, full = args.quick, args.full
+    if quick and full:
+        parser.error("--quick and --full were both given; accepted: one of them")
+    if args.family not in _DIT_LABELS:
+        return _QUICK if quick else _FULL if full else _DEFAULT
+    if args.variants:
+        parser.error(
+            f"--variants {','.join(args.variants)} with --family {args.family}; accepted: none (no LyCORIS "
+            f"on {_DIT_LABELS[args.family]})"
+        )
+    return _FLUX_QUICK if quick else _FLUX_FULL if full else _FLUX
