@@ -11,14 +11,18 @@ import torch
 
 from .ours import FORMATS
 
-__all__ = ["FAMILIES", "HEADLINE_RANK", "VARIANTS", "Options", "parse_options"]
+__all__ = ["FAMILIES", "FAMILY_VALUES", "HEADLINE_RANK", "VARIANTS", "Options", "parse_options"]
 
 HEADLINE_RANK = 32
-# The models the benchmark swaps on: SDXL's whole UNet, or a real-width slice of FLUX.1's transformer.
-FAMILIES = ("sdxl", "flux")
-# FLUX LoRAs are trained at higher ranks than SDXL's (ai-toolkit's and sd-scripts' defaults: 16 and up).
+# The models the benchmark swaps on: SDXL's whole UNet, or a real-width slice of FLUX.1's or Qwen-Image's
+# transformer; each as the engine's family (`families.Family`) it is.
+FAMILIES = ("sdxl", "flux", "qwen")
+FAMILY_VALUES = {"sdxl": "sdxl", "flux": "flux", "qwen": "qwen_image"}
+# FLUX and Qwen-Image LoRAs are trained at higher ranks than SDXL's (ai-toolkit's, sd-scripts' and musubi-tuner's
+# defaults: 16 and up).
 _FLUX_HEADLINE_RANK = 64
 VARIANTS = ("loha", "lokr", "dora")
+_DIT_LABELS = {"flux": "FLUX", "qwen": "Qwen-Image"}
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -42,7 +46,7 @@ class Options:
 
     @property
     def headline_rank(self) -> int:
-        wanted = _FLUX_HEADLINE_RANK if self.family == "flux" else HEADLINE_RANK
+        wanted = _FLUX_HEADLINE_RANK if self.family in ("flux", "qwen") else HEADLINE_RANK
         return wanted if wanted in self.ranks else self.ranks[0]
 
     @property
@@ -79,7 +83,7 @@ class _Defaults:
 _DEFAULT = _Defaults(ranks=(8, 32), repeats=4, reference_repeats=1, leak_swaps=24, variants=VARIANTS)
 _FULL = _Defaults(ranks=(8, 32, 128), repeats=7, reference_repeats=3, leak_swaps=200, variants=VARIANTS)
 _QUICK = _Defaults(ranks=(8,), repeats=3, reference_repeats=1, leak_swaps=20, variants=("loha",))
-# FLUX: ranks 16 and 64; no LyCORIS section (diffusers' FLUX loader reads no LoHa/LoKr).
+# FLUX and Qwen-Image: ranks 16 and 64; no LyCORIS section (diffusers' loaders of these read no LoHa/LoKr).
 _FLUX = _Defaults(ranks=(16, 64), repeats=4, reference_repeats=1, leak_swaps=24, variants=())
 _FLUX_FULL = _Defaults(ranks=(16, 64, 128), repeats=7, reference_repeats=3, leak_swaps=200, variants=())
 _FLUX_QUICK = _Defaults(ranks=(16,), repeats=3, reference_repeats=1, leak_swaps=20, variants=())
@@ -115,12 +119,13 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         "--family",
         choices=FAMILIES,
         default="sdxl",
-        help="sdxl: the whole SDXL UNet; flux: FLUX.1's transformer at real width, 2 double + 4 single blocks",
+        help="sdxl: the whole SDXL UNet; flux: FLUX.1's transformer at real width, 2 double + 4 single blocks; "
+        "qwen: Qwen-Image's transformer at real width, 3 blocks",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=tuple(_DTYPES), default="bfloat16")
     parser.add_argument(
-        "--ranks", type=_ranks, help="LoRA ranks (default 8,32; --full: 8,32,128; --quick: 8; FLUX: 16,64)"
+        "--ranks", type=_ranks, help="LoRA ranks (default 8,32; --full: 8,32,128; --quick: 8; FLUX, Qwen: 16,64)"
     )
     parser.add_argument("--formats", type=_formats, default=FORMATS, help="peft,kohya (default: both)")
     parser.add_argument(
@@ -146,25 +151,8 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         "--plot", type=Path, dest="plot_dir", help="write the JSON and its plot (swap time against rank) here"
     )
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda was asked for, but torch sees no CUDA device; accepted: cpu on this machine")
-    for name in ("repeats", "reference_repeats", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} {value} is too small; accepted: 1 or more")
-    if args.leak_swaps is not None and args.leak_swaps < 0:
-        parser.error(f"--leak-swaps {args.leak_swaps} is negative; accepted: 0 (skip) or more")
+    default = _checked_defaults(parser, args)
     quick, full = args.quick, args.full
-    if quick and full:
-        parser.error("--quick and --full were both given; accepted: one of them")
-    if args.family == "flux":
-        if args.variants:
-            parser.error(
-                f"--variants {','.join(args.variants)} with --family flux; accepted: none (no LyCORIS on FLUX)"
-            )
-        default = _FLUX_QUICK if quick else _FLUX_FULL if full else _FLUX
-    else:
-        default = _QUICK if quick else _FULL if full else _DEFAULT
     return Options(
         device=torch.device(args.device),
         dtype=_DTYPES[args.dtype],
@@ -182,3 +170,26 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         plot_dir=args.plot_dir,
         family=args.family,
     )
+
+
+def _checked_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> _Defaults:
+    """The run's defaults (by family and --quick/--full), after refusing what cannot run, naming what can."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda was asked for, but torch sees no CUDA device; accepted: cpu on this machine")
+    for name in ("repeats", "reference_repeats", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} {value} is too small; accepted: 1 or more")
+    if args.leak_swaps is not None and args.leak_swaps < 0:
+        parser.error(f"--leak-swaps {args.leak_swaps} is negative; accepted: 0 (skip) or more")
+    quick, full = args.quick, args.full
+    if quick and full:
+        parser.error("--quick and --full were both given; accepted: one of them")
+    if args.family not in _DIT_LABELS:
+        return _QUICK if quick else _FULL if full else _DEFAULT
+    if args.variants:
+        parser.error(
+            f"--variants {','.join(args.variants)} with --family {args.family}; accepted: none (no LyCORIS "
+            f"on {_DIT_LABELS[args.family]})"
+        )
+    return _FLUX_QUICK if quick else _FLUX_FULL if full else _FLUX

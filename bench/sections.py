@@ -16,8 +16,9 @@ from lora_catalog.entries import Family
 
 from .flux_slice import reference_flux_pipeline
 from .measure import Clock, Row, rss_bytes
-from .options import Options
+from .options import FAMILY_VALUES, Options
 from .ours import Floor, LoraPair, Ours, round_robin
+from .qwen_slice import reference_qwen_pipeline
 from .reference import hotswap_times, reference_cycle, reference_pipeline
 
 __all__ = ["MemoryUse", "OursResults", "ReferenceResults", "RssGrowth", "measure_ours", "measure_reference"]
@@ -127,7 +128,7 @@ def _measure_rank(
         dtype=options.dtype,
         max_rank=max(options.ranks),
         cache_bytes=2 * itemsize * largest,
-        family=Family(options.family),
+        family=Family(FAMILY_VALUES[options.family]),
     )
     kept = {
         fmt: tuple(
@@ -258,7 +259,8 @@ def measure_reference(unet: nn.Module, pairs: Pairs, options: Options, clock: Cl
     Every cycle, the untimed first one included, fuses and unfuses on the same weights, which is
     what makes them drift.
     """
-    pipe = reference_flux_pipeline(unet) if options.family == "flux" else reference_pipeline(unet)
+    pipelines = {"flux": reference_flux_pipeline, "qwen": reference_qwen_pipeline}
+    pipe = pipelines.get(options.family, reference_pipeline)(unet)
     rows: list[Row] = []
     first = pairs[(options.ranks[0], options.formats[0])].paths
     reference_cycle(pipe, first[1], "warm-up", clock)  # one-time costs: imports, PEFT's first injection

@@ -1,12 +1,14 @@
 """The swap benchmark: changing the served LoRA on the full-size SDXL UNet, five ways, side by side.
 
-    python -m bench.swap [--family sdxl|flux] [--device cpu|cuda] [--dtype bfloat16|float16|float32]
+    python -m bench.swap [--family sdxl|flux|qwen] [--device cpu|cuda] [--dtype bfloat16|float16|float32]
                          [--ranks 8,32] [--repeats N] [--formats peft,kohya] [--variants loha,lokr,dora]
                          [--quick | --full] [--json PATH] [--plot DIR]
 
 `--family flux` runs the same sections on a real-width slice of FLUX.1's transformer (`bench.flux_slice`:
 2 double and 4 single blocks at width 3072, every layer of each adapted, in kohya's BFL names with fused
-qkv/linear1 and in diffusers' names), at ranks 16 and 64, without the LyCORIS section.
+qkv/linear1 and in diffusers' names), at ranks 16 and 64, without the LyCORIS section. `--family qwen` runs
+them on a real-width slice of Qwen-Image's (`bench.qwen_slice`: 3 blocks at width 3072, every Linear layer of
+each adapted, in musubi-tuner's kohya names and in diffusers'), at ranks 16 and 64.
 
 (a) the reference service: diffusers' load_lora_weights + fuse_lora + unfuse_lora + unload_lora_weights
     per request, a different adapter each time;
@@ -54,6 +56,7 @@ from bench.formats import measure_formats
 from bench.measure import FUSE_FLAGS, Clock, cpu_description
 from bench.options import Options, parse_options
 from bench.ours import LoraPair, write_pair
+from bench.qwen_slice import build_qwen_slice, qwen_pool, qwen_targets, write_qwen_pair
 from bench.report import Exactness, report
 from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, mismatched_tensors, random_pool
 from bench.sections import measure_ours, measure_reference
@@ -62,6 +65,11 @@ from serving.demo.synthetic import UNET_ATTENTION, find_targets
 __all__ = ["main", "run"]
 
 EXPECTED_TARGETS = 560  # to_q/to_k/to_v/to_out.0 of attn1 and attn2 in SDXL's 70 transformer blocks
+_MODEL_NAMES = {
+    "sdxl": "SDXL UNet",
+    "flux": "FLUX.1 transformer slice (2 double + 4 single blocks, width 3072)",
+    "qwen": "Qwen-Image transformer slice (3 blocks, width 3072)",
+}
 
 
 def _say(text: str) -> None:
@@ -82,7 +90,6 @@ def _cpu_pressure() -> str:
 
 def run(options: Options) -> dict[str, object]:
     device, dtype = options.device, options.dtype
-    flux = options.family == "flux"
     began = time.perf_counter()
     if options.threads is not None:
         torch.set_num_threads(options.threads)
@@ -99,7 +106,7 @@ def run(options: Options) -> dict[str, object]:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "before": _cpu_pressure(),
     }
-    model_name = "FLUX.1 transformer slice (2 double + 4 single blocks, width 3072)" if flux else "SDXL UNet"
+    model_name = _MODEL_NAMES[options.family]
     _say(
         f"swap benchmark: {model_name} with random weights, {options.dtype_name} on {environment['gpu'] or device}; "
         f"torch {torch.__version__}, diffusers {diffusers.__version__}, {torch.get_num_threads()} threads"
@@ -108,11 +115,12 @@ def run(options: Options) -> dict[str, object]:
     _say(f"CPU flags: {' '.join(flags) or 'unknown'}")
     _say(f"machine: {environment['before']}")
     started = time.perf_counter()
-    pool = flux_pool() if flux else random_pool()
-    unet = (build_flux_slice if flux else build_sdxl_unet)(dtype=dtype, device=device, pool=pool)
+    pool = {"flux": flux_pool, "qwen": qwen_pool}.get(options.family, random_pool)()
+    build = {"flux": build_flux_slice, "qwen": build_qwen_slice}.get(options.family, build_sdxl_unet)
+    unet = build(dtype=dtype, device=device, pool=pool)
     parameters = sum(p.numel() for p in unet.parameters())
     _say(f"built the model: {parameters / 1e9:.3f}B parameters in {time.perf_counter() - started:.1f} s")
-    write = _flux_targets(unet) if flux else _sdxl_targets(unet)
+    write = {"flux": _flux_targets, "qwen": _qwen_targets}.get(options.family, _sdxl_targets)(unet)
 
     with tempfile.TemporaryDirectory(prefix="swap-bench-") as scratch:
         folder = options.workdir or Path(scratch)
@@ -158,6 +166,16 @@ def _flux_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], Lo
         f"{parts} diffusers modules holding {values / 1e6:.0f}M"
     )
     return lambda folder, rank, fmt: write_flux_pair(folder, layers, rank=rank, fmt=fmt)
+
+
+def _qwen_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], LoraPair]:
+    targets = qwen_targets(transformer)
+    values = sum(fan_in * fan_out for _, fan_in, fan_out in targets)
+    _say(
+        f"LoRA targets: {len(targets)} Linear layers (both streams' attention, MLPs and modulations) holding "
+        f"{values / 1e6:.0f}M"
+    )
+    return lambda folder, rank, fmt: write_qwen_pair(folder, targets, rank=rank, fmt=fmt)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,7 @@ diffusers' own mapping of A1111/k-diffusion samplers (its schedulers overview: "
 `DPMSolverMultistepScheduler` with `use_karras_sigmas=True`, "DPM++ SDE Karras" `DPMSolverSinglestepScheduler`
 with it, A1111's `sgm_uniform` schedule `timestep_spacing="trailing"`), plus the few-step schedulers of the
 speed LoRAs (LCM, TCD; "Euler trailing" for SDXL-Lightning, "DDIM trailing" for Hyper-SD, "Euler a trailing"
-for Turbo), and "Euler flow" for the flow-matching pipelines (FLUX.1, Z-Image). Which classes a pool accepts
+for Turbo), and "Euler flow" for the flow-matching pipelines (FLUX.1, Z-Image, Qwen-Image). Which classes a pool accepts
 is its family's and its pipeline's (`ModelDefaults.schedulers`); this module imports no torch (the UI's menu
 reads it).
 """
@@ -75,8 +75,8 @@ SAMPLERS: tuple[Sampler, ...] = (
     Sampler("DEIS", "DEISMultistepScheduler"),
     Sampler("DDPM", "DDPMScheduler"),
     Sampler("PNDM", "PNDMScheduler"),
-    # The flow-matching pipelines' (FLUX.1, Z-Image): Euler on the flow, the one class their pipelines take (they
-    # pass `sigmas` and `mu` to `set_timesteps`); named apart from "Euler", which is EulerDiscreteScheduler.
+    # The flow-matching pipelines' (FLUX.1, Z-Image, Qwen-Image): Euler on the flow, the one class their pipelines
+    # take (they pass `sigmas` and `mu` to `set_timesteps`); named apart from "Euler", which is EulerDiscreteScheduler.
     Sampler("Euler flow", "FlowMatchEulerDiscreteScheduler"),
 )
 _BY_LABEL = {s.label.lower(): s for s in SAMPLERS}

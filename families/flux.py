@@ -13,10 +13,11 @@ MODEL_ID = "black-forest-labs/FLUX.1-dev"
 TINY_ID = "tiny-flux"
 # Lower-cased names only FLUX LoRAs have: BFL's blocks (kohya, ComfyUI, XLabs), diffusers' single blocks and
 # kohya's diffusers-named mixture; diffusers' double blocks share `transformer.transformer_blocks.N.attn.` with
-# other DiTs (the origin judgement counts claims, so such names alone leave the widths to decide).
+# other DiTs (the origin judgement counts claims, so such names alone leave the widths to decide); FLUX.1 has 19
+# double blocks, so it claims only their numbers (Qwen-Image's 60 blocks outnumber it).
 _CLAIMS = re.compile(
     r"double_blocks|single_blocks|single_transformer_blocks|lora_transformer_"
-    r"|^transformer\.transformer_blocks\.\d+\.(attn|ff|ff_context|norm1|norm1_context)\."
+    r"|^transformer\.transformer_blocks\.(1[0-8]|\d)\.(attn|ff|ff_context|norm1|norm1_context)\."
 )
 # The names the catalogue labels a file FLUX by: BFL's blocks and diffusers' single blocks, which no other
 # architecture has (it labels no file by the names other DiTs share).

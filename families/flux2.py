@@ -27,10 +27,11 @@ _OWN = re.compile(
 )
 # The names FLUX.2 shares with FLUX.1 (which FLUX.1's identity claims too): BFL's double-block attention and MLP
 # and single-block linear1/linear2 (any prefix: ComfyUI's `diffusion_model.`, kohya's `lora_unet_`), diffusers'
-# double-block attention. A tie its shapes break (engine.families.bfl_blocks).
+# double-block attention. A tie its shapes break (engine.families.bfl_blocks). klein has at most 8 double blocks
+# (9B; 4B has 5), so it claims only their numbers in diffusers' naming (Qwen-Image's 60 blocks outnumber it).
 _SHARED = re.compile(
     r"double_blocks[._]\d+[._](img|txt)_(attn|mlp)[._]|single_blocks[._]\d+[._]linear[12][._]"
-    r"|(^|\.)transformer_blocks\.\d+\.attn\."
+    r"|(^|\.)transformer_blocks\.[0-7]\.attn\."
 )
 
 

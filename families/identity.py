@@ -24,6 +24,7 @@ class Family(StrEnum):
     FLUX = "flux"
     ZIMAGE = "zimage"
     FLUX2 = "flux2"
+    QWEN_IMAGE = "qwen_image"
     UNKNOWN = "unknown"
 
 

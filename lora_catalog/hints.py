@@ -1,10 +1,11 @@
 """What a LoRA recommends for its own use: a speed LoRA's sampler, steps and guidance; a card's settings.
 
-Speed LoRAs (LCM, Lightning, Hyper-SD, DMD2, TCD, Turbo) are recognised from well-known repos, then from names
-that say so (never a bare "lightning" or "turbo"), and get their authors' settings. A card's settings are read
-only from forms that parse reliably (the Hub's widget parameters, kohya's `ss_clip_skip`, Civitai's `clipSkip`);
-prose is not read. Each value keeps where it came from. Sampler names are strings here; CLIP skip is diffusers'
-count. The recognition order and the forms read: docs/internals.md, "lora_catalog/hints.py".
+Speed LoRAs (LCM, Lightning, Hyper-SD, DMD2, TCD, Turbo, Qwen-Image-Lightning) are recognised from well-known
+repos, then from names that say so (never a bare "lightning" or "turbo"), and get their authors' settings. A
+card's settings are read only from forms that parse reliably (the Hub's widget parameters, kohya's
+`ss_clip_skip`, Civitai's `clipSkip`); prose is not read. Each value keeps where it came from. Sampler names are
+strings here; CLIP skip is diffusers' count. The recognition order and the forms read: docs/internals.md,
+"lora_catalog/hints.py".
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class SpeedPreset:
 # From each method's model card or diffusers guide: LCM-LoRA (4 steps, guidance 1), SDXL-Lightning (Euler with
 # trailing timesteps, guidance 0), Hyper-SD (DDIM trailing, guidance 0; its CFG files 5-8), DMD2 (LCMScheduler,
 # 4 steps, guidance 0), TCD (TCDScheduler, 4 steps, guidance 0), SDXL-Turbo (ancestral Euler, trailing, 1-4 steps,
-# guidance 0).
+# guidance 0), lightx2v's Qwen-Image-Lightning (FlowMatchEulerDiscreteScheduler, 8 or 4 steps as its file says,
+# true_cfg_scale 1: no CFG).
 SPEED_PRESETS: dict[str, SpeedPreset] = {
     "LCM": SpeedPreset("LCM", 4, 1.0),
     "Lightning": SpeedPreset("Euler trailing", 4, 0.0),
@@ -47,6 +49,7 @@ SPEED_PRESETS: dict[str, SpeedPreset] = {
     "DMD2": SpeedPreset("LCM", 4, 0.0),
     "TCD": SpeedPreset("TCD", 4, 0.0),
     "Turbo": SpeedPreset("Euler a trailing", 4, 0.0),
+    "Qwen-Image-Lightning": SpeedPreset("Euler flow", 8, 1.0),
 }
 _WELL_KNOWN = {
     "latent-consistency/lcm-lora-sdxl": "LCM",
@@ -57,10 +60,13 @@ _WELL_KNOWN = {
     "tianweiy/dmd2": "DMD2",
     "h1t/tcd-sdxl-lora": "TCD",
     "h1t/tcd-sd15-lora": "TCD",
+    "lightx2v/qwen-image-lightning": "Qwen-Image-Lightning",
 }
 # Words, not substrings: "lcm" in "clcm" is nothing. Separators are any of "-_ ./".
 _SEP = r"[-_ ./]"
+# Qwen-Image-Lightning first: its files ("Qwen-Image-Lightning-8steps-V1.0") also read as SDXL-Lightning's form.
 _NAMES = (
+    ("Qwen-Image-Lightning", re.compile(rf"(^|{_SEP})qwen{_SEP}?image{_SEP}?(edit{_SEP}?)?lightning($|{_SEP})")),
     ("LCM", re.compile(rf"(^|{_SEP})(lcm|latent{_SEP}?consistency)($|{_SEP})")),
     ("Lightning", re.compile(rf"(^|{_SEP})(sdxl{_SEP}?lightning|lightning{_SEP}?\d+{_SEP}?steps?)($|{_SEP})")),
     ("Hyper-SD", re.compile(rf"(^|{_SEP})hyper{_SEP}?sd(xl|15)?($|{_SEP}|\d)")),

@@ -262,3 +262,29 @@ def pristine_sd15(loaded_sd15) -> dict[str, object]:
         for name in ("unet", "text_encoder", "vae")
         for key, value in getattr(pipe, name).state_dict().items()
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.families.tiny import ensure_tiny_pipeline
+
+    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-qwen-image") / "pipeline", model_id="tiny-qwen-image")
+
+
+@pytest.fixture(scope="session")
+def loaded_qwen_image(tiny_qwen_image_dir: Path, base_settings):
+    """The tiny Qwen-Image pipeline, loaded from its folder like a real one (a third DiT family)."""
+    from engine.pipeline.loading import load_pipeline
+    from families.qwen_image import MODEL_ID
+
+    return load_pipeline(base_settings.replace(model_id=str(tiny_qwen_image_dir), base_model_id=MODEL_ID))
+
+
+@pytest.fixture(scope="session")
+def pristine_qwen_image(loaded_qwen_image) -> dict[str, object]:
+    pipe = loaded_qwen_image.pipe
+    return {
+        f"{name}.{key}": value.detach().clone()
+        for name in ("transformer", "text_encoder", "vae")
+        for key, value in getattr(pipe, name).state_dict().items()
+    }

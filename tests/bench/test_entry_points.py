@@ -67,6 +67,14 @@ def test_swap_on_the_flux_slice_ends_with_the_verdict_line():
     assert float(found[1]) > 0 and float(found[2]) > 0 and found[3] == "true"
 
 
+@pytest.mark.timeout(2400)
+def test_swap_on_the_qwen_image_slice_ends_with_the_verdict_line():
+    line = last_line("bench.swap", "--family", "qwen", "--quick", timeout=2300)
+    found = re.fullmatch(rf"swap_vs_floor={NUMBER} swap_vs_reference={NUMBER} exact=(true|false)", line)
+    assert found, line
+    assert float(found[1]) > 0 and float(found[2]) > 0 and found[3] == "true"
+
+
 @pytest.mark.timeout(1800)
 def test_unet_step_compiles_the_tiny_unet_and_matches_eager():
     line = last_line("bench.unet_step", "--tiny", "--side", "64", "--repeats", "1")

@@ -15,6 +15,7 @@ from bench.formats import measure_formats
 from bench.measure import Clock
 from bench.options import Options, parse_options
 from bench.ours import KERNELS, Floor, Ours, write_pair
+from bench.qwen_slice import QWEN_SLICE_CONFIG, build_qwen_slice, qwen_targets, write_qwen_pair
 from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, fill_module, mismatched_tensors, random_pool
 from bench.sections import measure_ours, measure_reference
 from engine.families.sdxl import build_tiny_pipeline
@@ -210,6 +211,25 @@ def test_the_flux_sections_swap_exactly_and_match_diffusers_on_a_narrow_slice(po
     assert {r.method.strip() for r in reference.rows} >= {"(a) reference cycle", "(b) diffusers hotswap"}
     flux = parse_options(["--family", "flux"])
     assert (flux.ranks, flux.variants, flux.headline_rank, flux.formats) == ((16, 64), (), 64, ("peft", "kohya"))
+
+
+TINY_QWEN = {**QWEN_SLICE_CONFIG, "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 2}
+TINY_QWEN |= {"joint_attention_dim": 32, "axes_dims_rope": (4, 6, 6)}
+
+
+def test_the_qwen_image_sections_swap_exactly_and_match_diffusers_on_a_narrow_slice(pool, tmp_path):
+    transformer = build_qwen_slice(dtype=torch.bfloat16, device=CPU, pool=pool, config=TINY_QWEN)
+    targets = qwen_targets(transformer)
+    assert len(targets) == 2 * 14 and ("transformer_blocks.1.txt_mod.1", 32, 192) in targets
+    opts = options(family="qwen")
+    pairs = {(4, fmt): write_qwen_pair(tmp_path, targets, rank=4, fmt=fmt) for fmt in opts.formats}
+    results = measure_ours(transformer, pairs, opts, Clock(CPU), say=lambda _: None)
+    assert mismatched_tensors(transformer, pool) == []
+    assert {r.method.strip() for r in results.rows} >= {"(e) floor: fastest exact kernel", "(c) ours, cached adapter"}
+    reference = measure_reference(transformer, pairs, opts, Clock(CPU), say=lambda _: None)
+    assert {r.method.strip() for r in reference.rows} >= {"(a) reference cycle", "(b) diffusers hotswap"}
+    qwen = parse_options(["--family", "qwen"])
+    assert (qwen.ranks, qwen.variants, qwen.headline_rank, qwen.formats) == ((16, 64), (), 64, ("peft", "kohya"))
 
 
 def test_quick_defaults_and_bad_arguments(capsys):

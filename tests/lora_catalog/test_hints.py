@@ -30,6 +30,32 @@ from lora_catalog.hints import (
         ("someone/style", ("sdxl-lightning-4steps.safetensors",), "Lightning", 4, 0.0, "Euler trailing"),
         ("someone/sd_xl_turbo_lora", (), "Turbo", 4, 0.0, "Euler a trailing"),
         ("someone/style", ("tcd",), "TCD", 4, 0.0, "TCD"),
+        # lightx2v's Qwen-Image-Lightning: 8 steps unless its file says 4, no CFG, the flow-match Euler sampler.
+        ("lightx2v/Qwen-Image-Lightning", (), "Qwen-Image-Lightning", 8, 1.0, "Euler flow"),
+        (
+            "lightx2v/Qwen-Image-Lightning",
+            ("Qwen-Image-Lightning-4steps-V1.0.safetensors",),
+            "Qwen-Image-Lightning",
+            4,
+            1.0,
+            "Euler flow",
+        ),
+        (
+            "someone/mirror",
+            ("Qwen-Image-Lightning-8steps-V1.1.safetensors",),
+            "Qwen-Image-Lightning",
+            8,
+            1.0,
+            "Euler flow",
+        ),
+        (
+            "someone/mirror",
+            ("Qwen-Image-Edit-Lightning-4steps-V1.0.safetensors",),
+            "Qwen-Image-Lightning",
+            4,
+            1.0,
+            "Euler flow",
+        ),
     ],
 )
 def test_speed_loras_are_recognised_with_their_own_settings(repo_id, names, kind, steps, guidance, sampler):

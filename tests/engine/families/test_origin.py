@@ -12,6 +12,7 @@ from engine.pools.routing import PoolInfo, pick_pool
 from lora_catalog.entries import Family
 from serving.demo.synthetic import TEXT_ATTENTION, UNET_ATTENTION, find_targets, make_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
+from tests.support import qwen_image
 from tests.support.flux2 import factors as flux2_factors
 from tests.support.flux2 import lora_file as flux2_lora_file
 from tests.support.zimage import factors, lora_file
@@ -22,6 +23,7 @@ SD2 = "stabilityai/stable-diffusion-2-1"
 FLUX = "black-forest-labs/FLUX.1-dev"
 ZIMAGE = "Tongyi-MAI/Z-Image-Turbo"
 FLUX2 = "black-forest-labs/FLUX.2-klein-4B"
+QWEN_IMAGE = "Qwen/Qwen-Image"
 BASES = {
     Family.SDXL: SDXL,
     Family.SD15: SD15,
@@ -29,6 +31,7 @@ BASES = {
     Family.FLUX: FLUX,
     Family.ZIMAGE: ZIMAGE,
     Family.FLUX2: FLUX2,
+    Family.QWEN_IMAGE: QWEN_IMAGE,
 }
 # The kohya metadata each family's trainer writes (sd-scripts' `ss_base_model_version`; musubi-tuner's Z-Image).
 KOHYA_VERSIONS = {
@@ -38,6 +41,7 @@ KOHYA_VERSIONS = {
     Family.FLUX: "flux1",
     Family.ZIMAGE: "zimage",
     Family.FLUX2: "flux2",
+    Family.QWEN_IMAGE: "qwen_image",
 }
 KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
 
@@ -62,6 +66,9 @@ def lora_for(pipe, family: Family, fmt: str) -> dict[str, tuple[int, ...]]:
     if family is Family.FLUX2:
         made = flux2_factors(pipe.transformer, rank=2, seed=5)
         return shapes_of(flux2_lora_file(made, "peft" if fmt == "peft" else "aitk"))
+    if family is Family.QWEN_IMAGE:
+        made = qwen_image.factors(pipe.transformer, rank=2, seed=5)
+        return shapes_of(qwen_image.lora_file(made, "peft" if fmt == "peft" else "kohya", 2.0))
     spec = spec_for(family)
     components = {c: getattr(pipe, c) for c in spec.components}
     patterns = {c: UNET_ATTENTION if c == spec.denoiser else TEXT_ATTENTION for c in components}

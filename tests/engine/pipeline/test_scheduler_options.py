@@ -31,7 +31,7 @@ def combinations(scheduler: str) -> Iterator[SchedulerOptions]:
         yield ((first, True), (second, True))
 
 
-@pytest.fixture(params=["loaded", "loaded_flux", "loaded_zimage", "loaded_flux2"])
+@pytest.fixture(params=["loaded", "loaded_flux", "loaded_zimage", "loaded_flux2", "loaded_qwen_image"])
 def pool_engine(request: pytest.FixtureRequest, base_settings):
     from engine.pools.engine import Engine
     from engine.prepare.resolve import AdapterResolver

@@ -1,0 +1,52 @@
+"""Qwen-Image's identity (the 20 B MMDiT and its fine-tunes): its 60 dual-stream blocks' image and text MLPs and
+modulations name it, in every naming diffusers' Qwen-Image loader reads."""
+
+from __future__ import annotations
+
+import re
+
+from families.identity import Base, CivitaiLabel, Family, FamilyIdentity, Spellings
+
+__all__ = ["IDENTITY", "MODEL_ID", "TINY_ID", "claims", "label_claims"]
+
+MODEL_ID = "Qwen/Qwen-Image"
+TINY_ID = "tiny-qwen-image"
+# Lower-cased names of a Qwen-Image LoRA: its blocks' `transformer_blocks.N` in every naming diffusers reads
+# (diffusers' `transformer.`, ComfyUI/ai-toolkit's `diffusion_model.`, kohya/musubi's `lora_unet_`, lightx2v's
+# bare names). diffusers-named FLUX.1 double blocks share `transformer.transformer_blocks.N.attn.`: there the
+# counts tie and the widths decide (FLUX.1 claims only its 19 double blocks' numbers, so a LoRA over Qwen-Image's
+# 60 blocks outnumbers it).
+_CLAIMS = re.compile(r"^(transformer\.|diffusion_model\.|lora_unet_)?transformer_blocks[._]\d+[._]")
+# The names no other architecture's LoRA has: the image and text streams' own MLPs and modulations (FLUX.1's
+# BFL names have `img_mlp` too, but under `double_blocks`).
+_OWN = re.compile(r"transformer_blocks[._]\d+[._](img|txt)_(mlp|mod)[._]")
+
+
+def claims(name: str) -> bool:
+    """A lower-cased tensor name of a Qwen-Image LoRA."""
+    return bool(_CLAIMS.search(name))
+
+
+def label_claims(name: str) -> bool:
+    """A lower-cased tensor name only Qwen-Image LoRAs have."""
+    return bool(_OWN.search(name))
+
+
+IDENTITY = FamilyIdentity(
+    family=Family.QWEN_IMAGE,
+    label="Qwen-Image",
+    bases=(Base(MODEL_ID, "Qwen-Image"),),
+    claims=claims,
+    # musubi-tuner writes "Qwen-Image" (and "Qwen-Image-Edit", the same transformer: see
+    # engine/families/qwen_image.py on routing Edit LoRAs); others spell it without a separator.
+    spellings=Spellings(
+        architectures=("qwen-image", "qwen_image", "qwenimage"),
+        kohya_versions=("qwen-image", "qwen_image", "qwenimage"),
+        checkpoint_names=r"qwen[-_]?image",
+    ),
+    label_claims=label_claims,
+    precedence=1,
+    released="2025-08",
+    civitai=(CivitaiLabel("Qwen", MODEL_ID),),
+    tiny_id=TINY_ID,
+)
