@@ -22,6 +22,9 @@ from diffusers import (
     StableDiffusionXLImg2ImgPipeline,
     StableDiffusionXLInpaintPipeline,
     StableDiffusionXLPipeline,
+    ZImageImg2ImgPipeline,
+    ZImageInpaintPipeline,
+    ZImagePipeline,
 )
 
 from engine.pools.engine import Engine
@@ -33,6 +36,8 @@ from tests.support.image_inputs import PROMPT, input_image, input_mask, mode_ref
 from tests.support.images import assert_images_close, level_difference
 from tests.support.loras import kohya_file
 from tests.support.sd15 import write_sd15_loras
+from tests.support.zimage import CASES as ZIMAGE_CASES
+from tests.support.zimage import write_zimage_loras
 
 
 @dataclass(frozen=True)
@@ -51,17 +56,19 @@ class Pool:
 
 
 @pytest.fixture(scope="module")
-def lora_folder(tmp_path_factory: pytest.TempPathFactory, loaded, loaded_sd15, loaded_flux) -> Path:
+def lora_folder(tmp_path_factory: pytest.TempPathFactory, loaded, loaded_sd15, loaded_flux, loaded_zimage) -> Path:
     folder = tmp_path_factory.mktemp("image-mode-loras")
     (folder / "sdxl_kohya.safetensors").write_bytes(kohya_file(loaded.pipe, seed=61))
     write_sd15_loras(loaded_sd15.pipe, folder)
     write_flux_loras(loaded_flux.pipe, folder, cases=CASES[:1])
+    write_zimage_loras(loaded_zimage.pipe, folder, cases=ZIMAGE_CASES[:1])
     return folder
 
 
-@pytest.fixture(params=["sdxl", "sd15", "flux"])
-def pool(request, lora_folder, base_settings, loaded, loaded_sd15, loaded_flux, tiny_dir, tiny_sd15_dir, tiny_flux_dir):
+@pytest.fixture(params=["sdxl", "sd15", "flux", "zimage"])
+def pool(request, lora_folder, base_settings, tiny_dir, tiny_sd15_dir, tiny_flux_dir):
     family = request.param
+    loaded, loaded_sd15, loaded_flux = (request.getfixturevalue(f"loaded{s}") for s in ("", "_sd15", "_flux"))
     settings = base_settings.replace(local_lora_dir=lora_folder)
     if family == "sdxl":
         modes = {"image-to-image": StableDiffusionXLImg2ImgPipeline, "inpainting": StableDiffusionXLInpaintPipeline}
@@ -70,6 +77,11 @@ def pool(request, lora_folder, base_settings, loaded, loaded_sd15, loaded_flux, 
         modes = {"image-to-image": StableDiffusionImg2ImgPipeline, "inpainting": StableDiffusionInpaintPipeline}
         load = (("safety_checker", None), ("requires_safety_checker", False))
         made = (loaded_sd15, StableDiffusionPipeline, modes, tiny_sd15_dir, "sd15_peft.safetensors", 7.5, None, load)
+    elif family == "zimage":
+        modes = {"image-to-image": ZImageImg2ImgPipeline, "inpainting": ZImageInpaintPipeline}
+        tiny = request.getfixturevalue("tiny_zimage_dir")
+        served = request.getfixturevalue("loaded_zimage")
+        made = (served, ZImagePipeline, modes, tiny, ZIMAGE_CASES[0].file_name, 0.0, ("transformer",), ())
     else:
         modes = {"image-to-image": FluxImg2ImgPipeline, "inpainting": FluxInpaintPipeline}
         components = ("transformer", "text_encoder")
@@ -151,9 +163,10 @@ def test_the_output_is_the_inputs_size_rounded_or_the_target_size(pool):
     assert target.image.size == (96, 64)
 
 
-def test_pool_defaults_name_diffusers_strengths(loaded, loaded_sd15, loaded_flux):
+def test_pool_defaults_name_diffusers_strengths(loaded, loaded_sd15, loaded_flux, loaded_zimage):
     expected = {id(loaded): (0.3, 0.9999), id(loaded_sd15): (0.8, 1.0), id(loaded_flux): (0.6, 0.6)}
-    for served in (loaded, loaded_sd15, loaded_flux):
+    expected[id(loaded_zimage)] = (0.6, 1.0)
+    for served in (loaded, loaded_sd15, loaded_flux, loaded_zimage):
         defaults = served.defaults
         assert (defaults.strength, defaults.inpaint_strength) == expected[id(served)]
         assert defaults.modes == ("text-to-image", "image-to-image", "inpainting") and not defaults.needs_image
