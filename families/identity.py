@@ -23,6 +23,7 @@ class Family(StrEnum):
     SD2 = "sd2"
     FLUX = "flux"
     ZIMAGE = "zimage"
+    FLUX_KONTEXT = "flux_kontext"
     UNKNOWN = "unknown"
 
 
