@@ -27,8 +27,10 @@ def test_only_the_five_named_endpoints_are_public(client):
     assert set(endpoints) == {"/generate", "/generate_images", "/compare", "/catalog", "/lora_info", "/pool_status"}
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
     images = [p["parameter_name"] for p in endpoints["/generate_images"]["parameters"]]
-    assert images == [*names, "num_images"]
-    assert names == [
+    # The image arguments (issue 32) come last, after /generate_images' num_images.
+    starting = ["image", "mask", "strength"]
+    assert images == [*names[:-3], "num_images", *starting] and names[-3:] == starting
+    assert names[:-3] == [
         "prompt",
         "negative_prompt",
         "lora",
@@ -48,6 +50,8 @@ def test_only_the_five_named_endpoints_are_public(client):
     defaults = {p["parameter_name"]: p["parameter_default"] for p in endpoints["/generate"]["parameters"]}
     # What /generate did before these existed: the model's own scheduler, no CLIP skip.
     assert (defaults["scheduler"], defaults["scheduler_options"], defaults["clip_skip"]) == ("", None, 0)
+    # ... and text-to-image, with no image.
+    assert [defaults[name] for name in starting] == [None, None, None]
     compare = [p["parameter_name"] for p in endpoints["/compare"]["parameters"]]
     assert compare == [
         "prompt",

@@ -30,7 +30,7 @@ from diffusers import (
 from engine.pools.engine import Engine
 from engine.requests import GenerateRequest, LoraSpec
 from tests.support.checks import generate
-from tests.support.dit import local_engine
+from tests.support.dit import local_engine, preview_frames
 from tests.support.flux import CASES, write_flux_loras
 from tests.support.image_inputs import PROMPT, input_image, input_mask, mode_reference, resident_bytes
 from tests.support.images import assert_images_close, level_difference
@@ -178,3 +178,11 @@ def _threads() -> Iterator[None]:
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+def test_previews_come_for_the_steps_an_image_run_makes(loaded_flux, base_settings):
+    """Strength 0.6 of 10 steps: previews after steps 1 to 5 (the last one's would race the final image)."""
+    settings = base_settings.replace(base_model_id="black-forest-labs/FLUX.1-dev", preview_vae="none", preview_every=1)
+    request = GenerateRequest(prompt=PROMPT, steps=10, seed=1, image=input_image(), strength=0.6)
+    frames = preview_frames(loaded_flux, settings, request)
+    assert [step for step, _ in frames] == [1, 2, 3, 4, 5]
