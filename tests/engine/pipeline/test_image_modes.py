@@ -27,12 +27,13 @@ from diffusers import (
     ZImagePipeline,
 )
 
+from engine.pipeline.modes import mode_pipeline
 from engine.pools.engine import Engine
 from engine.requests import GenerateRequest, LoraSpec
 from tests.support.checks import generate
 from tests.support.dit import local_engine, preview_frames
 from tests.support.flux import CASES, write_flux_loras
-from tests.support.image_inputs import PROMPT, input_image, input_mask, mode_reference, resident_bytes
+from tests.support.image_inputs import PROMPT, input_image, input_mask, mode_reference, resident_bytes, storages
 from tests.support.images import assert_images_close, level_difference
 from tests.support.loras import kohya_file
 from tests.support.sd15 import write_sd15_loras
@@ -150,6 +151,11 @@ def test_an_image_run_leaves_the_pool_as_it_was(pool):
     for mask in (False, True):
         generate(pool.engine, image_request(pool, mask=mask))
     assert resident_bytes(pipe) == resident
+    # The mode's pipeline holds the pool's own tensors, no copy: the same storages, counted once.
+    for mask in (False, True):
+        checked = pool.engine.check(image_request(pool, mask=mask))
+        built = mode_pipeline(pipe, checked, pool.engine.loaded.family)
+        assert type(built) is pool.modes[checked.mode] and storages(built) == storages(pipe)
     assert (dict(pipe.scheduler.config), type(pipe.scheduler)) == scheduler and pipe.vae.dtype == vae_dtype
     assert generate(pool.engine, text).image.tobytes() == before
 
