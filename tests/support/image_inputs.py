@@ -72,9 +72,10 @@ def mode_reference(
 
 
 def storages(pipe: Any) -> dict[int, int]:
-    """Every distinct tensor storage the pipeline's models hold: its address and bytes."""
+    """Every distinct tensor storage the pipeline's models (or one model) hold: its address and bytes."""
     seen: dict[int, int] = {}
-    for module in pipe.components.values():
+    modules = [pipe] if isinstance(pipe, torch.nn.Module) else pipe.components.values()
+    for module in modules:
         if isinstance(module, torch.nn.Module):
             for tensor in (*module.parameters(), *module.buffers()):
                 storage = tensor.untyped_storage()

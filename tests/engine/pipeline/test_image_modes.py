@@ -27,9 +27,11 @@ from diffusers import (
     ZImagePipeline,
 )
 
+from engine.families.sdxl import FAMILY, build_tiny_pipeline
+from engine.pipeline.loading import _vae_in_float32
 from engine.pipeline.modes import mode_pipeline
 from engine.pools.engine import Engine
-from engine.requests import GenerateRequest, LoraSpec
+from engine.requests import CheckedRequest, GenerateRequest, LoraSpec
 from tests.support.checks import generate
 from tests.support.dit import local_engine, preview_frames
 from tests.support.flux import CASES, write_flux_loras
@@ -192,3 +194,15 @@ def test_previews_come_for_the_steps_an_image_run_makes(loaded_flux, base_settin
     request = GenerateRequest(prompt=PROMPT, steps=10, seed=1, image=input_image(), strength=0.6)
     frames = preview_frames(loaded_flux, settings, request)
     assert [step for step, _ in frames] == [1, 2, 3, 4, 5]
+
+
+def test_sdxls_image_pipelines_cannot_cast_a_half_precision_pools_float32_vae():
+    """SDXL's img2img casts a force_upcast VAE to float32 and back to the run's dtype: on a float16 pool, whose VAE
+    loading keeps in float32, that left it in float16 and re-pointed out of its storage (fails without the view)."""
+    pipe = build_tiny_pipeline().to(dtype=torch.float16)
+    _vae_in_float32(pipe)
+    before = storages(pipe.vae)
+    request = CheckedRequest(prompt="a", steps=4, guidance=5.0, width=64, height=64, seed=1, image=input_image())
+    built = mode_pipeline(pipe, replace(request, strength=0.6), FAMILY)
+    built(prompt="a", image=input_image().to_pil(), strength=0.6, num_inference_steps=4)
+    assert pipe.vae.dtype == torch.float32 and storages(pipe.vae) == before
