@@ -25,6 +25,7 @@ class Family(StrEnum):
     ZIMAGE = "zimage"
     FLUX2 = "flux2"
     QWEN_IMAGE = "qwen_image"
+    FLUX_KONTEXT = "flux_kontext"
     UNKNOWN = "unknown"
 
 

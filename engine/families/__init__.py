@@ -1,5 +1,5 @@
-"""Base-model families: one module each (`sdxl`, `sd15`, `sd2`, `flux`, `zimage`, `flux2`, `qwen_image`) declaring
-what it needs.
+"""Base-model families: one module each (`sdxl`, `sd15`, `sd2`, `flux`, `zimage`, `flux2`, `qwen_image`,
+`flux_kontext`) declaring what it needs.
 
 `spec` holds the shape a family fills in (`FamilySpec`, which holds the family's torch-free identity from the
 top-level `families` package); `registry` finds a family's spec by base repo id or by `families.Family`.

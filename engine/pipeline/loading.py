@@ -33,7 +33,7 @@ from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile
 from engine.pipeline.encoders import ENCODER_CACHE_BYTES, run_from_host_ram
 from engine.pipeline.modes import default_strength, mode_class, served_modes
 from engine.pipeline.schedulers import offered_schedulers
-from engine.requests import ModelDefaults
+from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
 
 __all__ = [
@@ -341,13 +341,9 @@ def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype)
 def _warm_up(loaded: LoadedPipeline) -> float:
     started = time.perf_counter()
     side = min(loaded.defaults.side, 512)
-    loaded.pipe(
-        prompt="warm-up",
-        num_inference_steps=2,
-        width=side,
-        height=side,
-        generator=torch.Generator("cpu").manual_seed(0),
-    )
+    request = CheckedRequest(prompt="warm-up", steps=2, guidance=loaded.defaults.guidance, width=side, height=side)
+    # The family's own call: an editing pool's keeps the size (FLUX.1 Kontext's would scale it to 1 MP).
+    loaded.pipe(**loaded.family.call_arguments(request), generator=torch.Generator("cpu").manual_seed(0))
     if loaded.device.type == "cuda":
         torch.cuda.synchronize(loaded.device)
     return time.perf_counter() - started
@@ -367,13 +363,11 @@ def package_denoiser(
 
 @torch.inference_mode()
 def _run_once(loaded: LoadedPipeline, width: int, height: int) -> None:
-    """One short run at this size, with the family's guidance (a request's batch): what compiles a shape."""
+    """One short run at this size, with the family's guidance (a request's batch): what compiles a shape. The
+    family's own call (an editing pool's keeps its size: FLUX.1 Kontext's would scale it to 1 MP)."""
+    request = CheckedRequest(prompt="warm-up", steps=2, guidance=loaded.defaults.guidance, width=width, height=height)
     loaded.pipe(
-        prompt="warm-up",
-        num_inference_steps=2,
-        width=width,
-        height=height,
-        guidance_scale=loaded.defaults.guidance,
+        **loaded.family.call_arguments(request),
         generator=torch.Generator("cpu").manual_seed(0),
         output_type="latent",
     )

@@ -102,7 +102,13 @@ class Ingress:
         if isinstance(body, Response):
             return body
         try:
-            parsed = parse_body(body, lora=lora_header(http.headers.get("lora")), accept=http.headers.get("accept"))
+            headers = http.headers
+            lora, accept, content_type = (
+                lora_header(headers.get("lora")),
+                headers.get("accept"),
+                headers.get("content-type"),
+            )
+            parsed = parse_body(body, lora=lora, accept=accept, content_type=content_type)
         except SwitchboardError as e:
             return json_error(e)
         return await self._answer(http, lambda: self._dispatch(parsed.request, base, parsed.media_type))

@@ -1,6 +1,9 @@
-"""`POST /` and `POST /models/<base>`: text-to-image over plain HTTP, shaped like Hugging Face's inference API.
+"""`POST /` and `POST /models/<base>`: text-to-image and image-to-image over plain HTTP, shaped like Hugging
+Face's inference API.
 
-The body is JSON whatever its Content-Type (`serving.http.body.parse_body`); the `lora` header names a Hub
+The body is JSON whatever its Content-Type (`serving.http.body.parse_body`), but an image's (`image/png`,
+`image/jpeg`, `image/webp`: image-to-image with the defaults); a JSON body's `inputs` may be a base64 image
+(`serving.http.images`). The `lora` header names a Hub
 repo, a `local:` file or a Civitai LoRA, and `parameters.loras` lists more as `{"path", "scale"}`, as
 huggingface_hub's InferenceClient sends them. It goes through the handlers into the one queue like every
 transport; the answer is the image (JPEG, or PNG when preferred) or a JSON error `{"error", "error_type"}`
@@ -10,6 +13,7 @@ headers and examples: README's "Use it" and docs/internals.md.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -28,6 +32,7 @@ from engine.errors import (
     SwitchboardError,
 )
 from engine.requests import GenerateResult
+from engine.settings import Settings
 from serving.errors import json_error
 from serving.http.body import HUB_HOST, HttpRequest, lora_from_path, parse_body
 from serving.recipes import encode_image
@@ -56,7 +61,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MAX_BODY_BYTES = 64 * 1024
+# The settings' default (the Space reads its own: `make_routes`); the cluster's ingress reads with it.
+MAX_BODY_BYTES: int = Settings.model_fields["max_body_bytes"].default
 # Characters of a LoRA ref kept as they are in the X-Lora-Cache header (everything in a Hub repo id).
 _REF_SAFE = "/:@._-~"
 
@@ -64,14 +70,18 @@ _REF_SAFE = "/:@._-~"
 def result_headers(result: GenerateResult, position: int | None = None) -> dict[str, str]:
     """The answer's `X-*` headers: the seed, each phase's seconds, whether each LoRA was cached, and the place
     the request joined the queue at (when it went through this process's scheduler): how many requests went to
-    the GPU before it, the one running counted (0: straight to the GPU, 1: next)."""
+    the GPU before it, the one running counted (0: straight to the GPU, 1: next); and the result's warnings."""
     timings = result.timings
     place = {} if position is None else {"X-Queue-Position": str(position)}
     elsewhere = [f"{quote(a.ref, safe=_REF_SAFE)}={quote(a.trained_for)}" for a in result.adapters if a.trained_for]
     trained = {"X-Lora-Trained-For": ",".join(elsewhere)} if elsewhere else {}
+    # What ran otherwise than sent (a mask resized to its image, an input the model does not read): a JSON list
+    # of strings, ASCII-escaped as a header must be.
+    warned = {"X-Warnings": json.dumps(list(result.warnings))} if result.warnings else {}
     return {
         **place,
         **trained,
+        **warned,
         "X-Seed": str(result.seed),
         "X-Timing": (
             f"resolve={timings.resolve:.3f};prepare={timings.prepare:.3f};apply={timings.apply:.3f};"
@@ -125,14 +135,13 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
 
     async def generate(request: Request) -> Response:
         base = request.path_params.get("base", "")
-        body = await read_body(request)
+        settings = handlers.settings
+        body = await read_body(request, limit=settings.max_body_bytes)
         if isinstance(body, Response):
             handlers.report("http", body.status_code)
             return body
         try:
-            parsed = parse_body(
-                body, lora=lora_header(request.headers.get("lora")), accept=request.headers.get("accept")
-            )
+            parsed = await anyio.to_thread.run_sync(_parse, request, body, settings.max_input_pixels)
         except InvalidRequestError as e:
             handlers.report("http", e.status)
             return json_error(e)
@@ -170,29 +179,44 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
     ]
 
 
+def _parse(request: Request, body: bytes, max_pixels: int) -> HttpRequest:
+    """The body as a request (on a worker thread: decoding an image takes milliseconds to a second)."""
+    headers = request.headers
+    return parse_body(
+        body,
+        lora=lora_header(headers.get("lora")),
+        accept=headers.get("accept"),
+        content_type=headers.get("content-type"),
+        max_pixels=max_pixels,
+    )
+
+
 def _failed(error: SwitchboardError, path: str) -> Response:
     level = logging.WARNING if error.status < 500 else logging.ERROR
     logger.log(level, "POST %s failed: %s: %s", path, type(error).__name__, error)
     return json_error(error)
 
 
-async def read_body(request: Request) -> bytes | Response:
-    """The body, or the 413 answer once it is larger than MAX_BODY_BYTES (read no further)."""
+async def read_body(request: Request, *, limit: int = MAX_BODY_BYTES) -> bytes | Response:
+    """The body, or the 413 answer once it is larger than `limit` (MAX_BODY_BYTES; read no further)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        return _too_large(int(declared))
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return _too_large(int(declared), limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return _too_large(size)
+        if size > limit:
+            return _too_large(size, limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-def _too_large(size: int) -> JSONResponse:
+def _too_large(size: int, limit: int) -> JSONResponse:
     return json_error(
-        RequestTooLargeError(f"the body has {size} bytes or more; accepted: at most {MAX_BODY_BYTES} bytes")
+        RequestTooLargeError(
+            f"the body has {size} bytes or more; accepted: at most {limit} bytes (MAX_BODY_BYTES; an image's "
+            "base64 is 4/3 of its file)"
+        )
     )
 
 

@@ -17,8 +17,11 @@ from urllib.parse import unquote, urlsplit
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError, create_model
 
 from engine.errors import InvalidRequestError
+from engine.images import ACCEPTED_MEDIA_TYPES, decode_image
 from engine.requests import REQUEST_FIELDS, GenerateRequest, LoraSpec
+from engine.settings import Settings
 from lora_catalog.civitai.refs import SITE_HOSTS, parse_civitai
+from serving.http.images import IMAGE_ONLY, TargetSize, image_request
 
 __all__ = ["HUB_HOST", "HttpRequest", "lora_from_path", "parse_body"]
 
@@ -31,6 +34,8 @@ _ACCEPTED_PATH = (
 _ITEM_SHAPE = '{"path": "<repo id, Hub file URL or Civitai reference>", "scale": <number>}'
 _BODY_SHAPE = '{"inputs": "<prompt>", "parameters": {...}}'
 _FIELDS = {f.name: f for f in REQUEST_FIELDS}
+# The settings' default; the Space passes its own (`serving.http.api`).
+MAX_INPUT_PIXELS: int = Settings.model_fields["max_input_pixels"].default
 _STRING = _FIELDS["negative_prompt"].accepts
 _SCHEDULER = _FIELDS["scheduler"].accepts
 _OPTION_VALUE = "a boolean or a string (a scheduler option's value)"
@@ -95,6 +100,10 @@ def _parameters_fields() -> dict[str, Any]:
         accepts = f"a list [{_ITEM_SHAPE}, ...]" if declared.kind == "loras" else declared.accepts
         alias = declared.name if declared.name != http else None
         out[http] = (_HTTP_TYPES[declared.kind] | None, Field(None, description=accepts, serialization_alias=alias))
+    # Hugging Face's image-to-image task: the prompt and the output size are parameters there (`inputs` is the
+    # image); they fill `prompt`, `width` and `height`.
+    out["prompt"] = (str | None, Field(None, description=_STRING))
+    out["target_size"] = (TargetSize | None, Field(None, description=TargetSize.__doc__))
     return out
 
 
@@ -110,7 +119,7 @@ _Parameters = create_model(
 class _Body(BaseModel):
     model_config = _STRICT
 
-    inputs: Annotated[str, Field(description="the prompt as a string")]
+    inputs: Annotated[str, Field(description="the prompt as a string or a base64 image")]
     # A model derived at import (mypy sees Any).
     parameters: Annotated[_Parameters | None, Field(description="a JSON object")] = None  # type: ignore[valid-type]
     # Part of the inference API's body (wait_for_model, use_cache); nothing here needs it.
@@ -125,8 +134,23 @@ class HttpRequest:
     media_type: str
 
 
-def parse_body(body: bytes, *, lora: str | None, accept: str | None) -> HttpRequest:
-    """Validate the JSON body and the `lora` header; InvalidRequestError names what is wrong."""
+def parse_body(
+    body: bytes,
+    *,
+    lora: str | None,
+    accept: str | None,
+    content_type: str | None = None,
+    max_pixels: int = MAX_INPUT_PIXELS,
+) -> HttpRequest:
+    """Validate the body and the `lora` header; InvalidRequestError names what is wrong. A body sent as an image
+    (`Content-Type: image/png`, `image/jpeg`, `image/webp`) is image-to-image with no prompt and the defaults; a
+    JSON body whose `parameters` hold `prompt` is image-to-image from the base64 image in `inputs`
+    (`serving.http.images`)."""
+    media = (content_type or "").partition(";")[0].strip().lower()
+    if media in ACCEPTED_MEDIA_TYPES or media.startswith("image/"):
+        image = decode_image(body, what="the body", max_pixels=max_pixels)
+        header = (LoraSpec(lora.strip()),) if lora and lora.strip() else ()
+        return HttpRequest(GenerateRequest(prompt="", loras=header, image=image), _media_type(accept))
     try:
         document = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -148,12 +172,12 @@ def parse_body(body: bytes, *, lora: str | None, accept: str | None) -> HttpRequ
         )
     header = (LoraSpec(lora, scale=1.0 if scale is None else scale),) if lora else ()
     fields = parameters.model_dump(
-        by_alias=True, exclude_none=True, exclude={"loras", "lora_scale", "scheduler_options", "mask_image"}
+        by_alias=True, exclude_none=True, exclude={"loras", "lora_scale", "scheduler_options", *IMAGE_ONLY}
     )
     options = tuple(sorted((parameters.scheduler_options or {}).items()))
     # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.
     request = GenerateRequest(prompt=parsed.inputs, loras=header + listed, scheduler_options=options, **fields)
-    return HttpRequest(request=request, media_type=_media_type(accept))
+    return HttpRequest(request=image_request(request, parameters, max_pixels), media_type=_media_type(accept))
 
 
 def _spec(item: _Lora, where: str) -> LoraSpec:

@@ -177,7 +177,8 @@ def test_each_civitai_base_maps_to_its_family(label, family, finetune):
 
 def test_the_table_has_exactly_those_entries_and_the_rest_maps_to_nothing():
     assert [b.label for b in CIVITAI_BASES] == [
-        "SD 1.5", "SDXL 1.0", "Pony", "Illustrious", "NoobAI", "Flux.1 D", "Flux.1 S", "Qwen", "ZImageTurbo",
+        "SD 1.5", "SDXL 1.0", "Pony", "Illustrious", "NoobAI", "Flux.1 D", "Flux.1 S", "Flux.1 Kontext", "Qwen",
+        "ZImageTurbo",
         "Flux.2 Klein 4B", "Flux.2 Klein 9B", "Flux.2 Klein 4B-base", "Flux.2 Klein 9B-base",
     ]  # fmt: skip
     for other in ("SD 3.5", "Hunyuan Video", "Wan Video", "SDXL Turbo", "Other", ""):

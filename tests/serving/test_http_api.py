@@ -110,7 +110,7 @@ def test_lora_scale_and_every_parameter_are_applied(url, fixtures):
     [
         ('{"inputs": "a fox"', "not valid JSON"),
         ('["a fox"]', "JSON list"),
-        ('{"parameters": {}}', "inputs must be the prompt as a string, got null"),
+        ('{"parameters": {}}', "inputs must be the prompt as a string or a base64 image, got null"),
         ('{"inputs": 3}', "got number"),
         ('{"inputs": "a", "parameters": []}', "parameters must be a JSON object"),
         ('{"inputs": "a", "extra": 1}', "unknown field.* extra; accepted: inputs, parameters, options"),
@@ -177,9 +177,9 @@ def test_parse_body_reads_the_inference_api_shape():
 
 
 def test_an_oversized_body_is_refused_before_parsing(url):
-    response = post(url, '{"inputs": "' + "a" * 70_000 + '"}')
+    response = post(url, '{"inputs": "' + "a" * (32 * 2**20) + '"}')
     assert response.status_code == 413
-    assert "accepted: at most 65536 bytes" in response.json()["error"]
+    assert "accepted: at most 33554432 bytes (MAX_BODY_BYTES" in response.json()["error"]
 
 
 @pytest.mark.parametrize(

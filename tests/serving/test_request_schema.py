@@ -15,8 +15,9 @@ from serving.cluster import wire
 from serving.http import body
 from serving.ui.gradio_api import add_api_endpoints
 
-# Parameters of POST / that fill no request field of their own: the `lora` header's scale.
-HTTP_ONLY = {"lora_scale"}
+# Parameters of POST / that fill no request field of their own: the `lora` header's scale; image-to-image's prompt
+# and target size (Hugging Face's task puts the image in `inputs`: serving.http.images).
+HTTP_ONLY = {"lora_scale", "prompt", "target_size"}
 
 
 def test_every_request_field_is_declared_once_with_what_it_accepts():

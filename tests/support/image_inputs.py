@@ -71,12 +71,18 @@ def mode_reference(
     return mode(prompt=PROMPT, generator=torch.Generator("cpu").manual_seed(7), **call).images[0]
 
 
-def resident_bytes(pipe: Any) -> int:
-    """The bytes of every distinct tensor storage the pipeline's models hold."""
+def storages(pipe: Any) -> dict[int, int]:
+    """Every distinct tensor storage the pipeline's models (or one model) hold: its address and bytes."""
     seen: dict[int, int] = {}
-    for module in pipe.components.values():
+    modules = [pipe] if isinstance(pipe, torch.nn.Module) else pipe.components.values()
+    for module in modules:
         if isinstance(module, torch.nn.Module):
             for tensor in (*module.parameters(), *module.buffers()):
                 storage = tensor.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
+    return seen
+
+
+def resident_bytes(pipe: Any) -> int:
+    """The bytes of every distinct tensor storage the pipeline's models hold."""
+    return sum(storages(pipe).values())

@@ -138,7 +138,7 @@ HTTP_REFUSALS: list[tuple[bytes, str]] = [
     (b'{"inputs": "a", "parameters": {"width": false}}', "parameter width must be an integer, got boolean"),
     (b'{"inputs": "a", "parameters": {"lora_scale": "1"}}', "parameter lora_scale must be a number"),
     (b'{"inputs": "a", "parameters": {"seed": -1}}', "seed=-1 is out of range"),
-    (b'{"inputs": "a", "inputs": 5}', "inputs must be the prompt as a string, got number"),
+    (b'{"inputs": "a", "inputs": 5}', "inputs must be the prompt as a string or a base64 image, got number"),
 ]
 
 

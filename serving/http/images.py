@@ -1,0 +1,89 @@
+"""Hugging Face's image-to-image task on `POST /`: when the body's `inputs` is an image, and what it becomes.
+
+`inputs` is the image (base64, with or without a `data:image/...;base64,` prefix) when it carries such a
+prefix, when its bytes start as a PNG, JPEG or WebP file does, or when `parameters` hold one of the task's own
+(`prompt`, `target_size`, `mask_image`, `strength`); otherwise it is the text-to-image prompt, as before. Then
+`parameters.prompt` is the prompt ("" without one), `target_size` the output's width and height (the image resized
+to it first), and `mask_image` (base64 too) turns the request into inpainting. The images are decoded by
+`engine.images.decode_image`: the size judged from the header, against MAX_INPUT_PIXELS, before decoding.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import replace
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.errors import InvalidRequestError
+from engine.images import ACCEPTED, ImageMode, InputImage, decode_image
+from engine.requests import GenerateRequest
+
+__all__ = ["IMAGE_ONLY", "TargetSize", "image_request", "is_image_text"]
+
+# Parameters of the image-to-image task that fill no request field of their own name.
+IMAGE_ONLY = ("prompt", "target_size", "mask_image")
+# Parameters that make `inputs` an image.
+_IMAGE_PARAMETERS = (*IMAGE_ONLY, "strength")
+_DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)?(;[\w=.+-]+)*;base64,", re.IGNORECASE)
+# How each accepted format's file starts (WebP: RIFF, 4 bytes of size, WEBP).
+_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"RIFF")
+
+
+class TargetSize(BaseModel):
+    """an object {"width": <integer>, "height": <integer>}: the output's size, the image resized to it first"""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    width: int = Field(description="an integer")
+    height: int = Field(description="an integer")
+
+
+def is_image_text(text: str) -> bool:
+    """Whether `text` is a base64 image: a data URL, or base64 whose bytes start as an accepted file does."""
+    if _DATA_URL.match(text):
+        return True
+    try:
+        head = base64.b64decode(text[:32], validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return head.startswith(_MAGIC)
+
+
+def image_request(request: GenerateRequest, parameters: Any, max_pixels: int) -> GenerateRequest:
+    """`request` (its prompt is the body's `inputs`) as image-to-image when `inputs` is an image (see the module
+    docstring), else as it is."""
+    asked = [name for name in _IMAGE_PARAMETERS if getattr(parameters, name, None) is not None]
+    if not asked and not is_image_text(request.prompt):
+        return request
+    image = _decoded(request.prompt, "inputs", max_pixels, "RGB")
+    mask = parameters.mask_image
+    size = parameters.target_size
+    if size is not None and (request.width is not None or request.height is not None):
+        raise InvalidRequestError(
+            "target_size was given with width or height; accepted: target_size, or width and height, not both"
+        )
+    return replace(
+        request,
+        prompt=parameters.prompt or "",
+        image=image,
+        mask_image=None if mask is None else _decoded(mask, "parameters.mask_image", max_pixels, "L"),
+        width=request.width if size is None else size.width,
+        height=request.height if size is None else size.height,
+    )
+
+
+def _decoded(text: str, what: str, max_pixels: int, mode: ImageMode) -> InputImage:
+    """The base64 image `text` (a data URL's prefix dropped), decoded; refusals name `what`."""
+    prefix = _DATA_URL.match(text)
+    payload = text[prefix.end() :] if prefix else text
+    accepted = f"{ACCEPTED} in base64, with or without a data:image/...;base64, prefix"
+    try:
+        data = base64.b64decode("".join(payload.split()), validate=True)
+    except (binascii.Error, ValueError) as e:
+        shown = text[:40] + ("..." if len(text) > 40 else "")
+        raise InvalidRequestError(f"{what} is not base64 ({shown!r}: {e}); accepted: {accepted}") from e
+    return decode_image(data, what=what, max_pixels=max_pixels, mode=mode)
