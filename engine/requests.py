@@ -281,6 +281,8 @@ class GenerateResult:
     more_images: tuple[Image, ...] = ()
     # The model that made it (its Hub id or folder name): a recipe's `Model:`.
     model_id: str = ""
+    # The cluster replica that made it (Serve's replica id; `X-Replica`); empty in one process.
+    served_by: str = ""
 
     @property
     def images(self) -> tuple[Image, ...]:
