@@ -185,7 +185,11 @@ def test_the_gradio_api_and_metrics_answer_as_one_process_does(cluster, cluster_
         return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
 
     def counted(text: str) -> list[str]:
-        return sorted(line for line in text.splitlines() if 'transport="gradio_api"' in line)
+        return sorted(
+            line
+            for line in text.splitlines()
+            if line.startswith("switchboard_requests_total{") and 'transport="gradio_api"' in line
+        )
 
     assert families(got_scrape) == families(scrape)
     assert counted(got_scrape) == counted(scrape) and len(counted(scrape)) == 2  # one 200, one 400

@@ -11,10 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from engine.compare import CompareRequest
 from engine.pools.engine import Engine
 from engine.prepare.resolve import AdapterResolver
+from engine.requests import LoraSpec
 from engine.settings import SD15_MODEL_ID
 from lora_catalog.hub import HubSource
+from serving.backends import blocking
 from tests.support.loras import FLUX, SD15, SDXL, card, peft_file
 from tests.support.sd15 import write_sd15_loras
 from tests.support.serve_handles import ReplicaHandle, client, front_end, replica_of, stand_in_ray
@@ -43,9 +46,9 @@ def cluster(loaded, loaded_sd15, base_settings, hub, repos, monkeypatch) -> Iter
         Engine(loaded_sd15, base_settings.replace(base_model_id=SD15_MODEL_ID), resolver),
     ]
     handles = [ReplicaHandle(replica_of(engine, name)) for engine, name in zip(engines, ("sdxl", "sd15"), strict=True)]
-    app, _ = front_end(handles, base_settings)
+    app, backend = front_end(handles, base_settings)
     for made in client(app):
-        yield made, handles
+        yield made, handles, backend
     for engine in reversed(engines):
         engine.close()
 
@@ -59,7 +62,7 @@ def post(client, lora: str | None = None, path: str = "/"):
 
 
 def test_each_lora_goes_to_the_pool_of_its_own_base(cluster, repos):
-    client, handles = cluster
+    client, handles, _ = cluster
     for role in ("sd15", "sdxl", "sd15"):
         answer = post(client, repos[role])
         assert answer.status_code == 200, answer.text
@@ -70,7 +73,7 @@ def test_each_lora_goes_to_the_pool_of_its_own_base(cluster, repos):
 
 
 def test_the_pools_describe_themselves_once_and_a_loras_origin_is_looked_up_once(cluster, repos):
-    client, handles = cluster
+    client, handles, _ = cluster
     for _ in range(3):
         assert post(client, repos["sd15"]).status_code == 200
     assert client.get("/v1/pools").json()["pools"][1]["base_model_id"] == SD15_MODEL_ID
@@ -80,7 +83,7 @@ def test_the_pools_describe_themselves_once_and_a_loras_origin_is_looked_up_once
 
 
 def test_loras_of_two_bases_in_one_request_are_refused_naming_each(cluster, repos):
-    client, handles = cluster
+    client, handles, _ = cluster
     both = {**BODY, "parameters": {"loras": [{"path": repos["sd15"]}, {"path": repos["sdxl"]}]}}
     answer = client.post("/", json=both)
     assert answer.status_code == 400
@@ -90,7 +93,7 @@ def test_loras_of_two_bases_in_one_request_are_refused_naming_each(cluster, repo
 
 
 def test_unserved_and_unknown_loras_get_the_engines_errors(cluster, repos):
-    client, handles = cluster
+    client, handles, _ = cluster
     flux = post(client, repos["flux"])
     assert flux.status_code == 404
     assert "FLUX" in flux.json()["error"] and SD15_MODEL_ID in flux.json()["error"]
@@ -101,7 +104,17 @@ def test_unserved_and_unknown_loras_get_the_engines_errors(cluster, repos):
 
 
 def test_a_lora_check_runs_on_its_own_pool(cluster, repos):
-    client, handles = cluster
+    client, handles, _ = cluster
     answer = client.post("/v1/check", json={"ref": repos["sd15"]})
     assert answer.status_code == 200 and answer.json()["ref"] == repos["sd15"]
     assert reached(handles, "check") == ["sd15"]
+
+
+def test_a_comparison_runs_on_its_loras_pool_in_one_replica_call(cluster, repos):
+    _, handles, backend = cluster
+    request = CompareRequest(
+        prompt="a fox", loras=(LoraSpec(repos["sd15"]),), scales=(0.5, 1.0), steps=1, width=64, height=64, seed=4
+    )
+    result = blocking(backend.compare(request))
+    assert len(result.results) == 2 and {r.seed for r in result.results} == {4}
+    assert reached(handles, "compare") == ["sd15"]
