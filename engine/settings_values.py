@@ -30,6 +30,10 @@ def strip(value: object) -> object:
     return value.strip() if isinstance(value, str) else value
 
 
+def lower(value: object) -> object:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
 def upper(value: object) -> object:
     return value.strip().upper() if isinstance(value, str) else value
 

@@ -69,7 +69,7 @@ class ServeBackend:
     ) -> None:
         """`retry_on`: the errors of a replica that died or is unavailable (Ray's, from `serving.cluster.app`)."""
         self._pools = tuple(pools)
-        self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
+        self._limits = Limits.of(settings)
         self._retry_on = retry_on
         # Metrics count this front end's requests by transport; the replicas' engines report their own timings.
         self.events = EngineEvents()

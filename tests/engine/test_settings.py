@@ -54,6 +54,9 @@ def test_a_local_folder_stands_in_for_the_default_base(tmp_path):
         ({"PREPARE_INFLIGHT_BYTES": "much"}, r"PREPARE_INFLIGHT_BYTES='much' is not a byte size"),
         ({"SCHEDULER": "fifo"}, r"SCHEDULER='fifo' is not accepted; accepted: affinity, fifo_inline"),
         ({"METRICS": "please"}, r"METRICS='please' is not accepted; accepted: 1, true"),
+        ({"QUANTIZE": "int4"}, r"QUANTIZE='int4' is not accepted; accepted: off, fp8, auto"),
+        ({"LORA_MAX_RANK": "0"}, r"LORA_MAX_RANK='0' is not accepted; accepted: an integer from 1 to 1024"),
+        ({"LORA_MAX_RANK": "4096"}, r"LORA_MAX_RANK='4096' is not accepted; accepted: an integer from 1 to 1024"),
     ],
 )
 def test_a_bad_value_names_itself_and_what_is_accepted(env, message):
@@ -67,6 +70,14 @@ def test_the_scheduler_settings_default_to_affinity_under_a_small_bound():
     assert settings.prepare_inflight_bytes == 2 * 2**30
     strict = Settings.from_env({"AFFINITY_MAX_SKIP": "0", "SCHEDULER": "fifo_inline", "PREPARE_INFLIGHT_BYTES": "1GB"})
     assert (strict.affinity_max_skip, strict.scheduler, strict.prepare_inflight_bytes) == (0, "fifo_inline", 10**9)
+
+
+def test_quantize_defaults_to_auto_and_branches_to_rank_128():
+    settings = Settings.from_env({})
+    assert (settings.quantize, settings.lora_max_rank) == ("auto", 128)
+    chosen = Settings.from_env({"QUANTIZE": " FP8 ", "LORA_MAX_RANK": "64"})
+    assert (chosen.quantize, chosen.lora_max_rank) == ("fp8", 64)
+    assert Settings.from_env({"QUANTIZE": "off"}).quantize == "off"
 
 
 def test_metrics_are_off_unless_turned_on():
