@@ -18,6 +18,8 @@ from lora_catalog import refs
 if TYPE_CHECKING:
     from PIL.Image import Image
 
+    from engine.settings import Settings
+
 __all__ = [
     "MAX_IMAGES",
     "REQUEST_FIELDS",
@@ -276,6 +278,11 @@ class Limits:
     max_prompt_chars: int
     max_images: int = MAX_IMAGES
 
+    @classmethod
+    def of(cls, settings: Settings) -> Limits:
+        """The limits a request is checked against under `settings` (an engine's, a cluster front end's)."""
+        return cls(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
+
 
 @dataclass(frozen=True)
 class Timings:
@@ -319,6 +326,8 @@ class GenerateResult:
     more_images: tuple[Image, ...] = ()
     # The model that made it (its Hub id or folder name): a recipe's `Model:`.
     model_id: str = ""
+    # The cluster replica that made it (Serve's replica id; `X-Replica`); empty in one process.
+    served_by: str = ""
 
     @property
     def images(self) -> tuple[Image, ...]:

@@ -138,6 +138,10 @@ class AmbiguousWeightsError(AdapterLoadError):
         super().__init__(message)
         self.candidates = candidates
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keeps the candidates when pickled (a cluster replica's errors reach its front end that way).
+        return (type(self), (str(self), self.candidates))
+
 
 class HeaderError(AdapterLoadError, ValueError):
     """A safetensors header is malformed, lies about its data or the file is truncated."""

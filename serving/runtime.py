@@ -53,6 +53,7 @@ __all__ = [
     "Runtime",
     "StartPlan",
     "build_runtime",
+    "front_end",
     "gpu_bytes",
     "plan_start",
     "probe_base",
@@ -254,15 +255,24 @@ def _hub_catalog(
 
 
 def _serve_remote(settings: Settings, started: float, hub_endpoint: str | None) -> Runtime:
-    """A front end: the catalogue here, generation (and LoRA checks, status) on the cluster at BACKEND_URL."""
+    """A front end for the cluster at BACKEND_URL (`front_end`)."""
     assert settings.backend_url is not None
     backend = RemoteBackend(settings.backend_url, timeout_s=settings.backend_timeout_s)
+    return front_end(settings, backend, started=started, hub_endpoint=hub_endpoint)
+
+
+def front_end(
+    settings: Settings, backend: Backend, *, started: float | None = None, hub_endpoint: str | None = None
+) -> Runtime:
+    """A front end over a cluster's `backend` (`RemoteBackend` at BACKEND_URL, or the cluster's own
+    `ServeBackend`): the catalogue here, generation (and LoRA checks, status) on the cluster."""
+    started = time.perf_counter() if started is None else started
     base = backend.pools()[0].base_model_id
     # The front end describes Civitai LoRAs (cards, /lora_info); the cluster's replicas download them.
     civitai = civitai_files(settings)
     hub, catalog, local_dirs = _hub_catalog(settings.replace(base_model_id=base), hub_endpoint, civitai)
     boot_s = time.perf_counter() - started
-    logger.info("front end for the cluster at %s serving %s (start-up %.1f s)", backend.url, base, boot_s)
+    logger.info("front end for the cluster serving %s (start-up %.1f s)", base, boot_s)
     return Runtime(
         settings=settings,
         backend=backend,

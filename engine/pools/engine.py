@@ -81,7 +81,7 @@ class Engine:
         self.scratch_device_bytes = parts.scratch_device_bytes
         self.disk_cache = parts.disk_cache
         self._preparer = parts.preparer
-        self._limits = Limits(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
+        self._limits = Limits.of(settings)
         # The pipeline lock: uncontended under the scheduler, it keeps a direct `run` call safe too.
         self._lock = threading.Lock()
         # The one place where the weights change (through `WeightPatcher`).

@@ -40,7 +40,7 @@ from engine.pools.plan import (
     plan_memory,
 )
 from engine.pools.residency import Residency
-from engine.pools.routing import PoolInfo, agreed_pool, described_pick, named_pool
+from engine.pools.routing import PoolInfo, described_pick, named_pool, routed
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import PoolSetting, Settings
@@ -134,19 +134,14 @@ class Pools:
 
     def route(self, request: GenerateRequest, base: str = "") -> Route:
         """The pool for `request`: its LoRAs' pool, else the named base's, else the default."""
-        named = self.pool_for_base(base) if base.strip() else None
+        named = named_pool(self._pools, base) if base.strip() else None
         if len(self._pools) == 1:
             # Nothing to choose: the engine's own checks judge each LoRA against the one base.
             return Route(self.default, "only pool")
         # Checked as the engine checks them (refs, revisions, file names), so routing reads only valid names.
         specs = normalise_loras(request.loras, max(self.default.engine.limits.max_loras, MAX_COMPARE_LORAS))
-        chosen = [(spec.ref, *self._lora_pool(spec)) for spec in specs]
-        index = agreed_pool(chosen, (named.index, named.base_model_id) if named is not None else None)
-        if index is not None:
-            pool = self._pools[index]
-            reason = "named base" if named is not None and not chosen else "LoRA's base"
-        else:
-            pool, reason = self.default, "default pool"
+        index, reason = routed(self._pools, named, [(spec.ref, *self._lora_pool(spec)) for spec in specs])
+        pool = self._pools[index]
         logger.info("route %s -> pool %s (%s)", [s.ref for s in specs] or "no LoRA", pool.base_model_id, reason)
         return Route(pool, reason)
 

@@ -28,6 +28,7 @@ __all__ = [
     "named_pool",
     "pick_pool",
     "pool_of_base",
+    "routed",
     "served_list",
 ]
 
@@ -94,6 +95,18 @@ def agreed_pool(choices: Sequence[tuple[str, int | None, str]], named: tuple[int
             "accepted: LoRAs of one base per request"
         )
     return decided.pop() if decided else None
+
+
+def routed(
+    pools: Sequence[Served], named: int | None, choices: Sequence[tuple[str, int | None, str]]
+) -> tuple[int, str]:
+    """The pool a request goes to and why: the one its LoRAs' choices (ref, pool or None, why) and its named base
+    (`named_pool`'s index) agree on, else the default (0). The one decision, for this process's pools
+    (`Pools.route`) and a cluster's (`serving.backends.serve`); only how a LoRA's pool is found differs."""
+    index = agreed_pool(choices, (named, pools[named].base_model_id) if named is not None else None)
+    if index is None:
+        return 0, "default pool"
+    return index, "named base" if named is not None and not choices else "LoRA's base"
 
 
 def served_list(pools: Sequence[PoolInfo]) -> str:

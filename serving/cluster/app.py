@@ -3,8 +3,9 @@
     MODEL_ID=stabilityai/stable-diffusion-xl-base-1.0 CLUSTER_REPLICAS=5 serve run serving.cluster.app:app
     python -m serving.cluster.app               # the same, from the environment, until Ctrl-C
 
-The ingress answers the Space's HTTP contract; each pool's replicas run the Space's engine, routed by ours or
-Serve's multiplexed router (`CLUSTER_ROUTER`), shaped by the settings (`serving.cluster.shape`).
+The ingress serves the Space's own app (UI, named API, `POST /`, metrics) over a `ServeBackend`; each pool's
+replicas run the Space's engine, chosen by ours or Serve's multiplexed router (`CLUSTER_ROUTER`), shaped by the
+settings (`serving.cluster.shape`).
 Set-up and the parts: docs/internals.md, "serving/cluster/app.py", and docs/cluster.md.
 """
 
@@ -36,12 +37,13 @@ def build_app(settings: Settings) -> Application:
     # MODELS (or MODEL_ID as one pool), the default first: one deployment each, shaped by serving.cluster.shape.
     for spec in settings.pool_settings:
         deployment = serve.deployment(**pool_options(settings, spec))(PoolReplica)
-        pool_settings = settings.for_pool(spec)
-        pools.append((spec.model_id, spec.base_model_id, deployment.bind(pool_settings, settings.cluster_adapter_sets)))
-    # The ingress only parses and forwards; the default of 5 ongoing requests would queue work it can pass on.
-    ingress = serve.deployment(name="ingress", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})(Ingress)
+        pools.append(deployment.bind(settings.for_pool(spec), settings.cluster_adapter_sets))
+    # The front end passes work on and waits; the default of 5 ongoing requests would queue what it can pass on.
+    ingress = serve.deployment(name="ingress", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})(
+        serve.ingress()(Ingress)
+    )
     # A replica that died or became unavailable: the request is sent again, to another replica.
-    return ingress.bind(pools, (RayActorError, ReplicaUnavailableError))
+    return ingress.bind(pools, settings, (RayActorError, ReplicaUnavailableError))
 
 
 @contextmanager

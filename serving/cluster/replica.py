@@ -1,6 +1,8 @@
 """One pool's replica on Ray Serve: the Space's engine on one device, its adapter sets multiplexed by Serve.
 
-Every request goes through the replica's own `LocalBackend`, as on the Space; nothing here calls the swap.
+Every request goes through the replica's own `LocalBackend`, as on the Space; nothing here calls the swap. Its
+methods take and return the engine's own values, and raise the one tree's errors (Serve carries them to the front
+end's `ServeBackend`, which is the only caller).
 Serve's multiplexed model id is a request's adapter set; each id Serve holds is an `AdapterPin` leasing the set's
 prepared adapters in the engine's cache, released when Serve evicts it, so the engine's cache and Serve's LRU
 hold the same adapters. The replica reports its `SetBook` (`serving.cluster.stats`) as its routing stats and
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import threading
@@ -23,8 +24,9 @@ from typing import Any
 import torch
 from huggingface_hub.constants import HF_HUB_CACHE
 
-from engine.errors import SwitchboardError
+from engine.compare import CompareRequest, CompareResult
 from engine.formats.adapters import AdapterKey
+from engine.outcomes import EngineStatus, LoraCheck, ServedPool
 from engine.pipeline.loading import load_pipeline
 from engine.pools.engine import Engine
 from engine.pools.pools import lora_origin, pool_info
@@ -32,15 +34,11 @@ from engine.pools.routing import LoraOrigin, PoolInfo
 from engine.prepare.civitai import civitai_files
 from engine.prepare.keys import adapter_key
 from engine.prepare.resolve import AdapterResolver
-from engine.requests import GenerateResult
+from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from engine.settings import Settings
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
 from serving.cluster.stats import SetBook
-from serving.cluster.wire import WIRE, Answer, encode_png, request_from_json, result_to_json, spec_from_json
-from serving.errors import json_error
-from serving.http.api import encode_image, result_headers
-from serving.recipes import with_recipes
 
 __all__ = ["AdapterPin", "PoolReplica", "lease_keys", "weights_digest"]
 
@@ -102,7 +100,6 @@ class PoolReplica:
             civitai=civitai_files(settings),
         )
         self._engine = Engine(loaded, settings, resolver)
-        self._recipes = settings.recipes
         self._backend = LocalBackend.of(self._engine)
         # What this replica holds, loads, has on disk and measured: its routing stats for our router.
         self._book = SetBook()
@@ -122,76 +119,52 @@ class PoolReplica:
             torch.get_num_threads(),
         )
 
-    async def generate(self, document: dict, media_type: str) -> Answer:
-        """Generate one request; errors of the tree become their JSON answer, anything else propagates.
-
-        Serve cancels the call when the caller goes away: the request leaves the queue or stops at its next step.
-        """
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Generate one request on this replica's `LocalBackend`; the tree's errors are raised to the caller (Serve
+        carries them to `serving.backends.serve`, which maps them). Serve cancels the call when the caller goes
+        away: the request leaves the queue or stops at its next step."""
         from ray import serve
 
         set_id = serve.get_multiplexed_model_id()
         self._book.started(set_id)
         result = None
         try:
-            request = request_from_json(document)
             pin = await self._pin(set_id) if set_id else None
             result = await self._backend.generate(request)
-        except SwitchboardError as e:
-            # The very bytes the Space answers with.
-            error = json_error(e)
-            return Answer(error.status_code, WIRE, bytes(error.body))
         finally:
             self._book.finished(set_id, result)
         if pin is not None:
             # The set as this request resolved it (a revision that moved swaps the old keys out).
             pin.hold(lease_keys(result))
-        if media_type != WIRE and self._recipes:
-            # `POST /` straight to the cluster: its image carries its recipe as the Space's does (on the wire the
-            # front end's handlers add it).
-            result = with_recipes(result)
-        return await asyncio.to_thread(self._answer, result, media_type)
+        return dataclasses.replace(result, served_by=self._replica)
 
-    def _answer(self, result: GenerateResult, media_type: str) -> Answer:
-        headers = {**result_headers(result), "X-Replica": self._replica}
-        if media_type == WIRE:
-            more = [encode_png(image) for image in result.more_images]
-            body = _json({"image": encode_png(result.image), "more_images": more, "result": result_to_json(result)})
-        else:
-            body = encode_image(result.image, media_type)
-        return Answer(200, media_type, body, tuple(headers.items()))
+    async def compare(self, request: CompareRequest) -> CompareResult:
+        """A comparison grid's cells, in one queue turn on this replica."""
+        return await self._backend.compare(request)
 
-    async def describe(self, what: str, document: dict) -> Answer:
-        """The Space's other backend calls, as JSON: `info` (this pool as served), `status`, `check` (one LoRA)."""
-        try:
-            if what == "check":
-                found: object = await self._backend.check(spec_from_json(document))
-            elif what == "status":
-                found = (await self._backend.status())[0].engine
-            else:
-                found = self._backend.pools()[0]
-        except SwitchboardError as e:
-            error = json_error(e)
-            return Answer(error.status_code, WIRE, bytes(error.body))
-        return Answer(200, WIRE, _json(_plain(found)))
+    async def describe(self) -> tuple[ServedPool, PoolInfo]:
+        """This pool as served (its defaults) and what routing needs of it (base, family, widths): asked once, by
+        the front end as it deploys (`serving.backends.serve.ServeBackend.connect`)."""
+        return self._backend.pools()[0], pool_info(self._engine)
+
+    async def check(self, spec: LoraSpec) -> LoraCheck:
+        return await self._backend.check(spec)
+
+    async def prefetch(self, spec: LoraSpec) -> None:
+        await self._backend.prefetch(spec)
+
+    async def status(self) -> EngineStatus:
+        return (await self._backend.status())[0].engine
 
     async def record_routing_stats(self) -> dict[str, object]:
         """Serve's routing stats (every CLUSTER_STATS_PERIOD_S): what our router reads (`serving.cluster.stats`)."""
         return self._book.report()
 
-    async def info(self) -> PoolInfo:
-        """What the ingress routes by: this pool's base, family and widths."""
-        return pool_info(self._engine)
-
-    async def origin(self, document: dict) -> LoraOrigin | Answer:
-        """What one LoRA says of its base (card, metadata, shapes), for the ingress's routing; or its error."""
-        try:
-            spec = spec_from_json(document)
-            resolver = self._engine.resolver
-            disk = self._engine.disk_cache
-            return await asyncio.to_thread(lambda: lora_origin(resolver, resolver.locate(spec), disk))
-        except SwitchboardError as e:
-            error = json_error(e)
-            return Answer(error.status_code, WIRE, bytes(error.body))
+    async def origin(self, spec: LoraSpec) -> LoraOrigin:
+        """What one LoRA says of its base (card, metadata, shapes), for the front end's routing."""
+        resolver = self._engine.resolver
+        disk = self._engine.disk_cache
+        return await asyncio.to_thread(lambda: lora_origin(resolver, resolver.locate(spec), disk))
 
     async def weights(self) -> tuple[str, str, tuple[str, ...]]:
         """(replica id, SHA-256 of every weight with the base restored, adapters cached): for the tests."""
@@ -220,16 +193,3 @@ def lease_keys(result: GenerateResult) -> tuple[AdapterKey, ...]:
     """The cache keys of the adapters a result used, made as the engine made them (`engine.prepare.keys`): what
     a replica's `AdapterPin` holds."""
     return tuple(adapter_key(use.ref, use.revision, use.weight_name) for use in result.adapters)
-
-
-def _plain(value: object) -> object:
-    """Dataclasses as JSON-ready dicts (asdict recurses into AdapterKey and ModelDefaults too)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _json(document: object) -> bytes:
-    return json.dumps(document).encode()

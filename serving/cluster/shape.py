@@ -62,7 +62,9 @@ def autoscaling_config(settings: Settings, pool: PoolSetting) -> dict[str, Any] 
         )
     return {
         "min_replicas": low,
-        "initial_replicas": low,
+        # One replica at deploy even for a pool that scales to zero: it describes the pool to the front end once
+        # (`ServeBackend.connect`), then leaves when idle; nothing wakes it later to learn what it serves.
+        "initial_replicas": max(low, 1),
         "max_replicas": settings.cluster_max_replicas,
         "target_ongoing_requests": settings.cluster_target_ongoing,
         "upscale_delay_s": UPSCALE_DELAY_S,

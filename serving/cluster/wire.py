@@ -1,4 +1,5 @@
-"""What travels between the Space (a front end), the cluster's ingress and its pool replicas, as JSON.
+"""What travels between a Space with `BACKEND_URL` (a front end) and the cluster's ingress, as JSON (the ingress
+and its replicas pass the engine's own values through Serve).
 
 A front end sends a whole `GenerateRequest` (more than the `lora` header can say) and gets the image back as
 lossless PNG with the rest of the `GenerateResult`. Errors travel as the inference API's JSON and become the
@@ -14,7 +15,7 @@ import base64
 import io
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, fields
 from typing import Annotated, Any, Literal, TypeVar
 
 from PIL import Image
@@ -33,8 +34,6 @@ from engine.requests import (
 )
 
 __all__ = [
-    "WIRE",
-    "Answer",
     "adapter_set_id",
     "check_from_json",
     "decode_png",
@@ -53,18 +52,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-# The answer form of the Space's `RemoteBackend` (`POST /v1/generate`): JSON with a PNG, rather than a media type.
-WIRE = "application/json"
-
-
-@dataclass(frozen=True)
-class Answer:
-    """An HTTP answer made on a replica (the image is encoded where it was made), passed on by the ingress."""
-
-    status: int
-    media_type: str
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
 
 
 def _number(value: object) -> object:
@@ -196,6 +183,7 @@ class _ResultJson(BaseModel):
     swapped: bool
     warnings: tuple[str, ...]
     model_id: str = ""
+    served_by: str = ""
 
 
 class _PoolsJson(BaseModel):
@@ -275,6 +263,7 @@ def result_to_json(result: GenerateResult) -> dict[str, Any]:
         "swapped": result.swapped,
         "warnings": list(result.warnings),
         "model_id": result.model_id,
+        "served_by": result.served_by,
     }
 
 
@@ -299,6 +288,7 @@ def result_from_json(document: Mapping[str, Any], png: bytes, more: Sequence[byt
         swapped=read.swapped,
         warnings=read.warnings,
         model_id=read.model_id,
+        served_by=read.served_by,
     )
 
 

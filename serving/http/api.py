@@ -68,9 +68,10 @@ _REF_SAFE = "/:@._-~"
 
 
 def result_headers(result: GenerateResult, position: int | None = None) -> dict[str, str]:
-    """The answer's `X-*` headers: the seed, each phase's seconds, whether each LoRA was cached, and the place
-    the request joined the queue at (when it went through this process's scheduler): how many requests went to
-    the GPU before it, the one running counted (0: straight to the GPU, 1: next); and the result's warnings."""
+    """The answer's `X-*` headers: the seed, each phase's seconds, whether each LoRA was cached, the cluster
+    replica that made it (on a cluster), and the place the request joined the queue at (when it went through this
+    process's scheduler): how many requests went to the GPU before it, the one running counted (0: straight to
+    the GPU, 1: next); and the result's warnings."""
     timings = result.timings
     place = {} if position is None else {"X-Queue-Position": str(position)}
     elsewhere = [f"{quote(a.ref, safe=_REF_SAFE)}={quote(a.trained_for)}" for a in result.adapters if a.trained_for]
@@ -78,10 +79,12 @@ def result_headers(result: GenerateResult, position: int | None = None) -> dict[
     # What ran otherwise than sent (a mask resized to its image, an input the model does not read): a JSON list
     # of strings, ASCII-escaped as a header must be.
     warned = {"X-Warnings": json.dumps(list(result.warnings))} if result.warnings else {}
+    replica = {"X-Replica": result.served_by} if result.served_by else {}
     return {
         **place,
         **trained,
         **warned,
+        **replica,
         "X-Seed": str(result.seed),
         "X-Timing": (
             f"resolve={timings.resolve:.3f};prepare={timings.prepare:.3f};apply={timings.apply:.3f};"

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 __all__ = ["PREFIX", "TRANSPORTS", "Metrics"]
 
 PREFIX = "switchboard"
-# Label values of `requests_total{transport}`: the HTTP endpoint, the UI's button, gradio_client's named API.
-TRANSPORTS = ("http", "ui", "gradio_api")
+# Label values of `requests_total{transport}`: the HTTP endpoint, the UI's button, gradio_client's named API, and a
+# cluster front end's `/v1/generate` (what a Space with BACKEND_URL sends it).
+TRANSPORTS = ("http", "ui", "gradio_api", "wire")
 TIERS: tuple[Tier, ...] = ("host", "device")
 # Seconds. Swaps are milliseconds (one addmm_ per layer); downloads and inference are seconds to minutes.
 _SWAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -1,110 +1,93 @@
 """The cluster's edges under failure, without Ray (issue 20, defects 8 and 9, and the lower-severity ones).
 
-The ingress is driven with in-process replicas, as `test_routing.py` does: malformed wire bodies, replicas that
-die (tried once more, then a 503), a UTF-8 `lora` header, a LoRA's origin kept for a while only, and a
-`BACKEND_URL` front end whose cancelled request closes its connection so the replica's request leaves the queue.
+The front end's routes over a `ServeBackend` are driven with stand-in handles, as `test_routing.py` does:
+malformed wire bodies, replicas that die (tried once more with the same seed, then a 503), a UTF-8 `lora`
+header, a LoRA's origin kept for a while only, a replica's error raised as the tree's own, and a `BACKEND_URL`
+front end whose cancelled request closes its connection so the replica's request leaves the queue.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
-import types
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from starlette.requests import Request
+from PIL import Image
 from starlette.testclient import TestClient
 
-from engine.errors import BackendUnavailableError, SettingsError
+from engine.errors import BackendUnavailableError, GatedLoraError, SettingsError
 from engine.families.origin import LoraOrigin
+from engine.normalise import normalise_request
 from engine.outcomes import ServedPool
 from engine.pools.routing import PoolInfo
-from engine.requests import GenerateRequest, ModelDefaults
+from engine.requests import GenerateRequest, GenerateResult, Limits, ModelDefaults, Timings
+from engine.settings import Settings
 from lora_catalog.entries import Family
 from serving.backends import blocking, submit_blocking
+from serving.backends import ray_serve as ray_serve_module
 from serving.backends.local import LocalBackend
+from serving.backends.ray_serve import ServeBackend
 from serving.backends.remote import RemoteBackend
-from serving.cluster import ingress as ingress_module
-from serving.cluster.ingress import Ingress
-from serving.cluster.replica import PoolReplica
-from serving.cluster.stats import SetBook
-from serving.cluster.wire import WIRE, Answer, pools_to_json
+from serving.cluster.wire import pools_to_json
 from tests.support.app_server import serve_asgi
 from tests.support.loras import SD15, SDXL
 from tests.support.reliability_app import hold_pipeline
+from tests.support.serve_handles import Method, ReplicaHandle, client, front_end, replica_of, stand_in_ray
 
 WAIT_S = 60
+SETTINGS = Settings()
+DEFAULTS = ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1536)
 
 
 class ReplicaDied(Exception):
     """Stands in for Ray's RayActorError / ReplicaUnavailableError (what `serving.cluster.app` hands the ingress)."""
 
 
-class Method:
-    """A handle's method: `.remote(...)` returns an awaitable, as Serve's DeploymentResponse is."""
+class TaskError(Exception):
+    """Stands in for Ray's RayTaskError: what a replica raised, kept as `cause`."""
 
-    def __init__(self, fn) -> None:
-        self._fn = fn
-        self.calls: list[tuple] = []
-
-    def remote(self, *args):
-        self.calls.append(args)
-        return self._fn(*args)
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"the replica raised {cause!r}")
+        self.cause = cause
 
 
 class Handle:
-    """A deployment handle over in-process functions; `failures` calls of each method die first."""
+    """A deployment handle over in-process stand-ins: `generate` answers a blank image for the request sent."""
 
-    def __init__(self, name: str, failures: int = 0) -> None:
-        self.name = name
-        self.failures = failures
-        self.generate = Method(self._generate)
-        self.describe = Method(self._describe)
-        self.info = Method(self._info)
-        self.origin = Method(self._origin)
+    def __init__(self, base: str, family: Family = Family.SDXL) -> None:
+        self.base = base
+        self.family = family
+        died = lambda: ReplicaDied(f"the replica of {base} died")  # noqa: E731
+        self.generate = Method(self._generate, died)
+        self.describe = Method(self._describe, died)
+        self.status = Method(self._never, died)
+        self.check = Method(self._never, died)
+        self.origin = Method(self._never, died)
 
     def options(self, **kwargs: object) -> Handle:
         return self
 
-    async def _die(self) -> None:
-        if self.failures > 0:
-            self.failures -= 1
-            raise ReplicaDied(f"the replica of {self.name} died")
+    async def _generate(self, request: GenerateRequest) -> GenerateResult:
+        checked = normalise_request(request, DEFAULTS, Limits(4, 150, 4000))
+        return GenerateResult(Image.new("RGB", (8, 8)), checked.seed, checked, Timings(), served_by=self.base)
 
-    async def _generate(self, document: dict, media_type: str) -> Answer:
-        await self._die()
-        return Answer(200, WIRE, json.dumps({"pool": self.name, "request": document}).encode())
+    async def _describe(self) -> tuple[ServedPool, PoolInfo]:
+        info = PoolInfo(self.base, self.family, frozenset({2048}), frozenset({768, 1280}))
+        return ServedPool(self.base, self.base, str(self.family), DEFAULTS, False), info
 
-    async def _describe(self, what: str, document: dict) -> Answer:
-        await self._die()
-        return Answer(200, WIRE, json.dumps({"pool": self.name, "what": what}).encode())
-
-    async def _info(self):
-        await self._die()
-        raise AssertionError("routing is not needed here")
-
-    async def _origin(self, document: dict):
-        await self._die()
-        raise AssertionError("routing is not needed here")
+    async def _never(self, *args: object) -> object:
+        raise AssertionError("not called here")
 
 
-def client_of(ingress: Ingress) -> TestClient:
-    async def app(scope, receive, send) -> None:
-        response = await ingress(Request(scope, receive))
-        await response(scope, receive, send)
-
-    return TestClient(app)
-
-
-def single(failures: int = 0) -> tuple[TestClient, Handle]:
-    handle = Handle("sdxl", failures)
-    return client_of(Ingress([("m-sdxl", SDXL, handle)], retry_on=(ReplicaDied,))), handle
+def single(failures: int = 0, method: str = "generate") -> tuple[TestClient, Handle]:
+    handle = Handle(SDXL)
+    app, _ = front_end([handle], SETTINGS, retry_on=(ReplicaDied,))
+    getattr(handle, method).failures = failures
+    return next(client(app)), handle
 
 
-# -- defect 8: the ingress's edges -------------------------------------------------------------------------------
+# -- defect 8: the front end's edges -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -118,12 +101,20 @@ def test_a_malformed_wire_body_is_a_400(document):
     assert handle.generate.calls == []
 
 
+def test_a_bad_request_is_refused_without_a_replica():
+    client, handle = single()
+    answer = client.post("/", json={"inputs": "a fox", "parameters": {"num_inference_steps": 9999}})
+    assert answer.status_code == 400 and "steps=9999" in answer.json()["error"]
+    assert handle.generate.calls == []
+
+
 def test_a_replica_that_dies_is_tried_once_more_with_the_same_seed():
     client, handle = single(failures=1)
     answer = client.post("/v1/generate", json={"prompt": "a fox"})
     assert answer.status_code == 200
     first, second = (call[0] for call in handle.generate.calls)
-    assert first == second and first["seed"] is not None
+    assert first == second and first.seed is not None
+    assert answer.json()["result"]["seed"] == first.seed
 
 
 @pytest.mark.parametrize(
@@ -131,49 +122,66 @@ def test_a_replica_that_dies_is_tried_once_more_with_the_same_seed():
     [
         ("generate", lambda c: c.post("/v1/generate", json={"prompt": "a fox"})),
         ("generate", lambda c: c.post("/", json={"inputs": "a fox"})),
-        ("describe", lambda c: c.get("/v1/pools")),
-        ("describe", lambda c: c.get("/v1/status")),
-        ("describe", lambda c: c.post("/v1/check", json={"ref": "o/a"})),
+        ("status", lambda c: c.get("/v1/status")),
+        ("check", lambda c: c.post("/v1/check", json={"ref": "o/a"})),
     ],
 )
 def test_replicas_that_die_twice_are_a_503_on_every_call(method, call):
-    client, handle = single(failures=10)
+    client, handle = single(failures=10, method=method)
     answer = call(client)
     assert answer.status_code == 503, answer.text
     assert answer.json()["error_type"] == "BackendUnavailableError"
     assert len(getattr(handle, method).calls) == 2
 
 
+def test_a_pool_that_cannot_describe_itself_stops_the_front_end_saying_so():
+    handle = Handle(SDXL)
+    handle.describe.failures = 10
+    with pytest.raises(BackendUnavailableError, match="2 replicas of pool 0 failed"):
+        blocking(ServeBackend.connect([handle], SETTINGS, retry_on=(ReplicaDied,)))
+
+
+def test_a_replicas_error_is_raised_as_the_trees_own_class():
+    handle = Handle(SDXL)
+    gated = GatedLoraError("LoRA 'o/a' is gated")
+
+    async def refuse(request: GenerateRequest) -> GenerateResult:
+        raise TaskError(gated)
+
+    handle.generate = Method(refuse)
+    app, backend = front_end([handle], SETTINGS, retry_on=(ReplicaDied,))
+    with pytest.raises(GatedLoraError) as raised:
+        blocking(backend.generate(GenerateRequest(prompt="a fox")))
+    assert raised.value is gated
+    answer = next(client(app)).post("/", json={"inputs": "a fox"})
+    assert (answer.status_code, answer.json()) == (403, {"error": str(gated), "error_type": "GatedLoraError"})
+
+
 def test_the_lora_header_is_read_as_utf8():
-    client, _ = single()
+    client, handle = single()
     name = "local:étoile ✨.safetensors"
     answer = client.post("/", json={"inputs": "a fox"}, headers={"lora": name.encode()})  # UTF-8 bytes, as curl
     assert answer.status_code == 200
-    assert answer.json()["request"]["loras"][0]["ref"] == name
+    assert handle.generate.calls[0][0].loras[0].ref == name
 
 
 def test_a_loras_origin_is_asked_again_after_its_ttl(monkeypatch):
-    # Two pools, so the ingress asks the default pool's replica what a LoRA's base is.
-    monkeypatch.setattr(ingress_module, "_ORIGIN_TTL_S", 0.2)
-    sdxl, sd15 = Handle("sdxl"), Handle("sd15")
+    # Two pools, so the front end asks the default pool's replica what a LoRA's base is.
+    monkeypatch.setattr(ray_serve_module, "_ORIGIN_TTL_S", 0.2)
+    sdxl, sd15 = Handle(SDXL), Handle(SD15, Family.SD15)
 
-    async def info_sdxl() -> PoolInfo:
-        return PoolInfo(SDXL, Family.SDXL, frozenset({2048}), frozenset({768, 1280}))
-
-    async def info_sd15() -> PoolInfo:
-        return PoolInfo(SD15, Family.SD15, frozenset({768}), frozenset({768}))
-
-    async def origin(document: dict) -> LoraOrigin:
+    async def origin(spec: object) -> LoraOrigin:
         return LoraOrigin(bases=(SD15,), families=(Family.SD15,), how="card")
 
-    sdxl.info, sd15.info, sdxl.origin = Method(info_sdxl), Method(info_sd15), Method(origin)
-    client = client_of(Ingress([("m-sdxl", SDXL, sdxl), ("m-sd15", SD15, sd15)], retry_on=(ReplicaDied,)))
+    sdxl.origin = Method(origin)
+    app, _ = front_end([sdxl, sd15], SETTINGS, retry_on=(ReplicaDied,))
+    made = next(client(app))
     for _ in range(2):
-        answer = client.post("/", json={"inputs": "a fox"}, headers={"lora": "o/a"})
-        assert answer.status_code == 200 and answer.json()["pool"] == "sd15"
+        answer = made.post("/", json={"inputs": "a fox"}, headers={"lora": "o/a"})
+        assert answer.status_code == 200 and answer.headers["x-replica"] == SD15
     assert len(sdxl.origin.calls) == 1
     time.sleep(0.3)
-    assert client.post("/", json={"inputs": "a fox"}, headers={"lora": "o/a"}).status_code == 200
+    assert made.post("/", json={"inputs": "a fox"}, headers={"lora": "o/a"}).status_code == 200
     assert len(sdxl.origin.calls) == 2
 
 
@@ -181,38 +189,10 @@ def test_a_loras_origin_is_asked_again_after_its_ttl(monkeypatch):
 
 
 @pytest.fixture
-def fake_ray(monkeypatch) -> None:
-    """`PoolReplica.generate` asks Serve for the request's multiplexed id: none here (no Ray installed)."""
-    serve = types.SimpleNamespace(get_multiplexed_model_id=lambda: "")
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(serve=serve))
-    monkeypatch.setitem(sys.modules, "ray.serve", serve)
-
-
-class ReplicaHandle:
-    """A handle over a real `PoolReplica` (its engine, its LocalBackend), as Serve would call it."""
-
-    def __init__(self, replica: PoolReplica) -> None:
-        self.generate = Method(replica.generate)
-        self.describe = Method(replica.describe)
-        self.info = Method(replica.info)
-        self.origin = Method(replica.origin)
-
-    def options(self, **kwargs: object) -> ReplicaHandle:
-        return self
-
-
-@pytest.fixture
-def cluster(make_engine, fake_ray) -> Iterator[tuple[str, object, object]]:
+def cluster(make_engine, base_settings, monkeypatch) -> Iterator[tuple[str, object, object]]:
+    stand_in_ray(monkeypatch)
     engine = make_engine()
-    replica = object.__new__(PoolReplica)
-    replica._engine, replica._backend, replica._replica = engine, LocalBackend.of(engine), "replica-1"
-    replica._book = SetBook()  # what its generate reports to the router
-    ingress = Ingress([("m", SDXL, ReplicaHandle(replica))])
-
-    async def app(scope, receive, send) -> None:
-        response = await ingress(Request(scope, receive))
-        await response(scope, receive, send)
-
+    app, _ = front_end([ReplicaHandle(replica_of(engine))], base_settings)
     with serve_asgi(app) as (url, server):
         yield url.rstrip("/"), engine, server
 

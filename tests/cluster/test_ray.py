@@ -1,8 +1,8 @@
 """The Ray Serve cluster (serving/cluster/app.py) on a local Ray instance: two CPU replicas of the tiny pipeline.
 
-Its answers are compared with the single-process app's (`serving.http.api` over the same tiny pipeline,
-as tests/serving/test_http_api.py serves it): same status, same headers, the same bytes for errors and the
-same image within 2 levels per channel. Bit-exact claims stay within one process: torch's float sums depend on
+Its front end is the Space's own app over a `ServeBackend`, so its `POST /`, Gradio API and metrics are compared
+with the single-process app's over the same tiny pipeline: same status, same headers, the same bytes for errors
+and the same image within 2 levels per channel. Bit-exact claims stay within one process: torch's float sums depend on
 its thread count, so the replicas run on this process's (`CLUSTER_CPU_THREADS`; Ray would give them one), and
 images are compared as decoded pixels, not bytes. Marked `ray` (a cluster takes a minute or more to start on two
 shared cores):
@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -34,8 +35,8 @@ from engine.requests import GenerateRequest, LoraSpec
 from serving.cluster.app import build_app, deployment_name, local_cluster
 from serving.cluster.replica import weights_digest
 from serving.cluster.shape import ROUTER_CLASS, router_kwargs
-from serving.cluster.wire import adapter_set_id, request_to_json
-from tests.support.app_server import free_port, serve_routes
+from serving.cluster.wire import adapter_set_id
+from tests.support.app_server import free_port, serve_fixture_app, serve_routes
 from tests.support.checks import backend_of, generate
 from tests.support.images import assert_images_close
 
@@ -81,6 +82,7 @@ def cluster_settings(base_settings):
         # difference of 1e-6 into pixels 3 levels apart.
         cluster_cpu_threads=torch.get_num_threads(),
         cluster_stats_period_s=0.5,
+        metrics=True,
     )
 
 
@@ -155,6 +157,44 @@ def test_the_http_contract_answers_like_the_single_process_app(cluster, single, 
     assert_same_answer(named, post(single, body(seed=5), lora=fixtures["peft"]), "named base")
 
 
+def test_the_gradio_api_and_metrics_answer_as_one_process_does(cluster, cluster_settings, loaded, hub, fixtures):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from tests.support.reliability_app import CLIENT_GENERATE
+
+    good = CLIENT_GENERATE | {"lora": fixtures["peft"]}
+    bad = CLIENT_GENERATE | {"steps": 9999}
+    with serve_fixture_app(loaded, cluster_settings, hub, fixtures, metrics=True) as app:
+        answers = {}
+        for url in (app.url, cluster):
+            client = Client(url, verbose=False)
+            image, info = client.predict(**good, api_name="/generate")
+            with pytest.raises(AppError) as refused:
+                client.predict(**bad, api_name="/generate")
+            scrape = httpx.get(url.rstrip("/") + "/metrics", timeout=TIMEOUT).text
+            answers[url] = (image, info, str(refused.value), scrape)
+    (image, info, refused, scrape), (got_image, got_info, got_refused, got_scrape) = answers.values()
+    assert_images_close(Path(got_image).read_bytes(), Path(image).read_bytes(), "gradio_client /generate")
+    # The same LoRA file at the same scale (a replica may hold it cached from an earlier test: `cache` differs).
+    files = [{k: v for k, v in use.items() if k != "cache"} for use in (*got_info["loras"], *info["loras"])]
+    assert got_info["seed"] == info["seed"] and files[: len(files) // 2] == files[len(files) // 2 :]
+    assert got_refused == refused and "steps=9999" in refused
+
+    def families(text: str) -> set[str]:
+        return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+
+    def counted(text: str) -> list[str]:
+        return sorted(
+            line
+            for line in text.splitlines()
+            if line.startswith("switchboard_requests_total{") and 'transport="gradio_api"' in line
+        )
+
+    assert families(got_scrape) == families(scrape)
+    assert counted(got_scrape) == counted(scrape) and len(counted(scrape)) == 2  # one 200, one 400
+
+
 def test_a_repeated_adapter_lands_on_the_replica_that_holds_it(cluster, fixtures):
     homes: dict[str, str] = {}
     for round_ in range(3):
@@ -216,13 +256,12 @@ def test_the_router_is_a_setting_and_both_policies_run_on_one_cluster(cluster, c
         }
         assert routers == {APP: ROUTER_CLASS, "multiplexed": DEFAULT_REQUEST_ROUTER_PATH}
         request = GenerateRequest(prompt="a fox", loras=(LoraSpec(fixtures["peft"]),), seed=5, steps=2)
-        answers = []
+        results = []
         for app in (APP, "multiplexed"):
             handle = serve.get_deployment_handle(pool_deployment(cluster_settings), app_name=app)
             call = handle.options(multiplexed_model_id=adapter_set_id(request)).generate
-            answers.append(call.remote(request_to_json(request), "image/png").result(timeout_s=300))
-        assert [a.status for a in answers] == [200, 200]
-        assert_images_close(answers[0].body, answers[1].body, "one request under each router")
+            results.append(call.remote(request).result(timeout_s=300))
+        assert_images_close(results[0].image, results[1].image, "one request under each router")
     finally:
         serve.delete("multiplexed")
 
@@ -320,7 +359,7 @@ def test_a_replica_killed_mid_run_is_replaced_and_no_request_is_lost(cluster, cl
         expected = post(single, content, **({"lora": lora} if lora else {}))
         assert answers[i].status_code == 200, answers[i].text[:300]
         assert_same_answer(answers[i], expected, i)
-    # The long request was answered by another replica: the ingress sent it again after its replica died.
+    # The long request was answered by another replica: the front end sent it again after its replica died.
     assert answers[0].headers["x-replica"] != home
     deadline = time.monotonic() + 300
     while running_replicas(cluster_settings) < 2 and time.monotonic() < deadline:
