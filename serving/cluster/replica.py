@@ -35,6 +35,7 @@ from engine.requests import LOCAL_PREFIX, AdapterUse, GenerateResult
 from engine.settings import Settings
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
+from serving.cluster.standin import install_standin_gpu
 from serving.cluster.stats import SetBook
 from serving.cluster.wire import WIRE, Answer, encode_png, request_from_json, result_to_json, spec_from_json
 from serving.errors import json_error
@@ -100,6 +101,9 @@ class PoolReplica:
             timeout_s=settings.hub_timeout_s,
             civitai=civitai_files(settings),
         )
+        if settings.cluster_standin_gpu_s:
+            # For measuring the cluster on shared CPUs as one GPU per replica (bench.fleet --real).
+            install_standin_gpu(loaded.pipe, settings.cluster_standin_gpu_s)
         self._engine = Engine(loaded, settings, resolver)
         self._recipes = settings.recipes
         self._backend = LocalBackend.of(self._engine)
