@@ -69,3 +69,36 @@ def test_an_engine_runs_one_wait_at_a_time(own_loaded, base_settings, hub) -> No
     assert waits == [_WAIT_S] * 3  # every request's images came from the stand-in...
     assert most[0] == 1  # ...one at a time, as on one GPU
     assert all(r.timings.inference >= _WAIT_S for r in results)
+
+
+@pytest.mark.ray
+def test_a_replica_waiting_on_the_standin_gpu_uses_no_cpu(base_settings, fixtures) -> None:
+    """A replica's process, measured from outside: its CPU time across a request is a small part of the wait."""
+    pytest.importorskip("ray.serve")
+    import httpx
+    import psutil
+
+    from serving.cluster.app import local_cluster
+    from tests.support.app_server import free_port
+
+    wait = 4.0
+    settings = base_settings.replace(
+        cluster_replicas=1, cluster_gpus_per_replica=0.0, cluster_cpu_threads=1, cluster_standin_gpu_s=wait
+    )
+    body = {"inputs": "a lighthouse", "parameters": {"num_inference_steps": 2, "seed": 3}}
+    with local_cluster(settings, port=free_port(), name="standin") as url:
+        assert httpx.post(url, json=body, timeout=300).status_code == 200  # the first request warms the path
+        # Ray titles each replica's process `ray::ServeReplica:<app>:<deployment>`; the pool's is the one not the
+        # ingress.
+        (replica,) = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if any("ServeReplica:standin:pool" in part for part in p.info["cmdline"] or ())
+        ]
+        before = replica.cpu_times()
+        answer = httpx.post(url, json=body, timeout=300)
+        after = replica.cpu_times()
+    timing = dict(part.split("=") for part in answer.headers["x-timing"].split(";"))
+    assert answer.status_code == 200 and float(timing["inference"]) >= wait
+    cpu = (after.user + after.system) - (before.user + before.system)
+    assert cpu < 0.25 * wait  # the whole request, wait included, kept the replica on a core for under a quarter of it
