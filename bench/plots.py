@@ -160,8 +160,8 @@ def fleet_real_plot(results: Results, path: Path) -> Path:
     # Older runs' files have no `gpu_s`: their inference ran on the CPU.
     inference = f"stand-in GPU, {options['gpu_s']:g} s" if options.get("gpu_s") else "CPU inference"
     latency.set_title(
-        f"Real Ray Serve cluster: {options['adapters']} LoRAs on {options['replicas']} replicas "
-        f"x {options['capacity']} sets (tiny pipeline, {inference})"
+        f"Ray Serve: {options['adapters']} LoRAs, {options['replicas']} replicas x {options['capacity']} sets, "
+        f"tiny pipeline, {inference}"
     )
     latency.grid(True, which="both", alpha=0.3)
     latency.legend(fontsize="x-small", ncol=2)
