@@ -14,11 +14,16 @@ policy's at its highest rate and the gap compares a measured Ray Serve run (--va
 model on the same scenario. It then prices the best policy's rate: dollars per 1,000 images on A10G, L40S
 and H100 (bench/fleet_cost.py: list prices and inference times with their sources).
 
-`--real` runs our router and Ray Serve's multiplexed one on a real local cluster of CPU replicas of the tiny
-pipeline instead (about an hour), with the model beside each run (bench/fleet_real.py); its last line is `fleet_real:
-replicas=<R> adapters=<N> ours_rate=<req/s> ray_rate=<req/s> ratio=<ours/ray> hit_ours=<h> hit_ray=<h>
-sim_gap_ours=<gap> sim_gap_ray=<gap>`: the rates held at the scaled p95 target, the open-loop hit rates, and the
-mean gap between measured and simulated hit rates over each router's runs.
+`--real` runs our router and Ray Serve's multiplexed one on a real local cluster of replicas of the tiny pipeline
+instead (about half an hour), with the model beside each run (bench/fleet_real.py). Its inference is a stand-in:
+each replica's pipeline call waits the model's inference time, scaled, holding its slot and no core, because the
+model assumes one GPU per replica and replicas sharing a machine's cores slow each other (`--real-cpu-inference`
+runs it on the CPU instead, for contrast); everything else is real. Its last line is `fleet_real: replicas=<R>
+adapters=<N> ours_rate=<req/s> ray_rate=<req/s> ratio=<ours/ray> hit_ours=<h> hit_ray=<h> sim_gap_ours=<gap>
+sim_gap_ray=<gap> p95_gap_ours=<gap> p95_gap_ray=<gap>`: the rates held at the scaled p95 target, the open-loop
+hit rates, the mean gap between measured and simulated hit rates over each router's runs, and the mean relative
+gap between the measured p95 at a rate and the model's at that rate (over the rates where the model's p95 is
+within twice the target).
 """
 
 from __future__ import annotations
@@ -117,6 +122,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--real-warmup", type=int, default=real.warmup, help=f"--real: warm-up requests (default {real.warmup})")
     add("--real-requests", type=int, default=real.requests, help=f"--real: measured requests (default {real.requests})")
     add("--real-steps", type=int, default=real.steps, help=f"--real: denoising steps (default {real.steps})")
+    add("--real-gpu-s", type=float, default=real.gpu_s, help=f"--real: stand-in GPU's wait (default {real.gpu_s} s)")
+    add("--real-cpu-inference", action="store_true", help="--real: real CPU inference instead of the stand-in GPU")
     add(
         "--real-fractions",
         type=_fractions,
@@ -127,7 +134,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("adapters", "replicas", "capacity", "requests", "real_replicas", "real_adapters", "real_capacity"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)} is too small; accepted: 1 or more")
-    for name in ("inference_s", "bandwidth_mbs", "swap_ms", "target_p95"):
+    for name in ("inference_s", "bandwidth_mbs", "swap_ms", "target_p95", "real_gpu_s"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)} is not positive; accepted: > 0")
     if args.warmup < 0 or args.disk_gb < 0 or args.zipf < 0:
@@ -262,6 +269,7 @@ def run_real(args: argparse.Namespace) -> dict[str, object]:
         steps=args.real_steps,
         fractions=args.real_fractions,
         seed=args.seed,
+        gpu_s=0.0 if args.real_cpu_inference else args.real_gpu_s,
     )
     root = Path(tempfile.mkdtemp(prefix="fleet-real-"))
     try:
@@ -278,13 +286,15 @@ def run_real(args: argparse.Namespace) -> dict[str, object]:
             f"  {name:<16} {summary['rate_at_target']:.3f} req/s ({summary['found']}; the model "
             f"{summary['model_rate_at_target']:.3f}), hit rate "
             f"{summary['hit_rate']:.3f}, model gaps {[round(g, 3) for g in summary['sim_gaps']]}, "
-            f"p95 measured/model {[round(r, 2) for r in summary['p95_measured_over_model']]}"
+            f"p95 measured/model {[round(r, 2) for r in summary['p95_measured_over_model']]} "
+            f"(gap {summary['p95_gap']:.3f})"
         )
     line = (
         f"fleet_real: replicas={options.replicas} adapters={options.adapters} "
         f"ours_rate={ours['rate_at_target']:.3f} ray_rate={ray['rate_at_target']:.3f} "
         f"ratio={'na' if ratio is None else f'{ratio:.2f}'} hit_ours={ours['hit_rate']:.3f} "
-        f"hit_ray={ray['hit_rate']:.3f} sim_gap_ours={ours['sim_gap']:.3f} sim_gap_ray={ray['sim_gap']:.3f}"
+        f"hit_ray={ray['hit_rate']:.3f} sim_gap_ours={ours['sim_gap']:.3f} sim_gap_ray={ray['sim_gap']:.3f} "
+        f"p95_gap_ours={ours['p95_gap']:.3f} p95_gap_ray={ray['p95_gap']:.3f}"
     )
     results = {**results, "ratio": ratio, "final_line": line}
     _say(f"the whole run took {results['wall_s']:.0f} s")

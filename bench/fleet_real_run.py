@@ -6,6 +6,7 @@ a request stream from closed-loop clients and then, for an open-loop run, at Poi
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -75,6 +76,8 @@ class Cluster:
             cluster_cpu_threads=1,
             cluster_stats_period_s=0.5,
             cluster_own_hub_cache=True,
+            # Inference as one GPU per replica would run it: a wait holding the slot and no core (0: on the CPU).
+            cluster_standin_gpu_s=self.options.gpu_s,
             # The fleet model's replica: one preparation at a time, requests in order.
             prepare_workers=1,
             affinity_max_skip=0,
@@ -155,12 +158,13 @@ def measure(options: RealOptions, root: Path, hub_port: int, say) -> dict[str, o
     from serving.cluster.app import local_serve
     from tests.support.app_server import free_port
 
-    began = time.perf_counter()
+    began, load_start = time.perf_counter(), os.getloadavg()[0]
     cluster = Cluster(options, root, hub_port)
     runs: list[RealRun] = []
     try:
         with local_serve(port=free_port(), num_cpus=2) as url:
-            say(f"cluster up in {time.perf_counter() - began:.0f} s; calibrating on {options.adapters} LoRAs")
+            inference = f"a stand-in GPU's {options.gpu_s} s wait" if options.gpu_s else "CPU inference"
+            say(f"cluster up in {time.perf_counter() - began:.0f} s; {options.replicas} replicas, {inference}")
             calibration = _calibrate(cluster, url)
             service_s = calibration["service_s"]
             k = service_s / _SDXL_INFERENCE_S
@@ -185,13 +189,16 @@ def measure(options: RealOptions, root: Path, hub_port: int, say) -> dict[str, o
         cluster.close()
     measured = _measured_costs(runs, costs, calibration["overhead_s"])
     results = _compare(options, runs, measured, target, k, time.perf_counter() - began, say)
-    return {**results, "calibration": calibration}
+    # The machine's load over the run (1-minute averages at its start and end): others' work shares its cores.
+    load = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+    say(f"load average: {load[0]} at the start, {load[1]} at the end ({os.cpu_count()} cores)")
+    return {**results, "calibration": calibration, "load_average": load, "cores": os.cpu_count()}
 
 
 def _calibrate(cluster: Cluster, url: str) -> dict[str, float]:
-    """The tiny model's service time, what 8.5 s stands for: no download delays yet, one client per replica
-    (the replicas share this machine's cores, so a replica's inference is slower while the others run, as it
-    will be under load), 12 LoRAs (misses: their preparation and swap), then the same 12 three times (hits:
+    """A hit's service time, what 8.5 s stands for: no download delays yet, one client per replica (with CPU
+    inference the replicas share this machine's cores, so a replica's inference is slower while the others run,
+    as it will be under load), 12 LoRAs (misses: their preparation and swap), then the same 12 three times (hits:
     inference and swap on the replica, plus the overhead outside it: HTTP, the ingress, Serve's routing)."""
     replicas = cluster.options.replicas
     samples = cluster.run(url, "ours", [*range(12)] * 4, None, clients=replicas)

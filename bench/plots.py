@@ -157,9 +157,11 @@ def fleet_real_plot(results: Results, path: Path) -> Path:
     latency.set_yscale("log")
     latency.set_xlabel("arrival rate (requests/s); star: the rate held at the target, interpolated")
     latency.set_ylabel("p95 latency (s, log scale)")
+    # Older runs' files have no `gpu_s`: their inference ran on the CPU.
+    inference = f"stand-in GPU, {options['gpu_s']:g} s" if options.get("gpu_s") else "CPU inference"
     latency.set_title(
-        f"Real Ray Serve cluster: {options['adapters']} LoRAs on {options['replicas']} CPU replicas "
-        f"x {options['capacity']} sets (tiny pipeline)"
+        f"Ray Serve: {options['adapters']} LoRAs, {options['replicas']} replicas x {options['capacity']} sets, "
+        f"tiny pipeline, {inference}"
     )
     latency.grid(True, which="both", alpha=0.3)
     latency.legend(fontsize="x-small", ncol=2)

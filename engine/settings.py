@@ -184,6 +184,9 @@ class Settings(BaseModel):
     # Each replica downloads into its own Hub-cache folder, as replicas on separate machines would (for measuring
     # a cluster on one machine: bench.fleet --real); off, replicas on one node share its Hub cache.
     cluster_own_hub_cache: Annotated[_Bool, Env("CLUSTER_OWN_HUB_CACHE")] = False
+    # Seconds each replica's pipeline call waits instead of denoising (serving/cluster/standin.py), for measuring
+    # the cluster on shared CPUs as the fleet model's one GPU per replica (bench.fleet --real); 0: real inference.
+    cluster_standin_gpu_s: Annotated[float, Field(ge=0.0, le=3600.0), Env("CLUSTER_STANDIN_GPU_S")] = 0.0
     # Gradio's own variables, read here so nothing else reads the environment; a Space sets both.
     server_name: Annotated[str, Env("GRADIO_SERVER_NAME")] = "0.0.0.0"
     server_port: Annotated[int, Field(ge=1, le=65535), Env("GRADIO_SERVER_PORT")] = 7860

@@ -38,6 +38,7 @@ from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from engine.settings import Settings
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
+from serving.cluster.standin import install_standin_gpu
 from serving.cluster.stats import SetBook
 
 __all__ = ["AdapterPin", "PoolReplica", "lease_keys", "weights_digest"]
@@ -99,6 +100,9 @@ class PoolReplica:
             timeout_s=settings.hub_timeout_s,
             civitai=civitai_files(settings),
         )
+        if settings.cluster_standin_gpu_s:
+            # For measuring the cluster on shared CPUs as one GPU per replica (bench.fleet --real).
+            install_standin_gpu(loaded.pipe, settings.cluster_standin_gpu_s)
         self._engine = Engine(loaded, settings, resolver)
         self._backend = LocalBackend.of(self._engine)
         # What this replica holds, loads, has on disk and measured: its routing stats for our router.

@@ -57,6 +57,11 @@ def test_each_run_is_set_beside_the_model_and_drawn(tmp_path):
         assert summary["hit_rate"] == pytest.approx(0.425 if router == "ours" else 0.40)
         assert len(summary["sim_gaps"]) == 3 and summary["sim_gap"] == pytest.approx(sum(summary["sim_gaps"]) / 3)
         assert all(math.isfinite(r) for r in summary["p95_measured_over_model"])
+        # p95_gap: |measured / model - 1| at each rate, averaged where the model's p95 is within twice the target.
+        assert summary["p95_gaps"] == pytest.approx([abs(r - 1) for r in summary["p95_measured_over_model"]])
+        models = [r["simulated"]["p95_s"] for r in results["runs"] if r["measured"]["router"] == router][1:]
+        near = [gap for gap, model in zip(summary["p95_gaps"], models, strict=True) if model <= 1.4]
+        assert near and summary["p95_gap"] == pytest.approx(sum(near) / len(near))
         assert [row["policy"] for row in summary["model_curve"]] == [POLICY_OF[router]] * 7
     (json_path, png) = plots.save_with_plots(results, tmp_path, "fleet-real")
     assert json.loads(json_path.read_text())["benchmark"] == "fleet_real" and is_png(png)

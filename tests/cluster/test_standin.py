@@ -1,0 +1,104 @@
+"""The stand-in GPU of `bench.fleet --real` (serving/cluster/standin.py): its wait holds no core, and a replica's
+engine runs no second image while one waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from engine.requests import GenerateRequest
+from serving.cluster.standin import install_standin_gpu
+from tests.support.checks import generate
+
+_WAIT_S = 0.4
+
+
+@pytest.fixture
+def own_loaded(base_settings):
+    """A pipeline of this test's own: the stand-in changes its class, which the session's shared one must keep."""
+    from engine.pipeline.loading import load_pipeline
+
+    return load_pipeline(base_settings)
+
+
+def test_the_wait_uses_no_cpu(own_loaded) -> None:
+    pipe = own_loaded.pipe
+    # The contrast: the real call of the same pipeline keeps this thread on a core.
+    cpu = time.thread_time()
+    pipe(prompt="a lighthouse", num_inference_steps=2, width=64, height=64)
+    real_cpu = time.thread_time() - cpu
+    install_standin_gpu(pipe, _WAIT_S)
+    cpu, wall = time.thread_time(), time.perf_counter()
+    output = pipe(prompt="a lighthouse", num_inference_steps=2, width=64, height=64)
+    waited_cpu, waited = time.thread_time() - cpu, time.perf_counter() - wall
+    assert waited >= _WAIT_S  # it did wait (sleep's guarantee), and for that time held this thread's core...
+    assert waited_cpu < 0.05 * _WAIT_S < real_cpu  # ...for under a twentieth of it (the real call: all of it)
+    assert [image.size for image in output.images] == [(64, 64)]
+
+
+def test_an_engine_runs_one_wait_at_a_time(own_loaded, base_settings, hub) -> None:
+    from engine.pools.engine import Engine
+    from engine.prepare.resolve import AdapterResolver
+    from lora_catalog.hub import HubSource
+
+    guard, running, most, waits = threading.Lock(), [0], [0], []
+
+    def wait(seconds: float) -> None:
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        waits.append(seconds)
+        time.sleep(seconds)
+        with guard:
+            running[0] -= 1
+
+    install_standin_gpu(own_loaded.pipe, _WAIT_S, wait=wait)
+    resolver = AdapterResolver(
+        HubSource(endpoint=hub.url), local_dir=base_settings.local_lora_dir, token=None, max_bytes=2**30
+    )
+    engine = Engine(own_loaded, base_settings, resolver)
+    try:
+        request = GenerateRequest(prompt="a lighthouse", steps=2, width=64, height=64, seed=1)
+        with ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(lambda _: generate(engine, request), range(3)))
+    finally:
+        engine.close()
+    assert waits == [_WAIT_S] * 3  # every request's images came from the stand-in...
+    assert most[0] == 1  # ...one at a time, as on one GPU
+    assert all(r.timings.inference >= _WAIT_S for r in results)
+
+
+@pytest.mark.ray
+def test_a_replica_waiting_on_the_standin_gpu_uses_no_cpu(base_settings, fixtures) -> None:
+    """A replica's process, measured from outside: its CPU time across a request is a small part of the wait."""
+    pytest.importorskip("ray.serve")
+    import httpx
+    import psutil
+
+    from serving.cluster.app import local_cluster
+    from tests.support.app_server import free_port
+
+    wait = 4.0
+    settings = base_settings.replace(
+        cluster_replicas=1, cluster_gpus_per_replica=0.0, cluster_cpu_threads=1, cluster_standin_gpu_s=wait
+    )
+    body = {"inputs": "a lighthouse", "parameters": {"num_inference_steps": 2, "seed": 3}}
+    with local_cluster(settings, port=free_port(), name="standin") as url:
+        assert httpx.post(url, json=body, timeout=300).status_code == 200  # the first request warms the path
+        # Ray titles each replica's process `ray::ServeReplica:<app>:<deployment>`; the pool's is the one not the
+        # ingress.
+        (replica,) = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if any("ServeReplica:standin:pool" in part for part in p.info["cmdline"] or ())
+        ]
+        before = replica.cpu_times()
+        answer = httpx.post(url, json=body, timeout=300)
+        after = replica.cpu_times()
+    timing = dict(part.split("=") for part in answer.headers["x-timing"].split(";"))
+    assert answer.status_code == 200 and float(timing["inference"]) >= wait
+    cpu = (after.user + after.system) - (before.user + before.system)
+    assert cpu < 0.25 * wait  # the whole request, wait included, kept the replica on a core for under a quarter of it
