@@ -63,7 +63,8 @@ def mode_pipeline(pipe: Pipeline, request: CheckedRequest, family: FamilySpec) -
     """The pipeline `request` runs on: the pool's own for its own mode, else the mode's class over its
     components (see the module docstring)."""
     cls = mode_class(family, request.mode)
-    if cls is None or cls is type(pipe):
+    # The pool's own pipeline is an instance of its class or of a subclass (the cluster's stand-in GPU's).
+    if cls is None or isinstance(pipe, cls):
         return pipe
     expected, optional = _signature_keys(cls)
     components = {name: module for name, module in pipe.components.items() if name in expected}
