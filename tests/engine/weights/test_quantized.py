@@ -18,7 +18,8 @@ from diffusers import FluxPipeline
 from safetensors.torch import save_file
 
 from engine.errors import LimitExceededError, UnsupportedLoraVariantError
-from engine.pipeline.loading import load_pipeline
+from engine.pipeline.compiled import dynamo_compiles
+from engine.pipeline.loading import load_pipeline, warm_up
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import FLUX_MODEL_ID
 from engine.weights.quantized import BranchedLinear, stored_bytes
@@ -174,3 +175,36 @@ def test_the_stored_weights_are_byte_identical_after_swaps_and_failures(engine, 
     assert generate(engine, request(steps=1)).image.tobytes() == base
     branches = [m for m in transformer.modules() if isinstance(m, BranchedLinear)]
     assert all(m.branch_rank == 0 and not m.lora_scales.any() and not m.lora_up.any() for m in branches)
+
+
+@pytest.fixture(scope="module")
+def compiled_fp8(settings):
+    """A quantized pipeline of its own compiled for one size with dynamo's `aot_eager` (as tests/engine/pipeline/
+    test_compiled.py compiles the SDXL one)."""
+    compiled_settings = settings.replace(compile="default")
+    loaded = warm_up(
+        load_pipeline(compiled_settings, warm=False), compiled_settings, backend="aot_eager", sizes=[(64, 64)]
+    )
+    yield loaded
+    assert loaded.compiled is not None
+    loaded.compiled.remove()
+
+
+def test_branch_swaps_recompile_nothing_and_equal_eager(compiled_fp8, settings, loras, engine):
+    compiled = compiled_fp8.compiled
+    assert compiled is not None and compiled.shapes == 1
+    names = [case.file_name for case in CASES]
+    sets = [
+        (names[i % len(names)],) if i % 3 else (names[i % len(names)], names[(i + 1) % len(names)]) for i in range(8)
+    ]
+    requests = [
+        request(*(LoraSpec(f"local:{n}", scale=0.6 + 0.1 * i) for n in refs), steps=2) for i, refs in enumerate(sets)
+    ]
+    with local_engine(compiled_fp8, settings.replace(compile="default"), loras) as compiled_engine:
+        before = dynamo_compiles()
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            results = [generate(compiled_engine, r) for r in (*requests, request(steps=2))]
+    assert dynamo_compiles() == before and compiled.recompiles == 0 and compiled.eager_calls == 0
+    assert all(r.swapped for r in results)
+    for one, result in zip((*requests, request(steps=2)), results, strict=True):
+        assert_images_close(result, generate(engine, one), one)
