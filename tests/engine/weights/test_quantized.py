@@ -20,6 +20,8 @@ from safetensors.torch import save_file
 from engine.errors import LimitExceededError, UnsupportedLoraVariantError
 from engine.pipeline.compiled import dynamo_compiles
 from engine.pipeline.loading import load_pipeline, warm_up
+from engine.pools.plan import pipeline_modules
+from engine.pools.residency import Residency, module_bytes
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import FLUX_MODEL_ID
 from engine.weights.quantized import BranchedLinear, stored_bytes
@@ -208,3 +210,28 @@ def test_branch_swaps_recompile_nothing_and_equal_eager(compiled_fp8, settings, 
     assert all(r.swapped for r in results)
     for one, result in zip((*requests, request(steps=2)), results, strict=True):
         assert_images_close(result, generate(engine, one), one)
+
+
+def test_a_quantized_pool_moved_out_and_back_serves_the_same_bytes_and_keeps_its_stored_weights(fp8_flux, engine):
+    """The residency moves a pool through one flat buffer (`engine.pools.flat`): the fp8 weights, their scales and
+    the branch buffers move with it, and a swap after the move writes the buffers the model reads."""
+    served = request(LoraSpec("local:flux_kohya.safetensors", scale=0.7), steps=1)
+    other = request(LoraSpec("local:flux_comfy.safetensors"), steps=1)
+    expected = [generate(engine, r).image for r in (served, other, served)]
+    before = stored_bytes(fp8_flux.pipe.transformer)
+    residency = Residency(torch.device("cpu"), module_bytes(pipeline_modules(fp8_flux)))
+    residency.add("fp8", pipeline_modules(fp8_flux), before_leaving=engine.prepare_to_leave_device)
+    residency.add("other", [torch.nn.Linear(64, 64)], before_leaving=lambda: None)
+    first = fp8_flux.pipe.transformer.x_embedder.weight
+    pointers, got = {first.data_ptr()}, []
+    for one in (served, other, served):
+        with residency.use("other"):
+            pass
+        with residency.use("fp8") as moved_s:
+            assert moved_s > 0
+            pointers.add(first.data_ptr())
+            got.append(generate(engine, one).image)
+    assert len(pointers) > 1 and first.dtype == torch.float8_e4m3fn
+    for image, reference in zip(got, expected, strict=True):
+        assert_images_close(image, reference)  # other storage after a move: within 2 levels, not bit for bit
+    assert stored_bytes(fp8_flux.pipe.transformer) == before
