@@ -34,12 +34,12 @@ from bench.measure import Clock, cpu_description
 from bench.sdxl_unet import build_sdxl_unet
 from engine.pipeline.compiled import compile_denoiser
 
-__all__ = ["main", "measure"]
+__all__ = ["main", "measure", "step_inputs"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def _inputs(config: dict[str, Any], side: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def step_inputs(config: dict[str, Any], side: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """One guided step's inputs (batch 2: the prompt and the negative), as SDXL's pipeline builds them."""
     generator = torch.Generator().manual_seed(0)
     latent = side // 8
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     unet = build_sdxl_unet(dtype=dtype, device=device, config=config)
-    inputs = _inputs(dict(unet.config), args.side, device, dtype)
+    inputs = step_inputs(dict(unet.config), args.side, device, dtype)
     rows = []
     for mode in modes:
         rows.append(measure(unet, inputs, mode, args.repeats))

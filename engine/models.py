@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from engine.errors import SettingsError
 from engine.families.registry import SERVED_FAMILIES, served_labels
@@ -29,6 +30,7 @@ __all__ = [
     "TINY_ZIMAGE_MODEL_ID",
     "ZIMAGE_MODEL_ID",
     "PoolSetting",
+    "Quantize",
     "parse_models",
 ]
 
@@ -41,10 +43,13 @@ TINY_SD15_MODEL_ID = sd15.TINY_ID
 TINY_FLUX_MODEL_ID = flux.TINY_ID
 TINY_ZIMAGE_MODEL_ID = zimage.TINY_ID
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+# QUANTIZE's values (engine.settings), which a MODELS item may also name for its own pool.
+Quantize = Literal["off", "fp8", "auto"]
 _MODELS_FORM = (
-    "a comma-separated list of MODEL or MODEL=BASE, where MODEL is a Hub repo id, a local diffusers folder "
-    f"or {' / '.join(TINY_MODEL_IDS)}, and BASE the {served_labels()} base repo id its LoRAs are checked "
-    f"against (needed for a local folder), e.g. {DEFAULT_MODEL_ID},{SD15_MODEL_ID}"
+    "a comma-separated list of MODEL or MODEL=BASE, each optionally followed by :off, :fp8 or :auto (that pool's "
+    f"QUANTIZE), where MODEL is a Hub repo id, a local diffusers folder or {' / '.join(TINY_MODEL_IDS)}, and BASE "
+    f"the {served_labels()} base repo id its LoRAs are checked against (needed for a local folder), e.g. "
+    f"{FLUX_MODEL_ID}:fp8,{DEFAULT_MODEL_ID}"
 )
 
 
@@ -54,6 +59,8 @@ class PoolSetting:
 
     model_id: str
     base_model_id: str
+    # This pool's QUANTIZE (`MODEL:fp8`); None: the QUANTIZE setting's.
+    quantize: Quantize | None = None
 
     @property
     def is_tiny(self) -> bool:
@@ -69,6 +76,7 @@ def parse_models(raw: str) -> tuple[PoolSetting, ...]:
     for item in items:
         if not item:
             raise SettingsError(f"MODELS={raw!r} has an empty item; accepted: {_MODELS_FORM}")
+        item, quantize = _quantize_suffix(item)
         model, sep, base = (part.strip() for part in item.partition("="))
         if not model or (sep and not base) or "=" in base:
             raise SettingsError(f"MODELS item {item!r} is malformed; accepted: {_MODELS_FORM}")
@@ -85,8 +93,20 @@ def parse_models(raw: str) -> tuple[PoolSetting, ...]:
             )
         if any(p.model_id == model for p in pools):
             raise SettingsError(f"MODELS={raw!r} lists {model!r} twice; accepted: each model once")
-        pools.append(PoolSetting(model, base))
+        pools.append(PoolSetting(model, base, quantize))
     return tuple(pools)
+
+
+def _quantize_suffix(item: str) -> tuple[str, Quantize | None]:
+    """`MODEL[=BASE]:fp8` as the item without its suffix and the pool's QUANTIZE (a Hub id holds no colon)."""
+    rest, colon, suffix = item.rpartition(":")
+    if not colon:
+        return item, None
+    for choice in get_args(Quantize):
+        if suffix.strip().lower() == choice:
+            return rest.strip(), choice
+    accepted = ", ".join(get_args(Quantize))
+    raise SettingsError(f"MODELS item {item!r}: QUANTIZE {suffix.strip()!r} is not accepted; accepted: {accepted}")
 
 
 def _default_base(model: str, item: str) -> str:

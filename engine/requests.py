@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
+from engine.images import InputImage
 from engine.request_schema import RequestField, request_field
 from engine.samplers import SchedulerOptions, menu, sampler_label
 from lora_catalog import refs
@@ -26,9 +27,11 @@ __all__ = [
     "GenerateRequest",
     "GenerateResult",
     "GuidanceKind",
+    "InputImage",
     "Limits",
     "LoraSpec",
     "ModelDefaults",
+    "RequestMode",
     "Suggested",
     "Timings",
     "fields_of",
@@ -61,7 +64,11 @@ class LoraSpec:
 _INTEGER, _NUMBER, _TEXT = "an integer", "a number", "a string"
 _SAMPLER = "a string: a sampler name such as 'DPM++ 2M Karras' or a diffusers scheduler class"
 _OPTIONS = 'an object of scheduler options, e.g. {"use_karras_sigmas": true, "timestep_spacing": "trailing"}'
+_IMAGE = "a PNG, JPEG or WebP image"
+_STRENGTH = "a number from 0 to 1"
 _F = RequestField
+# Which of a pool's pipelines a request runs on (`GenerateRequest.mode`).
+RequestMode = Literal["text-to-image", "image-to-image", "inpainting"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,27 @@ class GenerateRequest:
     # Whether the LoRAs' recommended settings (a speed LoRA's, a card's) fill what the client left unset; the
     # UI's switch. Off: the pool's defaults.
     lora_defaults: bool = request_field(True, _F("switch", "true or false", "the LoRAs' recommended settings"))
+    # The image to start from (`engine.images.InputImage`: RGB pixels, frozen, compared by value): with it the
+    # request is image-to-image (or an editing pool's instruction); the output is its size rounded to the pool's
+    # side multiple, or `width` x `height` when set (the image resized to that first). None: text-to-image.
+    image: InputImage | None = request_field(None, _F("image", _IMAGE, "the image to start from", gradio=("image",)))
+    # An inpainting mask (an `InputImage` in `L`): white is repainted, black kept; resized to the image's size
+    # (with a warning) when it differs. Needs `image`.
+    mask_image: InputImage | None = request_field(
+        None, _F("image", _IMAGE, "the inpainting mask (white repainted)", http="mask_image", gradio=("mask",))
+    )
+    # How much of the image is re-noised (0: kept, 1: all); runs int(steps * strength) steps, as diffusers does.
+    # None: the pool's default for the mode (`ModelDefaults.strength`, `.inpaint_strength`).
+    strength: float | None = request_field(
+        None, _F("number", _STRENGTH, "how much of the image is re-noised", 0, 1, http="strength", gradio=("strength",))
+    )
+
+    @property
+    def mode(self) -> RequestMode:
+        """What the request asks for: text-to-image, image-to-image, or inpainting (an image and a mask)."""
+        if self.image is None:
+            return "text-to-image"
+        return "image-to-image" if self.mask_image is None else "inpainting"
 
 
 def fields_of(cls: type[GenerateRequest] = GenerateRequest) -> tuple[RequestField, ...]:
@@ -171,7 +199,11 @@ TINY_MAX_SIDE = 128
 class ModelDefaults:
     """The served model's request defaults, the (width, height) presets the UI offers (its family's), its
     scheduler class, the scheduler classes a request may name, the largest `clip_skip` (0: none taken), and which
-    inputs it reads: how it reads `guidance` (`GuidanceKind`) and whether it reads the negative prompt."""
+    inputs it reads: how it reads `guidance` (`GuidanceKind`) and whether it reads the negative prompt.
+
+    `strength` and `inpaint_strength`: the default strength of its image-to-image and inpainting pipelines
+    (diffusers' own defaults for those classes); None where the pool has no such pipeline. `needs_image`: an
+    instruction-editing pool (FLUX.1 Kontext), which takes no request without an image."""
 
     steps: int
     guidance: float
@@ -184,6 +216,9 @@ class ModelDefaults:
     guidance_kind: GuidanceKind = "cfg"
     negative_prompt: bool = True
     side_multiple: int = 8
+    strength: float | None = None
+    inpaint_strength: float | None = None
+    needs_image: bool = False
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples

@@ -31,6 +31,7 @@ from engine.models import (
     TINY_MODEL_IDS,
     TINY_SD15_MODEL_ID,
     PoolSetting,
+    Quantize,
     parse_models,
 )
 
@@ -93,7 +94,7 @@ class Settings(BaseModel):
     # Weight storage of each pool's denoiser: `fp8` (e4m3, per-row scales, bf16 compute; LoRAs run as low-rank
     # branches beside it, never fused) for every pool, `off` for none, `auto` only where the memory plan needs it
     # to fit (engine.pools.plan).
-    quantize: Annotated[Literal["off", "fp8", "auto"], BeforeValidator(sv.lower), Env("QUANTIZE")] = "auto"
+    quantize: Annotated[Quantize, BeforeValidator(sv.lower), Env("QUANTIZE")] = "auto"
     # The rank a quantized pool's LoRA branch buffers are sized to, zero-padded (diffusers hotswap's
     # `target_rank`); a LoRA over it is refused there. Memory: docs/configuration.md, QUANTIZE.
     lora_max_rank: Annotated[int, Field(ge=1, le=1024), Env("LORA_MAX_RANK")] = 128
@@ -231,8 +232,10 @@ class Settings(BaseModel):
         return self.pools or (PoolSetting(self.model_id, self.base_model_id),)
 
     def for_pool(self, pool: PoolSetting) -> Settings:
-        """These settings for one pool: its model and base in `model_id` / `base_model_id` (`pools` kept)."""
-        return self.replace(model_id=pool.model_id, base_model_id=pool.base_model_id)
+        """These settings for one pool: its model and base in `model_id` / `base_model_id`, its own QUANTIZE where
+        its MODELS item names one (`pools` kept)."""
+        quantize = pool.quantize or self.quantize
+        return self.replace(model_id=pool.model_id, base_model_id=pool.base_model_id, quantize=quantize)
 
     @property
     def log_level_number(self) -> int:

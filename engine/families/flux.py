@@ -33,6 +33,7 @@ from engine.families.spec import (
 )
 from engine.families.tiny import text_config, tiny_t5_tokenizer, tiny_tokenizer, tiny_vae
 from engine.requests import CheckedRequest
+from engine.storage import LinearSizes
 from families.flux import IDENTITY
 
 __all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "linear1_widths"]
@@ -86,6 +87,11 @@ MEMORY = MemorySpec(
     host_components=("text_encoder_2",),
     # Each double block's AdaLayerNormZero projection, 3072 to 6 x 3072.
     largest_values=56_623_104,
+    # fp8 storage (engine.storage): its Linears' weight values, output rows and in + out widths, LoRA branches on
+    # every Linear of the transformer (BFL's blocks, embedders and final layer).
+    linears=LinearSizes(11_898_322_944, 3_065_920, 5_421_440),
+    # CLIP-L's MLP.
+    largest_encoder_values=2_359_296,
 )
 # diffusers 0.42's kohya converter splits `linear1` into q, k, v and the MLP's input at these widths.
 REAL_LINEAR1 = (3072, 3072, 3072, 12288)

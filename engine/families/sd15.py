@@ -11,6 +11,7 @@ from diffusers import StableDiffusionPipeline
 
 from engine.families import stable_diffusion as sd
 from engine.families.spec import FamilySpec, MemorySpec, RunDefaults, fixed_defaults
+from engine.storage import LinearSizes
 from families.sd15 import IDENTITY
 
 __all__ = ["FAMILY", "build_tiny_pipeline"]
@@ -23,6 +24,11 @@ SIZE_BUCKETS = ((512, 512), (576, 448), (448, 576), (608, 416), (416, 608), (672
 MEMORY = MemorySpec(
     values=(("unet", 859_520_964), ("text_encoder", 123_060_557), ("vae", sd.VAE_VALUES)),
     largest_values=sd.LARGEST_VALUES,
+    # fp8 storage (engine.storage): its Linears' weight values, output rows and in + out widths, LoRA branches on
+    # every Linear of the UNet (its convolutions stay bf16).
+    linears=LinearSizes(270_049_280, 234_880, 426_496),
+    # CLIP-L's MLP.
+    largest_encoder_values=2_359_296,
 )
 
 

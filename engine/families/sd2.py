@@ -12,6 +12,7 @@ from diffusers import StableDiffusionPipeline
 
 from engine.families import stable_diffusion as sd
 from engine.families.spec import FamilySpec, MemorySpec, RunDefaults, fixed_defaults
+from engine.storage import LinearSizes
 from families.sd2 import IDENTITY
 
 __all__ = ["FAMILY", "build_tiny_pipeline"]
@@ -24,6 +25,11 @@ SIZE_BUCKETS = ((768, 768), (864, 672), (672, 864), (912, 624), (624, 912), (100
 MEMORY = MemorySpec(
     values=(("unet", 865_910_724), ("text_encoder", 340_387_917), ("vae", sd.VAE_VALUES)),
     largest_values=sd.LARGEST_VALUES,
+    # fp8 storage (engine.storage): its Linears' weight values, output rows and in + out widths, LoRA branches on
+    # every Linear of the UNet (its convolutions stay bf16).
+    linears=LinearSizes(301_219_840, 259_840, 484_608),
+    # OpenCLIP-H's MLP.
+    largest_encoder_values=4_194_304,
 )
 
 

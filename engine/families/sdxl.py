@@ -26,6 +26,7 @@ from engine.families.spec import (
     fixed_defaults,
 )
 from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
+from engine.storage import LinearSizes
 from families.sdxl import IDENTITY
 
 __all__ = ["FAMILY", "build_tiny_pipeline", "max_clip_skip"]
@@ -55,6 +56,11 @@ MEMORY = MemorySpec(
     ),
     # The up blocks' 3x3 convolutions from 2560 to 1280 channels.
     largest_values=29_491_200,
+    # fp8 storage (engine.storage): its Linears' weight values, output rows and in + out widths, LoRA branches on
+    # every Linear of the UNet (its convolutions stay bf16).
+    linears=LinearSizes(2_232_647_680, 1_455_040, 2_706_176),
+    # CLIP-G's MLP.
+    largest_encoder_values=6_553_600,
     float32_in_fp16=("vae",),
 )
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.requests import CheckedRequest, GuidanceKind
+from engine.storage import LinearSizes
 from families import Family, FamilyIdentity
 
 __all__ = [
@@ -128,7 +129,11 @@ class MemorySpec:
     sizes (activations, the VAE's decode); the plan keeps the largest of its pools' free. `largest_values`: the
     values of the largest Linear/Conv2d weight a LoRA may touch, which sizes the swap's float32 scratch buffers.
     `float32_in_fp16`: components loading keeps in float32 when the pool runs in float16 (SDXL's `force_upcast`
-    VAE: `engine.pipeline.loading`), counted at 4 bytes a value.
+    VAE: `engine.pipeline.loading`), counted at 4 bytes a value. `linears`: the reference denoiser's Linears as fp8
+    storage sizes them (`engine.storage`; None: its fp8 size is known once loaded); `branch_modules`: the pattern
+    (`re.search`) of the denoiser's Linear names LoRAs may target, which get LoRA branches on a quantized pool
+    (None: every Linear). `largest_encoder_values`: `largest_values` over the components besides the denoiser (the
+    swap's scratch on a quantized pool, whose LoRAs fuse into the text encoders only).
     """
 
     values: tuple[tuple[str, int], ...] = ()
@@ -137,6 +142,9 @@ class MemorySpec:
     working_bytes: int = 4 * 2**30
     largest_values: int = 0
     float32_in_fp16: tuple[str, ...] = ()
+    linears: LinearSizes | None = None
+    branch_modules: str | None = None
+    largest_encoder_values: int = 0
 
     def values_of(self, components: tuple[str, ...]) -> int:
         """The values of `components` (those the spec names)."""

@@ -33,6 +33,7 @@ from engine.families.spec import (
 )
 from engine.families.tiny import byte_level_vocabulary, tiny_vae
 from engine.requests import CheckedRequest
+from engine.storage import LinearSizes
 from families.zimage import IDENTITY
 
 __all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "tiny_qwen_tokenizer"]
@@ -50,6 +51,9 @@ MEMORY = MemorySpec(
     ),
     host_components=("text_encoder",),
     largest_values=39_321_600,
+    # fp8 storage (engine.storage): its Linears' weight values, output rows and in + out widths, LoRA branches on
+    # every Linear of the transformer.
+    linears=LinearSizes(6_153_863_168, 1_853_504, 3_001_216),
 )
 # The attention inputs a LoRA's down factor shows the hidden width on (q/k/v alone or fused).
 _HIDDEN_INPUT = re.compile(r"attention[._](to[._]?[qkv]|qkv)[._]")

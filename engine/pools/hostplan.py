@@ -70,10 +70,10 @@ def fit_host(
         left = options.host_ram - sum(fixed)
         if options.pristine_bytes is not None:
             left -= sum(wanted)
-            if left < 0:
-                return None
-        elif sum(wanted) > left:
-            granted = [w * max(left, 0) // sum(wanted) // _STEP * _STEP for w in wanted]
+        if left < 0:  # (also where no pool wants copies there: quantized pools with nothing else touchable)
+            return None
+        if options.pristine_bytes is None and sum(wanted) > left:
+            granted = [w * left // sum(wanted) // _STEP * _STEP for w in wanted]
             if any(g < min(w, _MIN_PRISTINE) for g, w in zip(granted, wanted, strict=True)):
                 return None
     return tuple(

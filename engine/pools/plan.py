@@ -3,8 +3,10 @@ again after.
 
 The plan takes the first that fits: all resident with pristine copies; copies on the device where they fit
 (`PRISTINE_STORE=auto`); taking turns (`POOL_OFFLOAD=on`); then with the components a family may run from host
-RAM left there; host RAM within `HOST_RAM_BYTES`. A plan that cannot fit is refused, before loading when the
-families declare their sizes, naming what would fit. No plan where the device has no bound (CPU, ZeroGPU).
+RAM left there; host RAM within `HOST_RAM_BYTES`. Each denoiser is stored as `QUANTIZE` says: `auto` tries all
+of that in native storage first, then quantizes (fp8, `engine.storage`) one pool more at a time, the largest
+denoiser first, until the pools fit. A plan that cannot fit is refused, before loading when the families declare
+their sizes, naming what would fit. No plan where the device has no bound (CPU, ZeroGPU).
 What counts against the device: docs/internals.md, "engine/pools/plan.py".
 """
 
@@ -13,19 +15,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
-from torch import nn
 
 from engine.errors import SettingsError
-from engine.families.registry import family_spec
-from engine.families.spec import MemorySpec
 from engine.hostmem import default_host_budget, host_ram
-from engine.pipeline.loading import LoadedPipeline, resolve_dtype
-from engine.pools.flat import module_bytes
 from engine.pools.hostplan import MIN_CACHE, fit_host, host_need, host_refusal
+from engine.pools.needs import (
+    PoolNeed,
+    declared_needs,
+    largest_values,
+    loaded_need,
+    pipeline_modules,
+    scratch_bytes,
+)
 from engine.settings import Settings
+from engine.storage import Storage
 
 __all__ = [
     "GPUS",
@@ -35,9 +40,11 @@ __all__ = [
     "PoolNeed",
     "declared_needs",
     "device_memory",
+    "largest_values",
     "loaded_need",
     "pipeline_modules",
     "plan_memory",
+    "scratch_bytes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,22 +60,6 @@ GPUS: tuple[tuple[str, int], ...] = (
 # Declared, not measured here (no GPU was lent): torch's CUDA context with CUDA 12's lazy module loading and
 # cuBLAS's workspaces, reported at 300-800 MiB on recent GPUs; `bench/gpu_check.sh` is where to measure it.
 CUDA_CONTEXT_BYTES = 768 * 2**20
-# The swap's float32 scratch slots (engine.formats.layers.Scratch), each as large as the largest touched weight.
-_SCRATCH_SLOTS = 5
-
-
-@dataclass(frozen=True)
-class PoolNeed:
-    """What one pool would hold on the device: all its weights, those a LoRA may touch, and those its family may
-    leave in host RAM (by component); and what its inference needs free beside them."""
-
-    name: str
-    weights: int
-    touchable: int
-    host_able: tuple[tuple[str, int], ...] = ()
-    working: int = MemorySpec().working_bytes
-    # The swap's float32 scratch buffers on the device while the pool is there.
-    scratch: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,6 +75,17 @@ class PlanOptions:
     host_cache: int = 0
     # COMPILE=reduce-overhead: each pool's CUDA graphs keep a memory pool of their own.
     graphs: bool = False
+    # QUANTIZE (off, fp8, auto) for every pool, and the pools that are told otherwise: (pool name, value).
+    quantize: str = "auto"
+    pool_quantize: tuple[tuple[str, str], ...] = ()
+
+    def quantize_of(self, name: str) -> str:
+        return dict(self.pool_quantize).get(name, self.quantize)
+
+    def keeping(self, plan: MemoryPlan) -> PlanOptions:
+        """These options with each pool's storage fixed as `plan` chose it (the plan again, once loaded)."""
+        fixed = tuple((p.name, "fp8" if p.storage == "fp8" else "off") for p in plan.placements)
+        return replace(self, pool_quantize=fixed)
 
     @classmethod
     def of(cls, settings: Settings) -> PlanOptions:
@@ -96,6 +98,8 @@ class PlanOptions:
             host_ram=host,
             host_cache=settings.host_cache_bytes,
             graphs=settings.compile == "reduce-overhead",
+            quantize=settings.quantize,
+            pool_quantize=tuple((p.base_model_id, p.quantize) for p in settings.pool_settings if p.quantize),
         )
 
 
@@ -103,7 +107,7 @@ class PlanOptions:
 class Placement:
     """One pool in a plan: the weights it keeps on the device, what its pristine copies may take there (0: in host
     RAM), the components left in host RAM, its scratch buffers on the device; what it holds in host RAM and its
-    pristine copies' budget there."""
+    pristine copies' budget there; its denoiser's weight storage (`native`, or `fp8` with LoRA branches)."""
 
     name: str
     weights: int
@@ -112,6 +116,7 @@ class Placement:
     scratch: int = 0
     host_bytes: int = 0
     host_pristine: int = 0
+    storage: Storage = "native"
 
     @property
     def nbytes(self) -> int:
@@ -136,9 +141,15 @@ class MemoryPlan:
     smaller_pristine: int | None = None
     # What the plan may place in host RAM (None: no bound).
     host_budget: int | None = None
+    # The pools QUANTIZE=auto stores in fp8, because the pools fit no other way.
+    auto_quantized: tuple[str, ...] = ()
 
     def placement(self, name: str) -> Placement:
         return next(p for p in self.placements if p.name == name)
+
+    def storage(self, name: str) -> Storage:
+        """Pool `name`'s denoiser storage: `native`, or `fp8` (quantized, LoRAs as branches beside it)."""
+        return self.placement(name).storage
 
     def host_components(self, name: str) -> tuple[str, ...]:
         """The components pool `name` must keep (and run) in host RAM: its loading is told so."""
@@ -147,11 +158,9 @@ class MemoryPlan:
     def describe(self) -> str:
         pools = "; ".join(
             f"{p.name} {_gib(p.weights)}"
-            + (
-                f" + {_gib(p.pristine)} pristine copies"
-                if p.pristine
-                else f" (pristine copies in host RAM, up to {_gib(p.host_pristine)})"
-            )
+            + (" (denoiser in fp8 with LoRA branches)" if p.storage == "fp8" else "")
+            + (f" + {_gib(p.pristine)} pristine copies" if p.pristine else "")
+            + (f" (pristine copies in host RAM, up to {_gib(p.host_pristine)})" if p.host_pristine else "")
             + (f", {' and '.join(p.host_components)} in host RAM" if p.host_components else "")
             for p in self.placements
         )
@@ -163,7 +172,12 @@ class MemoryPlan:
             else ""
         )
         host = "" if self.host_budget is None else f"; host RAM {_gib(self.host_bytes)} of {_gib(self.host_budget)}"
-        return f"{_gib(self.room)} of {_gib(self.total)} for pipelines, {mode}: {pools}{hint}{host}"
+        auto = (
+            f"; QUANTIZE=auto stores {' and '.join(self.auto_quantized)} in fp8, the only way the pools fit"
+            if self.auto_quantized
+            else ""
+        )
+        return f"{_gib(self.room)} of {_gib(self.total)} for pipelines, {mode}: {pools}{hint}{host}{auto}"
 
     @property
     def host_bytes(self) -> int:
@@ -178,67 +192,44 @@ def device_memory(device: torch.device, *, per_call: bool) -> int | None:
     return int(torch.cuda.get_device_properties(device).total_memory)
 
 
-def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
-    """The pipeline's modules that hold weights and live on the device (what moves between it and host RAM)."""
-    return [
-        m for c, m in loaded.pipe.components.items() if isinstance(m, nn.Module) and c not in loaded.host_components
-    ]
-
-
-def scratch_bytes(largest_values: int) -> int:
-    """The swap's float32 scratch buffers for a pool whose largest touchable weight has `largest_values` values."""
-    return _SCRATCH_SLOTS * 4 * largest_values
-
-
-def largest_values(modules: list[nn.Module]) -> int:
-    """The values of the largest Linear/Conv2d weight of `modules` (what a LoRA may touch)."""
-    sizes = [m.weight.numel() for module in modules for m in module.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
-    return max(sizes, default=0)
-
-
-def loaded_need(loaded: LoadedPipeline) -> PoolNeed:
-    """A loaded pipeline's need, measured (without the components already left in host RAM)."""
-    family, pipe = loaded.family, loaded.pipe
-    touched = [getattr(pipe, c) for c in family.components if c not in loaded.host_components]
-    touchable = module_bytes(touched)
-    movable = [c for c in family.memory.host_components if c not in loaded.host_components]
-    host_able = tuple((c, module_bytes([getattr(pipe, c)])) for c in movable)
-    weights = module_bytes(pipeline_modules(loaded))
-    scratch = scratch_bytes(largest_values(touched))
-    return PoolNeed(loaded.base_model_id, weights, touchable, host_able, family.memory.working_bytes, scratch)
-
-
-def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, ...] | None:
-    """Each pool's need from its family's declared sizes, before loading; None when a pool's are unknown (a tiny
-    pipeline, a local folder, or a family that declares none)."""
-    needs = []
-    for pool in settings.pool_settings:
-        family = family_spec(pool.base_model_id, setting="BASE_MODEL_ID")
-        memory = family.memory
-        # Each family's own half precision under DTYPE=auto (FLUX.1: bfloat16), as load_pipeline loads it.
-        dtype = resolve_dtype(settings.dtype, device, family.half_dtype)
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        # A local folder may hold anything (a tiny pipeline, a pruned one): it is judged once loaded.
-        if settings.for_pool(pool).loads_tiny or Path(pool.model_id).exists() or not memory.values:
-            return None
-        host_able = tuple((c, memory.values_of((c,)) * itemsize) for c in memory.host_components)
-        weights, touchable = memory.total_values * itemsize, memory.values_of(family.components) * itemsize
-        if dtype == torch.float16:
-            weights += memory.values_of(memory.float32_in_fp16) * (4 - itemsize)
-        scratch = scratch_bytes(memory.largest_values)
-        needs.append(PoolNeed(pool.base_model_id, weights, touchable, host_able, memory.working_bytes, scratch))
-    return tuple(needs)
-
-
 def plan_memory(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> MemoryPlan:
     """The first plan that fits `total` bytes of device memory; SettingsError says what would fit otherwise."""
-    plan = _first_fit(needs, total, options)
-    if plan is None:
+    chosen = _select(needs, total, options)
+    if chosen is None:
         raise SettingsError(_refusal(needs, total, options))
-    ideal = plan.resident and all(p.pristine and not p.host_components for p in plan.placements)
+    plan, stored = chosen
+    auto = tuple(n.name for n in stored if n.storage == "fp8" and options.quantize_of(n.name) == "auto")
+    plan = replace(plan, auto_quantized=auto)
+    # A pool with nothing touchable (a quantized denoiser, no text encoder LoRAs) has no copies to place.
+    placed = zip(stored, plan.placements, strict=True)
+    ideal = plan.resident and all((p.pristine or not n.touchable) and not p.host_components for n, p in placed)
     if ideal or options.pristine_store == "cpu":
         return plan
-    return replace(plan, smaller_pristine=_smaller_pristine(needs, total, options))
+    return replace(plan, smaller_pristine=_smaller_pristine(stored, total, options))
+
+
+def _storages(needs: Sequence[PoolNeed], options: PlanOptions) -> Iterator[tuple[PoolNeed, ...]]:
+    """The pools with their denoisers' storage, in the order the plan tries them: as QUANTIZE fixes them (native
+    under `auto`); then under `auto` one more pool in fp8 at a time, the one it saves most on first (the largest
+    denoiser), where it saves anything."""
+    modes = [options.quantize_of(n.name) for n in needs]
+    chosen = [n.fp8 if m == "fp8" and n.fp8 is not None else n for n, m in zip(needs, modes, strict=True)]
+    yield tuple(chosen)
+    auto = [i for i, (n, m) in enumerate(zip(needs, modes, strict=True)) if m == "auto" and n.fp8_saves > 0]
+    for index in sorted(auto, key=lambda i: needs[i].fp8_saves, reverse=True):
+        chosen[index] = needs[index].fp8 or needs[index]
+        yield tuple(chosen)
+
+
+def _select(
+    needs: Sequence[PoolNeed], total: int, options: PlanOptions
+) -> tuple[MemoryPlan, tuple[PoolNeed, ...]] | None:
+    """The first plan that fits, over the storages QUANTIZE allows, and the needs in the storage it chose."""
+    for stored in _storages(needs, options):
+        plan = _first_fit(stored, total, options)
+        if plan is not None:
+            return plan, stored
+    return None
 
 
 def _smaller_pristine(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> int | None:
@@ -311,32 +302,39 @@ def _place(need: PoolNeed, pristine_bytes: int | None, *, pristine: bool, host: 
     left = need.host_able if host else ()
     weights = need.weights - sum(n for _, n in left)
     allowance = _allowance(need, pristine_bytes) if pristine else 0
-    return Placement(need.name, weights, allowance, tuple(c for c, _ in left), need.scratch)
+    return Placement(need.name, weights, allowance, tuple(c for c, _ in left), need.scratch, storage=need.storage)
 
 
 def _refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> str:
-    device_only = _first_fit(needs, total, replace(options, host_ram=None))
+    device_only = _select(needs, total, replace(options, host_ram=None))
     if device_only is not None:
+        plan, stored = device_only
         held = [
-            host_need(n, p, resident=device_only.resident, options=options)
-            for n, p in zip(needs, device_only.placements, strict=True)
+            host_need(n, p, resident=plan.resident, options=options)
+            for n, p in zip(stored, plan.placements, strict=True)
         ]
         return host_refusal(needs, held, options, fits=lambda some, changed: _fits(some, total, changed))
+    # The pools as stored at the last try (under QUANTIZE=auto, every pool it may quantize in fp8).
+    *_, shown = _storages(needs, options)
     own = ", ".join(
-        f"{n.name} {_gib(n.weights)} (its pristine copies up to {_gib(_allowance(n, options.pristine_bytes))})"
-        for n in needs
+        f"{n.name} {_gib(n.weights)}"
+        + (" (denoiser in fp8)" if n.storage == "fp8" else "")
+        + (f" (its pristine copies up to {_gib(_allowance(n, options.pristine_bytes))})" if n.touchable else "")
+        for n in shown
     )
+    quantize = ", ".join(sorted({options.quantize_of(n.name) for n in needs}))
     head = (
         f"the pools do not fit this GPU's {_gib(total)}, of which {_gib(_working(needs, options))} is kept for "
         "inference (the CUDA context, one pool's working memory and any CUDA graphs) and "
         f"{_gib(options.adapter_cache)} per pool for adapters (DEVICE_CACHE_BYTES): {own}, with "
-        f"POOL_OFFLOAD={'on' if options.offload else 'off'} and PRISTINE_STORE={options.pristine_store}"
+        f"POOL_OFFLOAD={'on' if options.offload else 'off'}, PRISTINE_STORE={options.pristine_store} and "
+        f"QUANTIZE={quantize}"
     )
     return f"{head}; accepted: {'; or '.join(_would_fit(needs, total, options))}"
 
 
 def _fits(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> bool:
-    return _first_fit(needs, total, options) is not None
+    return _select(needs, total, options) is not None
 
 
 def _would_fit(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> list[str]:
@@ -357,6 +355,9 @@ def _would_fit(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> l
     if not said and len(changes) == 2 and _fits(needs, total, relaxed):
         said.append(" and ".join(changes))
     out.extend(said)
+    quantized = replace(options, quantize="auto", pool_quantize=())
+    if not said and quantized != options and _fits(needs, total, quantized):
+        out.append("QUANTIZE=auto (denoisers in fp8 where needed, LoRAs as branches beside them)")
     cache = _largest_cache(needs, total, relaxed)
     if cache is not None and cache < options.adapter_cache and not said:
         out.append(f"DEVICE_CACHE_BYTES={cache // 2**20}MiB" + (f" with {' and '.join(changes)}" if changes else ""))

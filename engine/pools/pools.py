@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from cachetools import LRUCache
@@ -26,7 +26,7 @@ from engine.errors import SettingsError
 from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
 from engine.normalise import normalise_loras
-from engine.outcomes import PoolMemory, PoolStatus, ServedPool
+from engine.outcomes import EngineStatus, PoolMemory, PoolStatus, ServedPool
 from engine.pipeline.loading import LoadedPipeline, resolve_device, vae_mismatch, warm_up
 from engine.pools.engine import Engine
 from engine.pools.flat import FlatWeights, module_tensors
@@ -199,7 +199,7 @@ class Pools:
     def status(self) -> tuple[PoolStatus, ...]:
         memory = {m.name: m for m in self._residency.snapshot()}
         return tuple(
-            PoolStatus(p.base_model_id, str(p.family), p is self.default, memory[p.base_model_id], p.engine.status())
+            PoolStatus(p.base_model_id, str(p.family), p is self.default, memory[p.base_model_id], _engine_status(p))
             for p in self._pools
         )
 
@@ -306,7 +306,7 @@ def build_pools(
         host = first.host_components(pool.base_model_id) if first is not None else ()
         return {"host_components": host} if host else {}
 
-    own_settings = [settings] if len(pool_settings) == 1 else _with_vae(settings)
+    own_settings = [settings.for_pool(pool_settings[0])] if len(pool_settings) == 1 else _with_vae(settings)
     if len(pool_settings) == 1:
         loaded = [load(settings, warm=warm, **placed(pool_settings[0]))]
     else:
@@ -315,7 +315,10 @@ def build_pools(
             load(own, warm=False, **parked, **placed(pool))
             for own, pool in zip(own_settings, pool_settings, strict=True)
         ]
-    plan = plan_memory([loaded_need(lp) for lp in loaded], total, options) if total is not None else None
+    # Once loaded, measured; each denoiser's storage stays as the first plan chose it.
+    kept = options.keeping(first) if first is not None else options
+    needs = [loaded_need(lp, rank=settings.lora_max_rank) for lp in loaded]
+    plan = plan_memory(needs, total, kept) if total is not None else None
     if plan is not None:
         logger.info("memory plan: %s", plan.describe())
     if len(pool_settings) > 1 and settings.compile != "off" and warm:
@@ -331,6 +334,13 @@ def build_pools(
     pools = Pools(engines, resolver, Residency(device, plan.room if plan is not None else None))
     _log_residency(pools)
     return pools
+
+
+def _engine_status(pool: Pool) -> EngineStatus:
+    """A pool's engine status with its denoiser's storage as the memory plan chose it (`_engine` sets each pool's
+    QUANTIZE to fp8 or off)."""
+    storage = "fp8" if pool.engine.settings.quantize == "fp8" else "native"
+    return replace(pool.engine.status(), storage=storage)
 
 
 def _log_residency(pools: Pools) -> None:
@@ -364,11 +374,14 @@ def _shared_disk_cache(
 def _engine(
     own: Settings, lp: LoadedPipeline, plan: MemoryPlan | None, resolver: AdapterResolver, disk: DiskCache | None
 ) -> Engine:
-    """One pool's engine, its pristine store (and host RAM for it) as the memory plan placed it."""
+    """One pool's engine, its pristine store (and host RAM for it) and its denoiser's storage (`QUANTIZE` fp8 or
+    off; `auto` without a plan: off, nothing needs to fit) as the memory plan placed them."""
     host_pristine = None
+    own = own.replace(quantize="fp8" if own.quantize == "fp8" else "off")
     if plan is not None:
         placement = plan.placement(lp.base_model_id)
-        own = own.replace(pristine_store=placement.pristine_store)
+        storage = "fp8" if placement.storage == "fp8" else "off"
+        own = own.replace(pristine_store=placement.pristine_store, quantize=storage)
         if placement.pristine_store == "cpu" and plan.host_budget is not None:
             host_pristine = placement.host_pristine
     return Engine(lp, own, resolver, disk_cache=disk, host_pristine=host_pristine)

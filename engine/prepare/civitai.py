@@ -23,6 +23,7 @@ from huggingface_hub import constants as hf_constants
 
 from engine.errors import InvalidRequestError, StorageError, SwitchboardError
 from engine.formats.adapters import AdapterKey
+from engine.prepare.keys import adapter_key
 from engine.settings import Settings
 from lora_catalog.civitai.bases import civitai_base
 from lora_catalog.civitai.refs import parse_civitai
@@ -80,7 +81,7 @@ class CivitaiFiles:
         name = _stored_name(resolved.file.name)
         if name != resolved.file.name:
             resolved = dataclasses.replace(resolved, file=dataclasses.replace(resolved.file, name=name))
-        key = AdapterKey("civitai", resolved.version.ref, str(resolved.version.version_id), name)
+        key = adapter_key(resolved.version.ref, str(resolved.version.version_id), name)
         return key, CivitaiLocation.of(resolved), self.source.stale_warning(parsed)
 
     def fetch(self, key: AdapterKey, location: CivitaiLocation) -> Path:

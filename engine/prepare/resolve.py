@@ -49,6 +49,7 @@ from engine.errors import (
 from engine.families.origin import declared_bases_from_tags
 from engine.formats.adapters import AdapterKey
 from engine.prepare.civitai import CivitaiFiles, CivitaiLocation
+from engine.prepare.keys import adapter_key
 from engine.requests import LOCAL_PREFIX, LoraSpec
 from lora_catalog.cards import choose_weight
 from lora_catalog.civitai.refs import is_civitai_ref
@@ -214,7 +215,7 @@ class AdapterResolver:
         if not entry.weight_name or not entry.sha:
             raise AdapterLoadError(f"LoRA {spec.ref!r} has no .safetensors weight file to load")
         bases = tuple(dict.fromkeys((*entry.base_models, *declared_bases_from_tags(entry.tags))))
-        key = AdapterKey("hub", repo_id, entry.sha, entry.weight_name)
+        key = adapter_key(repo_id, entry.sha, entry.weight_name)
         stale = self._hub.stale_warning(repo_id, spec.revision, spec.weight_name)
         return AdapterSource(
             key,
@@ -255,7 +256,7 @@ class AdapterResolver:
         except SwitchboardError:
             return None
         path = folder / chosen
-        key = AdapterKey("hub", repo_id, folder.name, chosen)
+        key = adapter_key(repo_id, folder.name, chosen)
         warning = (
             f"LoRA {spec.ref!r} is served from the local Hub cache at revision {folder.name[:10]} without its Hub "
             f"metadata: {error}"
@@ -317,7 +318,7 @@ class AdapterResolver:
             emb_stat = embeddings.stat()
             embeddings_size = emb_stat.st_size
             revision += f"+{emb_stat.st_size}-{emb_stat.st_mtime_ns}"
-        key = AdapterKey("local", name, revision, path.name)
+        key = adapter_key(ref, revision, path.name)
         return AdapterSource(
             key,
             ref,

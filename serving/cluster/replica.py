@@ -30,8 +30,9 @@ from engine.pools.engine import Engine
 from engine.pools.pools import lora_origin, pool_info
 from engine.pools.routing import LoraOrigin, PoolInfo
 from engine.prepare.civitai import civitai_files
+from engine.prepare.keys import adapter_key
 from engine.prepare.resolve import AdapterResolver
-from engine.requests import LOCAL_PREFIX, AdapterUse, GenerateResult
+from engine.requests import GenerateResult
 from engine.settings import Settings
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
@@ -41,7 +42,7 @@ from serving.errors import json_error
 from serving.http.api import encode_image, result_headers
 from serving.recipes import with_recipes
 
-__all__ = ["AdapterPin", "PoolReplica", "weights_digest"]
+__all__ = ["AdapterPin", "PoolReplica", "lease_keys", "weights_digest"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class PoolReplica:
             self._book.finished(set_id, result)
         if pin is not None:
             # The set as this request resolved it (a revision that moved swaps the old keys out).
-            pin.hold(tuple(_key(use) for use in result.adapters))
+            pin.hold(lease_keys(result))
         if media_type != WIRE and self._recipes:
             # `POST /` straight to the cluster: its image carries its recipe as the Space's does (on the wire the
             # front end's handlers add it).
@@ -215,13 +216,10 @@ def weights_digest(pipe: Any) -> str:
     return digest.hexdigest()
 
 
-def _key(use: AdapterUse) -> AdapterKey:
-    """The cache key of an adapter a result used: its ref is the normalised one the resolver keyed it by (a Hub
-    repo id, or `local:` and the path inside the local folder), its revision and file as resolved."""
-    source, name = (
-        ("local", use.ref.removeprefix(LOCAL_PREFIX)) if use.ref.startswith(LOCAL_PREFIX) else ("hub", use.ref)
-    )
-    return AdapterKey(source, name, use.revision, use.weight_name)
+def lease_keys(result: GenerateResult) -> tuple[AdapterKey, ...]:
+    """The cache keys of the adapters a result used, made as the engine made them (`engine.prepare.keys`): what
+    a replica's `AdapterPin` holds."""
+    return tuple(adapter_key(use.ref, use.revision, use.weight_name) for use in result.adapters)
 
 
 def _plain(value: object) -> object:

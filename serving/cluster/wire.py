@@ -15,12 +15,13 @@ import io
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, create_model
 
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
+from engine.images import InputImage
 from engine.outcomes import EngineStatus, LoraCheck, ServedPool
 from engine.requests import (
     AdapterUse,
@@ -91,6 +92,29 @@ class _SpecJson(BaseModel):
         return LoraSpec(self.ref, self.scale, self.revision, self.weight_name)
 
 
+class _ImageJson(BaseModel):
+    """An InputImage on the wire: its size, mode and pixels (base64 of the raw bytes: exact, no codec between)."""
+
+    model_config = _STRICT
+
+    width: int
+    height: int
+    mode: Literal["RGB", "L"]
+    data: str
+
+    def image(self) -> InputImage:
+        try:
+            return InputImage(self.width, self.height, self.mode, base64.b64decode(self.data, validate=True))
+        except ValueError as e:
+            raise InvalidRequestError(f"an image on the wire is not {self.width}x{self.height} {self.mode}: {e}") from e
+
+
+def _image_json(image: InputImage | None) -> dict[str, Any] | None:
+    if image is None:
+        return None
+    return {**asdict(image), "data": base64.b64encode(image.data).decode("ascii")}
+
+
 class _WireRequest(BaseModel):
     """A GenerateRequest on the wire: its fields are derived from the request's declaration (`_wire_fields`)."""
 
@@ -109,6 +133,9 @@ class _WireRequest(BaseModel):
         names = {f.name for f in fields(into)}
         values = {name: getattr(self, name) for name in type(self).model_fields if name in names}
         values["loras"] = tuple(s.spec() for s in getattr(self, "loras", None) or ())
+        for name in _IMAGE_FIELDS:
+            wired = getattr(self, name, None)
+            values[name] = wired.image() if wired is not None else None
         values["scheduler_options"] = tuple(
             tuple(pair) if isinstance(pair, list) else pair for pair in getattr(self, "scheduler_options", None) or ()
         )
@@ -125,7 +152,9 @@ _WIRE_TYPES: dict[str, Any] = {
     "sampler": str,
     "options": list[Any],
     "switch": bool,
+    "image": _ImageJson,
 }
+_IMAGE_FIELDS = tuple(f.name for f in fields(GenerateRequest) if f.metadata["request"].kind == "image")
 
 
 def _wire_fields() -> dict[str, Any]:
@@ -183,6 +212,8 @@ _STATUS = TypeAdapter(EngineStatus)
 def request_to_json(request: GenerateRequest) -> dict[str, Any]:
     document = asdict(request)
     document["loras"] = [asdict(spec) for spec in request.loras]
+    for name in _IMAGE_FIELDS:
+        document[name] = _image_json(getattr(request, name))
     options = request.scheduler_options
     # Pairs as a list of pairs (a mapping, as a caller may give, the same way); the engine checks them.
     document["scheduler_options"] = [list(p) for p in (options.items() if isinstance(options, Mapping) else options)]

@@ -74,6 +74,8 @@ _HTTP_TYPES: dict[str, Any] = {
     "loras": list[_Lora],
     "sampler": str,
     "options": dict[str, _OptionValue],
+    # base64, with or without a `data:image/...;base64,` prefix (decoded by `_images`).
+    "image": str,
 }
 # The inference API's own parameters lead the list, as Hugging Face's text-to-image task documents them.
 _LEADING = ("num_inference_steps", "guidance_scale")
@@ -146,7 +148,7 @@ def parse_body(body: bytes, *, lora: str | None, accept: str | None) -> HttpRequ
         )
     header = (LoraSpec(lora, scale=1.0 if scale is None else scale),) if lora else ()
     fields = parameters.model_dump(
-        by_alias=True, exclude_none=True, exclude={"loras", "lora_scale", "scheduler_options"}
+        by_alias=True, exclude_none=True, exclude={"loras", "lora_scale", "scheduler_options", "mask_image"}
     )
     options = tuple(sorted((parameters.scheduler_options or {}).items()))
     # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.

@@ -17,7 +17,7 @@ import gradio as gr
 
 from engine.errors import InvalidRequestError
 from engine.pools.scheduler import QueueView
-from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.requests import GenerateRequest, GenerateResult, InputImage, LoraSpec
 from serving.errors import user_errors
 from serving.handlers import Comparison, Handlers
 from serving.streaming import Frame
@@ -118,6 +118,8 @@ def add_api_endpoints(handlers: Handlers) -> None:
         # "" and 0: the pool's own scheduler and no CLIP skip (or the LoRAs' recommendations), as before.
         scheduler, scheduler_options, clip_skip = gr.Textbox(""), gr.JSON(None), gr.Number(0)
         num_images = gr.Number(2)
+        # Image-to-image: no image is text-to-image, as before; no strength is the pool's default.
+        input_image, mask, strength = gr.Image(type="pil"), gr.Image(type="pil"), gr.Number(None)
         image = gr.Image(type="pil", format="png", label="image")
         images = gr.Gallery(type="pil", format="png", label="images")
         grid = gr.Image(type="pil", format="png", label="grid")
@@ -128,9 +130,10 @@ def add_api_endpoints(handlers: Handlers) -> None:
 
     generation: list[Any] = [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance]
     generation += [width, height, seed, base, scheduler, scheduler_options, clip_skip]
+    starting = [input_image, mask, strength]
     trigger.click(
         _generate_api(handlers),
-        generation,
+        [*generation, *starting],
         [image, info],
         api_name="generate",
         concurrency_id=PIPELINE,
@@ -139,7 +142,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
     )
     trigger.click(
         _generate_images_api(handlers),
-        [*generation, num_images],
+        [*generation, num_images, *starting],
         [images, info],
         api_name="generate_images",
         concurrency_id=PIPELINE,
@@ -205,6 +208,9 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         scheduler: str = "",
         scheduler_options: dict | None = None,
         clip_skip: float | None = 0,
+        image: Any = None,
+        mask: Any = None,
+        strength: float | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
         """Generate an image; `lora` and `lora_2` are Hub repo ids, Civitai references (`civitai:<version id>`, a
@@ -213,13 +219,15 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         The LoRAs pick the base model they were made for; without one, `base` names a served base ("" for the
         default). `scheduler`: a sampler ("DPM++ 2M Karras", "Euler a", "LCM", ...) or a diffusers scheduler class,
         "" for the LoRAs' recommendation or the model's own; `scheduler_options` e.g. {"use_karras_sigmas": true};
-        `clip_skip`: text-encoder layers skipped as diffusers counts them (A1111's "Clip skip 2" is 1). Yields
-        previews while denoising (info `{"preview": true, "step": k}`), then the image and its info.
+        `clip_skip`: text-encoder layers skipped as diffusers counts them (A1111's "Clip skip 2" is 1). `image`
+        (none: text-to-image) is the image to start from, `mask` an inpainting mask (white repainted), `strength`
+        how much of the image is re-noised (0-1; none: the model's default). Yields previews while denoising
+        (info `{"preview": true, "step": k}`), then the image and its info.
         """
         with user_errors():
             request = _request(
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
-                seed, scheduler, scheduler_options, clip_skip, 1,
+                seed, scheduler, scheduler_options, clip_skip, 1, (image, mask, strength),
             )  # fmt: skip
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
             if isinstance(item, Frame):
@@ -248,6 +256,9 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
         scheduler_options: dict | None = None,
         clip_skip: float | None = 0,
         num_images: float | None = 2,
+        image: Any = None,
+        mask: Any = None,
+        strength: float | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[list[tuple[Any, str]], dict[str, Any]]:
         """Several images (1 to 4) in one run, with consecutive seeds from `seed`: `[{"image": path, "caption":
@@ -256,7 +267,7 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
         with user_errors():
             request = _request(
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
-                seed, scheduler, scheduler_options, clip_skip, num_images,
+                seed, scheduler, scheduler_options, clip_skip, num_images, (image, mask, strength),
             )  # fmt: skip
         result: GenerateResult | None = None
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
@@ -353,9 +364,11 @@ def _request(
     scheduler_options: object,
     clip_skip: float | None,
     num_images: float | None,
+    starting: tuple[Any, Any, float | None] = (None, None, None),
 ) -> GenerateRequest:
     """The API's arguments as a request ("" and empty values: not set); the engine checks every value."""
     lora, lora_scale, lora_2, lora_2_scale = loras
+    image, mask, strength = starting
     specs = (_spec(lora, lora_scale, "lora_scale"), _spec(lora_2, lora_2_scale, "lora_2_scale"))
     if scheduler_options is not None and not isinstance(scheduler_options, dict):
         raise InvalidRequestError(
@@ -376,6 +389,9 @@ def _request(
         # 0 is no CLIP skip: sent as not set, so a LoRA's recommendation applies.
         clip_skip=clip_skip or None,
         num_images=num_images,
+        image=InputImage.from_pil(image) if image is not None else None,
+        mask_image=InputImage.from_pil(mask, "L") if mask is not None else None,
+        strength=strength,
     )
 
 

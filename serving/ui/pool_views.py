@@ -139,6 +139,7 @@ def pools_status_json(statuses: Sequence[PoolStatus], pools: Sequence[ServedPool
                 "last_move_s": s.memory.last_move_s if s.memory is not None else None,
                 "device": s.engine.device,
                 "dtype": s.engine.dtype,
+                "storage": s.engine.storage,
                 "applied": list(s.engine.applied),
                 "cached_adapters": len(s.engine.cached),
                 "host_cache_bytes": s.engine.host_bytes,

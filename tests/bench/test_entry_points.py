@@ -92,3 +92,24 @@ def test_unet_step_compiles_the_tiny_unet_and_matches_eager():
     assert eager > 0 and compiled > 0 and speedup > 0 and compile_s > 0
     # float32 on the CPU: compiled kernels reorder sums, a difference of a few ulps of the output's range.
     assert diff < 1e-4
+
+
+@pytest.mark.timeout(600)
+def test_cuda_confirm_registers_a_pool_in_place_and_measures_a_decode_on_the_tiny_configs():
+    """On the CPU (--tiny) without the allocator's figures; on a GPU bench/gpu_check.sh runs them full size."""
+    line = last_line("bench.cuda_confirm", "residency", "--tiny", "--device", "cpu")
+    found = re.fullmatch(rf"residency: moves_on_add=(\d+) extra_on_add_vs_weights=na move_in_s={NUMBER} .*", line)
+    assert found, line
+    assert found[1] == "0"
+    line = last_line("bench.cuda_confirm", "vae_decode", "--tiny", "--device", "cpu")
+    expected = rf"vae_decode: side=128 step_extra_gib=na decode_extra_gib=na working_gib={NUMBER} fits=na"
+    assert re.fullmatch(expected, line), line
+    for measure in ("host_pinned", "rerecord"):
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.cuda_confirm", measure, "--tiny", "--device", "cpu"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2 and "accepted: a CUDA device" in done.stderr, done.stderr[-1000:]

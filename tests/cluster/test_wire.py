@@ -273,8 +273,8 @@ def test_a_held_set_stays_cached_and_let_go_evicts_it_once_unused(make_engine, f
 
 def test_a_replica_pins_exactly_the_keys_its_request_prepared(make_engine, fixtures):
     """A replica holds an adapter set by the keys it reads back from the result (`AdapterPin`): the very keys the
-    engine prepared, for Hub and local LoRAs alike."""
-    from serving.cluster.replica import _key
+    engine prepared, for Hub and local LoRAs alike (every kind of reference: tests/cluster/test_lease.py)."""
+    from serving.cluster.replica import lease_keys
 
     engine = make_engine()
     request = GenerateRequest(
@@ -283,4 +283,4 @@ def test_a_replica_pins_exactly_the_keys_its_request_prepared(make_engine, fixtu
     with engine.prepare(request) as prepared:
         keys = tuple(adapter.key for adapter, _ in prepared.adapters)
     result = generate(engine, request)
-    assert tuple(_key(use) for use in result.adapters) == keys
+    assert lease_keys(result) == keys

@@ -39,6 +39,19 @@ def test_flux_bases_and_their_fine_tunes_are_served():
     ]
 
 
+def test_a_models_item_may_name_its_own_quantize():
+    models = f"black-forest-labs/FLUX.1-dev : FP8, someone/xl-tune={DEFAULT_MODEL_ID}:off"
+    settings = Settings.from_env({"MODELS": models})
+    flux, sdxl = settings.pool_settings
+    assert (flux.model_id, flux.quantize) == ("black-forest-labs/FLUX.1-dev", "fp8")
+    assert (sdxl.model_id, sdxl.base_model_id, sdxl.quantize) == ("someone/xl-tune", DEFAULT_MODEL_ID, "off")
+    # A pool's own settings carry its QUANTIZE; a pool that names none, the QUANTIZE setting's.
+    assert settings.for_pool(flux).quantize == "fp8" and settings.for_pool(sdxl).quantize == "off"
+    assert settings.for_pool(parse_models("tiny")[0]).quantize == settings.quantize == "auto"
+    with pytest.raises(SettingsError, match=r"QUANTIZE 'int4' is not accepted; accepted: off, fp8, auto"):
+        parse_models(f"{DEFAULT_MODEL_ID}:int4")
+
+
 def test_two_pools_of_one_family_are_allowed():
     pools = parse_models(f"{DEFAULT_MODEL_ID},someone/xl-tune={DEFAULT_MODEL_ID}")
     assert [p.base_model_id for p in pools] == [DEFAULT_MODEL_ID, DEFAULT_MODEL_ID]

@@ -37,8 +37,9 @@ def test_the_http_parameters_are_the_declared_fields_under_their_inference_api_n
         assert model[http].description == accepts or name == "loras"
     # Hugging Face's names, as its inference API spells them.
     assert declared["num_inference_steps"] == "steps"
-    # Not parameters: the prompt is the body's `inputs`; POST / answers one image, with the LoRAs' defaults.
-    assert {f.name for f in REQUEST_FIELDS if f.http is None} == {"prompt", "num_images", "lora_defaults"}
+    # Not parameters: the prompt (or, image-to-image, the image) is the body's `inputs`; POST / answers one
+    # image, with the LoRAs' defaults.
+    assert {f.name for f in REQUEST_FIELDS if f.http is None} == {"prompt", "num_images", "lora_defaults", "image"}
     assert declared["guidance_scale"] == "guidance"
 
 

@@ -110,3 +110,10 @@ def test_start_up_refuses_what_host_ram_cannot_hold_and_gives_each_engine_its_ho
         assert given == [pytest.approx(touchable, rel=0.01)]
     finally:
         pools.close()
+
+
+def test_a_pool_with_nothing_touchable_that_outgrows_host_ram_is_refused_naming_it():
+    """Issue 31: a quantized pool keeps no pristine copies; its host RAM's shortfall divided by zero."""
+    nothing_touchable = PoolNeed("quantized", weights=2 * GIB, touchable=0)
+    with pytest.raises(SettingsError, match=r"does not fit HOST_RAM_BYTES \(1\.00 GiB\)"):
+        plan_memory([nothing_touchable], L40S, options(GIB))

@@ -122,9 +122,14 @@ def test_sdxl_and_sd15_stay_resident_on_an_a10g_with_the_pristine_copies_that_fi
     larger = plan_for(settings.replace(pristine_bytes=fewer + 256 * 2**20), A10G)
     assert "cpu" in [p.pristine_store for p in larger.placements]
     with pytest.raises(SettingsError):
-        plan_for(settings.replace(pristine_store="device", pool_offload=False), A10G)
+        plan_for(settings.replace(pristine_store="device", pool_offload=False, quantize="off"), A10G)
+    # QUANTIZE=auto (the default) fits that by storing the larger denoiser, SDXL's, in fp8 (no copies of it).
+    quantized = plan_for(settings.replace(pristine_store="device", pool_offload=False), A10G)
+    assert quantized.resident and quantized.auto_quantized == (DEFAULT_MODEL_ID,)
+    assert [quantized.storage(n) for n in (DEFAULT_MODEL_ID, SD15_MODEL_ID)] == ["fp8", "native"]
     turns = plan_for(settings.replace(pristine_store="device"), A10G)
     assert not turns.resident and [p.pristine_store for p in turns.placements] == ["device", "device"]
+    assert [p.storage for p in (*plan.placements, *turns.placements)] == ["native"] * 4
 
 
 def sd15_touchable() -> int:
@@ -140,21 +145,28 @@ def test_sdxl_on_a_t4_keeps_its_pristine_copies_in_host_ram():
 def test_sdxl_on_a_12_gb_gpu_is_refused_naming_what_would_fit():
     """Issue 20, defect 6: the refusal comes at start-up, with the adapter cache that fits and the GPU that does."""
     with pytest.raises(SettingsError) as refused:
-        plan_for(fp16(DEFAULT_MODEL_ID), RTX_12GB)
+        plan_for(fp16(DEFAULT_MODEL_ID, quantize="off"), RTX_12GB)
     message = str(refused.value)
     assert "the pools do not fit this GPU's 11.76 GiB" in message
     assert f"{DEFAULT_MODEL_ID} 6.62 GiB (its pristine copies up to 6.31 GiB)" in message
     # Its weights and the swap's scratch buffers outgrow what is left beside the CUDA context and one pool's
-    # working memory, whatever the adapter cache: a T4 is what fits.
+    # working memory, whatever the adapter cache: a T4, or its UNet in fp8 with a smaller adapter cache.
     assert message.endswith("accepted: a larger GPU: T4 (16 GB)")
+    with pytest.raises(SettingsError) as refused:
+        plan_for(fp16(DEFAULT_MODEL_ID), RTX_12GB)
+    message = str(refused.value)
+    assert f"{DEFAULT_MODEL_ID} 5.19 GiB (denoiser in fp8) (its pristine copies up to 1.52 GiB)" in message
+    assert message.endswith("QUANTIZE=auto; accepted: DEVICE_CACHE_BYTES=1536MiB; or a larger GPU: T4 (16 GB)")
+    smaller_cache = plan_for(fp16(DEFAULT_MODEL_ID, device_cache_bytes=1536 * 2**20), RTX_12GB)
+    assert smaller_cache.storage(DEFAULT_MODEL_ID) == "fp8"
 
 
 def test_with_offloading_off_the_refusal_names_the_pools_and_the_settings_that_fit():
-    settings = fp16(DEFAULT_MODEL_ID, SD15_MODEL_ID, pool_offload=False, pristine_store="device")
+    settings = fp16(DEFAULT_MODEL_ID, SD15_MODEL_ID, pool_offload=False, pristine_store="device", quantize="off")
     with pytest.raises(SettingsError) as refused:
         plan_for(settings, A10G)
     message = str(refused.value)
-    assert "POOL_OFFLOAD=off and PRISTINE_STORE=device" in message
+    assert "POOL_OFFLOAD=off, PRISTINE_STORE=device and QUANTIZE=off" in message
     assert f"accepted: MODELS with {DEFAULT_MODEL_ID} and {SD15_MODEL_ID} only" not in message
     assert f"accepted: MODELS with {DEFAULT_MODEL_ID} only (these fit here); or POOL_OFFLOAD=on;" in message
     assert message.endswith("a larger GPU: L40S (48 GB)")

@@ -73,9 +73,13 @@ def test_z_image_fits_24_gb_alone_with_qwen3_in_host_ram_and_beside_sdxl_by_taki
     beside = settings_for(ZIMAGE_MODEL_ID, DEFAULT_MODEL_ID)
     plan = plan_memory(needs_on_a_gpu(beside), A10G, PlanOptions.of(beside))
     assert not plan.resident and plan.host_components(ZIMAGE_MODEL_ID) == ("text_encoder",)
+    assert [p.storage for p in plan.placements] == ["native", "native"]
+    resident = beside.replace(pool_offload=False)
     with pytest.raises(SettingsError, match=r"or a larger GPU: L40S \(48 GB\)$"):
-        resident = beside.replace(pool_offload=False)
-        plan_memory(needs_on_a_gpu(resident), A10G, PlanOptions.of(resident))
+        plan_memory(needs_on_a_gpu(resident), A10G, PlanOptions.of(resident.replace(quantize="off")))
+    # QUANTIZE=auto keeps both resident with both denoisers in fp8 (Z-Image's first, the larger).
+    quantized = plan_memory(needs_on_a_gpu(resident), A10G, PlanOptions.of(resident))
+    assert quantized.resident and quantized.auto_quantized == (ZIMAGE_MODEL_ID, DEFAULT_MODEL_ID)
 
 
 def test_z_image_beside_sdxl_are_both_resident_on_48_gb():

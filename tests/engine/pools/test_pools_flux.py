@@ -177,3 +177,5 @@ def test_every_transport_reaches_the_flux_pool(pools):
         p["base_model_id"]: (p["defaults"]["guidance_kind"], p["defaults"]["negative_prompt"]) for p in status["pools"]
     }
     assert read == {SDXL: ("cfg", True), FLUX_MODEL_ID: ("distilled", False)}
+    # And each pool's denoiser storage (QUANTIZE: no plan on the CPU, so `auto` keeps both native).
+    assert [p["storage"] for p in status["pools"]] == ["native", "native"]

@@ -1,0 +1,68 @@
+"""The memory plan's answers for the README's hardware table: each served combination on each GPU a Space runs
+on, with the host RAM of the Space that carries it, under the default settings (`QUANTIZE=auto`).
+
+    python -m bench.plan_table
+
+Arithmetic only (the families' declared sizes through `engine.pools.plan`): nothing is loaded, no GPU is used.
+Each line: the pools, the GPU and its Space's RAM, then the plan (`MemoryPlan.describe`) or its refusal.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/plan_table.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from engine.errors import SettingsError
+from engine.hostmem import default_host_budget
+from engine.models import ZIMAGE_MODEL_ID
+from engine.pools.plan import GPUS, PlanOptions, declared_needs, plan_memory
+from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, SD15_MODEL_ID, PoolSetting, Settings
+
+_GB, _MIB = 10**9, 2**20
+# Each GPU with the memory torch reports for it (the tests' figures; the A100's the plan's `GPUS` figure) and the
+# Space hardware carrying it with its host RAM (Hugging Face's hardware list; the A10G's `a10g-large` rather than
+# its 15 GB `a10g-small`, which T5 or Qwen3 in host RAM outgrow).
+SPACES = (
+    ("T4", 15_095 * _MIB, "t4-small", 15 * _GB),
+    ("A10G", 23_028 * _MIB, "a10g-large", 46 * _GB),
+    ("L4", 23_034 * _MIB, "l4x1", 30 * _GB),
+    ("L40S", 46_068 * _MIB, "l40sx1", 62 * _GB),
+    ("A100 or H100", GPUS[-1][1], "a100-large", 142 * _GB),
+)
+COMBINATIONS = {
+    "SDXL alone": (DEFAULT_MODEL_ID,),
+    "SDXL and SD 1.5": (DEFAULT_MODEL_ID, SD15_MODEL_ID),
+    "FLUX.1 [dev] alone": (FLUX_MODEL_ID,),
+    "FLUX.1 beside SDXL": (FLUX_MODEL_ID, DEFAULT_MODEL_ID),
+    "FLUX.1 beside SDXL and SD 1.5": (FLUX_MODEL_ID, DEFAULT_MODEL_ID, SD15_MODEL_ID),
+    "Z-Image Turbo alone": (ZIMAGE_MODEL_ID,),
+    "Z-Image Turbo beside SDXL": (ZIMAGE_MODEL_ID, DEFAULT_MODEL_ID),
+}
+
+
+def answer(models: tuple[str, ...], total: int, ram: int, **changes: object) -> str:
+    """The plan for `models` on a GPU of `total` bytes with `ram` bytes of host RAM, or its refusal."""
+    pools = tuple(PoolSetting(m, m) for m in models)
+    settings = Settings(device="cpu", pools=pools).replace(host_ram_bytes=default_host_budget(ram), **changes)
+    # DTYPE=auto as on a GPU (each family's half precision); nothing touches CUDA.
+    needs = declared_needs(settings, torch.device("cuda"))
+    assert needs is not None, "every combination here has declared sizes"
+    try:
+        return plan_memory(needs, total, PlanOptions.of(settings)).describe()
+    except SettingsError as e:
+        return f"refused: {e}"
+
+
+def main() -> None:
+    for label, models in COMBINATIONS.items():
+        for gpu, total, space, ram in SPACES:
+            print(f"{label} | {gpu}, {space} ({ram // _GB} GB RAM) | {answer(models, total, ram)}")
+
+
+if __name__ == "__main__":
+    main()

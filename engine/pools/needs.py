@@ -1,0 +1,138 @@
+"""What each pool needs on the device, for the memory plan (`engine.pools.plan`): from its family's declared sizes
+before loading, or measured on the loaded pipeline; in each weight storage its denoiser may take.
+
+A need in `native` storage carries its `fp8` alternative where the size is known (`engine.storage`'s formula): the
+denoiser quantized, with LoRA branch buffers at `LORA_MAX_RANK` and no pristine copies of its own (a LoRA never
+writes it: only the text encoders' remain touchable, and the swap's float32 scratch is sized to their largest
+weight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.families.registry import family_spec
+from engine.families.spec import MemorySpec
+from engine.pipeline.loading import LoadedPipeline, resolve_dtype
+from engine.pools.flat import module_bytes
+from engine.settings import Settings
+from engine.storage import Storage, fp8_bytes, linear_sizes
+
+__all__ = [
+    "PoolNeed",
+    "declared_needs",
+    "largest_values",
+    "loaded_need",
+    "pipeline_modules",
+    "scratch_bytes",
+]
+
+# The swap's float32 scratch slots (engine.formats.layers.Scratch), each as large as the largest touched weight.
+_SCRATCH_SLOTS = 5
+
+
+@dataclass(frozen=True)
+class PoolNeed:
+    """What one pool would hold on the device: all its weights, those a LoRA may touch, and those its family may
+    leave in host RAM (by component); what its inference needs free beside them; its denoiser's storage, and the
+    same pool with its denoiser in fp8 (`fp8`, None where not known or already so)."""
+
+    name: str
+    weights: int
+    touchable: int
+    host_able: tuple[tuple[str, int], ...] = ()
+    working: int = MemorySpec().working_bytes
+    # The swap's float32 scratch buffers on the device while the pool is there.
+    scratch: int = 0
+    storage: Storage = "native"
+    fp8: PoolNeed | None = None
+
+    def with_fp8(self, denoiser: int, quantized: int, scratch: int) -> PoolNeed:
+        """This need with its fp8 alternative: the denoiser's `denoiser` bytes (native) held in `quantized` bytes
+        (fp8, branch buffers included) and no longer touchable, the swap's scratch `scratch` bytes (for the text
+        encoders' weights only)."""
+        weights, touchable = self.weights - denoiser + quantized, self.touchable - denoiser
+        fp8 = replace(self, weights=weights, touchable=touchable, scratch=scratch, storage="fp8", fp8=None)
+        return replace(self, fp8=fp8)
+
+    @property
+    def fp8_saves(self) -> int:
+        """What storing its denoiser in fp8 saves on the device at most, pristine copies included (0 where
+        unknown; below 0 where the branch buffers outweigh it, as on a tiny pipeline)."""
+        if self.fp8 is None:
+            return 0
+        return self.weights + self.scratch + self.touchable - (self.fp8.weights + self.fp8.scratch + self.fp8.touchable)
+
+
+def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
+    """The pipeline's modules that hold weights and live on the device (what moves between it and host RAM)."""
+    return [
+        m for c, m in loaded.pipe.components.items() if isinstance(m, nn.Module) and c not in loaded.host_components
+    ]
+
+
+def scratch_bytes(largest_values: int) -> int:
+    """The swap's float32 scratch buffers for a pool whose largest touchable weight has `largest_values` values."""
+    return _SCRATCH_SLOTS * 4 * largest_values
+
+
+def largest_values(modules: list[nn.Module]) -> int:
+    """The values of the largest Linear/Conv2d weight of `modules` (what a LoRA may touch)."""
+    sizes = [m.weight.numel() for module in modules for m in module.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
+    return max(sizes, default=0)
+
+
+def loaded_need(loaded: LoadedPipeline, *, rank: int) -> PoolNeed:
+    """A loaded pipeline's need, measured (without the components already left in host RAM), with its fp8
+    alternative at branch rank `rank` (the denoiser measured as loaded, in its native storage)."""
+    family, pipe = loaded.family, loaded.pipe
+    touched = [getattr(pipe, c) for c in family.components if c not in loaded.host_components]
+    touchable = module_bytes(touched)
+    movable = [c for c in family.memory.host_components if c not in loaded.host_components]
+    host_able = tuple((c, module_bytes([getattr(pipe, c)])) for c in movable)
+    weights = module_bytes(pipeline_modules(loaded))
+    scratch = scratch_bytes(largest_values(touched))
+    need = PoolNeed(loaded.base_model_id, weights, touchable, host_able, family.memory.working_bytes, scratch)
+    denoiser = loaded.denoiser
+    linears = linear_sizes(
+        ((n, m.out_features, m.in_features) for n, m in denoiser.named_modules() if isinstance(m, nn.Linear)),
+        family.memory.branch_modules,
+    )
+    values = sum(t.numel() for t in (*denoiser.parameters(), *denoiser.buffers()))
+    encoders = [getattr(pipe, c) for c in family.components if c not in (family.denoiser, *loaded.host_components)]
+    encoder_scratch = scratch_bytes(largest_values(encoders))
+    return need.with_fp8(module_bytes([denoiser]), fp8_bytes(values, linears, rank), encoder_scratch)
+
+
+def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, ...] | None:
+    """Each pool's need from its family's declared sizes, before loading; None when a pool's are unknown (a tiny
+    pipeline, a local folder, a family that declares none, or no fp8 size for a pool `QUANTIZE=fp8` quantizes)."""
+    needs = []
+    for pool in settings.pool_settings:
+        family = family_spec(pool.base_model_id, setting="BASE_MODEL_ID")
+        memory = family.memory
+        # Each family's own half precision under DTYPE=auto (FLUX.1: bfloat16), as load_pipeline loads it.
+        dtype = resolve_dtype(settings.dtype, device, family.half_dtype)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        # A local folder may hold anything (a tiny pipeline, a pruned one): it is judged once loaded.
+        own = settings.for_pool(pool)
+        if own.loads_tiny or Path(pool.model_id).exists() or not memory.values:
+            return None
+        if memory.linears is None and own.quantize == "fp8":
+            return None
+        host_able = tuple((c, memory.values_of((c,)) * itemsize) for c in memory.host_components)
+        weights, touchable = memory.total_values * itemsize, memory.values_of(family.components) * itemsize
+        if dtype == torch.float16:
+            weights += memory.values_of(memory.float32_in_fp16) * (4 - itemsize)
+        scratch = scratch_bytes(memory.largest_values)
+        need = PoolNeed(pool.base_model_id, weights, touchable, host_able, memory.working_bytes, scratch)
+        if memory.linears is not None:
+            values = memory.values_of((family.denoiser,))
+            quantized = fp8_bytes(values, memory.linears, settings.lora_max_rank)
+            need = need.with_fp8(values * itemsize, quantized, scratch_bytes(memory.largest_encoder_values))
+        needs.append(need)
+    return tuple(needs)

@@ -1,0 +1,76 @@
+"""The weight storage of a pool's denoiser, and what each costs: the one sizing formula the memory plan
+(`engine.pools.plan`) and the engine read.
+
+`native`: the pool's dtype, LoRAs fused into the weights (pristine copies restore them). `fp8`: every Linear
+weight of the denoiser in float8 e4m3 (1 byte a value) with one float32 scale per output row, computed in bf16;
+every other value of the denoiser (biases, norms, embeddings, convolutions) in bf16; and, for each module LoRAs
+may target (the family's `MemorySpec.branch_modules`), LoRA branch buffers A (rank x in) and B (out x rank) in
+bf16 at `LORA_MAX_RANK`, zero-padded. A quantized denoiser is never written (LoRAs run beside it), so it needs no
+pristine copies. Torch-free: the families declare their denoiser's `LinearSizes` (engine.families.spec
+imports no torch).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+__all__ = [
+    "BRANCH_BYTES",
+    "FP8_BYTES",
+    "OTHER_BYTES",
+    "SCALE_BYTES",
+    "STORAGES",
+    "LinearSizes",
+    "Storage",
+    "branch_bytes",
+    "fp8_bytes",
+    "linear_sizes",
+]
+
+Storage = Literal["native", "fp8"]
+STORAGES: tuple[Storage, ...] = get_args(Storage)
+FP8_BYTES = 1  # a quantized weight's value (e4m3)
+# One scale per output row; float32 is what torchao's and quanto's per-row float8 weights keep (bf16 would halve
+# it: 6 MiB for FLUX.1's transformer either way, so the plan counts the larger).
+SCALE_BYTES = 4
+OTHER_BYTES = 2  # the denoiser's values that stay unquantized, in bf16 (the compute dtype)
+BRANCH_BYTES = 2  # LoRA branch factors, in bf16
+
+
+@dataclass(frozen=True)
+class LinearSizes:
+    """A denoiser's Linears as fp8 storage sees them: the values of their weights (quantized), their output rows
+    (one scale each), and the sum of in + out features over those LoRAs may target (each holds rank x (in + out)
+    branch values)."""
+
+    values: int
+    rows: int
+    branch_widths: int
+
+
+def branch_bytes(linears: LinearSizes, rank: int) -> int:
+    """The LoRA branch buffers (A and B, bf16) of every targeted module at `rank`."""
+    return rank * linears.branch_widths * BRANCH_BYTES
+
+
+def fp8_bytes(values: int, linears: LinearSizes, rank: int) -> int:
+    """A denoiser of `values` values (parameters and buffers) in fp8 storage, with its LoRA branch buffers at
+    `rank`."""
+    quantized = linears.values * FP8_BYTES + linears.rows * SCALE_BYTES
+    return quantized + (values - linears.values) * OTHER_BYTES + branch_bytes(linears, rank)
+
+
+def linear_sizes(linears: Iterable[tuple[str, int, int]], branch_modules: str | None) -> LinearSizes:
+    """The sizes of a denoiser's Linears given as `(name, out_features, in_features)`; `branch_modules`: the
+    pattern (`re.search`) of the module names LoRAs may target, None for every Linear."""
+    pattern = re.compile(branch_modules) if branch_modules is not None else None
+    values = rows = widths = 0
+    for name, out_features, in_features in linears:
+        values += out_features * in_features
+        rows += out_features
+        if pattern is None or pattern.search(name):
+            widths += out_features + in_features
+    return LinearSizes(values, rows, widths)
