@@ -11,9 +11,11 @@ import pytest
 
 from engine.errors import LimitExceededError
 from engine.pipeline.loading import load_pipeline
+from engine.pools.pools import build_pools
+from engine.prepare.resolve import AdapterResolver
 from engine.requests import LoraSpec
 from engine.settings import FLUX_MODEL_ID
-from engine.weights.quantized import stored_bytes
+from engine.weights.quantized import BranchedLinear, stored_bytes
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
 from tests.support.checks import generate
@@ -106,3 +108,20 @@ def test_clients_mixing_a_quantized_flux_and_a_bf16_sdxl_pool_get_exactly_their_
     assert not errors
     assert [got[i] for i in work] == expected
     assert stored_bytes(fp8_flux.pipe.transformer) == before
+
+
+def test_start_up_with_quantize_fp8_loads_the_denoiser_quantized_and_says_so(base_settings, tiny_flux_dir):
+    """No plan before loading (a tiny pipeline on the CPU): QUANTIZE=fp8 itself quantizes the pool as it loads."""
+    settings = base_settings.replace(
+        model_id=str(tiny_flux_dir), base_model_id=FLUX_MODEL_ID, quantize="fp8", lora_max_rank=4, local_lora_dir=None
+    )
+    resolver = AdapterResolver(None, local_dir=None, token=None, max_bytes=2**30)
+    pools = build_pools(settings, resolver, load_pipeline, warm=False)
+    try:
+        (pool,) = pools.pools
+        assert pool.engine.loaded.storage == "fp8" and pool.engine.loaded.branch_rank == 4
+        assert isinstance(pool.engine.loaded.denoiser.x_embedder, BranchedLinear)
+        (status,) = pools.status()
+        assert status.engine.storage == "fp8"
+    finally:
+        pools.close()
