@@ -11,6 +11,8 @@ import pytest
 
 from engine.errors import LimitExceededError
 from engine.pipeline.loading import load_pipeline
+from engine.pools.flat import module_bytes
+from engine.pools.needs import loaded_need, pipeline_modules
 from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import LoraSpec
@@ -125,3 +127,12 @@ def test_start_up_with_quantize_fp8_loads_the_denoiser_quantized_and_says_so(bas
         assert status.engine.storage == "fp8"
     finally:
         pools.close()
+
+
+def test_a_pool_loaded_in_fp8_is_measured_as_it_is(fp8_flux):
+    """Its branch buffers are module bytes already: the plan's fp8 alternative must not add them again."""
+    need = loaded_need(fp8_flux, rank=8)
+    denoiser = module_bytes([fp8_flux.denoiser])
+    assert need.fp8 is not None
+    assert need.fp8.weights == module_bytes(pipeline_modules(fp8_flux))
+    assert need.fp8.touchable == need.touchable - denoiser
