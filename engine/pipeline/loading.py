@@ -35,6 +35,7 @@ from engine.pipeline.modes import default_strength, mode_class, served_modes
 from engine.pipeline.schedulers import offered_schedulers
 from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
+from engine.weights.quantized import in_storage
 
 __all__ = [
     "LoadedPipeline",
@@ -71,6 +72,10 @@ class LoadedPipeline:
     family: FamilySpec
     # Components the memory plan left in host RAM (`MemorySpec.host_components`): never moved to the device.
     host_components: tuple[str, ...] = ()
+    # The denoiser's weight storage: "native" (the pool's dtype) or "fp8" (engine.weights.quantized, whose LoRAs
+    # are low-rank branches of `branch_rank`: engine.weights.branches).
+    storage: str = "native"
+    branch_rank: int = 0
 
     @property
     def is_tiny(self) -> bool:
@@ -117,15 +122,24 @@ def resolve_dtype(setting: str, device: torch.device, half: str = "float16") -> 
 
 
 def load_pipeline(
-    settings: Settings, *, warm: bool = True, park: bool = False, host_components: tuple[str, ...] = ()
+    settings: Settings,
+    *,
+    warm: bool = True,
+    park: bool = False,
+    host_components: tuple[str, ...] = (),
+    storage: str | None = None,
 ) -> LoadedPipeline:
     """Load `settings.model_id` (a Hub id, a local diffusers folder or a tiny one) and warm it up.
 
     The class comes from the family of `settings.base_model_id`. With `park`, the weights stay in
     host memory (in the compute dtype) for `engine.pools.pools` to move in when the pool is first used;
     `device` still names where it will compute, and no warm-up runs. `host_components` stay in host RAM
-    (the memory plan's choice, among those the family declares it can run there).
+    (the memory plan's choice, among those the family declares it can run there). `storage` "fp8" stores the
+    denoiser's linears in fp8 with LoRA branches of `LORA_MAX_RANK` (engine.weights.quantized), quantized in host
+    memory before anything moves to the device; None: fp8 where `QUANTIZE=fp8`, else the pool's dtype (`auto`
+    pools are given the memory plan's answer).
     """
+    storage = storage or ("fp8" if settings.quantize == "fp8" else "native")
     family = family_spec(settings.base_model_id, setting="BASE_MODEL_ID")
     mismatch = vae_mismatch(settings)
     if mismatch is not None:
@@ -137,7 +151,8 @@ def load_pipeline(
     pipe: Pipeline = (
         build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
     )
-    pipe = _place(pipe, settings, family, device, dtype=dtype, park=park, host_components=host_components)
+    pipe, cast = in_storage(pipe, family.denoiser, dtype, storage, settings.lora_max_rank)
+    pipe = _place(pipe, settings, family, device, cast=cast, park=park, host_components=host_components)
     _vae_in_float32(pipe)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
@@ -153,6 +168,8 @@ def load_pipeline(
         warmup_s=0.0,
         family=family,
         host_components=host_components,
+        storage=storage,
+        branch_rank=settings.lora_max_rank if storage == "fp8" else 0,
     )
     if not warm or park:
         return loaded
@@ -175,14 +192,13 @@ def _place(
     family: FamilySpec,
     device: torch.device,
     *,
-    dtype: torch.dtype,
+    cast: torch.dtype | None,
     park: bool,
     host_components: tuple[str, ...],
 ) -> Pipeline:
-    """The pipeline on its device (the CPU when parked) in `dtype`, `host_components` left in host RAM."""
+    """The pipeline on its device (the CPU when parked) cast to `cast` (None: as it is), `host_components` left
+    in host RAM."""
     target = torch.device("cpu") if park else device
-    # Casting only when needed: diffusers warns on a cast that may break modules kept in float32.
-    cast = None if pipe.dtype == dtype else dtype
     if host_components:
         refused = sorted(set(host_components) - set(family.memory.host_components))
         if refused:

@@ -105,6 +105,10 @@ def loaded_need(loaded: LoadedPipeline, *, rank: int) -> PoolNeed:
     values = sum(t.numel() for t in (*denoiser.parameters(), *denoiser.buffers()))
     encoders = [getattr(pipe, c) for c in family.components if c not in (family.denoiser, *loaded.host_components)]
     encoder_scratch = scratch_bytes(largest_values(encoders))
+    if loaded.storage == "fp8":
+        # Loaded quantized already (engine.weights.quantized): measured as it is, its branch buffers included.
+        stored = module_bytes([denoiser])
+        return need.with_fp8(stored, stored, encoder_scratch)
     return need.with_fp8(module_bytes([denoiser]), fp8_bytes(values, linears, rank), encoder_scratch)
 
 

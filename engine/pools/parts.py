@@ -23,6 +23,7 @@ from engine.prepare.loadgate import LoadGate
 from engine.prepare.preparation import Preparer
 from engine.prepare.resolve import AdapterResolver
 from engine.settings import Settings
+from engine.weights.branches import BranchedPatcher, Branches
 from engine.weights.swap import WeightPatcher
 
 __all__ = ["EngineParts", "build_parts"]
@@ -32,7 +33,7 @@ __all__ = ["EngineParts", "build_parts"]
 class EngineParts:
     table: TargetTable
     encoders: TextEncoders
-    patcher: WeightPatcher
+    patcher: WeightPatcher | BranchedPatcher
     store: AdapterStore
     disk_cache: DiskCache | None
     preparer: Preparer
@@ -77,13 +78,15 @@ def build_parts(
     )
     # The swap's float32 scratch buffers on the device while the pool is there (the residency charges them).
     largest = max((p.numel() for p in table.params), default=0)
-    patcher = WeightPatcher(
+    fused = WeightPatcher(
         table.params,
         loaded.device if on_device else torch.device("cpu"),
         budget=budget,
         pin=pin,
         budget_setting=budget_setting,
     )
+    # On a quantized pool the denoiser's LoRAs are branches beside its fp8 weights; only the text encoders' fuse.
+    patcher = BranchedPatcher(fused, Branches(table, loaded.denoiser)) if loaded.storage == "fp8" else fused
     store = _make_store(loaded, settings, events, pin=pin)
     if disk_cache is None and (resolver.uses_hub or resolver.civitai_dir is not None):
         disk_cache = _make_disk_cache(loaded, settings, resolver, store)

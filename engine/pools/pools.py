@@ -299,7 +299,13 @@ def build_pools(
 
     def placed(pool: PoolSetting) -> dict[str, object]:
         host = first.host_components(pool.base_model_id) if first is not None else ()
-        return {"host_components": host} if host else {}
+        chosen: dict[str, object] = {"host_components": host} if host else {}
+        # The denoiser is quantized as it loads, in host RAM: as the first plan chose (QUANTIZE=auto or fp8), or
+        # as QUANTIZE says where no plan could be made before loading (`auto` then: native).
+        planned = first.storage(pool.base_model_id) if first is not None else None
+        if (planned or ("fp8" if settings.for_pool(pool).quantize == "fp8" else "native")) == "fp8":
+            chosen["storage"] = "fp8"
+        return chosen
 
     own_settings = [settings.for_pool(pool_settings[0])] if len(pool_settings) == 1 else _with_vae(settings)
     if len(pool_settings) == 1:

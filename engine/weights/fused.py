@@ -1,7 +1,8 @@
 """The adapter set fused into the pipeline right now, and the one way it changes: swap, roll back, restore.
 
-`WeightPatcher` (engine.weights.swap) writes the weights and `TokenPatcher` (engine.formats.pivotal) the pivotal-tuning
-rows of the text encoders' embeddings; this class decides what they write, always both together, and
+`WeightPatcher` (engine.weights.swap) writes the weights (on a quantized pool `BranchedPatcher`, which gives
+the denoiser's layers to low-rank branches: engine.weights.branches) and `TokenPatcher` (engine.formats.pivotal)
+the pivotal-tuning rows of the text encoders' embeddings; this class decides what they write, always both together, and
 remembers what is fused, for the scheduler's affinity, the status panel and a rollback after a failed
 request. Callers hold the engine's pipeline lock for `swap`, `rollback`, `restore_all` and for reading
 `tokenizers` (what a run of the fused set tokenizes with); the fused set is also read from other threads
@@ -20,6 +21,7 @@ import torch
 
 from engine.caches.store import AdapterStore
 from engine.formats.adapters import PreparedAdapter
+from engine.weights.branches import BranchedPatcher
 from engine.weights.swap import ActiveAdapter, WeightPatcher
 from engine.weights.tokens import TokenPatcher
 
@@ -38,7 +40,7 @@ def set_identity(adapters: Sequence[tuple[PreparedAdapter, float]]) -> Hashable:
 class FusedSet:
     def __init__(
         self,
-        patcher: WeightPatcher,
+        patcher: WeightPatcher | BranchedPatcher,
         tokens: TokenPatcher,
         store: AdapterStore,
         *,

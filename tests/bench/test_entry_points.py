@@ -76,6 +76,18 @@ def test_swap_on_the_qwen_image_slice_ends_with_the_verdict_line():
 
 
 @pytest.mark.timeout(1800)
+def test_quantized_on_the_flux_slice_ends_with_its_verdict_line():
+    line = last_line("bench.quantized", "--quick", "--tokens", "64", "--repeats", "1", "--max-rank", "16")
+    found = re.fullmatch(
+        rf"quantized: family=flux storage=fp8 swap_ms={NUMBER} swap_vs_fused={NUMBER} step_vs_bf16_fused={NUMBER} "
+        rf"branch_rel_err={NUMBER} fused_fp8_rel_err={NUMBER} exact=(true|false)",
+        line,
+    )
+    assert found, line
+    assert all(float(value) > 0 for value in found.groups()[:5]) and found[6] == "true"
+
+
+@pytest.mark.timeout(1800)
 def test_unet_step_compiles_the_tiny_unet_and_matches_eager():
     line = last_line("bench.unet_step", "--tiny", "--side", "64", "--repeats", "1")
     found = re.fullmatch(

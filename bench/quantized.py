@@ -1,0 +1,314 @@
+"""The quantized-pool benchmark: LoRAs as branches beside fp8 weights against LoRAs fused into bf16, side by side.
+
+    python -m bench.quantized [--ranks 16,64] [--repeats N] [--tokens N] [--max-rank N] [--threads N] [--quick]
+
+On a real-width slice of FLUX.1's transformer (`bench.flux_slice`: 2 double and 4 single blocks at width 3072,
+every BFL linear adapted, diffusers' names), built twice from one pool of random values: once in bf16, swapped by
+the engine's fused path (`WeightPatcher`), once stored in fp8 with branches of `--max-rank` (LORA_MAX_RANK,
+default 128), swapped by the engine's branch path (`BranchedPatcher`). It measures, taking turns so that load
+from other processes falls on both alike:
+
+- swap time: a branch swap (factors copied into the buffers) against a fused swap (each weight rewritten);
+- step time: one eager forward of the slice at `--tokens` image tokens (+ a quarter as many text tokens), fp8
+  with a rank-64 branch against bf16 with the same LoRA fused (the compiled figure is not measured here:
+  inductor takes many minutes for the slice on 2 cores);
+- quality: per adapted layer, on 64 random tokens, the output's relative error against bf16 fused, for the
+  branch and for the LoRA fused into fp8 (the fused bf16 weight quantized as the base is), and the error of
+  the LoRA's change to the output against float32's `x·ΔWᵀ` for each of the three; after the slice, the
+  output's relative error against bf16 fused for the branch and for fp8 fused;
+- exactness: the fp8 stored bytes after every swap equal those loaded, and the bf16 slice is its fill again.
+
+The default run fits about 15 minutes on 2 loaded cores; --quick is a smoke run (rank 16, 256 tokens). The last
+line is `quantized: family=flux storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= branch_rel_err=
+fused_fp8_rel_err= exact=` at rank 64 (the largest rank measured), swap and step ratios medians of turn-by-turn
+ratios, errors after the slice.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/quantized.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import diffusers
+import torch
+import torch.nn.functional as F
+
+from bench.flux_slice import build_flux_slice, flux_pool, flux_targets, write_flux_pair
+from bench.measure import Clock, cpu_description
+from bench.ours import Ours, round_robin
+from bench.sdxl_unet import mismatched_tensors
+from bench.swap import _cpu_pressure
+from engine.formats.layers import LayerFactors
+from engine.weights.branches import BranchedPatcher, Branches
+from engine.weights.quantized import BranchedLinear, quantize_denoiser, stored_bytes
+from lora_catalog.entries import Family
+
+__all__ = ["main", "run"]
+
+DTYPE = torch.bfloat16
+ERROR_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class Args:
+    ranks: tuple[int, ...]
+    repeats: int
+    tokens: int
+    max_rank: int
+    quick: bool
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def parse(argv: Sequence[str] | None) -> Args:
+    parser = argparse.ArgumentParser(prog="python -m bench.quantized", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--ranks", default=None, help="LoRA ranks (default 16,64; --quick: 16)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed swaps and steps each (default 4; quick 2)")
+    parser.add_argument("--tokens", type=int, default=None, help="image tokens of a step (default 1024; quick 256)")
+    parser.add_argument("--max-rank", type=int, default=128, help="the branch buffers' rank (LORA_MAX_RANK)")
+    parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: rank 16, 256 tokens, 2 repeats")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ranks = tuple(int(r) for r in args.ranks.split(",")) if args.ranks else ((16,) if args.quick else (16, 64))
+    if max(ranks) > args.max_rank:
+        parser.error(f"--ranks {max(ranks)} is over --max-rank {args.max_rank}; accepted: ranks up to it")
+    repeats = args.repeats or (2 if args.quick else 4)
+    return Args(ranks, repeats, args.tokens or (256 if args.quick else 1024), args.max_rank, args.quick)
+
+
+def run(args: Args) -> dict[str, object]:
+    began = time.perf_counter()
+    clock = Clock(torch.device("cpu"))
+    cpu, _ = cpu_description()
+    _say("quantized benchmark: FLUX.1 transformer slice (2 double + 4 single blocks, width 3072), random weights")
+    _say(f"CPU: {cpu}; torch {torch.__version__}, diffusers {diffusers.__version__}, {torch.get_num_threads()} threads")
+    _say(f"machine: {_cpu_pressure()}")
+    pool = flux_pool()
+    bf16 = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
+    fp8 = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
+    started = time.perf_counter()
+    quantize_denoiser(fp8, rank=args.max_rank, dtype=DTYPE)
+    loaded_bytes = stored_bytes(fp8)
+    stored = sum(p.nbytes for p in fp8.parameters()) + sum(b.nbytes for b in fp8.buffers())
+    _say(
+        f"built both: {sum(p.numel() for p in bf16.parameters()) / 1e9:.2f}B parameters, bf16 "
+        f"{sum(p.nbytes for p in bf16.parameters()) / 2**30:.2f} GiB, fp8 with rank-{args.max_rank} branches "
+        f"{stored / 2**30:.2f} GiB (quantized in {time.perf_counter() - started:.1f} s)"
+    )
+    fused = Ours(bf16, device=torch.device("cpu"), dtype=DTYPE, max_rank=256, cache_bytes=8 * 2**30, family=Family.FLUX)
+    branch = Ours(fp8, device=torch.device("cpu"), dtype=DTYPE, max_rank=256, cache_bytes=8 * 2**30, family=Family.FLUX)
+    branch.patcher = BranchedPatcher(branch.patcher, Branches(branch.table, fp8))  # type: ignore[assignment]
+    results: dict[str, object] = {"cpu": cpu}
+    with tempfile.TemporaryDirectory(prefix="quantized-bench-") as folder:
+        layers = flux_targets(bf16)
+        for rank in args.ranks:
+            pair = write_flux_pair(Path(folder), layers, rank=rank, fmt="peft")
+            sides = {
+                name: [o.prepare(p, f"r{rank}-{i}") for i, p in enumerate(pair.paths)]
+                for name, o in (("fused", fused), ("branch", branch))
+            }
+            results[f"swap_r{rank}"] = _swaps(fused, branch, sides, args.repeats, clock, rank)
+            results[f"layers_r{rank}"] = _layer_errors(fused, branch, sides, rank)
+            if rank == max(args.ranks):
+                results["step"] = _steps(fused, branch, sides, args, clock)
+    fused.reset()
+    branch.reset()
+    exact = stored_bytes(fp8) == loaded_bytes and not mismatched_tensors(bf16, pool)
+    _say(f"machine: {_cpu_pressure()}; the whole run took {time.perf_counter() - began:.0f} s")
+    _last_line(results, max(args.ranks), exact)
+    return results
+
+
+def _swaps(fused: Ours, branch: Ours, sides: dict, repeats: int, clock: Clock, rank: int) -> dict[str, float]:
+    swaps = {
+        name: (lambda i, o=o, a=sides[name]: o.swap(a[i % 2])) for name, o in (("fused", fused), ("branch", branch))
+    }
+    samples = round_robin(clock, swaps, repeats)
+    ratios = [b / f for b, f in zip(samples["branch"], samples["fused"], strict=True)]
+    out = {
+        "fused_ms": statistics.median(samples["fused"]),
+        "branch_ms": statistics.median(samples["branch"]),
+        "ratio": statistics.median(ratios),
+    }
+    _say(
+        f"rank {rank:3d} swap: branch {out['branch_ms']:8.1f} ms, bf16 fused {out['fused_ms']:8.1f} ms, "
+        f"branch/fused {out['ratio']:.3f} (median of {repeats} turns)"
+    )
+    return out
+
+
+@torch.no_grad()
+def _layer_errors(fused: Ours, branch: Ours, sides: dict, rank: int) -> dict[str, float]:
+    """Per adapted layer (LoRA "a" served on both sides): output errors against bf16 fused, change errors against
+    float32; medians and maxima over the layers."""
+    fused.swap(sides["fused"][0])
+    branch.swap(sides["branch"][0])
+    modules = dict(branch.unet.named_modules())
+    plain = dict(fused.unet.named_modules())
+    rows: dict[str, list[float]] = {k: [] for k in ("branch_out", "fp8_out", "branch_dw", "bf16_dw", "fp8_dw")}
+    generator = torch.Generator().manual_seed(rank)
+    for layer in sides["branch"][0].layers:
+        assert isinstance(layer, LayerFactors)
+        name = branch.table.names[layer.target].removeprefix("transformer.")
+        q, linear = modules[name], plain[name]
+        assert isinstance(q, BranchedLinear)
+        x = torch.randn(ERROR_TOKENS, q.in_features, generator=generator).to(DTYPE)
+        truth = (x.float() @ layer.down.float().T) @ layer.up.float().T * layer.scaling
+        pristine = fused.patcher.pristine_copies([layer.target])[layer.target]
+        y_fused, y_base = F.linear(x, linear.weight, linear.bias), F.linear(x, pristine, linear.bias)
+        q_base = F.linear(x, q.dequantized(DTYPE), q.bias)
+        fp8_fused = BranchedLinear(
+            SimpleNamespace(
+                in_features=q.in_features,
+                out_features=q.out_features,  # type: ignore[arg-type]
+                weight=linear.weight,
+                bias=linear.bias,
+            ),
+            1,
+            DTYPE,
+        )
+        y_fp8 = F.linear(x, fp8_fused.dequantized(DTYPE), q.bias)
+        y_branch = q(x)
+        rows["branch_out"].append(_rel(y_branch, y_fused))
+        rows["fp8_out"].append(_rel(y_fp8, y_fused))
+        rows["branch_dw"].append(_rel(y_branch.float() - q_base.float(), truth))
+        rows["bf16_dw"].append(_rel(y_fused.float() - y_base.float(), truth))
+        rows["fp8_dw"].append(_rel(y_fp8.float() - q_base.float(), truth))
+    summary = {f"{k}_median": statistics.median(v) for k, v in rows.items()}
+    summary |= {f"{k}_max": max(v) for k, v in rows.items()}
+    _say(
+        f"rank {rank:3d} per layer ({len(rows['branch_out'])} layers), median (max): output vs bf16 fused: branch "
+        f"{summary['branch_out_median']:.4f} ({summary['branch_out_max']:.4f}), fp8 fused "
+        f"{summary['fp8_out_median']:.4f} ({summary['fp8_out_max']:.4f}); LoRA's change vs float32: branch "
+        f"{summary['branch_dw_median']:.4f} ({summary['branch_dw_max']:.4f}), bf16 fused "
+        f"{summary['bf16_dw_median']:.4f} ({summary['bf16_dw_max']:.4f}), fp8 fused "
+        f"{summary['fp8_dw_median']:.4f} ({summary['fp8_dw_max']:.4f})"
+    )
+    return summary
+
+
+def _rel(value: torch.Tensor, reference: torch.Tensor) -> float:
+    value, reference = value.double(), reference.double()
+    return float((value - reference).norm() / reference.norm())
+
+
+def _inputs(tokens: int) -> dict[str, object]:
+    generator = torch.Generator().manual_seed(0)
+    text = max(tokens // 4, 16)
+    side = int(tokens**0.5)
+    grid = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(tokens // side), indexing="ij"), -1)
+    image_ids = torch.cat([torch.zeros(side * (tokens // side), 1), grid.reshape(-1, 2).float()], dim=1)
+    return {
+        "hidden_states": torch.randn(1, image_ids.shape[0], 64, generator=generator).to(DTYPE),
+        "encoder_hidden_states": torch.randn(1, text, 4096, generator=generator).to(DTYPE),
+        "pooled_projections": torch.randn(1, 768, generator=generator).to(DTYPE),
+        "timestep": torch.tensor([0.5], dtype=DTYPE),
+        "img_ids": image_ids,
+        "txt_ids": torch.zeros(text, 3),
+        "guidance": torch.tensor([3.5], dtype=DTYPE),
+        "return_dict": False,
+    }
+
+
+@torch.no_grad()
+def _steps(fused: Ours, branch: Ours, sides: dict, args: Args, clock: Clock) -> dict[str, float]:
+    """Eager steps at the headline rank, taking turns; then the slice's output errors against bf16 fused."""
+    fused.swap(sides["fused"][0])
+    branch.swap(sides["branch"][0])
+    inputs = _inputs(args.tokens)
+    outputs: dict[str, torch.Tensor] = {}
+
+    def step(name: str, model: torch.nn.Module):  # type: ignore[no-untyped-def]
+        return lambda _: outputs.__setitem__(name, model(**inputs)[0])
+
+    samples = round_robin(
+        clock, {"fused": step("fused", fused.unet), "branch": step("branch", branch.unet)}, args.repeats
+    )
+    ratios = [b / f for b, f in zip(samples["branch"], samples["fused"], strict=True)]
+    started = clock()
+    for module in branch.unet.modules():
+        if isinstance(module, BranchedLinear):
+            module.dequantized(DTYPE)
+    dequantize_ms = (clock() - started) * 1000
+    outputs["fp8_fused"] = _fp8_fused_output(fused, branch, inputs)
+    out = {
+        "fused_ms": statistics.median(samples["fused"]),
+        "branch_ms": statistics.median(samples["branch"]),
+        "ratio": statistics.median(ratios),
+        "dequantize_ms": dequantize_ms,
+        "branch_rel_err": _rel(outputs["branch"], outputs["fused"]),
+        "fused_fp8_rel_err": _rel(outputs["fp8_fused"], outputs["fused"]),
+    }
+    _say(
+        f"step ({args.tokens} image tokens, rank {max(args.ranks)}, "
+        f"branches of {args.max_rank}): fp8 + branch {out['branch_ms']:.0f} ms, bf16 fused {out['fused_ms']:.0f} ms, "
+        f"ratio {out['ratio']:.3f}; widening every fp8 weight once takes {dequantize_ms:.0f} ms of it"
+    )
+    _say(f"slice output vs bf16 fused: branch {out['branch_rel_err']:.4f}, fp8 fused {out['fused_fp8_rel_err']:.4f}")
+    return out
+
+
+def _fp8_fused_output(fused: Ours, branch: Ours, inputs: dict[str, object]) -> torch.Tensor:
+    """The slice's output with the fused bf16 weights quantized as the base is (the LoRA fused into fp8): the fp8
+    model's stored tensors are set aside, never written, and put back after."""
+    branch.reset()
+    plain = dict(fused.unet.named_modules())
+    kept = {}
+    for name, module in branch.unet.named_modules():
+        if isinstance(module, BranchedLinear):
+            source = plain[name]
+            fp8 = BranchedLinear(
+                SimpleNamespace(
+                    in_features=module.in_features,
+                    out_features=module.out_features,  # type: ignore[arg-type]
+                    weight=source.weight,
+                    bias=None,
+                ),
+                1,
+                DTYPE,
+            )
+            kept[name] = (module.weight, module.weight_scale)
+            module.weight, module.weight_scale = fp8.weight, fp8.weight_scale
+    try:
+        return branch.unet(**inputs)[0]
+    finally:
+        for name, (weight, scale) in kept.items():
+            module = branch.unet.get_submodule(name)
+            module.weight, module.weight_scale = weight, scale
+
+
+def _last_line(results: dict[str, object], rank: int, exact: bool) -> None:
+    swap = results[f"swap_r{rank}"]
+    step = results["step"]
+    assert isinstance(swap, dict) and isinstance(step, dict)
+    _say(
+        f"quantized: family=flux storage=fp8 swap_ms={swap['branch_ms']:.1f} swap_vs_fused={swap['ratio']:.3f} "
+        f"step_vs_bf16_fused={step['ratio']:.2f} branch_rel_err={step['branch_rel_err']:.4f} "
+        f"fused_fp8_rel_err={step['fused_fp8_rel_err']:.4f} exact={'true' if exact else 'false'}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    run(parse(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
