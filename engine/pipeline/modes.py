@@ -64,7 +64,7 @@ def mode_pipeline(pipe: Pipeline, request: CheckedRequest, family: FamilySpec) -
     components (see the module docstring)."""
     cls = mode_class(family, request.mode)
     # The pool's own pipeline is an instance of its class or of a subclass (the cluster's stand-in GPU's).
-    if cls is None or isinstance(pipe, cls):
+    if cls is None or cls in type(pipe).__mro__:
         return pipe
     expected, optional = _signature_keys(cls)
     components = {name: module for name, module in pipe.components.items() if name in expected}
