@@ -106,9 +106,9 @@ def test_bad_images_are_refused_naming_them_and_nothing_is_lost(server):
     gif = io.BytesIO()
     example_image().save(gif, format="GIF")
     refused(post(server, gif.getvalue(), **{"content-type": "image/png"}), "GIF", "accepted")
-    # 2100 x 2100 black: 20 kB of PNG, 4.4 million pixels, refused from its header.
-    bomb = png_bytes(Image.new("L", (2100, 2100)))
-    refused(post(server, image_body({}, image=bomb)), "2100x2100", "MAX_INPUT_PIXELS")
+    # 2700 x 2700 black: a small PNG of 7.3 million pixels (over 4 x 1328²), refused from its header.
+    bomb = png_bytes(Image.new("L", (2700, 2700)))
+    refused(post(server, image_body({}, image=bomb)), "2700x2700", "MAX_INPUT_PIXELS")
     refused(post(server, image_body({"mask_image": b64(b"nope")})), "parameters.mask_image", "accepted")
     refused(post(server, image_body({"strength": 1.5})), "strength", "0 to 1")
     refused(post(server, image_body({"strength": 0})), "strength", "accepted")

@@ -91,6 +91,8 @@ UI_ARGUMENTS: dict[str, object] = {
     "recommended": True,
     "seed": 1,
     "randomize": False,
+    "source": None,  # no input image: text-to-image
+    "strength": None,  # the pool's default
     "browsed": "",  # the base filter ("": the default pool)
     "kept": [],  # the session's history
     # The page's request (the share link is built from its headers).
