@@ -8,7 +8,9 @@ a kohya layer diffusers would drop silently (FLUX.1's modulations, CLIP) is refu
 FLUX.1's LoRAs share many names; their MLP widths tell them apart (`bfl_blocks`). The distilled models run 4
 steps without guidance, the base ones 50 at a CFG of 4 (the transformer's config and the pipeline's
 `is_distilled` say which); no negative prompt (the pipeline's CFG uses ""); sides in 16s; previews project the
-packed 128-channel latents (ComfyUI's factors). The reasoning and sources: docs/internals.md.
+packed 128-channel latents (ComfyUI's factors). Inpainting is diffusers' `Flux2KleinInpaintPipeline` over the same
+components; diffusers 0.42 has no klein image-to-image class (`Flux2KleinPipeline`'s own `image` is a reference
+for editing, not a starting point), so none is served. The reasoning and sources: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-from diffusers import Flux2KleinPipeline
+from diffusers import Flux2KleinInpaintPipeline, Flux2KleinPipeline
 
 from engine.errors import IncompatibleLoraError
 from engine.families import flux
@@ -221,6 +223,7 @@ FAMILY = FamilySpec(
     preview=PreviewSpec(None, LATENT_RGB, unpack=unpack_latents),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
+    inpainting=Flux2KleinInpaintPipeline,
     # klein 4B's (the reference model's, and a fine-tune's of unknown size); the 9B bases declare their own.
     memory=MEMORY,
     base_memory=((MODEL_ID_9B, MEMORY_9B), (BASE_9B, MEMORY_9B)),

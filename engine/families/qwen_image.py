@@ -7,6 +7,8 @@ by its own converter. Defaults as diffusers and Qwen's card run it: 50 steps, tr
 `true_cfg_scale`; it runs only with a negative prompt, so an empty one is " ", as the card passes); sides in
 16s. Qwen2.5-VL (16.6 GB in bf16) may stay in host RAM. Previews: the Wan 2.1 latent projection (Qwen-Image's
 VAE encodes into Wan 2.1's latent space) over the unpacked latents; no distilled decoder loads as AutoencoderTiny.
+Image-to-image and inpainting are diffusers' `QwenImageImg2ImgPipeline` and `QwenImageInpaintPipeline` over the
+same components.
 Qwen-Image-Edit LoRAs share the transformer's names and shapes (only a card tells them apart; musubi-tuner's
 "Qwen-Image-Edit" metadata reads as Qwen-Image): no edit pool serves them yet, so they are judged by their files
 and run on a Qwen-Image pool, the one architecture their deltas fit.
@@ -18,7 +20,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from diffusers import QwenImagePipeline
+from diffusers import QwenImageImg2ImgPipeline, QwenImageInpaintPipeline, QwenImagePipeline
 
 from engine.families.spec import (
     FamilySpec,
@@ -181,4 +183,6 @@ FAMILY = FamilySpec(
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
     memory=MEMORY,
+    image_to_image=QwenImageImg2ImgPipeline,
+    inpainting=QwenImageInpaintPipeline,
 )
