@@ -21,15 +21,12 @@ from cachetools import LRUCache
 
 from engine.caches.disk import DiskCache
 from engine.compare import MAX_COMPARE_LORAS
-from engine.devices import same_device
-from engine.errors import SettingsError
 from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
 from engine.normalise import normalise_loras
 from engine.outcomes import PoolMemory, PoolStatus, ServedPool
-from engine.pipeline.loading import LoadedPipeline, resolve_device, vae_mismatch, warm_up
+from engine.pipeline.loading import LoadedPipeline, resolve_device
 from engine.pools.engine import Engine
-from engine.pools.flat import FlatWeights, module_tensors
 from engine.pools.plan import (
     MemoryPlan,
     PlanOptions,
@@ -38,14 +35,13 @@ from engine.pools.plan import (
     loaded_need,
     pipeline_modules,
     plan_memory,
-    storage_to_load,
 )
 from engine.pools.residency import Residency
 from engine.pools.routing import PoolInfo, described_pick, named_pool, routed
+from engine.pools.startup import compiled, load_pipelines, pools_settings
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import GenerateRequest, LoraSpec
-from engine.settings import PoolSetting, Settings
-from engine.storage import unplanned_storage
+from engine.settings import Settings
 from lora_catalog.entries import Family
 
 __all__ = ["Pool", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
@@ -233,45 +229,6 @@ def pool_info(engine: Engine) -> PoolInfo:
     return PoolInfo(loaded.base_model_id, family.family, widths.denoiser, widths.text)
 
 
-def _warmed(loaded: LoadedPipeline, settings: Settings, *, moves: bool) -> LoadedPipeline:
-    """`loaded` warmed up (and compiled) on its device; one parked in host RAM goes back there afterwards.
-
-    A pool that `moves` (the pools take turns on the device) is compiled without CUDA graphs: each move puts its
-    weights at new addresses, torch records every shape's graph again at the next call and keeps the earlier ones
-    (`StaticInputIdxMismatch` is not counted toward its re-record limit), so graphs and their memory would grow with
-    every move, and each move-in would pay a recording per shape. Pools that stay resident keep them.
-    """
-    if moves and settings.compile in ("reduce-overhead", "max-autotune"):
-        logger.info("pool %s takes turns on the device: compiled without CUDA graphs", loaded.base_model_id)
-    modules = pipeline_modules(loaded)
-    if all(same_device(t.device, loaded.device) for t in module_tensors(modules)):
-        return warm_up(loaded, settings, cudagraphs=not moves)
-    # Moved the way the residency moves pools (one flat buffer each way); back out before the next pool comes in.
-    weights = FlatWeights(modules, pin=False)
-    weights.to_device(loaded.device)
-    try:
-        return warm_up(loaded, settings, cudagraphs=not moves)
-    finally:
-        weights.to_host()
-
-
-def _with_vae(settings: Settings) -> list[Settings]:
-    """Each pool's settings, `VAE_ID` kept only for the pools whose latent space it fits (SDXL's VAE must not
-    decode SD 1.5's latents); SettingsError when it fits none of the pools that could take it."""
-    chosen, refused = [], []
-    for pool in settings.pool_settings:
-        own = settings.for_pool(pool)
-        mismatch = vae_mismatch(own)
-        if mismatch is not None:
-            logger.warning("%s; pool %s keeps its own VAE", mismatch, pool.base_model_id)
-            refused.append(mismatch)
-            own = own.replace(vae_id=None)
-        chosen.append(own)
-    if refused and not any(own.vae_id and not own.loads_tiny for own in chosen):
-        raise SettingsError(f"VAE_ID fits none of the pools: {' / '.join(refused)}")
-    return chosen
-
-
 def build_pools(
     settings: Settings,
     resolver: AdapterResolver,
@@ -291,33 +248,14 @@ def build_pools(
     device's memory in bytes, None for no bound (tests give one; by default the GPU's, or none on the CPU and
     ZeroGPU).
     """
-    pool_settings = settings.pool_settings
     device = resolve_device(settings.device)
     total = memory(device) if memory is not None else device_memory(device, per_call=settings.per_call)
     options = PlanOptions.of(settings)
     declared = declared_needs(settings, device) if total is not None else None
     # Refused before anything is downloaded or loaded; its choice of components left in host RAM is final.
     first = plan_memory(declared, total, options) if total is not None and declared is not None else None
-
-    def placed(told: Settings, pool: PoolSetting) -> dict[str, object]:
-        host = first.host_components(pool.base_model_id) if first is not None else ()
-        chosen: dict[str, object] = {"host_components": host} if host else {}
-        # The denoiser is quantized as it loads, in host RAM, where the one decision says so; the loader is told
-        # wherever that differs from what `told`'s QUANTIZE gives it on its own.
-        storage = storage_to_load(first, options, pool.base_model_id)
-        if storage != unplanned_storage(told.quantize):
-            chosen["storage"] = storage
-        return chosen
-
-    own_settings = [settings.for_pool(pool_settings[0])] if len(pool_settings) == 1 else _with_vae(settings)
-    if len(pool_settings) == 1:
-        loaded = [load(settings, warm=warm, **placed(settings, pool_settings[0]))]
-    else:
-        parked = {"park": True} if total is not None else {}
-        loaded = [
-            load(own, warm=False, **parked, **placed(own, pool))
-            for own, pool in zip(own_settings, pool_settings, strict=True)
-        ]
+    own_settings = pools_settings(settings)
+    loaded = load_pipelines(settings, own_settings, load, first, options, warm=warm, park=total is not None)
     _log_storage(loaded, first, options)
     # Once loaded, measured, each denoiser in the storage it loaded in (never changed behind its back).
     kept = options.keeping((lp.base_model_id, lp.storage) for lp in loaded)
@@ -325,12 +263,9 @@ def build_pools(
     plan = plan_memory(needs, total, kept) if total is not None else None
     if plan is not None:
         logger.info("memory plan: %s", plan.describe())
-    if len(pool_settings) > 1 and settings.compile != "off" and warm:
+    if len(loaded) > 1 and settings.compile != "off" and warm:
         # Compiling is warming up: each pool on the device in turn, once, at start-up (after the plan accepted them).
-        moves = plan is not None and not plan.resident
-        loaded = [
-            _warmed(lp, settings.for_pool(pool), moves=moves) for pool, lp in zip(pool_settings, loaded, strict=True)
-        ]
+        loaded = compiled(loaded, settings, moves=plan is not None and not plan.resident)
     engines: list[Engine] = []
     disk = _shared_disk_cache(settings, resolver, loaded, engines)
     for own, lp in zip(own_settings, loaded, strict=True):

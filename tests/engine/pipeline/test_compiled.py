@@ -264,7 +264,7 @@ def test_several_pools_are_each_compiled_at_start_up(base_settings, loaded, load
         warmed.append((pipeline.base_model_id, settings.model_id))
         return pipeline
 
-    monkeypatch.setattr("engine.pools.pools.warm_up", warm)
+    monkeypatch.setattr("engine.pools.startup.warm_up", warm)
     settings = base_settings.replace(
         compile="default",
         pools=(PoolSetting(loaded.model_id, SDXL_ID), PoolSetting(loaded_sd15.model_id, SD15_MODEL_ID)),

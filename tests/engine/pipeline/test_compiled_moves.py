@@ -46,7 +46,7 @@ def test_pools_taking_turns_are_warmed_up_without_cuda_graphs(
     base_settings, loaded, loaded_sd15, monkeypatch, resident, cudagraphs
 ):
     asked: list[object] = []
-    monkeypatch.setattr("engine.pools.pools.warm_up", lambda lp, s, **kw: asked.append(kw["cudagraphs"]) or lp)
+    monkeypatch.setattr("engine.pools.startup.warm_up", lambda lp, s, **kw: asked.append(kw["cudagraphs"]) or lp)
 
     def plan(needs, total, options):
         # The plan's verdict is what this test sets: every pool resident, or the pools taking turns.
