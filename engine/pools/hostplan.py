@@ -14,9 +14,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from engine.hostmem import pinned_nbytes
+from engine.pools.placement import gib
 
 if TYPE_CHECKING:
-    from engine.pools.plan import Placement, PlanOptions, PoolNeed
+    from engine.pools.needs import PoolNeed
+    from engine.pools.placement import Placement, PlanOptions
 
 __all__ = ["MIN_CACHE", "HostNeed", "fit_host", "host_need", "host_refusal", "pristine_budget"]
 
@@ -116,9 +118,9 @@ def host_refusal(
     (`fits(needs, options)`: a plan fits the GPU and the host)."""
     kinds = ("components", "pinned weights while it waits", "HOST_CACHE_BYTES", "pristine copies at least")
     own = "; ".join(
-        f"{h.name} {_gib(h.nbytes)} ("
+        f"{h.name} {gib(h.nbytes)} ("
         + ", ".join(
-            f"{kind} {_gib(n)}"
+            f"{kind} {gib(n)}"
             for kind, n in zip(kinds, (h.components, h.parked, h.adapters, h.pristine), strict=True)
             if n
         )
@@ -139,10 +141,6 @@ def host_refusal(
     if kept and len(kept) < len(needs):
         accepted.append(f"MODELS with {' and '.join(n.name for n in kept)} only (these fit here)")
     return (
-        f"what the pools place in host RAM does not fit HOST_RAM_BYTES ({_gib(options.host_ram or 0)}): {own}; "
+        f"what the pools place in host RAM does not fit HOST_RAM_BYTES ({gib(options.host_ram or 0)}): {own}; "
         f"accepted: {'; or '.join(accepted)}"
     )
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB"

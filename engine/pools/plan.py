@@ -13,13 +13,12 @@ What counts against the device: docs/internals.md, "engine/pools/plan.py".
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import torch
 
 from engine.errors import SettingsError
-from engine.hostmem import default_host_budget, host_ram
 from engine.pools.hostplan import MIN_CACHE, fit_host, host_need, host_refusal
 from engine.pools.needs import (
     PoolNeed,
@@ -29,7 +28,7 @@ from engine.pools.needs import (
     pipeline_modules,
     scratch_bytes,
 )
-from engine.settings import Settings
+from engine.pools.placement import MemoryPlan, Placement, PlanOptions, gib
 from engine.storage import Storage, unplanned_storage
 
 __all__ = [
@@ -61,135 +60,6 @@ GPUS: tuple[tuple[str, int], ...] = (
 # Declared, not measured here (no GPU was lent): torch's CUDA context with CUDA 12's lazy module loading and
 # cuBLAS's workspaces, reported at 300-800 MiB on recent GPUs; `bench/gpu_check.sh` is where to measure it.
 CUDA_CONTEXT_BYTES = 768 * 2**20
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """The settings a plan reads."""
-
-    pristine_bytes: int | None  # None: each pool's touchable weights
-    pristine_store: str
-    offload: bool
-    adapter_cache: int
-    # What the plan may place in host RAM (None: no bound), and each pool's adapter cache there.
-    host_ram: int | None = None
-    host_cache: int = 0
-    # COMPILE=reduce-overhead: each pool's CUDA graphs keep a memory pool of their own.
-    graphs: bool = False
-    # QUANTIZE (off, fp8, auto) for every pool, and the pools that are told otherwise: (pool name, value).
-    quantize: str = "auto"
-    pool_quantize: tuple[tuple[str, str], ...] = ()
-
-    def quantize_of(self, name: str) -> str:
-        return dict(self.pool_quantize).get(name, self.quantize)
-
-    def keeping(self, storages: Iterable[tuple[str, str]]) -> PlanOptions:
-        """These options with each pool's storage fixed as given, (pool name, storage): the plan again, once
-        loaded, over the storages the pools loaded in."""
-        fixed = tuple((name, "fp8" if storage == "fp8" else "off") for name, storage in storages)
-        return replace(self, pool_quantize=fixed)
-
-    @classmethod
-    def of(cls, settings: Settings) -> PlanOptions:
-        host = settings.host_ram_bytes if settings.host_ram_bytes is not None else default_host_budget(host_ram())
-        return cls(
-            settings.pristine_bytes,
-            settings.pristine_store,
-            settings.pool_offload,
-            settings.device_cache_bytes,
-            host_ram=host,
-            host_cache=settings.host_cache_bytes,
-            graphs=settings.compile == "reduce-overhead",
-            quantize=settings.quantize,
-            pool_quantize=tuple((p.base_model_id, p.quantize) for p in settings.pool_settings if p.quantize),
-        )
-
-
-@dataclass(frozen=True)
-class Placement:
-    """One pool in a plan: the weights it keeps on the device, what its pristine copies may take there (0: in host
-    RAM), the components left in host RAM, its scratch buffers on the device; what it holds in host RAM and its
-    pristine copies' budget there; its denoiser's weight storage (`native`, or `fp8` with LoRA branches)."""
-
-    name: str
-    weights: int
-    pristine: int
-    host_components: tuple[str, ...] = ()
-    scratch: int = 0
-    host_bytes: int = 0
-    host_pristine: int = 0
-    storage: Storage = "native"
-
-    @property
-    def nbytes(self) -> int:
-        """What the pool holds on the device while it is there."""
-        return self.weights + self.pristine + self.scratch
-
-    @property
-    def pristine_store(self) -> str:
-        return "device" if self.pristine else "cpu"
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """A plan that fits: the device's memory, the room for pipelines, each pool's placement, and whether the
-    pools all stay resident or take turns."""
-
-    total: int
-    room: int
-    placements: tuple[Placement, ...]
-    resident: bool
-    # A smaller PRISTINE_BYTES with which every pool would stay resident with its pristine copies on the device.
-    smaller_pristine: int | None = None
-    # What the plan may place in host RAM (None: no bound).
-    host_budget: int | None = None
-    # The pools QUANTIZE=auto stores in fp8, because the pools fit no other way.
-    auto_quantized: tuple[str, ...] = ()
-
-    def placement(self, name: str) -> Placement:
-        return next(p for p in self.placements if p.name == name)
-
-    def storage(self, name: str) -> Storage:
-        """Pool `name`'s denoiser storage: `native`, or `fp8` (quantized, LoRAs as branches beside it)."""
-        return self.placement(name).storage
-
-    @property
-    def storages(self) -> tuple[tuple[str, Storage], ...]:
-        """Each pool's name and denoiser storage."""
-        return tuple((p.name, p.storage) for p in self.placements)
-
-    def host_components(self, name: str) -> tuple[str, ...]:
-        """The components pool `name` must keep (and run) in host RAM: its loading is told so."""
-        return self.placement(name).host_components
-
-    def describe(self) -> str:
-        pools = "; ".join(
-            f"{p.name} {_gib(p.weights)}"
-            + (" (denoiser in fp8 with LoRA branches)" if p.storage == "fp8" else "")
-            + (f" + {_gib(p.pristine)} pristine copies" if p.pristine else "")
-            + (f" (pristine copies in host RAM, up to {_gib(p.host_pristine)})" if p.host_pristine else "")
-            + (f", {' and '.join(p.host_components)} in host RAM" if p.host_components else "")
-            for p in self.placements
-        )
-        mode = "all resident" if self.resident else "taking turns (POOL_OFFLOAD)"
-        hint = (
-            f" (PRISTINE_BYTES={self.smaller_pristine // 2**20}MiB would keep every pool resident with its pristine "
-            "copies on the device; a LoRA set touching more weights is then refused)"
-            if self.smaller_pristine is not None
-            else ""
-        )
-        host = "" if self.host_budget is None else f"; host RAM {_gib(self.host_bytes)} of {_gib(self.host_budget)}"
-        auto = (
-            f"; QUANTIZE=auto stores {' and '.join(self.auto_quantized)} in fp8, the only way the pools fit"
-            if self.auto_quantized
-            else ""
-        )
-        return f"{_gib(self.room)} of {_gib(self.total)} for pipelines, {mode}: {pools}{hint}{host}{auto}"
-
-    @property
-    def host_bytes(self) -> int:
-        """What the plan places in host RAM at most."""
-        return sum(p.host_bytes for p in self.placements)
 
 
 def device_memory(device: torch.device, *, per_call: bool) -> int | None:
@@ -331,16 +201,16 @@ def _refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> str
     # The pools as stored at the last try (under QUANTIZE=auto, every pool it may quantize in fp8).
     *_, shown = _storages(needs, options)
     own = ", ".join(
-        f"{n.name} {_gib(n.weights)}"
+        f"{n.name} {gib(n.weights)}"
         + (" (denoiser in fp8)" if n.storage == "fp8" else "")
-        + (f" (its pristine copies up to {_gib(_allowance(n, options.pristine_bytes))})" if n.touchable else "")
+        + (f" (its pristine copies up to {gib(_allowance(n, options.pristine_bytes))})" if n.touchable else "")
         for n in shown
     )
     quantize = ", ".join(sorted({options.quantize_of(n.name) for n in needs}))
     head = (
-        f"the pools do not fit this GPU's {_gib(total)}, of which {_gib(_working(needs, options))} is kept for "
+        f"the pools do not fit this GPU's {gib(total)}, of which {gib(_working(needs, options))} is kept for "
         "inference (the CUDA context, one pool's working memory and any CUDA graphs) and "
-        f"{_gib(options.adapter_cache)} per pool for adapters (DEVICE_CACHE_BYTES): {own}, with "
+        f"{gib(options.adapter_cache)} per pool for adapters (DEVICE_CACHE_BYTES): {own}, with "
         f"POOL_OFFLOAD={'on' if options.offload else 'off'}, PRISTINE_STORE={options.pristine_store} and "
         f"QUANTIZE={quantize}"
     )
@@ -402,7 +272,3 @@ def _largest_cache(needs: Sequence[PoolNeed], total: int, options: PlanOptions) 
             return cache
         cache -= MIN_CACHE
     return None
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / _GIB:.2f} GiB"
