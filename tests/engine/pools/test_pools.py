@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import threading
 from pathlib import Path
 
 import httpx
@@ -25,8 +24,11 @@ from lora_catalog.hub import HubSource
 from serving.backends import blocking
 from serving.demo.synthetic import LoraTarget, find_targets, kohya_metadata, make_lora, peft_metadata, save_lora
 from tests.support.checks import backend_of, generate
+from tests.support.dit import assert_components_pristine
 from tests.support.images import assert_images_close
 from tests.support.loras import FLUX, SDXL, card, kohya_file, peft_file, sft
+from tests.support.mixed import assert_mixed_clients_get_their_own_images
+from tests.support.mixed import mixed_request as mixed
 from tests.support.sd15 import write_sd15_loras
 
 MID_CROSS = r"mid_block\.attentions\.0\.transformer_blocks\.0\.attn2\.(to_k|to_v)$"
@@ -156,42 +158,13 @@ MIXED = (
 
 
 def mixed_request(index: int) -> tuple[GenerateRequest, str]:
-    refs = MIXED[index % len(MIXED)]
-    base = SD15_MODEL_ID if not refs and index % 2 else ""
-    return request(*(LoraSpec(r, scale=0.5 + 0.25 * (index % 3)) for r in refs), seed=index % 5), base
+    return mixed(MIXED, SD15_MODEL_ID, index)
 
 
 # Dozens of generations: within the default 300 s on an idle 2-core box, not on a shared one.
 @pytest.mark.timeout(900)
 def test_eight_clients_across_both_pools_get_exactly_their_own_images(pools):
-    work = [mixed_request(i) for i in range(24)]
-    expected = [generate(pools, r, base=b).image.tobytes() for r, b in work]
-    got: dict[int, bytes] = {}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def client(worker: int) -> None:
-        try:
-            for index in range(worker, len(work), 8):
-                image = generate(pools, work[index][0], base=work[index][1]).image.tobytes()
-                with lock:
-                    got[index] = image
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=client, args=(w,)) for w in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
-    assert not errors
-    assert [got[i] for i in range(len(work))] == expected
-
-
-def assert_bit_exact(pipe, pristine, names) -> None:
-    for name in names:
-        for key, value in getattr(pipe, name).state_dict().items():
-            assert torch.equal(value, pristine[f"{name}.{key}"]), f"{name}.{key} drifted"
+    assert_mixed_clients_get_their_own_images(pools, [mixed_request(i) for i in range(24)])
 
 
 @pytest.mark.timeout(900)
@@ -207,8 +180,8 @@ def test_both_bases_are_bit_exact_after_a_long_mixed_run(pools, loaded, loaded_s
                 generate(pools, request(LoraSpec("local:sd15_kohya.safetensors"), LoraSpec("pools/sdxl-card")))
     for pool in pools.pools:
         pool.engine.restore_base_weights()
-    assert_bit_exact(loaded.pipe, pristine, ("unet", "text_encoder", "text_encoder_2"))
-    assert_bit_exact(loaded_sd15.pipe, pristine_sd15, ("unet", "text_encoder"))
+    assert_components_pristine(loaded.pipe, pristine, ("unet", "text_encoder", "text_encoder_2"))
+    assert_components_pristine(loaded_sd15.pipe, pristine_sd15, ("unet", "text_encoder"))
     assert [generate(pools, request(), base=b).image.tobytes() for b in (SDXL, SD15_MODEL_ID)] == base_images
 
 
@@ -246,8 +219,8 @@ def test_an_offloaded_pool_comes_back_bit_exact(
             assert_images_close(image, wanted, work[index])
     finally:
         pools.close()
-    assert_bit_exact(loaded.pipe, pristine, ("unet", "text_encoder", "text_encoder_2", "vae"))
-    assert_bit_exact(loaded_sd15.pipe, pristine_sd15, ("unet", "text_encoder", "vae"))
+    assert_components_pristine(loaded.pipe, pristine, ("unet", "text_encoder", "text_encoder_2", "vae"))
+    assert_components_pristine(loaded_sd15.pipe, pristine_sd15, ("unet", "text_encoder", "vae"))
 
 
 # -- transports ---------------------------------------------------------------------------------------

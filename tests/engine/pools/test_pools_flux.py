@@ -5,7 +5,6 @@ and every transport (POST /models/<FLUX>, POST / with a FLUX LoRA, a comparison)
 from __future__ import annotations
 
 import dataclasses
-import threading
 from pathlib import Path
 
 import httpx
@@ -28,6 +27,8 @@ from tests.support.dit import assert_components_pristine, hub_pools, pool_of, re
 from tests.support.dit import pool_request as request
 from tests.support.flux import write_flux_loras
 from tests.support.loras import SD15, SDXL, card, kohya_file, peft_file, sft
+from tests.support.mixed import assert_mixed_clients_get_their_own_images
+from tests.support.mixed import mixed_request as mixed
 
 
 @pytest.fixture(scope="module")
@@ -91,35 +92,12 @@ MIXED = (
 
 
 def mixed_request(index: int) -> tuple[GenerateRequest, str]:
-    refs = MIXED[index % len(MIXED)]
-    base = FLUX_MODEL_ID if not refs and index % 2 else ""
-    return request(*(LoraSpec(r, scale=0.5 + 0.25 * (index % 3)) for r in refs), seed=index % 5), base
+    return mixed(MIXED, FLUX_MODEL_ID, index)
 
 
 @pytest.mark.timeout(900)
 def test_eight_clients_mixing_flux_and_sdxl_loras_get_exactly_their_own_images(pools):
-    work = [mixed_request(i) for i in range(24)]
-    expected = [generate(pools, r, base=b).image.tobytes() for r, b in work]
-    got: dict[int, bytes] = {}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def client(worker: int) -> None:
-        try:
-            for index in range(worker, len(work), 8):
-                image = generate(pools, work[index][0], base=work[index][1]).image.tobytes()
-                with lock:
-                    got[index] = image
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=client, args=(w,)) for w in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
-    assert not errors
-    assert [got[i] for i in range(len(work))] == expected
+    assert_mixed_clients_get_their_own_images(pools, [mixed_request(i) for i in range(24)])
 
 
 @pytest.mark.timeout(900)

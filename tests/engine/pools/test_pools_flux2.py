@@ -6,7 +6,6 @@ SDXL LoRAs each getting exactly their own image; every base bit-exact after a mi
 from __future__ import annotations
 
 import dataclasses
-import threading
 from pathlib import Path
 
 import httpx
@@ -26,6 +25,8 @@ from tests.support.dit import pool_request as request
 from tests.support.flux import write_flux_loras
 from tests.support.flux2 import ATTENTION, CASES, factors, lora_file, write_flux2_loras
 from tests.support.loras import SDXL, card, kohya_file, peft_file, sft
+from tests.support.mixed import assert_mixed_clients_get_their_own_images
+from tests.support.mixed import mixed_request as mixed
 
 
 @pytest.fixture(scope="module")
@@ -91,35 +92,12 @@ MIXED = (
 
 
 def mixed_request(index: int) -> tuple[GenerateRequest, str]:
-    refs = MIXED[index % len(MIXED)]
-    base = MODEL_ID if not refs and index % 2 else ""
-    return request(*(LoraSpec(r, scale=0.5 + 0.25 * (index % 3)) for r in refs), seed=index % 5), base
+    return mixed(MIXED, MODEL_ID, index)
 
 
 @pytest.mark.timeout(900)
 def test_eight_clients_mixing_klein_and_sdxl_loras_get_exactly_their_own_images(pools):
-    work = [mixed_request(i) for i in range(16)]
-    expected = [generate(pools, r, base=b).image.tobytes() for r, b in work]
-    got: dict[int, bytes] = {}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def client(worker: int) -> None:
-        try:
-            for index in range(worker, len(work), 8):
-                image = generate(pools, work[index][0], base=work[index][1]).image.tobytes()
-                with lock:
-                    got[index] = image
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=client, args=(w,)) for w in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
-    assert not errors
-    assert [got[i] for i in range(len(work))] == expected
+    assert_mixed_clients_get_their_own_images(pools, [mixed_request(i) for i in range(16)])
 
 
 @pytest.mark.timeout(900)

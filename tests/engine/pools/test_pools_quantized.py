@@ -4,7 +4,6 @@ failures."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from tests.support.dit import hub_pools
 from tests.support.dit import pool_request as request
 from tests.support.flux import write_flux_loras
 from tests.support.loras import kohya_file
+from tests.support.mixed import assert_clients_get_what_they_get_alone
 
 pytest.importorskip("torchao")
 
@@ -86,29 +86,8 @@ def outcome(pools, index: int) -> bytes | str:
 @pytest.mark.timeout(900)
 def test_clients_mixing_a_quantized_flux_and_a_bf16_sdxl_pool_get_exactly_their_own_images(pools, fp8_flux):
     before = stored_bytes(fp8_flux.pipe.transformer)
-    work = range(16)
-    expected = [outcome(pools, i) for i in work]
-    assert expected.count("refused: LimitExceededError") == 2
-    got: dict[int, bytes | str] = {}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def client(worker: int) -> None:
-        try:
-            for index in range(worker, len(work), 4):
-                result = outcome(pools, index)
-                with lock:
-                    got[index] = result
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
-    assert not errors
-    assert [got[i] for i in work] == expected
+    alone = assert_clients_get_what_they_get_alone(lambda index: outcome(pools, index), 16, clients=4)
+    assert alone.count("refused: LimitExceededError") == 2
     assert stored_bytes(fp8_flux.pipe.transformer) == before
 
 

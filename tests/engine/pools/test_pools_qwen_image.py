@@ -5,7 +5,6 @@ bit-exact after a mixed run with failures."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,8 @@ from tests.support.checks import generate
 from tests.support.dit import assert_components_pristine, hub_pools, pool_of
 from tests.support.dit import pool_request as request
 from tests.support.loras import SDXL, card, kohya_file, sft
+from tests.support.mixed import assert_mixed_clients_get_their_own_images
+from tests.support.mixed import mixed_request as mixed
 from tests.support.qwen_image import CASES, MODULES, factors, lora_file, write_qwen_loras
 
 
@@ -74,35 +75,12 @@ MIXED: tuple[tuple[str, ...], ...] = (
 
 
 def mixed_request(index: int) -> tuple[GenerateRequest, str]:
-    refs = MIXED[index % len(MIXED)]
-    base = MODEL_ID if not refs and index % 2 else ""
-    return request(*(LoraSpec(r, scale=0.5 + 0.25 * (index % 3)) for r in refs), seed=index % 5), base
+    return mixed(MIXED, MODEL_ID, index)
 
 
 @pytest.mark.timeout(900)
 def test_eight_clients_mixing_qwen_image_and_sdxl_loras_get_exactly_their_own_images(pools):
-    work = [mixed_request(i) for i in range(18)]
-    expected = [generate(pools, r, base=b).image.tobytes() for r, b in work]
-    got: dict[int, bytes] = {}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def client(worker: int) -> None:
-        try:
-            for index in range(worker, len(work), 8):
-                image = generate(pools, work[index][0], base=work[index][1]).image.tobytes()
-                with lock:
-                    got[index] = image
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=client, args=(w,)) for w in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
-    assert not errors
-    assert [got[i] for i in range(len(work))] == expected
+    assert_mixed_clients_get_their_own_images(pools, [mixed_request(i) for i in range(18)])
 
 
 @pytest.mark.timeout(900)
