@@ -29,7 +29,7 @@ from lora_catalog.civitai.bases import civitai_base
 from lora_catalog.entries import Family
 from tests.engine.families.test_flux2 import kohya_mlp_shapes
 from tests.support.checks import generate
-from tests.support.dit import PROMPT, assert_components_pristine, local_engine, pixels, preview_frames
+from tests.support.dit import PROMPT, assert_components_pristine, local_engine, pipeline_image, pixels, preview_frames
 from tests.support.dit import diffusers_image as dit_image
 from tests.support.flux2 import CASES, write_flux2_loras
 from tests.support.images import assert_images_close
@@ -201,6 +201,22 @@ def test_the_base_is_bit_exact_after_swaps_across_namings_and_failures(dev_engin
     dev_engine.restore_base_weights()
     assert_components_pristine(loaded_dev.pipe, pristine_dev, ("transformer", "text_encoder", "vae"))
     assert generate(dev_engine, request()).image.tobytes() == base
+
+
+def test_a_flux2_pool_in_fp8_runs_in_its_compute_dtype(tiny_dev_dir, base_settings, loaded_dev):
+    """diffusers' FLUX.2 pipelines cast the latents to `transformer.dtype` (the first floating parameter's): fp8
+    storage keeps it the pool's compute dtype (its e4m3 weights are buffers); it was e4m3 and the first step
+    failed ("mul_cpu_reduced_float" not implemented for Float8_e4m3fn), klein's too. The plan fits [dev] on 48 GB
+    this way only."""
+    from torchao.quantization import Float8WeightOnlyConfig, quantize_
+
+    settings = base_settings.replace(model_id=str(tiny_dev_dir), base_model_id=MODEL_ID, lora_max_rank=8)
+    fp8 = load_pipeline(settings, warm=False, storage="fp8")
+    assert fp8.storage == "fp8" and fp8.pipe.transformer.dtype == loaded_dev.pipe.transformer.dtype
+    # The reference: diffusers' pipeline from the same folder, its transformer quantized by torchao (the same bytes).
+    reference = Flux2Pipeline.from_pretrained(tiny_dev_dir)
+    quantize_(reference.transformer, Float8WeightOnlyConfig())
+    assert_images_close(pipeline_image(fp8), pipeline_image(SimpleNamespace(pipe=reference)))
 
 
 @pytest.fixture(autouse=True)
