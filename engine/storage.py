@@ -28,6 +28,7 @@ __all__ = [
     "branch_bytes",
     "fp8_bytes",
     "linear_sizes",
+    "unplanned_storage",
 ]
 
 Storage = Literal["native", "fp8"]
@@ -74,3 +75,10 @@ def linear_sizes(linears: Iterable[tuple[str, int, int]], branch_modules: str | 
         if pattern is None or pattern.search(name):
             widths += out_features + in_features
     return LinearSizes(values, rows, widths)
+
+
+def unplanned_storage(quantize: str) -> Storage:
+    """The storage a `QUANTIZE` value (or a MODELS item's) gives a denoiser where no memory plan is made before it
+    loads (no bound on the device, or sizes known only once loaded): fp8 only where it says `fp8`. `auto` has
+    nothing to fit there, so it loads native; the plan made after loading keeps that storage."""
+    return "fp8" if quantize == "fp8" else "native"

@@ -35,6 +35,7 @@ from engine.pipeline.modes import default_strength, mode_class, served_modes
 from engine.pipeline.schedulers import offered_schedulers
 from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
+from engine.storage import unplanned_storage
 from engine.weights.quantized import in_storage
 
 __all__ = [
@@ -136,10 +137,10 @@ def load_pipeline(
     `device` still names where it will compute, and no warm-up runs. `host_components` stay in host RAM
     (the memory plan's choice, among those the family declares it can run there). `storage` "fp8" stores the
     denoiser's linears in fp8 with LoRA branches of `LORA_MAX_RANK` (engine.weights.quantized), quantized in host
-    memory before anything moves to the device; None: fp8 where `QUANTIZE=fp8`, else the pool's dtype (`auto`
-    pools are given the memory plan's answer).
+    memory before anything moves to the device; None: as QUANTIZE gives it without a plan (`build_pools` passes the
+    memory plan's answer, `engine.pools.plan.storage_to_load`).
     """
-    storage = storage or ("fp8" if settings.quantize == "fp8" else "native")
+    storage = storage or unplanned_storage(settings.quantize)
     family = family_spec(settings.base_model_id, setting="BASE_MODEL_ID")
     mismatch = vae_mismatch(settings)
     if mismatch is not None:

@@ -13,7 +13,7 @@ What counts against the device: docs/internals.md, "engine/pools/plan.py".
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -30,7 +30,7 @@ from engine.pools.needs import (
     scratch_bytes,
 )
 from engine.settings import Settings
-from engine.storage import Storage
+from engine.storage import Storage, unplanned_storage
 
 __all__ = [
     "GPUS",
@@ -45,6 +45,7 @@ __all__ = [
     "pipeline_modules",
     "plan_memory",
     "scratch_bytes",
+    "storage_to_load",
 ]
 
 logger = logging.getLogger(__name__)
@@ -82,9 +83,10 @@ class PlanOptions:
     def quantize_of(self, name: str) -> str:
         return dict(self.pool_quantize).get(name, self.quantize)
 
-    def keeping(self, plan: MemoryPlan) -> PlanOptions:
-        """These options with each pool's storage fixed as `plan` chose it (the plan again, once loaded)."""
-        fixed = tuple((p.name, "fp8" if p.storage == "fp8" else "off") for p in plan.placements)
+    def keeping(self, storages: Iterable[tuple[str, str]]) -> PlanOptions:
+        """These options with each pool's storage fixed as given, (pool name, storage): the plan again, once
+        loaded, over the storages the pools loaded in."""
+        fixed = tuple((name, "fp8" if storage == "fp8" else "off") for name, storage in storages)
         return replace(self, pool_quantize=fixed)
 
     @classmethod
@@ -151,6 +153,11 @@ class MemoryPlan:
         """Pool `name`'s denoiser storage: `native`, or `fp8` (quantized, LoRAs as branches beside it)."""
         return self.placement(name).storage
 
+    @property
+    def storages(self) -> tuple[tuple[str, Storage], ...]:
+        """Each pool's name and denoiser storage."""
+        return tuple((p.name, p.storage) for p in self.placements)
+
     def host_components(self, name: str) -> tuple[str, ...]:
         """The components pool `name` must keep (and run) in host RAM: its loading is told so."""
         return self.placement(name).host_components
@@ -190,6 +197,13 @@ def device_memory(device: torch.device, *, per_call: bool) -> int | None:
     if device.type != "cuda" or per_call:
         return None
     return int(torch.cuda.get_device_properties(device).total_memory)
+
+
+def storage_to_load(first: MemoryPlan | None, options: PlanOptions, name: str) -> Storage:
+    """Pool `name`'s denoiser storage, decided once, before it loads: the plan's where one is made before loading;
+    else as its QUANTIZE gives it without a plan (`auto`: native, nothing to fit yet). The plan made after loading
+    keeps what loaded, and the pool's status reports what loaded (`LoadedPipeline.storage`)."""
+    return first.storage(name) if first is not None else unplanned_storage(options.quantize_of(name))
 
 
 def plan_memory(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> MemoryPlan:
@@ -355,15 +369,29 @@ def _would_fit(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> l
     if not said and len(changes) == 2 and _fits(needs, total, relaxed):
         said.append(" and ".join(changes))
     out.extend(said)
-    quantized = replace(options, quantize="auto", pool_quantize=())
-    if not said and quantized != options and _fits(needs, total, quantized):
-        out.append("QUANTIZE=auto (denoisers in fp8 where needed, LoRAs as branches beside them)")
+    if not said:
+        out.extend(_quantize_advice(needs, total, options))
     cache = _largest_cache(needs, total, relaxed)
     if cache is not None and cache < options.adapter_cache and not said:
         out.append(f"DEVICE_CACHE_BYTES={cache // 2**20}MiB" + (f" with {' and '.join(changes)}" if changes else ""))
     larger = next((name for name, size in GPUS if size > total and _fits(needs, size, options)), None)
     out.append(f"a larger GPU: {larger}" if larger is not None else f"a GPU larger than {GPUS[-1][0]}")
     return out
+
+
+def _quantize_advice(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> list[str]:
+    """Quantizing, where it would fit: `QUANTIZE=auto` where every pool's storage is QUANTIZE's; where a pool's is
+    fixed (its MODELS item, or the storage it loaded in: `auto` quantizes only before loading), fp8 for those."""
+    quantized = replace(options, quantize="auto", pool_quantize=())
+    chosen = _select(needs, total, quantized) if quantized != options else None
+    if chosen is None:
+        return []
+    if not options.pool_quantize:
+        return ["QUANTIZE=auto (denoisers in fp8 where needed, LoRAs as branches beside them)"]
+    fp8 = [n.name for n in chosen[1] if n.storage == "fp8" and options.quantize_of(n.name) != "fp8"]
+    said = "QUANTIZE=fp8, or its MODELS item ending in :fp8" if len(fp8) == 1 else "their MODELS items ending in :fp8"
+    beside = "it" if len(fp8) == 1 else "them"
+    return [f"QUANTIZE=fp8 for {' and '.join(fp8)} ({said}; LoRAs as branches beside {beside})"] if fp8 else []
 
 
 def _largest_cache(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> int | None:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from cachetools import LRUCache
@@ -26,7 +26,7 @@ from engine.errors import SettingsError
 from engine.families.origin import FileEvidence, LoraOrigin, judge_origin
 from engine.formats.adapters import AdapterKey
 from engine.normalise import normalise_loras
-from engine.outcomes import EngineStatus, PoolMemory, PoolStatus, ServedPool
+from engine.outcomes import PoolMemory, PoolStatus, ServedPool
 from engine.pipeline.loading import LoadedPipeline, resolve_device, vae_mismatch, warm_up
 from engine.pools.engine import Engine
 from engine.pools.flat import FlatWeights, module_tensors
@@ -38,12 +38,14 @@ from engine.pools.plan import (
     loaded_need,
     pipeline_modules,
     plan_memory,
+    storage_to_load,
 )
 from engine.pools.residency import Residency
 from engine.pools.routing import PoolInfo, described_pick, named_pool, routed
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import PoolSetting, Settings
+from engine.storage import unplanned_storage
 from lora_catalog.entries import Family
 
 __all__ = ["Pool", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
@@ -194,7 +196,7 @@ class Pools:
     def status(self) -> tuple[PoolStatus, ...]:
         memory = {m.name: m for m in self._residency.snapshot()}
         return tuple(
-            PoolStatus(p.base_model_id, str(p.family), p is self.default, memory[p.base_model_id], _engine_status(p))
+            PoolStatus(p.base_model_id, str(p.family), p is self.default, memory[p.base_model_id], p.engine.status())
             for p in self._pools
         )
 
@@ -297,27 +299,28 @@ def build_pools(
     # Refused before anything is downloaded or loaded; its choice of components left in host RAM is final.
     first = plan_memory(declared, total, options) if total is not None and declared is not None else None
 
-    def placed(pool: PoolSetting) -> dict[str, object]:
+    def placed(told: Settings, pool: PoolSetting) -> dict[str, object]:
         host = first.host_components(pool.base_model_id) if first is not None else ()
         chosen: dict[str, object] = {"host_components": host} if host else {}
-        # The denoiser is quantized as it loads, in host RAM: as the first plan chose (QUANTIZE=auto or fp8), or
-        # as QUANTIZE says where no plan could be made before loading (`auto` then: native).
-        planned = first.storage(pool.base_model_id) if first is not None else None
-        if (planned or ("fp8" if settings.for_pool(pool).quantize == "fp8" else "native")) == "fp8":
-            chosen["storage"] = "fp8"
+        # The denoiser is quantized as it loads, in host RAM, where the one decision says so; the loader is told
+        # wherever that differs from what `told`'s QUANTIZE gives it on its own.
+        storage = storage_to_load(first, options, pool.base_model_id)
+        if storage != unplanned_storage(told.quantize):
+            chosen["storage"] = storage
         return chosen
 
     own_settings = [settings.for_pool(pool_settings[0])] if len(pool_settings) == 1 else _with_vae(settings)
     if len(pool_settings) == 1:
-        loaded = [load(settings, warm=warm, **placed(pool_settings[0]))]
+        loaded = [load(settings, warm=warm, **placed(settings, pool_settings[0]))]
     else:
         parked = {"park": True} if total is not None else {}
         loaded = [
-            load(own, warm=False, **parked, **placed(pool))
+            load(own, warm=False, **parked, **placed(own, pool))
             for own, pool in zip(own_settings, pool_settings, strict=True)
         ]
-    # Once loaded, measured; each denoiser's storage stays as the first plan chose it.
-    kept = options.keeping(first) if first is not None else options
+    _log_storage(loaded, first, options)
+    # Once loaded, measured, each denoiser in the storage it loaded in (never changed behind its back).
+    kept = options.keeping((lp.base_model_id, lp.storage) for lp in loaded)
     needs = [loaded_need(lp, rank=settings.lora_max_rank) for lp in loaded]
     plan = plan_memory(needs, total, kept) if total is not None else None
     if plan is not None:
@@ -337,11 +340,18 @@ def build_pools(
     return pools
 
 
-def _engine_status(pool: Pool) -> EngineStatus:
-    """A pool's engine status with its denoiser's storage as the memory plan chose it (`_engine` sets each pool's
-    QUANTIZE to fp8 or off)."""
-    storage = "fp8" if pool.engine.settings.quantize == "fp8" else "native"
-    return replace(pool.engine.status(), storage=storage)
+def _log_storage(loaded: Sequence[LoadedPipeline], first: MemoryPlan | None, options: PlanOptions) -> None:
+    why = "the memory plan's choice" if first is not None else "no memory plan before loading"
+    for lp in loaded:
+        native = str(lp.dtype).removeprefix("torch.")
+        stored = f"fp8 with LoRA branches of rank {lp.branch_rank}" if lp.storage == "fp8" else native
+        logger.info(
+            "pool %s: denoiser in %s (QUANTIZE=%s, %s)",
+            lp.base_model_id,
+            stored,
+            options.quantize_of(lp.base_model_id),
+            why,
+        )
 
 
 def _log_residency(pools: Pools) -> None:
@@ -375,14 +385,13 @@ def _shared_disk_cache(
 def _engine(
     own: Settings, lp: LoadedPipeline, plan: MemoryPlan | None, resolver: AdapterResolver, disk: DiskCache | None
 ) -> Engine:
-    """One pool's engine, its pristine store (and host RAM for it) and its denoiser's storage (`QUANTIZE` fp8 or
-    off; `auto` without a plan: off, nothing needs to fit) as the memory plan placed them."""
+    """One pool's engine, its pristine store (and host RAM for it) as the memory plan placed them, its `QUANTIZE`
+    resolved to the storage its denoiser loaded in (fp8 or off)."""
     host_pristine = None
-    own = own.replace(quantize="fp8" if own.quantize == "fp8" else "off")
+    own = own.replace(quantize="fp8" if lp.storage == "fp8" else "off")
     if plan is not None:
         placement = plan.placement(lp.base_model_id)
-        storage = "fp8" if placement.storage == "fp8" else "off"
-        own = own.replace(pristine_store=placement.pristine_store, quantize=storage)
+        own = own.replace(pristine_store=placement.pristine_store)
         if placement.pristine_store == "cpu" and plan.host_budget is not None:
             host_pristine = placement.host_pristine
     return Engine(lp, own, resolver, disk_cache=disk, host_pristine=host_pristine)

@@ -45,6 +45,7 @@ def engine_status(
         applied=tuple(f"{a.adapter.key}×{a.scale:g}" for a in fused.applied),
         preview=preview,
         waiting=waiting,
+        storage=loaded.storage,
         **_compile_status(loaded.compiled),
     )
 

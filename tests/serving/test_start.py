@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.app_server import free_port, wait_http
 
@@ -84,3 +85,18 @@ def test_an_explicit_model_id_that_cannot_load_stops_with_a_message(tmp_path):
     )
     assert done.returncode == 1
     assert f"LoRA Switchboard cannot start: MODEL_ID='{tmp_path / 'no-such-model'}' could not be loaded" in done.stderr
+
+
+def test_a_quantize_value_not_offered_stops_start_up_naming_the_accepted_ones(monkeypatch):
+    """Issue 31, "Bad input": refused by the entry point before anything loads (the settings' own refusals are
+    tests/engine/test_settings.py's)."""
+    import app
+
+    accepted = "is not accepted; accepted: off, fp8, auto"
+    monkeypatch.setenv("QUANTIZE", "int4")
+    with pytest.raises(SystemExit, match=rf"^LoRA Switchboard cannot start: QUANTIZE='int4' {accepted}"):
+        app.main()
+    monkeypatch.setenv("QUANTIZE", "auto")
+    monkeypatch.setenv("MODELS", "tiny-flux:int4")
+    with pytest.raises(SystemExit, match=rf"MODELS item 'tiny-flux:int4': QUANTIZE 'int4' {accepted}"):
+        app.main()

@@ -15,7 +15,8 @@ from transformers import CLIPTextModel, CLIPTextModelWithProjection
 from engine.errors import SettingsError
 from engine.families import flux, sd2, sd15, sdxl, zimage
 from engine.hostmem import default_host_budget
-from engine.pools.plan import PlanOptions, largest_values, loaded_need, plan_memory
+from engine.pipeline.loading import load_pipeline
+from engine.pools.plan import CUDA_CONTEXT_BYTES, PlanOptions, largest_values, loaded_need, plan_memory
 from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
 from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, PoolSetting, Settings
@@ -146,7 +147,8 @@ def test_auto_prefers_native_storage_where_it_fits():
 def test_a_models_item_s_quantize_rules_its_pool():
     # FLUX.1 kept native by its MODELS item does not fit 24 GB, whatever QUANTIZE says for the others.
     kept = Settings.from_env({"MODELS": f"{FLUX_MODEL_ID}:off"}).replace(device="cpu", host_ram_bytes=A10G_LARGE_RAM)
-    with pytest.raises(SettingsError, match=r"QUANTIZE=off; accepted: QUANTIZE=auto"):
+    # Its item rules it: what would fit is its item in fp8 (QUANTIZE=auto would change nothing).
+    with pytest.raises(SettingsError, match=rf"QUANTIZE=off; accepted: QUANTIZE=fp8 for {FLUX_MODEL_ID} \(QUANTIZE="):
         plan_for(kept, A10G)
     # SDXL stored in fp8 by its item, beside FLUX.1 left to auto on 48 GB (where FLUX.1 stays bf16).
     models = {"MODELS": f"{FLUX_MODEL_ID},{DEFAULT_MODEL_ID}:fp8"}
@@ -166,27 +168,66 @@ def test_the_loaded_plan_keeps_the_storage_the_declared_plan_chose():
     needs = needs_on_a_gpu(settings)
     options = PlanOptions.of(settings)
     quantized = plan_memory(needs, A10G, options)
-    assert plan_memory(needs, A10G, options.keeping(quantized)).storage(FLUX_MODEL_ID) == "fp8"
+    assert plan_memory(needs, A10G, options.keeping(quantized.storages)).storage(FLUX_MODEL_ID) == "fp8"
     native = plan_memory(needs, L40S, options)
     assert native.storage(FLUX_MODEL_ID) == "native"
     # Kept native, it no longer fits a 24 GB GPU: the storage is never changed behind the loaded pipeline's back.
     with pytest.raises(SettingsError, match="QUANTIZE=off"):
-        plan_memory(needs, A10G, options.keeping(native))
+        plan_memory(needs, A10G, options.keeping(native.storages))
 
 
 @pytest.mark.parametrize(("quantize", "storage"), [("auto", "native"), ("fp8", "fp8"), ("off", "native")])
-def test_start_up_hands_each_pool_its_storage_and_reports_it(loaded, base_settings, caplog, quantize, storage):
-    """Each pool's engine gets QUANTIZE as the plan chose (fp8 or off: `auto` resolved), and its status says it.
-    (A plan that quantizes only to fit needs the engine's fp8 storage for the residency to agree: issue 31, 1.)"""
+def test_start_up_hands_each_pool_its_storage_and_reports_it(base_settings, caplog, quantize, storage):
+    """Each pool loads in the storage decided before loading (`auto` without a plan then: native), its engine gets
+    QUANTIZE resolved to it (fp8 or off), and its status and start-up's log say what loaded."""
     resolver = AdapterResolver(None, local_dir=None, token=None, max_bytes=2**30)
     settings = base_settings.replace(local_lora_dir=None, quantize=quantize, host_ram_bytes=2**40, lora_max_rank=4)
     with caplog.at_level(logging.INFO, logger="engine.pools.pools"):
-        pools = build_pools(settings, resolver, lambda s, **_: loaded, warm=False, memory=lambda _: 64 * 2**30)
+        pools = build_pools(settings, resolver, load_pipeline, warm=False, memory=lambda _: 64 * 2**30)
     try:
         (status,) = pools.status()
-        assert status.engine.storage == storage
         (engine,) = [p.engine for p in pools.pools]
+        assert status.engine.storage == engine.loaded.storage == storage
         assert engine.settings.quantize == ("fp8" if storage == "fp8" else "off")
     finally:
         pools.close()
     assert ("(denoiser in fp8 with LoRA branches)" in caplog.text) == (storage == "fp8")
+    said = "in fp8 with LoRA branches of rank 4" if storage == "fp8" else "in float32"
+    assert f"denoiser {said} (QUANTIZE={quantize}, no memory plan before loading)" in caplog.text
+
+
+def test_auto_without_a_plan_before_loading_reports_the_native_storage_it_loaded(loaded_flux, base_settings, caplog):
+    """A pool whose sizes are known only once loaded (a tiny pipeline, a local folder) loads native under
+    `QUANTIZE=auto`. On a GPU where only fp8 fits, start-up used to serve it with fp8 in its status over native
+    weights; it is refused, naming what would load it in fp8. Where native fits, it is served and reported native."""
+    resolver = AdapterResolver(None, local_dir=None, token=None, max_bytes=2**30)
+    settings = base_settings.replace(
+        model_id="tiny-flux", base_model_id=FLUX_MODEL_ID, quantize="auto", lora_max_rank=1, local_lora_dir=None
+    )
+    settings = settings.replace(host_ram_bytes=2**40)
+
+    def load(told, **chosen):
+        assert chosen.get("storage", "native") == "native"
+        return loaded_flux
+
+    need = loaded_need(loaded_flux, rank=1)
+    assert need.fp8 is not None
+    room = CUDA_CONTEXT_BYTES + need.working + settings.device_cache_bytes
+    # Room for the native weights, not for its swap's scratch beside them: only fp8 fits, as the plan sees it.
+    only_fp8 = room + need.weights
+    options = PlanOptions.of(settings)
+    assert plan_memory([need], only_fp8, options).storage(FLUX_MODEL_ID) == "fp8"
+    with pytest.raises(SettingsError):
+        plan_memory([need], only_fp8, options.keeping([(FLUX_MODEL_ID, "native")]))
+    with pytest.raises(SettingsError, match=rf"accepted: QUANTIZE=fp8 for {FLUX_MODEL_ID} \("):
+        build_pools(settings, resolver, load, warm=False, memory=lambda _: only_fp8)
+
+    native = room + need.weights + need.touchable + need.scratch
+    with caplog.at_level(logging.INFO, logger="engine.pools.pools"):
+        pools = build_pools(settings, resolver, load, warm=False, memory=lambda _: native)
+    try:
+        (status,) = pools.status()
+        assert status.engine.storage == "native"
+    finally:
+        pools.close()
+    assert f"pool {FLUX_MODEL_ID}: denoiser in float32 (QUANTIZE=auto, no memory plan before loading)" in (caplog.text)
