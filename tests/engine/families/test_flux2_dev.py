@@ -94,6 +94,8 @@ def test_the_tiny_dev_has_flux2_devs_structure(loaded_dev):
     assert (defaults.side, defaults.guidance_kind, defaults.negative_prompt) == (64, "distilled", False)
     assert loaded_dev.components == ("transformer",) and defaults.side_multiple == 4
     assert defaults.modes == ("text-to-image",)  # diffusers 0.42 has no [dev] image-to-image or inpainting class
+    # The sampler menu: FLUX.2's flow-match Euler, as klein's, with its sigma options.
+    assert defaults.schedulers == ("FlowMatchEulerDiscreteScheduler",) and "Euler flow" in defaults.samplers
 
 
 def test_its_defaults_are_diffusers_and_bfls_and_the_tokenizer_loads_without_torchvision(tiny_dev_dir):
