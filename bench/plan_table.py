@@ -22,6 +22,7 @@ from engine.hostmem import default_host_budget
 from engine.models import ZIMAGE_MODEL_ID
 from engine.pools.plan import GPUS, PlanOptions, declared_needs, plan_memory
 from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, SD15_MODEL_ID, PoolSetting, Settings
+from families.flux2_dev import MODEL_ID as FLUX2_DEV_MODEL_ID
 
 _GB, _MIB = 10**9, 2**20
 # Each GPU with the memory torch reports for it (the tests' figures; the A100's the plan's `GPUS` figure) and the
@@ -42,6 +43,8 @@ COMBINATIONS = {
     "FLUX.1 beside SDXL and SD 1.5": (FLUX_MODEL_ID, DEFAULT_MODEL_ID, SD15_MODEL_ID),
     "Z-Image Turbo alone": (ZIMAGE_MODEL_ID,),
     "Z-Image Turbo beside SDXL": (ZIMAGE_MODEL_ID, DEFAULT_MODEL_ID),
+    "FLUX.2 [dev] alone": (FLUX2_DEV_MODEL_ID,),
+    "FLUX.2 [dev] beside SDXL": (FLUX2_DEV_MODEL_ID, DEFAULT_MODEL_ID),
 }
 
 

@@ -67,7 +67,7 @@ IDENTITY = FamilyIdentity(
     # Before FLUX.1: a checkpoint named `flux-2-klein` matches FLUX.1's `flux` too.
     precedence=-1,
     released="2026-01",
-    # Civitai's labels for klein (its default FLUX.2 model); "Flux.2 D" is FLUX.2 [dev], another pipeline.
+    # Civitai's labels for klein (its default FLUX.2 model); "Flux.2 D" is FLUX.2 [dev]'s (families/flux2_dev.py).
     civitai=(
         CivitaiLabel("Flux.2 Klein 4B", MODEL_ID),
         CivitaiLabel("Flux.2 Klein 9B", MODEL_ID_9B),

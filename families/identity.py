@@ -26,6 +26,7 @@ class Family(StrEnum):
     FLUX2 = "flux2"
     QWEN_IMAGE = "qwen_image"
     FLUX_KONTEXT = "flux_kontext"
+    FLUX2_DEV = "flux2_dev"
     UNKNOWN = "unknown"
 
 

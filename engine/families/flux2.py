@@ -5,7 +5,8 @@ A LoRA adapts the transformer only (never Qwen3, as diffusers' loader); every na
 block names, PEFT's `base_model.model.`, kohya's `lora_unet_`) is converted by it; ComfyUI's BFL names with
 `lora_down`/`.alpha`, which diffusers hands its kohya converter and drops, are renamed to ai-toolkit's first, and
 a kohya layer diffusers would drop silently (FLUX.1's modulations, CLIP) is refused naming it (`convert_lora`).
-FLUX.1's LoRAs share many names; their MLP widths tell them apart (`bfl_blocks`). The distilled models run 4
+FLUX.1's LoRAs share many names; their MLP widths tell them apart, and FLUX.2 [dev]'s (`engine.families.flux2_dev`,
+the same names) their hidden width (`bfl_blocks`). The distilled models run 4
 steps without guidance, the base ones 50 at a CFG of 4 (the transformer's config and the pipeline's
 `is_distilled` say which); no negative prompt (the pipeline's CFG uses ""); sides in 16s; previews project the
 packed 128-channel latents (ComfyUI's factors). Inpainting is diffusers' `Flux2KleinInpaintPipeline` over the same
@@ -17,14 +18,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from functools import partial
 from typing import Any
 
 from diffusers import Flux2KleinInpaintPipeline, Flux2KleinPipeline
 
 from engine.errors import IncompatibleLoraError
 from engine.families import flux
-from engine.families.bfl_blocks import FLUX2_RATIOS, contradicts
+from engine.families.bfl_blocks import FLUX2_DEV_WIDTHS, FLUX2_RATIOS, contradicts
 from engine.families.flux2_tiny import build_tiny_pipeline
 from engine.families.spec import (
     FamilySpec,
@@ -42,7 +42,7 @@ from engine.families.spec import (
 from engine.requests import CheckedRequest
 from families.flux2 import BASE_9B, IDENTITY, MODEL_ID_9B
 
-__all__ = ["FAMILY", "LATENT_RGB", "MEMORY", "MEMORY_9B", "MEMORY_DEV", "convert_lora", "unpack_latents"]
+__all__ = ["FAMILY", "LATENT_RGB", "MEMORY", "MEMORY_9B", "convert_lora", "lora_widths", "rules_out", "unpack_latents"]
 
 # ComfyUI, comfy/latent_formats.py, class Flux2 (latent_rgb_factors and bias): one row per VAE channel, fitted on
 # the transformer's latents (batch-normalised, 2x2 patches folded back: `unpack_latents`).
@@ -83,18 +83,6 @@ MEMORY_9B = MemorySpec(
     host_components=("text_encoder",),
     largest_values=150_994_944,
 )
-# FLUX.2 [dev] (`Flux2Pipeline`, not served: a plan entry only): 8 double and 48 single blocks 6144 wide, and
-# Mistral Small 3.1 (24 B) as its text encoder, about 64 GB of weights in bf16 before any quantization.
-MEMORY_DEV = MemorySpec(
-    values=(
-        ("transformer", 32_223_281_152),
-        # Mistral Small 3.1's stated 24 B (its vision tower included), not rebuilt here.
-        ("text_encoder", 24_000_000_000),
-        ("vae", 84_046_372),
-    ),
-    host_components=("text_encoder",),
-    largest_values=339_738_624,
-)
 # The attention inputs a LoRA's down factor shows the hidden width on (q/k/v alone or fused, with the MLP).
 _HIDDEN_INPUT = re.compile(r"(to_[qkv]|add_[qkv]_proj|qkv|linear1|to_qkv_mlp_proj)[._]")
 _DOWN = (".lora_down.weight", ".lora_a.weight")
@@ -120,6 +108,12 @@ def lora_widths(shapes: Shapes) -> Widths:
 def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
     """The transformer's hidden width (heads x head width); no text encoder is adapted."""
     return Widths(frozenset({int(denoiser.config.num_attention_heads) * int(denoiser.config.attention_head_dim)}))
+
+
+def rules_out(shapes: Shapes) -> bool:
+    """FLUX.1's MLP ratios, or only FLUX.2 [dev]'s hidden width (klein shares [dev]'s names, not its width)."""
+    hidden = lora_widths(shapes).denoiser
+    return contradicts(FLUX2_RATIOS, shapes) or (bool(hidden) and hidden <= FLUX2_DEV_WIDTHS)
 
 
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
@@ -218,7 +212,7 @@ FAMILY = FamilySpec(
     # klein is trained around a megapixel on FLUX.1's aspect ratios.
     size_buckets=flux.SIZE_BUCKETS,
     convert_lora=convert_lora,
-    signature=LoraSignature(IDENTITY.claims, lora_widths, pipeline_widths, partial(contradicts, FLUX2_RATIOS)),
+    signature=LoraSignature(IDENTITY.claims, lora_widths, pipeline_widths, rules_out),
     # No distilled decoder of FLUX.2's VAE is published for diffusers' AutoencoderTiny: the projection.
     preview=PreviewSpec(None, LATENT_RGB, unpack=unpack_latents),
     build_tiny=build_tiny_pipeline,

@@ -14,7 +14,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from engine.families.tiny import TINY_SIDE
 from engine.families.zimage import tiny_qwen_tokenizer
 
-__all__ = ["TINY_TRANSFORMER", "build_tiny_pipeline"]
+__all__ = ["TINY_TRANSFORMER", "build_tiny_pipeline", "tiny_flux2_vae"]
 
 # The tiny transformer: 2 double and 2 single blocks 56 wide (2 heads of 28, RoPE over klein's 4 axes), FLUX.2's
 # 128 packed input channels (the VAE's 32 in 2x2 patches), no guidance embedding (klein has none).
@@ -34,7 +34,7 @@ TINY_TRANSFORMER: dict[str, Any] = {
 }
 
 
-def _tiny_vae(seed: int) -> AutoencoderKLFlux2:
+def tiny_flux2_vae(seed: int) -> AutoencoderKLFlux2:
     torch.manual_seed(seed + 1)
     return AutoencoderKLFlux2(
         block_out_channels=(16, 32),
@@ -56,7 +56,7 @@ def build_tiny_pipeline(seed: int = 0) -> Flux2KleinPipeline:
     tokenizer = tiny_qwen_tokenizer()
     torch.manual_seed(seed)
     transformer = Flux2Transformer2DModel(**TINY_TRANSFORMER)
-    vae = _tiny_vae(seed)
+    vae = tiny_flux2_vae(seed)
     torch.manual_seed(seed + 2)
     text_encoder = Qwen3ForCausalLM(
         Qwen3Config(

@@ -230,6 +230,9 @@ class FamilySpec:
     inpainting: PipelineClass | None = None
     # An instruction-editing base (FLUX.1 Kontext): its own pipeline takes the image, and no request comes without.
     needs_image: bool = False
+    # Components loaded apart before `from_pretrained` (given the model id and its other arguments), where
+    # diffusers' own loading of them cannot run here (FLUX.2 [dev]'s processor without torchvision); None: none.
+    load_components: Callable[[str, Mapping[str, object]], Mapping[str, object]] | None = None
 
     @property
     def family(self) -> Family:

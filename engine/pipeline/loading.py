@@ -346,6 +346,8 @@ def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype)
     loader = family.pipeline_class
     if settings.vae_id:
         kwargs["vae"] = AutoencoderKL.from_pretrained(settings.vae_id, dtype=dtype, token=settings.hf_token)
+    if family.load_components is not None:
+        kwargs |= family.load_components(settings.model_id, kwargs)
     if dtype == torch.float16:
         try:
             return loader.from_pretrained(settings.model_id, variant="fp16", **kwargs)

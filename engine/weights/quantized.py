@@ -46,7 +46,9 @@ class BranchedLinear(nn.Linear):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         values, scale = _quantize(linear.weight.detach())
-        self.weight = nn.Parameter(values, requires_grad=False)
+        # A buffer, not a parameter: diffusers' `ModelMixin.dtype` is the first floating parameter's, and its FLUX.2
+        # pipelines cast the latents to it (`latents.to(self.transformer.dtype)`), which an fp8 weight made e4m3.
+        self.register_buffer("weight", values)
         self.register_buffer("weight_scale", scale)
         self.bias = linear.bias
         device = values.device

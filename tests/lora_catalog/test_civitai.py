@@ -163,6 +163,7 @@ def test_a_link_carrying_a_token_is_refused_without_echoing_it():
         ("Flux.2 Klein 4B", Family.FLUX2, False),
         ("Flux.2 Klein 9B-base", Family.FLUX2, False),
         ("Qwen", Family.QWEN_IMAGE, False),
+        ("Flux.2 D", Family.FLUX2_DEV, False),
     ],
 )
 def test_each_civitai_base_maps_to_its_family(label, family, finetune):
@@ -178,7 +179,7 @@ def test_each_civitai_base_maps_to_its_family(label, family, finetune):
 def test_the_table_has_exactly_those_entries_and_the_rest_maps_to_nothing():
     assert [b.label for b in CIVITAI_BASES] == [
         "SD 1.5", "SDXL 1.0", "Pony", "Illustrious", "NoobAI", "Flux.1 D", "Flux.1 S", "Flux.1 Kontext", "Qwen",
-        "ZImageTurbo",
+        "ZImageTurbo", "Flux.2 D",
         "Flux.2 Klein 4B", "Flux.2 Klein 9B", "Flux.2 Klein 4B-base", "Flux.2 Klein 9B-base",
     ]  # fmt: skip
     for other in ("SD 3.5", "Hunyuan Video", "Wan Video", "SDXL Turbo", "Other", ""):

@@ -99,7 +99,8 @@ def test_klein_is_known_by_its_bases_metadata_and_civitai_labels():
     for label, base in (("Flux.2 Klein 9B", MODEL_ID_9B), ("flux.2 klein 4b", MODEL_ID)):
         found = civitai_base(label)
         assert found is not None and (found.family, found.base_model_id) == (Family.FLUX2, base)
-    assert civitai_base("Flux.2 D") is None  # FLUX.2 [dev]: another pipeline, no pool
+    dev = civitai_base("Flux.2 D")  # FLUX.2 [dev]: another pipeline, its own family (test_flux2_dev.py)
+    assert dev is not None and dev.family is Family.FLUX2_DEV
     for metadata in (
         {"ss_base_model_version": "flux2"},
         {"modelspec.architecture": "flux-2-klein-4b/lora"},

@@ -25,6 +25,7 @@ ZIMAGE = "Tongyi-MAI/Z-Image-Turbo"
 FLUX2 = "black-forest-labs/FLUX.2-klein-4B"
 QWEN_IMAGE = "Qwen/Qwen-Image"
 KONTEXT = "black-forest-labs/FLUX.1-Kontext-dev"
+FLUX2_DEV = "black-forest-labs/FLUX.2-dev"
 BASES = {
     Family.SDXL: SDXL,
     Family.SD15: SD15,
@@ -35,6 +36,7 @@ BASES = {
     Family.QWEN_IMAGE: QWEN_IMAGE,
 }
 BASES[Family.FLUX_KONTEXT] = KONTEXT
+BASES[Family.FLUX2_DEV] = FLUX2_DEV
 # FLUX.1 Kontext's LoRAs have FLUX.1's names and widths: only what they declare tells them (test_flux_kontext.py).
 BY_TENSORS = [f for f in SERVED_FAMILIES if f is not Family.FLUX_KONTEXT]
 # The kohya metadata each family's trainer writes (sd-scripts' `ss_base_model_version`; musubi-tuner's Z-Image).
@@ -47,6 +49,7 @@ KOHYA_VERSIONS = {
     Family.FLUX2: "flux2",
     Family.QWEN_IMAGE: "qwen_image",
     Family.FLUX_KONTEXT: "flux_kontext",
+    Family.FLUX2_DEV: "flux_2_dev",
 }
 KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
 
@@ -68,7 +71,7 @@ def lora_for(pipe, family: Family, fmt: str) -> dict[str, tuple[int, ...]]:
         return shapes_of(
             lora_file(factors(pipe.transformer, rank=2, seed=5), "peft" if fmt == "peft" else "kohya", 2.0)
         )
-    if family is Family.FLUX2:
+    if family in (Family.FLUX2, Family.FLUX2_DEV):
         made = flux2_factors(pipe.transformer, rank=2, seed=5)
         return shapes_of(flux2_lora_file(made, "peft" if fmt == "peft" else "aitk"))
     if family is Family.QWEN_IMAGE:

@@ -1,5 +1,5 @@
 """FLUX.2 [klein] in the start-up memory plan: its declared sizes are klein 4B's and 9B's as diffusers and
-transformers build them; which GPUs serve each, alone and beside SDXL; FLUX.2 [dev]'s entry (what it needs); Qwen3
+transformers build them; which GPUs serve each, alone and beside SDXL; FLUX.2 [dev]'s sizes and GPUs; Qwen3
 left in host RAM encodes there and gives the image it gives on the device."""
 
 from __future__ import annotations
@@ -7,14 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
+from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from engine.errors import SettingsError
-from engine.families import flux2
+from engine.families import flux2, flux2_dev
 from engine.pipeline.loading import load_pipeline
-from engine.pools.plan import PlanOptions, PoolNeed, largest_values, plan_memory, scratch_bytes
+from engine.pools.plan import PlanOptions, largest_values, plan_memory
 from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
+from engine.storage import linear_sizes
 from families.flux2 import BASE_9B, MODEL_ID, MODEL_ID_9B
+from families.flux2_dev import MODEL_ID as DEV
 from tests.support.dit import A10G, GIB, HOST_RAM, L40S, needs_on_a_gpu, values
 from tests.support.dit import pipeline_image as image
 from tests.support.images import assert_images_close
@@ -61,11 +64,14 @@ def test_declared_sizes_are_what_diffusers_and_transformers_build_from_kleins_co
     assert memory.host_components == ("text_encoder",) and "text_encoder" not in flux2.FAMILY.components
 
 
-def test_flux2_devs_entry_is_its_transformer_and_the_24_b_encoder():
+def test_flux2_devs_sizes_are_its_transformer_as_diffusers_builds_it_and_the_24_b_encoder():
     with torch.device("meta"):
         transformer = Flux2Transformer2DModel()  # diffusers' defaults are FLUX.2 [dev]'s
-    assert flux2.MEMORY_DEV.values_of(("transformer",)) == values(transformer)
-    assert flux2.MEMORY_DEV.largest_values == largest_values([transformer])
+    assert flux2_dev.MEMORY.values_of(("transformer",)) == values(transformer)
+    assert flux2_dev.MEMORY.largest_values == largest_values([transformer])
+    linears = [(n, m.out_features, m.in_features) for n, m in transformer.named_modules() if isinstance(m, nn.Linear)]
+    assert flux2_dev.MEMORY.linears == linear_sizes(linears, None)
+    assert flux2_dev.FAMILY.memory is flux2_dev.MEMORY and flux2_dev.MEMORY.host_components == ("text_encoder",)
 
 
 def test_the_9b_bases_are_planned_at_their_own_size():
@@ -109,23 +115,25 @@ def test_klein_9b_needs_48_gb_alone_and_beside_sdxl():
     assert both.resident and both.host_components(MODEL_ID_9B) == ("text_encoder",)
 
 
-def test_flux2_dev_needs_80_gb_in_bf16_with_its_encoder_in_host_ram():
-    """Not served (Flux2Pipeline, a Mistral encoder): the plan says what it would need."""
-    memory = flux2.MEMORY_DEV
-    need = PoolNeed(
-        "black-forest-labs/FLUX.2-dev",
-        2 * memory.total_values,
-        2 * memory.values_of(("transformer",)),
-        (("text_encoder", 2 * memory.values_of(("text_encoder",))),),
-        memory.working_bytes,
-        scratch_bytes(memory.largest_values),
-    )
-    options = PlanOptions.of(settings_for())
-    with pytest.raises(SettingsError, match=r"A100 or H100 \(80 GB\)"):
-        plan_memory((need,), L40S, options)
-    (placement,) = plan_memory((need,), A100, options).placements
-    assert placement.host_components == ("text_encoder",) and not placement.pristine
-    assert placement.weights / GIB == pytest.approx(60.18, abs=0.01)
+def test_flux2_dev_fits_80_gb_in_bf16_and_48_gb_in_fp8_each_with_mistral_in_host_ram():
+    """112.6 GB in bf16: on 80 GB resident with Mistral (48 GB) and the pristine copies in host RAM, whatever
+    QUANTIZE says; on 48 GB only with the transformer in fp8 (QUANTIZE=auto), Mistral in host RAM."""
+    for quantize in ("off", "auto"):
+        settings = settings_for(DEV, quantize=quantize)
+        plan_ = plan_memory(needs_on_a_gpu(settings), A100, PlanOptions.of(settings))
+        (placement,) = plan_.placements
+        assert placement.host_components == ("text_encoder",) and not placement.pristine and not plan_.auto_quantized
+        assert placement.weights / GIB == pytest.approx(60.18, abs=0.01)
+    off = settings_for(DEV, quantize="off")
+    with pytest.raises(SettingsError, match=r"accepted: QUANTIZE=auto .*; or a larger GPU: A100 or H100 \(80 GB\)"):
+        plan_memory(needs_on_a_gpu(off), L40S, PlanOptions.of(off))
+    auto = settings_for(DEV, quantize="auto")
+    plan_ = plan_memory(needs_on_a_gpu(auto), L40S, PlanOptions.of(auto))
+    (placement,) = plan_.placements
+    assert plan_.auto_quantized == (DEV,) and placement.host_components == ("text_encoder",)
+    assert placement.nbytes / GIB == pytest.approx(31.73, abs=0.01)
+    with pytest.raises(SettingsError, match=r"\(denoiser in fp8\).*accepted: a larger GPU: L40S \(48 GB\)$"):
+        plan_memory(needs_on_a_gpu(auto), A10G, PlanOptions.of(auto))
 
 
 def test_qwen3_left_in_host_ram_encodes_there_and_the_image_is_the_same(loaded_flux2, tiny_flux2_dir, base_settings):

@@ -1,0 +1,91 @@
+"""FLUX.2 [dev] (32 B): `Flux2Pipeline`, klein's transformer architecture at 6144 wide with a guidance embedding, and
+Mistral Small 3.1 (24 B) as its text encoder, 1024 px.
+
+A LoRA adapts the transformer only; its namings are klein's (`Flux2LoraLoaderMixin`, one converter for both:
+`engine.families.flux2.convert_lora`, whose checks of what diffusers would drop hold here too). Told from klein's
+LoRAs by the hidden width its factors show (6144: `bfl_blocks.FLUX2_DEV_WIDTHS`), else by what it declares.
+Defaults are diffusers' `Flux2Pipeline.__call__`'s and BFL's model card's: 50 steps at a distilled guidance of 4
+(one pass per step, no negative prompt; the card names 28 steps a fair trade-off). Previews are klein's (the same
+VAE and packed latents). Text-to-image only: diffusers 0.42 has no FLUX.2 [dev] image-to-image or inpainting
+class (`Flux2Pipeline`'s own `image` is a reference for editing). Mistral stays in host RAM where the GPU is short,
+and its transformer in fp8 (`QUANTIZE`) makes it fit 80 GB with its encoder on the GPU (tests/engine/pools).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from diffusers import Flux2Pipeline
+from transformers import AutoTokenizer
+
+from engine.families import flux, flux2
+from engine.families.bfl_blocks import FLUX2_DEV_WIDTHS, FLUX2_RATIOS, contradicts
+from engine.families.flux2_dev_tiny import build_tiny_pipeline
+from engine.families.spec import FamilySpec, LoraSignature, MemorySpec, Pipeline, PreviewSpec, RunDefaults, Shapes
+from engine.storage import LinearSizes
+from families.flux2_dev import IDENTITY
+
+__all__ = ["FAMILY", "MEMORY", "defaults", "rules_out", "tokenizer_without_torchvision"]
+
+# Parameter and buffer values as diffusers builds the transformer (its Flux2Transformer2DModel defaults are
+# [dev]'s: 8 double and 48 single blocks 6144 wide) and the VAE, checked on the meta device
+# (tests/engine/pools/test_plan_flux2.py); about 112.6 GB in bf16 with the encoder.
+MEMORY = MemorySpec(
+    values=(
+        ("transformer", 32_223_281_152),
+        # Mistral Small 3.1's stated 24 B (its vision tower included), not rebuilt here.
+        ("text_encoder", 24_000_000_000),
+        ("vae", 84_046_372),
+    ),
+    host_components=("text_encoder",),
+    # Each single block's fused projection, 6144 to q, k, v and the SwiGLU's input (9 x 6144).
+    largest_values=339_738_624,
+    # fp8 storage (engine.storage): its Linears' weight values, output rows and in + out widths, LoRA branches on
+    # every Linear of the transformer.
+    linears=LinearSizes(32_223_264_768, 4_171_904, 6_491_904),
+)
+
+
+def rules_out(shapes: Shapes) -> bool:
+    """FLUX.1's MLP ratios, or a hidden width that is not [dev]'s (a klein LoRA: the same names, 3072 or 4096)."""
+    return contradicts(FLUX2_RATIOS, shapes) or not flux2.lora_widths(shapes).denoiser <= FLUX2_DEV_WIDTHS
+
+
+def defaults(pipe: Pipeline) -> RunDefaults:
+    """50 steps at a distilled guidance of 4 (diffusers' call and BFL's card); sides in the VAE's scale times the
+    2x2 patches."""
+    return RunDefaults(50, 4.0, "distilled", negative_prompt=False, side_multiple=2 * int(pipe.vae_scale_factor))
+
+
+def tokenizer_without_torchvision(model_id: str, options: Mapping[str, object]) -> dict[str, object]:
+    """The `tokenizer` component, where transformers cannot import Mistral's `PixtralProcessor` (it imports
+    torchvision, which this Space does not install): the processor's tokenizer alone, which is all the pipeline's
+    text-to-image prompt encoding calls (`apply_chat_template` on text). With torchvision, diffusers loads the
+    processor itself."""
+    try:
+        import transformers.models.pixtral.processing_pixtral  # noqa: F401
+    except ImportError:
+        token = options.get("token")
+        return {"tokenizer": AutoTokenizer.from_pretrained(model_id, subfolder="tokenizer", token=token)}
+    return {}
+
+
+FAMILY = FamilySpec(
+    identity=IDENTITY,
+    pipeline_class=Flux2Pipeline,
+    denoiser="transformer",
+    components=("transformer",),
+    side=1024,
+    served_side=flux2.served_side,
+    defaults=defaults,
+    # klein's call: no negative prompt, `guidance_scale` (here the guidance embedding's value).
+    call_arguments=flux2.call_arguments,
+    size_buckets=flux.SIZE_BUCKETS,
+    convert_lora=flux2.convert_lora,
+    signature=LoraSignature(IDENTITY.claims, flux2.lora_widths, flux2.pipeline_widths, rules_out),
+    preview=PreviewSpec(None, flux2.LATENT_RGB, unpack=flux2.unpack_latents),
+    build_tiny=build_tiny_pipeline,
+    half_dtype="bfloat16",
+    memory=MEMORY,
+    load_components=tokenizer_without_torchvision,
+)
