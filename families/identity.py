@@ -26,6 +26,7 @@ class Family(StrEnum):
     FLUX2 = "flux2"
     QWEN_IMAGE = "qwen_image"
     FLUX_KONTEXT = "flux_kontext"
+    QWEN_IMAGE_EDIT = "qwen_image_edit"
     UNKNOWN = "unknown"
 
 

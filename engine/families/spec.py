@@ -230,6 +230,9 @@ class FamilySpec:
     inpainting: PipelineClass | None = None
     # An instruction-editing base (FLUX.1 Kontext): its own pipeline takes the image, and no request comes without.
     needs_image: bool = False
+    # Components the family loads itself and hands to `from_pretrained` ((model id, Hub token) -> name: component;
+    # Qwen-Image-Edit's processor, read without the video processor its class would ask torchvision for).
+    load_components: Callable[[str, str | None], Mapping[str, Any]] | None = None
 
     @property
     def family(self) -> Family:
