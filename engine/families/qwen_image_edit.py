@@ -84,7 +84,9 @@ def build_tiny_pipeline(seed: int = 0) -> QwenImageEditPipeline:
     of the real one's 8x downsampling (the tiny Qwen-Image's is 4x): diffusers always encodes the input image at
     about 1 MP, and with the 4x VAE its mid-block's attention over 256 x 256 latent pixels took 3.8 s of a
     2-step edit's 7.5 s (one profiled run on 2 CPU cores), and its latents made 16 k transformer tokens, where
-    the 8x VAE's make 4 k. The same seed gives the same weights."""
+    the 8x VAE's make 4 k. The tiny tokenizer spells the edit template's system turn in 169 tokens where Qwen's
+    spells it in the 64 the pipeline drops, so the rest of it conditions tiny edits too (diffusers' and ours
+    alike). The same seed gives the same weights."""
     made: Any = tiny_qwen_image.build_tiny_pipeline(seed)
     torch.manual_seed(seed + 5)
     transformer = QwenImageTransformer2DModel(

@@ -120,6 +120,8 @@ def test_the_tiny_qwen_image_edit_is_an_editing_pool_of_qwen_images_structure(lo
     assert FAMILY.signature.pipeline_widths(pipe.transformer, {}).denoiser == {88}
     # The processor declares no video processor (transformers would build it with torchvision).
     assert type(pipe.processor) is ImageQwen2VLProcessor and not hasattr(pipe.processor, "video_processor")
+    system_turn = pipe.prompt_template_encode.split("<|vision_start|>")[0]
+    assert (len(pipe.tokenizer(system_turn).input_ids), pipe.prompt_template_encode_start_idx) == (169, 64)
     # diffusers hands it the ~1 MP conditioning image: the tiny processor scales it to 112 px, 8 x 8 patches.
     inputs = pipe.processor(text=["<|vision_start|><|image_pad|><|vision_end|>a fox"], images=example_image(1024, 1024))
     vision = pipe.text_encoder.config.vision_config
