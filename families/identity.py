@@ -27,6 +27,7 @@ class Family(StrEnum):
     QWEN_IMAGE = "qwen_image"
     FLUX_KONTEXT = "flux_kontext"
     FLUX2_DEV = "flux2_dev"
+    QWEN_IMAGE_EDIT = "qwen_image_edit"
     UNKNOWN = "unknown"
 
 

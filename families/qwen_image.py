@@ -37,8 +37,8 @@ IDENTITY = FamilyIdentity(
     label="Qwen-Image",
     bases=(Base(MODEL_ID, "Qwen-Image"),),
     claims=claims,
-    # musubi-tuner writes "Qwen-Image" (and "Qwen-Image-Edit", the same transformer: see
-    # engine/families/qwen_image.py on routing Edit LoRAs); others spell it without a separator.
+    # musubi-tuner writes "Qwen-Image" (its "Qwen-Image-Edit" is the edit family's longer prefix:
+    # families/qwen_image_edit.py); others spell it without a separator.
     spellings=Spellings(
         architectures=("qwen-image", "qwen_image", "qwenimage"),
         kohya_versions=("qwen-image", "qwen_image", "qwenimage"),

@@ -1,11 +1,11 @@
 """Base-model families: one module each (`sdxl`, `sd15`, `sd2`, `flux`, `zimage`, `flux2`, `qwen_image`,
-`flux_kontext`, `flux2_dev`) declaring what it needs.
+`flux_kontext`, `flux2_dev`, `qwen_image_edit`) declaring what it needs.
 
 `spec` holds the shape a family fills in (`FamilySpec`, which holds the family's torch-free identity from the
 top-level `families` package); `registry` finds a family's spec by base repo id or by `families.Family`.
 Shared helpers hold only what several families truly share: `unet` (UNet/CLIP LoRA widths and calls),
 `stable_diffusion` (SD 1.x and 2.x), `tiny` (the tiny pipelines' tokenizer, text configs, VAE and scheduler),
 `bfl_blocks` (the MLP widths that tell FLUX.1's LoRAs from FLUX.2's, and klein's from [dev]'s); `flux2_tiny`
-builds the tiny klein, `flux2_dev_tiny` the tiny FLUX.2 [dev] and `tiny_qwen_image` the tiny Qwen-Image (kept
-apart from their family modules to keep each small).
+builds the tiny klein, `flux2_dev_tiny` the tiny FLUX.2 [dev] and `tiny_qwen_image` the tiny Qwen-Image, whose
+parts the tiny Qwen-Image-Edit shares (kept apart from their family modules to keep each small).
 """

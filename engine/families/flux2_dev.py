@@ -13,8 +13,6 @@ and its transformer in fp8 (`QUANTIZE`) makes it fit 80 GB with its encoder on t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from diffusers import Flux2Pipeline
 from transformers import AutoTokenizer
 
@@ -57,7 +55,7 @@ def defaults(pipe: Pipeline) -> RunDefaults:
     return RunDefaults(50, 4.0, "distilled", negative_prompt=False, side_multiple=2 * int(pipe.vae_scale_factor))
 
 
-def tokenizer_without_torchvision(model_id: str, options: Mapping[str, object]) -> dict[str, object]:
+def tokenizer_without_torchvision(model_id: str, token: str | None) -> dict[str, object]:
     """The `tokenizer` component, where transformers cannot import Mistral's `PixtralProcessor` (it imports
     torchvision, which this Space does not install): the processor's tokenizer alone, which is all the pipeline's
     text-to-image prompt encoding calls (`apply_chat_template` on text). With torchvision, diffusers loads the
@@ -65,7 +63,6 @@ def tokenizer_without_torchvision(model_id: str, options: Mapping[str, object]) 
     try:
         import transformers.models.pixtral.processing_pixtral  # noqa: F401
     except ImportError:
-        token = options.get("token")
         return {"tokenizer": AutoTokenizer.from_pretrained(model_id, subfolder="tokenizer", token=token)}
     return {}
 

@@ -9,9 +9,9 @@ by its own converter. Defaults as diffusers and Qwen's card run it: 50 steps, tr
 VAE encodes into Wan 2.1's latent space) over the unpacked latents; no distilled decoder loads as AutoencoderTiny.
 Image-to-image and inpainting are diffusers' `QwenImageImg2ImgPipeline` and `QwenImageInpaintPipeline` over the
 same components.
-Qwen-Image-Edit LoRAs share the transformer's names and shapes (only a card tells them apart; musubi-tuner's
-"Qwen-Image-Edit" metadata reads as Qwen-Image): no edit pool serves them yet, so they are judged by their files
-and run on a Qwen-Image pool, the one architecture their deltas fit.
+Qwen-Image-Edit LoRAs share the transformer's names and shapes: only what they declare (a card, musubi-tuner's
+"Qwen-Image-Edit" metadata) sends them to an edit pool (`engine.families.qwen_image_edit`); one declaring nothing
+is judged a Qwen-Image LoRA.
 """
 
 from __future__ import annotations

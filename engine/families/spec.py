@@ -230,9 +230,10 @@ class FamilySpec:
     inpainting: PipelineClass | None = None
     # An instruction-editing base (FLUX.1 Kontext): its own pipeline takes the image, and no request comes without.
     needs_image: bool = False
-    # Components loaded apart before `from_pretrained` (given the model id and its other arguments), where
-    # diffusers' own loading of them cannot run here (FLUX.2 [dev]'s processor without torchvision); None: none.
-    load_components: Callable[[str, Mapping[str, object]], Mapping[str, object]] | None = None
+    # Components the family loads itself and hands to `from_pretrained` ((model id, Hub token) -> name: component;
+    # Qwen-Image-Edit's processor, read without the video processor its class would ask torchvision for; FLUX.2
+    # [dev]'s tokenizer alone, where its processor cannot be imported without torchvision).
+    load_components: Callable[[str, str | None], Mapping[str, Any]] | None = None
 
     @property
     def family(self) -> Family:

@@ -22,16 +22,18 @@ from typing import Any
 
 import torch
 from diffusers import AutoencoderKL
+from PIL import Image
 
 from engine.errors import SettingsError
 from engine.families.registry import FamilySpec, family_spec
 from engine.families.spec import fit_presets
 from engine.families.tiny import TINY_SIZES, build_tiny
+from engine.images import InputImage
 from engine.models import HUB_ID
 from engine.pipeline.aot import AotDenoiser, AotPackage, capture_calls, compile_package, inductor_options
 from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile_denoiser, configure_caches
 from engine.pipeline.encoders import ENCODER_CACHE_BYTES, run_from_host_ram
-from engine.pipeline.modes import default_strength, mode_class, served_modes
+from engine.pipeline.modes import default_strength, image_arguments, mode_class, served_modes
 from engine.pipeline.schedulers import offered_schedulers
 from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
@@ -343,11 +345,11 @@ def _widened(_: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
 def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Pipeline:
     kwargs: dict[str, object] = {"dtype": dtype, "use_safetensors": True, "token": settings.hf_token}
     kwargs |= dict(family.load_options)
+    if family.load_components is not None:
+        kwargs |= family.load_components(settings.model_id, settings.hf_token)
     loader = family.pipeline_class
     if settings.vae_id:
         kwargs["vae"] = AutoencoderKL.from_pretrained(settings.vae_id, dtype=dtype, token=settings.hf_token)
-    if family.load_components is not None:
-        kwargs |= family.load_components(settings.model_id, kwargs)
     if dtype == torch.float16:
         try:
             return loader.from_pretrained(settings.model_id, variant="fp16", **kwargs)
@@ -360,9 +362,9 @@ def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype)
 def _warm_up(loaded: LoadedPipeline) -> float:
     started = time.perf_counter()
     side = min(loaded.defaults.side, 512)
-    request = CheckedRequest(prompt="warm-up", steps=2, guidance=loaded.defaults.guidance, width=side, height=side)
+    request = _warm_up_request(loaded, side, side)
     # The family's own call: an editing pool's keeps the size (FLUX.1 Kontext's would scale it to 1 MP).
-    loaded.pipe(**loaded.family.call_arguments(request), generator=torch.Generator("cpu").manual_seed(0))
+    loaded.pipe(**_warm_up_call(loaded, request), generator=torch.Generator("cpu").manual_seed(0))
     if loaded.device.type == "cuda":
         torch.cuda.synchronize(loaded.device)
     return time.perf_counter() - started
@@ -384,9 +386,24 @@ def package_denoiser(
 def _run_once(loaded: LoadedPipeline, width: int, height: int) -> None:
     """One short run at this size, with the family's guidance (a request's batch): what compiles a shape. The
     family's own call (an editing pool's keeps its size: FLUX.1 Kontext's would scale it to 1 MP)."""
-    request = CheckedRequest(prompt="warm-up", steps=2, guidance=loaded.defaults.guidance, width=width, height=height)
+    request = _warm_up_request(loaded, width, height)
     loaded.pipe(
-        **loaded.family.call_arguments(request),
+        **_warm_up_call(loaded, request),
         generator=torch.Generator("cpu").manual_seed(0),
         output_type="latent",
     )
+
+
+def _warm_up_request(loaded: LoadedPipeline, width: int, height: int) -> CheckedRequest:
+    """A short request at this size; with a grey image of it for an editing pool (Qwen-Image-Edit's pipeline
+    cannot run without one)."""
+    image = (
+        InputImage.from_pil(Image.new("RGB", (width, height), (128, 128, 128))) if loaded.defaults.needs_image else None
+    )
+    return CheckedRequest(
+        prompt="warm-up", steps=2, guidance=loaded.defaults.guidance, width=width, height=height, image=image
+    )
+
+
+def _warm_up_call(loaded: LoadedPipeline, request: CheckedRequest) -> dict[str, Any]:
+    return {**loaded.family.call_arguments(request), **image_arguments(loaded.pipe, request)}

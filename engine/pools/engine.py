@@ -17,11 +17,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 
+from PIL import Image
+
 from engine.caches.disk import DiskCache
 from engine.errors import HubUnavailableError, InvalidRequestError, PreparationError, SwitchboardError
 from engine.events import EngineEvents
 from engine.formats.adapters import AdapterKey, PreparedAdapter
 from engine.formats.pivotal import check_clashes
+from engine.images import InputImage
 from engine.normalise import normalise_request
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
 from engine.pipeline.inference import engine_error, gpu_lock, infer
@@ -144,7 +147,16 @@ class Engine:
     def prefetch(self, spec: LoraSpec) -> concurrent.futures.Future[None]:
         """Start preparing one LoRA into the cache (a gallery click) in the prefetch lane, behind every queued
         request (`engine.pools.prefetch`): the later request is a cache hit. Cancel the future to drop it."""
-        return self._prefetches.submit(GenerateRequest(prompt="prefetch", loras=(spec,)))
+        return self._prefetches.submit(self._lora_only("prefetch", spec))
+
+    def _lora_only(self, prompt: str, spec: LoraSpec) -> GenerateRequest:
+        """A request that only prepares `spec` (a check, a prefetch): on an editing pool, which takes no request
+        without an image, with a black one of the pool's side."""
+        defaults = self.loaded.defaults
+        image = None
+        if defaults.needs_image:
+            image = InputImage.from_pil(Image.new("RGB", (defaults.side, defaults.side)))
+        return GenerateRequest(prompt=prompt, loras=(spec,), image=image)
 
     def _open(self, request: GenerateRequest, *, lane: Lane = "request") -> tuple[PreparedRequest, Callable[[], None]]:
         """Validate the request (unless this pool's `check` made it) and make its adapters ready, leased until the
@@ -215,7 +227,7 @@ class Engine:
 
     def check_lora(self, spec: LoraSpec) -> LoraCheck:
         """Resolve, download and prepare one LoRA without generating (the UI's custom-LoRA check)."""
-        with self.prepare(GenerateRequest(prompt="check", loras=(spec,))) as prepared:
+        with self.prepare(self._lora_only("check", spec)) as prepared:
             (adapter, _), use = prepared.adapters[0], prepared.uses[0]
             return LoraCheck(
                 ref=use.ref,

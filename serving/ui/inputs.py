@@ -3,9 +3,9 @@
 One `gr.ImageEditor` holds both: its background is the input image (upload, paste or webcam) and what is painted
 on it is the inpainting mask (white repainted, as diffusers reads a mask; nothing painted: image-to-image). The
 strength slider takes its bounds and wording from the request's declaration (`GenerateRequest.strength`) and its
-value from the pool's defaults; a pool that edits by instruction (`ModelDefaults.needs_image`: FLUX.1 Kontext)
-shows how to word its prompt instead, and a pool without an image-to-image pipeline hides the slider. "Use as
-input" puts a result into the editor, to iterate on it.
+value from the pool's defaults; a pool that edits by instruction (`ModelDefaults.needs_image`: FLUX.1 Kontext,
+Qwen-Image-Edit) shows how to word its prompt instead, and a pool without an image-to-image pipeline hides the
+slider. "Use as input" puts a result into the editor, to iterate on it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ reference is diffusers' own result (`load_lora_weights` + `fuse_lora`) on a pipe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -120,13 +120,16 @@ def lora_file(made: dict[str, tuple[torch.Tensor, torch.Tensor]], fmt: QwenForma
     return tensors
 
 
-def write_qwen_loras(pipe: Any, folder: Path, *, cases: Sequence[QwenCase] = CASES) -> dict[str, QwenCase]:
-    """Each case's file in `folder` (rank 4), by case name."""
+def write_qwen_loras(
+    pipe: Any, folder: Path, *, cases: Sequence[QwenCase] = CASES, metadata: Mapping[str, str] | None = None
+) -> dict[str, QwenCase]:
+    """Each case's file in `folder` (rank 4), by case name, with `metadata` (a trainer's, e.g. the base it
+    declares)."""
     for case in cases:
         made = factors(pipe.transformer, seed=case.seed)
-        save_lora(folder / case.file_name, lora_file(made, case.fmt, case.alpha))
+        save_lora(folder / case.file_name, lora_file(made, case.fmt, case.alpha), metadata)
         if case.twin is not None:
-            save_lora(folder / case.reference_name, lora_file(made, case.twin, case.alpha))
+            save_lora(folder / case.reference_name, lora_file(made, case.twin, case.alpha), metadata)
     return {case.name: case for case in cases}
 
 

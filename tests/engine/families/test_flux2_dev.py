@@ -105,10 +105,10 @@ def test_its_defaults_are_diffusers_and_bfls_and_the_tokenizer_loads_without_tor
     try:
         import torchvision  # noqa: F401
     except ImportError:
-        (tokenizer,) = tokenizer_without_torchvision(str(tiny_dev_dir), {}).values()
+        (tokenizer,) = tokenizer_without_torchvision(str(tiny_dev_dir), None).values()
         assert tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": "a fox"}]}])
     else:
-        assert tokenizer_without_torchvision(str(tiny_dev_dir), {}) == {}
+        assert tokenizer_without_torchvision(str(tiny_dev_dir), None) == {}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

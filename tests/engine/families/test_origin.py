@@ -37,8 +37,10 @@ BASES = {
 }
 BASES[Family.FLUX_KONTEXT] = KONTEXT
 BASES[Family.FLUX2_DEV] = FLUX2_DEV
-# FLUX.1 Kontext's LoRAs have FLUX.1's names and widths: only what they declare tells them (test_flux_kontext.py).
-BY_TENSORS = [f for f in SERVED_FAMILIES if f is not Family.FLUX_KONTEXT]
+BASES[Family.QWEN_IMAGE_EDIT] = "Qwen/Qwen-Image-Edit"
+# FLUX.1 Kontext's and Qwen-Image-Edit's LoRAs have FLUX.1's and Qwen-Image's names and widths: only what they
+# declare tells them (test_flux_kontext.py, test_qwen_image_edit.py).
+BY_TENSORS = [f for f in SERVED_FAMILIES if f not in (Family.FLUX_KONTEXT, Family.QWEN_IMAGE_EDIT)]
 # The kohya metadata each family's trainer writes (sd-scripts' `ss_base_model_version`; musubi-tuner's Z-Image).
 KOHYA_VERSIONS = {
     Family.SDXL: "sdxl_base_v1-0",
@@ -50,6 +52,7 @@ KOHYA_VERSIONS = {
     Family.QWEN_IMAGE: "qwen_image",
     Family.FLUX_KONTEXT: "flux_kontext",
     Family.FLUX2_DEV: "flux_2_dev",
+    Family.QWEN_IMAGE_EDIT: "qwen_image_edit",
 }
 KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
 
