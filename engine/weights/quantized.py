@@ -13,12 +13,12 @@ widens the weight to float32 before the matmul, measured 1.5x (idle) to 4x (load
 own dequantization bit for bit. diffusers' layerwise casting (e4m3 with no scale) measured 0.92x but 0.047 relative
 error on N(0, 0.02) weights against 0.038 with row scales (`bench.quantized` measures the whole slice).
 
-Eager on the CPU, the weight is widened 256 rows at a time, by bit operations (torch converts fp8 one value at a
+Eager on the CPU, the weight is widened 512 rows at a time, by bit operations (torch converts fp8 one value at a
 time there: 4.4 ns each), into one scratch buffer the matmul reads while it is in cache; the branch computes only
 the ranks it holds. A CPU has no fp8 arithmetic, so each call still pays 4 vector passes over every weight value
-(about 0.25 ns each value on one EPYC core), against a bf16 matmul's ~2 ns per value at 320 tokens: 1.1-1.3x a
-bf16 linear there, more at fewer tokens (a 1-token modulation linear: 2-3x), approaching 1x at a 1024² image's
-4608. Compiled or on a GPU, the plain formula below: inductor fuses the widening, a GPU hides it in memory traffic.
+(about 0.25 ns each value on one EPYC core), against a bf16 matmul's ~2 ns per value at 320 tokens: 1.2-1.3x a
+bf16 linear there (one thread), 1.1-1.15x at 1280, 2-3x on a 1-token modulation linear. Compiled or on a GPU, the
+plain formula below: inductor fuses the widening, a GPU hides it in memory traffic.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ _BITS: dict[torch.dtype, tuple[torch.dtype, int, int]] = {
     torch.float32: (torch.int32, 20, 0x87F00000 - (1 << 32)),
 }
 _UNBIAS = 2.0**120
-# Weight rows widened at a time on the CPU: they stay in cache from the widening to the matmul reading them
-# (1.5-7.5 MiB of a 3072-15360 wide weight in bf16), and oneDNN's bf16 matmul runs as fast on 256 output rows as on
-# all (fewer, or a count off its 64-wide blocks, cost up to 2x: 85 rows of 12288).
-_CHUNK_ROWS = 256
+# Weight rows widened at a time on the CPU: they stay in cache (L3) from the widening to the matmul reading them.
+# Measured at 1-1280 tokens on 3072 x 12288: 512 rows as fast as 256-2048 or faster (fewer rows re-read the input
+# more often and run oneDNN's bf16 matmul off its best shapes; 85 rows of 12288 cost 2x).
+_CHUNK_ROWS = 512
 # torch's CPU parallel grain (at::internal::GRAIN_SIZE): an op on fewer values runs on the calling thread.
 _GRAIN = 32768
 
@@ -114,23 +114,28 @@ class BranchedLinear(nn.Linear):
 
     def _forward_in_chunks(self, x: torch.Tensor) -> torch.Tensor:
         """Eager on the CPU: the weight widened a block of rows at a time into one scratch buffer that stays in
-        cache for the matmul reading it (widening it whole writes and rereads a pool-dtype copy of every weight
-        at each call: 5.9x a bf16 linear at 320 tokens, this 1.15x), and the branch at the ranks it holds."""
+        cache for the matmul reading it (widening it whole at each call, torch's way: 4.5x a bf16 linear at 320
+        tokens; this: 1.2-1.3x, one thread). The branch at the ranks it holds rides in the same matmul: the
+        block's rows carry their `lora_up` rows after the weight's, the input its `(x·Aᵀ) ⊙ s` after `x`, so
+        base and branch are summed in one float32 accumulator (rounded once, as a fused weight would be)."""
         flat = x.reshape(-1, self.in_features)
         out = torch.empty(flat.shape[0], self.out_features, dtype=x.dtype)
         rank = self.branch_rank
-        hidden = F.linear(flat, self.lora_down[:rank]) * self.lora_scales[:rank] if rank else None
+        if rank:
+            flat = torch.cat([flat, F.linear(flat, self.lora_down[:rank]) * self.lora_scales[:rank]], dim=1)
         rows = min(self.out_features, _CHUNK_ROWS)
-        scratch = torch.empty(rows, self.in_features, dtype=_BITS[x.dtype][0])
+        scratch = torch.empty(rows, self.in_features + rank, dtype=_BITS[x.dtype][0])
         for start in range(0, self.out_features, rows):
             end = min(start + rows, self.out_features)
-            weight, part = self._widened(start, end, x.dtype, scratch[: end - start]), out[:, start:end]
+            block = scratch[: end - start]
+            self._widened(start, end, x.dtype, block[:, : self.in_features])
+            weight, part = block.view(x.dtype), out[:, start:end]
+            if rank:
+                weight[:, self.in_features :].copy_(self.lora_up[start:end, :rank])
             if self.bias is None:
                 torch.mm(flat, weight.t(), out=part)
             else:
                 torch.addmm(self.bias[start:end], flat, weight.t(), out=part)
-        if hidden is not None:
-            out.addmm_(hidden, self.lora_up[:, :rank].t())
         return out.view(*x.shape[:-1], self.out_features)
 
     def _widened(self, start: int, end: int, dtype: torch.dtype, scratch: torch.Tensor) -> torch.Tensor:

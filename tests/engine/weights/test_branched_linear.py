@@ -13,7 +13,7 @@ from engine.weights.quantized import BranchedLinear
 
 pytest.importorskip("torchao")
 
-ROWS, COLUMNS = 600, 96  # 600 output rows: two full blocks of 256 and a partial one
+ROWS, COLUMNS = 1200, 96  # 1200 output rows: two full blocks of 512 and a partial one
 GRAIN = 32768  # torch's at::internal::GRAIN_SIZE: a CPU op on fewer values runs on the calling thread
 
 
