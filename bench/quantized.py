@@ -18,6 +18,13 @@ from other processes falls on both alike:
   output's relative error against bf16 fused for the branch and for fp8 fused;
 - exactness: the fp8 stored bytes after every swap equal those loaded, and the bf16 slice is its fill again.
 
+On a CPU the step ratio has a floor that depends on the tokens: with no fp8 arithmetic, every call widens every
+weight value (4 vector passes, about 0.25 ns per value on one EPYC core, in cache: `BranchedLinear` widens 512
+rows at a time), against a bf16 matmul's ~2 ns per value at 320 tokens. So 1.2-1.3x on the slice's 320-token
+layers (1.1-1.15x at 1280), 2-3x on its 1-token modulation linears: the step's ratio falls as `--tokens` grows
+(a 1024² FLUX image has 4096 + 512). Under load, prefer `--threads 1` for a ratio: that path runs ~5 parallel ops
+per 512 rows, and each waits on any descheduled OpenMP worker, where the bf16 matmul is one op per layer.
+
 The default run fits about 15 minutes on 2 loaded cores; --quick is a smoke run (rank 16, 256 tokens). The last
 line is `quantized: family=flux storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= branch_rel_err=
 fused_fp8_rel_err= exact=` at rank 64 (the largest rank measured), swap and step ratios medians of turn-by-turn
@@ -258,7 +265,8 @@ def _steps(fused: Ours, branch: Ours, sides: dict, args: Args, clock: Clock) -> 
     _say(
         f"step ({args.tokens} image tokens, rank {max(args.ranks)}, "
         f"branches of {args.max_rank}): fp8 + branch {out['branch_ms']:.0f} ms, bf16 fused {out['fused_ms']:.0f} ms, "
-        f"ratio {out['ratio']:.3f}; widening every fp8 weight once takes {dequantize_ms:.0f} ms of it"
+        f"ratio {out['ratio']:.3f}; widening every fp8 weight whole, once, took {dequantize_ms:.0f} ms (a step "
+        "widens 512 rows at a time instead)"
     )
     _say(f"slice output vs bf16 fused: branch {out['branch_rel_err']:.4f}, fp8 fused {out['fused_fp8_rel_err']:.4f}")
     return out
