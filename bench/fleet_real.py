@@ -27,10 +27,10 @@ on the same Ray cluster, replays `bench.fleet_model.request_stream` for the seed
 both routers. The warm-up comes from `clients` closed-loop clients (as fast as the replicas go: a steady state of
 disks and caches in a minute rather than hours), then `requests` Poisson arrivals at each rate in turn, lowest
 first, without redeploying (each rate starts where the last left the caches; the model,
-`bench.fleet_model.simulate_phases`, runs the same sequence). The rates bracket the knees the model predicts
-from the calibration (0.75 x the lower, both, 1.25 x the higher), the same rates for both routers. Measured per
-rate: p50/p95 from send to answer, with the p95's distribution-free 95 % interval (order statistics: with 200
-requests the 184th to 197th latency), and the hit rate (`X-Lora-Cache`). The fleet model then runs the same
+`bench.fleet_model.simulate_phases`, runs the same sequence). The three rates bracket the knees the model predicts
+from the calibration (0.75 x the lower, their geometric mean, 1.25 x the higher), the same rates for both routers.
+Measured per rate: p50/p95 from send to answer, with the p95's distribution-free 95 % interval (order statistics:
+with 150 requests the 137th to 148th latency), and the hit rate (`X-Lora-Cache`). The fleet model then runs the same
 scenario (same seed, requests, warm-up and rates; the costs the cluster measured: inference, swap, prepare) for
 each policy: `sim_gap` is the mean |measured - model| hit rate over a router's rates, `p95_gap` is
 |measured / model - 1| at each rate, averaged over the rates where the model's p95 is within twice the target
@@ -71,10 +71,11 @@ __all__ = [
 POLICY_OF = {"ours": "least_finish", "ray_multiplexed": "ray_multiplexed_m1"}
 _SDXL_INFERENCE_S = Costs.inference_s
 _TARGET_S = 13.0
-# Around the model's knees: 0.75 x the lower, both, 1.25 x the higher; no rate under 0.15 of saturation (a rate
-# costs `requests` / rate seconds: that floor keeps a default run within about 15 minutes on 2 cores).
+# Around the model's knees: under the lower (x 0.75), between the two (their geometric mean), over the higher
+# (x 1.25); no rate under a tenth of saturation (a rate costs `requests` / rate seconds: three rates keep a default
+# run within about 15 minutes on 2 cores).
 _AROUND = (0.75, 1.25)
-_FLOOR = 0.15
+_FLOOR = 0.1
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,8 @@ class RealOptions:
     adapters: int = 100
     capacity: int = 8
     warmup: int = 300
-    # Measured requests per rate: the p95 is the 190th of 200, its 95 % interval the 184th to 197th (p95_interval).
-    requests: int = 200
+    # Measured requests per rate: the p95 is the 143rd of 150, its 95 % interval the 137th to 148th (p95_interval).
+    requests: int = 150
     clients: int = 6  # closed loop: the warm-up's clients
     steps: int = 2
     side: int = 64
@@ -168,10 +169,11 @@ def scaled_costs(inference_s: float, swap_s: float, prepare_s: float) -> Costs:
 
 
 def rates_around(knees: Mapping[str, float], saturation: float) -> list[float]:
-    """The rates to measure: bracketing the model's knee for each router (0 where it finds none), ascending."""
-    found = [knee for knee in knees.values() if knee > 0] or [_FLOOR * saturation]
+    """The rates to measure, ascending: one under the lower of the model's knees (0 where it finds none), one
+    between the two, one over the higher: each router's knee is bracketed by two of them."""
+    found = [knee for knee in knees.values() if knee > 0] or [_FLOOR * saturation / _AROUND[0]]
     low, high = min(found), max(found)
-    rates = {low * _AROUND[0], low, high, high * _AROUND[1]}
+    rates = (low * _AROUND[0], math.sqrt(low * high), high * _AROUND[1])
     return sorted({round(max(rate, _FLOOR * saturation), 3) for rate in rates})
 
 
