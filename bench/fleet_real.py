@@ -30,7 +30,7 @@ first, without redeploying (each rate starts where the last left the caches; the
 `bench.fleet_model.simulate_phases`, runs the same sequence). The three rates bracket the knees the model predicts
 from the calibration (0.75 x the lower, their geometric mean, 1.25 x the higher), the same rates for both routers.
 Measured per rate: p50/p95 from send to answer, with the p95's distribution-free 95 % interval (order statistics:
-with 150 requests the 137th to 148th latency), and the hit rate (`X-Lora-Cache`). The fleet model then runs the same
+with 200 requests the 184th to 197th latency), and the hit rate (`X-Lora-Cache`). The fleet model then runs the same
 scenario (same seed, requests, warm-up and rates; the costs the cluster measured: inference, swap, prepare) for
 each policy: `sim_gap` is the mean |measured - model| hit rate over a router's rates, `p95_gap` is
 |measured / model - 1| at each rate, averaged over the rates where the model's p95 is within twice the target
@@ -87,8 +87,8 @@ class RealOptions:
     adapters: int = 100
     capacity: int = 8
     warmup: int = 300
-    # Measured requests per rate: the p95 is the 143rd of 150, its 95 % interval the 137th to 148th (p95_interval).
-    requests: int = 150
+    # Measured requests per rate: the p95 is the 190th of 200, its 95 % interval the 184th to 197th (p95_interval).
+    requests: int = 200
     clients: int = 6  # closed loop: the warm-up's clients
     steps: int = 2
     side: int = 64
