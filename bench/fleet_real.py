@@ -169,12 +169,14 @@ def scaled_costs(inference_s: float, swap_s: float, prepare_s: float) -> Costs:
 
 
 def rates_around(knees: Mapping[str, float], saturation: float) -> list[float]:
-    """The rates to measure, ascending: one under the lower of the model's knees (0 where it finds none), one
-    between the two, one over the higher: each router's knee is bracketed by two of them."""
-    found = [knee for knee in knees.values() if knee > 0] or [_FLOOR * saturation / _AROUND[0]]
+    """The rates to measure, ascending: one under the lower of the model's knees, one between the two, one over the
+    higher: each router's knee is bracketed by two of them. A router the model finds within the target at no rate
+    (0) counts as a knee at the lowest rate allowed, so that it is measured there all the same."""
+    floor = _FLOOR * saturation
+    found = [max(knee, floor) for knee in knees.values()]
     low, high = min(found), max(found)
     rates = (low * _AROUND[0], math.sqrt(low * high), high * _AROUND[1])
-    return sorted({round(max(rate, _FLOOR * saturation), 3) for rate in rates})
+    return sorted({round(max(rate, floor), 3) for rate in rates})
 
 
 def p95_interval(n: int, confidence: float = 0.95) -> tuple[int, int]:

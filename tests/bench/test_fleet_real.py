@@ -65,9 +65,10 @@ def test_the_rates_bracket_the_knees_the_model_predicts():
     # Close knees: each bracketed all the same.
     assert rates_around({"ours": 2.0, "ray_multiplexed": 2.0}, saturation=9.0) == [1.5, 2.0, 2.5]
     # The model finds no rate for a router: the other's knee is bracketed; no rate under a tenth of saturation.
-    assert rates_around({"ours": 2.0, "ray_multiplexed": 0.0}, saturation=9.0) == [1.5, 2.0, 2.5]
-    assert rates_around({"ours": 4.0, "ray_multiplexed": 1.0}, saturation=20.0) == [2.0, 5.0]
-    assert rates_around({"ours": 0.0, "ray_multiplexed": 0.0}, saturation=10.0) == [1.0, 1.333, 1.667]
+    # Regression: a run whose model found no rate for Serve's router measured only around ours' knee.
+    assert rates_around({"ours": 2.0, "ray_multiplexed": 0.0}, saturation=9.0) == [0.9, 1.342, 2.5]
+    assert rates_around({"ours": 4.0, "ray_multiplexed": 1.0}, saturation=20.0) == [2.0, 2.828, 5.0]
+    assert rates_around({"ours": 0.0, "ray_multiplexed": 0.0}, saturation=10.0) == [1.0, 1.25]
 
 
 def test_the_tiny_model_stands_for_sdxl_scaled_in_time():
