@@ -2,7 +2,7 @@
 
     python -m bench.fleet [--adapters 2500] [--replicas 5] [--capacity 16] [--policies random,...]
                           [--swap-json swap.json] [--json PATH] [--plot DIR] [--validate-json FILE]
-    python -m bench.fleet --real [--real-replicas 3] [--real-adapters 100] ... [--json PATH] [--plot DIR]
+    python -m bench.fleet --real [--real-replicas 5] [--real-adapters 100] ... [--json PATH] [--plot DIR]
 
 A discrete-event simulation (simpy) of N adapters with Zipf popularity, Poisson arrivals and R replicas
 each holding K prepared adapters, with costs from stated sources (bench/fleet_model.py, docs/fleet.md).
@@ -14,16 +14,18 @@ policy's at its highest rate and the gap compares a measured Ray Serve run (--va
 model on the same scenario. It then prices the best policy's rate: dollars per 1,000 images on A10G, L40S
 and H100 (bench/fleet_cost.py: list prices and inference times with their sources).
 
-`--real` runs our router and Ray Serve's multiplexed one on a real local cluster of replicas of the tiny pipeline
-instead (about half an hour), with the model beside each run (bench/fleet_real.py). Its inference is a stand-in:
-each replica's pipeline call waits the model's inference time, scaled, holding its slot and no core, because the
-model assumes one GPU per replica and replicas sharing a machine's cores slow each other (`--real-cpu-inference`
-runs it on the CPU instead, for contrast); everything else is real. Its last line is `fleet_real: replicas=<R>
-adapters=<N> ours_rate=<req/s> ray_rate=<req/s> ratio=<ours/ray> hit_ours=<h> hit_ray=<h> sim_gap_ours=<gap>
-sim_gap_ray=<gap> p95_gap_ours=<gap> p95_gap_ray=<gap>`: the rates held at the scaled p95 target, the open-loop
-hit rates, the mean gap between measured and simulated hit rates over each router's runs, and the mean relative
-gap between the measured p95 at a rate and the model's at that rate (over the rates where the model's p95 is
-within twice the target).
+`--real` runs our router and Ray Serve's multiplexed one on a real local cluster of 5 replicas of the tiny pipeline
+instead (about 15 minutes on 2 quiet cores), with the model beside each rate (bench/fleet_real.py). Its inference
+is a stand-in: each replica's pipeline call waits the model's inference time, scaled, holding its slot and no core,
+because the model assumes one GPU per replica and replicas sharing a machine's cores slow each other
+(`--real-cpu-inference` runs it on the CPU instead, for contrast); everything else is real, and the model's
+service time includes the per-request overhead outside the replica, measured at the start. The rates bracket the
+knees the model predicts. Its last line is `fleet_real: replicas=<R> adapters=<N> ours_rate=<req/s> ray_rate=<req/s>
+ratio=<ours/ray> hit_ours=<h> hit_ray=<h> sim_gap_ours=<gap> sim_gap_ray=<gap> p95_gap_ours=<gap>
+p95_gap_ray=<gap>`: the highest rate whose measured p95 is within the scaled target (interpolated; `na` when no
+rate tried was, and then the ratio is `na` too), the hit rates over the rates, the mean gap between measured and
+simulated hit rates, and the mean relative gap between the measured p95 at a rate and the model's at that rate
+(over the rates where the model's p95 is within twice the target).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from collections.abc import Sequence
 from bench.fleet_cost import GPUS, gpu_costs
 from bench.fleet_model import Costs, RunResult, Scenario
 from bench.fleet_policies import POLICIES, make_policy
-from bench.fleet_real import RealOptions
+from bench.fleet_real import RealOptions, ratio_of
 from bench.fleet_real_run import measure
 from bench.fleet_sweep import Validation, latency_curve, max_rate, validate, validation_spec
 from bench.serve import hub_environment
@@ -128,7 +130,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--real-fractions",
         type=_fractions,
         default=real.fractions,
-        help=f"--real: open-loop rates, fractions of saturation (default {','.join(map(str, real.fractions))})",
+        help="--real: rates as fractions of saturation (default: around the knees the model predicts)",
     )
     args = parser.parse_args(argv)
     for name in ("adapters", "replicas", "capacity", "requests", "real_replicas", "real_adapters", "real_capacity"):
@@ -279,24 +281,25 @@ def run_real(args: argparse.Namespace) -> dict[str, object]:
         shutil.rmtree(root, ignore_errors=True)
     routers = results["routers"]
     ours, ray = routers["ours"], routers["ray_multiplexed"]  # type: ignore[index]
-    ratio = ours["rate_at_target"] / ray["rate_at_target"] if ray["rate_at_target"] else None
+    ratio, kind = ratio_of(ours, ray)
     _say(f"\nrate held at p95 <= {results['target_p95_s']:.2f} s (13 s scaled by k={results['k']:.4f}):")
     for name, summary in routers.items():  # type: ignore[attr-defined]
         _say(
-            f"  {name:<16} {summary['rate_at_target']:.3f} req/s ({summary['found']}; the model "
+            f"  {name:<16} {_rate(summary)} ({summary['found']}; the model "
             f"{summary['model_rate_at_target']:.3f}), hit rate "
             f"{summary['hit_rate']:.3f}, model gaps {[round(g, 3) for g in summary['sim_gaps']]}, "
             f"p95 measured/model {[round(r, 2) for r in summary['p95_measured_over_model']]} "
             f"(gap {summary['p95_gap']:.3f})"
         )
+    _say(f"ratio: {kind}" if ratio is None else f"ratio {ratio:.2f}: {kind}")
     line = (
         f"fleet_real: replicas={options.replicas} adapters={options.adapters} "
-        f"ours_rate={ours['rate_at_target']:.3f} ray_rate={ray['rate_at_target']:.3f} "
+        f"ours_rate={_rate(ours, bare=True)} ray_rate={_rate(ray, bare=True)} "
         f"ratio={'na' if ratio is None else f'{ratio:.2f}'} hit_ours={ours['hit_rate']:.3f} "
         f"hit_ray={ray['hit_rate']:.3f} sim_gap_ours={ours['sim_gap']:.3f} sim_gap_ray={ray['sim_gap']:.3f} "
         f"p95_gap_ours={ours['p95_gap']:.3f} p95_gap_ray={ray['p95_gap']:.3f}"
     )
-    results = {**results, "ratio": ratio, "final_line": line}
+    results = {**results, "ratio": ratio, "ratio_kind": kind, "final_line": line}
     _say(f"the whole run took {results['wall_s']:.0f} s")
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(results, indent=2))
@@ -308,6 +311,13 @@ def run_real(args: argparse.Namespace) -> dict[str, object]:
             _say(f"wrote {path}")
     _say(line)
     return results
+
+
+def _rate(summary: dict, bare: bool = False) -> str:
+    """A router's rate at the target; `na` when no rate tried was within it (its rate is below the lowest)."""
+    if summary["found"] == "none":
+        return "na" if bare else "na (p95 above the target at every rate tried)"
+    return f"{summary['rate_at_target']:.3f}" if bare else f"{summary['rate_at_target']:.3f} req/s"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,8 +37,10 @@ __all__ = [
     "RunResult",
     "Scenario",
     "percentile",
+    "phase_of",
     "request_stream",
     "simulate",
+    "simulate_phases",
 ]
 
 _MB = 1e6
@@ -282,35 +284,34 @@ class Fleet:
         self.catalogue = Catalogue(scenario, seed)
         self.rng = random.Random(f"policy-{seed}")  # the policy's own draws
         self.replicas = [Replica(self, i, policy.replica_slots) for i in range(scenario.replicas)]
-        self._latencies: list[float] = []
-        self._hits = self._swaps = self._downloads = 0
-        self._window: list[float] = []  # first and last completion time of the measured requests
+        # Each measured request: its index, latency, hit, swapped, downloaded, completion time.
+        self._done: list[tuple[int, float, bool, bool, bool, float]] = []
         self._done_clients: dict[int, simpy.Event] = {}
 
     def finish(self, request: Request, *, hit: bool, swapped: bool, downloaded: bool) -> None:
         if request.index >= self.scenario.warmup:
-            self._latencies.append(self.env.now - request.arrival)
-            self._hits += hit
-            self._swaps += swapped
-            self._downloads += downloaded
-            self._window.append(self.env.now)
+            latency = self.env.now - request.arrival
+            self._done.append((request.index, latency, hit, swapped, downloaded, self.env.now))
         done = self._done_clients.pop(request.index, None)
         if done is not None:
             done.succeed()
 
-    def _poisson(self, rate: float, adapters: Sequence[int], gaps: Sequence[float]) -> Generator:
+    def _phase(self, index: int, phases: int) -> int:
+        return phase_of(index, self.scenario, phases)
+
+    def _poisson(self, rates: Sequence[float], adapters: Sequence[int], gaps: Sequence[float]) -> Generator:
         for index, (adapter, gap) in enumerate(zip(adapters, gaps, strict=True)):
-            yield self.env.timeout(gap / rate)
+            yield self.env.timeout(gap / rates[self._phase(index, len(rates))])
             self.env.process(self.policy.route(self, Request(index, adapter, self.env.now)))
 
-    def _warm_then_poisson(self, rate: float, adapters: Sequence[int], gaps: Sequence[float]) -> Generator:
-        """The warm-up from closed-loop clients, then the measured requests at `rate` once it is over."""
+    def _warm_then_poisson(self, rates: Sequence[float], adapters: Sequence[int], gaps: Sequence[float]) -> Generator:
+        """The warm-up from closed-loop clients, then the measured requests at their phase's rate once it is over."""
         warmup, clients = self.scenario.warmup, self.scenario.warmup_clients or 1
         yield self.env.all_of(
             [self.env.process(self._client(range(c, warmup, clients), adapters)) for c in range(clients)]
         )
         for index in range(warmup, len(adapters)):
-            yield self.env.timeout(gaps[index] / rate)
+            yield self.env.timeout(gaps[index] / rates[self._phase(index, len(rates))])
             self.env.process(self.policy.route(self, Request(index, adapters[index], self.env.now)))
 
     def _client(self, indices: Sequence[int], adapters: Sequence[int]) -> Generator:
@@ -320,32 +321,39 @@ class Fleet:
             self.env.process(self.policy.route(self, Request(index, adapters[index], self.env.now)))
             yield done
 
-    def run(self, rate: float, seed: int) -> RunResult:
+    def run(self, rates: Sequence[float], seed: int) -> list[RunResult]:
+        """One result per rate: the measured requests split evenly between the rates, in order (one for closed loop)."""
         total = self.scenario.warmup + self.scenario.requests
         adapters, gaps = request_stream(self.scenario, seed)
         clients = self.scenario.clients
         if clients is None and self.scenario.warmup_clients is not None:
-            self.env.process(self._warm_then_poisson(rate, adapters, gaps))
+            self.env.process(self._warm_then_poisson(rates, adapters, gaps))
         elif clients is None:
-            self.env.process(self._poisson(rate, adapters, gaps))
+            self.env.process(self._poisson(rates, adapters, gaps))
         else:
             for client in range(clients):
                 self.env.process(self._client(range(client, total, clients), adapters))
         self.env.run()
-        measured = len(self._latencies)
-        span = max(self._window) - min(self._window) if measured > 1 else 0.0
-        latencies = sorted(self._latencies)
+        phases = [[d for d in self._done if self._phase(d[0], len(rates)) == p] for p in range(len(rates))]
+        return [self._result(rate if clients is None else None, done) for rate, done in zip(rates, phases, strict=True)]
+
+    def _result(self, rate: float | None, done: Sequence[tuple[int, float, bool, bool, bool, float]]) -> RunResult:
+        measured = len(done)
+        ends = [d[5] for d in done]
+        span = max(ends) - min(ends) if measured > 1 else 0.0
+        latencies = sorted(d[1] for d in done)
+        swaps = sum(d[3] for d in done)
         return RunResult(
             policy=self.policy.name,
-            rate=rate if clients is None else (measured / span if span else 0.0),
+            rate=rate if rate is not None else (measured / span if span else 0.0),
             completed=measured,
-            hit_rate=self._hits / measured,
-            swaps_per_request=self._swaps / measured,
-            swaps_per_s=self._swaps / span if span else 0.0,
+            hit_rate=sum(d[2] for d in done) / measured,
+            swaps_per_request=swaps / measured,
+            swaps_per_s=swaps / span if span else 0.0,
             p50_s=percentile(latencies, 50),
             p95_s=percentile(latencies, 95),
             mean_s=statistics.fmean(latencies),
-            downloads_per_s=self._downloads / span if span else 0.0,
+            downloads_per_s=sum(d[4] for d in done) / span if span else 0.0,
         )
 
 
@@ -362,6 +370,12 @@ def request_stream(scenario: Scenario, seed: int) -> tuple[list[int], list[float
     return adapters, [draws.expovariate(1.0) for _ in range(total)]
 
 
+def phase_of(index: int, scenario: Scenario, phases: int) -> int:
+    """Request `index`'s phase: the measured requests split evenly into `phases`, in order; the warm-up is the
+    first phase's."""
+    return max(0, index - scenario.warmup) * phases // scenario.requests
+
+
 def percentile(ordered: Sequence[float], q: float) -> float:
     """The nearest-rank percentile of an ascending sequence."""
     if not ordered:
@@ -372,6 +386,17 @@ def percentile(ordered: Sequence[float], q: float) -> float:
 
 def simulate(scenario: Scenario, policy: Policy, rate: float, seed: int = 0) -> RunResult:
     """One run: `scenario` under `policy` at `rate` requests per second (ignored for closed loop)."""
-    if scenario.clients is None and rate <= 0:
-        raise ValueError(f"rate={rate} is not positive; accepted: requests per second > 0")
-    return Fleet(scenario, policy, seed).run(rate, seed)
+    return simulate_phases(scenario, policy, [rate], seed)[0]
+
+
+def simulate_phases(scenario: Scenario, policy: Policy, rates: Sequence[float], seed: int = 0) -> list[RunResult]:
+    """One run whose measured requests come at each rate in turn, evenly split, after one warm-up; a result per
+    rate. What a cluster measures without redeploying between rates: each phase starts where the last one left
+    the caches and disks."""
+    if scenario.clients is None and (not rates or min(rates) <= 0):
+        raise ValueError(f"rates={list(rates)} are not all positive; accepted: requests per second > 0")
+    if scenario.clients is not None and len(rates) != 1:
+        raise ValueError(f"a closed loop has one phase, not {len(rates)}; accepted: one rate (ignored)")
+    if scenario.requests < len(rates):
+        raise ValueError(f"{scenario.requests} requests cannot fill {len(rates)} phases; accepted: one or more each")
+    return Fleet(scenario, policy, seed).run(rates, seed)

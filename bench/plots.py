@@ -141,14 +141,29 @@ def fleet_real_plot(results: Results, path: Path) -> Path:
     latency, hits = figure.subplots(1, 2, width_ratios=(3, 2))
     for index, (router, summary) in enumerate(results["routers"].items()):
         color = f"C{index}"
+        # With the p95's 95 % interval where the run recorded it (bench.fleet_real.p95_interval; older files: none).
         measured = sorted(
-            (r["measured"]["rate"], r["measured"]["p95_s"], r["measured"]["hit_rate"])
+            (
+                r["measured"]["rate"],
+                r["measured"]["p95_s"],
+                r["measured"]["hit_rate"],
+                r["measured"].get("p95_low_s", r["measured"]["p95_s"]),
+                r["measured"].get("p95_high_s", r["measured"]["p95_s"]),
+            )
             for r in results["runs"]
             if r["measured"]["router"] == router and r["measured"]["rate"] is not None
         )
         model = sorted((r["rate"], r["p95_s"], r["hit_rate"]) for r in summary["model_curve"])
         latency.plot([m[0] for m in model], [m[1] for m in model], "--", color=color, label=f"{router}: model p95")
-        latency.plot([m[0] for m in measured], [m[1] for m in measured], "o", color=color, label=f"{router}: measured")
+        latency.errorbar(
+            [m[0] for m in measured],
+            [m[1] for m in measured],
+            yerr=[[m[1] - m[3] for m in measured], [m[4] - m[1] for m in measured]],
+            fmt="o",
+            capsize=3,
+            color=color,
+            label=f"{router}: measured (95 % interval)",
+        )
         hits.plot([m[0] for m in model], [m[2] for m in model], "--", color=color, label=f"{router}: model")
         hits.plot([m[0] for m in measured], [m[2] for m in measured], "o", color=color, label=f"{router}: measured")
         if summary["rate_at_target"]:

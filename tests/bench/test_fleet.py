@@ -81,7 +81,7 @@ def test_ray_router_never_sends_a_replica_more_than_max_ongoing_requests():
         peaks = dict.fromkeys(range(SKEWED.replicas), 0)
         for replica in world.replicas:
             replica.accept = counting(replica, peaks)  # type: ignore[method-assign]
-        world.run(SKEWED.saturation_rate * 1.2, seed=0)  # overloaded: the router holds the queue
+        world.run([SKEWED.saturation_rate * 1.2], seed=0)  # overloaded: the router holds the queue
         assert set(peaks.values()) == {limit}
 
 
