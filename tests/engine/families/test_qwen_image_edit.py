@@ -61,7 +61,7 @@ def pristine_edit(loaded_edit) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def edit_loras(loaded_edit, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every Qwen-Image naming made for the tiny edit transformer, declaring Qwen-Image-Edit in its metadata;
-    one made for a wider transformer (64 wide, where the tiny edit one is 88); one declaring nothing."""
+    one made for a wider transformer (64 wide, where the tiny edit one is 96); one declaring nothing."""
     folder = tmp_path_factory.mktemp("qwen-edit-loras")
     write_qwen_loras(loaded_edit.pipe, folder, metadata=EDIT_METADATA)
     wide = {m: (torch.ones(2, 64), torch.ones(64, 2)) for m in MODULES[:2]}
@@ -117,7 +117,7 @@ def test_the_tiny_qwen_image_edit_is_an_editing_pool_of_qwen_images_structure(lo
     assert (defaults.guidance, defaults.guidance_kind, defaults.side_multiple) == (4.0, "cfg", 16)
     # Qwen-Image's LoRA converter, widths and memory: the same transformer.
     assert FAMILY.convert_lora is qwen_image.convert_lora and FAMILY.memory is qwen_image.MEMORY
-    assert FAMILY.signature.pipeline_widths(pipe.transformer, {}).denoiser == {88}
+    assert FAMILY.signature.pipeline_widths(pipe.transformer, {}).denoiser == {96}
     # The processor declares no video processor (transformers would build it with torchvision).
     assert type(pipe.processor) is ImageQwen2VLProcessor and not hasattr(pipe.processor, "video_processor")
     system_turn = pipe.prompt_template_encode.split("<|vision_start|>")[0]
