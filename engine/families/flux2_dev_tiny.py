@@ -14,12 +14,11 @@ from typing import Any
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import Mistral3Config, Mistral3ForConditionalGeneration, PreTrainedTokenizerFast
 
 from engine.families.bfl_blocks import TINY_FLUX2_DEV_WIDTH
 from engine.families.flux2_tiny import tiny_flux2_vae
-from engine.families.tiny import byte_level_vocabulary
+from engine.families.tiny import byte_level_tokenizer
 
 __all__ = ["TINY_TRANSFORMER", "build_tiny_pipeline", "tiny_mistral_tokenizer"]
 
@@ -56,13 +55,7 @@ _CHAT_TEMPLATE = (
 def tiny_mistral_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer with Mistral's special tokens and turn layout, built with `tokenizers` from the
     tiny pipelines' vocabulary (a whole-word token per demo word, bytes for the rest)."""
-    vocab, merges = byte_level_vocabulary()
-    for special in _SPECIAL:
-        vocab[special] = len(vocab)
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(list(_SPECIAL))
+    tokenizer = byte_level_tokenizer(_SPECIAL)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<s>",

@@ -26,7 +26,6 @@ from diffusers import (
     AutoencoderKLQwenImage,
     QwenImageEditInpaintPipeline,
     QwenImageEditPipeline,
-    QwenImageTransformer2DModel,
 )
 
 # ProcessorMixin: saved tiny pipelines name this module as their processor's library, and diffusers'
@@ -90,16 +89,7 @@ def build_tiny_pipeline(seed: int = 0) -> QwenImageEditPipeline:
     alike). The same seed gives the same weights."""
     made: Any = tiny_qwen_image.build_tiny_pipeline(seed)
     torch.manual_seed(seed + 5)
-    transformer = QwenImageTransformer2DModel(
-        patch_size=2,
-        in_channels=16 * 4,
-        out_channels=16,
-        num_layers=2,
-        attention_head_dim=TINY_WIDTH // 2,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        axes_dims_rope=(8, 20, 20),
-    )
+    transformer = tiny_qwen_image.tiny_qwen_transformer(TINY_WIDTH, axes_dims_rope=(8, 20, 20))
     torch.manual_seed(seed + 6)
     vae: Any = AutoencoderKLQwenImage(
         base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True]

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from diffusers import AutoencoderKL, EulerDiscreteScheduler
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import CLIPTextConfig, CLIPTokenizer, T5Tokenizer
 
 from engine.families.registry import family_spec
@@ -28,6 +30,7 @@ __all__ = [
     "TINY_SIZES",
     "TINY_UNET",
     "build_tiny",
+    "byte_level_tokenizer",
     "byte_level_vocabulary",
     "ensure_tiny_pipeline",
     "text_config",
@@ -125,6 +128,20 @@ def byte_level_vocabulary() -> tuple[dict[str, int], list[tuple[str, str]]]:
     for word in _WORDS:
         merge("\u0120", word)
     return vocab, merges
+
+
+def byte_level_tokenizer(specials: Sequence[str]) -> Tokenizer:
+    """A byte-level BPE `tokenizers.Tokenizer` over `byte_level_vocabulary`, each of `specials` a token of its own
+    after the vocabulary's: the body the tiny Qwen, Qwen2.5-VL and Mistral tokenizers share (each family wraps it
+    with its own special-token roles, added words and chat template)."""
+    vocab, merges = byte_level_vocabulary()
+    for special in specials:
+        vocab[special] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(specials))
+    return tokenizer
 
 
 def tiny_tokenizer(pad_token: str = "<|endoftext|>") -> CLIPTokenizer:

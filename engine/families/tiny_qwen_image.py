@@ -17,12 +17,12 @@ from diffusers import (
     QwenImagePipeline,
     QwenImageTransformer2DModel,
 )
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken
 from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from engine.families.tiny import TINY_SIDE, byte_level_vocabulary
+from engine.families.tiny import TINY_SIDE, byte_level_tokenizer
 
-__all__ = ["SCHEDULER", "TINY_WIDTH", "build_tiny_pipeline", "tiny_qwen2_5_vl_tokenizer"]
+__all__ = ["SCHEDULER", "TINY_WIDTH", "build_tiny_pipeline", "tiny_qwen2_5_vl_tokenizer", "tiny_qwen_transformer"]
 
 # The tiny transformer's hidden width: 2 heads of 28, a width no other tiny pipeline has, so widths tell the tiny
 # ones apart as they tell the real ones (3072) from FLUX.1's (also 3072: there the names decide).
@@ -79,13 +79,7 @@ def tiny_qwen2_5_vl_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer in Qwen2.5-VL's layout, built with `tokenizers` from the tiny pipelines'
     vocabulary (a whole-word token per demo word and prompt template word, bytes for the rest), with its special
     tokens."""
-    vocab, merges = byte_level_vocabulary()
-    for special in _SPECIAL:
-        vocab[special] = len(vocab)
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(list(_SPECIAL))
+    tokenizer = byte_level_tokenizer(_SPECIAL)
     tokenizer.add_tokens([AddedToken(word, normalized=False) for word in _TEMPLATE_WORDS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=2048
@@ -125,6 +119,22 @@ _VISION_TOKENS = {
 }
 
 
+def tiny_qwen_transformer(width: int, axes_dims_rope: tuple[int, int, int]) -> QwenImageTransformer2DModel:
+    """Qwen-Image's transformer structure `width` wide (2 heads, their RoPE axes summing to the head's width), 2
+    blocks over the tiny encoder's 32-wide text: the tiny Qwen-Image's and the tiny Qwen-Image-Edit's, each at a
+    width of its own. Seeded by the caller."""
+    return QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16 * 4,
+        out_channels=16,
+        num_layers=2,
+        attention_head_dim=width // 2,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=axes_dims_rope,
+    )
+
+
 def build_tiny_pipeline(seed: int = 0) -> QwenImagePipeline:
     """A tiny Qwen-Image: 2 dual-stream blocks 72 wide (2 heads of 36: each tiny pipeline has a width of its own),
     a Qwen2.5-VL encoder 32 wide with its tokenizer, a 16-channel Wan-style VAE downsampling 4x with Qwen-Image's
@@ -133,16 +143,7 @@ def build_tiny_pipeline(seed: int = 0) -> QwenImagePipeline:
     the other families."""
     tokenizer = tiny_qwen2_5_vl_tokenizer()
     torch.manual_seed(seed)
-    transformer = QwenImageTransformer2DModel(
-        patch_size=2,
-        in_channels=16 * 4,
-        out_channels=16,
-        num_layers=2,
-        attention_head_dim=TINY_WIDTH // 2,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        axes_dims_rope=(8, 14, 14),
-    )
+    transformer = tiny_qwen_transformer(TINY_WIDTH, axes_dims_rope=(8, 14, 14))
     torch.manual_seed(seed + 1)
     # diffusers' defaults are Qwen-Image's latent mean and std (its VAE's encoder is Wan 2.1's).
     vae: Any = AutoencoderKLQwenImage(

@@ -21,7 +21,6 @@ from diffusers import (
     ZImagePipeline,
     ZImageTransformer2DModel,
 )
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
 
 from engine.families import flux
@@ -37,7 +36,7 @@ from engine.families.spec import (
     Tensor,
     Widths,
 )
-from engine.families.tiny import byte_level_vocabulary, tiny_vae
+from engine.families.tiny import byte_level_tokenizer, tiny_vae
 from engine.requests import CheckedRequest
 from engine.storage import LinearSizes
 from families.zimage import IDENTITY
@@ -133,13 +132,7 @@ def call_arguments(request: CheckedRequest) -> dict[str, Any]:
 def tiny_qwen_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer in Qwen's layout, built with `tokenizers` from the tiny pipelines' vocabulary
     (a whole-word token per demo word, bytes for the rest), with Qwen's special tokens and chat template."""
-    vocab, merges = byte_level_vocabulary()
-    for special in _SPECIAL:
-        vocab[special] = len(vocab)
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(list(_SPECIAL))
+    tokenizer = byte_level_tokenizer(_SPECIAL)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
