@@ -1,4 +1,5 @@
-"""The README and docs/ stay true: every setting they name exists, every setting is documented, every command runs."""
+"""The README and docs/ stay true: every setting they name exists, every setting is documented, every command runs,
+every relative link resolves, and the README is a Space card quoting only result lines docs/ holds."""
 
 from __future__ import annotations
 
@@ -81,3 +82,66 @@ def test_every_file_the_readme_commands_run_exists() -> None:
     assert {script for script in scripts if not (REPO / script).is_file()} == set()
     # .venv is made by the set-up; the tools it names must be in the environment the tests run in.
     assert {tool for tool in tools if not (Path(sys.executable).parent / tool).exists()} == set()
+
+
+CI_RUN = REPO / ".ci" / "run"
+README_MAX_LINES = 300  # issue 40: the README is the Space card; the rest lives in docs/.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+RESULT_LINE = re.compile(r"^\s*python -m bench\.\S+(?: --?\S+(?: [^\s=]+)?)*\s+((?:[a-z_][a-z0-9_]*=\S+\s*)+)$", re.M)
+
+
+def _prose(path: Path) -> str:
+    """The file without its fenced code blocks (a `# comment` in a bash block is no heading)."""
+    return CODE_BLOCK.sub("", path.read_text())
+
+
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors GitHub (and the Hub) give a Markdown file: lower case, punctuation but `-` and `_` dropped,
+    spaces to `-`, a repeated one numbered."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in HEADING.findall(_prose(path)):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def test_the_readme_is_a_space_card_of_at_most_300_lines() -> None:
+    lines = README.read_text().splitlines()
+    assert lines[0] == "---" and "app_file: app.py" in lines
+    assert len(lines) <= README_MAX_LINES
+
+
+def test_the_readme_test_command_is_what_ci_runs() -> None:
+    ci_command = CI_RUN.read_text().strip().splitlines()[-1]
+    commands = [line for block in CODE_BLOCK.findall(README.read_text()) for line in block.splitlines()]
+    assert ci_command in commands
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = set()
+    for path in DOCS:
+        for target in LINK.findall(_prose(path)):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in _anchors(linked)):
+                broken.add((path.relative_to(REPO).as_posix(), target))
+    assert broken == set()
+
+
+def test_the_links_see_the_anchors() -> None:
+    """Guards the test above against a slug rule or pattern that matches nothing."""
+    assert "memory-plan-notes-flux1-z-image-and-the-host-ram-encoders" in _anchors(CONFIGURATION)
+    assert any(target.endswith("#hardware") for target in LINK.findall(_prose(CONFIGURATION)))
+
+
+def test_every_result_line_the_readme_quotes_is_in_the_benchmarks() -> None:
+    measured = " ".join(" ".join(path.read_text().split()) for path in DOCS if path != README)
+    quoted = [" ".join(line.split()) for line in RESULT_LINE.findall(README.read_text())]
+    assert len(quoted) >= 3
+    assert [line for line in quoted if line not in measured] == []
