@@ -30,9 +30,13 @@ def last_line(*argv: str, timeout: int = 1500) -> str:
 @pytest.mark.timeout(600)
 def test_pristine_restores_a_share_of_sdxls_projections_from_host_ram():
     line = last_line("bench.pristine", "--device", "cpu", "--fraction", "0.02", "--repeats", "1")
-    found = re.fullmatch(rf"pristine_restore_host_ms={NUMBER} device_ms=n/a host_vs_device=n/a bytes=(\d+)", line)
+    found = re.fullmatch(
+        rf"pristine_restore_host_ms={NUMBER} device_ms=n/a host_vs_device=n/a bytes=(\d+) "
+        rf"branch_restore_ms={NUMBER} branch_zero=(true|false)",
+        line,
+    )
     assert found, line
-    assert float(found[1]) > 0 and int(found[2]) > 0
+    assert float(found[1]) > 0 and int(found[2]) > 0 and float(found[3]) > 0 and found[4] == "true"
 
 
 @pytest.mark.timeout(600)
