@@ -1,10 +1,12 @@
 """`python -m bench.soak`: the launched service under a long mixed load with faults, checked for what must not drift.
 
-The service is the real app (UI, named API and `POST /`) over the two tiny pools (SDXL and SD 1.5) on CPU, with
-small budgets (`bench.soak_service.soak_settings`) and its LoRAs on the stand-in Hub. The clients run in a process
-of their own (`bench.soak_clients`): `POST /`, `gradio_client` `/generate` and `/compare`, clients that leave
-while queued, gallery-click prefetches; random hang-ups and `job.cancel()`s; LoRAs that are slow to download,
-cut off mid-download, or refused; and bursts that fill the queue. The Hub's faults come from here, on a
+The service is the real app (UI, named API and `POST /`) over three tiny pools on CPU in bf16 (SDXL, SD 1.5, and
+FLUX.1 with its denoiser in fp8 and LoRAs as branches), with small budgets (`bench.soak_service.soak_settings`)
+and its LoRAs on the stand-in Hub. The clients run in a process of their own (`bench.soak_clients`): `POST /`,
+`gradio_client` `/generate` and `/compare`, clients that leave while queued, gallery-click prefetches;
+image-to-image and inpainting through `POST /` and `gradio_client`, with bad images and a 12000 x 12000 PNG among
+them; random hang-ups and `job.cancel()`s; LoRAs that are slow to download, cut off mid-download, or refused; and
+bursts that fill the queue. The Hub's faults come from here, on a
 timeline over `--duration-s`: downloads of the `cut` LoRAs cut off from 25 % to 35 % and from 75 % to 85 %, and
 the whole Hub down from 45 % to 60 % (an outage in the middle). A warm-up run of every kind of request comes
 first (`--warmup-s`), after which the server's threads are counted.
@@ -21,12 +23,19 @@ Measured at the end, once the clients are done and the queues have drained:
 - `host_over_budget_bytes`: the most any pool's prepared adapters held over `HOST_CACHE_BYTES`, or all pools'
   adapters and pristine copies in host RAM together held over `HOST_RAM_BYTES`, sampled every 0.25 s through
   the run;
-- `base_exact`: every weight of both pools bit-exact with what was loaded, after the pools put the base back.
+- `bad_images_accepted`, `oversized_accepted`: requests whose image was no image, cut off, a GIF, or the
+  oversized one, answered with an image rather than refused (each transport's count is printed);
+- `peak_rss_over_idle_bytes`: the server process's peak resident memory through the run (the kernel's high-water
+  mark, reset once idle after the warm-up; else sampled every 0.25 s) over its resident memory then;
+- `base_exact`: every weight and buffer of every pool byte-identical with what was loaded (the fp8 values and
+  row scales too), and every LoRA branch of the quantized pool zero, after the pools put the base back.
 
 The last line: `soak: requests= ok= refused= errors_5xx= ghosts= leaked_threads= disk_over_budget_bytes=
-host_over_budget_bytes= base_exact=`; `errors_5xx`, `ghosts`, `leaked_threads` and both over-budget figures
-must be 0 and `base_exact` true (the exit status is 1 otherwise). `refused` counts 4xx answers and the 503s the
-soak provokes (a full queue, the Hub unreachable); requests cancelled on purpose count in `requests` only.
+host_over_budget_bytes= bad_images_accepted= oversized_accepted= peak_rss_over_idle_bytes= base_exact=`;
+`errors_5xx`, `ghosts`, `leaked_threads`, both over-budget figures and both image figures must be 0 and
+`base_exact` true (the exit status is 1 otherwise); the peak RSS is reported, not judged. `refused` counts 4xx
+answers and the 503s the soak provokes (a full queue, the Hub unreachable); requests cancelled on purpose count in
+`requests` only.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["GRACE_S", "Options", "main"]
+__all__ = ["GRACE_S", "PROBLEMS", "Options", "main", "rss_bytes"]
 
 # Gradio notices a closed event stream within about 10 s (its read timeout); the handlers ask every 0.5 s.
 GRACE_S = 20.0
@@ -60,6 +69,16 @@ _SETTLE_S = 60.0
 _PREPARE = re.compile(r"^prepare_\d+$")
 # Single-thread pools started on demand, one per object that owns one: a second thread of a name is a leak.
 _SINGLE = re.compile(r"^(gpu-\d+|hub-revalidate|lora-catalog|.+-swr)_\d+$")
+# The figures that must be 0.
+PROBLEMS = (
+    "errors_5xx",
+    "ghosts",
+    "leaked_threads",
+    "disk_over_budget_bytes",
+    "host_over_budget_bytes",
+    "bad_images_accepted",
+    "oversized_accepted",
+)
 
 
 @dataclass(frozen=True)
@@ -146,10 +165,12 @@ class HostWatch(threading.Thread):
 
         self._host_ram = PlanOptions.of(pools.pools[0].engine.settings).host_ram
         self.over = 0
+        self.peak_rss = 0
 
     def run(self) -> None:
         while not self._halt.wait(0.25):
             self.sample()
+            self.peak_rss = max(self.peak_rss, rss_bytes("VmRSS"))
 
     def sample(self) -> None:
         held = 0
@@ -164,6 +185,25 @@ class HostWatch(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join()
+
+
+def rss_bytes(field: str) -> int:
+    """This process's `VmRSS` (resident now) or `VmHWM` (its peak) from /proc, in bytes; 0 where there is none."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return 0
+    found = [line.split()[1] for line in lines if line.startswith(field + ":")]
+    return int(found[0]) * 1024 if found else 0
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's resident high-water mark to the resident memory now (Linux: `clear_refs` 5)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def run_clients(config: dict[str, Any], root: Path, name: str) -> dict[str, Any]:
@@ -226,14 +266,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "loras": {"": [], **service.catalogue.to_json()},
         "fns": service.endpoints(),
         "sd15_base": service.pools.pools[1].base_model_id,
+        "images": service.images,
     }
     started = time.perf_counter()
     try:
-        warm = run_clients({**base, "duration_s": options.warmup_s, "bursts": [0.5], "seed_base": 0}, root, "warmup")
+        warmup = {**base, "duration_s": options.warmup_s, "bursts": [0.5], "seed_base": 0, "oversized": False}
+        warm = run_clients(warmup, root, "warmup")
         drain(service)
         time.sleep(12)  # idle worker threads of the warm-up expire (anyio's after 10 s)
         baseline = threads(service.url)[0]
         named = Counter(t.name for t in threading.enumerate())
+        idle_rss, kernel_peak = rss_bytes("VmRSS"), reset_peak_rss()
         faults, watch = Faults(service.hub, options.duration_s, CUT_PREFIX), HostWatch(service.pools)
         faults.start()
         watch.start()
@@ -245,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         faults.stop()
         queued = drain(service)
         watch.stop()
+        peak = max(watch.peak_rss, rss_bytes("VmHWM") if kernel_peak else 0)
         disk = service.pools.default.engine.disk_cache
         disk.wait_idle(60)
         disk_over = max(0, disk.lora_bytes() - disk.budget)
@@ -261,15 +305,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         service.close()
     exact = service.base_exact()
-    totals = {k: warm.get(k, 0) + soak.get(k, 0) for k in ("requests", "ok", "refused", "errors_5xx", "cancelled")}
+    counted = ("requests", "ok", "refused", "errors_5xx", "cancelled", "bad_images_accepted", "oversized_accepted")
+    totals = {k: warm.get(k, 0) + soak.get(k, 0) for k in counted}
     figures = {
-        **totals,
+        **{k: totals[k] for k in ("requests", "ok", "refused", "errors_5xx", "cancelled")},
         "ghosts": ghosts,
         "leaked_threads": leaked,
         "disk_over_budget_bytes": disk_over,
         "host_over_budget_bytes": max(0, watch.over),
+        "bad_images_accepted": totals["bad_images_accepted"],
+        "oversized_accepted": totals["oversized_accepted"],
+        "peak_rss_over_idle_bytes": max(0, peak - idle_rss),
         "base_exact": exact,
     }
+    accepted_by = Counter(warm.get("accepted_by", {})) + Counter(soak.get("accepted_by", {}))
     busy = warm.get("busy", 0) + soak.get("busy", 0)
     print(
         f"soak: {time.perf_counter() - started:.0f} s on {os.cpu_count()} CPUs; cancelled or left on purpose "
@@ -278,6 +327,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for problem in warm.get("problems", []) + soak.get("problems", []):
         print(f"soak: 5xx: {problem}", flush=True)
+    sent_by = Counter(warm.get("sent_by", {})) + Counter(soak.get("sent_by", {}))
+    for what, count in sorted(sent_by.items()):
+        answered = f", {accepted_by[what]} answered with an image" if what in accepted_by else ""
+        print(f"soak: images: {count} {what}{answered}", flush=True)
+    print(
+        f"soak: resident memory {idle_rss / 2**20:.0f} MiB idle after the warm-up, peak {peak / 2**20:.0f} MiB "
+        f"({'the kernel high-water mark' if kernel_peak else 'sampled every 0.25 s'})",
+        flush=True,
+    )
     for ghost in late:
         print(f"soak: ghost: {ghost}", flush=True)
     if newer:
@@ -297,10 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         flush=True,
     )
-    good = all(
-        figures[k] == 0
-        for k in ("errors_5xx", "ghosts", "leaked_threads", "disk_over_budget_bytes", "host_over_budget_bytes")
-    )
+    good = all(figures[k] == 0 for k in PROBLEMS)
     return 0 if good and exact else 1
 
 

@@ -4,16 +4,22 @@
 
 Each client thread draws, until the deadline, one of: `POST /` (now and then to `/models/<SD 1.5>`; some hang up
 early), `gradio_client` `/generate` and `/compare` (some cancelled with `job.cancel()`), a client that joins
-`/generate` or `/compare` by Gradio's queue protocol and leaves while queued (its event stream closed), and a
-gallery click's prefetch (some left early). A burst thread fills the queue at the configured moments. LoRAs are
-drawn from every role (`bench.soak_service`). Every answer is classified by the status (or, through Gradio, the
-title) its error of the tree carries: `ok`, `refused` (4xx; 503 for a full queue or the Hub unreachable), or
-`errors_5xx` (any other 5xx, an unexpected exception or a dropped connection). Each request that left on purpose
-is `cancelled`, and those with a seed are listed (`departures`) for the server side to look for ghosts.
+`/generate` or `/compare` by Gradio's queue protocol and leaves while queued (its event stream closed), a
+gallery click's prefetch (some left early), and a request from an image (image-to-image or inpainting, through
+`POST /` as base64 or a raw body, or `gradio_client` `/generate`), each kind of image through each of them in turn
+(`IMAGE_TURNS`): a good one, a bad one (no image, cut off, a GIF), and the oversized one (12000 x 12000 pixels; not
+in the warm-up). A burst thread fills the queue at the configured
+moments. LoRAs are drawn from every role (`bench.soak_service`). Every answer is classified by the status (or,
+through Gradio, the title) its error of the tree carries: `ok`, `refused` (4xx; 503 for a full queue or the Hub
+unreachable), or `errors_5xx` (any other 5xx, an unexpected exception or a dropped connection). A bad or oversized
+image answered with an image is also counted (`bad_images_accepted`, `oversized_accepted`, and by transport in
+`accepted_by`). Each request that left on purpose is `cancelled`, and those with a seed are listed (`departures`)
+for the server side to look for ghosts.
 """
 
 from __future__ import annotations
 
+import base64
 import faulthandler
 import json
 import os
@@ -29,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from gradio_client import Client
+from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 from lora_catalog.errors import SwitchboardError
@@ -43,6 +49,18 @@ _TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 # queue of them take well under a minute on 2 cores.
 _ANSWER_S = 180.0
 _STEPS = (2, 3, 4)
+# The image requests' (kind, transport), taken in turn: the oversized image through every transport first.
+IMAGE_TURNS = (
+    ("oversized", "gradio_client"),
+    ("oversized", "POST /"),
+    ("oversized", "POST / raw"),
+    ("bad", "gradio_client"),
+    ("good", "gradio_client"),
+    ("bad", "POST /"),
+    ("good", "POST /"),
+    ("bad", "POST / raw"),
+    ("good", "POST / raw"),
+)
 
 
 def _titles() -> dict[str, int]:
@@ -68,6 +86,8 @@ class Tally:
         self.counts: Counter[str] = Counter()
         self.departures: list[tuple[int, float, str]] = []
         self.problems: list[str] = []
+        self.accepted_by: Counter[str] = Counter()
+        self.sent_by: Counter[str] = Counter()
 
     def add(self, outcome: str, detail: str = "") -> None:
         with self._lock:
@@ -75,6 +95,17 @@ class Tally:
             self.counts[outcome] += 1
             if outcome == "errors_5xx" and len(self.problems) < 20:
                 self.problems.append(detail[:300])
+
+    def image(self, kind: str, transport: str, outcome: tuple[str, str]) -> None:
+        """An image request's answer; a bad or oversized image answered with an image is counted by transport."""
+        self.add(*outcome)
+        with self._lock:
+            self.sent_by[f"{kind} through {transport}"] += 1
+        if kind in ("bad", "oversized") and outcome[0] == "ok":
+            with self._lock:
+                figure = "oversized_accepted" if kind == "oversized" else "bad_images_accepted"
+                self.counts[figure] += 1
+                self.accepted_by[f"{kind} through {transport}"] += 1
 
     def note(self, what: str) -> None:
         with self._lock:
@@ -114,13 +145,71 @@ class Soak:
         self.deadline = time.monotonic() + float(config["duration_s"])
         self.loras: dict[str, list[str]] = config["loras"]
         self.fns: dict[str, dict[str, Any]] = config["fns"]
+        self.images: dict[str, Any] = config["images"]
+        self._turn_lock = threading.Lock()
+        self._turn = 0
         self.tally = Tally()
 
     # -- what a client asks for -------------------------------------------------------------------------------
 
     def lora(self, rng: random.Random) -> str:
-        role = rng.choices(["", "good", "sd15", "slow", "cut", "refused"], weights=[2, 5, 1, 1.5, 1, 1.5])[0]
+        roles = ["", "good", "sd15", "flux", "slow", "cut", "refused"]
+        role = rng.choices(roles, weights=[2, 5, 1, 1.5, 1.5, 1, 1.5])[0]
         return rng.choice(self.loras[role]) if role else ""
+
+    def image_turn(self) -> tuple[str, str]:
+        """The next (kind, transport) of `IMAGE_TURNS`, in turn across the clients, so that even a short run sends
+        each; the oversized image only where the run asks for it (not in the warm-up, before idle memory is read)."""
+        with self._turn_lock:
+            while True:
+                kind, transport = IMAGE_TURNS[self._turn % len(IMAGE_TURNS)]
+                self._turn += 1
+                if kind != "oversized" or self.config.get("oversized", True):
+                    return kind, transport
+
+    def from_image(self, rng: random.Random, client: Client, seed: int) -> None:
+        """Image-to-image or inpainting (a mask, of the image's size or another, half of the time), through
+        `gradio_client` `/generate` or `POST /` (base64 in JSON, or the image as the raw body)."""
+        kind, transport = self.image_turn()
+        image = {"good": self.images["image"], "oversized": self.images["oversized"]}.get(kind)
+        image = image or rng.choice(self.images["bad"])
+        mask = rng.choice([None, None, self.images["mask"], self.images["mask_other"]]) if kind == "good" else None
+        mask = None if transport == "POST / raw" else mask
+        lora, strength = self.lora(rng), round(rng.uniform(0.3, 0.9), 2)
+        if transport == "gradio_client":
+            job = client.submit(
+                prompt="a soak fox",
+                negative_prompt="",
+                lora=lora,
+                lora_scale=1.0,
+                lora_2="",
+                lora_2_scale=1.0,
+                steps=rng.choice(_STEPS),
+                guidance=5.0,
+                width=64,
+                height=64,
+                seed=seed,
+                image=handle_file(image),
+                mask=handle_file(mask) if mask else None,
+                strength=strength,
+                api_name="/generate",
+            )
+            self.tally.image(kind, transport, self._answer(job, "/generate from an image"))
+            return
+        headers = {"accept": "image/png", **({"lora": lora} if lora else {})}
+        data = Path(image).read_bytes()
+        if transport == "POST / raw":  # the image as the body: Hugging Face's raw image-to-image form
+            response = httpx.post(
+                self.url, content=data, headers={**headers, "content-type": "image/png"}, timeout=_TIMEOUT
+            )
+        else:
+            parameters: dict[str, Any] = {"prompt": "a soak fox", "strength": strength, "seed": seed}
+            parameters["num_inference_steps"] = rng.choice(_STEPS)
+            if mask:
+                parameters["mask_image"] = base64.b64encode(Path(mask).read_bytes()).decode()
+            body = {"inputs": base64.b64encode(data).decode(), "parameters": parameters}
+            response = httpx.post(self.url, json=body, headers=headers, timeout=_TIMEOUT)
+        self.tally.image(kind, transport, classify_http(response))
 
     def http(self, rng: random.Random, seed: int) -> None:
         lora, path = self.lora(rng), ""
@@ -177,18 +266,20 @@ class Soak:
                 job.cancel()
                 self.tally.left(seed, how)
                 return
+        self.tally.add(*self._answer(job, how))
+
+    @staticmethod
+    def _answer(job: Any, how: str) -> tuple[str, str]:
+        """A `gradio_client` job's outcome, once it is answered."""
         try:
             job.result(timeout=_ANSWER_S)
         except TimeoutError:
-            self.tally.add("errors_5xx", f"{how.split()[0]}: no answer within {_ANSWER_S:.0f} s")
-            return
+            return "errors_5xx", f"{how.split()[0]}: no answer within {_ANSWER_S:.0f} s"
         except AppError as e:
-            self.tally.add(*classify_title(e.title, e.message))
-            return
+            return classify_title(e.title, e.message)
         except Exception as e:
-            self.tally.add("errors_5xx", f"{type(e).__name__}: {e}")
-            return
-        self.tally.add("ok")
+            return "errors_5xx", f"{type(e).__name__}: {e}"
+        return "ok", ""
 
     def leave(self, rng: random.Random, seed: int) -> None:
         """Join `/generate` or `/compare` by Gradio's protocol, then close the event stream while it waits."""
@@ -270,12 +361,13 @@ class Soak:
             "compare": lambda seed: self.compare(rng, client, seed),
             "leave": lambda seed: self.leave(rng, seed),
             "prefetch": lambda seed: self.prefetch(rng),
+            "image": lambda seed: self.from_image(rng, client, seed),
         }
         turn = 0
         try:
             while time.monotonic() < self.deadline:
                 turn += 1
-                action = rng.choices(list(actions), weights=[35, 20, 10, 10, 25])[0]
+                action = rng.choices(list(actions), weights=[30, 18, 9, 9, 20, 14])[0]
                 # Unique over both runs (`seed_base` differs), so a departure names one request.
                 seed = int(self.config["seed_base"]) + (number + 1) * 1_000_000 + turn
                 try:
@@ -326,7 +418,13 @@ class Soak:
         stuck = [t.name for t in threads if t.is_alive()]
         for name in stuck:
             self.tally.add("errors_5xx", f"{name} was still waiting for an answer at the end")
-        return {**self.tally.counts, "departures": self.tally.departures, "problems": self.tally.problems}
+        return {
+            **self.tally.counts,
+            "departures": self.tally.departures,
+            "problems": self.tally.problems,
+            "accepted_by": dict(self.tally.accepted_by),
+            "sent_by": dict(self.tally.sent_by),
+        }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,13 +1,23 @@
-"""The service `bench.soak` runs: the tiny pools behind the real app, their LoRAs on the stand-in Hub, and what
-the soak watches on the server side (imported only after the Hub's environment is set, as `bench.serve_run`).
+"""The service `bench.soak` runs: the tiny pools behind the real app, their LoRAs on the stand-in Hub, the input
+images, and what the soak watches on the server side (imported only after the Hub's environment is set, as
+`bench.serve_run`).
 
-LoRAs, by role (the client process draws from them; `Catalogue.to_json` hands it the names):
+Three pools: the tiny SDXL in float32 (the default pool, which the bursts fill), the tiny SD 1.5 in bf16, and
+beside it the tiny FLUX.1 with its denoiser quantized (fp8, LoRAs as branches of `LORA_MAX_RANK`, computing in
+bf16). LoRAs, by role (the client process draws from them; `Catalogue.to_json` hands it the
+names):
 
-- `good` (tiny SDXL) and `sd15` (tiny SD 1.5): served, each routed to its pool by its card;
+- `good` (tiny SDXL), `sd15` (tiny SD 1.5) and `flux` (the quantized FLUX): served, each routed to its pool by its
+  card;
 - `slow`: served, each download held `SLOW_S` at the Hub;
 - `cut`: served, except while the soak cuts their downloads at the Hub (`CUT_PREFIX` paths);
 - `refused`: downloaded, then refused (NaN values, factors that fit nothing, a rank over `MAX_RANK`, OFT, a
-  FLUX card, SD 1.5 metadata on an SDXL-only path): 4xx answers, and files the disk budget must absorb.
+  FLUX card on SDXL factors, a FLUX LoRA over the branches' rank): 4xx answers, and files the disk budget must
+  absorb.
+
+Input images (`write_images`): a good image and masks (one of another size: resized, with a warning), files that
+are no image, cut off, or of a refused format, and `oversized`: a 12000 x 12000 PNG of about 450 KB, whose pixels
+are over `MAX_INPUT_PIXELS` (decoded, 432 MB).
 
 `SoakBackend` is the app's `LocalBackend`, noting when each request (by its seed) reached the GPU, so that a
 request run after its client left (a ghost) can be told apart from one that was running when it left.
@@ -15,26 +25,41 @@ request run after its client left (a ghost) can be told apart from one that was 
 
 from __future__ import annotations
 
+import io
+import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import torch
+from PIL import Image
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from app import build_demo
-from engine.pipeline.loading import load_pipeline
+from engine.pipeline.loading import LoadedPipeline, load_pipeline
 from engine.pools.pools import Pool, Pools, build_pools
 from engine.prepare.resolve import AdapterResolver
-from engine.settings import SD15_MODEL_ID, TINY_MODEL_ID, TINY_SD15_MODEL_ID, PoolSetting, Settings
+from engine.settings import (
+    FLUX_MODEL_ID,
+    SD15_MODEL_ID,
+    TINY_FLUX_MODEL_ID,
+    TINY_MODEL_ID,
+    TINY_SD15_MODEL_ID,
+    PoolSetting,
+    Settings,
+)
+from engine.weights.quantized import BranchedLinear
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
 from serving.demo.synthetic import find_targets, make_lora
+from serving.demo.synthetic_flux import flux_layers, make_flux_lora
 from serving.handlers import Handlers
 from serving.http.api import http_routes
 from serving.ui.launch import serve
@@ -53,23 +78,36 @@ from tests.support.loras import (
 )
 from tests.support.standin_hub import StandInHub
 
-__all__ = ["CUT_PREFIX", "SLOW_S", "Catalogue", "Service", "SoakBackend", "soak_settings"]
+__all__ = ["CUT_PREFIX", "SLOW_S", "Catalogue", "Service", "SoakBackend", "soak_settings", "write_images"]
 
 # A slow download: long against a tiny request, short of the clients' 10 s download timeout.
 SLOW_S = 2.5
 CUT_PREFIX = "/soak/cut-"
-_ROLES = ("good", "sd15", "slow", "cut", "refused")
+_ROLES = ("good", "sd15", "flux", "slow", "cut", "refused")
+# The quantized pool's branch rank: the `refused` FLUX LoRA is over it.
+BRANCH_RANK = 8
+OVERSIZED_SIDE = 12_000
+
+
+# The pools loaded in bf16 (`DTYPE` is one setting: the soak's loader gives these theirs, as a GPU's `auto` would).
+BF16_BASES = (SD15_MODEL_ID, FLUX_MODEL_ID)
 
 
 def soak_settings(max_queue: int) -> Settings:
-    """Two tiny pools (SDXL, SD 1.5) with small budgets, so that the soak presses on each."""
+    """Three tiny pools (SDXL, SD 1.5, and FLUX.1 with its denoiser in fp8) with small budgets, so that the soak
+    presses on each; `load` gives two of them bf16."""
     return Settings(
         model_id=TINY_MODEL_ID,
         model_id_explicit=True,
         base_model_id=SDXL,
-        pools=(PoolSetting(TINY_MODEL_ID, SDXL), PoolSetting(TINY_SD15_MODEL_ID, SD15_MODEL_ID)),
+        pools=(
+            PoolSetting(TINY_MODEL_ID, SDXL),
+            PoolSetting(TINY_SD15_MODEL_ID, SD15_MODEL_ID),
+            PoolSetting(TINY_FLUX_MODEL_ID, FLUX_MODEL_ID, quantize="fp8"),
+        ),
         device="cpu",
         dtype="float32",
+        lora_max_rank=BRANCH_RANK,
         max_queue=max_queue,
         prepare_workers=2,
         max_rank=32,
@@ -92,7 +130,7 @@ class Catalogue:
         return {role: list(repos) for role, repos in self.roles.items()}
 
 
-def publish(hub: StandInHub, sdxl_pipe: object, sd15_pipe: object) -> Catalogue:
+def publish(hub: StandInHub, sdxl_pipe: object, sd15_pipe: object, flux_pipe: object) -> Catalogue:
     roles: dict[str, list[str]] = {role: [] for role in _ROLES}
 
     def add(role: str, name: str, files: dict[str, bytes]) -> None:
@@ -107,6 +145,10 @@ def publish(hub: StandInHub, sdxl_pipe: object, sd15_pipe: object) -> Catalogue:
     for index in range(4):
         tensors = make_lora(sd15_targets, rank=4, seed=1200 + index, fmt="peft", strength=0.3)
         add("sd15", f"{index}", {"README.md": card(SD15_MODEL_ID), WEIGHTS: sft(tensors)})
+    layers = flux_layers(flux_pipe.transformer)  # type: ignore[attr-defined]
+    for index in range(3):
+        flux = make_flux_lora(layers, rank=4, seed=1250 + index, alpha=4.0)
+        add("flux", f"{index}", {"README.md": card(FLUX), WEIGHTS: sft(flux.twin())})
     for index in range(3):
         add("slow", f"{index}", {"README.md": card(SDXL), WEIGHTS: peft_file(sdxl_pipe, seed=1300 + index)})
     for index in range(3):
@@ -120,6 +162,8 @@ def publish(hub: StandInHub, sdxl_pipe: object, sd15_pipe: object) -> Catalogue:
     for name, data in refused.items():
         add("refused", name, {"README.md": card(SDXL), WEIGHTS: data})
     add("refused", "flux", {"README.md": card(FLUX), WEIGHTS: peft_file(sdxl_pipe, seed=1501)})
+    wide = make_flux_lora(layers, rank=2 * BRANCH_RANK, seed=1502, alpha=4.0)
+    add("refused", "flux-rank", {"README.md": card(FLUX), WEIGHTS: sft(wide.twin())})
     for repo in roles["slow"]:
         hub.set_download_delay(repo, SLOW_S)
     return Catalogue({role: tuple(repos) for role, repos in roles.items()})
@@ -157,8 +201,12 @@ class Service:
         resolver = AdapterResolver(
             self.catalog, local_dir=None, token=None, max_bytes=self.settings.max_adapter_bytes, timeout_s=5
         )
-        self.pools = build_pools(self.settings, resolver, load_pipeline, warm=False)
+        self.pools = build_pools(self.settings, resolver, load, warm=False)
+        loaded = [(p.engine.loaded.storage, str(p.engine.loaded.dtype)) for p in self.pools.pools]
+        if loaded != [("native", "torch.float32"), ("native", "torch.bfloat16"), ("fp8", "torch.bfloat16")]:
+            raise RuntimeError(f"the soak's pools loaded as {loaded}; expected SDXL float32, SD 1.5 bf16, FLUX fp8")
         self.catalogue = publish(self.hub, *(p.engine.loaded.pipe for p in self.pools.pools))
+        self.images = write_images(root / "images")
         # Every weight as loaded, to check the base is bit-exact after the soak.
         self.pristine = [_weights(p.engine.loaded.pipe) for p in self.pools.pools]
         self.backend = SoakBackend(self.pools)
@@ -190,19 +238,27 @@ class Service:
         return found
 
     def base_exact(self) -> bool:
-        """After `close`: every weight of every pool equal to what was loaded."""
-        return all(
-            all(torch.equal(now[name], value) for name, value in before.items())
-            for before, now in zip(
-                self.pristine, (_weights(p.engine.loaded.pipe) for p in self.pools.pools), strict=True
-            )
+        """After `close`: every weight and buffer of every pool byte-identical to what was loaded (the quantized
+        pool's fp8 values and row scales too), and every LoRA branch of the quantized pool back to zero."""
+        now = [_weights(p.engine.loaded.pipe) for p in self.pools.pools]
+        same = all(
+            before.keys() == after.keys() and all(_same_bytes(after[name], value) for name, value in before.items())
+            for before, after in zip(self.pristine, now, strict=True)
         )
+        return same and all(_branches_zero(p.engine.loaded.pipe) for p in self.pools.pools)
 
     def close(self) -> None:
         self.demo.close()
         self.pools.close()
         self.catalog.close()
         self.hub.stop()
+
+
+def load(settings: Settings, **options: Any) -> LoadedPipeline:
+    """`load_pipeline`, in bf16 for the `BF16_BASES` pools."""
+    if settings.base_model_id in BF16_BASES:
+        settings = settings.replace(dtype="bfloat16")
+    return load_pipeline(settings, **options)
 
 
 async def _idle(request: Request) -> Response:
@@ -217,6 +273,78 @@ def _weights(pipe: object) -> dict[str, torch.Tensor]:
     return {
         f"{name}.{key}": value.detach().clone() for name, m in modules.items() for key, value in m.state_dict().items()
     }
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Byte equality, fp8 included (`torch.equal` compares values, and not every dtype on every device)."""
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
+
+
+def _branches_zero(pipe: object) -> bool:
+    """Every `BranchedLinear` of the pipeline holds no LoRA: its branch buffers all zero, its branch rank 0."""
+    modules = [m for m in pipe.components.values() if isinstance(m, torch.nn.Module)]  # type: ignore[attr-defined]
+    return all(
+        module.branch_rank == 0
+        and not any(bool(buffer.any()) for buffer in (module.lora_down, module.lora_up, module.lora_scales))
+        for component in modules
+        for module in component.modules()
+        if isinstance(module, BranchedLinear)
+    )
+
+
+def write_images(folder: Path) -> dict[str, object]:
+    """The soak's input files: `image`, `mask`, `mask_other` (another size), `bad` (no image, cut off, a GIF) and
+    `oversized`; paths as strings, for the client process."""
+    folder.mkdir(parents=True, exist_ok=True)
+    noise = [Image.effect_noise((64, 64), 40 + 10 * channel) for channel in range(3)]
+    image = Image.merge("RGB", noise)  # noise: a PNG of some 12 KB, so that half of it is cut off mid-pixels
+    mask = Image.new("L", (64, 64), 0)
+    mask.paste(255, (16, 16, 48, 48))
+    files = {
+        "image.png": _encoded(image, "PNG"),
+        "mask.png": _encoded(mask, "PNG"),
+        "mask_other.png": _encoded(Image.new("L", (48, 40), 255), "PNG"),
+        "not_an_image.png": b"this is not an image, whatever its name says\n" * 4,
+        "cut_off.png": _encoded(image, "PNG")[: len(_encoded(image, "PNG")) // 2],
+        "animation.gif": _encoded(image, "GIF"),
+    }
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    oversized = folder / "oversized.png"
+    _write_blank_png(oversized, OVERSIZED_SIDE, OVERSIZED_SIDE)
+    return {
+        "image": str(folder / "image.png"),
+        "mask": str(folder / "mask.png"),
+        "mask_other": str(folder / "mask_other.png"),
+        "bad": [str(folder / name) for name in ("not_an_image.png", "cut_off.png", "animation.gif")],
+        "oversized": str(oversized),
+    }
+
+
+def _encoded(image: Image.Image, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def _write_blank_png(path: Path, width: int, height: int) -> None:
+    """A black RGB PNG of `width` x `height`, compressed row by row (never held whole: 432 MB at 12000²)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer = zlib.compressobj(9)
+    rows = (b"\0" * (1 + 3 * width)) * 100  # each row: filter type 0, then its pixels
+    body = bytearray()
+    for start in range(0, height, 100):
+        body += packer.compress(rows if start + 100 <= height else rows[: (height - start) * (1 + 3 * width)])
+    body += packer.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", bytes(body)) + chunk(b"IEND", b""))
 
 
 def _plain(value: object) -> object:

@@ -16,7 +16,8 @@ from bench.soak_clients import classify_title
 REPO = Path(__file__).resolve().parents[2]
 LAST = re.compile(
     r"soak: requests=(\d+) ok=(\d+) refused=(\d+) errors_5xx=(\d+) ghosts=(\d+) leaked_threads=(\d+) "
-    r"disk_over_budget_bytes=(\d+) host_over_budget_bytes=(\d+) base_exact=(true|false)"
+    r"disk_over_budget_bytes=(\d+) host_over_budget_bytes=(\d+) bad_images_accepted=(\d+) oversized_accepted=(\d+) "
+    r"peak_rss_over_idle_bytes=(\d+) base_exact=(true|false)"
 )
 
 
@@ -82,8 +83,9 @@ def test_a_short_soak_ends_with_every_problem_at_zero(tmp_path):
     last = done.stdout.strip().splitlines()[-1]
     found = LAST.fullmatch(last)
     assert found, done.stdout[-2000:] + done.stderr[-2000:]
-    requests, ok, refused, errors, ghosts, leaked, disk, host, exact = found.groups()
-    assert (errors, ghosts, leaked, disk, host, exact) == ("0", "0", "0", "0", "0", "true"), done.stdout[-3000:]
+    requests, ok, refused, errors, ghosts, leaked, disk, host, bad, oversized, _, exact = found.groups()
+    problems = (errors, ghosts, leaked, disk, host, bad, oversized, exact)
+    assert problems == ("0", "0", "0", "0", "0", "0", "0", "true"), done.stdout[-3000:]
     assert int(ok) > 0 and int(refused) > 0 and int(requests) >= int(ok) + int(refused)
     assert done.returncode == 0
     assert json.loads(out.read_text())["base_exact"] is True
