@@ -89,3 +89,25 @@ def test_a_short_soak_ends_with_every_problem_at_zero(tmp_path):
     assert int(ok) > 0 and int(refused) > 0 and int(requests) >= int(ok) + int(refused)
     assert done.returncode == 0
     assert json.loads(out.read_text())["base_exact"] is True
+
+
+def test_base_exact_sees_a_branch_left_holding_a_lora_and_an_fp8_byte_changed():
+    pytest.importorskip("torchao")
+    from types import SimpleNamespace
+
+    import torch
+
+    from bench.soak_service import _branches_zero, _same_bytes, _weights
+    from engine.weights.quantized import BranchedLinear
+
+    branched = BranchedLinear(torch.nn.Linear(16, 8, bias=False), rank=4, dtype=torch.bfloat16)
+    pipe = SimpleNamespace(components={"transformer": torch.nn.Sequential(branched)})
+    loaded = _weights(pipe)
+    assert _branches_zero(pipe)
+    branched.load_branch([(torch.ones(2, 16), torch.ones(8, 2), 0.5)])
+    assert not _branches_zero(pipe)
+    branched.load_branch([])
+    assert _branches_zero(pipe)
+    assert all(_same_bytes(value, loaded[name]) for name, value in _weights(pipe).items())
+    branched.weight.view(torch.uint8)[0, 0] ^= 1  # one fp8 value one bit off
+    assert not _same_bytes(_weights(pipe)["transformer.0.weight"], loaded["transformer.0.weight"])
