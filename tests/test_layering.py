@@ -162,3 +162,20 @@ def test_the_families_identities_import_no_torch_engine_catalogue_or_web_code():
     modules = _modules("families")
     assert "families.sdxl" in modules and "families.identity" in modules
     assert _imported(modules, ["torch", "diffusers", "transformers", "engine", "lora_catalog", *WEB]) == []
+
+
+def test_no_module_over_400_lines_and_no_function_over_60():
+    """Modules stay readable in one sitting, functions on one screen (docs/internals.md, the developers' rules)."""
+    long_modules, long_functions = [], []
+    for package in ("engine", "serving", "lora_catalog", "families"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            source = path.read_text()
+            if source.count("\n") > 400:
+                long_modules.append(f"{path.relative_to(REPO)} ({source.count(chr(10))})")
+            long_functions.extend(
+                f"{path.relative_to(REPO)}:{node.name}"
+                for node in ast.walk(ast.parse(source))
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and (node.end_lineno or node.lineno) - node.lineno + 1 > 60
+            )
+    assert long_modules == [] and long_functions == []
