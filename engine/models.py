@@ -1,7 +1,7 @@
 """`MODELS`: the pools to serve, each a model and the base its LoRAs are checked against.
 
 Parsed strictly by `parse_models` for `engine.settings`, beside it (this module, like settings, never imports
-torch; `engine.families.registry` lists the served families and imports each family's module only when asked).
+torch, nor the engine's family registry: the served families are the registered identities, `families`).
 The model ids are the families' own (`families/<family>.py`), named here as settings has always named them.
 """
 
@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from engine.errors import SettingsError
-from engine.families.registry import SERVED_FAMILIES, served_labels
-from families import TINY_MODEL_IDS, flux, sd15, sdxl, zimage
+from families import IDENTITIES, TINY_MODEL_IDS, flux, labels, sd15, sdxl, zimage
 from lora_catalog.bases import family_of_base
 from lora_catalog.entries import Family
 
@@ -48,7 +47,7 @@ Quantize = Literal["off", "fp8", "auto"]
 _MODELS_FORM = (
     "a comma-separated list of MODEL or MODEL=BASE, each optionally followed by :off, :fp8 or :auto (that pool's "
     f"QUANTIZE), where MODEL is a Hub repo id, a local diffusers folder or {' / '.join(TINY_MODEL_IDS)}, and BASE "
-    f"the {served_labels()} base repo id its LoRAs are checked against (needed for a local folder), e.g. "
+    f"the {labels()} base repo id its LoRAs are checked against (needed for a local folder), e.g. "
     f"{FLUX_MODEL_ID}:fp8,{DEFAULT_MODEL_ID}"
 )
 
@@ -85,7 +84,7 @@ def parse_models(raw: str) -> tuple[PoolSetting, ...]:
         if not HUB_ID.match(base):
             raise SettingsError(f"MODELS item {item!r}: BASE {base!r} is not a Hub repo id; accepted: {_MODELS_FORM}")
         family = family_of_base(base)
-        if family not in SERVED_FAMILIES:
+        if family not in IDENTITIES:
             what = "not a base we know" if family is Family.UNKNOWN else f"of the {family} family, not served here"
             raise SettingsError(
                 f"MODELS item {item!r}: base {base!r} is {what}; accepted: {_MODELS_FORM} "

@@ -1,8 +1,9 @@
 """Each base-model family's identity, in one torch-free place that the catalogue and the engine both read.
 
 A family's identity (`FamilyIdentity`, in `families/<family>.py`) is its name, bases and their metadata spellings,
-LoRA tensor claims, Civitai labels and model ids. `lora_catalog` reads it; the engine's `FamilySpec` holds it and
-adds how the pipelines load and run. This package imports neither torch, `engine` nor `lora_catalog`.
+its row of the claims table (`Claims`: its own signs only; `families.claims` ranks the rows), Civitai labels and
+model ids. `lora_catalog` reads it; the engine's `FamilySpec` holds it and adds how the pipelines load and run.
+This package imports neither torch, `engine` nor `lora_catalog`.
 Adding a family touches only `families/<family>.py`, its `Family` member (`families/identity.py`),
 `engine/families/<family>.py` and its tests (docs/internals.md, "families/__init__.py").
 """
@@ -24,6 +25,7 @@ __all__ = [
     "FamilyIdentity",
     "Spellings",
     "identity_of",
+    "labels",
 ]
 
 
@@ -45,3 +47,9 @@ def identity_of(family: Family) -> FamilyIdentity:
     if family not in IDENTITIES:
         raise ValueError(f"{family!r} is no registered family; registered: {', '.join(IDENTITIES)}")
     return IDENTITIES[family]
+
+
+def labels() -> str:
+    """The registered families in words, e.g. "SDXL, SD 1.5 or SD 2.x"."""
+    named = [i.label for i in IDENTITIES.values()]
+    return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} or {named[-1]}"

@@ -4,36 +4,34 @@ from __future__ import annotations
 
 import re
 
-from families.flux2 import own_name as flux2_own_name
-from families.identity import Base, CivitaiLabel, Family, FamilyIdentity, Spellings
+from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
 
 __all__ = ["IDENTITY", "MODEL_ID", "TINY_ID", "claims", "label_claims"]
 
 MODEL_ID = "black-forest-labs/FLUX.1-dev"
 TINY_ID = "tiny-flux"
-# Lower-cased names only FLUX LoRAs have: BFL's blocks (kohya, ComfyUI, XLabs), diffusers' single blocks and
-# kohya's diffusers-named mixture; diffusers' double blocks share `transformer.transformer_blocks.N.attn.` with
-# other DiTs (the origin judgement counts claims, so such names alone leave the widths to decide); FLUX.1 has 19
-# double blocks, so it claims only their numbers (Qwen-Image's 60 blocks outnumber it).
+# Lower-cased names of FLUX LoRAs: BFL's blocks (kohya, ComfyUI, XLabs), diffusers' single blocks and kohya's
+# diffusers-named mixture; diffusers' double blocks share `transformer.transformer_blocks.N.attn.` with other DiTs
+# (the origin judgement counts claims, so such names alone leave the widths to decide); FLUX.1 has 19 double
+# blocks, so it claims only their numbers (Qwen-Image's 60 blocks outnumber it). Later architectures kept some of
+# these blocks' names; the layers they added are theirs alone (their rows' `own`).
 _CLAIMS = re.compile(
     r"double_blocks|single_blocks|single_transformer_blocks|lora_transformer_"
     r"|^transformer\.transformer_blocks\.(1[0-8]|\d)\.(attn|ff|ff_context|norm1|norm1_context)\."
 )
-# The names the catalogue labels a file FLUX by: BFL's blocks and diffusers' single blocks, which no other
-# architecture has (it labels no file by the names other DiTs share).
+# The names the catalogue labels a file FLUX by: BFL's blocks and diffusers' single blocks (not the diffusers
+# double-block names other DiTs share).
 _OWN = ("double_blocks", "single_blocks", "single_transformer_blocks")
 
 
 def claims(name: str) -> bool:
-    """A lower-cased tensor name of a FLUX LoRA's transformer part (never a layer only FLUX.2 has, in the blocks
-    FLUX.2 kept)."""
-    return bool(_CLAIMS.search(name)) and not flux2_own_name(name)
+    """A lower-cased tensor name of a FLUX LoRA's transformer part."""
+    return bool(_CLAIMS.search(name))
 
 
 def label_claims(name: str) -> bool:
-    """A lower-cased tensor name no other architecture's LoRA has (FLUX.2 shares the block names: see
-    families/flux2.py)."""
-    return any(block in name for block in _OWN) and not flux2_own_name(name)
+    """A lower-cased tensor name of FLUX's BFL or single blocks."""
+    return any(block in name for block in _OWN)
 
 
 IDENTITY = FamilyIdentity(
@@ -43,14 +41,12 @@ IDENTITY = FamilyIdentity(
         Base(MODEL_ID, "FLUX.1 [dev]"),
         Base("black-forest-labs/FLUX.1-schnell", "FLUX.1 [schnell]"),
     ),
-    claims=claims,
     spellings=Spellings(
         architectures=("flux-1", "flux.1"),
         kohya_versions=("flux",),
         checkpoint_names=r"flux",
     ),
-    label_claims=label_claims,
-    precedence=0,
+    claims=Claims(names=claims, labels=label_claims),
     released="2024-08",
     civitai=(
         CivitaiLabel("Flux.1 D", MODEL_ID),

@@ -9,7 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["Base", "CivitaiLabel", "Family", "FamilyIdentity", "Spellings"]
+__all__ = ["Base", "CivitaiLabel", "Claims", "Family", "FamilyIdentity", "NameTest", "Spellings"]
+
+# A test of one lower-cased tensor name.
+NameTest = Callable[[str], bool]
 
 
 class Family(StrEnum):
@@ -66,27 +69,38 @@ class Spellings:
 
 
 @dataclass(frozen=True)
+class Claims:
+    """The family's row of the claims table: how its LoRAs show in their tensor names, in its own terms only.
+
+    A family declares its own signs and never another family's; `families.claims` weighs every row against the
+    others. `names`: a lower-cased tensor name its LoRAs have (several families may claim one: counts and widths
+    decide). `own`: a name of a layer no other architecture has; it counts only for the families declaring it
+    their own, whatever other rows' `names` match it. `labels`: a name the catalogue labels a file by (None: never
+    by names). All None: a family its LoRAs' names never tell (an editing model on its base's transformer: only
+    a declaration, a card's base or the file's metadata, names it)."""
+
+    names: NameTest | None = None
+    own: NameTest | None = None
+    labels: NameTest | None = None
+
+
+@dataclass(frozen=True)
 class FamilyIdentity:
-    """What a family is, before any pipeline: its names, bases, metadata spellings, key claims and Civitai labels."""
+    """What a family is, before any pipeline: its names, bases, metadata spellings, name claims and Civitai labels."""
 
     family: Family
     # The family in words, as messages name it ("SD 1.5").
     label: str
     # Its known bases; the first is its reference model (the one a pool of the family loads by default).
     bases: tuple[Base, ...]
-    # A lower-cased tensor name the engine counts for the family (`engine.families.spec.LoraSignature.claims`:
-    # names several families share leave the widths to decide).
-    claims: Callable[[str], bool]
     # Lower-cased repo id prefixes of fine-tune series that publish one repo per version.
     series: tuple[str, ...] = ()
     spellings: Spellings = Spellings()
-    # A lower-cased tensor name by which the catalogue labels a file as the family's; None: it never labels by
-    # names (SD 2.x LoRAs share every name with SD 1.x's, so the catalogue labels both SD 1.5).
-    label_claims: Callable[[str], bool] | None = None
-    # Where a file (or checkpoint name) shows several families' signs, the lowest precedence wins: the DiTs' own
-    # block names beat the UNets' (a FLUX LoRA may carry kohya's `lora_te1_` CLIP part), SDXL's beat SD 1.x/2.x's.
-    precedence: int = 0
-    # Year and month of the architecture's first release: Civitai's labels are listed oldest first.
+    # Its LoRAs' tensor-name signs (`Claims`).
+    claims: Claims = Claims()
+    # Year and month of the architecture's first release: Civitai's labels are listed oldest first, and where a
+    # file shows several families' signs alike, the newest architecture's win (a newer model's LoRA may carry an
+    # older one's part, as FLUX's kohya files carry CLIP-L as SDXL's `lora_te1_`; never the reverse).
     released: str = ""
     civitai: tuple[CivitaiLabel, ...] = ()
     # The embedded random-weight pipeline of the family's structure (never looked up on the Hub); None: none.

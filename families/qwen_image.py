@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from families.identity import Base, CivitaiLabel, Family, FamilyIdentity, Spellings
+from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
 
 __all__ = ["IDENTITY", "MODEL_ID", "TINY_ID", "claims", "label_claims"]
 
@@ -17,8 +17,8 @@ TINY_ID = "tiny-qwen-image"
 # counts tie and the widths decide (FLUX.1 claims only its 19 double blocks' numbers, so a LoRA over Qwen-Image's
 # 60 blocks outnumbers it).
 _CLAIMS = re.compile(r"^(transformer\.|diffusion_model\.|lora_unet_)?transformer_blocks[._]\d+[._]")
-# The names no other architecture's LoRA has: the image and text streams' own MLPs and modulations (FLUX.1's
-# BFL names have `img_mlp` too, but under `double_blocks`).
+# The names the catalogue labels a file Qwen-Image by: the image and text streams' own MLPs and modulations
+# (FLUX.1's BFL names have `img_mlp` too, but under `double_blocks`).
 _OWN = re.compile(r"transformer_blocks[._]\d+[._](img|txt)_(mlp|mod)[._]")
 
 
@@ -36,7 +36,6 @@ IDENTITY = FamilyIdentity(
     family=Family.QWEN_IMAGE,
     label="Qwen-Image",
     bases=(Base(MODEL_ID, "Qwen-Image"),),
-    claims=claims,
     # musubi-tuner writes "Qwen-Image" (its "Qwen-Image-Edit" is the edit family's longer prefix:
     # families/qwen_image_edit.py); others spell it without a separator.
     spellings=Spellings(
@@ -44,8 +43,7 @@ IDENTITY = FamilyIdentity(
         kohya_versions=("qwen-image", "qwen_image", "qwenimage"),
         checkpoint_names=r"qwen[-_]?image",
     ),
-    label_claims=label_claims,
-    precedence=1,
+    claims=Claims(names=claims, labels=label_claims),
     released="2025-08",
     civitai=(CivitaiLabel("Qwen", MODEL_ID),),
     tiny_id=TINY_ID,

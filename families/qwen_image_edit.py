@@ -14,16 +14,11 @@ MODEL_ID = "Qwen/Qwen-Image-Edit"
 TINY_ID = "tiny-qwen-image-edit"
 
 
-def claims(name: str) -> bool:
-    """No tensor name is Qwen-Image-Edit's alone: a LoRA that declares nothing is judged a Qwen-Image one."""
-    return False
-
-
 IDENTITY = FamilyIdentity(
     family=Family.QWEN_IMAGE_EDIT,
     label="Qwen-Image-Edit",
     bases=(Base(MODEL_ID, "Qwen-Image-Edit"),),
-    claims=claims,
+    # No claims: no tensor name is Qwen-Image-Edit's alone, so a LoRA that declares nothing is judged by names.
     # Cards naming Qwen's later edit releases (Qwen/Qwen-Image-Edit-2509, -2511): their LoRAs fit this transformer.
     series=("qwen/qwen-image-edit",),
     # Longer than Qwen-Image's "qwen-image": the longest prefix wins (lora_catalog.bases). musubi-tuner writes
@@ -33,8 +28,6 @@ IDENTITY = FamilyIdentity(
         kohya_versions=("qwen-image-edit", "qwen_image_edit", "qwenimageedit"),
         checkpoint_names=r"qwen[-_]?image[-_]?edit",
     ),
-    # Before Qwen-Image (1) where a checkpoint name shows both ("qwen_image_edit_bf16").
-    precedence=0,
     released="2025-08",
     tiny_id=TINY_ID,
 )

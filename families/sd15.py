@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from families.identity import Base, CivitaiLabel, Family, FamilyIdentity, Spellings
+from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
 from families.unet_names import sd_claims
 
 __all__ = ["IDENTITY", "MODEL_ID", "TINY_ID"]
@@ -18,14 +18,12 @@ IDENTITY = FamilyIdentity(
         Base("runwayml/stable-diffusion-v1-5", "Stable Diffusion 1.5 (runwayml)"),
         Base("CompVis/stable-diffusion-v1-4", "Stable Diffusion 1.4"),
     ),
-    claims=sd_claims,
     spellings=Spellings(
         architectures=("stable-diffusion-v1",),
         kohya_versions=("sd_v1",),
         checkpoint_names=r"v1[-_.]?[45]|sd_?1[-_.]?5|sd15",
     ),
-    label_claims=sd_claims,
-    precedence=4,
+    claims=Claims(names=sd_claims, labels=sd_claims),
     released="2022-08",
     civitai=(CivitaiLabel("SD 1.5", MODEL_ID),),
     tiny_id=TINY_ID,

@@ -3,7 +3,7 @@ catalogue labels them by metadata only; the engine tells them apart by widths. C
 
 from __future__ import annotations
 
-from families.identity import Base, Family, FamilyIdentity, Spellings
+from families.identity import Base, Claims, Family, FamilyIdentity, Spellings
 from families.unet_names import sd_claims
 
 __all__ = ["IDENTITY"]
@@ -15,13 +15,13 @@ IDENTITY = FamilyIdentity(
         Base("stabilityai/stable-diffusion-2-1", "Stable Diffusion 2.1"),
         Base("stabilityai/stable-diffusion-2-1-base", "Stable Diffusion 2.1 base"),
     ),
-    claims=sd_claims,
     spellings=Spellings(
         architectures=("stable-diffusion-v2",),
         kohya_versions=("sd_v2",),
         kohya_v2=True,
         checkpoint_names=r"v2[-_.]?[01]|sd_?2[01]?([^0-9]|$)|768-v",
     ),
-    precedence=3,
+    # SD 1.x's names: the catalogue labels none SD 2.x's (the engine's widths tell them apart).
+    claims=Claims(names=sd_claims),
     released="2022-11",
 )

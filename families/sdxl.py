@@ -4,7 +4,7 @@ refiner and Playground v2.5 look alike but take no SDXL LoRA, so they are left o
 
 from __future__ import annotations
 
-from families.identity import Base, CivitaiLabel, Family, FamilyIdentity, Spellings
+from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
 from families.unet_names import is_unet_name
 
 __all__ = ["IDENTITY", "ILLUSTRIOUS_BASE", "MODEL_ID", "NOOBAI_BASE", "PONY_BASE", "TINY_ID", "claims"]
@@ -42,7 +42,6 @@ IDENTITY = FamilyIdentity(
         Base(ILLUSTRIOUS_BASE, "Illustrious XL"),
         Base(NOOBAI_BASE, "NoobAI XL"),
     ),
-    claims=claims,
     # Fine-tune series publish one repo per version; every version keeps the SDXL architecture.
     series=("rundiffusion/juggernaut-xl-", "sg161222/realvisxl_", "cagliostrolab/animagine-xl-"),
     spellings=Spellings(
@@ -50,8 +49,7 @@ IDENTITY = FamilyIdentity(
         kohya_versions=("sdxl",),
         checkpoint_names=r"sd_?xl|xl[_-]?base|(^|[^a-z])xl([^a-z]|$)",
     ),
-    label_claims=claims,
-    precedence=2,
+    claims=Claims(names=claims, labels=claims),
     released="2023-07",
     civitai=(
         CivitaiLabel("SDXL 1.0", MODEL_ID),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from families.identity import Base, CivitaiLabel, Family, FamilyIdentity, Spellings
+from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
 
 __all__ = ["IDENTITY", "MODEL_ID", "TINY_ID", "claims"]
 
@@ -25,15 +25,13 @@ IDENTITY = FamilyIdentity(
     family=Family.ZIMAGE,
     label="Z-Image",
     bases=(Base(MODEL_ID, "Z-Image Turbo"),),
-    claims=claims,
     # Z-Image trainers (musubi-tuner, ai-toolkit) spell the architecture with or without a separator.
     spellings=Spellings(
         architectures=("z-image", "z_image", "zimage"),
         kohya_versions=("z-image", "z_image", "zimage"),
         checkpoint_names=r"z[-_]?image",
     ),
-    label_claims=claims,
-    precedence=1,
+    claims=Claims(names=claims, labels=claims),
     released="2025-11",
     civitai=(CivitaiLabel("ZImageTurbo", MODEL_ID),),
     tiny_id=TINY_ID,

@@ -1,29 +1,24 @@
 """Known base models and how to tell which family a LoRA was trained for, read from the families' identities.
 
 A LoRA only fits a base of its own family (SDXL LoRAs fit SDXL fine-tunes, not SD 1.5 ones). Each family's
-bases, metadata spellings and tensor-name claims are declared once, in `families/<family>.py`; this module
-turns them into the catalogue's lookups. Architectures that look alike but take none of a family's LoRAs (the
-SDXL refiner, SD 3) come out as `Family.UNKNOWN`, as do bases no family lists.
+bases, metadata spellings and tensor-name claims are declared once, in `families/<family>.py`; this module turns
+them into the catalogue's lookups (`families.claims` ranks the claims). Architectures that look alike but take
+none of a family's LoRAs (the SDXL refiner, SD 3) come out as `Family.UNKNOWN`, as do bases no family lists.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from families import IDENTITIES
-from families.sdxl import ILLUSTRIOUS_BASE, NOOBAI_BASE, PONY_BASE
-from families.sdxl import MODEL_ID as DEFAULT_BASE
+from families.claims import family_from_checkpoint_name, label_from_names
 
 from .entries import Family
 
 __all__ = [
     "DEFAULT_BASE",
-    "ILLUSTRIOUS_BASE",
     "KNOWN_BASES",
-    "NOOBAI_BASE",
-    "PONY_BASE",
     "KnownBase",
     "family_from_keys",
     "family_from_metadata",
@@ -40,13 +35,13 @@ class KnownBase:
     family: Family
 
 
+# The first registered family's reference model: the default family's (`families.Family`).
+DEFAULT_BASE = next(iter(IDENTITIES.values())).model_id
 KNOWN_BASES: tuple[KnownBase, ...] = tuple(
     KnownBase(b.repo_id, b.display_name, i.family) for i in IDENTITIES.values() for b in i.bases
 )
 _BY_ID: dict[str, Family] = {b.repo_id.lower(): b.family for b in KNOWN_BASES}
 _SERIES: tuple[tuple[str, Family], ...] = tuple((p, i.family) for i in IDENTITIES.values() for p in i.series)
-# Where several families' signs show, the lowest precedence wins (`FamilyIdentity.precedence` says why).
-_BY_PRECEDENCE = sorted(IDENTITIES.values(), key=lambda i: i.precedence)
 
 # Look-alikes no family's LoRA fits: the SDXL refiner is a separate, incompatible net; SD 3 is no family here.
 # Matched by longest prefix with the families' spellings, so the refiner's beats SDXL's.
@@ -63,10 +58,6 @@ _SS_VERSIONS: tuple[tuple[str, Family], ...] = (
     *((p, Family.UNKNOWN) for p in _OTHER_VERSIONS),
 )
 _KOHYA_V2 = tuple(i.family for i in IDENTITIES.values() if i.spellings.kohya_v2)
-# Checkpoint file names as trainers record them in `ss_sd_model_name`; a best-effort guess.
-_MODEL_NAMES: tuple[tuple[re.Pattern[str], Family], ...] = tuple(
-    (re.compile(i.spellings.checkpoint_names), i.family) for i in _BY_PRECEDENCE if i.spellings.checkpoint_names
-)
 
 
 def _longest_prefix(value: str, table: Iterable[tuple[str, Family]]) -> Family | None:
@@ -95,27 +86,17 @@ def family_from_metadata(metadata: Mapping[str, str]) -> Family | None:
         return found
     if str(metadata.get("ss_v2", "")).strip().lower() == "true" and _KOHYA_V2:
         return _KOHYA_V2[0]
+    # Checkpoint file names as trainers record them: a best-effort guess (`families.claims` ranks the matches).
     model_name = str(metadata.get("ss_sd_model_name", "")).strip().lower()
-    if model_name:
-        for pattern, family in _MODEL_NAMES:
-            if pattern.search(model_name):
-                return family
-    return None
+    return family_from_checkpoint_name(model_name) if model_name else None
 
 
 def family_from_keys(tensor_names: Iterable[str]) -> Family | None:
     """Guess the family from tensor names alone (kohya and diffusers layouts); None when nothing matches.
 
-    The catalogue's label for a local file it lists (families no pool serves included); whether a LoRA fits a
-    served base is judged by the engine's families (`engine.families.origin`), from their own signatures. SD 1.x
-    and SD 2.x LoRAs share their tensor names (only shapes differ), so both come out as `Family.SD15` here.
+    The catalogue's label for a local file it lists (families no pool serves included), from each family's
+    `Claims.labels`, ranked by `families.claims`; whether a LoRA fits a served base is judged by the engine
+    (`engine.families.origin`), from their widths too. SD 1.x and SD 2.x LoRAs share their tensor names (only
+    shapes differ): only SD 1.x's row labels by them.
     """
-    labelling = [(i.family, i.label_claims) for i in _BY_PRECEDENCE if i.label_claims is not None]
-    found: set[Family] = set()
-    for raw in tensor_names:
-        name = raw.lower()
-        for family, claims in labelling:
-            if claims(name):
-                found.add(family)
-                break
-    return next((family for family, _ in labelling if family in found), None)
+    return label_from_names(tensor_names)

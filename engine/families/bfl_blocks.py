@@ -6,7 +6,8 @@ input projection is twice its hidden width. So, whatever the hidden width, each 
 its input width (or the reverse) is fixed per architecture: the single block's fused `linear1` (q, k, v and the
 MLP's input), its `linear2` (attention and MLP out), the double blocks' MLP in and out. A LoRA showing one of
 these ratios rules the other architecture out. FLUX.2 [klein] and [dev] share every name and ratio; their hidden
-widths differ (`FLUX2_DEV_WIDTHS`). Torch-free: the header's shapes are enough.
+widths differ ([dev]'s row declares its own: `engine.families.flux2_dev.WIDTHS`). Torch-free: the header's shapes
+are enough.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["FLUX1_RATIOS", "FLUX2_DEV_WIDTHS", "FLUX2_RATIOS", "TINY_FLUX2_DEV_WIDTH", "contradicts"]
+__all__ = ["FLUX1_RATIOS", "FLUX2_RATIOS", "contradicts"]
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -30,12 +31,6 @@ _LAYERS = (
 FLUX1_RATIOS = {"linear1": 7, "linear2": 5, "mlp_in": 4, "mlp_out": 4}
 # FLUX.2: q, k, v and the SwiGLU's 2 x 3x input in linear1 (3 + 6), attention and MLP out (1 + 3), a 3x MLP.
 FLUX2_RATIOS = {"linear1": 9, "linear2": 4, "mlp_in": 6, "mlp_out": 3}
-# FLUX.2 [dev] is one model, 6144 wide (48 heads of 128: black-forest-labs/FLUX.2-dev's transformer config, and
-# diffusers' Flux2Transformer2DModel defaults); klein is 3072 (4B) or 4096 (9B) wide. The tiny [dev] stands in for
-# it at a width of its own (each tiny pipeline has one: the tiny klein is 56 wide), so the tiny pools tell apart
-# as the real ones do.
-TINY_FLUX2_DEV_WIDTH = 88
-FLUX2_DEV_WIDTHS = frozenset({6144, TINY_FLUX2_DEV_WIDTH})
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".lora.down.weight")
 _UP = (".lora_up.weight", ".lora_b.weight", ".lora.up.weight")
 

@@ -26,9 +26,9 @@ from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
 from engine.errors import IncompatibleLoraError
 from engine.families.bfl_blocks import FLUX1_RATIOS, contradicts
+from engine.families.bfl_parts import LATENT_RGB, SIZE_BUCKETS, TAEF1, VAE
 from engine.families.spec import (
     FamilySpec,
-    LatentProjection,
     LoraSignature,
     MemorySpec,
     Module,
@@ -38,48 +38,25 @@ from engine.families.spec import (
     Shapes,
     Tensor,
     Widths,
+    head_width,
+    hidden_widths,
 )
 from engine.families.tiny import text_config, tiny_t5_tokenizer, tiny_tokenizer, tiny_vae
 from engine.requests import CheckedRequest
 from engine.storage import LinearSizes
 from families.flux import IDENTITY
 
-__all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "linear1_widths"]
+__all__ = [
+    "FAMILY",
+    "LATENT_RGB",
+    "MEMORY",
+    "SIZE_BUCKETS",
+    "VAE",
+    "build_tiny_pipeline",
+    "convert_lora",
+    "linear1_widths",
+]
 
-# FLUX.1 is trained on many aspect ratios around a megapixel; these are the common ones (multiples of 64).
-SIZE_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
-# ComfyUI, comfy/latent_formats.py, class Flux (latent_rgb_factors, latent_rgb_factors_bias): fitted on the
-# diffusion-space latents (after FLUX's VAE shift and scale), the space FluxPipeline hands its per-step callback.
-LATENT_RGB = LatentProjection(
-    weights=(
-        (-0.0346, 0.0244, 0.0681),
-        (0.0034, 0.0210, 0.0687),
-        (0.0275, -0.0668, -0.0433),
-        (-0.0174, 0.0160, 0.0617),
-        (0.0859, 0.0721, 0.0329),
-        (0.0004, 0.0383, 0.0115),
-        (0.0405, 0.0861, 0.0915),
-        (-0.0236, -0.0185, -0.0259),
-        (-0.0245, 0.0250, 0.1180),
-        (0.1008, 0.0755, -0.0421),
-        (-0.0515, 0.0201, 0.0011),
-        (0.0428, -0.0012, -0.0036),
-        (0.0817, 0.0765, 0.0749),
-        (-0.1264, -0.0522, -0.1103),
-        (-0.0280, -0.0881, -0.0499),
-        (-0.1262, -0.0982, -0.0778),
-    ),
-    bias=(-0.0329, -0.0718, -0.0851),
-)
-# FLUX's VAE, where it differs from the tiny one's: 16 latent channels, no quant convolutions, and its
-# scaling and shift factors (the diffusion-space latents are (z - 0.1159) * 0.3611).
-VAE: dict[str, Any] = {
-    "latent_channels": 16,
-    "use_quant_conv": False,
-    "use_post_quant_conv": False,
-    "scaling_factor": 0.3611,
-    "shift_factor": 0.1159,
-}
 # Parameter and buffer values of black-forest-labs/FLUX.1-dev as diffusers and transformers build them from its
 # configs (transformer/, text_encoder/ CLIP-L, text_encoder_2/ T5-XXL's encoder, vae/): 16.87 billion, 33.7 GB in
 # bf16 ([schnell] lacks the guidance embedding: 10 M fewer). T5 is never adapted (diffusers' loader does not) and
@@ -111,27 +88,20 @@ _LINEAR1_PARTS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
 _HIDDEN_INPUT = re.compile(r"(to_[qkv]|add_[qkv]_proj|qkv|qkv_lora\d?|linear1)[._]")
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".down.weight")
 _TEXT = re.compile(r"^(lora_te1?_|text_encoder\.|text_encoders\.clip_l\.)")
+# The CLIP layers a text factor shows the encoder's width on.
+_TEXT_INPUT = re.compile(r"q_proj")
 
 
 def lora_widths(shapes: Shapes) -> Widths:
     """The hidden width its transformer factors take, and the CLIP width of its text part."""
-    hidden, text = set(), set()
-    for name, shape in shapes.items():
-        lowered = name.lower()
-        if not lowered.endswith(_DOWN) or len(shape) < 2:
-            continue
-        if _TEXT.match(lowered):
-            if "q_proj" in lowered:
-                text.add(int(shape[1]))
-        elif _HIDDEN_INPUT.search(lowered):
-            hidden.add(int(shape[1]))
-    return Widths(frozenset(hidden), frozenset(text))
+    text = {name: shape for name, shape in shapes.items() if _TEXT.match(name.lower())}
+    transformer = {name: shape for name, shape in shapes.items() if name not in text}
+    return Widths(hidden_widths(transformer, _DOWN, _HIDDEN_INPUT), hidden_widths(text, _DOWN, _TEXT_INPUT))
 
 
 def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
-    """The transformer's hidden width (heads x head width) and the CLIP encoder's."""
-    hidden = int(denoiser.config.num_attention_heads) * int(denoiser.config.attention_head_dim)
-    return Widths(frozenset({hidden}), frozenset(int(e.config.hidden_size) for e in encoders.values()))
+    """The transformer's hidden width and the CLIP encoder's."""
+    return Widths(frozenset({head_width(denoiser)}), frozenset(int(e.config.hidden_size) for e in encoders.values()))
 
 
 def linear1_widths(denoiser: Module) -> tuple[int, int, int, int] | None:
@@ -301,8 +271,8 @@ FAMILY = FamilySpec(
     size_buckets=SIZE_BUCKETS,
     convert_lora=convert_lora,
     # FLUX.2 shares its block names: a LoRA whose MLP widths are FLUX.2's is not FLUX.1's (bfl_blocks).
-    signature=LoraSignature(IDENTITY.claims, lora_widths, pipeline_widths, partial(contradicts, FLUX1_RATIOS)),
-    preview=PreviewSpec("madebyollin/taef1", LATENT_RGB, unpack=FluxPipeline._unpack_latents),
+    signature=LoraSignature(lora_widths, pipeline_widths, partial(contradicts, FLUX1_RATIOS)),
+    preview=PreviewSpec(TAEF1, LATENT_RGB, unpack=FluxPipeline._unpack_latents),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
     memory=MEMORY,

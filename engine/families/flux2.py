@@ -5,8 +5,7 @@ A LoRA adapts the transformer only (never Qwen3, as diffusers' loader); every na
 block names, PEFT's `base_model.model.`, kohya's `lora_unet_`) is converted by it; ComfyUI's BFL names with
 `lora_down`/`.alpha`, which diffusers hands its kohya converter and drops, are renamed to ai-toolkit's first, and
 a kohya layer diffusers would drop silently (FLUX.1's modulations, CLIP) is refused naming it (`convert_lora`).
-FLUX.1's LoRAs share many names; their MLP widths tell them apart, and FLUX.2 [dev]'s (`engine.families.flux2_dev`,
-the same names) their hidden width (`bfl_blocks`). The distilled models run 4
+FLUX.1's LoRAs share many names; their MLP widths tell them apart (`bfl_blocks`). The distilled models run 4
 steps without guidance, the base ones 50 at a CFG of 4 (the transformer's config and the pipeline's
 `is_distilled` say which); no negative prompt (the pipeline's CFG uses ""); sides in 16s; previews project the
 packed 128-channel latents (ComfyUI's factors). Inpainting is diffusers' `Flux2KleinInpaintPipeline` over the same
@@ -23,8 +22,8 @@ from typing import Any
 from diffusers import Flux2KleinInpaintPipeline, Flux2KleinPipeline
 
 from engine.errors import IncompatibleLoraError
-from engine.families import flux
-from engine.families.bfl_blocks import FLUX2_DEV_WIDTHS, FLUX2_RATIOS, contradicts
+from engine.families.bfl_blocks import FLUX2_RATIOS, contradicts
+from engine.families.bfl_parts import SIZE_BUCKETS
 from engine.families.flux2_tiny import build_tiny_pipeline
 from engine.families.spec import (
     FamilySpec,
@@ -38,6 +37,8 @@ from engine.families.spec import (
     Shapes,
     Tensor,
     Widths,
+    head_width,
+    hidden_widths,
 )
 from engine.requests import CheckedRequest
 from families.flux2 import BASE_9B, IDENTITY, MODEL_ID_9B
@@ -97,23 +98,17 @@ _COMFY = re.compile(r"^(diffusion_model\..+)\.(lora_down|lora_up)\.weight$")
 
 def lora_widths(shapes: Shapes) -> Widths:
     """The hidden width its transformer factors take (FLUX.2 LoRAs have no text encoder part)."""
-    hidden = {
-        int(shape[1])
-        for name, shape in shapes.items()
-        if len(shape) >= 2 and name.lower().endswith(_DOWN) and _HIDDEN_INPUT.search(name.lower())
-    }
-    return Widths(frozenset(hidden))
+    return Widths(hidden_widths(shapes, _DOWN, _HIDDEN_INPUT))
 
 
 def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
-    """The transformer's hidden width (heads x head width); no text encoder is adapted."""
-    return Widths(frozenset({int(denoiser.config.num_attention_heads) * int(denoiser.config.attention_head_dim)}))
+    """The transformer's hidden width; no text encoder is adapted."""
+    return Widths(frozenset({head_width(denoiser)}))
 
 
 def rules_out(shapes: Shapes) -> bool:
-    """FLUX.1's MLP ratios, or only FLUX.2 [dev]'s hidden width (klein shares [dev]'s names, not its width)."""
-    hidden = lora_widths(shapes).denoiser
-    return contradicts(FLUX2_RATIOS, shapes) or (bool(hidden) and hidden <= FLUX2_DEV_WIDTHS)
+    """Another architecture's MLP ratios (FLUX.1's, in the blocks whose names FLUX.2 kept)."""
+    return contradicts(FLUX2_RATIOS, shapes)
 
 
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
@@ -210,9 +205,9 @@ FAMILY = FamilySpec(
     defaults=defaults,
     call_arguments=call_arguments,
     # klein is trained around a megapixel on FLUX.1's aspect ratios.
-    size_buckets=flux.SIZE_BUCKETS,
+    size_buckets=SIZE_BUCKETS,
     convert_lora=convert_lora,
-    signature=LoraSignature(IDENTITY.claims, lora_widths, pipeline_widths, rules_out),
+    signature=LoraSignature(lora_widths, pipeline_widths, rules_out),
     # No distilled decoder of FLUX.2's VAE is published for diffusers' AutoencoderTiny: the projection.
     preview=PreviewSpec(None, LATENT_RGB, unpack=unpack_latents),
     build_tiny=build_tiny_pipeline,

@@ -3,7 +3,7 @@ Mistral Small 3.1 (24 B) as its text encoder, 1024 px.
 
 A LoRA adapts the transformer only; its namings are klein's (`Flux2LoraLoaderMixin`, one converter for both:
 `engine.families.flux2.convert_lora`, whose checks of what diffusers would drop hold here too). Told from klein's
-LoRAs by the hidden width its factors show (6144: `bfl_blocks.FLUX2_DEV_WIDTHS`), else by what it declares.
+LoRAs by the hidden width its factors show (6144: `WIDTHS`, its row's widths), else by what it declares.
 Defaults are diffusers' `Flux2Pipeline.__call__`'s and BFL's model card's: 50 steps at a distilled guidance of 4
 (one pass per step, no negative prompt; the card names 28 steps a fair trade-off). Previews are klein's (the same
 VAE and packed latents). Text-to-image only: diffusers 0.42 has no FLUX.2 [dev] image-to-image or inpainting
@@ -16,14 +16,14 @@ from __future__ import annotations
 from diffusers import Flux2Pipeline
 from transformers import AutoTokenizer
 
-from engine.families import flux, flux2
-from engine.families.bfl_blocks import FLUX2_DEV_WIDTHS, FLUX2_RATIOS, contradicts
-from engine.families.flux2_dev_tiny import build_tiny_pipeline
-from engine.families.spec import FamilySpec, LoraSignature, MemorySpec, Pipeline, PreviewSpec, RunDefaults, Shapes
+from engine.families import flux2
+from engine.families.bfl_parts import SIZE_BUCKETS
+from engine.families.flux2_dev_tiny import TINY_WIDTH, build_tiny_pipeline
+from engine.families.spec import FamilySpec, LoraSignature, MemorySpec, Pipeline, PreviewSpec, RunDefaults
 from engine.storage import LinearSizes
 from families.flux2_dev import IDENTITY
 
-__all__ = ["FAMILY", "MEMORY", "defaults", "rules_out", "tokenizer_without_torchvision"]
+__all__ = ["FAMILY", "MEMORY", "WIDTHS", "defaults", "tokenizer_without_torchvision"]
 
 # Parameter and buffer values as diffusers builds the transformer (its Flux2Transformer2DModel defaults are
 # [dev]'s: 8 double and 48 single blocks 6144 wide) and the VAE, checked on the meta device
@@ -44,9 +44,10 @@ MEMORY = MemorySpec(
 )
 
 
-def rules_out(shapes: Shapes) -> bool:
-    """FLUX.1's MLP ratios, or a hidden width that is not [dev]'s (a klein LoRA: the same names, 3072 or 4096)."""
-    return contradicts(FLUX2_RATIOS, shapes) or not flux2.lora_widths(shapes).denoiser <= FLUX2_DEV_WIDTHS
+# FLUX.2 [dev] is one model, 6144 wide (48 heads of 128: black-forest-labs/FLUX.2-dev's transformer config, and
+# diffusers' Flux2Transformer2DModel defaults); its tiny stand-in has a width of its own, as each tiny pipeline
+# does, so the tiny pools tell apart as the real ones do. A LoRA of FLUX.2's names at these widths is [dev]'s.
+WIDTHS = frozenset({6144, TINY_WIDTH})
 
 
 def defaults(pipe: Pipeline) -> RunDefaults:
@@ -77,9 +78,9 @@ FAMILY = FamilySpec(
     defaults=defaults,
     # klein's call: no negative prompt, `guidance_scale` (here the guidance embedding's value).
     call_arguments=flux2.call_arguments,
-    size_buckets=flux.SIZE_BUCKETS,
+    size_buckets=SIZE_BUCKETS,
     convert_lora=flux2.convert_lora,
-    signature=LoraSignature(IDENTITY.claims, flux2.lora_widths, flux2.pipeline_widths, rules_out),
+    signature=LoraSignature(flux2.lora_widths, flux2.pipeline_widths, flux2.rules_out, widths=WIDTHS),
     preview=PreviewSpec(None, flux2.LATENT_RGB, unpack=flux2.unpack_latents),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",

@@ -1,5 +1,5 @@
 """A tiny FLUX.2 [dev] built locally: klein's structure (`engine.families.flux2_tiny`) with [dev]'s guidance
-embedding, at a width of its own (88: `bfl_blocks.TINY_FLUX2_DEV_WIDTH`, as the real [dev]'s 6144 is its own), and
+embedding, at a width of its own (88: `TINY_WIDTH`, as the real [dev]'s 6144 is its own), and
 Mistral Small 3.1's kind of text encoder, `Mistral3ForConditionalGeneration` (a Mistral language model and a
 Pixtral vision tower), read at the layers `Flux2Pipeline` reads (10, 20 and 30).
 
@@ -16,11 +16,13 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
 from transformers import Mistral3Config, Mistral3ForConditionalGeneration, PreTrainedTokenizerFast
 
-from engine.families.bfl_blocks import TINY_FLUX2_DEV_WIDTH
 from engine.families.flux2_tiny import tiny_flux2_vae
 from engine.families.tiny import byte_level_tokenizer
 
-__all__ = ["TINY_TRANSFORMER", "build_tiny_pipeline", "tiny_mistral_tokenizer"]
+__all__ = ["TINY_TRANSFORMER", "TINY_WIDTH", "build_tiny_pipeline", "tiny_mistral_tokenizer"]
+
+# The tiny [dev]'s hidden width, its own as the real [dev]'s 6144 is (the tiny klein is 56 wide).
+TINY_WIDTH = 88
 
 # The tiny transformer: 2 double and 2 single blocks 88 wide (2 heads of 44, RoPE over FLUX.2's 4 axes), FLUX.2's
 # 128 packed input channels, and [dev]'s guidance embedding.
@@ -29,7 +31,7 @@ TINY_TRANSFORMER: dict[str, Any] = {
     "in_channels": 128,
     "num_layers": 2,
     "num_single_layers": 2,
-    "attention_head_dim": TINY_FLUX2_DEV_WIDTH // 2,
+    "attention_head_dim": TINY_WIDTH // 2,
     "num_attention_heads": 2,
     # The pipeline stacks Mistral's hidden states of layers 10, 20 and 30: three times the encoder's width.
     "joint_attention_dim": 3 * 32,

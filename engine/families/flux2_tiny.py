@@ -11,8 +11,7 @@ import torch
 from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from engine.families.tiny import TINY_SIDE
-from engine.families.zimage import tiny_qwen_tokenizer
+from engine.families.tiny import TINY_SIDE, tiny_qwen_tokenizer
 
 __all__ = ["TINY_TRANSFORMER", "build_tiny_pipeline", "tiny_flux2_vae"]
 

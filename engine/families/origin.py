@@ -2,11 +2,9 @@
 
 `judge_origin` weighs, in order: what its card and Hub tags declare (a base we know decides, and names the
 exact bases), the kohya/ModelSpec metadata in its file (`lora_catalog.bases.family_from_metadata`), and
-last its tensors: the served families whose signature claims the most of its names (`FamilySpec.signature`,
-among those its factors' shapes do not rule out;
-families whose LoRAs share every name, as SD 1.x and 2.x do, all stay; a name several families write, as
-kohya's `lora_te1_` for SDXL's and FLUX's CLIP-L, does not outvote the transformer's or UNet's names around
-it), with the widths its factors show.
+last its tensors, against each served family's row of the claims table (its identity's `Claims` and its
+signature's shape rule and widths), ranked by `families.claims.rank_by_tensors`: families whose LoRAs share
+every name, as SD 1.x and 2.x do, all stay, with the widths its factors show.
 The file is read only when the card does not decide. Two consumers ask it: preparation
 (`check_origin`: refuse a LoRA of another family, warn when it declares nothing) and pool routing
 (`engine.pools.routing.pick_pool`: which served pool it belongs to).
@@ -21,6 +19,7 @@ from dataclasses import dataclass
 from engine.errors import IncompatibleLoraError
 from engine.families.registry import served_specs
 from engine.families.spec import Shapes, Widths
+from families.claims import TensorMatch, name_counts, rank_by_tensors
 from lora_catalog.bases import family_from_metadata, family_of_base
 from lora_catalog.entries import Family
 
@@ -86,17 +85,30 @@ def judge_origin(
     # A refiner, SD3 and other architectures we do not know declare Family.UNKNOWN: their tensors still tell.
     if declared is not None and declared is not Family.UNKNOWN:
         return LoraOrigin((), (declared,), "metadata", unknown_bases=bases)
-    # A family whose layers the factors' shapes cannot fit at any width is out before names are counted.
-    specs = tuple(s for s in served_specs() if s.signature.rules_out is None or not s.signature.rules_out(shapes))
-    names = [name.lower() for name in shapes]
-    claims = {s.family: sum(map(s.signature.claims, names)) for s in specs}
-    most = max(claims.values(), default=0)
-    claimed = [s for s in specs if most and claims[s.family] == most]
-    widths = [s.signature.lora_widths(shapes) for s in claimed or specs]
-    denoiser = frozenset().union(*(w.denoiser for w in widths))
-    text = frozenset().union(*(w.text for w in widths))
-    families = tuple(dict.fromkeys(s.family for s in claimed))
-    return LoraOrigin((), families, "shapes", denoiser, text, unknown_bases=bases)
+    return _by_tensors(shapes, bases)
+
+
+def _by_tensors(shapes: Shapes, unknown_bases: tuple[str, ...]) -> LoraOrigin:
+    """The served families whose rows of the claims table fit the LoRA's tensors (`families.claims` ranks them),
+    with the widths its factors show (the routing's tie-break)."""
+    specs = served_specs()
+    counts = name_counts(shapes, (s.identity for s in specs))
+    widths = {s.family: s.signature.lora_widths(shapes) for s in specs}
+    matches = [
+        TensorMatch(
+            s.family,
+            counts[s.family],
+            s.signature.rules_out is not None and s.signature.rules_out(shapes),
+            s.signature.fits_widths(widths[s.family]),
+        )
+        for s in specs
+    ]
+    families = rank_by_tensors(matches)
+    # Nothing claimed: the widths every family left could read.
+    shown = [widths[f] for f in families or (m.family for m in matches if m.fits)]
+    denoiser = frozenset().union(*(w.denoiser for w in shown))
+    text = frozenset().union(*(w.text for w in shown))
+    return LoraOrigin((), families, "shapes", denoiser, text, unknown_bases=unknown_bases)
 
 
 def check_origin(label: str, origin: LoraOrigin, served_base: str) -> str | None:

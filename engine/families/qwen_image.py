@@ -34,6 +34,8 @@ from engine.families.spec import (
     Shapes,
     Tensor,
     Widths,
+    head_width,
+    hidden_widths,
 )
 from engine.families.tiny_qwen_image import build_tiny_pipeline
 from engine.requests import CheckedRequest
@@ -96,17 +98,12 @@ _CONVERTER_ERRORS = (AssertionError, RuntimeError, KeyError, TypeError, Attribut
 
 def lora_widths(shapes: Shapes) -> Widths:
     """The hidden width its attention factors take (Qwen-Image LoRAs have no text encoder part)."""
-    hidden = {
-        int(shape[1])
-        for name, shape in shapes.items()
-        if len(shape) >= 2 and name.lower().endswith(_DOWN) and _HIDDEN_INPUT.search(name.lower())
-    }
-    return Widths(frozenset(hidden))
+    return Widths(hidden_widths(shapes, _DOWN, _HIDDEN_INPUT))
 
 
 def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
-    """The transformer's hidden width (heads x head width); no text encoder is adapted."""
-    return Widths(frozenset({int(denoiser.config.num_attention_heads) * int(denoiser.config.attention_head_dim)}))
+    """The transformer's hidden width; no text encoder is adapted."""
+    return Widths(frozenset({head_width(denoiser)}))
 
 
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
@@ -178,7 +175,7 @@ FAMILY = FamilySpec(
     call_arguments=call_arguments,
     size_buckets=SIZE_BUCKETS,
     convert_lora=convert_lora,
-    signature=LoraSignature(IDENTITY.claims, lora_widths, pipeline_widths),
+    signature=LoraSignature(lora_widths, pipeline_widths),
     preview=PreviewSpec(None, LATENT_RGB, unpack=unpack_latents),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",

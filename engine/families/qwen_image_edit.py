@@ -108,7 +108,7 @@ FAMILY = dataclasses.replace(
     qwen_image.FAMILY,
     identity=IDENTITY,
     pipeline_class=QwenImageEditPipeline,
-    signature=LoraSignature(IDENTITY.claims, qwen_image.lora_widths, qwen_image.pipeline_widths),
+    signature=LoraSignature(qwen_image.lora_widths, qwen_image.pipeline_widths),
     build_tiny=build_tiny_pipeline,
     image_to_image=None,
     inpainting=QwenImageEditInpaintPipeline,

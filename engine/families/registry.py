@@ -16,7 +16,7 @@ import importlib
 
 from engine.errors import SettingsError
 from engine.families.spec import FamilySpec
-from families import IDENTITIES
+from families import IDENTITIES, labels
 from lora_catalog.bases import KNOWN_BASES, family_of_base
 from lora_catalog.entries import Family
 
@@ -27,8 +27,7 @@ SERVED_FAMILIES: tuple[Family, ...] = tuple(IDENTITIES)
 
 def served_labels() -> str:
     """The served families in words, e.g. "SDXL, SD 1.5 or SD 2.x"."""
-    labels = [i.label for i in IDENTITIES.values()]
-    return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} or {labels[-1]}"
+    return labels()
 
 
 def spec_for(family: Family) -> FamilySpec:

@@ -9,10 +9,14 @@ or model sizes. This module only holds the shape (and imports no torch: `engine.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from PIL import Image
+
+from engine.images import InputImage
 from engine.requests import CheckedRequest, GuidanceKind
 from engine.storage import LinearSizes
 from families import Family, FamilyIdentity
@@ -29,6 +33,8 @@ __all__ = [
     "Widths",
     "fit_presets",
     "fixed_defaults",
+    "head_width",
+    "hidden_widths",
 ]
 
 # A diffusers pipeline and its models (their components and configs are registered at run time, which a type
@@ -56,19 +62,44 @@ class Widths:
 
 @dataclass(frozen=True)
 class LoraSignature:
-    """How a LoRA made for the family shows in its tensors, before any is loaded.
+    """How a LoRA made for the family shows in its factors' shapes, before any is loaded: the engine's part of the
+    family's row of the claims table (its names are its identity's `Claims`; `families.claims` ranks the rows).
 
-    `claims(name)`: this lower-cased tensor name is one only this family's LoRAs have (families whose LoRAs share
-    every name, as SD 1.x and 2.x do, claim the same names). `lora_widths(shapes)`: the widths a LoRA's factors
-    were made for, read from its header; `pipeline_widths(denoiser, text_encoders)`: the same widths of a served
-    pipeline, read from its models. `rules_out(shapes)`: the factors' shapes are ones no layer of the family has
-    at any width (FLUX.1 and FLUX.2 share their block names, not their MLPs' ratios); None: shapes rule nothing out.
+    `lora_widths(shapes)`: the widths a LoRA's factors were made for, read from its header;
+    `pipeline_widths(denoiser, text_encoders)`: the same widths of a served pipeline, read from its models.
+    `rules_out(shapes)`: the factors' shapes are ones no layer of the family has at any width (FLUX.1's and
+    FLUX.2's MLP ratios differ); None: shapes rule nothing out. `widths`: the denoiser widths every model of the
+    family has, where they tell it from a family of the same names (FLUX.2 [dev]'s 6144); empty: not declared.
     """
 
-    claims: Callable[[str], bool]
     lora_widths: Callable[[Shapes], Widths]
     pipeline_widths: Callable[[Module, Mapping[str, Module]], Widths]
     rules_out: Callable[[Shapes], bool] | None = None
+    widths: frozenset[int] = frozenset()
+
+    def fits_widths(self, widths: Widths) -> bool | None:
+        """Whether the LoRA's denoiser widths are the declared ones (None: none declared, or none shown)."""
+        if not self.widths or not widths.denoiser:
+            return None
+        return widths.denoiser <= self.widths
+
+
+def hidden_widths(shapes: Shapes, down: tuple[str, ...], hidden_input: re.Pattern[str]) -> frozenset[int]:
+    """The input widths of a LoRA's down factors (names ending in one of `down`, lower-cased) on the layers
+    `hidden_input` finds (a DiT's attention inputs, which take its hidden width)."""
+    return frozenset(
+        int(shape[1])
+        for name, shape in shapes.items()
+        if len(shape) >= 2 and name.lower().endswith(down) and hidden_input.search(name.lower())
+    )
+
+
+def head_width(denoiser: Module) -> int:
+    """A served DiT's hidden width: heads x head width (diffusers' BFL and Qwen configs), or its `dim` (Z-Image's)."""
+    config = denoiser.config
+    if "num_attention_heads" in config and "attention_head_dim" in config:
+        return int(config.num_attention_heads) * int(config.attention_head_dim)
+    return int(config.dim)
 
 
 @dataclass(frozen=True)
@@ -238,6 +269,13 @@ class FamilySpec:
     @property
     def family(self) -> Family:
         return self.identity.family
+
+    def placeholder_image(self, width: int, height: int) -> InputImage | None:
+        """The image a request the engine makes itself (a warm-up, a LoRA check, a prefetch) carries: a grey one of
+        this size for an editing family, which takes no request without (`needs_image`); None for the others."""
+        if not self.needs_image:
+            return None
+        return InputImage.from_pil(Image.new("RGB", (width, height), (128, 128, 128)))
 
     def memory_of(self, base_model_id: str) -> MemorySpec:
         """The sizes of a pool serving `base_model_id`: its own where the family declares them, else `memory`."""

@@ -24,7 +24,6 @@ from transformers import CLIPTextModel
 from engine.families import unet
 from engine.families.spec import LatentProjection, LoraSignature, PreviewSpec
 from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
-from families.unet_names import sd_claims
 
 __all__ = [
     "COMPONENTS",
@@ -72,7 +71,7 @@ PREVIEW = PreviewSpec(
 )
 
 
-SIGNATURE = LoraSignature(sd_claims, unet.lora_widths, unet.pipeline_widths)
+SIGNATURE = LoraSignature(unet.lora_widths, unet.pipeline_widths)
 SCHEDULERS = unet.SPEED_SCHEDULERS
 
 

@@ -19,11 +19,13 @@ from typing import Any
 import torch
 from diffusers import AutoencoderKL, EulerDiscreteScheduler
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import CLIPTextConfig, CLIPTokenizer, T5Tokenizer
+from transformers import CLIPTextConfig, CLIPTokenizer, PreTrainedTokenizerFast, T5Tokenizer
 
 from engine.families.registry import family_spec
 from families import TINY_MODEL_IDS
-from families.sdxl import TINY_ID as TINY_MODEL_ID
+
+# The default family's tiny pipeline (the first registered family's: `families.Family`).
+TINY_MODEL_ID = next(iter(TINY_MODEL_IDS))
 
 __all__ = [
     "TINY_SIDE",
@@ -34,6 +36,7 @@ __all__ = [
     "byte_level_vocabulary",
     "ensure_tiny_pipeline",
     "text_config",
+    "tiny_qwen_tokenizer",
     "tiny_scheduler",
     "tiny_t5_tokenizer",
     "tiny_tokenizer",
@@ -231,3 +234,26 @@ def ensure_tiny_pipeline(folder: Path, seed: int = 0, model_id: str = TINY_MODEL
     pipe.save_pretrained(folder, safe_serialization=True)
     marker.write_text(json.dumps(wanted))
     return folder
+
+
+# Qwen3's chat template as far as Z-Image's and FLUX.2 [klein]'s prompt encoding use it: one user turn, the
+# assistant's turn opened (`enable_thinking` true: no empty think block, as in Qwen3's own template).
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def tiny_qwen_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer in Qwen's layout, built with `tokenizers` from the tiny pipelines' vocabulary
+    (a whole-word token per demo word, bytes for the rest), with Qwen's special tokens and chat template."""
+    tokenizer = byte_level_tokenizer(_SPECIAL)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=_CHAT_TEMPLATE,
+        model_max_length=512,
+    )

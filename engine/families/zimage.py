@@ -21,9 +21,9 @@ from diffusers import (
     ZImagePipeline,
     ZImageTransformer2DModel,
 )
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+from transformers import Qwen3Config, Qwen3Model
 
-from engine.families import flux
+from engine.families.bfl_parts import LATENT_RGB, TAEF1, VAE
 from engine.families.spec import (
     FamilySpec,
     LoraSignature,
@@ -35,13 +35,15 @@ from engine.families.spec import (
     Shapes,
     Tensor,
     Widths,
+    head_width,
+    hidden_widths,
 )
-from engine.families.tiny import byte_level_tokenizer, tiny_vae
+from engine.families.tiny import tiny_qwen_tokenizer, tiny_vae
 from engine.requests import CheckedRequest
 from engine.storage import LinearSizes
 from families.zimage import IDENTITY
 
-__all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "tiny_qwen_tokenizer"]
+__all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora"]
 
 # Z-Image's model card and demo offer these around a megapixel (multiples of 64), like FLUX.1's.
 SIZE_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344))
@@ -65,29 +67,16 @@ _HIDDEN_INPUT = re.compile(r"attention[._](to[._]?[qkv]|qkv)[._]")
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".lora.down.weight")
 # ComfyUI's names over Z-Image's original fused q/k/v (see convert_lora).
 _COMFY_QKV = re.compile(r"^(diffusion_model\..+\.attention\.qkv)\.lora_(down|up)\.weight$")
-# Qwen3's chat template as far as Z-Image's prompt encoding uses it: one user turn, the assistant's turn opened
-# (`enable_thinking` true: no empty think block, as in Qwen3's own template).
-_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
-_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def lora_widths(shapes: Shapes) -> Widths:
     """The hidden width its attention factors take (Z-Image LoRAs have no text encoder part)."""
-    hidden = {
-        int(shape[1])
-        for name, shape in shapes.items()
-        if len(shape) >= 2 and name.lower().endswith(_DOWN) and _HIDDEN_INPUT.search(name.lower())
-    }
-    return Widths(frozenset(hidden))
+    return Widths(hidden_widths(shapes, _DOWN, _HIDDEN_INPUT))
 
 
 def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
     """The transformer's hidden width (`dim`); no text encoder is adapted."""
-    return Widths(frozenset({int(denoiser.config.dim)}))
+    return Widths(frozenset({head_width(denoiser)}))
 
 
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
@@ -129,19 +118,6 @@ def call_arguments(request: CheckedRequest) -> dict[str, Any]:
     }
 
 
-def tiny_qwen_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer in Qwen's layout, built with `tokenizers` from the tiny pipelines' vocabulary
-    (a whole-word token per demo word, bytes for the rest), with Qwen's special tokens and chat template."""
-    tokenizer = byte_level_tokenizer(_SPECIAL)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=_CHAT_TEMPLATE,
-        model_max_length=512,
-    )
-
-
 def build_tiny_pipeline(seed: int = 0) -> ZImagePipeline:
     """A tiny Z-Image Turbo pipeline: 2 single-stream blocks and one of each refiner 24 wide (2 heads of 12),
     a Qwen3 encoder 32 wide with its tokenizer, FLUX.1's 16-channel VAE in small, and Turbo's scheduler.
@@ -162,7 +138,7 @@ def build_tiny_pipeline(seed: int = 0) -> ZImagePipeline:
         axes_dims=[4, 4, 4],
         axes_lens=[256, 64, 64],
     )
-    vae = tiny_vae(seed, **flux.VAE)
+    vae = tiny_vae(seed, **VAE)
     torch.manual_seed(seed + 2)
     text_encoder = Qwen3Model(
         Qwen3Config(
@@ -198,9 +174,9 @@ FAMILY = FamilySpec(
     call_arguments=call_arguments,
     size_buckets=SIZE_BUCKETS,
     convert_lora=convert_lora,
-    signature=LoraSignature(IDENTITY.claims, lora_widths, pipeline_widths),
+    signature=LoraSignature(lora_widths, pipeline_widths),
     # FLUX.1's autoencoder: TAEF1 and its projection decode Z-Image's latents, which are spatial already.
-    preview=PreviewSpec(flux.FAMILY.preview.tiny_vae, flux.LATENT_RGB),
+    preview=PreviewSpec(TAEF1, LATENT_RGB),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
     memory=MEMORY,

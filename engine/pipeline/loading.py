@@ -12,7 +12,6 @@ start (`vae_mismatch`); with several pools, `engine.pools.pools.build_pools` giv
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import time
 from collections.abc import Sequence
@@ -22,19 +21,18 @@ from typing import Any
 
 import torch
 from diffusers import AutoencoderKL
-from PIL import Image
 
 from engine.errors import SettingsError
 from engine.families.registry import FamilySpec, family_spec
 from engine.families.spec import fit_presets
 from engine.families.tiny import TINY_SIZES, build_tiny
-from engine.images import InputImage
 from engine.models import HUB_ID
 from engine.pipeline.aot import AotDenoiser, AotPackage, capture_calls, compile_package, inductor_options
 from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile_denoiser, configure_caches
 from engine.pipeline.encoders import ENCODER_CACHE_BYTES, run_from_host_ram
 from engine.pipeline.modes import default_strength, image_arguments, mode_class, served_modes
 from engine.pipeline.schedulers import offered_schedulers
+from engine.pipeline.vae import vae_in_float32, vae_mismatch
 from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
 from engine.storage import unplanned_storage
@@ -46,16 +44,12 @@ __all__ = [
     "package_denoiser",
     "resolve_device",
     "resolve_dtype",
-    "vae_mismatch",
     "warm_up",
 ]
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# The config fields that fix a VAE's latent space: two VAEs agreeing on them decode each other's latents.
-_LATENT_SPACE = ("latent_channels", "scaling_factor", "shift_factor")
-
 
 # A diffusers pipeline: its components (unet, text encoders, ...) are registered at run time, which a type
 # checker cannot see through diffusers' own annotations; code reading them treats the pipeline as dynamic.
@@ -156,7 +150,7 @@ def load_pipeline(
     )
     pipe, cast = in_storage(pipe, family.denoiser, dtype, storage, settings.lora_max_rank)
     pipe = _place(pipe, settings, family, device, cast=cast, park=park, host_components=host_components)
-    _vae_in_float32(pipe)
+    vae_in_float32(pipe)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - started
     defaults = _defaults(pipe, family, settings)
@@ -290,58 +284,6 @@ def warm_up(
     return dataclasses.replace(loaded, warmup_s=warmup_s)
 
 
-def vae_mismatch(settings: Settings) -> str | None:
-    """Why `VAE_ID` does not fit the pipeline `settings.model_id` names (its latent space differs from the
-    pipeline's own VAE's), or None when it fits or there is nothing to fit (no VAE_ID; a tiny pipeline, which
-    keeps its own VAE). Reads both configs only (from the Hub cache or a folder), never the weights."""
-    if not settings.vae_id or settings.loads_tiny:
-        return None
-    own = _latent_space(AutoencoderKL.load_config(settings.model_id, subfolder="vae", token=settings.hf_token))
-    override = _latent_space(AutoencoderKL.load_config(settings.vae_id, token=settings.hf_token))
-    differ = [
-        f"{name} {override[name]} where its own VAE has {own[name]}"
-        for name in _LATENT_SPACE
-        if override[name] != own[name]
-    ]
-    if not differ:
-        return None
-    return (
-        f"VAE_ID={settings.vae_id!r} does not fit {settings.model_id} ({'; '.join(differ)}): its images would be "
-        "decoded from the wrong latents; accepted: a VAE of the same latent space as the pool's own"
-    )
-
-
-def _latent_space(config: dict[str, Any]) -> dict[str, object]:
-    # A config saved without a field means the class's default (diffusers' own reading of it).
-    defaults = inspect.signature(AutoencoderKL.__init__).parameters
-    return {name: config.get(name, defaults[name].default) for name in _LATENT_SPACE}
-
-
-def _vae_in_float32(pipe: Pipeline) -> None:
-    """Keep a half-precision VAE its config marks `force_upcast` in float32, once, at load.
-
-    SDXL's pipelines would otherwise upcast it for each decode and cast it back afterwards (`upcast_vae`,
-    deprecated: a FutureWarning per request), re-pointing its parameters twice per request, so a pool's flat
-    buffer (`engine.pools.flat`) would no longer hold them. Widened once, it computes with the very values that
-    upcast gave it; the latents it is handed (in the denoiser's dtype) are widened where its decode takes them.
-    Only pipelines that would upcast (those with `upcast_vae`) are touched: SD 1.5's decodes in half precision.
-    """
-    vae = getattr(pipe, "vae", None)
-    if vae is None or not hasattr(pipe, "upcast_vae"):
-        return
-    if vae.dtype != torch.float16 or not vae.config.force_upcast:
-        return
-    vae.to(dtype=torch.float32)
-    # `_decode` and `tiled_decode` hand the latents to post_quant_conv (when the VAE has one), then the decoder.
-    for module in (vae.post_quant_conv, vae.decoder):
-        if module is not None:
-            module.register_forward_pre_hook(_widened)
-
-
-def _widened(_: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
-
-
 def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Pipeline:
     kwargs: dict[str, object] = {"dtype": dtype, "use_safetensors": True, "token": settings.hf_token}
     kwargs |= dict(family.load_options)
@@ -395,11 +337,8 @@ def _run_once(loaded: LoadedPipeline, width: int, height: int) -> None:
 
 
 def _warm_up_request(loaded: LoadedPipeline, width: int, height: int) -> CheckedRequest:
-    """A short request at this size; with a grey image of it for an editing pool (Qwen-Image-Edit's pipeline
-    cannot run without one)."""
-    image = (
-        InputImage.from_pil(Image.new("RGB", (width, height), (128, 128, 128))) if loaded.defaults.needs_image else None
-    )
+    """A short request at this size, with the family's placeholder image (an editing pipeline runs on one)."""
+    image = loaded.family.placeholder_image(width, height)
     return CheckedRequest(
         prompt="warm-up", steps=2, guidance=loaded.defaults.guidance, width=width, height=height, image=image
     )

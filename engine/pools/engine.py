@@ -17,14 +17,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 
-from PIL import Image
-
 from engine.caches.disk import DiskCache
 from engine.errors import HubUnavailableError, InvalidRequestError, PreparationError, SwitchboardError
 from engine.events import EngineEvents
 from engine.formats.adapters import AdapterKey, PreparedAdapter
 from engine.formats.pivotal import check_clashes
-from engine.images import InputImage
 from engine.normalise import normalise_request
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
 from engine.pipeline.inference import engine_error, gpu_lock, infer
@@ -150,13 +147,9 @@ class Engine:
         return self._prefetches.submit(self._lora_only("prefetch", spec))
 
     def _lora_only(self, prompt: str, spec: LoraSpec) -> GenerateRequest:
-        """A request that only prepares `spec` (a check, a prefetch): on an editing pool, which takes no request
-        without an image, with a black one of the pool's side."""
-        defaults = self.loaded.defaults
-        image = None
-        if defaults.needs_image:
-            image = InputImage.from_pil(Image.new("RGB", (defaults.side, defaults.side)))
-        return GenerateRequest(prompt=prompt, loras=(spec,), image=image)
+        """A request that only prepares `spec` (a check, a prefetch), with the family's placeholder image."""
+        side = self.loaded.defaults.side
+        return GenerateRequest(prompt=prompt, loras=(spec,), image=self.loaded.family.placeholder_image(side, side))
 
     def _open(self, request: GenerateRequest, *, lane: Lane = "request") -> tuple[PreparedRequest, Callable[[], None]]:
         """Validate the request (unless this pool's `check` made it) and make its adapters ready, leased until the
@@ -284,7 +277,7 @@ class Engine:
         results: list[GenerateResult] = []
         with self._lock:
             for cell, one in enumerate(prepared):
-                step_progress = None if progress is None else _cell_progress(progress, cell)
+                step_progress = None if progress is None else partial(progress, cell)
                 results.append(self._run_held(one, step_progress, cancel, None))
         return tuple(results)
 
@@ -394,8 +387,6 @@ class Engine:
         """Adapters leased or fused here (a shared disk cache keeps their files)."""
         return self._store.in_use()
 
-    # -- status ----------------------------------------------------------------------------------
-
     def status(self) -> EngineStatus:
         return engine_status(
             self.loaded,
@@ -406,7 +397,3 @@ class Engine:
             preview=self._preview.name if self._preview is not None else "off",
             waiting=self.scheduler.waiting,
         )
-
-
-def _cell_progress(progress: Callable[[int, int, int], None], cell: int) -> Progress:
-    return lambda step, steps: progress(cell, step, steps)

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 
 from engine.devices import same_device
 from engine.errors import SettingsError
-from engine.pipeline.loading import LoadedPipeline, vae_mismatch, warm_up
+from engine.pipeline.loading import LoadedPipeline, warm_up
+from engine.pipeline.vae import vae_mismatch
 from engine.pools.flat import FlatWeights, module_tensors
 from engine.pools.plan import MemoryPlan, PlanOptions, pipeline_modules, storage_to_load
 from engine.settings import PoolSetting, Settings

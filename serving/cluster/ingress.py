@@ -2,9 +2,9 @@
 
 `Ingress` is Serve's HTTP ingress (`serve.ingress`, its app built once the pools have described themselves): the
 same UI, named API, `POST /`, `POST /models/<base>` and `GET /metrics` as one process (`Handlers` over the
-backend, `serving.http.api`, `app.build_demo`), and the `/v1/*` operations a Space with `BACKEND_URL` calls
-(`RemoteBackend`), which go through the same handlers. Routing, seeds, checks, recipes, errors and how each
-request ended are the common code's; the cluster adds only the choice of replica. No Ray import
+backend, `serving.http.api`, `serving.ui.blocks.build_demo`), and the `/v1/*` operations a Space with
+`BACKEND_URL` calls (`RemoteBackend`), which go through the same handlers. Routing, seeds, checks, recipes,
+errors and how each request ended are the common code's; the cluster adds only the choice of replica. No Ray import
 (`serving.cluster.app` wraps it), so the routes are tested without a cluster. The routes in full:
 docs/internals.md.
 """
@@ -69,10 +69,10 @@ class Ingress:
 
 def front_end_app(backend: ServeBackend, settings: Settings) -> Any:
     """The Space's app over `backend`, with the `/v1/*` routes: an ASGI app (Gradio's queue starts in its lifespan)."""
-    from app import build_demo
     from serving.handlers import Handlers
     from serving.http.api import http_routes
     from serving.runtime import front_end
+    from serving.ui.blocks import build_demo
     from serving.ui.launch import asgi_app
 
     runtime = front_end(settings, backend)

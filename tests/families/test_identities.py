@@ -40,7 +40,7 @@ def test_the_catalogues_tables_hold_exactly_the_identities_entries():
 
 
 def test_a_flux_lora_with_kohyas_clip_part_is_labelled_flux_not_sdxl():
-    # `lora_te1_` is SDXL's first text encoder too; FLUX's own blocks take precedence.
+    # `lora_te1_` is SDXL's first text encoder too; FLUX, the newer architecture, carries it as its CLIP-L.
     assert family_from_keys([KOHYA_CLIP_L]) is Family.SDXL
     assert family_from_keys([KOHYA_CLIP_L, FLUX_BLOCK]) is Family.FLUX
 
@@ -69,9 +69,13 @@ def test_sdxl_names_beat_the_names_sd1_and_sd2_share_and_those_are_labelled_sd15
         ("flux-2-klein-4b.safetensors", Family.FLUX2),
         ("sd_xl_v1-5_merge.safetensors", Family.SDXL),
         ("sd15_v2-1_merge.ckpt", Family.SD2),
+        # A spelling holding another's is the more specific: [dev]'s holds klein's, the edit model's Qwen-Image's.
+        ("flux-2-dev.safetensors", Family.FLUX2_DEV),
+        ("qwen_image_edit_bf16.safetensors", Family.QWEN_IMAGE_EDIT),
+        ("flux1-kontext-dev.safetensors", Family.FLUX_KONTEXT),
     ],
 )
-def test_a_checkpoint_name_naming_two_families_goes_to_the_one_of_lowest_precedence(name, family):
+def test_a_checkpoint_name_naming_two_families_goes_to_the_more_specific_spelling_then_the_newest(name, family):
     assert family_from_metadata({"ss_sd_model_name": name}) is family
 
 

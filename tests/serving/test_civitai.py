@@ -202,7 +202,7 @@ def test_the_token_reaches_the_api_host_only_and_is_never_shown(server, civitai,
 def test_picking_a_finetunes_lora_notes_the_checkpoint_it_will_run_on():
     from engine.outcomes import ServedPool
     from engine.requests import ModelDefaults
-    from lora_catalog.bases import PONY_BASE
+    from families.sdxl import PONY_BASE
     from lora_catalog.entries import Family
     from serving.ui.pool_views import finetune_note
 

@@ -28,8 +28,8 @@ from diffusers import (
 )
 
 from engine.families.sdxl import FAMILY, build_tiny_pipeline
-from engine.pipeline.loading import _vae_in_float32
 from engine.pipeline.modes import mode_pipeline
+from engine.pipeline.vae import vae_in_float32
 from engine.pools.engine import Engine
 from engine.requests import CheckedRequest, GenerateRequest, LoraSpec
 from tests.support.checks import generate
@@ -200,7 +200,7 @@ def test_sdxls_image_pipelines_cannot_cast_a_half_precision_pools_float32_vae():
     """SDXL's img2img casts a force_upcast VAE to float32 and back to the run's dtype: on a float16 pool, whose VAE
     loading keeps in float32, that left it in float16 and re-pointed out of its storage (fails without the view)."""
     pipe = build_tiny_pipeline().to(dtype=torch.float16)
-    _vae_in_float32(pipe)
+    vae_in_float32(pipe)
     before = storages(pipe.vae)
     request = CheckedRequest(prompt="a", steps=4, guidance=5.0, width=64, height=64, seed=1, image=input_image())
     built = mode_pipeline(pipe, replace(request, strength=0.6), FAMILY)

@@ -26,7 +26,7 @@ from engine.prepare.civitai import CivitaiFiles
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import SD15_MODEL_ID
-from lora_catalog.bases import ILLUSTRIOUS_BASE, NOOBAI_BASE, PONY_BASE
+from families.sdxl import ILLUSTRIOUS_BASE, NOOBAI_BASE, PONY_BASE
 from lora_catalog.catalog import Catalog
 from lora_catalog.civitai.source import CivitaiSource
 from lora_catalog.errors import DownloadRefusedError, RestrictedLoraError
