@@ -252,6 +252,10 @@ class FamilySpec:
     half_dtype: str = "float16"
     # Its pipelines' sizes and the components that may stay in host RAM, for the memory plan.
     memory: MemorySpec = MemorySpec()
+    # Patterns (`re.search`) of the denoiser's Linears whose weight dtype diffusers reads to cast an input (Z-Image's
+    # `t_embedder.mlp.0`): a quantized pool keeps them in the compute dtype (`engine.weights.quantized`), since
+    # an fp8 weight there would cast the input to fp8. Empty: diffusers reads none.
+    keep_dtype_linears: tuple[str, ...] = ()
     # (base repo id, its sizes) for bases of other sizes than `memory`'s (FLUX.2 [klein] 9B beside 4B).
     base_memory: tuple[tuple[str, MemorySpec], ...] = ()
     # The diffusers classes a pool of the family runs a request with an image on, built from the pool's own

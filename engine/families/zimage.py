@@ -180,6 +180,7 @@ FAMILY = FamilySpec(
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
     memory=MEMORY,
+    keep_dtype_linears=(r"^t_embedder\.mlp\.0$",),  # diffusers' TimestepEmbedder casts to its weight's dtype
     image_to_image=ZImageImg2ImgPipeline,
     inpainting=ZImageInpaintPipeline,
 )

@@ -148,7 +148,7 @@ def load_pipeline(
     pipe: Pipeline = (
         build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
     )
-    pipe, cast = in_storage(pipe, family.denoiser, dtype, storage, settings.lora_max_rank)
+    pipe, cast = in_storage(pipe, family.denoiser, dtype, storage, settings.lora_max_rank, family.keep_dtype_linears)
     pipe = _place(pipe, settings, family, device, cast=cast, park=park, host_components=host_components)
     vae_in_float32(pipe)
     pipe.set_progress_bar_config(disable=True)

@@ -4,7 +4,7 @@ before loading, or measured on the loaded pipeline; in each weight storage its d
 A need in `native` storage carries its `fp8` alternative where the size is known (`engine.storage`'s formula): the
 denoiser quantized, with LoRA branch buffers at `LORA_MAX_RANK` and no pristine copies of its own (a LoRA never
 writes it: only the text encoders' remain touchable, and the swap's float32 scratch is sized to their largest
-weight).
+weight); its working memory adds the weight its formula widens at each call (`dequantized_bytes`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from engine.pipeline.loading import LoadedPipeline, resolve_dtype
 from engine.pools.flat import module_bytes
 from engine.settings import Settings
 from engine.storage import Storage, fp8_bytes, linear_sizes
+from engine.weights.quantized import DEQUANTIZED_COPIES
 
 __all__ = [
     "PoolNeed",
     "declared_needs",
+    "dequantized_bytes",
     "largest_values",
     "loaded_need",
     "pipeline_modules",
@@ -51,13 +53,14 @@ class PoolNeed:
     storage: Storage = "native"
     fp8: PoolNeed | None = None
 
-    def with_fp8(self, denoiser: int, quantized: int, scratch: int) -> PoolNeed:
+    def with_fp8(self, denoiser: int, quantized: int, scratch: int, widened: int) -> PoolNeed:
         """This need with its fp8 alternative: the denoiser's `denoiser` bytes (native) held in `quantized` bytes
         (fp8, branch buffers included) and no longer touchable, the swap's scratch `scratch` bytes (for the text
-        encoders' weights only)."""
+        encoders' weights only), and `widened` bytes more working memory (`dequantized_bytes`)."""
         weights, touchable = self.weights - denoiser + quantized, self.touchable - denoiser
-        fp8 = replace(self, weights=weights, touchable=touchable, scratch=scratch, storage="fp8", fp8=None)
-        return replace(self, fp8=fp8)
+        working = self.working + widened
+        fp8 = replace(self, weights=weights, touchable=touchable, working=working, scratch=scratch, storage="fp8")
+        return replace(self, fp8=replace(fp8, fp8=None))
 
     @property
     def fp8_saves(self) -> int:
@@ -78,6 +81,13 @@ def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
 def scratch_bytes(largest_values: int) -> int:
     """The swap's float32 scratch buffers for a pool whose largest touchable weight has `largest_values` values."""
     return _SCRATCH_SLOTS * 4 * largest_values
+
+
+def dequantized_bytes(largest_linear: int, dtype: torch.dtype) -> int:
+    """What an fp8 denoiser's formula holds at once beside the working memory, eager on a GPU: its largest Linear
+    weight (`largest_linear` values) widened to the compute `dtype`, `DEQUANTIZED_COPIES` times (a transient
+    copy at each call, freed after the matmul)."""
+    return DEQUANTIZED_COPIES * largest_linear * torch.empty((), dtype=dtype).element_size()
 
 
 def largest_values(modules: list[nn.Module]) -> int:
@@ -105,11 +115,13 @@ def loaded_need(loaded: LoadedPipeline, *, rank: int) -> PoolNeed:
     values = sum(t.numel() for t in (*denoiser.parameters(), *denoiser.buffers()))
     encoders = [getattr(pipe, c) for c in family.components if c not in (family.denoiser, *loaded.host_components)]
     encoder_scratch = scratch_bytes(largest_values(encoders))
+    widest = max((m.weight.numel() for m in denoiser.modules() if isinstance(m, nn.Linear)), default=0)
+    widened = dequantized_bytes(widest, loaded.dtype)
     if loaded.storage == "fp8":
         # Loaded quantized already (engine.weights.quantized): measured as it is, its branch buffers included.
         stored = module_bytes([denoiser])
-        return need.with_fp8(stored, stored, encoder_scratch)
-    return need.with_fp8(module_bytes([denoiser]), fp8_bytes(values, linears, rank), encoder_scratch)
+        return need.with_fp8(stored, stored, encoder_scratch, widened)
+    return need.with_fp8(module_bytes([denoiser]), fp8_bytes(values, linears, rank), encoder_scratch, widened)
 
 
 def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, ...] | None:
@@ -137,6 +149,10 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
         if memory.linears is not None:
             values = memory.values_of((family.denoiser,))
             quantized = fp8_bytes(values, memory.linears, settings.lora_max_rank)
-            need = need.with_fp8(values * itemsize, quantized, scratch_bytes(memory.largest_encoder_values))
+            # `largest_values` (the largest weight a LoRA may touch, the denoiser's Linears among them) bounds its
+            # largest Linear from above.
+            widened = dequantized_bytes(memory.largest_values, dtype)
+            encoders = scratch_bytes(memory.largest_encoder_values)
+            need = need.with_fp8(values * itemsize, quantized, encoders, widened)
         needs.append(need)
     return tuple(needs)

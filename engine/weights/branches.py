@@ -86,8 +86,10 @@ class Branches:
             )
 
     def apply(self, parts: Parts) -> None:
-        """Hold exactly `parts` (from `plan`): branches that held factors and get none are zeroed."""
-        for index in sorted(self._held | parts.keys()):
+        """Hold exactly `parts` (from `plan`): branches that held factors and get none are zeroed. Every branch
+        about to be written counts as held first, so that a failure half-way leaves `clear` all it must zero."""
+        self._held |= parts.keys()
+        for index in sorted(self._held):
             self._modules[index].load_branch(parts.get(index, []))
         self._held = set(parts)
 

@@ -10,20 +10,31 @@ linear), kept as plain tensors: the fp8 values as the weight (so its bytes are w
 flat move see) and torchao's float32 row scales. The matmul is not torchao's: on the CPU its weight-only path
 widens the weight to float32 before the matmul, measured 1.5x (idle) to 4x (loaded) a bf16 linear at 1024 x 3072
 -> 12288 on 2 EPYC cores, where widening to the compute dtype measured 0.96x to 3.1x; in float32 both are torchao's
-own dequantization bit for bit. diffusers' layerwise casting (e4m3 with no scale) measured 0.92x but 0.047 relative
-error on N(0, 0.02) weights against 0.038 with row scales (`bench.quantized` measures the whole slice).
+own dequantization bit for bit on every finite code (the two NaN codes would widen to ±480·scale on the CPU's bit
+path: quantizing writes neither, a row of zeros included, where torchao writes 0/0). A float16 weight is quantized
+from its float32 values and widened with its float32 scales (torchao's own, bit for bit, of those values): in
+float16 small rows' scales would round to subnormals. diffusers' layerwise casting (e4m3 with no scale) measured
+0.92x but 0.047 relative error on N(0, 0.02) weights against 0.038 with row scales (`bench.quantized` measures the
+whole slice).
+
+Linears whose weight dtype diffusers reads (Z-Image casts the timestep embedding to `t_embedder.mlp.0`'s) are kept
+in the compute dtype, each family naming them (`FamilySpec.keep_dtype_linears`), with a branch like the others.
 
 Eager on the CPU, the weight is widened 512 rows at a time, by bit operations (torch converts fp8 one value at a
 time there: 4.4 ns each), into one scratch buffer the matmul reads while it is in cache; the branch computes only
 the ranks it holds. A CPU has no fp8 arithmetic, so each call still pays 4 vector passes over every weight value
 (about 0.25 ns each value on one EPYC core), against a bf16 matmul's ~2 ns per value at 320 tokens: 1.2-1.3x a
 bf16 linear there (one thread), 1.1-1.15x at 1280, 2-3x on a 1-token modulation linear. Compiled or on a GPU, the
-plain formula below: inductor fuses the widening, a GPU hides it in memory traffic.
+plain formula below: inductor fuses the widening, a GPU hides it in memory traffic; eager, it holds one transient
+copy of the weight in the compute dtype (`DEQUANTIZED_COPIES`, which the memory plan counts), and skips the branch
+while it holds no rank.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -32,7 +43,14 @@ from torch import nn
 
 from engine.errors import SettingsError
 
-__all__ = ["BranchedLinear", "in_storage", "quantize_denoiser", "stored_bytes"]
+__all__ = [
+    "DEQUANTIZED_COPIES",
+    "BranchedLinear",
+    "held_branches",
+    "in_storage",
+    "quantize_denoiser",
+    "stored_bytes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +67,17 @@ _UNBIAS = 2.0**120
 _CHUNK_ROWS = 512
 # torch's CPU parallel grain (at::internal::GRAIN_SIZE): an op on fewer values runs on the calling thread.
 _GRAIN = 32768
+# Full-size copies of one weight in the compute dtype that the plain formula holds at once (eager, on a GPU): the
+# widened weight, scaled in place.
+DEQUANTIZED_COPIES = 1
 
 
 class BranchedLinear(nn.Linear):
     """A linear stored in fp8 (e4m3, per-row float32 scales) with a zero-padded low-rank branch of `rank`.
 
     A subclass of `nn.Linear` so that every table indexing a pipeline's linears (`TargetTable`) finds it under the
-    same name; its `weight` is the fp8 values, never written after loading.
+    same name; its `weight` is the fp8 values, never written after loading. With `quantize=False` the weight stays
+    as given, in the compute dtype (no scales): a linear whose weight dtype diffusers reads, still with a branch.
     """
 
     weight_scale: torch.Tensor
@@ -63,10 +85,13 @@ class BranchedLinear(nn.Linear):
     lora_up: torch.Tensor
     lora_scales: torch.Tensor
 
-    def __init__(self, linear: nn.Linear, rank: int, dtype: torch.dtype) -> None:
+    def __init__(self, linear: nn.Linear, rank: int, dtype: torch.dtype, *, quantize: bool = True) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        values, scale = _quantize(linear.weight.detach())
+        if quantize:
+            values, scale = _quantize(linear.weight.detach())
+        else:
+            values, scale = linear.weight.detach(), torch.empty(0, dtype=torch.float32, device=linear.weight.device)
         # A buffer, not a parameter: diffusers' `ModelMixin.dtype` is the first floating parameter's, and its FLUX.2
         # pipelines cast the latents to it (`latents.to(self.transformer.dtype)`), which an fp8 weight made e4m3.
         self.register_buffer("weight", values)
@@ -80,24 +105,32 @@ class BranchedLinear(nn.Linear):
         # forward only (a compiled forward computes the padded rank, so that a swap never recompiles).
         self.branch_rank = 0
         # The bit widening scales rows by 2^120: row scales under 2^7 (weights under 57344) stay finite.
-        self._bits_fit = bool(scale.numel() == 0 or scale.abs().max() < 2**7)
+        self._bits_fit = bool(quantize and (scale.numel() == 0 or scale.abs().max() < 2**7))
 
     @property
     def rank(self) -> int:
         return self.lora_down.shape[0]
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
-        """The stored weight in `dtype`: torchao's dequantization, in `dtype` (in float32: bit for bit)."""
+        """The stored weight in `dtype`: torchao's dequantization, in `dtype` (in float32 and float16: bit for bit on
+        every finite code); a weight kept unquantized, as it is (no copy in its own dtype)."""
+        if self.weight.dtype != torch.float8_e4m3fn:
+            return self.weight.to(dtype)
         if self.weight.device.type == "cpu" and dtype in _BITS and self._bits_fit and not torch.compiler.is_compiling():
             return self._widened(0, self.out_features, dtype, torch.empty_like(self.weight, dtype=_BITS[dtype][0]))
-        return self.weight.to(dtype) * self.weight_scale.to(dtype)
+        # Scaled in place (one copy of the weight, `DEQUANTIZED_COPIES`). float16's row scales stay float32 (the
+        # product rounded once, as torchao's): in float16 the small ones would round to subnormals.
+        scale = self.weight_scale if dtype == torch.float16 else self.weight_scale.to(dtype)
+        return self.weight.to(dtype).mul_(scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._in_chunks(x):
             return self._forward_in_chunks(x)
         # Compiled (inductor fuses the widening into its kernels) or off the CPU: the padded branch, whose shapes
-        # no swap changes, so a swap never recompiles (`branch_rank` is never read here).
+        # no swap changes, so a swap never recompiles (compiled, `branch_rank` is never read: no guard on it).
         base = F.linear(x, self.dequantized(x.dtype), self.bias)
+        if not torch.compiler.is_compiling() and not self.branch_rank:
+            return base  # eager with no LoRA held: a Python int, read with no device sync
         hidden = F.linear(x, self.lora_down) * self.lora_scales
         return base + F.linear(hidden, self.lora_up)
 
@@ -156,10 +189,12 @@ class BranchedLinear(nn.Linear):
     @torch.no_grad()
     def load_branch(self, parts: list[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
         """Hold exactly these (down, up, scale) factors, packed from rank 0, the rest zero; the caller has checked
-        that their ranks fit `rank`."""
+        that their ranks fit `rank`. `branch_rank` covers every rank written before its copies start, so that a
+        copy failing half-way leaves nothing a later `load_branch([])` misses."""
         offset = 0
         for down, up, scale in parts:
             end = offset + down.shape[0]
+            self.branch_rank = max(self.branch_rank, end)
             _copy(self.lora_down[offset:end], down)
             _copy(self.lora_up[:, offset:end], up)
             self.lora_scales[offset:end].fill_(scale)
@@ -190,31 +225,57 @@ def _copy(target: torch.Tensor, source: torch.Tensor | float) -> None:
 
 
 def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 values, float32 row scales) of `weight`, as torchao's weight-only float8 stores a linear's weight."""
+    """(e4m3 values, float32 row scales) of `weight`, as torchao's weight-only float8 stores a linear's weight
+    (but a row of zeros: see below)."""
     from torchao.quantization import Float8Tensor, PerRow  # imported only where a pool is quantized: it is slow
 
-    quantized = Float8Tensor.from_hp(weight, float8_dtype=torch.float8_e4m3fn, granularity=PerRow())
-    return quantized.qdata, quantized.scale
+    # torchao divides the row maxima by 448 in the weight's dtype: in float16 small rows' scales would round to
+    # subnormals (and their values saturate), so a float16 weight is quantized from its float32 values.
+    source = weight.float() if weight.dtype == torch.float16 else weight
+    quantized = Float8Tensor.from_hp(source, float8_dtype=torch.float8_e4m3fn, granularity=PerRow())
+    values, scale = quantized.qdata, quantized.scale
+    # A row of zeros gets torchao's scale 0 and values 0/0, NaN codes (its dequantization: NaN): stored as zeros
+    # with scale 1, it is zeros on every path.
+    empty = scale == 0
+    if bool(empty.any()):
+        values = values.view(torch.uint8).masked_fill(empty, 0).view(torch.float8_e4m3fn)
+        scale = scale.masked_fill(empty, 1.0)
+    return values, scale
 
 
 @torch.no_grad()
-def quantize_denoiser(denoiser: nn.Module, *, rank: int, dtype: torch.dtype) -> dict[str, BranchedLinear]:
+def quantize_denoiser(
+    denoiser: nn.Module, *, rank: int, dtype: torch.dtype, keep: Sequence[str] = ()
+) -> dict[str, BranchedLinear]:
     """Replace every `nn.Linear` of `denoiser` by a `BranchedLinear` of branch rank `rank` in `dtype`, one at a
-    time (the widest weight is the only one held twice); returns them by module name."""
+    time (the widest weight is the only one held twice, a float16 one also in float32 while quantized); those
+    whose name matches a pattern of `keep` (`re.search`) keep their weight in `dtype`, unquantized. Returns them by
+    module name."""
     names = [name for name, module in denoiser.named_modules() if type(module) is nn.Linear]
+    kept = [re.compile(pattern) for pattern in keep]
     branched: dict[str, BranchedLinear] = {}
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = denoiser.get_submodule(parent_name)
-        branched[name] = BranchedLinear(getattr(parent, child), rank, dtype)
+        quantize = not any(pattern.search(name) for pattern in kept)
+        branched[name] = BranchedLinear(getattr(parent, child), rank, dtype, quantize=quantize)
         setattr(parent, child, branched[name])
-    logger.info("denoiser quantized to fp8: %d linears, branches of rank %d", len(branched), rank)
+    unquantized = sum(m.weight.dtype != torch.float8_e4m3fn for m in branched.values())
+    logger.info(
+        "denoiser quantized to fp8: %d linears (%d kept in %s), branches of rank %d",
+        len(branched),
+        unquantized,
+        dtype,
+        rank,
+    )
     return branched
 
 
-def in_storage(pipe: Any, denoiser: str, dtype: torch.dtype, storage: str, rank: int) -> tuple[Any, torch.dtype | None]:
-    """The pipeline with its `denoiser` attribute in `storage` ("native" or "fp8" with branches of `rank`), and the
-    cast to `dtype` still to make as it is placed (None: none)."""
+def in_storage(
+    pipe: Any, denoiser: str, dtype: torch.dtype, storage: str, rank: int, keep: Sequence[str] = ()
+) -> tuple[Any, torch.dtype | None]:
+    """The pipeline with its `denoiser` attribute in `storage` ("native" or "fp8" with branches of `rank`, the
+    linears `keep` matches in `dtype`), and the cast to `dtype` still to make as it is placed (None: none)."""
     # Casting only when needed: diffusers warns on a cast that may break modules kept in float32.
     cast = None if pipe.dtype == dtype else dtype
     if storage == "native":
@@ -223,15 +284,27 @@ def in_storage(pipe: Any, denoiser: str, dtype: torch.dtype, storage: str, rank:
         raise SettingsError(f"weight storage {storage!r} is not offered; accepted: native, fp8")
     # Cast in host memory first (a cast after would widen the fp8 weights again), then quantize there.
     pipe = pipe if cast is None else pipe.to(dtype=cast)
-    quantize_denoiser(getattr(pipe, denoiser), rank=rank, dtype=dtype)
+    quantize_denoiser(getattr(pipe, denoiser), rank=rank, dtype=dtype, keep=keep)
     return pipe, None
 
 
 def stored_bytes(denoiser: nn.Module) -> dict[str, bytes]:
-    """The bytes of every stored weight and row scale of `denoiser`'s quantized linears (what must never change)."""
+    """The bytes of every stored weight and row scale of `denoiser`'s quantized linears (what must never change;
+    the branches: `held_branches`)."""
     return {
         f"{name}.{part}": getattr(module, part).detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
         for name, module in denoiser.named_modules()
         if isinstance(module, BranchedLinear)
         for part in ("weight", "weight_scale")
     }
+
+
+def held_branches(denoiser: nn.Module) -> list[str]:
+    """The names of `denoiser`'s branched linears whose branch is not all zero (factors, scales or `branch_rank`):
+    none once every LoRA is cleared (what the padded formula adds then is exactly zero)."""
+    return [
+        name
+        for name, module in denoiser.named_modules()
+        if isinstance(module, BranchedLinear)
+        and (module.branch_rank or any(bool(b.any()) for b in (module.lora_down, module.lora_up, module.lora_scales)))
+    ]

@@ -26,6 +26,7 @@ from engine.pools.routing import PoolInfo
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import Settings
+from engine.weights.quantized import held_branches
 from lora_catalog.hub import HubSource
 from tests.support.checks import generate
 
@@ -131,9 +132,12 @@ def diffusers_image(
 
 
 def assert_components_pristine(pipe: Any, pristine: dict[str, Any], names: Sequence[str]) -> None:
-    """Every tensor of each named component equals its pristine copy, bit for bit."""
+    """Every tensor of each named component equals its pristine copy, bit for bit, and a quantized denoiser's LoRA
+    branches are all zero (`held_branches`: whatever `branch_rank` says, the padded formula reads every buffer)."""
     for name in names:
-        for key, value in getattr(pipe, name).state_dict().items():
+        component = getattr(pipe, name)
+        assert held_branches(component) == [], f"{name} still holds LoRA branches"
+        for key, value in component.state_dict().items():
             assert torch.equal(value, pristine[f"{name}.{key}"]), f"{name}.{key} drifted"
 
 

@@ -1,26 +1,30 @@
 """A quantized FLUX pool (fp8, LoRAs as branches) beside an SDXL pool in bf16: concurrent clients mixing both get
 exactly the images they get alone, and the FLUX pool's stored weights are byte-identical after a run with
-failures."""
+failures, its branches all zero once its base is restored; the fp8 need's count of what its formula
+widens."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from engine.errors import LimitExceededError
+from engine.families.registry import served_specs
 from engine.pipeline.loading import load_pipeline
 from engine.pools.flat import module_bytes
 from engine.pools.needs import loaded_need, pipeline_modules
 from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import LoraSpec
-from engine.settings import FLUX_MODEL_ID
-from engine.weights.quantized import BranchedLinear, stored_bytes
+from engine.settings import FLUX_MODEL_ID, PoolSetting, Settings
+from engine.weights.quantized import DEQUANTIZED_COPIES, BranchedLinear, held_branches, stored_bytes
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
 from tests.support.checks import generate
-from tests.support.dit import hub_pools
+from tests.support.dit import hub_pools, needs_on_a_gpu
 from tests.support.dit import pool_request as request
 from tests.support.flux import write_flux_loras
 from tests.support.loras import kohya_file
@@ -89,6 +93,9 @@ def test_clients_mixing_a_quantized_flux_and_a_bf16_sdxl_pool_get_exactly_their_
     alone = assert_clients_get_what_they_get_alone(lambda index: outcome(pools, index), 16, clients=4)
     assert alone.count("refused: LimitExceededError") == 2
     assert stored_bytes(fp8_flux.pipe.transformer) == before
+    (flux_pool,) = [pool for pool in pools.pools if pool.engine.loaded is fp8_flux]
+    flux_pool.engine.restore_base_weights()
+    assert held_branches(fp8_flux.pipe.transformer) == []
 
 
 def test_start_up_with_quantize_fp8_loads_the_denoiser_quantized_and_says_so(base_settings, tiny_flux_dir):
@@ -115,3 +122,23 @@ def test_a_pool_loaded_in_fp8_is_measured_as_it_is(fp8_flux):
     assert need.fp8 is not None
     assert need.fp8.weights == module_bytes(pipeline_modules(fp8_flux))
     assert need.fp8.touchable == need.touchable - denoiser
+
+
+def test_the_fp8_need_counts_the_weight_its_formula_widens_at_each_call(fp8_flux, loaded_flux):
+    """Eager on a GPU, an fp8 denoiser widens each weight to the compute dtype at each call (`DEQUANTIZED_COPIES`
+    transient copies, freed after its matmul): the fp8 need's working memory counts its largest Linear's, measured
+    on a loaded pool (in fp8 or not), or bounded by the family's `largest_values` before loading."""
+    widest = max(m.weight.numel() for m in loaded_flux.denoiser.modules() if isinstance(m, nn.Linear))
+    for loaded in (loaded_flux, fp8_flux):
+        need = loaded_need(loaded, rank=8)
+        assert need.fp8 is not None and loaded.dtype == torch.float32
+        assert need.fp8.working - need.working == DEQUANTIZED_COPIES * widest * 4
+    declared = [spec for spec in served_specs() if spec.memory.linears is not None]
+    assert len(declared) >= 5
+    for spec in declared:
+        model = spec.identity.model_id
+        settings = Settings(dtype="auto", device="cpu", pools=(PoolSetting(model, model),), host_ram_bytes=2**40)
+        (need,) = needs_on_a_gpu(settings)
+        itemsize = torch.empty((), dtype=getattr(torch, spec.half_dtype)).element_size()
+        assert need.fp8 is not None and spec.memory.largest_values > 0
+        assert need.fp8.working - need.working == DEQUANTIZED_COPIES * spec.memory.largest_values * itemsize

@@ -1,6 +1,8 @@
 """`BranchedLinear` on the CPU, eager: its widening is torch's own fp8 conversion times the row scale, bit for bit,
-on every e4m3 code; its output is PEFT's unfused LoRA on that weight; the weight is widened a block of rows at a
-time (never whole), and a swap's copies run on the calling thread (each under torch's parallel grain)."""
+on every finite e4m3 code (quantizing writes no other), and in float16 torchao's own with float32 row scales; the
+plain (GPU) formula holds one copy of the weight and skips the branch at rank 0; its output is PEFT's unfused LoRA
+on that weight; the weight is widened a block of rows at a time (never whole), and a swap's copies run on the
+calling thread (each under torch's parallel grain)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.weights.quantized import BranchedLinear
+from engine.weights.quantized import DEQUANTIZED_COPIES, BranchedLinear, _quantize
 
 pytest.importorskip("torchao")
 
@@ -100,3 +102,80 @@ def test_a_swaps_copies_on_the_cpu_each_stay_under_torchs_parallel_grain():
     assert seen.sizes and max(size for _, size in seen.sizes) <= GRAIN
     assert torch.equal(module.lora_down[:4], down[:4]) and torch.equal(module.lora_up[:, :4], up[:, :4])
     assert not module.lora_down[4:].any() and not module.lora_up[:, 4:].any() and module.branch_rank == 4
+
+
+def fp16_linear(scale: float = 1.0) -> nn.Linear:
+    torch.manual_seed(0)
+    linear = nn.Linear(COLUMNS, ROWS).to(torch.float16)
+    with torch.no_grad():
+        linear.weight.mul_(scale)
+    return linear
+
+
+def matmuls(module: BranchedLinear, x: torch.Tensor) -> int:
+    with torch.no_grad(), Outputs() as seen:
+        module(x)
+    return sum(name.split(".")[1] in ("mm", "addmm", "bmm") for name, _ in seen.sizes)
+
+
+def test_float16_keeps_float32_row_scales_where_float16_would_round_them_to_subnormals():
+    """Weights of about 1e-4 have row scales near 2e-7, under float16's smallest normal (6e-5): quantized from their
+    float32 values and widened with float32 scales, the weight is torchao's own quantization of those values and its
+    dequantization to float16 (a float32 product, rounded once), bit for bit; within e4m3's rounding of each row."""
+    from torchao.quantization import Float8Tensor, PerRow
+
+    linear = fp16_linear(scale=1e-3)
+    weight = linear.weight.detach().clone()
+    theirs = Float8Tensor.from_hp(weight.float(), float8_dtype=torch.float8_e4m3fn, granularity=PerRow())
+    module = BranchedLinear(linear, 8, torch.float16)
+    assert module.weight_scale.dtype == torch.float32 and module.weight_scale.max() < 2**-14
+    assert torch.equal(module.weight, theirs.qdata) and torch.equal(module.weight_scale, theirs.scale)
+    widened = module.dequantized(torch.float16)
+    assert torch.equal(widened, theirs.dequantize(torch.float16))
+    error = (widened.float() - weight.float()).abs().amax(dim=1) / weight.float().abs().amax(dim=1)
+    assert error.max() <= 2**-4
+
+
+def test_the_plain_formula_widens_one_copy_of_the_weight_and_skips_the_branch_at_rank_zero():
+    """The GPU's (and compiled) formula, reached on the CPU in float16: one transient copy of the weight in the
+    compute dtype (what the memory plan counts: DEQUANTIZED_COPIES), and no branch matmuls while no rank is held
+    (a Python int: no device sync); with factors held, the branch runs at the padded rank."""
+    module = BranchedLinear(fp16_linear(), 8, torch.float16)
+    x = torch.randn(3, COLUMNS).to(torch.float16)
+    with torch.no_grad(), Outputs() as seen:
+        base = module(x)
+    # New tensors of the weight's size (an op in place, `mul_`, makes none).
+    copies = [name for name, size in seen.sizes if size == ROWS * COLUMNS and not name.split(".")[1].endswith("_")]
+    assert len(copies) == DEQUANTIZED_COPIES, copies
+    assert matmuls(module, x) == 1
+    assert torch.equal(base, nn.functional.linear(x, module.dequantized(torch.float16), module.bias))
+    down, up = torch.randn(2, COLUMNS).to(torch.float16), torch.randn(ROWS, 2).to(torch.float16) * 0.01
+    module.load_branch([(down, up, 0.5)])
+    assert matmuls(module, x) == 3
+    module.load_branch([])
+    assert module.branch_rank == 0 and matmuls(module, x) == 1
+
+
+def test_quantizing_never_writes_the_nan_codes_the_cpus_bit_widening_reads_as_480():
+    """The bit widening reads e4m3's two NaN codes as ±480·scale (their bits as if they were numbers); quantizing
+    writes neither, whatever the rows: huge, tiny, mixed, or zeros, where torchao's scale is 0 and its values 0/0
+    (NaN codes, NaN once dequantized): stored as zeros with scale 1, such a row is zeros on every path."""
+    rows = torch.stack(
+        [
+            torch.full((COLUMNS,), 3e38),
+            torch.linspace(-1e-30, 1e-30, COLUMNS),
+            torch.zeros(COLUMNS),
+            torch.randn(COLUMNS) * torch.logspace(-20, 20, COLUMNS),
+        ]
+    )
+    values, _ = _quantize(rows)
+    codes = values.view(torch.uint8)
+    assert codes.shape == rows.shape and not ((codes == 0x7F) | (codes == 0xFF)).any()
+    linear = nn.Linear(COLUMNS, 4).to(torch.float16)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(4, COLUMNS))
+        linear.weight[2] = 0
+    module = BranchedLinear(linear, 2, torch.float16)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        assert torch.equal(module.dequantized(dtype)[2], torch.zeros(COLUMNS, dtype=dtype))
+    assert module(torch.ones(1, COLUMNS, dtype=torch.float16)).isfinite().all()

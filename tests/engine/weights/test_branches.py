@@ -1,5 +1,6 @@
 """`Branches` on a small denoiser of its own: what it cannot hold is refused before anything changes (a module
-without a branch named, a set over the branch rank), and what it holds is exactly the set's factors, packed."""
+without a branch named, a set over the branch rank), what it holds is exactly the set's factors, packed, and a swap
+failing half-way leaves nothing behind once cleared."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from engine.formats.adapters import AdapterKey, PreparedAdapter
 from engine.formats.layers import LayerFactors
 from engine.formats.targets import TargetTable
 from engine.weights.branches import Branches
-from engine.weights.quantized import BranchedLinear, quantize_denoiser
+from engine.weights.quantized import BranchedLinear, held_branches, quantize_denoiser
 from engine.weights.swap import ActiveAdapter
 
 pytest.importorskip("torchao")
@@ -85,3 +86,46 @@ def test_a_set_whose_ranks_add_up_past_the_branch_is_refused_naming_both(parts):
         LimitExceededError, match=r"\['a' rank 4, 'b' rank 3\] needs rank 7 together at transformer\.proj"
     ):
         branches.plan([ActiveAdapter(first, 1.0), ActiveAdapter(second, 1.0)])
+
+
+def padded(module: BranchedLinear, x: torch.Tensor) -> torch.Tensor:
+    """The module's padded formula (a GPU's, or compiled): on the CPU, what an input that needs gradients runs."""
+    with torch.enable_grad():
+        return module(x.requires_grad_()).detach()
+
+
+# The second set's copies: down and up of each part (proj's two, out's one); nothing to zero (it holds more).
+COPIES = 2 * (2 + 1)
+
+
+@pytest.mark.parametrize("failing", range(1, COPIES + 1))
+def test_a_swap_failing_at_any_copy_leaves_every_branch_zero_once_cleared(parts, monkeypatch, failing):
+    """A copy raising half-way through a swap (here the `failing`-th): after `clear` (the rollback), every branch
+    buffer is zero and the padded formula gives the base output; branches written before the failure were missed."""
+    import engine.weights.quantized as quantized
+
+    model, table, branches = parts
+    inputs = [torch.randn(3, 16), torch.randn(3, 24)]
+    base = [padded(m, i) for m, i in zip((model.proj, model.out), inputs, strict=True)]
+    branches.apply(branches.plan([ActiveAdapter(adapter("a", table, 1, ("proj",), 1), 1.0)]))
+    second = [
+        ActiveAdapter(adapter("b", table, 2, ("proj", "out"), 2), 1.0),
+        ActiveAdapter(adapter("c", table, 3, ("proj",), 3), 1.0),
+    ]
+    copy, calls = quantized._copy, []
+
+    def fails(target: torch.Tensor, source: torch.Tensor | float) -> None:
+        calls.append(1)
+        if len(calls) == failing:
+            raise RuntimeError("injected copy failure")
+        copy(target, source)
+
+    monkeypatch.setattr(quantized, "_copy", fails)
+    with pytest.raises(RuntimeError, match="injected"):
+        branches.apply(branches.plan(second))
+    monkeypatch.setattr(quantized, "_copy", copy)
+    assert held_branches(model), "the failure left part of the set written"
+    branches.clear()
+    assert held_branches(model) == [] and branches.held == frozenset()
+    for module, given, expected in zip((model.proj, model.out), inputs, base, strict=True):
+        assert torch.equal(padded(module, given), expected)

@@ -17,14 +17,14 @@ import torch
 from diffusers import FluxPipeline
 from safetensors.torch import save_file
 
-from engine.errors import LimitExceededError, UnsupportedLoraVariantError
+from engine.errors import GenerationError, LimitExceededError, UnsupportedLoraVariantError
 from engine.pipeline.compiled import dynamo_compiles
 from engine.pipeline.loading import load_pipeline, warm_up
 from engine.pools.plan import pipeline_modules
 from engine.pools.residency import Residency, module_bytes
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import FLUX_MODEL_ID
-from engine.weights.quantized import BranchedLinear, stored_bytes
+from engine.weights.quantized import BranchedLinear, held_branches, stored_bytes
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
 from tests.support.checks import generate
@@ -175,8 +175,10 @@ def test_the_stored_weights_are_byte_identical_after_swaps_and_failures(engine, 
                 generate(engine, request(LoraSpec(f"local:{bad}.safetensors"), steps=1))
     assert stored_bytes(transformer) == before
     assert generate(engine, request(steps=1)).image.tobytes() == base
-    branches = [m for m in transformer.modules() if isinstance(m, BranchedLinear)]
-    assert all(m.branch_rank == 0 and not m.lora_scales.any() and not m.lora_up.any() for m in branches)
+    assert held_branches(transformer) == []
+    generate(engine, request(LoraSpec("local:flux_peft.safetensors"), steps=1))
+    engine.restore_base_weights()
+    assert held_branches(transformer) == [] and stored_bytes(transformer) == before
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +237,31 @@ def test_a_quantized_pool_moved_out_and_back_serves_the_same_bytes_and_keeps_its
     for image, reference in zip(got, expected, strict=True):
         assert_images_close(image, reference)  # other storage after a move: within 2 levels, not bit for bit
     assert stored_bytes(fp8_flux.pipe.transformer) == before
+
+
+def test_a_branch_swap_failing_half_way_leaves_no_lora_on_the_padded_formula(
+    compiled_fp8, settings, loras, monkeypatch
+):
+    """A copy raising half-way through a branch swap (injected): later requests without a LoRA are the base, bit
+    for bit, on the compiled pipeline's padded formula (which reads every branch buffer, whatever `branch_rank`
+    says), and every branch is zero. Branches written before the failure used to stay active (up to 21 levels)."""
+    import engine.weights.quantized as quantized
+
+    copy, calls = quantized._copy, []
+
+    def fails(target: torch.Tensor, source: torch.Tensor | float) -> None:
+        calls.append(1)
+        if len(calls) == 9:  # the fifth module's, the four before it written
+            raise RuntimeError("injected copy failure")
+        copy(target, source)
+
+    compiled_settings = settings.replace(compile="default")
+    with local_engine(compiled_fp8, compiled_settings, loras) as compiled_engine:
+        base = generate(compiled_engine, request(steps=1)).image.tobytes()
+        monkeypatch.setattr(quantized, "_copy", fails)
+        with pytest.raises(GenerationError, match="injected copy failure"):
+            generate(compiled_engine, request(LoraSpec("local:flux_kohya.safetensors", scale=0.7), steps=1))
+        monkeypatch.setattr(quantized, "_copy", copy)
+        for _ in range(2):
+            assert generate(compiled_engine, request(steps=1)).image.tobytes() == base
+    assert held_branches(compiled_fp8.pipe.transformer) == []
