@@ -196,8 +196,6 @@ def _wire_lookups(
 
 # Each endpoint's handler is made here: Gradio names its parameters and documents it from its signature and docstring.
 def _generate_api(handlers: Handlers) -> Callable[..., Any]:
-    max_pixels = handlers.settings.max_input_pixels
-
     async def generate_api(
         prompt: str,
         negative_prompt: str,
@@ -235,7 +233,8 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
             request = await asyncio.to_thread(
                 api_request,
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
-                seed, scheduler, scheduler_options, clip_skip, 1, (image, mask, strength, max_pixels),
+                seed, scheduler, scheduler_options, clip_skip, 1,
+                (image, mask, strength, handlers.settings.max_input_pixels),
             )  # fmt: skip
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
             if isinstance(item, Frame):
@@ -247,8 +246,6 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
 
 
 def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
-    max_pixels = handlers.settings.max_input_pixels
-
     async def generate_images_api(
         prompt: str,
         negative_prompt: str,
@@ -279,7 +276,8 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
             request = await asyncio.to_thread(
                 api_request,
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
-                seed, scheduler, scheduler_options, clip_skip, num_images, (image, mask, strength, max_pixels),
+                seed, scheduler, scheduler_options, clip_skip, num_images,
+                (image, mask, strength, handlers.settings.max_input_pixels),
             )  # fmt: skip
         result: GenerateResult | None = None
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
@@ -293,8 +291,6 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
 
 
 def _compare_api(handlers: Handlers) -> Callable[..., Any]:
-    max_pixels = handlers.settings.max_input_pixels
-
     async def compare_api(
         prompt: str,
         negative_prompt: str,
@@ -324,7 +320,8 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         starts from the same image (none: text-to-image).
         """
         with user_errors():
-            starting = await asyncio.to_thread(starting_fields, image, mask, strength, max_pixels)
+            pixels = handlers.settings.max_input_pixels
+            starting = await asyncio.to_thread(starting_fields, image, mask, strength, pixels)
             request = comparison_fields.compare_request(
                 prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
                 scheduler, clip_skip, starting,
