@@ -42,6 +42,8 @@ def main() -> None:
         server_name=settings.server_name,
         server_port=settings.server_port,
         allowed_paths=[str(d) for d in runtime.local_dirs],
+        max_file_size=settings.max_body_bytes,
+        max_pixels=settings.max_input_pixels,
     )
 
 

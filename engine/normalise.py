@@ -1,8 +1,10 @@
 """Checking a request: `normalise_request` is the single gate every entry point goes through (via `Engine.check`).
 
 It checks types and ranges, fills the served model's defaults and returns a new `CheckedRequest`; the caller's
-object is never changed. The LoRAs' recommendations are filled later, once they are prepared (`with_suggested`),
-without checking the request again. Each refusal names the value and what is accepted.
+object is never changed. The input images are held to MAX_INPUT_PIXELS here, whichever door brought them, and
+resized to the output's size here (on the checking thread, never under the GPU lock). The LoRAs'
+recommendations are filled later, once they are prepared (`with_suggested`), without checking the request again.
+Each refusal names the value and what is accepted.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import secrets
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal, TypeVar
+
+from PIL import Image
 
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.images import ACCEPTED as IMAGE_ACCEPTED
@@ -63,7 +67,7 @@ def normalise_request(
 ) -> CheckedRequest:
     """Check every field and fill defaults (the LoRAs' `suggested` ones before the pool's: `with_suggested`);
     returns a new request with a concrete seed."""
-    _check_mode(request, defaults)
+    _check_mode(request, defaults, limits)
     # An image request may come without a prompt (a raw image body: image-to-image with the defaults).
     prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=request.image is not None)
     negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
@@ -71,7 +75,7 @@ def normalise_request(
     steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
     guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
     width, height = _size(request, defaults)
-    strength = _strength(request, defaults, steps)
+    strength, notes = _strength(request, defaults, steps)
     seed = _int("seed", request.seed, secrets.randbelow(MAX_SEED + 1), 0, MAX_SEED)
     scheduler, options = choose_scheduler(
         request.scheduler, request.scheduler_options, defaults.scheduler, defaults.schedulers
@@ -94,11 +98,13 @@ def normalise_request(
         clip_skip=clip_skip,
         num_images=num_images,
         lora_defaults=request.lora_defaults,
-        image=request.image,
-        mask_image=request.mask_image,
+        image=_fitted(request.image, (width, height)),
+        mask_image=_fitted(request.mask_image, (width, height)),
         strength=strength,
         sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
         left_unset=tuple(name for name in SUGGESTIBLE if getattr(request, name) is None),
+        # A checked request checked again (a comparison's cells) keeps what its first check noted.
+        notes=tuple(dict.fromkeys((*getattr(request, "notes", ()), *_mask_notes(request), *notes))),
     )
     return checked if suggested is None else with_suggested(checked, suggested, defaults)
 
@@ -222,12 +228,18 @@ def _float(name: str, value: object, default: float, low: float, high: float) ->
     return float(value)
 
 
-def _check_mode(request: GenerateRequest, defaults: ModelDefaults) -> None:
-    """The images are images, and the pool serves the request's mode (an editing pool: only with an image)."""
+def _check_mode(request: GenerateRequest, defaults: ModelDefaults, limits: Limits) -> None:
+    """The images are images within MAX_INPUT_PIXELS, and the pool serves the request's mode (an editing pool:
+    only with an image)."""
     for name in ("image", "mask_image"):
         value = getattr(request, name)
         if value is not None and not isinstance(value, InputImage):
             raise InvalidRequestError(f"{name} is a {type(value).__name__}; accepted: {IMAGE_ACCEPTED} (or none)")
+        if value is not None and value.pixels > limits.max_input_pixels:
+            raise LimitExceededError(
+                f"{name} is {value.width}x{value.height} ({value.pixels} pixels); accepted: at most "
+                f"{limits.max_input_pixels} pixels (MAX_INPUT_PIXELS)"
+            )
     if request.mask_image is not None and request.image is None:
         raise InvalidRequestError("mask_image was given without an image; accepted: a mask with the image it masks")
     if request.mode in defaults.modes:
@@ -258,25 +270,48 @@ def _size(request: GenerateRequest, defaults: ModelDefaults) -> tuple[int, int]:
     return width, height
 
 
-def _strength(request: GenerateRequest, defaults: ModelDefaults, steps: int) -> float | None:
-    """The strength an image run uses (None: text-to-image, or a pool whose pipeline takes none). diffusers
-    runs about `steps * strength` steps: fewer than one is refused here, not failed in the run."""
+def _strength(request: GenerateRequest, defaults: ModelDefaults, steps: int) -> tuple[float | None, tuple[str, ...]]:
+    """The strength an image run uses (None: text-to-image, or a pool whose pipeline takes none: a strength sent
+    there is checked, then dropped with a note). diffusers runs about `steps * strength` steps: fewer than one is
+    refused here, not failed in the run."""
     if request.image is None:
         if request.strength is not None:
             raise InvalidRequestError(
                 f"strength={request.strength!r} was given without an image; accepted: a strength with an image"
             )
-        return None
+        return None, ()
     default = defaults.inpaint_strength if request.mode == "inpainting" else defaults.strength
     if default is None:
-        return request.strength if isinstance(request.strength, int | float) else None
+        if request.strength is None:
+            return None, ()
+        ignored = _float("strength", request.strength, 0.0, 0.0, 1.0)
+        return None, (f"strength does not apply to this model (it edits the whole image); {ignored:g} ignored",)
     strength = _float("strength", request.strength, default, 0.0, 1.0)
     if steps * strength < 1:
         raise InvalidRequestError(
             f"strength={strength:g} with {steps} steps runs no denoising step; accepted: a strength from "
             f"{1 / steps:g} to 1 at {steps} steps (or more steps)"
         )
-    return strength
+    return strength, ()
+
+
+def _mask_notes(request: GenerateRequest) -> tuple[str, ...]:
+    """A mask of another size than its image is resized to it (said so), as diffusers would."""
+    image, mask = request.image, request.mask_image
+    if image is None or mask is None or mask.size == image.size:
+        return ()
+    return (
+        f"mask_image is {mask.width}x{mask.height}, the image {image.width}x{image.height}: the mask was resized "
+        "to the image's size",
+    )
+
+
+def _fitted(image: InputImage | None, size: tuple[int, int]) -> InputImage | None:
+    """`image` at the output's `size` (Lanczos, as diffusers' own `resize_mode="default"` resamples): the run
+    takes it as it is, so no resize waits under the GPU lock."""
+    if image is None or image.size == size:
+        return image
+    return InputImage.from_pil(image.to_pil().resize(size, Image.Resampling.LANCZOS), image.mode)
 
 
 def _side(name: str, value: object, defaults: ModelDefaults) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
-from engine.images import InputImage
+from engine.images import DEFAULT_MAX_INPUT_PIXELS, InputImage
 from engine.request_schema import RequestField, request_field
 from engine.samplers import SchedulerOptions, menu, sampler_label
 from lora_catalog import refs
@@ -182,6 +182,9 @@ class CheckedRequest(GenerateRequest):
     # The fields the client left to the defaults (of `SUGGESTIBLE`): the LoRAs' recommendations may fill them
     # once they are prepared (`with_suggested`), without checking the request again.
     left_unset: tuple[str, ...] = ()
+    # What the check changed or left out of what was sent (a mask resized to its image, a strength the model does
+    # not take), said as the result's warnings (`ModelDefaults.ignored`).
+    notes: tuple[str, ...] = ()
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -246,7 +249,7 @@ class ModelDefaults:
             )
         if self.guidance_kind == "none" and request.guidance != self.guidance:
             warnings.append(f"guidance does not apply to this model (it takes none); {request.guidance:g} ignored")
-        return (*warnings, *_image_warnings(request, self))
+        return (*warnings, *request.notes)
 
     @property
     def sampler(self) -> str:
@@ -277,11 +280,17 @@ class Limits:
     max_steps: int
     max_prompt_chars: int
     max_images: int = MAX_IMAGES
+    max_input_pixels: int = DEFAULT_MAX_INPUT_PIXELS
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
         """The limits a request is checked against under `settings` (an engine's, a cluster front end's)."""
-        return cls(settings.max_loras, settings.max_steps, settings.max_prompt_chars)
+        return cls(
+            settings.max_loras,
+            settings.max_steps,
+            settings.max_prompt_chars,
+            max_input_pixels=settings.max_input_pixels,
+        )
 
 
 @dataclass(frozen=True)
@@ -336,24 +345,6 @@ class GenerateResult:
     @property
     def seeds(self) -> tuple[int, ...]:
         return seeds_of(self.seed, len(self.images))
-
-
-def _image_warnings(request: CheckedRequest, defaults: ModelDefaults) -> tuple[str, ...]:
-    """What a request's images bring that runs otherwise than sent: a mask of another size than the image
-    (resized to it), a strength the pool's pipeline does not take."""
-    warnings = []
-    image, mask = request.image, request.mask_image
-    if image is not None and mask is not None and mask.size != image.size:
-        warnings.append(
-            f"mask_image is {mask.width}x{mask.height}, the image {image.width}x{image.height}: the mask was "
-            "resized to the image's size"
-        )
-    default = defaults.inpaint_strength if request.mode == "inpainting" else defaults.strength
-    if image is not None and default is None and request.strength is not None:
-        warnings.append(
-            f"strength does not apply to this model (it edits the whole image); {request.strength:g} ignored"
-        )
-    return tuple(warnings)
 
 
 def seeds_of(seed: int, count: int) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ from pydantic_core import ErrorDetails
 
 from engine import settings_values as sv
 from engine.errors import SettingsError
+from engine.images import DEFAULT_MAX_INPUT_PIXELS
 from engine.models import (
     DEFAULT_MODEL_ID,
     FLUX_MODEL_ID,
@@ -116,7 +117,7 @@ class Settings(BaseModel):
     max_prompt_chars: Annotated[int, Field(ge=1, le=100_000), Env("MAX_PROMPT_CHARS")] = 2000
     # A request's input image (and mask), judged from the file's header before it is decoded: 4 times the largest
     # size preset's pixels (Qwen-Image's 1328 x 1328: tests/engine/test_images.py holds it to the families' presets).
-    max_input_pixels: Annotated[int, Field(ge=64 * 64, le=2**28), Env("MAX_INPUT_PIXELS")] = 4 * 1328 * 1328
+    max_input_pixels: Annotated[int, Field(ge=64 * 64, le=2**28), Env("MAX_INPUT_PIXELS")] = DEFAULT_MAX_INPUT_PIXELS
     # A POST body: room for such an image and its mask in base64 (a noisy 2048 x 2048 PNG is about 12 MiB).
     max_body_bytes: Annotated[_Bytes, Field(ge=64 * 1024), Env("MAX_BODY_BYTES")] = 32 * 2**20
     max_queue: Annotated[int, Field(ge=1, le=10_000), Env("MAX_QUEUE")] = 16

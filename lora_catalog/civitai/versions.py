@@ -364,11 +364,12 @@ def _level(value: object) -> int | None:
 
 
 def _raster_url(url: object) -> bool:
-    """Whether a Civitai image URL may be a preview: https and a raster image, as the Hub's previews.
+    """Whether a Civitai image URL may be a preview: https, a raster image's path, and no query or fragment.
 
-    Gradio's Gallery downloads an `.svg` on the server, with no size limit, to inline it.
+    Gradio's Gallery downloads an `.svg` on the server, with no size limit, to inline it, and it reads the whole
+    string, not the path: `.../a.png?.svg` would pass a path check, so a query or fragment is refused outright.
     """
-    if not isinstance(url, str):
+    if not isinstance(url, str) or any(c in url for c in "?#"):
         return False
     split = urlsplit(url)
     return split.scheme == "https" and bool(split.netloc) and split.path.lower().endswith(IMAGE_SUFFIXES)

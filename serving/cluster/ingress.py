@@ -79,7 +79,8 @@ def front_end_app(backend: ServeBackend, settings: Settings) -> Any:
     handlers = Handlers(backend, runtime.catalog, settings, boot_s=runtime.boot_s)
     demo = build_demo(handlers, hub_url=runtime.hub_url)
     routes = [*wire_routes(handlers), *http_routes(handlers, metrics=settings.metrics)]
-    return asgi_app(demo, routes, allowed_paths=[str(d) for d in runtime.local_dirs])
+    limits = {"max_file_size": settings.max_body_bytes, "max_pixels": settings.max_input_pixels}
+    return asgi_app(demo, routes, allowed_paths=[str(d) for d in runtime.local_dirs], **limits)
 
 
 def wire_routes(handlers: Handlers) -> list[BaseRoute]:
@@ -99,27 +100,33 @@ def wire_routes(handlers: Handlers) -> list[BaseRoute]:
         return JSONResponse(_plain(await handlers.backend.check(spec)))
 
     async def generate(http: Request, body: bytes) -> Response:
-        request = request_from_json(_json_body(body, "GenerateRequest"))
+        document = _json_body(body, "GenerateRequest")
+        # Its images' files are decoded here (off the event loop), judged by their headers first.
+        request = await asyncio.to_thread(request_from_json, document, handlers.settings.max_input_pixels)
         base = http.path_params.get("base", "")
         result = await handlers.generate(request, transport="wire", base=base)
         images = await asyncio.to_thread(lambda: [encode_png(image) for image in result.images])
         return JSONResponse({"image": images[0], "more_images": images[1:], "result": result_to_json(result)})
 
+    # The body limit is the settings' (MAX_BODY_BYTES), as on `POST /`: what a front end accepted travels on.
+    limit = handlers.settings.max_body_bytes
     return [
-        Route("/v1/pools", _answered(pools), methods=["GET"]),
-        Route("/v1/status", _answered(status), methods=["GET"]),
-        Route("/v1/check", _answered(check), methods=["POST"]),
-        Route("/v1/generate", _answered(generate), methods=["POST"]),
-        Route("/v1/models/{base:path}/generate", _answered(generate), methods=["POST"]),
+        Route("/v1/pools", _answered(pools, limit), methods=["GET"]),
+        Route("/v1/status", _answered(status, limit), methods=["GET"]),
+        Route("/v1/check", _answered(check, limit), methods=["POST"]),
+        Route("/v1/generate", _answered(generate, limit), methods=["POST"]),
+        Route("/v1/models/{base:path}/generate", _answered(generate, limit), methods=["POST"]),
     ]
 
 
-def _answered(route: Callable[[Request, bytes], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """The route's answer to the body it was sent, or its error as the inference API's JSON; a client that hangs up
-    first cancels it (the replica's request with it)."""
+def _answered(
+    route: Callable[[Request, bytes], Awaitable[Response]], limit: int
+) -> Callable[[Request], Awaitable[Response]]:
+    """The route's answer to the body it was sent (at most `limit` bytes), or its error as the inference API's
+    JSON; a client that hangs up first cancels it (the replica's request with it)."""
 
     async def answer(http: Request) -> Response:
-        body = await read_body(http)  # before the disconnect watch, which takes every message after it
+        body = await read_body(http, limit=limit)  # before the disconnect watch, which takes every message after it
         if isinstance(body, Response):
             return body
         try:

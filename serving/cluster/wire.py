@@ -2,7 +2,9 @@
 and its replicas pass the engine's own values through Serve).
 
 A front end sends a whole `GenerateRequest` (more than the `lora` header can say) and gets the image back as
-lossless PNG with the rest of the `GenerateResult`. Errors travel as the inference API's JSON and become the
+lossless PNG with the rest of the `GenerateResult`. A request's own images travel as PNG files too (lossless, a
+fraction of their raw pixels' base64), read back by `engine.images.decode_image`: the header judged against
+MAX_INPUT_PIXELS before decoding, as on every door. Errors travel as the inference API's JSON and become the
 same class of the one tree again, found by name. pydantic validates both ways: strict models of what a front
 end sends (unknown fields refused: a 400 naming where, never a 500), and the cluster's answers read into the
 engine's dataclasses (one that does not fit is `BackendUnavailableError`). No ray, no gradio: both sides
@@ -22,7 +24,8 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, create_model
 
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
-from engine.images import InputImage
+from engine.images import DEFAULT_MAX_INPUT_PIXELS, InputImage, decode_image
+from engine.images import encode_png as png_file
 from engine.outcomes import EngineStatus, LoraCheck, ServedPool
 from engine.requests import (
     AdapterUse,
@@ -52,6 +55,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+# The largest checked image a cluster sends back: its output's size, at most MAX_SIDE's ceiling squared.
+_CHECKED_PIXELS = 4096 * 4096
 
 
 def _number(value: object) -> object:
@@ -80,26 +85,25 @@ class _SpecJson(BaseModel):
 
 
 class _ImageJson(BaseModel):
-    """An InputImage on the wire: its size, mode and pixels (base64 of the raw bytes: exact, no codec between)."""
+    """An InputImage on the wire: its mode and its pixels as a PNG file, base64 (lossless: the same pixels back)."""
 
     model_config = _STRICT
 
-    width: int
-    height: int
     mode: Literal["RGB", "L"]
-    data: str
+    png: str
 
-    def image(self) -> InputImage:
+    def image(self, what: str, max_pixels: int) -> InputImage:
         try:
-            return InputImage(self.width, self.height, self.mode, base64.b64decode(self.data, validate=True))
+            data = base64.b64decode(self.png, validate=True)
         except ValueError as e:
-            raise InvalidRequestError(f"an image on the wire is not {self.width}x{self.height} {self.mode}: {e}") from e
+            raise InvalidRequestError(f"{what} on the wire is not base64 ({e}); accepted: a PNG file in base64") from e
+        return decode_image(data, what=what, max_pixels=max_pixels, mode=self.mode)
 
 
 def _image_json(image: InputImage | None) -> dict[str, Any] | None:
     if image is None:
         return None
-    return {**asdict(image), "data": base64.b64encode(image.data).decode("ascii")}
+    return {"mode": image.mode, "png": base64.b64encode(png_file(image)).decode("ascii")}
 
 
 class _WireRequest(BaseModel):
@@ -107,22 +111,23 @@ class _WireRequest(BaseModel):
 
     model_config = _STRICT
 
-    def request(self) -> GenerateRequest:
-        return GenerateRequest(**self._values(GenerateRequest))
+    def request(self, max_pixels: int) -> GenerateRequest:
+        return GenerateRequest(**self._values(GenerateRequest, max_pixels))
 
-    def checked(self) -> CheckedRequest:
-        values = self._values(CheckedRequest)
+    def checked(self, max_pixels: int) -> CheckedRequest:
+        values = self._values(CheckedRequest, max_pixels)
         values["defaults_from"] = tuple((str(f), str(s)) for f, s in getattr(self, "defaults_from", None) or ())
         values["left_unset"] = tuple(getattr(self, "left_unset", None) or ())
+        values["notes"] = tuple(getattr(self, "notes", None) or ())
         return CheckedRequest(**values)
 
-    def _values(self, into: type[GenerateRequest]) -> dict[str, Any]:
+    def _values(self, into: type[GenerateRequest], max_pixels: int) -> dict[str, Any]:
         names = {f.name for f in fields(into)}
         values = {name: getattr(self, name) for name in type(self).model_fields if name in names}
         values["loras"] = tuple(s.spec() for s in getattr(self, "loras", None) or ())
         for name in _IMAGE_FIELDS:
             wired = getattr(self, name, None)
-            values[name] = wired.image() if wired is not None else None
+            values[name] = wired.image(name, max_pixels) if wired is not None else None
         values["scheduler_options"] = tuple(
             tuple(pair) if isinstance(pair, list) else pair for pair in getattr(self, "scheduler_options", None) or ()
         )
@@ -169,6 +174,7 @@ _CheckedJson = create_model(
     sampler=(str, ""),
     defaults_from=(list[list[str]] | None, None),
     left_unset=(list[str] | None, None),
+    notes=(list[str] | None, None),
 )
 
 
@@ -208,10 +214,11 @@ def request_to_json(request: GenerateRequest) -> dict[str, Any]:
     return document
 
 
-def request_from_json(document: object) -> GenerateRequest:
-    """The request a front end sent; its ranges are the engine's to check (`normalise_request`)."""
+def request_from_json(document: object, max_pixels: int = DEFAULT_MAX_INPUT_PIXELS) -> GenerateRequest:
+    """The request a front end sent; its ranges are the engine's to check (`normalise_request`), its images'
+    files decoded only within `max_pixels` (MAX_INPUT_PIXELS) by their headers."""
     try:
-        return _RequestJson.model_validate(document).request()
+        return _RequestJson.model_validate(document).request(max_pixels)
     except ValidationError as e:
         raise _refused(e, "GenerateRequest") from None
 
@@ -282,7 +289,8 @@ def result_from_json(document: Mapping[str, Any], png: bytes, more: Sequence[byt
         image=images[0],
         more_images=tuple(images[1:]),
         seed=read.seed,
-        request=checked.checked(),
+        # The images of the request the cluster checked are at its output's size (within MAX_SIDE squared).
+        request=checked.checked(_CHECKED_PIXELS),
         timings=read.timings,
         adapters=read.adapters,
         swapped=read.swapped,

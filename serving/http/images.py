@@ -28,7 +28,10 @@ __all__ = ["IMAGE_ONLY", "TargetSize", "image_request", "is_image_text"]
 IMAGE_ONLY = ("prompt", "target_size", "mask_image")
 # Parameters that make `inputs` an image.
 _IMAGE_PARAMETERS = (*IMAGE_ONLY, "strength")
-_DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)?(;[\w=.+-]+)*;base64,", re.IGNORECASE)
+_DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?(;[\w=.+-]+){0,8};base64,", re.IGNORECASE)
+# A data URL's prefix is read within this many characters, never over the whole text: `inputs` may be 32 MB, and a
+# pattern with repeated parameters run over all of it backtracks for seconds with the GIL held.
+_PREFIX_CHARS = 256
 # How each accepted format's file starts (WebP: RIFF, 4 bytes of size, WEBP).
 _MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"RIFF")
 
@@ -44,7 +47,7 @@ class TargetSize(BaseModel):
 
 def is_image_text(text: str) -> bool:
     """Whether `text` is a base64 image: a data URL, or base64 whose bytes start as an accepted file does."""
-    if _DATA_URL.match(text):
+    if _data_url(text):
         return True
     try:
         head = base64.b64decode(text[:32], validate=True)
@@ -78,7 +81,7 @@ def image_request(request: GenerateRequest, parameters: Any, max_pixels: int) ->
 
 def _decoded(text: str, what: str, max_pixels: int, mode: ImageMode) -> InputImage:
     """The base64 image `text` (a data URL's prefix dropped), decoded; refusals name `what`."""
-    prefix = _DATA_URL.match(text)
+    prefix = _data_url(text)
     payload = text[prefix.end() :] if prefix else text
     accepted = f"{ACCEPTED} in base64, with or without a data:image/...;base64, prefix"
     try:
@@ -87,3 +90,8 @@ def _decoded(text: str, what: str, max_pixels: int, mode: ImageMode) -> InputIma
         shown = text[:40] + ("..." if len(text) > 40 else "")
         raise InvalidRequestError(f"{what} is not base64 ({shown!r}: {e}); accepted: {accepted}") from e
     return decode_image(data, what=what, max_pixels=max_pixels, mode=mode)
+
+
+def _data_url(text: str) -> re.Match[str] | None:
+    """The `data:...;base64,` prefix of `text`, looked for in its first `_PREFIX_CHARS` characters only."""
+    return _DATA_URL.match(text, 0, _PREFIX_CHARS)

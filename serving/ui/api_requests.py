@@ -6,34 +6,43 @@ Values pass as given ("" and empty ones: not set); the engine checks each by nam
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from PIL import Image
-
 from engine.errors import InvalidRequestError
-from engine.images import ImageMode
+from engine.images import ACCEPTED, ImageMode, decode_image
 from engine.requests import GenerateRequest, InputImage, LoraSpec
 from serving.ui import formatting as fmt
 
 __all__ = ["api_request", "starting_fields"]
 
 
-def starting_fields(image: Any, mask: Any, strength: float | None) -> dict[str, Any]:
-    """An endpoint's `image`, `mask` (white repainted) and `strength` (gradio_client's `handle_file` uploads the
-    files; Gradio hands them over as PIL images) as the request's `image`, `mask_image` and `strength`."""
+_UPLOADED = "an image file sent with gradio_client's handle_file, or none"
+
+
+def starting_fields(image: Any, mask: Any, strength: float | None, max_pixels: int) -> dict[str, Any]:
+    """An endpoint's `image`, `mask` (white repainted) and `strength` as the request's `image`, `mask_image` and
+    `strength`. gradio_client's `handle_file` uploads the files (at most MAX_BODY_BYTES: `serving.ui.launch`);
+    Gradio hands over their paths, and `decode_image` reads them as `POST /` does: the header judged against
+    `max_pixels` (MAX_INPUT_PIXELS) before the pixels are decoded."""
     return {
-        "image": _input(image, "image", "RGB"),
-        "mask_image": _input(mask, "mask", "L"),
+        "image": read_image(image, "image", "RGB", max_pixels),
+        "mask_image": read_image(mask, "mask", "L", max_pixels),
         "strength": strength,
     }
 
 
-def _input(value: Any, name: str, mode: ImageMode) -> InputImage | None:
+def read_image(value: Any, name: str, mode: ImageMode, max_pixels: int) -> InputImage | None:
+    """The uploaded file at `value` (a path Gradio hands over; None: no image) as the request's image."""
     if value is None:
         return None
-    if not isinstance(value, Image.Image):
-        raise InvalidRequestError(f"{name} is a {type(value).__name__}; accepted: an image file (handle_file) or none")
-    return InputImage.from_pil(value, mode)
+    if not isinstance(value, str | Path):
+        raise InvalidRequestError(f"{name} is a {type(value).__name__}; accepted: {_UPLOADED}")
+    try:
+        data = Path(value).read_bytes()
+    except OSError as e:
+        raise InvalidRequestError(f"{name} could not be read ({e.strerror}); accepted: {ACCEPTED}") from e
+    return decode_image(data, what=name, max_pixels=max_pixels, mode=mode)
 
 
 def api_request(
@@ -49,9 +58,10 @@ def api_request(
     scheduler_options: object,
     clip_skip: float | None,
     num_images: float | None,
-    starting: tuple[Any, Any, float | None] = (None, None, None),
+    starting: tuple[Any, Any, float | None, int],
 ) -> GenerateRequest:
-    """The API's arguments as a request ("" and empty values: not set); the engine checks every value."""
+    """The API's arguments as a request ("" and empty values: not set); the engine checks every value.
+    `starting`: `starting_fields`' arguments."""
     lora, lora_scale, lora_2, lora_2_scale = loras
     specs = (_spec(lora, lora_scale, "lora_scale"), _spec(lora_2, lora_2_scale, "lora_2_scale"))
     if scheduler_options is not None and not isinstance(scheduler_options, dict):

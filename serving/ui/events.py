@@ -7,6 +7,7 @@ small Gradio concurrency groups of their own.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -115,7 +116,8 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
         values += (source, strength, browsed, kept)
         form = dict(zip(FORM, values, strict=True))
         with user_errors():
-            built = history_ui.request_of(form)
+            # In a thread: the input image is read and decoded here, while the event loop serves other clients.
+            built = await asyncio.to_thread(history_ui.request_of, form, handlers.settings.max_input_pixels)
         # An async generator: it yields previews as the engine denoises, and ticks while it waits so that
         # Gradio, which checks the client after each yield, closes it when the browser went away (which cancels
         # the generation, queued or running).
@@ -193,7 +195,7 @@ def _compare_ui(handlers: Handlers) -> Callable[..., Any]:
         with user_errors():
             width, height = fmt.parse_size(size)
             # Every cell starts from the input image, when there is one (as Generate does).
-            image, mask = source_images(source)
+            image, mask = await asyncio.to_thread(source_images, source, handlers.settings.max_input_pixels)
             starting = {"image": image, "mask_image": mask, "strength": strength if image is not None else None}
             built = comparison_fields.compare_request(
                 prompt,

@@ -9,6 +9,7 @@ endpoint did before they existed. Details: docs/internals.md, "serving/ui/gradio
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -119,7 +120,10 @@ def add_api_endpoints(handlers: Handlers) -> None:
         scheduler, scheduler_options, clip_skip = gr.Textbox(""), gr.JSON(None), gr.Number(0)
         num_images = gr.Number(2)
         # Image-to-image: no image is text-to-image, as before; no strength is the pool's default.
-        input_image, mask, strength = gr.Image(type="pil"), gr.Image(type="pil"), gr.Number(None)
+        # Files, handed over as their paths unopened: `decode_image` is the first to read them (PNG, JPEG and WebP
+        # parsers only; the header judged against MAX_INPUT_PIXELS before decoding). gr.Image would have PIL open
+        # each first (and leave it open), with PIL's refusals; gradio_client's `handle_file` sends either alike.
+        input_image, mask, strength = gr.File(type="filepath"), gr.File(type="filepath"), gr.Number(None)
         image = gr.Image(type="pil", format="png", label="image")
         images = gr.Gallery(type="pil", format="png", label="images")
         grid = gr.Image(type="pil", format="png", label="grid")
@@ -225,9 +229,12 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         (info `{"preview": true, "step": k}`), then the image and its info.
         """
         with user_errors():
-            request = api_request(
+            # In a thread: the input image is decoded here (the event loop serves every other client meanwhile).
+            request = await asyncio.to_thread(
+                api_request,
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
-                seed, scheduler, scheduler_options, clip_skip, 1, (image, mask, strength),
+                seed, scheduler, scheduler_options, clip_skip, 1,
+                (image, mask, strength, handlers.settings.max_input_pixels),
             )  # fmt: skip
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
             if isinstance(item, Frame):
@@ -265,9 +272,12 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
         "seed N"}, ...]` and the info (`seeds` lists them; each is what /generate gives for that seed, within 2 levels).
         Arguments as /generate's, with `num_images`."""
         with user_errors():
-            request = api_request(
+            # In a thread: the input image is decoded here (the event loop serves every other client meanwhile).
+            request = await asyncio.to_thread(
+                api_request,
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
-                seed, scheduler, scheduler_options, clip_skip, num_images, (image, mask, strength),
+                seed, scheduler, scheduler_options, clip_skip, num_images,
+                (image, mask, strength, handlers.settings.max_input_pixels),
             )  # fmt: skip
         result: GenerateResult | None = None
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
@@ -310,9 +320,11 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         starts from the same image (none: text-to-image).
         """
         with user_errors():
+            pixels = handlers.settings.max_input_pixels
+            starting = await asyncio.to_thread(starting_fields, image, mask, strength, pixels)
             request = comparison_fields.compare_request(
                 prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
-                scheduler, clip_skip, starting_fields(image, mask, strength),
+                scheduler, clip_skip, starting,
             )  # fmt: skip
         comparison = await compare(handlers, request, progress, (base or "").strip())
         result = comparison.result

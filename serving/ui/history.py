@@ -51,9 +51,10 @@ FORM = (
 )
 
 
-def request_of(form: Mapping[str, Any]) -> GenerateRequest:
-    """The request the form asks for. With the switch on, what the form leaves at its default (the sampler,
-    CLIP skip 1) stays unset, so a LoRA's own recommendation (even one only its file's metadata holds) applies."""
+def request_of(form: Mapping[str, Any], max_pixels: int) -> GenerateRequest:
+    """The request the form asks for (its input image read within `max_pixels`: MAX_INPUT_PIXELS). With the
+    switch on, what the form leaves at its default (the sampler, CLIP skip 1) stays unset, so a LoRA's own
+    recommendation (even one only its file's metadata holds) applies."""
     width, height = fmt.parse_size(form["size"])
     specs = (
         fmt.lora_spec(form["lora"], form["lora_scale"], form["lora_revision"], form["lora_weight"]),
@@ -62,7 +63,7 @@ def request_of(form: Mapping[str, Any]) -> GenerateRequest:
     on = bool(form["recommended"])
     skip = int(form["clip_skip"] or 1) - 1
     # The input image and the mask painted on it (none: text-to-image, where the strength does not apply).
-    image, mask = source_images(form["source"])
+    image, mask = source_images(form["source"], max_pixels)
     strength = form["strength"] if image is not None else None
     return GenerateRequest(
         prompt=form["prompt"],

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 from PIL import Image, ImageChops
 
+from engine.errors import InvalidRequestError
+from engine.images import ACCEPTED, open_image
 from engine.requests import REQUEST_FIELDS, CheckedRequest, InputImage, ModelDefaults
 from serving.demo.example import EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH
 from serving.handlers import Handlers
@@ -70,7 +73,10 @@ def input_panel(defaults: ModelDefaults, prompt: gr.Textbox) -> InputPanel:
     ) as accordion:
         editor = gr.ImageEditor(
             label="Input image (paint what to repaint)",
-            type="pil",
+            # As file paths (PNG: lossless), read by `engine.images`, the header judged against MAX_INPUT_PIXELS
+            # first. Gradio's editor decodes an upload itself before that: PIL's limit (`serving.ui.launch`) bounds it.
+            type="filepath",
+            format="png",
             image_mode="RGBA",
             sources=("upload", "clipboard", "webcam"),
             # One layer, the mask: painted in the one colour a mask takes.
@@ -180,19 +186,22 @@ def mode_html(request: CheckedRequest) -> str:
         return ""
     strength = f" at strength {request.strength:g}" if request.strength is not None else ""
     masked = " (the painted mask repainted)" if request.mask_image is not None else ""
+    # The checked request's image is already at the output's size.
     size = f"{request.image.width} × {request.image.height}"
-    return f'<p class="input-mode">{request.mode.capitalize()}{strength} from the {size} input image{masked}</p>'
+    return f'<p class="input-mode">{request.mode.capitalize()}{strength} from the input image at {size}{masked}</p>'
 
 
-def source_images(value: Mapping[str, Any] | None) -> tuple[InputImage | None, InputImage | None]:
-    """The editor's value as the request's image and mask: the background in RGB, and the painted strokes of
-    every layer as an `L` mask (255 where painted at all); no mask where nothing is painted."""
+def source_images(value: Mapping[str, Any] | None, max_pixels: int) -> tuple[InputImage | None, InputImage | None]:
+    """The editor's value (its files' paths) as the request's image and mask: the background in RGB, and the
+    painted strokes of every layer as an `L` mask (255 where painted at all); no mask where nothing is painted.
+    Each file is read as `POST /` reads one (`engine.images.open_image`: at most `max_pixels`, by its header)."""
     value = value or {}
-    background = value.get("background")
-    if not isinstance(background, Image.Image):
+    background = _opened(value.get("background"), "the input image", max_pixels)
+    if background is None:
         return None, None
     image = InputImage.from_pil(_flatten(background))
-    painted = [layer.getchannel("A") for layer in value.get("layers") or () if isinstance(layer, Image.Image)]
+    layers = [_opened(layer, "the painted mask", max_pixels) for layer in value.get("layers") or ()]
+    painted = [layer.convert("RGBA").getchannel("A") for layer in layers if layer is not None]
     painted = [alpha.point(lambda a: 255 if a else 0) for alpha in painted if alpha.getbbox() is not None]
     if not painted:
         return image, None
@@ -200,6 +209,17 @@ def source_images(value: Mapping[str, Any] | None) -> tuple[InputImage | None, I
     for alpha in painted[1:]:
         mask = ImageChops.lighter(mask, alpha)
     return image, InputImage.from_pil(mask, "L")
+
+
+def _opened(path: object, what: str, max_pixels: int) -> Image.Image | None:
+    """The editor's file at `path` (None: none), decoded within `max_pixels`."""
+    if not isinstance(path, str | Path):
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise InvalidRequestError(f"{what} could not be read ({e.strerror}); accepted: {ACCEPTED}") from e
+    return open_image(data, what=what, max_pixels=max_pixels)
 
 
 def _flatten(image: Image.Image) -> Image.Image:

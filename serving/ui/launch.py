@@ -1,5 +1,9 @@
 """One server for the UI, its named API and the routes beside them (`POST /`, `GET /metrics`): launched by Gradio
-(`serve`, the Space), or as an ASGI app another server hosts (`asgi_app`, the cluster's front end on Ray Serve)."""
+(`serve`, the Space), or as an ASGI app another server hosts (`asgi_app`, the cluster's front end on Ray Serve).
+
+Either way the limits of `POST /` hold on Gradio's doors too: an upload (the UI's editor, `gradio_client`'s
+`handle_file`) is at most MAX_BODY_BYTES (Gradio's `max_file_size`), and PIL's own bomb limit, which Gradio's
+upload handling meets before `engine.images.decode_image` judges the file, comes from MAX_INPUT_PIXELS."""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 from fastapi import FastAPI
 
+from engine.images import cap_decoding
+from serving.http.api import MAX_BODY_BYTES
+from serving.http.body import MAX_INPUT_PIXELS
 from serving.ui import formatting as fmt
 
 if TYPE_CHECKING:
@@ -35,10 +42,15 @@ def serve(
     allowed_paths: Sequence[str] = (),
     block: bool = True,
     quiet: bool = False,
+    max_file_size: int = MAX_BODY_BYTES,
+    max_pixels: int = MAX_INPUT_PIXELS,
 ) -> str:
-    """Serve the UI, its API and `routes` (the inference-API POST) from one server; returns its local URL."""
+    """Serve the UI, its API and `routes` (the inference-API POST) from one server; returns its local URL.
+    `max_file_size` and `max_pixels`: the settings' MAX_BODY_BYTES and MAX_INPUT_PIXELS."""
+    cap_decoding(max_pixels)
     # FastAPI(routes=...) puts ours before Gradio's, so `POST /` is ours while `GET /` stays the UI.
     _, local_url, _ = demo.launch(
+        max_file_size=max_file_size,
         server_name=server_name,
         server_port=server_port,
         app_kwargs={"routes": list(routes)},
@@ -50,8 +62,18 @@ def serve(
     return local_url
 
 
-def asgi_app(demo: gr.Blocks, routes: Sequence[BaseRoute], *, allowed_paths: Sequence[str] = ()) -> FastAPI:
-    """The same UI, API and `routes` as `serve`, as an ASGI app for another server to host (its lifespan starts
-    Gradio's queue)."""
+def asgi_app(
+    demo: gr.Blocks,
+    routes: Sequence[BaseRoute],
+    *,
+    allowed_paths: Sequence[str] = (),
+    max_file_size: int = MAX_BODY_BYTES,
+    max_pixels: int = MAX_INPUT_PIXELS,
+) -> FastAPI:
+    """The same UI, API and `routes` as `serve`, with its limits, as an ASGI app for another server to host (its
+    lifespan starts Gradio's queue)."""
+    cap_decoding(max_pixels)
     # Ours first, as `serve` puts them: `POST /` is ours while `GET /` stays the UI.
-    return gr.mount_gradio_app(FastAPI(routes=list(routes)), demo, "/", allowed_paths=list(allowed_paths), **_looks())
+    app = FastAPI(routes=list(routes))
+    paths = list(allowed_paths)
+    return gr.mount_gradio_app(app, demo, "/", allowed_paths=paths, max_file_size=max_file_size, **_looks())

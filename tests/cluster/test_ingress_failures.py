@@ -246,3 +246,10 @@ def test_backend_url_credentials_are_never_shown():
 
 
 _POOL = ServedPool(SDXL, SDXL, "sdxl", ModelDefaults(steps=25, guidance=5.0, side=1024, max_side=1536), True)
+
+
+def test_the_wire_body_limit_is_the_settings_max_body_bytes():
+    # A cluster whose MAX_BODY_BYTES is 64 KiB refuses a larger wire body by that limit, before reading it.
+    app, _ = front_end([Handle(SDXL)], Settings(max_body_bytes=64 * 1024), retry_on=(ReplicaDied,))
+    answer = next(client(app)).post("/v1/generate", content=b"x" * (100 * 1024))
+    assert answer.status_code == 413 and "accepted: at most 65536 bytes" in answer.json()["error"]

@@ -5,10 +5,12 @@ The cluster itself (and RemoteBackend against it) is tested in tests/cluster/tes
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import asdict, fields
 
 import httpx
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -18,9 +20,11 @@ from engine.errors import (
     GatedLoraError,
     GenerationCancelledError,
     InvalidRequestError,
+    LimitExceededError,
     SettingsError,
     UnsupportedLoraVariantError,
 )
+from engine.images import InputImage
 from engine.outcomes import ServedPool
 from engine.requests import (
     AdapterUse,
@@ -49,6 +53,7 @@ from serving.cluster.wire import (
     spec_from_json,
 )
 from tests.support.checks import generate
+from tests.support.image_inputs import example_image, example_mask, png_bytes
 
 
 @pytest.mark.parametrize("url", ["http://head:8000", "https://cluster.example.com/", "http://10.0.0.2"])
@@ -284,3 +289,50 @@ def test_a_replica_pins_exactly_the_keys_its_request_prepared(make_engine, fixtu
         keys = tuple(adapter.key for adapter, _ in prepared.adapters)
     result = generate(engine, request)
     assert lease_keys(result) == keys
+
+
+def _photo(side: int) -> Image.Image:
+    """A photo-like image: smooth colour with some grain (a camera's noise), `side` square."""
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:side, 0:side]
+    smooth = np.stack([x * 255 / side, y * 255 / side, (x + y) * 127 / side], axis=-1)
+    return Image.fromarray((smooth + rng.normal(0, 3, smooth.shape)).clip(0, 255).astype(np.uint8), "RGB")
+
+
+def test_a_requests_images_cross_the_wire_as_png_files_with_the_same_pixels():
+    request = GenerateRequest(
+        prompt="x", image=InputImage.from_pil(_photo(96)), mask_image=InputImage.from_pil(example_mask(), "L")
+    )
+    document = json.loads(json.dumps(request_to_json(request)))
+    assert set(document["image"]) == {"mode", "png"}
+    assert base64.b64decode(document["image"]["png"]).startswith(b"\x89PNG\r\n\x1a\n")
+    assert request_from_json(document) == request
+
+
+def test_a_2048_square_image_on_the_wire_is_smaller_than_its_raw_pixels_in_base64(capsys):
+    image = InputImage.from_pil(_photo(2048))
+    raw_base64 = len(base64.b64encode(image.data))  # how it crossed before: 16777216 characters
+    sent = len(json.dumps(request_to_json(GenerateRequest(prompt="x", image=image))["image"]))
+    with capsys.disabled():
+        print(f"\nwire size of a 2048x2048 RGB image: {raw_base64} (raw base64) -> {sent} (PNG base64)")
+    assert raw_base64 == 4 * 2048 * 2048 and sent < raw_base64
+
+
+@pytest.mark.parametrize(
+    ("image", "match"),
+    [
+        ({"mode": "RGB", "png": base64.b64encode(b"not a png").decode()}, r"image is not an image \(9 bytes"),
+        ({"mode": "RGB", "png": "%%%"}, "image on the wire is not base64"),
+        ({"mode": "RGB", "png": base64.b64encode(png_bytes(example_image(), "GIF")).decode()}, "image is a GIF"),
+    ],
+)
+def test_a_bad_image_on_the_wire_is_a_400_naming_it_never_a_repr(image, match):
+    with pytest.raises(InvalidRequestError, match=match) as refused:
+        request_from_json({"prompt": "x", "image": image})
+    assert refused.value.status == 400 and "object at 0x" not in str(refused.value)
+
+
+def test_an_image_over_max_input_pixels_is_refused_on_the_wire_from_its_header():
+    document = request_to_json(GenerateRequest(prompt="x", image=InputImage.from_pil(example_image(64, 64))))
+    with pytest.raises(LimitExceededError, match=r"image is 64x64 \(4096 pixels\); accepted: at most 4095"):
+        request_from_json(document, max_pixels=4095)

@@ -43,7 +43,11 @@ def civitai() -> Iterator[StandInCivitai]:
                                  # Not raster, or not https: never a preview (Gradio fetches an .svg server-side).
                                  {"url": "https://attacker.example/t.svg", "nsfwLevel": 1, "type": "image"},
                                  {"url": "http://image.example/plain.jpeg", "nsfwLevel": 1, "type": "image"},
-                                 {"url": "data:image/png;base64,AAAA", "nsfwLevel": 1, "type": "image"}])  # fmt: skip
+                                 {"url": "data:image/png;base64,AAAA", "nsfwLevel": 1, "type": "image"},
+                                 # A raster path with a query or fragment Gradio's SVG rule reads as an .svg.
+                                 {"url": "https://image.example/a.png?.svg", "nsfwLevel": 1, "type": "image"},
+                                 {"url": "https://image.example/b.png#.svg", "nsfwLevel": 1,
+                                  "type": "image"}])  # fmt: skip
         # Model 20: two published versions, the later one published last.
         started.add_lora(201, DATA, model_id=20, published_at="2024-01-01T00:00:00.000Z")
         started.add_lora(202, DATA + b"2", model_id=20, published_at="2025-06-01T00:00:00.000Z")

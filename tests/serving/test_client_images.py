@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
@@ -85,3 +88,67 @@ def test_a_strength_without_an_image_or_out_of_range_is_refused_by_name(client, 
         generate(client, image=handle_file(files["image"]), strength=1.5)
     with pytest.raises(AppError, match=r"mask_image was given without an image"):
         generate(client, mask=handle_file(files["mask"]))
+
+
+def _peak_rss_over(run: Callable[[], object]) -> tuple[int, BaseException | None]:
+    """How far this process's resident memory (the app serves from it) rose over its idle level while `run` ran,
+    sampled by a thread every few milliseconds; and what `run` raised."""
+    process = psutil.Process()
+    idle = process.memory_info().rss
+    peak, done = idle, threading.Event()
+
+    def watch() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, process.memory_info().rss)
+            done.wait(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    raised: BaseException | None = None
+    try:
+        run()
+    except Exception as e:
+        raised = e
+    finally:
+        done.set()
+        watcher.join()
+    return peak - idle, raised
+
+
+def test_a_12000_square_png_is_refused_by_its_header_and_memory_stays_flat(client, server, tmp_path):
+    # 144 million pixels of one colour: a 0.1 MB file (under MAX_BODY_BYTES), 432 MB once decoded in RGB.
+    huge = tmp_path / "huge.png"
+    Image.new("RGB", (12000, 12000), (200, 30, 30)).save(huge)
+    applied = server.engine.status().applied
+    rise, raised = _peak_rss_over(lambda: generate(client, image=handle_file(huge), width=64, height=64))
+    assert isinstance(raised, AppError), raised
+    assert "144000000 pixels; accepted: at most 7054336 pixels (MAX_INPUT_PIXELS)" in str(raised)
+    assert "object at 0x" not in str(raised)
+    assert rise < 200 * 2**20, f"the server's memory rose {rise / 2**20:.0f} MiB over idle"
+    # Refused before it was queued: the engine serves what it served, and the next request runs.
+    assert server.engine.status().applied == applied
+    generate(client)
+
+
+def test_an_image_or_mask_over_max_input_pixels_is_refused_naming_it(client, tmp_path):
+    # 3000 x 3000: over MAX_INPUT_PIXELS (7054336), under PIL's own limit (twice that): our check's refusal.
+    big = tmp_path / "big.png"
+    Image.new("L", (3000, 3000), 255).save(big)
+    with pytest.raises(AppError, match=r"image is 3000x3000 \(9000000 pixels\); accepted: at most 7054336 pixels"):
+        generate(client, image=handle_file(big))
+    small = tmp_path / "small.png"
+    draw_example(64).save(small)
+    with pytest.raises(AppError, match=r"mask is 3000x3000 \(9000000 pixels\)"):
+        generate(client, image=handle_file(small), mask=handle_file(big))
+
+
+@pytest.mark.parametrize(
+    "content", [b"not an image at all", b"GIF89a" + b"\x00" * 30, b"\x89PNG\r\n\x1a\n" + b"\x00" * 30]
+)
+def test_a_file_that_is_no_accepted_image_is_refused_by_name_never_a_repr(client, tmp_path, content):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(content)
+    with pytest.raises(AppError, match="accepted: a PNG, JPEG or WebP image") as refused:
+        generate(client, image=handle_file(bad))
+    assert "object at 0x" not in str(refused.value)

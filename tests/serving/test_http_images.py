@@ -15,6 +15,7 @@ from PIL import Image
 
 from engine.images import InputImage
 from engine.requests import GenerateRequest, LoraSpec
+from serving.http.images import is_image_text
 from tests.support.app_server import AppServer
 from tests.support.checks import generate
 from tests.support.image_inputs import example_image, example_mask, png_bytes
@@ -137,3 +138,32 @@ def test_concurrent_text_and_image_requests_with_different_loras_each_equal_thei
 @pytest.fixture(autouse=True)
 def _engine(server):
     assert server.engine is not None
+
+
+def test_a_data_url_prefix_is_read_within_its_first_characters_only(server):
+    # The prefix is looked for in the first 256 characters, never over a whole 32 MB `inputs` (a pattern with
+    # repeated parameters run over all of it backtracked for seconds with the GIL held): past them it is no prefix.
+    long_prefix = "data:image/png" + ";a=b" * 80 + ";base64," + b64(IMAGE)
+    refused(post(server, {"inputs": long_prefix, "parameters": {"prompt": PROMPT, **STEPS}}), "inputs is not base64")
+    assert not is_image_text("data:" + ";base64" * 2**20)
+    # A prompt of 6 MB that starts as a data URL would: refused by its length, as any other prompt.
+    text = {"inputs": "data:" + ";base64" * 2**20, "parameters": {**STEPS, "width": 64, "height": 64}}
+    refused(post(server, text), "prompt has", "characters; accepted: at most")
+
+
+BAD_BODIES = [
+    (b"not an image at all", {"content-type": "image/png"}),
+    (b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, {"content-type": "image/png"}),
+    (b"GIF89a" + b"\x00" * 40, {"content-type": "image/webp"}),
+    (b"\xff\xd8\xff" + b"\x00" * 40, {"content-type": "image/jpeg"}),
+    (json.dumps(image_body({}, image=b"not an image")).encode(), {}),
+    (json.dumps(image_body({"mask_image": b64(b"\x89PNG\r\n\x1a\n")})).encode(), {}),
+    (json.dumps({"inputs": "data:image/png;base64,%%%", "parameters": {"prompt": PROMPT}}).encode(), {}),
+    (b"{not json", {}),
+]
+
+
+@pytest.mark.parametrize(("body", "headers"), BAD_BODIES)
+def test_every_bad_input_is_refused_naming_it_never_a_python_objects_repr(server, body, headers):
+    error = refused(post(server, body, **headers), "accepted")
+    assert "object at 0x" not in error and "<_io." not in error

@@ -4,9 +4,14 @@ a pool's defaults give (the strength slider from the request's declaration, an e
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
+import pytest
 from PIL import Image, ImageDraw
 
+from engine.errors import InvalidRequestError, LimitExceededError
+from engine.images import DEFAULT_MAX_INPUT_PIXELS as PIXELS
 from engine.requests import REQUEST_FIELDS, InputImage, ModelDefaults
 from serving.ui import inputs
 
@@ -21,9 +26,26 @@ def painted(box: tuple[int, int, int, int], size: tuple[int, int] = (64, 48)) ->
     return layer
 
 
-def test_the_painted_strokes_are_the_mask_white_where_painted():
+def files(tmp_path: Path, background: Image.Image | None, *layers: Image.Image) -> dict[str, Any]:
+    """The editor's value as Gradio hands it over (`type="filepath"`): each image saved as a PNG file."""
+
+    def saved(image: Image.Image, name: str) -> str:
+        image.save(tmp_path / name)
+        return str(tmp_path / name)
+
+    return {
+        "background": None if background is None else saved(background, "background.png"),
+        "layers": [saved(layer, f"layer{i}.png") for i, layer in enumerate(layers)],
+    }
+
+
+def source_images(value: dict[str, Any] | None) -> tuple[InputImage | None, InputImage | None]:
+    return inputs.source_images(value, PIXELS)
+
+
+def test_the_painted_strokes_are_the_mask_white_where_painted(tmp_path):
     background = Image.new("RGBA", (64, 48), (10, 20, 30, 255))
-    image, mask = inputs.source_images({"background": background, "layers": [painted((8, 8, 23, 15))]})
+    image, mask = source_images(files(tmp_path, background, painted((8, 8, 23, 15))))
     assert image == InputImage.from_pil(Image.new("RGB", (64, 48), (10, 20, 30)))
     assert mask is not None and (mask.mode, mask.size) == ("L", (64, 48))
     pixels = mask.to_pil()
@@ -31,25 +53,25 @@ def test_the_painted_strokes_are_the_mask_white_where_painted():
     assert set(pixels.get_flattened_data()) == {0, 255}
 
 
-def test_strokes_on_several_layers_make_one_mask_and_a_faint_stroke_counts_whole():
+def test_strokes_on_several_layers_make_one_mask_and_a_faint_stroke_counts_whole(tmp_path):
     faint = painted((40, 30, 47, 37))
     faint.putalpha(faint.getchannel("A").point(lambda a: 40 if a else 0))
-    _, mask = inputs.source_images({"background": Image.new("RGB", (64, 48)), "layers": [painted((0, 0, 7, 7)), faint]})
+    _, mask = source_images(files(tmp_path, Image.new("RGB", (64, 48)), painted((0, 0, 7, 7)), faint))
     assert mask is not None
     pixels = mask.to_pil()
     assert pixels.getpixel((3, 3)) == 255 and pixels.getpixel((44, 33)) == 255 and pixels.getpixel((20, 20)) == 0
 
 
-def test_nothing_painted_is_image_to_image_and_no_image_is_text_to_image():
+def test_nothing_painted_is_image_to_image_and_no_image_is_text_to_image(tmp_path):
     background = Image.new("RGB", (64, 48), (1, 2, 3))
-    assert inputs.source_images({"background": background, "layers": [Image.new("RGBA", (64, 48))]})[1] is None
-    assert inputs.source_images({"background": None, "layers": [painted((0, 0, 4, 4))]}) == (None, None)
-    assert inputs.source_images(None) == (None, None)
+    assert source_images(files(tmp_path, background, Image.new("RGBA", (64, 48))))[1] is None
+    assert source_images(files(tmp_path, None, painted((0, 0, 4, 4)))) == (None, None)
+    assert source_images(None) == (None, None)
 
 
-def test_a_transparent_upload_is_laid_on_white_not_its_hidden_colours():
+def test_a_transparent_upload_is_laid_on_white_not_its_hidden_colours(tmp_path):
     clear = Image.new("RGBA", (4, 4), (255, 0, 0, 0))
-    image, _ = inputs.source_images({"background": clear, "layers": []})
+    image, _ = source_images(files(tmp_path, clear))
     assert image is not None and set(image.to_pil().get_flattened_data()) == {(255, 255, 255)}
 
 
@@ -77,3 +99,14 @@ def test_an_editing_pool_asks_for_an_instruction_and_takes_a_strength_only_to_in
     assert (control["visible"], control["value"]) == (True, 1.0) and "inpainting only" in control["info"]
     assert inputs.prompt_control(editing)["placeholder"] == inputs.EDIT_PLACEHOLDER
     assert "edits an image by instruction" in inputs.input_note(editing)
+
+
+def test_the_editors_files_are_read_within_max_input_pixels_by_their_headers(tmp_path):
+    # A 3000 x 3000 upload (9 million pixels, over MAX_INPUT_PIXELS' 7054336): refused from its header, by name.
+    big = files(tmp_path, Image.new("RGB", (3000, 3000), (9, 9, 9)))
+    with pytest.raises(LimitExceededError, match=r"the input image is 3000x3000 \(9000000 pixels\); accepted: at most"):
+        source_images(big)
+    (tmp_path / "junk.png").write_bytes(b"not a png")
+    with pytest.raises(InvalidRequestError, match="the input image is not an image") as refused:
+        source_images({"background": str(tmp_path / "junk.png"), "layers": []})
+    assert "object at 0x" not in str(refused.value)

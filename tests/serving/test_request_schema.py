@@ -48,7 +48,7 @@ def test_the_wire_carries_every_declared_field_and_the_checked_request_more():
     assert list(wire._RequestJson.model_fields) == [f.name for f in REQUEST_FIELDS]
     assert [n for n, f in wire._RequestJson.model_fields.items() if f.is_required()] == ["prompt"]
     added = set(wire._CheckedJson.model_fields) - set(wire._RequestJson.model_fields)
-    assert added == {"sampler", "defaults_from", "left_unset"}
+    assert added == {"sampler", "defaults_from", "left_unset", "notes"}
 
 
 def _api_parameters() -> dict[str, list[str]]:

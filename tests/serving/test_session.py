@@ -8,6 +8,7 @@ from urllib.parse import parse_qsl, urlsplit
 import gradio as gr
 from PIL import Image
 
+from engine.images import DEFAULT_MAX_INPUT_PIXELS as PIXELS
 from engine.requests import CheckedRequest, GenerateResult, InputImage, LoraSpec, ModelDefaults, Timings
 from lora_catalog.hints import LoraHints, speed_hints
 from serving.ui import session
@@ -74,12 +75,12 @@ def test_what_the_form_cannot_show_is_left_as_it_is():
 
 def test_the_form_asks_for_what_it_shows_leaving_defaults_to_the_loras_when_the_switch_is_on():
     form = {**FORM_VALUES, "sampler": "", "clip_skip": 1}
-    on = request_of(form)
+    on = request_of(form, PIXELS)
     assert (on.scheduler, on.clip_skip, on.lora_defaults, on.num_images) == (None, None, True, 2)
     assert on.loras == (LoraSpec("owner/style", 0.8), LoraSpec("latent-consistency/lcm-lora-sdxl", 1.0))
-    off = request_of({**form, "recommended": False})
+    off = request_of({**form, "recommended": False}, PIXELS)
     assert (off.scheduler, off.clip_skip, off.lora_defaults) == (None, 0, False)
-    chosen = request_of(FORM_VALUES)
+    chosen = request_of(FORM_VALUES, PIXELS)
     assert (chosen.scheduler, chosen.clip_skip) == ("Euler a", 1)
     assert set(FORM) == {*FORM_VALUES}
     # No input image: text-to-image, where the strength slider does not apply.
@@ -106,9 +107,12 @@ def test_the_recommended_settings_say_where_they_come_from():
     assert sampler == "" and "sampler" not in note
 
 
-def test_the_form_with_an_input_image_asks_for_image_to_image_at_its_strength():
-    source = {"background": Image.new("RGBA", (64, 48), (10, 20, 30, 255)), "layers": [], "composite": None}
-    request = request_of({**FORM_VALUES, "source": source})
+def test_the_form_with_an_input_image_asks_for_image_to_image_at_its_strength(tmp_path):
+    # The editor hands over its files' paths (`type="filepath"`).
+    path = tmp_path / "background.png"
+    Image.new("RGBA", (64, 48), (10, 20, 30, 255)).save(path)
+    source = {"background": str(path), "layers": [], "composite": None}
+    request = request_of({**FORM_VALUES, "source": source}, PIXELS)
     assert request.image == InputImage.from_pil(Image.new("RGB", (64, 48), (10, 20, 30)))
     assert (request.mask_image, request.strength, request.mode) == (None, 0.6, "image-to-image")
 
