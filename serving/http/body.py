@@ -81,6 +81,8 @@ _HTTP_TYPES: dict[str, Any] = {
     "options": dict[str, _OptionValue],
     # base64, with or without a `data:image/...;base64,` prefix (decoded by `_images`).
     "image": str,
+    # A list of those (`parameters.images`: the further references, decoded by `_images` too).
+    "images": list[str],
 }
 # The inference API's own parameters lead the list, as Hugging Face's text-to-image task documents them.
 _LEADING = ("num_inference_steps", "guidance_scale")
@@ -172,7 +174,7 @@ def parse_body(
         )
     header = (LoraSpec(lora, scale=1.0 if scale is None else scale),) if lora else ()
     fields = parameters.model_dump(
-        by_alias=True, exclude_none=True, exclude={"loras", "lora_scale", "scheduler_options", *IMAGE_ONLY}
+        by_alias=True, exclude_none=True, exclude={"loras", "lora_scale", "scheduler_options", "images", *IMAGE_ONLY}
     )
     options = tuple(sorted((parameters.scheduler_options or {}).items()))
     # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.

@@ -6,26 +6,54 @@ Values pass as given ("" and empty ones: not set); the engine checks each by nam
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
 from engine.errors import InvalidRequestError
-from engine.images import ImageMode
+from engine.images import ImageMode, decode_image
 from engine.requests import GenerateRequest, InputImage, LoraSpec
+from engine.settings import Settings
 from serving.ui import formatting as fmt
 
 __all__ = ["api_request", "starting_fields"]
 
+# The pixels an image file may hold, judged from its header before decoding (MAX_INPUT_PIXELS' default).
+MAX_INPUT_PIXELS: int = Settings.model_fields["max_input_pixels"].default
 
-def starting_fields(image: Any, mask: Any, strength: float | None) -> dict[str, Any]:
+
+def starting_fields(image: Any, mask: Any, strength: float | None, images: Any = None) -> dict[str, Any]:
     """An endpoint's `image`, `mask` (white repainted) and `strength` (gradio_client's `handle_file` uploads the
-    files; Gradio hands them over as PIL images) as the request's `image`, `mask_image` and `strength`."""
+    files; Gradio hands them over as PIL images) as the request's `image`, `mask_image` and `strength`; `images`,
+    the further references (a list of `handle_file`s, Gradio hands over their paths), as its `images`, each
+    decoded by `engine.images.decode_image` (its size judged from its header first)."""
     return {
         "image": _input(image, "image", "RGB"),
         "mask_image": _input(mask, "mask", "L"),
         "strength": strength,
+        "images": _references(images),
     }
+
+
+def _references(value: Any) -> tuple[InputImage, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise InvalidRequestError(f"images is a {type(value).__name__}; accepted: a list of image files (handle_file)")
+    decoded = []
+    for index, item in enumerate(value):
+        path = item.get("path") if isinstance(item, dict) else item
+        if isinstance(path, Image.Image):
+            decoded.append(InputImage.from_pil(path, "RGB"))
+            continue
+        if not isinstance(path, str | Path):
+            raise InvalidRequestError(
+                f"images[{index}] is a {type(item).__name__}; accepted: an image file (handle_file)"
+            )
+        data = Path(path).read_bytes()
+        decoded.append(decode_image(data, what=f"images[{index}]", max_pixels=MAX_INPUT_PIXELS))
+    return tuple(decoded)
 
 
 def _input(value: Any, name: str, mode: ImageMode) -> InputImage | None:
@@ -49,7 +77,7 @@ def api_request(
     scheduler_options: object,
     clip_skip: float | None,
     num_images: float | None,
-    starting: tuple[Any, Any, float | None] = (None, None, None),
+    starting: tuple[Any, Any, float | None, Any] = (None, None, None, None),
 ) -> GenerateRequest:
     """The API's arguments as a request ("" and empty values: not set); the engine checks every value."""
     lora, lora_scale, lora_2, lora_2_scale = loras

@@ -120,6 +120,8 @@ def add_api_endpoints(handlers: Handlers) -> None:
         num_images = gr.Number(2)
         # Image-to-image: no image is text-to-image, as before; no strength is the pool's default.
         input_image, mask, strength = gr.Image(type="pil"), gr.Image(type="pil"), gr.Number(None)
+        # Further reference images after `image` (none: as before), as file paths decoded by the engine's decoder.
+        references = gr.File(file_count="multiple", type="filepath")
         image = gr.Image(type="pil", format="png", label="image")
         images = gr.Gallery(type="pil", format="png", label="images")
         grid = gr.Image(type="pil", format="png", label="grid")
@@ -130,7 +132,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
 
     generation: list[Any] = [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance]
     generation += [width, height, seed, base, scheduler, scheduler_options, clip_skip]
-    starting = [input_image, mask, strength]
+    starting = [input_image, mask, strength, references]
     trigger.click(
         _generate_api(handlers),
         [*generation, *starting],
@@ -211,6 +213,7 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         image: Any = None,
         mask: Any = None,
         strength: float | None = None,
+        images: list[Any] | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
         """Generate an image; `lora` and `lora_2` are Hub repo ids, Civitai references (`civitai:<version id>`, a
@@ -221,13 +224,14 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         "" for the LoRAs' recommendation or the model's own; `scheduler_options` e.g. {"use_karras_sigmas": true};
         `clip_skip`: text-encoder layers skipped as diffusers counts them (A1111's "Clip skip 2" is 1). `image`
         (none: text-to-image) is the image to start from, `mask` an inpainting mask (white repainted), `strength`
-        how much of the image is re-noised (0-1; none: the model's default). Yields previews while denoising
-        (info `{"preview": true, "step": k}`), then the image and its info.
+        how much of the image is re-noised (0-1; none: the model's default); `images` further reference images
+        after `image` (a list of `handle_file`s: the prompt's "image 2", ...; none: only `image`). Yields previews
+        while denoising (info `{"preview": true, "step": k}`), then the image and its info.
         """
         with user_errors():
             request = api_request(
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
-                seed, scheduler, scheduler_options, clip_skip, 1, (image, mask, strength),
+                seed, scheduler, scheduler_options, clip_skip, 1, (image, mask, strength, images),
             )  # fmt: skip
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
             if isinstance(item, Frame):
@@ -259,6 +263,7 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
         image: Any = None,
         mask: Any = None,
         strength: float | None = None,
+        images: list[Any] | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[list[tuple[Any, str]], dict[str, Any]]:
         """Several images (1 to 4) in one run, with consecutive seeds from `seed`: `[{"image": path, "caption":
@@ -267,7 +272,7 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
         with user_errors():
             request = api_request(
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
-                seed, scheduler, scheduler_options, clip_skip, num_images, (image, mask, strength),
+                seed, scheduler, scheduler_options, clip_skip, num_images, (image, mask, strength, images),
             )  # fmt: skip
         result: GenerateResult | None = None
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
@@ -298,6 +303,7 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         image: Any = None,
         mask: Any = None,
         strength: float | None = None,
+        images: list[Any] | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
         """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
@@ -312,7 +318,7 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         with user_errors():
             request = comparison_fields.compare_request(
                 prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
-                scheduler, clip_skip, starting_fields(image, mask, strength),
+                scheduler, clip_skip, starting_fields(image, mask, strength, images),
             )  # fmt: skip
         comparison = await compare(handlers, request, progress, (base or "").strip())
         result = comparison.result
