@@ -246,7 +246,7 @@ def _check_mode(request: GenerateRequest, defaults: ModelDefaults) -> None:
     if request.mode in defaults.modes:
         return
     served = ", ".join(defaults.modes)
-    if defaults.needs_image:
+    if defaults.needs_image and request.image is None:
         raise InvalidRequestError(
             f"this pool's model edits an image: a {request.mode} request needs one; accepted: an image with the "
             f"instruction as the prompt ({served})"
