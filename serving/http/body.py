@@ -159,6 +159,7 @@ def parse_body(
         raise InvalidRequestError(f"the body is not valid JSON ({e}); accepted: {_BODY_SHAPE}") from e
     except RecursionError as e:
         raise InvalidRequestError(f"the body is JSON nested too deeply to read; accepted: {_BODY_SHAPE}") from e
+    document = _extra_body_merged(document)
     try:
         parsed = _Body.model_validate(document)
     except ValidationError as e:
@@ -180,6 +181,23 @@ def parse_body(
     # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.
     request = GenerateRequest(prompt=parsed.inputs, loras=header + listed, scheduler_options=options, **fields)
     return HttpRequest(request=image_request(request, parameters, max_pixels), media_type=_media_type(accept))
+
+
+def _extra_body_merged(document: Any) -> Any:
+    """`parameters.extra_body`'s keys read as parameters: huggingface_hub's `InferenceClient.image_to_image(...,
+    extra_body={"images": [...]})` sends its keyword arguments as parameters, `extra_body` among them (2.4). A key
+    given both ways is refused by name."""
+    parameters = document.get("parameters") if isinstance(document, dict) else None
+    extra = parameters.get("extra_body") if isinstance(parameters, dict) else None
+    if not isinstance(extra, dict):
+        return document
+    rest = {k: v for k, v in parameters.items() if k != "extra_body"}  # type: ignore[union-attr]
+    twice = sorted(set(rest) & set(extra))
+    if twice:
+        raise InvalidRequestError(
+            f"parameter(s) {', '.join(twice)} given both in parameters and in extra_body; accepted: each once"
+        )
+    return {**document, "parameters": {**rest, **extra}}
 
 
 def _spec(item: _Lora, where: str) -> LoraSpec:

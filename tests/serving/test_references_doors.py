@@ -112,3 +112,13 @@ def test_the_gradio_api_takes_images_after_strength_and_the_pool_status_says_the
             images=[handle_file(str(second))],
             api_name="/generate",
         )
+
+
+def test_inference_clients_extra_body_arriving_as_a_parameter_is_read_as_parameters():
+    """huggingface_hub 2.4 sends `image_to_image`'s keyword arguments as parameters, `extra_body` among them."""
+    body = {"inputs": b64(FIRST), "parameters": {"prompt": PROMPT, "extra_body": {"images": [b64(SECOND)]}}}
+    request = parse_body(json.dumps(body).encode(), lora=None, accept=None).request
+    assert request.images == (input_image(seed=1),) and request.prompt == PROMPT
+    body["parameters"]["images"] = [b64(THIRD)]  # type: ignore[index]
+    with pytest.raises(Exception, match="images given both in parameters and in extra_body"):
+        parse_body(json.dumps(body).encode(), lora=None, accept=None)
