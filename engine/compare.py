@@ -54,6 +54,8 @@ class CompareRequest:
     image: InputImage | None = None
     mask_image: InputImage | None = None
     strength: float | None = None
+    # Further reference images after `image` (as `GenerateRequest.images`), the same for every cell.
+    images: tuple[InputImage, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ def plan_cells(
             image=request.image,
             mask_image=request.mask_image,
             strength=request.strength,
+            images=request.images,
         ),
         defaults,
         limits,

@@ -17,9 +17,9 @@ from typing import Any, Literal
 __all__ = ["FieldKind", "RequestField", "request_field"]
 
 # How a JSON value of the field looks: text, a whole number, any number, the LoRA list, a sampler name, the
-# scheduler's options, a switch, or an image (`engine.images.InputImage` in the engine; base64 or a file at the
-# edges).
-FieldKind = Literal["text", "integer", "number", "loras", "sampler", "options", "switch", "image"]
+# scheduler's options, a switch, an image (`engine.images.InputImage` in the engine; base64 or a file at the
+# edges), or a list of images (a tuple of them in the engine; a list of base64 images or files at the edges).
+FieldKind = Literal["text", "integer", "number", "loras", "sampler", "options", "switch", "image", "images"]
 
 
 @dataclass(frozen=True)

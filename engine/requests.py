@@ -67,6 +67,7 @@ _INTEGER, _NUMBER, _TEXT = "an integer", "a number", "a string"
 _SAMPLER = "a string: a sampler name such as 'DPM++ 2M Karras' or a diffusers scheduler class"
 _OPTIONS = 'an object of scheduler options, e.g. {"use_karras_sigmas": true, "timestep_spacing": "trailing"}'
 _IMAGE = "a PNG, JPEG or WebP image"
+_IMAGES = "a list of PNG, JPEG or WebP images"
 _STRENGTH = "a number from 0 to 1"
 _F = RequestField
 # Which of a pool's pipelines a request runs on (`GenerateRequest.mode`).
@@ -144,6 +145,12 @@ class GenerateRequest:
     strength: float | None = request_field(
         None, _F("number", _STRENGTH, "how much of the image is re-noised", 0, 1, http="strength", gradio=("strength",))
     )
+    # Further reference images after `image` (the prompt's "image 2", "image 3", ...), in that order, for a pool
+    # whose own pipeline takes a list of references (`ModelDefaults.max_reference_images`); needs `image`.
+    # Last, so that the Gradio API's positional arguments before it keep their places.
+    images: tuple[InputImage, ...] = request_field(
+        (), _F("images", _IMAGES, "further reference images (image 2, 3, ...)", http="images", gradio=("images",))
+    )
 
     @property
     def mode(self) -> RequestMode:
@@ -209,7 +216,10 @@ class ModelDefaults:
     `modes`: the requests it serves (`GenerateRequest.mode`). `strength` and `inpaint_strength`: the default
     strength of its image-to-image and inpainting pipelines (diffusers' own defaults for those classes); None
     where it has no such pipeline or its pipeline takes no strength (FLUX.1 Kontext). `needs_image`: an
-    instruction-editing pool, which takes no request without an image."""
+    instruction-editing pool, which takes no request without an image. `max_reference_images`: the images a
+    request may bring in all (`image` and `images`): 0 on a text-to-image-only pool, 1 where one image is all its
+    pipelines take, more where its own pipeline takes a list of references; `inpaint_references`: its inpainting
+    pipeline takes them too (beside the image it repaints)."""
 
     steps: int
     guidance: float
@@ -226,6 +236,8 @@ class ModelDefaults:
     inpaint_strength: float | None = None
     needs_image: bool = False
     modes: tuple[RequestMode, ...] = ("text-to-image",)
+    max_reference_images: int = 0
+    inpaint_references: bool = False
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples
@@ -281,6 +293,8 @@ class Limits:
     max_prompt_chars: int
     max_images: int = MAX_IMAGES
     max_input_pixels: int = DEFAULT_MAX_INPUT_PIXELS
+    # Images one request may bring in all (`image` and `images`; MAX_REFERENCE_IMAGES); None: its pool's limit.
+    max_reference_images: int | None = None
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
@@ -290,6 +304,7 @@ class Limits:
             settings.max_steps,
             settings.max_prompt_chars,
             max_input_pixels=settings.max_input_pixels,
+            max_reference_images=settings.max_reference_images,
         )
 
 

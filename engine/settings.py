@@ -118,6 +118,11 @@ class Settings(BaseModel):
     # A request's input image (and mask), judged from the file's header before it is decoded: 4 times the largest
     # size preset's pixels (Qwen-Image's 1328 x 1328: tests/engine/test_images.py holds it to the families' presets).
     max_input_pixels: Annotated[int, Field(ge=64 * 64, le=2**28), Env("MAX_INPUT_PIXELS")] = DEFAULT_MAX_INPUT_PIXELS
+    # The images one request may bring (its image and its further references); None (`auto`): the largest pool
+    # limit, each pool's own (`ModelDefaults.max_reference_images`), which a request never passes anyway.
+    max_reference_images: Annotated[
+        Annotated[int, Field(ge=1, le=16)] | None, BeforeValidator(sv.auto_none), Env("MAX_REFERENCE_IMAGES")
+    ] = None
     # A POST body: room for such an image and its mask in base64 (a noisy 2048 x 2048 PNG is about 12 MiB).
     max_body_bytes: Annotated[_Bytes, Field(ge=64 * 1024), Env("MAX_BODY_BYTES")] = 32 * 2**20
     max_queue: Annotated[int, Field(ge=1, le=10_000), Env("MAX_QUEUE")] = 16

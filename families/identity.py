@@ -31,6 +31,7 @@ class Family(StrEnum):
     FLUX_KONTEXT = "flux_kontext"
     FLUX2_DEV = "flux2_dev"
     QWEN_IMAGE_EDIT = "qwen_image_edit"
+    QWEN_IMAGE_EDIT_PLUS = "qwen_image_edit_plus"
     UNKNOWN = "unknown"
 
 
@@ -105,6 +106,9 @@ class FamilyIdentity:
     civitai: tuple[CivitaiLabel, ...] = ()
     # The embedded random-weight pipeline of the family's structure (never looked up on the Hub); None: none.
     tiny_id: str | None = None
+    # The family whose pool its LoRAs run on, with a warning, when no pool of its own is served (Qwen-Image-Edit-
+    # 2509/2511's on Qwen-Image-Edit's: the same transformer); None: only its own.
+    falls_back_to: Family | None = None
 
     @property
     def model_id(self) -> str:

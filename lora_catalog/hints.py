@@ -61,12 +61,18 @@ _WELL_KNOWN = {
     "h1t/tcd-sdxl-lora": "TCD",
     "h1t/tcd-sd15-lora": "TCD",
     "lightx2v/qwen-image-lightning": "Qwen-Image-Lightning",
+    # lightx2v's for Qwen-Image-Edit-2511 (4 and 8 steps); its 2509 ones live in the repo above.
+    "lightx2v/qwen-image-edit-2511-lightning": "Qwen-Image-Lightning",
 }
 # Words, not substrings: "lcm" in "clcm" is nothing. Separators are any of "-_ ./".
 _SEP = r"[-_ ./]"
 # Qwen-Image-Lightning first: its files ("Qwen-Image-Lightning-8steps-V1.0") also read as SDXL-Lightning's form.
 _NAMES = (
-    ("Qwen-Image-Lightning", re.compile(rf"(^|{_SEP})qwen{_SEP}?image{_SEP}?(edit{_SEP}?)?lightning($|{_SEP})")),
+    # Its edit releases' too: "Qwen-Image-Edit-Lightning", "Qwen-Image-Edit-2509-Lightning-4steps", "-2511-".
+    (
+        "Qwen-Image-Lightning",
+        re.compile(rf"(^|{_SEP})qwen{_SEP}?image{_SEP}?(edit{_SEP}?((plus|\d{{4}}){_SEP}?)?)?lightning($|{_SEP})"),
+    ),
     ("LCM", re.compile(rf"(^|{_SEP})(lcm|latent{_SEP}?consistency)($|{_SEP})")),
     ("Lightning", re.compile(rf"(^|{_SEP})(sdxl{_SEP}?lightning|lightning{_SEP}?\d+{_SEP}?steps?)($|{_SEP})")),
     ("Hyper-SD", re.compile(rf"(^|{_SEP})hyper{_SEP}?sd(xl|15)?($|{_SEP}|\d)")),

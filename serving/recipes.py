@@ -11,6 +11,7 @@ The format, with an example: docs/internals.md, "serving/recipes.py".
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import re
@@ -19,13 +20,13 @@ from typing import TYPE_CHECKING
 
 from PIL import Image, PngImagePlugin
 
-from engine.requests import GenerateRequest, GenerateResult, LoraSpec
+from engine.requests import GenerateRequest, GenerateResult, InputImage, LoraSpec
 from engine.samplers import find_sampler
 
 if TYPE_CHECKING:
     from engine.requests import AdapterUse
 
-__all__ = ["KEY", "Recipe", "encode_image", "parse_recipe", "recipe_text", "with_recipes"]
+__all__ = ["KEY", "Recipe", "encode_image", "image_hash", "parse_recipe", "recipe_text", "with_recipes"]
 
 KEY = "parameters"
 VERSION = "LoRA Switchboard"
@@ -78,12 +79,28 @@ def recipe_text(result: GenerateResult, index: int = 0) -> str:
         parameters["Denoising strength"] = f"{request.strength:g}"
     if request.clip_skip:
         parameters["Clip skip"] = request.clip_skip + 1
+    if request.image is not None and request.images:
+        # The images themselves are not carried: how many, and each one's pixels' short SHA-256, in the order
+        # they ran (the prompt's "image 1", "image 2", ...).
+        references = (request.image, *request.images)
+        parameters["Reference images"] = len(references)
+        parameters["Reference hashes"] = ", ".join(
+            f"image {n}: {image_hash(image)}" for n, image in enumerate(references, start=1)
+        )
     hashes = [f"{_lora_name(use)}: {use.hash}" for use in result.adapters if use.hash]
     if hashes:
         parameters["Lora hashes"] = ", ".join(hashes)
     parameters["Version"] = VERSION
     lines.append(", ".join(f"{key}: {_quote(str(value))}" for key, value in parameters.items() if value != ""))
     return "\n".join(lines)
+
+
+def image_hash(image: InputImage) -> str:
+    """An input image's short SHA-256 (12 hex digits) over its size, mode and pixels: the same picture gives the
+    same hash whichever file format or transport carried it."""
+    digest = hashlib.sha256(f"{image.width}x{image.height} {image.mode}\n".encode())
+    digest.update(image.data)
+    return digest.hexdigest()[:12]
 
 
 def with_recipes(result: GenerateResult) -> GenerateResult:

@@ -8,9 +8,11 @@ a kohya layer diffusers would drop silently (FLUX.1's modulations, CLIP) is refu
 FLUX.1's LoRAs share many names; their MLP widths tell them apart (`bfl_blocks`). The distilled models run 4
 steps without guidance, the base ones 50 at a CFG of 4 (the transformer's config and the pipeline's
 `is_distilled` say which); no negative prompt (the pipeline's CFG uses ""); sides in 16s; previews project the
-packed 128-channel latents (ComfyUI's factors). Inpainting is diffusers' `Flux2KleinInpaintPipeline` over the same
-components; diffusers 0.42 has no klein image-to-image class (`Flux2KleinPipeline`'s own `image` is a reference
-for editing, not a starting point), so none is served. The reasoning and sources: docs/internals.md.
+packed 128-channel latents (ComfyUI's factors). A request with an image is a reference edit on the pool's own
+pipeline (`Flux2KleinPipeline`'s `image=[...]`: references, not a starting point; diffusers 0.42 has no klein
+image-to-image class): the image and up to 3 further `images`, BFL's limit of 4 for klein. Inpainting is
+diffusers' `Flux2KleinInpaintPipeline` over the same components, which takes the further images as its
+`image_reference`. The reasoning and sources: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -212,7 +214,11 @@ FAMILY = FamilySpec(
     preview=PreviewSpec(None, LATENT_RGB, unpack=unpack_latents),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
+    # Its own pipeline edits from references (`image=[...]`): BFL's limit for klein 4B and 9B is 4 images.
+    image_to_image=Flux2KleinPipeline,
+    max_reference_images=4,
     inpainting=Flux2KleinInpaintPipeline,
+    inpaint_references=True,
     # klein 4B's (the reference model's, and a fine-tune's of unknown size); the 9B bases declare their own.
     memory=MEMORY,
     base_memory=((MODEL_ID_9B, MEMORY_9B), (BASE_9B, MEMORY_9B)),

@@ -6,8 +6,9 @@ A LoRA adapts the transformer only; its namings are klein's (`Flux2LoraLoaderMix
 LoRAs by the hidden width its factors show (6144: `WIDTHS`, its row's widths), else by what it declares.
 Defaults are diffusers' `Flux2Pipeline.__call__`'s and BFL's model card's: 50 steps at a distilled guidance of 4
 (one pass per step, no negative prompt; the card names 28 steps a fair trade-off). Previews are klein's (the same
-VAE and packed latents). Text-to-image only: diffusers 0.42 has no FLUX.2 [dev] image-to-image or inpainting
-class (`Flux2Pipeline`'s own `image` is a reference for editing). Mistral stays in host RAM where the GPU is short,
+VAE and packed latents). A request with an image is a reference edit on the pool's own pipeline
+(`Flux2Pipeline`'s `image=[...]`): the image and up to 5 further `images`, BFL's recommended most for [dev];
+diffusers 0.42 has no FLUX.2 [dev] image-to-image or inpainting class. Mistral stays in host RAM where the GPU is short,
 and its transformer in fp8 (`QUANTIZE`) makes it fit 80 GB with its encoder on the GPU (tests/engine/pools).
 """
 
@@ -85,5 +86,8 @@ FAMILY = FamilySpec(
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
     memory=MEMORY,
+    # Its own pipeline edits from references (`image=[...]`): BFL recommends at most 6 for [dev].
+    image_to_image=Flux2Pipeline,
+    max_reference_images=6,
     load_components=tokenizer_without_torchvision,
 )

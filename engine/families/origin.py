@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from engine.errors import IncompatibleLoraError
 from engine.families.registry import served_specs
 from engine.families.spec import Shapes, Widths
+from families import IDENTITIES
 from families.claims import TensorMatch, name_counts, rank_by_tensors
 from lora_catalog.bases import family_from_metadata, family_of_base
 from lora_catalog.entries import Family
@@ -111,11 +112,30 @@ def _by_tensors(shapes: Shapes, unknown_bases: tuple[str, ...]) -> LoraOrigin:
     return LoraOrigin((), families, "shapes", denoiser, text, unknown_bases=unknown_bases)
 
 
+def _fallen_back(label: str, origin: LoraOrigin, served: Family, served_base: str) -> str | None:
+    """The warning for a LoRA running on the pool its family falls back to (`FamilyIdentity.falls_back_to`:
+    routing sends it there only when no pool of its own is served); None when that is not the case."""
+    if served in origin.families:
+        return None
+    fallen = [f for f in origin.families if f in IDENTITIES and IDENTITIES[f].falls_back_to is served]
+    if not fallen:
+        return None
+    made_for = ", ".join(origin.bases) or IDENTITIES[fallen[0]].label
+    warning = (
+        f"{label} was made for {made_for}, which no pool here serves; it runs on {served_base} ({served}), whose "
+        "transformer it fits, without its own pipeline's conditioning (one image)"
+    )
+    logger.warning("%s", warning)
+    return warning
+
+
 def check_origin(label: str, origin: LoraOrigin, served_base: str) -> str | None:
     """Raise `IncompatibleLoraError` for a LoRA of another family than `served_base`'s; return a warning when
     only its tensors vouch for it (names can rule a family out, but only guess at one)."""
     served = family_of_base(served_base)
     accepted = f"this Space serves {served_base} ({served}); accepted: LoRAs for the {served} family"
+    if origin.how in ("card", "metadata") and (fallback := _fallen_back(label, origin, served, served_base)):
+        return fallback
     if origin.how == "card":
         if served in origin.families:
             return None

@@ -7,12 +7,12 @@ encoder and VAE; the processor holds no weights). Inpainting is diffusers' `Qwen
 the same components. diffusers scales the input image to about 1 MP before encoding it, as the model was
 trained; the output is the request's size.
 
-Routing: Qwen-Image-Edit LoRAs (those for its 2509 and 2511 releases too, which diffusers runs with
-`QwenImageEditPlusPipeline`) have Qwen-Image's tensor names and shapes, so only what they declare brings them
-here (a card's `base_model` Qwen/Qwen-Image-Edit*, musubi-tuner's "Qwen-Image-Edit" metadata). One that
+Routing: Qwen-Image-Edit LoRAs have Qwen-Image's tensor names and shapes, so only what they declare brings them
+here (a card's `base_model` Qwen/Qwen-Image-Edit, musubi-tuner's "Qwen-Image-Edit" metadata). One that
 declares nothing is judged a Qwen-Image LoRA and goes to a Qwen-Image pool, as a FLUX.1 LoRA does beside FLUX.1
-Kontext: a generation LoRA is the likelier reading of a bare file, and it runs there without an image. One pool
-serves them all: the Plus releases' LoRAs fit this transformer (the same keys and shapes), so no second family.
+Kontext: a generation LoRA is the likelier reading of a bare file, and it runs there without an image. The 2509
+and 2511 releases (`QwenImageEditPlusPipeline`, several reference images) are their own family and pool
+(`engine.families.qwen_image_edit_plus`); their LoRAs fit this transformer too (the same keys and shapes).
 """
 
 from __future__ import annotations
@@ -64,18 +64,33 @@ class ImageQwen2VLProcessor(Qwen2VLProcessor):
 
 
 def load_components(model_id: str, token: str | None) -> Mapping[str, Any]:
-    """The checkpoint's `processor/` read as an images-and-text processor (see `ImageQwen2VLProcessor`).
+    """The checkpoint's `processor/` read as an images-and-text processor (see `ImageQwen2VLProcessor`), after
+    checking it is a QwenImageEditPipeline checkpoint (`processor_components`)."""
+    return processor_components(model_id, token, QwenImageEditPipeline, IDENTITY.model_id)
 
-    A checkpoint made for another pipeline is refused first: Qwen-Image-Edit-2509 and -2511 (whose LoRAs this
-    pool serves) are `QwenImageEditPlusPipeline` checkpoints, with their own prompt template and multi-image
-    conditioning, which QwenImageEditPipeline would load and run without a word."""
-    named = QwenImageEditPipeline.load_config(model_id, token=token).get("_class_name")
-    if named not in (None, QwenImageEditPipeline.__name__):
+
+def processor_components(model_id: str, token: str | None, pipeline_class: Any, reference: str) -> Mapping[str, Any]:
+    """The processor of a checkpoint made for `pipeline_class` (Qwen-Image-Edit's, or the 2509/2511 releases'
+    `QwenImageEditPlusPipeline`: `engine.families.qwen_image_edit_plus`).
+
+    A checkpoint made for another pipeline is refused first: each has its own prompt template and conditioning,
+    which the other class would load and run without a word; the refusal names the base that serves it."""
+    named = pipeline_class.load_config(model_id, token=token).get("_class_name")
+    if named not in (None, pipeline_class.__name__):
+        served = _SERVED_BY.get(named)
+        where = f"; a {named} checkpoint is served as BASE={served}" if served else ""
         raise SettingsError(
-            f"{model_id} is a {named} checkpoint, which no pool here runs; accepted: a QwenImageEditPipeline "
-            f"checkpoint ({IDENTITY.model_id} or a fine-tune of it)"
+            f"{model_id} is a {named} checkpoint, which this pool does not run; accepted: a "
+            f"{pipeline_class.__name__} checkpoint ({reference} or a fine-tune of it){where}"
         )
     return {"processor": ImageQwen2VLProcessor.from_pretrained(model_id, subfolder="processor", token=token)}
+
+
+# The base each edit pipeline class is served as (a checkpoint named for the other pool's class says where).
+_SERVED_BY = {
+    "QwenImageEditPipeline": IDENTITY.model_id,
+    "QwenImageEditPlusPipeline": "Qwen/Qwen-Image-Edit-2509 (or Qwen/Qwen-Image-Edit-2511)",
+}
 
 
 def build_tiny_pipeline(seed: int = 0) -> QwenImageEditPipeline:

@@ -265,6 +265,13 @@ class FamilySpec:
     inpainting: PipelineClass | None = None
     # An instruction-editing base (FLUX.1 Kontext): its own pipeline takes the image, and no request comes without.
     needs_image: bool = False
+    # The images a request may bring in all (its `image` first, then `images`): several where the family's own
+    # pipeline takes a list of references (FLUX.2, Qwen-Image-Edit-2509/2511: the model's own limit), else one; a
+    # pool serving no image mode takes none (`engine.pipeline.loading`). Its `/pool_status` says it.
+    max_reference_images: int = 1
+    # Its inpainting pipeline takes the further images as references beside the image it repaints (FLUX.2
+    # [klein]'s `image_reference`); else a mask with references is refused.
+    inpaint_references: bool = False
     # Components the family loads itself and hands to `from_pretrained` ((model id, Hub token) -> name: component;
     # Qwen-Image-Edit's processor, read without the video processor its class would ask torchvision for; FLUX.2
     # [dev]'s tokenizer alone, where its processor cannot be imported without torchvision).

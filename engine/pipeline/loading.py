@@ -221,6 +221,8 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
     side = family.served_side(pipe)
     max_side = min(settings.max_side, max(2 * side, 256))
     run = family.defaults(pipe)
+    modes = served_modes(family)
+    takes_images = any(mode != "text-to-image" for mode in modes)
     defaults = ModelDefaults(
         steps=run.steps,
         guidance=run.guidance,
@@ -235,7 +237,9 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
         strength=default_strength(mode_class(family, "image-to-image")),
         inpaint_strength=default_strength(mode_class(family, "inpainting")),
         needs_image=family.needs_image,
-        modes=served_modes(family),
+        modes=modes,
+        max_reference_images=family.max_reference_images if takes_images else 0,
+        inpaint_references=family.inpaint_references and "inpainting" in modes,
     )
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.

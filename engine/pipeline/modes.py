@@ -9,7 +9,8 @@ scheduler is a copy of the pool's (an image run sets its begin index and timeste
 request after it sees the pool's scheduler as it was. An editing pool (FLUX.1 Kontext) runs its own pipeline.
 
 `image_arguments` are the call's image inputs: the image resized to the checked width x height (the input's own
-size rounded to the side multiple, or the client's target size), the mask resized the same way, the strength;
+size rounded to the side multiple, or the client's target size), then any further references as they came (a
+list, as diffusers' reference-editing pipelines take them), the mask resized the same way, the strength;
 only those the class's call takes (FLUX.1 Kontext takes no strength), and the family's text-to-image arguments
 likewise (SDXL's img2img call takes no width and height: its output is the image's size).
 """
@@ -115,9 +116,17 @@ def image_arguments(pipe: Pipeline, request: CheckedRequest) -> dict[str, Any]:
     if request.image is None:
         return {}
     size = (request.width, request.height)
-    arguments: dict[str, Any] = {"image": _resized(request.image, size)}
+    first = _resized(request.image, size)
+    # Further references go as their own pixels: the pipeline scales each as its model was trained (diffusers'
+    # FLUX.2: within 1 MP; Qwen-Image-Edit-2509/2511: about 1 MP for the VAE, 384 x 384 for Qwen2.5-VL).
+    references = [image.to_pil() for image in request.images]
+    arguments: dict[str, Any] = {"image": [first, *references] if references else first}
     if request.mask_image is not None:
+        arguments["image"] = first
         arguments["mask_image"] = _resized(request.mask_image, size)
+        if references:
+            # FLUX.2 [klein]'s inpainting (normalise lets references with a mask only where it takes them).
+            arguments["image_reference"] = references
     if request.strength is not None:
         arguments["strength"] = request.strength
     accepted = call_parameters(type(pipe))

@@ -16,6 +16,7 @@ from typing import Protocol
 from engine.errors import IncompatibleLoraError, InvalidRequestError, UnservedBaseError
 from engine.families.origin import LoraOrigin
 from engine.families.spec import Widths
+from families import IDENTITIES
 from lora_catalog.bases import family_of_base
 from lora_catalog.entries import Family
 
@@ -64,6 +65,9 @@ def pick_pool(label: str, origin: LoraOrigin, pools: Sequence[PoolInfo]) -> int 
             return None
         return candidates[0]
     if not candidates:
+        fallback = _fallback(origin, pools)
+        if fallback is not None:
+            return fallback
         raise UnservedBaseError(
             f"{label} was made for {origin.describe()}, which no pool here serves; served: {served_list(pools)}"
         )
@@ -111,6 +115,13 @@ def routed(
 
 def served_list(pools: Sequence[PoolInfo]) -> str:
     return ", ".join(f"{p.base_model_id} ({p.family})" for p in pools)
+
+
+def _fallback(origin: LoraOrigin, pools: Sequence[PoolInfo]) -> int | None:
+    """The first pool of the family the LoRA's families fall back to (`FamilyIdentity.falls_back_to`), if any:
+    used only when no pool of their own is served (`engine.families.origin.check_origin` warns)."""
+    wanted = {IDENTITIES[f].falls_back_to for f in origin.families if f in IDENTITIES} - {None}
+    return next((i for i, p in enumerate(pools) if p.family in wanted), None)
 
 
 def _fits(origin: LoraOrigin, pool: PoolInfo) -> bool:

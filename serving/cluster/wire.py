@@ -128,6 +128,10 @@ class _WireRequest(BaseModel):
         for name in _IMAGE_FIELDS:
             wired = getattr(self, name, None)
             values[name] = wired.image(name, max_pixels) if wired is not None else None
+        for name in _IMAGE_LISTS:
+            values[name] = tuple(
+                wired.image(f"{name}[{i}]", max_pixels) for i, wired in enumerate(getattr(self, name, None) or ())
+            )
         values["scheduler_options"] = tuple(
             tuple(pair) if isinstance(pair, list) else pair for pair in getattr(self, "scheduler_options", None) or ()
         )
@@ -145,8 +149,11 @@ _WIRE_TYPES: dict[str, Any] = {
     "options": list[Any],
     "switch": bool,
     "image": _ImageJson,
+    "images": list[_ImageJson],
 }
 _IMAGE_FIELDS = tuple(f.name for f in fields(GenerateRequest) if f.metadata["request"].kind == "image")
+# Lists of images (the further references) cross as a list of what the first image crosses as.
+_IMAGE_LISTS = tuple(f.name for f in fields(GenerateRequest) if f.metadata["request"].kind == "images")
 
 
 def _wire_fields() -> dict[str, Any]:
@@ -208,6 +215,8 @@ def request_to_json(request: GenerateRequest) -> dict[str, Any]:
     document["loras"] = [asdict(spec) for spec in request.loras]
     for name in _IMAGE_FIELDS:
         document[name] = _image_json(getattr(request, name))
+    for name in _IMAGE_LISTS:
+        document[name] = [_image_json(image) for image in getattr(request, name)]
     options = request.scheduler_options
     # Pairs as a list of pairs (a mapping, as a caller may give, the same way); the engine checks them.
     document["scheduler_options"] = [list(p) for p in (options.items() if isinstance(options, Mapping) else options)]

@@ -81,6 +81,8 @@ _HTTP_TYPES: dict[str, Any] = {
     "options": dict[str, _OptionValue],
     # base64, with or without a `data:image/...;base64,` prefix (decoded by `_images`).
     "image": str,
+    # A list of those (`parameters.images`: the further references, decoded by `_images` too).
+    "images": list[str],
 }
 # The inference API's own parameters lead the list, as Hugging Face's text-to-image task documents them.
 _LEADING = ("num_inference_steps", "guidance_scale")
@@ -157,6 +159,7 @@ def parse_body(
         raise InvalidRequestError(f"the body is not valid JSON ({e}); accepted: {_BODY_SHAPE}") from e
     except RecursionError as e:
         raise InvalidRequestError(f"the body is JSON nested too deeply to read; accepted: {_BODY_SHAPE}") from e
+    document = _extra_body_merged(document)
     try:
         parsed = _Body.model_validate(document)
     except ValidationError as e:
@@ -172,12 +175,29 @@ def parse_body(
         )
     header = (LoraSpec(lora, scale=1.0 if scale is None else scale),) if lora else ()
     fields = parameters.model_dump(
-        by_alias=True, exclude_none=True, exclude={"loras", "lora_scale", "scheduler_options", *IMAGE_ONLY}
+        by_alias=True, exclude_none=True, exclude={"loras", "lora_scale", "scheduler_options", "images", *IMAGE_ONLY}
     )
     options = tuple(sorted((parameters.scheduler_options or {}).items()))
     # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.
     request = GenerateRequest(prompt=parsed.inputs, loras=header + listed, scheduler_options=options, **fields)
     return HttpRequest(request=image_request(request, parameters, max_pixels), media_type=_media_type(accept))
+
+
+def _extra_body_merged(document: Any) -> Any:
+    """`parameters.extra_body`'s keys read as parameters: huggingface_hub's `InferenceClient.image_to_image(...,
+    extra_body={"images": [...]})` sends its keyword arguments as parameters, `extra_body` among them (2.4). A key
+    given both ways is refused by name."""
+    parameters = document.get("parameters") if isinstance(document, dict) else None
+    extra = parameters.get("extra_body") if isinstance(parameters, dict) else None
+    if not isinstance(extra, dict):
+        return document
+    rest = {k: v for k, v in parameters.items() if k != "extra_body"}  # type: ignore[union-attr]
+    twice = sorted(set(rest) & set(extra))
+    if twice:
+        raise InvalidRequestError(
+            f"parameter(s) {', '.join(twice)} given both in parameters and in extra_body; accepted: each once"
+        )
+    return {**document, "parameters": {**rest, **extra}}
 
 
 def _spec(item: _Lora, where: str) -> LoraSpec:

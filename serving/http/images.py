@@ -4,8 +4,10 @@
 prefix, when its bytes start as a PNG, JPEG or WebP file does, or when `parameters` hold one of the task's own
 (`prompt`, `target_size`, `mask_image`, `strength`); otherwise it is the text-to-image prompt, as before. Then
 `parameters.prompt` is the prompt ("" without one), `target_size` the output's width and height (the image resized
-to it first), and `mask_image` (base64 too) turns the request into inpainting. The images are decoded by
-`engine.images.decode_image`: the size judged from the header, against MAX_INPUT_PIXELS, before decoding.
+to it first), and `mask_image` (base64 too) turns the request into inpainting. `images` (a list of base64
+images) are further references after `inputs` (the prompt's "image 2", ...); only a JSON body carries them. The
+images are decoded by `engine.images.decode_image`: the size judged from the header, against MAX_INPUT_PIXELS,
+before decoding.
 """
 
 from __future__ import annotations
@@ -60,6 +62,13 @@ def image_request(request: GenerateRequest, parameters: Any, max_pixels: int) ->
     """`request` (its prompt is the body's `inputs`) as image-to-image when `inputs` is an image (see the module
     docstring), else as it is."""
     asked = [name for name in _IMAGE_PARAMETERS if getattr(parameters, name, None) is not None]
+    # `parameters.images`: the further references, each checked as `inputs` is; without an image in `inputs`
+    # the engine refuses them, naming the first image they need.
+    references = tuple(
+        _decoded(text, f"parameters.images[{index}]", max_pixels, "RGB")
+        for index, text in enumerate(getattr(parameters, "images", None) or ())
+    )
+    request = replace(request, images=references)
     if not asked and not is_image_text(request.prompt):
         return request
     image = _decoded(request.prompt, "inputs", max_pixels, "RGB")

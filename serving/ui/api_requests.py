@@ -20,16 +20,33 @@ __all__ = ["api_request", "starting_fields"]
 _UPLOADED = "an image file sent with gradio_client's handle_file, or none"
 
 
-def starting_fields(image: Any, mask: Any, strength: float | None, max_pixels: int) -> dict[str, Any]:
-    """An endpoint's `image`, `mask` (white repainted) and `strength` as the request's `image`, `mask_image` and
-    `strength`. gradio_client's `handle_file` uploads the files (at most MAX_BODY_BYTES: `serving.ui.launch`);
-    Gradio hands over their paths, and `decode_image` reads them as `POST /` does: the header judged against
-    `max_pixels` (MAX_INPUT_PIXELS) before the pixels are decoded."""
+def starting_fields(image: Any, mask: Any, strength: float | None, images: Any, max_pixels: int) -> dict[str, Any]:
+    """An endpoint's `image`, `mask` (white repainted), `strength` and `images` (further references: a list of
+    `handle_file`s) as the request's `image`, `mask_image`, `strength` and `images`. gradio_client's `handle_file`
+    uploads the files (at most MAX_BODY_BYTES: `serving.ui.launch`); Gradio hands over their paths, and
+    `decode_image` reads them as `POST /` does: the header judged against `max_pixels` (MAX_INPUT_PIXELS) before
+    the pixels are decoded."""
     return {
         "image": read_image(image, "image", "RGB", max_pixels),
         "mask_image": read_image(mask, "mask", "L", max_pixels),
         "strength": strength,
+        "images": _references(images, max_pixels),
     }
+
+
+def _references(value: Any, max_pixels: int) -> tuple[InputImage, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise InvalidRequestError(f"images is a {type(value).__name__}; accepted: a list of image files (handle_file)")
+    decoded = []
+    for index, item in enumerate(value):
+        path = item.get("path") if isinstance(item, dict) else item
+        image = read_image(path, f"images[{index}]", "RGB", max_pixels)
+        if image is None:
+            raise InvalidRequestError(f"images[{index}] is None; accepted: an image file (handle_file)")
+        decoded.append(image)
+    return tuple(decoded)
 
 
 def read_image(value: Any, name: str, mode: ImageMode, max_pixels: int) -> InputImage | None:
@@ -58,7 +75,7 @@ def api_request(
     scheduler_options: object,
     clip_skip: float | None,
     num_images: float | None,
-    starting: tuple[Any, Any, float | None, int],
+    starting: tuple[Any, Any, float | None, Any, int],
 ) -> GenerateRequest:
     """The API's arguments as a request ("" and empty values: not set); the engine checks every value.
     `starting`: `starting_fields`' arguments."""

@@ -124,6 +124,8 @@ def add_api_endpoints(handlers: Handlers) -> None:
         # parsers only; the header judged against MAX_INPUT_PIXELS before decoding). gr.Image would have PIL open
         # each first (and leave it open), with PIL's refusals; gradio_client's `handle_file` sends either alike.
         input_image, mask, strength = gr.File(type="filepath"), gr.File(type="filepath"), gr.Number(None)
+        # Further reference images after `image` (none: as before), as file paths decoded the same way.
+        references = gr.File(file_count="multiple", type="filepath")
         image = gr.Image(type="pil", format="png", label="image")
         images = gr.Gallery(type="pil", format="png", label="images")
         grid = gr.Image(type="pil", format="png", label="grid")
@@ -134,7 +136,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
 
     generation: list[Any] = [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance]
     generation += [width, height, seed, base, scheduler, scheduler_options, clip_skip]
-    starting = [input_image, mask, strength]
+    starting = [input_image, mask, strength, references]
     trigger.click(
         _generate_api(handlers),
         [*generation, *starting],
@@ -215,6 +217,7 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         image: Any = None,
         mask: Any = None,
         strength: float | None = None,
+        images: list[Any] | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
         """Generate an image; `lora` and `lora_2` are Hub repo ids, Civitai references (`civitai:<version id>`, a
@@ -225,8 +228,9 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         "" for the LoRAs' recommendation or the model's own; `scheduler_options` e.g. {"use_karras_sigmas": true};
         `clip_skip`: text-encoder layers skipped as diffusers counts them (A1111's "Clip skip 2" is 1). `image`
         (none: text-to-image) is the image to start from, `mask` an inpainting mask (white repainted), `strength`
-        how much of the image is re-noised (0-1; none: the model's default). Yields previews while denoising
-        (info `{"preview": true, "step": k}`), then the image and its info.
+        how much of the image is re-noised (0-1; none: the model's default); `images` further reference images
+        after `image` (a list of `handle_file`s: the prompt's "image 2", ...; none: only `image`). Yields previews
+        while denoising (info `{"preview": true, "step": k}`), then the image and its info.
         """
         with user_errors():
             # In a thread: the input image is decoded here (the event loop serves every other client meanwhile).
@@ -234,7 +238,7 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
                 api_request,
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
                 seed, scheduler, scheduler_options, clip_skip, 1,
-                (image, mask, strength, handlers.settings.max_input_pixels),
+                (image, mask, strength, images, handlers.settings.max_input_pixels),
             )  # fmt: skip
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
             if isinstance(item, Frame):
@@ -266,6 +270,7 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
         image: Any = None,
         mask: Any = None,
         strength: float | None = None,
+        images: list[Any] | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[list[tuple[Any, str]], dict[str, Any]]:
         """Several images (1 to 4) in one run, with consecutive seeds from `seed`: `[{"image": path, "caption":
@@ -277,7 +282,7 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
                 api_request,
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
                 seed, scheduler, scheduler_options, clip_skip, num_images,
-                (image, mask, strength, handlers.settings.max_input_pixels),
+                (image, mask, strength, images, handlers.settings.max_input_pixels),
             )  # fmt: skip
         result: GenerateResult | None = None
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
@@ -308,6 +313,7 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         image: Any = None,
         mask: Any = None,
         strength: float | None = None,
+        images: list[Any] | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
         """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
@@ -321,7 +327,7 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         """
         with user_errors():
             pixels = handlers.settings.max_input_pixels
-            starting = await asyncio.to_thread(starting_fields, image, mask, strength, pixels)
+            starting = await asyncio.to_thread(starting_fields, image, mask, strength, images, pixels)
             request = comparison_fields.compare_request(
                 prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
                 scheduler, clip_skip, starting,

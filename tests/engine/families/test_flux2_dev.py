@@ -93,7 +93,8 @@ def test_the_tiny_dev_has_flux2_devs_structure(loaded_dev):
     defaults = loaded_dev.defaults
     assert (defaults.side, defaults.guidance_kind, defaults.negative_prompt) == (64, "distilled", False)
     assert loaded_dev.components == ("transformer",) and defaults.side_multiple == 4
-    assert defaults.modes == ("text-to-image",)  # diffusers 0.42 has no [dev] image-to-image or inpainting class
+    # A request with an image is a reference edit on Flux2Pipeline itself (up to BFL's 6): no inpainting class.
+    assert defaults.modes == ("text-to-image", "image-to-image") and defaults.max_reference_images == 6
     # The sampler menu: FLUX.2's flow-match Euler, as klein's, with its sigma options.
     assert defaults.schedulers == ("FlowMatchEulerDiscreteScheduler",) and "Euler flow" in defaults.samplers
 

@@ -38,9 +38,11 @@ BASES = {
 BASES[Family.FLUX_KONTEXT] = KONTEXT
 BASES[Family.FLUX2_DEV] = FLUX2_DEV
 BASES[Family.QWEN_IMAGE_EDIT] = "Qwen/Qwen-Image-Edit"
+BASES[Family.QWEN_IMAGE_EDIT_PLUS] = "Qwen/Qwen-Image-Edit-2509"
 # FLUX.1 Kontext's and Qwen-Image-Edit's LoRAs have FLUX.1's and Qwen-Image's names and widths: only what they
 # declare tells them (test_flux_kontext.py, test_qwen_image_edit.py).
-BY_TENSORS = [f for f in SERVED_FAMILIES if f not in (Family.FLUX_KONTEXT, Family.QWEN_IMAGE_EDIT)]
+EDITS = (Family.FLUX_KONTEXT, Family.QWEN_IMAGE_EDIT, Family.QWEN_IMAGE_EDIT_PLUS)
+BY_TENSORS = [f for f in SERVED_FAMILIES if f not in EDITS]
 # The kohya metadata each family's trainer writes (sd-scripts' `ss_base_model_version`; musubi-tuner's Z-Image).
 KOHYA_VERSIONS = {
     Family.SDXL: "sdxl_base_v1-0",
@@ -53,6 +55,7 @@ KOHYA_VERSIONS = {
     Family.FLUX_KONTEXT: "flux_kontext",
     Family.FLUX2_DEV: "flux_2_dev",
     Family.QWEN_IMAGE_EDIT: "qwen_image_edit",
+    Family.QWEN_IMAGE_EDIT_PLUS: "qwen_image_edit_plus",
 }
 KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
 

@@ -110,7 +110,8 @@ def diffusers_edit(tiny_dir: Path, folder: Path, weight_name: str | None, mode: 
 def test_the_tiny_qwen_image_edit_is_an_editing_pool_of_qwen_images_structure(loaded_edit):
     pipe = loaded_edit.pipe
     assert type(pipe) is QwenImageEditPipeline and loaded_edit.family is FAMILY and family_spec(MODEL_ID) is FAMILY
-    assert family_spec("Qwen/Qwen-Image-Edit-2509") is FAMILY  # Qwen's later edit releases
+    # Qwen's later edit releases are their own family (QwenImageEditPlusPipeline): test_qwen_image_edit_plus.py.
+    assert family_spec("Qwen/Qwen-Image-Edit-2509") is not FAMILY
     defaults = loaded_edit.defaults
     assert defaults.needs_image and defaults.modes == ("image-to-image", "inpainting")
     assert defaults.strength is None and defaults.inpaint_strength == 0.6  # diffusers' edit-inpaint default
@@ -145,9 +146,9 @@ def test_the_processor_loads_from_a_checkpoint_laid_out_as_qwens(loaded_edit, tm
 
 
 def test_a_checkpoint_for_the_plus_pipeline_is_refused_naming_what_is_accepted(tmp_path):
-    """Qwen-Image-Edit-2509's model_index.json names QwenImageEditPlusPipeline: its LoRAs run here, it does not."""
+    """Qwen-Image-Edit-2509's model_index.json names QwenImageEditPlusPipeline: its own family serves it."""
     (tmp_path / "model_index.json").write_text('{"_class_name": "QwenImageEditPlusPipeline"}')
-    with pytest.raises(SettingsError, match=r"is a QwenImageEditPlusPipeline checkpoint, which no pool here runs; acc"):
+    with pytest.raises(SettingsError, match=r"is a QwenImageEditPlusPipeline checkpoint, which this pool does not run"):
         FAMILY.load_components(str(tmp_path), None)  # type: ignore[misc]
 
 
@@ -228,10 +229,7 @@ def test_a_lora_for_a_wider_transformer_is_refused_naming_the_layer(edit_engine)
     ("bases", "metadata"),
     [
         ([MODEL_ID], {}),
-        (["Qwen/Qwen-Image-Edit-2509"], {}),
         ([], {"modelspec.architecture": "Qwen-Image-Edit/lora"}),
-        ([], {"modelspec.architecture": "Qwen-Image-Edit-Plus/lora"}),
-        ([], {"modelspec.architecture": "Qwen-Image-Edit-2511/lora"}),
         ([], {"ss_sd_model_name": "qwen_image_edit_bf16.safetensors"}),
     ],
 )

@@ -73,7 +73,7 @@ def test_lookups_by_base_and_by_family():
     with pytest.raises(
         SettingsError,
         match=r"an unknown base; accepted: a base of the SDXL, SD 1.5, SD 2.x, FLUX.1, Z-Image, FLUX.2 \[klein\], "
-        r"Qwen-Image, FLUX.1 Kontext, FLUX.2 \[dev\] or Qwen-Image-Edit family",
+        r"Qwen-Image, FLUX.1 Kontext, FLUX.2 \[dev\], Qwen-Image-Edit or Qwen-Image-Edit-2509/2511 family",
     ):
         family_spec("me/mystery")
     with pytest.raises(ValueError, match=r"no pool serves the unknown family; served: sdxl, sd15, sd2, flux"):

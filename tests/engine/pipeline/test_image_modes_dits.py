@@ -1,6 +1,6 @@
 """Image-to-image and inpainting on the newer DiT pools (FLUX.2 [klein], Qwen-Image), against diffusers' own
 pipelines built from the same components with the LoRA fused (`from_pipe`, as test_image_modes.py for the
-others): klein inpaints (diffusers has no klein image-to-image class), Qwen-Image does both."""
+others): klein inpaints (its image-to-image is a reference edit on its own pipeline), Qwen-Image does both."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from diffusers import (
     QwenImagePipeline,
 )
 
-from engine.errors import InvalidRequestError
 from engine.pipeline.modes import mode_pipeline
 from engine.pools.engine import Engine
 from engine.requests import GenerateRequest, LoraSpec
@@ -92,12 +91,15 @@ def test_klein_inpainting_equals_diffusers_own(klein, dit_loras, tiny_flux2_dir)
     assert level_difference(plain.image, ours.image) > 2
 
 
-def test_klein_serves_no_image_to_image_and_says_what_it_serves(klein):
+def test_klein_edits_from_references_on_its_own_pipeline_and_says_so(klein):
+    """klein's image-to-image is a reference edit on its own Flux2KleinPipeline (no strength: it takes none);
+    test_references_flux2.py compares it with diffusers'."""
     defaults = klein.defaults
-    assert defaults.modes == ("text-to-image", "inpainting") and not defaults.needs_image
+    assert defaults.modes == ("text-to-image", "image-to-image", "inpainting") and not defaults.needs_image
     assert (defaults.strength, defaults.inpaint_strength) == (None, 0.8)
-    with pytest.raises(InvalidRequestError, match="no image-to-image pipeline; accepted: text-to-image, inpainting"):
-        generate(klein, image_request(None, 1.0, mask=False))
+    assert (defaults.max_reference_images, defaults.inpaint_references) == (4, True)
+    checked = klein.check(image_request(None, 1.0, mask=False))
+    assert mode_pipeline(klein.loaded.pipe, checked, klein.loaded.family) is klein.loaded.pipe
 
 
 @pytest.mark.parametrize(
