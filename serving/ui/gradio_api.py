@@ -136,35 +136,31 @@ def add_api_endpoints(handlers: Handlers) -> None:
 
     generation: list[Any] = [prompt, negative_prompt, lora, lora_scale, lora_2, lora_2_scale, steps, guidance]
     generation += [width, height, seed, base, scheduler, scheduler_options, clip_skip]
-    starting = [input_image, mask, strength, references]
-    trigger.click(
-        _generate_api(handlers),
-        [*generation, *starting],
-        [image, info],
-        api_name="generate",
-        concurrency_id=PIPELINE,
-        # The engine's scheduler is the one queue (see app.py): Gradio does not hold generations back.
-        concurrency_limit=None,
-    )
-    trigger.click(
-        _generate_images_api(handlers),
-        [*generation, num_images, *starting],
-        [images, info],
-        api_name="generate_images",
-        concurrency_id=PIPELINE,
-        concurrency_limit=None,
-    )
     comparing = [prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed, base]
-    trigger.click(
-        _compare_api(handlers),
-        [*comparing, scheduler, clip_skip, *starting],
-        [grid, cells, compare_json],
-        api_name="compare",
-        concurrency_id=PIPELINE,
-        concurrency_limit=None,
-    )
+    comparing += [scheduler, clip_skip]
+    starting = [input_image, mask, strength, references]
+    outputs = ([image, info], [images, info], [grid, cells, compare_json])
+    _wire_generation(handlers, trigger, (generation, num_images, comparing, starting), outputs)
     lookups = ([base, search, sort, page, source], page_json, status_json, [repo_id, revision, weight_name], lora_json)
     _wire_lookups(handlers, trigger, *lookups)
+
+
+def _wire_generation(
+    handlers: Handlers,
+    trigger: gr.Button,
+    inputs: tuple[list[Any], gr.Number, list[Any], list[Any]],
+    outputs: tuple[list[Any], list[Any], list[Any]],
+) -> None:
+    """The endpoints that generate: /generate, /generate_images and /compare (in that order), each taking the
+    starting image, mask, strength and references last."""
+    generation, num_images, comparing, starting = inputs
+    for fn, arguments, answer, name in (
+        (_generate_api(handlers), [*generation, *starting], outputs[0], "generate"),
+        (_generate_images_api(handlers), [*generation, num_images, *starting], outputs[1], "generate_images"),
+        (_compare_api(handlers), [*comparing, *starting], outputs[2], "compare"),
+    ):
+        # The engine's scheduler is the one queue (see app.py): Gradio does not hold generations back.
+        trigger.click(fn, arguments, answer, api_name=name, concurrency_id=PIPELINE, concurrency_limit=None)
 
 
 def _wire_lookups(
