@@ -105,6 +105,11 @@ class FamilyIdentity:
     civitai: tuple[CivitaiLabel, ...] = ()
     # The embedded random-weight pipeline of the family's structure (never looked up on the Hub); None: none.
     tiny_id: str | None = None
+    # Deployment choices with nothing configured: `demo`, the offline demo serves a pool of its `tiny_id`;
+    # `default_pool`, a GPU large enough for two pools (`serving.runtime`) serves its reference model (the first
+    # registered family's alone on a smaller one). Each pool comes in the registry's order.
+    demo: bool = False
+    default_pool: bool = False
 
     @property
     def model_id(self) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import SettingsError
-from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID, PoolSetting, Settings, parse_models
+from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings, parse_models
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from serving.runtime import DEFAULT_POOLS, DEMO_POOLS, plan_start
 
 SD21 = "stabilityai/stable-diffusion-2-1"
