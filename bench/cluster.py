@@ -175,7 +175,8 @@ def coldstart(out: Path, port: int, repeats: int) -> dict[str, object]:
     from ray import serve
 
     from engine.models import PoolSetting
-    from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID, Settings
+    from engine.settings import DEFAULT_MODEL_ID, Settings
+    from families.sd15 import MODEL_ID as SD15_MODEL_ID
     from serving.cluster.app import deployment_name, local_cluster
 
     settings = Settings(

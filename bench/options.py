@@ -9,6 +9,9 @@ from pathlib import Path
 
 import torch
 
+from engine.families.registry import spec_for
+from families import Family
+
 from .ours import FORMATS
 
 __all__ = ["FAMILIES", "FAMILY_VALUES", "HEADLINE_RANK", "VARIANTS", "Options", "parse_options"]
@@ -22,6 +25,7 @@ FAMILY_VALUES = {"sdxl": "sdxl", "flux": "flux", "qwen": "qwen_image"}
 # defaults: 16 and up).
 _FLUX_HEADLINE_RANK = 64
 VARIANTS = ("loha", "lokr", "dora")
+# How messages name the transformer slices (no LyCORIS on them).
 _DIT_LABELS = {"flux": "FLUX", "qwen": "Qwen-Image"}
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -46,7 +50,7 @@ class Options:
 
     @property
     def headline_rank(self) -> int:
-        wanted = _FLUX_HEADLINE_RANK if self.family in ("flux", "qwen") else HEADLINE_RANK
+        wanted = _FLUX_HEADLINE_RANK if _is_dit(self.family) else HEADLINE_RANK
         return wanted if wanted in self.ranks else self.ranks[0]
 
     @property
@@ -185,7 +189,7 @@ def _checked_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace)
     quick, full = args.quick, args.full
     if quick and full:
         parser.error("--quick and --full were both given; accepted: one of them")
-    if args.family not in _DIT_LABELS:
+    if not _is_dit(args.family):
         return _QUICK if quick else _FULL if full else _DEFAULT
     if args.variants:
         parser.error(
@@ -193,3 +197,8 @@ def _checked_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace)
             f"on {_DIT_LABELS[args.family]})"
         )
     return _FLUX_QUICK if quick else _FLUX_FULL if full else _FLUX
+
+
+def _is_dit(name: str) -> bool:
+    """Whether the model `name` swaps on is a transformer (its family's spec says where its denoiser is)."""
+    return spec_for(Family(FAMILY_VALUES[name])).denoiser == "transformer"

@@ -19,10 +19,12 @@ import torch
 
 from engine.errors import SettingsError
 from engine.hostmem import default_host_budget
-from engine.models import ZIMAGE_MODEL_ID
 from engine.pools.plan import GPUS, PlanOptions, declared_needs, plan_memory
-from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, SD15_MODEL_ID, PoolSetting, Settings
+from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
+from families.flux import MODEL_ID as FLUX_MODEL_ID
 from families.flux2_dev import MODEL_ID as FLUX2_DEV_MODEL_ID
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
+from families.zimage import MODEL_ID as ZIMAGE_MODEL_ID
 
 _GB, _MIB = 10**9, 2**20
 # Each GPU with the memory torch reports for it (the tests' figures; the A100's the plan's `GPUS` figure) and the

@@ -45,16 +45,12 @@ from app import build_demo
 from engine.pipeline.loading import LoadedPipeline, load_pipeline
 from engine.pools.pools import Pool, Pools, build_pools
 from engine.prepare.resolve import AdapterResolver
-from engine.settings import (
-    FLUX_MODEL_ID,
-    SD15_MODEL_ID,
-    TINY_FLUX_MODEL_ID,
-    TINY_MODEL_ID,
-    TINY_SD15_MODEL_ID,
-    PoolSetting,
-    Settings,
-)
+from engine.settings import TINY_MODEL_ID, PoolSetting, Settings
 from engine.weights.quantized import BranchedLinear
+from families.flux import MODEL_ID as FLUX_MODEL_ID
+from families.flux import TINY_ID as TINY_FLUX_MODEL_ID
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
+from families.sd15 import TINY_ID as TINY_SD15_MODEL_ID
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend

@@ -2,7 +2,10 @@
 
 Parsed strictly by `parse_models` for `engine.settings`, beside it (this module, like settings, never imports
 torch, nor the engine's family registry: the served families are the registered identities, `families`).
-The model ids are the families' own (`families/<family>.py`), named here as settings has always named them.
+The deployment's model ids are the identities' own, named by none of them here: the default model is the first
+registered family's reference model; the offline demo's pools (`DEMO_POOLS`) and those a large GPU serves with
+nothing configured (`DEFAULT_POOLS`) are the families that declare themselves so (`FamilyIdentity.demo`,
+`default_pool`), in the registry's order.
 """
 
 from __future__ import annotations
@@ -13,34 +16,26 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from engine.errors import SettingsError
-from families import IDENTITIES, TINY_MODEL_IDS, flux, labels, sd15, sdxl, zimage
+from families import IDENTITIES, TINY_MODEL_IDS, labels
 from lora_catalog.bases import family_of_base
 from lora_catalog.entries import Family
 
 __all__ = [
     "DEFAULT_MODEL_ID",
-    "FLUX_MODEL_ID",
+    "DEFAULT_POOLS",
+    "DEMO_POOLS",
     "HUB_ID",
-    "SD15_MODEL_ID",
-    "TINY_FLUX_MODEL_ID",
     "TINY_MODEL_ID",
     "TINY_MODEL_IDS",
-    "TINY_SD15_MODEL_ID",
-    "TINY_ZIMAGE_MODEL_ID",
-    "ZIMAGE_MODEL_ID",
     "PoolSetting",
     "Quantize",
     "parse_models",
 ]
 
-DEFAULT_MODEL_ID = sdxl.MODEL_ID
-SD15_MODEL_ID = sd15.MODEL_ID
-FLUX_MODEL_ID = flux.MODEL_ID
-ZIMAGE_MODEL_ID = zimage.MODEL_ID
-TINY_MODEL_ID = sdxl.TINY_ID
-TINY_SD15_MODEL_ID = sd15.TINY_ID
-TINY_FLUX_MODEL_ID = flux.TINY_ID
-TINY_ZIMAGE_MODEL_ID = zimage.TINY_ID
+_DEMO = tuple(i for i in IDENTITIES.values() if i.demo)
+DEFAULT_MODEL_ID = next(iter(IDENTITIES.values())).model_id
+# The default family's tiny pipeline (the first registered one).
+TINY_MODEL_ID = next(iter(TINY_MODEL_IDS))
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
 # QUANTIZE's values (engine.settings), which a MODELS item may also name for its own pool.
 Quantize = Literal["off", "fp8", "auto"]
@@ -48,7 +43,7 @@ _MODELS_FORM = (
     "a comma-separated list of MODEL or MODEL=BASE, each optionally followed by :off, :fp8 or :auto (that pool's "
     f"QUANTIZE), where MODEL is a Hub repo id, a local diffusers folder or {' / '.join(TINY_MODEL_IDS)}, and BASE "
     f"the {labels()} base repo id its LoRAs are checked against (needed for a local folder), e.g. "
-    f"{FLUX_MODEL_ID}:fp8,{DEFAULT_MODEL_ID}"
+    f"{_DEMO[-1].model_id}:fp8,{DEFAULT_MODEL_ID}"
 )
 
 
@@ -64,6 +59,12 @@ class PoolSetting:
     @property
     def is_tiny(self) -> bool:
         return self.model_id in TINY_MODEL_IDS
+
+
+# The offline demo's pools: each demo family's tiny pipeline, checked against its reference model.
+DEMO_POOLS = tuple(PoolSetting(i.tiny_id, i.model_id) for i in _DEMO if i.tiny_id)
+# What a GPU of 20 GB or more serves with nothing configured: each default-pool family's reference model.
+DEFAULT_POOLS = tuple(PoolSetting(i.model_id, i.model_id) for i in IDENTITIES.values() if i.default_pool)
 
 
 def parse_models(raw: str) -> tuple[PoolSetting, ...]:

@@ -53,4 +53,5 @@ IDENTITY = FamilyIdentity(
         CivitaiLabel("Flux.1 S", "black-forest-labs/FLUX.1-schnell"),
     ),
     tiny_id=TINY_ID,
+    demo=True,
 )

@@ -109,6 +109,11 @@ class FamilyIdentity:
     # The family whose pool its LoRAs run on, with a warning, when no pool of its own is served (Qwen-Image-Edit-
     # 2509/2511's on Qwen-Image-Edit's: the same transformer); None: only its own.
     falls_back_to: Family | None = None
+    # Deployment choices with nothing configured: `demo`, the offline demo serves a pool of its `tiny_id`;
+    # `default_pool`, a GPU large enough for two pools (`serving.runtime`) serves its reference model (the first
+    # registered family's alone on a smaller one). Each pool comes in the registry's order.
+    demo: bool = False
+    default_pool: bool = False
 
     @property
     def model_id(self) -> str:

@@ -27,4 +27,6 @@ IDENTITY = FamilyIdentity(
     released="2022-08",
     civitai=(CivitaiLabel("SD 1.5", MODEL_ID),),
     tiny_id=TINY_ID,
+    demo=True,
+    default_pool=True,
 )

@@ -58,4 +58,6 @@ IDENTITY = FamilyIdentity(
         CivitaiLabel("NoobAI", NOOBAI_BASE, finetune=True),
     ),
     tiny_id=TINY_ID,
+    demo=True,
+    default_pool=True,
 )

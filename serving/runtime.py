@@ -27,16 +27,7 @@ from engine.pipeline.loading import LoadedPipeline, load_pipeline
 from engine.pools.pools import build_pools
 from engine.prepare.civitai import CivitaiFiles, civitai_files
 from engine.prepare.resolve import AdapterResolver
-from engine.settings import (
-    DEFAULT_MODEL_ID,
-    FLUX_MODEL_ID,
-    SD15_MODEL_ID,
-    TINY_FLUX_MODEL_ID,
-    TINY_MODEL_ID,
-    TINY_SD15_MODEL_ID,
-    PoolSetting,
-    Settings,
-)
+from engine.settings import DEFAULT_MODEL_ID, DEFAULT_POOLS, DEMO_POOLS, TINY_MODEL_ID, Settings
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
 from lora_catalog.snapshot import default_snapshot_path
@@ -66,12 +57,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _PROBE_TIMEOUT_S = 3.0
 # An A10G (24 GB) holds SDXL (about 7 GB in fp16) and SD 1.5 (about 2.5 GB) with room to generate.
 _TWO_POOL_GPU_BYTES = 20 * 10**9
-DEFAULT_POOLS = (PoolSetting(DEFAULT_MODEL_ID, DEFAULT_MODEL_ID), PoolSetting(SD15_MODEL_ID, SD15_MODEL_ID))
-DEMO_POOLS = (
-    PoolSetting(TINY_MODEL_ID, DEFAULT_MODEL_ID),
-    PoolSetting(TINY_SD15_MODEL_ID, SD15_MODEL_ID),
-    PoolSetting(TINY_FLUX_MODEL_ID, FLUX_MODEL_ID),
-)
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def tiny_sd15_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def loaded_sd15(tiny_sd15_dir: Path, base_settings):
     """The tiny SD 1.5 pipeline, loaded from its folder like a real one (a second pool beside `loaded`)."""
     from engine.pipeline.loading import load_pipeline
-    from engine.settings import SD15_MODEL_ID
+    from families.sd15 import MODEL_ID as SD15_MODEL_ID
 
     return load_pipeline(base_settings.replace(model_id=str(tiny_sd15_dir), base_model_id=SD15_MODEL_ID))
 
@@ -173,7 +173,7 @@ def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def loaded_flux(tiny_flux_dir: Path, base_settings):
     """The tiny FLUX.1 [dev] pipeline, loaded from its folder like a real one (a third pool)."""
     from engine.pipeline.loading import load_pipeline
-    from engine.settings import FLUX_MODEL_ID
+    from families.flux import MODEL_ID as FLUX_MODEL_ID
 
     return load_pipeline(base_settings.replace(model_id=str(tiny_flux_dir), base_model_id=FLUX_MODEL_ID))
 
@@ -198,8 +198,8 @@ def tiny_zimage_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def loaded_zimage(tiny_zimage_dir: Path, base_settings):
     """The tiny Z-Image Turbo pipeline, loaded from its folder like a real one (a second DiT family)."""
-    from engine.models import ZIMAGE_MODEL_ID
     from engine.pipeline.loading import load_pipeline
+    from families.zimage import MODEL_ID as ZIMAGE_MODEL_ID
 
     return load_pipeline(base_settings.replace(model_id=str(tiny_zimage_dir), base_model_id=ZIMAGE_MODEL_ID))
 
@@ -244,7 +244,9 @@ def pristine_flux2(loaded_flux2) -> dict[str, object]:
 def demo_load(loaded, loaded_sd15, loaded_flux) -> Callable[..., object]:
     """A loader for `build_runtime`'s offline demo: the session's tiny SDXL, SD 1.5 and FLUX pipelines, one per
     pool."""
-    from engine.settings import TINY_FLUX_MODEL_ID, TINY_MODEL_ID, TINY_SD15_MODEL_ID
+    from engine.settings import TINY_MODEL_ID
+    from families.flux import TINY_ID as TINY_FLUX_MODEL_ID
+    from families.sd15 import TINY_ID as TINY_SD15_MODEL_ID
 
     pipelines = {TINY_MODEL_ID: loaded, TINY_SD15_MODEL_ID: loaded_sd15, TINY_FLUX_MODEL_ID: loaded_flux}
 

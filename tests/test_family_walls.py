@@ -21,9 +21,6 @@ GENERIC = ("engine", "serving", "lora_catalog")
 FAMILY_HOMES = (REPO / "families", REPO / "engine" / "families")
 VALUES = {f.value for f in Family if f is not Family.UNKNOWN}
 MEMBERS = {f.name for f in Family if f is not Family.UNKNOWN}
-# The settings' named model ids (the default model, the offline demo's pools) choose families for a deployment;
-# they name model ids, not family facts, and no family's addition touches them.
-DEPLOYMENT = {"engine.models"}
 # A family built on another's spec (`dataclasses.replace` of it: an editing model on its base's transformer, FLUX.2
 # [dev] on klein's), which imports that family's spec module; the base's files stay untouched by it.
 BUILT_ON = {
@@ -85,12 +82,12 @@ def graph() -> dict[str, set[str]]:
 @pytest.mark.parametrize("family", list(IDENTITIES))
 def test_a_familys_identity_and_spec_are_imported_only_by_its_own_files(family, graph):
     own = {f"families.{family.value}", f"engine.families.{family.value}"}
-    allowed = own | DEPLOYMENT | {f"engine.families.{f.value}" for f, bases in BUILT_ON.items() if family in bases}
+    allowed = own | {f"engine.families.{f.value}" for f, bases in BUILT_ON.items() if family in bases}
     importers = sorted(m for m, imported in graph.items() if imported & own and m not in allowed)
     assert importers == []
 
 
 def test_the_import_check_sees_a_familys_importers(graph):
-    # engine.models names the default model's id; the variants built on a base import its spec.
-    assert {"families.sdxl"} <= graph["engine.models"]
+    # A family's engine spec imports its identity; the variants built on a base import its spec.
+    assert "families.sdxl" in graph["engine.families.sdxl"]
     assert "engine.families.flux" in graph["engine.families.flux_kontext"]

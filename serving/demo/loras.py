@@ -26,7 +26,7 @@ from PIL import Image
 
 from engine.pipeline.loading import Pipeline
 from engine.requests import GenerateRequest, LoraSpec
-from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, SD15_MODEL_ID
+from engine.settings import DEMO_POOLS
 from serving.backends import Backend, blocking
 from serving.demo.synthetic import (
     TEXT_ATTENTION,
@@ -54,6 +54,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# The demo pools' bases, in the registry's order (`FamilyIdentity.demo`): SDXL's (the default), SD 1.5's and
+# FLUX.1's, each with its LoRAs below; a family joining the demo brings its LoRAs here (this unpacking fails till).
+DEFAULT_MODEL_ID, SD15_MODEL_ID, FLUX_MODEL_ID = (pool.base_model_id for pool in DEMO_POOLS)
 _FORMAT = 3
 _MARKER = "switchboard_demo.json"
 _ARCHITECTURES = {

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("ray.serve")
 
 from engine.models import PoolSetting
-from engine.settings import SD15_MODEL_ID
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from serving.cluster.app import local_cluster
 from tests.support.app_server import free_port
 from tests.support.loras import SD15, SDXL, card, peft_file

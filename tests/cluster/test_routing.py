@@ -15,7 +15,7 @@ from engine.compare import CompareRequest
 from engine.pools.engine import Engine
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import LoraSpec
-from engine.settings import SD15_MODEL_ID
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from lora_catalog.hub import HubSource
 from serving.backends import blocking
 from tests.support.loras import FLUX, SD15, SDXL, card, peft_file

@@ -6,7 +6,8 @@ import pytest
 
 from engine.errors import SettingsError
 from engine.models import PoolSetting
-from engine.settings import SD15_MODEL_ID, Settings
+from engine.settings import Settings
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from serving.cluster.shape import ROUTER_CLASS, deployment_name, pool_options
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"

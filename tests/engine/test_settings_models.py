@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import SettingsError
-from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID, PoolSetting, Settings, parse_models
+from engine.settings import DEFAULT_MODEL_ID, TINY_MODEL_ID, PoolSetting, Settings, parse_models
+from families import IDENTITIES
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from serving.runtime import DEFAULT_POOLS, DEMO_POOLS, plan_start
 
 SD21 = "stabilityai/stable-diffusion-2-1"
@@ -113,3 +115,13 @@ def test_default_pools_follow_the_gpu_memory():
     assert demo.demo and demo.settings.pool_settings == DEMO_POOLS
     explicit = plan_start(Settings.from_env({"MODELS": "tiny,tiny-sd15"}), cuda=lambda: True, probe=lambda s: None)
     assert explicit.demo and explicit.reason == "MODELS=tiny,tiny-sd15 is set"
+
+
+def test_the_deployment_follows_the_identities_declarations():
+    # The first registered family is the default: the offline demo's first pool and the default pools' first.
+    first = next(iter(IDENTITIES.values()))
+    assert (first.model_id, first.tiny_id) == (DEFAULT_MODEL_ID, TINY_MODEL_ID) and first.demo and first.default_pool
+    demo = [i for i in IDENTITIES.values() if i.demo]
+    assert all(i.tiny_id for i in demo)
+    assert [(p.model_id, p.base_model_id) for p in DEMO_POOLS] == [(i.tiny_id, i.model_id) for i in demo]
+    assert [p.model_id for p in DEFAULT_POOLS] == [i.model_id for i in IDENTITIES.values() if i.default_pool]

@@ -19,7 +19,7 @@ from engine.pools.pools import Pools
 from engine.pools.residency import Residency
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
-from engine.settings import SD15_MODEL_ID
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from lora_catalog.hub import HubSource
 from tests.support.checks import generate
 from tests.support.loras import card, peft_file

@@ -22,7 +22,7 @@ from engine.pools.pools import Pools
 from engine.pools.residency import Residency
 from engine.prepare.civitai import civitai_files
 from engine.prepare.resolve import AdapterResolver
-from engine.settings import SD15_MODEL_ID
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from lora_catalog.catalog import Catalog
 from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import InvalidRequestError

@@ -9,7 +9,9 @@ from PIL import Image
 
 from engine.errors import SettingsError
 from engine.requests import GenerateRequest, InputImage, LoraSpec
-from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, SD15_MODEL_ID, Settings
+from engine.settings import DEFAULT_MODEL_ID, Settings
+from families.flux import MODEL_ID as FLUX_MODEL_ID
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from lora_catalog.sft_header import read_header
 from serving.demo.example import EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH
 from serving.demo.loras import DEMO_FLUX_LORAS, DEMO_LORAS, DEMO_SD15_LORAS, ensure_demo_loras

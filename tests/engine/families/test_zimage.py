@@ -19,9 +19,9 @@ from engine.families import flux
 from engine.families.origin import judge_origin
 from engine.families.registry import family_spec
 from engine.families.zimage import FAMILY, convert_lora
-from engine.models import ZIMAGE_MODEL_ID
 from engine.pools.routing import pick_pool
 from engine.requests import CheckedRequest, GenerateRequest, LoraSpec
+from families.zimage import MODEL_ID as ZIMAGE_MODEL_ID
 from lora_catalog.bases import family_from_keys, family_from_metadata
 from lora_catalog.entries import Family
 from serving.demo.synthetic import save_lora

@@ -22,7 +22,9 @@ from engine.pools.residency import Residency, module_bytes
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import DEFAULT_MODEL_ID as SDXL_ID
-from engine.settings import FLUX_MODEL_ID, SD15_MODEL_ID, PoolSetting, Settings
+from engine.settings import PoolSetting, Settings
+from families.flux import MODEL_ID as FLUX_MODEL_ID
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
 from serving.runtime import build_runtime

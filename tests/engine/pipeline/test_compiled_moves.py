@@ -15,7 +15,8 @@ from engine.pools.plan import MemoryPlan, Placement
 from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
 from engine.settings import DEFAULT_MODEL_ID as SDXL_ID
-from engine.settings import SD15_MODEL_ID, PoolSetting
+from engine.settings import PoolSetting
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 
 
 @pytest.fixture

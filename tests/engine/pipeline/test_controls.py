@@ -137,7 +137,7 @@ def test_the_pools_scheduler_is_never_touched_and_the_default_comes_back_exactly
 @pytest.mark.timeout(900)
 def test_different_schedulers_at_once_each_get_their_own_image(pools_two, reference_sdxl, reference_sd15):
     """Requests with different samplers, on both pools at once: each image is the one it would be alone."""
-    from engine.settings import SD15_MODEL_ID
+    from families.sd15 import MODEL_ID as SD15_MODEL_ID
 
     work = [
         (request(seed=20 + i, scheduler=name), base)
@@ -177,7 +177,7 @@ def pools_two(loaded, loaded_sd15, base_settings, clean_hub):
     from engine.pools.pools import Pools
     from engine.pools.residency import Residency
     from engine.prepare.resolve import AdapterResolver
-    from engine.settings import SD15_MODEL_ID
+    from families.sd15 import MODEL_ID as SD15_MODEL_ID
     from lora_catalog.hub import HubSource
 
     resolver = AdapterResolver(
@@ -241,7 +241,7 @@ def test_clip_skip_equals_diffusers_on_sdxl(engine, reference_sdxl, clip_skip):
 @pytest.mark.parametrize("clip_skip", [1, 2])
 def test_clip_skip_equals_diffusers_on_sd15(make_engine, loaded_sd15, reference_sd15, clip_skip):
     from engine.pools.engine import Engine
-    from engine.settings import SD15_MODEL_ID
+    from families.sd15 import MODEL_ID as SD15_MODEL_ID
 
     probe = make_engine()
     sd15 = Engine(loaded_sd15, probe.settings.replace(base_model_id=SD15_MODEL_ID), probe.resolver)

@@ -11,7 +11,7 @@ from torch import nn
 from engine.pipeline import encoders
 from engine.pipeline.encoders import CachedEncoder, run_from_host_ram
 from engine.pipeline.loading import load_pipeline
-from engine.settings import FLUX_MODEL_ID
+from families.flux import MODEL_ID as FLUX_MODEL_ID
 
 
 def _image(loaded, prompt: str = "a fox in a forest") -> np.ndarray:

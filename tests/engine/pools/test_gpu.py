@@ -67,7 +67,7 @@ def test_cuda_samplers_clip_skip_and_batches_leave_the_pool_as_it_was(cuda_loade
 def test_cuda_flux_swaps_are_exact_in_bfloat16(tiny_flux_dir, base_settings, tmp_path, gpu_mode):
     """DTYPE=auto loads FLUX in bfloat16 on a GPU (its activations overflow float16); every naming swaps in and
     out exactly there."""
-    from engine.settings import FLUX_MODEL_ID
+    from families.flux import MODEL_ID as FLUX_MODEL_ID
     from tests.support.flux import CASES, write_flux_loras
 
     settings = base_settings.replace(
@@ -83,7 +83,7 @@ def test_cuda_flux_swaps_are_exact_in_bfloat16(tiny_flux_dir, base_settings, tmp
 def test_cuda_zimage_swaps_are_exact_in_bfloat16(tiny_zimage_dir, base_settings, tmp_path, gpu_mode):
     """DTYPE=auto loads Z-Image in bfloat16 on a GPU (the precision it was trained in); every naming swaps in and
     out exactly there."""
-    from engine.models import ZIMAGE_MODEL_ID
+    from families.zimage import MODEL_ID as ZIMAGE_MODEL_ID
     from tests.support.zimage import CASES, write_zimage_loras
 
     settings = base_settings.replace(

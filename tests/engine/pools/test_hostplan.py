@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from engine.errors import LimitExceededError, SettingsError
-from engine.models import ZIMAGE_MODEL_ID
 from engine.pools.engine import Engine
 from engine.pools.plan import PlanOptions, PoolNeed, declared_needs, plan_memory
 from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
 from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
+from families.zimage import MODEL_ID as ZIMAGE_MODEL_ID
 from lora_catalog.hub import HubSource
 from tests.reliability.test_budgets import plain
 from tests.support.checks import generate

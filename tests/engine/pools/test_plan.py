@@ -14,7 +14,8 @@ from engine.families import sd2, sd15, sdxl
 from engine.pools.plan import PlanOptions, PoolNeed, declared_needs, largest_values, plan_memory
 from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
-from engine.settings import DEFAULT_MODEL_ID, SD15_MODEL_ID, PoolSetting, Settings
+from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 
 GIB = 2**30
 # A host that holds whatever a plan places there: these tests judge the GPU side (the host side: test_hostplan).

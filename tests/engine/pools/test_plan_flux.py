@@ -13,7 +13,8 @@ from engine.errors import SettingsError
 from engine.families import flux
 from engine.pipeline.loading import load_pipeline
 from engine.pools.plan import PlanOptions, largest_values, plan_memory
-from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, PoolSetting, Settings
+from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
+from families.flux import MODEL_ID as FLUX_MODEL_ID
 from tests.support.dit import A10G, FLUX1_VAE, GIB, HOST_RAM, L40S, needs_on_a_gpu, values
 from tests.support.dit import pipeline_image as image
 from tests.support.images import assert_images_close

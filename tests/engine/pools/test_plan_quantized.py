@@ -19,8 +19,9 @@ from engine.pipeline.loading import load_pipeline
 from engine.pools.plan import CUDA_CONTEXT_BYTES, PlanOptions, largest_values, loaded_need, plan_memory
 from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
-from engine.settings import DEFAULT_MODEL_ID, FLUX_MODEL_ID, PoolSetting, Settings
+from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
 from engine.storage import linear_sizes
+from families.flux import MODEL_ID as FLUX_MODEL_ID
 from tests.engine.pools.test_plan import _CLIP_G, _CLIP_H, _CLIP_L, _UNETS
 from tests.engine.pools.test_plan_flux import _TRANSFORMER
 from tests.support.dit import A10G, L40S, needs_on_a_gpu

@@ -11,10 +11,10 @@ from transformers import Qwen3Config, Qwen3Model
 
 from engine.errors import SettingsError
 from engine.families import zimage
-from engine.models import ZIMAGE_MODEL_ID
 from engine.pipeline.loading import load_pipeline
 from engine.pools.plan import PlanOptions, largest_values, plan_memory
 from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
+from families.zimage import MODEL_ID as ZIMAGE_MODEL_ID
 from tests.support.dit import A10G, FLUX1_VAE, GIB, HOST_RAM, L40S, needs_on_a_gpu, values
 from tests.support.dit import pipeline_image as image
 from tests.support.images import assert_images_close

@@ -16,7 +16,7 @@ from diffusers import FluxTransformer2DModel
 from engine.compare import CompareRequest
 from engine.errors import IncompatibleLoraError, InvalidRequestError
 from engine.requests import GenerateRequest, LoraSpec
-from engine.settings import FLUX_MODEL_ID
+from families.flux import MODEL_ID as FLUX_MODEL_ID
 from serving.backends import blocking
 from serving.demo.synthetic import kohya_metadata, save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora

@@ -19,8 +19,9 @@ from engine.pools.needs import loaded_need, pipeline_modules
 from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import LoraSpec
-from engine.settings import FLUX_MODEL_ID, PoolSetting, Settings
+from engine.settings import PoolSetting, Settings
 from engine.weights.quantized import DEQUANTIZED_COPIES, BranchedLinear, held_branches, stored_bytes
+from families.flux import MODEL_ID as FLUX_MODEL_ID
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
 from tests.support.checks import generate

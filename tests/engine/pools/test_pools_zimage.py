@@ -10,8 +10,9 @@ import httpx
 import pytest
 import torch
 
-from engine.models import FLUX_MODEL_ID, ZIMAGE_MODEL_ID
 from engine.requests import LoraSpec
+from families.flux import MODEL_ID as FLUX_MODEL_ID
+from families.zimage import MODEL_ID as ZIMAGE_MODEL_ID
 from serving.demo.synthetic import kohya_metadata, save_lora
 from tests.support.app_server import serve_routes
 from tests.support.checks import backend_of, generate

@@ -25,7 +25,7 @@ from engine.pools.residency import Residency
 from engine.prepare.civitai import CivitaiFiles
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
-from engine.settings import SD15_MODEL_ID
+from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from families.sdxl import ILLUSTRIOUS_BASE, NOOBAI_BASE, PONY_BASE
 from lora_catalog.catalog import Catalog
 from lora_catalog.civitai.source import CivitaiSource

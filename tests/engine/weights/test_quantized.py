@@ -23,8 +23,8 @@ from engine.pipeline.loading import load_pipeline, warm_up
 from engine.pools.plan import pipeline_modules
 from engine.pools.residency import Residency, module_bytes
 from engine.requests import GenerateRequest, LoraSpec
-from engine.settings import FLUX_MODEL_ID
 from engine.weights.quantized import BranchedLinear, held_branches, stored_bytes
+from families.flux import MODEL_ID as FLUX_MODEL_ID
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
 from tests.support.checks import generate
