@@ -51,6 +51,26 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+# Test folders whose files share one package-scoped fixture (tests/reliability/app: one launched app); xdist keeps
+# each on one worker, which then launches it once.
+ONE_WORKER_PACKAGES = ("tests/reliability/app/",)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadfile`, but with each of ONE_WORKER_PACKAGES one unit of work, as a file is."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class PackageScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            package = next((p for p in ONE_WORKER_PACKAGES if nodeid.startswith(p)), None)
+            return package or super()._split_scope(nodeid)
+
+    return PackageScheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from tests.support.standin_hub import StandInHub
