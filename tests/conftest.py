@@ -54,11 +54,15 @@ def pytest_configure(config: pytest.Config) -> None:
 # Test folders whose files share one package-scoped fixture (tests/reliability/app: one launched app); xdist keeps
 # each on one worker, which then launches it once.
 ONE_WORKER_PACKAGES = ("tests/reliability/app/",)
+# Files of one test over the families (parametrised `<family>` or `<family>-<case>`): each family's tests are a unit
+# of their own, so the families' share (Qwen-Image-Edit's alone is minutes) spreads over the workers.
+BY_FAMILY_FILES = ("tests/engine/families/test_swaps.py", "tests/engine/pools/test_pools_mixed.py")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """`--dist loadfile`, but with each of ONE_WORKER_PACKAGES one unit of work, as a file is."""
+    """`--dist loadfile`, but with each of ONE_WORKER_PACKAGES one unit of work, as a file is, and each family's
+    tests in BY_FAMILY_FILES one unit."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -66,6 +70,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class PackageScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             package = next((p for p in ONE_WORKER_PACKAGES if nodeid.startswith(p)), None)
+            path, _, rest = nodeid.partition("::")
+            if path in BY_FAMILY_FILES and "[" in rest:
+                return f"{path}::{rest.split('[', 1)[1].split('-', 1)[0].rstrip(']')}"
             return package or super()._split_scope(nodeid)
 
     return PackageScheduling(config, log)
