@@ -41,16 +41,6 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ.pop("HF_TOKEN", None)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist, each worker's torch takes its share of the cores: two workers of two threads each on two
-    cores wait on each other's OpenMP spins. A process keeps its count, so byte-equal claims within it still hold."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    if workers > 1:
-        import torch
-
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-
-
 # Test folders whose files share one package-scoped fixture (tests/reliability/app: one launched app); xdist keeps
 # each on one worker, which then launches it once.
 ONE_WORKER_PACKAGES = ("tests/reliability/app/",)
