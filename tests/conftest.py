@@ -19,6 +19,9 @@ from pathlib import Path
 import pydantic.v1  # noqa: F401
 import pytest
 
+from families import Family
+from tests.support.tiny import TINY_FAMILIES
+
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -36,6 +39,33 @@ os.environ["HF_HUB_ETAG_TIMEOUT"] = "5"
 os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = "5"
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ.pop("HF_TOKEN", None)
+
+
+# Test folders whose files share one package-scoped fixture (tests/reliability/app: one launched app); xdist keeps
+# each on one worker, which then launches it once.
+ONE_WORKER_PACKAGES = ("tests/reliability/app/",)
+# Files of one test over the families (parametrised `<family>` or `<family>-<case>`): each family's tests are a unit
+# of their own, so the families' share (Qwen-Image-Edit's alone is minutes) spreads over the workers.
+BY_FAMILY_FILES = ("tests/engine/families/test_swaps.py", "tests/engine/pools/test_pools_mixed.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadfile`, but with each of ONE_WORKER_PACKAGES one unit of work, as a file is, and each family's
+    tests in BY_FAMILY_FILES one unit."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class PackageScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            package = next((p for p in ONE_WORKER_PACKAGES if nodeid.startswith(p)), None)
+            path, _, rest = nodeid.partition("::")
+            if path in BY_FAMILY_FILES and "[" in rest:
+                return f"{path}::{rest.split('[', 1)[1].split('-', 1)[0].rstrip(']')}"
+            return package or super()._split_scope(nodeid)
+
+    return PackageScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -56,10 +86,58 @@ def clean_hub(hub) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.families.tiny import ensure_tiny_pipeline
+def tiny_folders(tmp_path_factory: pytest.TempPathFactory):
+    from tests.support.tiny import TinyFolders
 
-    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "pipeline")
+    return TinyFolders(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_folders, base_settings):
+    """Every tiny family's folder, loaded pipeline and pristine weights (tests/support/tiny.py), on first use."""
+    from tests.support.tiny import TinyModels
+
+    return TinyModels(tiny_folders, base_settings)
+
+
+def _tiny_fixtures(family: Family) -> dict[str, object]:
+    """`tiny_<family>_dir`, `loaded_<family>` and `pristine_<family>`: one family's parts of the factory."""
+
+    def folder(tiny_folders) -> Path:
+        return tiny_folders(family)
+
+    def loaded(tiny_models):
+        return tiny_models.loaded(family)
+
+    def pristine(tiny_models) -> dict[str, object]:
+        return tiny_models.pristine(family)
+
+    return {
+        f"tiny_{family.value}_dir": pytest.fixture(folder, scope="session", name=f"tiny_{family.value}_dir"),
+        f"loaded_{family.value}": pytest.fixture(loaded, scope="session", name=f"loaded_{family.value}"),
+        f"pristine_{family.value}": pytest.fixture(pristine, scope="session", name=f"pristine_{family.value}"),
+    }
+
+
+for _family in TINY_FAMILIES:
+    globals().update(_tiny_fixtures(_family))
+
+
+# The default pool's (SDXL's) under the short names most tests use.
+@pytest.fixture(scope="session")
+def tiny_dir(tiny_sdxl_dir: Path) -> Path:
+    return tiny_sdxl_dir
+
+
+@pytest.fixture(scope="session")
+def loaded(loaded_sdxl):
+    return loaded_sdxl
+
+
+@pytest.fixture(scope="session")
+def pristine(pristine_sdxl) -> dict[str, object]:
+    """Every parameter of the tiny SDXL pipeline as loaded, to check bit-exact restores against."""
+    return pristine_sdxl
 
 
 @pytest.fixture(scope="session")
@@ -93,24 +171,6 @@ def base_settings(tiny_dir: Path, fixtures):
         host_cache_bytes=64 * 2**20,
         device_cache_bytes=64 * 2**20,
     )
-
-
-@pytest.fixture(scope="session")
-def loaded(base_settings):
-    from engine.pipeline.loading import load_pipeline
-
-    return load_pipeline(base_settings)
-
-
-@pytest.fixture(scope="session")
-def pristine(loaded) -> dict[str, object]:
-    """Every parameter of the tiny pipeline as loaded, to check bit-exact restores against."""
-    pipe = loaded.pipe
-    return {
-        f"{name}.{key}": value.detach().clone()
-        for name in ("unet", "text_encoder", "text_encoder_2", "vae")
-        for key, value in getattr(pipe, name).state_dict().items()
-    }
 
 
 @pytest.fixture
@@ -147,100 +207,6 @@ def engine(make_engine):
 
 
 @pytest.fixture(scope="session")
-def tiny_sd15_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.families.tiny import ensure_tiny_pipeline
-
-    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-sd15") / "pipeline", model_id="tiny-sd15")
-
-
-@pytest.fixture(scope="session")
-def loaded_sd15(tiny_sd15_dir: Path, base_settings):
-    """The tiny SD 1.5 pipeline, loaded from its folder like a real one (a second pool beside `loaded`)."""
-    from engine.pipeline.loading import load_pipeline
-    from families.sd15 import MODEL_ID as SD15_MODEL_ID
-
-    return load_pipeline(base_settings.replace(model_id=str(tiny_sd15_dir), base_model_id=SD15_MODEL_ID))
-
-
-@pytest.fixture(scope="session")
-def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.families.tiny import ensure_tiny_pipeline
-
-    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-flux") / "pipeline", model_id="tiny-flux")
-
-
-@pytest.fixture(scope="session")
-def loaded_flux(tiny_flux_dir: Path, base_settings):
-    """The tiny FLUX.1 [dev] pipeline, loaded from its folder like a real one (a third pool)."""
-    from engine.pipeline.loading import load_pipeline
-    from families.flux import MODEL_ID as FLUX_MODEL_ID
-
-    return load_pipeline(base_settings.replace(model_id=str(tiny_flux_dir), base_model_id=FLUX_MODEL_ID))
-
-
-@pytest.fixture(scope="session")
-def pristine_flux(loaded_flux) -> dict[str, object]:
-    pipe = loaded_flux.pipe
-    return {
-        f"{name}.{key}": value.detach().clone()
-        for name in ("transformer", "text_encoder", "text_encoder_2", "vae")
-        for key, value in getattr(pipe, name).state_dict().items()
-    }
-
-
-@pytest.fixture(scope="session")
-def tiny_zimage_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.families.tiny import ensure_tiny_pipeline
-
-    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-zimage") / "pipeline", model_id="tiny-zimage")
-
-
-@pytest.fixture(scope="session")
-def loaded_zimage(tiny_zimage_dir: Path, base_settings):
-    """The tiny Z-Image Turbo pipeline, loaded from its folder like a real one (a second DiT family)."""
-    from engine.pipeline.loading import load_pipeline
-    from families.zimage import MODEL_ID as ZIMAGE_MODEL_ID
-
-    return load_pipeline(base_settings.replace(model_id=str(tiny_zimage_dir), base_model_id=ZIMAGE_MODEL_ID))
-
-
-@pytest.fixture(scope="session")
-def pristine_zimage(loaded_zimage) -> dict[str, object]:
-    pipe = loaded_zimage.pipe
-    return {
-        f"{name}.{key}": value.detach().clone()
-        for name in ("transformer", "text_encoder", "vae")
-        for key, value in getattr(pipe, name).state_dict().items()
-    }
-
-
-@pytest.fixture(scope="session")
-def tiny_flux2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.families.tiny import ensure_tiny_pipeline
-
-    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-flux2") / "pipeline", model_id="tiny-flux2")
-
-
-@pytest.fixture(scope="session")
-def loaded_flux2(tiny_flux2_dir: Path, base_settings):
-    """The tiny FLUX.2 [klein] 4B pipeline, loaded from its folder like a real one (the third DiT family)."""
-    from engine.pipeline.loading import load_pipeline
-    from families.flux2 import MODEL_ID
-
-    return load_pipeline(base_settings.replace(model_id=str(tiny_flux2_dir), base_model_id=MODEL_ID))
-
-
-@pytest.fixture(scope="session")
-def pristine_flux2(loaded_flux2) -> dict[str, object]:
-    pipe = loaded_flux2.pipe
-    return {
-        f"{name}.{key}": value.detach().clone()
-        for name in ("transformer", "text_encoder", "vae")
-        for key, value in getattr(pipe, name).state_dict().items()
-    }
-
-
-@pytest.fixture(scope="session")
 def demo_load(loaded, loaded_sd15, loaded_flux) -> Callable[..., object]:
     """A loader for `build_runtime`'s offline demo: the session's tiny SDXL, SD 1.5 and FLUX pipelines, one per
     pool."""
@@ -254,39 +220,3 @@ def demo_load(loaded, loaded_sd15, loaded_flux) -> Callable[..., object]:
         return pipelines[settings.model_id]
 
     return load
-
-
-@pytest.fixture(scope="session")
-def pristine_sd15(loaded_sd15) -> dict[str, object]:
-    pipe = loaded_sd15.pipe
-    return {
-        f"{name}.{key}": value.detach().clone()
-        for name in ("unet", "text_encoder", "vae")
-        for key, value in getattr(pipe, name).state_dict().items()
-    }
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen_image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.families.tiny import ensure_tiny_pipeline
-
-    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-qwen-image") / "pipeline", model_id="tiny-qwen-image")
-
-
-@pytest.fixture(scope="session")
-def loaded_qwen_image(tiny_qwen_image_dir: Path, base_settings):
-    """The tiny Qwen-Image pipeline, loaded from its folder like a real one (a third DiT family)."""
-    from engine.pipeline.loading import load_pipeline
-    from families.qwen_image import MODEL_ID
-
-    return load_pipeline(base_settings.replace(model_id=str(tiny_qwen_image_dir), base_model_id=MODEL_ID))
-
-
-@pytest.fixture(scope="session")
-def pristine_qwen_image(loaded_qwen_image) -> dict[str, object]:
-    pipe = loaded_qwen_image.pipe
-    return {
-        f"{name}.{key}": value.detach().clone()
-        for name in ("transformer", "text_encoder", "vae")
-        for key, value in getattr(pipe, name).state_dict().items()
-    }

@@ -1,6 +1,7 @@
 """FLUX.1 on the tiny FLUX pipeline: every LoRA naming diffusers reads, against its load_lora_weights + fuse_lora;
 the kohya `linear1` split at real width against diffusers' converter; wrong shapes refused; the judgement of a
-FLUX LoRA's origin; previews from packed latents; the base bit-exact after swaps and failures."""
+FLUX LoRA's origin; previews from packed latents; the base bit-exact after swaps and failures.
+Its namings against diffusers' fuse and its base bit-exact after swaps: test_swaps.py (tests/support/swaps.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 from diffusers import FluxPipeline, FluxTransformer2DModel
@@ -28,7 +28,6 @@ from tests.support.checks import generate
 from tests.support.dit import (
     PROMPT,
     assert_components_pristine,
-    local_engine,
     pixels,
     preview_frames,
     save_taef1,
@@ -64,10 +63,8 @@ def wide_loras(flux_loras) -> Path:
 
 
 @pytest.fixture
-def flux_engine(loaded_flux, base_settings, flux_loras):
-    settings = base_settings.replace(local_lora_dir=flux_loras, base_model_id=FLUX)
-    with local_engine(loaded_flux, settings, flux_loras) as engine:
-        yield engine
+def flux_engine(family_engine, flux_loras):
+    return family_engine(Family.FLUX, flux_loras)
 
 
 def diffusers_image(tiny_flux_dir: Path, folder: Path, weight_name: str | None, scale: float = 1.0):
@@ -122,19 +119,6 @@ def test_the_call_takes_no_negative_prompt_and_sides_go_in_sixteens(flux_engine)
 
 
 # -- every format, against diffusers -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_each_flux_lora_format_matches_diffusers_fuse(flux_engine, flux_loras, tiny_flux_dir, case):
-    base = pixels(generate(flux_engine, request()).image)
-    result = generate(flux_engine, request(LoraSpec(f"local:{case.file_name}", scale=0.8)))
-    ours = pixels(result.image)
-    reference = pixels(diffusers_image(tiny_flux_dir, flux_loras, case.reference_name, scale=0.8))
-    assert np.abs(reference - base).mean() > 2, "the LoRA must visibly change the image"
-    assert_images_close(ours, reference)
-    assert np.abs(ours - reference).mean() < 0.1
-    checked = flux_engine.check_lora(LoraSpec(f"local:{case.file_name}"))
-    assert checked.components == (("transformer", "text_encoder") if case.text else ("transformer",))
 
 
 def test_without_a_lora_the_image_is_diffusers_own(flux_engine, flux_loras, tiny_flux_dir):
@@ -226,23 +210,7 @@ def test_previews_unpack_flux_latents_for_taef1_and_the_linear_projection(loaded
     assert LinearPreview(LATENT_RGB, Family.FLUX)(spatial, None).size == (32, 32)
 
 
-# -- exactness ----------------------------------------------------------------------------------------------
-
-
-def test_the_base_is_bit_exact_after_swaps_across_formats_and_failures(
-    flux_engine, wide_loras, loaded_flux, pristine_flux
-):
-    base = generate(flux_engine, request()).image.tobytes()
-    for index, case in enumerate((*CASES, *CASES)):
-        generate(flux_engine, dataclasses.replace(request(LoraSpec(f"local:{case.file_name}")), steps=1))
-        if index % 4 == 1:
-            with pytest.raises(IncompatibleLoraError):
-                generate(flux_engine, request(LoraSpec("local:wide_peft.safetensors")))
-    flux_engine.restore_base_weights()
-    assert_components_pristine(
-        loaded_flux.pipe, pristine_flux, ("transformer", "text_encoder", "text_encoder_2", "vae")
-    )
-    assert generate(flux_engine, request()).image.tobytes() == base
+# -- memory -------------------------------------------------------------------------------------------------
 
 
 def test_a_fused_layers_shared_down_factor_is_held_once(flux_engine, flux_loras):

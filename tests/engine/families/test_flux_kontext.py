@@ -21,7 +21,7 @@ from engine.requests import GenerateRequest, LoraSpec
 from families.flux_kontext import MODEL_ID
 from lora_catalog.entries import Family
 from tests.support.checks import generate
-from tests.support.dit import local_engine, served_pools
+from tests.support.dit import served_pools
 from tests.support.flux import CASES, write_flux_loras
 from tests.support.image_inputs import PROMPT, input_image, input_mask, mode_reference
 from tests.support.images import assert_images_close, level_difference
@@ -30,24 +30,10 @@ LORA = CASES[0].file_name
 
 
 @pytest.fixture(scope="module")
-def tiny_kontext_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.families.tiny import ensure_tiny_pipeline
-
-    return ensure_tiny_pipeline(tmp_path_factory.mktemp("tiny-kontext") / "pipeline", model_id="tiny-flux-kontext")
-
-
-@pytest.fixture(scope="module")
-def loaded_kontext(tiny_kontext_dir: Path, base_settings):
-    from engine.pipeline.loading import load_pipeline
-
-    return load_pipeline(base_settings.replace(model_id=str(tiny_kontext_dir), base_model_id=MODEL_ID))
-
-
-@pytest.fixture(scope="module")
-def kontext_loras(loaded_kontext, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def kontext_loras(loaded_flux_kontext, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A FLUX LoRA whose metadata declares Kontext (as ai-toolkit's ModelSpec does), in the folder."""
     folder = tmp_path_factory.mktemp("kontext-loras")
-    write_flux_loras(loaded_kontext.pipe, folder, cases=CASES[:1])
+    write_flux_loras(loaded_flux_kontext.pipe, folder, cases=CASES[:1])
     path = folder / LORA
     with safe_open(str(path), "pt") as opened:
         tensors = {name: opened.get_tensor(name) for name in opened.keys()}  # noqa: SIM118
@@ -57,10 +43,8 @@ def kontext_loras(loaded_kontext, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.fixture
-def kontext(loaded_kontext, base_settings, kontext_loras):
-    settings = base_settings.replace(local_lora_dir=kontext_loras, base_model_id=MODEL_ID)
-    with local_engine(loaded_kontext, settings, kontext_loras) as engine:
-        yield engine
+def kontext(family_engine, kontext_loras):
+    return family_engine(Family.FLUX_KONTEXT, kontext_loras)
 
 
 def edit(**fields: object) -> GenerateRequest:
@@ -68,14 +52,14 @@ def edit(**fields: object) -> GenerateRequest:
     return GenerateRequest(**request)  # type: ignore[arg-type]
 
 
-def test_the_tiny_kontext_is_an_editing_pool(loaded_kontext):
-    assert type(loaded_kontext.pipe) is FluxKontextPipeline and loaded_kontext.family is FAMILY
-    defaults = loaded_kontext.defaults
+def test_the_tiny_kontext_is_an_editing_pool(loaded_flux_kontext):
+    assert type(loaded_flux_kontext.pipe) is FluxKontextPipeline and loaded_flux_kontext.family is FAMILY
+    defaults = loaded_flux_kontext.defaults
     assert defaults.needs_image and defaults.modes == ("image-to-image", "inpainting")
     assert defaults.strength is None and defaults.inpaint_strength == 1.0
 
 
-def test_an_edit_equals_diffusers_kontext_with_the_lora_fused(kontext, kontext_loras, tiny_kontext_dir):
+def test_an_edit_equals_diffusers_kontext_with_the_lora_fused(kontext, kontext_loras, tiny_flux_kontext_dir):
     ours = generate(kontext, edit(loras=(LoraSpec(f"local:{LORA}"),)))
     assert ours.image.size == (64, 64) and ours.request.mode == "image-to-image"
     call = {"image": input_image().to_pil(), "num_inference_steps": 3, "guidance_scale": 2.5}
@@ -83,7 +67,7 @@ def test_an_edit_equals_diffusers_kontext_with_the_lora_fused(kontext, kontext_l
     reference = mode_reference(
         FluxKontextPipeline,
         FluxKontextPipeline,
-        tiny_kontext_dir,
+        tiny_flux_kontext_dir,
         kontext_loras,
         LORA,
         components=("transformer", "text_encoder"),
@@ -93,7 +77,7 @@ def test_an_edit_equals_diffusers_kontext_with_the_lora_fused(kontext, kontext_l
     assert level_difference(generate(kontext, edit()).image, ours.image) > 2
 
 
-def test_kontext_inpainting_equals_diffusers_own(kontext, kontext_loras, tiny_kontext_dir):
+def test_kontext_inpainting_equals_diffusers_own(kontext, kontext_loras, tiny_flux_kontext_dir):
     ours = generate(kontext, edit(loras=(LoraSpec(f"local:{LORA}"),), mask_image=input_mask(), strength=0.8))
     call = {"image": input_image().to_pil(), "mask_image": input_mask().to_pil(), "strength": 0.8}
     call |= {
@@ -107,7 +91,7 @@ def test_kontext_inpainting_equals_diffusers_own(kontext, kontext_loras, tiny_ko
     reference = mode_reference(
         FluxKontextPipeline,
         FluxKontextInpaintPipeline,
-        tiny_kontext_dir,
+        tiny_flux_kontext_dir,
         kontext_loras,
         LORA,
         components=("transformer", "text_encoder"),
