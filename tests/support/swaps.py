@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import Flux2KleinPipeline, Flux2Pipeline, FluxPipeline, QwenImageEditPipeline, ZImagePipeline
+from diffusers import (
+    Flux2KleinPipeline,
+    Flux2Pipeline,
+    FluxPipeline,
+    QwenImageEditPipeline,
+    QwenImageEditPlusPipeline,
+    ZImagePipeline,
+)
 from diffusers.models import FluxTransformer2DModel
 from PIL import Image
 
@@ -28,6 +35,8 @@ from tests.support.tiny import TinyModels
 
 # musubi-tuner's ModelSpec architecture for a Qwen-Image-Edit LoRA (its utils/sai_model_spec.py).
 EDIT_METADATA = {"modelspec.architecture": "Qwen-Image-Edit/lora"}
+# And for a Qwen-Image-Edit-2509 LoRA.
+PLUS_METADATA = {"modelspec.architecture": "Qwen-Image-Edit-Plus/lora"}
 # A klein LoRA (ai-toolkit's names) for the tiny klein, in FLUX.2 [dev]'s folder.
 KLEIN_LORA = "klein_aitk.safetensors"
 
@@ -138,17 +147,21 @@ def _qwen_reference(tiny_dir: Path, folder: Path, weight_name: str | None, scale
     return qwen_image.diffusers_image(tiny_dir, folder, weight_name, scale=scale)
 
 
-def _edit_reference(tiny_dir: Path, folder: Path, weight_name: str | None, scale: float) -> Image.Image:
-    """diffusers' own edit: QwenImageEditPipeline from the folder, the LoRA fused into the transformer, two steps
-    without true CFG at the image's 64 px, seed 7."""
-    pipe: Any = QwenImageEditPipeline.from_pretrained(tiny_dir)
-    if weight_name is not None:
-        pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name="a0")
-        pipe.fuse_lora(components=["transformer"], lora_scale=scale)
-    pipe.set_progress_bar_config(disable=True)
-    generator = torch.Generator("cpu").manual_seed(7)
-    arguments = {"num_inference_steps": 2, "true_cfg_scale": 1.0, "width": 64, "height": 64}
-    return pipe(prompt=EDIT_PROMPT, image=example_image(), generator=generator, **arguments).images[0]
+def _edit_reference(pipeline_class: Any) -> Callable[[Path, Path, str | None, float], Image.Image]:
+    """diffusers' own edit: `pipeline_class` (QwenImageEditPipeline, QwenImageEditPlusPipeline) from the folder,
+    the LoRA fused into the transformer, two steps without true CFG at the image's 64 px, seed 7."""
+
+    def reference(tiny_dir: Path, folder: Path, weight_name: str | None, scale: float) -> Image.Image:
+        pipe: Any = pipeline_class.from_pretrained(tiny_dir)
+        if weight_name is not None:
+            pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name="a0")
+            pipe.fuse_lora(components=["transformer"], lora_scale=scale)
+        pipe.set_progress_bar_config(disable=True)
+        generator = torch.Generator("cpu").manual_seed(7)
+        arguments = {"num_inference_steps": 2, "true_cfg_scale": 1.0, "width": 64, "height": 64}
+        return pipe(prompt=EDIT_PROMPT, image=example_image(), generator=generator, **arguments).images[0]
+
+    return reference
 
 
 def _edit_request(*loras: LoraSpec, **fields: Any) -> GenerateRequest:
@@ -221,11 +234,26 @@ FAMILIES = (
         qwen_image.CASES,
         _qwen_files(Family.QWEN_IMAGE_EDIT, "edit", EDIT_METADATA),
         _edit_request,
-        _edit_reference,
+        _edit_reference(QwenImageEditPipeline),
         _transformer,
         qwen_image.CASES[:4],
         (
             Refusal(2, 1, IncompatibleLoraError, "edit_wide.safetensors"),
+            Refusal(2, 1, InvalidRequestError, None, {"image": None}),
+        ),
+        restore_steps=2,
+        mode="image-to-image",
+    ),
+    SwapFamily(
+        Family.QWEN_IMAGE_EDIT_PLUS,
+        qwen_image.CASES,
+        _qwen_files(Family.QWEN_IMAGE_EDIT_PLUS, "plus", PLUS_METADATA),
+        _edit_request,
+        _edit_reference(QwenImageEditPlusPipeline),
+        _transformer,
+        qwen_image.CASES[:4],
+        (
+            Refusal(2, 1, IncompatibleLoraError, "plus_wide.safetensors"),
             Refusal(2, 1, InvalidRequestError, None, {"image": None}),
         ),
         restore_steps=2,
