@@ -27,7 +27,7 @@ done
 # requirements.txt's pins but torch (and, unless --ui, gradio's two), and the test runner's from requirements-dev.txt.
 pinned=$(grep -E '^[A-Za-z0-9_.-]+==' requirements.txt | grep -vE '^torch==')
 if [ "$ui" = 0 ]; then pinned=$(echo "$pinned" | grep -vE '^gradio(_client|-client)?=='); fi
-dev=$(grep -E '^(pytest|pytest-timeout)==' requirements-dev.txt)
+dev=$(grep -E '^(pytest|pytest-timeout|pytest-xdist)==' requirements-dev.txt)
 # What those need that the machine lacks (or has too old), at the versions the project's venv resolved.
 needed=(
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 httpcore2==2.16.2
