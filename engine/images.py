@@ -37,6 +37,7 @@ __all__ = [
     "decode_image",
     "encode_png",
     "open_image",
+    "read_size",
 ]
 
 # PIL's format names -> the media types a client sends them as.
@@ -111,9 +112,7 @@ def open_image(data: bytes, *, what: str, max_pixels: int) -> Image.Image:
     a caller that lays it on a colour: the UI's editor)."""
     opened = _opened(data, what, max_pixels)
     with opened:
-        width, height = opened.size
-        if width * height > max_pixels:
-            raise _over(what, f"{width}x{height} ({width * height} pixels)", max_pixels)
+        _within(opened.size, what, max_pixels)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -123,6 +122,20 @@ def open_image(data: bytes, *, what: str, max_pixels: int) -> Image.Image:
                 return _eight_bit(upright, what)
         except (Image.DecompressionBombError, OSError, ValueError, SyntaxError, EOFError) as e:
             raise InvalidRequestError(f"{what} could not be decoded ({e}); accepted: {ACCEPTED}") from e
+
+
+def read_size(data: bytes, *, what: str, max_pixels: int) -> tuple[int, int]:
+    """`data`'s width and height from its header alone (nothing decoded), refused as `decode_image` refuses it:
+    for a caller that hands the file to a library that decodes it (Gradio's editor)."""
+    with _opened(data, what, max_pixels) as opened:
+        return _within(opened.size, what, max_pixels)
+
+
+def _within(size: tuple[int, int], what: str, max_pixels: int) -> tuple[int, int]:
+    width, height = size
+    if width * height > max_pixels:
+        raise _over(what, f"{width}x{height} ({width * height} pixels)", max_pixels)
+    return size
 
 
 def _opened(data: bytes, what: str, max_pixels: int) -> Image.Image:

@@ -19,9 +19,10 @@ import gradio as gr
 from PIL import Image, ImageChops
 
 from engine.errors import InvalidRequestError
-from engine.images import ACCEPTED, open_image
+from engine.images import ACCEPTED, open_image, read_size
 from engine.requests import REQUEST_FIELDS, CheckedRequest, InputImage, ModelDefaults
 from serving.demo.example import EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH
+from serving.errors import user_errors
 from serving.handlers import Handlers
 from serving.ui import pool_views
 
@@ -66,15 +67,16 @@ class InputPanel:
     shared: gr.Markdown
 
 
-def input_panel(defaults: ModelDefaults, prompt: gr.Textbox) -> InputPanel:
-    """The panel under the prompt; open at once on an editing pool (which takes no request without an image)."""
+def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int) -> InputPanel:
+    """The panel under the prompt; open at once on an editing pool (which takes no request without an image).
+    The editor's files are held to `max_pixels` by their headers before Gradio decodes them (`_header_checked`)."""
     with gr.Accordion(
         "Start from an image (image-to-image; paint a mask to inpaint)", elem_id="inputs", **accordion_control(defaults)
     ) as accordion:
         editor = gr.ImageEditor(
             label="Input image (paint what to repaint)",
             # As file paths (PNG: lossless), read by `engine.images`, the header judged against MAX_INPUT_PIXELS
-            # first. Gradio's editor decodes an upload itself before that: PIL's limit (`serving.ui.launch`) bounds it.
+            # first, also before Gradio's own decode of them (`_header_checked`).
             type="filepath",
             format="png",
             image_mode="RGBA",
@@ -86,6 +88,7 @@ def input_panel(defaults: ModelDefaults, prompt: gr.Textbox) -> InputPanel:
             height=360,
             elem_id="input-image",
         )
+        _header_checked(editor, max_pixels)
         strength = gr.Slider(elem_id="strength", **strength_control(defaults))
         gr.Examples(
             [[str(EXAMPLE_IMAGE), EXAMPLE_PROMPT, EXAMPLE_STRENGTH]],
@@ -98,6 +101,37 @@ def input_panel(defaults: ModelDefaults, prompt: gr.Textbox) -> InputPanel:
     note = gr.Markdown(input_note(defaults), elem_id="input-note")
     shared = gr.Markdown("", elem_id="input-shared")
     return InputPanel(accordion, editor, strength, note, shared)
+
+
+def _header_checked(editor: gr.ImageEditor, max_pixels: int) -> None:
+    """The editor refuses a file over `max_pixels` by its header, with our message, before its own preprocess
+    opens and converts every file with PIL (which would decode an image up to twice the cap first, and past that
+    answer PIL's own error). Wrapped on the instance: a subclass makes Gradio write a `.pyi` beside this module."""
+    preprocess = editor.preprocess
+
+    def checked(payload: Any) -> Any:
+        if payload is not None:
+            # The browser's canvas sends its layers as blobs, held under the payload's id; an API caller, files.
+            held = editor.blob_storage.get(payload.id) if payload.id is not None else payload
+            files = [("the input image", held.background), ("the input image", held.composite)] if held else []
+            files += [("the painted mask", layer) for layer in (held.layers if held else None) or ()]
+            with user_errors():
+                for what, file in files:
+                    if file is not None:
+                        read_size(_bytes_of(file, what), what=what, max_pixels=max_pixels)
+        return preprocess(payload)
+
+    editor.preprocess = checked  # type: ignore[method-assign]
+
+
+def _bytes_of(file: Any, what: str) -> bytes:
+    """A blob's bytes, or those of the file a `FileData` names."""
+    if isinstance(file, bytes | bytearray | memoryview):
+        return bytes(file)
+    try:
+        return Path(file.path).read_bytes()
+    except OSError as e:
+        raise InvalidRequestError(f"{what} could not be read ({e.strerror}); accepted: {ACCEPTED}") from e
 
 
 def wire_inputs(

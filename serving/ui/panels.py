@@ -163,7 +163,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     negative = gr.Textbox(
         label="Negative prompt", lines=1, placeholder="blurry, low quality", **fmt.negative_control(defaults)
     )
-    source = input_panel(defaults, prompt)
+    source = input_panel(defaults, prompt, handlers.settings.max_input_pixels)
     slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
     first = _first_slot()
     with gr.Accordion("Blend a second LoRA", open=False), gr.Group():

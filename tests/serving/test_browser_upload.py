@@ -1,0 +1,54 @@
+"""An oversized upload in a real browser: a 4000 x 4000 PNG (a small file, 16 million pixels: over twice
+MAX_INPUT_PIXELS, where PIL's own limit answers first) put into the UI's input image is refused on Generate by our
+check, naming its size and MAX_INPUT_PIXELS (never PIL's message), and nothing reaches the engine.
+
+(A 12000 x 12000 PNG never gets this far here: the editor's canvas in chromium does not take it, shows nothing, and
+sends nothing; `gradio_client` sends it, see tests/serving/test_client_images.py.)"""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from tests.support.app_server import recording_backend, serve_fixture_app
+from tests.support.browser import CHROMIUM, WAIT_MS, browser, page, tile
+
+pytestmark = pytest.mark.browser
+__all__ = ["browser", "page"]  # fixtures, found by pytest in this module's globals
+
+if CHROMIUM is None:
+    pytest.skip("chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+
+
+def test_a_4000_square_upload_is_refused_naming_max_input_pixels(page, loaded, base_settings, hub, fixtures, tmp_path):
+    from playwright.sync_api import expect
+
+    huge = tmp_path / "huge.png"
+    Image.new("RGB", (4000, 4000), (200, 30, 30)).save(huge)
+    made: list = []
+
+    def backend(engine: object) -> object:
+        made.append(recording_backend(engine))
+        return made[-1]
+
+    with serve_fixture_app(loaded, base_settings, hub, fixtures, backend=backend) as served:
+        applied = served.engine.status().applied  # type: ignore[attr-defined]
+        page.goto(served.url)
+        tile(page, "peft").wait_for(timeout=WAIT_MS)
+        page.locator("#prompt textarea").fill("a fox in a forest")
+        page.locator("#inputs").get_by_text("Start from an image").click()
+        # Generate only once the editor shows the image (else the click runs text-to-image).
+        page.locator("#input-image input[type=file]").set_input_files(str(huge))
+        expect(page.locator("#input-image")).not_to_contain_text("Upload an image", timeout=WAIT_MS)
+        page.locator("#generate").click()
+
+        toast = page.locator(".toast-body", has_text="MAX_INPUT_PIXELS")
+        expect(toast).to_be_visible(timeout=WAIT_MS)
+        said = toast.inner_text()
+        # Past PIL's own limit (`cap_decoding`) PIL refuses to open it: our refusal names its pixels from PIL's count.
+        assert "the input image is an image of 16000000 pixels" in said, said
+        assert f"at most {base_settings.max_input_pixels} pixels (MAX_INPUT_PIXELS)" in said, said
+        assert "exceeds limit" not in said and "object at 0x" not in said, said
+        # Refused before it was queued: no generation ran, and the engine serves what it served.
+        assert made[0].outcomes.empty()
+        assert served.engine.status().applied == applied  # type: ignore[attr-defined]
