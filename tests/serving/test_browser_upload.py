@@ -1,6 +1,8 @@
-"""An oversized upload in a real browser: a 4000 x 4000 PNG (a small file, 16 million pixels: over twice
-MAX_INPUT_PIXELS, where PIL's own limit answers first) put into the UI's input image is refused on Generate by our
-check, naming its size and MAX_INPUT_PIXELS (never PIL's message), and nothing reaches the engine.
+"""An oversized upload in a real browser: a 3000 x 3000 PNG (a small file, 9 million pixels: over MAX_INPUT_PIXELS,
+under twice it, where Gradio's editor would decode it whole before any check of ours) put into the UI's input image
+is refused on Generate by our check from its header, naming its size and MAX_INPUT_PIXELS (never PIL's message),
+and nothing reaches the engine. (A 3000 x 3000 canvas, where 4000 x 4000 at times took chromium over the wait on
+two loaded cores.)
 
 (A 12000 x 12000 PNG never gets this far here: the editor's canvas in chromium does not take it, shows nothing, and
 sends nothing; `gradio_client` sends it, see tests/serving/test_client_images.py.)"""
@@ -20,11 +22,11 @@ if CHROMIUM is None:
     pytest.skip("chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 
 
-def test_a_4000_square_upload_is_refused_naming_max_input_pixels(page, loaded, base_settings, hub, fixtures, tmp_path):
+def test_a_3000_square_upload_is_refused_naming_max_input_pixels(page, loaded, base_settings, hub, fixtures, tmp_path):
     from playwright.sync_api import expect
 
     huge = tmp_path / "huge.png"
-    Image.new("RGB", (4000, 4000), (200, 30, 30)).save(huge)
+    Image.new("RGB", (3000, 3000), (200, 30, 30)).save(huge)
     made: list = []
 
     def backend(engine: object) -> object:
@@ -45,8 +47,7 @@ def test_a_4000_square_upload_is_refused_naming_max_input_pixels(page, loaded, b
         toast = page.locator(".toast-body", has_text="MAX_INPUT_PIXELS")
         expect(toast).to_be_visible(timeout=WAIT_MS)
         said = toast.inner_text()
-        # Past PIL's own limit (`cap_decoding`) PIL refuses to open it: our refusal names its pixels from PIL's count.
-        assert "the input image is an image of 16000000 pixels" in said, said
+        assert "3000x3000 (9000000 pixels)" in said, said
         assert f"at most {base_settings.max_input_pixels} pixels (MAX_INPUT_PIXELS)" in said, said
         assert "exceeds limit" not in said and "object at 0x" not in said, said
         # Refused before it was queued: no generation ran, and the engine serves what it served.
