@@ -27,9 +27,9 @@ def test_only_the_five_named_endpoints_are_public(client):
     assert set(endpoints) == {"/generate", "/generate_images", "/compare", "/catalog", "/lora_info", "/pool_status"}
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
     images = [p["parameter_name"] for p in endpoints["/generate_images"]["parameters"]]
-    starting = ["image", "mask", "strength"]
+    starting = ["image", "mask", "strength", "images"]
     # /generate_images takes num_images after /generate's text-to-image arguments, before the image's.
-    assert images == [*names[:-3], "num_images", *names[-3:]]
+    assert images == [*names[:-4], "num_images", *names[-4:]]
     assert names == [
         "prompt",
         "negative_prompt",
@@ -49,12 +49,13 @@ def test_only_the_five_named_endpoints_are_public(client):
         "image",
         "mask",
         "strength",
+        "images",
     ]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in endpoints["/generate"]["parameters"]}
     # What /generate did before these existed: the model's own scheduler, no CLIP skip.
     assert (defaults["scheduler"], defaults["scheduler_options"], defaults["clip_skip"]) == ("", None, 0)
     # ... and text-to-image, with no image.
-    assert [defaults[name] for name in starting] == [None, None, None]
+    assert [defaults[name] for name in starting] == [None, None, None, None]
     compare = [p["parameter_name"] for p in endpoints["/compare"]["parameters"]]
     assert compare == [
         "prompt",
@@ -73,6 +74,7 @@ def test_only_the_five_named_endpoints_are_public(client):
         "image",
         "mask",
         "strength",
+        "images",
     ]
 
 

@@ -65,7 +65,8 @@ def test_generate_from_an_image_then_paint_a_mask_through_handle_file(client, fi
     )
     assert (len(images), info["mode"]) == (2, "image-to-image")
     with Image.open(images[0]["image"]) as first:
-        assert first.convert("RGB").tobytes() == image.tobytes(), "the first of two is /generate's for its seed"
+        # A batch of two splits its sums otherwise than one image (tests/README.md): within 2 levels, not bytes.
+        assert level_difference(first.convert("RGB"), image) <= LEVELS, "the first of two is /generate's for its seed"
 
 
 def test_a_comparison_starts_every_cell_from_the_image(client, files, fixtures):
