@@ -110,3 +110,19 @@ def test_the_editors_files_are_read_within_max_input_pixels_by_their_headers(tmp
     with pytest.raises(InvalidRequestError, match="the input image is not an image") as refused:
         source_images({"background": str(tmp_path / "junk.png"), "layers": []})
     assert "object at 0x" not in str(refused.value)
+
+
+def test_the_editor_refuses_a_file_over_max_input_pixels_by_its_header_before_gradio_decodes_it(tmp_path):
+    """What the browser's upload reaches (tests/serving/test_browser_upload.py drives it in chromium, `slow`):
+    over the cap, under twice it (where Gradio's own preprocess would decode it whole), our refusal names its size."""
+    import gradio as gr
+    from gradio.components.image_editor import EditorData
+    from gradio.data_classes import FileData
+
+    huge = tmp_path / "huge.png"
+    Image.new("RGB", (3000, 3000), (200, 30, 30)).save(huge)
+    with gr.Blocks():
+        panel = inputs.input_panel(DEFAULTS, gr.Textbox(), PIXELS)
+    payload = EditorData(background=FileData(path=str(huge)), layers=[], composite=FileData(path=str(huge)))
+    with pytest.raises(gr.Error, match=rf"3000x3000 \(9000000 pixels\); accepted: at most {PIXELS} pixels"):
+        panel.editor.preprocess(payload)
