@@ -188,9 +188,14 @@ def _header_checked(slot: gr.Image, what: str, max_pixels: int) -> None:
     preprocess = slot.preprocess
 
     def checked(payload: Any) -> Any:
-        if payload is not None:
-            with user_errors():
-                read_size(_payload_bytes(payload, what), what=what, max_pixels=max_pixels)
+        if payload is None:
+            return None
+        with user_errors():
+            read_size(_payload_bytes(payload, what), what=what, max_pixels=max_pixels)
+        if payload.path is not None and not (payload.url or "").startswith("data:"):
+            # The path, as Gradio's preprocess answers it without an image_mode: without its PIL open (which it
+            # leaves unclosed); the request decodes the file (`references_of`).
+            return str(payload.path)
         return preprocess(payload)
 
     slot.preprocess = checked  # type: ignore[method-assign]
