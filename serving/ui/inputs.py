@@ -111,7 +111,7 @@ def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int, sl
 
 def editor_label(defaults: ModelDefaults, slots: int) -> str:
     """The editor's label: "Image 1" where the pool takes further images (as the prompt names it)."""
-    first = "Image 1: the input image" if refs.takes(defaults, slots) else "Input image"
+    first = "Image 1" if refs.takes(defaults, slots) else "Input image"
     return f"{first} (paint what to repaint)"
 
 
