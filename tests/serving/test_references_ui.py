@@ -182,3 +182,19 @@ def test_a_share_link_lists_the_images_it_cannot_carry_by_their_short_sha256_in_
     assert "references" not in dict(parse_qsl(urlsplit(single).query))
     odd = filled_form({**query, "references": "<b>,1"})["input"]
     assert "3 images" not in odd and "add an image above" in odd
+
+
+def test_compare_starts_every_cell_from_the_same_images_in_order(tmp_path):
+    from types import SimpleNamespace
+
+    from serving.ui.events import _starting
+
+    handlers = SimpleNamespace(settings=SimpleNamespace(max_input_pixels=PIXELS))
+    a = saved(tmp_path, "a.png", example_image(64, 64, 1))
+    b = saved(tmp_path, "b.png", example_image(64, 64, 2))
+    source = form(tmp_path, [])["source"]
+    starting = _starting(source, 0.5, [b, a], handlers)  # type: ignore[arg-type]
+    expected = tuple(InputImage.from_pil(example_image(64, 64, seed)) for seed in (2, 1))
+    assert starting["images"] == expected and starting["image"] == InputImage.from_pil(example_image(64, 64, 0))
+    with pytest.raises(InvalidRequestError, match="Image 1 \\(the input image\\) is empty"):
+        _starting(None, 0.5, [a], handlers)  # type: ignore[arg-type]
