@@ -48,7 +48,8 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         events.wire_compare(handlers, request, comparison, status_md)
         events.wire_status(demo, handlers, status_md, refresh, api_md)
         source = request.source
-        inputs.wire_inputs(handlers, browser.base, state[4], request.prompt, source, result.image, result.use_input)
+        use = (result.use_input, result.use_into)
+        inputs.wire_inputs(handlers, browser.base, state[4], request.prompt, source, result.image, use)
         add_api_endpoints(handlers)
     # Gradio's queue only holds catalogue and check events (generations pass straight to the scheduler, which
     # enforces MAX_QUEUE); a size here would be a second, different limit on generations.

@@ -24,6 +24,7 @@ from serving.ui.gradio_api import PIPELINE, compare, generate
 from serving.ui.history import FORM
 from serving.ui.inputs import mode_html, source_images
 from serving.ui.panels import ComparePanel, RequestPanel, ResultPanel
+from serving.ui.references import references_of, slot_name
 from serving.ui.snippets import base_url
 
 __all__ = ["PRIVATE", "wire_compare", "wire_generation", "wire_status"]
@@ -78,7 +79,18 @@ def wire_generation(
         concurrency_limit=None,
         api_visibility=PRIVATE,
         show_progress_on=result.image,
+        # The reference slots by name (as many as the app made: `slot_name`), after the form.
+        inputs_kwargs=_slots(request),
     )
+
+
+def _slots(request: RequestPanel) -> dict[str, Any]:
+    return {slot_name(index): slot for index, slot in enumerate(request.source.references)}
+
+
+def _in_order(references: dict[str, Any]) -> list[Any]:
+    """The reference slots' values handed over by name, Image 2 first."""
+    return [references.get(slot_name(index)) for index in range(len(references))]
 
 
 def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, ...]]]:
@@ -110,11 +122,13 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
         kept: list,
         page: gr.Request,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
+        **references: Any,
     ) -> AsyncIterator[tuple[Any, ...]]:
         values: tuple[Any, ...] = (prompt, negative, ref, revision, weight, scale, ref_2, revision_2, weight_2)
         values += (scale_2, size, steps, guidance, sampler, clip_skip, num_images, recommended, seed, randomize)
         values += (source, strength, browsed, kept)
         form = dict(zip(FORM, values, strict=True))
+        form["references"] = _in_order(references)
         with user_errors():
             # In a thread: the input image is read and decoded here, while the event loop serves other clients.
             built = await asyncio.to_thread(history_ui.request_of, form, handlers.settings.max_input_pixels)
@@ -133,14 +147,19 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
             elif item is None:
                 yield (gr.skip(),) * 4 + skip
             else:
-                share, shown, now = history_ui.remember(form, item, base_url(dict(page.headers)))
-                several = len(item.images) > 1
-                gallery = gr.Gallery(value=history_ui.cells(item) if several else None, visible=several)
-                status = await pool_ui.status(handlers)
-                info = fmt.result_html(item) + mode_html(item.request)
-                yield item.image, info, item.seed, status, gallery, share, shown, now, gr.skip()
+                yield await _finished(handlers, form, item, page)
 
     return generate_ui
+
+
+async def _finished(handlers: Handlers, form: dict[str, Any], item: Any, page: gr.Request) -> tuple[Any, ...]:
+    """The result as the page shows it: the image, its line, seed, status, gallery, share link and history."""
+    share, shown, now = history_ui.remember(form, item, base_url(dict(page.headers)))
+    several = len(item.images) > 1
+    gallery = gr.Gallery(value=history_ui.cells(item) if several else None, visible=several)
+    status = await pool_ui.status(handlers)
+    info = fmt.result_html(item) + mode_html(item.request)
+    return item.image, info, item.seed, status, gallery, share, shown, now, gr.skip()
 
 
 def wire_compare(handlers: Handlers, request: RequestPanel, comparison: ComparePanel, status_md: gr.Markdown) -> None:
@@ -169,6 +188,7 @@ def wire_compare(handlers: Handlers, request: RequestPanel, comparison: CompareP
         concurrency_limit=None,
         api_visibility=PRIVATE,
         show_progress_on=comparison.grid,
+        inputs_kwargs=_slots(request),
     )
 
 
@@ -191,12 +211,12 @@ def _compare_ui(handlers: Handlers) -> Callable[..., Any]:
         source: dict | None,
         strength: float | None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
+        **references: Any,
     ) -> tuple[Any, ...]:
         with user_errors():
             width, height = fmt.parse_size(size)
             # Every cell starts from the input image, when there is one (as Generate does).
-            image, mask = await asyncio.to_thread(source_images, source, handlers.settings.max_input_pixels)
-            starting = {"image": image, "mask_image": mask, "strength": strength if image is not None else None}
+            starting = await asyncio.to_thread(_starting, source, strength, _in_order(references), handlers)
             built = comparison_fields.compare_request(
                 prompt,
                 negative,
@@ -218,6 +238,14 @@ def _compare_ui(handlers: Handlers) -> Callable[..., Any]:
         return done.grid, cells, comparison_fields.compare_html(result), result.seed, await pool_ui.status(handlers)
 
     return compare_ui
+
+
+def _starting(source: dict | None, strength: float | None, slots: list[Any], handlers: Handlers) -> dict[str, Any]:
+    """The input image, its mask, the strength and the reference images every cell of a comparison starts from."""
+    pixels = handlers.settings.max_input_pixels
+    image, mask = source_images(source, pixels)
+    images = references_of(slots, pixels, first=image is not None)
+    return {"image": image, "mask_image": mask, "strength": strength if image is not None else None, "images": images}
 
 
 def wire_status(demo: gr.Blocks, handlers: Handlers, status_md: gr.Markdown, refresh: gr.Button, api_md: Any) -> None:

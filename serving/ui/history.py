@@ -15,10 +15,12 @@ import gradio as gr
 
 from engine.requests import GenerateRequest, GenerateResult
 from serving.handlers import Handlers
+from serving.recipes import image_hash
 from serving.ui import formatting as fmt
 from serving.ui import pool_views, session
 from serving.ui.inputs import source_images
 from serving.ui.panels import Browser, RequestPanel, ResultPanel
+from serving.ui.references import references_of
 
 __all__ = ["FORM", "cells", "remember", "request_of", "wire_session"]
 
@@ -52,7 +54,8 @@ FORM = (
 
 
 def request_of(form: Mapping[str, Any], max_pixels: int) -> GenerateRequest:
-    """The request the form asks for (its input image read within `max_pixels`: MAX_INPUT_PIXELS). With the
+    """The request the form asks for (its input image and reference images, `references`: Image 2 first, read
+    within `max_pixels`: MAX_INPUT_PIXELS). With the
     switch on, what the form leaves at its default (the sampler, CLIP skip 1) stays unset, so a LoRA's own
     recommendation (even one only its file's metadata holds) applies."""
     width, height = fmt.parse_size(form["size"])
@@ -65,6 +68,7 @@ def request_of(form: Mapping[str, Any], max_pixels: int) -> GenerateRequest:
     # The input image and the mask painted on it (none: text-to-image, where the strength does not apply).
     image, mask = source_images(form["source"], max_pixels)
     strength = form["strength"] if image is not None else None
+    images = references_of(form.get("references") or (), max_pixels, first=image is not None)
     return GenerateRequest(
         prompt=form["prompt"],
         negative_prompt=form["negative"],
@@ -81,6 +85,7 @@ def request_of(form: Mapping[str, Any], max_pixels: int) -> GenerateRequest:
         image=image,
         mask_image=mask,
         strength=None if strength is None else float(strength),
+        images=images,
     )
 
 
@@ -101,6 +106,9 @@ def remember(form: Mapping[str, Any], result: GenerateResult, base_url: str) -> 
     started = request.image is not None
     values["strength"] = request.strength if started else None
     values["input"] = request.mode if started else None
+    # Nor further reference images: which they were (as the recipe's "Reference hashes"), image 1 first.
+    shown = (request.image, *request.images) if started and request.images else ()
+    values["references"] = ",".join(image_hash(image) for image in shown if image is not None) or None
     params = session.share_params(values)
     mode = f" · {request.mode}" if started else ""
     caption = f"{result.seed} · {request.sampler} · {request.steps} steps{mode} · {request.prompt[:40]}"

@@ -5,12 +5,13 @@ on it is the inpainting mask (white repainted, as diffusers reads a mask; nothin
 strength slider takes its bounds and wording from the request's declaration (`GenerateRequest.strength`) and its
 value from the pool's defaults; a pool that edits by instruction (`ModelDefaults.needs_image`: FLUX.1 Kontext,
 Qwen-Image-Edit) shows how to word its prompt instead, and a pool without an image-to-image pipeline hides the
-slider. "Use as input" puts a result into the editor, to iterate on it.
+slider. "Use as input" puts a result into the editor, to iterate on it. A pool that takes further reference
+images shows their slots under the editor, whose image is then "Image 1" (`serving.ui.references`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from serving.demo.example import EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH
 from serving.errors import user_errors
 from serving.handlers import Handlers
 from serving.ui import pool_views
+from serving.ui import references as refs
 
 __all__ = [
     "EDIT_PLACEHOLDER",
@@ -65,16 +67,19 @@ class InputPanel:
     strength: gr.Slider
     note: gr.Markdown
     shared: gr.Markdown
+    # The further reference images' slots ("Image 2", ...: the request's `images` in order), shown per pool.
+    references: tuple[gr.Image, ...] = ()
 
 
-def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int) -> InputPanel:
+def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int, slots: int = 0) -> InputPanel:
     """The panel under the prompt; open at once on an editing pool (which takes no request without an image).
-    The editor's files are held to `max_pixels` by their headers before Gradio decodes them (`_header_checked`)."""
+    The editor's files are held to `max_pixels` by their headers before Gradio decodes them (`_header_checked`);
+    `slots` reference slots under it (`serving.ui.references.slot_count`), shown where the pool takes them."""
     with gr.Accordion(
         "Start from an image (image-to-image; paint a mask to inpaint)", elem_id="inputs", **accordion_control(defaults)
     ) as accordion:
         editor = gr.ImageEditor(
-            label="Input image (paint what to repaint)",
+            label=editor_label(defaults, slots),
             # As file paths (PNG: lossless), read by `engine.images`, the header judged against MAX_INPUT_PIXELS
             # first, also before Gradio's own decode of them (`_header_checked`).
             type="filepath",
@@ -89,6 +94,7 @@ def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int) ->
             elem_id="input-image",
         )
         _header_checked(editor, max_pixels)
+        references = refs.reference_slots(slots, defaults, max_pixels)
         strength = gr.Slider(elem_id="strength", **strength_control(defaults))
         gr.Examples(
             [[str(EXAMPLE_IMAGE), EXAMPLE_PROMPT, EXAMPLE_STRENGTH]],
@@ -98,9 +104,15 @@ def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int) ->
             api_visibility="private",
             elem_id="input-examples",
         )
-    note = gr.Markdown(input_note(defaults), elem_id="input-note")
+    note = gr.Markdown(input_note(defaults, slots), elem_id="input-note")
     shared = gr.Markdown("", elem_id="input-shared")
-    return InputPanel(accordion, editor, strength, note, shared)
+    return InputPanel(accordion, editor, strength, note, shared, references)
+
+
+def editor_label(defaults: ModelDefaults, slots: int) -> str:
+    """The editor's label: "Image 1" where the pool takes further images (as the prompt names it)."""
+    first = "Image 1" if refs.takes(defaults, slots) else "Input image"
+    return f"{first} (paint what to repaint)"
 
 
 def _header_checked(editor: gr.ImageEditor, max_pixels: int) -> None:
@@ -141,32 +153,43 @@ def wire_inputs(
     prompt: gr.Textbox,
     source: InputPanel,
     result: gr.Image,
-    use_input: gr.Button,
+    use: tuple[gr.Button, gr.Dropdown],
 ) -> None:
-    """A new base: its pool's strength, prompt hint and note (the panel opens on an editing pool). "Use as
-    input": the result becomes the input image."""
+    """A new base: its pool's strength, prompt hint, note and reference slots (the panel opens on an editing
+    pool). "Use as input": the result becomes the input image, or the reference image the dropdown names."""
+    slots = source.references
+    count = len(slots)
+
+    def pool_defaults(browsed: str) -> ModelDefaults | None:
+        pool = pool_views.pool_for_base(handlers.pools, browsed) if browsed else None
+        return pool.defaults if pool is not None else None
 
     def on_base(browsed: str, waiting: dict | None) -> tuple[Any, ...]:
-        pool = pool_views.pool_for_base(handlers.pools, browsed) if browsed else None
-        if pool is None:
-            return (gr.skip(),) * 4
-        defaults = pool.defaults
+        defaults = pool_defaults(browsed)
+        if defaults is None:
+            return (gr.skip(),) * (6 + count)
         # A share link or a history entry that chose this base brings its own strength (`wire_session`).
         linked = isinstance(waiting, dict) and waiting.get("base") == browsed
         slider = strength_control(defaults)
         if linked:
             slider.pop("value")
         panel = gr.Accordion(**accordion_control(defaults, keep=True))
-        return gr.Slider(**slider), gr.Markdown(input_note(defaults)), gr.Textbox(**prompt_control(defaults)), panel
+        shown = (gr.Markdown(input_note(defaults, count)), gr.Textbox(**prompt_control(defaults)), panel)
+        label = gr.ImageEditor(label=editor_label(defaults, count))
+        target = gr.Dropdown(**refs.target_control(defaults, count))
+        return gr.Slider(**slider), *shown, label, target, *(gr.Image(**c) for c in refs.slot_controls(defaults, count))
 
-    def use(image: Image.Image | None) -> tuple[Any, Any]:
-        if image is None:
-            return gr.skip(), gr.skip()
-        return image, gr.Accordion(open=True)
+    def use_result(image: Image.Image | None, target: str | None, editor: Any, browsed: str, *held: Any) -> Any:
+        defaults = pool_defaults(browsed)
+        shown = refs.takes(defaults, count) if defaults is not None else 0
+        return refs.use_result(image, target, editor, held, shown)
 
+    button, target = use
     options: dict[str, Any] = {"api_visibility": "private", "queue": False}
-    base.change(on_base, [base, pending], [source.strength, source.note, prompt, source.accordion], **options)
-    use_input.click(use, result, [source.editor, source.accordion], **options)
+    panel = [source.strength, source.note, prompt, source.accordion, source.editor, target, *slots]
+    base.change(on_base, [base, pending], panel, **options)
+    chosen = [result, target, source.editor, base, *slots]
+    button.click(use_result, chosen, [source.editor, source.accordion, *slots], **options)
 
 
 def accordion_control(defaults: ModelDefaults, keep: bool = False) -> dict[str, Any]:
@@ -201,16 +224,26 @@ def prompt_control(defaults: ModelDefaults) -> dict[str, Any]:
     return {"placeholder": EDIT_PLACEHOLDER if defaults.needs_image else PROMPT_PLACEHOLDER}
 
 
-def input_note(defaults: ModelDefaults) -> str:
-    """The note under the panel: an editing pool's hint, else nothing."""
-    return _EDIT_NOTE if defaults.needs_image else ""
+def input_note(defaults: ModelDefaults, slots: int = 0) -> str:
+    """The note under the panel: an editing pool's hint, and how to name several images in the prompt where the
+    pool takes them (`slots`: the app's reference slots); else nothing."""
+    notes = (_EDIT_NOTE if defaults.needs_image else "", refs.reference_hint(defaults, slots))
+    return "\n\n".join(note for note in notes if note)
 
 
-def link_note(mode: str) -> str:
-    """What a share link of a result made from an input image says (the link carries settings, not images)."""
+def link_note(mode: str, references: Sequence[str] = ()) -> str:
+    """What a share link of a result made from an input image says (the link carries settings, not images); made
+    from several (`references`: each one's short SHA-256, image 1 first), how many and which, in order."""
+    if len(references) < 2:
+        return (
+            f"These settings made a result from an input image ({mode}), which a link or the history cannot "
+            "carry: add an image above to make it again."
+        )
+    which = ", ".join(f"image {n} `{digest}`" for n, digest in enumerate(references, start=1))
     return (
-        f"These settings made a result from an input image ({mode}), which a link or the history cannot carry: "
-        "add an image above to make it again."
+        f"These settings made a result from {len(references)} images ({mode}; short SHA-256 of each: {which}), "
+        f"which a link or the history cannot carry: add them above, as Image 1 to Image {len(references)} in "
+        "that order, to make it again."
     )
 
 

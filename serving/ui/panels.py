@@ -13,6 +13,7 @@ from engine.requests import MAX_IMAGES
 from lora_catalog.hub import SORTS
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
+from serving.ui import references as refs
 from serving.ui.inputs import InputPanel, input_panel, prompt_control
 
 __all__ = [
@@ -95,8 +96,9 @@ class ResultPanel:
     share: gr.Textbox
     history: gr.Gallery
     use_again: gr.Button
-    # Puts the result into the input image, to iterate on it.
+    # Puts the result into the input image, to iterate on it; or into the reference image `use_into` names.
     use_input: gr.Button
+    use_into: gr.Dropdown
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,8 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     negative = gr.Textbox(
         label="Negative prompt", lines=1, placeholder="blurry, low quality", **fmt.negative_control(defaults)
     )
-    source = input_panel(defaults, prompt, handlers.settings.max_input_pixels)
+    slots = refs.slot_count(handlers.pools, handlers.settings.max_reference_images)
+    source = input_panel(defaults, prompt, handlers.settings.max_input_pixels, slots)
     slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
     first = _first_slot()
     with gr.Accordion("Blend a second LoRA", open=False), gr.Group():
@@ -235,7 +238,13 @@ def result_panel(handlers: Handlers) -> ResultPanel:
         buttons=["download", "fullscreen"],
         elem_classes="tiny-output" if handlers.default.defaults.is_tiny else None,
     )
-    use_input = gr.Button("Use as input", size="sm", elem_id="use-as-input")
+    with gr.Row():
+        use_input = gr.Button("Use as input", size="sm", elem_id="use-as-input", scale=0)
+        # Where the pool takes further reference images: which image the result becomes (`wire_inputs`).
+        slots = refs.slot_count(handlers.pools, handlers.settings.max_reference_images)
+        use_into = gr.Dropdown(
+            label="into", show_label=False, elem_id="use-into", **refs.target_control(handlers.default.defaults, slots)
+        )
     gallery = gr.Gallery(
         label="Images", type="pil", format="png", columns=4, height="auto", visible=False, elem_id="result-gallery"
     )
@@ -251,7 +260,7 @@ def result_panel(handlers: Handlers) -> ResultPanel:
             label="Earlier results", columns=6, height="auto", allow_preview=False, elem_id="history", buttons=[]
         )
         use_again = gr.Button("Use these settings again", size="sm", interactive=False, elem_id="use-again")
-    return ResultPanel(image, info, gallery, share, history, use_again, use_input)
+    return ResultPanel(image, info, gallery, share, history, use_again, use_input, use_into)
 
 
 def compare_panel(handlers: Handlers) -> ComparePanel:

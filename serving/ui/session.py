@@ -6,13 +6,15 @@ lora_scale=0.8&sampler=LCM&steps=4&seed=42...`), read when the page loads; the h
 values the same way, so both fill the form through `form_values`. Values are checked as the form's own (a size or
 sampler the pool does not offer, a number out of range, is left as the form has it): a link is only a form
 filled in, and the engine checks the request when it is sent. A link cannot carry an input image: for a result
-made from one it has `input=image-to-image` (or `inpainting`) and the strength, and the form says so. Pure
-functions, no Gradio objects but `gr.skip`.
+made from one it has `input=image-to-image` (or `inpainting`) and the strength, and the form says so; made from
+several (further reference images), `references=` each one's short SHA-256 in order (as the recipe's "Reference
+hashes"), which the form's note lists. Pure functions, no Gradio objects but `gr.skip`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
@@ -49,7 +51,11 @@ FIELDS = (
     "input",
     "base",
 )
+# What a link carries besides the form's fields: the images' short SHA-256s (image 1 first), for the note.
+NOTED = ("references",)
 HISTORY_SIZE = 12
+_DIGEST = re.compile(r"[0-9a-f]{12}")
+_MOST_REFERENCES = 16
 _THUMB = 192
 _TEXT = ("prompt", "negative", "lora", "lora_revision", "lora_weight", "lora_2", "lora_2_revision", "lora_2_weight")
 
@@ -57,7 +63,7 @@ _TEXT = ("prompt", "negative", "lora", "lora_revision", "lora_weight", "lora_2",
 def share_params(values: Mapping[str, object]) -> dict[str, str]:
     """The form's values as query parameters (empty ones and defaults left out: a short link)."""
     params: dict[str, str] = {}
-    for name in FIELDS:
+    for name in (*FIELDS, *NOTED):
         value = values.get(name)
         if value is None or value == "" or (name.endswith("scale") and value == 1.0):
             continue
@@ -88,8 +94,9 @@ def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: i
     out["images"] = _whole(params.get("images"), 1, MAX_IMAGES)
     out["seed"] = _whole(params.get("seed"), 0, MAX_SEED)
     out["strength"] = _number(params.get("strength"), 0.0, 1.0)
-    # The result started from an input image, which the link cannot carry: the form says so.
-    out["input"] = link_note(params["input"]) if params.get("input") in STARTED else None
+    # The result started from an input image (or several), which the link cannot carry: the form says so.
+    started = params.get("input") in STARTED
+    out["input"] = link_note(params["input"], _digests(params.get("references"))) if started else None
     out["base"] = params.get("base") or None
     values = tuple(gr.skip() if out.get(name) is None else out[name] for name in FIELDS)
     # A link with a seed reproduces that image: the seed is not drawn again.
@@ -142,6 +149,13 @@ def recommended(
     else:
         note = ""
     return steps, guidance, sampler, clip_skip, note
+
+
+def _digests(text: object) -> tuple[str, ...]:
+    """A link's `references`: short SHA-256s, comma-separated; none where any is not one (a link is only text)."""
+    found = tuple(text.split(",")) if isinstance(text, str) and text else ()
+    good = len(found) <= _MOST_REFERENCES and all(_DIGEST.fullmatch(digest) for digest in found)
+    return found if good else ()
 
 
 def _number(text: object, low: float, high: float) -> float | None:
