@@ -2,7 +2,8 @@
 SDXL, whose pool takes one image): `POST /` with `parameters.images`, huggingface_hub's InferenceClient with
 `extra_body={"images": [...]}` and gradio_client's /generate with `images` give the same bytes as the engine run
 directly, each answer's warnings (`X-Warnings`, the info dict) naming the reference the pipeline cropped and both
-sizes, which are the sizes diffusers' own call read it at; four HTTP clients mixing the klein pool and SDXL's at
+sizes, which are the sizes diffusers' own call read it at; swapping two references swaps what the call reads
+and the recipe's order; four HTTP clients mixing the klein pool and SDXL's at
 once each get the bytes their request gets alone."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from engine.images import InputImage
 from engine.requests import GenerateRequest, GenerateResult
 from families.flux2 import MODEL_ID as KLEIN
 from families.sdxl import MODEL_ID as SDXL
-from serving.recipes import image_hash, parse_recipe
+from serving.recipes import image_hash, parse_recipe, recipe_text
 from tests.support.app_server import AppServer, serve_fixture_app, serve_routes
 from tests.support.checks import backend_of
 from tests.support.dit import hub_pools, response_image
@@ -193,3 +194,31 @@ def test_a_reference_the_pipeline_would_refuse_is_a_400_naming_it_not_a_failed_r
     assert f"image 3 (images[1]) is {why}" in answer.json()["error"], answer.json()
     assert "accepted: images of sides 64 px or more, at most 8:1" in answer.json()["error"]
     assert klein_app.engine.status().applied == applied
+
+
+def test_swapping_two_references_swaps_what_the_pipeline_reads_and_the_recipe_says_which_order_ran(
+    klein_app, monkeypatch
+):
+    """The tiny pipelines barely read a small reference (swapping two moves the tiny klein's and the tiny
+    Qwen-Image-Edit-2509's image by 1 level, at 2 or 4 steps, with noise, black/white or red/blue references), so
+    the order is shown where diffusers' call reads the images: each one's hash, in the order its preprocessing got
+    them; the images differ, and each recipe lists the order that ran."""
+    processor = klein_app.engine.loaded.pipe.image_processor
+    original, read = processor.preprocess, []
+
+    def spy(image: Any, *args: Any, **kwargs: Any) -> Any:
+        read.append(image_hash(InputImage.from_pil(image)))
+        return original(image, *args, **kwargs)
+
+    monkeypatch.setattr(processor, "preprocess", spy)
+    hashes = [image_hash(InputImage.from_pil(image)) for image in (FIRST, SECOND, THIRD)]
+    runs = []
+    for order in ((SECOND, THIRD), (THIRD, SECOND)):
+        read.clear()
+        result = direct(klein_app.engine, edit(FIRST, *order))
+        sent = [image_hash(InputImage.from_pil(image)) for image in (FIRST, *order)]
+        assert read == sent and sorted(sent) == sorted(hashes)
+        recipe = parse_recipe(recipe_text(result)).parameters
+        assert recipe["Reference hashes"] == ", ".join(f"image {i + 1}: {h}" for i, h in enumerate(sent))
+        runs.append(result.image.tobytes())
+    assert runs[0] != runs[1], "the order of the references changes the image"
