@@ -8,12 +8,16 @@ its config) with `--layers` of its 24 blocks, random weights in bf16, and encode
 encoder's time is scaled from the measured blocks (the blocks are the compute; the embedding is a lookup).
 It ends with one line: `encode_host_s=<s> streamed_s=<s|n/a> cached_s=<s> host_vs_cached=<ratio>
 host_vs_streamed=<ratio|n/a>` (times for the full 24 blocks).
+
+`python -m bench.encode --references` measures instead what each reference image adds to Qwen-Image-Edit-2509/
+2511's prompt encoding (`bench.encode_references`: its own options and `reference_encode:` line).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -80,6 +84,11 @@ def measure(layers: int, tokens: int, repeats: int, scale: int = 1) -> dict[str,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--references" in argv:
+        references([a for a in argv if a != "--references"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2, help=f"blocks built and timed (of {FULL_LAYERS})")
     parser.add_argument("--tokens", type=int, default=512)
@@ -98,6 +107,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"cached_s={cached:.4f} host_vs_cached={host / cached:.0f} "
         f"host_vs_streamed={'n/a' if streamed is None else f'{host / streamed:.1f}'}"
     )
+
+
+def references(argv: Sequence[str]) -> None:
+    """`--references`: each reference image's encode cost beside the prompt's (`bench.encode_references`)."""
+    from bench.encode_references import FULL_TEXT_LAYERS, FULL_VISION_LAYERS, report
+
+    parser = argparse.ArgumentParser(description="each reference image's encode cost (Qwen-Image-Edit-2509/2511)")
+    parser.add_argument("--tiny", action="store_true", help="the tiny EditPlus pipeline's own encoder")
+    parser.add_argument("--count", type=int, default=3, help="references timed (Qwen's cards: up to 3)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--text-layers", type=int, default=2, help=f"decoder layers built (of {FULL_TEXT_LAYERS})")
+    parser.add_argument("--vision-layers", type=int, default=2, help=f"vision blocks built (of {FULL_VISION_LAYERS})")
+    parser.add_argument("--scale", type=int, default=1, help="divide every width by this (tests)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    layers = (args.text_layers, args.vision_layers)
+    report(args.tiny, args.count, args.repeats, layers, args.scale, args.device)
 
 
 if __name__ == "__main__":

@@ -106,20 +106,23 @@ step pytest_gpu 65 cuda ' (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|^(FAILED|ERR
   "$py" -m pytest -p no:cacheprovider -v -rfEs -m gpu --timeout 65 $gpu_tests
 # Issue 29's section 4, confirmed: a pool added on cuda is not copied again; pinned at its size; a step's and a
 # float32 VAE decode's working memory against the plan's reserve; moving a compiled pool with and without graphs.
-step residency 35 cuda '^residency: ' "$py" -m bench.cuda_confirm residency
+step residency 30 cuda '^residency: ' "$py" -m bench.cuda_confirm residency
 step host_pinned 20 cuda '^host_pinned: ' "$py" -m bench.cuda_confirm host_pinned
 step vae_decode 30 cuda '^vae_decode: ' "$py" -m bench.cuda_confirm vae_decode
-step rerecord 35 cuda '^rerecord: ' "$py" -m bench.cuda_confirm rerecord --tiny --moves 20
+step rerecord 30 cuda '^rerecord: ' "$py" -m bench.cuda_confirm rerecord --tiny --moves 20
 # bench.swap on CUDA also runs variant (g): the pristine copies in pinned host memory, as the A10G plan keeps SDXL's.
 step swap_sdxl 55 cuda '^(swap_vs_floor=|swap benchmark:)|\(g\) ' "$py" -m bench.swap --device cuda --quick
-step swap_flux 45 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick --family flux
-step pools 35 cuda '^(restore_vs_floor=|gpu:)' "$py" -m bench.pools --device cuda --dtype float16 --repeats 2
+step swap_flux 40 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick --family flux
+step pools 30 cuda '^(restore_vs_floor=|gpu:)' "$py" -m bench.pools --device cuda --dtype float16 --repeats 2
 step pristine 15 cuda '^pristine_restore' "$py" -m bench.pristine --device cuda
 step compile_tiny 40 cuda '^compile: ' \
   "$py" -m bench.compile --device cuda --tiny --families sdxl --swaps 6 --repeats 3 --steps 4
 step unet_step 35 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes default --repeats 3
 # A host-RAM T5's encode: on the host's CPU, streamed to the GPU (group offloading), and from the prompt cache.
 step encode 20 cuda '^encode_host_s=' "$py" -m bench.encode --layers 1 --repeats 2
+# Each reference image's cost in Qwen-Image-Edit-2509/2511's prompt encoding (Qwen2.5-VL-7B's widths, 2 of its 28
+# layers and 2 of its 32 vision blocks, scaled); residency, rerecord, swap_flux and pools gave it 5 s each.
+step encode_references 20 cuda '^reference_encode: ' "$py" -m bench.encode --references --repeats 2
 # Worth adding when a lent machine has minutes left (not in the 9-minute budget):
 # step unet_step_graphs 90 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes reduce-overhead
 

@@ -21,6 +21,7 @@ from PIL import Image
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.images import ACCEPTED as IMAGE_ACCEPTED
 from engine.images import InputImage
+from engine.references import check_reference_sizes, reference_notes
 from engine.requests import (
     GUIDANCE_RANGE,
     LOCAL_PREFIX,
@@ -87,6 +88,11 @@ def normalise_request(
     if not isinstance(request.lora_defaults, bool):
         raise InvalidRequestError(f"lora_defaults={request.lora_defaults!r} is not accepted; accepted: true, false")
     num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
+    image = _fitted(request.image, (width, height))
+    # What the pipeline makes of each image it reads as a reference (not the image an inpainting repaints).
+    fit, inpainting = defaults.reference_fit, request.mode == "inpainting"
+    check_reference_sizes(image, images, fit, inpainting=inpainting)
+    read = reference_notes(image, images, fit, inpainting=inpainting)
     checked = CheckedRequest(
         prompt=prompt,
         negative_prompt=negative,
@@ -101,14 +107,14 @@ def normalise_request(
         clip_skip=clip_skip,
         num_images=num_images,
         lora_defaults=request.lora_defaults,
-        image=_fitted(request.image, (width, height)),
+        image=image,
         mask_image=_fitted(request.mask_image, (width, height)),
         images=images,
         strength=strength,
         sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
         left_unset=tuple(name for name in SUGGESTIBLE if getattr(request, name) is None),
         # A checked request checked again (a comparison's cells) keeps what its first check noted.
-        notes=tuple(dict.fromkeys((*getattr(request, "notes", ()), *_mask_notes(request), *notes))),
+        notes=tuple(dict.fromkeys((*getattr(request, "notes", ()), *_mask_notes(request), *notes, *read))),
     )
     return checked if suggested is None else with_suggested(checked, suggested, defaults)
 

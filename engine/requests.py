@@ -11,6 +11,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
 from engine.images import DEFAULT_MAX_INPUT_PIXELS, InputImage
+from engine.references import ReferenceFit
 from engine.request_schema import RequestField, request_field
 from engine.samplers import SchedulerOptions, menu, sampler_label
 from lora_catalog import refs
@@ -238,6 +239,8 @@ class ModelDefaults:
     modes: tuple[RequestMode, ...] = ("text-to-image",)
     max_reference_images: int = 0
     inpaint_references: bool = False
+    # How its pipeline sizes each reference it reads (`engine.references`: the warnings saying so); None: as given.
+    reference_fit: ReferenceFit | None = None
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples

@@ -17,11 +17,13 @@ diffusers' `Flux2KleinInpaintPipeline` over the same components, which takes the
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from diffusers import Flux2KleinInpaintPipeline, Flux2KleinPipeline
+from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
 
 from engine.errors import IncompatibleLoraError
 from engine.families.bfl_blocks import FLUX2_RATIOS, contradicts
@@ -42,6 +44,7 @@ from engine.families.spec import (
     head_width,
     hidden_widths,
 )
+from engine.references import ReferenceFit
 from engine.requests import CheckedRequest
 from families.flux2 import BASE_9B, IDENTITY, MODEL_ID_9B
 
@@ -87,6 +90,9 @@ MEMORY_9B = MemorySpec(
     largest_values=150_994_944,
 )
 # The attention inputs a LoRA's down factor shows the hidden width on (q/k/v alone or fused, with the MLP).
+# FLUX.2's call scales a reference image over this many pixels down to it (diffusers: `1024 * 1024`, inline).
+REFERENCE_AREA = 1024 * 1024
+
 _HIDDEN_INPUT = re.compile(r"(to_[qkv]|add_[qkv]_proj|qkv|linear1|to_qkv_mlp_proj)[._]")
 _DOWN = (".lora_down.weight", ".lora_a.weight")
 # Every kohya stem diffusers' FLUX.2 converter reads (`_convert_kohya_flux2_lora_to_diffusers`); it warns about
@@ -181,9 +187,24 @@ def defaults(pipe: Pipeline) -> RunDefaults:
     at a CFG of 4, whose negative side is the pipeline's own empty prompt. Sides go in the VAE's scale times the
     2x2 patches."""
     multiple = 2 * int(pipe.vae_scale_factor)
+    fit = reference_fit(pipe)
     if pipe.config.is_distilled:
-        return RunDefaults(4, 1.0, "none", negative_prompt=False, side_multiple=multiple)
-    return RunDefaults(50, 4.0, "cfg", negative_prompt=False, side_multiple=multiple)
+        return RunDefaults(4, 1.0, "none", negative_prompt=False, side_multiple=multiple, reference_fit=fit)
+    return RunDefaults(50, 4.0, "cfg", negative_prompt=False, side_multiple=multiple, reference_fit=fit)
+
+
+def reference_fit(pipe: Pipeline) -> ReferenceFit:
+    """FLUX.2's call (klein's and [dev]'s) scales a reference over 1 MP down to it, then center-crops its sides to
+    the VAE's scale times the 2x2 patches; it refuses a side under 64 or a ratio over 8 (`check_image_input`'s
+    defaults, read from it). klein's inpainting reads every reference at the first reference's size."""
+    checks = inspect.signature(Flux2ImageProcessor.check_image_input).parameters
+    return ReferenceFit(
+        REFERENCE_AREA,
+        2 * int(pipe.vae_scale_factor),
+        min_side=checks["min_side_length"].default,
+        max_ratio=checks["max_aspect_ratio"].default,
+        inpaint_first_size=True,
+    )
 
 
 def call_arguments(request: CheckedRequest) -> dict[str, Any]:

@@ -54,7 +54,9 @@ WIDTHS = frozenset({6144, TINY_WIDTH})
 def defaults(pipe: Pipeline) -> RunDefaults:
     """50 steps at a distilled guidance of 4 (diffusers' call and BFL's card); sides in the VAE's scale times the
     2x2 patches."""
-    return RunDefaults(50, 4.0, "distilled", negative_prompt=False, side_multiple=2 * int(pipe.vae_scale_factor))
+    multiple = 2 * int(pipe.vae_scale_factor)
+    fit = flux2.reference_fit(pipe)
+    return RunDefaults(50, 4.0, "distilled", negative_prompt=False, side_multiple=multiple, reference_fit=fit)
 
 
 def tokenizer_without_torchvision(model_id: str, token: str | None) -> dict[str, object]:

@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 from diffusers import QwenImageEditPlusPipeline
+from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import CONDITION_IMAGE_SIZE, VAE_IMAGE_SIZE
 
 from engine.families import qwen_image, qwen_image_edit, tiny_qwen_image
 from engine.families.spec import LoraSignature, Pipeline, RunDefaults
+from engine.references import ReferenceFit
 from families.qwen_image_edit_plus import IDENTITY
 
 __all__ = ["FAMILY", "MAX_REFERENCES", "build_tiny_pipeline", "load_components"]
@@ -50,8 +52,10 @@ def build_tiny_pipeline(seed: int = 0) -> QwenImageEditPlusPipeline:
 
 
 def defaults(pipe: Pipeline) -> RunDefaults:
-    """Qwen's card for 2509 and 2511: 40 steps at true CFG 4 (with " " as the negative prompt)."""
-    return dataclasses.replace(qwen_image.defaults(pipe), steps=40)
+    """Qwen's card for 2509 and 2511: 40 steps at true CFG 4 (with " " as the negative prompt). Its call scales every
+    image to about 1 MP for the VAE and about 384 x 384 for Qwen2.5-VL, sides in 32s (diffusers' own constants)."""
+    fit = ReferenceFit(VAE_IMAGE_SIZE, 32, always=True, encoder_area=CONDITION_IMAGE_SIZE)
+    return dataclasses.replace(qwen_image.defaults(pipe), steps=40, reference_fit=fit)
 
 
 FAMILY = dataclasses.replace(

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from PIL import Image
 
 from engine.images import InputImage
+from engine.references import ReferenceFit
 from engine.requests import CheckedRequest, GuidanceKind
 from engine.storage import LinearSizes
 from families import Family, FamilyIdentity
@@ -142,6 +143,8 @@ class RunDefaults:
     negative_prompt: bool = True
     # Image sides must be multiples of this (FLUX: the VAE's 8 times its 2x2 patches).
     side_multiple: int = 8
+    # How its pipeline sizes each reference image it reads (`engine.references`); None: it reads them as given.
+    reference_fit: ReferenceFit | None = None
 
 
 def fixed_defaults(defaults: RunDefaults) -> Callable[[Pipeline], RunDefaults]:

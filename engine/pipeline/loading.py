@@ -240,6 +240,7 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
         modes=modes,
         max_reference_images=family.max_reference_images if takes_images else 0,
         inpaint_references=family.inpaint_references and "inpainting" in modes,
+        reference_fit=run.reference_fit if takes_images else None,
     )
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
