@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 from diffusers import WanPipeline
 
-from engine.errors import InvalidRequestError
+from engine.errors import IncompatibleLoraError, InvalidRequestError
+from engine.families.origin import check_origin, judge_origin
 from engine.families.registry import family_spec
 from engine.families.wan22 import FAMILY
 from engine.requests import GenerateRequest, LoraSpec
+from families.wan import MODEL_ID_14B as WAN_14B
 from families.wan22 import MODEL_ID
 from lora_catalog.entries import Family
 from tests.support.checks import generate
@@ -88,3 +90,15 @@ def test_a_side_scale_of_its_own_is_refused_and_both_transformers_stay_bit_exact
             generate(a14b_engine, request(LoraSpec(f"local:{CASES[0].file_name}", scale_2=0.2), steps=1))
     a14b_engine.restore_base_weights()
     assert_components_pristine(loaded_wan22.pipe, pristine_wan22, (*BOTH, "text_encoder", "vae"))
+
+
+def test_a_wan_2_1_lora_is_allowed_on_an_a14b_pool_with_a_warning_and_another_familys_is_refused():
+    def unread() -> tuple[dict, dict]:
+        raise AssertionError("the card decides")
+
+    warning = check_origin("LoRA 'x'", judge_origin([WAN_14B], unread), MODEL_ID)
+    assert warning is not None and f"made for {WAN_14B}, which no pool here serves; it runs on {MODEL_ID}" in warning
+    assert check_origin("LoRA 'x'", judge_origin([WAN_14B], unread), WAN_14B) is None
+    with pytest.raises(IncompatibleLoraError, match=r"made for Qwen/Qwen-Image \(qwen_image\)") as caught:
+        check_origin("LoRA 'x'", judge_origin(["Qwen/Qwen-Image"], unread), MODEL_ID)
+    assert caught.value.status == 400
