@@ -123,7 +123,7 @@ def _fallen_back(label: str, origin: LoraOrigin, served: Family, served_base: st
     made_for = ", ".join(origin.bases) or IDENTITIES[fallen[0]].label
     warning = (
         f"{label} was made for {made_for}, which no pool here serves; it runs on {served_base} ({served}), whose "
-        "transformer it fits, without its own pipeline's conditioning (one image)"
+        "transformer it fits, without its own pipeline's conditioning"
     )
     logger.warning("%s", warning)
     return warning

@@ -242,6 +242,8 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
         inpaint_references=family.inpaint_references and "inpainting" in modes,
         reference_fit=run.reference_fit if takes_images else None,
     )
+    if family.video is not None:
+        defaults = dataclasses.replace(defaults, video=True, **dataclasses.asdict(family.video(pipe)))
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
         defaults = dataclasses.replace(defaults, steps=4, sizes=fit_presets(side, TINY_SIZES, max_side))
