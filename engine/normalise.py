@@ -9,7 +9,6 @@ Each refusal names the value and what is accepted.
 
 from __future__ import annotations
 
-import math
 import re
 import secrets
 from collections.abc import Callable
@@ -36,6 +35,9 @@ from engine.requests import (
     Suggested,
 )
 from engine.samplers import choose_scheduler, sampler_label
+from engine.values import checked_int as _int
+from engine.values import checked_number as _float
+from engine.video_checks import check_video, video_mode_refusal
 from lora_catalog import refs
 from lora_catalog.civitai.refs import ACCEPTED as CIVITAI_ACCEPTED
 from lora_catalog.civitai.refs import parse_civitai
@@ -70,11 +72,13 @@ def normalise_request(
     returns a new request with a concrete seed."""
     _check_images(request, limits)
     images = _references(request, defaults, limits)
+    video = check_video(request, defaults, limits)
     _check_mode(request, defaults)
     # An image request may come without a prompt (a raw image body: image-to-image with the defaults).
     prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=request.image is not None)
     negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
     loras = _loras(request.loras, limits.max_loras)
+    _check_second_scales(loras, defaults)
     steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
     guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
     width, height = _size(request, defaults)
@@ -100,6 +104,9 @@ def normalise_request(
         scheduler_options=options,
         clip_skip=clip_skip,
         num_images=num_images,
+        num_frames=video.num_frames,
+        fps=video.fps,
+        guidance_2=video.guidance_2,
         lora_defaults=request.lora_defaults,
         image=_fitted(request.image, (width, height)),
         mask_image=_fitted(request.mask_image, (width, height)),
@@ -197,7 +204,8 @@ def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
         revision = _checked(refs.validate_revision, spec.revision) if kind == "hub" else None
         weight_name = _checked(refs.validate_weight_name, spec.weight_name) if kind == "hub" else None
         scale = _float(f"scale of {ref}", spec.scale, 1.0, *SCALE_RANGE)
-        specs.append(LoraSpec(ref=ref, scale=scale, revision=revision, weight_name=weight_name))
+        scale_2 = None if spec.scale_2 is None else _float(f"scale_2 of {ref}", spec.scale_2, 1.0, *SCALE_RANGE)
+        specs.append(LoraSpec(ref=ref, scale=scale, revision=revision, weight_name=weight_name, scale_2=scale_2))
     identities = [(s.ref, s.revision, s.weight_name) for s in specs]
     if len(set(identities)) != len(identities):
         twice = next(i[0] for i in identities if identities.count(i) > 1)
@@ -205,31 +213,18 @@ def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
     return tuple(specs)
 
 
+def _check_second_scales(loras: tuple[LoraSpec, ...], defaults: ModelDefaults) -> None:
+    """A low-noise scale (`scale_2`) only where the pool has a low-noise transformer (`ModelDefaults.two_stage`)."""
+    for spec in loras:
+        if spec.scale_2 is not None and not defaults.two_stage:
+            raise InvalidRequestError(
+                f"scale_2={spec.scale_2:g} of {spec.ref} was given, but this pool's model has one transformer; "
+                "accepted: scale_2 on a two-transformer pool (Wan 2.2 A14B) only, else just scale"
+            )
+
+
 def _checked(check: Callable[[str | None], str | None], value: object) -> str | None:
     return check(value or None)  # type: ignore[arg-type]
-
-
-def _int(name: str, value: object, default: int, low: int, high: int) -> int:
-    if value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name}={value!r} is not an integer; accepted: an integer from {low} to {high}")
-    if not low <= value <= high:
-        error = LimitExceededError if value > high else InvalidRequestError
-        raise error(f"{name}={value} is out of range; accepted: an integer from {low} to {high}")
-    return value
-
-
-def _float(name: str, value: object, default: float, low: float, high: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequestError(f"{name}={value!r} is not a number; accepted: a number from {low:g} to {high:g}")
-    if not low <= value <= high:
-        raise InvalidRequestError(f"{name}={value:g} is out of range; accepted: a number from {low:g} to {high:g}")
-    return float(value)
 
 
 def _check_images(request: GenerateRequest, limits: Limits) -> None:
@@ -261,6 +256,8 @@ def _check_mode(request: GenerateRequest, defaults: ModelDefaults) -> None:
     """The pool serves the request's mode (an editing pool: only with an image)."""
     if request.mode in defaults.modes:
         return
+    if (refusal := video_mode_refusal(request, defaults)) is not None:
+        raise refusal
     served = ", ".join(defaults.modes)
     if defaults.needs_image and request.image is None:
         raise InvalidRequestError(
@@ -341,7 +338,8 @@ def _strength(request: GenerateRequest, defaults: ModelDefaults, steps: int) -> 
         if request.strength is None:
             return None, ()
         ignored = _float("strength", request.strength, 0.0, 0.0, 1.0)
-        return None, (f"strength does not apply to this model (it edits the whole image); {ignored:g} ignored",)
+        why = "the image is the video's first frame" if defaults.video else "it edits the whole image"
+        return None, (f"strength does not apply to this model ({why}); {ignored:g} ignored",)
     strength = _float("strength", request.strength, default, 0.0, 1.0)
     if steps * strength < 1:
         raise InvalidRequestError(

@@ -35,6 +35,9 @@ class RequestField:
     http: str | None = None
     # The Gradio API's arguments for it (the LoRA list is two LoRAs and their scales; none: not offered there).
     gradio: tuple[str, ...] = ()
+    # A video request's field (`ModelDefaults.video`): the image endpoints (/generate, /generate_images, /compare)
+    # leave it out of their signatures, so theirs stay as they were; the video endpoint takes it.
+    video: bool = False
     name: str = ""
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 from engine.images import DEFAULT_MAX_INPUT_PIXELS, InputImage
 from engine.request_schema import RequestField, request_field
+from engine.result_parts import MAX_SEED, AdapterUse, Suggested, Timings, seeds_of
 from engine.samplers import SchedulerOptions, menu, sampler_label
 from lora_catalog import refs
 
@@ -21,7 +22,9 @@ if TYPE_CHECKING:
     from engine.settings import Settings
 
 __all__ = [
+    "FPS_RANGE",
     "MAX_IMAGES",
+    "MAX_SEED",
     "REQUEST_FIELDS",
     "SUGGESTIBLE",
     "AdapterUse",
@@ -40,10 +43,11 @@ __all__ = [
     "seeds_of",
 ]
 
-MAX_SEED = 2**32 - 1
 # Images one request may ask for (consecutive seeds, one denoising batch where memory allows).
 MAX_IMAGES = 4
 SCALE_RANGE = (-2.0, 2.0)
+# A video's frames per second: what players show well (the encoder writes any rate; Wan makes 16 or 24).
+FPS_RANGE = (4, 60)
 GUIDANCE_RANGE = (0.0, 30.0)
 MIN_SIDE = 64
 LOCAL_PREFIX = refs.LOCAL_PREFIX
@@ -61,6 +65,9 @@ class LoraSpec:
     scale: float = 1.0
     revision: str | None = None
     weight_name: str | None = None
+    # The low-noise transformer's scale on a two-transformer pool (Wan 2.2 A14B: `transformer_2`); `scale` is the
+    # high-noise one's. None: `scale` for both. Refused on a pool with one transformer.
+    scale_2: float | None = None
 
 
 _INTEGER, _NUMBER, _TEXT = "an integer", "a number", "a string"
@@ -69,6 +76,7 @@ _OPTIONS = 'an object of scheduler options, e.g. {"use_karras_sigmas": true, "ti
 _IMAGE = "a PNG, JPEG or WebP image"
 _IMAGES = "a list of PNG, JPEG or WebP images"
 _STRENGTH = "a number from 0 to 1"
+_FRAMES = "an integer of the form 4k+1 (5, 9, ..., 81)"
 _F = RequestField
 # Which of a pool's pipelines a request runs on (`GenerateRequest.mode`).
 RequestMode = Literal["text-to-image", "image-to-image", "inpainting"]
@@ -151,6 +159,31 @@ class GenerateRequest:
     images: tuple[InputImage, ...] = request_field(
         (), _F("images", _IMAGES, "further reference images (image 2, 3, ...)", http="images", gradio=("images",))
     )
+    # A video pool's (`ModelDefaults.video`) frames: 4k+1 (Wan's VAE makes 4 frames of each latent frame after the
+    # first), at most the pool's `max_frames` and MAX_VIDEO_FRAMES; None: the pool's default. The video fields come
+    # after `images` (the Gradio API's positional arguments keep their places) and are refused on an image pool.
+    num_frames: float | None = request_field(
+        None, _F("integer", _FRAMES, "video frames", low=1, http="num_frames", gradio=("num_frames",), video=True)
+    )
+    # The video's frames per second (the encoder's rate; the model makes the same frames whatever it is); None:
+    # the pool's default (Wan 2.1's 16, Wan 2.2 TI2V-5B's 24).
+    fps: float | None = request_field(
+        None, _F("integer", _INTEGER, "video frames per second", *FPS_RANGE, http="fps", gradio=("fps",), video=True)
+    )
+    # The low-noise stage's guidance on a two-stage pool (Wan 2.2 A14B's `guidance_scale_2`); None: the pool's
+    # default. `guidance` is the high-noise stage's. Ignored with a warning on a video pool of one stage.
+    guidance_2: float | None = request_field(
+        None,
+        _F(
+            "number",
+            _NUMBER,
+            "low-noise stage guidance scale (Wan 2.2 A14B)",
+            *GUIDANCE_RANGE,
+            http="guidance_scale_2",
+            gradio=("guidance_2",),
+            video=True,
+        ),
+    )
 
     @property
     def mode(self) -> RequestMode:
@@ -184,6 +217,10 @@ class CheckedRequest(GenerateRequest):
     scheduler_options: SchedulerOptions = ()
     clip_skip: int = 0
     num_images: int = 1
+    # A video request's frames and rate (0 on an image pool) and its low-noise guidance (None: one stage).
+    num_frames: int = 0
+    fps: int = 0
+    guidance_2: float | None = None
     sampler: str = ""
     defaults_from: tuple[tuple[str, str], ...] = ()
     # The fields the client left to the defaults (of `SUGGESTIBLE`): the LoRAs' recommendations may fill them
@@ -238,6 +275,15 @@ class ModelDefaults:
     modes: tuple[RequestMode, ...] = ("text-to-image",)
     max_reference_images: int = 0
     inpaint_references: bool = False
+    # A video pool (Wan): its default frames and rate, its frame rule (`frame_multiple`k+1) and its most frames;
+    # `guidance_2`: its low-noise stage's default guidance (None: one stage). Its `modes` read as text-to-video
+    # ("text-to-image") and image-to-video ("image-to-image"); an image-to-video-only pool `needs_image`.
+    video: bool = False
+    num_frames: int = 0
+    fps: int = 0
+    frame_multiple: int = 4
+    max_frames: int = 0
+    guidance_2: float | None = None
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples
@@ -246,6 +292,11 @@ class ModelDefaults:
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "schedulers", tuple(self.schedulers))
         object.__setattr__(self, "modes", tuple(self.modes))
+
+    @property
+    def two_stage(self) -> bool:
+        """Two transformers, high-noise then low-noise steps (Wan 2.2 A14B): LoRAs take a `scale_2` there."""
+        return self.guidance_2 is not None
 
     @property
     def is_tiny(self) -> bool:
@@ -261,6 +312,11 @@ class ModelDefaults:
             )
         if self.guidance_kind == "none" and request.guidance != self.guidance:
             warnings.append(f"guidance does not apply to this model (it takes none); {request.guidance:g} ignored")
+        if self.video and self.guidance_2 is None and request.guidance_2 is not None:
+            warnings.append(
+                f"guidance_2 does not apply to this model (it denoises in one stage: guidance is its guidance); "
+                f"{request.guidance_2:g} ignored"
+            )
         return (*warnings, *request.notes)
 
     @property
@@ -275,18 +331,6 @@ class ModelDefaults:
 
 
 @dataclass(frozen=True)
-class Suggested:
-    """Defaults a request's LoRAs bring (a speed LoRA's sampler, steps and guidance; a card's recommendations):
-    they take the place of the pool's where the client set nothing. `sources` says where each came from."""
-
-    steps: int | None = None
-    guidance: float | None = None
-    scheduler: str | None = None
-    clip_skip: int | None = None
-    sources: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
 class Limits:
     max_loras: int
     max_steps: int
@@ -295,6 +339,8 @@ class Limits:
     max_input_pixels: int = DEFAULT_MAX_INPUT_PIXELS
     # Images one request may bring in all (`image` and `images`; MAX_REFERENCE_IMAGES); None: its pool's limit.
     max_reference_images: int | None = None
+    # A video's most frames (MAX_VIDEO_FRAMES); a pool's own `max_frames` may be lower.
+    max_video_frames: int = 81
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
@@ -305,40 +351,14 @@ class Limits:
             settings.max_prompt_chars,
             max_input_pixels=settings.max_input_pixels,
             max_reference_images=settings.max_reference_images,
+            max_video_frames=settings.max_video_frames,
         )
-
-
-@dataclass(frozen=True)
-class Timings:
-    """Seconds spent in each phase of one request."""
-
-    resolve: float = 0.0
-    prepare: float = 0.0
-    apply: float = 0.0
-    inference: float = 0.0
-    total: float = 0.0
-
-
-@dataclass(frozen=True)
-class AdapterUse:
-    """What one LoRA of a result was: where it came from and whether the cache had it."""
-
-    ref: str
-    revision: str
-    weight_name: str
-    scale: float
-    cache: Literal["hit", "miss"]
-    # The file's hash as A1111 writes it in `Lora hashes` (12 hex digits; Civitai's AutoV3).
-    hash: str = ""
-    # The fine-tune it was trained for when it ran on a pool of another base (a Civitai "Pony" LoRA on SDXL);
-    # None when it ran on the base it declares.
-    trained_for: str | None = None
 
 
 @dataclass(frozen=True)
 class GenerateResult:
     """What a run made: the first image and its seed, and for a request of several the rest (their seeds follow
-    on: `seeds`)."""
+    on: `seeds`). A video (a video pool's run): `frames` in order at `fps`, `image` its first frame."""
 
     image: Image
     seed: int
@@ -352,6 +372,13 @@ class GenerateResult:
     model_id: str = ""
     # The cluster replica that made it (Serve's replica id; `X-Replica`); empty in one process.
     served_by: str = ""
+    # A video's frames, the first being `image` (empty for images), and its frames per second (0 for images).
+    frames: tuple[Image, ...] = ()
+    fps: int = 0
+
+    @property
+    def is_video(self) -> bool:
+        return bool(self.frames)
 
     @property
     def images(self) -> tuple[Image, ...]:
@@ -360,8 +387,3 @@ class GenerateResult:
     @property
     def seeds(self) -> tuple[int, ...]:
         return seeds_of(self.seed, len(self.images))
-
-
-def seeds_of(seed: int, count: int) -> tuple[int, ...]:
-    """`count` consecutive seeds from `seed`, wrapping within 0..MAX_SEED (each a valid request seed)."""
-    return tuple((seed + i) % (MAX_SEED + 1) for i in range(count))

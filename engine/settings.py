@@ -119,6 +119,8 @@ class Settings(BaseModel):
     max_reference_images: Annotated[
         Annotated[int, Field(ge=1, le=16)] | None, BeforeValidator(sv.auto_none), Env("MAX_REFERENCE_IMAGES")
     ] = None
+    # A video's most frames (4k+1: 81 is Wan's 5 s at 16 fps); a pool's own maximum may be lower.
+    max_video_frames: Annotated[int, Field(ge=5, le=1001), Env("MAX_VIDEO_FRAMES")] = 81
     # A POST body: room for such an image and its mask in base64 (a noisy 2048 x 2048 PNG is about 12 MiB).
     max_body_bytes: Annotated[_Bytes, Field(ge=64 * 1024), Env("MAX_BODY_BYTES")] = 32 * 2**20
     max_queue: Annotated[int, Field(ge=1, le=10_000), Env("MAX_QUEUE")] = 16

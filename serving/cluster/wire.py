@@ -79,9 +79,10 @@ class _SpecJson(BaseModel):
     scale: _Number = 1.0
     revision: str | None = None
     weight_name: str | None = None
+    scale_2: _Number | None = None
 
     def spec(self) -> LoraSpec:
-        return LoraSpec(self.ref, self.scale, self.revision, self.weight_name)
+        return LoraSpec(self.ref, self.scale, self.revision, self.weight_name, self.scale_2)
 
 
 class _ImageJson(BaseModel):

@@ -1,0 +1,100 @@
+"""A request's video fields checked for `engine.normalise.normalise_request` (the one gate), refusals naming the
+value and what is accepted.
+
+Policy: on an image pool the video fields (`num_frames`, `fps`, `guidance_2`) are refused (a client asking an
+image model for frames expects a video, and would otherwise get one still image without noticing); on a video
+pool `num_frames` is `frame_multiple`k+1 (Wan's VAE packs the first frame alone and 4 frames in each latent frame
+after it) up to the pool's `max_frames` and MAX_VIDEO_FRAMES, `fps` within FPS_RANGE, and `guidance_2` within the
+guidance range (ignored, with a warning, on a pool of one stage: `ModelDefaults.ignored`). A video pool makes one
+video a request and takes no mask. An image-to-video-only pool refuses a request without an image, a
+text-to-video-only pool one with an image (`video_mode_refusal`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import InvalidRequestError, LimitExceededError
+from engine.requests import FPS_RANGE, GUIDANCE_RANGE, CheckedRequest, GenerateRequest, Limits, ModelDefaults
+from engine.values import checked_int, checked_number
+
+__all__ = ["VIDEO_FIELDS", "VideoSettings", "check_video", "video_mode_refusal"]
+
+VIDEO_FIELDS = ("num_frames", "fps", "guidance_2")
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """A checked request's video fields: 0, 0 and None on an image pool."""
+
+    num_frames: int = 0
+    fps: int = 0
+    guidance_2: float | None = None
+
+
+def check_video(request: GenerateRequest, defaults: ModelDefaults, limits: Limits) -> VideoSettings:
+    """The request's video fields checked against the pool (see the module docstring)."""
+    if not defaults.video:
+        # A request checked before (a comparison's cells) holds an image's 0 frames: nothing was given.
+        for name in () if isinstance(request, CheckedRequest) else VIDEO_FIELDS:
+            value = getattr(request, name)
+            if value is not None:
+                raise InvalidRequestError(
+                    f"{name}={value!r} was given, but this pool's model makes images, not videos; accepted: "
+                    f"{', '.join(VIDEO_FIELDS)} on a video pool only (leave them out here)"
+                )
+        return VideoSettings()
+    if request.num_images not in (None, 1):
+        raise InvalidRequestError(
+            f"num_images={request.num_images!r} is not accepted on a video pool; accepted: 1 (one video a request)"
+        )
+    if request.mask_image is not None:
+        raise InvalidRequestError("mask_image was given to a video pool; accepted: no mask (video is not inpainted)")
+    fps = checked_int("fps", request.fps, defaults.fps, *FPS_RANGE)
+    guidance_2 = None
+    if defaults.guidance_2 is not None or request.guidance_2 is not None:
+        fallback = defaults.guidance_2 if defaults.guidance_2 is not None else 0.0
+        guidance_2 = checked_number("guidance_2", request.guidance_2, fallback, *GUIDANCE_RANGE)
+    return VideoSettings(_frames(request.num_frames, defaults, limits), fps, guidance_2)
+
+
+def _frames(value: object, defaults: ModelDefaults, limits: Limits) -> int:
+    """`num_frames` of the form `frame_multiple`k+1 within the pool's and the Space's maximum; None: the pool's
+    default (the largest allowed when the Space allows fewer)."""
+    step = defaults.frame_multiple
+    pool = defaults.max_frames or limits.max_video_frames
+    high = _rounded_down(min(pool, limits.max_video_frames), step)
+    rule = f"{step}k+1 frames from 1 to {high} ({', '.join(str(step * k + 1) for k in range(1, 4))}, ..., {high})"
+    frames = checked_int("num_frames", value, _rounded_down(min(defaults.num_frames, high), step), 1, 2**31)
+    if (frames - 1) % step:
+        near = _rounded_down(frames, step)
+        raise InvalidRequestError(
+            f"num_frames={frames} is not of the form {step}k+1 (the video VAE makes {step} frames of each latent "
+            f"frame after the first); accepted: {rule}, e.g. {near} or {near + step}"
+        )
+    if frames > high:
+        own = defaults.max_frames and defaults.max_frames < limits.max_video_frames
+        whose = "this pool's model" if own else "this Space's MAX_VIDEO_FRAMES"
+        raise LimitExceededError(f"num_frames={frames} is over what {whose} allows; accepted: {rule}")
+    return frames
+
+
+def _rounded_down(frames: int, step: int) -> int:
+    """The largest `step`k+1 at most `frames` (at least 1)."""
+    return max(1, (frames - 1) // step * step + 1)
+
+
+def video_mode_refusal(request: GenerateRequest, defaults: ModelDefaults) -> InvalidRequestError | None:
+    """Why a video pool cannot serve the request's mode (None: it can, or this is an image pool): an
+    image-to-video-only pool needs an image; a text-to-video-only pool takes none."""
+    if not defaults.video or request.mode in defaults.modes:
+        return None
+    if request.image is None:
+        return InvalidRequestError(
+            "this pool's model makes a video from an image (image-to-video): a request needs an image; accepted: "
+            "an image (the first frame) with the prompt"
+        )
+    return InvalidRequestError(
+        "an image was given, but this pool's model is text-to-video only; accepted: a prompt without an image "
+        "(image-to-video needs an image-to-video pool)"
+    )

@@ -1,0 +1,123 @@
+"""The one check of a request's video fields (`engine.normalise` via `engine.video_checks`): frames of the form
+4k+1 within the pool's maximum and MAX_VIDEO_FRAMES, fps within FPS_RANGE, the low-noise guidance on a two-stage
+pool, video fields refused on an image pool, and an image where (and only where) the pool takes one; every
+refusal names the value and what is accepted."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import InvalidRequestError, LimitExceededError
+from engine.normalise import normalise_request
+from engine.requests import FPS_RANGE, GenerateRequest, Limits, LoraSpec, ModelDefaults
+from engine.settings import Settings
+from tests.support.image_inputs import input_image, input_mask
+
+LIMITS = Limits(max_loras=4, max_steps=50, max_prompt_chars=200)
+IMAGE_POOL = ModelDefaults(steps=4, guidance=1.0, side=64, max_side=128)
+
+
+def video_pool(
+    *, modes: tuple = ("text-to-image",), guidance_2: float | None = None, max_frames: int = 0
+) -> ModelDefaults:
+    return ModelDefaults(
+        steps=4,
+        guidance=5.0,
+        side=32,
+        max_side=64,
+        side_multiple=16,
+        modes=modes,
+        needs_image=modes == ("image-to-image",),
+        max_reference_images=int("image-to-image" in modes),
+        video=True,
+        num_frames=9,
+        fps=16,
+        max_frames=max_frames,
+        guidance_2=guidance_2,
+    )
+
+
+T2V, I2V, TI2V = (
+    video_pool(),
+    video_pool(modes=("image-to-image",)),
+    video_pool(modes=("text-to-image", "image-to-image")),
+)
+A14B = video_pool(guidance_2=3.0)
+
+
+def check(defaults: ModelDefaults, limits: Limits = LIMITS, **fields: object):
+    return normalise_request(GenerateRequest(**({"prompt": "a cat walks"} | fields)), defaults, limits)  # type: ignore[arg-type]
+
+
+def test_a_video_request_takes_the_pools_defaults_and_what_it_sets():
+    checked = check(T2V)
+    assert (checked.num_frames, checked.fps, checked.guidance_2) == (9, 16, None)
+    checked = check(A14B, num_frames=17, fps=24, guidance_2=4.0)
+    assert (checked.num_frames, checked.fps, checked.guidance_2) == (17, 24, 4.0)
+    assert check(A14B).guidance_2 == 3.0
+    # An image request's video fields stay empty.
+    assert (check(IMAGE_POOL).num_frames, check(IMAGE_POOL).fps, check(IMAGE_POOL).guidance_2) == (0, 0, None)
+
+
+@pytest.mark.parametrize("frames", [2, 4, 8, 80])
+def test_frames_off_4k_plus_1_are_refused_naming_the_rule(frames):
+    with pytest.raises(InvalidRequestError, match=rf"num_frames={frames} is not of the form 4k\+1 .*accepted: 4k\+1"):
+        check(T2V, num_frames=frames)
+
+
+def test_frames_over_max_video_frames_or_the_pools_maximum_are_refused_naming_which():
+    with pytest.raises(LimitExceededError, match=r"num_frames=85 is over what this Space's MAX_VIDEO_FRAMES allows"):
+        check(T2V, num_frames=85)
+    capped = Limits.of(Settings(max_video_frames=40))
+    assert capped.max_video_frames == 40
+    with pytest.raises(LimitExceededError, match=r"MAX_VIDEO_FRAMES allows; accepted: 4k\+1 frames from 1 to 37"):
+        check(T2V, capped, num_frames=41)
+    with pytest.raises(LimitExceededError, match=r"over what this pool's model allows; accepted: .* to 33"):
+        check(video_pool(max_frames=33), num_frames=37)
+    assert check(T2V, num_frames=81).num_frames == 81 and check(T2V, num_frames=1).num_frames == 1
+    # A pool's default over a lower MAX_VIDEO_FRAMES is brought down to the largest allowed.
+    assert check(T2V, Limits.of(Settings(max_video_frames=6))).num_frames == 5
+
+
+@pytest.mark.parametrize(("fps", "error"), [(FPS_RANGE[0] - 1, InvalidRequestError), (61, LimitExceededError)])
+def test_fps_out_of_range_is_refused_naming_the_range(fps, error):
+    with pytest.raises(error, match=rf"fps={fps} is out of range; accepted: an integer from 4 to 60"):
+        check(T2V, fps=fps)
+
+
+@pytest.mark.parametrize(("name", "value"), [("num_frames", 9), ("fps", 16), ("guidance_2", 3.0)])
+def test_video_fields_on_an_image_pool_are_refused(name, value):
+    with pytest.raises(InvalidRequestError, match=rf"{name}={value!r} was given, but this pool's model makes images"):
+        check(IMAGE_POOL, **{name: value})
+
+
+def test_guidance_2_on_a_one_stage_video_pool_is_ignored_with_a_warning():
+    checked = check(T2V, guidance_2=2.0)
+    assert any("guidance_2 does not apply" in w for w in T2V.ignored(checked))
+    with pytest.raises(InvalidRequestError, match=r"guidance_2=31 is out of range"):
+        check(A14B, guidance_2=31)
+
+
+def test_an_image_to_video_pool_needs_an_image_and_a_text_to_video_pool_takes_none():
+    with pytest.raises(InvalidRequestError, match=r"image-to-video\): a request needs an image; accepted: an image"):
+        check(I2V)
+    with pytest.raises(InvalidRequestError, match=r"text-to-video only; accepted: a prompt without an image"):
+        check(T2V, image=input_image(64, 64))
+    assert check(I2V, image=input_image(64, 64)).mode == "image-to-image"
+    assert check(TI2V).mode == "text-to-image" and check(TI2V, image=input_image(64, 64)).num_frames == 9
+
+
+def test_a_video_pool_makes_one_video_and_takes_no_mask():
+    with pytest.raises(InvalidRequestError, match=r"num_images=2 is not accepted on a video pool; accepted: 1"):
+        check(T2V, num_images=2)
+    with pytest.raises(InvalidRequestError, match=r"mask_image was given to a video pool; accepted: no mask"):
+        check(I2V, image=input_image(64, 64), mask_image=input_mask(64, 64))
+
+
+def test_a_low_noise_scale_needs_a_two_transformer_pool():
+    pair = (LoraSpec("someone/wan-lora", scale=0.8, scale_2=0.5),)
+    assert check(A14B, loras=pair).loras == pair
+    with pytest.raises(InvalidRequestError, match=r"scale_2=0.5 of someone/wan-lora was given, but this pool's model"):
+        check(T2V, loras=pair)
+    with pytest.raises(InvalidRequestError, match=r"scale_2 of someone/wan-lora=3 is out of range"):
+        check(A14B, loras=(LoraSpec("someone/wan-lora", scale_2=3.0),))
