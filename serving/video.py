@@ -19,10 +19,13 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Final, Literal
 
 import av
 from PIL import Image
+
+from engine.requests import GenerateResult
+from serving.recipes import KEY
 
 __all__ = [
     "ANIMATED_TYPES",
@@ -33,10 +36,11 @@ __all__ = [
     "decode_mp4",
     "encode_video",
     "even_sides",
+    "video_file",
     "video_media_type",
 ]
 
-MP4 = "video/mp4"
+MP4: Final = "video/mp4"
 ANIMATED_TYPES = ("image/webp", "image/gif")
 # Ties and an Accept naming none of them: MP4 (first here).
 VIDEO_TYPES = (MP4, *ANIMATED_TYPES)
@@ -95,6 +99,13 @@ def encode_video(frames: Sequence[Image.Image], fps: float, media_type: str = MP
     if media_type in ANIMATED_TYPES:
         return _animated(frames, fps, media_type, recipe)
     raise ValueError(f"{media_type!r} is not a video type; accepted: {', '.join(VIDEO_TYPES)}")
+
+
+def video_file(result: GenerateResult, media_type: str = MP4) -> bytes:
+    """A video result's file: its frames at its fps, with the recipe its first frame holds (`with_recipes`; none
+    when RECIPES=0). Every door answers these bytes."""
+    recipe = result.image.info.get(KEY)
+    return encode_video(result.frames, result.fps, media_type, recipe if isinstance(recipe, str) else None)
 
 
 def even_sides(image: Image.Image) -> Image.Image:

@@ -14,6 +14,7 @@ from lora_catalog.hub import SORTS
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
 from serving.ui.inputs import InputPanel, input_panel, prompt_control
+from serving.ui.video_ui import VideoControls, video_controls
 
 __all__ = [
     "Browser",
@@ -82,6 +83,8 @@ class RequestPanel:
     seed: gr.Number
     randomize: gr.Checkbox
     run: gr.Button
+    # Frames and fps, shown for a video pool.
+    video: VideoControls
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class ResultPanel:
     use_again: gr.Button
     # Puts the result into the input image, to iterate on it.
     use_input: gr.Button
+    # A video pool's result, shown in the image's place.
+    video: gr.Video
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         size = gr.Dropdown(sizes, value=sizes[0][1], label="Size")
         steps = gr.Slider(1, handlers.settings.max_steps, value=defaults.steps, step=1, label="Steps", elem_id="steps")
         guidance = gr.Slider(0, 20, step=0.5, elem_id="guidance", **fmt.guidance_control(defaults))
+    video = video_controls(defaults)
     with gr.Row():
         # Twice the others' width: "Default (DPM++ 2M Karras)" and the longer names fit beside the arrow.
         sampler = gr.Dropdown(fmt.sampler_choices(defaults), value="", label="Sampler", elem_id="sampler", scale=2)
@@ -206,6 +212,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         seed,
         randomize,
         run,
+        video,
     )
 
 
@@ -234,6 +241,18 @@ def result_panel(handlers: Handlers) -> ResultPanel:
         height=420,
         buttons=["download", "fullscreen"],
         elem_classes="tiny-output" if handlers.default.defaults.is_tiny else None,
+        visible=not handlers.default.defaults.video,
+    )
+    # A video pool's result, in the image's place (`serving.ui.video_ui` switches them with the base).
+    video = gr.Video(
+        label="Result",
+        format="mp4",
+        interactive=False,
+        elem_id="result-video",
+        height=420,
+        loop=True,
+        autoplay=True,
+        visible=handlers.default.defaults.video,
     )
     use_input = gr.Button("Use as input", size="sm", elem_id="use-as-input")
     gallery = gr.Gallery(
@@ -251,7 +270,7 @@ def result_panel(handlers: Handlers) -> ResultPanel:
             label="Earlier results", columns=6, height="auto", allow_preview=False, elem_id="history", buttons=[]
         )
         use_again = gr.Button("Use these settings again", size="sm", interactive=False, elem_id="use-again")
-    return ResultPanel(image, info, gallery, share, history, use_again, use_input)
+    return ResultPanel(image, info, gallery, share, history, use_again, use_input, video)
 
 
 def compare_panel(handlers: Handlers) -> ComparePanel:

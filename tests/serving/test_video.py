@@ -18,27 +18,9 @@ from PIL import Image
 
 from serving.recipes import parse_recipe
 from serving.video import MP4, decode_mp4, encode_video, even_sides, video_media_type
+from tests.support.video import TOLERANCE, frames, mean_difference
 
-TOLERANCE = 4.0
 RECIPE = 'a fox running <lora:owner/wan-style:0.8>\nSteps: 4, Seed: 7, Size: 64x48, Model: "tiny, wan", Version: x'
-
-
-def frames(count: int = 9, width: int = 64, height: int = 48) -> list[Image.Image]:
-    """Smooth frames (gradients moving across the frame), each unlike the others."""
-    x = np.linspace(0, 1, width)[None, :]
-    y = np.linspace(0, 1, height)[:, None]
-    made = []
-    for k in range(count):
-        phase = k / count
-        red = 128 + 100 * np.sin(2 * np.pi * (x + phase)) * np.ones_like(y)
-        green = 40 + 180 * y * np.ones_like(x)
-        blue = np.full((height, width), 20.0 + 200 * phase)
-        made.append(Image.fromarray(np.stack([red, green, blue], axis=-1).round().astype(np.uint8)))
-    return made
-
-
-def mean_difference(a: Image.Image, b: Image.Image) -> float:
-    return float(np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).mean())
 
 
 def test_an_mp4_decodes_to_its_frames_with_their_count_fps_and_recipe():
