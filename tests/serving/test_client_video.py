@@ -97,3 +97,15 @@ def test_an_image_makes_it_image_to_video(served, tmp_path):
     assert backend.requests[-1].image is not None
     assert backend.requests[-1].loras == ()
     assert info["num_frames"] == 5
+
+
+def test_a_run_that_landed_on_an_image_pool_is_refused_by_name():
+    from PIL import Image
+
+    from engine.errors import InvalidRequestError
+    from engine.requests import CheckedRequest, GenerateResult, Timings
+    from serving.ui import video_api
+
+    image = GenerateResult(Image.new("RGB", (8, 8)), 1, CheckedRequest(prompt="x"), Timings(), model_id="o/sdxl")
+    with pytest.raises(InvalidRequestError, match=r"image pool \(o/sdxl\).*accepted: a LoRA or `base` of a video pool"):
+        video_api._saved(image)
