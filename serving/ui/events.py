@@ -71,7 +71,7 @@ def wire_generation(
     # Beside the form (a history entry and a share link keep the image settings): a video pool's frames and fps.
     inputs += [request.video.frames, request.video.fps]
     outputs = [result.image, result.info, request.seed, status_md, result.gallery, result.share, result.history]
-    gr.on(
+    generating = gr.on(
         [request.run.click, request.prompt.submit],
         generate_ui,
         inputs,
@@ -83,6 +83,9 @@ def wire_generation(
         api_visibility=PRIVATE,
         show_progress_on=[result.image, result.video],
     )
+    # Gradio cancels the event's task: the stream closes, which takes the request out of the queue or stops its
+    # run at the next step (the engine's cancel), as a browser that went away does.
+    request.cancel.click(None, None, None, cancels=[generating], api_visibility=PRIVATE, queue=False)
     video_ui.wire_video(handlers, base, request.video, result.video, result.image)
 
 

@@ -85,6 +85,8 @@ class RequestPanel:
     run: gr.Button
     # Frames and fps, shown for a video pool.
     video: VideoControls
+    # Stops the running generation at its next step (or takes it out of the queue).
+    cancel: gr.Button
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,9 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     with gr.Row():
         seed = gr.Number(-1, label="Seed", info="the seed used shows here", precision=0, minimum=-1, elem_id="seed")
         randomize = gr.Checkbox(True, label="Random seed each time", elem_id="randomize")
-    run = gr.Button("Generate", variant="primary", size="lg", elem_id="generate")
+    with gr.Row():
+        run = gr.Button("Generate", variant="primary", size="lg", elem_id="generate", scale=4)
+        cancel = gr.Button("Cancel", variant="stop", size="lg", elem_id="cancel", scale=1)
     return RequestPanel(
         prompt,
         negative,
@@ -213,6 +217,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         randomize,
         run,
         video,
+        cancel,
     )
 
 

@@ -65,3 +65,13 @@ def test_the_progress_line_says_the_time_left_at_the_steps_pace(step, expected):
     clock.now += 4.0  # two steps in 4 s: 2 s a step, two steps left
     progress(step, 4)
     assert shown[-1] == ((step, 4), expected)
+
+
+def test_cancel_cancels_the_running_generation(server):
+    """The Cancel button cancels the Generate event (Gradio cancels its task: the stream closes, and the engine
+    stops the run at its next step, as tests/serving/test_http_api.py's hang-ups show)."""
+    fns = server.demo.fns  # type: ignore[attr-defined]
+    generating = {i for i, fn in fns.items() if getattr(fn.fn, "__name__", "") == "generate_ui"}
+    assert len(generating) == 1
+    cancelling = [fn for fn in fns.values() if getattr(fn, "cancels", None)]
+    assert [set(fn.cancels) for fn in cancelling] == [generating]
