@@ -32,6 +32,7 @@ class Family(StrEnum):
     FLUX2_DEV = "flux2_dev"
     QWEN_IMAGE_EDIT = "qwen_image_edit"
     QWEN_IMAGE_EDIT_PLUS = "qwen_image_edit_plus"
+    WAN = "wan"
     UNKNOWN = "unknown"
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "PipelineClass",
     "PreviewSpec",
     "RunDefaults",
+    "VideoDefaults",
     "Widths",
     "fit_presets",
     "fixed_defaults",
@@ -142,6 +143,19 @@ class RunDefaults:
     negative_prompt: bool = True
     # Image sides must be multiples of this (FLUX: the VAE's 8 times its 2x2 patches).
     side_multiple: int = 8
+
+
+@dataclass(frozen=True)
+class VideoDefaults:
+    """A video pipeline's frames (`ModelDefaults`' video fields, read from the served pipeline): its default
+    frames and rate, its most frames and their rule (`frame_multiple`k+1), and its low-noise stage's default
+    guidance where it has two stages (None: one)."""
+
+    num_frames: int
+    fps: int
+    max_frames: int
+    frame_multiple: int = 4
+    guidance_2: float | None = None
 
 
 def fixed_defaults(defaults: RunDefaults) -> Callable[[Pipeline], RunDefaults]:
@@ -276,6 +290,9 @@ class FamilySpec:
     # Qwen-Image-Edit's processor, read without the video processor its class would ask torchvision for; FLUX.2
     # [dev]'s tokenizer alone, where its processor cannot be imported without torchvision).
     load_components: Callable[[str, str | None], Mapping[str, Any]] | None = None
+    # A video family (Wan): its served pipeline's frames (None: an image family). Its pipelines return
+    # `frames`, which a result carries in order (`GenerateResult.frames`).
+    video: Callable[[Pipeline], VideoDefaults] | None = None
 
     @property
     def family(self) -> Family:

@@ -32,7 +32,7 @@ from engine.weights.tokens import swapped_tokenizers
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["engine_error", "gpu_lock", "infer"]
+__all__ = ["engine_error", "gpu_lock", "infer", "made"]
 
 _GPU_LOCKS: dict[int, threading.Lock] = {}
 _GPU_LOCKS_GUARD = threading.Lock()
@@ -66,12 +66,13 @@ def infer(
     preview_every: int,
     preview: Preview | None = None,
 ) -> tuple[Image, ...]:
-    """The request's images, in the order of its seeds."""
+    """The request's images, in the order of its seeds (a video's frames, in order)."""
     steps = request.steps
     previews = StepPreviews.for_run(decoder, preview_every, steps, preview)
     # The latents a step hands its callback, made spatial for the decoders (a DiT packs them into tokens).
     unpack = family.preview.unpack
-    vae_scale = int(pipe.vae_scale_factor)
+    # A video pipeline's spatial scale has its own name (Wan's `vae_scale_factor_spatial`).
+    vae_scale = int(getattr(pipe, "vae_scale_factor", None) or pipe.vae_scale_factor_spatial)
 
     def on_step(pipe: Any, step: int, timestep: object, callback_kwargs: dict) -> dict:
         if cancel is not None and cancel.is_set():
@@ -130,7 +131,17 @@ def _images(
         output_type="pil",
         **extra,
     )
-    return list(output.images)
+    # A video pipeline's output is its videos' frames (diffusers' `frames[0]`: the one video's, in order).
+    frames = getattr(output, "frames", None)
+    return list(frames[0]) if frames is not None else list(output.images)
+
+
+def made(images: tuple[Image, ...], request: CheckedRequest) -> dict[str, Any]:
+    """A result's pictures: a video's frames (the first is its `image`) at its rate, or the images of the
+    request's seeds (the first is `image`, the rest `more_images`)."""
+    if request.num_frames:
+        return {"image": images[0], "frames": images, "fps": request.fps}
+    return {"image": images[0], "more_images": images[1:]}
 
 
 def engine_error(error: BaseException, request: CheckedRequest) -> BaseException:

@@ -241,6 +241,8 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
         max_reference_images=family.max_reference_images if takes_images else 0,
         inpaint_references=family.inpaint_references and "inpainting" in modes,
     )
+    if family.video is not None:
+        defaults = dataclasses.replace(defaults, video=True, **dataclasses.asdict(family.video(pipe)))
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
         defaults = dataclasses.replace(defaults, steps=4, sizes=fit_presets(side, TINY_SIZES, max_side))

@@ -24,7 +24,7 @@ from engine.formats.adapters import AdapterKey, PreparedAdapter
 from engine.formats.pivotal import check_clashes
 from engine.normalise import normalise_request
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
-from engine.pipeline.inference import engine_error, gpu_lock, infer
+from engine.pipeline.inference import engine_error, gpu_lock, infer, made
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
 from engine.pipeline.schedulers import check_scheduler, run_pipeline
@@ -317,8 +317,7 @@ class Engine:
             self._fused.after_call()
         timings = self._finished(prepared, locked, inferred, apply_s, len(images))
         return GenerateResult(
-            image=images[0],
-            more_images=images[1:],
+            **made(images, prepared.request),
             seed=prepared.request.seed,
             request=prepared.request,
             timings=timings,

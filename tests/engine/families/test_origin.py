@@ -12,7 +12,7 @@ from engine.pools.routing import PoolInfo, pick_pool
 from lora_catalog.entries import Family
 from serving.demo.synthetic import TEXT_ATTENTION, UNET_ATTENTION, find_targets, make_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
-from tests.support import qwen_image
+from tests.support import qwen_image, wan
 from tests.support.flux2 import factors as flux2_factors
 from tests.support.flux2 import lora_file as flux2_lora_file
 from tests.support.zimage import factors, lora_file
@@ -39,6 +39,7 @@ BASES[Family.FLUX_KONTEXT] = KONTEXT
 BASES[Family.FLUX2_DEV] = FLUX2_DEV
 BASES[Family.QWEN_IMAGE_EDIT] = "Qwen/Qwen-Image-Edit"
 BASES[Family.QWEN_IMAGE_EDIT_PLUS] = "Qwen/Qwen-Image-Edit-2509"
+BASES[Family.WAN] = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 # FLUX.1 Kontext's and Qwen-Image-Edit's LoRAs have FLUX.1's and Qwen-Image's names and widths: only what they
 # declare tells them (test_flux_kontext.py, test_qwen_image_edit.py).
 EDITS = (Family.FLUX_KONTEXT, Family.QWEN_IMAGE_EDIT, Family.QWEN_IMAGE_EDIT_PLUS)
@@ -56,6 +57,7 @@ KOHYA_VERSIONS = {
     Family.FLUX2_DEV: "flux_2_dev",
     Family.QWEN_IMAGE_EDIT: "qwen_image_edit",
     Family.QWEN_IMAGE_EDIT_PLUS: "qwen_image_edit_plus",
+    Family.WAN: "wan2.1",
 }
 KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
 
@@ -83,6 +85,9 @@ def lora_for(pipe, family: Family, fmt: str) -> dict[str, tuple[int, ...]]:
     if family is Family.QWEN_IMAGE:
         made = qwen_image.factors(pipe.transformer, rank=2, seed=5)
         return shapes_of(qwen_image.lora_file(made, "peft" if fmt == "peft" else "kohya", 2.0))
+    if family is Family.WAN:
+        made = wan.factors(pipe.transformer, wan.MODULES, rank=2, seed=5)
+        return shapes_of(wan.lora_file(made, "peft" if fmt == "peft" else "musubi", 2.0))
     spec = spec_for(family)
     components = {c: getattr(pipe, c) for c in spec.components}
     patterns = {c: UNET_ATTENTION if c == spec.denoiser else TEXT_ATTENTION for c in components}

@@ -64,8 +64,9 @@ def reference_image(spec: FamilySpec, folder: Path, loras: Path, checked: Checke
     arguments = spec.call_arguments(checked)
     if checked.image is not None:
         arguments = {**accepted_arguments(pipe, arguments), **image_arguments(pipe, checked)}
-    image = pipe(**arguments, generator=torch.Generator("cpu").manual_seed(7), output_type="pil").images[0]
-    return pixels(image)
+    output = pipe(**arguments, generator=torch.Generator("cpu").manual_seed(7), output_type="pil")
+    # A video family's first frame (the result's `image`).
+    return pixels(output.frames[0][0] if hasattr(output, "frames") else output.images[0])
 
 
 @pytest.mark.timeout(600)

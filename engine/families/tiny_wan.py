@@ -1,0 +1,97 @@
+"""A tiny Wan (2.1 text-to-video), built locally from nothing downloaded: its transformer, its video VAE
+(`AutoencoderKLWan`), a UMT5 text encoder with a T5-layout tokenizer, and Wan 2.1's scheduler.
+
+Kept apart from `engine.families.wan` (the family's declaration) so that each stays small; the structure is
+Wan's (blocks of self-attention, text cross-attention and a feed-forward, 3D RoPE over frames and the 2x2
+patches, a causal video VAE packing 4 frames in a latent frame after the first), the sizes a CPU's: 5 frames at
+64 px are 2 latent frames of 8 x 8.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+from transformers import UMT5Config, UMT5EncoderModel
+
+from engine.families.tiny import TINY_SIDE, tiny_t5_tokenizer
+
+__all__ = ["SCHEDULER", "TINY_FRAMES", "TINY_WIDTH", "build_tiny_pipeline", "tiny_wan_transformer"]
+
+# The tiny transformer's hidden width: 2 heads of 22 (Wan's RoPE splits a head 10 / 6 / 6 over frames, height and
+# width), a width no other tiny pipeline has, so widths tell the tiny ones apart as they tell the real ones.
+TINY_WIDTH = 44
+# The tiny pool's default frames (4k+1: 2 latent frames).
+TINY_FRAMES = 5
+# Wan-AI/Wan2.1-T2V-1.3B-Diffusers' scheduler/scheduler_config.json (UniPC over flow sigmas, shift 3 at 480P).
+SCHEDULER: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "prediction_type": "flow_prediction",
+    "use_flow_sigmas": True,
+    "flow_shift": 3.0,
+}
+_TEXT_WIDTH = 32
+
+
+def tiny_wan_transformer(width: int = TINY_WIDTH, **extra: Any) -> WanTransformer3DModel:
+    """Wan's transformer `width` wide (2 heads), 2 blocks over the tiny encoder's text; `extra` adds what a
+    variant has (an image-to-video model's `image_dim` and `added_kv_proj_dim`). Seeded by the caller."""
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=width // 2,
+        in_channels=16,
+        out_channels=16,
+        text_dim=_TEXT_WIDTH,
+        freq_dim=32,
+        ffn_dim=48,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+        **extra,
+    )
+
+
+def _text_encoder(vocab_size: int, seed: int) -> UMT5EncoderModel:
+    torch.manual_seed(seed)
+    config = UMT5Config(
+        vocab_size=vocab_size,
+        d_model=_TEXT_WIDTH,
+        d_kv=8,
+        d_ff=37,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        is_encoder_decoder=False,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    return UMT5EncoderModel(config).eval()
+
+
+def build_tiny_pipeline(seed: int = 0) -> WanPipeline:
+    """A tiny Wan 2.1 text-to-video: 2 blocks 44 wide, a UMT5 encoder 32 wide with its tokenizer, a 16-channel
+    causal video VAE (8x spatially, 4x in time) with Wan's latent mean and std, and Wan 2.1's UniPC scheduler.
+    The same seed gives the same weights. The VAE's config states the tiny default side (64)."""
+    tokenizer = tiny_t5_tokenizer()
+    torch.manual_seed(seed)
+    transformer = tiny_wan_transformer()
+    torch.manual_seed(seed + 1)
+    # diffusers' defaults are Wan 2.1's latent mean and std.
+    vae: Any = AutoencoderKLWan(
+        base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
+    vae.register_to_config(sample_size=TINY_SIDE)
+    text_encoder = _text_encoder(len(tokenizer), seed + 2)
+    pipe = WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        transformer=transformer,
+        vae=vae,
+        scheduler=UniPCMultistepScheduler(**SCHEDULER),
+    )
+    dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.loading.Pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe

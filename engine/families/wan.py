@@ -1,0 +1,164 @@
+"""Wan (2.1 text-to-video 1.3B and 14B, 2.2 TI2V-5B as text-to-video): `WanPipeline`, one video DiT with a UMT5
+encoder and a causal video VAE; a result is a video (`FamilySpec.video`: its frames, in order).
+
+A LoRA adapts the transformer only (never UMT5, as diffusers' loader); every naming diffusers'
+`WanPipeline.lora_state_dict` reads (diffusers/PEFT, ComfyUI/ai-toolkit's `diffusion_model.` with `.alpha`,
+kohya/musubi-tuner's `lora_unet_`) is converted by its own converter, which also drops what diffusers drops (norm
+deltas, `.diff` full-weight deltas but the head's). Bias deltas (`.diff_b`, diffusers' `lora_B.bias`) are refused
+by name: the exact swap changes weights, and diffusers applies them as PEFT's `lora_bias`.
+Defaults as diffusers and Wan's card run it: 50 steps at CFG 5, 81 frames (4k+1, capped by MAX_VIDEO_FRAMES) at
+16 fps (TI2V-5B: 24), sides in the VAE's scale times the 2x2 patches. Previews: the first latent frame through
+Wan 2.1's latent projection (TI2V-5B's 48-channel latents have none: no preview there).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from diffusers import WanPipeline
+
+from engine.families.spec import (
+    FamilySpec,
+    LatentProjection,
+    LoraSignature,
+    MemorySpec,
+    Module,
+    Pipeline,
+    PreviewSpec,
+    RunDefaults,
+    Shapes,
+    Tensor,
+    VideoDefaults,
+    Widths,
+    head_width,
+    hidden_widths,
+)
+from engine.families.tiny_wan import TINY_FRAMES, build_tiny_pipeline
+from engine.requests import CheckedRequest
+from families.wan import IDENTITY
+
+__all__ = ["FAMILY", "LATENT_RGB", "convert_lora", "unpack_latents"]
+
+# Wan's 480P sizes (832 x 480 both ways) and the square between them, at the 480 side.
+SIDE = 480
+SIZE_BUCKETS = ((832, 480), (480, 832), (624, 624))
+# Wan's own frames: 81 (5 s at 16 fps) for 2.1, 121 at 24 fps for TI2V-5B; MAX_VIDEO_FRAMES caps both.
+_FRAMES = {False: (81, 16), True: (121, 24)}
+# ComfyUI, comfy/latent_formats.py, class Wan21 (latent_rgb_factors, latent_rgb_factors_bias): fitted on the
+# normalised latents ((z - mean) / std), the space WanPipeline denoises in.
+LATENT_RGB = LatentProjection(
+    weights=(
+        (-0.1299, -0.1692, 0.2932),
+        (0.0671, 0.0406, 0.0442),
+        (0.3568, 0.2548, 0.1747),
+        (0.0372, 0.2344, 0.1420),
+        (0.0313, 0.0189, -0.0328),
+        (0.0296, -0.0956, -0.0665),
+        (-0.3477, -0.4059, -0.2925),
+        (0.0166, 0.1902, 0.1975),
+        (-0.0412, 0.0267, -0.1364),
+        (-0.1293, 0.0740, 0.1636),
+        (0.0680, 0.3019, 0.1128),
+        (0.0032, 0.0581, 0.0639),
+        (-0.1251, 0.0927, 0.1699),
+        (0.0060, -0.0633, 0.0005),
+        (0.3477, 0.2275, 0.2950),
+        (0.1984, 0.0913, 0.1861),
+    ),
+    bias=(-0.1835, -0.0868, -0.3360),
+)
+# The self- and cross-attention inputs a LoRA's down factor shows the hidden width on (diffusers' `attn1`/`attn2`
+# q, k and v; the original `self_attn`/`cross_attn` q; kohya's underscores).
+_HIDDEN_INPUT = re.compile(r"(attn1[._]to[._][qkv]|attn2[._]to[._]q|self_attn[._][qkv]|cross_attn[._]q)[._]")
+_DOWN = (".lora_down.weight", ".lora_a.weight", ".lora_a.default.weight")
+# diffusers' converter reports what it cannot read with these (and ValueError, which passes as it is).
+_CONVERTER_ERRORS = (AssertionError, RuntimeError, KeyError, TypeError, AttributeError, IndexError)
+
+
+def lora_widths(shapes: Shapes) -> Widths:
+    """The hidden width its attention factors take (Wan LoRAs have no text encoder part)."""
+    return Widths(hidden_widths(shapes, _DOWN, _HIDDEN_INPUT))
+
+
+def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
+    """The transformer's hidden width; UMT5 is never adapted."""
+    return Widths(frozenset({head_width(denoiser)}))
+
+
+def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
+    """diffusers' own conversion (`WanPipeline.lora_state_dict`: `diffusion_model.` names, with their alphas
+    folded into the factors, and musubi's `lora_unet_`; diffusers/PEFT names as they are). Given a copy (diffusers
+    pops what it converts). A bias delta is refused by name (see the module docstring); what diffusers cannot
+    read comes out as a ValueError (as every family's converter reports it)."""
+    try:
+        converted = WanPipeline.lora_state_dict(dict(state_dict))
+    except _CONVERTER_ERRORS as e:
+        raise ValueError(f"diffusers' Wan converter could not read it ({type(e).__name__}: {e})") from e
+    biases = sorted(name for name in converted if name.endswith(".lora_B.bias"))
+    if biases:
+        raise ValueError(
+            f"bias deltas (.diff_b) for {', '.join(biases[:3])}: the exact swap applies weight deltas only; "
+            "accepted: LoRA factors, without bias deltas"
+        )
+    return converted, None
+
+
+def served_side(pipe: Pipeline) -> int:
+    """Wan's 480P side (TI2V-5B: 704, its 720P's short side); a tiny VAE's config states its own."""
+    stated = getattr(pipe.vae.config, "sample_size", None)
+    return int(stated) if stated else (704 if pipe.config.expand_timesteps else SIDE)
+
+
+def defaults(pipe: Pipeline) -> RunDefaults:
+    """diffusers' and the card's: 50 steps at CFG 5, which reads the negative prompt; sides in the VAE's spatial
+    scale times the 2x2 patches."""
+    return RunDefaults(50, 5.0, "cfg", negative_prompt=True, side_multiple=2 * int(pipe.vae_scale_factor_spatial))
+
+
+def video(pipe: Pipeline) -> VideoDefaults:
+    """81 frames at 16 fps (TI2V-5B: 121 at 24); a tiny VAE's pipeline makes 5."""
+    frames, fps = _FRAMES[bool(pipe.config.expand_timesteps)]
+    if getattr(pipe.vae.config, "sample_size", None):
+        frames = TINY_FRAMES
+    return VideoDefaults(num_frames=frames, fps=fps, max_frames=frames if frames > 81 else 81)
+
+
+def call_arguments(request: CheckedRequest) -> dict[str, Any]:
+    """WanPipeline's call; a request the engine makes itself (a warm-up) asks for one frame."""
+    return {
+        "prompt": request.prompt,
+        "negative_prompt": request.negative_prompt or None,
+        "guidance_scale": request.guidance,
+        "num_inference_steps": request.steps,
+        "width": request.width,
+        "height": request.height,
+        "num_frames": request.num_frames or 1,
+    }
+
+
+def unpack_latents(latents: Tensor, height: int, width: int, vae_scale_factor: int) -> Tensor:
+    """The first latent frame of the (batch, channels, frames, height, width) latents."""
+    return latents[:, :, 0]
+
+
+FAMILY = FamilySpec(
+    identity=IDENTITY,
+    pipeline_class=WanPipeline,
+    denoiser="transformer",
+    components=("transformer",),
+    side=SIDE,
+    served_side=served_side,
+    defaults=defaults,
+    call_arguments=call_arguments,
+    size_buckets=SIZE_BUCKETS,
+    convert_lora=convert_lora,
+    signature=LoraSignature(lora_widths, pipeline_widths),
+    preview=PreviewSpec(None, LATENT_RGB, unpack=unpack_latents),
+    build_tiny=build_tiny_pipeline,
+    half_dtype="bfloat16",
+    # UMT5-XXL (about 5.7 B values) is never adapted and may run from host RAM.
+    memory=MemorySpec(host_components=("text_encoder",)),
+    video=video,
+)
