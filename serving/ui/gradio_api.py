@@ -1,5 +1,5 @@
-"""The named API `gradio_client` sees (/generate, /generate_images, /compare, /catalog, /lora_info, /pool_status),
-and the progress plumbing.
+"""The named API `gradio_client` sees (/generate, /generate_images, /compare, /catalog, /lora_info, /pool_status;
+/generate_video is `serving.ui.video_api`'s), and the progress plumbing.
 
 Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named here;
 it calls the one shared handler (`serving.handlers`) the UI calls too and answers JSON; errors become `gr.Error`

@@ -75,3 +75,11 @@ def test_cancel_cancels_the_running_generation(server):
     assert len(generating) == 1
     cancelling = [fn for fn in fns.values() if getattr(fn, "cancels", None)]
     assert [set(fn.cancels) for fn in cancelling] == [generating]
+
+
+def test_the_per_base_curl_line_of_a_video_pool_asks_for_its_frames_and_saves_an_mp4():
+    from serving.ui.pool_views import pools_api_snippets
+
+    text = pools_api_snippets("http://host/", POOLS)
+    assert '"num_frames": 9, "fps": 8}}\' > result.mp4' in text
+    assert '"height": 64}}\' > result.jpg' in text
