@@ -134,15 +134,15 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
         # the generation, queued or running).
         # Without a LoRA the browsed base's pool generates; a LoRA runs on the base it was made for.
         on_base = pool_ui.request_base(handlers, browsed, bool(built.loras))
-        skip = (gr.skip(),) * 6
+        skip = (gr.skip(),) * 8
         # An image run makes a strength's share of the steps, as its pipeline rounds it: the progress bar has the
         # engine's count, the preview line no total of its own.
         total = int(steps) if built.image is None else None
         async for item in generate(handlers, built, progress, transport="ui", base=on_base):
             if isinstance(item, Frame):
-                yield item.image, fmt.preview_html(item.step, total), gr.skip(), gr.skip(), *skip
+                yield video_ui.preview(item.image, built), fmt.preview_html(item.step, total), *skip
             elif item is None:
-                yield (gr.skip(),) * 4 + skip
+                yield (gr.skip(),) * 2 + skip
             else:
                 yield await _shown(handlers, form, item, page)
 
@@ -158,7 +158,9 @@ async def _shown(handlers: Handlers, form: dict[str, Any], item: GenerateResult,
     info = fmt.result_html(item) + mode_html(item.request)
     # A video's MP4 is written off the event loop (seconds for a long clip).
     video = await asyncio.to_thread(video_ui.video_result, item)
-    return item.image, info, item.seed, status, gallery, share, shown, now, gr.skip(), video
+    # A video takes the image's place again once it is there (the previews showed in the image).
+    image = gr.Image(item.image, visible=False) if item.is_video else item.image
+    return image, info, item.seed, status, gallery, share, shown, now, gr.skip(), video
 
 
 def wire_compare(handlers: Handlers, request: RequestPanel, comparison: ComparePanel, status_md: gr.Markdown) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "VideoControls",
     "length_text",
     "on_base",
+    "preview",
     "saved_video",
     "video_controls",
     "video_request",
@@ -115,6 +116,12 @@ def video_request(
     if pool is None or not pool.defaults.video:
         return request
     return dataclasses.replace(request, num_frames=frames, fps=fps)
+
+
+def preview(image: Any, request: GenerateRequest) -> Any:
+    """A preview frame for the image result; on a video pool's run (the form gave it frames) the image, hidden
+    there, shows again for the forming first frame until the video takes its place."""
+    return gr.Image(image, visible=True) if request.num_frames is not None else image
 
 
 def video_result(result: GenerateResult) -> Any:

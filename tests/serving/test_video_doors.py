@@ -106,6 +106,8 @@ def test_the_ui_plays_the_same_video(page, wan, posted):
         timeout=WAIT_MS,
     )
     assert video.evaluate("v => v.duration") > 0
+    # The video took the image result's place (which showed the forming first frame while it denoised).
+    assert not page.locator("#result").is_visible()
     source = video.get_attribute("src")
     assert source is not None
     answer = page.request.get(source if source.startswith("http") else server.url.rstrip("/") + source)

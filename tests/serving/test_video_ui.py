@@ -83,3 +83,14 @@ def test_the_per_base_curl_line_of_a_video_pool_asks_for_its_frames_and_saves_an
     text = pools_api_snippets("http://host/", POOLS)
     assert '"num_frames": 9, "fps": 8}}\' > result.mp4' in text
     assert '"height": 64}}\' > result.jpg' in text
+
+
+def test_a_video_runs_preview_shows_the_hidden_image_an_image_runs_passes_as_it_is():
+    from PIL import Image
+
+    from serving.ui.video_ui import preview
+
+    frame = Image.new("RGB", (8, 8))
+    shown = preview(frame, GenerateRequest(prompt="x", num_frames=5))
+    assert shown.visible is True and shown.value is not None
+    assert preview(frame, GenerateRequest(prompt="x")) is frame
