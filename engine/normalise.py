@@ -214,12 +214,18 @@ def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
 
 
 def _check_second_scales(loras: tuple[LoraSpec, ...], defaults: ModelDefaults) -> None:
-    """A low-noise scale (`scale_2`) only where the pool has a low-noise transformer (`ModelDefaults.two_stage`)."""
+    """A low-noise scale (`scale_2`) other than `scale` is refused: a pool of one transformer has no low-noise
+    side, and a two-transformer pool (`ModelDefaults.two_stage`) applies one scale to both sides so far."""
     for spec in loras:
-        if spec.scale_2 is not None and not defaults.two_stage:
+        if spec.scale_2 is not None and spec.scale_2 != spec.scale:
+            why = (
+                "this pool applies one scale to both transformers (per-side scales are not implemented yet)"
+                if defaults.two_stage
+                else "this pool's model has one transformer"
+            )
             raise InvalidRequestError(
-                f"scale_2={spec.scale_2:g} of {spec.ref} was given, but this pool's model has one transformer; "
-                "accepted: scale_2 on a two-transformer pool (Wan 2.2 A14B) only, else just scale"
+                f"scale_2={spec.scale_2:g} of {spec.ref} was given, but {why}; accepted: scale alone, or scale_2 "
+                "equal to it"
             )
 
 

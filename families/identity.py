@@ -32,7 +32,10 @@ class Family(StrEnum):
     FLUX2_DEV = "flux2_dev"
     QWEN_IMAGE_EDIT = "qwen_image_edit"
     QWEN_IMAGE_EDIT_PLUS = "qwen_image_edit_plus"
+    # Image-to-video before text-to-video: where a file shows both's signs alike, the first registered wins.
+    WAN_I2V = "wan_i2v"
     WAN = "wan"
+    WAN22 = "wan22"
     UNKNOWN = "unknown"
 
 

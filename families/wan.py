@@ -7,35 +7,15 @@ kohya/musubi-tuner's `lora_unet_blocks_N_self_attn`). The bases differ in width 
 
 from __future__ import annotations
 
-import re
-
 from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
+from families.wan_names import claims
 
-__all__ = ["IDENTITY", "MODEL_ID", "MODEL_ID_5B", "MODEL_ID_14B", "TINY_ID", "claims", "image_to_video_name"]
+__all__ = ["IDENTITY", "MODEL_ID", "MODEL_ID_5B", "MODEL_ID_14B", "TINY_ID"]
 
 MODEL_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 MODEL_ID_14B = "Wan-AI/Wan2.1-T2V-14B-Diffusers"
 MODEL_ID_5B = "Wan-AI/Wan2.2-TI2V-5B-Diffusers"
 TINY_ID = "tiny-wan"
-# Lower-cased names of a Wan LoRA: a block's attention or feed-forward directly under the transformer (FLUX's
-# and Qwen-Image's blocks are `transformer_blocks`, a UNet's `down_blocks`: none starts so).
-_CLAIMS = re.compile(
-    r"^(transformer\.|diffusion_model\.|lora_unet_)?blocks[._]\d+[._](self_attn|cross_attn|attn1|attn2|ffn)[._]"
-)
-# The image-to-video models' own layers: the cross-attention's image keys and values and the image embedder.
-_IMAGE_TO_VIDEO = re.compile(r"(k_img|v_img|add_k_proj|add_v_proj|img_emb|image_embedder)[._]")
-
-
-def claims(name: str) -> bool:
-    """A lower-cased tensor name of a Wan LoRA."""
-    return bool(_CLAIMS.search(name))
-
-
-def image_to_video_name(name: str) -> bool:
-    """A lower-cased tensor name only an image-to-video Wan LoRA has."""
-    return bool(_IMAGE_TO_VIDEO.search(name))
-
-
 IDENTITY = FamilyIdentity(
     family=Family.WAN,
     label="Wan",
@@ -50,10 +30,10 @@ IDENTITY = FamilyIdentity(
         kohya_versions=("wan2.1", "wan2.2", "wan"),
         checkpoint_names=r"wan[-_]?2[._]?[12]",
     ),
-    claims=Claims(names=claims, own=claims, labels=claims),
+    claims=Claims(names=claims, labels=claims),
     released="2025-02",
-    # Civitai's base labels for the text-to-video bases served here (its image-to-video and 2.2 A14B groups are
-    # other pipelines: not served yet, docs/internals.md).
+    # Civitai's base labels for the text-to-video bases (image-to-video: `families.wan_i2v`; the 2.2 A14B and 2.5
+    # groups are not served yet, docs/internals.md).
     civitai=(
         CivitaiLabel("Wan Video 1.3B t2v", MODEL_ID),
         CivitaiLabel("Wan Video 14B t2v", MODEL_ID_14B),

@@ -29,6 +29,8 @@ BUILT_ON = {
     Family.QWEN_IMAGE_EDIT: (Family.QWEN_IMAGE,),
     Family.QWEN_IMAGE_EDIT_PLUS: (Family.QWEN_IMAGE_EDIT, Family.QWEN_IMAGE),
     Family.FLUX2_DEV: (Family.FLUX2,),
+    Family.WAN_I2V: (Family.WAN,),
+    Family.WAN22: (Family.WAN,),
 }
 
 

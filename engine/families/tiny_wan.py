@@ -12,16 +12,43 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-from transformers import UMT5Config, UMT5EncoderModel
+from diffusers import (
+    AutoencoderKLWan,
+    UniPCMultistepScheduler,
+    WanImageToVideoPipeline,
+    WanPipeline,
+    WanTransformer3DModel,
+)
+from transformers import (
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    CLIPVisionModelWithProjection,
+    UMT5Config,
+    UMT5EncoderModel,
+)
 
 from engine.families.tiny import TINY_SIDE, tiny_t5_tokenizer
 
-__all__ = ["SCHEDULER", "TINY_FRAMES", "TINY_WIDTH", "build_tiny_pipeline", "tiny_wan_transformer"]
+__all__ = [
+    "SCHEDULER",
+    "TINY_FRAMES",
+    "TINY_I2V_WIDTH",
+    "TINY_WIDTH",
+    "build_tiny_a14b_pipeline",
+    "build_tiny_i2v_pipeline",
+    "build_tiny_pipeline",
+    "tiny_wan_transformer",
+]
 
 # The tiny transformer's hidden width: 2 heads of 22 (Wan's RoPE splits a head 10 / 6 / 6 over frames, height and
 # width), a width no other tiny pipeline has, so widths tell the tiny ones apart as they tell the real ones.
 TINY_WIDTH = 44
+# The tiny two-stage model's transformers': 2 heads of 18 (RoPE 6 / 6 / 6 per head).
+TINY_A14B_WIDTH = 36
+# Wan 2.2 T2V-A14B's boundary: the high-noise transformer runs while the timestep is at least 875 of 1000.
+A14B_BOUNDARY = 0.875
+# The tiny image-to-video transformer's: 2 heads of 26 (RoPE 14 / 6 / 6 per head).
+TINY_I2V_WIDTH = 52
 # The tiny pool's default frames (4k+1: 2 latent frames).
 TINY_FRAMES = 5
 # Wan-AI/Wan2.1-T2V-1.3B-Diffusers' scheduler/scheduler_config.json (UniPC over flow sigmas, shift 3 at 480P).
@@ -41,7 +68,7 @@ def tiny_wan_transformer(width: int = TINY_WIDTH, **extra: Any) -> WanTransforme
         patch_size=(1, 2, 2),
         num_attention_heads=2,
         attention_head_dim=width // 2,
-        in_channels=16,
+        in_channels=extra.pop("in_channels", 16),
         out_channels=16,
         text_dim=_TEXT_WIDTH,
         freq_dim=32,
@@ -71,6 +98,70 @@ def _text_encoder(vocab_size: int, seed: int) -> UMT5EncoderModel:
     return UMT5EncoderModel(config).eval()
 
 
+def _vae(seed: int) -> Any:
+    torch.manual_seed(seed + 1)
+    # diffusers' defaults are Wan 2.1's latent mean and std.
+    vae: Any = AutoencoderKLWan(
+        base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
+    vae.register_to_config(sample_size=TINY_SIDE)
+    return vae
+
+
+def build_tiny_i2v_pipeline(seed: int = 0) -> WanImageToVideoPipeline:
+    """A tiny Wan 2.1 image-to-video: the text-to-video one's parts, a transformer 52 wide taking the image's
+    latents and mask beside the noise (36 channels) and the image's CLIP features through its image embedder and
+    the cross-attention's image keys and values (`add_k_proj`, `add_v_proj`), and a 2-layer CLIP vision encoder
+    16 wide with its processor at 32 px."""
+    tokenizer = tiny_t5_tokenizer()
+    torch.manual_seed(seed)
+    transformer = tiny_wan_transformer(TINY_I2V_WIDTH, in_channels=36, image_dim=16, added_kv_proj_dim=TINY_I2V_WIDTH)
+    torch.manual_seed(seed + 3)
+    vision = CLIPVisionConfig(
+        hidden_size=16,
+        projection_dim=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=32,
+        intermediate_size=24,
+        patch_size=4,
+    )
+    pipe = WanImageToVideoPipeline(
+        tokenizer=tokenizer,
+        text_encoder=_text_encoder(len(tokenizer), seed + 2),
+        vae=_vae(seed),
+        scheduler=UniPCMultistepScheduler(**SCHEDULER),
+        image_processor=CLIPImageProcessor(crop_size=32, size=32),
+        image_encoder=CLIPVisionModelWithProjection(vision).eval(),
+        transformer=transformer,
+    )
+    dynamic: Any = pipe  # (see build_tiny_pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny_a14b_pipeline(seed: int = 0) -> WanPipeline:
+    """A tiny Wan 2.2 T2V-A14B: the text-to-video one's parts with two transformers 36 wide (`transformer` for the
+    high-noise steps, `transformer_2` for the low-noise ones, each seeded apart), switched at A14B's boundary."""
+    tokenizer = tiny_t5_tokenizer()
+    torch.manual_seed(seed)
+    high = tiny_wan_transformer(TINY_A14B_WIDTH)
+    torch.manual_seed(seed + 4)
+    low = tiny_wan_transformer(TINY_A14B_WIDTH)
+    pipe = WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=_text_encoder(len(tokenizer), seed + 2),
+        transformer=high,
+        vae=_vae(seed),
+        scheduler=UniPCMultistepScheduler(**SCHEDULER),
+        transformer_2=low,
+        boundary_ratio=A14B_BOUNDARY,
+    )
+    dynamic: Any = pipe  # (see build_tiny_pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def build_tiny_pipeline(seed: int = 0) -> WanPipeline:
     """A tiny Wan 2.1 text-to-video: 2 blocks 44 wide, a UMT5 encoder 32 wide with its tokenizer, a 16-channel
     causal video VAE (8x spatially, 4x in time) with Wan's latent mean and std, and Wan 2.1's UniPC scheduler.
@@ -78,18 +169,12 @@ def build_tiny_pipeline(seed: int = 0) -> WanPipeline:
     tokenizer = tiny_t5_tokenizer()
     torch.manual_seed(seed)
     transformer = tiny_wan_transformer()
-    torch.manual_seed(seed + 1)
-    # diffusers' defaults are Wan 2.1's latent mean and std.
-    vae: Any = AutoencoderKLWan(
-        base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
-    )
-    vae.register_to_config(sample_size=TINY_SIDE)
     text_encoder = _text_encoder(len(tokenizer), seed + 2)
     pipe = WanPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
         transformer=transformer,
-        vae=vae,
+        vae=_vae(seed),
         scheduler=UniPCMultistepScheduler(**SCHEDULER),
     )
     dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.loading.Pipeline)

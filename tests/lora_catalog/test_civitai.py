@@ -168,6 +168,12 @@ def test_a_link_carrying_a_token_is_refused_without_echoing_it():
         ("Flux.2 Klein 9B-base", Family.FLUX2, False),
         ("Qwen", Family.QWEN_IMAGE, False),
         ("Flux.2 D", Family.FLUX2_DEV, False),
+        ("Wan Video 1.3B t2v", Family.WAN, False),
+        ("Wan Video 14B t2v", Family.WAN, False),
+        ("Wan Video 2.2 TI2V-5B", Family.WAN, False),
+        ("Wan Video 14B i2v 480p", Family.WAN_I2V, False),
+        ("Wan Video 14B i2v 720p", Family.WAN_I2V, False),
+        ("Wan Video 2.2 T2V-A14B", Family.WAN22, False),
     ],
 )
 def test_each_civitai_base_maps_to_its_family(label, family, finetune):
@@ -182,11 +188,14 @@ def test_each_civitai_base_maps_to_its_family(label, family, finetune):
 
 def test_the_table_has_exactly_those_entries_and_the_rest_maps_to_nothing():
     assert [b.label for b in CIVITAI_BASES] == [
-        "SD 1.5", "SDXL 1.0", "Pony", "Illustrious", "NoobAI", "Flux.1 D", "Flux.1 S", "Flux.1 Kontext", "Qwen",
-        "ZImageTurbo", "Flux.2 D",
+        "SD 1.5", "SDXL 1.0", "Pony", "Illustrious", "NoobAI", "Flux.1 D", "Flux.1 S",
+        "Wan Video 14B i2v 480p", "Wan Video 14B i2v 720p", "Wan Video 1.3B t2v", "Wan Video 14B t2v",
+        "Wan Video 2.2 TI2V-5B", "Flux.1 Kontext", "Wan Video 2.2 T2V-A14B", "Qwen", "ZImageTurbo", "Flux.2 D",
         "Flux.2 Klein 4B", "Flux.2 Klein 9B", "Flux.2 Klein 4B-base", "Flux.2 Klein 9B-base",
     ]  # fmt: skip
-    for other in ("SD 3.5", "Hunyuan Video", "Wan Video", "SDXL Turbo", "Other", ""):
+    # Wan 2.2 I2V-A14B and Wan 2.5 are not served yet.
+    unserved = ("Wan Video 2.2 I2V-A14B", "Wan Video 2.5 T2V", "Wan Video 2.5 I2V")
+    for other in ("SD 3.5", "Hunyuan Video", "Wan Video", *unserved, "SDXL Turbo", "Other", ""):
         assert civitai_base(other) is None
 
 

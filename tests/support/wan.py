@@ -30,9 +30,19 @@ _ORIGINAL = {
     "attn2.to_out.0": "cross_attn.o",
     "ffn.net.0.proj": "ffn.0",
     "ffn.net.2": "ffn.2",
+    # Image-to-video's own: the cross-attention's image keys and values.
+    "attn2.add_k_proj": "cross_attn.k_img",
+    "attn2.add_v_proj": "cross_attn.v_img",
+}
+# The image embedder's layers (diffusers' names -> Wan's original `img_emb`).
+_EMBEDDER = {
+    "condition_embedder.image_embedder.ff.net.0.proj": "img_emb.proj.1",
+    "condition_embedder.image_embedder.ff.net.2": "img_emb.proj.3",
 }
 # Every layer of the tiny transformer's 2 blocks a Wan LoRA adapts (musubi-tuner's files hold all of them).
-MODULES = tuple(f"blocks.{i}.{layer}" for i in range(2) for layer in _ORIGINAL)
+MODULES = tuple(f"blocks.{i}.{layer}" for i in range(2) for layer in list(_ORIGINAL)[:10])
+# And of the tiny image-to-video transformer's, with its image layers.
+I2V_MODULES = (*(f"blocks.{i}.{layer}" for i in range(2) for layer in _ORIGINAL), *_EMBEDDER)
 PROMPT = "a photo of a fox in sks style"
 FRAMES = 5
 
@@ -78,6 +88,8 @@ def factors(transformer: torch.nn.Module, modules: Sequence[str], *, rank: int =
 
 
 def _original(module: str) -> str:
+    if module in _EMBEDDER:
+        return _EMBEDDER[module]
     block, _, layer = module.partition(".")[2].partition(".")
     return f"blocks.{block}.{_ORIGINAL[layer]}"
 
@@ -95,7 +107,8 @@ def lora_file(made: dict[str, tuple[torch.Tensor, torch.Tensor]], fmt: WanFormat
         else:
             stem, a, b = f"diffusion_model.{_original(module)}", "lora_down.weight", "lora_up.weight"
         tensors[f"{stem}.{a}"], tensors[f"{stem}.{b}"] = down, up
-        if alpha is not None:
+        # diffusers' converter reads no alpha of the image embedder (0.42.1 refuses a file with one).
+        if alpha is not None and module not in _EMBEDDER:
             tensors[f"{stem}.alpha"] = torch.tensor(alpha)
     if fmt == "comfy_diff":
         # What diffusers drops: the norms' deltas, and a full-weight delta of a layer without factors.
@@ -112,19 +125,44 @@ def write_wan_loras(pipe: Any, folder: Path, cases: Sequence[WanCase] = (*CASES,
         save_lora(folder / case.file_name, lora_file(made, case.fmt, case.alpha))
 
 
-def diffusers_frames(tiny_dir: Path, folder: Path, weight_name: str | None, scale: float = 1.0) -> list[Image.Image]:
-    """diffusers' own video on a WanPipeline of its own from `tiny_dir`: load_lora_weights, then fuse_lora of the
-    transformer; three steps at 64 px, 5 frames, seed 7, the pool's CFG 5; no LoRA when `weight_name` is None."""
-    pipe: Any = WanPipeline.from_pretrained(tiny_dir)
+# Image-to-video's namings: ComfyUI's with the image layers and embedder, musubi-tuner's with the image keys and
+# values (its converter reads no embedder), diffusers/PEFT's; and a text-to-video file, which runs there too.
+I2V_CASES = (
+    WanCase("i2v_comfy", "comfy", alpha=4.0, seed=61, modules=I2V_MODULES),
+    WanCase("i2v_musubi", "musubi", seed=62, modules=I2V_MODULES[:24]),
+    WanCase("i2v_peft", "peft", alpha=None, seed=63, modules=I2V_MODULES[8:]),
+)
+
+
+def diffusers_frames(
+    tiny_dir: Path,
+    folder: Path,
+    weight_name: str | None,
+    scale: float = 1.0,
+    *,
+    pipeline_class: Any = WanPipeline,
+    image: Image.Image | None = None,
+    sides: Sequence[str] = ("transformer",),
+    guidance_2: float | None = None,
+) -> list[Image.Image]:
+    """diffusers' own video on a pipeline of its own from `tiny_dir` (an image-to-video one from `image`):
+    load_lora_weights, then fuse_lora of the transformer; three steps at 64 px, 5 frames, seed 7, the pool's
+    CFG 5; no LoRA when `weight_name` is None. `sides`: the transformers the file is loaded into (a two-stage
+    pipeline's `transformer_2` with `load_into_transformer_2=True`), each fused."""
+    pipe: Any = pipeline_class.from_pretrained(tiny_dir)
     pipe.set_progress_bar_config(disable=True)
     if weight_name is not None:
-        pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name="a0")
-        pipe.fuse_lora(components=["transformer"], lora_scale=scale)
+        for side in sides:
+            low = {"load_into_transformer_2": True} if side == "transformer_2" else {}
+            pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name=f"a_{side}", **low)
+        pipe.fuse_lora(components=list(sides), lora_scale=scale)
     generator = torch.Generator("cpu").manual_seed(7)
     output = pipe(
+        **({} if image is None else {"image": image}),
         prompt=PROMPT,
         num_inference_steps=3,
-        guidance_scale=5.0,
+        guidance_scale=5.0 if guidance_2 is None else 4.0,
+        **({} if guidance_2 is None else {"guidance_scale_2": guidance_2}),
         width=64,
         height=64,
         num_frames=FRAMES,

@@ -61,6 +61,9 @@ def reference_image(spec: FamilySpec, folder: Path, loras: Path, checked: Checke
         # PEFT warns that such a layer cannot merge: the reference never merges (it is the unfused one).
         warnings.filterwarnings("ignore", message="TorchaoLoraLinear was instantiated without")
         pipe.load_lora_weights(str(loras), weight_name=LORA, adapter_name="a0")
+        if "transformer_2" in spec.components:
+            # A two-stage Wan's low-noise transformer takes the file too (not quantized: only the denoiser is).
+            pipe.load_lora_weights(str(loras), weight_name=LORA, adapter_name="a1", load_into_transformer_2=True)
     arguments = spec.call_arguments(checked)
     if checked.image is not None:
         arguments = {**accepted_arguments(pipe, arguments), **image_arguments(pipe, checked)}

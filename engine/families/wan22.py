@@ -1,0 +1,78 @@
+"""Wan 2.2 T2V-A14B: `WanPipeline` with two transformers, `transformer` for the high-noise steps and
+`transformer_2` for the low-noise ones, switched at the pipeline's `boundary_ratio` (0.875 of the timesteps).
+
+Both are LoRA components. A single LoRA file goes to both transformers at the request's scale, as diffusers loads
+it twice (`load_lora_weights`, then again with `load_into_transformer_2=True`); its names are Wan's, converted by
+diffusers' own converter (`engine.families.wan`). Not yet: a high-noise/low-noise pair of files as one LoRA, and a
+side's own scale (`LoraSpec.scale_2` is refused). Defaults as diffusers' A14B example runs it: 40 steps, CFG 4
+for the high-noise stage and 3 for the low-noise one (`guidance_2`), 81 frames at 16 fps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from diffusers import WanPipeline
+
+from engine.families import wan
+from engine.families.spec import (
+    FamilySpec,
+    LoraSignature,
+    MemorySpec,
+    Module,
+    Pipeline,
+    PreviewSpec,
+    RunDefaults,
+    Tensor,
+    VideoDefaults,
+)
+from engine.families.tiny_wan import build_tiny_a14b_pipeline
+from engine.requests import CheckedRequest
+from families.wan22 import IDENTITY
+
+__all__ = ["FAMILY", "convert_lora"]
+
+_LOW = "transformer_2."
+
+
+def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
+    """Wan's conversion, and every factor for the high-noise transformer given again for the low-noise one."""
+    converted, alphas = wan.convert_lora(state_dict, denoiser)
+    low = {_LOW + name.removeprefix("transformer."): tensor for name, tensor in converted.items()}
+    return {**converted, **low}, alphas
+
+
+def defaults(pipe: Pipeline) -> RunDefaults:
+    """diffusers' A14B example: 40 steps at CFG 4 (the high-noise stage's)."""
+    return RunDefaults(40, 4.0, "cfg", negative_prompt=True, side_multiple=2 * int(pipe.vae_scale_factor_spatial))
+
+
+def video(pipe: Pipeline) -> VideoDefaults:
+    """Wan's frames, and the low-noise stage's guidance 3."""
+    return VideoDefaults(**{**vars(wan.video(pipe)), "guidance_2": 3.0})
+
+
+def call_arguments(request: CheckedRequest) -> dict[str, Any]:
+    """Wan's call with the low-noise stage's guidance (None: the high-noise stage's)."""
+    return {**wan.call_arguments(request), "guidance_scale_2": request.guidance_2}
+
+
+FAMILY = FamilySpec(
+    identity=IDENTITY,
+    pipeline_class=WanPipeline,
+    denoiser="transformer",
+    components=("transformer", "transformer_2"),
+    side=wan.SIDE,
+    served_side=wan.served_side,
+    defaults=defaults,
+    call_arguments=call_arguments,
+    size_buckets=wan.SIZE_BUCKETS,
+    convert_lora=convert_lora,
+    signature=LoraSignature(wan.lora_widths, wan.pipeline_widths),
+    preview=PreviewSpec(None, wan.LATENT_RGB, unpack=wan.unpack_latents),
+    build_tiny=build_tiny_a14b_pipeline,
+    half_dtype="bfloat16",
+    memory=MemorySpec(host_components=("text_encoder",)),
+    video=video,
+)
