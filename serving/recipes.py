@@ -79,6 +79,12 @@ def recipe_text(result: GenerateResult, index: int = 0) -> str:
         parameters["Denoising strength"] = f"{request.strength:g}"
     if request.clip_skip:
         parameters["Clip skip"] = request.clip_skip + 1
+    if result.is_video:
+        # A video's length and rate; a two-stage pool's low-noise guidance beside `CFG scale` (the high-noise one).
+        parameters["Frames"] = request.num_frames
+        parameters["FPS"] = request.fps
+        if request.guidance_2 is not None:
+            parameters["CFG scale 2"] = f"{request.guidance_2:g}"
     if request.image is not None and request.images:
         # The images themselves are not carried: how many, and each one's pixels' short SHA-256, in the order
         # they ran (the prompt's "image 1", "image 2", ...).
@@ -179,6 +185,10 @@ def parse_recipe(text: str) -> Recipe:
         clip_skip=clip_skip - 1 if clip_skip is not None else None,
         # An image-to-image recipe's strength; the image it started from is the caller's to give.
         strength=_number(parameters.get("Denoising strength")),
+        # A video recipe's frames, rate and low-noise guidance (none in an image's).
+        num_frames=_number(parameters.get("Frames")),
+        fps=_number(parameters.get("FPS")),
+        guidance_2=_number(parameters.get("CFG scale 2")),
     )
     hashes = dict(part.split(": ", 1) for part in parameters.get("Lora hashes", "").split(", ") if ": " in part)
     return Recipe(request, parameters, {_ref(name): value for name, value in hashes.items()})

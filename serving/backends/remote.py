@@ -9,6 +9,7 @@ URL are sent, never shown (`***`). Details: docs/internals.md, "serving/backends
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -24,13 +25,12 @@ from engine.events import EngineEvents, EngineObserver
 from engine.outcomes import LoraCheck, PoolStatus, Preview, Progress, ServedPool
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from serving.backends import CellProgress, OnQueue
+from serving.cluster.answers import answer_from_json
 from serving.cluster.wire import (
     check_from_json,
-    decode_png,
     error_from_body,
     pools_from_json,
     request_to_json,
-    result_from_json,
     status_from_json,
 )
 
@@ -85,10 +85,10 @@ class RemoteBackend:
         started = time.perf_counter()
         document = await self._call("POST", path, request_to_json(request))
         try:
-            more = [decode_png(png) for png in document.get("more_images") or ()]
-            result = result_from_json(document["result"], decode_png(document["image"]), more)
-        except (KeyError, TypeError) as e:
-            raise BackendUnavailableError(f"the backend at {self.url} answered something unreadable: {e}") from e
+            # Off the event loop: a video's frames are dozens of PNG files.
+            result = await asyncio.to_thread(answer_from_json, document)
+        except BackendUnavailableError as e:
+            raise BackendUnavailableError(f"the backend at {self.url}: {e}") from e
         if progress is not None:
             progress(result.request.steps or 1, result.request.steps or 1)
         logger.info(

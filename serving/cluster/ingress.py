@@ -25,11 +25,10 @@ from starlette.routing import BaseRoute, Route
 from engine.errors import GenerationCancelledError, InvalidRequestError, SwitchboardError
 from engine.pools.routing import named_pool
 from serving.backends.ray_serve import ServeBackend
+from serving.cluster.answers import answer_to_json
 from serving.cluster.wire import (
-    encode_png,
     pools_to_json,
     request_from_json,
-    result_to_json,
     spec_from_json,
 )
 from serving.errors import json_error
@@ -105,8 +104,8 @@ def wire_routes(handlers: Handlers) -> list[BaseRoute]:
         request = await asyncio.to_thread(request_from_json, document, handlers.settings.max_input_pixels)
         base = http.path_params.get("base", "")
         result = await handlers.generate(request, transport="wire", base=base)
-        images = await asyncio.to_thread(lambda: [encode_png(image) for image in result.images])
-        return JSONResponse({"image": images[0], "more_images": images[1:], "result": result_to_json(result)})
+        # Off the event loop: a video's frames are dozens of PNG files.
+        return JSONResponse(await asyncio.to_thread(answer_to_json, result))
 
     # The body limit is the settings' (MAX_BODY_BYTES), as on `POST /`: what a front end accepted travels on.
     limit = handlers.settings.max_body_bytes

@@ -198,6 +198,7 @@ class _ResultJson(BaseModel):
     warnings: tuple[str, ...]
     model_id: str = ""
     served_by: str = ""
+    fps: int = 0
 
 
 class _PoolsJson(BaseModel):
@@ -281,22 +282,27 @@ def result_to_json(result: GenerateResult) -> dict[str, Any]:
         "warnings": list(result.warnings),
         "model_id": result.model_id,
         "served_by": result.served_by,
+        "fps": result.fps,
     }
 
 
-def result_from_json(document: Mapping[str, Any], png: bytes, more: Sequence[bytes] = ()) -> GenerateResult:
-    """A result from its JSON and its images' PNGs (the first, then the rest of a request for several)."""
+def result_from_json(
+    document: Mapping[str, Any], png: bytes, more: Sequence[bytes] = (), frames: Sequence[bytes] = ()
+) -> GenerateResult:
+    """A result from its JSON and its images' PNGs (the first, then the rest of a request for several), and a
+    video's frames' PNGs (the first of them is its image)."""
     try:
         read = _ResultJson.model_validate(document)
-        images = [Image.open(io.BytesIO(data)) for data in (png, *more)]
-        for image in images:
-            image.load()
+        images = [_png(data) for data in (png, *more)]
+        decoded = tuple(_png(data) for data in frames)
     except (ValidationError, OSError) as e:
         why = _first(e) if isinstance(e, ValidationError) else str(e)
         raise BackendUnavailableError(f"the backend answered a result this Space cannot read ({why})") from e
     checked: _WireRequest = read.request
     return GenerateResult(
-        image=images[0],
+        image=decoded[0] if decoded else images[0],
+        frames=decoded,
+        fps=read.fps,
         more_images=tuple(images[1:]),
         seed=read.seed,
         # The images of the request the cluster checked are at its output's size (within MAX_SIDE squared).
@@ -308,6 +314,12 @@ def result_from_json(document: Mapping[str, Any], png: bytes, more: Sequence[byt
         model_id=read.model_id,
         served_by=read.served_by,
     )
+
+
+def _png(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
 
 
 def encode_png(image: Image.Image) -> str:

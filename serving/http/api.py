@@ -6,7 +6,8 @@ The body is JSON whatever its Content-Type (`serving.http.body.parse_body`), but
 (`serving.http.images`). The `lora` header names a Hub
 repo, a `local:` file or a Civitai LoRA, and `parameters.loras` lists more as `{"path", "scale"}`, as
 huggingface_hub's InferenceClient sends them. It goes through the handlers into the one queue like every
-transport; the answer is the image (JPEG, or PNG when preferred) or a JSON error `{"error", "error_type"}`
+transport; the answer is the image (JPEG, or PNG when preferred), a video pool's clip (MP4, or the animated
+WebP or GIF Accept prefers: `serving.video`) or a JSON error `{"error", "error_type"}`
 whose status says whose fault it is. A client that hangs up leaves the queue or cancels its generation. The
 headers and examples: README's "Use it" and docs/internals.md.
 """
@@ -36,6 +37,7 @@ from engine.settings import Settings
 from serving.errors import json_error
 from serving.http.body import HUB_HOST, HttpRequest, lora_from_path, parse_body
 from serving.recipes import encode_image
+from serving.video import video_file
 
 if TYPE_CHECKING:
     # Typing only: the cluster's ingress reuses this module without the Space's runtime (spaces, the catalogue).
@@ -172,14 +174,21 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
             outcome = GenerationCancelledError("the client went away")
         if isinstance(outcome, SwitchboardError):
             return _failed(outcome, request.url.path)
-        data = await anyio.to_thread.run_sync(encode_image, outcome.image, parsed.media_type)
+        # A video pool's result is a video (MP4, or the animated image Accept prefers); else the image.
+        media_type = parsed.video_type if outcome.is_video else parsed.media_type
+        data = await anyio.to_thread.run_sync(_encoded, outcome, media_type)
         position = joined[0] if joined else None
-        return Response(data, media_type=parsed.media_type, headers=result_headers(outcome, position))
+        return Response(data, media_type=media_type, headers=result_headers(outcome, position))
 
     return [
         Route("/", generate, methods=["POST"], name="inference_api"),
         Route("/models/{base:path}", generate, methods=["POST"], name="inference_api_base"),
     ]
+
+
+def _encoded(result: GenerateResult, media_type: str) -> bytes:
+    """The answer's file (on a worker thread: encoding a video takes a second or more)."""
+    return video_file(result, media_type) if result.is_video else encode_image(result.image, media_type)
 
 
 def _parse(request: Request, body: bytes, max_pixels: int) -> HttpRequest:

@@ -22,6 +22,7 @@ from engine.requests import REQUEST_FIELDS, GenerateRequest, LoraSpec
 from engine.settings import Settings
 from lora_catalog.civitai.refs import SITE_HOSTS, parse_civitai
 from serving.http.images import IMAGE_ONLY, TargetSize, image_request
+from serving.video import VideoType, video_media_type
 
 __all__ = ["HUB_HOST", "HttpRequest", "lora_from_path", "parse_body"]
 
@@ -49,6 +50,17 @@ def _whole(value: object) -> object:
 _Integer = Annotated[int, BeforeValidator(_whole)]
 
 
+def _joined(value: object) -> object:
+    """A list of strings as one, joined by ", ": Hugging Face's text-to-video task (and huggingface_hub's
+    `text_to_video`) sends `negative_prompt` as a list; the text-to-image task as a string."""
+    if isinstance(value, list) and all(isinstance(part, str) for part in value):
+        return ", ".join(part.strip() for part in value if part.strip())
+    return value
+
+
+_Text = Annotated[str, BeforeValidator(_joined)]
+
+
 def _option_value(value: object) -> bool | str:
     """A scheduler option's value: a boolean or a string, as sent (the engine checks which)."""
     if not isinstance(value, bool | str):
@@ -69,11 +81,14 @@ class _Lora(BaseModel):
 
     path: Annotated[str, Field(description=_ACCEPTED_PATH)]
     scale: Annotated[float | None, Field(description=_NUMBER)] = None
+    # The low-noise transformer's scale on a two-transformer pool (Wan 2.2 A14B); none: `scale` for both.
+    scale_2: Annotated[float | None, Field(description=_NUMBER)] = None
 
 
 # Each kind of request field as the inference API's JSON carries it (`engine.request_schema`).
 _HTTP_TYPES: dict[str, Any] = {
-    "text": str,
+    # A string, or (text-to-video's negative prompt) a list of strings joined into one.
+    "text": _Text,
     "integer": _Integer,
     "number": float,
     "loras": list[_Lora],
@@ -134,6 +149,9 @@ class HttpRequest:
 
     request: GenerateRequest
     media_type: str
+    # How a video pool's answer is sent (`serving.video.video_media_type`): MP4 unless Accept prefers an
+    # animated WebP or GIF.
+    video_type: VideoType = "video/mp4"
 
 
 def parse_body(
@@ -152,7 +170,8 @@ def parse_body(
     if media in ACCEPTED_MEDIA_TYPES or media.startswith("image/"):
         image = decode_image(body, what="the body", max_pixels=max_pixels)
         header = (LoraSpec(lora.strip()),) if lora and lora.strip() else ()
-        return HttpRequest(GenerateRequest(prompt="", loras=header, image=image), _media_type(accept))
+        request = GenerateRequest(prompt="", loras=header, image=image)
+        return HttpRequest(request, _media_type(accept), video_media_type(accept))
     try:
         document = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -180,7 +199,7 @@ def parse_body(
     options = tuple(sorted((parameters.scheduler_options or {}).items()))
     # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.
     request = GenerateRequest(prompt=parsed.inputs, loras=header + listed, scheduler_options=options, **fields)
-    return HttpRequest(request=image_request(request, parameters, max_pixels), media_type=_media_type(accept))
+    return HttpRequest(image_request(request, parameters, max_pixels), _media_type(accept), video_media_type(accept))
 
 
 def _extra_body_merged(document: Any) -> Any:
@@ -202,7 +221,7 @@ def _extra_body_merged(document: Any) -> Any:
 
 def _spec(item: _Lora, where: str) -> LoraSpec:
     ref, revision, weight_name = lora_from_path(item.path, where=f"{where}.path")
-    return LoraSpec(ref, 1.0 if item.scale is None else item.scale, revision, weight_name)
+    return LoraSpec(ref, 1.0 if item.scale is None else item.scale, revision, weight_name, item.scale_2)
 
 
 def lora_from_path(path: str, *, where: str = "path") -> tuple[str, str | None, str | None]:

@@ -12,6 +12,7 @@ from serving.handlers import Handlers
 from serving.ui import browsing, events, inputs, panels, pool_views
 from serving.ui import history as session_events
 from serving.ui.gradio_api import add_api_endpoints
+from serving.ui.video_api import add_video_endpoint
 
 __all__ = ["build_demo"]
 
@@ -51,6 +52,7 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         use = (result.use_input, result.use_into)
         inputs.wire_inputs(handlers, browser.base, state[4], request.prompt, source, result.image, use)
         add_api_endpoints(handlers)
+        add_video_endpoint(handlers)
     # Gradio's queue only holds catalogue and check events (generations pass straight to the scheduler, which
     # enforces MAX_QUEUE); a size here would be a second, different limit on generations.
     demo.queue(max_size=None, default_concurrency_limit=1)

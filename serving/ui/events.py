@@ -13,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 
+from engine.requests import GenerateResult
 from serving.errors import user_errors
 from serving.handlers import Handlers
 from serving.streaming import Frame
@@ -20,6 +21,7 @@ from serving.ui import comparison as comparison_fields
 from serving.ui import formatting as fmt
 from serving.ui import history as history_ui
 from serving.ui import pools as pool_ui
+from serving.ui import video_ui
 from serving.ui.gradio_api import PIPELINE, compare, generate
 from serving.ui.history import FORM
 from serving.ui.inputs import mode_html, source_images
@@ -67,21 +69,27 @@ def wire_generation(
         history,
     ]
     assert len(inputs) == len(FORM)
+    # Beside the form (a history entry and a share link keep the image settings): a video pool's frames and fps.
+    inputs += [request.video.frames, request.video.fps]
     outputs = [result.image, result.info, request.seed, status_md, result.gallery, result.share, result.history]
-    gr.on(
+    generating = gr.on(
         [request.run.click, request.prompt.submit],
         generate_ui,
         inputs,
-        [*outputs, history, result.use_again],
+        [*outputs, history, result.use_again, result.video],
         concurrency_id=PIPELINE,
         # The scheduler is the one queue and limit for every transport: Gradio hands generations over at once
         # (they wait on the scheduler, holding no thread), rather than keeping a second queue.
         concurrency_limit=None,
         api_visibility=PRIVATE,
-        show_progress_on=result.image,
+        show_progress_on=[result.image, result.video],
         # The reference slots by name (as many as the app made: `slot_name`), after the form.
         inputs_kwargs=_slots(request),
     )
+    # Gradio cancels the event's task: the stream closes, which takes the request out of the queue or stops its
+    # run at the next step (the engine's cancel), as a browser that went away does.
+    request.cancel.click(None, None, None, cancels=[generating], api_visibility=PRIVATE, queue=False)
+    video_ui.wire_video(handlers, base, request.video, result.video, result.image)
 
 
 def _slots(request: RequestPanel) -> dict[str, Any]:
@@ -120,6 +128,8 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
         strength: float | None,
         browsed: str,
         kept: list,
+        num_frames: float,
+        fps: float,
         page: gr.Request,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
         **references: Any,
@@ -132,34 +142,39 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
         with user_errors():
             # In a thread: the input image is read and decoded here, while the event loop serves other clients.
             built = await asyncio.to_thread(history_ui.request_of, form, handlers.settings.max_input_pixels)
+            built = video_ui.video_request(handlers, built, browsed, num_frames, fps)
         # An async generator: it yields previews as the engine denoises, and ticks while it waits so that
         # Gradio, which checks the client after each yield, closes it when the browser went away (which cancels
         # the generation, queued or running).
         # Without a LoRA the browsed base's pool generates; a LoRA runs on the base it was made for.
         on_base = pool_ui.request_base(handlers, browsed, bool(built.loras))
-        skip = (gr.skip(),) * 5
+        skip = (gr.skip(),) * 8
         # An image run makes a strength's share of the steps, as its pipeline rounds it: the progress bar has the
         # engine's count, the preview line no total of its own.
         total = int(steps) if built.image is None else None
         async for item in generate(handlers, built, progress, transport="ui", base=on_base):
             if isinstance(item, Frame):
-                yield item.image, fmt.preview_html(item.step, total), gr.skip(), gr.skip(), *skip
+                yield video_ui.preview(item.image, built), fmt.preview_html(item.step, total), *skip
             elif item is None:
-                yield (gr.skip(),) * 4 + skip
+                yield (gr.skip(),) * 2 + skip
             else:
-                yield await _finished(handlers, form, item, page)
+                yield await _shown(handlers, form, item, page)
 
     return generate_ui
 
 
-async def _finished(handlers: Handlers, form: dict[str, Any], item: Any, page: gr.Request) -> tuple[Any, ...]:
-    """The result as the page shows it: the image, its line, seed, status, gallery, share link and history."""
+async def _shown(handlers: Handlers, form: dict[str, Any], item: GenerateResult, page: gr.Request) -> tuple[Any, ...]:
+    """A result's outputs: image, info, seed, status, gallery, share link, history and its state, a video."""
     share, shown, now = history_ui.remember(form, item, base_url(dict(page.headers)))
     several = len(item.images) > 1
     gallery = gr.Gallery(value=history_ui.cells(item) if several else None, visible=several)
     status = await pool_ui.status(handlers)
     info = fmt.result_html(item) + mode_html(item.request)
-    return item.image, info, item.seed, status, gallery, share, shown, now, gr.skip()
+    # A video's MP4 is written off the event loop (seconds for a long clip).
+    video = await asyncio.to_thread(video_ui.video_result, item)
+    # A video takes the image's place again once it is there (the previews showed in the image).
+    image = gr.Image(item.image, visible=False) if item.is_video else item.image
+    return image, info, item.seed, status, gallery, share, shown, now, gr.skip(), video
 
 
 def wire_compare(handlers: Handlers, request: RequestPanel, comparison: ComparePanel, status_md: gr.Markdown) -> None:

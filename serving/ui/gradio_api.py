@@ -1,5 +1,5 @@
-"""The named API `gradio_client` sees (/generate, /generate_images, /compare, /catalog, /lora_info, /pool_status),
-and the progress plumbing.
+"""The named API `gradio_client` sees (/generate, /generate_images, /compare, /catalog, /lora_info, /pool_status;
+/generate_video is `serving.ui.video_api`'s), and the progress plumbing.
 
 Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named here;
 it calls the one shared handler (`serving.handlers`) the UI calls too and answers JSON; errors become `gr.Error`
@@ -10,6 +10,7 @@ endpoint did before they existed. Details: docs/internals.md, "serving/ui/gradio
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -45,13 +46,24 @@ CHECK = "lora_check"
 
 
 class StepProgress:
-    """Feeds the engine's per-step callback into Gradio's progress bar (a class, so ZeroGPU can pickle it)."""
+    """Feeds the engine's per-step callback into Gradio's progress bar (a class, so ZeroGPU can pickle it), with
+    the time left expected at the pace of the steps so far (counted from the first step seen, so loading and
+    the text encoders are not taken for denoising)."""
 
-    def __init__(self, progress: gr.Progress) -> None:
+    def __init__(self, progress: gr.Progress, clock: Callable[[], float] = time.monotonic) -> None:
         self.progress = progress
+        self.clock = clock
+        self.first: tuple[int, float] | None = None
 
     def __call__(self, step: int, total: int) -> None:
-        self.progress((step, total), desc="Denoising", unit="steps")
+        now = self.clock()
+        if self.first is None or step < self.first[0]:
+            self.first = (step, now)
+        done = step - self.first[0]
+        desc = "Denoising"
+        if done > 0 and step < total:
+            desc += f" (about {fmt.seconds((now - self.first[1]) / done * (total - step))} left)"
+        self.progress((step, total), desc=desc, unit="steps")
 
 
 class CellProgress:

@@ -15,6 +15,7 @@ from serving.handlers import Handlers
 from serving.ui import formatting as fmt
 from serving.ui import references as refs
 from serving.ui.inputs import InputPanel, input_panel, prompt_control
+from serving.ui.video_ui import VideoControls, video_controls
 
 __all__ = [
     "Browser",
@@ -83,6 +84,10 @@ class RequestPanel:
     seed: gr.Number
     randomize: gr.Checkbox
     run: gr.Button
+    # Frames and fps, shown for a video pool.
+    video: VideoControls
+    # Stops the running generation at its next step (or takes it out of the queue).
+    cancel: gr.Button
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,8 @@ class ResultPanel:
     # Puts the result into the input image, to iterate on it; or into the reference image `use_into` names.
     use_input: gr.Button
     use_into: gr.Dropdown
+    # A video pool's result, shown in the image's place.
+    video: gr.Video
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         size = gr.Dropdown(sizes, value=sizes[0][1], label="Size")
         steps = gr.Slider(1, handlers.settings.max_steps, value=defaults.steps, step=1, label="Steps", elem_id="steps")
         guidance = gr.Slider(0, 20, step=0.5, elem_id="guidance", **fmt.guidance_control(defaults))
+    video = video_controls(defaults)
     with gr.Row():
         # Twice the others' width: "Default (DPM++ 2M Karras)" and the longer names fit beside the arrow.
         sampler = gr.Dropdown(fmt.sampler_choices(defaults), value="", label="Sampler", elem_id="sampler", scale=2)
@@ -190,7 +198,9 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     with gr.Row():
         seed = gr.Number(-1, label="Seed", info="the seed used shows here", precision=0, minimum=-1, elem_id="seed")
         randomize = gr.Checkbox(True, label="Random seed each time", elem_id="randomize")
-    run = gr.Button("Generate", variant="primary", size="lg", elem_id="generate")
+    with gr.Row():
+        run = gr.Button("Generate", variant="primary", size="lg", elem_id="generate", scale=4)
+        cancel = gr.Button("Cancel", variant="stop", size="lg", elem_id="cancel", scale=1)
     return RequestPanel(
         prompt,
         negative,
@@ -209,6 +219,8 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         seed,
         randomize,
         run,
+        video,
+        cancel,
     )
 
 
@@ -237,6 +249,18 @@ def result_panel(handlers: Handlers) -> ResultPanel:
         height=420,
         buttons=["download", "fullscreen"],
         elem_classes="tiny-output" if handlers.default.defaults.is_tiny else None,
+        visible=not handlers.default.defaults.video,
+    )
+    # A video pool's result, in the image's place (`serving.ui.video_ui` switches them with the base).
+    video = gr.Video(
+        label="Result",
+        format="mp4",
+        interactive=False,
+        elem_id="result-video",
+        height=420,
+        loop=True,
+        autoplay=True,
+        visible=handlers.default.defaults.video,
     )
     with gr.Row():
         use_input = gr.Button("Use as input", size="sm", elem_id="use-as-input", scale=0)
@@ -260,7 +284,7 @@ def result_panel(handlers: Handlers) -> ResultPanel:
             label="Earlier results", columns=6, height="auto", allow_preview=False, elem_id="history", buttons=[]
         )
         use_again = gr.Button("Use these settings again", size="sm", interactive=False, elem_id="use-again")
-    return ResultPanel(image, info, gallery, share, history, use_again, use_input, use_into)
+    return ResultPanel(image, info, gallery, share, history, use_again, use_input, use_into, video)
 
 
 def compare_panel(handlers: Handlers) -> ComparePanel:

@@ -159,13 +159,15 @@ def pools_api_snippets(url: str, pools: Sequence[ServedPool]) -> str:
     ]
     for pool in pools:
         defaults = pool.defaults
-        body = f'{{"inputs": "an elephant", "parameters": {{"width": {defaults.side}, "height": {defaults.side}}}}}'
+        sizes = f'"width": {defaults.side}, "height": {defaults.side}'
+        # A video pool's answer is an MP4 (`serving.video`): its frames and rate are parameters too.
+        video = f', "num_frames": {defaults.num_frames}, "fps": {defaults.fps}' if defaults.video else ""
+        body = f'{{"inputs": "an elephant", "parameters": {{{sizes}{video}}}}}'
         lines.append(
             f"{display_name(pool.base_model_id)}: {defaults.steps} steps, {inputs_note(defaults)} by default; "
             f"sides in multiples of {defaults.side_multiple}."
         )
-        lines.append(
-            f"```bash\ncurl {url.rstrip('/')}/models/{pool.base_model_id} \\\n     -d '{body}' > result.jpg\n```"
-        )
+        out = "result.mp4" if defaults.video else "result.jpg"
+        lines.append(f"```bash\ncurl {url.rstrip('/')}/models/{pool.base_model_id} \\\n     -d '{body}' > {out}\n```")
     lines.append("An unserved base answers 404 naming the served ones; LoRAs of two bases in one request, 400.")
     return "\n\n".join(lines)

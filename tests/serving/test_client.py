@@ -10,6 +10,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
+from serving.ui.video_api import video_parameters
 from tests.support.images import assert_images_close
 from tests.support.reliability_app import CLIENT_GENERATE
 
@@ -22,9 +23,19 @@ def generate(client: Client, **overrides: object) -> tuple[Image.Image, dict]:
         return image.convert("RGB"), info
 
 
-def test_only_the_five_named_endpoints_are_public(client):
+def test_only_the_named_endpoints_are_public(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert set(endpoints) == {"/generate", "/generate_images", "/compare", "/catalog", "/lora_info", "/pool_status"}
+    assert set(endpoints) == {
+        "/generate",
+        "/generate_images",
+        "/generate_video",
+        "/compare",
+        "/catalog",
+        "/lora_info",
+        "/pool_status",
+    }
+    # The video endpoint's are the request's declared video fields (serving.ui.video_api).
+    assert [p["parameter_name"] for p in endpoints["/generate_video"]["parameters"]] == video_parameters()
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
     images = [p["parameter_name"] for p in endpoints["/generate_images"]["parameters"]]
     starting = ["image", "mask", "strength", "images"]

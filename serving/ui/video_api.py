@@ -1,0 +1,166 @@
+"""`/generate_video`, the named API's video endpoint: text-to-video, or image-to-video with `image`.
+
+Its parameters are the request's fields offered to the Gradio API (`RequestField.gradio`) that a video request
+reads, in their declared order, then `base`: the image endpoints' minus what only an image run takes
+(`IMAGE_ONLY`: several images, a mask, a strength, further references, CLIP skip), plus the video fields
+(`RequestField.video`); tests/serving/test_request_schema.py holds the signature to that. It answers the video
+file (the MP4 `POST /` answers, byte for byte: `serving.video.video_file`) and the info dict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import gradio as gr
+
+from engine.errors import InvalidRequestError
+from engine.requests import REQUEST_FIELDS, GenerateRequest, GenerateResult
+from serving.errors import user_errors
+from serving.handlers import Handlers
+from serving.ui import formatting as fmt
+from serving.ui.api_requests import api_request
+from serving.ui.gradio_api import PIPELINE, generate
+from serving.ui.video_ui import saved_video
+
+__all__ = ["IMAGE_ONLY", "add_video_endpoint", "video_info", "video_parameters"]
+
+# The request fields a video endpoint leaves out (a video is one clip from one optional image; Wan's UMT5 has no
+# CLIP layers to skip).
+IMAGE_ONLY = ("num_images", "mask_image", "strength", "images", "clip_skip")
+
+
+# The endpoint's own arguments after the declared ones: each LoRA's low-noise scale on a two-transformer pool
+# (`LoraSpec.scale_2`; none: its scale for both), and the pool.
+OWN = ("lora_scale_2", "lora_2_scale_2", "base")
+
+
+def video_parameters() -> list[str]:
+    """The endpoint's parameters by the request's declaration (without Gradio's `progress`)."""
+    declared = [name for f in REQUEST_FIELDS if f.name not in IMAGE_ONLY for name in f.gradio]
+    return [*declared, *OWN]
+
+
+def video_info(result: GenerateResult) -> dict[str, Any]:
+    """`/generate`'s info, with the video's frames, rate, length in seconds and low-noise guidance."""
+    request = result.request
+    return {
+        **fmt.result_info(result),
+        "num_frames": len(result.frames),
+        "fps": result.fps,
+        "duration_s": len(result.frames) / result.fps if result.fps else 0.0,
+        "guidance_2": request.guidance_2,
+    }
+
+
+def add_video_endpoint(handlers: Handlers) -> None:
+    """The hidden inputs and outputs of `/generate_video` and its wiring (inside the app's Blocks)."""
+    with gr.Column(visible=False):
+        prompt, negative_prompt, lora, lora_2 = gr.Textbox(), gr.Textbox(""), gr.Textbox(""), gr.Textbox("")
+        # No `precision`: Gradio would round 2.5 (and True) quietly; the engine refuses them by name.
+        lora_scale, lora_2_scale = gr.Number(1.0), gr.Number(1.0)
+        # None: the video pool's own defaults (or the LoRAs' recommendations), whichever pool runs it.
+        steps, guidance, width, height = gr.Number(None), gr.Number(None), gr.Number(None), gr.Number(None)
+        seed, scheduler, scheduler_options = gr.Number(-1), gr.Textbox(""), gr.JSON(None)
+        image = gr.File(type="filepath")
+        num_frames, fps, guidance_2, base = gr.Number(None), gr.Number(None), gr.Number(None), gr.Textbox("")
+        lora_scale_2, lora_2_scale_2 = gr.Number(None), gr.Number(None)
+        video, info = gr.Video(format="mp4", label="video"), gr.JSON(label="info")
+        trigger = gr.Button()
+    inputs: list[Any] = [
+        prompt,
+        negative_prompt,
+        lora,
+        lora_scale,
+        lora_2,
+        lora_2_scale,
+        steps,
+        guidance,
+        width,
+        height,
+    ]
+    inputs += [seed, scheduler, scheduler_options, image, num_frames, fps, guidance_2, lora_scale_2, lora_2_scale_2]
+    inputs += [base]
+    trigger.click(
+        _generate_video_api(handlers),
+        inputs,
+        [video, info],
+        api_name="generate_video",
+        concurrency_id=PIPELINE,
+        concurrency_limit=None,
+    )
+
+
+def _request(handlers: Handlers, arguments: dict[str, Any]) -> GenerateRequest:
+    """The endpoint's arguments as a request, through the image endpoints' one reader (`api_request`)."""
+    a = arguments
+    loras = (a["lora"], a["lora_scale"], a["lora_2"], a["lora_2_scale"])
+    pixels = handlers.settings.max_input_pixels
+    request = api_request(
+        a["prompt"], a["negative_prompt"], loras, a["steps"], a["guidance"], a["width"], a["height"], a["seed"],
+        a["scheduler"], a["scheduler_options"], None, None, (a["image"], None, None, None, pixels),
+    )  # fmt: skip
+    # Each named LoRA's low-noise scale, in the order `api_request` keeps them (an empty slot is left out).
+    slots = ((a["lora"], a["lora_scale_2"]), (a["lora_2"], a["lora_2_scale_2"]))
+    lows = [low for ref, low in slots if (ref or "").strip()]
+    loras_2 = tuple(dataclasses.replace(spec, scale_2=low) for spec, low in zip(request.loras, lows, strict=True))
+    video = {name: a[name] for name in ("num_frames", "fps", "guidance_2") if a[name] is not None}
+    return dataclasses.replace(request, loras=loras_2, **video)
+
+
+def _generate_video_api(handlers: Handlers) -> Callable[..., Any]:
+    async def generate_video_api(
+        prompt: str,
+        negative_prompt: str = "",
+        lora: str = "",
+        lora_scale: float = 1.0,
+        lora_2: str = "",
+        lora_2_scale: float = 1.0,
+        steps: float | None = None,
+        guidance: float | None = None,
+        width: float | None = None,
+        height: float | None = None,
+        seed: float | None = -1,
+        scheduler: str = "",
+        scheduler_options: dict | None = None,
+        image: Any = None,
+        num_frames: float | None = None,
+        fps: float | None = None,
+        guidance_2: float | None = None,
+        lora_scale_2: float | None = None,
+        lora_2_scale_2: float | None = None,
+        base: str = "",
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
+    ) -> tuple[str, dict[str, Any]]:
+        """Generate a video on a video pool (the LoRAs' base, else `base`, else the default): text-to-video, or
+        image-to-video from `image` (a `handle_file`). `lora`, `lora_2`, `scheduler` and `seed` as /generate's;
+        `num_frames` 4k+1 (none: the pool's default), `fps` its frames per second, `guidance_2` the low-noise
+        stage's guidance on a two-stage pool (Wan 2.2 A14B), `lora_scale_2` and `lora_2_scale_2` each LoRA's
+        low-noise scale there (None: its scale for both); unset numbers (None) take the pool's defaults.
+        Answers the MP4 (H.264, its recipe in the `comment` tag: the bytes POST / answers) and the info, with
+        `num_frames`, `fps` and `duration_s`."""
+        arguments = dict(locals())
+        with user_errors():
+            # In a thread: the input image is decoded here (the event loop serves every other client meanwhile).
+            request = await asyncio.to_thread(_request, handlers, arguments)
+        result: GenerateResult | None = None
+        async for item in generate(handlers, request, progress, base=(base or "").strip()):
+            if isinstance(item, GenerateResult):
+                result = item
+        assert result is not None  # the stream ends with the result, or raises
+        with user_errors():
+            path = await asyncio.to_thread(_saved, result)
+        return path, video_info(result)
+
+    return generate_video_api
+
+
+def _saved(result: GenerateResult) -> str:
+    """The result's MP4 in Gradio's upload folder, named by its hash (Gradio serves and cleans that folder)."""
+    if not result.is_video:
+        raise InvalidRequestError(
+            f"/generate_video ran on an image pool ({result.model_id}); accepted: a LoRA or `base` of a video pool"
+        )
+    return saved_video(result)

@@ -1,0 +1,135 @@
+"""The UI's video pieces: frames and fps beside the size (shown for a video pool, with the clip's length in
+seconds at that rate), a `gr.Video` result in place of the image, and the switch between them when the base
+changes.
+
+A pool is a video pool by its defaults (`ModelDefaults.video`), never by its family. The input image for
+image-to-video is the image panel every pool that takes an image shows (`serving.ui.inputs`); progress is the
+engine's per step, as for images, and Cancel stops the run at its next step the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+from gradio import processing_utils
+from gradio import utils as gradio_utils
+
+from engine.requests import FPS_RANGE, GenerateRequest, GenerateResult, ModelDefaults
+from serving.handlers import Handlers
+from serving.ui import pool_views
+from serving.video import video_file
+
+__all__ = [
+    "VideoControls",
+    "length_text",
+    "on_base",
+    "preview",
+    "saved_video",
+    "video_controls",
+    "video_request",
+    "video_result",
+    "wire_video",
+]
+
+# What the sliders show on an image pool (hidden there): Wan 2.1's clip.
+_FRAMES, _FPS = 81, 16
+
+
+@dataclass(frozen=True)
+class VideoControls:
+    """Frames and frames per second, and the clip's length they make."""
+
+    row: gr.Row
+    frames: gr.Slider
+    fps: gr.Slider
+    length: gr.Markdown
+
+
+def length_text(frames: float | None, fps: float | None) -> str:
+    """ "81 frames: 5.1 s at 16 fps"."""
+    if not frames or not fps:
+        return ""
+    return f"{int(frames)} frames: {frames / fps:.1f} s at {int(fps)} fps"
+
+
+def _frames_control(defaults: ModelDefaults) -> dict[str, Any]:
+    """The frames slider of `defaults`' pool: 4k+1 (its `frame_multiple`) up to its most."""
+    step = defaults.frame_multiple or 4
+    most = defaults.max_frames or defaults.num_frames or _FRAMES
+    return {"minimum": step + 1, "maximum": most, "step": step, "value": defaults.num_frames or _FRAMES}
+
+
+def video_controls(defaults: ModelDefaults) -> VideoControls:
+    with gr.Row(visible=defaults.video, elem_id="video-controls") as row:
+        frames = gr.Slider(label="Frames", elem_id="num-frames", **_frames_control(defaults))
+        fps = gr.Slider(*FPS_RANGE, value=defaults.fps or _FPS, step=1, label="FPS", elem_id="fps")
+    length = gr.Markdown(
+        length_text(frames.value, fps.value) if defaults.video else "", visible=defaults.video, elem_id="video-length"
+    )
+    return VideoControls(row, frames, fps, length)
+
+
+def on_base(handlers: Handlers, base: str) -> tuple[Any, ...]:
+    """A new base: the video controls and result shown for a video pool (the image result hidden), with its
+    frames and rate; an image pool the other way round. Nothing changes for a base no pool serves."""
+    pool = pool_views.pool_for_base(handlers.pools, base) if base else None
+    if pool is None:
+        return (gr.skip(),) * 6
+    defaults = pool.defaults
+    video = defaults.video
+    frames = _frames_control(defaults)
+    fps = defaults.fps or _FPS
+    return (
+        gr.Row(visible=video),
+        gr.Slider(**frames),
+        gr.Slider(value=fps),
+        gr.Markdown(length_text(frames["value"], fps) if video else "", visible=video),
+        gr.Video(visible=video),
+        gr.Image(visible=not video),
+    )
+
+
+def wire_video(
+    handlers: Handlers, base: gr.Dropdown, controls: VideoControls, video: gr.Video, image: gr.Image
+) -> None:
+    """The base filter's switch and the length line's updates (the UI's own events: no API)."""
+
+    def switch(browsed: str) -> tuple[Any, ...]:
+        return on_base(handlers, browsed)
+
+    options: dict[str, Any] = {"api_visibility": "private", "queue": False}
+    outputs = [controls.row, controls.frames, controls.fps, controls.length, video, image]
+    base.change(switch, [base], outputs, **options)
+    for slider in (controls.frames, controls.fps):
+        slider.change(length_text, [controls.frames, controls.fps], controls.length, **options)
+
+
+def video_request(
+    handlers: Handlers, request: GenerateRequest, browsed: str, frames: float, fps: float
+) -> GenerateRequest:
+    """`request` with the form's frames and rate when the browsed base's pool makes videos (an image pool's
+    request is left as it is: it takes neither)."""
+    pool = pool_views.pool_for_base(handlers.pools, browsed) if browsed else handlers.default
+    if pool is None or not pool.defaults.video:
+        return request
+    return dataclasses.replace(request, num_frames=frames, fps=fps)
+
+
+def preview(image: Any, request: GenerateRequest) -> Any:
+    """A preview frame for the image result; on a video pool's run (the form gave it frames) the image, hidden
+    there, shows again for the forming first frame until the video takes its place."""
+    return gr.Image(image, visible=True) if request.num_frames is not None else image
+
+
+def video_result(result: GenerateResult) -> Any:
+    """The result's video for the `gr.Video` (its MP4 in Gradio's upload folder), or a skip for an image."""
+    return gr.Video(saved_video(result), visible=True) if result.is_video else gr.skip()
+
+
+def saved_video(result: GenerateResult) -> str:
+    """The result's MP4 (`video_file`: the bytes `POST /` answers) in Gradio's upload folder, named by its hash
+    (Gradio serves that folder and cleans it with its cache)."""
+    return processing_utils.save_bytes_to_cache(video_file(result), "video.mp4", gradio_utils.get_upload_folder())

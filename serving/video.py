@@ -1,0 +1,170 @@
+"""A video answer's file: H.264 MP4 (`yuv420p`, which every browser plays), or an animated WebP or GIF when the
+client asks for one (`Accept`), each carrying the run's recipe.
+
+The MP4 is written by PyAV (FFmpeg's libraries, libx264 among them, bundled in its wheels: no ffmpeg binary, no
+subprocess; why PyAV: docs/internals.md, "serving/video.py"). Its recipe (A1111's `parameters` text,
+`serving.recipes`) is the file's `comment` tag, the one FFmpeg, exiftool and PyAV read back from an MP4 (its
+`©cmt` atom); the animated WebP carries it as the EXIF UserComment a still JPEG does, the GIF as its comment
+extension. The same frames, fps and recipe give the same bytes (libx264 is deterministic at any thread count;
+nothing time-dependent is written), which keeps every door's answer byte-identical.
+
+H.264 in 4:2:0 needs even sides: a frame with an odd width or height gets its last column or row repeated once
+(FFmpeg's usual `pad` to even), so no pixel is lost and the video is at most one pixel wider or taller than its
+frames. The pipelines' sides are multiples of 8 or 16, so this is only ever the case for hand-made frames.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Final, Literal
+
+import av
+from PIL import Image
+
+from engine.requests import GenerateResult
+from serving.recipes import KEY
+
+__all__ = [
+    "ANIMATED_TYPES",
+    "MP4",
+    "VIDEO_TYPES",
+    "DecodedVideo",
+    "VideoType",
+    "decode_mp4",
+    "encode_video",
+    "even_sides",
+    "video_file",
+    "video_media_type",
+]
+
+MP4: Final = "video/mp4"
+ANIMATED_TYPES = ("image/webp", "image/gif")
+# Ties and an Accept naming none of them: MP4 (first here).
+VIDEO_TYPES = (MP4, *ANIMATED_TYPES)
+VideoType = Literal["video/mp4", "image/webp", "image/gif"]
+# libx264's constant-rate factor: 18 is visually lossless in x264's own guide (the default 23 blurs fine detail of
+# LoRA styles); a 480p 81-frame clip stays a few MB.
+_CRF = "18"
+_PRESET = "medium"
+_COMMENT = "comment"
+_WEBP_QUALITY = 90
+_EXIF_IFD, _USER_COMMENT = 0x8769, 0x9286
+_UNICODE = b"UNICODE\x00"
+
+
+@dataclass(frozen=True)
+class DecodedVideo:
+    """An MP4 read back: its frames (RGB), frame rate, and comment tag (the recipe; None without one)."""
+
+    frames: tuple[Image.Image, ...]
+    fps: Fraction
+    comment: str | None
+
+
+def video_media_type(accept: str | None) -> VideoType:
+    """What a video answer is sent as: the first of `VIDEO_TYPES` ranked highest by `accept` (its q values);
+    MP4 when it names none of them (`*/*`, `image/png`, or no header)."""
+    quality = dict.fromkeys(VIDEO_TYPES, 0.0)
+    for part in (accept or "").split(","):
+        media, _, params = part.strip().partition(";")
+        media = media.strip().lower()
+        if media in quality:
+            quality[media] = max(quality[media], _q(params))
+    best = max(VIDEO_TYPES, key=lambda media: (quality[media], media == MP4))
+    return best if quality[best] > 0 else MP4  # type: ignore[return-value]
+
+
+def _q(params: str) -> float:
+    for param in params.split(";"):
+        key, _, value = param.strip().partition("=")
+        if key.strip() == "q":
+            try:
+                return float(value)
+            except ValueError:
+                return 0.0
+    return 1.0
+
+
+def encode_video(frames: Sequence[Image.Image], fps: float, media_type: str = MP4, recipe: str | None = None) -> bytes:
+    """The frames as `media_type` (`VIDEO_TYPES`) at `fps` frames a second, with `recipe` in its metadata."""
+    if not frames:
+        raise ValueError("a video needs at least one frame")
+    if fps <= 0:
+        raise ValueError(f"fps must be above 0, got {fps}")
+    if media_type == MP4:
+        return _mp4(frames, fps, recipe)
+    if media_type in ANIMATED_TYPES:
+        return _animated(frames, fps, media_type, recipe)
+    raise ValueError(f"{media_type!r} is not a video type; accepted: {', '.join(VIDEO_TYPES)}")
+
+
+def video_file(result: GenerateResult, media_type: str = MP4) -> bytes:
+    """A video result's file: its frames at its fps, with the recipe its first frame holds (`with_recipes`; none
+    when RECIPES=0). Every door answers these bytes."""
+    recipe = result.image.info.get(KEY)
+    return encode_video(result.frames, result.fps, media_type, recipe if isinstance(recipe, str) else None)
+
+
+def even_sides(image: Image.Image) -> Image.Image:
+    """`image` with its last column and/or row repeated once where its width and/or height is odd."""
+    width, height = image.size
+    padded = (width + width % 2, height + height % 2)
+    if padded == image.size:
+        return image
+    canvas = Image.new(image.mode, padded)
+    canvas.paste(image, (0, 0))
+    if width % 2:
+        canvas.paste(image.crop((width - 1, 0, width, height)), (width, 0))
+    if height % 2:
+        canvas.paste(canvas.crop((0, height - 1, padded[0], height)), (0, height))
+    return canvas
+
+
+def _mp4(frames: Sequence[Image.Image], fps: float, recipe: str | None) -> bytes:
+    first = even_sides(frames[0].convert("RGB"))
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        if recipe is not None:
+            container.metadata[_COMMENT] = recipe
+        stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        stream.width, stream.height = first.size
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"crf": _CRF, "preset": _PRESET}
+        for image in frames:
+            frame = av.VideoFrame.from_image(even_sides(image.convert("RGB")))
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return buffer.getvalue()
+
+
+def _animated(frames: Sequence[Image.Image], fps: float, media_type: str, recipe: str | None) -> bytes:
+    """An animated WebP (lossy, at a fixed quality) or GIF (256 colours a frame), looping. GIF counts time in
+    hundredths of a second, so its frame time is 1/fps rounded to 10 ms (16 fps plays at 16.7)."""
+    images = [image.convert("RGB") for image in frames]
+    duration = round(1000 / fps)
+    options: dict[str, object] = {"save_all": True, "append_images": images[1:], "duration": duration, "loop": 0}
+    buffer = io.BytesIO()
+    if media_type == "image/webp":
+        if recipe is not None:
+            exif = Image.Exif()
+            exif.get_ifd(_EXIF_IFD)[_USER_COMMENT] = _UNICODE + recipe.encode("utf-16-be")
+            options["exif"] = exif
+        images[0].save(buffer, format="WEBP", quality=_WEBP_QUALITY, method=4, **options)
+    else:
+        if recipe is not None:
+            options["comment"] = recipe.encode("utf-8")
+        images[0].save(buffer, format="GIF", optimize=False, **options)
+    return buffer.getvalue()
+
+
+def decode_mp4(data: bytes) -> DecodedVideo:
+    """An MP4's frames, frame rate and comment (PyAV: the library that wrote it, reading what a player reads)."""
+    with av.open(io.BytesIO(data), mode="r") as container:
+        stream = container.streams.video[0]
+        frames = tuple(frame.to_image() for frame in container.decode(stream))
+        rate = stream.average_rate or stream.guessed_rate or Fraction(0)
+        comment = container.metadata.get(_COMMENT)
+    return DecodedVideo(frames, Fraction(rate), comment)

@@ -1,0 +1,96 @@
+"""The UI's video pieces without a browser: a video pool's base shows Frames and FPS (with the clip's length) and
+a video result in the image's place, an image pool the other way round; the form's frames and rate reach only a
+video pool's request; the progress line says the time left at the steps' pace."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from engine.outcomes import ServedPool
+from engine.requests import GenerateRequest, ModelDefaults
+from serving.ui.gradio_api import StepProgress
+from serving.ui.video_ui import length_text, on_base, video_request
+
+VIDEO = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128, video=True, num_frames=9, fps=8, max_frames=17)
+IMAGE = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128)
+POOLS = (
+    ServedPool("owner/image-base", "owner/image-base", "sdxl", IMAGE, True),
+    ServedPool("owner/video-base", "owner/video-base", "video", VIDEO, False),
+)
+HANDLERS = SimpleNamespace(pools=POOLS, default=POOLS[0])
+
+
+def test_the_length_is_frames_over_fps():
+    assert length_text(81, 16) == "81 frames: 5.1 s at 16 fps"
+    assert length_text(None, 16) == ""
+
+
+def test_a_video_base_shows_its_frames_fps_and_a_video_result():
+    row, frames, fps, length, video, image = on_base(HANDLERS, "owner/video-base")  # type: ignore[arg-type]
+    assert row.visible is True and video.visible is True and image.visible is False
+    assert (frames.minimum, frames.maximum, frames.step, frames.value) == (5, 17, 4, 9)
+    assert fps.value == 8
+    assert length.value == "9 frames: 1.1 s at 8 fps"
+
+
+def test_an_image_base_hides_them_again():
+    row, _, _, length, video, image = on_base(HANDLERS, "owner/image-base")  # type: ignore[arg-type]
+    assert row.visible is False and video.visible is False and image.visible is True
+    assert length.value == ""
+
+
+def test_the_forms_frames_and_fps_reach_only_a_video_pools_request():
+    request = GenerateRequest(prompt="a fox")
+    on_video = video_request(HANDLERS, request, "owner/video-base", 13, 12)  # type: ignore[arg-type]
+    assert (on_video.num_frames, on_video.fps) == (13, 12)
+    assert video_request(HANDLERS, request, "owner/image-base", 13, 12) is request  # type: ignore[arg-type]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(("step", "expected"), [(0, "Denoising"), (2, "Denoising (about 4.00 s left)")])
+def test_the_progress_line_says_the_time_left_at_the_steps_pace(step, expected):
+    shown: list[tuple[object, str]] = []
+    clock = _Clock()
+    progress = StepProgress(lambda value, desc, unit: shown.append((value, desc)), clock)  # type: ignore[arg-type]
+    progress(0, 4)
+    clock.now += 4.0  # two steps in 4 s: 2 s a step, two steps left
+    progress(step, 4)
+    assert shown[-1] == ((step, 4), expected)
+
+
+def test_cancel_cancels_the_running_generation(server):
+    """The Cancel button cancels the Generate event (Gradio cancels its task: the stream closes, and the engine
+    stops the run at its next step, as tests/serving/test_http_api.py's hang-ups show)."""
+    fns = server.demo.fns  # type: ignore[attr-defined]
+    generating = {i for i, fn in fns.items() if getattr(fn.fn, "__name__", "") == "generate_ui"}
+    assert len(generating) == 1
+    cancelling = [fn for fn in fns.values() if getattr(fn, "cancels", None)]
+    assert [set(fn.cancels) for fn in cancelling] == [generating]
+
+
+def test_the_per_base_curl_line_of_a_video_pool_asks_for_its_frames_and_saves_an_mp4():
+    from serving.ui.pool_views import pools_api_snippets
+
+    text = pools_api_snippets("http://host/", POOLS)
+    assert '"num_frames": 9, "fps": 8}}\' > result.mp4' in text
+    assert '"height": 64}}\' > result.jpg' in text
+
+
+def test_a_video_runs_preview_shows_the_hidden_image_an_image_runs_passes_as_it_is():
+    from PIL import Image
+
+    from serving.ui.video_ui import preview
+
+    frame = Image.new("RGB", (8, 8))
+    shown = preview(frame, GenerateRequest(prompt="x", num_frames=5))
+    assert shown.visible is True and shown.value is not None
+    assert preview(frame, GenerateRequest(prompt="x")) is frame
