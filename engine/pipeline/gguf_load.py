@@ -12,9 +12,10 @@ import torch
 from engine.families.registry import FamilySpec
 from engine.families.tiny import build_tiny
 from engine.settings import Settings
-from engine.weights.gguf import check_gguf_file, load_gguf_denoiser, resolve_gguf_source
+from engine.weights.gguf import branch_gguf_denoiser, check_gguf_file, load_gguf_denoiser, resolve_gguf_source
+from engine.weights.quantized import in_storage
 
-__all__ = ["gguf_denoiser", "tiny_with_gguf"]
+__all__ = ["gguf_denoiser", "stored", "tiny_with_gguf"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,17 @@ def gguf_denoiser(settings: Settings, family: FamilySpec, dtype: torch.dtype, co
     (model_class, *_) = cast(Any, family.pipeline_class)._get_signature_types()[family.denoiser]
     source = settings.model_id if config is None else config
     return load_gguf_denoiser(path, model_class, source, family.denoiser, dtype)
+
+
+def stored(
+    pipe: Any, family: FamilySpec, dtype: torch.dtype, storage: str, rank: int
+) -> tuple[Any, torch.dtype | None]:
+    """`engine.weights.quantized.in_storage`, and `gguf`: the denoiser read from its file in `dtype` already, its
+    linears given branches of `rank` (those the family keeps in its dtype widened), nothing left to cast."""
+    if storage != "gguf":
+        return in_storage(pipe, family.denoiser, dtype, storage, rank, family.keep_dtype_linears)
+    branch_gguf_denoiser(getattr(pipe, family.denoiser), rank=rank, dtype=dtype, keep=family.keep_dtype_linears)
+    return pipe, None
 
 
 def tiny_with_gguf(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Any:

@@ -30,7 +30,7 @@ from engine.models import HUB_ID
 from engine.pipeline.aot import AotDenoiser, AotPackage, capture_calls, compile_package, inductor_options
 from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile_denoiser, configure_caches
 from engine.pipeline.encoders import ENCODER_CACHE_BYTES, run_from_host_ram
-from engine.pipeline.gguf_load import gguf_denoiser, tiny_with_gguf
+from engine.pipeline.gguf_load import gguf_denoiser, stored, tiny_with_gguf
 from engine.pipeline.modes import default_strength, image_arguments, mode_class, served_modes
 from engine.pipeline.schedulers import offered_schedulers
 from engine.pipeline.vae import vae_in_float32, vae_mismatch
@@ -38,7 +38,6 @@ from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
 from engine.storage import BRANCHED, unplanned_storage
 from engine.weights.gguf import gguf_quant_types
-from engine.weights.quantized import in_storage
 
 __all__ = [
     "LoadedPipeline",
@@ -152,7 +151,7 @@ def load_pipeline(
     _check_compile(settings, device)
     started = time.perf_counter()
     pipe = _build(settings, family, dtype)
-    pipe, cast = in_storage(pipe, family.denoiser, dtype, storage, settings.lora_max_rank, family.keep_dtype_linears)
+    pipe, cast = stored(pipe, family, dtype, storage, settings.lora_max_rank)
     pipe = _place(pipe, settings, family, device, cast=cast, park=park, host_components=host_components)
     vae_in_float32(pipe)
     pipe.set_progress_bar_config(disable=True)

@@ -84,10 +84,16 @@ class GGUFBranchedLinear(BranchedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = F.linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
-        if not torch.compiler.is_compiling() and not self.branch_rank:
-            return base  # eager with no LoRA held: a Python int, read with no device sync
-        hidden = F.linear(x, self.lora_down) * self.lora_scales
-        return base + F.linear(hidden, self.lora_up)
+        if torch.compiler.is_compiling():
+            # The padded rank, whose shapes no swap changes: a swap never recompiles.
+            down, up, scales = self.lora_down, self.lora_up, self.lora_scales
+        elif self.branch_rank:
+            # Eager: only the ranks held (a Python int, read with no device sync).
+            rank = self.branch_rank
+            down, up, scales = self.lora_down[:rank], self.lora_up[:, :rank], self.lora_scales[:rank]
+        else:
+            return base
+        return base + F.linear(F.linear(x, down) * scales, up)
 
 
 def resolve_gguf_source(source: str, gguf_dir: Path | None, token: str | None) -> Path:
@@ -197,9 +203,22 @@ def branch_gguf_denoiser(
         else:
             branched[name] = BranchedLinear(linear, rank, dtype, quantize=False)
         setattr(parent, child, branched[name])
+    _widen_the_rest(denoiser, dtype)
     types = gguf_quant_types(denoiser)
     logger.info("denoiser from GGUF: %d linears (%s), branches of rank %d", len(branched), types, rank)
     return branched
+
+
+def _widen_the_rest(denoiser: nn.Module, dtype: torch.dtype) -> None:
+    """Quantized tensors of no linear (a pad token a file stored in blocks) widened once, in `dtype`: diffusers
+    would hand their blocks to torch ops as values."""
+    from diffusers.quantizers.gguf.utils import dequantize_gguf_tensor
+
+    for module in denoiser.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if hasattr(param, "quant_type"):
+                widened = dequantize_gguf_tensor(param).to(dtype)
+                module._parameters[name] = nn.Parameter(widened.as_subclass(torch.Tensor), requires_grad=False)
 
 
 def _widened(linear: GGUFBranchedLinear, dtype: torch.dtype) -> nn.Linear:

@@ -280,14 +280,8 @@ def in_storage(
     cast = None if pipe.dtype == dtype else dtype
     if storage == "native":
         return pipe, cast
-    if storage == "gguf":
-        # Loaded from its GGUF file in `dtype` already (engine.pipeline.gguf_load): its linears get branches.
-        from engine.weights.gguf import branch_gguf_denoiser
-
-        branch_gguf_denoiser(getattr(pipe, denoiser), rank=rank, dtype=dtype, keep=keep)
-        return pipe, None
     if storage != "fp8":
-        raise SettingsError(f"weight storage {storage!r} is not offered; accepted: native, fp8, gguf")
+        raise SettingsError(f"weight storage {storage!r} is not offered; accepted: native, fp8")
     # Cast in host memory first (a cast after would widen the fp8 weights again), then quantize there.
     pipe = pipe if cast is None else pipe.to(dtype=cast)
     quantize_denoiser(getattr(pipe, denoiser), rank=rank, dtype=dtype, keep=keep)

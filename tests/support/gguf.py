@@ -46,13 +46,15 @@ def q4_k_blocks(weight: np.ndarray) -> np.ndarray:
 
 
 def write_gguf(path: Path, tensors: Mapping[str, torch.Tensor], quant: Q, *, plain: tuple[str, ...] = ()) -> Path:
-    """Write `tensors` to a GGUF file at `path`: each 2-D one whose width fits `quant`'s block in `quant` (Q4_K by
-    `q4_k_blocks`, the standard types by `gguf.quants`), falling back to Q8_0 where only its 32-value block fits;
-    the rest, and names containing a string of `plain`, in F32 (as city96's files keep biases and norms)."""
+    """Write `tensors` to a GGUF file at `path`: each 2-D `.weight` whose width fits `quant`'s block in `quant`
+    (Q4_K by `q4_k_blocks`, the standard types by `gguf.quants`), falling back to Q8_0 where only its 32-value
+    block fits; the rest (biases, norms, pad tokens), and names containing a string of `plain`, in F32, as the
+    published files keep them."""
     writer = gguf.GGUFWriter(str(path), "tiny")
     for name, tensor in tensors.items():
         values = tensor.detach().float().cpu().numpy()
-        chosen = _type_of(values, quant) if not any(p in name for p in plain) else None
+        weight = name.endswith(".weight") and not any(p in name for p in plain)
+        chosen = _type_of(values, quant) if weight else None
         if chosen is None:
             writer.add_tensor(name, values)
         elif chosen == Q.Q4_K:
