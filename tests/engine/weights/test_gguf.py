@@ -23,6 +23,7 @@ from engine.families.spec import FamilySpec
 from engine.families.tiny import ensure_tiny_pipeline
 from engine.pipeline.loading import load_pipeline
 from engine.requests import GenerateRequest, LoraSpec
+from engine.settings import Settings
 from engine.weights.gguf import GGUFBranchedLinear
 from engine.weights.quantized import BranchedLinear, held_branches, stored_bytes
 from families import IDENTITIES, Family
@@ -292,3 +293,19 @@ def test_a_local_gguf_outside_gguf_dir_is_refused(folders, q8_file, base_setting
             load_pipeline(settings.replace(gguf=str(escape)), warm=False)
     with pytest.raises(SettingsError, match=r"GGUF_DIR \(unset\)"):
         load_pipeline(settings.replace(gguf_dir=None), warm=False)
+
+
+def test_a_tiny_model_takes_its_gguf_denoiser_as_a_folder_does(folders, q8_file, base_settings):
+    """`MODELS=tiny-flux@/…/flux-Q8_0.gguf` (the tiny pipeline built in memory, its transformer's config written
+    for diffusers) serves the image the saved folder with the same file serves."""
+    models = Settings.from_env({"MODELS": f"tiny-flux@{q8_file}", "GGUF_DIR": str(q8_file.parent)})
+    (pool,) = models.pool_settings
+    tiny = base_settings.replace(gguf_dir=q8_file.parent).for_pool(pool)
+    images = []
+    for settings in (tiny, settings_for(base_settings, folders["flux-Q8_0"], q8_file)):
+        loaded = load_pipeline(settings, warm=False)
+        assert loaded.storage == "gguf" and loaded.gguf_types.startswith("Q8_0")
+        with local_engine(loaded, settings) as engine:
+            images.append(pixels(generate(engine, request(spec_of(Family.FLUX))).image))
+    assert images[0].std() > 1
+    assert_images_close(images[0], images[1], "tiny-flux@file against its folder@file")
