@@ -21,7 +21,8 @@ from engine.errors import LimitExceededError, SettingsError, UnsupportedLoraVari
 from engine.families.registry import family_spec
 from engine.families.spec import FamilySpec
 from engine.families.tiny import ensure_tiny_pipeline
-from engine.pipeline.loading import load_pipeline
+from engine.pipeline.compiled import dynamo_compiles
+from engine.pipeline.loading import load_pipeline, warm_up
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import Settings
 from engine.weights.gguf import GGUFBranchedLinear
@@ -309,3 +310,36 @@ def test_a_tiny_model_takes_its_gguf_denoiser_as_a_folder_does(folders, q8_file,
             images.append(pixels(generate(engine, request(spec_of(Family.FLUX))).image))
     assert images[0].std() > 1
     assert_images_close(images[0], images[1], "tiny-flux@file against its folder@file")
+
+
+@pytest.mark.timeout(900)
+def test_nine_branch_swaps_on_a_compiled_gguf_pool_recompile_nothing_and_equal_eager(folders, q8_file, base_settings):
+    """Compiled with dynamo's `aot_eager` for one size (as the fp8 pool's test): the widening of the blocks and the
+    padded branch trace once; swaps only copy into the buffers."""
+    folder = folders["flux-Q8_0"]
+    loras = q8_file.parent / "compile-loras"
+    targets = linear_targets(folder)
+    for index in range(3):
+        lora = make_lora(targets[index::2], rank=2 + index, seed=index, strength=0.3, dtype=torch.float32)
+        save_lora(loras / f"l{index}.safetensors", lora)
+    eager_settings = settings_for(base_settings, folder, q8_file, local_lora_dir=loras)
+    compiled_settings = eager_settings.replace(compile="default")
+    compiled = warm_up(
+        load_pipeline(compiled_settings, warm=False), compiled_settings, backend="aot_eager", sizes=[(64, 64)]
+    )
+    forward = compiled.compiled
+    assert forward is not None and forward.shapes == 1
+    sets = [(f"l{i % 3}",) if i % 3 else (f"l{i % 3}", f"l{(i + 1) % 3}") for i in range(9)]
+    requests = [request(spec_of(Family.FLUX), *(LoraSpec(f"local:{n}.safetensors") for n in names)) for names in sets]
+    try:
+        with local_engine(compiled, compiled_settings, loras) as engine:
+            before = dynamo_compiles()
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                results = [generate(engine, r) for r in requests]
+        assert dynamo_compiles() == before and forward.recompiles == 0 and forward.eager_calls == 0
+    finally:
+        forward.remove()
+    eager = load_pipeline(eager_settings, warm=False)
+    with local_engine(eager, eager_settings, loras) as engine:
+        for one, result in zip(requests, results, strict=True):
+            assert_images_close(result.image, generate(engine, one).image, one.loras)
