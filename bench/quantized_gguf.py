@@ -29,12 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import diffusers
 import torch
 from diffusers import FluxTransformer2DModel, GGUFQuantizationConfig
 
 from bench.flux_slice import FLUX_SLICE_CONFIG, build_flux_slice, flux_pool, flux_targets, write_flux_pair
-from bench.measure import Clock
+from bench.measure import Clock, cpu_description
 from bench.ours import Ours, round_robin
+from bench.swap import _cpu_pressure
 from engine.weights.branches import BranchedPatcher, Branches
 from engine.weights.gguf import branch_gguf_denoiser, gguf_quant_types, load_gguf_denoiser
 from engine.weights.quantized import stored_bytes
@@ -53,6 +55,11 @@ def run_gguf(args: Any, storage: str, say: Any, swaps: Any, inputs: Any, rel: An
     from tests.support.gguf import Q, write_gguf
 
     clock = Clock(torch.device("cpu"))
+    cpu, _ = cpu_description()
+    say(f"quantized benchmark, {storage}: FLUX.1 transformer slice (1 double + 2 single blocks, width 3072)")
+    say(f"CPU: {cpu}; torch {torch.__version__}, diffusers {diffusers.__version__}, {torch.get_num_threads()} threads")
+    say(f"machine: {_cpu_pressure()}")
+    began = time.perf_counter()
     bf16 = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=flux_pool(), config=CONFIG)
     rank = max(args.ranks)
     with tempfile.TemporaryDirectory(prefix="gguf-bench-") as folder:
@@ -89,6 +96,7 @@ def run_gguf(args: Any, storage: str, say: Any, swaps: Any, inputs: Any, rel: An
         exact = exact and stored_bytes(ours_model) == loaded
         fused.reset()
         ours.reset()
+    say(f"machine: {_cpu_pressure()}; the whole run took {time.perf_counter() - began:.0f} s")
     say(
         f"quantized: family=flux storage={storage} swap_ms={swap['branch_ms']:.1f} swap_vs_fused={swap['ratio']:.3f} "
         f"step_vs_bf16_fused={step['vs_fused']:.2f} step_vs_diffusers={step['vs_diffusers']:.2f} "
