@@ -211,7 +211,8 @@ class Settings(BaseModel):
                     "(with BASE_MODEL_ID) as the one-pool shorthand"
                 )
             pools = parse_models(given["MODELS"])
-            values.update(pools=pools, model_id=pools[0].model_id, base_model_id=pools[0].base_model_id)
+            first = pools[0]
+            values.update(pools=pools, model_id=first.model_id, base_model_id=first.base_model_id, gguf=first.gguf)
             values["model_id_explicit"] = True
         else:
             model_id = raw.get("model_id", cls.model_fields["model_id"].default).strip()

@@ -21,6 +21,8 @@ def test_a_models_item_names_its_gguf_denoiser_on_the_hub_or_locally(tmp_path):
     )
     settings = Settings.from_env({"MODELS": f"{FLUX}@{HUB_FILE},tiny", "GGUF_DIR": str(tmp_path)})
     assert settings.gguf_dir == tmp_path
+    # The first pool's, as its model and base: one pool loads from the whole settings.
+    assert (settings.model_id, settings.gguf) == (FLUX, HUB_FILE)
     assert settings.for_pool(settings.pools[0]).gguf == HUB_FILE
     assert settings.for_pool(settings.pools[1]).gguf is None
 
