@@ -22,6 +22,7 @@ from engine.weights.quantized import held_branches, stored_bytes
 from families.flux import MODEL_ID as FLUX_MODEL_ID
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
+from serving.ui.formatting import status_markdown
 from tests.support.checks import generate
 from tests.support.dit import hub_pools
 from tests.support.dit import pool_request as request
@@ -68,6 +69,7 @@ def test_start_up_loads_a_models_gguf_item_from_its_file_and_says_so(gguf_settin
         assert isinstance(loaded.denoiser.x_embedder, GGUFBranchedLinear)
         (status,) = pools.status()
         assert status.engine.storage == "gguf" and status.engine.gguf_types.startswith("Q8_0 (")
+        assert "**weights** GGUF Q8_0 (" in status_markdown(status.engine)  # the UI's status panel
         # The plan measures it as loaded: its blocks and branch buffers, no pristine copies of the denoiser.
         need = loaded_need(loaded, rank=8)
         assert need.fp8 is not None
