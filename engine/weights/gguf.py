@@ -166,11 +166,28 @@ def load_gguf_denoiser(path: Path, model_class: Any, config: str | Any, subfolde
                 str(path), config=config, subfolder=subfolder, quantization_config=quantization, torch_dtype=dtype
             )
         except (KeyError, ValueError, RuntimeError, IndexError, AttributeError, TypeError) as e:
-            raise _not_the_base(path, model_class, f"{type(e).__name__}: {e}") from e
+            why = _missing_names(path, model_class, config, subfolder) or f"{type(e).__name__}: {e}"
+            raise _not_the_base(path, model_class, why) from e
     missing = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.device.type == "meta"]
     if missing:
         raise _not_the_base(path, model_class, f"it lacks {', '.join(missing[:5])}")
     return model
+
+
+def _missing_names(path: Path, model_class: Any, config: str, subfolder: str) -> str:
+    """Where a file in diffusers' own names lacks some of the denoiser's tensors (diffusers then tries its
+    converter for the original names, whose error says nothing of them): which; "" for a file in other names."""
+    import gguf
+
+    with torch.device("meta"):
+        expected = set(model_class.from_config(model_class.load_config(config, subfolder=subfolder)).state_dict())
+    found = {tensor.name for tensor in gguf.GGUFReader(path).tensors}
+    missing = sorted(expected - found)
+    if not missing or len(found & expected) < len(expected) // 2:
+        return ""
+    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    named = f"of the denoiser's {len(expected)} tensors (the file uses diffusers' names)"
+    return f"it lacks {', '.join(missing[:5])}{more} {named}"
 
 
 def _not_the_base(path: Path, model_class: Any, why: str) -> SettingsError:
