@@ -1,6 +1,9 @@
 """The quantized-pool benchmark: LoRAs as branches beside fp8 weights against LoRAs fused into bf16, side by side.
 
     python -m bench.quantized [--ranks 16,64] [--repeats N] [--tokens N] [--max-rank N] [--threads N] [--quick]
+        [--storage fp8|gguf-q8_0|gguf-q4_k]
+
+`--storage gguf-*` runs `bench.quantized_gguf` instead (a GGUF slice, against diffusers' GGUF + PEFT as well).
 
 On a real-width slice of FLUX.1's transformer (`bench.flux_slice`: 2 double and 4 single blocks at width 3072,
 every BFL linear adapted, diffusers' names), built twice from one pool of random values: once in bf16, swapped by
@@ -55,6 +58,7 @@ import torch.nn.functional as F
 from bench.flux_slice import build_flux_slice, flux_pool, flux_targets, write_flux_pair
 from bench.measure import Clock, cpu_description
 from bench.ours import Ours, round_robin
+from bench.quantized_gguf import GGUF_STORAGES, run_gguf
 from bench.sdxl_unet import mismatched_tensors
 from bench.swap import _cpu_pressure
 from engine.formats.layers import LayerFactors
@@ -75,6 +79,7 @@ class Args:
     tokens: int
     max_rank: int
     quick: bool
+    storage: str = "fp8"
 
 
 def _say(text: str) -> None:
@@ -89,6 +94,7 @@ def parse(argv: Sequence[str] | None) -> Args:
     parser.add_argument("--max-rank", type=int, default=128, help="the branch buffers' rank (LORA_MAX_RANK)")
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: rank 16, 256 tokens, 2 repeats")
+    parser.add_argument("--storage", default="fp8", choices=["fp8", *GGUF_STORAGES], help="the base's storage")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -96,7 +102,8 @@ def parse(argv: Sequence[str] | None) -> Args:
     if max(ranks) > args.max_rank:
         parser.error(f"--ranks {max(ranks)} is over --max-rank {args.max_rank}; accepted: ranks up to it")
     repeats = args.repeats or (2 if args.quick else 4)
-    return Args(ranks, repeats, args.tokens or (256 if args.quick else 1024), args.max_rank, args.quick)
+    tokens = args.tokens or (256 if args.quick else 1024)
+    return Args(ranks, repeats, tokens, args.max_rank, args.quick, args.storage)
 
 
 def run(args: Args) -> dict[str, object]:
@@ -314,7 +321,11 @@ def _last_line(results: dict[str, object], rank: int, exact: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    run(parse(argv))
+    args = parse(argv)
+    if args.storage in GGUF_STORAGES:
+        run_gguf(args, args.storage, _say, _swaps, _inputs, _rel)
+    else:
+        run(args)
     return 0
 
 

@@ -42,8 +42,15 @@ Quantize = Literal["off", "fp8", "auto"]
 _MODELS_FORM = (
     "a comma-separated list of MODEL or MODEL=BASE, each optionally followed by :off, :fp8 or :auto (that pool's "
     f"QUANTIZE), where MODEL is a Hub repo id, a local diffusers folder or {' / '.join(TINY_MODEL_IDS)}, and BASE "
-    f"the {labels()} base repo id its LoRAs are checked against (needed for a local folder), e.g. "
+    f"the {labels()} base repo id its LoRAs are checked against (needed for a local folder); MODEL[=BASE]@GGUF "
+    "serves the denoiser from a GGUF file (below); e.g. "
     f"{_DEMO[-1].model_id}:fp8,{DEFAULT_MODEL_ID}"
+)
+# A pool whose denoiser is a GGUF file (engine.weights.gguf): `MODEL[=BASE]@GGUF`, GGUF a Hub file or a local one.
+_GGUF_FORM = (
+    "MODEL[=BASE]@GGUF with no :QUANTIZE suffix (the file fixes the storage), where GGUF is a Hub file "
+    "OWNER/REPO/PATH.gguf or an absolute path /PATH.gguf under GGUF_DIR, e.g. "
+    "black-forest-labs/FLUX.1-dev@city96/FLUX.1-dev-gguf/flux1-dev-Q4_K_S.gguf"
 )
 
 
@@ -55,6 +62,9 @@ class PoolSetting:
     base_model_id: str
     # This pool's QUANTIZE (`MODEL:fp8`); None: the QUANTIZE setting's.
     quantize: Quantize | None = None
+    # Its denoiser's GGUF file (`MODEL@GGUF`: a Hub file `owner/repo/path.gguf` or an absolute local path); None:
+    # the denoiser of MODEL.
+    gguf: str | None = None
 
     @property
     def is_tiny(self) -> bool:
@@ -77,6 +87,7 @@ def parse_models(raw: str) -> tuple[PoolSetting, ...]:
         if not item:
             raise SettingsError(f"MODELS={raw!r} has an empty item; accepted: {_MODELS_FORM}")
         item, quantize = _quantize_suffix(item)
+        item, gguf = _gguf_source(item, quantize)
         model, sep, base = (part.strip() for part in item.partition("="))
         if not model or (sep and not base) or "=" in base:
             raise SettingsError(f"MODELS item {item!r} is malformed; accepted: {_MODELS_FORM}")
@@ -93,7 +104,7 @@ def parse_models(raw: str) -> tuple[PoolSetting, ...]:
             )
         if any(p.model_id == model for p in pools):
             raise SettingsError(f"MODELS={raw!r} lists {model!r} twice; accepted: each model once")
-        pools.append(PoolSetting(model, base, quantize))
+        pools.append(PoolSetting(model, base, quantize, gguf))
     return tuple(pools)
 
 
@@ -107,6 +118,19 @@ def _quantize_suffix(item: str) -> tuple[str, Quantize | None]:
             return rest.strip(), choice
     accepted = ", ".join(get_args(Quantize))
     raise SettingsError(f"MODELS item {item!r}: QUANTIZE {suffix.strip()!r} is not accepted; accepted: {accepted}")
+
+
+def _gguf_source(item: str, quantize: Quantize | None) -> tuple[str, str | None]:
+    """`MODEL[=BASE]@GGUF` as the item without its GGUF and the GGUF source (None: no `@`), checked for its form
+    only (engine.weights.gguf finds the file and refuses a local path outside GGUF_DIR)."""
+    rest, at, source = (part.strip() for part in item.partition("@"))
+    if not at:
+        return item, None
+    hub = source.split("/")
+    is_hub = len(hub) >= 3 and HUB_ID.match("/".join(hub[:2])) is not None and all(hub[2:])
+    if quantize is not None or "@" in source or not source.endswith(".gguf") or not (is_hub or source[:1] == "/"):
+        raise SettingsError(f"MODELS item {item!r}: GGUF {source!r} is not accepted; accepted: {_GGUF_FORM}")
+    return rest, source
 
 
 def _default_base(model: str, item: str) -> str:

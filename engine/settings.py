@@ -95,6 +95,10 @@ class Settings(BaseModel):
     # The rank a quantized pool's LoRA branch buffers are sized to, zero-padded (diffusers hotswap's
     # `target_rank`); a LoRA over it is refused there. Memory: docs/configuration.md, QUANTIZE.
     lora_max_rank: Annotated[int, Field(ge=1, le=1024), Env("LORA_MAX_RANK")] = 128
+    # The one folder local GGUF denoisers (`MODELS` items `MODEL@/path.gguf`) may be read from; None: none may.
+    gguf_dir: Annotated[Path | None, Env("GGUF_DIR")] = None
+    # This pool's GGUF denoiser (its MODELS item's `@GGUF`; set per pool by `for_pool`); None: the model's own.
+    gguf: str | None = None
     pristine_store: Annotated[Literal["auto", "device", "cpu"], _Stripped, Env("PRISTINE_STORE")] = "auto"
     host_cache_bytes: Annotated[_Bytes, Env("HOST_CACHE_BYTES")] = 4 * 2**30
     device_cache_bytes: Annotated[_Bytes, Env("DEVICE_CACHE_BYTES")] = 2 * 2**30
@@ -209,7 +213,8 @@ class Settings(BaseModel):
                     "(with BASE_MODEL_ID) as the one-pool shorthand"
                 )
             pools = parse_models(given["MODELS"])
-            values.update(pools=pools, model_id=pools[0].model_id, base_model_id=pools[0].base_model_id)
+            first = pools[0]
+            values.update(pools=pools, model_id=first.model_id, base_model_id=first.base_model_id, gguf=first.gguf)
             values["model_id_explicit"] = True
         else:
             model_id = raw.get("model_id", cls.model_fields["model_id"].default).strip()
@@ -247,7 +252,7 @@ class Settings(BaseModel):
         """These settings for one pool: its model and base in `model_id` / `base_model_id`, its own QUANTIZE where
         its MODELS item names one (`pools` kept)."""
         quantize = pool.quantize or self.quantize
-        return self.replace(model_id=pool.model_id, base_model_id=pool.base_model_id, quantize=quantize)
+        return self.replace(model_id=pool.model_id, base_model_id=pool.base_model_id, quantize=quantize, gguf=pool.gguf)
 
     @property
     def log_level_number(self) -> int:

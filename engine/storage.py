@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 __all__ = [
+    "BRANCHED",
     "BRANCH_BYTES",
     "FP8_BYTES",
+    "GGUF_BLOCKS",
     "OTHER_BYTES",
     "SCALE_BYTES",
     "STORAGES",
@@ -27,18 +29,37 @@ __all__ = [
     "Storage",
     "branch_bytes",
     "fp8_bytes",
+    "gguf_bytes",
     "linear_sizes",
+    "quantized_bytes",
     "unplanned_storage",
 ]
 
-Storage = Literal["native", "fp8"]
+Storage = Literal["native", "fp8", "gguf"]
 STORAGES: tuple[Storage, ...] = get_args(Storage)
+# The storages whose denoiser is never written: LoRAs run as low-rank branches beside it (engine.weights.branches).
+# `gguf`: a GGUF file's blocks (engine.weights.gguf), chosen by its MODELS item, never by the plan.
+BRANCHED: tuple[Storage, ...] = ("fp8", "gguf")
 FP8_BYTES = 1  # a quantized weight's value (e4m3)
 # One scale per output row; float32 is what torchao's and quanto's per-row float8 weights keep (bf16 would halve
 # it: 6 MiB for FLUX.1's transformer either way, so the plan counts the larger).
 SCALE_BYTES = 4
 OTHER_BYTES = 2  # the denoiser's values that stay unquantized, in bf16 (the compute dtype)
 BRANCH_BYTES = 2  # LoRA branch factors, in bf16
+# GGUF block types diffusers dequantizes: (values a block, bytes a block), as llama.cpp lays them out (the tests
+# hold this to `gguf.GGML_QUANT_SIZES`).
+GGUF_BLOCKS: dict[str, tuple[int, int]] = {
+    "Q8_0": (32, 34),
+    "Q6_K": (256, 210),
+    "Q5_K": (256, 176),
+    "Q5_1": (32, 24),
+    "Q5_0": (32, 22),
+    "Q4_K": (256, 144),
+    "Q4_1": (32, 20),
+    "Q4_0": (32, 18),
+    "Q3_K": (256, 110),
+    "Q2_K": (256, 84),
+}
 
 
 @dataclass(frozen=True)
@@ -57,11 +78,25 @@ def branch_bytes(linears: LinearSizes, rank: int) -> int:
     return rank * linears.branch_widths * BRANCH_BYTES
 
 
+def quantized_bytes(values: int, linears: LinearSizes, rank: int, *, block: tuple[int, int], row_bytes: int) -> int:
+    """The one formula of a branched storage: a denoiser of `values` values (parameters and buffers) whose Linear
+    weights take `block[1]` bytes per `block[0]` values and `row_bytes` per output row, its other values in bf16,
+    with its LoRA branch buffers at `rank`."""
+    quantized = linears.values * block[1] // block[0] + linears.rows * row_bytes
+    return quantized + (values - linears.values) * OTHER_BYTES + branch_bytes(linears, rank)
+
+
 def fp8_bytes(values: int, linears: LinearSizes, rank: int) -> int:
     """A denoiser of `values` values (parameters and buffers) in fp8 storage, with its LoRA branch buffers at
     `rank`."""
-    quantized = linears.values * FP8_BYTES + linears.rows * SCALE_BYTES
-    return quantized + (values - linears.values) * OTHER_BYTES + branch_bytes(linears, rank)
+    return quantized_bytes(values, linears, rank, block=(1, FP8_BYTES), row_bytes=SCALE_BYTES)
+
+
+def gguf_bytes(values: int, linears: LinearSizes, rank: int, quant: str) -> int:
+    """The same denoiser from a GGUF file with every Linear in block type `quant` (a key of `GGUF_BLOCKS`; the
+    scales live in the blocks), with its LoRA branch buffers at `rank`. Published files keep a few small linears in
+    F16/F32 or a wider type (city96's keep the embedders' inputs), so a file is a little larger than this."""
+    return quantized_bytes(values, linears, rank, block=GGUF_BLOCKS[quant], row_bytes=0)
 
 
 def linear_sizes(linears: Iterable[tuple[str, int, int]], branch_modules: str | None) -> LinearSizes:

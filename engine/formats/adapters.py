@@ -204,7 +204,7 @@ def prepare(
         names = ", ".join(sorted(tensors)[:5])
         raise IncompatibleLoraError(f"{label} has tensors that match no module of the served pipeline: {names}")
     components = tuple(c for c in table.components if any(table.names[x.target].startswith(f"{c}.") for x in layers))
-    layers = keep_deltas(layers, table.params, delta_budget)
+    layers = keep_deltas(layers, table.shapes, delta_budget)
     reaches = tuple(reach(layer) for layer in layers)
     return PreparedAdapter(key, tuple(layers), path.stat().st_size, rank, components, reach=reaches)
 
@@ -284,17 +284,13 @@ def _factors(
         if down is None or up is None:
             raise IncompatibleLoraError(f"{label} has an unpaired factor for {component}.{module}")
         index = _target(table, [(component, module)], label)
-        weight = table.params[index]
+        shape = table.shapes[index]
         rank = down.shape[0]
-        fits = (
-            up.shape[:2] == (weight.shape[0], rank)
-            and down.shape[1:] == weight.shape[1:]
-            and all(s == 1 for s in up.shape[2:])
-        )
+        fits = up.shape[:2] == (shape[0], rank) and down.shape[1:] == shape[1:] and all(s == 1 for s in up.shape[2:])
         if not fits:
             raise IncompatibleLoraError(
                 f"{label}: factors {tuple(up.shape)} x {tuple(down.shape)} do not fit "
-                f"{component}.{module} of shape {tuple(weight.shape)}"
+                f"{component}.{module} of shape {tuple(shape)}"
             )
         if config:
             alpha = float(_pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", rank)))  # type: ignore[arg-type]
@@ -323,7 +319,7 @@ def _lycoris_layers(split: SplitTensors, table: TargetTable, config: Mapping, la
             module = table.names[index].partition(".")[2]
             rank = _optional_float(_pattern_value(settings.get("rank_pattern"), module, settings.get("r")))
             alpha = _optional_float(_pattern_value(settings.get("alpha_pattern"), module, settings.get("alpha", alpha)))
-        shape = tuple(table.params[index].shape)
+        shape = tuple(table.shapes[index])
         layers.append(lycoris_layer(index, params, shape, alpha=alpha, rank=rank, peft=peft, where=where))
     return layers
 
@@ -348,7 +344,7 @@ def _with_magnitude(layer: LayerUpdate, magnitudes: dict[int, tuple], table: Tar
     if layer.target not in magnitudes:
         return layer
     magnitude, peft = magnitudes.pop(layer.target)
-    shape = tuple(table.params[layer.target].shape)
+    shape = tuple(table.shapes[layer.target])
     return dora_update(layer, magnitude, shape, peft=peft, where=f"{label}: {table.names[layer.target]}")
 
 

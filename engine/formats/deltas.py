@@ -24,16 +24,15 @@ __all__ = ["keep_deltas", "may_keep_delta"]
 _KEPT_NAMES = ("hada_w1_a", "lora_magnitude_vector", "dora_scale")
 
 
-def keep_deltas(layers: Sequence[LayerUpdate], params: Sequence[torch.Tensor], budget: int) -> list[LayerUpdate]:
-    """`layers` with the ΔW of their LoHa and DoRA layers computed now in float32, if all of them fit `budget`."""
+def keep_deltas(layers: Sequence[LayerUpdate], shapes: Sequence[tuple[int, ...]], budget: int) -> list[LayerUpdate]:
+    """`layers` with the ΔW of their LoHa and DoRA layers computed now in float32, if all of them fit `budget`
+    (`shapes`: each target weight's, `TargetTable.shapes`)."""
     chosen = [layer for layer in layers if _worth_keeping(layer)]
-    need = sum(params[layer.target].numel() * 4 for layer in chosen)
+    need = sum(math.prod(shapes[layer.target]) * 4 for layer in chosen)
     if not chosen or need > budget:
         return list(layers)
     scratch = Scratch()
-    return [
-        _kept(layer, tuple(params[layer.target].shape), scratch) if _worth_keeping(layer) else layer for layer in layers
-    ]
+    return [_kept(layer, tuple(shapes[layer.target]), scratch) if _worth_keeping(layer) else layer for layer in layers]
 
 
 def may_keep_delta(names: Iterable[str]) -> bool:

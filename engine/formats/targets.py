@@ -21,6 +21,12 @@ __all__ = ["TargetTable"]
 _SDXL_CONVERTER = unet.converter(StableDiffusionXLPipeline)
 
 
+def _lora_shape(module: nn.Linear | nn.Conv2d) -> tuple[int, ...]:
+    if isinstance(module, nn.Linear):
+        return (module.out_features, module.in_features)
+    return tuple(module.weight.shape)
+
+
 class TargetTable:
     """Every Linear/Conv2d weight a LoRA may change, indexed once per pipeline, and how its LoRAs' names convert.
 
@@ -43,6 +49,9 @@ class TargetTable:
         # The pipeline's adaptable components (SD 1.x/2.x: unet, text_encoder; FLUX: transformer, text_encoder).
         self.components = tuple(components)
         self.params: list[torch.Tensor] = []
+        # Each weight's shape as a LoRA sees it: a linear's (out, in), also where its weight is stored in blocks
+        # of another shape (a GGUF file's rows x bytes: engine.weights.gguf).
+        self.shapes: list[tuple[int, ...]] = []
         self.names: list[str] = []  # `component.module` per index: LyCORIS/DoRA modules, errors, components touched
         self._index: dict[tuple[str, str], int] = {}
         for component, model in components.items():
@@ -50,6 +59,7 @@ class TargetTable:
                 if isinstance(module, nn.Linear | nn.Conv2d):
                     self._index[(component, name)] = len(self.params)
                     self.params.append(module.weight)
+                    self.shapes.append(_lora_shape(module))
                     self.names.append(f"{component}.{name}")
         self._flat_text = {c: not hasattr(m, "text_model") for c, m in components.items()}
 

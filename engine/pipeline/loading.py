@@ -30,13 +30,14 @@ from engine.models import HUB_ID
 from engine.pipeline.aot import AotDenoiser, AotPackage, capture_calls, compile_package, inductor_options
 from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile_denoiser, configure_caches
 from engine.pipeline.encoders import ENCODER_CACHE_BYTES, run_from_host_ram
+from engine.pipeline.gguf_load import gguf_denoiser, stored, tiny_with_gguf
 from engine.pipeline.modes import default_strength, image_arguments, mode_class, served_modes
 from engine.pipeline.schedulers import offered_schedulers
 from engine.pipeline.vae import vae_in_float32, vae_mismatch
 from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
-from engine.storage import unplanned_storage
-from engine.weights.quantized import in_storage
+from engine.storage import BRANCHED, unplanned_storage
+from engine.weights.gguf import gguf_quant_types
 
 __all__ = [
     "LoadedPipeline",
@@ -69,10 +70,13 @@ class LoadedPipeline:
     family: FamilySpec
     # Components the memory plan left in host RAM (`MemorySpec.host_components`): never moved to the device.
     host_components: tuple[str, ...] = ()
-    # The denoiser's weight storage: "native" (the pool's dtype) or "fp8" (engine.weights.quantized, whose LoRAs
-    # are low-rank branches of `branch_rank`: engine.weights.branches).
+    # The denoiser's weight storage: "native" (the pool's dtype), "fp8" (engine.weights.quantized) or "gguf" (a
+    # GGUF file's blocks: engine.weights.gguf), the last two with LoRAs as low-rank branches of `branch_rank`
+    # (engine.weights.branches).
     storage: str = "native"
     branch_rank: int = 0
+    # A GGUF denoiser's linears' quant types, most first (`engine.weights.gguf.gguf_quant_types`); else "".
+    gguf_types: str = ""
 
     @property
     def is_tiny(self) -> bool:
@@ -136,7 +140,8 @@ def load_pipeline(
     memory before anything moves to the device; None: as QUANTIZE gives it without a plan (`build_pools` passes the
     memory plan's answer, `engine.pools.plan.storage_to_load`).
     """
-    storage = storage or unplanned_storage(settings.quantize)
+    # A GGUF denoiser's storage is its file's, whatever QUANTIZE says (MODELS refuses a suffix beside it).
+    storage = "gguf" if settings.gguf is not None else storage or unplanned_storage(settings.quantize)
     family = family_spec(settings.base_model_id, setting="BASE_MODEL_ID")
     mismatch = vae_mismatch(settings)
     if mismatch is not None:
@@ -145,10 +150,8 @@ def load_pipeline(
     dtype = resolve_dtype(settings.dtype, device, family.half_dtype)
     _check_compile(settings, device)
     started = time.perf_counter()
-    pipe: Pipeline = (
-        build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
-    )
-    pipe, cast = in_storage(pipe, family.denoiser, dtype, storage, settings.lora_max_rank, family.keep_dtype_linears)
+    pipe = _build(settings, family, dtype)
+    pipe, cast = stored(pipe, family, dtype, storage, settings.lora_max_rank)
     pipe = _place(pipe, settings, family, device, cast=cast, park=park, host_components=host_components)
     vae_in_float32(pipe)
     pipe.set_progress_bar_config(disable=True)
@@ -166,7 +169,8 @@ def load_pipeline(
         family=family,
         host_components=host_components,
         storage=storage,
-        branch_rank=settings.lora_max_rank if storage == "fp8" else 0,
+        branch_rank=settings.lora_max_rank if storage in BRANCHED else 0,
+        gguf_types=gguf_quant_types(getattr(pipe, family.denoiser)) if storage == "gguf" else "",
     )
     if not warm or park:
         return loaded
@@ -291,11 +295,21 @@ def warm_up(
     return dataclasses.replace(loaded, warmup_s=warmup_s)
 
 
+def _build(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Pipeline:
+    """The pipeline as read or built: a tiny one (its denoiser from the pool's GGUF file where it names one), or
+    `_from_pretrained`'s."""
+    if not settings.loads_tiny:
+        return _from_pretrained(settings, family, dtype)
+    return build_tiny(settings.model_id, seed=0) if settings.gguf is None else tiny_with_gguf(settings, family, dtype)
+
+
 def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype) -> Pipeline:
     kwargs: dict[str, object] = {"dtype": dtype, "use_safetensors": True, "token": settings.hf_token}
     kwargs |= dict(family.load_options)
     if family.load_components is not None:
         kwargs |= family.load_components(settings.model_id, settings.hf_token)
+    if settings.gguf is not None:
+        kwargs[family.denoiser] = gguf_denoiser(settings, family, dtype)
     loader = family.pipeline_class
     if settings.vae_id:
         kwargs["vae"] = AutoencoderKL.from_pretrained(settings.vae_id, dtype=dtype, token=settings.hf_token)

@@ -20,7 +20,7 @@ from engine.families.spec import MemorySpec
 from engine.pipeline.loading import LoadedPipeline, resolve_dtype
 from engine.pools.flat import module_bytes
 from engine.settings import Settings
-from engine.storage import Storage, fp8_bytes, linear_sizes
+from engine.storage import BRANCHED, Storage, fp8_bytes, linear_sizes
 from engine.weights.quantized import DEQUANTIZED_COPIES
 
 __all__ = [
@@ -117,8 +117,8 @@ def loaded_need(loaded: LoadedPipeline, *, rank: int) -> PoolNeed:
     encoder_scratch = scratch_bytes(largest_values(encoders))
     widest = max((m.weight.numel() for m in denoiser.modules() if isinstance(m, nn.Linear)), default=0)
     widened = dequantized_bytes(widest, loaded.dtype)
-    if loaded.storage == "fp8":
-        # Loaded quantized already (engine.weights.quantized): measured as it is, its branch buffers included.
+    if loaded.storage in BRANCHED:
+        # Loaded quantized already (fp8 or GGUF): measured as it is, its branch buffers included.
         stored = module_bytes([denoiser])
         return need.with_fp8(stored, stored, encoder_scratch, widened)
     return need.with_fp8(module_bytes([denoiser]), fp8_bytes(values, linears, rank), encoder_scratch, widened)
@@ -136,7 +136,8 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
         itemsize = torch.empty((), dtype=dtype).element_size()
         # A local folder may hold anything (a tiny pipeline, a pruned one): it is judged once loaded.
         own = settings.for_pool(pool)
-        if own.loads_tiny or Path(pool.model_id).exists() or not memory.values:
+        # A GGUF denoiser's size is its file's: judged once loaded, like a local folder.
+        if own.loads_tiny or Path(pool.model_id).exists() or not memory.values or own.gguf is not None:
             return None
         if memory.linears is None and own.quantize == "fp8":
             return None

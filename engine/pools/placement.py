@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from engine.hostmem import default_host_budget, host_ram
 from engine.settings import Settings
-from engine.storage import Storage
+from engine.storage import BRANCHED, Storage
 
 __all__ = ["MemoryPlan", "Placement", "PlanOptions", "gib"]
 
@@ -44,7 +44,8 @@ class PlanOptions:
     def keeping(self, storages: Iterable[tuple[str, str]]) -> PlanOptions:
         """These options with each pool's storage fixed as given, (pool name, storage): the plan again, once
         loaded, over the storages the pools loaded in."""
-        fixed = tuple((name, "fp8" if storage == "fp8" else "off") for name, storage in storages)
+        # A branched storage (fp8, GGUF) is planned as fp8 is: its denoiser measured as loaded, never written.
+        fixed = tuple((name, "fp8" if storage in BRANCHED else "off") for name, storage in storages)
         return replace(self, pool_quantize=fixed)
 
     @classmethod

@@ -42,6 +42,7 @@ from engine.pools.startup import compiled, load_pipelines, pools_settings
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import Settings
+from engine.storage import BRANCHED
 from lora_catalog.entries import Family
 
 __all__ = ["Pool", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
@@ -279,7 +280,8 @@ def _log_storage(loaded: Sequence[LoadedPipeline], first: MemoryPlan | None, opt
     why = "the memory plan's choice" if first is not None else "no memory plan before loading"
     for lp in loaded:
         native = str(lp.dtype).removeprefix("torch.")
-        stored = f"fp8 with LoRA branches of rank {lp.branch_rank}" if lp.storage == "fp8" else native
+        branched = f"{lp.storage} with LoRA branches of rank {lp.branch_rank}"
+        stored = branched if lp.storage in BRANCHED else native
         logger.info(
             "pool %s: denoiser in %s (QUANTIZE=%s, %s)",
             lp.base_model_id,
@@ -323,7 +325,7 @@ def _engine(
     """One pool's engine, its pristine store (and host RAM for it) as the memory plan placed them, its `QUANTIZE`
     resolved to the storage its denoiser loaded in (fp8 or off)."""
     host_pristine = None
-    own = own.replace(quantize="fp8" if lp.storage == "fp8" else "off")
+    own = own.replace(quantize="fp8" if lp.storage in BRANCHED else "off")
     if plan is not None:
         placement = plan.placement(lp.base_model_id)
         own = own.replace(pristine_store=placement.pristine_store)

@@ -46,6 +46,7 @@ def engine_status(
         preview=preview,
         waiting=waiting,
         storage=loaded.storage,
+        gguf_types=loaded.gguf_types,
         **_compile_status(loaded.compiled),
     )
 

@@ -140,6 +140,7 @@ def pools_status_json(statuses: Sequence[PoolStatus], pools: Sequence[ServedPool
                 "device": s.engine.device,
                 "dtype": s.engine.dtype,
                 "storage": s.engine.storage,
+                "gguf_types": s.engine.gguf_types,
                 "applied": list(s.engine.applied),
                 "cached_adapters": len(s.engine.cached),
                 "host_cache_bytes": s.engine.host_bytes,
