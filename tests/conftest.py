@@ -68,6 +68,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return PackageScheduling(config, log)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tiny_edit_conditions() -> Iterator[None]:
+    """diffusers' Qwen-Image-Edit pipelines condition on a small input image for the session, ours and the
+    references alike (tests/support/tiny.py's TINY_CONDITION_AREA: a test size, not the 1 MP of the real model)."""
+    from tests.support.tiny import small_edit_conditions
+
+    with pytest.MonkeyPatch.context() as patch:
+        small_edit_conditions(patch)
+        yield
+
+
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from tests.support.standin_hub import StandInHub
