@@ -60,7 +60,6 @@ FIRST_UNITS = (
     "tests/engine/pipeline/test_scheduler_options.py",
     "tests/reliability/test_zerogpu.py",
     "tests/reliability/test_requests.py",
-    "tests/engine/weights/test_swap.py",
     "tests/engine/pools/test_pools.py",
     "tests/engine/pipeline/test_controls.py",
     "tests/bench/test_gpu_check.py",
@@ -76,6 +75,7 @@ FIRST_UNITS = (
     "tests/serving/test_runtime.py",
     "tests/engine/families/test_references_flux2.py",
     "tests/reliability/test_longrun.py",
+    "tests/engine/weights/test_swap.py",
 )
 
 
