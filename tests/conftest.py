@@ -11,6 +11,7 @@ import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 # FastAPI imports pydantic.v1 lazily, the first time a Gradio app builds its routes. In this CPython 3.11
 # that first import, made while the suite's server threads are running, fails inside importlib
@@ -45,14 +46,43 @@ os.environ.pop("HF_TOKEN", None)
 # each on one worker, which then launches it once.
 ONE_WORKER_PACKAGES = ("tests/reliability/app/",)
 # Files of one test over the families (parametrised `<family>` or `<family>-<case>`): each family's tests are a unit
-# of their own, so the families' share (Qwen-Image-Edit's alone is minutes) spreads over the workers.
+# of their own, so the families' share spreads over the workers.
 BY_FAMILY_FILES = ("tests/engine/families/test_swaps.py", "tests/engine/pools/test_pools_mixed.py")
+# The units that take longest, longest first (a full run's junit times summed per unit, 2 AMD EPYC cores, each over
+# 15 s of a worker's time): handed out before the rest, so the two workers end together. xdist's own order is by
+# test count, which left units of one to four long tests (test_start, test_browser_images, test_longrun) for the
+# tail while the other worker sat idle. A unit missing here only runs later; a name that no longer exists is skipped.
+FIRST_UNITS = (
+    "tests/serving/test_browser.py",
+    "tests/reliability/app/",
+    "tests/engine/pipeline/test_compiled.py",
+    "tests/serving/test_start.py",
+    "tests/engine/pipeline/test_scheduler_options.py",
+    "tests/reliability/test_zerogpu.py",
+    "tests/reliability/test_requests.py",
+    "tests/engine/pools/test_pools.py",
+    "tests/engine/pipeline/test_controls.py",
+    "tests/bench/test_gpu_check.py",
+    "tests/engine/formats/test_formats.py",
+    "tests/engine/pipeline/test_image_modes.py",
+    "tests/test_layering.py",
+    "tests/bench/test_smoke.py",
+    "tests/engine/weights/test_pivotal.py",
+    "tests/engine/pools/test_runtime.py",
+    "tests/engine/weights/test_quantized_families.py",
+    "tests/serving/test_browser_images.py",
+    "tests/bench/test_fleet.py",
+    "tests/serving/test_runtime.py",
+    "tests/engine/families/test_references_flux2.py",
+    "tests/reliability/test_longrun.py",
+    "tests/engine/weights/test_swap.py",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """`--dist loadfile`, but with each of ONE_WORKER_PACKAGES one unit of work, as a file is, and each family's
-    tests in BY_FAMILY_FILES one unit."""
+    """`--dist loadfile`, but with each of ONE_WORKER_PACKAGES one unit of work, as a file is, each family's
+    tests in BY_FAMILY_FILES one unit, and FIRST_UNITS handed out first."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -65,7 +95,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
                 return f"{path}::{rest.split('[', 1)[1].split('-', 1)[0].rstrip(']')}"
             return package or super()._split_scope(nodeid)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            first = next((unit for unit in FIRST_UNITS if unit in self.workqueue), None)
+            if first is not None:
+                self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+
     return PackageScheduling(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_edit_conditions() -> Iterator[None]:
+    """diffusers' Qwen-Image-Edit pipelines condition on a small input image for the session, ours and the
+    references alike (tests/support/tiny.py's TINY_CONDITION_AREA: a test size, not the 1 MP of the real model)."""
+    from tests.support.tiny import small_edit_conditions
+
+    with pytest.MonkeyPatch.context() as patch:
+        small_edit_conditions(patch)
+        yield
 
 
 @pytest.fixture(scope="session")
