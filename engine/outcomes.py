@@ -86,7 +86,7 @@ class EngineStatus:
     compiled_shapes: int = 0
     recompiles: int = 0
     eager_calls: int = 0
-    # The denoiser's weight storage (QUANTIZE): `native`, or `fp8` with LoRAs as branches beside it.
+    # The denoiser's weight storage (QUANTIZE): `native`, or `fp8` or `int4` with LoRAs as branches beside it.
     storage: str = "native"
 
 

@@ -6,7 +6,9 @@ weight of the denoiser in float8 e4m3 (1 byte a value) with one float32 scale pe
 every other value of the denoiser (biases, norms, embeddings, convolutions) in bf16; and, for each module LoRAs
 may target (the family's `MemorySpec.branch_modules`), LoRA branch buffers A (rank x in) and B (out x rank) in
 bf16 at `LORA_MAX_RANK`, zero-padded. A quantized denoiser is never written (LoRAs run beside it), so it needs no
-pristine copies. Torch-free: the families declare their denoiser's `LinearSizes` (engine.families.spec
+pristine copies. `int4`: every Linear weight of the denoiser as 4-bit codes (half a byte a value) with a bf16
+scale and a bf16 zero per group of `INT4_GROUP_SIZE` values along its input (`engine.weights.int4`), the rest as
+fp8's. Torch-free: the families declare their denoiser's `LinearSizes` (engine.families.spec
 imports no torch).
 """
 
@@ -20,25 +22,34 @@ from typing import Literal, get_args
 __all__ = [
     "BRANCH_BYTES",
     "FP8_BYTES",
+    "GROUP_BYTES",
     "OTHER_BYTES",
+    "QUANTIZED",
+    "QUANTIZED_ORDER",
     "SCALE_BYTES",
     "STORAGES",
     "LinearSizes",
     "Storage",
     "branch_bytes",
     "fp8_bytes",
+    "int4_bytes",
     "linear_sizes",
     "unplanned_storage",
 ]
 
-Storage = Literal["native", "fp8"]
+Storage = Literal["native", "fp8", "int4"]
 STORAGES: tuple[Storage, ...] = get_args(Storage)
+# The storages whose denoiser is never written (LoRAs run as branches beside it: engine.weights.branches), largest
+# first: the order QUANTIZE=auto tries them in.
+QUANTIZED_ORDER: tuple[Storage, ...] = ("fp8", "int4")
+QUANTIZED: frozenset[str] = frozenset(QUANTIZED_ORDER)
 FP8_BYTES = 1  # a quantized weight's value (e4m3)
 # One scale per output row; float32 is what torchao's and quanto's per-row float8 weights keep (bf16 would halve
 # it: 6 MiB for FLUX.1's transformer either way, so the plan counts the larger).
 SCALE_BYTES = 4
 OTHER_BYTES = 2  # the denoiser's values that stay unquantized, in bf16 (the compute dtype)
 BRANCH_BYTES = 2  # LoRA branch factors, in bf16
+GROUP_BYTES = 4  # an int4 group's scale and zero, in bf16 (the compute dtype, as torchao's tinygemm keeps them)
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,15 @@ def fp8_bytes(values: int, linears: LinearSizes, rank: int) -> int:
     return quantized + (values - linears.values) * OTHER_BYTES + branch_bytes(linears, rank)
 
 
+def int4_bytes(values: int, linears: LinearSizes, rank: int, group_size: int) -> int:
+    """A denoiser of `values` values in int4 storage in groups of `group_size`, with its LoRA branch buffers at
+    `rank`: half a byte a Linear value, `GROUP_BYTES` a group. Every Linear counts as quantized: one whose width
+    the group size does not divide stays in bf16 (FLUX.1's `x_embedder`, 64 wide: 0.4 MiB more), which the
+    declared sizes cannot tell; `tests/engine/pools/test_plan_int4.py` bounds the gap on meta-device models."""
+    quantized = linears.values // 2 + -(-linears.values // group_size) * GROUP_BYTES
+    return quantized + (values - linears.values) * OTHER_BYTES + branch_bytes(linears, rank)
+
+
 def linear_sizes(linears: Iterable[tuple[str, int, int]], branch_modules: str | None) -> LinearSizes:
     """The sizes of a denoiser's Linears given as `(name, out_features, in_features)`; `branch_modules`: the
     pattern (`re.search`) of the module names LoRAs may target, None for every Linear."""
@@ -79,6 +99,6 @@ def linear_sizes(linears: Iterable[tuple[str, int, int]], branch_modules: str | 
 
 def unplanned_storage(quantize: str) -> Storage:
     """The storage a `QUANTIZE` value (or a MODELS item's) gives a denoiser where no memory plan is made before it
-    loads (no bound on the device, or sizes known only once loaded): fp8 only where it says `fp8`. `auto` has
-    nothing to fit there, so it loads native; the plan made after loading keeps that storage."""
-    return "fp8" if quantize == "fp8" else "native"
+    loads (no bound on the device, or sizes known only once loaded): fp8 (int4) only where it says `fp8` (`int4`).
+    `auto` has nothing to fit there, so it loads native; the plan made after loading keeps that storage."""
+    return "fp8" if quantize == "fp8" else "int4" if quantize == "int4" else "native"

@@ -35,8 +35,8 @@ from engine.pipeline.schedulers import offered_schedulers
 from engine.pipeline.vae import vae_in_float32, vae_mismatch
 from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
-from engine.storage import unplanned_storage
-from engine.weights.quantized import in_storage
+from engine.storage import QUANTIZED, unplanned_storage
+from engine.weights.int4 import in_storage_or_int4
 
 __all__ = [
     "LoadedPipeline",
@@ -69,8 +69,8 @@ class LoadedPipeline:
     family: FamilySpec
     # Components the memory plan left in host RAM (`MemorySpec.host_components`): never moved to the device.
     host_components: tuple[str, ...] = ()
-    # The denoiser's weight storage: "native" (the pool's dtype) or "fp8" (engine.weights.quantized, whose LoRAs
-    # are low-rank branches of `branch_rank`: engine.weights.branches).
+    # The denoiser's weight storage: "native" (the pool's dtype), "fp8" (engine.weights.quantized) or "int4"
+    # (engine.weights.int4), whose LoRAs are low-rank branches of `branch_rank`: engine.weights.branches).
     storage: str = "native"
     branch_rank: int = 0
 
@@ -118,6 +118,14 @@ def resolve_dtype(setting: str, device: torch.device, half: str = "float16") -> 
     return _DTYPES[setting]
 
 
+def _in_storage(
+    pipe: Pipeline, family: FamilySpec, dtype: torch.dtype, storage: str, settings: Settings
+) -> tuple[Pipeline, torch.dtype | None]:
+    """The pipeline with its denoiser in `storage` (`engine.weights.int4.in_storage_or_int4`)."""
+    rank, keep = settings.lora_max_rank, family.keep_dtype_linears
+    return in_storage_or_int4(pipe, family.denoiser, dtype, storage, rank, keep, settings.int4_group_size)
+
+
 def load_pipeline(
     settings: Settings,
     *,
@@ -131,7 +139,7 @@ def load_pipeline(
     The class comes from the family of `settings.base_model_id`. With `park`, the weights stay in
     host memory (in the compute dtype) for `engine.pools.pools` to move in when the pool is first used;
     `device` still names where it will compute, and no warm-up runs. `host_components` stay in host RAM
-    (the memory plan's choice, among those the family declares it can run there). `storage` "fp8" stores the
+    (the memory plan's choice, among those the family declares it can run there). `storage` "fp8" ("int4") stores the
     denoiser's linears in fp8 with LoRA branches of `LORA_MAX_RANK` (engine.weights.quantized), quantized in host
     memory before anything moves to the device; None: as QUANTIZE gives it without a plan (`build_pools` passes the
     memory plan's answer, `engine.pools.plan.storage_to_load`).
@@ -148,7 +156,7 @@ def load_pipeline(
     pipe: Pipeline = (
         build_tiny(settings.model_id, seed=0) if settings.loads_tiny else _from_pretrained(settings, family, dtype)
     )
-    pipe, cast = in_storage(pipe, family.denoiser, dtype, storage, settings.lora_max_rank, family.keep_dtype_linears)
+    pipe, cast = _in_storage(pipe, family, dtype, storage, settings)
     pipe = _place(pipe, settings, family, device, cast=cast, park=park, host_components=host_components)
     vae_in_float32(pipe)
     pipe.set_progress_bar_config(disable=True)
@@ -166,7 +174,7 @@ def load_pipeline(
         family=family,
         host_components=host_components,
         storage=storage,
-        branch_rank=settings.lora_max_rank if storage == "fp8" else 0,
+        branch_rank=settings.lora_max_rank if storage in QUANTIZED else 0,
     )
     if not warm or park:
         return loaded

@@ -23,6 +23,7 @@ from engine.prepare.loadgate import LoadGate
 from engine.prepare.preparation import Preparer
 from engine.prepare.resolve import AdapterResolver
 from engine.settings import Settings
+from engine.storage import QUANTIZED
 from engine.weights.branches import BranchedPatcher, Branches
 from engine.weights.swap import WeightPatcher
 
@@ -86,7 +87,7 @@ def build_parts(
         budget_setting=budget_setting,
     )
     # On a quantized pool the denoiser's LoRAs are branches beside its fp8 weights; only the text encoders' fuse.
-    patcher = BranchedPatcher(fused, Branches(table, loaded.denoiser)) if loaded.storage == "fp8" else fused
+    patcher = BranchedPatcher(fused, Branches(table, loaded.denoiser)) if loaded.storage in QUANTIZED else fused
     store = _make_store(loaded, settings, events, pin=pin)
     if disk_cache is None and (resolver.uses_hub or resolver.civitai_dir is not None):
         disk_cache = _make_disk_cache(loaded, settings, resolver, store)

@@ -42,6 +42,7 @@ from engine.pools.startup import compiled, load_pipelines, pools_settings
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import Settings
+from engine.storage import QUANTIZED
 from lora_catalog.entries import Family
 
 __all__ = ["Pool", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
@@ -259,7 +260,7 @@ def build_pools(
     _log_storage(loaded, first, options)
     # Once loaded, measured, each denoiser in the storage it loaded in (never changed behind its back).
     kept = options.keeping((lp.base_model_id, lp.storage) for lp in loaded)
-    needs = [loaded_need(lp, rank=settings.lora_max_rank) for lp in loaded]
+    needs = [loaded_need(lp, rank=settings.lora_max_rank, group_size=settings.int4_group_size) for lp in loaded]
     plan = plan_memory(needs, total, kept) if total is not None else None
     if plan is not None:
         logger.info("memory plan: %s", plan.describe())
@@ -279,7 +280,7 @@ def _log_storage(loaded: Sequence[LoadedPipeline], first: MemoryPlan | None, opt
     why = "the memory plan's choice" if first is not None else "no memory plan before loading"
     for lp in loaded:
         native = str(lp.dtype).removeprefix("torch.")
-        stored = f"fp8 with LoRA branches of rank {lp.branch_rank}" if lp.storage == "fp8" else native
+        stored = f"{lp.storage} with LoRA branches of rank {lp.branch_rank}" if lp.storage in QUANTIZED else native
         logger.info(
             "pool %s: denoiser in %s (QUANTIZE=%s, %s)",
             lp.base_model_id,
@@ -323,7 +324,7 @@ def _engine(
     """One pool's engine, its pristine store (and host RAM for it) as the memory plan placed them, its `QUANTIZE`
     resolved to the storage its denoiser loaded in (fp8 or off)."""
     host_pristine = None
-    own = own.replace(quantize="fp8" if lp.storage == "fp8" else "off")
+    own = own.replace(quantize="off" if lp.storage == "native" else lp.storage)
     if plan is not None:
         placement = plan.placement(lp.base_model_id)
         own = own.replace(pristine_store=placement.pristine_store)

@@ -350,7 +350,7 @@ def status_markdown(status: EngineStatus, boot_s: float | None = None) -> str:
     lines = [
         f"**Model** `{status.model_id}`" + (" — the tiny offline demo model" if status.is_tiny else ""),
         f"**Base** `{status.base_model_id}` · **device** `{status.device}` · **dtype** `{status.dtype}`"
-        + (" · **weights** fp8, LoRAs as branches (QUANTIZE)" if status.storage == "fp8" else ""),
+        + (f" · **weights** {status.storage}, LoRAs as branches (QUANTIZE)" if status.storage != "native" else ""),
         "**ZeroGPU mode** " + ("on: LoRAs are re-applied in every call" if status.per_call else "off"),
         f"**Live preview** {status.preview}",
         f"**Cold boot** {cold}" + (f" · whole start-up {boot_s:.1f} s" if boot_s is not None else ""),
