@@ -1,6 +1,7 @@
 """The quantized-pool benchmark: LoRAs as branches beside fp8 weights against LoRAs fused into bf16, side by side.
 
-    python -m bench.quantized [--ranks 16,64] [--repeats N] [--tokens N] [--max-rank N] [--threads N] [--quick]
+    python -m bench.quantized [--storage fp8|int4] [--ranks 16,64] [--repeats N] [--tokens N] [--max-rank N]
+        [--threads N] [--quick]
 
 On a real-width slice of FLUX.1's transformer (`bench.flux_slice`: 2 double and 4 single blocks at width 3072,
 every BFL linear adapted, diffusers' names), built twice from one pool of random values: once in bf16, swapped by
@@ -28,7 +29,8 @@ per 512 rows, and each waits on any descheduled OpenMP worker, where the bf16 ma
 The default run fits about 15 minutes on 2 loaded cores; --quick is a smoke run (rank 16, 256 tokens). The last
 line is `quantized: family=flux storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= branch_rel_err=
 fused_fp8_rel_err= exact=` at rank 64 (the largest rank measured), swap and step ratios medians of turn-by-turn
-ratios, errors after the slice.
+ratios, errors after the slice. `--storage int4` stores the slice as `engine.weights.int4` does (groups of 128;
+`x_embedder`, 64 wide, stays bf16) and measures the same, `fused_fp8_rel_err` then the LoRA fused into int4.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import diffusers
 import torch
@@ -59,6 +62,7 @@ from bench.sdxl_unet import mismatched_tensors
 from bench.swap import _cpu_pressure
 from engine.formats.layers import LayerFactors
 from engine.weights.branches import BranchedPatcher, Branches
+from engine.weights.int4 import Int4Linear, quantize_denoiser_int4
 from engine.weights.quantized import BranchedLinear, quantize_denoiser, stored_bytes
 from lora_catalog.entries import Family
 
@@ -66,6 +70,7 @@ __all__ = ["main", "run"]
 
 DTYPE = torch.bfloat16
 ERROR_TOKENS = 64
+INT4_GROUP = 128  # INT4_GROUP_SIZE's default
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class Args:
     tokens: int
     max_rank: int
     quick: bool
+    storage: str = "fp8"
 
 
 def _say(text: str) -> None:
@@ -89,6 +95,7 @@ def parse(argv: Sequence[str] | None) -> Args:
     parser.add_argument("--max-rank", type=int, default=128, help="the branch buffers' rank (LORA_MAX_RANK)")
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: rank 16, 256 tokens, 2 repeats")
+    parser.add_argument("--storage", choices=("fp8", "int4"), default="fp8", help="the quantized side's storage")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -96,7 +103,8 @@ def parse(argv: Sequence[str] | None) -> Args:
     if max(ranks) > args.max_rank:
         parser.error(f"--ranks {max(ranks)} is over --max-rank {args.max_rank}; accepted: ranks up to it")
     repeats = args.repeats or (2 if args.quick else 4)
-    return Args(ranks, repeats, args.tokens or (256 if args.quick else 1024), args.max_rank, args.quick)
+    tokens = args.tokens or (256 if args.quick else 1024)
+    return Args(ranks, repeats, tokens, args.max_rank, args.quick, args.storage)
 
 
 def run(args: Args) -> dict[str, object]:
@@ -110,13 +118,16 @@ def run(args: Args) -> dict[str, object]:
     bf16 = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
     fp8 = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
     started = time.perf_counter()
-    quantize_denoiser(fp8, rank=args.max_rank, dtype=DTYPE)
+    if args.storage == "int4":
+        quantize_denoiser_int4(fp8, rank=args.max_rank, dtype=DTYPE, group_size=INT4_GROUP)
+    else:
+        quantize_denoiser(fp8, rank=args.max_rank, dtype=DTYPE)
     loaded_bytes = stored_bytes(fp8)
     stored = sum(p.nbytes for p in fp8.parameters()) + sum(b.nbytes for b in fp8.buffers())
     _say(
         f"built both: {sum(p.numel() for p in bf16.parameters()) / 1e9:.2f}B parameters, bf16 "
-        f"{sum(p.nbytes for p in bf16.parameters()) / 2**30:.2f} GiB, fp8 with rank-{args.max_rank} branches "
-        f"{stored / 2**30:.2f} GiB (quantized in {time.perf_counter() - started:.1f} s)"
+        f"{sum(p.nbytes for p in bf16.parameters()) / 2**30:.2f} GiB, {args.storage} with rank-{args.max_rank} "
+        f"branches {stored / 2**30:.2f} GiB (quantized in {time.perf_counter() - started:.1f} s)"
     )
     fused = Ours(bf16, device=torch.device("cpu"), dtype=DTYPE, max_rank=256, cache_bytes=8 * 2**30, family=Family.FLUX)
     branch = Ours(fp8, device=torch.device("cpu"), dtype=DTYPE, max_rank=256, cache_bytes=8 * 2**30, family=Family.FLUX)
@@ -138,7 +149,7 @@ def run(args: Args) -> dict[str, object]:
     branch.reset()
     exact = stored_bytes(fp8) == loaded_bytes and not mismatched_tensors(bf16, pool)
     _say(f"machine: {_cpu_pressure()}; the whole run took {time.perf_counter() - began:.0f} s")
-    _last_line(results, max(args.ranks), exact)
+    _last_line(results, max(args.ranks), exact, args.storage)
     return results
 
 
@@ -180,16 +191,7 @@ def _layer_errors(fused: Ours, branch: Ours, sides: dict, rank: int) -> dict[str
         pristine = fused.patcher.pristine_copies([layer.target])[layer.target]
         y_fused, y_base = F.linear(x, linear.weight, linear.bias), F.linear(x, pristine, linear.bias)
         q_base = F.linear(x, q.dequantized(DTYPE), q.bias)
-        fp8_fused = BranchedLinear(
-            SimpleNamespace(
-                in_features=q.in_features,
-                out_features=q.out_features,  # type: ignore[arg-type]
-                weight=linear.weight,
-                bias=linear.bias,
-            ),
-            1,
-            DTYPE,
-        )
+        fp8_fused = _stored_like(q, linear.weight, linear.bias)
         y_fp8 = F.linear(x, fp8_fused.dequantized(DTYPE), q.bias)
         y_branch = q(x)
         rows["branch_out"].append(_rel(y_branch, y_fused))
@@ -280,33 +282,35 @@ def _fp8_fused_output(fused: Ours, branch: Ours, inputs: dict[str, object]) -> t
     kept = {}
     for name, module in branch.unet.named_modules():
         if isinstance(module, BranchedLinear):
-            source = plain[name]
-            fp8 = BranchedLinear(
-                SimpleNamespace(
-                    in_features=module.in_features,
-                    out_features=module.out_features,  # type: ignore[arg-type]
-                    weight=source.weight,
-                    bias=None,
-                ),
-                1,
-                DTYPE,
-            )
-            kept[name] = (module.weight, module.weight_scale)
-            module.weight, module.weight_scale = fp8.weight, fp8.weight_scale
+            fp8 = _stored_like(module, plain[name].weight, None)
+            kept[name] = {part: getattr(module, part) for part in module.STORED}
+            for part in module.STORED:
+                setattr(module, part, getattr(fp8, part))
     try:
         return branch.unet(**inputs)[0]
     finally:
-        for name, (weight, scale) in kept.items():
+        for name, parts in kept.items():
             module = branch.unet.get_submodule(name)
-            module.weight, module.weight_scale = weight, scale
+            for part, tensor in parts.items():
+                setattr(module, part, tensor)
 
 
-def _last_line(results: dict[str, object], rank: int, exact: bool) -> None:
+def _stored_like(module: BranchedLinear, weight: torch.Tensor, bias: torch.Tensor | None) -> BranchedLinear:
+    """`weight` stored as `module` stores its own (fp8, int4, or kept in the compute dtype), with no branch."""
+    linear: Any = SimpleNamespace(
+        in_features=module.in_features, out_features=module.out_features, weight=weight, bias=bias
+    )
+    if isinstance(module, Int4Linear):
+        return Int4Linear(linear, 1, DTYPE, group_size=module.group_size)
+    return BranchedLinear(linear, 1, DTYPE, quantize=module.weight.dtype == torch.float8_e4m3fn)
+
+
+def _last_line(results: dict[str, object], rank: int, exact: bool, storage: str) -> None:
     swap = results[f"swap_r{rank}"]
     step = results["step"]
     assert isinstance(swap, dict) and isinstance(step, dict)
     _say(
-        f"quantized: family=flux storage=fp8 swap_ms={swap['branch_ms']:.1f} swap_vs_fused={swap['ratio']:.3f} "
+        f"quantized: family=flux storage={storage} swap_ms={swap['branch_ms']:.1f} swap_vs_fused={swap['ratio']:.3f} "
         f"step_vs_bf16_fused={step['ratio']:.2f} branch_rel_err={step['branch_rel_err']:.4f} "
         f"fused_fp8_rel_err={step['fused_fp8_rel_err']:.4f} exact={'true' if exact else 'false'}"
     )

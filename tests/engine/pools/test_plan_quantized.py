@@ -190,10 +190,12 @@ def test_the_loaded_plan_keeps_the_storage_the_declared_plan_chose():
         plan_memory(needs, A10G, options.keeping(native.storages))
 
 
-@pytest.mark.parametrize(("quantize", "storage"), [("auto", "native"), ("fp8", "fp8"), ("off", "native")])
+@pytest.mark.parametrize(
+    ("quantize", "storage"), [("auto", "native"), ("fp8", "fp8"), ("int4", "int4"), ("off", "native")]
+)
 def test_start_up_hands_each_pool_its_storage_and_reports_it(base_settings, caplog, quantize, storage):
     """Each pool loads in the storage decided before loading (`auto` without a plan then: native), its engine gets
-    QUANTIZE resolved to it (fp8 or off), and its status and start-up's log say what loaded."""
+    QUANTIZE resolved to it (fp8, int4 or off), and its status and start-up's log say what loaded."""
     resolver = AdapterResolver(None, local_dir=None, token=None, max_bytes=2**30)
     settings = base_settings.replace(local_lora_dir=None, quantize=quantize, host_ram_bytes=2**40, lora_max_rank=4)
     with caplog.at_level(logging.INFO, logger="engine.pools.pools"):
@@ -202,11 +204,11 @@ def test_start_up_hands_each_pool_its_storage_and_reports_it(base_settings, capl
         (status,) = pools.status()
         (engine,) = [p.engine for p in pools.pools]
         assert status.engine.storage == engine.loaded.storage == storage
-        assert engine.settings.quantize == ("fp8" if storage == "fp8" else "off")
+        assert engine.settings.quantize == ("off" if storage == "native" else storage)
     finally:
         pools.close()
-    assert ("(denoiser in fp8 with LoRA branches)" in caplog.text) == (storage == "fp8")
-    said = "in fp8 with LoRA branches of rank 4" if storage == "fp8" else "in float32"
+    assert (f"(denoiser in {storage} with LoRA branches)" in caplog.text) == (storage != "native")
+    said = f"in {storage} with LoRA branches of rank 4" if storage != "native" else "in float32"
     assert f"denoiser {said} (QUANTIZE={quantize}, no memory plan before loading)" in caplog.text
 
 
