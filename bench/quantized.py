@@ -17,7 +17,10 @@ from other processes falls on both alike:
   branch and for the LoRA fused into fp8 (the fused bf16 weight quantized as the base is), and the error of
   the LoRA's change to the output against float32's `x·ΔWᵀ` for each of the three; after the slice, the
   output's relative error against bf16 fused for the branch and for fp8 fused;
-- exactness: the fp8 stored bytes after every swap equal those loaded, and the bf16 slice is its fill again.
+- exactness: the fp8 stored bytes after every swap equal those loaded, and the bf16 slice is its fill again;
+- against diffusers: our step with the LoRA as a branch over diffusers' own on the same storage (the slice
+  quantized by torchao, the LoRA loaded unfused through PEFT), taking turns (`step_vs_diffusers`; `refused`
+  where diffusers cannot load the LoRA there).
 
 On a CPU the step ratio has a floor that depends on the tokens: with no fp8 arithmetic, every call widens every
 weight value (4 vector passes, about 0.25 ns per value on one EPYC core, in cache: `BranchedLinear` widens 512
@@ -27,10 +30,11 @@ layers (1.1-1.15x at 1280), 2-3x on its 1-token modulation linears: the step's r
 per 512 rows, and each waits on any descheduled OpenMP worker, where the bf16 matmul is one op per layer.
 
 The default run fits about 15 minutes on 2 loaded cores; --quick is a smoke run (rank 16, 256 tokens). The last
-line is `quantized: family=flux storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= branch_rel_err=
-fused_fp8_rel_err= exact=` at rank 64 (the largest rank measured), swap and step ratios medians of turn-by-turn
-ratios, errors after the slice. `--storage int4` stores the slice as `engine.weights.int4` does (groups of 128;
-`x_embedder`, 64 wide, stays bf16) and measures the same, `fused_fp8_rel_err` then the LoRA fused into int4.
+line is `quantized: family=flux storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= step_vs_diffusers=
+branch_rel_err= fused_fp8_rel_err= exact=` at rank 64 (the largest rank measured), swap and step ratios medians of
+turn-by-turn ratios, errors after the slice. `--storage int4` stores the slice as `engine.weights.int4` does
+(groups of 128; `x_embedder`, 64 wide, stays bf16) and measures the same, `fused_fp8_rel_err` then the LoRA fused
+into int4.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import logging
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -145,6 +150,8 @@ def run(args: Args) -> dict[str, object]:
             results[f"layers_r{rank}"] = _layer_errors(fused, branch, sides, rank)
             if rank == max(args.ranks):
                 results["step"] = _steps(fused, branch, sides, args, clock)
+                branch.swap(sides["branch"][0])  # `_steps` leaves it reset
+                results["diffusers"] = _versus_diffusers(pool, pair.paths[0], branch, args, clock)
     fused.reset()
     branch.reset()
     exact = stored_bytes(fp8) == loaded_bytes and not mismatched_tensors(bf16, pool)
@@ -274,6 +281,38 @@ def _steps(fused: Ours, branch: Ours, sides: dict, args: Args, clock: Clock) -> 
     return out
 
 
+@torch.no_grad()
+def _versus_diffusers(pool: torch.Tensor, path: Path, branch: Ours, args: Args, clock: Clock) -> float | str:
+    """Our step (LoRA "a" as a branch) over diffusers' own on the same storage: the slice quantized by torchao
+    (`Float8WeightOnlyConfig`; int4: `PrototypeInt4WeightOnlyConfig`, its CPU kernel) with the same LoRA loaded
+    unfused through PEFT (`load_lora_adapter`), taking turns; "refused" where diffusers cannot load it."""
+    from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+    from torchao.quantization import Float8WeightOnlyConfig, quantize_
+
+    theirs: Any = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
+    config = (
+        PrototypeInt4WeightOnlyConfig(group_size=INT4_GROUP) if args.storage == "int4" else Float8WeightOnlyConfig()
+    )
+    try:
+        quantize_(theirs, config)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="TorchaoLoraLinear was instantiated without")
+            theirs.load_lora_adapter(str(path), prefix="transformer", adapter_name="a")
+    except Exception as error:  # what diffusers raises is the answer here, said in the line
+        _say(f"diffusers on {args.storage} refused the LoRA: {type(error).__name__}: {error}")
+        return "refused"
+    inputs = _inputs(args.tokens)
+    steps = {"ours": lambda _: branch.unet(**inputs), "diffusers": lambda _: theirs(**inputs)}
+    samples = round_robin(clock, steps, args.repeats)
+    ratio = statistics.median(o / d for o, d in zip(samples["ours"], samples["diffusers"], strict=True))
+    _say(
+        f"step vs diffusers on {args.storage} with the LoRA unfused (PEFT): ours "
+        f"{statistics.median(samples['ours']):.0f} ms, diffusers {statistics.median(samples['diffusers']):.0f} ms, "
+        f"ratio {ratio:.3f}"
+    )
+    return ratio
+
+
 def _fp8_fused_output(fused: Ours, branch: Ours, inputs: dict[str, object]) -> torch.Tensor:
     """The slice's output with the fused bf16 weights quantized as the base is (the LoRA fused into fp8): the fp8
     model's stored tensors are set aside, never written, and put back after."""
@@ -307,12 +346,14 @@ def _stored_like(module: BranchedLinear, weight: torch.Tensor, bias: torch.Tenso
 
 def _last_line(results: dict[str, object], rank: int, exact: bool, storage: str) -> None:
     swap = results[f"swap_r{rank}"]
-    step = results["step"]
+    step, diffusers = results["step"], results["diffusers"]
     assert isinstance(swap, dict) and isinstance(step, dict)
+    versus = diffusers if isinstance(diffusers, str) else f"{diffusers:.2f}"
     _say(
         f"quantized: family=flux storage={storage} swap_ms={swap['branch_ms']:.1f} swap_vs_fused={swap['ratio']:.3f} "
-        f"step_vs_bf16_fused={step['ratio']:.2f} branch_rel_err={step['branch_rel_err']:.4f} "
-        f"fused_fp8_rel_err={step['fused_fp8_rel_err']:.4f} exact={'true' if exact else 'false'}"
+        f"step_vs_bf16_fused={step['ratio']:.2f} step_vs_diffusers={versus} "
+        f"branch_rel_err={step['branch_rel_err']:.4f} fused_fp8_rel_err={step['fused_fp8_rel_err']:.4f} "
+        f"exact={'true' if exact else 'false'}"
     )
 
 
