@@ -217,3 +217,17 @@ def test_int4_stored_bytes_are_identical_after_20_mixed_swaps_with_refusals(int4
     assert refused == 8 and stored_bytes(transformer) == before
     assert generate(engine, request(spec, steps=1)).image.tobytes() == base
     assert held_branches(transformer) == []
+
+
+def test_a_compiled_int4_linear_widens_as_the_eager_one_and_a_swap_recompiles_nothing():
+    """Compiled, the plain formula at the padded rank (as fp8's): equal to eager's chunked widening, and swapping
+    branch factors (another LoRA, or none) reuses the graph."""
+    torch.manual_seed(0)
+    module = Int4Linear(nn.Linear(128, 64), 8, torch.float32, group_size=GROUP)
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    x = torch.randn(5, 128)
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        for rank in (0, 4, 8, 0):
+            factors = [(torch.randn(rank, 128), torch.randn(64, rank), 0.5)] if rank else []
+            module.load_branch(factors)
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
