@@ -273,9 +273,9 @@ def _steps(fused: Ours, branch: Ours, sides: dict, args: Args, clock: Clock) -> 
     }
     _say(
         f"step ({args.tokens} image tokens, rank {max(args.ranks)}, "
-        f"branches of {args.max_rank}): fp8 + branch {out['branch_ms']:.0f} ms, bf16 fused {out['fused_ms']:.0f} ms, "
-        f"ratio {out['ratio']:.3f}; widening every fp8 weight whole, once, took {dequantize_ms:.0f} ms (a step "
-        "widens 512 rows at a time instead)"
+        f"branches of {args.max_rank}): {args.storage} + branch {out['branch_ms']:.0f} ms, "
+        f"bf16 fused {out['fused_ms']:.0f} ms, ratio {out['ratio']:.3f}; widening every {args.storage} weight "
+        f"whole, once, took {dequantize_ms:.0f} ms (a step widens 512 rows at a time instead)"
     )
     _say(f"slice output vs bf16 fused: branch {out['branch_rel_err']:.4f}, fp8 fused {out['fused_fp8_rel_err']:.4f}")
     return out
