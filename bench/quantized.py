@@ -1,7 +1,7 @@
 """The quantized-pool benchmark: LoRAs as branches beside fp8 weights against LoRAs fused into bf16, side by side.
 
-    python -m bench.quantized [--ranks 16,64] [--repeats N] [--tokens N] [--max-rank N] [--threads N] [--quick]
-        [--storage fp8|gguf-q8_0|gguf-q4_k]
+    python -m bench.quantized [--storage fp8|int4|gguf-q8_0|gguf-q4_k] [--ranks 16,64] [--repeats N] [--tokens N]
+        [--max-rank N] [--threads N] [--quick]
 
 `--storage gguf-*` runs `bench.quantized_gguf` instead (a GGUF slice, against diffusers' GGUF + PEFT as well).
 
@@ -19,7 +19,10 @@ from other processes falls on both alike:
   branch and for the LoRA fused into fp8 (the fused bf16 weight quantized as the base is), and the error of
   the LoRA's change to the output against float32's `x·ΔWᵀ` for each of the three; after the slice, the
   output's relative error against bf16 fused for the branch and for fp8 fused;
-- exactness: the fp8 stored bytes after every swap equal those loaded, and the bf16 slice is its fill again.
+- exactness: the fp8 stored bytes after every swap equal those loaded, and the bf16 slice is its fill again;
+- against diffusers: our step with the LoRA as a branch over diffusers' own on the same storage (the slice
+  quantized by torchao, the LoRA loaded unfused through PEFT), taking turns (`step_vs_diffusers`; `refused`
+  where diffusers cannot load the LoRA there).
 
 On a CPU the step ratio has a floor that depends on the tokens: with no fp8 arithmetic, every call widens every
 weight value (4 vector passes, about 0.25 ns per value on one EPYC core, in cache: `BranchedLinear` widens 512
@@ -29,9 +32,11 @@ layers (1.1-1.15x at 1280), 2-3x on its 1-token modulation linears: the step's r
 per 512 rows, and each waits on any descheduled OpenMP worker, where the bf16 matmul is one op per layer.
 
 The default run fits about 15 minutes on 2 loaded cores; --quick is a smoke run (rank 16, 256 tokens). The last
-line is `quantized: family=flux storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= branch_rel_err=
-fused_fp8_rel_err= exact=` at rank 64 (the largest rank measured), swap and step ratios medians of turn-by-turn
-ratios, errors after the slice.
+line is `quantized: family=flux storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= step_vs_diffusers=
+branch_rel_err= fused_fp8_rel_err= exact=` at rank 64 (the largest rank measured), swap and step ratios medians of
+turn-by-turn ratios, errors after the slice. `--storage int4` stores the slice as `engine.weights.int4` does
+(groups of 128; `x_embedder`, 64 wide, stays bf16) and measures the same, `fused_fp8_rel_err` then the LoRA fused
+into int4.
 """
 
 from __future__ import annotations
@@ -47,9 +52,11 @@ import logging
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import diffusers
 import torch
@@ -63,6 +70,7 @@ from bench.sdxl_unet import mismatched_tensors
 from bench.swap import _cpu_pressure
 from engine.formats.layers import LayerFactors
 from engine.weights.branches import BranchedPatcher, Branches
+from engine.weights.int4 import Int4Linear, quantize_denoiser_int4
 from engine.weights.quantized import BranchedLinear, quantize_denoiser, stored_bytes
 from lora_catalog.entries import Family
 
@@ -70,6 +78,7 @@ __all__ = ["main", "run"]
 
 DTYPE = torch.bfloat16
 ERROR_TOKENS = 64
+INT4_GROUP = 128  # INT4_GROUP_SIZE's default
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,7 @@ def parse(argv: Sequence[str] | None) -> Args:
     parser.add_argument("--max-rank", type=int, default=128, help="the branch buffers' rank (LORA_MAX_RANK)")
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: rank 16, 256 tokens, 2 repeats")
-    parser.add_argument("--storage", default="fp8", choices=["fp8", *GGUF_STORAGES], help="the base's storage")
+    parser.add_argument("--storage", default="fp8", choices=["fp8", "int4", *GGUF_STORAGES], help="the base's storage")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,13 +126,16 @@ def run(args: Args) -> dict[str, object]:
     bf16 = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
     fp8 = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
     started = time.perf_counter()
-    quantize_denoiser(fp8, rank=args.max_rank, dtype=DTYPE)
+    if args.storage == "int4":
+        quantize_denoiser_int4(fp8, rank=args.max_rank, dtype=DTYPE, group_size=INT4_GROUP)
+    else:
+        quantize_denoiser(fp8, rank=args.max_rank, dtype=DTYPE)
     loaded_bytes = stored_bytes(fp8)
     stored = sum(p.nbytes for p in fp8.parameters()) + sum(b.nbytes for b in fp8.buffers())
     _say(
         f"built both: {sum(p.numel() for p in bf16.parameters()) / 1e9:.2f}B parameters, bf16 "
-        f"{sum(p.nbytes for p in bf16.parameters()) / 2**30:.2f} GiB, fp8 with rank-{args.max_rank} branches "
-        f"{stored / 2**30:.2f} GiB (quantized in {time.perf_counter() - started:.1f} s)"
+        f"{sum(p.nbytes for p in bf16.parameters()) / 2**30:.2f} GiB, {args.storage} with rank-{args.max_rank} "
+        f"branches {stored / 2**30:.2f} GiB (quantized in {time.perf_counter() - started:.1f} s)"
     )
     fused = Ours(bf16, device=torch.device("cpu"), dtype=DTYPE, max_rank=256, cache_bytes=8 * 2**30, family=Family.FLUX)
     branch = Ours(fp8, device=torch.device("cpu"), dtype=DTYPE, max_rank=256, cache_bytes=8 * 2**30, family=Family.FLUX)
@@ -141,11 +153,13 @@ def run(args: Args) -> dict[str, object]:
             results[f"layers_r{rank}"] = _layer_errors(fused, branch, sides, rank)
             if rank == max(args.ranks):
                 results["step"] = _steps(fused, branch, sides, args, clock)
+                branch.swap(sides["branch"][0])  # `_steps` leaves it reset
+                results["diffusers"] = _versus_diffusers(pool, pair.paths[0], branch, args, clock)
     fused.reset()
     branch.reset()
     exact = stored_bytes(fp8) == loaded_bytes and not mismatched_tensors(bf16, pool)
     _say(f"machine: {_cpu_pressure()}; the whole run took {time.perf_counter() - began:.0f} s")
-    _last_line(results, max(args.ranks), exact)
+    _last_line(results, max(args.ranks), exact, args.storage)
     return results
 
 
@@ -187,16 +201,7 @@ def _layer_errors(fused: Ours, branch: Ours, sides: dict, rank: int) -> dict[str
         pristine = fused.patcher.pristine_copies([layer.target])[layer.target]
         y_fused, y_base = F.linear(x, linear.weight, linear.bias), F.linear(x, pristine, linear.bias)
         q_base = F.linear(x, q.dequantized(DTYPE), q.bias)
-        fp8_fused = BranchedLinear(
-            SimpleNamespace(
-                in_features=q.in_features,
-                out_features=q.out_features,  # type: ignore[arg-type]
-                weight=linear.weight,
-                bias=linear.bias,
-            ),
-            1,
-            DTYPE,
-        )
+        fp8_fused = _stored_like(q, linear.weight, linear.bias)
         y_fp8 = F.linear(x, fp8_fused.dequantized(DTYPE), q.bias)
         y_branch = q(x)
         rows["branch_out"].append(_rel(y_branch, y_fused))
@@ -271,12 +276,44 @@ def _steps(fused: Ours, branch: Ours, sides: dict, args: Args, clock: Clock) -> 
     }
     _say(
         f"step ({args.tokens} image tokens, rank {max(args.ranks)}, "
-        f"branches of {args.max_rank}): fp8 + branch {out['branch_ms']:.0f} ms, bf16 fused {out['fused_ms']:.0f} ms, "
-        f"ratio {out['ratio']:.3f}; widening every fp8 weight whole, once, took {dequantize_ms:.0f} ms (a step "
-        "widens 512 rows at a time instead)"
+        f"branches of {args.max_rank}): {args.storage} + branch {out['branch_ms']:.0f} ms, "
+        f"bf16 fused {out['fused_ms']:.0f} ms, ratio {out['ratio']:.3f}; widening every {args.storage} weight "
+        f"whole, once, took {dequantize_ms:.0f} ms (a step widens 512 rows at a time instead)"
     )
     _say(f"slice output vs bf16 fused: branch {out['branch_rel_err']:.4f}, fp8 fused {out['fused_fp8_rel_err']:.4f}")
     return out
+
+
+@torch.no_grad()
+def _versus_diffusers(pool: torch.Tensor, path: Path, branch: Ours, args: Args, clock: Clock) -> float | str:
+    """Our step (LoRA "a" as a branch) over diffusers' own on the same storage: the slice quantized by torchao
+    (`Float8WeightOnlyConfig`; int4: `PrototypeInt4WeightOnlyConfig`, its CPU kernel) with the same LoRA loaded
+    unfused through PEFT (`load_lora_adapter`), taking turns; "refused" where diffusers cannot load it."""
+    from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+    from torchao.quantization import Float8WeightOnlyConfig, quantize_
+
+    theirs: Any = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
+    config = (
+        PrototypeInt4WeightOnlyConfig(group_size=INT4_GROUP) if args.storage == "int4" else Float8WeightOnlyConfig()
+    )
+    try:
+        quantize_(theirs, config)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="TorchaoLoraLinear was instantiated without")
+            theirs.load_lora_adapter(str(path), prefix="transformer", adapter_name="a")
+    except Exception as error:  # what diffusers raises is the answer here, said in the line
+        _say(f"diffusers on {args.storage} refused the LoRA: {type(error).__name__}: {error}")
+        return "refused"
+    inputs = _inputs(args.tokens)
+    steps = {"ours": lambda _: branch.unet(**inputs), "diffusers": lambda _: theirs(**inputs)}
+    samples = round_robin(clock, steps, args.repeats)
+    ratio = statistics.median(o / d for o, d in zip(samples["ours"], samples["diffusers"], strict=True))
+    _say(
+        f"step vs diffusers on {args.storage} with the LoRA unfused (PEFT): ours "
+        f"{statistics.median(samples['ours']):.0f} ms, diffusers {statistics.median(samples['diffusers']):.0f} ms, "
+        f"ratio {ratio:.3f}"
+    )
+    return ratio
 
 
 def _fp8_fused_output(fused: Ours, branch: Ours, inputs: dict[str, object]) -> torch.Tensor:
@@ -287,35 +324,39 @@ def _fp8_fused_output(fused: Ours, branch: Ours, inputs: dict[str, object]) -> t
     kept = {}
     for name, module in branch.unet.named_modules():
         if isinstance(module, BranchedLinear):
-            source = plain[name]
-            fp8 = BranchedLinear(
-                SimpleNamespace(
-                    in_features=module.in_features,
-                    out_features=module.out_features,  # type: ignore[arg-type]
-                    weight=source.weight,
-                    bias=None,
-                ),
-                1,
-                DTYPE,
-            )
-            kept[name] = (module.weight, module.weight_scale)
-            module.weight, module.weight_scale = fp8.weight, fp8.weight_scale
+            fp8 = _stored_like(module, plain[name].weight, None)
+            kept[name] = {part: getattr(module, part) for part in module.STORED}
+            for part in module.STORED:
+                setattr(module, part, getattr(fp8, part))
     try:
         return branch.unet(**inputs)[0]
     finally:
-        for name, (weight, scale) in kept.items():
+        for name, parts in kept.items():
             module = branch.unet.get_submodule(name)
-            module.weight, module.weight_scale = weight, scale
+            for part, tensor in parts.items():
+                setattr(module, part, tensor)
 
 
-def _last_line(results: dict[str, object], rank: int, exact: bool) -> None:
+def _stored_like(module: BranchedLinear, weight: torch.Tensor, bias: torch.Tensor | None) -> BranchedLinear:
+    """`weight` stored as `module` stores its own (fp8, int4, or kept in the compute dtype), with no branch."""
+    linear: Any = SimpleNamespace(
+        in_features=module.in_features, out_features=module.out_features, weight=weight, bias=bias
+    )
+    if isinstance(module, Int4Linear):
+        return Int4Linear(linear, 1, DTYPE, group_size=module.group_size)
+    return BranchedLinear(linear, 1, DTYPE, quantize=module.weight.dtype == torch.float8_e4m3fn)
+
+
+def _last_line(results: dict[str, object], rank: int, exact: bool, storage: str) -> None:
     swap = results[f"swap_r{rank}"]
-    step = results["step"]
+    step, diffusers = results["step"], results["diffusers"]
     assert isinstance(swap, dict) and isinstance(step, dict)
+    versus = diffusers if isinstance(diffusers, str) else f"{diffusers:.2f}"
     _say(
-        f"quantized: family=flux storage=fp8 swap_ms={swap['branch_ms']:.1f} swap_vs_fused={swap['ratio']:.3f} "
-        f"step_vs_bf16_fused={step['ratio']:.2f} branch_rel_err={step['branch_rel_err']:.4f} "
-        f"fused_fp8_rel_err={step['fused_fp8_rel_err']:.4f} exact={'true' if exact else 'false'}"
+        f"quantized: family=flux storage={storage} swap_ms={swap['branch_ms']:.1f} swap_vs_fused={swap['ratio']:.3f} "
+        f"step_vs_bf16_fused={step['ratio']:.2f} step_vs_diffusers={versus} "
+        f"branch_rel_err={step['branch_rel_err']:.4f} fused_fp8_rel_err={step['fused_fp8_rel_err']:.4f} "
+        f"exact={'true' if exact else 'false'}"
     )
 
 

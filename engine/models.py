@@ -38,12 +38,12 @@ DEFAULT_MODEL_ID = next(iter(IDENTITIES.values())).model_id
 TINY_MODEL_ID = next(iter(TINY_MODEL_IDS))
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
 # QUANTIZE's values (engine.settings), which a MODELS item may also name for its own pool.
-Quantize = Literal["off", "fp8", "auto"]
+Quantize = Literal["off", "fp8", "int4", "auto"]
 _MODELS_FORM = (
-    "a comma-separated list of MODEL or MODEL=BASE, each optionally followed by :off, :fp8 or :auto (that pool's "
-    f"QUANTIZE), where MODEL is a Hub repo id, a local diffusers folder or {' / '.join(TINY_MODEL_IDS)}, and BASE "
-    f"the {labels()} base repo id its LoRAs are checked against (needed for a local folder); MODEL[=BASE]@GGUF "
-    "serves the denoiser from a GGUF file (below); e.g. "
+    "a comma-separated list of MODEL or MODEL=BASE, each optionally followed by :off, :fp8, :int4 or :auto (that "
+    f"pool's QUANTIZE), where MODEL is a Hub repo id, a local diffusers folder or {' / '.join(TINY_MODEL_IDS)}, "
+    f"and BASE the {labels()} base repo id its LoRAs are checked against (needed for a local folder); "
+    "MODEL[=BASE]@GGUF serves the denoiser from a GGUF file (below); e.g. "
     f"{_DEMO[-1].model_id}:fp8,{DEFAULT_MODEL_ID}"
 )
 # A pool whose denoiser is a GGUF file (engine.weights.gguf): `MODEL[=BASE]@GGUF`, GGUF a Hub file or a local one.

@@ -86,8 +86,8 @@ class EngineStatus:
     compiled_shapes: int = 0
     recompiles: int = 0
     eager_calls: int = 0
-    # The denoiser's weight storage (QUANTIZE): `native`, or `fp8` with LoRAs as branches beside it; `gguf` (a
-    # MODELS item's GGUF file, LoRAs as branches too), with its linears' quant types in `gguf_types`.
+    # The denoiser's weight storage (QUANTIZE): `native`, or `fp8` or `int4` with LoRAs as branches beside it;
+    # `gguf` (a MODELS item's GGUF file, LoRAs as branches too), with its linears' quant types in `gguf_types`.
     storage: str = "native"
     gguf_types: str = ""
 

@@ -89,7 +89,8 @@ class Settings(BaseModel):
     compile_cache_dir: Annotated[Path | None, Env("COMPILE_CACHE_DIR")] = None
     gpu_mode: Annotated[Literal["auto", "persistent", "per_call"], _Stripped, Env("GPU_MODE")] = "auto"
     # Weight storage of each pool's denoiser: `fp8` (e4m3, per-row scales, bf16 compute; LoRAs run as low-rank
-    # branches beside it, never fused) for every pool, `off` for none, `auto` only where the memory plan needs it
+    # branches beside it, never fused) or `int4` (4-bit codes, group scales and zeros; the same branches) for every
+    # pool, `off` for none, `auto` only where the memory plan needs it
     # to fit (engine.pools.plan).
     quantize: Annotated[Quantize, BeforeValidator(sv.lower), Env("QUANTIZE")] = "auto"
     # The rank a quantized pool's LoRA branch buffers are sized to, zero-padded (diffusers hotswap's
@@ -99,6 +100,9 @@ class Settings(BaseModel):
     gguf_dir: Annotated[Path | None, Env("GGUF_DIR")] = None
     # This pool's GGUF denoiser (its MODELS item's `@GGUF`; set per pool by `for_pool`); None: the model's own.
     gguf: str | None = None
+    # The input values sharing one scale and zero in an int4 denoiser (QUANTIZE=int4; engine.weights.int4): the
+    # sizes torchao's int4 CPU kernel takes; a linear whose width it does not divide stays in the compute dtype.
+    int4_group_size: Annotated[Literal[32, 64, 128], BeforeValidator(sv.integer), Env("INT4_GROUP_SIZE")] = 128
     pristine_store: Annotated[Literal["auto", "device", "cpu"], _Stripped, Env("PRISTINE_STORE")] = "auto"
     host_cache_bytes: Annotated[_Bytes, Env("HOST_CACHE_BYTES")] = 4 * 2**30
     device_cache_bytes: Annotated[_Bytes, Env("DEVICE_CACHE_BYTES")] = 2 * 2**30

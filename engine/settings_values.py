@@ -128,6 +128,11 @@ def names(value: object) -> object:
     return value
 
 
+def integer(value: object) -> object:
+    """A whole number written as text (`64`) as an int, for a setting whose accepted values are numbers."""
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+
 def nsfw_level(value: object) -> object:
     return value.strip().upper().replace("-", "") if isinstance(value, str) else value
 

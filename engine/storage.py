@@ -6,7 +6,9 @@ weight of the denoiser in float8 e4m3 (1 byte a value) with one float32 scale pe
 every other value of the denoiser (biases, norms, embeddings, convolutions) in bf16; and, for each module LoRAs
 may target (the family's `MemorySpec.branch_modules`), LoRA branch buffers A (rank x in) and B (out x rank) in
 bf16 at `LORA_MAX_RANK`, zero-padded. A quantized denoiser is never written (LoRAs run beside it), so it needs no
-pristine copies. Torch-free: the families declare their denoiser's `LinearSizes` (engine.families.spec
+pristine copies. `int4`: every Linear weight of the denoiser as 4-bit codes (half a byte a value) with a bf16
+scale and a bf16 zero per group of `INT4_GROUP_SIZE` values along its input (`engine.weights.int4`), the rest as
+fp8's. Torch-free: the families declare their denoiser's `LinearSizes` (engine.families.spec
 imports no torch).
 """
 
@@ -22,7 +24,9 @@ __all__ = [
     "BRANCH_BYTES",
     "FP8_BYTES",
     "GGUF_BLOCKS",
+    "GROUP_BYTES",
     "OTHER_BYTES",
+    "QUANTIZED_ORDER",
     "SCALE_BYTES",
     "STORAGES",
     "LinearSizes",
@@ -30,16 +34,20 @@ __all__ = [
     "branch_bytes",
     "fp8_bytes",
     "gguf_bytes",
+    "int4_bytes",
     "linear_sizes",
+    "planned_quantize",
     "quantized_bytes",
     "unplanned_storage",
 ]
 
-Storage = Literal["native", "fp8", "gguf"]
+Storage = Literal["native", "fp8", "int4", "gguf"]
 STORAGES: tuple[Storage, ...] = get_args(Storage)
 # The storages whose denoiser is never written: LoRAs run as low-rank branches beside it (engine.weights.branches).
 # `gguf`: a GGUF file's blocks (engine.weights.gguf), chosen by its MODELS item, never by the plan.
-BRANCHED: tuple[Storage, ...] = ("fp8", "gguf")
+BRANCHED: tuple[Storage, ...] = ("fp8", "int4", "gguf")
+# The storages QUANTIZE=auto may choose, largest first: the order it tries them in.
+QUANTIZED_ORDER: tuple[Storage, ...] = ("fp8", "int4")
 FP8_BYTES = 1  # a quantized weight's value (e4m3)
 # One scale per output row; float32 is what torchao's and quanto's per-row float8 weights keep (bf16 would halve
 # it: 6 MiB for FLUX.1's transformer either way, so the plan counts the larger).
@@ -60,6 +68,7 @@ GGUF_BLOCKS: dict[str, tuple[int, int]] = {
     "Q3_K": (256, 110),
     "Q2_K": (256, 84),
 }
+GROUP_BYTES = 4  # an int4 group's scale and zero, in bf16 (the compute dtype, as torchao's tinygemm keeps them)
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,20 @@ def gguf_bytes(values: int, linears: LinearSizes, rank: int, quant: str) -> int:
     return quantized_bytes(values, linears, rank, block=GGUF_BLOCKS[quant], row_bytes=0)
 
 
+def int4_bytes(values: int, linears: LinearSizes, rank: int, group_size: int) -> int:
+    """A denoiser of `values` values in int4 storage in groups of `group_size`, with its LoRA branch buffers at
+    `rank`: half a byte a Linear value, `GROUP_BYTES` a group. Every Linear counts as quantized: one whose width
+    the group size does not divide stays in bf16 (FLUX.1's `x_embedder`, 64 wide: 0.4 MiB more), which the
+    declared sizes cannot tell; `tests/engine/pools/test_plan_int4.py` bounds the gap on meta-device models."""
+    return quantized_bytes(values, linears, rank, block=(group_size, group_size // 2 + GROUP_BYTES), row_bytes=0)
+
+
+def planned_quantize(storage: str) -> str:
+    """The QUANTIZE a pool that loaded in `storage` is planned and served under: `off` for native; `fp8` for a GGUF
+    file's blocks (measured as loaded and never written, as an fp8 denoiser is); else the storage itself."""
+    return {"native": "off", "gguf": "fp8"}.get(storage, storage)
+
+
 def linear_sizes(linears: Iterable[tuple[str, int, int]], branch_modules: str | None) -> LinearSizes:
     """The sizes of a denoiser's Linears given as `(name, out_features, in_features)`; `branch_modules`: the
     pattern (`re.search`) of the module names LoRAs may target, None for every Linear."""
@@ -114,6 +137,6 @@ def linear_sizes(linears: Iterable[tuple[str, int, int]], branch_modules: str | 
 
 def unplanned_storage(quantize: str) -> Storage:
     """The storage a `QUANTIZE` value (or a MODELS item's) gives a denoiser where no memory plan is made before it
-    loads (no bound on the device, or sizes known only once loaded): fp8 only where it says `fp8`. `auto` has
-    nothing to fit there, so it loads native; the plan made after loading keeps that storage."""
-    return "fp8" if quantize == "fp8" else "native"
+    loads (no bound on the device, or sizes known only once loaded): fp8 (int4) only where it says `fp8` (`int4`).
+    `auto` has nothing to fit there, so it loads native; the plan made after loading keeps that storage."""
+    return "fp8" if quantize == "fp8" else "int4" if quantize == "int4" else "native"

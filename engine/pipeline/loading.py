@@ -38,6 +38,7 @@ from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
 from engine.storage import BRANCHED, unplanned_storage
 from engine.weights.gguf import gguf_quant_types
+from engine.weights.int4 import in_storage_or_int4
 
 __all__ = [
     "LoadedPipeline",
@@ -70,9 +71,9 @@ class LoadedPipeline:
     family: FamilySpec
     # Components the memory plan left in host RAM (`MemorySpec.host_components`): never moved to the device.
     host_components: tuple[str, ...] = ()
-    # The denoiser's weight storage: "native" (the pool's dtype), "fp8" (engine.weights.quantized) or "gguf" (a
-    # GGUF file's blocks: engine.weights.gguf), the last two with LoRAs as low-rank branches of `branch_rank`
-    # (engine.weights.branches).
+    # The denoiser's weight storage: "native" (the pool's dtype), "fp8" (engine.weights.quantized), "int4"
+    # (engine.weights.int4) or "gguf" (a GGUF file's blocks: engine.weights.gguf), the last three with LoRAs as
+    # low-rank branches of `branch_rank` (engine.weights.branches).
     storage: str = "native"
     branch_rank: int = 0
     # A GGUF denoiser's linears' quant types, most first (`engine.weights.gguf.gguf_quant_types`); else "".
@@ -122,6 +123,17 @@ def resolve_dtype(setting: str, device: torch.device, half: str = "float16") -> 
     return _DTYPES[setting]
 
 
+def _in_storage(
+    pipe: Pipeline, family: FamilySpec, dtype: torch.dtype, storage: str, settings: Settings
+) -> tuple[Pipeline, torch.dtype | None]:
+    """The pipeline with its denoiser in `storage`: a GGUF file's blocks branched (`engine.pipeline.gguf_load`),
+    else `engine.weights.int4.in_storage_or_int4` (native, fp8 or int4)."""
+    rank, keep = settings.lora_max_rank, family.keep_dtype_linears
+    if storage == "gguf":
+        return stored(pipe, family, dtype, storage, rank)
+    return in_storage_or_int4(pipe, family.denoiser, dtype, storage, rank, keep, settings.int4_group_size)
+
+
 def load_pipeline(
     settings: Settings,
     *,
@@ -135,7 +147,7 @@ def load_pipeline(
     The class comes from the family of `settings.base_model_id`. With `park`, the weights stay in
     host memory (in the compute dtype) for `engine.pools.pools` to move in when the pool is first used;
     `device` still names where it will compute, and no warm-up runs. `host_components` stay in host RAM
-    (the memory plan's choice, among those the family declares it can run there). `storage` "fp8" stores the
+    (the memory plan's choice, among those the family declares it can run there). `storage` "fp8" ("int4") stores the
     denoiser's linears in fp8 with LoRA branches of `LORA_MAX_RANK` (engine.weights.quantized), quantized in host
     memory before anything moves to the device; None: as QUANTIZE gives it without a plan (`build_pools` passes the
     memory plan's answer, `engine.pools.plan.storage_to_load`).
@@ -151,7 +163,7 @@ def load_pipeline(
     _check_compile(settings, device)
     started = time.perf_counter()
     pipe = _build(settings, family, dtype)
-    pipe, cast = stored(pipe, family, dtype, storage, settings.lora_max_rank)
+    pipe, cast = _in_storage(pipe, family, dtype, storage, settings)
     pipe = _place(pipe, settings, family, device, cast=cast, park=park, host_components=host_components)
     vae_in_float32(pipe)
     pipe.set_progress_bar_config(disable=True)

@@ -1,10 +1,10 @@
 """What each pool needs on the device, for the memory plan (`engine.pools.plan`): from its family's declared sizes
 before loading, or measured on the loaded pipeline; in each weight storage its denoiser may take.
 
-A need in `native` storage carries its `fp8` alternative where the size is known (`engine.storage`'s formula): the
-denoiser quantized, with LoRA branch buffers at `LORA_MAX_RANK` and no pristine copies of its own (a LoRA never
-writes it: only the text encoders' remain touchable, and the swap's float32 scratch is sized to their largest
-weight); its working memory adds the weight its formula widens at each call (`dequantized_bytes`).
+A need in `native` storage carries its `fp8` and `int4` alternatives where the size is known (`engine.storage`'s
+formula): the denoiser quantized, with LoRA branch buffers at `LORA_MAX_RANK` and no pristine copies of its own
+(a LoRA never writes it: only the text encoders' remain touchable, and the swap's float32 scratch is sized to
+their largest weight); its working memory adds the weight its formula widens at each call (`dequantized_bytes`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from engine.families.spec import MemorySpec
 from engine.pipeline.loading import LoadedPipeline, resolve_dtype
 from engine.pools.flat import module_bytes
 from engine.settings import Settings
-from engine.storage import BRANCHED, Storage, fp8_bytes, linear_sizes
+from engine.storage import BRANCHED, Storage, fp8_bytes, int4_bytes, linear_sizes
 from engine.weights.quantized import DEQUANTIZED_COPIES
 
 __all__ = [
@@ -52,6 +52,8 @@ class PoolNeed:
     scratch: int = 0
     storage: Storage = "native"
     fp8: PoolNeed | None = None
+    # The same pool with its denoiser in int4 (None where not known or already so).
+    int4: PoolNeed | None = None
 
     def with_fp8(self, denoiser: int, quantized: int, scratch: int, widened: int) -> PoolNeed:
         """This need with its fp8 alternative: the denoiser's `denoiser` bytes (native) held in `quantized` bytes
@@ -60,15 +62,27 @@ class PoolNeed:
         weights, touchable = self.weights - denoiser + quantized, self.touchable - denoiser
         working = self.working + widened
         fp8 = replace(self, weights=weights, touchable=touchable, working=working, scratch=scratch, storage="fp8")
-        return replace(self, fp8=replace(fp8, fp8=None))
+        return replace(self, fp8=replace(fp8, fp8=None, int4=None))
+
+    def with_int4(self, denoiser: int, quantized: int, scratch: int, widened: int) -> PoolNeed:
+        """This need with its int4 alternative, as `with_fp8` makes the fp8 one (`quantized`: int4 bytes)."""
+        alternative = self.with_fp8(denoiser, quantized, scratch, widened).fp8
+        assert alternative is not None  # with_fp8 always makes one
+        return replace(self, int4=replace(alternative, storage="int4"))
+
+    def saves(self, storage: Storage) -> int:
+        """What storing its denoiser in `storage` saves on the device at most, pristine copies included (0 where
+        unknown)."""
+        other = {"fp8": self.fp8, "int4": self.int4}.get(storage)
+        if other is None:
+            return 0
+        return self.weights + self.scratch + self.touchable - (other.weights + other.scratch + other.touchable)
 
     @property
     def fp8_saves(self) -> int:
         """What storing its denoiser in fp8 saves on the device at most, pristine copies included (0 where
         unknown; below 0 where the branch buffers outweigh it, as on a tiny pipeline)."""
-        if self.fp8 is None:
-            return 0
-        return self.weights + self.scratch + self.touchable - (self.fp8.weights + self.fp8.scratch + self.fp8.touchable)
+        return self.saves("fp8")
 
 
 def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
@@ -96,9 +110,10 @@ def largest_values(modules: list[nn.Module]) -> int:
     return max(sizes, default=0)
 
 
-def loaded_need(loaded: LoadedPipeline, *, rank: int) -> PoolNeed:
-    """A loaded pipeline's need, measured (without the components already left in host RAM), with its fp8
-    alternative at branch rank `rank` (the denoiser measured as loaded, in its native storage)."""
+def loaded_need(loaded: LoadedPipeline, *, rank: int, group_size: int = 128) -> PoolNeed:
+    """A loaded pipeline's need, measured (without the components already left in host RAM), with its fp8 and int4
+    (groups of `group_size`) alternatives at branch rank `rank` (the denoiser measured as loaded, in its native
+    storage)."""
     family, pipe = loaded.family, loaded.pipe
     touched = [getattr(pipe, c) for c in family.components if c not in loaded.host_components]
     touchable = module_bytes(touched)
@@ -118,10 +133,13 @@ def loaded_need(loaded: LoadedPipeline, *, rank: int) -> PoolNeed:
     widest = max((m.weight.numel() for m in denoiser.modules() if isinstance(m, nn.Linear)), default=0)
     widened = dequantized_bytes(widest, loaded.dtype)
     if loaded.storage in BRANCHED:
-        # Loaded quantized already (fp8 or GGUF): measured as it is, its branch buffers included.
+        # Loaded quantized already (fp8, int4 or GGUF): measured as it is, its branch buffers included.
         stored = module_bytes([denoiser])
-        return need.with_fp8(stored, stored, encoder_scratch, widened)
-    return need.with_fp8(module_bytes([denoiser]), fp8_bytes(values, linears, rank), encoder_scratch, widened)
+        quantized = need.with_int4 if loaded.storage == "int4" else need.with_fp8
+        return quantized(stored, stored, encoder_scratch, widened)
+    native = module_bytes([denoiser])
+    need = need.with_fp8(native, fp8_bytes(values, linears, rank), encoder_scratch, widened)
+    return need.with_int4(native, int4_bytes(values, linears, rank, group_size), encoder_scratch, widened)
 
 
 def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, ...] | None:
@@ -139,7 +157,7 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
         # A GGUF denoiser's size is its file's: judged once loaded, like a local folder.
         if own.loads_tiny or Path(pool.model_id).exists() or not memory.values or own.gguf is not None:
             return None
-        if memory.linears is None and own.quantize == "fp8":
+        if memory.linears is None and own.quantize in BRANCHED:
             return None
         host_able = tuple((c, memory.values_of((c,)) * itemsize) for c in memory.host_components)
         weights, touchable = memory.total_values * itemsize, memory.values_of(family.components) * itemsize
@@ -155,5 +173,7 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
             widened = dequantized_bytes(memory.largest_values, dtype)
             encoders = scratch_bytes(memory.largest_encoder_values)
             need = need.with_fp8(values * itemsize, quantized, encoders, widened)
+            int4 = int4_bytes(values, memory.linears, settings.lora_max_rank, settings.int4_group_size)
+            need = need.with_int4(values * itemsize, int4, encoders, widened)
         needs.append(need)
     return tuple(needs)

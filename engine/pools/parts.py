@@ -86,7 +86,7 @@ def build_parts(
         pin=pin,
         budget_setting=budget_setting,
     )
-    # On a quantized pool (fp8, GGUF) the denoiser's LoRAs are branches beside its weights; the encoders' fuse.
+    # On a branched pool (fp8, int4, GGUF) the denoiser's LoRAs are branches beside its weights; the encoders' fuse.
     patcher = BranchedPatcher(fused, Branches(table, loaded.denoiser)) if loaded.storage in BRANCHED else fused
     store = _make_store(loaded, settings, events, pin=pin)
     if disk_cache is None and (resolver.uses_hub or resolver.civitai_dir is not None):

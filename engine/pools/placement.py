@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from engine.hostmem import default_host_budget, host_ram
 from engine.settings import Settings
-from engine.storage import BRANCHED, Storage
+from engine.storage import Storage, planned_quantize
 
 __all__ = ["MemoryPlan", "Placement", "PlanOptions", "gib"]
 
@@ -44,8 +44,8 @@ class PlanOptions:
     def keeping(self, storages: Iterable[tuple[str, str]]) -> PlanOptions:
         """These options with each pool's storage fixed as given, (pool name, storage): the plan again, once
         loaded, over the storages the pools loaded in."""
-        # A branched storage (fp8, GGUF) is planned as fp8 is: its denoiser measured as loaded, never written.
-        fixed = tuple((name, "fp8" if storage in BRANCHED else "off") for name, storage in storages)
+        # A GGUF pool is planned as fp8 is (`planned_quantize`): its denoiser measured as loaded, never written.
+        fixed = tuple((name, planned_quantize(storage)) for name, storage in storages)
         return replace(self, pool_quantize=fixed)
 
     @classmethod
@@ -102,14 +102,14 @@ class MemoryPlan:
     smaller_pristine: int | None = None
     # What the plan may place in host RAM (None: no bound).
     host_budget: int | None = None
-    # The pools QUANTIZE=auto stores in fp8, because the pools fit no other way.
+    # The pools QUANTIZE=auto stores quantized (fp8, else int4), because the pools fit no other way.
     auto_quantized: tuple[str, ...] = ()
 
     def placement(self, name: str) -> Placement:
         return next(p for p in self.placements if p.name == name)
 
     def storage(self, name: str) -> Storage:
-        """Pool `name`'s denoiser storage: `native`, or `fp8` (quantized, LoRAs as branches beside it)."""
+        """Pool `name`'s denoiser storage: `native`, or `fp8` or `int4` (quantized, LoRAs as branches beside it)."""
         return self.placement(name).storage
 
     @property
@@ -124,7 +124,7 @@ class MemoryPlan:
     def describe(self) -> str:
         pools = "; ".join(
             f"{p.name} {gib(p.weights)}"
-            + (" (denoiser in fp8 with LoRA branches)" if p.storage == "fp8" else "")
+            + (f" (denoiser in {p.storage} with LoRA branches)" if p.storage != "native" else "")
             + (f" + {gib(p.pristine)} pristine copies" if p.pristine else "")
             + (f" (pristine copies in host RAM, up to {gib(p.host_pristine)})" if p.host_pristine else "")
             + (f", {' and '.join(p.host_components)} in host RAM" if p.host_components else "")
@@ -139,7 +139,8 @@ class MemoryPlan:
         )
         host = "" if self.host_budget is None else f"; host RAM {gib(self.host_bytes)} of {gib(self.host_budget)}"
         auto = (
-            f"; QUANTIZE=auto stores {' and '.join(self.auto_quantized)} in fp8, the only way the pools fit"
+            f"; QUANTIZE=auto stores {' and '.join(f'{n} in {self.storage(n)}' for n in self.auto_quantized)}, "
+            "the only way the pools fit"
             if self.auto_quantized
             else ""
         )

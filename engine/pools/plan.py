@@ -5,7 +5,8 @@ The plan takes the first that fits: all resident with pristine copies; copies on
 (`PRISTINE_STORE=auto`); taking turns (`POOL_OFFLOAD=on`); then with the components a family may run from host
 RAM left there; host RAM within `HOST_RAM_BYTES`. Each denoiser is stored as `QUANTIZE` says: `auto` tries all
 of that in native storage first, then quantizes (fp8, `engine.storage`) one pool more at a time, the largest
-denoiser first, until the pools fit. A plan that cannot fit is refused, before loading when the families declare
+denoiser first, then int4 the same way, until the pools fit: the smallest storage that fits, never one that
+loads and is refused. A plan that cannot fit is refused, before loading when the families declare
 their sizes, naming what would fit. No plan where the device has no bound (CPU, ZeroGPU).
 What counts against the device: docs/internals.md, "engine/pools/plan.py".
 """
@@ -29,7 +30,7 @@ from engine.pools.needs import (
     scratch_bytes,
 )
 from engine.pools.placement import MemoryPlan, Placement, PlanOptions, gib
-from engine.storage import Storage, unplanned_storage
+from engine.storage import QUANTIZED_ORDER, Storage, unplanned_storage
 
 __all__ = [
     "GPUS",
@@ -82,7 +83,7 @@ def plan_memory(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> 
     if chosen is None:
         raise SettingsError(_refusal(needs, total, options))
     plan, stored = chosen
-    auto = tuple(n.name for n in stored if n.storage == "fp8" and options.quantize_of(n.name) == "auto")
+    auto = tuple(n.name for n in stored if n.storage != "native" and options.quantize_of(n.name) == "auto")
     plan = replace(plan, auto_quantized=auto)
     # A pool with nothing touchable (a quantized denoiser, no text encoder LoRAs) has no copies to place.
     placed = zip(stored, plan.placements, strict=True)
@@ -95,14 +96,20 @@ def plan_memory(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> 
 def _storages(needs: Sequence[PoolNeed], options: PlanOptions) -> Iterator[tuple[PoolNeed, ...]]:
     """The pools with their denoisers' storage, in the order the plan tries them: as QUANTIZE fixes them (native
     under `auto`); then under `auto` one more pool in fp8 at a time, the one it saves most on first (the largest
-    denoiser), where it saves anything."""
+    denoiser), where it saves anything; then, all of those in fp8, one more in int4 at a time the same way."""
     modes = [options.quantize_of(n.name) for n in needs]
-    chosen = [n.fp8 if m == "fp8" and n.fp8 is not None else n for n, m in zip(needs, modes, strict=True)]
+    chosen = [_stored(n, m) for n, m in zip(needs, modes, strict=True)]
     yield tuple(chosen)
-    auto = [i for i, (n, m) in enumerate(zip(needs, modes, strict=True)) if m == "auto" and n.fp8_saves > 0]
-    for index in sorted(auto, key=lambda i: needs[i].fp8_saves, reverse=True):
-        chosen[index] = needs[index].fp8 or needs[index]
-        yield tuple(chosen)
+    for storage in QUANTIZED_ORDER:
+        auto = [i for i, (n, m) in enumerate(zip(needs, modes, strict=True)) if m == "auto" and n.saves(storage) > 0]
+        for index in sorted(auto, key=lambda i: needs[i].saves(storage), reverse=True):
+            chosen[index] = _stored(needs[index], storage)
+            yield tuple(chosen)
+
+
+def _stored(need: PoolNeed, quantize: str) -> PoolNeed:
+    """`need` in the storage a QUANTIZE value fixes (`auto`, `off`: native), where its size is known."""
+    return {"fp8": need.fp8, "int4": need.int4}.get(quantize) or need
 
 
 def _select(
@@ -112,8 +119,27 @@ def _select(
     for stored in _storages(needs, options):
         plan = _first_fit(stored, total, options)
         if plan is not None:
-            return plan, stored
+            return _relaxed(needs, stored, plan, total, options)
     return None
+
+
+def _relaxed(
+    needs: Sequence[PoolNeed], stored: tuple[PoolNeed, ...], plan: MemoryPlan, total: int, options: PlanOptions
+) -> tuple[MemoryPlan, tuple[PoolNeed, ...]]:
+    """`stored` with each pool `auto` quantized back in the largest storage that still fits, the smallest denoiser
+    first: the int4 tier is tried with every pool in fp8, but a pool that fits in fp8 or native beside the int4
+    ones keeps that."""
+    chosen = list(stored)
+    order: tuple[Storage, ...] = ("native", *QUANTIZED_ORDER)
+    auto = [i for i, n in enumerate(needs) if options.quantize_of(n.name) == "auto" and chosen[i].storage != "native"]
+    for index in sorted(auto, key=lambda i: needs[i].fp8_saves):
+        for storage in order[: order.index(chosen[index].storage)]:
+            trial = [*chosen[:index], _stored(needs[index], storage), *chosen[index + 1 :]]
+            fitted = _first_fit(trial, total, options)
+            if fitted is not None:
+                chosen, plan = trial, fitted
+                break
+    return plan, tuple(chosen)
 
 
 def _smaller_pristine(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> int | None:
@@ -202,7 +228,7 @@ def _refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> str
     *_, shown = _storages(needs, options)
     own = ", ".join(
         f"{n.name} {gib(n.weights)}"
-        + (" (denoiser in fp8)" if n.storage == "fp8" else "")
+        + (f" (denoiser in {n.storage})" if n.storage != "native" else "")
         + (f" (its pristine copies up to {gib(_allowance(n, options.pristine_bytes))})" if n.touchable else "")
         for n in shown
     )
@@ -250,18 +276,30 @@ def _would_fit(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> l
 
 
 def _quantize_advice(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> list[str]:
-    """Quantizing, where it would fit: `QUANTIZE=auto` where every pool's storage is QUANTIZE's; where a pool's is
-    fixed (its MODELS item, or the storage it loaded in: `auto` quantizes only before loading), fp8 for those."""
+    """Quantizing, where it would fit, naming the storage that would: `QUANTIZE=auto` where every pool's storage is
+    QUANTIZE's; where a pool's is fixed (its MODELS item, or the storage it loaded in: `auto` quantizes only
+    before loading), fp8 or int4 for those."""
     quantized = replace(options, quantize="auto", pool_quantize=())
     chosen = _select(needs, total, quantized) if quantized != options else None
     if chosen is None:
         return []
+    storages = [s for s in QUANTIZED_ORDER if any(n.storage == s for n in chosen[1])]
     if not options.pool_quantize:
-        return ["QUANTIZE=auto (denoisers in fp8 where needed, LoRAs as branches beside them)"]
-    fp8 = [n.name for n in chosen[1] if n.storage == "fp8" and options.quantize_of(n.name) != "fp8"]
-    said = "QUANTIZE=fp8, or its MODELS item ending in :fp8" if len(fp8) == 1 else "their MODELS items ending in :fp8"
-    beside = "it" if len(fp8) == 1 else "them"
-    return [f"QUANTIZE=fp8 for {' and '.join(fp8)} ({said}; LoRAs as branches beside {beside})"] if fp8 else []
+        return [f"QUANTIZE=auto (denoisers in {' and '.join(storages)} where needed, LoRAs as branches beside them)"]
+    advice = []
+    for storage in storages:
+        names = [n.name for n in chosen[1] if n.storage == storage and options.quantize_of(n.name) != storage]
+        if not names:
+            continue
+        one = len(names) == 1
+        said = (
+            f"QUANTIZE={storage}, or its MODELS item ending in :{storage}"
+            if one
+            else (f"their MODELS items ending in :{storage}")
+        )
+        beside = "it" if one else "them"
+        advice.append(f"QUANTIZE={storage} for {' and '.join(names)} ({said}; LoRAs as branches beside {beside})")
+    return advice
 
 
 def _largest_cache(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> int | None:

@@ -42,7 +42,7 @@ from engine.pools.startup import compiled, load_pipelines, pools_settings
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.requests import GenerateRequest, LoraSpec
 from engine.settings import Settings
-from engine.storage import BRANCHED
+from engine.storage import BRANCHED, planned_quantize
 from lora_catalog.entries import Family
 
 __all__ = ["Pool", "Pools", "Route", "build_pools", "lora_origin", "pool_info"]
@@ -260,7 +260,7 @@ def build_pools(
     _log_storage(loaded, first, options)
     # Once loaded, measured, each denoiser in the storage it loaded in (never changed behind its back).
     kept = options.keeping((lp.base_model_id, lp.storage) for lp in loaded)
-    needs = [loaded_need(lp, rank=settings.lora_max_rank) for lp in loaded]
+    needs = [loaded_need(lp, rank=settings.lora_max_rank, group_size=settings.int4_group_size) for lp in loaded]
     plan = plan_memory(needs, total, kept) if total is not None else None
     if plan is not None:
         logger.info("memory plan: %s", plan.describe())
@@ -325,7 +325,7 @@ def _engine(
     """One pool's engine, its pristine store (and host RAM for it) as the memory plan placed them, its `QUANTIZE`
     resolved to the storage its denoiser loaded in (fp8 or off)."""
     host_pristine = None
-    own = own.replace(quantize="fp8" if lp.storage in BRANCHED else "off")
+    own = own.replace(quantize=planned_quantize(lp.storage))
     if plan is not None:
         placement = plan.placement(lp.base_model_id)
         own = own.replace(pristine_store=placement.pristine_store)

@@ -80,6 +80,8 @@ class BranchedLinear(nn.Linear):
     as given, in the compute dtype (no scales): a linear whose weight dtype diffusers reads, still with a branch.
     """
 
+    # The buffers holding the stored weight (`stored_bytes`): never written after loading.
+    STORED: tuple[str, ...] = ("weight", "weight_scale")
     weight_scale: torch.Tensor
     lora_down: torch.Tensor
     lora_up: torch.Tensor
@@ -289,13 +291,14 @@ def in_storage(
 
 
 def stored_bytes(denoiser: nn.Module) -> dict[str, bytes]:
-    """The bytes of every stored weight and row scale of `denoiser`'s quantized linears (what must never change;
-    the branches: `held_branches`)."""
+    """The bytes of every stored weight and scale of `denoiser`'s quantized linears (`BranchedLinear.STORED`: fp8
+    values and row scales; int4 packs, group scales and zeros), what must never change (the branches:
+    `held_branches`)."""
     return {
         f"{name}.{part}": getattr(module, part).detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
         for name, module in denoiser.named_modules()
         if isinstance(module, BranchedLinear)
-        for part in ("weight", "weight_scale")
+        for part in module.STORED
     }
 
 

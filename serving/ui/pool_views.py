@@ -14,7 +14,8 @@ from engine.pools.routing import pool_of_base
 from lora_catalog.bases import KNOWN_BASES, family_of_base
 from lora_catalog.civitai.bases import civitai_base_for
 from lora_catalog.entries import Family, LoraEntry
-from serving.ui.formatting import inputs_note, status_markdown
+from serving.ui.formatting import inputs_note
+from serving.ui.status_text import status_markdown
 
 if TYPE_CHECKING:
     from engine.outcomes import PoolStatus, ServedPool

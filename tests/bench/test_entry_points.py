@@ -84,11 +84,12 @@ def test_quantized_on_the_flux_slice_ends_with_its_verdict_line():
     line = last_line("bench.quantized", "--quick", "--tokens", "64", "--repeats", "1", "--max-rank", "16")
     found = re.fullmatch(
         rf"quantized: family=flux storage=fp8 swap_ms={NUMBER} swap_vs_fused={NUMBER} step_vs_bf16_fused={NUMBER} "
-        rf"branch_rel_err={NUMBER} fused_fp8_rel_err={NUMBER} exact=(true|false)",
+        rf"step_vs_diffusers=(\S+) branch_rel_err={NUMBER} fused_fp8_rel_err={NUMBER} exact=(true|false)",
         line,
     )
     assert found, line
-    assert all(float(value) > 0 for value in found.groups()[:5]) and found[6] == "true"
+    assert all(float(found[i]) > 0 for i in (1, 2, 3, 5, 6)) and found[7] == "true"
+    assert found[4] == "refused" or float(found[4]) > 0
 
 
 @pytest.mark.timeout(1800)

@@ -50,8 +50,9 @@ def test_a_models_item_may_name_its_own_quantize():
     # A pool's own settings carry its QUANTIZE; a pool that names none, the QUANTIZE setting's.
     assert settings.for_pool(flux).quantize == "fp8" and settings.for_pool(sdxl).quantize == "off"
     assert settings.for_pool(parse_models("tiny")[0]).quantize == settings.quantize == "auto"
-    with pytest.raises(SettingsError, match=r"QUANTIZE 'int4' is not accepted; accepted: off, fp8, auto"):
-        parse_models(f"{DEFAULT_MODEL_ID}:int4")
+    assert parse_models(f"{DEFAULT_MODEL_ID}:int4")[0].quantize == "int4"
+    with pytest.raises(SettingsError, match=r"QUANTIZE 'int8' is not accepted; accepted: off, fp8, int4, auto"):
+        parse_models(f"{DEFAULT_MODEL_ID}:int8")
 
 
 def test_two_pools_of_one_family_are_allowed():

@@ -28,7 +28,7 @@ from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
 from serving.runtime import build_runtime
-from serving.ui.formatting import status_markdown
+from serving.ui.status_text import status_markdown
 from tests.support.checks import generate
 from tests.support.images import LEVELS, assert_images_close, level_difference
 from tests.support.loras import PIVOTAL_PROMPT

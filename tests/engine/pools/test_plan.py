@@ -143,7 +143,7 @@ def test_sdxl_on_a_t4_keeps_its_pristine_copies_in_host_ram():
     assert placement.pristine_store == "cpu" and placement.weights == pytest.approx(6.62 * GIB, rel=0.01)
 
 
-def test_sdxl_on_a_12_gb_gpu_is_refused_naming_what_would_fit():
+def test_sdxl_on_a_12_gb_gpu_is_refused_naming_what_would_fit_but_in_int4():
     """Issue 20, defect 6: the refusal comes at start-up, with the adapter cache that fits and the GPU that does."""
     with pytest.raises(SettingsError) as refused:
         plan_for(fp16(DEFAULT_MODEL_ID, quantize="off"), RTX_12GB)
@@ -151,15 +151,23 @@ def test_sdxl_on_a_12_gb_gpu_is_refused_naming_what_would_fit():
     assert "the pools do not fit this GPU's 11.76 GiB" in message
     assert f"{DEFAULT_MODEL_ID} 6.62 GiB (its pristine copies up to 6.31 GiB)" in message
     # Its weights and the swap's scratch buffers outgrow what is left beside the CUDA context and one pool's
-    # working memory, whatever the adapter cache: a T4, or its UNet in fp8 with a smaller adapter cache.
-    assert message.endswith("accepted: a larger GPU: T4 (16 GB)")
+    # working memory, whatever the adapter cache: a T4, its UNet quantized, or in fp8 with a smaller adapter cache.
+    assert message.endswith(
+        "accepted: QUANTIZE=auto (denoisers in int4 where needed, LoRAs as branches beside them); or a larger GPU: "
+        "T4 (16 GB)"
+    )
     with pytest.raises(SettingsError) as refused:
-        plan_for(fp16(DEFAULT_MODEL_ID), RTX_12GB)
+        plan_for(fp16(DEFAULT_MODEL_ID, quantize="fp8"), RTX_12GB)
     message = str(refused.value)
     assert f"{DEFAULT_MODEL_ID} 5.19 GiB (denoiser in fp8) (its pristine copies up to 1.52 GiB)" in message
-    assert message.endswith("QUANTIZE=auto; accepted: DEVICE_CACHE_BYTES=1536MiB; or a larger GPU: T4 (16 GB)")
+    assert message.endswith(
+        "QUANTIZE=fp8; accepted: QUANTIZE=auto (denoisers in int4 where needed, LoRAs as branches beside them); or "
+        "DEVICE_CACHE_BYTES=1536MiB; or a larger GPU: T4 (16 GB)"
+    )
     smaller_cache = plan_for(fp16(DEFAULT_MODEL_ID, device_cache_bytes=1536 * 2**20), RTX_12GB)
     assert smaller_cache.storage(DEFAULT_MODEL_ID) == "fp8"
+    # QUANTIZE=auto with the default cache: the smallest storage, int4.
+    assert plan_for(fp16(DEFAULT_MODEL_ID), RTX_12GB).storage(DEFAULT_MODEL_ID) == "int4"
 
 
 def test_with_offloading_off_the_refusal_names_the_pools_and_the_settings_that_fit():

@@ -119,23 +119,30 @@ def test_flux1_dev_beside_sdxl_takes_turns_on_24_gb_with_only_flux_quantized(gpu
     assert plan.host_bytes <= A10G_LARGE_RAM
 
 
-def test_flux1_dev_beside_sdxl_on_an_l4x1_s_host_ram_is_refused_naming_what_would_fit():
-    """Both pools keep a pinned buffer while they wait, and T5 stays in host RAM: more than an l4x1's 30 GB."""
+def test_flux1_dev_beside_sdxl_on_an_l4x1_s_host_ram_is_refused_in_fp8_naming_what_would_fit():
+    """Both pools keep a pinned buffer while they wait, and T5 stays in host RAM: more than an l4x1's 30 GB with
+    FLUX.1 in fp8 (its MODELS item). Under QUANTIZE=auto it goes on to int4, which fits both resident."""
+    plan = plan_for(settings_for(FLUX_MODEL_ID, DEFAULT_MODEL_ID, host_ram_bytes=L4X1_RAM), L4)
+    assert plan.resident and plan.storage(FLUX_MODEL_ID) == "int4"
+    models = {"MODELS": f"{FLUX_MODEL_ID}:fp8,{DEFAULT_MODEL_ID}"}
     with pytest.raises(SettingsError) as refused:
-        plan_for(settings_for(FLUX_MODEL_ID, DEFAULT_MODEL_ID, host_ram_bytes=L4X1_RAM), L4)
+        plan_for(Settings.from_env(models).replace(device="cpu", host_ram_bytes=L4X1_RAM), L4)
     message = str(refused.value)
     assert "does not fit HOST_RAM_BYTES" in message and "HOST_RAM_BYTES of at least" in message
     assert message.endswith(f"MODELS with {FLUX_MODEL_ID} only (these fit here)")
 
 
-def test_flux1_dev_beside_sdxl_both_resident_on_24_gb_is_refused_naming_what_would_fit():
+def test_flux1_dev_beside_sdxl_both_resident_on_24_gb_is_refused_in_fp8_naming_what_would_fit():
+    settings = settings_for(FLUX_MODEL_ID, DEFAULT_MODEL_ID, pool_offload=False, quantize="fp8")
     with pytest.raises(SettingsError) as refused:
-        plan_for(settings_for(FLUX_MODEL_ID, DEFAULT_MODEL_ID, pool_offload=False), A10G)
+        plan_for(settings, A10G)
     message = str(refused.value)
-    # Tried with every denoiser it may quantize in fp8 (the largest first): still too large resident together.
-    assert f"{FLUX_MODEL_ID} 21.65 GiB (denoiser in fp8)" in message and "QUANTIZE=auto" in message
+    # Both denoisers in fp8: still too large resident together; int4 (QUANTIZE=auto's last storage) would fit.
+    assert f"{FLUX_MODEL_ID} 21.65 GiB (denoiser in fp8)" in message and "QUANTIZE=fp8" in message
     assert f"accepted: MODELS with {FLUX_MODEL_ID} only (these fit here); or " in message
     assert "POOL_OFFLOAD=on" in message and message.endswith("a larger GPU: L40S (48 GB)")
+    plan = plan_for(settings.replace(quantize="auto"), A10G)
+    assert plan.resident and plan.storage(FLUX_MODEL_ID) == "int4" and FLUX_MODEL_ID in plan.auto_quantized
 
 
 def test_auto_prefers_native_storage_where_it_fits():
@@ -158,10 +165,16 @@ def test_a_models_item_s_quantize_rules_its_pool():
     assert plan.auto_quantized == ()
 
 
-def test_flux1_dev_on_a_t4_is_refused_naming_a_larger_gpu():
+def test_flux1_dev_on_a_t4_fits_only_in_int4():
     t4 = 15_095 * MIB
-    with pytest.raises(SettingsError, match=r"QUANTIZE=auto; accepted: a larger GPU: A10G or L4 \(24 GB\)$"):
-        plan_for(settings_for(FLUX_MODEL_ID), t4)
+    plan = plan_for(settings_for(FLUX_MODEL_ID), t4)
+    assert plan.storage(FLUX_MODEL_ID) == "int4" and plan.host_components(FLUX_MODEL_ID) == ("text_encoder_2",)
+    with pytest.raises(
+        SettingsError,
+        match=r"QUANTIZE=fp8; accepted: QUANTIZE=auto \(denoisers in int4 where needed, LoRAs as branches beside "
+        r"them\); or a larger GPU: A10G or L4 \(24 GB\)$",
+    ):
+        plan_for(settings_for(FLUX_MODEL_ID, quantize="fp8"), t4)
 
 
 def test_the_loaded_plan_keeps_the_storage_the_declared_plan_chose():
@@ -177,10 +190,12 @@ def test_the_loaded_plan_keeps_the_storage_the_declared_plan_chose():
         plan_memory(needs, A10G, options.keeping(native.storages))
 
 
-@pytest.mark.parametrize(("quantize", "storage"), [("auto", "native"), ("fp8", "fp8"), ("off", "native")])
+@pytest.mark.parametrize(
+    ("quantize", "storage"), [("auto", "native"), ("fp8", "fp8"), ("int4", "int4"), ("off", "native")]
+)
 def test_start_up_hands_each_pool_its_storage_and_reports_it(base_settings, caplog, quantize, storage):
     """Each pool loads in the storage decided before loading (`auto` without a plan then: native), its engine gets
-    QUANTIZE resolved to it (fp8 or off), and its status and start-up's log say what loaded."""
+    QUANTIZE resolved to it (fp8, int4 or off), and its status and start-up's log say what loaded."""
     resolver = AdapterResolver(None, local_dir=None, token=None, max_bytes=2**30)
     settings = base_settings.replace(local_lora_dir=None, quantize=quantize, host_ram_bytes=2**40, lora_max_rank=4)
     with caplog.at_level(logging.INFO, logger="engine.pools.pools"):
@@ -189,11 +204,11 @@ def test_start_up_hands_each_pool_its_storage_and_reports_it(base_settings, capl
         (status,) = pools.status()
         (engine,) = [p.engine for p in pools.pools]
         assert status.engine.storage == engine.loaded.storage == storage
-        assert engine.settings.quantize == ("fp8" if storage == "fp8" else "off")
+        assert engine.settings.quantize == ("off" if storage == "native" else storage)
     finally:
         pools.close()
-    assert ("(denoiser in fp8 with LoRA branches)" in caplog.text) == (storage == "fp8")
-    said = "in fp8 with LoRA branches of rank 4" if storage == "fp8" else "in float32"
+    assert (f"(denoiser in {storage} with LoRA branches)" in caplog.text) == (storage != "native")
+    said = f"in {storage} with LoRA branches of rank 4" if storage != "native" else "in float32"
     assert f"denoiser {said} (QUANTIZE={quantize}, no memory plan before loading)" in caplog.text
 
 

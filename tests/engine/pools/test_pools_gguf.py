@@ -22,7 +22,7 @@ from engine.weights.quantized import held_branches, stored_bytes
 from families.flux import MODEL_ID as FLUX_MODEL_ID
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
-from serving.ui.formatting import status_markdown
+from serving.ui.status_text import status_markdown
 from tests.support.checks import generate
 from tests.support.dit import hub_pools
 from tests.support.dit import pool_request as request
