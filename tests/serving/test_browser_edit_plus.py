@@ -2,19 +2,21 @@
 opens with its input image ("Image 1") and the slots Image 2 to Image 3; a LoRA made here (declaring
 Qwen-Image-Edit-Plus, as musubi-tuner writes it) is picked from the gallery, Image 1 and Image 2 are uploaded and
 Generate gives an image; the same request on `POST /` (a JSON body with `parameters.images` and
-`parameters.loras`) gives the same checked request and byte-identical PNG bytes; "Use as input" into Image 2 puts
-the result's pixels into that slot."""
+`parameters.loras`) and on gradio_client's `/generate` runs as the same checked request and gives byte-identical
+PNG bytes; "Use as input" into Image 2 puts the result's pixels into that slot."""
 
 from __future__ import annotations
 
 import base64
 import io
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import numpy as np
 import pytest
+from gradio_client import Client, handle_file
 from PIL import Image
 
 from engine.requests import InputImage
@@ -80,7 +82,7 @@ def http_body(checked) -> dict[str, object]:
 
 
 @pytest.mark.timeout(900)
-def test_two_images_and_an_edit_lora_generate_post_gives_the_same_bytes_and_use_as_input_fills_image_2(
+def test_two_images_and_an_edit_lora_generate_the_api_gives_the_same_bytes_and_use_as_input_fills_image_2(
     page, loaded_qwen_image_edit_plus, base_settings, hub, tmp_path
 ):
     from playwright.sync_api import expect
@@ -140,6 +142,26 @@ def test_two_images_and_an_edit_lora_generate_post_gives_the_same_bytes_and_use_
         posted = made[0].outcomes.get(timeout=30).request
         assert replace(posted, notes=()) == replace(checked, notes=())
         assert answer.content == shown
+
+        # And on gradio_client's /generate: the same again.
+        (lora,) = checked.loras
+        client = Client(served.url, verbose=False)
+        path, _ = client.predict(
+            prompt=checked.prompt,
+            negative_prompt=checked.negative_prompt,
+            lora=lora.ref,
+            lora_scale=lora.scale,
+            steps=checked.steps,
+            guidance=checked.guidance,
+            width=checked.width,
+            height=checked.height,
+            seed=checked.seed,
+            image=handle_file(str(files[0])),
+            images=[handle_file(str(files[1]))],
+            api_name="/generate",
+        )
+        assert replace(made[0].outcomes.get(timeout=30).request, notes=()) == replace(checked, notes=())
+        assert Path(path).read_bytes() == shown
 
         # "Use as input" into Image 2 (it held the reference): the result's pixels are there now.
         slot = page.locator("#reference-2 img").first
