@@ -384,6 +384,13 @@ class GenerateResult:
         return bool(self.frames)
 
     @property
+    def mode(self) -> str:
+        """What it is: a video (`is_video`, never a family) text- or image-to-video, an image its request's mode."""
+        if self.is_video:
+            return "text-to-video" if self.request.image is None else "image-to-video"
+        return self.request.mode
+
+    @property
     def images(self) -> tuple[Image, ...]:
         return (self.image, *self.more_images)
 

@@ -44,7 +44,7 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
         status_md, refresh = panels.status_panel()
         api_md = panels.api_panel()
         browsing.wire_browsing(demo, handlers, browser, request, comparison, state, hub_url)
-        events.wire_generation(handlers, request, browser.base, result, status_md, history)
+        events.wire_generation(handlers, request, browser.base, result, status_md, (history, state[4]))
         session_events.wire_session(demo, handlers, browser, request, result, (history, state[4]))
         events.wire_compare(handlers, request, comparison, status_md)
         events.wire_status(demo, handlers, status_md, refresh, api_md)

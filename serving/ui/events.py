@@ -41,8 +41,11 @@ def wire_generation(
     base: gr.Dropdown,
     result: ResultPanel,
     status_md: gr.Markdown,
-    history: gr.State,
+    states: tuple[gr.State, gr.State],
 ) -> None:
+    """The Generate and Cancel buttons, and the video controls' switch; `states`: the session's history and the
+    form values waiting for the base filter's change (a history entry's or a share link's)."""
+    history, pending = states
     generate_ui = _generate_ui(handlers)
     slots = [
         getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")
@@ -69,7 +72,7 @@ def wire_generation(
         history,
     ]
     assert len(inputs) == len(FORM)
-    # Beside the form (a history entry and a share link keep the image settings): a video pool's frames and fps.
+    # Beside the form (read by `video_ui.video_request`; a history entry and a share link keep them too).
     inputs += [request.video.frames, request.video.fps]
     outputs = [result.image, result.info, request.seed, status_md, result.gallery, result.share, result.history]
     generating = gr.on(
@@ -89,7 +92,7 @@ def wire_generation(
     # Gradio cancels the event's task: the stream closes, which takes the request out of the queue or stops its
     # run at the next step (the engine's cancel), as a browser that went away does.
     request.cancel.click(None, None, None, cancels=[generating], api_visibility=PRIVATE, queue=False)
-    video_ui.wire_video(handlers, base, request.video, result.video, result.image)
+    video_ui.wire_video(handlers, base, request.video, (result.video, result.image), pending)
 
 
 def _slots(request: RequestPanel) -> dict[str, Any]:
@@ -169,7 +172,7 @@ async def _shown(handlers: Handlers, form: dict[str, Any], item: GenerateResult,
     several = len(item.images) > 1
     gallery = gr.Gallery(value=history_ui.cells(item) if several else None, visible=several)
     status = await pool_ui.status(handlers)
-    info = fmt.result_html(item) + mode_html(item.request)
+    info = fmt.result_html(item) + mode_html(item)
     # A video's MP4 is written off the event loop (seconds for a long clip).
     video = await asyncio.to_thread(video_ui.video_result, item)
     # A video takes the image's place again once it is there (the previews showed in the image).

@@ -291,8 +291,8 @@ def result_info(result: GenerateResult) -> dict[str, Any]:
         "scheduler": request.scheduler,
         "scheduler_options": dict(request.scheduler_options),
         "clip_skip": request.clip_skip,
-        # Text-to-image, image-to-image or inpainting, and the strength an image run used (null for none).
-        "mode": request.mode,
+        # Text-to-image, image-to-image, inpainting, text- or image-to-video; the strength an image run used.
+        "mode": result.mode,
         "strength": request.strength,
         # Where each default that is not the model's came from (a speed LoRA, a card's recommendation).
         "defaults_from": dict(request.defaults_from),

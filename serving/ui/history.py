@@ -105,12 +105,15 @@ def remember(form: Mapping[str, Any], result: GenerateResult, base_url: str) -> 
     # A link cannot carry the input image: it says one was used (and the strength it ran at).
     started = request.image is not None
     values["strength"] = request.strength if started else None
-    values["input"] = request.mode if started else None
+    values["input"] = result.mode if started else None
     # Nor further reference images: which they were (as the recipe's "Reference hashes"), image 1 first.
     shown = (request.image, *request.images) if started and request.images else ()
     values["references"] = ",".join(image_hash(image) for image in shown if image is not None) or None
+    # A video's frames and rate, as it ran (the pool's defaults filled in).
+    values["num_frames"] = len(result.frames) if result.is_video else None
+    values["fps"] = result.fps if result.is_video else None
     params = session.share_params(values)
-    mode = f" · {request.mode}" if started else ""
+    mode = f" · {result.mode}" if started or result.is_video else ""
     caption = f"{result.seed} · {request.sampler} · {request.steps} steps{mode} · {request.prompt[:40]}"
     entries = [session.history_entry(params, result.image, caption), *(form["history"] or [])]
     entries = entries[: session.HISTORY_SIZE]
@@ -137,6 +140,7 @@ def wire_session(
     chosen = gr.State(None)
 
     controls = slice(session.FIELDS.index("size"), session.FIELDS.index("images"))
+    video = slice(session.FIELDS.index("num_frames"), session.FIELDS.index("fps") + 1)
 
     def values(params: Mapping[str, str], browsed: str) -> tuple[Any, ...]:
         base = params.get("base") or ""
@@ -145,7 +149,7 @@ def wire_session(
         waiting = None
         if pool is not None and base != browsed:
             # The filter's change would reset these to the pool's defaults: it applies them instead.
-            waiting = {"base": base, "controls": list(filled[controls])}
+            waiting = {"base": base, "controls": list(filled[controls]), "video": list(filled[video])}
         return (*filled, waiting)
 
     def opened(browsed: str, page: gr.Request) -> tuple[Any, ...]:
@@ -192,5 +196,7 @@ def _session_fields(browser: Browser, request: RequestPanel) -> list[Any]:
         request.source.strength,
         request.source.shared,
         browser.base,
+        request.video.frames,
+        request.video.fps,
         request.randomize,
     ]

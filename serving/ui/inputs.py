@@ -21,7 +21,7 @@ from PIL import Image, ImageChops
 
 from engine.errors import InvalidRequestError
 from engine.images import ACCEPTED, open_image, read_size
-from engine.requests import REQUEST_FIELDS, CheckedRequest, InputImage, ModelDefaults
+from engine.requests import REQUEST_FIELDS, GenerateResult, InputImage, ModelDefaults
 from serving.demo.example import EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH
 from serving.errors import user_errors
 from serving.handlers import Handlers
@@ -54,7 +54,7 @@ _EDIT_NOTE = (
 )
 _MASK = "#ffffff"
 # The request modes that start from an image (`GenerateRequest.mode`), as a share link's `input` names them.
-STARTED = ("image-to-image", "inpainting")
+STARTED = ("image-to-image", "inpainting", "image-to-video")
 
 
 @dataclass(frozen=True)
@@ -247,15 +247,23 @@ def link_note(mode: str, references: Sequence[str] = ()) -> str:
     )
 
 
-def mode_html(request: CheckedRequest) -> str:
-    """The result's line for a run from an image: its mode and strength (nothing for text-to-image)."""
+def mode_html(result: GenerateResult) -> str:
+    """The result's line: for a run from an image its mode and strength, for a video its mode (text-to-video,
+    image-to-video: `GenerateResult.mode`, read from the result) and its frames; nothing for text-to-image."""
+    request, mode = result.request, result.mode.capitalize()
+    if result.is_video:
+        clip = f"{len(result.frames)} frames at {result.fps} fps"
+        start = (
+            "" if request.image is None else f" from the input image at {request.image.width} × {request.image.height}"
+        )
+        return f'<p class="input-mode">{mode}: {clip}{start}</p>'
     if request.image is None:
         return ""
     strength = f" at strength {request.strength:g}" if request.strength is not None else ""
     masked = " (the painted mask repainted)" if request.mask_image is not None else ""
     # The checked request's image is already at the output's size.
     size = f"{request.image.width} × {request.image.height}"
-    return f'<p class="input-mode">{request.mode.capitalize()}{strength} from the input image at {size}{masked}</p>'
+    return f'<p class="input-mode">{mode}{strength} from the input image at {size}{masked}</p>'
 
 
 def source_images(value: Mapping[str, Any] | None, max_pixels: int) -> tuple[InputImage | None, InputImage | None]:

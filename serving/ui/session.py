@@ -21,12 +21,21 @@ from urllib.parse import urlencode
 
 import gradio as gr
 
-from engine.requests import MAX_IMAGES, MAX_SEED, ModelDefaults
+from engine.requests import FPS_RANGE, MAX_IMAGES, MAX_SEED, ModelDefaults
 from engine.samplers import find_sampler, sampler_label
 from lora_catalog.hints import LoraHints, blend_hints
 from serving.ui.inputs import STARTED, link_note
 
-__all__ = ["FIELDS", "HISTORY_SIZE", "form_values", "history_entry", "recommended", "share_params", "share_url"]
+__all__ = [
+    "FIELDS",
+    "HISTORY_SIZE",
+    "form_values",
+    "history_entry",
+    "recommended",
+    "share_params",
+    "share_url",
+    "video_values",
+]
 
 # The form's fields a link or a history entry carries, in the order `form_values` answers them.
 FIELDS = (
@@ -50,6 +59,9 @@ FIELDS = (
     "strength",
     "input",
     "base",
+    # A video result's frames and rate (absent for an image): "use these settings again" makes the same clip.
+    "num_frames",
+    "fps",
 )
 # What a link carries besides the form's fields: the images' short SHA-256s (image 1 first), for the note.
 NOTED = ("references",)
@@ -98,9 +110,20 @@ def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: i
     started = params.get("input") in STARTED
     out["input"] = link_note(params["input"], _digests(params.get("references"))) if started else None
     out["base"] = params.get("base") or None
+    out["num_frames"], out["fps"] = video_values(params, defaults)
     values = tuple(gr.skip() if out.get(name) is None else out[name] for name in FIELDS)
     # A link with a seed reproduces that image: the seed is not drawn again.
     return (*values, gr.skip() if out["seed"] is None else False)
+
+
+def video_values(params: Mapping[str, str], defaults: ModelDefaults) -> tuple[int | None, int | None]:
+    """A link's frames and rate as the video pool's form takes them (frames of its k+1 rule up to its most, a rate
+    in FPS_RANGE), else None; both None on an image pool."""
+    if not defaults.video:
+        return None, None
+    step = defaults.frame_multiple or 4
+    frames = _whole(params.get("num_frames"), step + 1, defaults.max_frames or defaults.num_frames or step + 1)
+    return (frames if frames is None or (frames - 1) % step == 0 else None), _whole(params.get("fps"), *FPS_RANGE)
 
 
 def history_entry(params: Mapping[str, str], image: Any, caption: str) -> dict[str, Any]:

@@ -72,9 +72,10 @@ def video_controls(defaults: ModelDefaults) -> VideoControls:
     return VideoControls(row, frames, fps, length)
 
 
-def on_base(handlers: Handlers, base: str) -> tuple[Any, ...]:
+def on_base(handlers: Handlers, base: str, waiting: object = None) -> tuple[Any, ...]:
     """A new base: the video controls and result shown for a video pool (the image result hidden), with its
-    frames and rate; an image pool the other way round. Nothing changes for a base no pool serves."""
+    frames and rate, or those a history entry or share link that chose this base left `waiting`
+    (`serving.ui.history`); an image pool the other way round. Nothing changes for a base no pool serves."""
     pool = pool_views.pool_for_base(handlers.pools, base) if base else None
     if pool is None:
         return (gr.skip(),) * 6
@@ -82,6 +83,10 @@ def on_base(handlers: Handlers, base: str) -> tuple[Any, ...]:
     video = defaults.video
     frames = _frames_control(defaults)
     fps = defaults.fps or _FPS
+    kept = waiting.get("video") if isinstance(waiting, dict) and waiting.get("base") == base else None
+    if video and isinstance(kept, list) and len(kept) == 2:
+        frames["value"] = kept[0] if isinstance(kept[0], int) else frames["value"]
+        fps = kept[1] if isinstance(kept[1], int) else fps
     return (
         gr.Row(visible=video),
         gr.Slider(**frames),
@@ -93,16 +98,21 @@ def on_base(handlers: Handlers, base: str) -> tuple[Any, ...]:
 
 
 def wire_video(
-    handlers: Handlers, base: gr.Dropdown, controls: VideoControls, video: gr.Video, image: gr.Image
+    handlers: Handlers,
+    base: gr.Dropdown,
+    controls: VideoControls,
+    outputs: tuple[gr.Video, gr.Image],
+    pending: gr.State,
 ) -> None:
-    """The base filter's switch and the length line's updates (the UI's own events: no API)."""
+    """The base filter's switch (with the frames and rate `pending` keeps for it) and the length line's updates
+    (the UI's own events: no API)."""
 
-    def switch(browsed: str) -> tuple[Any, ...]:
-        return on_base(handlers, browsed)
+    def switch(browsed: str, waiting: object) -> tuple[Any, ...]:
+        return on_base(handlers, browsed, waiting)
 
     options: dict[str, Any] = {"api_visibility": "private", "queue": False}
-    outputs = [controls.row, controls.frames, controls.fps, controls.length, video, image]
-    base.change(switch, [base], outputs, **options)
+    shown = [controls.row, controls.frames, controls.fps, controls.length, *outputs]
+    base.change(switch, [base, pending], shown, **options)
     for slider in (controls.frames, controls.fps):
         slider.change(length_text, [controls.frames, controls.fps], controls.length, **options)
 

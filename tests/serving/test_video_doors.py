@@ -1,6 +1,7 @@
 """The tiny Wan pool through every door (`MODELS=tiny-wan`, as the app starts it on a machine without a GPU): the
 same request's video from `POST /`, gradio_client's `/generate_video`, the backend the UI calls and the UI in a
-browser is the same MP4, byte for byte; it decodes to the frames the pipeline made; the browser plays it.
+browser is the same MP4, byte for byte; it decodes to the frames the pipeline made; the browser plays it, its
+result line reads Text-to-video, and its share link and history keep its frames and rate.
 
 The tiny pipeline's random weights make noise-like frames, the hardest content for 4:2:0 (chroma detail at the
 pixel scale is averaged away) and for CRF 18: decoded frames are within a mean of 16 levels per channel of the
@@ -11,6 +12,7 @@ and order are checked too. Smooth frames meet 4 levels (test_video.py).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,6 +92,8 @@ def test_the_mp4_decodes_to_the_pipelines_frames_with_its_recipe(wan, posted):
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 @pytest.mark.timeout(900)
 def test_the_ui_plays_the_same_video(page, wan, posted):
+    from playwright.sync_api import expect
+
     server, _ = wan
     page.goto(server.url)
     page.locator("#video-controls").wait_for(timeout=WAIT_MS)
@@ -113,3 +117,14 @@ def test_the_ui_plays_the_same_video(page, wan, posted):
     answer = page.request.get(source if source.startswith("http") else server.url.rstrip("/") + source)
     assert answer.ok, answer.status
     assert answer.body() == posted
+    # The result's line says what it is; the share link and the history keep its frames and rate.
+    expect(page.locator("#result-info .input-mode")).to_have_text("Text-to-video: 5 frames at 16 fps", timeout=WAIT_MS)
+    share = page.locator("#share-link textarea, #share-link input").first
+    expect(share).to_have_value(re.compile(r"num_frames=5&fps=16"), timeout=WAIT_MS)
+    frames = page.locator("#num-frames input[type=number]")
+    frames.fill("9")
+    frames.press("Enter")
+    page.locator("#history-panel").get_by_text("History (this browser session)").click()
+    page.locator("#history button.thumbnail-item").first.click()
+    page.locator("#use-again").click()
+    expect(frames).to_have_value("5", timeout=WAIT_MS)

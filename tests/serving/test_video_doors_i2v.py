@@ -58,7 +58,7 @@ def test_image_to_video_from_huggingface_hubs_body_and_gradio_client_is_the_same
         api_name="/generate_video",
     )  # fmt: skip
     assert _video(path) == answer.content
-    assert info["mode"] == "image-to-image" and info["num_frames"] == 5
+    assert info["mode"] == "image-to-video" and info["num_frames"] == 5
     assert len(decode_mp4(answer.content).frames) == 5
 
 

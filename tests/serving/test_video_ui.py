@@ -1,17 +1,25 @@
 """The UI's video pieces without a browser: a video pool's base shows Frames and FPS (with the clip's length) and
 a video result in the image's place, an image pool the other way round; the form's frames and rate reach only a
-video pool's request; the progress line says the time left at the steps' pace."""
+video pool's request; the progress line says the time left at the steps' pace; a video result's line and info
+read text- or image-to-video (from the result), and its history entry and share link keep its frames and rate."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
 from engine.outcomes import ServedPool
-from engine.requests import GenerateRequest, ModelDefaults
+from engine.requests import GenerateRequest, InputImage, ModelDefaults
+from serving.ui import history, session
+from serving.ui.formatting import result_info
 from serving.ui.gradio_api import StepProgress
+from serving.ui.inputs import mode_html
 from serving.ui.video_ui import length_text, on_base, video_request
+from tests.support.video import frames, video_result
 
 VIDEO = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128, video=True, num_frames=9, fps=8, max_frames=17)
 IMAGE = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128)
@@ -94,3 +102,57 @@ def test_a_video_runs_preview_shows_the_hidden_image_an_image_runs_passes_as_it_
     shown = preview(frame, GenerateRequest(prompt="x", num_frames=5))
     assert shown.visible is True and shown.value is not None
     assert preview(frame, GenerateRequest(prompt="x")) is frame
+
+
+def _results() -> dict[str, Any]:
+    """A text-to-video and an image-to-video result (frames made in the test), and an image run from an image."""
+    start = InputImage.from_pil(frames(1)[0])
+    t2v = video_result(GenerateRequest(prompt="a fox", num_frames=5, fps=8))
+    i2v = video_result(GenerateRequest(prompt="the fox turns", image=start, num_frames=9, fps=12))
+    return {"t2v": t2v, "i2v": i2v, "i2i": dataclasses.replace(i2v, frames=(), fps=0)}
+
+
+def test_a_video_results_line_and_info_say_text_or_image_to_video_read_from_the_result():
+    results = _results()
+    assert "Text-to-video: 5 frames at 8 fps" in mode_html(results["t2v"])
+    line = mode_html(results["i2v"])
+    assert "Image-to-video: 9 frames at 12 fps from the input image" in line and "Image-to-image" not in line
+    # The same request without frames is an image made from an image, as before.
+    assert "Image-to-image" in mode_html(results["i2i"])
+    modes = {name: result_info(result)["mode"] for name, result in results.items()}
+    assert modes == {"t2v": "text-to-video", "i2v": "image-to-video", "i2i": "image-to-image"}
+
+
+FORM = {
+    **dict.fromkeys(history.FORM),
+    "prompt": "a fox",
+    "negative": "",
+    "size": "64x48",
+    "steps": 2,
+    "guidance": 5.0,
+    "sampler": "",
+    "images": 1,
+    "clip_skip": 1,
+    "base": "owner/video-base",
+    "history": [],
+}
+
+
+@pytest.mark.parametrize("name", ["t2v", "i2v"])
+def test_history_and_share_links_of_a_video_keep_its_frames_and_fps(name):
+    result = _results()[name]
+    link, _, entries = history.remember(FORM, result, "https://space.example/")
+    query = dict(parse_qsl(urlsplit(link).query))
+    assert (query["num_frames"], query["fps"]) == (str(len(result.frames)), str(result.fps))
+    assert entries[0]["params"] == query
+    # "Use these settings again" and an opened link put them back in the video pool's form...
+    filled = dict(zip((*session.FIELDS, "randomize"), session.form_values(query, VIDEO, 60), strict=True))
+    assert (filled["num_frames"], filled["fps"]) == (len(result.frames), result.fps)
+    # ...and the base filter's switch to that pool keeps them rather than its defaults.
+    waiting = {"base": "owner/video-base", "video": [filled["num_frames"], filled["fps"]]}
+    _, shown_frames, shown_fps, length, _, _ = on_base(HANDLERS, "owner/video-base", waiting)  # type: ignore[arg-type]
+    assert (shown_frames.value, shown_fps.value) == (len(result.frames), result.fps)
+    assert length.value == length_text(len(result.frames), result.fps)
+    # An image pool's form has no frames to fill; frames off the pool's 4k+1 rule are left as the form has them.
+    assert session.video_values(query, IMAGE) == (None, None)
+    assert session.video_values({"num_frames": "7", "fps": "99"}, VIDEO) == (None, None)
