@@ -1,11 +1,12 @@
 """Wan 2.2 T2V-A14B: `WanPipeline` with two transformers, `transformer` for the high-noise steps and
 `transformer_2` for the low-noise ones, switched at the pipeline's `boundary_ratio` (0.875 of the timesteps).
 
-Both are LoRA components. A single LoRA file goes to both transformers at the request's scale, as diffusers loads
-it twice (`load_lora_weights`, then again with `load_into_transformer_2=True`); its names are Wan's, converted by
-diffusers' own converter (`engine.families.wan`). Not yet: a high-noise/low-noise pair of files as one LoRA, and a
-side's own scale (`LoraSpec.scale_2` is refused). Defaults as diffusers' A14B example runs it: 40 steps, CFG 4
-for the high-noise stage and 3 for the low-noise one (`guidance_2`), 81 frames at 16 fps.
+Both are LoRA components. A single LoRA file goes to both transformers, as diffusers loads it twice
+(`load_lora_weights`, then again with `load_into_transformer_2=True`): at the request's `scale` on the high-noise
+one and its `scale_2` on the low-noise one (`second_stage`; None: `scale` on both). Its names are Wan's, converted
+by diffusers' own converter (`engine.families.wan`). Not yet: a high-noise/low-noise pair of files as one LoRA.
+Defaults as diffusers' A14B example runs it: 40 steps, CFG 4 for the high-noise stage and 3 for the low-noise one
+(`guidance_2`), 81 frames at 16 fps.
 """
 
 from __future__ import annotations
@@ -75,4 +76,5 @@ FAMILY = FamilySpec(
     half_dtype="bfloat16",
     memory=MemorySpec(host_components=("text_encoder",)),
     video=video,
+    second_stage="transformer_2",
 )

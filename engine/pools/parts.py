@@ -85,6 +85,7 @@ def build_parts(
         budget=budget,
         pin=pin,
         budget_setting=budget_setting,
+        second=frozenset(i for i, n in enumerate(table.names) if n.startswith(f"{family.second_stage}.")),
     )
     # On a quantized pool (fp8, GGUF) the denoiser's LoRAs are branches beside its weights; the encoders' fuse.
     patcher = BranchedPatcher(fused, Branches(table, loaded.denoiser)) if loaded.storage in BRANCHED else fused
