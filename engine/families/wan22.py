@@ -11,6 +11,7 @@ Defaults as diffusers' A14B example runs it: 40 steps, CFG 4 for the high-noise 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,9 +33,26 @@ from engine.families.tiny_wan import build_tiny_a14b_pipeline
 from engine.requests import CheckedRequest
 from families.wan22 import IDENTITY
 
-__all__ = ["FAMILY", "convert_lora"]
+__all__ = ["FAMILY", "convert_lora", "stage_of"]
 
 _LOW = "transformer_2."
+# A pair's file names (`..._high_noise.safetensors`, `..._HIGH.safetensors`, Wan2.2-Lightning's
+# `high_noise_model.safetensors`), and musubi-tuner's / kohya's metadata naming the model it was trained on.
+_STAGE_NAMES = (
+    re.compile(r"(?:^|[^a-z])high(?:[^a-z]|$)|high[_-]?noise", re.I),
+    re.compile(r"(?:^|[^a-z])low(?:[^a-z]|$)|low[_-]?noise", re.I),
+)
+_STAGE_METADATA = ("ss_output_name", "modelspec.title", "ss_base_model_version")
+
+
+def stage_of(file_name: str, metadata: Mapping[str, str]) -> int | None:
+    """0 for a high-noise file, 1 for a low-noise one, by its name or else its metadata; None: both (or it says
+    both, which cannot be)."""
+    for text in (file_name.rsplit(".", 1)[0], *(str(metadata.get(k, "")) for k in _STAGE_METADATA)):
+        said = [index for index, pattern in enumerate(_STAGE_NAMES) if pattern.search(text)]
+        if len(said) == 1:
+            return said[0]
+    return None
 
 
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
@@ -77,4 +95,5 @@ FAMILY = FamilySpec(
     memory=MemorySpec(host_components=("text_encoder",)),
     video=video,
     second_stage="transformer_2",
+    stage_of=stage_of,
 )

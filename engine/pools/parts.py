@@ -13,6 +13,7 @@ import torch
 from engine.caches.disk import DiskCache
 from engine.caches.store import AdapterStore
 from engine.events import EngineEvents
+from engine.families.spec import FamilySpec
 from engine.formats.pivotal import TextEncoders
 from engine.formats.targets import TargetTable
 from engine.hostmem import configure_pinned
@@ -22,6 +23,7 @@ from engine.pools.plan import scratch_bytes
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.preparation import Preparer
 from engine.prepare.resolve import AdapterResolver
+from engine.prepare.stages import Stages
 from engine.settings import Settings
 from engine.storage import BRANCHED
 from engine.weights.branches import BranchedPatcher, Branches
@@ -85,7 +87,7 @@ def build_parts(
         budget=budget,
         pin=pin,
         budget_setting=budget_setting,
-        second=frozenset(i for i, n in enumerate(table.names) if n.startswith(f"{family.second_stage}.")),
+        second=_second_stage(table, family.second_stage),
     )
     # On a quantized pool (fp8, GGUF) the denoiser's LoRAs are branches beside its weights; the encoders' fuse.
     patcher = BranchedPatcher(fused, Branches(table, loaded.denoiser)) if loaded.storage in BRANCHED else fused
@@ -157,4 +159,19 @@ def _make_preparer(
         # (engine.formats.deltas): a quarter of the host cache, so a kept ΔW never crowds out more than a few
         # other adapters.
         delta_budget=settings.host_cache_bytes // 4 if loaded.device.type == "cpu" else 0,
+        stages=_stages(table, loaded.family),
     )
+
+
+def _second_stage(table: TargetTable, component: str | None) -> frozenset[int]:
+    """The weight indices of a two-stage pool's second stage (`FamilySpec.second_stage`; none: empty)."""
+    if component is None:
+        return frozenset()
+    return frozenset(i for i, name in enumerate(table.names) if name.startswith(f"{component}."))
+
+
+def _stages(table: TargetTable, family: FamilySpec) -> Stages | None:
+    """A two-stage pool's reading of its LoRA files' stages (engine.prepare.stages); None elsewhere."""
+    if family.second_stage is None or family.stage_of is None:
+        return None
+    return Stages(_second_stage(table, family.second_stage), family.stage_of)
