@@ -95,7 +95,7 @@ def test_a_single_file_named_high_noise_goes_to_the_high_noise_transformer_alone
 
 def test_bad_pairs_are_refused_and_both_transformers_stay_bit_exact(engine, loaded_wan22, pristine_wan22):
     generate(engine, request(LoraSpec("local:pair", scale=0.7, scale_2=0.4), steps=1))
-    with pytest.raises(InvalidRequestError, match=r"not one high-noise and one low-noise file .*style_HIGH.safetensors: high"):
+    with pytest.raises(InvalidRequestError, match=r"not one high-noise and one low-noise .*HIGH.safetensors: high"):
         generate(engine, request(LoraSpec("local:twice"), steps=1))
     with pytest.raises(IncompatibleLoraError, match=r"its halves are of different bases") as caught:
         generate(engine, request(LoraSpec("local:bases"), steps=1))
