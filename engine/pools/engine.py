@@ -180,7 +180,7 @@ class Engine:
                     AdapterUse(
                         spec.ref,
                         key.revision,
-                        key.weight_name,
+                        adapter.files or key.weight_name,
                         spec.scale,
                         ready.cache,
                         adapter.file_hash,

@@ -57,15 +57,14 @@ def build_parts(
     """One pool's parts; `disk_cache` is the Hub cache's pruner when pools share one (else made here);
     `host_pristine`: what the memory plan left in host RAM for its pristine copies there (HOST_RAM_BYTES)."""
     per_call = settings.per_call
-    pipe = loaded.pipe
     family = loaded.family
     table = TargetTable(
-        {c: getattr(pipe, c) for c in loaded.components},
+        {c: getattr(loaded.pipe, c) for c in loaded.components},
         denoiser=family.denoiser,
         convert_lora=family.convert_lora,
     )
     # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
-    encoders = TextEncoders(pipe, loaded.components)
+    encoders = TextEncoders(loaded.pipe, loaded.components)
     on_device = loaded.device.type != "cpu" and not per_call and settings.pristine_store != "cpu"
     # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
     pin = loaded.device.type == "cuda" and not settings.zero_gpu

@@ -72,6 +72,7 @@ class Stages:
             components=tuple(dict.fromkeys(high.components + low.components)),
             warnings=tuple(dict.fromkeys(high.warnings + low.warnings)),
             file_hash=f"{high.file_hash}+{low.file_hash}",
+            files=f"high: {first[1].name}, low: {second[1].name}",
         )
 
 

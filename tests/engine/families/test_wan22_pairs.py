@@ -17,6 +17,7 @@ from engine.errors import IncompatibleLoraError, InvalidRequestError
 from engine.families.wan22 import stage_of
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.entries import Family
+from serving.recipes import recipe_text
 from tests.support.checks import generate
 from tests.support.dit import assert_components_pristine, pixels
 from tests.support.images import assert_images_close
@@ -80,7 +81,8 @@ def test_a_pair_is_one_lora_each_file_on_its_transformer_as_diffusers_loads_them
     sides = {"transformer": (HIGH, 0.8), "transformer_2": (LOW, 0.8)}
     theirs = diffusers_frames(tiny_wan22_dir, pairs / "pair", None, guidance_2=3.0, per_side=sides)
     frames_close(result.frames, theirs, "pair")
-    assert result.adapters[0].weight_name == f"{HIGH} + {LOW}"
+    assert result.adapters[0].weight_name == f"high: {HIGH}, low: {LOW}"
+    assert f'Lora pairs: "~pair (high: {HIGH}, low: {LOW})"' in recipe_text(result)
     # Each half alone is another video.
     for half in (f"local:pair/{HIGH}", f"local:pair/{LOW}"):
         alone = generate(engine, request(LoraSpec(half, scale=0.8)))
