@@ -38,17 +38,17 @@ __all__ = ["FAMILY", "convert_lora", "stage_of"]
 _LOW = "transformer_2."
 # A pair's file names (`..._high_noise.safetensors`, `..._HIGH.safetensors`, Wan2.2-Lightning's
 # `high_noise_model.safetensors`), and musubi-tuner's / kohya's metadata naming the model it was trained on.
-_STAGE_NAMES = (
-    re.compile(r"(?:^|[^a-z])high(?:[^a-z]|$)|high[_-]?noise", re.I),
-    re.compile(r"(?:^|[^a-z])low(?:[^a-z]|$)|low[_-]?noise", re.I),
+_STAGE_NAMES = tuple(
+    re.compile(rf"(?i:{word}[_-]?noise)|(?:^|[^A-Za-z]){word.upper()}(?:[^A-Za-z]|$)") for word in ("high", "low")
 )
+# The bare words only in capitals (`style_HIGH`): a lower-case `low` is too often a style (`low_light`).
 _STAGE_METADATA = ("ss_output_name", "modelspec.title", "ss_base_model_version")
 
 
 def stage_of(file_name: str, metadata: Mapping[str, str]) -> int | None:
     """0 for a high-noise file, 1 for a low-noise one, by its name or else its metadata; None: both (or it says
     both, which cannot be)."""
-    for text in (file_name.rsplit(".", 1)[0], *(str(metadata.get(k, "")) for k in _STAGE_METADATA)):
+    for text in (file_name.removesuffix(".safetensors"), *(str(metadata.get(k, "")) for k in _STAGE_METADATA)):
         said = [index for index, pattern in enumerate(_STAGE_NAMES) if pattern.search(text)]
         if len(said) == 1:
             return said[0]

@@ -66,13 +66,8 @@ def frames_close(ours, theirs, what: str) -> None:
 
 
 def test_the_names_say_the_side():
-    assert [stage_of(n, {}) for n in (HIGH, LOW, "x_HIGH.safetensors", "x-low.safetensors", "wan.safetensors")] == [
-        0,
-        1,
-        0,
-        1,
-        None,
-    ]
+    names = (HIGH, LOW, "x_HIGH.safetensors", "x-LOW.safetensors", "low_light.safetensors", "Wan2.2-High-Noise")
+    assert [stage_of(n, {}) for n in names] == [0, 1, 0, 1, None, 0]
     assert stage_of("x.safetensors", {"ss_output_name": "wan22_low_noise"}) == 1
 
 
