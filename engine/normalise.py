@@ -79,7 +79,7 @@ def normalise_request(
     prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=request.image is not None)
     negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
     loras = _loras(request.loras, limits.max_loras)
-    _check_second_scales(loras, defaults)
+    loras = _second_scales(loras, defaults)
     steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
     guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
     width, height = _size(request, defaults)
@@ -219,20 +219,17 @@ def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
     return tuple(specs)
 
 
-def _check_second_scales(loras: tuple[LoraSpec, ...], defaults: ModelDefaults) -> None:
-    """A low-noise scale (`scale_2`) other than `scale` is refused: a pool of one transformer has no low-noise
-    side, and a two-transformer pool (`ModelDefaults.two_stage`) applies one scale to both sides so far."""
+def _second_scales(loras: tuple[LoraSpec, ...], defaults: ModelDefaults) -> tuple[LoraSpec, ...]:
+    """A low-noise scale (`scale_2`) applies on a two-transformer pool (`ModelDefaults.two_stage`: Wan 2.2 A14B's
+    low-noise transformer; `scale` is the high-noise one's); elsewhere one other than `scale` is refused, as such
+    a pool has no low-noise side. One equal to `scale` is dropped (None: the same scale), so both ask one set."""
     for spec in loras:
-        if spec.scale_2 is not None and spec.scale_2 != spec.scale:
-            why = (
-                "this pool applies one scale to both transformers (per-side scales are not implemented yet)"
-                if defaults.two_stage
-                else "this pool's model has one transformer"
-            )
+        if spec.scale_2 is not None and spec.scale_2 != spec.scale and not defaults.two_stage:
             raise InvalidRequestError(
-                f"scale_2={spec.scale_2:g} of {spec.ref} was given, but {why}; accepted: scale alone, or scale_2 "
-                "equal to it"
+                f"scale_2={spec.scale_2:g} of {spec.ref} was given, but this pool's model has one transformer; "
+                "accepted: scale alone, or scale_2 equal to it"
             )
+    return tuple(replace(s, scale_2=None) if s.scale_2 == s.scale else s for s in loras)
 
 
 def _checked(check: Callable[[str | None], str | None], value: object) -> str | None:

@@ -35,7 +35,8 @@ class PreparedRequest:
     """A normalised request with its adapters ready in the host cache (leased until released)."""
 
     request: CheckedRequest
-    adapters: tuple[tuple[PreparedAdapter, float], ...]
+    # (adapter, scale, scale_2: its second stage's, None: `scale` there too)
+    adapters: tuple[tuple[PreparedAdapter, float, float | None], ...]
     uses: tuple[AdapterUse, ...]
     resolve_s: float
     prepare_s: float

@@ -96,6 +96,10 @@ def recipe_text(result: GenerateResult, index: int = 0) -> str:
     hashes = [f"{_lora_name(use)}: {use.hash}" for use in result.adapters if use.hash]
     if hashes:
         parameters["Lora hashes"] = ", ".join(hashes)
+    # A pair's two files (a two-stage pool's high- and low-noise halves), which its name alone does not say.
+    pairs = [f"{_lora_name(u)} ({u.weight_name})" for u in result.adapters if u.weight_name.startswith("high: ")]
+    if pairs:
+        parameters["Lora pairs"] = "; ".join(pairs)
     parameters["Version"] = VERSION
     lines.append(", ".join(f"{key}: {_quote(str(value))}" for key, value in parameters.items() if value != ""))
     return "\n".join(lines)

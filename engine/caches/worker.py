@@ -51,7 +51,7 @@ class WorkerView:
         """`prepared` with the tensors of adapters the worker holds left out (all kept when `full`)."""
         with self._lock:
             held = frozenset() if full else self._held
-        adapters = tuple((_stub(a) if a.key in held else a, scale) for a, scale in prepared.adapters)
+        adapters = tuple((_stub(a) if a.key in held else a, s, s2) for a, s, s2 in prepared.adapters)
         return dataclasses.replace(prepared, adapters=adapters)
 
     def learn(self, outcome: GpuOutcome) -> None:
@@ -74,16 +74,16 @@ class WorkerCache:
 
     def receive(self, prepared: PreparedRequest) -> PreparedRequest | tuple[AdapterKey, ...]:
         """`prepared` with every adapter's tensors filled in, or the keys this worker lacks."""
-        keys = {a.key for a, _ in prepared.adapters}
+        keys = {a.key for a, *_ in prepared.adapters}
         filled, missing = [], []
         with self._lock:
-            for adapter, scale in prepared.adapters:
+            for adapter, scale, scale_2 in prepared.adapters:
                 if adapter.layers:
                     if adapter.nbytes <= self._lru.budget:
                         self._lru.put(adapter.key, adapter, keep=keys)
-                    filled.append((adapter, scale))
+                    filled.append((adapter, scale, scale_2))
                 elif (cached := self._lru.get(adapter.key)) is not None:
-                    filled.append((cached, scale))
+                    filled.append((cached, scale, scale_2))
                 else:
                     missing.append(adapter.key)
         if missing:

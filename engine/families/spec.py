@@ -296,6 +296,12 @@ class FamilySpec:
     # A video family (Wan): its served pipeline's frames (None: an image family). Its pipelines return
     # `frames`, which a result carries in order (`GenerateResult.frames`).
     video: Callable[[Pipeline], VideoDefaults] | None = None
+    # A second-stage component (Wan 2.2 A14B's low-noise `transformer_2`): a LoRA's `scale_2` applies to its
+    # weights, its `scale` to the rest. None: one scale for every component.
+    second_stage: str | None = None
+    # Which stage a LoRA file is for, from its file name and metadata: 0 the first (high-noise), 1 the second
+    # (low-noise), None both (engine.prepare.stages). Read only where `second_stage` is set.
+    stage_of: Callable[[str, Mapping[str, str]], int | None] | None = None
 
     @property
     def family(self) -> Family:

@@ -92,6 +92,9 @@ class PreparedAdapter:
     # Per layer, how far it can move its weight (engine.formats.bounds), bounded once here so that a swap need
     # not read its fused weights back; empty (an adapter built elsewhere): every weight it touches is checked.
     reach: tuple[Reach, ...] = ()
+    # A pair's files as a recipe names them (`high: a.safetensors, low: b.safetensors`: engine.prepare.stages);
+    # empty for one file.
+    files: str = ""
 
     @property
     def nbytes(self) -> int:

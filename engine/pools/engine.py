@@ -158,7 +158,7 @@ class Engine:
         normalised = request if isinstance(request, CheckedRequest) else self.check(request)
         leased: list[AdapterKey] = []
         try:
-            adapters: list[tuple[PreparedAdapter, float]] = []
+            adapters: list[tuple[PreparedAdapter, float, float | None]] = []
             uses: list[AdapterUse] = []
             warnings: list[str] = []
             hints: list[LoraHints] = []
@@ -166,7 +166,7 @@ class Engine:
             for spec in normalised.loras:
                 ready = self._prepare_one(spec, leased, lane)
                 adapter = ready.adapter
-                if any(a.key == adapter.key for a, _ in adapters):
+                if any(a.key == adapter.key for a, *_ in adapters):
                     # Two specs can name one file (a branch and its sha, an explicit default file name).
                     raise InvalidRequestError(
                         f"LoRA {spec.ref!r} is listed twice (both name {adapter.key}); "
@@ -174,13 +174,13 @@ class Engine:
                     )
                 self.events.cache_lookup("host", ready.cache == "hit")
                 resolve_s, prepare_s = resolve_s + ready.resolve_s, prepare_s + ready.prepare_s
-                adapters.append((adapter, spec.scale))
+                adapters.append((adapter, spec.scale, spec.scale_2))
                 key = adapter.key
                 uses.append(
                     AdapterUse(
                         spec.ref,
                         key.revision,
-                        key.weight_name,
+                        adapter.files or key.weight_name,
                         spec.scale,
                         ready.cache,
                         adapter.file_hash,
@@ -189,7 +189,7 @@ class Engine:
                 )
                 warnings.extend((*adapter.warnings, *ready.warnings))
                 hints.append(ready.hints)
-            check_clashes((use.ref, adapter.embeddings) for (adapter, _), use in zip(adapters, uses, strict=True))
+            check_clashes((use.ref, adapter.embeddings) for (adapter, *_), use in zip(adapters, uses, strict=True))
             final, ignored, notes = final_request(normalised, hints, self.loaded.defaults, self._limits)
             if (final.scheduler, final.scheduler_options) != (normalised.scheduler, normalised.scheduler_options):
                 check_scheduler(final, self.loaded.pipe.scheduler)  # the LoRAs' sampler, with the client's options
@@ -221,7 +221,7 @@ class Engine:
     def check_lora(self, spec: LoraSpec) -> LoraCheck:
         """Resolve, download and prepare one LoRA without generating (the UI's custom-LoRA check)."""
         with self.prepare(self._lora_only("check", spec)) as prepared:
-            (adapter, _), use = prepared.adapters[0], prepared.uses[0]
+            (adapter, *_), use = prepared.adapters[0], prepared.uses[0]
             return LoraCheck(
                 ref=use.ref,
                 revision=use.revision,
@@ -348,7 +348,7 @@ class Engine:
             prepared.request.height,
             prepared.request.steps,
             prepared.request.sampler,
-            ", ".join(str(a.key) for a, _ in prepared.adapters) or "no LoRA",
+            ", ".join(str(a.key) for a, *_ in prepared.adapters) or "no LoRA",
             apply_s * 1000,
             timings.inference,
             timings.total,

@@ -13,6 +13,7 @@ import torch
 from engine.caches.disk import DiskCache
 from engine.caches.store import AdapterStore
 from engine.events import EngineEvents
+from engine.families.spec import FamilySpec
 from engine.formats.pivotal import TextEncoders
 from engine.formats.targets import TargetTable
 from engine.hostmem import configure_pinned
@@ -22,6 +23,7 @@ from engine.pools.plan import scratch_bytes
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.preparation import Preparer
 from engine.prepare.resolve import AdapterResolver
+from engine.prepare.stages import Stages
 from engine.settings import Settings
 from engine.storage import BRANCHED
 from engine.weights.branches import BranchedPatcher, Branches
@@ -55,15 +57,14 @@ def build_parts(
     """One pool's parts; `disk_cache` is the Hub cache's pruner when pools share one (else made here);
     `host_pristine`: what the memory plan left in host RAM for its pristine copies there (HOST_RAM_BYTES)."""
     per_call = settings.per_call
-    pipe = loaded.pipe
     family = loaded.family
     table = TargetTable(
-        {c: getattr(pipe, c) for c in loaded.components},
+        {c: getattr(loaded.pipe, c) for c in loaded.components},
         denoiser=family.denoiser,
         convert_lora=family.convert_lora,
     )
     # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
-    encoders = TextEncoders(pipe, loaded.components)
+    encoders = TextEncoders(loaded.pipe, loaded.components)
     on_device = loaded.device.type != "cpu" and not per_call and settings.pristine_store != "cpu"
     # On ZeroGPU the main process must not touch CUDA, and pinning host memory does: nothing pins there.
     pin = loaded.device.type == "cuda" and not settings.zero_gpu
@@ -85,6 +86,7 @@ def build_parts(
         budget=budget,
         pin=pin,
         budget_setting=budget_setting,
+        second=_second_stage(table, family.second_stage),
     )
     # On a branched pool (fp8, int4, GGUF) the denoiser's LoRAs are branches beside its weights; the encoders' fuse.
     patcher = BranchedPatcher(fused, Branches(table, loaded.denoiser)) if loaded.storage in BRANCHED else fused
@@ -156,4 +158,19 @@ def _make_preparer(
         # (engine.formats.deltas): a quarter of the host cache, so a kept ΔW never crowds out more than a few
         # other adapters.
         delta_budget=settings.host_cache_bytes // 4 if loaded.device.type == "cpu" else 0,
+        stages=_stages(table, loaded.family),
     )
+
+
+def _second_stage(table: TargetTable, component: str | None) -> frozenset[int]:
+    """The weight indices of a two-stage pool's second stage (`FamilySpec.second_stage`; none: empty)."""
+    if component is None:
+        return frozenset()
+    return frozenset(i for i, name in enumerate(table.names) if name.startswith(f"{component}."))
+
+
+def _stages(table: TargetTable, family: FamilySpec) -> Stages | None:
+    """A two-stage pool's reading of its LoRA files' stages (engine.prepare.stages); None elsewhere."""
+    if family.second_stage is None or family.stage_of is None:
+        return None
+    return Stages(_second_stage(table, family.second_stage), family.stage_of)

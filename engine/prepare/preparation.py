@@ -18,17 +18,20 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from engine.caches.disk import DiskCache
 from engine.caches.store import AdapterStore
-from engine.families.origin import check_origin, judge_origin
+from engine.errors import InvalidRequestError
+from engine.families.origin import LoraOrigin, check_origin, judge_origin
 from engine.formats.adapters import AdapterKey, PreparedAdapter, prepare
 from engine.formats.deltas import may_keep_delta
 from engine.formats.pivotal import TextEncoders
 from engine.formats.targets import TargetTable
 from engine.prepare.loadgate import LoadGate
 from engine.prepare.resolve import AdapterResolver, AdapterSource
+from engine.prepare.stages import Half, Stages
 from engine.requests import LoraSpec
 from lora_catalog.hints import LoraHints, metadata_hints
 from lora_catalog.sft_header import addnet_hash
@@ -77,8 +80,11 @@ class Preparer:
         gate: LoadGate | None = None,
         prefetch_gate: LoadGate | None = None,
         delta_budget: int = 0,
+        stages: Stages | None = None,
     ) -> None:
         self._resolver = resolver
+        # A two-stage pool's (Wan 2.2 A14B): a file's stage, and pairs (engine.prepare.stages).
+        self._stages = stages
         self._disk = disk
         self._store = store
         self._table = table
@@ -155,6 +161,23 @@ class Preparer:
         path = self._resolver.fetch(source)
         embeddings_path = self._resolver.fetch_embeddings(source)
         fetched = time.perf_counter()
+        half = self._file(source, path, gate, load_gate, size)
+        adapter = half.adapter
+        if source.pair_path is not None and self._stages is not None:
+            other = self._file(source, source.pair_path, gate, load_gate, size)
+            adapter = self._stages.pair(label, (half, other))
+        elif source.pair_path is not None:
+            raise InvalidRequestError(
+                f"{label} is a folder of two files, but this pool has one transformer; accepted: one file"
+            )
+        elif self._stages is not None:
+            adapter = self._stages.one(half)
+        embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
+        return dataclasses.replace(adapter, embeddings=embeddings), fetched
+
+    def _file(self, source: AdapterSource, path: Path, gate: ExitStack, load_gate: LoadGate | None, size: int) -> Half:
+        """One file checked (its base: the one origin judgement) and prepared, with its hints and hash."""
+        label = f"LoRA {source.ref!r}"
         header = self._resolver.header(source, path)
         if self._delta_budget and may_keep_delta(header.tensors):
             # Taken afresh rather than grown: nothing of the download is in RAM until the parse, and a load that
@@ -162,7 +185,7 @@ class Preparer:
             gate.close()
             _hold(gate, load_gate, size + self._delta_budget, source)
         shapes = {name: info.shape for name, info in header.tensors.items()}
-        origin = judge_origin(
+        origin: LoraOrigin = judge_origin(
             source.declared_bases, lambda: (header.metadata, shapes), declared_family=source.declared_family
         )
         warning = check_origin(label, origin, self._served_base)
@@ -175,17 +198,15 @@ class Preparer:
             shapes=shapes,
             delta_budget=self._delta_budget,
         )
-        embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
         # Kept with the adapter, so a cache hit still tells the user what the first load found; the hash is the
         # recipe's (`Lora hashes`), read once here, off the GPU's path.
         adapter = dataclasses.replace(
             adapter,
             warnings=(warning,) if warning else (),
-            embeddings=embeddings,
             hints=metadata_hints(header.metadata, (source.key.weight_name,)),
             file_hash=addnet_hash(path)[:12],
         )
-        return adapter, fetched
+        return Half(path.name, adapter, origin, header.metadata)
 
     @contextmanager
     def _key_lock(self, key: AdapterKey) -> Iterator[None]:

@@ -95,6 +95,9 @@ class AdapterSource:
     finetune: str | None = None
     # Where a Civitai LoRA is downloaded from (None for the Hub and local files).
     civitai: CivitaiLocation | None = None
+    # A pair's second file (a local folder of two: a two-stage pool's high- and low-noise files), beside
+    # `local_path`; which is which the pool's family reads (engine.prepare.stages).
+    pair_path: Path | None = None
 
 
 class AdapterResolver:
@@ -307,6 +310,8 @@ class AdapterResolver:
         path = (root / name).resolve()
         if not path.is_relative_to(root):
             raise InvalidRequestError(f"LoRA {ref!r} points outside the local LoRA folder; accepted: files inside it")
+        if path.is_dir():
+            return _local_pair(ref, path)
         if not path.is_file():
             raise LoraNotFoundError(f"LoRA {ref!r} does not exist in the local LoRA folder")
         stat = path.stat()
@@ -329,6 +334,22 @@ class AdapterResolver:
             embeddings_size=embeddings_size,
             embeddings_path=embeddings,
         )
+
+
+def _local_pair(ref: str, folder: Path) -> AdapterSource:
+    """A local folder of two .safetensors files: one LoRA of two halves (a two-stage pool reads which is which).
+    Its weight name is both files' (`a + b`), and a change to either is a new revision."""
+    files = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    if len(files) != 2:
+        raise InvalidRequestError(
+            f"LoRA {ref!r} is a folder of {len(files)} .safetensors files; accepted: a file, or a folder of two "
+            "(a high-noise and a low-noise file)"
+        )
+    stats = [p.stat() for p in files]
+    revision = "+".join(f"{s.st_size}-{s.st_mtime_ns}" for s in stats)
+    key = adapter_key(ref, revision, " + ".join(p.name for p in files))
+    size = sum(s.st_size for s in stats)
+    return AdapterSource(key, ref, size, (), local_path=files[0], pair_path=files[1])
 
 
 def _mib(size: int) -> str:

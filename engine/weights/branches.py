@@ -62,6 +62,7 @@ class Branches:
             self._check_kinds(item, layers)
             for layer in layers:
                 assert isinstance(layer, LayerFactors)  # _check_kinds refused every other kind
+                # The denoiser is the first stage: its scale is `scale` (a `scale_2` is the fused second stage's).
                 parts.setdefault(layer.target, []).append((layer.down, layer.up, item.scale * layer.scaling))
         for index, factors in parts.items():
             rank, limit = sum(down.shape[0] for down, _, _ in factors), self._modules[index].rank
@@ -130,7 +131,7 @@ class BranchedPatcher:
     @torch.no_grad()
     def apply(self, active: Sequence[ActiveAdapter]) -> None:
         parts = self._branches.plan(active)
-        rest = [ActiveAdapter(_without(a.adapter, self._branches.owns), a.scale) for a in active]
+        rest = [dataclasses.replace(a, adapter=_without(a.adapter, self._branches.owns)) for a in active]
         try:
             self._fused.apply([a for a in rest if a.adapter.layers])
             self._branches.apply(parts)

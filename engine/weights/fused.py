@@ -32,9 +32,12 @@ logger = logging.getLogger(__name__)
 _NOTHING_KEPT = object()
 
 
-def set_identity(adapters: Sequence[tuple[PreparedAdapter, float]]) -> Hashable:
-    """A set of (adapter, scale) as the scheduler compares them (equal identities: no swap)."""
-    return tuple(sorted((str(a.key), s) for a, s in adapters))
+Scaled = tuple[PreparedAdapter, float, float | None]
+
+
+def set_identity(adapters: Sequence[Scaled]) -> Hashable:
+    """A set of (adapter, scale, scale_2) as the scheduler compares them (equal identities: no swap)."""
+    return tuple(sorted((str(a.key), s, s2) for a, s, s2 in adapters))
 
 
 class FusedSet:
@@ -77,19 +80,19 @@ class FusedSet:
         if self._per_call:
             return _NOTHING_KEPT  # every call re-applies its set: no request finds it fused
         with self._lock:
-            return tuple(sorted((str(a.adapter.key), a.scale) for a in self._applied))
+            return tuple(sorted((str(a.adapter.key), a.scale, a.scale_2) for a in self._applied))
 
-    def swap(self, adapters: Sequence[tuple[PreparedAdapter, float]]) -> tuple[bool, float]:
+    def swap(self, adapters: Sequence[Scaled]) -> tuple[bool, float]:
         """Fuse exactly this set (the base for none); returns (whether weights changed, seconds)."""
-        wanted = sorted(adapters, key=lambda item: (str(item[0].key), item[1]))
-        identity = tuple((a.key, s) for a, s in wanted)
+        wanted = sorted(adapters, key=lambda item: (str(item[0].key), item[1], item[2] or 0.0))
+        identity = tuple((a.key, s, s2) for a, s, s2 in wanted)
         previous = self.applied
-        if not self._per_call and identity == tuple((a.adapter.key, a.scale) for a in previous):
+        if not self._per_call and identity == tuple((a.adapter.key, a.scale, a.scale_2) for a in previous):
             return False, 0.0
         if not wanted and not self._patcher.dirty and not self._tokens.active:
             return False, 0.0
         started = time.perf_counter()
-        active = tuple(ActiveAdapter(self._store.for_compute(a), s) for a, s in wanted)
+        active = tuple(ActiveAdapter(self._store.for_compute(a), s, s2) for a, s, s2 in wanted)
         self._apply(active)
         if self._device.type == "cuda":
             # Wait for this swap's own stream only: a device-wide sync would also wait for another pool's inference.

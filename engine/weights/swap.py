@@ -35,10 +35,16 @@ _CHUNK_VALUES = 1 << 24
 
 @dataclass(frozen=True)
 class ActiveAdapter:
-    """An adapter on the compute device, with the scale the request asked for."""
+    """An adapter on the compute device, with the scale the request asked for; `scale_2` is its scale on the
+    patcher's second-stage weights (Wan 2.2 A14B's low-noise transformer; None: `scale` there too)."""
 
     adapter: PreparedAdapter
     scale: float
+    scale_2: float | None = None
+
+    def scale_at(self, index: int, second: frozenset[int]) -> float:
+        """The scale for weight `index`, given the second stage's weight indices."""
+        return self.scale if self.scale_2 is None or index not in second else self.scale_2
 
 
 class WeightPatcher:
@@ -57,8 +63,11 @@ class WeightPatcher:
         budget: int | None = None,
         pin: bool | None = None,
         budget_setting: str = "PRISTINE_BYTES",
+        second: frozenset[int] = frozenset(),
     ) -> None:
         self._params = list(params)
+        # The second stage's weights (`FamilySpec.second_stage`), where an adapter's `scale_2` applies.
+        self.second = second
         self._pristine_device = pristine_device
         self._budget = budget
         # The setting a refusal names: PRISTINE_BYTES, or HOST_RAM_BYTES where the memory plan set the budget.
@@ -101,8 +110,9 @@ class WeightPatcher:
             if len(bounds) != len(item.adapter.layers):
                 bounds = (UNBOUNDED,) * len(item.adapter.layers)
             for layer, bound in zip(item.adapter.layers, bounds, strict=True):
-                plan.setdefault(layer.target, []).append((layer, item.scale))
-                reaches.setdefault(layer.target, []).append((bound, item.scale))
+                scale = item.scale_at(layer.target, self.second)
+                plan.setdefault(layer.target, []).append((layer, scale))
+                reaches.setdefault(layer.target, []).append((bound, scale))
         touched = set(plan)
         self._check_budget(touched, active)
         try:

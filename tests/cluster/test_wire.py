@@ -261,7 +261,7 @@ def test_a_held_set_stays_cached_and_let_go_evicts_it_once_unused(make_engine, f
     engine = make_engine()
     request = GenerateRequest(prompt="x", loras=(LoraSpec(fixtures["peft"]),), steps=1, seed=1)
     with engine.prepare(request) as prepared:
-        keys = tuple(adapter.key for adapter, _ in prepared.adapters)
+        keys = tuple(adapter.key for adapter, *_ in prepared.adapters)
         engine.hold(keys)
     assert {str(k) for k in keys} <= _cached(engine)
     with engine.prepare(request) as prepared:
@@ -286,7 +286,7 @@ def test_a_replica_pins_exactly_the_keys_its_request_prepared(make_engine, fixtu
         prompt="x", loras=(LoraSpec(fixtures["peft"]), LoraSpec(fixtures.local["kohya"])), steps=1, seed=1
     )
     with engine.prepare(request) as prepared:
-        keys = tuple(adapter.key for adapter, _ in prepared.adapters)
+        keys = tuple(adapter.key for adapter, *_ in prepared.adapters)
     result = generate(engine, request)
     assert lease_keys(result) == keys
 

@@ -114,13 +114,13 @@ def test_a_video_pool_makes_one_video_and_takes_no_mask():
         check(I2V, image=input_image(64, 64), mask_image=input_mask(64, 64))
 
 
-def test_a_low_noise_scale_of_its_own_is_refused_until_per_side_scales_exist():
+def test_a_low_noise_scale_of_its_own_is_taken_on_a_two_transformer_pool_only():
     pair = (LoraSpec("someone/wan-lora", scale=0.8, scale_2=0.5),)
     with pytest.raises(InvalidRequestError, match=r"scale_2=0.5 of someone/wan-lora was given, but this pool's model"):
         check(T2V, loras=pair)
-    with pytest.raises(InvalidRequestError, match=r"one scale to both transformers \(per-side scales are not"):
-        check(A14B, loras=pair)
+    assert check(A14B, loras=pair).loras == pair
     same = (LoraSpec("someone/wan-lora", scale=0.8, scale_2=0.8),)
-    assert check(A14B, loras=same).loras == same
+    assert check(A14B, loras=same).loras == (LoraSpec("someone/wan-lora", scale=0.8),)
+    assert check(T2V, loras=same).loras == (LoraSpec("someone/wan-lora", scale=0.8),)
     with pytest.raises(InvalidRequestError, match=r"scale_2 of someone/wan-lora=3 is out of range"):
         check(A14B, loras=(LoraSpec("someone/wan-lora", scale_2=3.0),))

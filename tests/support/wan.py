@@ -6,7 +6,7 @@ the engine refuses (diffusers drops them). diffusers' reference loads each file 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -144,18 +144,22 @@ def diffusers_frames(
     image: Image.Image | None = None,
     sides: Sequence[str] = ("transformer",),
     guidance_2: float | None = None,
+    per_side: Mapping[str, tuple[str, float]] | None = None,
 ) -> list[Image.Image]:
     """diffusers' own video on a pipeline of its own from `tiny_dir` (an image-to-video one from `image`):
     load_lora_weights, then fuse_lora of the transformer; three steps at 64 px, 5 frames, seed 7, the pool's
     CFG 5; no LoRA when `weight_name` is None. `sides`: the transformers the file is loaded into (a two-stage
-    pipeline's `transformer_2` with `load_into_transformer_2=True`), each fused."""
+    pipeline's `transformer_2` with `load_into_transformer_2=True`), each fused; `per_side` instead: each side's own
+    file and scale (its own adapter, fused with its own `lora_scale`)."""
     pipe: Any = pipeline_class.from_pretrained(tiny_dir)
     pipe.set_progress_bar_config(disable=True)
-    if weight_name is not None:
-        for side in sides:
-            low = {"load_into_transformer_2": True} if side == "transformer_2" else {}
-            pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name=f"a_{side}", **low)
-        pipe.fuse_lora(components=list(sides), lora_scale=scale)
+    if per_side is None:
+        per_side = {} if weight_name is None else {side: (weight_name, scale) for side in sides}
+    for side, (name, _) in per_side.items():
+        low = {"load_into_transformer_2": True} if side == "transformer_2" else {}
+        pipe.load_lora_weights(str(folder), weight_name=name, adapter_name=f"a_{side}", **low)
+    for side, (_, side_scale) in per_side.items():
+        pipe.fuse_lora(components=[side], lora_scale=side_scale, adapter_names=[f"a_{side}"])
     generator = torch.Generator("cpu").manual_seed(7)
     output = pipe(
         **({} if image is None else {"image": image}),

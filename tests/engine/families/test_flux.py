@@ -221,6 +221,6 @@ def test_a_fused_layers_shared_down_factor_is_held_once(flux_engine, flux_loras)
     case = next(c for c in CASES if c.name == "kohya_linear1")
     file_bytes = sum(t.nbytes for t in load_file(flux_loras / case.file_name).values())
     with flux_engine.prepare(request(LoraSpec(f"local:{case.file_name}"))) as prepared:
-        (adapter, _), *_ = prepared.adapters
+        (adapter, *_), *_ = prepared.adapters
         moved = adapter.to(torch.device("cpu"), torch.bfloat16)
     assert adapter.nbytes <= file_bytes and moved.nbytes == adapter.nbytes // 2
