@@ -20,14 +20,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import WanTransformer3DModel
+from diffusers import WanPipeline, WanTransformer3DModel
 
+from engine.families.tiny_wan import build_tiny_pipeline
 from serving.demo.synthetic import kohya_metadata, save_lora
 
 from .ours import LoraPair
 from .sdxl_unet import build_filled, random_pool
 
-__all__ = ["WAN_POOL_SIZE", "WAN_SLICE_CONFIG", "build_wan_slice", "wan_pool", "wan_targets", "write_wan_pair"]
+__all__ = [
+    "WAN_POOL_SIZE",
+    "WAN_SLICE_CONFIG",
+    "build_wan_slice",
+    "reference_wan_pipeline",
+    "wan_pool",
+    "wan_targets",
+    "write_wan_pair",
+]
 
 # Wan-AI/Wan2.1-T2V-14B-Diffusers' transformer/config.json (diffusers' defaults), cut to 2 blocks.
 WAN_SLICE_CONFIG: dict[str, Any] = {"num_layers": 2}
@@ -107,3 +116,17 @@ def _metadata(rank: int, fmt: str, targets: Sequence[tuple[str, str, int, int]])
         "transformer.target_modules": sorted(module for module, *_ in targets),
     }
     return {"format": "pt", "lora_adapter_metadata": json.dumps(config)}
+
+
+def reference_wan_pipeline(transformer: WanTransformer3DModel) -> WanPipeline:
+    """A Wan pipeline around the slice; its other parts are tiny, since the LoRAs only touch the transformer."""
+    tiny = build_tiny_pipeline()
+    pipe = WanPipeline(
+        tokenizer=tiny.tokenizer,
+        text_encoder=tiny.text_encoder,
+        transformer=transformer,
+        vae=tiny.vae,
+        scheduler=tiny.scheduler,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
