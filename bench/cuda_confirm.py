@@ -1,6 +1,6 @@
 """What the CUDA-only fixes of issue 29 (section 4) should show on a GPU, one measurement and one line each.
 
-    python -m bench.cuda_confirm residency|host_pinned|vae_decode|rerecord [--tiny] [--moves 20]
+    python -m bench.cuda_confirm residency|host_pinned|vae_decode|rerecord|wan_video [--tiny] [--moves 20]
 
 - `residency` (defect 1): the full-size SDXL UNet (fp16) built on `cuda:0`, then `Residency.add` on the
   setting's device `cuda` (no index). It must not move it in again: `moves_on_add=0`, and the allocator's extra
@@ -20,6 +20,12 @@
   the first step after the last move over the first step after the first (graphs kept per move made every call
   scan them all and re-record), and the steady step.
   `rerecord: moves= graphs_growth= graphs_after_move_ms= nographs_growth= nographs_after_move_ms= steady_ms=`
+
+- `wan_video` (issue 42): the allocator's peak reserved bytes over one block of Wan's 14B transformer at real width
+  (bf16, one CFG branch, as diffusers' call runs them) and over Wan 2.1's VAE decode (bf16), each at 81 frames at
+  480p (832x480) and 720p (1280x720), against the plan's formulas (`engine.families.wan_memory`: `step_bytes`,
+  `decode_bytes`) and the 14B base's `working_bytes` (planned at 720p). One line per size:
+  `wan_video: size= tokens= step_extra_gib= step_planned_gib= decode_extra_gib= decode_planned_gib= fits=`
 
 `--tiny` takes the tiny pipeline's configs: a smoke run, and on the CPU `residency` and `vae_decode` run without
 the allocator's figures (printed `na`); `host_pinned` and `rerecord` need CUDA. Run by `bench/gpu_check.sh`.
@@ -165,6 +171,51 @@ def vae_decode(args: argparse.Namespace, device: torch.device) -> str:
     )
 
 
+def wan_video(args: argparse.Namespace, device: torch.device) -> str:
+    """Issue 42: a Wan step's and its VAE decode's working memory against the plan's formulas."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    from engine.families.registry import family_spec
+    from engine.families.wan_memory import SIZE_480P, SIZE_720P
+    from families.wan import MODEL_ID_14B
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.tiny:
+        from engine.families.tiny_wan import build_tiny_pipeline
+
+        pipe = build_tiny_pipeline()
+        transformer, vae, sizes = pipe.transformer, pipe.vae, ((5, 64, 48),)
+    else:
+        with torch.device(device):
+            # One block at the 14B's real width: a step's peak is one block's (the blocks run one at a time).
+            transformer, vae = WanTransformer3DModel(num_layers=1), AutoencoderKLWan()
+        sizes = (SIZE_480P, SIZE_720P)
+    transformer, vae = transformer.to(device, dtype).eval(), vae.to(device, dtype).eval()
+    working = family_spec(MODEL_ID_14B, setting="BASE_MODEL_ID").memory_of(MODEL_ID_14B).working_bytes
+    return "\n".join(_wan_size(transformer, vae, size, device, working) for size in sizes)
+
+
+def _wan_size(transformer: Any, vae: Any, size: tuple[int, int, int], device: torch.device, working: int) -> str:
+    from engine.families import wan_memory
+
+    frames, width, height = size
+    shape = wan_memory.SHAPE_14B
+    latent = (1, int(transformer.config.in_channels), (frames - 1) // 4 + 1, height // 8, width // 8)
+    latents = torch.randn(latent, device=device, dtype=transformer.dtype)
+    text = torch.randn(1, 512, int(transformer.config.text_dim), device=device, dtype=transformer.dtype)
+    timestep = torch.tensor([500], device=device)
+    with torch.inference_mode():
+        step = _peak_extra(device, lambda: transformer(latents, timestep, text, return_dict=False))
+        decode = _peak_extra(device, lambda: vae.decode(latents[:, : vae.config.z_dim]))
+    fits = "na" if device.type != "cuda" else str(max(step, decode) <= working / _GIB).lower()
+    return (
+        f"wan_video: size={frames}x{width}x{height} tokens={wan_memory.video_tokens(shape, frames, width, height)} "
+        f"step_extra_gib={_fmt(step)} step_planned_gib={wan_memory.step_bytes(shape, *size) / _GIB:.2f} "
+        f"decode_extra_gib={_fmt(decode)} decode_planned_gib={wan_memory.decode_bytes(shape, *size) / _GIB:.2f} "
+        f"working_gib={working / _GIB:.2f} fits={fits}"
+    )
+
+
 def _after_moves(unet: Any, inputs: dict[str, Any], device: torch.device, moves: int, graphs: bool) -> list[float]:
     """Compile, then `moves` times: move the pool out and in, time the first step after the move."""
     compiled = compile_denoiser(unet, "reduce-overhead", [(0, 0)], lambda _w, _h: unet(**inputs), cudagraphs=graphs)
@@ -213,6 +264,7 @@ _MEASURES: dict[str, tuple[Callable[[argparse.Namespace, torch.device], str], bo
     "host_pinned": (host_pinned, True),
     "vae_decode": (vae_decode, False),
     "rerecord": (rerecord, True),
+    "wan_video": (wan_video, False),
 }
 
 
@@ -228,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
     measure, needs_cuda = _MEASURES[args.measure]
     if device.type != "cuda" and (needs_cuda or not args.tiny):
-        parser.error(f"{args.measure} on {device}; accepted: a CUDA device (or --tiny for residency, vae_decode)")
+        tiny = "residency, vae_decode, wan_video"
+        parser.error(f"{args.measure} on {device}; accepted: a CUDA device (or --tiny for {tiny})")
     if args.moves < 2:
         parser.error(f"--moves {args.moves}; accepted: 2 or more")
     print(f"cuda_confirm {args.measure}: {'tiny' if args.tiny else 'full-size'} SDXL on {device}", flush=True)

@@ -24,6 +24,10 @@ from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
 from families.flux import MODEL_ID as FLUX_MODEL_ID
 from families.flux2_dev import MODEL_ID as FLUX2_DEV_MODEL_ID
 from families.sd15 import MODEL_ID as SD15_MODEL_ID
+from families.wan import MODEL_ID as WAN_1_3B_MODEL_ID
+from families.wan import MODEL_ID_5B as WAN_5B_MODEL_ID
+from families.wan import MODEL_ID_14B as WAN_14B_MODEL_ID
+from families.wan22 import MODEL_ID as WAN_A14B_MODEL_ID
 from families.zimage import MODEL_ID as ZIMAGE_MODEL_ID
 
 _GB, _MIB = 10**9, 2**20
@@ -47,7 +51,17 @@ COMBINATIONS = {
     "Z-Image Turbo beside SDXL": (ZIMAGE_MODEL_ID, DEFAULT_MODEL_ID),
     "FLUX.2 [dev] alone": (FLUX2_DEV_MODEL_ID,),
     "FLUX.2 [dev] beside SDXL": (FLUX2_DEV_MODEL_ID, DEFAULT_MODEL_ID),
+    "Wan 2.1 T2V 1.3B alone": (WAN_1_3B_MODEL_ID,),
+    "Wan 2.2 TI2V-5B alone": (WAN_5B_MODEL_ID,),
+    "Wan 2.1 T2V 14B alone": (WAN_14B_MODEL_ID,),
+    "Wan 2.2 T2V-A14B alone": (WAN_A14B_MODEL_ID,),
 }
+# Rows under other settings than the defaults: (label, pools, settings changed).
+SETTINGS_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
+    ("Wan 2.1 T2V 1.3B, HOST_CACHE_BYTES=256MiB", (WAN_1_3B_MODEL_ID,), {"host_cache_bytes": 256 * _MIB}),
+    ("Wan 2.1 T2V 14B, QUANTIZE=fp8", (WAN_14B_MODEL_ID,), {"quantize": "fp8"}),
+    ("Wan 2.2 T2V-A14B, QUANTIZE=fp8", (WAN_A14B_MODEL_ID,), {"quantize": "fp8"}),
+)
 
 
 def answer(models: tuple[str, ...], total: int, ram: int, **changes: object) -> str:
@@ -67,6 +81,9 @@ def main() -> None:
     for label, models in COMBINATIONS.items():
         for gpu, total, space, ram in SPACES:
             print(f"{label} | {gpu}, {space} ({ram // _GB} GB RAM) | {answer(models, total, ram)}")
+    for label, models, changes in SETTINGS_ROWS:
+        for gpu, total, space, ram in SPACES:
+            print(f"{label} | {gpu}, {space} ({ram // _GB} GB RAM) | {answer(models, total, ram, **changes)}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from .options import FAMILY_VALUES, Options
 from .ours import Floor, LoraPair, Ours, round_robin
 from .qwen_slice import reference_qwen_pipeline
 from .reference import hotswap_times, reference_cycle, reference_pipeline
+from .wan_slice import reference_wan_pipeline
 
 __all__ = ["MemoryUse", "OursResults", "ReferenceResults", "RssGrowth", "measure_ours", "measure_reference"]
 
@@ -259,7 +260,7 @@ def measure_reference(unet: nn.Module, pairs: Pairs, options: Options, clock: Cl
     Every cycle, the untimed first one included, fuses and unfuses on the same weights, which is
     what makes them drift.
     """
-    pipelines = {"flux": reference_flux_pipeline, "qwen": reference_qwen_pipeline}
+    pipelines = {"flux": reference_flux_pipeline, "qwen": reference_qwen_pipeline, "wan": reference_wan_pipeline}
     pipe = pipelines.get(options.family, reference_pipeline)(unet)
     rows: list[Row] = []
     first = pairs[(options.ranks[0], options.formats[0])].paths

@@ -1,6 +1,6 @@
 """The swap benchmark: changing the served LoRA on the full-size SDXL UNet, five ways, side by side.
 
-    python -m bench.swap [--family sdxl|flux|qwen] [--device cpu|cuda] [--dtype bfloat16|float16|float32]
+    python -m bench.swap [--family sdxl|flux|qwen|wan] [--device cpu|cuda] [--dtype bfloat16|float16|float32]
                          [--ranks 8,32] [--repeats N] [--formats peft,kohya] [--variants loha,lokr,dora]
                          [--quick | --full] [--json PATH] [--plot DIR]
 
@@ -8,7 +8,9 @@
 2 double and 4 single blocks at width 3072, every layer of each adapted, in kohya's BFL names with fused
 qkv/linear1 and in diffusers' names), at ranks 16 and 64, without the LyCORIS section. `--family qwen` runs
 them on a real-width slice of Qwen-Image's (`bench.qwen_slice`: 3 blocks at width 3072, every Linear layer of
-each adapted, in musubi-tuner's kohya names and in diffusers'), at ranks 16 and 64.
+each adapted, in musubi-tuner's kohya names and in diffusers'), at ranks 16 and 64. `--family wan` on a
+real-width slice of Wan's 14B video transformer (`bench.wan_slice`: 2 blocks at width 5120, every Linear layer of
+each adapted, in musubi-tuner's names and in diffusers'), at ranks 16 and 64.
 
 (a) the reference service: diffusers' load_lora_weights + fuse_lora + unfuse_lora + unload_lora_weights
     per request, a different adapter each time;
@@ -60,6 +62,7 @@ from bench.qwen_slice import build_qwen_slice, qwen_pool, qwen_targets, write_qw
 from bench.report import Exactness, report
 from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, mismatched_tensors, random_pool
 from bench.sections import measure_ours, measure_reference
+from bench.wan_slice import build_wan_slice, wan_pool, wan_targets, write_wan_pair
 from serving.demo.synthetic import UNET_ATTENTION, find_targets
 
 __all__ = ["main", "run"]
@@ -69,6 +72,7 @@ _MODEL_NAMES = {
     "sdxl": "SDXL UNet",
     "flux": "FLUX.1 transformer slice (2 double + 4 single blocks, width 3072)",
     "qwen": "Qwen-Image transformer slice (3 blocks, width 3072)",
+    "wan": "Wan 14B transformer slice (2 blocks, width 5120)",
 }
 
 
@@ -115,12 +119,13 @@ def run(options: Options) -> dict[str, object]:
     _say(f"CPU flags: {' '.join(flags) or 'unknown'}")
     _say(f"machine: {environment['before']}")
     started = time.perf_counter()
-    pool = {"flux": flux_pool, "qwen": qwen_pool}.get(options.family, random_pool)()
-    build = {"flux": build_flux_slice, "qwen": build_qwen_slice}.get(options.family, build_sdxl_unet)
+    pool = {"flux": flux_pool, "qwen": qwen_pool, "wan": wan_pool}.get(options.family, random_pool)()
+    slices = {"flux": build_flux_slice, "qwen": build_qwen_slice, "wan": build_wan_slice}
+    build = slices.get(options.family, build_sdxl_unet)
     unet = build(dtype=dtype, device=device, pool=pool)
     parameters = sum(p.numel() for p in unet.parameters())
     _say(f"built the model: {parameters / 1e9:.3f}B parameters in {time.perf_counter() - started:.1f} s")
-    write = {"flux": _flux_targets, "qwen": _qwen_targets}.get(options.family, _sdxl_targets)(unet)
+    write = {"flux": _flux_targets, "qwen": _qwen_targets, "wan": _wan_targets}.get(options.family, _sdxl_targets)(unet)
 
     with tempfile.TemporaryDirectory(prefix="swap-bench-") as scratch:
         folder = options.workdir or Path(scratch)
@@ -176,6 +181,13 @@ def _qwen_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], Lo
         f"{values / 1e6:.0f}M"
     )
     return lambda folder, rank, fmt: write_qwen_pair(folder, targets, rank=rank, fmt=fmt)
+
+
+def _wan_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], LoraPair]:
+    targets = wan_targets(transformer)
+    values = sum(fan_in * fan_out for *_, fan_in, fan_out in targets)
+    _say(f"LoRA targets: {len(targets)} Linear layers (attention, feed-forward) holding {values / 1e6:.0f}M")
+    return lambda folder, rank, fmt: write_wan_pair(folder, targets, rank=rank, fmt=fmt)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

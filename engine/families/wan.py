@@ -23,7 +23,6 @@ from engine.families.spec import (
     FamilySpec,
     LatentProjection,
     LoraSignature,
-    MemorySpec,
     Module,
     Pipeline,
     PreviewSpec,
@@ -36,8 +35,9 @@ from engine.families.spec import (
     hidden_widths,
 )
 from engine.families.tiny_wan import TINY_FRAMES, build_tiny_pipeline
+from engine.families.wan_memory import MEMORY_1_3B, MEMORY_5B, MEMORY_14B
 from engine.requests import CheckedRequest
-from families.wan import IDENTITY
+from families.wan import IDENTITY, MODEL_ID_5B, MODEL_ID_14B
 
 __all__ = ["FAMILY", "LATENT_RGB", "convert_lora", "unpack_latents"]
 
@@ -158,7 +158,8 @@ FAMILY = FamilySpec(
     preview=PreviewSpec(None, LATENT_RGB, unpack=unpack_latents),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
-    # UMT5-XXL (about 5.7 B values) is never adapted and may run from host RAM.
-    memory=MemorySpec(host_components=("text_encoder",)),
+    # Each base at its own size (`engine.families.wan_memory`); UMT5-XXL may run from host RAM.
+    memory=MEMORY_1_3B,
+    base_memory=((MODEL_ID_14B, MEMORY_14B), (MODEL_ID_5B, MEMORY_5B)),
     video=video,
 )

@@ -21,7 +21,6 @@ from engine.families import wan
 from engine.families.spec import (
     FamilySpec,
     LoraSignature,
-    MemorySpec,
     Module,
     Pipeline,
     PreviewSpec,
@@ -30,6 +29,7 @@ from engine.families.spec import (
     VideoDefaults,
 )
 from engine.families.tiny_wan import build_tiny_a14b_pipeline
+from engine.families.wan_memory import MEMORY_A14B
 from engine.requests import CheckedRequest
 from families.wan22 import IDENTITY
 
@@ -92,7 +92,7 @@ FAMILY = FamilySpec(
     preview=PreviewSpec(None, wan.LATENT_RGB, unpack=wan.unpack_latents),
     build_tiny=build_tiny_a14b_pipeline,
     half_dtype="bfloat16",
-    memory=MemorySpec(host_components=("text_encoder",)),
+    memory=MEMORY_A14B,
     video=video,
     second_stage="transformer_2",
     stage_of=stage_of,

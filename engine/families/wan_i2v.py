@@ -10,9 +10,10 @@ from __future__ import annotations
 from diffusers import WanImageToVideoPipeline
 
 from engine.families import wan
-from engine.families.spec import FamilySpec, LoraSignature, MemorySpec, PreviewSpec
+from engine.families.spec import FamilySpec, LoraSignature, PreviewSpec
 from engine.families.tiny_wan import build_tiny_i2v_pipeline
-from families.wan_i2v import IDENTITY
+from engine.families.wan_memory import MEMORY_I2V_480P, MEMORY_I2V_720P
+from families.wan_i2v import IDENTITY, MODEL_ID_720P
 
 __all__ = ["FAMILY"]
 
@@ -31,7 +32,8 @@ FAMILY = FamilySpec(
     preview=PreviewSpec(None, wan.LATENT_RGB, unpack=wan.unpack_latents),
     build_tiny=build_tiny_i2v_pipeline,
     half_dtype="bfloat16",
-    memory=MemorySpec(host_components=("text_encoder",)),
+    memory=MEMORY_I2V_480P,
+    base_memory=((MODEL_ID_720P, MEMORY_I2V_720P),),
     needs_image=True,
     video=wan.video,
 )

@@ -117,6 +117,9 @@ def test_cuda_confirm_registers_a_pool_in_place_and_measures_a_decode_on_the_tin
     line = last_line("bench.cuda_confirm", "vae_decode", "--tiny", "--device", "cpu")
     expected = rf"vae_decode: side=128 step_extra_gib=na decode_extra_gib=na working_gib={NUMBER} fits=na"
     assert re.fullmatch(expected, line), line
+    line = last_line("bench.cuda_confirm", "wan_video", "--tiny", "--device", "cpu")
+    expected = rf"wan_video: size=5x64x48 tokens=24 step_extra_gib=na step_planned_gib={NUMBER} .* fits=na"
+    assert re.fullmatch(expected, line), line
     for measure in ("host_pinned", "rerecord"):
         done = subprocess.run(
             [sys.executable, "-m", "bench.cuda_confirm", measure, "--tiny", "--device", "cpu"],

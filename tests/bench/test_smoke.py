@@ -18,6 +18,7 @@ from bench.ours import KERNELS, Floor, Ours, write_pair
 from bench.qwen_slice import QWEN_SLICE_CONFIG, build_qwen_slice, qwen_targets, write_qwen_pair
 from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, fill_module, mismatched_tensors, random_pool
 from bench.sections import measure_ours, measure_reference
+from bench.wan_slice import build_wan_slice, wan_targets, write_wan_pair
 from engine.families.sdxl import build_tiny_pipeline
 from serving.demo.synthetic import UNET_ATTENTION, find_targets
 
@@ -230,6 +231,26 @@ def test_the_qwen_image_sections_swap_exactly_and_match_diffusers_on_a_narrow_sl
     assert {r.method.strip() for r in reference.rows} >= {"(a) reference cycle", "(b) diffusers hotswap"}
     qwen = parse_options(["--family", "qwen"])
     assert (qwen.ranks, qwen.variants, qwen.headline_rank, qwen.formats) == ((16, 64), (), 64, ("peft", "kohya"))
+
+
+# Wan's 14B config, narrowed (2 heads of 16, every layer kept).
+TINY_WAN = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 16, "ffn_dim": 48, "text_dim": 24}
+TINY_WAN |= {"freq_dim": 16, "in_channels": 4, "out_channels": 4}
+
+
+def test_the_wan_sections_swap_exactly_and_match_diffusers_on_a_narrow_slice(pool, tmp_path):
+    transformer = build_wan_slice(dtype=torch.bfloat16, device=CPU, pool=pool, config=TINY_WAN)
+    targets = wan_targets(transformer)
+    assert len(targets) == 2 * 10 and ("blocks.1.ffn.net.0.proj", "blocks.1.ffn.0", 32, 48) in targets
+    opts = options(family="wan")
+    pairs = {(4, fmt): write_wan_pair(tmp_path, targets, rank=4, fmt=fmt) for fmt in opts.formats}
+    results = measure_ours(transformer, pairs, opts, Clock(CPU), say=lambda _: None)
+    assert mismatched_tensors(transformer, pool) == []
+    assert {r.method.strip() for r in results.rows} >= {"(e) floor: fastest exact kernel", "(c) ours, cached adapter"}
+    reference = measure_reference(transformer, pairs, opts, Clock(CPU), say=lambda _: None)
+    assert {r.method.strip() for r in reference.rows} >= {"(a) reference cycle", "(b) diffusers hotswap"}
+    wan = parse_options(["--family", "wan"])
+    assert (wan.ranks, wan.variants, wan.headline_rank) == ((16, 64), (), 64)
 
 
 def test_quick_defaults_and_bad_arguments(capsys):

@@ -1,0 +1,140 @@
+"""The Wan families' sizes for the start-up memory plan (`MemorySpec`), and the working memory of a video step and
+of the VAE decode, from the latent shape.
+
+Values: parameters and buffers as diffusers and transformers build each model from its published configs
+(transformer/ `WanTransformer3DModel`; text_encoder/ UMT5-XXL's encoder; vae/ `AutoencoderKLWan`, Wan 2.1's for
+every model but TI2V-5B's 48-channel Wan 2.2 VAE; image_encoder/ the I2V models' CLIP ViT-H/14), checked on the
+meta device (tests/engine/pools/test_plan_wan.py). UMT5 (5.7 B values, 11.4 GB in bf16) is never adapted and may
+run from host RAM. Wan 2.2 T2V-A14B keeps both 14B transformers resident (57 GB in bf16): diffusers' pipeline
+switches between them at every video's boundary step, and taking turns there would move 28.6 GB over PCIe twice a
+video (about 2.3 s at 25 GB/s pinned), which the pool's residency does not do within a pool.
+
+Working memory (what a run needs free beside the weights), from the latent shape: a video of n frames (4k+1) at
+W x H has (n - 1) / 4 + 1 latent frames of (H / s) x (W / s), s the VAE's spatial factor (8; Wan 2.2's VAE 16),
+and the transformer sees them in 1x2x2 patches: tokens = latent frames x (H / 2s) x (W / 2s) (diffusers'
+`WanPipeline.prepare_latents` and `WanTransformer3DModel.patch_size`). A step (CFG runs the two branches one after
+the other in diffusers' call, batch 1) peaks in a block's feed-forward: its ffn-wide input and GELU output in
+bf16 (2 x 2 x ffn bytes a token) beside the hidden states' float32 copies the block keeps around its norms and
+gates (4 x 4 x width). The VAE decodes causally, one latent frame (4 video frames) at a time: its peak is at the
+decoder's full-resolution stage, about 6 bf16 tensors of 4 frames x its channels (the causal convolutions' cached
+frames, the residual's input, norm and activation), beside the decoded video in float32. Declared, not measured
+here (no GPU): `python -m bench.cuda_confirm wan_step` measures both against this figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.families.spec import MemorySpec
+from engine.storage import LinearSizes
+
+__all__ = [
+    "MEMORY_1_3B",
+    "MEMORY_5B",
+    "MEMORY_14B",
+    "MEMORY_A14B",
+    "MEMORY_I2V_480P",
+    "MEMORY_I2V_720P",
+    "VideoShape",
+    "decode_bytes",
+    "step_bytes",
+    "video_tokens",
+]
+
+_BF16, _F32 = 2, 4
+# UMT5-XXL's encoder (google/umt5-xxl, as Wan's text_encoder/), Wan 2.1's VAE and Wan 2.2's, the I2V CLIP.
+UMT5_VALUES = 5_680_910_336
+VAE_21_VALUES = 126_892_531
+VAE_22_VALUES = 704_688_668
+CLIP_VALUES = 632_077_057
+# The VAE decoder's channels at its full-resolution stage and that stage's scale (Wan 2.2's unpatchifies 2x2).
+_DECODER_TOP = {8: (96, 1), 16: (256, 2)}
+_CHUNK_FRAMES, _DECODE_TENSORS = 4, 6
+
+
+@dataclass(frozen=True)
+class VideoShape:
+    """A transformer's widths and the VAE's spatial factor: what the working memory depends on."""
+
+    width: int
+    ffn: int
+    vae_scale: int = 8
+
+
+def video_tokens(shape: VideoShape, frames: int, width: int, height: int) -> int:
+    """The transformer's tokens for `frames` frames at `width` x `height` (module docstring)."""
+    latent_frames = (frames - 1) // 4 + 1
+    patch = 2 * shape.vae_scale
+    return latent_frames * (height // patch) * (width // patch)
+
+
+def step_bytes(shape: VideoShape, frames: int, width: int, height: int) -> int:
+    """A denoising step's peak above the weights (module docstring)."""
+    per_token = 2 * _BF16 * shape.ffn + 4 * _F32 * shape.width
+    return video_tokens(shape, frames, width, height) * per_token
+
+
+def decode_bytes(shape: VideoShape, frames: int, width: int, height: int) -> int:
+    """The VAE decode's peak above the weights (module docstring)."""
+    channels, scale = _DECODER_TOP[shape.vae_scale]
+    stage = _CHUNK_FRAMES * (height // scale) * (width // scale) * channels * _BF16
+    return _DECODE_TENSORS * stage + frames * 3 * height * width * _F32
+
+
+def working_bytes(shape: VideoShape, frames: int, width: int, height: int) -> int:
+    """What a run at this size needs free beside the weights: its step or its decode, whichever is larger."""
+    return max(step_bytes(shape, frames, width, height), decode_bytes(shape, frames, width, height))
+
+
+SHAPE_1_3B = VideoShape(1536, 8960)
+SHAPE_5B = VideoShape(3072, 14336, vae_scale=16)
+SHAPE_14B = VideoShape(5120, 13824)
+# The sizes each base's working memory is planned at: its card's (480P, 720P; TI2V-5B: 121 frames at 1280 x 704).
+SIZE_480P, SIZE_720P, SIZE_5B = (81, 832, 480), (81, 1280, 720), (121, 1280, 704)
+
+
+def _memory(
+    transformer: int, vae: int, shape: VideoShape, size: tuple[int, int, int], linears: LinearSizes, largest: int
+) -> MemorySpec:
+    return MemorySpec(
+        values=(("transformer", transformer), ("text_encoder", UMT5_VALUES), ("vae", vae)),
+        host_components=("text_encoder",),
+        working_bytes=working_bytes(shape, *size),
+        # The time projection, width to 6 x width.
+        largest_values=largest,
+        linears=linears,
+    )
+
+
+# Wan2.1-T2V-1.3B: 30 blocks 1536 wide; planned at 480P, its card's only size.
+MEMORY_1_3B = _memory(
+    1_419_258_944, VAE_21_VALUES, SHAPE_1_3B, SIZE_480P, LinearSizes(1_417_641_984, 698_944, 1_392_960), 14_155_776
+)
+# Wan2.1-T2V-14B: 40 blocks 5120 wide (diffusers' defaults).
+MEMORY_14B = _memory(
+    14_288_753_728, VAE_21_VALUES, SHAPE_14B, SIZE_720P, LinearSizes(14_283_243_520, 2_447_424, 4_868_416), 157_286_400
+)
+# Wan2.2-TI2V-5B: 30 blocks 3072 wide over the 48-channel latents of Wan 2.2's VAE.
+MEMORY_5B = _memory(
+    5_000_049_856, VAE_22_VALUES, SHAPE_5B, SIZE_5B, LinearSizes(4_996_792_320, 1_290_432, 2_566_592), 56_623_104
+)
+_I2V_LINEARS = LinearSizes(16_388_587_520, 2_863_424, 5_696_576)
+
+
+def _i2v(size: tuple[int, int, int]) -> MemorySpec:
+    """Wan2.1-I2V-14B: the 14B transformer with the image projections (36 input channels), and CLIP ViT-H/14."""
+    base = _memory(16_395_140_928, VAE_21_VALUES, SHAPE_14B, size, _I2V_LINEARS, 157_286_400)
+    return MemorySpec(**{**vars(base), "values": (*base.values, ("image_encoder", CLIP_VALUES))})
+
+
+MEMORY_I2V_480P = _i2v(SIZE_480P)
+MEMORY_I2V_720P = _i2v(SIZE_720P)
+# Wan2.2-T2V-A14B: two 14B transformers, both resident. fp8 storage quantizes `transformer` (the plan's
+# `linears`); `transformer_2` stays in bf16 with its LoRAs fused, so its largest weight sizes the swap's scratch.
+MEMORY_A14B = MemorySpec(
+    **{
+        **vars(MEMORY_14B),
+        "values": (*MEMORY_14B.values, ("transformer_2", MEMORY_14B.values_of(("transformer",)))),
+        "largest_encoder_values": MEMORY_14B.largest_values,
+    }
+)

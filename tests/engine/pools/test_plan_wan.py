@@ -1,0 +1,121 @@
+"""Wan in the start-up memory plan: the declared sizes are what diffusers and transformers build from each model's
+configs; the working memory follows the latent shape; which GPUs serve each base."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from torch import nn
+from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection, UMT5Config, UMT5EncoderModel
+
+from engine.errors import SettingsError
+from engine.families import wan, wan22, wan_i2v, wan_memory
+from engine.pools.plan import PlanOptions, largest_values, plan_memory
+from engine.settings import PoolSetting, Settings
+from engine.storage import linear_sizes
+from families.wan import MODEL_ID, MODEL_ID_5B, MODEL_ID_14B
+from families.wan22 import MODEL_ID as A14B
+from families.wan_i2v import MODEL_ID as I2V_480P
+from families.wan_i2v import MODEL_ID_720P as I2V_720P
+from tests.support.dit import A10G, HOST_RAM, L40S, needs_on_a_gpu, values
+
+A100 = 81_038 * 2**20
+# The transformer/config.json fields of each model that differ from diffusers' defaults (which are 14B T2V's).
+_TRANSFORMERS = {
+    MODEL_ID: {"num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30},
+    MODEL_ID_14B: {},
+    MODEL_ID_5B: {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30, "in_channels": 48, "out_channels": 48},
+    I2V_480P: {"in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120},
+}
+# Wan 2.2's VAE (TI2V-5B's vae/config.json); Wan 2.1's is diffusers' default.
+_VAE_22 = {
+    "base_dim": 160,
+    "decoder_base_dim": 256,
+    "z_dim": 48,
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+}
+_UMT5 = UMT5Config(
+    vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu"
+)
+_CLIP = CLIPVisionConfig(
+    hidden_size=1280,
+    intermediate_size=5120,
+    num_hidden_layers=32,
+    num_attention_heads=16,
+    patch_size=14,
+    projection_dim=1024,
+)
+
+
+@pytest.mark.parametrize("base", list(_TRANSFORMERS))
+def test_declared_sizes_are_what_diffusers_and_transformers_build_from_each_wan_config(base):
+    family = wan_i2v.FAMILY if base == I2V_480P else wan.FAMILY
+    memory = family.memory_of(base)
+    with torch.device("meta"):
+        transformer = WanTransformer3DModel(**_TRANSFORMERS[base])
+        built = {
+            "transformer": transformer,
+            "text_encoder": UMT5EncoderModel(_UMT5),
+            "vae": AutoencoderKLWan(**(_VAE_22 if base == MODEL_ID_5B else {})),
+        }
+        if base == I2V_480P:
+            built["image_encoder"] = CLIPVisionModelWithProjection(_CLIP)
+    assert dict(memory.values) == {name: values(module) for name, module in built.items()}
+    assert memory.largest_values == largest_values([transformer])
+    linears = [(n, m.out_features, m.in_features) for n, m in transformer.named_modules() if isinstance(m, nn.Linear)]
+    assert memory.linears == linear_sizes(linears, None)
+    assert memory.host_components == ("text_encoder",) and "text_encoder" not in family.components
+
+
+def test_a14b_holds_two_14b_transformers_and_the_720p_i2v_base_plans_its_larger_video():
+    a14b = wan22.FAMILY.memory_of(A14B)
+    assert a14b.values_of(("transformer_2",)) == a14b.values_of(("transformer",)) == wan_memory.MEMORY_14B.values[0][1]
+    assert a14b.largest_encoder_values == a14b.largest_values
+    small, large = wan_i2v.FAMILY.memory_of(I2V_480P), wan_i2v.FAMILY.memory_of(I2V_720P)
+    assert small.values == large.values and small.working_bytes < large.working_bytes
+
+
+def test_video_tokens_follow_the_latent_shape_diffusers_makes():
+    """(n - 1) / 4 + 1 latent frames of H/8 x W/8 in 2x2 patches: what WanTransformer3DModel embeds."""
+    shape = wan_memory.SHAPE_1_3B
+    frames, width, height = 9, 64, 48
+    with torch.device("meta"):
+        embed = WanTransformer3DModel(**_TRANSFORMERS[MODEL_ID]).patch_embedding
+    latents = torch.empty(1, 16, (frames - 1) // 4 + 1, height // 8, width // 8, device="meta")
+    assert embed(latents).flatten(2).shape[-1] == wan_memory.video_tokens(shape, frames, width, height)
+    # Twice the frames' area twice the working memory (both grow with the tokens or pixels).
+    one = wan_memory.step_bytes(shape, 81, 832, 480)
+    assert wan_memory.step_bytes(shape, 81, 1664, 480) == 2 * one
+
+
+def settings_for(*models: str, **changes: object) -> Settings:
+    return Settings(dtype="auto", device="cpu", pools=tuple(PoolSetting(m, m) for m in models)).replace(
+        **{"host_ram_bytes": HOST_RAM, **changes}
+    )
+
+
+def plan(settings: Settings, total: int):
+    return plan_memory(needs_on_a_gpu(settings), total, PlanOptions.of(settings))
+
+
+def test_the_small_wans_fit_24_gb_and_the_14b_needs_48_gb_in_fp8():
+    assert plan(settings_for(MODEL_ID), A10G).resident
+    (five,) = plan(settings_for(MODEL_ID_5B), A10G).placements
+    assert five.host_components == ("text_encoder",)
+    with pytest.raises(SettingsError, match=r"L40S \(48 GB\)"):
+        plan(settings_for(MODEL_ID_14B, quantize="fp8"), A10G)
+    (fp8,) = plan(settings_for(MODEL_ID_14B, quantize="fp8"), L40S).placements
+    assert fp8.storage == "fp8"
+
+
+def test_a14b_in_bf16_keeps_both_transformers_resident_on_80_gb():
+    (placement,) = plan(settings_for(A14B), A100).placements
+    assert placement.storage == "native" and placement.host_components == ("text_encoder",)
+    assert placement.weights >= 2 * 2 * wan_memory.MEMORY_14B.values[0][1]
+    with pytest.raises(SettingsError, match=r"A100 or H100 \(80 GB\)"):
+        plan(settings_for(A14B), L40S)
