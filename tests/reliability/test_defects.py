@@ -193,9 +193,10 @@ def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
         with serve_app(engine, catalog, backend=holding) as app:
             fn_index, fn = next((i, f) for i, f in app.demo.fns.items() if f.name == "generate_ui")
             data = [getattr(c, "value", None) for c in fn.inputs]
-            values = dict(zip(FORM, data, strict=True))
+            # The form, then the video controls (frames, fps: unread on an image pool), as the handler takes them.
+            values = dict(zip(FORM, data[: len(FORM)], strict=True))
             values |= {"prompt": "a fox", "steps": 40, "randomize": False}
-            data = [values[name] for name in FORM]
+            data = [values[name] for name in FORM] + data[len(FORM) :]
             session = "disconnect-test"
             join = httpx.post(
                 f"{app.url}gradio_api/queue/join",

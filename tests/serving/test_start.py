@@ -92,11 +92,11 @@ def test_a_quantize_value_not_offered_stops_start_up_naming_the_accepted_ones(mo
     tests/engine/test_settings.py's)."""
     import app
 
-    accepted = "is not accepted; accepted: off, fp8, auto"
-    monkeypatch.setenv("QUANTIZE", "int4")
-    with pytest.raises(SystemExit, match=rf"^LoRA Switchboard cannot start: QUANTIZE='int4' {accepted}"):
+    accepted = "is not accepted; accepted: off, fp8, int4, auto"
+    monkeypatch.setenv("QUANTIZE", "int8")
+    with pytest.raises(SystemExit, match=rf"^LoRA Switchboard cannot start: QUANTIZE='int8' {accepted}"):
         app.main()
     monkeypatch.setenv("QUANTIZE", "auto")
-    monkeypatch.setenv("MODELS", "tiny-flux:int4")
-    with pytest.raises(SystemExit, match=rf"MODELS item 'tiny-flux:int4': QUANTIZE 'int4' {accepted}"):
+    monkeypatch.setenv("MODELS", "tiny-flux:int8")
+    with pytest.raises(SystemExit, match=rf"MODELS item 'tiny-flux:int8': QUANTIZE 'int8' {accepted}"):
         app.main()

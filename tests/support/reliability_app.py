@@ -95,6 +95,9 @@ UI_ARGUMENTS: dict[str, object] = {
     "strength": None,  # the pool's default
     "browsed": "",  # the base filter ("": the default pool)
     "kept": [],  # the session's history
+    # The video controls' values (frames, fps): read only where the browsed pool makes videos.
+    "num_frames": 17,
+    "fps": 16,
     # The page's request (the share link is built from its headers).
     "page": SimpleNamespace(headers={"host": "localhost:7860"}),
 }
