@@ -50,7 +50,9 @@ _MODELS_FORM = (
 _GGUF_FORM = (
     "MODEL[=BASE]@GGUF with no :QUANTIZE suffix (the file fixes the storage), where GGUF is a Hub file "
     "OWNER/REPO/PATH.gguf or an absolute path /PATH.gguf under GGUF_DIR, e.g. "
-    "black-forest-labs/FLUX.1-dev@city96/FLUX.1-dev-gguf/flux1-dev-Q4_K_S.gguf"
+    "black-forest-labs/FLUX.1-dev@city96/FLUX.1-dev-gguf/flux1-dev-Q4_K_S.gguf; a two-transformer base (Wan 2.2 "
+    "A14B) names both files, MODEL[=BASE]@GGUF@GGUF_2: its high-noise transformer's, then its low-noise "
+    "transformer_2's"
 )
 
 
@@ -65,6 +67,8 @@ class PoolSetting:
     # Its denoiser's GGUF file (`MODEL@GGUF`: a Hub file `owner/repo/path.gguf` or an absolute local path); None:
     # the denoiser of MODEL.
     gguf: str | None = None
+    # A two-transformer base's second GGUF file (`MODEL@GGUF@GGUF_2`: Wan 2.2 A14B's low-noise `transformer_2`).
+    gguf_2: str | None = None
 
     @property
     def is_tiny(self) -> bool:
@@ -87,7 +91,7 @@ def parse_models(raw: str) -> tuple[PoolSetting, ...]:
         if not item:
             raise SettingsError(f"MODELS={raw!r} has an empty item; accepted: {_MODELS_FORM}")
         item, quantize = _quantize_suffix(item)
-        item, gguf = _gguf_source(item, quantize)
+        item, gguf, gguf_2 = _gguf_source(item, quantize)
         model, sep, base = (part.strip() for part in item.partition("="))
         if not model or (sep and not base) or "=" in base:
             raise SettingsError(f"MODELS item {item!r} is malformed; accepted: {_MODELS_FORM}")
@@ -104,7 +108,7 @@ def parse_models(raw: str) -> tuple[PoolSetting, ...]:
             )
         if any(p.model_id == model for p in pools):
             raise SettingsError(f"MODELS={raw!r} lists {model!r} twice; accepted: each model once")
-        pools.append(PoolSetting(model, base, quantize, gguf))
+        pools.append(PoolSetting(model, base, quantize, gguf, gguf_2))
     return tuple(pools)
 
 
@@ -120,17 +124,22 @@ def _quantize_suffix(item: str) -> tuple[str, Quantize | None]:
     raise SettingsError(f"MODELS item {item!r}: QUANTIZE {suffix.strip()!r} is not accepted; accepted: {accepted}")
 
 
-def _gguf_source(item: str, quantize: Quantize | None) -> tuple[str, str | None]:
-    """`MODEL[=BASE]@GGUF` as the item without its GGUF and the GGUF source (None: no `@`), checked for its form
-    only (engine.weights.gguf finds the file and refuses a local path outside GGUF_DIR)."""
-    rest, at, source = (part.strip() for part in item.partition("@"))
+def _gguf_source(item: str, quantize: Quantize | None) -> tuple[str, str | None, str | None]:
+    """`MODEL[=BASE]@GGUF[@GGUF_2]` as the item without its GGUF files and the GGUF sources (None: no `@`; no
+    second), checked for their form only (engine.weights.gguf finds the files and refuses a local path outside
+    GGUF_DIR; loading refuses a second file for a base with one transformer, and one file for a base with two)."""
+    rest, at, sources = (part.strip() for part in item.partition("@"))
     if not at:
-        return item, None
-    hub = source.split("/")
-    is_hub = len(hub) >= 3 and HUB_ID.match("/".join(hub[:2])) is not None and all(hub[2:])
-    if quantize is not None or "@" in source or not source.endswith(".gguf") or not (is_hub or source[:1] == "/"):
-        raise SettingsError(f"MODELS item {item!r}: GGUF {source!r} is not accepted; accepted: {_GGUF_FORM}")
-    return rest, source
+        return item, None, None
+    first, second, *more = [part.strip() for part in sources.split("@")] + [None]
+    for source in (first, second):
+        if source is None:
+            continue
+        hub = source.split("/")
+        is_hub = len(hub) >= 3 and HUB_ID.match("/".join(hub[:2])) is not None and all(hub[2:])
+        if quantize is not None or more[:-1] or not source.endswith(".gguf") or not (is_hub or source[:1] == "/"):
+            raise SettingsError(f"MODELS item {item!r}: GGUF {source!r} is not accepted; accepted: {_GGUF_FORM}")
+    return rest, first, second
 
 
 def _default_base(model: str, item: str) -> str:

@@ -100,6 +100,8 @@ class Settings(BaseModel):
     gguf_dir: Annotated[Path | None, Env("GGUF_DIR")] = None
     # This pool's GGUF denoiser (its MODELS item's `@GGUF`; set per pool by `for_pool`); None: the model's own.
     gguf: str | None = None
+    # This pool's second GGUF file (`@GGUF@GGUF_2`: Wan 2.2 A14B's low-noise `transformer_2`); None: none.
+    gguf_2: str | None = None
     # The input values sharing one scale and zero in an int4 denoiser (QUANTIZE=int4; engine.weights.int4): the
     # sizes torchao's int4 CPU kernel takes; a linear whose width it does not divide stays in the compute dtype.
     int4_group_size: Annotated[Literal[32, 64, 128], BeforeValidator(sv.integer), Env("INT4_GROUP_SIZE")] = 128
@@ -219,6 +221,7 @@ class Settings(BaseModel):
             pools = parse_models(given["MODELS"])
             first = pools[0]
             values.update(pools=pools, model_id=first.model_id, base_model_id=first.base_model_id, gguf=first.gguf)
+            values["gguf_2"] = first.gguf_2
             values["model_id_explicit"] = True
         else:
             model_id = raw.get("model_id", cls.model_fields["model_id"].default).strip()
@@ -256,7 +259,13 @@ class Settings(BaseModel):
         """These settings for one pool: its model and base in `model_id` / `base_model_id`, its own QUANTIZE where
         its MODELS item names one (`pools` kept)."""
         quantize = pool.quantize or self.quantize
-        return self.replace(model_id=pool.model_id, base_model_id=pool.base_model_id, quantize=quantize, gguf=pool.gguf)
+        return self.replace(
+            model_id=pool.model_id,
+            base_model_id=pool.base_model_id,
+            quantize=quantize,
+            gguf=pool.gguf,
+            gguf_2=pool.gguf_2,
+        )
 
     @property
     def log_level_number(self) -> int:

@@ -307,6 +307,12 @@ class FamilySpec:
     def family(self) -> Family:
         return self.identity.family
 
+    @property
+    def stored(self) -> tuple[str, ...]:
+        """The components a quantized pool stores quantized, LoRAs as branches beside them: the denoiser, and the
+        second stage's (Wan 2.2 A14B's `transformer_2`) where there is one."""
+        return (self.denoiser,) if self.second_stage is None else (self.denoiser, self.second_stage)
+
     def placeholder_image(self, width: int, height: int) -> InputImage | None:
         """The image a request the engine makes itself (a warm-up, a LoRA check, a prefetch) carries: a grey one of
         this size for an editing family, which takes no request without (`needs_image`); None for the others."""

@@ -5,9 +5,11 @@ Values: parameters and buffers as diffusers and transformers build each model fr
 (transformer/ `WanTransformer3DModel`; text_encoder/ UMT5-XXL's encoder; vae/ `AutoencoderKLWan`, Wan 2.1's for
 every model but TI2V-5B's 48-channel Wan 2.2 VAE; image_encoder/ the I2V models' CLIP ViT-H/14), checked on the
 meta device (tests/engine/pools/test_plan_wan.py). UMT5 (5.7 B values, 11.4 GB in bf16) is never adapted and may
-run from host RAM. Wan 2.2 T2V-A14B keeps both 14B transformers resident (57 GB in bf16): diffusers' pipeline
-switches between them at every video's boundary step, and taking turns there would move 28.6 GB over PCIe twice a
-video (about 2.3 s at 25 GB/s pinned), which the pool's residency does not do within a pool.
+run from host RAM. Wan 2.2 T2V-A14B keeps both 14B transformers resident (57 GB in bf16; in fp8 with branches at
+rank 128 about 15.5 GB each, 31 GB both, which an L40S holds beside the VAE and a 720P step's working memory):
+diffusers' pipeline switches between them at every video's boundary step, and taking turns there would move
+28.6 GB (bf16; 15.5 GB fp8) over PCIe twice a video (about 2.3 s, 1.2 s in fp8, at 25 GB/s pinned), which the
+pool's residency does not do within a pool. A quantized A14B pool stores both transformers quantized.
 
 Working memory (what a run needs free beside the weights), from the latent shape: a video of n frames (4k+1) at
 W x H has (n - 1) / 4 + 1 latent frames of (H / s) x (W / s), s the VAE's spatial factor (8; Wan 2.2's VAE 16),
@@ -129,12 +131,15 @@ def _i2v(size: tuple[int, int, int]) -> MemorySpec:
 
 MEMORY_I2V_480P = _i2v(SIZE_480P)
 MEMORY_I2V_720P = _i2v(SIZE_720P)
-# Wan2.2-T2V-A14B: two 14B transformers, both resident. fp8 storage quantizes `transformer` (the plan's
-# `linears`); `transformer_2` stays in bf16 with its LoRAs fused, so its largest weight sizes the swap's scratch.
+# Wan2.2-T2V-A14B: two 14B transformers, both resident. A quantized pool stores both (`FamilySpec.stored`), so
+# `linears` declares both transformers' Linears; nothing else takes LoRAs (Wan's do not adapt UMT5), so no fused
+# swap's scratch is left on a quantized pool (`largest_encoder_values` 0).
+_14B_LINEARS = MEMORY_14B.linears
+assert _14B_LINEARS is not None
 MEMORY_A14B = MemorySpec(
     **{
         **vars(MEMORY_14B),
         "values": (*MEMORY_14B.values, ("transformer_2", MEMORY_14B.values_of(("transformer",)))),
-        "largest_encoder_values": MEMORY_14B.largest_values,
+        "linears": LinearSizes(*(2 * n for n in vars(_14B_LINEARS).values())),
     }
 )

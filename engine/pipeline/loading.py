@@ -30,7 +30,7 @@ from engine.models import HUB_ID
 from engine.pipeline.aot import AotDenoiser, AotPackage, capture_calls, compile_package, inductor_options
 from engine.pipeline.compiled import CompiledDenoiser, check_compilable, compile_denoiser, configure_caches
 from engine.pipeline.encoders import ENCODER_CACHE_BYTES, run_from_host_ram
-from engine.pipeline.gguf_load import gguf_denoiser, stored, tiny_with_gguf
+from engine.pipeline.gguf_load import gguf_components, gguf_denoiser, stored, tiny_with_gguf
 from engine.pipeline.modes import default_strength, image_arguments, mode_class, served_modes
 from engine.pipeline.schedulers import offered_schedulers
 from engine.pipeline.vae import vae_in_float32, vae_mismatch
@@ -38,7 +38,6 @@ from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
 from engine.storage import BRANCHED, unplanned_storage
 from engine.weights.gguf import gguf_quant_types
-from engine.weights.int4 import in_storage_or_int4
 
 __all__ = [
     "LoadedPipeline",
@@ -123,17 +122,6 @@ def resolve_dtype(setting: str, device: torch.device, half: str = "float16") -> 
     return _DTYPES[setting]
 
 
-def _in_storage(
-    pipe: Pipeline, family: FamilySpec, dtype: torch.dtype, storage: str, settings: Settings
-) -> tuple[Pipeline, torch.dtype | None]:
-    """The pipeline with its denoiser in `storage`: a GGUF file's blocks branched (`engine.pipeline.gguf_load`),
-    else `engine.weights.int4.in_storage_or_int4` (native, fp8 or int4)."""
-    rank, keep = settings.lora_max_rank, family.keep_dtype_linears
-    if storage == "gguf":
-        return stored(pipe, family, dtype, storage, rank)
-    return in_storage_or_int4(pipe, family.denoiser, dtype, storage, rank, keep, settings.int4_group_size)
-
-
 def load_pipeline(
     settings: Settings,
     *,
@@ -163,7 +151,8 @@ def load_pipeline(
     _check_compile(settings, device)
     started = time.perf_counter()
     pipe = _build(settings, family, dtype)
-    pipe, cast = _in_storage(pipe, family, dtype, storage, settings)
+    # Every stored component (the denoiser; Wan 2.2 A14B's transformer_2 too) in `storage`.
+    pipe, cast = stored(pipe, family, dtype, storage, settings)
     pipe = _place(pipe, settings, family, device, cast=cast, park=park, host_components=host_components)
     vae_in_float32(pipe)
     pipe.set_progress_bar_config(disable=True)
@@ -182,7 +171,7 @@ def load_pipeline(
         host_components=host_components,
         storage=storage,
         branch_rank=settings.lora_max_rank if storage in BRANCHED else 0,
-        gguf_types=gguf_quant_types(getattr(pipe, family.denoiser)) if storage == "gguf" else "",
+        gguf_types="; ".join(gguf_quant_types(getattr(pipe, c)) for c in family.stored) if storage == "gguf" else "",
     )
     if not warm or park:
         return loaded
@@ -321,7 +310,7 @@ def _from_pretrained(settings: Settings, family: FamilySpec, dtype: torch.dtype)
     if family.load_components is not None:
         kwargs |= family.load_components(settings.model_id, settings.hf_token)
     if settings.gguf is not None:
-        kwargs[family.denoiser] = gguf_denoiser(settings, family, dtype)
+        kwargs |= {c: gguf_denoiser(settings, family, dtype, component=c) for c in gguf_components(settings, family)}
     loader = family.pipeline_class
     if settings.vae_id:
         kwargs["vae"] = AutoencoderKL.from_pretrained(settings.vae_id, dtype=dtype, token=settings.hf_token)

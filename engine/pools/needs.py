@@ -122,22 +122,30 @@ def loaded_need(loaded: LoadedPipeline, *, rank: int, group_size: int = 128) -> 
     weights = module_bytes(pipeline_modules(loaded))
     scratch = scratch_bytes(largest_values(touched))
     need = PoolNeed(loaded.base_model_id, weights, touchable, host_able, family.memory.working_bytes, scratch)
-    denoiser = loaded.denoiser
+    # The stored components (the denoiser; Wan 2.2 A14B's transformer_2 too), which a quantized pool stores.
+    stored_modules = [getattr(pipe, c) for c in family.stored]
     linears = linear_sizes(
-        ((n, m.out_features, m.in_features) for n, m in denoiser.named_modules() if isinstance(m, nn.Linear)),
+        (
+            (n, m.out_features, m.in_features)
+            for module in stored_modules
+            for n, m in module.named_modules()
+            if isinstance(m, nn.Linear)
+        ),
         family.memory.branch_modules,
     )
-    values = sum(t.numel() for t in (*denoiser.parameters(), *denoiser.buffers()))
-    encoders = [getattr(pipe, c) for c in family.components if c not in (family.denoiser, *loaded.host_components)]
+    values = sum(t.numel() for module in stored_modules for t in (*module.parameters(), *module.buffers()))
+    encoders = [getattr(pipe, c) for c in family.components if c not in (*family.stored, *loaded.host_components)]
     encoder_scratch = scratch_bytes(largest_values(encoders))
-    widest = max((m.weight.numel() for m in denoiser.modules() if isinstance(m, nn.Linear)), default=0)
+    widest = max(
+        (m.weight.numel() for module in stored_modules for m in module.modules() if isinstance(m, nn.Linear)),
+        default=0,
+    )
     widened = dequantized_bytes(widest, loaded.dtype)
+    native = module_bytes(stored_modules)
     if loaded.storage in BRANCHED:
         # Loaded quantized already (fp8, int4 or GGUF): measured as it is, its branch buffers included.
-        stored = module_bytes([denoiser])
         quantized = need.with_int4 if loaded.storage == "int4" else need.with_fp8
-        return quantized(stored, stored, encoder_scratch, widened)
-    native = module_bytes([denoiser])
+        return quantized(native, native, encoder_scratch, widened)
     need = need.with_fp8(native, fp8_bytes(values, linears, rank), encoder_scratch, widened)
     return need.with_int4(native, int4_bytes(values, linears, rank, group_size), encoder_scratch, widened)
 
@@ -166,7 +174,8 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
         scratch = scratch_bytes(memory.largest_values)
         need = PoolNeed(pool.base_model_id, weights, touchable, host_able, memory.working_bytes, scratch)
         if memory.linears is not None:
-            values = memory.values_of((family.denoiser,))
+            # Every stored component's values (`FamilySpec.stored`); `linears` declares all of theirs.
+            values = memory.values_of(family.stored)
             quantized = fp8_bytes(values, memory.linears, settings.lora_max_rank)
             # `largest_values` (the largest weight a LoRA may touch, the denoiser's Linears among them) bounds its
             # largest Linear from above.

@@ -88,8 +88,9 @@ def build_parts(
         budget_setting=budget_setting,
         second=_second_stage(table, family.second_stage),
     )
-    # On a branched pool (fp8, int4, GGUF) the denoiser's LoRAs are branches beside its weights; the encoders' fuse.
-    patcher = BranchedPatcher(fused, Branches(table, loaded.denoiser)) if loaded.storage in BRANCHED else fused
+    # On a branched pool (fp8, int4, GGUF) the stored components' LoRAs (the denoiser's; Wan 2.2 A14B's
+    # transformer_2's too) are branches beside their weights; the encoders' fuse.
+    patcher = _branched(loaded, table, fused) if loaded.storage in BRANCHED else fused
     store = _make_store(loaded, settings, events, pin=pin)
     if disk_cache is None and (resolver.uses_hub or resolver.civitai_dir is not None):
         disk_cache = _make_disk_cache(loaded, settings, resolver, store)
@@ -105,6 +106,13 @@ def build_parts(
         pristine_device_bytes=allowance if on_device else 0,
         scratch_device_bytes=scratch_bytes(largest) if loaded.device.type != "cpu" and not per_call else 0,
     )
+
+
+def _branched(loaded: LoadedPipeline, table: TargetTable, fused: WeightPatcher) -> BranchedPatcher:
+    family = loaded.family
+    more = {c: getattr(loaded.pipe, c) for c in family.stored if c != family.denoiser}
+    branches = Branches(table, loaded.denoiser, more=more, second=_second_stage(table, family.second_stage))
+    return BranchedPatcher(fused, branches)
 
 
 def _make_store(loaded: LoadedPipeline, settings: Settings, events: EngineEvents, *, pin: bool) -> AdapterStore:

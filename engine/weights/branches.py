@@ -33,17 +33,31 @@ RANK_SETTING = "LORA_MAX_RANK"
 
 
 class Branches:
-    """The branched linears of one pool's denoiser, by `TargetTable` index, and which of them hold factors now."""
+    """The branched linears of one pool's stored components, by `TargetTable` index, and which of them hold factors
+    now: the denoiser's, and `more` (a two-stage pool's second transformer, by component name). `second`: the
+    second stage's weight indices, where an adapter's `scale_2` applies (`ActiveAdapter.scale_at`)."""
 
-    def __init__(self, table: TargetTable, denoiser: torch.nn.Module) -> None:
-        prefix = f"{table.denoiser}."
+    def __init__(
+        self,
+        table: TargetTable,
+        denoiser: torch.nn.Module,
+        *,
+        more: Mapping[str, torch.nn.Module] | None = None,
+        second: frozenset[int] = frozenset(),
+    ) -> None:
+        components = {table.denoiser: denoiser, **(more or {})}
         self._names = table.names
-        self._denoiser = {i for i, name in enumerate(table.names) if name.startswith(prefix)}
+        self._second = second
+        self._denoiser: set[int] = set()
         self._modules: dict[int, BranchedLinear] = {}
-        for index in sorted(self._denoiser):
-            module = denoiser.get_submodule(table.names[index].removeprefix(prefix))
-            if isinstance(module, BranchedLinear):
-                self._modules[index] = module
+        for component, module in components.items():
+            prefix = f"{component}."
+            owned = [i for i, name in enumerate(table.names) if name.startswith(prefix)]
+            self._denoiser.update(owned)
+            for index in owned:
+                linear = module.get_submodule(table.names[index].removeprefix(prefix))
+                if isinstance(linear, BranchedLinear):
+                    self._modules[index] = linear
         self._held: set[int] = set()
 
     @property
@@ -51,7 +65,7 @@ class Branches:
         return frozenset(self._held)
 
     def owns(self, index: int) -> bool:
-        """Whether weight `index` is the denoiser's (a branch, or refused): never the fused swap's."""
+        """Whether weight `index` is a stored component's (a branch, or refused): never the fused swap's."""
         return index in self._denoiser
 
     def plan(self, active: Sequence[ActiveAdapter]) -> Parts:
@@ -62,8 +76,9 @@ class Branches:
             self._check_kinds(item, layers)
             for layer in layers:
                 assert isinstance(layer, LayerFactors)  # _check_kinds refused every other kind
-                # The denoiser is the first stage: its scale is `scale` (a `scale_2` is the fused second stage's).
-                parts.setdefault(layer.target, []).append((layer.down, layer.up, item.scale * layer.scaling))
+                # `scale` on the first stage, `scale_2` (where given) on the second's branches.
+                scale = item.scale_at(layer.target, self._second)
+                parts.setdefault(layer.target, []).append((layer.down, layer.up, scale * layer.scaling))
         for index, factors in parts.items():
             rank, limit = sum(down.shape[0] for down, _, _ in factors), self._modules[index].rank
             if rank > limit:

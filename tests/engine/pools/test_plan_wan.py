@@ -75,7 +75,8 @@ def test_declared_sizes_are_what_diffusers_and_transformers_build_from_each_wan_
 def test_a14b_holds_two_14b_transformers_and_the_720p_i2v_base_plans_its_larger_video():
     a14b = wan22.FAMILY.memory_of(A14B)
     assert a14b.values_of(("transformer_2",)) == a14b.values_of(("transformer",)) == wan_memory.MEMORY_14B.values[0][1]
-    assert a14b.largest_encoder_values == a14b.largest_values
+    # A quantized A14B stores both transformers: no fused weight (no swap scratch) is left on it.
+    assert a14b.largest_encoder_values == 0
     small, large = wan_i2v.FAMILY.memory_of(I2V_480P), wan_i2v.FAMILY.memory_of(I2V_720P)
     assert small.values == large.values and small.working_bytes < large.working_bytes
 
@@ -117,5 +118,25 @@ def test_a14b_in_bf16_keeps_both_transformers_resident_on_80_gb():
     (placement,) = plan(settings_for(A14B), A100).placements
     assert placement.storage == "native" and placement.host_components == ("text_encoder",)
     assert placement.weights >= 2 * 2 * wan_memory.MEMORY_14B.values[0][1]
-    with pytest.raises(SettingsError, match=r"A100 or H100 \(80 GB\)"):
-        plan(settings_for(A14B), L40S)
+    with pytest.raises(SettingsError, match=r"A100 or H100 \(80 GB\)") as refused:
+        plan(settings_for(A14B, quantize="off"), L40S)
+    # The refusal names the storage that would fit there.
+    assert "QUANTIZE=auto" in str(refused.value) or "QUANTIZE=fp8" in str(refused.value)
+
+
+def test_a14b_in_fp8_with_branches_fits_an_l40s_with_both_transformers_stored_and_resident():
+    settings = settings_for(A14B, quantize="fp8")
+    (native,) = needs_on_a_gpu(settings)
+    need = native.fp8
+    assert need is not None
+    memory = wan22.FAMILY.memory_of(A14B)
+    both = memory.values_of(("transformer", "transformer_2"))
+    assert memory.linears is not None and wan_memory.MEMORY_14B.linears is not None
+    assert memory.linears.values == 2 * wan_memory.MEMORY_14B.linears.values
+    # Both transformers in fp8 (a byte a value and their branches), nothing of them left touchable or in bf16.
+    assert need.storage == "fp8" and need.touchable == 0
+    assert both < need.weights - memory.values_of(("text_encoder", "vae")) * 2 < both * 1.2
+    (placement,) = plan(settings, L40S).placements
+    assert placement.storage == "fp8" and plan(settings, L40S).resident
+    with pytest.raises(SettingsError, match=r"L40S \(48 GB\)"):
+        plan(settings, A10G)

@@ -52,17 +52,18 @@ def reference_image(spec: FamilySpec, folder: Path, loras: Path, checked: Checke
 
     pipe: Any = spec.pipeline_class.from_pretrained(str(folder))
     pipe.set_progress_bar_config(disable=True)
-    quantize_(
-        getattr(pipe, spec.denoiser),
-        Float8WeightOnlyConfig(),
-        filter_fn=lambda module, name: isinstance(module, nn.Linear) and not kept(spec, name),
-    )
+    for component in spec.stored:  # the denoiser, and Wan 2.2 A14B's transformer_2
+        quantize_(
+            getattr(pipe, component),
+            Float8WeightOnlyConfig(),
+            filter_fn=lambda module, name: isinstance(module, nn.Linear) and not kept(spec, name),
+        )
     with warnings.catch_warnings():
         # PEFT warns that such a layer cannot merge: the reference never merges (it is the unfused one).
         warnings.filterwarnings("ignore", message="TorchaoLoraLinear was instantiated without")
         pipe.load_lora_weights(str(loras), weight_name=LORA, adapter_name="a0")
         if "transformer_2" in spec.components:
-            # A two-stage Wan's low-noise transformer takes the file too (not quantized: only the denoiser is).
+            # A two-stage Wan's low-noise transformer takes the file too (quantized as well).
             pipe.load_lora_weights(str(loras), weight_name=LORA, adapter_name="a1", load_into_transformer_2=True)
     arguments = spec.call_arguments(checked)
     if checked.image is not None:
@@ -81,9 +82,10 @@ def test_each_family_in_fp8_with_a_lora_is_diffusers_unfused_on_torchaos_weights
     )
     loaded = load_pipeline(settings, warm=False)
     denoiser = loaded.denoiser
-    linears = {n: m for n, m in denoiser.named_modules() if isinstance(m, nn.Linear)}
+    modules = [(c, n, m) for c in spec.stored for n, m in getattr(loaded.pipe, c).named_modules()]
+    linears = {f"{c}.{n}": m for c, n, m in modules if isinstance(m, nn.Linear)}
     assert linears and all(isinstance(m, BranchedLinear) for m in linears.values())
-    assert all((m.weight.dtype == torch.float8_e4m3fn) != kept(spec, n) for n, m in linears.items())
+    assert all((m.weight.dtype == torch.float8_e4m3fn) != kept(spec, n.partition(".")[2]) for n, m in linears.items())
     loras = tmp_path / "loras"
     targets = [t for t in find_targets({spec.denoiser: denoiser}, {spec.denoiser: (".",)}) if not t.is_conv]
     # Its metadata names the family (ModelSpec's architecture), as editing families' LoRAs must.
