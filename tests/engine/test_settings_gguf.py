@@ -44,3 +44,17 @@ def test_a_models_item_names_its_gguf_denoiser_on_the_hub_or_locally(tmp_path):
 def test_any_other_gguf_form_is_refused_showing_the_accepted_one(item):
     with pytest.raises(SettingsError, match=r"is not accepted; accepted: MODEL\[=BASE\]@GGUF .*OWNER/REPO/PATH\.gguf"):
         parse_models(item)
+
+
+def test_a_two_transformer_base_names_its_second_gguf_file_after_its_first():
+    wan = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
+    high, low = "QuantStack/Wan2.2-T2V-A14B-GGUF/HighNoise/high-Q4_K_M.gguf", "/g/low-Q4_K_M.gguf"
+    (pool,) = parse_models(f"{wan}@{high}@{low}")
+    assert pool == PoolSetting(wan, wan, None, high, low)
+    settings = Settings.from_env({"MODELS": f"{wan}@{high}@{low}"})
+    assert (settings.gguf, settings.gguf_2) == (high, low)
+    assert settings.for_pool(pool).gguf_2 == low
+    # A third file, or a second one not of the form, is refused showing the two-file form.
+    for item in (f"{wan}@{high}@{low}@{low}", f"{wan}@{high}@low.safetensors", f"{wan}@{high}@"):
+        with pytest.raises(SettingsError, match=r"accepted: MODEL\[=BASE\]@GGUF .*MODEL\[=BASE\]@GGUF@GGUF_2"):
+            parse_models(item)
