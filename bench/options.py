@@ -47,6 +47,8 @@ class Options:
     full: bool = False
     plot_dir: Path | None = None
     family: str = "sdxl"
+    # `--pair` (Wan only): Wan 2.2 A14B's two transformers swapped together, against a floor for each.
+    pair: bool = False
 
     @property
     def headline_rank(self) -> int:
@@ -148,6 +150,9 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
     )
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: rank 8, few repeats")
+    parser.add_argument(
+        "--pair", action="store_true", help="wan only: A14B's two transformer slices swapped together (bench.swap_pair)"
+    )
     parser.add_argument("--full", action="store_true", help="the full sweep: ranks 8,32,128, 7 repeats, 3 cycles")
     parser.add_argument("--json", type=Path, dest="json_path", help="also write every number to this file")
     parser.add_argument("--workdir", type=Path, help="where the LoRA files go (default: a temporary folder)")
@@ -173,6 +178,7 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         full=full,
         plot_dir=args.plot_dir,
         family=args.family,
+        pair=args.pair,
     )
 
 
@@ -187,6 +193,8 @@ def _checked_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if args.leak_swaps is not None and args.leak_swaps < 0:
         parser.error(f"--leak-swaps {args.leak_swaps} is negative; accepted: 0 (skip) or more")
     quick, full = args.quick, args.full
+    if args.pair and args.family != "wan":
+        parser.error(f"--pair with --family {args.family}; accepted: --pair with --family wan (Wan 2.2 A14B)")
     if quick and full:
         parser.error("--quick and --full were both given; accepted: one of them")
     if not _is_dit(args.family):

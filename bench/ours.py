@@ -89,13 +89,19 @@ class Ours:
         max_rank: int,
         cache_bytes: int,
         family: Family = Family.SDXL,
+        more: Mapping[str, nn.Module] | None = None,
     ) -> None:
         spec = spec_for(family)
         self.unet = unet
-        self.table = TargetTable({spec.denoiser: unet}, denoiser=spec.denoiser, convert_lora=spec.convert_lora)
+        # `more`: a two-stage family's second transformer (Wan 2.2 A14B's `transformer_2`), swapped with the first.
+        components = {spec.denoiser: unet, **(more or {})}
+        self.table = TargetTable(components, denoiser=spec.denoiser, convert_lora=spec.convert_lora)
+        second = frozenset(
+            i for i, name in enumerate(self.table.names) if name.startswith(f"{spec.second_stage or '-'}.")
+        )
         # As the engine: pristine copies on the compute device; a device tier only off the CPU, where the
         # host copy is kept in the compute dtype instead.
-        self.patcher = WeightPatcher(self.table.params, device)
+        self.patcher = WeightPatcher(self.table.params, device, second=second)
         self.store = AdapterStore(
             host_budget=cache_bytes,
             device_budget=cache_bytes,

@@ -1,9 +1,11 @@
 """The quantized-pool benchmark: LoRAs as branches beside fp8 weights against LoRAs fused into bf16, side by side.
 
-    python -m bench.quantized [--storage fp8|int4|gguf-q8_0|gguf-q4_k] [--ranks 16,64] [--repeats N] [--tokens N]
-        [--max-rank N] [--threads N] [--quick]
+    python -m bench.quantized [--family flux|wan] [--storage fp8|int4|gguf-q8_0|gguf-q4_k] [--ranks 16,64]
+        [--repeats N] [--tokens N] [--max-rank N] [--threads N] [--quick]
 
 `--storage gguf-*` runs `bench.quantized_gguf` instead (a GGUF slice, against diffusers' GGUF + PEFT as well).
+`--family wan` measures the same on Wan's 14B video transformer slice (`bench.quantized_slices`: 2 blocks at width
+5120, every block linear adapted; a step of `--tokens` video tokens over 4 latent frames), fp8 or int4.
 
 On a real-width slice of FLUX.1's transformer (`bench.flux_slice`: 2 double and 4 single blocks at width 3072,
 every BFL linear adapted, diffusers' names), built twice from one pool of random values: once in bf16, swapped by
@@ -32,7 +34,7 @@ layers (1.1-1.15x at 1280), 2-3x on its 1-token modulation linears: the step's r
 per 512 rows, and each waits on any descheduled OpenMP worker, where the bf16 matmul is one op per layer.
 
 The default run fits about 15 minutes on 2 loaded cores; --quick is a smoke run (rank 16, 256 tokens). The last
-line is `quantized: family=flux storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= step_vs_diffusers=
+line is `quantized: family=flux|wan storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= step_vs_diffusers=
 branch_rel_err= fused_fp8_rel_err= exact=` at rank 64 (the largest rank measured), swap and step ratios medians of
 turn-by-turn ratios, errors after the slice. `--storage int4` stores the slice as `engine.weights.int4` does
 (groups of 128; `x_embedder`, 64 wide, stays bf16) and measures the same, `fused_fp8_rel_err` then the LoRA fused
@@ -62,17 +64,16 @@ import diffusers
 import torch
 import torch.nn.functional as F
 
-from bench.flux_slice import build_flux_slice, flux_pool, flux_targets, write_flux_pair
 from bench.measure import Clock, cpu_description
 from bench.ours import Ours, round_robin
 from bench.quantized_gguf import GGUF_STORAGES, run_gguf
+from bench.quantized_slices import SLICES
 from bench.sdxl_unet import mismatched_tensors
 from bench.swap import _cpu_pressure
 from engine.formats.layers import LayerFactors
 from engine.weights.branches import BranchedPatcher, Branches
 from engine.weights.int4 import Int4Linear, quantize_denoiser_int4
 from engine.weights.quantized import BranchedLinear, quantize_denoiser, stored_bytes
-from lora_catalog.entries import Family
 
 __all__ = ["main", "run"]
 
@@ -89,6 +90,7 @@ class Args:
     max_rank: int
     quick: bool
     storage: str = "fp8"
+    family: str = "flux"
 
 
 def _say(text: str) -> None:
@@ -104,7 +106,13 @@ def parse(argv: Sequence[str] | None) -> Args:
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: rank 16, 256 tokens, 2 repeats")
     parser.add_argument("--storage", default="fp8", choices=["fp8", "int4", *GGUF_STORAGES], help="the base's storage")
+    parser.add_argument("--family", default="flux", choices=sorted(SLICES), help="the slice's family (default flux)")
     args = parser.parse_args(argv)
+    if args.family != "flux" and args.storage in GGUF_STORAGES:
+        parser.error(
+            f"--storage {args.storage} is measured on FLUX.1's slice only; accepted with --family "
+            f"{args.family}: fp8, int4"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     ranks = tuple(int(r) for r in args.ranks.split(",")) if args.ranks else ((16,) if args.quick else (16, 64))
@@ -112,19 +120,20 @@ def parse(argv: Sequence[str] | None) -> Args:
         parser.error(f"--ranks {max(ranks)} is over --max-rank {args.max_rank}; accepted: ranks up to it")
     repeats = args.repeats or (2 if args.quick else 4)
     tokens = args.tokens or (256 if args.quick else 1024)
-    return Args(ranks, repeats, tokens, args.max_rank, args.quick, args.storage)
+    return Args(ranks, repeats, tokens, args.max_rank, args.quick, args.storage, args.family)
 
 
 def run(args: Args) -> dict[str, object]:
     began = time.perf_counter()
     clock = Clock(torch.device("cpu"))
     cpu, _ = cpu_description()
-    _say("quantized benchmark: FLUX.1 transformer slice (2 double + 4 single blocks, width 3072), random weights")
+    chosen = SLICES[args.family]
+    _say(f"quantized benchmark: {chosen.label}, random weights")
     _say(f"CPU: {cpu}; torch {torch.__version__}, diffusers {diffusers.__version__}, {torch.get_num_threads()} threads")
     _say(f"machine: {_cpu_pressure()}")
-    pool = flux_pool()
-    bf16 = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
-    fp8 = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
+    pool = chosen.pool()
+    bf16 = chosen.build(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
+    fp8 = chosen.build(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
     started = time.perf_counter()
     if args.storage == "int4":
         quantize_denoiser_int4(fp8, rank=args.max_rank, dtype=DTYPE, group_size=INT4_GROUP)
@@ -137,14 +146,14 @@ def run(args: Args) -> dict[str, object]:
         f"{sum(p.nbytes for p in bf16.parameters()) / 2**30:.2f} GiB, {args.storage} with rank-{args.max_rank} "
         f"branches {stored / 2**30:.2f} GiB (quantized in {time.perf_counter() - started:.1f} s)"
     )
-    fused = Ours(bf16, device=torch.device("cpu"), dtype=DTYPE, max_rank=256, cache_bytes=8 * 2**30, family=Family.FLUX)
-    branch = Ours(fp8, device=torch.device("cpu"), dtype=DTYPE, max_rank=256, cache_bytes=8 * 2**30, family=Family.FLUX)
+    options: dict[str, Any] = {"device": torch.device("cpu"), "dtype": DTYPE, "max_rank": 256, "cache_bytes": 8 * 2**30}
+    fused = Ours(bf16, family=chosen.family, **options)
+    branch = Ours(fp8, family=chosen.family, **options)
     branch.patcher = BranchedPatcher(branch.patcher, Branches(branch.table, fp8))  # type: ignore[assignment]
     results: dict[str, object] = {"cpu": cpu}
     with tempfile.TemporaryDirectory(prefix="quantized-bench-") as folder:
-        layers = flux_targets(bf16)
         for rank in args.ranks:
-            pair = write_flux_pair(Path(folder), layers, rank=rank, fmt="peft")
+            pair = chosen.pair(Path(folder), bf16, rank)
             sides = {
                 name: [o.prepare(p, f"r{rank}-{i}") for i, p in enumerate(pair.paths)]
                 for name, o in (("fused", fused), ("branch", branch))
@@ -159,7 +168,7 @@ def run(args: Args) -> dict[str, object]:
     branch.reset()
     exact = stored_bytes(fp8) == loaded_bytes and not mismatched_tensors(bf16, pool)
     _say(f"machine: {_cpu_pressure()}; the whole run took {time.perf_counter() - began:.0f} s")
-    _last_line(results, max(args.ranks), exact, args.storage)
+    _last_line(results, max(args.ranks), exact, args)
     return results
 
 
@@ -227,22 +236,8 @@ def _rel(value: torch.Tensor, reference: torch.Tensor) -> float:
     return float((value - reference).norm() / reference.norm())
 
 
-def _inputs(tokens: int) -> dict[str, object]:
-    generator = torch.Generator().manual_seed(0)
-    text = max(tokens // 4, 16)
-    side = int(tokens**0.5)
-    grid = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(tokens // side), indexing="ij"), -1)
-    image_ids = torch.cat([torch.zeros(side * (tokens // side), 1), grid.reshape(-1, 2).float()], dim=1)
-    return {
-        "hidden_states": torch.randn(1, image_ids.shape[0], 64, generator=generator).to(DTYPE),
-        "encoder_hidden_states": torch.randn(1, text, 4096, generator=generator).to(DTYPE),
-        "pooled_projections": torch.randn(1, 768, generator=generator).to(DTYPE),
-        "timestep": torch.tensor([0.5], dtype=DTYPE),
-        "img_ids": image_ids,
-        "txt_ids": torch.zeros(text, 3),
-        "guidance": torch.tensor([3.5], dtype=DTYPE),
-        "return_dict": False,
-    }
+def _inputs(tokens: int, family: str = "flux") -> dict[str, object]:
+    return SLICES[family].inputs(tokens, DTYPE)
 
 
 @torch.no_grad()
@@ -250,7 +245,7 @@ def _steps(fused: Ours, branch: Ours, sides: dict, args: Args, clock: Clock) -> 
     """Eager steps at the headline rank, taking turns; then the slice's output errors against bf16 fused."""
     fused.swap(sides["fused"][0])
     branch.swap(sides["branch"][0])
-    inputs = _inputs(args.tokens)
+    inputs = _inputs(args.tokens, args.family)
     outputs: dict[str, torch.Tensor] = {}
 
     def step(name: str, model: torch.nn.Module):  # type: ignore[no-untyped-def]
@@ -292,7 +287,7 @@ def _versus_diffusers(pool: torch.Tensor, path: Path, branch: Ours, args: Args, 
     from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
     from torchao.quantization import Float8WeightOnlyConfig, quantize_
 
-    theirs: Any = build_flux_slice(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
+    theirs: Any = SLICES[args.family].build(dtype=DTYPE, device=torch.device("cpu"), pool=pool)
     config = (
         PrototypeInt4WeightOnlyConfig(group_size=INT4_GROUP) if args.storage == "int4" else Float8WeightOnlyConfig()
     )
@@ -304,7 +299,7 @@ def _versus_diffusers(pool: torch.Tensor, path: Path, branch: Ours, args: Args, 
     except Exception as error:  # what diffusers raises is the answer here, said in the line
         _say(f"diffusers on {args.storage} refused the LoRA: {type(error).__name__}: {error}")
         return "refused"
-    inputs = _inputs(args.tokens)
+    inputs = _inputs(args.tokens, args.family)
     steps = {"ours": lambda _: branch.unet(**inputs), "diffusers": lambda _: theirs(**inputs)}
     samples = round_robin(clock, steps, args.repeats)
     ratio = statistics.median(o / d for o, d in zip(samples["ours"], samples["diffusers"], strict=True))
@@ -347,13 +342,14 @@ def _stored_like(module: BranchedLinear, weight: torch.Tensor, bias: torch.Tenso
     return BranchedLinear(linear, 1, DTYPE, quantize=module.weight.dtype == torch.float8_e4m3fn)
 
 
-def _last_line(results: dict[str, object], rank: int, exact: bool, storage: str) -> None:
+def _last_line(results: dict[str, object], rank: int, exact: bool, args: Args) -> None:
     swap = results[f"swap_r{rank}"]
     step, diffusers = results["step"], results["diffusers"]
     assert isinstance(swap, dict) and isinstance(step, dict)
     versus = diffusers if isinstance(diffusers, str) else f"{diffusers:.2f}"
     _say(
-        f"quantized: family=flux storage={storage} swap_ms={swap['branch_ms']:.1f} swap_vs_fused={swap['ratio']:.3f} "
+        f"quantized: family={args.family} storage={args.storage} swap_ms={swap['branch_ms']:.1f} "
+        f"swap_vs_fused={swap['ratio']:.3f} "
         f"step_vs_bf16_fused={step['ratio']:.2f} step_vs_diffusers={versus} "
         f"branch_rel_err={step['branch_rel_err']:.4f} fused_fp8_rel_err={step['fused_fp8_rel_err']:.4f} "
         f"exact={'true' if exact else 'false'}"

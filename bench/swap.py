@@ -1,6 +1,6 @@
 """The swap benchmark: changing the served LoRA on the full-size SDXL UNet, five ways, side by side.
 
-    python -m bench.swap [--family sdxl|flux|qwen|wan] [--device cpu|cuda] [--dtype bfloat16|float16|float32]
+    python -m bench.swap [--family sdxl|flux|qwen|wan [--pair]] [--device cpu|cuda] [--dtype bfloat16|float16|float32]
                          [--ranks 8,32] [--repeats N] [--formats peft,kohya] [--variants loha,lokr,dora]
                          [--quick | --full] [--json PATH] [--plot DIR]
 
@@ -10,7 +10,8 @@ qkv/linear1 and in diffusers' names), at ranks 16 and 64, without the LyCORIS se
 them on a real-width slice of Qwen-Image's (`bench.qwen_slice`: 3 blocks at width 3072, every Linear layer of
 each adapted, in musubi-tuner's kohya names and in diffusers'), at ranks 16 and 64. `--family wan` on a
 real-width slice of Wan's 14B video transformer (`bench.wan_slice`: 2 blocks at width 5120, every Linear layer of
-each adapted, in musubi-tuner's names and in diffusers'), at ranks 16 and 64.
+each adapted, in musubi-tuner's names and in diffusers'), at ranks 16 and 64; with `--pair`, Wan 2.2 A14B's two
+transformers (two such slices) swapped together against a floor for each (`bench.swap_pair`).
 
 (a) the reference service: diffusers' load_lora_weights + fuse_lora + unfuse_lora + unload_lora_weights
     per request, a different adapter each time;
@@ -62,6 +63,7 @@ from bench.qwen_slice import build_qwen_slice, qwen_pool, qwen_targets, write_qw
 from bench.report import Exactness, report
 from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, mismatched_tensors, random_pool
 from bench.sections import measure_ours, measure_reference
+from bench.swap_pair import run_pair
 from bench.wan_slice import build_wan_slice, wan_pool, wan_targets, write_wan_pair
 from serving.demo.synthetic import UNET_ATTENTION, find_targets
 
@@ -196,7 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # diffusers says on every load that the LoRA has no text-encoder part, which is by design here.
     diffusers.utils.logging.set_verbosity_error()
     transformers.utils.logging.set_verbosity_error()
-    run(options)
+    if options.pair:
+        run_pair(options, _say, _cpu_pressure)
+    else:
+        run(options)
     return 0
 
 

@@ -92,6 +92,61 @@ def test_quantized_on_the_flux_slice_ends_with_its_verdict_line():
     assert found[4] == "refused" or float(found[4]) > 0
 
 
+@pytest.mark.timeout(2400)
+def test_quantized_on_the_wan_slice_ends_with_its_verdict_line_and_refuses_gguf_there():
+    line = last_line(
+        "bench.quantized",
+        "--family",
+        "wan",
+        "--quick",
+        "--tokens",
+        "64",
+        "--repeats",
+        "1",
+        "--max-rank",
+        "16",
+        timeout=2300,
+    )
+    found = re.fullmatch(
+        rf"quantized: family=wan storage=fp8 swap_ms={NUMBER} swap_vs_fused={NUMBER} step_vs_bf16_fused={NUMBER} "
+        rf"step_vs_diffusers=(\S+) branch_rel_err={NUMBER} fused_fp8_rel_err={NUMBER} exact=(true|false)",
+        line,
+    )
+    assert found, line
+    assert all(float(found[i]) > 0 for i in (1, 2, 3, 5, 6)) and found[7] == "true"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.quantized", "--family", "wan", "--storage", "gguf-q8_0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2 and "accepted with --family wan: fp8, int4" in done.stderr, done.stderr[-1000:]
+
+
+@pytest.mark.timeout(600)
+def test_wan_step_runs_the_tiny_wan_step_and_decode_with_both_lines():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.wan_step", "--tiny", "--device", "cpu", "--repeats", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=500,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    step, decode = done.stdout.strip().splitlines()[-2:]
+    assert re.fullmatch(
+        rf"wan_step: size=5x64x48 tokens=24 bf16_step_ms={NUMBER} fp8_step_ms={NUMBER} fp8_vs_bf16={NUMBER} "
+        rf"step_peak_gib=na fp8_step_peak_gib=na planned_step_gib={NUMBER}",
+        step,
+    ), step
+    assert re.fullmatch(
+        rf"wan_decode: size=5x64x48 decode_ms={NUMBER} decode_peak_gib=na planned_decode_gib={NUMBER}", decode
+    )
+
+
 @pytest.mark.timeout(1800)
 def test_unet_step_compiles_the_tiny_unet_and_matches_eager():
     line = last_line("bench.unet_step", "--tiny", "--side", "64", "--repeats", "1")

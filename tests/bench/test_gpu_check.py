@@ -55,7 +55,15 @@ def test_the_gpu_tests_and_benchmarks_import_without_gradio_or_test_only_tools()
         for path in (ROOT / "tests").rglob("test_*.py")
         if "pytest.mark.gpu" in path.read_text()
     )
-    benches = ["bench.swap", "bench.pools", "bench.pristine", "bench.compile", "bench.unet_step", "bench.cuda_confirm"]
+    benches = [
+        "bench.swap",
+        "bench.pools",
+        "bench.pristine",
+        "bench.compile",
+        "bench.unet_step",
+        "bench.cuda_confirm",
+        "bench.wan_step",
+    ]
     support = ["tests.conftest", "tests.support.standin_hub", "tests.support.loras"]
     modules = [*benches, *support, *gpu_tests]
     assert "tests.engine.pools.test_gpu" in modules

@@ -253,6 +253,22 @@ def test_the_wan_sections_swap_exactly_and_match_diffusers_on_a_narrow_slice(poo
     assert (wan.ranks, wan.variants, wan.headline_rank) == ((16, 64), (), 64)
 
 
+def test_the_a14b_pair_swaps_both_narrow_slices_exactly_against_two_floors_and_diffusers(pool, tmp_path, capsys):
+    from bench.swap_pair import run_pair
+
+    opts = options(family="wan", pair=True, ranks=(4,), formats=("peft",))
+    lines: list[str] = []
+    result = run_pair(opts, lines.append, lambda: "load n/a", pool=pool, config=TINY_WAN)
+    assert result["exact"] is True and result["swap_vs_floor"] > 0
+    row = result["rows"]["r4-peft"]
+    assert row["floor_high_ms"] > 0 and row["floor_low_ms"] > 0 and row["reference_ms"] > 0
+    assert re.fullmatch(r"swap_vs_floor=\d+\.\d+ swap_vs_reference=\d+\.\d+ exact=true", lines[-1]), lines[-1]
+    assert parse_options(["--family", "wan", "--pair"]).pair
+    with pytest.raises(SystemExit):
+        parse_options(["--family", "flux", "--pair"])
+    assert "accepted: --pair with --family wan" in capsys.readouterr().err
+
+
 def test_quick_defaults_and_bad_arguments(capsys):
     quick = parse_options(["--quick"])
     assert (quick.ranks, quick.repeats, quick.reference_repeats, quick.leak_swaps) == ((8,), 3, 1, 20)
