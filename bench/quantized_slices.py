@@ -5,8 +5,8 @@ its pool of random values, its LoRA pair written, and a step's inputs made at a 
   adapted; a step: `tokens` image tokens and a quarter as many text tokens.
 - `wan`: Wan's 14B video transformer (Wan 2.1 T2V-14B's, and each of Wan 2.2 A14B's two), 2 blocks at width 5120
   (`bench.wan_slice`), every block linear adapted; a step: 4 latent frames of a square latent whose 2x2 patches
-  make `tokens` video tokens (1024: 4 x 32 x 32 latents, a 256 x 256 video of 13 frames), and a quarter as many
-  UMT5 text tokens.
+  make `tokens` video tokens (1024: 4 x 32 x 32 latents, a 256 x 256 video of 13 frames), and UMT5's 512 text
+  tokens (Wan's pipelines always pad the prompt to 512).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from lora_catalog.entries import Family
 __all__ = ["SLICES", "QuantizedSlice"]
 
 _LATENT_FRAMES = 4
+_WAN_TEXT_TOKENS = 512  # WanPipeline's max_sequence_length: every prompt padded to it
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def _wan_inputs(tokens: int, dtype: torch.dtype) -> dict[str, object]:
     side = 2 * max(1, round((tokens / _LATENT_FRAMES) ** 0.5))
     return {
         "hidden_states": torch.randn(1, 16, _LATENT_FRAMES, side, side, generator=generator).to(dtype),
-        "encoder_hidden_states": torch.randn(1, max(tokens // 4, 16), 4096, generator=generator).to(dtype),
+        "encoder_hidden_states": torch.randn(1, _WAN_TEXT_TOKENS, 4096, generator=generator).to(dtype),
         "timestep": torch.tensor([500.0], dtype=dtype),
         "return_dict": False,
     }

@@ -88,8 +88,7 @@ def build_parts(
         budget_setting=budget_setting,
         second=_second_stage(table, family.second_stage),
     )
-    # On a branched pool (fp8, int4, GGUF) the stored components' LoRAs (the denoiser's; Wan 2.2 A14B's
-    # transformer_2's too) are branches beside their weights; the encoders' fuse.
+    # Branched pool (fp8, int4, GGUF): the stored components' LoRAs as branches (`_branched`); the encoders' fuse.
     patcher = _branched(loaded, table, fused) if loaded.storage in BRANCHED else fused
     store = _make_store(loaded, settings, events, pin=pin)
     if disk_cache is None and (resolver.uses_hub or resolver.civitai_dir is not None):
@@ -109,6 +108,8 @@ def build_parts(
 
 
 def _branched(loaded: LoadedPipeline, table: TargetTable, fused: WeightPatcher) -> BranchedPatcher:
+    """The stored components' LoRAs (the denoiser's; Wan 2.2 A14B's transformer_2's too, at `scale_2`) as branches
+    beside their weights, the rest fused."""
     family = loaded.family
     more = {c: getattr(loaded.pipe, c) for c in family.stored if c != family.denoiser}
     branches = Branches(table, loaded.denoiser, more=more, second=_second_stage(table, family.second_stage))
