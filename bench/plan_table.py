@@ -61,6 +61,8 @@ SETTINGS_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
     ("Wan 2.1 T2V 1.3B, HOST_CACHE_BYTES=256MiB", (WAN_1_3B_MODEL_ID,), {"host_cache_bytes": 256 * _MIB}),
     ("Wan 2.1 T2V 14B, QUANTIZE=fp8", (WAN_14B_MODEL_ID,), {"quantize": "fp8"}),
     ("Wan 2.2 T2V-A14B, QUANTIZE=fp8", (WAN_A14B_MODEL_ID,), {"quantize": "fp8"}),
+    # Both of A14B's transformers stored in int4 (`FamilySpec.stored`).
+    ("Wan 2.2 T2V-A14B, QUANTIZE=int4", (WAN_A14B_MODEL_ID,), {"quantize": "int4"}),
 )
 
 
