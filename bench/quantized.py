@@ -270,7 +270,7 @@ def _steps(fused: Ours, branch: Ours, sides: dict, args: Args, clock: Clock) -> 
         "fused_fp8_rel_err": _rel(outputs["fp8_fused"], outputs["fused"]),
     }
     _say(
-        f"step ({args.tokens} image tokens, rank {max(args.ranks)}, "
+        f"step ({args.tokens} {'video' if args.family == 'wan' else 'image'} tokens, rank {max(args.ranks)}, "
         f"branches of {args.max_rank}): {args.storage} + branch {out['branch_ms']:.0f} ms, "
         f"bf16 fused {out['fused_ms']:.0f} ms, ratio {out['ratio']:.3f}; widening every {args.storage} weight "
         f"whole, once, took {dequantize_ms:.0f} ms (a step widens 512 rows at a time instead)"
