@@ -128,6 +128,9 @@ class PreviewSpec:
     tiny_vae: str | None
     projection: LatentProjection | None
     unpack: LatentUnpacker | None = None
+    # Projections for the family's other latent widths (Wan 2.2 TI2V-5B's 48 channels beside Wan 2.1's 16): the
+    # linear preview takes the one whose rows match the latents' channels.
+    more_projections: tuple[LatentProjection, ...] = ()
 
 
 @dataclass(frozen=True)

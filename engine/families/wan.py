@@ -7,8 +7,8 @@ kohya/musubi-tuner's `lora_unet_`) is converted by its own converter, which also
 deltas, `.diff` full-weight deltas but the head's). Bias deltas (`.diff_b`, diffusers' `lora_B.bias`) are refused
 by name: the exact swap changes weights, and diffusers applies them as PEFT's `lora_bias`.
 Defaults as diffusers and Wan's card run it: 50 steps at CFG 5, 81 frames (4k+1, capped by MAX_VIDEO_FRAMES) at
-16 fps (TI2V-5B: 24), sides in the VAE's scale times the 2x2 patches. Previews: the first latent frame through
-Wan 2.1's latent projection (TI2V-5B's 48-channel latents have none: no preview there).
+16 fps (TI2V-5B: 24), sides in the VAE's scale times the 2x2 patches. Previews: a strip of a few latent frames
+side by side through Wan 2.1's latent projection (TI2V-5B's 48-channel latents through Wan 2.2's).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from diffusers import WanPipeline
 
 from engine.families.spec import (
@@ -39,7 +40,7 @@ from engine.families.wan_memory import MEMORY_1_3B, MEMORY_5B, MEMORY_14B
 from engine.requests import CheckedRequest
 from families.wan import IDENTITY, MODEL_ID_5B, MODEL_ID_14B
 
-__all__ = ["FAMILY", "LATENT_RGB", "convert_lora", "unpack_latents"]
+__all__ = ["FAMILY", "LATENT_RGB", "LATENT_RGB_5B", "PREVIEW_FRAMES", "convert_lora", "unpack_latents"]
 
 # Wan's 480P sizes (832 x 480 both ways) and the square between them, at the 480 side.
 SIDE = 480
@@ -69,6 +70,64 @@ LATENT_RGB = LatentProjection(
     ),
     bias=(-0.1835, -0.0868, -0.3360),
 )
+# Wan 2.2 TI2V-5B's 48-channel latents (its own VAE, 16x spatially): ComfyUI's comfy/latent_formats.py, class
+# Wan22 (Comfy-Org/ComfyUI at 75399d78, latent_rgb_factors and latent_rgb_factors_bias), fitted on its normalised
+# latents as Wan21's are.
+LATENT_RGB_5B = LatentProjection(
+    weights=(
+        (0.0119, 0.0103, 0.0046),
+        (-0.1062, -0.0504, 0.0165),
+        (0.0140, 0.0409, 0.0491),
+        (-0.0813, -0.0677, 0.0607),
+        (0.0656, 0.0851, 0.0808),
+        (0.0264, 0.0463, 0.0912),
+        (0.0295, 0.0326, 0.0590),
+        (-0.0244, -0.0270, 0.0025),
+        (0.0443, -0.0102, 0.0288),
+        (-0.0465, -0.0090, -0.0205),
+        (0.0359, 0.0236, 0.0082),
+        (-0.0776, 0.0854, 0.1048),
+        (0.0564, 0.0264, 0.0561),
+        (0.0006, 0.0594, 0.0418),
+        (-0.0319, -0.0542, -0.0637),
+        (-0.0268, 0.0024, 0.0260),
+        (0.0539, 0.0265, 0.0358),
+        (-0.0359, -0.0312, -0.0287),
+        (-0.0285, -0.1032, -0.1237),
+        (0.1041, 0.0537, 0.0622),
+        (-0.0086, -0.0374, -0.0051),
+        (0.0390, 0.0670, 0.2863),
+        (0.0069, 0.0144, 0.0082),
+        (0.0006, -0.0167, 0.0079),
+        (0.0313, -0.0574, -0.0232),
+        (-0.1454, -0.0902, -0.0481),
+        (0.0714, 0.0827, 0.0447),
+        (-0.0304, -0.0574, -0.0196),
+        (0.0401, 0.0384, 0.0204),
+        (-0.0758, -0.0297, -0.0014),
+        (0.0568, 0.1307, 0.1372),
+        (-0.0055, -0.0310, -0.0380),
+        (0.0239, -0.0305, 0.0325),
+        (-0.0663, -0.0673, -0.0140),
+        (-0.0416, -0.0047, -0.0023),
+        (0.0166, 0.0112, -0.0093),
+        (-0.0211, 0.0011, 0.0331),
+        (0.1833, 0.1466, 0.2250),
+        (-0.0368, 0.0370, 0.0295),
+        (-0.3441, -0.3543, -0.2008),
+        (-0.0479, -0.0489, -0.0420),
+        (-0.0660, -0.0153, 0.0800),
+        (-0.0101, 0.0068, 0.0156),
+        (-0.0690, -0.0452, -0.0927),
+        (-0.0145, 0.0041, 0.0015),
+        (0.0421, 0.0451, 0.0373),
+        (0.0504, -0.0483, -0.0356),
+        (-0.0837, 0.0168, 0.0055),
+    ),
+    bias=(0.0317, -0.0878, -0.1388),
+)
+# The latent frames a preview strip shows (81 frames are 21 latent frames: 4 of them, about 1.3 s apart at 16 fps).
+PREVIEW_FRAMES = 4
 # The self- and cross-attention inputs a LoRA's down factor shows the hidden width on (diffusers' `attn1`/`attn2`
 # q, k and v; the original `self_attn`/`cross_attn` q; kohya's underscores).
 _HIDDEN_INPUT = re.compile(r"(attn1[._]to[._][qkv]|attn2[._]to[._]q|self_attn[._][qkv]|cross_attn[._]q)[._]")
@@ -139,8 +198,13 @@ def call_arguments(request: CheckedRequest) -> dict[str, Any]:
 
 
 def unpack_latents(latents: Tensor, height: int, width: int, vae_scale_factor: int) -> Tensor:
-    """The first latent frame of the (batch, channels, frames, height, width) latents."""
-    return latents[:, :, 0]
+    """A strip of the (batch, channels, frames, height, width) latents' frames side by side: up to
+    `PREVIEW_FRAMES` latent frames, evenly spaced from the first to the last (each stands for 4 video frames
+    after the first), so the preview shows the motion forming, not one still."""
+    count = latents.shape[2]
+    shown = min(PREVIEW_FRAMES, count)
+    picked = [round(i * (count - 1) / (shown - 1)) for i in range(shown)] if shown > 1 else [0]
+    return torch.cat([latents[:, :, index] for index in picked], dim=-1)
 
 
 FAMILY = FamilySpec(
@@ -155,7 +219,7 @@ FAMILY = FamilySpec(
     size_buckets=SIZE_BUCKETS,
     convert_lora=convert_lora,
     signature=LoraSignature(lora_widths, pipeline_widths),
-    preview=PreviewSpec(None, LATENT_RGB, unpack=unpack_latents),
+    preview=PreviewSpec(None, LATENT_RGB, unpack=unpack_latents, more_projections=(LATENT_RGB_5B,)),
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
     # Each base at its own size (`engine.families.wan_memory`); UMT5-XXL may run from host RAM.
