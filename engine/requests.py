@@ -102,6 +102,7 @@ class GenerateRequest:
             "the LoRAs and their scales",
             http="loras",
             gradio=("lora", "lora_scale", "lora_2", "lora_2_scale"),
+            gradio_video=("lora_scale_2", "lora_2_scale_2"),
         ),
     )
     steps: float | None = request_field(

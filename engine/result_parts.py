@@ -48,6 +48,8 @@ class AdapterUse:
     # The fine-tune it was trained for when it ran on a pool of another base (a Civitai "Pony" LoRA on SDXL);
     # None when it ran on the base it declares.
     trained_for: str | None = None
+    # Its scale on a two-stage pool's low-noise transformer (`LoraSpec.scale_2`); None: `scale` there too.
+    scale_2: float | None = None
 
 
 def seeds_of(seed: int, count: int) -> tuple[int, ...]:

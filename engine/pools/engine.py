@@ -185,6 +185,7 @@ class Engine:
                         ready.cache,
                         adapter.file_hash,
                         ready.trained_for,
+                        spec.scale_2,
                     )
                 )
                 warnings.extend((*adapter.warnings, *ready.warnings))
