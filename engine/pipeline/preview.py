@@ -82,9 +82,14 @@ class TinyVaePreview:
         config = getattr(vae, "config", None)
         self._scaling = float(getattr(config, "scaling_factor", 1.0) or 1.0)
         self._shift = float(getattr(config, "shift_factor", 0.0) or 0.0)
+        self._channels = getattr(config, "latent_channels", None)
 
     @torch.inference_mode()
-    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image:
+    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image | None:
+        if self._channels is not None and latents.shape[1] != self._channels:
+            # PREVIEW_VAE is one setting for every pool: a pool of other latents (Wan's 16 channels beside a
+            # TAESD's 4) gets no preview rather than a failed step.
+            return None
         weight = next(self._vae.parameters())
         latent = _unit_variance(latents[:1], scheduler) / self._scaling + self._shift
         return _to_image(self._vae.decode(latent.to(device=weight.device, dtype=weight.dtype)).sample)  # type: ignore[operator]

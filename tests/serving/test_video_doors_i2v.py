@@ -120,3 +120,15 @@ def test_a_loras_low_noise_scale_from_post_and_gradio_client_is_the_same_mp4(ser
     other = {**body, "parameters": {**parameters, "loras": [{**lora, "scale_2": 1.5}]}}
     changed = httpx.post(server.url, json=other, timeout=600)
     assert changed.status_code == 200 and changed.content != answer.content
+
+
+def test_the_apps_low_noise_scales_show_only_for_the_two_stage_base(server):
+    """In the app itself (no browser): each LoRA's "Low-noise scale" starts hidden (the default pool, Wan 2.1
+    I2V, has one stage) and the base filter's switch shows them for Wan 2.2 A14B, hides them again for I2V."""
+    demo = server.demo
+    lows = [c for c in demo.blocks.values() if getattr(c, "elem_id", None) in ("lora-1-scale-2", "lora-2-scale-2")]
+    assert len(lows) == 2 and all(c.label == "Low-noise scale" and c.visible is False for c in lows)
+    (switch,) = [fn for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "switch_lows"]
+    assert [c._id for c in switch.outputs] == sorted(c._id for c in lows)
+    assert [s.visible for s in switch.fn(A14B)] == [True, True]
+    assert [s.visible for s in switch.fn(I2V)] == [False, False]
