@@ -1,6 +1,6 @@
 """The UI's video pieces: frames and fps beside the size (shown for a video pool, with the clip's length in
-seconds at that rate), a `gr.Video` result in place of the image, and the switch between them when the base
-changes.
+seconds at that rate), a `gr.Video` result in place of the image, each LoRA's "Low-noise scale" (shown for a
+two-stage pool: Wan 2.2 A14B's `LoraSpec.scale_2`), and the switch between them when the base changes.
 
 A pool is a video pool by its defaults (`ModelDefaults.video`), never by its family. The input image for
 image-to-video is the image panel every pool that takes an image shows (`serving.ui.inputs`); progress is the
