@@ -2,7 +2,8 @@
 named by its folder, Wan2.2-Lightning's layout, or by its two files joined with '+'), and a Civitai version whose
 files are both halves, are each one LoRA, each file on its transformer: byte-identical to the same pair from a
 local folder (which equals diffusers loading each file into its transformer: test_wan22_pairs). A folder of two
-highs, a folder with one half, and halves of different bases are 400s, both transformers bit-exact after."""
+highs, a folder with one half, and halves of different bases are 400s, both transformers bit-exact after.
+lightx2v's Wan2.2-Lightning pair from its repo brings its 4 steps and no CFG on both stages."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ V11, V10 = "Wan2.2-T2V-A14B-4steps-lora-rank64-Seko-V1.1/", "Wan2.2-T2V-A14B-4st
 LIGHTNING = ("high_noise_model.safetensors", "low_noise_model.safetensors")
 REPOS = ("wanhub/lightning-layout", "wanhub/one-pair", "wanhub/bad-pairs")
 CIVITAI_PAIR = 4201
+# The speed LoRA's own repo (lora_catalog.hints knows it): its pairs bring 4 steps and no CFG on both stages.
+SPEED_REPO = "lightx2v/Wan2.2-Lightning"
 
 
 def request(*loras: LoraSpec, **fields: object) -> GenerateRequest:
@@ -65,6 +68,7 @@ def published(hub, halves) -> None:
         {V11 + LIGHTNING[0]: high, V11 + LIGHTNING[1]: low, V10 + LIGHTNING[0]: low, V10 + LIGHTNING[1]: high},
     )
     hub.add_repo(REPOS[1], {HIGH: high, LOW: low})
+    hub.add_repo(SPEED_REPO, {V11 + LIGHTNING[0]: high, V11 + LIGHTNING[1]: low})
     bad = {"twice/" + HIGH: high, "twice/style_HIGH.safetensors": low, "one/" + HIGH: high}
     hub.add_repo(REPOS[2], bad | {"bases/" + HIGH: halves["high_a14b"], "bases/" + LOW: halves["low_13b"]})
 
@@ -151,3 +155,14 @@ def test_bad_hub_pairs_are_400s_and_both_transformers_stay_bit_exact(engine, loa
         assert caught.value.status == 400, folder
     engine.restore_base_weights()
     assert_components_pristine(loaded_wan22.pipe, pristine_wan22, ("transformer", "transformer_2", "text_encoder"))
+
+
+def test_a_wan22_lightning_pair_from_the_hub_brings_4_steps_and_no_cfg_on_both_stages(engine):
+    spec = LoraSpec(SPEED_REPO, weight_name=V11)
+    offered = generate(engine, request(spec, steps=None))
+    assert (offered.request.steps, offered.request.guidance, offered.request.guidance_2) == (4, 1.0, 1.0)
+    said = f"speed LoRA (Wan2.2-Lightning, {SPEED_REPO})"
+    assert dict(offered.request.defaults_from) == dict.fromkeys(("steps", "guidance", "guidance_2"), said)
+    assert "CFG scale 2: 1" in recipe_text(offered)
+    given = generate(engine, request(spec, steps=4, guidance=1.0, guidance_2=1.0))
+    assert same_frames(offered.frames, given.frames)
