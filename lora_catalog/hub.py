@@ -214,9 +214,11 @@ class HubSource:
         pair = choose_pair(where, weight_candidates(sizes), weight_name)
         if pair is not None:
             # Two files, one LoRA (`lora_catalog.pairs`): its weight name is both, its size their sum.
-            total = sum(sizes[name] or 0 for name in pair) if all(sizes[name] is not None for name in pair) else None
-            sha = info.sha or entry.sha
-            return dataclasses.replace(entry, weight_name=SEPARATOR.join(pair), weight_size=total, sha=sha)
+            halves = [sizes[name] for name in pair]
+            total = None if None in halves else sum(size or 0 for size in halves)
+            return dataclasses.replace(
+                entry, weight_name=SEPARATOR.join(pair), weight_size=total, sha=info.sha or entry.sha
+            )
         chosen = choose_weight(where, tuple(sizes), weight_name)
         embeddings = embeddings_for(chosen, sizes)
         size = sizes[embeddings] if embeddings else None
