@@ -239,7 +239,7 @@ class CheckedRequest(GenerateRequest):
 
 
 # The fields a LoRA's recommendation may fill where the client left them unset (`Suggested`).
-SUGGESTIBLE = ("steps", "guidance", "scheduler", "clip_skip")
+SUGGESTIBLE = ("steps", "guidance", "scheduler", "clip_skip", "guidance_2")
 
 
 # The tiny pipelines make 64-128 px images; the smallest real base (SD 1.5) makes 512 px ones.

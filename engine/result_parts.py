@@ -21,6 +21,8 @@ class Suggested:
     scheduler: str | None = None
     clip_skip: int | None = None
     sources: tuple[tuple[str, str], ...] = ()
+    # The low-noise stage's guidance on a two-stage pool (Wan 2.2 A14B): a speed LoRA's, which is no CFG on both.
+    guidance_2: float | None = None
 
 
 @dataclass(frozen=True)

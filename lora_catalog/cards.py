@@ -304,5 +304,10 @@ def choose_weight(where: str, files: tuple[str, ...], weight_name: str | None) -
     raise NoSafetensorsError(f"LoRA repo {where} holds no .safetensors file; accepted: a repo with a .safetensors LoRA")
 
 
+def weight_candidates(files: Iterable[str]) -> tuple[str, ...]:
+    """The files that could be a repo's LoRA: its `.safetensors` files but embeddings files."""
+    return tuple(f for f in files if _is_weight_candidate(f))
+
+
 def _is_weight_candidate(name: str) -> bool:
     return name.lower().endswith(".safetensors") and not is_embeddings_file(name)

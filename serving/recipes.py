@@ -22,6 +22,7 @@ from PIL import Image, PngImagePlugin
 
 from engine.requests import GenerateRequest, GenerateResult, InputImage, LoraSpec
 from engine.samplers import find_sampler
+from lora_catalog.pairs import SEPARATOR as PAIR_SEPARATOR
 
 if TYPE_CHECKING:
     from engine.requests import AdapterUse
@@ -221,6 +222,11 @@ def _unescape(text: str) -> str:
 def _lora_name(use: AdapterUse) -> str:
     if use.ref.startswith("local:"):
         return _LOCAL + use.ref.removeprefix("local:")
+    if use.weight_name.startswith("high: "):
+        # A pair ("high: a, low: b"): its weight name as a request gives it back (`lora_catalog.pairs`); a Civitai
+        # version names its files itself.
+        high, _, low = use.weight_name.removeprefix("high: ").partition(", low: ")
+        return use.ref if use.ref.startswith("civitai:") else f"{use.ref}/{high}{PAIR_SEPARATOR}{low}"
     return use.ref if use.weight_name in ("", _PREFERRED) else f"{use.ref}/{use.weight_name}"
 
 
