@@ -52,6 +52,9 @@ class AdapterUse:
     trained_for: str | None = None
     # Its scale on a two-stage pool's low-noise transformer (`LoraSpec.scale_2`); None: `scale` there too.
     scale_2: float | None = None
+    # A pair's two files as the recipe names them ("high: a, low: b"); "" for one file. Kept apart from
+    # `weight_name`, which stays the cache key's (a replica pins the adapter by it: `serving.cluster.replica`).
+    files: str = ""
 
 
 def seeds_of(seed: int, count: int) -> tuple[int, ...]:

@@ -105,7 +105,7 @@ def recipe_text(result: GenerateResult, index: int = 0) -> str:
     if lows:
         parameters[SCALES_2] = ", ".join(lows)
     # A pair's two files (a two-stage pool's high- and low-noise halves), which its name alone does not say.
-    pairs = [f"{_lora_name(u)} ({u.weight_name})" for u in result.adapters if u.weight_name.startswith("high: ")]
+    pairs = [f"{_lora_name(u)} ({u.files})" for u in result.adapters if u.files]
     if pairs:
         parameters["Lora pairs"] = "; ".join(pairs)
     parameters["Version"] = VERSION
@@ -222,10 +222,10 @@ def _unescape(text: str) -> str:
 def _lora_name(use: AdapterUse) -> str:
     if use.ref.startswith("local:"):
         return _LOCAL + use.ref.removeprefix("local:")
-    if use.weight_name.startswith("high: "):
+    if use.files:
         # A pair ("high: a, low: b"): its weight name as a request gives it back (`lora_catalog.pairs`); a Civitai
         # version names its files itself.
-        high, _, low = use.weight_name.removeprefix("high: ").partition(", low: ")
+        high, _, low = use.files.removeprefix("high: ").partition(", low: ")
         return use.ref if use.ref.startswith("civitai:") else f"{use.ref}/{high}{PAIR_SEPARATOR}{low}"
     return use.ref if use.weight_name in ("", _PREFERRED) else f"{use.ref}/{use.weight_name}"
 

@@ -21,6 +21,7 @@ from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.civitai.source import CivitaiSource
 from lora_catalog.hub import HubSource
+from serving.cluster.replica import lease_keys
 from serving.recipes import parse_recipe, recipe_text
 from tests.support.checks import generate
 from tests.support.dit import assert_components_pristine, pixels
@@ -126,7 +127,10 @@ def test_a_pair_from_the_hub_or_civitai_is_the_local_folders_pair(engine):
         result = generate(engine, request(spec))
         assert same_frames(result.frames, local.frames), what
     folder = generate(engine, request(LoraSpec(REPOS[0], scale=0.8, weight_name=V11)))
-    assert folder.adapters[0].weight_name == f"high: {V11}{LIGHTNING[0]}, low: {V11}{LIGHTNING[1]}"
+    assert folder.adapters[0].files == f"high: {V11}{LIGHTNING[0]}, low: {V11}{LIGHTNING[1]}"
+    # A replica pins a pair by the key the engine prepared it under (its result's weight name is that key's).
+    with engine.prepare(request(LoraSpec(REPOS[0], scale=0.8, weight_name=V11))) as prepared:
+        assert lease_keys(folder) == tuple(adapter.key for adapter, *_ in prepared.adapters)
     # The recipe gives the pair back as a request names it: the same video again.
     again = parse_recipe(recipe_text(folder)).request.loras
     assert again == (LoraSpec(REPOS[0], 0.8, weight_name=f"{V11}{LIGHTNING[0]}+{V11}{LIGHTNING[1]}"),)
