@@ -34,6 +34,7 @@ __all__ = [
     "TINY_FRAMES",
     "TINY_I2V_WIDTH",
     "TINY_WIDTH",
+    "build_tiny_a14b_i2v_pipeline",
     "build_tiny_a14b_pipeline",
     "build_tiny_i2v_pipeline",
     "build_tiny_pipeline",
@@ -47,6 +48,10 @@ TINY_WIDTH = 44
 TINY_A14B_WIDTH = 36
 # Wan 2.2 T2V-A14B's boundary: the high-noise transformer runs while the timestep is at least 875 of 1000.
 A14B_BOUNDARY = 0.875
+# The tiny two-stage image-to-video model's transformers': 2 heads of 30 (RoPE 10 / 10 / 10 per head).
+TINY_A14B_I2V_WIDTH = 60
+# Wan 2.2 I2V-A14B's boundary (Wan's configs/wan_i2v_A14B.py `boundary = 0.900`; its Diffusers repo's model_index).
+A14B_I2V_BOUNDARY = 0.9
 # The tiny image-to-video transformer's: 2 heads of 26 (RoPE 14 / 6 / 6 per head).
 TINY_I2V_WIDTH = 52
 # The tiny pool's default frames (4k+1: 2 latent frames).
@@ -156,6 +161,29 @@ def build_tiny_a14b_pipeline(seed: int = 0) -> WanPipeline:
         scheduler=UniPCMultistepScheduler(**SCHEDULER),
         transformer_2=low,
         boundary_ratio=A14B_BOUNDARY,
+    )
+    dynamic: Any = pipe  # (see build_tiny_pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny_a14b_i2v_pipeline(seed: int = 0) -> WanImageToVideoPipeline:
+    """A tiny Wan 2.2 I2V-A14B: two transformers 60 wide taking the image's latents and mask beside the noise
+    (36 channels), with no image embedder and no image keys and values (Wan 2.2 has no CLIP image encoder: its
+    pipeline's `image_encoder` and `image_processor` are None), switched at I2V-A14B's boundary."""
+    tokenizer = tiny_t5_tokenizer()
+    torch.manual_seed(seed)
+    high = tiny_wan_transformer(TINY_A14B_I2V_WIDTH, in_channels=36)
+    torch.manual_seed(seed + 4)
+    low = tiny_wan_transformer(TINY_A14B_I2V_WIDTH, in_channels=36)
+    pipe = WanImageToVideoPipeline(
+        tokenizer=tokenizer,
+        text_encoder=_text_encoder(len(tokenizer), seed + 2),
+        vae=_vae(seed),
+        scheduler=UniPCMultistepScheduler(**SCHEDULER),
+        transformer=high,
+        transformer_2=low,
+        boundary_ratio=A14B_I2V_BOUNDARY,
     )
     dynamic: Any = pipe  # (see build_tiny_pipeline)
     dynamic.set_progress_bar_config(disable=True)
