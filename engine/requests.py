@@ -287,6 +287,8 @@ class ModelDefaults:
     frame_multiple: int = 4
     max_frames: int = 0
     guidance_2: float | None = None
+    # The served base's repo id, as a refusal names the pool ("" from a peer that does not say).
+    base_model: str = ""
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples

@@ -1,5 +1,8 @@
-"""Wan (2.1 text-to-video 1.3B and 14B, 2.2 TI2V-5B as text-to-video): `WanPipeline`, one video DiT with a UMT5
-encoder and a causal video VAE; a result is a video (`FamilySpec.video`: its frames, in order).
+"""Wan (2.1 text-to-video 1.3B and 14B, 2.2 TI2V-5B): `WanPipeline`, one video DiT with a UMT5 encoder and a causal
+video VAE; a result is a video (`FamilySpec.video`: its frames, in order). A TI2V-5B pool also makes a video from
+an image (image-to-video): diffusers' `WanImageToVideoPipeline` over the pool's own components, which with
+`expand_timesteps` (TI2V-5B's config) takes the image as the first latent frame, at timestep 0, and needs no image
+encoder. Wan 2.1's text-to-video models have no such input: their pools refuse an image (`pipeline_modes`).
 
 A LoRA adapts the transformer only (never UMT5, as diffusers' loader); every naming diffusers'
 `WanPipeline.lora_state_dict` reads (diffusers/PEFT, ComfyUI/ai-toolkit's `diffusion_model.` with `.alpha`,
@@ -17,7 +20,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from diffusers import WanPipeline
+from diffusers import WanImageToVideoPipeline, WanPipeline
 
 from engine.families.spec import (
     FamilySpec,
@@ -36,7 +39,7 @@ from engine.families.spec import (
 )
 from engine.families.tiny_wan import TINY_FRAMES, build_tiny_pipeline
 from engine.families.wan_memory import MEMORY_1_3B, MEMORY_5B, MEMORY_14B
-from engine.requests import CheckedRequest
+from engine.requests import CheckedRequest, RequestMode
 from families.wan import IDENTITY, MODEL_ID_5B, MODEL_ID_14B
 
 __all__ = ["FAMILY", "LATENT_RGB", "convert_lora", "unpack_latents"]
@@ -138,6 +141,13 @@ def call_arguments(request: CheckedRequest) -> dict[str, Any]:
     }
 
 
+def pipeline_modes(pipe: Pipeline) -> tuple[RequestMode, ...]:
+    """Text-to-video; image-to-video too where the model reads each latent frame's own timestep (TI2V-5B's
+    `expand_timesteps`), the input diffusers' image-to-video call gives the image's frame."""
+    image = ("image-to-image",) if pipe.config.get("expand_timesteps") else ()
+    return ("text-to-image", *image)
+
+
 def unpack_latents(latents: Tensor, height: int, width: int, vae_scale_factor: int) -> Tensor:
     """The first latent frame of the (batch, channels, frames, height, width) latents."""
     return latents[:, :, 0]
@@ -162,4 +172,6 @@ FAMILY = FamilySpec(
     memory=MEMORY_1_3B,
     base_memory=((MODEL_ID_14B, MEMORY_14B), (MODEL_ID_5B, MEMORY_5B)),
     video=video,
+    image_to_image=WanImageToVideoPipeline,
+    pipeline_modes=pipeline_modes,
 )
