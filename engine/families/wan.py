@@ -6,9 +6,11 @@ encoder. Wan 2.1's text-to-video models have no such input: their pools refuse a
 
 A LoRA adapts the transformer only (never UMT5, as diffusers' loader); every naming diffusers'
 `WanPipeline.lora_state_dict` reads (diffusers/PEFT, ComfyUI/ai-toolkit's `diffusion_model.` with `.alpha`,
-kohya/musubi-tuner's `lora_unet_`) is converted by its own converter, which also drops what diffusers drops (norm
-deltas, `.diff` full-weight deltas but the head's). Bias deltas (`.diff_b`, diffusers' `lora_B.bias`) are refused
-by name: the exact swap changes weights, and diffusers applies them as PEFT's `lora_bias`.
+kohya/musubi-tuner's `lora_unet_`) is converted by its own converter. A file with `.diff` / `.diff_b` deltas is a
+400 naming them (`lora_catalog.variants`, before any conversion), never a silent drop: diffusers 0.42.1 applies a
+block's `.diff_b` as PEFT's `lora_bias` (a bias delta, which the exact swap of Linear weights cannot equal) and
+drops norms' deltas and Linears' `.diff` but the head's with a log line (applying them would be another video
+than diffusers' own). tests/engine/families/test_wan_deltas.py reads both from diffusers.
 Defaults as diffusers and Wan's card run it: 50 steps at CFG 5, 81 frames (4k+1, capped by MAX_VIDEO_FRAMES) at
 16 fps (TI2V-5B: 24), sides in the VAE's scale times the 2x2 patches. Previews: the first latent frame through
 Wan 2.1's latent projection (TI2V-5B's 48-channel latents have none: no preview there).

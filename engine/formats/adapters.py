@@ -44,7 +44,7 @@ from engine.formats.pivotal import TokenEmbeddings
 from engine.formats.targets import TargetTable
 from engine.hostmem import pinned_nbytes
 from lora_catalog.hints import LoraHints
-from lora_catalog.variants import unsupported_variant
+from lora_catalog.variants import unsupported_variant, variant_tensors
 
 __all__ = [
     "AdapterKey",
@@ -179,8 +179,11 @@ def prepare(
     """
     label = f"LoRA {key.name!r} ({key.weight_name})"
     if variant := detect_variant(shapes):
+        # Named, so that the uploader sees which tensors to drop (a Wan file's `.diff_b`, a norm's `.diff`).
+        found = variant_tensors(shapes, variant)
+        named = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise UnsupportedLoraVariantError(
-            f"{label} uses {variant}, which the fused swap cannot apply; accepted: {_ACCEPTED}"
+            f"{label} uses {variant}, which the fused swap cannot apply; accepted: {_ACCEPTED}; its {variant}: {named}"
         )
     rank = max_rank_of(shapes)
     if rank > max_rank:
