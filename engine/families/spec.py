@@ -305,6 +305,10 @@ class FamilySpec:
     # The modes a served pipeline takes, read from it, of those the family's classes serve (a Wan pool of TI2V-5B
     # makes a video from an image too, one of Wan 2.1 text-to-video only). None: every pool all of them.
     pipeline_modes: Callable[[Pipeline], tuple[RequestMode, ...]] | None = None
+    # The tensor names its converter turns into bias deltas (`<module>.lora_B.bias`, PEFT's `lora_bias`: Wan's
+    # `.diff_b` outside the norms), which the swap adds to the Linear's bias as diffusers' fuse does. None: such
+    # names are refused as an unsupported variant (`lora_catalog.variants`).
+    bias_deltas: Callable[[str], bool] | None = None
 
     @property
     def family(self) -> Family:

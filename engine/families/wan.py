@@ -6,11 +6,12 @@ encoder. Wan 2.1's text-to-video models have no such input: their pools refuse a
 
 A LoRA adapts the transformer only (never UMT5, as diffusers' loader); every naming diffusers'
 `WanPipeline.lora_state_dict` reads (diffusers/PEFT, ComfyUI/ai-toolkit's `diffusion_model.` with `.alpha`,
-kohya/musubi-tuner's `lora_unet_`) is converted by its own converter. A file with `.diff` / `.diff_b` deltas is a
-400 naming them (`lora_catalog.variants`, before any conversion), never a silent drop: diffusers 0.42.1 applies a
-block's `.diff_b` as PEFT's `lora_bias` (a bias delta, which the exact swap of Linear weights cannot equal) and
-drops norms' deltas and Linears' `.diff` but the head's with a log line (applying them would be another video
-than diffusers' own). tests/engine/families/test_wan_deltas.py reads both from diffusers.
+kohya/musubi-tuner's `lora_unet_`) is converted by its own converter. Deltas as diffusers 0.42.1 reads them: a
+layer's `.diff_b` becomes PEFT's `lora_B.bias`, which the swap adds to that Linear's bias at the LoRA's scale
+(`bias_deltas`; diffusers' fuse does the same). What diffusers drops with a log line (norms' `.diff` / `.diff_b`,
+Linears' full-weight `.diff` but the head's, a `.diff_b` it maps to no layer) is a 400 naming the tensors, never
+a silent drop: applying them would answer another video than diffusers' own, dropping them would hide that the
+file's author meant them. tests/engine/families/test_wan_deltas.py reads both from diffusers.
 Defaults as diffusers and Wan's card run it: 50 steps at CFG 5, 81 frames (4k+1, capped by MAX_VIDEO_FRAMES) at
 16 fps (TI2V-5B: 24), sides in the VAE's scale times the 2x2 patches. Previews: the first latent frame through
 Wan 2.1's latent projection (TI2V-5B's 48-channel latents have none: no preview there).
@@ -44,7 +45,7 @@ from engine.families.wan_memory import MEMORY_1_3B, MEMORY_5B, MEMORY_14B
 from engine.requests import CheckedRequest, RequestMode
 from families.wan import IDENTITY, MODEL_ID_5B, MODEL_ID_14B
 
-__all__ = ["FAMILY", "LATENT_RGB", "convert_lora", "unpack_latents"]
+__all__ = ["FAMILY", "LATENT_RGB", "bias_deltas", "convert_lora", "unpack_latents"]
 
 # Wan's 480P sizes (832 x 480 both ways) and the square between them, at the 480 side.
 SIDE = 480
@@ -95,19 +96,26 @@ def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
     """diffusers' own conversion (`WanPipeline.lora_state_dict`: `diffusion_model.` names, with their alphas
     folded into the factors, and musubi's `lora_unet_`; diffusers/PEFT names as they are). Given a copy (diffusers
-    pops what it converts). A bias delta is refused by name (see the module docstring); what diffusers cannot
-    read comes out as a ValueError (as every family's converter reports it)."""
+    pops what it converts). A bias delta it drops is refused by name (see the module docstring); what diffusers
+    cannot read comes out as a ValueError (as every family's converter reports it)."""
     try:
         converted = WanPipeline.lora_state_dict(dict(state_dict))
     except _CONVERTER_ERRORS as e:
         raise ValueError(f"diffusers' Wan converter could not read it ({type(e).__name__}: {e})") from e
-    biases = sorted(name for name in converted if name.endswith(".lora_B.bias"))
-    if biases:
+    given = sorted(name for name in state_dict if bias_deltas(name.lower()))
+    kept = sum(name.endswith(".lora_B.bias") for name in converted)
+    if kept < len(given):
         raise ValueError(
-            f"bias deltas (.diff_b) for {', '.join(biases[:3])}: the exact swap applies weight deltas only; "
-            "accepted: LoRA factors, without bias deltas"
+            f"diffusers' Wan converter drops {len(given) - kept} of its bias deltas ({', '.join(given[:4])}): "
+            "accepted: `.diff_b` of the layers its factors adapt"
         )
     return converted, None
+
+
+def bias_deltas(name: str) -> bool:
+    """A tensor name diffusers' converter reads as a bias delta: a `.diff_b` outside the norms (whose deltas it
+    drops)."""
+    return name.endswith(".diff_b") and "norm" not in name
 
 
 def served_side(pipe: Pipeline) -> int:
@@ -176,4 +184,5 @@ FAMILY = FamilySpec(
     video=video,
     image_to_image=WanImageToVideoPipeline,
     pipeline_modes=pipeline_modes,
+    bias_deltas=bias_deltas,
 )
