@@ -288,6 +288,7 @@ class ModelDefaults:
     frame_multiple: int = 4
     max_frames: int = 0
     guidance_2: float | None = None
+    base_model: str = ""  # the served base's repo id, which refusals name ("" from a peer that does not say)
 
     def __post_init__(self) -> None:
         # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples

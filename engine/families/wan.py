@@ -1,11 +1,17 @@
-"""Wan (2.1 text-to-video 1.3B and 14B, 2.2 TI2V-5B as text-to-video): `WanPipeline`, one video DiT with a UMT5
-encoder and a causal video VAE; a result is a video (`FamilySpec.video`: its frames, in order).
+"""Wan (2.1 text-to-video 1.3B and 14B, 2.2 TI2V-5B): `WanPipeline`, one video DiT with a UMT5 encoder and a causal
+video VAE; a result is a video (`FamilySpec.video`: its frames, in order). A TI2V-5B pool also makes a video from
+an image (image-to-video): diffusers' `WanImageToVideoPipeline` over the pool's own components, which with
+`expand_timesteps` (TI2V-5B's config) takes the image as the first latent frame, at timestep 0, and needs no image
+encoder. Wan 2.1's text-to-video models have no such input: their pools refuse an image (`pipeline_modes`).
 
 A LoRA adapts the transformer only (never UMT5, as diffusers' loader); every naming diffusers'
 `WanPipeline.lora_state_dict` reads (diffusers/PEFT, ComfyUI/ai-toolkit's `diffusion_model.` with `.alpha`,
-kohya/musubi-tuner's `lora_unet_`) is converted by its own converter, which also drops what diffusers drops (norm
-deltas, `.diff` full-weight deltas but the head's). Bias deltas (`.diff_b`, diffusers' `lora_B.bias`) are refused
-by name: the exact swap changes weights, and diffusers applies them as PEFT's `lora_bias`.
+kohya/musubi-tuner's `lora_unet_`) is converted by its own converter. Deltas as diffusers 0.42.1 reads them: a
+layer's `.diff_b` becomes PEFT's `lora_B.bias`, which the swap adds to that Linear's bias at the LoRA's scale
+(`bias_deltas`; diffusers' fuse does the same). What diffusers drops with a log line (norms' `.diff` / `.diff_b`,
+Linears' full-weight `.diff` but the head's, a `.diff_b` it maps to no layer) is a 400 naming the tensors, never
+a silent drop: applying them would answer another video than diffusers' own, dropping them would hide that the
+file's author meant them. tests/engine/families/test_wan_deltas.py reads both from diffusers.
 Defaults as diffusers and Wan's card run it: 50 steps at CFG 5, 81 frames (4k+1, capped by MAX_VIDEO_FRAMES) at
 16 fps (TI2V-5B: 24), sides in the VAE's scale times the 2x2 patches. Previews: a strip of a few latent frames
 side by side through Wan 2.1's latent projection (TI2V-5B's 48-channel latents through Wan 2.2's).
@@ -18,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from diffusers import WanPipeline
+from diffusers import WanImageToVideoPipeline, WanPipeline
 
 from engine.families.spec import (
     FamilySpec,
@@ -37,10 +43,10 @@ from engine.families.spec import (
 )
 from engine.families.tiny_wan import TINY_FRAMES, build_tiny_pipeline
 from engine.families.wan_memory import MEMORY_1_3B, MEMORY_5B, MEMORY_14B
-from engine.requests import CheckedRequest
+from engine.requests import CheckedRequest, RequestMode
 from families.wan import IDENTITY, MODEL_ID_5B, MODEL_ID_14B
 
-__all__ = ["FAMILY", "LATENT_RGB", "LATENT_RGB_5B", "PREVIEW_FRAMES", "convert_lora", "unpack_latents"]
+__all__ = ["FAMILY", "LATENT_RGB", "LATENT_RGB_5B", "PREVIEW_FRAMES", "bias_deltas", "convert_lora", "unpack_latents"]
 
 # Wan's 480P sizes (832 x 480 both ways) and the square between them, at the 480 side.
 SIDE = 480
@@ -149,19 +155,26 @@ def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
     """diffusers' own conversion (`WanPipeline.lora_state_dict`: `diffusion_model.` names, with their alphas
     folded into the factors, and musubi's `lora_unet_`; diffusers/PEFT names as they are). Given a copy (diffusers
-    pops what it converts). A bias delta is refused by name (see the module docstring); what diffusers cannot
-    read comes out as a ValueError (as every family's converter reports it)."""
+    pops what it converts). A bias delta it drops is refused by name (see the module docstring); what diffusers
+    cannot read comes out as a ValueError (as every family's converter reports it)."""
     try:
         converted = WanPipeline.lora_state_dict(dict(state_dict))
     except _CONVERTER_ERRORS as e:
         raise ValueError(f"diffusers' Wan converter could not read it ({type(e).__name__}: {e})") from e
-    biases = sorted(name for name in converted if name.endswith(".lora_B.bias"))
-    if biases:
+    given = sorted(name for name in state_dict if bias_deltas(name.lower()))
+    kept = sum(name.endswith(".lora_B.bias") for name in converted)
+    if kept < len(given):
         raise ValueError(
-            f"bias deltas (.diff_b) for {', '.join(biases[:3])}: the exact swap applies weight deltas only; "
-            "accepted: LoRA factors, without bias deltas"
+            f"diffusers' Wan converter drops {len(given) - kept} of its bias deltas ({', '.join(given[:4])}): "
+            "accepted: `.diff_b` of the layers its factors adapt"
         )
     return converted, None
+
+
+def bias_deltas(name: str) -> bool:
+    """A tensor name diffusers' converter reads as a bias delta: a `.diff_b` outside the norms (whose deltas it
+    drops)."""
+    return name.endswith(".diff_b") and "norm" not in name
 
 
 def served_side(pipe: Pipeline) -> int:
@@ -197,6 +210,13 @@ def call_arguments(request: CheckedRequest) -> dict[str, Any]:
     }
 
 
+def pipeline_modes(pipe: Pipeline) -> tuple[RequestMode, ...]:
+    """Text-to-video; image-to-video too where the model reads each latent frame's own timestep (TI2V-5B's
+    `expand_timesteps`), the input diffusers' image-to-video call gives the image's frame."""
+    image = ("image-to-image",) if pipe.config.get("expand_timesteps") else ()
+    return ("text-to-image", *image)
+
+
 def unpack_latents(latents: Tensor, height: int, width: int, vae_scale_factor: int) -> Tensor:
     """A strip of the (batch, channels, frames, height, width) latents' frames side by side: up to
     `PREVIEW_FRAMES` latent frames, evenly spaced from the first to the last (each stands for 4 video frames
@@ -226,4 +246,7 @@ FAMILY = FamilySpec(
     memory=MEMORY_1_3B,
     base_memory=((MODEL_ID_14B, MEMORY_14B), (MODEL_ID_5B, MEMORY_5B)),
     video=video,
+    image_to_image=WanImageToVideoPipeline,
+    pipeline_modes=pipeline_modes,
+    bias_deltas=bias_deltas,
 )

@@ -38,7 +38,11 @@ class Branches:
     def __init__(self, table: TargetTable, denoiser: torch.nn.Module) -> None:
         prefix = f"{table.denoiser}."
         self._names = table.names
-        self._denoiser = {i for i, name in enumerate(table.names) if name.startswith(prefix)}
+        # A bias target (`<module>.bias`, a family's bias deltas) stays in the compute dtype beside the quantized
+        # weight: the fused swap's, as the encoders' weights.
+        self._denoiser = {
+            i for i, name in enumerate(table.names) if name.startswith(prefix) and not name.endswith(".bias")
+        }
         self._modules: dict[int, BranchedLinear] = {}
         for index in sorted(self._denoiser):
             module = denoiser.get_submodule(table.names[index].removeprefix(prefix))

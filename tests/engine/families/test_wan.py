@@ -1,6 +1,6 @@
 """Wan 2.1 text-to-video on the tiny Wan pipeline: a result is a video (every frame, in order, at the pool's
 rate); every LoRA naming diffusers' Wan loader reads gives diffusers' own video (load_lora_weights + fuse_lora)
-within 2 levels per channel on every frame; bias deltas and wrong widths are refused naming them; the base is
+within 2 levels per channel on every frame; dropped deltas and wrong widths are refused naming them; the base is
 bit-exact after swaps and refusals; progress per step and cancel as for images. The family's files:
 families/wan.py, engine/families/wan.py, engine/families/tiny_wan.py."""
 
@@ -39,7 +39,6 @@ from tests.support.wan import (
     MODULES,
     PROMPT,
     diffusers_frames,
-    factors,
     lora_file,
     write_wan_loras,
 )
@@ -57,10 +56,6 @@ def wan_loras(loaded_wan, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Made for a wider Wan (64 wide, where the tiny one is 44): its factors fit no served layer.
     wide = {m: (torch.ones(2, 64), torch.ones(64, 2)) for m in MODULES[:2]}
     save_lora(folder / "wan_wide.safetensors", lora_file(wide, "peft", None))
-    # A ComfyUI file with a bias delta (`.diff_b`) of a layer it adapts (diffusers' `lora_B.bias`).
-    with_bias = lora_file(factors(loaded_wan.pipe.transformer, MODULES[:2], seed=3), "comfy", 2.0)
-    with_bias["diffusion_model.blocks.0.self_attn.q.diff_b"] = torch.ones(44)
-    save_lora(folder / "wan_bias.safetensors", with_bias)
     return folder
 
 
@@ -108,13 +103,12 @@ def test_each_wan_naming_matches_diffusers_fuse_on_every_frame(case, wan_engine,
         assert_images_close(pixels(ours), pixels(theirs), f"{case.name}: frame {index}")
 
 
-def test_weight_and_bias_deltas_and_wrong_widths_are_refused_naming_them(wan_engine, loaded_wan, pristine_wan):
-    """`.diff`/`.diff_b` (ComfyUI's, lightx2v's) are full weight differences the exact swap does not apply: a 400
-    naming them, as for every family (diffusers drops the norms' and a weight's, and adds a bias as PEFT's)."""
-    for name in ("wan_bias.safetensors", DIFF_CASE.file_name):
-        with pytest.raises(UnsupportedLoraVariantError, match=r"uses full weight differences") as caught:
-            wan_engine.check_lora(LoraSpec(f"local:{name}"))
-        assert caught.value.status == 400
+def test_dropped_deltas_and_wrong_widths_are_refused_naming_them(wan_engine, loaded_wan, pristine_wan):
+    """Norm and full-weight `.diff` deltas (ComfyUI's, lightx2v's), which diffusers drops: a 400 naming them
+    (bias deltas, which diffusers applies, run: test_wan_deltas.py)."""
+    with pytest.raises(UnsupportedLoraVariantError, match=r"uses full weight differences") as caught:
+        wan_engine.check_lora(LoraSpec(f"local:{DIFF_CASE.file_name}"))
+    assert caught.value.status == 400
     with pytest.raises(IncompatibleLoraError, match=r"factors \(64, 2\) x \(2, 64\) do not fit transformer\.blocks"):
         wan_engine.check_lora(LoraSpec("local:wan_wide.safetensors"))
     wan_engine.restore_base_weights()
@@ -126,7 +120,7 @@ def test_the_base_is_bit_exact_after_swaps_and_refusals(wan_engine, loaded_wan, 
     for index, ref in enumerate([*refs, *reversed(refs)]):
         generate(wan_engine, request(LoraSpec(ref, scale=0.5 + index / 10), steps=1))
         with pytest.raises((IncompatibleLoraError, InvalidRequestError)):
-            generate(wan_engine, request(LoraSpec("local:wan_bias.safetensors"), steps=1))
+            generate(wan_engine, request(LoraSpec(f"local:{DIFF_CASE.file_name}"), steps=1))
         with pytest.raises(InvalidRequestError, match="4k"):
             generate(wan_engine, request(LoraSpec(ref), steps=1, num_frames=4))
     wan_engine.restore_base_weights()
