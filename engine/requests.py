@@ -291,8 +291,7 @@ class ModelDefaults:
     base_model: str = ""  # the served base's repo id, which refusals name ("" from a peer that does not say)
 
     def __post_init__(self) -> None:
-        # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples
-        # here, once; without any (an older peer) the square of the default side is the one preset.
+        # JSON's presets (cluster, remote `info`) are lists: tuples here; none (older peer): the default side's square.
         sizes = tuple((int(w), int(h)) for w, h in self.sizes) or ((self.side, self.side),)
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "schedulers", tuple(self.schedulers))

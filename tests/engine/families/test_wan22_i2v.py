@@ -114,7 +114,7 @@ def test_each_side_takes_its_own_scale_and_a_pair_goes_each_file_to_its_transfor
     pair = generate(engine, request(LoraSpec("local:pair", scale=0.8)))
     halves = {"transformer": (HIGH, 0.8), "transformer_2": (LOW, 0.8)}
     frames_close(pair.frames, reference(tiny_wan22_i2v_dir, loras / "pair", None, per_side=halves), "pair")
-    assert pair.adapters[0].weight_name == f"high: {HIGH}, low: {LOW}"
+    assert pair.adapters[0].files == f"high: {HIGH}, low: {LOW}"
 
 
 def test_both_transformers_stay_bit_exact_after_swaps_and_refusals(engine, loaded_wan22_i2v, pristine_wan22_i2v):
