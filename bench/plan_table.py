@@ -28,6 +28,7 @@ from families.wan import MODEL_ID as WAN_1_3B_MODEL_ID
 from families.wan import MODEL_ID_5B as WAN_5B_MODEL_ID
 from families.wan import MODEL_ID_14B as WAN_14B_MODEL_ID
 from families.wan22 import MODEL_ID as WAN_A14B_MODEL_ID
+from families.wan22_i2v import MODEL_ID as WAN_I2V_A14B_MODEL_ID
 from families.zimage import MODEL_ID as ZIMAGE_MODEL_ID
 
 _GB, _MIB = 10**9, 2**20
@@ -55,12 +56,14 @@ COMBINATIONS = {
     "Wan 2.2 TI2V-5B alone": (WAN_5B_MODEL_ID,),
     "Wan 2.1 T2V 14B alone": (WAN_14B_MODEL_ID,),
     "Wan 2.2 T2V-A14B alone": (WAN_A14B_MODEL_ID,),
+    "Wan 2.2 I2V-A14B alone": (WAN_I2V_A14B_MODEL_ID,),
 }
 # Rows under other settings than the defaults: (label, pools, settings changed).
 SETTINGS_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
     ("Wan 2.1 T2V 1.3B, HOST_CACHE_BYTES=256MiB", (WAN_1_3B_MODEL_ID,), {"host_cache_bytes": 256 * _MIB}),
     ("Wan 2.1 T2V 14B, QUANTIZE=fp8", (WAN_14B_MODEL_ID,), {"quantize": "fp8"}),
     ("Wan 2.2 T2V-A14B, QUANTIZE=fp8", (WAN_A14B_MODEL_ID,), {"quantize": "fp8"}),
+    ("Wan 2.2 I2V-A14B, QUANTIZE=fp8", (WAN_I2V_A14B_MODEL_ID,), {"quantize": "fp8"}),
     # Both of A14B's transformers stored in int4 (`FamilySpec.stored`).
     ("Wan 2.2 T2V-A14B, QUANTIZE=int4", (WAN_A14B_MODEL_ID,), {"quantize": "int4"}),
 )

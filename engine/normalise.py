@@ -146,6 +146,7 @@ def with_suggested(checked: CheckedRequest, suggested: Suggested, defaults: Mode
         checked,
         steps=pick("steps", checked.steps, suggested.steps),
         guidance=pick("guidance", checked.guidance, suggested.guidance),
+        guidance_2=pick("guidance_2", checked.guidance_2, suggested.guidance_2),
         scheduler=scheduler,
         scheduler_options=options,
         clip_skip=clip_skip,

@@ -64,9 +64,17 @@ def suggested_defaults(
     if guidance is not None and defaults.guidance_kind == "none":
         notes.append(f"{where['guidance']} recommends guidance {guidance:g}; this model takes none: not used")
         guidance = None
+    # A speed LoRA's guidance (distilled without CFG) is both stages' on a two-stage pool (Wan 2.2 A14B).
+    guidance_2 = guidance if defaults.two_stage and blended.speed else None
     # The request's names for the hints' fields.
-    used = {"steps": steps, "guidance": guidance, "scheduler": scheduler, "clip_skip": clip_skip}
-    hint_field = {"steps": "steps", "guidance": "guidance", "scheduler": "sampler", "clip_skip": "clip_skip"}
-    sources = tuple((name, where[hint_field[name]]) for name, value in used.items() if value is not None)
-    suggested = Suggested(steps, guidance, scheduler, clip_skip, sources)
+    used = {
+        "steps": steps,
+        "guidance": guidance,
+        "scheduler": scheduler,
+        "clip_skip": clip_skip,
+        "guidance_2": guidance_2,
+    }
+    hint_field = {"scheduler": "sampler", "guidance_2": "guidance"}
+    sources = tuple((name, where[hint_field.get(name, name)]) for name, value in used.items() if value is not None)
+    suggested = Suggested(steps, guidance, scheduler, clip_skip, sources, guidance_2)
     return suggested, tuple(notes)

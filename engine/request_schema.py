@@ -38,6 +38,9 @@ class RequestField:
     # A video request's field (`ModelDefaults.video`): the image endpoints (/generate, /generate_images, /compare)
     # leave it out of their signatures, so theirs stay as they were; the video endpoint takes it.
     video: bool = False
+    # The video endpoint's further arguments for it, after every declared field's (the LoRA list's low-noise
+    # scales on a two-stage pool: `LoraSpec.scale_2`), so that its earlier positional arguments keep their places.
+    gradio_video: tuple[str, ...] = ()
     name: str = ""
 
 

@@ -102,6 +102,7 @@ class GenerateRequest:
             "the LoRAs and their scales",
             http="loras",
             gradio=("lora", "lora_scale", "lora_2", "lora_2_scale"),
+            gradio_video=("lora_scale_2", "lora_2_scale_2"),
         ),
     )
     steps: float | None = request_field(
@@ -238,7 +239,7 @@ class CheckedRequest(GenerateRequest):
 
 
 # The fields a LoRA's recommendation may fill where the client left them unset (`Suggested`).
-SUGGESTIBLE = ("steps", "guidance", "scheduler", "clip_skip")
+SUGGESTIBLE = ("steps", "guidance", "scheduler", "clip_skip", "guidance_2")
 
 
 # The tiny pipelines make 64-128 px images; the smallest real base (SD 1.5) makes 512 px ones.
@@ -287,10 +288,10 @@ class ModelDefaults:
     frame_multiple: int = 4
     max_frames: int = 0
     guidance_2: float | None = None
+    base_model: str = ""  # the served base's repo id, which refusals name ("" from a peer that does not say)
 
     def __post_init__(self) -> None:
-        # Read back from JSON (the cluster's and a remote Space's `info`) the presets are lists: made tuples
-        # here, once; without any (an older peer) the square of the default side is the one preset.
+        # JSON's presets (cluster, remote `info`) are lists: tuples here; none (older peer): the default side's square.
         sizes = tuple((int(w), int(h)) for w, h in self.sizes) or ((self.side, self.side),)
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "schedulers", tuple(self.schedulers))

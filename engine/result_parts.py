@@ -21,6 +21,8 @@ class Suggested:
     scheduler: str | None = None
     clip_skip: int | None = None
     sources: tuple[tuple[str, str], ...] = ()
+    # The low-noise stage's guidance on a two-stage pool (Wan 2.2 A14B): a speed LoRA's, which is no CFG on both.
+    guidance_2: float | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,11 @@ class AdapterUse:
     # The fine-tune it was trained for when it ran on a pool of another base (a Civitai "Pony" LoRA on SDXL);
     # None when it ran on the base it declares.
     trained_for: str | None = None
+    # Its scale on a two-stage pool's low-noise transformer (`LoraSpec.scale_2`); None: `scale` there too.
+    scale_2: float | None = None
+    # A pair's two files as the recipe names them ("high: a, low: b"); "" for one file. Kept apart from
+    # `weight_name`, which stays the cache key's (a replica pins the adapter by it: `serving.cluster.replica`).
+    files: str = ""
 
 
 def seeds_of(seed: int, count: int) -> tuple[int, ...]:

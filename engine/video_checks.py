@@ -94,7 +94,8 @@ def video_mode_refusal(request: GenerateRequest, defaults: ModelDefaults) -> Inv
             "this pool's model makes a video from an image (image-to-video): a request needs an image; accepted: "
             "an image (the first frame) with the prompt"
         )
+    named = f" ({defaults.base_model})" if defaults.base_model else ""
     return InvalidRequestError(
-        "an image was given, but this pool's model is text-to-video only; accepted: a prompt without an image "
-        "(image-to-video needs an image-to-video pool)"
+        f"an image was given, but this pool's model{named} is text-to-video only; accepted: a prompt without an "
+        "image (image-to-video needs an image-to-video pool)"
     )

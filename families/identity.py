@@ -36,6 +36,7 @@ class Family(StrEnum):
     WAN_I2V = "wan_i2v"
     WAN = "wan"
     WAN22 = "wan22"
+    WAN22_I2V = "wan22_i2v"
     UNKNOWN = "unknown"
 
 

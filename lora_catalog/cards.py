@@ -25,6 +25,7 @@ __all__ = [
     "PICKLE_SUFFIXES",
     "PREFERRED_WEIGHT_NAME",
     "REPO_ID_PATTERN",
+    "VIDEO_SUFFIXES",
     "choose_weight",
     "entry_from_hub_item",
     "is_non_commercial",
@@ -34,6 +35,8 @@ __all__ = [
 
 PREFERRED_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".webp", ".gif")
+# A video LoRA's card previews (Wan's): MP4 only, the one container every browser plays as H.264.
+VIDEO_SUFFIXES: tuple[str, ...] = (".mp4",)
 PICKLE_SUFFIXES: tuple[str, ...] = (".bin", ".ckpt", ".pt", ".pth")
 # The Hub's own rule for repo ids: owner/name of letters, digits, '-', '_', '.'; no '--' or '..' runs.
 REPO_ID_PATTERN = re.compile(r"^(?!.*(?:--|\.\.))[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -93,6 +96,7 @@ def entry_from_hub_item(item: Mapping[str, Any], *, endpoint: str, listed_base: 
         family=_family(bases, listed_base),
         trigger_words=_trigger_words(card, pivotal=embeddings_name is not None),
         preview_urls=_previews(card, siblings, endpoint, repo_id, sha),
+        preview_videos=_previews(card, siblings, endpoint, repo_id, sha, VIDEO_SUFFIXES),
         license=license_name if license_name and license_id in (None, "other") else license_id,
         non_commercial=is_non_commercial(license_id, license_name, _str(card.get("license_link"))),
         downloads=_count(item.get("downloads")),
@@ -148,27 +152,39 @@ def _trigger_words(card: Mapping[str, Any], *, pivotal: bool = False) -> tuple[s
 
 
 def _previews(
-    card: Mapping[str, Any], siblings: Mapping[str, int | None], endpoint: str, repo_id: str, sha: str | None
+    card: Mapping[str, Any],
+    siblings: Mapping[str, int | None],
+    endpoint: str,
+    repo_id: str,
+    sha: str | None,
+    suffixes: tuple[str, ...] = IMAGE_SUFFIXES,
 ) -> tuple[str, ...]:
+    """The card's widget outputs with one of `suffixes` (raster images, or MP4 videos), else the repo's files
+    with one; as the Hub's resolve URLs, at most `_MAX_PREVIEWS`."""
     urls: list[str] = []
     for example in _widget(card):
         output = example.get("output")
         url = _str(output.get("url")) if isinstance(output, Mapping) else None
         if url:
-            resolved = _preview_url(url, endpoint, repo_id, sha)
+            resolved = _preview_url(url, endpoint, repo_id, sha, suffixes)
             if resolved:
                 urls.append(resolved)
     if not urls:
-        urls = [resolve_url(endpoint, repo_id, sha, f) for f in siblings if f.lower().endswith(IMAGE_SUFFIXES)]
+        urls = [resolve_url(endpoint, repo_id, sha, f) for f in siblings if f.lower().endswith(suffixes)]
     return tuple(dict.fromkeys(urls))[:_MAX_PREVIEWS]
 
 
-def _preview_url(url: str, endpoint: str, repo_id: str, sha: str | None) -> str | None:
-    """A card's preview image as the Hub's resolve URL, or None: not shown.
+def _preview_url(
+    url: str, endpoint: str, repo_id: str, sha: str | None, suffixes: tuple[str, ...] = IMAGE_SUFFIXES
+) -> str | None:
+    """A card's preview (a raster image, or an MP4 with `VIDEO_SUFFIXES`) as the Hub's resolve URL, or None: not
+    shown.
 
     Only a path in the repo, or a file URL on the Hub endpoint (`/{repo}/resolve|blob|raw/{revision}/{path}`),
-    and only raster images. A URL elsewhere would be loaded by every visitor's browser, and Gradio's Gallery
-    downloads an `.svg` on the server, with no size limit, to inline it.
+    with one of `suffixes`. A URL elsewhere would be loaded by every visitor's browser, and Gradio's Gallery
+    downloads an `.svg` on the server, with no size limit, to inline it. The URL shown is rebuilt from the file's
+    path alone, so a Hub URL's query or fragment (`?download=true`) never reaches a browser; a repo path holding
+    `?` or `#` (`a.svg?.png`) is refused, as the Civitai image rule refuses them.
     """
     split = urlsplit(url)
     revision: str | None = sha
@@ -177,10 +193,12 @@ def _preview_url(url: str, endpoint: str, repo_id: str, sha: str | None) -> str 
         if found is None:
             return None
         repo_id, revision, path = found
+    elif any(c in url for c in "?#"):
+        return None
     else:
         path = url[2:] if url.startswith("./") else url
     parts = path.split("/")
-    if "\\" in path or ".." in parts or not all(parts) or not path.lower().endswith(IMAGE_SUFFIXES):
+    if "\\" in path or ".." in parts or not all(parts) or not path.lower().endswith(suffixes):
         return None
     return resolve_url(endpoint, repo_id, revision, path)
 
@@ -284,6 +302,11 @@ def choose_weight(where: str, files: tuple[str, ...], weight_name: str | None) -
             ".safetensors files are accepted, pickles are never unpickled"
         )
     raise NoSafetensorsError(f"LoRA repo {where} holds no .safetensors file; accepted: a repo with a .safetensors LoRA")
+
+
+def weight_candidates(files: Iterable[str]) -> tuple[str, ...]:
+    """The files that could be a repo's LoRA: its `.safetensors` files but embeddings files."""
+    return tuple(f for f in files if _is_weight_candidate(f))
 
 
 def _is_weight_candidate(name: str) -> bool:

@@ -56,6 +56,8 @@ class LoraEntry:
     # The LoRA strength its page recommends (Civitai's `strength`, `min_strength`, `max_strength`), shown with
     # its card; this Space does not apply it itself.
     recommended: tuple[tuple[str, float], ...] = ()
+    # A video LoRA's preview videos (MP4s on the Hub's own host, its card's; `preview_urls` holds its stills).
+    preview_videos: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (datetimes as ISO 8601 strings, tuples as lists)."""
@@ -115,6 +117,7 @@ class LoraEntry:
             hints=LoraHints.from_json(data.get("hints")),
             page_url=_opt_str(data, "page_url"),
             recommended=_numbers(data, "recommended"),
+            preview_videos=_str_tuple(data, "preview_videos"),
         )
 
 

@@ -30,9 +30,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SpeedPreset:
-    """A speed LoRA kind's own sampler, steps and guidance."""
+    """A speed LoRA kind's own sampler (None: the pool's own), steps and guidance."""
 
-    sampler: str
+    sampler: str | None
     steps: int
     guidance: float
 
@@ -41,7 +41,13 @@ class SpeedPreset:
 # trailing timesteps, guidance 0), Hyper-SD (DDIM trailing, guidance 0; its CFG files 5-8), DMD2 (LCMScheduler,
 # 4 steps, guidance 0), TCD (TCDScheduler, 4 steps, guidance 0), SDXL-Turbo (ancestral Euler, trailing, 1-4 steps,
 # guidance 0), lightx2v's Qwen-Image-Lightning (FlowMatchEulerDiscreteScheduler, 8 or 4 steps as its file says,
-# true_cfg_scale 1: no CFG).
+# true_cfg_scale 1: no CFG). lightx2v's Wan LoRAs are step- and CFG-distilled: "4 steps and without
+# classifier-free guidance" (huggingface.co/lightx2v/Wan2.1-T2V-14B-StepDistill-CfgDistill, the model its
+# `Wan21_*_lightx2v_cfg_step_distill_lora_*` files are extracted from; lightx2v/Wan2.1-Distill-Loras and
+# Wan2.2-Distill-Loras name theirs `..._lightx2v_4step`), and Wan2.2-Lightning's A14B pairs run "4steps" (its
+# folders' names, huggingface.co/lightx2v/Wan2.2-Lightning) at guidance 1 on both stages: guidance 1 is no CFG in
+# diffusers' WanPipeline (`guidance_scale > 1` turns it on). Their sampler is the pool's own flow-matching one
+# (None): Wan's pipelines already run a flow scheduler with the base's shift.
 SPEED_PRESETS: dict[str, SpeedPreset] = {
     "LCM": SpeedPreset("LCM", 4, 1.0),
     "Lightning": SpeedPreset("Euler trailing", 4, 0.0),
@@ -50,6 +56,8 @@ SPEED_PRESETS: dict[str, SpeedPreset] = {
     "TCD": SpeedPreset("TCD", 4, 0.0),
     "Turbo": SpeedPreset("Euler a trailing", 4, 0.0),
     "Qwen-Image-Lightning": SpeedPreset("Euler flow", 8, 1.0),
+    "Wan-Lightx2v": SpeedPreset(None, 4, 1.0),
+    "Wan2.2-Lightning": SpeedPreset(None, 4, 1.0),
 }
 _WELL_KNOWN = {
     "latent-consistency/lcm-lora-sdxl": "LCM",
@@ -63,11 +71,36 @@ _WELL_KNOWN = {
     "lightx2v/qwen-image-lightning": "Qwen-Image-Lightning",
     # lightx2v's for Qwen-Image-Edit-2511 (4 and 8 steps); its 2509 ones live in the repo above.
     "lightx2v/qwen-image-edit-2511-lightning": "Qwen-Image-Lightning",
+    "lightx2v/wan2.1-t2v-14b-stepdistill-cfgdistill-lightx2v": "Wan-Lightx2v",
+    "lightx2v/wan2.1-i2v-14b-480p-stepdistill-cfgdistill-lightx2v": "Wan-Lightx2v",
+    "lightx2v/wan2.1-i2v-14b-720p-stepdistill-cfgdistill-lightx2v": "Wan-Lightx2v",
+    "lightx2v/wan2.1-distill-loras": "Wan-Lightx2v",
+    "lightx2v/wan2.2-distill-loras": "Wan-Lightx2v",
+    "lightx2v/wan2.2-lightning": "Wan2.2-Lightning",
 }
 # Words, not substrings: "lcm" in "clcm" is nothing. Separators are any of "-_ ./".
 _SEP = r"[-_ ./]"
-# Qwen-Image-Lightning first: its files ("Qwen-Image-Lightning-8steps-V1.0") also read as SDXL-Lightning's form.
+# Qwen-Image-Lightning and Wan's first: their files ("Qwen-Image-Lightning-8steps-V1.0",
+# "Wan2.2-Lightning_T2V-A14B-4steps-lora_HIGH") also read as SDXL-Lightning's form.
 _NAMES = (
+    # "Wan2.2-Lightning_T2V-A14B-4steps-lora_HIGH_fp16", "Wan22-Lightning": the name alone or with its model or
+    # steps after it ("wan22_lightning_bolt_style" is a style).
+    (
+        "Wan2.2-Lightning",
+        re.compile(
+            rf"(^|{_SEP})wan{_SEP}?2{_SEP}?2{_SEP}?lightning"
+            rf"($|\.safetensors$|{_SEP}(t2v|i2v|ti2v|a14b|\d{{1,2}}{_SEP}?steps?)($|{_SEP}))"
+        ),
+    ),
+    # lightx2v's distilled Wan LoRAs by their file names: "Wan21_T2V_14B_lightx2v_cfg_step_distill_lora_rank32",
+    # "lightx2v_I2V_14B_480p_cfg_step_distill_rank128_bf16", "wan2.1_t2v_14b_lora_rank64_lightx2v_4step",
+    # "Wan_2_2_I2V_A14B_HIGH_lightx2v_4step_lora_260412_rank_64_fp16" (the word, then a distillation or steps).
+    (
+        "Wan-Lightx2v",
+        re.compile(
+            rf"(^|{_SEP})lightx2v{_SEP}(.*{_SEP})?((cfg{_SEP})?step{_SEP}?distill|\d{{1,2}}{_SEP}?steps?)($|{_SEP})"
+        ),
+    ),
     # Its edit releases' too: "Qwen-Image-Edit-Lightning", "Qwen-Image-Edit-2509-Lightning-4steps", "-2511-".
     (
         "Qwen-Image-Lightning",

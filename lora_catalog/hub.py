@@ -26,7 +26,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import ModelInfo
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from .cards import choose_weight, entry_from_hub_item, resolve_url
+from .cards import choose_weight, entry_from_hub_item, resolve_url, weight_candidates
 from .entries import LoraEntry
 from .errors import (
     GatedLoraError,
@@ -35,6 +35,7 @@ from .errors import (
     LoraNotFoundError,
 )
 from .hub_errors import hub_errors
+from .pairs import SEPARATOR, choose_pair, split_pair
 from .pivotal import embeddings_for
 from .refs import is_commit_sha, validate_repo_id, validate_revision, validate_weight_name
 from .sft_header import (
@@ -210,6 +211,14 @@ class HubSource:
         sizes = {
             s.rfilename: s.size if s.size is not None else (s.lfs.size if s.lfs else None) for s in info.siblings or ()
         }
+        pair = choose_pair(where, weight_candidates(sizes), weight_name)
+        if pair is not None:
+            # Two files, one LoRA (`lora_catalog.pairs`): its weight name is both, its size their sum.
+            halves = [sizes[name] for name in pair]
+            total = None if None in halves else sum(size or 0 for size in halves)
+            return dataclasses.replace(
+                entry, weight_name=SEPARATOR.join(pair), weight_size=total, sha=info.sha or entry.sha
+            )
         chosen = choose_weight(where, tuple(sizes), weight_name)
         embeddings = embeddings_for(chosen, sizes)
         size = sizes[embeddings] if embeddings else None
@@ -224,6 +233,8 @@ class HubSource:
         if entry.weight_name is None or entry.sha is None:
             entry = self.resolve(repo_id, entry.sha, entry.weight_name)
         sha, weight_name = entry.sha or "main", entry.weight_name or ""
+        # A pair's header is its first (high-noise) file's.
+        weight_name = (split_pair(weight_name) or (weight_name,))[0]
         key = (repo_id, sha, weight_name)
         with self._lock:
             if key in self._headers:

@@ -11,6 +11,7 @@ from pathlib import PurePosixPath
 
 from .cards import MAX_REPO_ID_CHARS, PICKLE_SUFFIXES, REPO_ID_PATTERN
 from .errors import InvalidRepoIdError, InvalidRequestError, InvalidWeightNameError
+from .pairs import SEPARATOR, split_pair
 
 __all__ = [
     "LOCAL_PREFIX",
@@ -81,12 +82,23 @@ def is_commit_sha(revision: str | None) -> bool:
 
 
 def validate_weight_name(value: str | None) -> str | None:
-    """A relative POSIX path to a `.safetensors` file inside the repo, or None to let the repo decide."""
+    """A relative POSIX path to a `.safetensors` file inside the repo, or None to let the repo decide; or a pair of
+    files (`lora_catalog.pairs`): a folder ending in '/', or two files joined with '+'."""
     if value is None:
         return None
     name = value.strip() if isinstance(value, str) else value
     if not isinstance(name, str) or not name:
         raise InvalidWeightNameError(f"weight_name {value!r} is empty; accepted: a '.safetensors' file in the repo")
+    if name.endswith("/") and len(name) > 1:
+        _check_relative(name.removesuffix("/"), "weight_name", value, InvalidWeightNameError)
+        return name
+    pair = split_pair(name)
+    if pair is not None:
+        return SEPARATOR.join(_one_weight_name(half, value) for half in pair)
+    return _one_weight_name(name, value)
+
+
+def _one_weight_name(name: str, value: str) -> str:
     _check_relative(name, "weight_name", value, InvalidWeightNameError)
     if name.lower().endswith(PICKLE_SUFFIXES):
         raise InvalidWeightNameError(
@@ -94,7 +106,10 @@ def validate_weight_name(value: str | None) -> str | None:
             "unpickled)"
         )
     if not name.lower().endswith(".safetensors"):
-        raise InvalidWeightNameError(f"weight_name {value!r} is not accepted; accepted: a '.safetensors' file")
+        raise InvalidWeightNameError(
+            f"weight_name {value!r} is not accepted; accepted: a '.safetensors' file, or a pair of files as a folder "
+            "ending in '/' or as 'a.safetensors+b.safetensors'"
+        )
     return name
 
 

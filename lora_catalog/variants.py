@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from .entries import LoraEntry
 
-__all__ = ["UNSUPPORTED_VARIANTS", "mark_unsupported", "unsupported_variant"]
+__all__ = ["UNSUPPORTED_VARIANTS", "mark_unsupported", "unsupported_variant", "variant_tensors"]
 
 # (tensor-name pattern, variant name): LyCORIS module names (`lycoris/modules/*.py` weight_list) and PEFT's.
 UNSUPPORTED_VARIANTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -39,6 +39,12 @@ def unsupported_variant(tensor_names: Iterable[str]) -> str | None:
             if pattern.search(name):
                 return variant
     return None
+
+
+def variant_tensors(tensor_names: Iterable[str], variant: str) -> list[str]:
+    """The tensor names that belong to `variant` (as `unsupported_variant` named it), sorted: what a refusal names."""
+    patterns = [pattern for pattern, name in UNSUPPORTED_VARIANTS if name == variant]
+    return sorted(name for name in tensor_names if any(p.search(name) for p in patterns))
 
 
 def mark_unsupported(entry: LoraEntry, tensor_names: Iterable[str]) -> LoraEntry:

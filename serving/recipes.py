@@ -22,6 +22,7 @@ from PIL import Image, PngImagePlugin
 
 from engine.requests import GenerateRequest, GenerateResult, InputImage, LoraSpec
 from engine.samplers import find_sampler
+from lora_catalog.pairs import SEPARATOR as PAIR_SEPARATOR
 
 if TYPE_CHECKING:
     from engine.requests import AdapterUse
@@ -30,6 +31,8 @@ __all__ = ["KEY", "Recipe", "encode_image", "image_hash", "parse_recipe", "recip
 
 KEY = "parameters"
 VERSION = "LoRA Switchboard"
+# Each LoRA's low-noise scale on a two-stage pool (Wan 2.2 A14B), where it differs from its tag's.
+SCALES_2 = "Lora scales 2"
 _JPEG_QUALITY = 92
 _EXIF_IFD, _USER_COMMENT = 0x8769, 0x9286
 _UNICODE = b"UNICODE\x00"
@@ -96,8 +99,13 @@ def recipe_text(result: GenerateResult, index: int = 0) -> str:
     hashes = [f"{_lora_name(use)}: {use.hash}" for use in result.adapters if use.hash]
     if hashes:
         parameters["Lora hashes"] = ", ".join(hashes)
+    # A two-stage pool's low-noise scales where they differ from the tag's (high-noise) one, named like `CFG scale
+    # 2`: A1111 reads a third `<lora:...>` field as its own (the UNet's weight), so they cannot go in the tag.
+    lows = [f"{_lora_name(use)}: {use.scale_2:g}" for use in result.adapters if use.scale_2 is not None]
+    if lows:
+        parameters[SCALES_2] = ", ".join(lows)
     # A pair's two files (a two-stage pool's high- and low-noise halves), which its name alone does not say.
-    pairs = [f"{_lora_name(u)} ({u.weight_name})" for u in result.adapters if u.weight_name.startswith("high: ")]
+    pairs = [f"{_lora_name(u)} ({u.files})" for u in result.adapters if u.files]
     if pairs:
         parameters["Lora pairs"] = "; ".join(pairs)
     parameters["Version"] = VERSION
@@ -170,7 +178,8 @@ def parse_recipe(text: str) -> Recipe:
             negative, line = True, line.removeprefix("Negative prompt:").strip()
         (negative_lines if negative else prompt_lines).append(line)
     prompt = "\n".join(prompt_lines)
-    loras = tuple(_lora_spec(tag) for tag in _LORA_TAG.findall(prompt))
+    lows = _named(parameters.get(SCALES_2, ""))
+    loras = tuple(_lora_spec(tag, lows) for tag in _LORA_TAG.findall(prompt))
     # Only our own recipes escape their text (another tool's "< lora:x>" is that prompt's own text).
     ours = _unescape if parameters.get("Version") == VERSION else str
     width, _, height = parameters.get("Size", "").partition("x")
@@ -194,7 +203,7 @@ def parse_recipe(text: str) -> Recipe:
         fps=_number(parameters.get("FPS")),
         guidance_2=_number(parameters.get("CFG scale 2")),
     )
-    hashes = dict(part.split(": ", 1) for part in parameters.get("Lora hashes", "").split(", ") if ": " in part)
+    hashes = _named(parameters.get("Lora hashes", ""))
     return Recipe(request, parameters, {_ref(name): value for name, value in hashes.items()})
 
 
@@ -213,18 +222,31 @@ def _unescape(text: str) -> str:
 def _lora_name(use: AdapterUse) -> str:
     if use.ref.startswith("local:"):
         return _LOCAL + use.ref.removeprefix("local:")
+    if use.files:
+        # A pair ("high: a, low: b"): its weight name as a request gives it back (`lora_catalog.pairs`); a Civitai
+        # version names its files itself.
+        high, _, low = use.files.removeprefix("high: ").partition(", low: ")
+        return use.ref if use.ref.startswith("civitai:") else f"{use.ref}/{high}{PAIR_SEPARATOR}{low}"
     return use.ref if use.weight_name in ("", _PREFERRED) else f"{use.ref}/{use.weight_name}"
 
 
-def _lora_spec(tag: str) -> LoraSpec:
+def _named(text: str) -> dict[str, str]:
+    """`name: value, name: value` (`Lora hashes`, `Lora scales 2`) as a dict by name."""
+    return dict(part.split(": ", 1) for part in text.split(", ") if ": " in part)
+
+
+def _lora_spec(tag: str, lows: dict[str, str]) -> LoraSpec:
+    """A `<lora:NAME:weight>` tag as a LoraSpec, with its low-noise scale from `lows` (by NAME) if it has one."""
     name, _, weight = tag.rpartition(":")
     scale = _number(weight)
     if not name:  # <lora:name> without a weight
         name, scale = weight, 1.0
+    scale = 1.0 if scale is None else scale
+    scale_2 = _number(lows.get(name))
     parts = _ref(name).split("/")
     if not name.startswith(_LOCAL) and len(parts) > 2:
-        return LoraSpec("/".join(parts[:2]), 1.0 if scale is None else scale, weight_name="/".join(parts[2:]))
-    return LoraSpec(_ref(name), 1.0 if scale is None else scale)
+        return LoraSpec("/".join(parts[:2]), scale, weight_name="/".join(parts[2:]), scale_2=scale_2)
+    return LoraSpec(_ref(name), scale, scale_2=scale_2)
 
 
 def _ref(name: str) -> str:

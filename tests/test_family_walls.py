@@ -31,6 +31,7 @@ BUILT_ON = {
     Family.FLUX2_DEV: (Family.FLUX2,),
     Family.WAN_I2V: (Family.WAN,),
     Family.WAN22: (Family.WAN,),
+    Family.WAN22_I2V: (Family.WAN22, Family.WAN),
 }
 
 

@@ -18,7 +18,7 @@ from PIL import Image
 
 from engine.images import InputImage
 from engine.references import ReferenceFit
-from engine.requests import CheckedRequest, GuidanceKind
+from engine.requests import CheckedRequest, GuidanceKind, RequestMode
 from engine.storage import LinearSizes
 from families import Family, FamilyIdentity
 
@@ -128,6 +128,9 @@ class PreviewSpec:
     tiny_vae: str | None
     projection: LatentProjection | None
     unpack: LatentUnpacker | None = None
+    # Projections for the family's other latent widths (Wan 2.2 TI2V-5B's 48 channels beside Wan 2.1's 16): the
+    # linear preview takes the one whose rows match the latents' channels.
+    more_projections: tuple[LatentProjection, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,13 @@ class FamilySpec:
     # Which stage a LoRA file is for, from its file name and metadata: 0 the first (high-noise), 1 the second
     # (low-noise), None both (engine.prepare.stages). Read only where `second_stage` is set.
     stage_of: Callable[[str, Mapping[str, str]], int | None] | None = None
+    # The modes a served pipeline takes, read from it, of those the family's classes serve (a Wan pool of TI2V-5B
+    # makes a video from an image too, one of Wan 2.1 text-to-video only). None: every pool all of them.
+    pipeline_modes: Callable[[Pipeline], tuple[RequestMode, ...]] | None = None
+    # The tensor names its converter turns into bias deltas (`<module>.lora_B.bias`, PEFT's `lora_bias`: Wan's
+    # `.diff_b` outside the norms), which the swap adds to the Linear's bias as diffusers' fuse does. None: such
+    # names are refused as an unsupported variant (`lora_catalog.variants`).
+    bias_deltas: Callable[[str], bool] | None = None
 
     @property
     def family(self) -> Family:

@@ -34,9 +34,11 @@ __all__ = [
     "TINY_FRAMES",
     "TINY_I2V_WIDTH",
     "TINY_WIDTH",
+    "build_tiny_a14b_i2v_pipeline",
     "build_tiny_a14b_pipeline",
     "build_tiny_i2v_pipeline",
     "build_tiny_pipeline",
+    "build_tiny_ti2v_pipeline",
     "tiny_wan_transformer",
 ]
 
@@ -47,6 +49,12 @@ TINY_WIDTH = 44
 TINY_A14B_WIDTH = 36
 # Wan 2.2 T2V-A14B's boundary: the high-noise transformer runs while the timestep is at least 875 of 1000.
 A14B_BOUNDARY = 0.875
+# The tiny two-stage image-to-video model's transformers': 2 heads of 30 (RoPE 10 / 10 / 10 per head).
+TINY_A14B_I2V_WIDTH = 60
+# Wan 2.2 I2V-A14B's boundary (Wan's configs/wan_i2v_A14B.py `boundary = 0.900`; its Diffusers repo's model_index).
+A14B_I2V_BOUNDARY = 0.9
+# The tiny TI2V-5B-shaped transformer's: 2 heads of 28 (RoPE 12 / 8 / 8 per head), over Wan 2.2's 48 channels.
+TINY_TI2V_WIDTH = 56
 # The tiny image-to-video transformer's: 2 heads of 26 (RoPE 14 / 6 / 6 per head).
 TINY_I2V_WIDTH = 52
 # The tiny pool's default frames (4k+1: 2 latent frames).
@@ -69,7 +77,7 @@ def tiny_wan_transformer(width: int = TINY_WIDTH, **extra: Any) -> WanTransforme
         num_attention_heads=2,
         attention_head_dim=width // 2,
         in_channels=extra.pop("in_channels", 16),
-        out_channels=16,
+        out_channels=extra.pop("out_channels", 16),
         text_dim=_TEXT_WIDTH,
         freq_dim=32,
         ffn_dim=48,
@@ -156,6 +164,67 @@ def build_tiny_a14b_pipeline(seed: int = 0) -> WanPipeline:
         scheduler=UniPCMultistepScheduler(**SCHEDULER),
         transformer_2=low,
         boundary_ratio=A14B_BOUNDARY,
+    )
+    dynamic: Any = pipe  # (see build_tiny_pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny_a14b_i2v_pipeline(seed: int = 0) -> WanImageToVideoPipeline:
+    """A tiny Wan 2.2 I2V-A14B: two transformers 60 wide taking the image's latents and mask beside the noise
+    (36 channels), with no image embedder and no image keys and values (Wan 2.2 has no CLIP image encoder: its
+    pipeline's `image_encoder` and `image_processor` are None), switched at I2V-A14B's boundary."""
+    tokenizer = tiny_t5_tokenizer()
+    torch.manual_seed(seed)
+    high = tiny_wan_transformer(TINY_A14B_I2V_WIDTH, in_channels=36)
+    torch.manual_seed(seed + 4)
+    low = tiny_wan_transformer(TINY_A14B_I2V_WIDTH, in_channels=36)
+    pipe = WanImageToVideoPipeline(
+        tokenizer=tokenizer,
+        text_encoder=_text_encoder(len(tokenizer), seed + 2),
+        vae=_vae(seed),
+        scheduler=UniPCMultistepScheduler(**SCHEDULER),
+        transformer=high,
+        transformer_2=low,
+        boundary_ratio=A14B_I2V_BOUNDARY,
+    )
+    dynamic: Any = pipe  # (see build_tiny_pipeline)
+    dynamic.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny_ti2v_pipeline(seed: int = 0) -> WanPipeline:
+    """A tiny Wan 2.2 TI2V-5B: a transformer 56 wide over 48 latent channels, Wan 2.2's VAE layout (a residual
+    encoder and decoder over 2x2-patched pixels, 16x spatially, 48 channels; the tiny one's latent mean 0 and
+    std 1), and `expand_timesteps` (each latent token's own timestep, the first frame's 0 when an image is given:
+    what lets diffusers' WanImageToVideoPipeline run it without an image encoder). Not a served family's tiny
+    model: the `wan` family's tests load it as a 5B pool."""
+    tokenizer = tiny_t5_tokenizer()
+    torch.manual_seed(seed)
+    transformer = tiny_wan_transformer(TINY_TI2V_WIDTH, in_channels=48, out_channels=48)
+    torch.manual_seed(seed + 1)
+    vae: Any = AutoencoderKLWan(
+        base_dim=8,
+        z_dim=48,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        is_residual=True,
+        in_channels=12,
+        out_channels=12,
+        patch_size=2,
+        scale_factor_spatial=16,
+        latents_mean=[0.0] * 48,
+        latents_std=[1.0] * 48,
+    )
+    vae.register_to_config(sample_size=TINY_SIDE)
+    pipe = WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=_text_encoder(len(tokenizer), seed + 2),
+        transformer=transformer,
+        vae=vae,
+        scheduler=UniPCMultistepScheduler(**SCHEDULER),
+        expand_timesteps=True,
     )
     dynamic: Any = pipe  # (see build_tiny_pipeline)
     dynamic.set_progress_bar_config(disable=True)

@@ -4,14 +4,14 @@
 Both are LoRA components. A single LoRA file goes to both transformers, as diffusers loads it twice
 (`load_lora_weights`, then again with `load_into_transformer_2=True`): at the request's `scale` on the high-noise
 one and its `scale_2` on the low-noise one (`second_stage`; None: `scale` on both). Its names are Wan's, converted
-by diffusers' own converter (`engine.families.wan`). Not yet: a high-noise/low-noise pair of files as one LoRA.
+by diffusers' own converter (`engine.families.wan`). A high-noise/low-noise pair of files is one LoRA
+(`engine.prepare.stages`, named as `lora_catalog.pairs` says).
 Defaults as diffusers' A14B example runs it: 40 steps, CFG 4 for the high-noise stage and 3 for the low-noise one
 (`guidance_2`), 81 frames at 16 fps.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,26 +32,24 @@ from engine.families.tiny_wan import build_tiny_a14b_pipeline
 from engine.families.wan_memory import MEMORY_A14B
 from engine.requests import CheckedRequest
 from families.wan22 import IDENTITY
+from lora_catalog.pairs import stage_in_name
 
 __all__ = ["FAMILY", "convert_lora", "stage_of"]
 
 _LOW = "transformer_2."
-# A pair's file names (`..._high_noise.safetensors`, `..._HIGH.safetensors`, Wan2.2-Lightning's
-# `high_noise_model.safetensors`), and musubi-tuner's / kohya's metadata naming the model it was trained on.
-_STAGE_NAMES = tuple(
-    re.compile(rf"(?i:{word}[_-]?noise)|(?:^|[^A-Za-z]){word.upper()}(?:[^A-Za-z]|$)") for word in ("high", "low")
-)
-# The bare words only in capitals (`style_HIGH`): a lower-case `low` is too often a style (`low_light`).
+# A file's stage by its name (`lora_catalog.pairs`: `..._high_noise`, `..._HIGH`, Wan2.2-Lightning's
+# `high_noise_model.safetensors`), else musubi-tuner's / kohya's metadata naming the model it was trained on.
 _STAGE_METADATA = ("ss_output_name", "modelspec.title", "ss_base_model_version")
 
 
 def stage_of(file_name: str, metadata: Mapping[str, str]) -> int | None:
     """0 for a high-noise file, 1 for a low-noise one, by its name or else its metadata; None: both (or it says
     both, which cannot be)."""
-    for text in (file_name.removesuffix(".safetensors"), *(str(metadata.get(k, "")) for k in _STAGE_METADATA)):
-        said = [index for index, pattern in enumerate(_STAGE_NAMES) if pattern.search(text)]
-        if len(said) == 1:
-            return said[0]
+    # The file's own name: a Hub pair's folder ("...-V1.1/high_noise_model.safetensors") says nothing of it.
+    for text in (file_name.rsplit("/", 1)[-1], *(str(metadata.get(k, "")) for k in _STAGE_METADATA)):
+        stage = stage_in_name(text)
+        if stage is not None:
+            return stage
     return None
 
 
@@ -87,6 +85,7 @@ FAMILY = FamilySpec(
     defaults=defaults,
     call_arguments=call_arguments,
     size_buckets=wan.SIZE_BUCKETS,
+    bias_deltas=wan.bias_deltas,
     convert_lora=convert_lora,
     signature=LoraSignature(wan.lora_widths, wan.pipeline_widths),
     preview=PreviewSpec(None, wan.LATENT_RGB, unpack=wan.unpack_latents),

@@ -37,6 +37,7 @@ __all__ = [
     "MEMORY_A14B",
     "MEMORY_I2V_480P",
     "MEMORY_I2V_720P",
+    "MEMORY_I2V_A14B",
     "VideoShape",
     "decode_bytes",
     "step_bytes",
@@ -113,9 +114,9 @@ MEMORY_1_3B = _memory(
     1_419_258_944, VAE_21_VALUES, SHAPE_1_3B, SIZE_480P, LinearSizes(1_417_641_984, 698_944, 1_392_960), 14_155_776
 )
 # Wan2.1-T2V-14B: 40 blocks 5120 wide (diffusers' defaults).
-MEMORY_14B = _memory(
-    14_288_753_728, VAE_21_VALUES, SHAPE_14B, SIZE_720P, LinearSizes(14_283_243_520, 2_447_424, 4_868_416), 157_286_400
-)
+# (Its Linears, which Wan 2.2 A14B's transformers share: the image latents' channels are a convolution's.)
+_LINEARS_14B = LinearSizes(14_283_243_520, 2_447_424, 4_868_416)
+MEMORY_14B = _memory(14_288_753_728, VAE_21_VALUES, SHAPE_14B, SIZE_720P, _LINEARS_14B, 157_286_400)
 # Wan2.2-TI2V-5B: 30 blocks 3072 wide over the 48-channel latents of Wan 2.2's VAE.
 MEMORY_5B = _memory(
     5_000_049_856, VAE_22_VALUES, SHAPE_5B, SIZE_5B, LinearSizes(4_996_792_320, 1_290_432, 2_566_592), 56_623_104
@@ -134,12 +135,24 @@ MEMORY_I2V_720P = _i2v(SIZE_720P)
 # Wan2.2-T2V-A14B: two 14B transformers, both resident. A quantized pool stores both (`FamilySpec.stored`), so
 # `linears` declares both transformers' Linears; nothing else takes LoRAs (Wan's do not adapt UMT5), so no fused
 # swap's scratch is left on a quantized pool (`largest_encoder_values` 0).
-_14B_LINEARS = MEMORY_14B.linears
-assert _14B_LINEARS is not None
+_BOTH_14B_LINEARS = LinearSizes(*(2 * n for n in vars(_LINEARS_14B).values()))
 MEMORY_A14B = MemorySpec(
     **{
         **vars(MEMORY_14B),
         "values": (*MEMORY_14B.values, ("transformer_2", MEMORY_14B.values_of(("transformer",)))),
-        "linears": LinearSizes(*(2 * n for n in vars(_14B_LINEARS).values())),
+        "linears": _BOTH_14B_LINEARS,
+    }
+)
+# Wan2.2-I2V-A14B: two 14B transformers taking the image's latents and mask beside the noise (36 input channels:
+# its patch embedding's 20 more, no image embedder or image keys and values, no CLIP), both resident as
+# T2V-A14B's, and stored as its (both quantized: `linears` both transformers', no fused swap's scratch left);
+# planned at 720P as the 14B's.
+_I2V_A14B_VALUES = 14_289_163_328
+_I2V_A14B = _memory(_I2V_A14B_VALUES, VAE_21_VALUES, SHAPE_14B, SIZE_720P, _LINEARS_14B, 157_286_400)
+MEMORY_I2V_A14B = MemorySpec(
+    **{
+        **vars(_I2V_A14B),
+        "values": (*_I2V_A14B.values, ("transformer_2", _I2V_A14B_VALUES)),
+        "linears": _BOTH_14B_LINEARS,
     }
 )

@@ -31,7 +31,7 @@ from engine.errors import AdapterLoadError, IncompatibleLoraError, LimitExceeded
 from engine.formats.bounds import Reach, reach
 from engine.formats.deltas import keep_deltas
 from engine.formats.dora import dora_update
-from engine.formats.layers import LayerFactors, LayerUpdate
+from engine.formats.layers import LayerDelta, LayerFactors, LayerUpdate
 from engine.formats.lycoris import lycoris_layer
 from engine.formats.naming import (
     SplitTensors,
@@ -44,7 +44,7 @@ from engine.formats.pivotal import TokenEmbeddings
 from engine.formats.targets import TargetTable
 from engine.hostmem import pinned_nbytes
 from lora_catalog.hints import LoraHints
-from lora_catalog.variants import unsupported_variant
+from lora_catalog.variants import unsupported_variant, variant_tensors
 
 __all__ = [
     "AdapterKey",
@@ -178,9 +178,14 @@ def prepare(
     see `engine.formats.deltas` for why.
     """
     label = f"LoRA {key.name!r} ({key.weight_name})"
-    if variant := detect_variant(shapes):
+    # What the family's converter turns into bias deltas is read there, not refused here (Wan's `.diff_b`).
+    checked = [name for name in shapes if table.bias_deltas is None or not table.bias_deltas(name)]
+    if variant := detect_variant(checked):
+        # Named, so that the uploader sees which tensors to drop (a norm's `.diff`).
+        found = variant_tensors(checked, variant)
+        named = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise UnsupportedLoraVariantError(
-            f"{label} uses {variant}, which the fused swap cannot apply; accepted: {_ACCEPTED}"
+            f"{label} uses {variant}, which the fused swap cannot apply; accepted: {_ACCEPTED}; its {variant}: {named}"
         )
     rank = max_rank_of(shapes)
     if rank > max_rank:
@@ -278,10 +283,10 @@ def _factors(
     alphas: Mapping[str, float],
     config: Mapping | None,
     label: str,
-) -> list[LayerFactors]:
+) -> list[LayerUpdate]:
     modules = sorted({k.split(".lora_")[0] for k in part})
     common_alpha = Counter(alphas.values()).most_common(1)[0][0] if alphas else None
-    out = []
+    out: list[LayerUpdate] = []
     for module in modules:
         down, up = part.get(f"{module}.lora_A.weight"), part.get(f"{module}.lora_B.weight")
         if down is None or up is None:
@@ -302,7 +307,18 @@ def _factors(
             alpha = alphas.get(module, common_alpha if common_alpha is not None else rank)
             denominator = rank
         out.append(LayerFactors(index, down.reshape(rank, -1), up.reshape(up.shape[0], rank), alpha / denominator))
+        if (bias := part.get(f"{module}.lora_B.bias")) is not None:
+            # PEFT's `lora_bias`: its merge adds `lora_B.bias · scaling` to the Linear's bias, as this delta does.
+            target = _bias_target(table, component, module, bias, label)
+            out.append(LayerDelta(target, bias.reshape(-1, 1), alpha / denominator))
     return out
+
+
+def _bias_target(table: TargetTable, component: str, module: str, bias: torch.Tensor, label: str) -> int:
+    index = table.lookup(component, f"{module}.bias") if table.bias_deltas is not None else None
+    if index is None or table.shapes[index] != tuple(bias.shape):
+        raise IncompatibleLoraError(f"{label}: a bias delta {tuple(bias.shape)} fits no bias of {component}.{module}")
+    return index
 
 
 def _lycoris_layers(split: SplitTensors, table: TargetTable, config: Mapping, label: str) -> list[LayerUpdate]:

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -40,10 +40,14 @@ class TargetTable:
         *,
         denoiser: str = "unet",
         convert_lora: LoraConverter = _SDXL_CONVERTER,
+        bias_deltas: Callable[[str], bool] | None = None,
     ) -> None:
         if denoiser not in components:
             raise ValueError(f"the denoiser {denoiser!r} is not among the components {', '.join(components)}")
         self._convert_lora = convert_lora
+        # The family's bias-delta names (`FamilySpec.bias_deltas`): where set, each Linear's bias is a target too,
+        # as `<module>.bias` (a bias delta's), after every weight.
+        self.bias_deltas = bias_deltas
         self._denoiser_module = components[denoiser]
         self.denoiser = denoiser
         # The pipeline's adaptable components (SD 1.x/2.x: unet, text_encoder; FLUX: transformer, text_encoder).
@@ -61,6 +65,14 @@ class TargetTable:
                     self.params.append(module.weight)
                     self.shapes.append(_lora_shape(module))
                     self.names.append(f"{component}.{name}")
+        if bias_deltas is not None:
+            for component, model in components.items():
+                for name, module in model.named_modules():
+                    if isinstance(module, nn.Linear) and module.bias is not None:
+                        self._index[(component, f"{name}.bias")] = len(self.params)
+                        self.params.append(module.bias)
+                        self.shapes.append((module.out_features,))
+                        self.names.append(f"{component}.{name}.bias")
         self._flat_text = {c: not hasattr(m, "text_model") for c, m in components.items()}
 
     def lookup(self, component: str, module: str) -> int | None:

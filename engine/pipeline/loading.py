@@ -227,6 +227,9 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
     max_side = min(settings.max_side, max(2 * side, 256))
     run = family.defaults(pipe)
     modes = served_modes(family)
+    if family.pipeline_modes is not None:
+        own = family.pipeline_modes(pipe)
+        modes = tuple(mode for mode in modes if mode in own)
     takes_images = any(mode != "text-to-image" for mode in modes)
     defaults = ModelDefaults(
         steps=run.steps,
@@ -246,6 +249,7 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
         max_reference_images=family.max_reference_images if takes_images else 0,
         inpaint_references=family.inpaint_references and "inpainting" in modes,
         reference_fit=run.reference_fit if takes_images else None,
+        base_model=settings.base_model_id,
     )
     if family.video is not None:
         defaults = dataclasses.replace(defaults, video=True, **dataclasses.asdict(family.video(pipe)))

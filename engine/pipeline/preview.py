@@ -41,25 +41,33 @@ _PROCESSOR = VaeImageProcessor()
 
 
 class PreviewDecoder(Protocol):
-    """Latents of one step (batch first; the first image is shown) -> a preview image."""
+    """Latents of one step (batch first; the first image is shown) -> a preview image (None: none for these)."""
 
     name: str
 
-    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image: ...
+    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image | None: ...
 
 
 class LinearPreview:
-    """The fixed per-family projection, at latent resolution: a (channels x 3) matmul, microseconds per row."""
+    """The fixed per-family projection, at latent resolution: a (channels x 3) matmul, microseconds per row.
 
-    def __init__(self, projection: LatentProjection, family: Family) -> None:
+    A family whose bases differ in latent channels (Wan: 16, TI2V-5B's 48) gives a projection for each (`more`):
+    the latents' channels pick one; latents no projection fits get no preview (None), the run goes on."""
+
+    def __init__(self, projection: LatentProjection, family: Family, more: tuple[LatentProjection, ...] = ()) -> None:
         self.name = f"linear ({family.value})"
-        self._weights = torch.tensor(projection.weights, dtype=torch.float32)
-        self._bias = torch.tensor(projection.bias, dtype=torch.float32)
+        self._by_channels = {
+            len(p.weights): (torch.tensor(p.weights, dtype=torch.float32), torch.tensor(p.bias, dtype=torch.float32))
+            for p in (*more, projection)
+        }
 
     @torch.inference_mode()
-    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image:
+    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image | None:
         latent = _unit_variance(latents[0], scheduler).float()
-        weights, bias = self._weights.to(latent.device), self._bias.to(latent.device)
+        found = self._by_channels.get(latent.shape[0])
+        if found is None:
+            return None
+        weights, bias = found[0].to(latent.device), found[1].to(latent.device)
         rgb = torch.nn.functional.linear(latent.movedim(0, -1), weights.T, bias)
         return _to_image(rgb.movedim(-1, 0)[None])
 
@@ -74,9 +82,14 @@ class TinyVaePreview:
         config = getattr(vae, "config", None)
         self._scaling = float(getattr(config, "scaling_factor", 1.0) or 1.0)
         self._shift = float(getattr(config, "shift_factor", 0.0) or 0.0)
+        self._channels = getattr(config, "latent_channels", None)
 
     @torch.inference_mode()
-    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image:
+    def __call__(self, latents: torch.Tensor, scheduler: object) -> Image.Image | None:
+        if self._channels is not None and latents.shape[1] != self._channels:
+            # PREVIEW_VAE is one setting for every pool: a pool of other latents (Wan's 16 channels beside a
+            # TAESD's 4) gets no preview rather than a failed step.
+            return None
         weight = next(self._vae.parameters())
         latent = _unit_variance(latents[:1], scheduler) / self._scaling + self._shift
         return _to_image(self._vae.decode(latent.to(device=weight.device, dtype=weight.dtype)).sample)  # type: ignore[operator]
@@ -111,6 +124,8 @@ class StepPreviews:
             return
         started = time.perf_counter()
         image = self.decoder(latents, scheduler)
+        if image is None:
+            return
         logger.debug(
             "preview (%s) after step %d/%d in %.1f ms",
             self.decoder.name,
@@ -140,7 +155,7 @@ def load_preview_decoder(
         logger.warning("no latent preview is known for the %s family; previews are off", family.value)
         return None
     logger.info("live previews: the fixed %s latent->RGB projection", family.value)
-    return LinearPreview(projection, family)
+    return LinearPreview(projection, family, spec.preview.more_projections)
 
 
 def _tiny_vae(source: str, device: torch.device, dtype: torch.dtype) -> TinyVaePreview | None:

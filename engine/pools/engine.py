@@ -180,11 +180,13 @@ class Engine:
                     AdapterUse(
                         spec.ref,
                         key.revision,
-                        adapter.files or key.weight_name,
+                        key.weight_name,
                         spec.scale,
                         ready.cache,
                         adapter.file_hash,
                         ready.trained_for,
+                        spec.scale_2,
+                        adapter.files,
                     )
                 )
                 warnings.extend((*adapter.warnings, *ready.warnings))

@@ -58,10 +58,9 @@ def build_parts(
     `host_pristine`: what the memory plan left in host RAM for its pristine copies there (HOST_RAM_BYTES)."""
     per_call = settings.per_call
     family = loaded.family
+    components = {c: getattr(loaded.pipe, c) for c in loaded.components}
     table = TargetTable(
-        {c: getattr(loaded.pipe, c) for c in loaded.components},
-        denoiser=family.denoiser,
-        convert_lora=family.convert_lora,
+        components, denoiser=family.denoiser, convert_lora=family.convert_lora, bias_deltas=family.bias_deltas
     )
     # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
     encoders = TextEncoders(loaded.pipe, loaded.components)

@@ -28,8 +28,9 @@ from engine.settings import Settings
 from lora_catalog.civitai.bases import civitai_base
 from lora_catalog.civitai.refs import parse_civitai
 from lora_catalog.civitai.source import CivitaiSource, ResolvedVersion
-from lora_catalog.civitai.versions import parse_nsfw_level
+from lora_catalog.civitai.versions import CivitaiFile, parse_nsfw_level
 from lora_catalog.entries import Family
+from lora_catalog.pairs import SEPARATOR
 from lora_catalog.refs import validate_weight_name
 
 __all__ = ["CivitaiFiles", "CivitaiLocation", "civitai_files"]
@@ -78,22 +79,25 @@ class CivitaiFiles:
         if parsed is None:
             raise InvalidRequestError(f"{ref!r} is not a Civitai reference")
         resolved = self.source.resolve(parsed)
-        name = _stored_name(resolved.file.name)
-        if name != resolved.file.name:
-            resolved = dataclasses.replace(resolved, file=dataclasses.replace(resolved.file, name=name))
+        file, pair = _stored(resolved.file), resolved.pair and _stored(resolved.pair)
+        resolved = dataclasses.replace(resolved, file=file, pair=pair)
+        # A pair's weight name is both files' (`lora_catalog.pairs`), high first.
+        name = file.name if pair is None else SEPARATOR.join((file.name, pair.name))
         key = adapter_key(resolved.version.ref, str(resolved.version.version_id), name)
         return key, CivitaiLocation.of(resolved), self.source.stale_warning(parsed)
 
-    def fetch(self, key: AdapterKey, location: CivitaiLocation) -> Path:
-        """The file on local disk: the one kept before (its SHA256 was checked then), else downloaded now."""
-        path = self.folder / key.revision / key.weight_name
+    def fetch(self, key: AdapterKey, location: CivitaiLocation, file: CivitaiFile | None = None) -> Path:
+        """The file (or a pair's other `file`) on local disk: the one kept before (its SHA256 was checked then),
+        else downloaded now."""
+        file = file or location.resolved.file
+        path = self.folder / key.revision / file.name
         if path.is_file():
             # Marks it used, for the disk budget's least-recently-used order (atime is unreliable on many mounts).
             now = time.time()
             os.utime(path, (now, now))
             return path
         try:
-            return self.source.download(location.resolved, path.parent, max_bytes=self._max_bytes)
+            return self.source.download(location.resolved, path.parent, max_bytes=self._max_bytes, file=file)
         except SwitchboardError:
             raise  # the tree's own (a restricted download is a PermissionError, hence an OSError, too)
         except OSError as e:
@@ -115,6 +119,11 @@ def civitai_files(settings: Settings) -> CivitaiFiles | None:
     )
     folder = settings.civitai_cache_dir or Path(hf_constants.HF_HOME) / "civitai"
     return CivitaiFiles(source, folder, max_bytes=settings.max_adapter_bytes)
+
+
+def _stored(file: CivitaiFile) -> CivitaiFile:
+    name = _stored_name(file.name)
+    return file if name == file.name else dataclasses.replace(file, name=name)
 
 
 def _stored_name(name: str) -> str:

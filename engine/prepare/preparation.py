@@ -159,23 +159,29 @@ class Preparer:
         size = (source.size or 0) + (source.embeddings_size or 0)
         _hold(gate, load_gate, size, source)
         path = self._resolver.fetch(source)
+        pair_path = self._resolver.fetch_pair(source)
         embeddings_path = self._resolver.fetch_embeddings(source)
         fetched = time.perf_counter()
-        half = self._file(source, path, gate, load_gate, size)
+        # A Hub pair's halves by their paths in the repo (what the recipe names), a file elsewhere by its name.
+        names = source.halves or (path.name, pair_path.name if pair_path is not None else "")
+        half = self._file(source, path, gate, load_gate, size, names[0])
         adapter = half.adapter
-        if source.pair_path is not None and self._stages is not None:
-            other = self._file(source, source.pair_path, gate, load_gate, size)
+        if pair_path is not None and self._stages is not None:
+            other = self._file(source, pair_path, gate, load_gate, size, names[1])
             adapter = self._stages.pair(label, (half, other))
-        elif source.pair_path is not None:
+        elif pair_path is not None:
             raise InvalidRequestError(
-                f"{label} is a folder of two files, but this pool has one transformer; accepted: one file"
+                f"{label} is a pair of files (high- and low-noise), but this pool has one transformer; accepted: "
+                "one file"
             )
         elif self._stages is not None:
             adapter = self._stages.one(half)
         embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
         return dataclasses.replace(adapter, embeddings=embeddings), fetched
 
-    def _file(self, source: AdapterSource, path: Path, gate: ExitStack, load_gate: LoadGate | None, size: int) -> Half:
+    def _file(
+        self, source: AdapterSource, path: Path, gate: ExitStack, load_gate: LoadGate | None, size: int, name: str
+    ) -> Half:
         """One file checked (its base: the one origin judgement) and prepared, with its hints and hash."""
         label = f"LoRA {source.ref!r}"
         header = self._resolver.header(source, path)
@@ -206,7 +212,7 @@ class Preparer:
             hints=metadata_hints(header.metadata, (source.key.weight_name,)),
             file_hash=addnet_hash(path)[:12],
         )
-        return Half(path.name, adapter, origin, header.metadata)
+        return Half(name, adapter, origin, header.metadata)
 
     @contextmanager
     def _key_lock(self, key: AdapterKey) -> Iterator[None]:

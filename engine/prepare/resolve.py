@@ -57,6 +57,7 @@ from lora_catalog.entries import Family, LoraEntry
 from lora_catalog.errors import CivitaiUnavailableError, HeaderError
 from lora_catalog.hints import LoraHints
 from lora_catalog.local import local_embeddings
+from lora_catalog.pairs import split_pair
 from lora_catalog.pivotal import embeddings_for
 from lora_catalog.sft_header import SafetensorsHeader, read_header
 
@@ -98,6 +99,8 @@ class AdapterSource:
     # A pair's second file (a local folder of two: a two-stage pool's high- and low-noise files), beside
     # `local_path`; which is which the pool's family reads (engine.prepare.stages).
     pair_path: Path | None = None
+    # A Hub pair's two files (`lora_catalog.pairs`), downloaded each on its own (its key's weight name is both).
+    halves: tuple[str, str] | None = None
 
 
 class AdapterResolver:
@@ -154,7 +157,17 @@ class AdapterResolver:
             return source.local_path
         if source.civitai is not None and self._civitai is not None:
             return self._civitai.fetch(source.key, source.civitai)
+        if source.halves is not None:
+            return self._download(source, source.halves[0], None)
         return self._download(source, source.key.weight_name, source.size)
+
+    def fetch_pair(self, source: AdapterSource) -> Path | None:
+        """A pair's second file on local disk (None: one file), from where its first came."""
+        if source.civitai is not None and self._civitai is not None and source.civitai.resolved.pair is not None:
+            return self._civitai.fetch(source.key, source.civitai, source.civitai.resolved.pair)
+        if source.halves is not None:
+            return self._download(source, source.halves[1], None)
+        return source.pair_path
 
     def fetch_embeddings(self, source: AdapterSource) -> Path | None:
         """The LoRA's pivotal-tuning embeddings file on local disk (downloaded like the LoRA), if it has one."""
@@ -229,16 +242,19 @@ class AdapterResolver:
             embeddings_name=entry.embeddings_name,
             embeddings_size=entry.embeddings_size,
             hints=entry.hints,
+            halves=split_pair(entry.weight_name),
         )
 
     def _locate_civitai(self, ref: str) -> AdapterSource:
         if self._civitai is None:
             raise CivitaiUnavailableError(f"LoRA {ref!r} is on Civitai, but this Space runs without Civitai access")
         key, location, stale = self._civitai.locate(ref)
+        files = (location.resolved.file, location.resolved.pair)
+        sizes = [f.size for f in files if f is not None]
         return AdapterSource(
             key,
             ref,
-            location.resolved.file.size,
+            None if None in sizes else sum(s or 0 for s in sizes),
             location.declared_bases,
             warnings=(stale,) if stale else (),
             declared_family=location.family,

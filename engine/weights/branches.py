@@ -52,7 +52,9 @@ class Branches:
         self._modules: dict[int, BranchedLinear] = {}
         for component, module in components.items():
             prefix = f"{component}."
-            owned = [i for i, name in enumerate(table.names) if name.startswith(prefix)]
+            # A bias target (`<module>.bias`, a family's bias deltas) stays in the compute dtype beside the
+            # quantized weight: the fused swap's, as the encoders' weights.
+            owned = [i for i, n in enumerate(table.names) if n.startswith(prefix) and not n.endswith(".bias")]
             self._denoiser.update(owned)
             for index in owned:
                 linear = module.get_submodule(table.names[index].removeprefix(prefix))

@@ -9,9 +9,10 @@ The API calls made: docs/internals.md, "lora_catalog/civitai/source.py".
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,21 @@ from ..errors import (
     LoraNotFoundError,
     RestrictedLoraError,
 )
+from ..pairs import choose_pair
 from ..swr import StaleWhileRevalidate
 from .bases import CivitaiBase
 from .download import HostPolicy, download_file
 from .refs import CivitaiRef, parse_civitai
-from .versions import CivitaiFile, CivitaiVersion, NsfwLevel, check_version, latest_version_id, parse_version
+from .versions import (
+    CivitaiFile,
+    CivitaiVersion,
+    NsfwLevel,
+    check_version,
+    describe_file,
+    latest_version_id,
+    model_files,
+    parse_version,
+)
 
 __all__ = ["DEFAULT_ENDPOINT", "CivitaiSource", "ResolvedVersion"]
 
@@ -47,6 +58,8 @@ class ResolvedVersion:
 
     version: CivitaiVersion
     file: CivitaiFile
+    # A pair's low-noise file, `file` being its high-noise one (`lora_catalog.pairs`); None: one file.
+    pair: CivitaiFile | None = None
 
 
 class CivitaiSource:
@@ -86,7 +99,15 @@ class CivitaiSource:
             raise InvalidRequestError(f"{ref!r} is not a Civitai reference")
         version_id = parsed.version_id or self._latest.get(parsed.model_id or 0)
         version = self._versions.get(version_id)
-        return ResolvedVersion(version, check_version(version, self.max_nsfw))
+        label = f"Civitai {version.ref!r} ({version.title})"
+        # A version whose .safetensors model files are exactly a high- and a low-noise one is one LoRA of both
+        # (whichever is primary); the policy is checked on it as on any version.
+        files = {_text_name(f): f for f in model_files(version.files)}
+        pair = choose_pair(label, tuple(files), None)
+        if pair is None:
+            return ResolvedVersion(version, check_version(version, self.max_nsfw))
+        high = check_version(dataclasses.replace(version, files=(files[pair[0]],)), self.max_nsfw)
+        return ResolvedVersion(version, high, describe_file(files[pair[1]], label))
 
     def entry(self, ref: str | CivitaiRef) -> LoraEntry:
         """The catalogue entry for `ref` (the UI's card and `/lora_info`), after the same policy as a download."""
@@ -114,9 +135,12 @@ class CivitaiSource:
         age = f"{oldest.age_s / 60:.0f} min"
         return f"Civitai LoRA {parsed.canonical!r} is served from Civitai metadata {age} old: {why}"
 
-    def download(self, resolved: ResolvedVersion, folder: Path, *, max_bytes: int) -> Path:
-        """The version's file downloaded into `folder` (kept only when its SHA256 matched the API's)."""
-        version, file = resolved.version, resolved.file
+    def download(
+        self, resolved: ResolvedVersion, folder: Path, *, max_bytes: int, file: CivitaiFile | None = None
+    ) -> Path:
+        """The version's file (or `file` of it: a pair's other) downloaded into `folder`, kept only when its SHA256
+        matched the API's."""
+        version, file = resolved.version, file or resolved.file
         return download_file(
             self._client,
             file.download_url,
@@ -221,3 +245,8 @@ class CivitaiSource:
             return response.json()
         except ValueError as e:
             raise CivitaiUnavailableError(f"Civitai at {self.endpoint} answered malformed JSON about {where}") from e
+
+
+def _text_name(file: Mapping[str, Any]) -> str:
+    name = file.get("name")
+    return name if isinstance(name, str) else ""

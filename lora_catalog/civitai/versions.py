@@ -255,7 +255,7 @@ def check_version(version: CivitaiVersion, ceiling: NsfwLevel, *, now: datetime 
 def choose_file(files: Sequence[Mapping[str, Any]], label: str) -> CivitaiFile:
     """The primary `.safetensors` model file, else the only one; pickles are refused as on the Hub."""
     models = [f for f in files if _text(f.get("type")).lower() in _MODEL_FILE_TYPES or not f.get("type")]
-    safe = [f for f in models if _is_safetensors(f)]
+    safe = model_files(files)
     primary = [f for f in safe if f.get("primary") is True]
     chosen = primary or safe
     if not chosen:
@@ -271,7 +271,17 @@ def choose_file(files: Sequence[Mapping[str, Any]], label: str) -> CivitaiFile:
         raise AmbiguousWeightsError(
             f"{label} has several .safetensors model files and none is primary: {', '.join(candidates)}", candidates
         )
-    file = chosen[0]
+    return describe_file(chosen[0], label)
+
+
+def model_files(files: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """A version's `.safetensors` model files (its LoRA's, not training data or pickles)."""
+    models = [f for f in files if _text(f.get("type")).lower() in _MODEL_FILE_TYPES or not f.get("type")]
+    return [f for f in models if _is_safetensors(f)]
+
+
+def describe_file(file: Mapping[str, Any], label: str) -> CivitaiFile:
+    """One file of a version as this Space downloads it: its name, URL and SHA256 (refused without them)."""
     name, url = _text(file.get("name")), _text(file.get("downloadUrl"))
     hashes = _mapping(file.get("hashes"))
     sha256 = _text(hashes.get("SHA256")).lower()

@@ -28,7 +28,8 @@ __all__ = ["HUB_HOST", "HttpRequest", "lora_from_path", "parse_body"]
 
 HUB_HOST = "huggingface.co"
 _ACCEPTED_PATH = (
-    f"a Hub repo id 'owner/name' or a Hub file URL 'https://{HUB_HOST}/<owner>/<name>/resolve/<revision>/<file>'; "
+    f"a Hub repo id 'owner/name' or a Hub file URL 'https://{HUB_HOST}/<owner>/<name>/resolve/<revision>/<file>' "
+    "(or a pair's folder, '.../tree/<revision>/<folder>'); "
     "or a Civitai LoRA ('civitai:<version id>', a https://civitai.com/models/<id> page or "
     "/api/download/models/<version id> link, or an AIR)"
 )
@@ -252,11 +253,13 @@ def lora_from_path(path: str, *, where: str = "path") -> tuple[str, str | None, 
         )
     if parts.query or parts.fragment:
         raise InvalidRequestError(refused.format("it has a query or a fragment"))
-    segments = parts.path.split("/")
-    if len(segments) < 6 or segments[0] or segments[3] != "resolve" or not all(segments[1:]):
+    # A folder's page (`/tree/<revision>/<folder>`) names the high- and low-noise pair in it (lora_catalog.pairs).
+    folder = parts.path.split("/")[3:4] == ["tree"]
+    segments = parts.path.rstrip("/").split("/") if folder else parts.path.split("/")
+    if len(segments) < 6 or segments[0] or segments[3] not in ("resolve", "tree") or not all(segments[1:]):
         raise InvalidRequestError(refused.format("it is not a file URL of a model repo"))
     owner, name, revision, *file = (unquote(s) for s in (segments[1], segments[2], *segments[4:]))
-    return f"{owner}/{name}", revision, "/".join(file)
+    return f"{owner}/{name}", revision, "/".join(file) + ("/" if folder else "")
 
 
 def _refusal(error: ValidationError) -> InvalidRequestError:

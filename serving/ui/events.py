@@ -50,30 +50,15 @@ def wire_generation(
     slots = [
         getattr(lora, field) for lora in (request.first, request.second) for field in ("ref", "revision", "weight")
     ]
-    inputs = [
-        request.prompt,
-        request.negative,
-        *slots[:3],
-        request.first.scale,
-        *slots[3:],
-        request.second.scale,
-        request.size,
-        request.steps,
-        request.guidance,
-        request.sampler,
-        request.clip_skip,
-        request.num_images,
-        request.recommended,
-        request.seed,
-        request.randomize,
-        request.source.editor,
-        request.source.strength,
-        base,
-        history,
-    ]
+    inputs = [request.prompt, request.negative, *slots[:3], request.first.scale, *slots[3:], request.second.scale]
+    inputs += [request.size, request.steps, request.guidance, request.sampler, request.clip_skip, request.num_images]
+    inputs += [request.recommended, request.seed, request.randomize, request.source.editor, request.source.strength]
+    inputs += [base, history]
     assert len(inputs) == len(FORM)
     # Beside the form (read by `video_ui.video_request`; a history entry and a share link keep them too).
     inputs += [request.video.frames, request.video.fps]
+    # And each LoRA's low-noise scale (read only where the browsed pool has two stages).
+    inputs += [request.first.low, request.second.low]
     outputs = [result.image, result.info, request.seed, status_md, result.gallery, result.share, result.history]
     generating = gr.on(
         [request.run.click, request.prompt.submit],
@@ -92,7 +77,8 @@ def wire_generation(
     # Gradio cancels the event's task: the stream closes, which takes the request out of the queue or stops its
     # run at the next step (the engine's cancel), as a browser that went away does.
     request.cancel.click(None, None, None, cancels=[generating], api_visibility=PRIVATE, queue=False)
-    video_ui.wire_video(handlers, base, request.video, (result.video, result.image), pending)
+    lows = (request.first.low, request.second.low)
+    video_ui.wire_video(handlers, base, request.video, (result.video, result.image), pending, lows)
 
 
 def _slots(request: RequestPanel) -> dict[str, Any]:
@@ -133,23 +119,23 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
         kept: list,
         num_frames: float,
         fps: float,
+        low: float,
+        low_2: float,
         page: gr.Request,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio asks for progress)
         **references: Any,
     ) -> AsyncIterator[tuple[Any, ...]]:
         values: tuple[Any, ...] = (prompt, negative, ref, revision, weight, scale, ref_2, revision_2, weight_2)
         values += (scale_2, size, steps, guidance, sampler, clip_skip, num_images, recommended, seed, randomize)
-        values += (source, strength, browsed, kept)
-        form = dict(zip(FORM, values, strict=True))
-        form["references"] = _in_order(references)
+        form = _form((*values, source, strength, browsed, kept), references, (low, low_2))
         with user_errors():
             # In a thread: the input image is read and decoded here, while the event loop serves other clients.
             built = await asyncio.to_thread(history_ui.request_of, form, handlers.settings.max_input_pixels)
-            built = video_ui.video_request(handlers, built, browsed, num_frames, fps)
-        # An async generator: it yields previews as the engine denoises, and ticks while it waits so that
-        # Gradio, which checks the client after each yield, closes it when the browser went away (which cancels
-        # the generation, queued or running).
-        # Without a LoRA the browsed base's pool generates; a LoRA runs on the base it was made for.
+            built = video_ui.video_request(handlers, built, browsed, num_frames, fps, ((ref, low), (ref_2, low_2)))
+        # An async generator: it yields previews as the engine denoises, and ticks while it waits so that Gradio,
+        # which checks the client after each yield, closes it when the browser went away (which cancels the
+        # generation, queued or running). Without a LoRA the browsed base's pool generates; a LoRA runs on the
+        # base it was made for.
         on_base = pool_ui.request_base(handlers, browsed, bool(built.loras))
         skip = (gr.skip(),) * 8
         # An image run makes a strength's share of the steps, as its pipeline rounds it: the progress bar has the
@@ -164,6 +150,15 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
                 yield await _shown(handlers, form, item, page)
 
     return generate_ui
+
+
+def _form(values: tuple[Any, ...], references: dict[str, Any], lows: tuple[float, float]) -> dict[str, Any]:
+    """The Generate event's form by name (`FORM`), with its reference images (Image 2 first) and each LoRA's
+    low-noise scale (`lora_scale_2`, `lora_2_scale_2`: the share link's names)."""
+    form = dict(zip(FORM, values, strict=True))
+    form["references"] = _in_order(references)
+    form["lora_scale_2"], form["lora_2_scale_2"] = lows
+    return form
 
 
 async def _shown(handlers: Handlers, form: dict[str, Any], item: GenerateResult, page: gr.Request) -> tuple[Any, ...]:

@@ -192,8 +192,16 @@ def _esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+# A video LoRA's card preview: muted (so browsers autoplay it), looping, fetched only once it is shown.
+_VIDEO = (
+    '<video class="lora-video" src="{url}" muted loop autoplay playsinline controls preload="metadata" '
+    'style="width:100%;max-height:240px;border-radius:8px"></video>'
+)
+
+
 def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -> str:
-    """The selected LoRA: title, where it lives, licence (with a non-commercial badge) and trigger words."""
+    """The selected LoRA: title, where it lives, licence (with a non-commercial badge), trigger words, and a video
+    LoRA's preview video."""
     if entry.repo_id:
         link = f"{hub_url.rstrip('/')}/{entry.repo_id}"
         where = f'<a href="{_esc(link)}" target="_blank" rel="noopener">{_esc(link)}</a>'
@@ -219,6 +227,9 @@ def entry_card(entry: LoraEntry, hub_url: str, check: LoraCheck | None = None) -
         f"<p>{''.join(badges)}</p>",
         f"<p>Trigger words: {triggers}</p>",
     ]
+    if entry.preview_videos:
+        # The gallery's tile is a still (its first preview image, or the placeholder): the card plays the video.
+        parts.append(_VIDEO.format(url=_esc(entry.preview_videos[0])))
     if recommended := recommended_text(entry):
         parts.append(f"<p>Recommended: {_esc(recommended)}</p>")
     if check is not None:

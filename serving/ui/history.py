@@ -112,6 +112,10 @@ def remember(form: Mapping[str, Any], result: GenerateResult, base_url: str) -> 
     # A video's frames and rate, as it ran (the pool's defaults filled in).
     values["num_frames"] = len(result.frames) if result.is_video else None
     values["fps"] = result.fps if result.is_video else None
+    # A two-stage pool's low-noise scales as the form had them (for each LoRA it named).
+    two_stage = request.guidance_2 is not None
+    for ref, low in (("lora", "lora_scale_2"), ("lora_2", "lora_2_scale_2")):
+        values[low] = form.get(low) if two_stage and (form.get(ref) or "").strip() else None
     params = session.share_params(values)
     mode = f" · {result.mode}" if started or result.is_video else ""
     caption = f"{result.seed} · {request.sampler} · {request.steps} steps{mode} · {request.prompt[:40]}"
@@ -198,5 +202,7 @@ def _session_fields(browser: Browser, request: RequestPanel) -> list[Any]:
         browser.base,
         request.video.frames,
         request.video.fps,
+        first.low,
+        second.low,
         request.randomize,
     ]

@@ -15,7 +15,7 @@ from serving.handlers import Handlers
 from serving.ui import formatting as fmt
 from serving.ui import references as refs
 from serving.ui.inputs import InputPanel, input_panel, prompt_control
-from serving.ui.video_ui import VideoControls, video_controls
+from serving.ui.video_ui import VideoControls, low_noise_control, video_controls
 
 __all__ = [
     "Browser",
@@ -60,6 +60,9 @@ class LoraSlot:
     revision: gr.Textbox
     weight: gr.Textbox
     check: gr.Button
+    # Its scale on the low-noise transformer, shown for a two-stage pool (Wan 2.2 A14B: `scale` is the
+    # high-noise one's there); `serving.ui.video_ui` shows and hides it with the base.
+    low: gr.Slider
 
 
 @dataclass(frozen=True)
@@ -175,10 +178,11 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     slots = refs.slot_count(handlers.pools, handlers.settings.max_reference_images)
     source = input_panel(defaults, prompt, handlers.settings.max_input_pixels, slots)
     slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
-    first = _first_slot()
+    first = _first_slot(defaults.two_stage)
     with gr.Accordion("Blend a second LoRA", open=False), gr.Group():
         ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id, Civitai link or local: file", elem_id="lora-2")
         scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale")
+        low_2 = low_noise_control(2, defaults.two_stage)
         revision_2 = gr.Textbox(label="Revision", placeholder="main")
         weight_2 = gr.Textbox(label="Weight file")
         check_2 = gr.Button("Check LoRA 2", size="sm")
@@ -207,7 +211,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         source,
         slot,
         first,
-        LoraSlot(ref_2, scale_2, revision_2, weight_2, check_2),
+        LoraSlot(ref_2, scale_2, revision_2, weight_2, check_2, low_2),
         size,
         steps,
         guidance,
@@ -224,7 +228,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     )
 
 
-def _first_slot() -> LoraSlot:
+def _first_slot(two_stage: bool) -> LoraSlot:
     with gr.Group():
         ref = gr.Textbox(
             label="LoRA 1 — Hub repo id, Civitai link or local: file",
@@ -232,11 +236,12 @@ def _first_slot() -> LoraSlot:
             placeholder="owner/name, https://civitai.com/models/… or civitai:<version id> (optional)",
         )
         scale = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 1 scale", elem_id="lora-1-scale")
+        low = low_noise_control(1, two_stage)
         with gr.Accordion("Revision, weight file, check", open=False, elem_id="lora-1-options"):
             revision = gr.Textbox(label="Revision (branch, tag or commit)", placeholder="main")
             weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
             check = gr.Button("Check this LoRA", size="sm")
-    return LoraSlot(ref, scale, revision, weight, check)
+    return LoraSlot(ref, scale, revision, weight, check, low)
 
 
 def result_panel(handlers: Handlers) -> ResultPanel:

@@ -62,6 +62,9 @@ FIELDS = (
     # A video result's frames and rate (absent for an image): "use these settings again" makes the same clip.
     "num_frames",
     "fps",
+    # A two-stage pool's low-noise scales (Wan 2.2 A14B: each LoRA's `scale_2`; absent elsewhere).
+    "lora_scale_2",
+    "lora_2_scale_2",
 )
 # What a link carries besides the form's fields: the images' short SHA-256s (image 1 first), for the note.
 NOTED = ("references",)
@@ -94,7 +97,7 @@ def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: i
     for name in _TEXT:
         if isinstance(params.get(name), str):
             out[name] = params[name]
-    for name in ("lora_scale", "lora_2_scale"):
+    for name in ("lora_scale", "lora_2_scale", "lora_scale_2", "lora_2_scale_2"):
         out[name] = _number(params.get(name), -2.0, 2.0)
     sizes = [f"{w}x{h}" for w, h in defaults.sizes]
     out["size"] = params["size"] if params.get("size") in sizes else None

@@ -23,7 +23,7 @@ from serving.handlers import Handlers
 from serving.ui import formatting as fmt
 from serving.ui.api_requests import api_request
 from serving.ui.gradio_api import PIPELINE, generate
-from serving.ui.video_ui import saved_video
+from serving.ui.video_ui import low_noise, saved_video
 
 __all__ = ["IMAGE_ONLY", "add_video_endpoint", "video_info", "video_parameters"]
 
@@ -32,15 +32,17 @@ __all__ = ["IMAGE_ONLY", "add_video_endpoint", "video_info", "video_parameters"]
 IMAGE_ONLY = ("num_images", "mask_image", "strength", "images", "clip_skip")
 
 
-# The endpoint's own arguments after the declared ones: each LoRA's low-noise scale on a two-transformer pool
-# (`LoraSpec.scale_2`; none: its scale for both), and the pool.
-OWN = ("lora_scale_2", "lora_2_scale_2", "base")
+# The endpoint's own argument after the declared ones: the pool.
+OWN = ("base",)
 
 
 def video_parameters() -> list[str]:
-    """The endpoint's parameters by the request's declaration (without Gradio's `progress`)."""
+    """The endpoint's parameters by the request's declaration (without Gradio's `progress`): the declared Gradio
+    arguments a video reads, then each field's video-only ones (`RequestField.gradio_video`: each LoRA's
+    low-noise scale), then `base`."""
     declared = [name for f in REQUEST_FIELDS if f.name not in IMAGE_ONLY for name in f.gradio]
-    return [*declared, *OWN]
+    further = [name for f in REQUEST_FIELDS for name in f.gradio_video]
+    return [*declared, *further, *OWN]
 
 
 def video_info(result: GenerateResult) -> dict[str, Any]:
@@ -58,31 +60,20 @@ def video_info(result: GenerateResult) -> dict[str, Any]:
 def add_video_endpoint(handlers: Handlers) -> None:
     """The hidden inputs and outputs of `/generate_video` and its wiring (inside the app's Blocks)."""
     with gr.Column(visible=False):
-        prompt, negative_prompt, lora, lora_2 = gr.Textbox(), gr.Textbox(""), gr.Textbox(""), gr.Textbox("")
-        # No `precision`: Gradio would round 2.5 (and True) quietly; the engine refuses them by name.
-        lora_scale, lora_2_scale = gr.Number(1.0), gr.Number(1.0)
-        # None: the video pool's own defaults (or the LoRAs' recommendations), whichever pool runs it.
-        steps, guidance, width, height = gr.Number(None), gr.Number(None), gr.Number(None), gr.Number(None)
-        seed, scheduler, scheduler_options = gr.Number(-1), gr.Textbox(""), gr.JSON(None)
-        image = gr.File(type="filepath")
-        num_frames, fps, guidance_2, base = gr.Number(None), gr.Number(None), gr.Number(None), gr.Textbox("")
-        lora_scale_2, lora_2_scale_2 = gr.Number(None), gr.Number(None)
+        # No `precision` on numbers: Gradio would round 2.5 (and True) quietly; the engine refuses them by name.
+        # None: the video pool's own defaults (or the LoRAs' recommendations), whichever pool runs it; a low-noise
+        # scale's None: the LoRA's scale on both transformers.
+        texts = {name: gr.Textbox("") for name in ("negative_prompt", "lora", "lora_2", "scheduler", "base")}
+        numbers = {name: gr.Number(1.0) for name in ("lora_scale", "lora_2_scale")}
+        numbers |= {name: gr.Number(None) for name in ("steps", "guidance", "width", "height", "num_frames", "fps")}
+        numbers |= {name: gr.Number(None) for name in ("guidance_2", "lora_scale_2", "lora_2_scale_2")}
+        others = {"prompt": gr.Textbox(), "seed": gr.Number(-1), "scheduler_options": gr.JSON(None)}
+        others["image"] = gr.File(type="filepath")
         video, info = gr.Video(format="mp4", label="video"), gr.JSON(label="info")
         trigger = gr.Button()
-    inputs: list[Any] = [
-        prompt,
-        negative_prompt,
-        lora,
-        lora_scale,
-        lora_2,
-        lora_2_scale,
-        steps,
-        guidance,
-        width,
-        height,
-    ]
-    inputs += [seed, scheduler, scheduler_options, image, num_frames, fps, guidance_2, lora_scale_2, lora_2_scale_2]
-    inputs += [base]
+    components = {**texts, **numbers, **others}
+    # In the declared order (`video_parameters`), as the handler's signature takes them.
+    inputs: list[Any] = [components[name] for name in video_parameters()]
     trigger.click(
         _generate_video_api(handlers),
         inputs,
@@ -102,12 +93,9 @@ def _request(handlers: Handlers, arguments: dict[str, Any]) -> GenerateRequest:
         a["prompt"], a["negative_prompt"], loras, a["steps"], a["guidance"], a["width"], a["height"], a["seed"],
         a["scheduler"], a["scheduler_options"], None, None, (a["image"], None, None, None, pixels),
     )  # fmt: skip
-    # Each named LoRA's low-noise scale, in the order `api_request` keeps them (an empty slot is left out).
-    slots = ((a["lora"], a["lora_scale_2"]), (a["lora_2"], a["lora_2_scale_2"]))
-    lows = [low for ref, low in slots if (ref or "").strip()]
-    loras_2 = tuple(dataclasses.replace(spec, scale_2=low) for spec, low in zip(request.loras, lows, strict=True))
+    request = low_noise(request, ((a["lora"], a["lora_scale_2"]), (a["lora_2"], a["lora_2_scale_2"])))
     video = {name: a[name] for name in ("num_frames", "fps", "guidance_2") if a[name] is not None}
-    return dataclasses.replace(request, loras=loras_2, **video)
+    return dataclasses.replace(request, **video)
 
 
 def _generate_video_api(handlers: Handlers) -> Callable[..., Any]:

@@ -1,6 +1,6 @@
 """The UI's video pieces: frames and fps beside the size (shown for a video pool, with the clip's length in
-seconds at that rate), a `gr.Video` result in place of the image, and the switch between them when the base
-changes.
+seconds at that rate), a `gr.Video` result in place of the image, each LoRA's "Low-noise scale" (shown for a
+two-stage pool: Wan 2.2 A14B's `LoraSpec.scale_2`), and the switch between them when the base changes.
 
 A pool is a video pool by its defaults (`ModelDefaults.video`), never by its family. The input image for
 image-to-video is the image panel every pool that takes an image shows (`serving.ui.inputs`); progress is the
@@ -10,6 +10,7 @@ engine's per step, as for images, and Cancel stops the run at its next step the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ from serving.video import video_file
 __all__ = [
     "VideoControls",
     "length_text",
+    "low_noise",
+    "low_noise_control",
+    "low_noise_shown",
     "on_base",
     "preview",
     "saved_video",
@@ -72,6 +76,30 @@ def video_controls(defaults: ModelDefaults) -> VideoControls:
     return VideoControls(row, frames, fps, length)
 
 
+def low_noise_control(slot: int, two_stage: bool) -> gr.Slider:
+    """LoRA `slot`'s low-noise scale (`LoraSpec.scale_2`), shown on a two-stage pool (`ModelDefaults.two_stage`)."""
+    return gr.Slider(
+        -2,
+        2,
+        value=1.0,
+        step=0.05,
+        label="Low-noise scale",
+        info=f"LoRA {slot} on the low-noise transformer; the scale above is the high-noise one's",
+        visible=two_stage,
+        elem_id=f"lora-{slot}-scale-2",
+    )
+
+
+def low_noise_shown(handlers: Handlers, base: str) -> tuple[Any, Any]:
+    """The low-noise scales shown for a two-stage pool's base, hidden for any other (kept for a base no pool
+    serves)."""
+    pool = pool_views.pool_for_base(handlers.pools, base) if base else None
+    if pool is None:
+        return gr.skip(), gr.skip()
+    shown = pool.defaults.two_stage
+    return gr.Slider(visible=shown), gr.Slider(visible=shown)
+
+
 def on_base(handlers: Handlers, base: str, waiting: object = None) -> tuple[Any, ...]:
     """A new base: the video controls and result shown for a video pool (the image result hidden), with its
     frames and rate, or those a history entry or share link that chose this base left `waiting`
@@ -103,29 +131,50 @@ def wire_video(
     controls: VideoControls,
     outputs: tuple[gr.Video, gr.Image],
     pending: gr.State,
+    lows: tuple[gr.Slider, gr.Slider],
 ) -> None:
-    """The base filter's switch (with the frames and rate `pending` keeps for it) and the length line's updates
-    (the UI's own events: no API)."""
+    """The base filter's switch (with the frames and rate `pending` keeps for it), the low-noise scales shown or
+    hidden, and the length line's updates (the UI's own events: no API)."""
 
     def switch(browsed: str, waiting: object) -> tuple[Any, ...]:
         return on_base(handlers, browsed, waiting)
 
+    def switch_lows(browsed: str) -> tuple[Any, Any]:
+        return low_noise_shown(handlers, browsed)
+
     options: dict[str, Any] = {"api_visibility": "private", "queue": False}
     shown = [controls.row, controls.frames, controls.fps, controls.length, *outputs]
     base.change(switch, [base, pending], shown, **options)
+    base.change(switch_lows, base, list(lows), **options)
     for slider in (controls.frames, controls.fps):
         slider.change(length_text, [controls.frames, controls.fps], controls.length, **options)
 
 
 def video_request(
-    handlers: Handlers, request: GenerateRequest, browsed: str, frames: float, fps: float
+    handlers: Handlers,
+    request: GenerateRequest,
+    browsed: str,
+    frames: float,
+    fps: float,
+    lows: Sequence[tuple[str | None, float | None]] = (),
 ) -> GenerateRequest:
     """`request` with the form's frames and rate when the browsed base's pool makes videos (an image pool's
-    request is left as it is: it takes neither)."""
+    request is left as it is: it takes neither), and with the LoRAs' low-noise scales (`lows`: each slot's
+    reference and scale, as `low_noise` takes them) when that pool has two stages."""
     pool = pool_views.pool_for_base(handlers.pools, browsed) if browsed else handlers.default
     if pool is None or not pool.defaults.video:
         return request
+    if pool.defaults.two_stage and lows:
+        request = low_noise(request, lows)
     return dataclasses.replace(request, num_frames=frames, fps=fps)
+
+
+def low_noise(request: GenerateRequest, slots: Sequence[tuple[str | None, float | None]]) -> GenerateRequest:
+    """`request` with each named LoRA's low-noise scale (`LoraSpec.scale_2`) from `slots`, (reference, scale_2)
+    in the form's or the API's order; an empty slot has no LoRA in the request and is passed over."""
+    lows = [low for ref, low in slots if (ref or "").strip()]
+    loras = tuple(dataclasses.replace(spec, scale_2=low) for spec, low in zip(request.loras, lows, strict=True))
+    return dataclasses.replace(request, loras=loras)
 
 
 def preview(image: Any, request: GenerateRequest) -> Any:

@@ -152,4 +152,4 @@ def test_a_request_is_normalised_and_checked_once_its_loras_defaults_filled_afte
     # The LoRA's sampler is a class of its own: built from the pool's config once it is known.
     assert calls == ["normalise_request", "check_scheduler", "check_scheduler"]
     assert (lcm.request.steps, lcm.request.sampler, plain.request.sampler) == (4, "LCM", engine.defaults.sampler)
-    assert lcm.request.left_unset == ("steps", "guidance", "scheduler", "clip_skip")
+    assert lcm.request.left_unset == ("steps", "guidance", "scheduler", "clip_skip", "guidance_2")

@@ -136,4 +136,37 @@ def test_hints_travel_in_a_catalogue_entry_and_back():
 def test_every_preset_is_a_sampler_the_engine_knows():
     from engine.samplers import find_sampler
 
-    assert all(find_sampler(preset.sampler) is not None for preset in SPEED_PRESETS.values())
+    named = [preset.sampler for preset in SPEED_PRESETS.values() if preset.sampler is not None]
+    assert all(find_sampler(sampler) is not None for sampler in named)
+
+
+@pytest.mark.parametrize(
+    ("repo_id", "names", "kind"),
+    [
+        # lightx2v's step- and CFG-distilled Wan 2.1 LoRAs, in its repos and as Kijai republished them.
+        ("lightx2v/Wan2.1-T2V-14B-StepDistill-CfgDistill-Lightx2v", (), "Wan-Lightx2v"),
+        ("Kijai/WanVideo_comfy", ("Wan21_T2V_14B_lightx2v_cfg_step_distill_lora_rank32.safetensors",), "Wan-Lightx2v"),
+        (
+            "Kijai/WanVideo_comfy",
+            ("Lightx2v/lightx2v_I2V_14B_480p_cfg_step_distill_rank128_bf16.safetensors",),
+            "Wan-Lightx2v",
+        ),
+        ("someone/mirror", ("Wan21_I2V_14B_lightx2v_cfg_step_distill_lora_rank64.safetensors",), "Wan-Lightx2v"),
+        ("lightx2v/Wan2.1-Distill-Loras", ("wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors",), "Wan-Lightx2v"),
+        ("someone/mirror", ("wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors",), "Wan-Lightx2v"),
+        # Wan2.2-Lightning's A14B pairs: the repo, and Kijai's file names.
+        ("lightx2v/Wan2.2-Lightning", ("Wan2.2-T2V-A14B-4steps-lora-rank64-Seko-V1.1/",), "Wan2.2-Lightning"),
+        ("someone/mirror", ("Wan2.2-Lightning_T2V-A14B-4steps-lora_HIGH_fp16.safetensors",), "Wan2.2-Lightning"),
+    ],
+)
+def test_wan_speed_loras_bring_4_steps_and_no_cfg_with_the_pools_own_sampler(repo_id, names, kind):
+    hints = speed_hints([repo_id, *names], repo_id=repo_id)
+    assert (hints.speed, hints.steps, hints.guidance, hints.sampler) == (kind, 4, 1.0, None)
+    assert kind in hints.source("guidance")  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "name", ["lightx2v_style.safetensors", "wan22_lightning_bolt_style.safetensors", "wan_x.safetensors"]
+)
+def test_a_wan_lora_that_only_mentions_lightx2v_or_lightning_is_no_speed_lora(name):
+    assert speed_hints([name]).speed is None

@@ -101,6 +101,17 @@ def test_entry_card_shows_link_licence_badge_and_triggers():
     assert "1,234" in card
 
 
+def test_a_video_loras_card_plays_its_preview_video_and_its_tile_stays_a_still():
+    video = "https://hub.example/alice/fox/resolve/main/fox.mp4"
+    entry = LoraEntry(ref="alice/fox", repo_id="alice/fox", title="Fox", family=Family.WAN, preview_videos=(video,))
+    card = fmt.entry_card(entry, "https://hub.example/")
+    assert f'<video class="lora-video" src="{video}" muted loop autoplay playsinline' in card
+    # An attribute-breaking URL (a snapshot is only a file) stays inside its attribute.
+    odd = fmt.entry_card(LoraEntry(ref="a/b", repo_id="a/b", title="x", preview_videos=('x" onerror="y',)), "h")
+    assert 'src="x&quot; onerror=&quot;y"' in odd
+    assert "<video" not in fmt.entry_card(LoraEntry(ref="a/b", repo_id="a/b", title="x"), "h")
+
+
 def test_result_html_and_info_describe_timings_and_cache():
     request = CheckedRequest(
         "a cat",

@@ -131,6 +131,13 @@ def test_more_loras_than_the_limit_is_a_400_naming_it(server, base_settings, fix
         (hub_url("owner/name", "sub/dir/x.safetensors", "v1.0"), ("owner/name", "v1.0", "sub/dir/x.safetensors")),
         (hub_url("owner/name", revision="refs%2Fpr%2F3"), ("owner/name", "refs/pr/3", WEIGHTS)),
         ("https://HuggingFace.co/owner/name/resolve/main/x.safetensors", ("owner/name", "main", "x.safetensors")),
+        # A Wan 2.2 pair: its folder's page (the folder with a trailing '/'), or its two files joined with '+'.
+        ("https://huggingface.co/o/n/tree/main/Seko-V1.1/", ("o/n", "main", "Seko-V1.1/")),
+        ("https://huggingface.co/o/n/tree/main/a/Seko-V1.1", ("o/n", "main", "a/Seko-V1.1/")),
+        (
+            "https://huggingface.co/o/n/resolve/main/h.safetensors+l.safetensors",
+            ("o/n", "main", "h.safetensors+l.safetensors"),
+        ),
     ],
 )
 def test_lora_paths_parse_into_repo_revision_and_file(path, expected):

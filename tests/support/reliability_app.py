@@ -98,6 +98,9 @@ UI_ARGUMENTS: dict[str, object] = {
     # The video controls' values (frames, fps): read only where the browsed pool makes videos.
     "num_frames": 17,
     "fps": 16,
+    # Each LoRA's low-noise scale: read only where the browsed pool has two stages.
+    "low": 1.0,
+    "low_2": 1.0,
     # The page's request (the share link is built from its headers).
     "page": SimpleNamespace(headers={"host": "localhost:7860"}),
 }

@@ -50,6 +50,11 @@ class _Version:
     document: dict[str, Any]
     data: bytes
     download: str
+    # Further model files of the version by name (a high/low-noise pair's other half), each downloaded on its own.
+    more: dict[str, bytes] = field(default_factory=dict)
+
+    def data_of(self, name: str | None) -> bytes:
+        return self.more.get(name or "", self.data)
 
 
 class StandInCivitai:
@@ -138,6 +143,7 @@ class StandInCivitai:
         clip_skip: int | None = None,
         settings: Mapping[str, Any] | None = None,
         images: Sequence[Mapping[str, Any]] = (),
+        more: Mapping[str, bytes] | None = None,
     ) -> dict[str, Any]:
         """Publish one version (of model `model_id`, default `version_id * 10`) serving `data`; returns its JSON."""
         if download not in DOWNLOADS:
@@ -171,7 +177,7 @@ class StandInCivitai:
             "earlyAccessEndsAt": early_access_ends,
             "stats": {"downloadCount": downloads, "thumbsUpCount": 3},
             "model": model,
-            "files": [*extra_files, file],
+            "files": [*extra_files, *self._more_files(version_id, more or {}), file],
             "images": list(images),
             "downloadUrl": f"{self.url}/api/download/models/{version_id}",
         }
@@ -182,12 +188,28 @@ class StandInCivitai:
         if settings is not None:
             document["settings"] = dict(settings)
         with self._lock:
-            self._versions[version_id] = _Version(document, data, download)
+            self._versions[version_id] = _Version(document, data, download, dict(more or {}))
             entry = self._models.setdefault(
                 model_id, {"id": model_id, "name": model["name"], "type": model_type, "nsfw": nsfw, "versions": []}
             )
             entry["versions"].append(version_id)
         return document
+
+    def _more_files(self, version_id: int, more: Mapping[str, bytes]) -> list[dict[str, Any]]:
+        """Further model files, not primary, each with its own download URL (`?file=<name>`)."""
+        return [
+            {
+                "id": version_id * 100 + index,
+                "name": name,
+                "type": "Model",
+                "sizeKB": len(data) / 1024,
+                "metadata": {"format": "SafeTensor", "size": None, "fp": "fp16"},
+                "hashes": {"SHA256": hashlib.sha256(data).hexdigest().upper()},
+                "downloadUrl": f"{self.url}/api/download/models/{version_id}?file={name}",
+                "primary": False,
+            }
+            for index, (name, data) in enumerate(more.items(), start=1)
+        ]
 
     def remove(self, version_id: int) -> None:
         """Unpublish a version (its API answers 404 from now on)."""
@@ -222,11 +244,11 @@ class StandInCivitai:
         elif segments == ["api", "v1", "models"]:
             status, body = 200, json.dumps(self._listing(query)).encode()
         elif segments[:3] == ["api", "download", "models"] and len(segments) == 4 and segments[3].isdigit():
-            status, headers, body = self._download(int(segments[3]))
+            status, headers, body = self._download(int(segments[3]), (query.get("file") or [None])[0])
         elif segments[:1] == ["storage"] and len(segments) == 3 and segments[1].isdigit():
             found = self._version(int(segments[1]))
             if found is not None:
-                status, headers, body = 200, {"Content-Type": "application/octet-stream"}, found.data
+                status, headers, body = 200, {"Content-Type": "application/octet-stream"}, found.data_of(segments[2])
         handler.send_response(status)
         for name, value in headers.items():
             handler.send_header(name, value)
@@ -264,11 +286,11 @@ class StandInCivitai:
         items.sort(key=lambda m: -m["stats"]["downloadCount"])
         return {"items": items, "metadata": {"totalItems": len(items)}}
 
-    def _download(self, version_id: int) -> tuple[int, dict[str, str], bytes]:
+    def _download(self, version_id: int, file: str | None = None) -> tuple[int, dict[str, str], bytes]:
         found = self._version(version_id)
         if found is None:
             return 404, {"Content-Type": "application/json"}, b'{"error": "Not found"}'
-        name = found.document["files"][-1]["name"]
+        name = file if file in found.more else found.document["files"][-1]["name"]
         here = f"http://{self.storage_host}:{self.port}"
         redirects = {
             "redirect": f"{here}/storage/{version_id}/{name}",
@@ -279,5 +301,5 @@ class StandInCivitai:
             return 307, {"Location": redirects[found.download]}, b""
         if found.download in ("401", "403"):
             return int(found.download), {"Content-Type": "application/json"}, b'{"error": "Unauthorized"}'
-        data = found.data if found.download == "direct" else bytes(reversed(found.data))
+        data = found.data_of(name) if found.download == "direct" else bytes(reversed(found.data_of(name)))
         return 200, {"Content-Type": "application/octet-stream"}, data

@@ -42,6 +42,7 @@ BASES[Family.QWEN_IMAGE_EDIT_PLUS] = "Qwen/Qwen-Image-Edit-2509"
 BASES[Family.WAN] = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 BASES[Family.WAN_I2V] = "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"
 BASES[Family.WAN22] = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
+BASES[Family.WAN22_I2V] = "Wan-AI/Wan2.2-I2V-A14B-Diffusers"
 # FLUX.1 Kontext's and Qwen-Image-Edit's LoRAs have FLUX.1's and Qwen-Image's names and widths: only what they
 # declare tells them (test_flux_kontext.py, test_qwen_image_edit.py).
 EDITS = (Family.FLUX_KONTEXT, Family.QWEN_IMAGE_EDIT, Family.QWEN_IMAGE_EDIT_PLUS)
@@ -62,6 +63,7 @@ KOHYA_VERSIONS = {
     Family.WAN: "wan2.1",
     Family.WAN_I2V: "wan2.1-i2v",
     Family.WAN22: "wan2.2-t2v-a14b",
+    Family.WAN22_I2V: "wan2.2-i2v-a14b",
 }
 KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
 
@@ -89,7 +91,7 @@ def lora_for(pipe, family: Family, fmt: str) -> dict[str, tuple[int, ...]]:
     if family is Family.QWEN_IMAGE:
         made = qwen_image.factors(pipe.transformer, rank=2, seed=5)
         return shapes_of(qwen_image.lora_file(made, "peft" if fmt == "peft" else "kohya", 2.0))
-    if family in (Family.WAN, Family.WAN_I2V, Family.WAN22):
+    if family in (Family.WAN, Family.WAN_I2V, Family.WAN22, Family.WAN22_I2V):
         modules = wan.I2V_MODULES[:24] if family is Family.WAN_I2V else wan.MODULES
         made = wan.factors(pipe.transformer, modules, rank=2, seed=5)
         return shapes_of(wan.lora_file(made, "peft" if fmt == "peft" else "musubi", 2.0))

@@ -24,7 +24,7 @@ BY_FAMILY = {row.family: row for row in FAMILIES}
 # The tiny families the shared swap tests leave to their own files: the UNets (tests/engine/test_engine_*.py,
 # families/test_sd15.py), FLUX.1 Kontext (FLUX.1's namings, checked as edits in families/test_flux_kontext.py) and
 # the Wan families (videos: each naming checked on every frame, and the restore, in families/test_wan*.py).
-NOT_HERE = {Family.SDXL, Family.SD15, Family.FLUX_KONTEXT, Family.WAN, Family.WAN_I2V, Family.WAN22}
+NOT_HERE = {Family.SDXL, Family.SD15, Family.FLUX_KONTEXT, Family.WAN, Family.WAN_I2V, Family.WAN22, Family.WAN22_I2V}
 
 
 def test_every_tiny_dit_family_has_its_row():

@@ -1,6 +1,6 @@
 """Wan 2.1 text-to-video on the tiny Wan pipeline: a result is a video (every frame, in order, at the pool's
 rate); every LoRA naming diffusers' Wan loader reads gives diffusers' own video (load_lora_weights + fuse_lora)
-within 2 levels per channel on every frame; bias deltas and wrong widths are refused naming them; the base is
+within 2 levels per channel on every frame; dropped deltas and wrong widths are refused naming them; the base is
 bit-exact after swaps and refusals; progress per step and cancel as for images. The family's files:
 families/wan.py, engine/families/wan.py, engine/families/tiny_wan.py."""
 
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import WanPipeline
+from PIL import Image
 
 from engine.errors import (
     GenerationCancelledError,
@@ -21,14 +22,15 @@ from engine.errors import (
     UnsupportedLoraVariantError,
 )
 from engine.families.registry import family_spec
-from engine.families.wan import FAMILY
+from engine.families.wan import FAMILY, LATENT_RGB, LATENT_RGB_5B, PREVIEW_FRAMES, unpack_latents
+from engine.pipeline.preview import LinearPreview
 from engine.requests import GenerateRequest, LoraSpec
 from families.wan import MODEL_ID
 from lora_catalog.bases import family_from_keys
 from lora_catalog.entries import Family
 from serving.demo.synthetic import save_lora
 from tests.support.checks import generate
-from tests.support.dit import assert_components_pristine, pixels
+from tests.support.dit import assert_components_pristine, local_engine, pixels
 from tests.support.images import assert_images_close
 from tests.support.wan import (
     CASES,
@@ -37,7 +39,6 @@ from tests.support.wan import (
     MODULES,
     PROMPT,
     diffusers_frames,
-    factors,
     lora_file,
     write_wan_loras,
 )
@@ -55,10 +56,6 @@ def wan_loras(loaded_wan, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Made for a wider Wan (64 wide, where the tiny one is 44): its factors fit no served layer.
     wide = {m: (torch.ones(2, 64), torch.ones(64, 2)) for m in MODULES[:2]}
     save_lora(folder / "wan_wide.safetensors", lora_file(wide, "peft", None))
-    # A ComfyUI file with a bias delta (`.diff_b`) of a layer it adapts (diffusers' `lora_B.bias`).
-    with_bias = lora_file(factors(loaded_wan.pipe.transformer, MODULES[:2], seed=3), "comfy", 2.0)
-    with_bias["diffusion_model.blocks.0.self_attn.q.diff_b"] = torch.ones(44)
-    save_lora(folder / "wan_bias.safetensors", with_bias)
     return folder
 
 
@@ -106,13 +103,12 @@ def test_each_wan_naming_matches_diffusers_fuse_on_every_frame(case, wan_engine,
         assert_images_close(pixels(ours), pixels(theirs), f"{case.name}: frame {index}")
 
 
-def test_weight_and_bias_deltas_and_wrong_widths_are_refused_naming_them(wan_engine, loaded_wan, pristine_wan):
-    """`.diff`/`.diff_b` (ComfyUI's, lightx2v's) are full weight differences the exact swap does not apply: a 400
-    naming them, as for every family (diffusers drops the norms' and a weight's, and adds a bias as PEFT's)."""
-    for name in ("wan_bias.safetensors", DIFF_CASE.file_name):
-        with pytest.raises(UnsupportedLoraVariantError, match=r"uses full weight differences") as caught:
-            wan_engine.check_lora(LoraSpec(f"local:{name}"))
-        assert caught.value.status == 400
+def test_dropped_deltas_and_wrong_widths_are_refused_naming_them(wan_engine, loaded_wan, pristine_wan):
+    """Norm and full-weight `.diff` deltas (ComfyUI's, lightx2v's), which diffusers drops: a 400 naming them
+    (bias deltas, which diffusers applies, run: test_wan_deltas.py)."""
+    with pytest.raises(UnsupportedLoraVariantError, match=r"uses full weight differences") as caught:
+        wan_engine.check_lora(LoraSpec(f"local:{DIFF_CASE.file_name}"))
+    assert caught.value.status == 400
     with pytest.raises(IncompatibleLoraError, match=r"factors \(64, 2\) x \(2, 64\) do not fit transformer\.blocks"):
         wan_engine.check_lora(LoraSpec("local:wan_wide.safetensors"))
     wan_engine.restore_base_weights()
@@ -124,7 +120,7 @@ def test_the_base_is_bit_exact_after_swaps_and_refusals(wan_engine, loaded_wan, 
     for index, ref in enumerate([*refs, *reversed(refs)]):
         generate(wan_engine, request(LoraSpec(ref, scale=0.5 + index / 10), steps=1))
         with pytest.raises((IncompatibleLoraError, InvalidRequestError)):
-            generate(wan_engine, request(LoraSpec("local:wan_bias.safetensors"), steps=1))
+            generate(wan_engine, request(LoraSpec(f"local:{DIFF_CASE.file_name}"), steps=1))
         with pytest.raises(InvalidRequestError, match="4k"):
             generate(wan_engine, request(LoraSpec(ref), steps=1, num_frames=4))
     wan_engine.restore_base_weights()
@@ -146,3 +142,40 @@ def test_progress_per_step_and_cancel_as_for_images(wan_engine):
         generate(wan_engine, request(steps=3), progress=progress, cancel=cancel)
     # Cancelled after the first step: it stops at a next step's end, never running all three.
     assert seen[0] == (1, 3) and (3, 3) not in seen
+
+
+# -- previews ----------------------------------------------------------------------------------------------------
+
+
+def test_previews_are_a_strip_of_latent_frames_and_leave_the_video_as_it_is(loaded_wan, base_settings):
+    """Each preview is the run's latent frames side by side through Wan 2.1's projection (5 frames: 2 latent
+    frames of 8 x 8 at 64 px); the video made with previews is the one made without, byte for byte."""
+    assert FAMILY.preview.projection is LATENT_RGB and len(LATENT_RGB.weights) == loaded_wan.pipe.vae.config.z_dim
+    settings = base_settings.replace(base_model_id=MODEL_ID, preview_vae="none", preview_every=1)
+    shown: list[tuple[int, Image.Image]] = []
+    with local_engine(loaded_wan, settings) as engine:
+        with engine.prepare(request()) as prepared:
+            previewed = engine.run(prepared, preview=lambda step, image: shown.append((step, image)))
+        with engine.prepare(request()) as prepared:
+            plain = engine.run(prepared)
+    latent_frames = (FRAMES - 1) // loaded_wan.pipe.vae_scale_factor_temporal + 1
+    side = 64 // loaded_wan.pipe.vae_scale_factor_spatial
+    assert [step for step, _ in shown] == [1, 2]
+    assert all(image.size == (min(latent_frames, PREVIEW_FRAMES) * side, side) for _, image in shown)
+    assert len(previewed.frames) == len(plain.frames) == FRAMES
+    assert [f.tobytes() for f in previewed.frames] == [f.tobytes() for f in plain.frames]
+
+
+def test_the_strip_takes_evenly_spaced_frames_and_the_channels_pick_the_projection():
+    """81 frames are 21 latent frames: the strip shows 4 of them, first to last; TI2V-5B's 48-channel latents go
+    through Wan 2.2's projection, latents no projection fits give no preview."""
+    latents = torch.arange(21.0).view(1, 1, 21, 1, 1).expand(1, 2, 21, 3, 5)
+    strip = unpack_latents(latents, 48, 80, 16)
+    assert strip.shape == (1, 2, 3, 5 * PREVIEW_FRAMES)
+    assert strip[0, 0, 0, ::5].tolist() == [0.0, 7.0, 13.0, 20.0]
+    linear = LinearPreview(LATENT_RGB, Family.WAN, FAMILY.preview.more_projections)
+    assert len(LATENT_RGB_5B.weights) == 48
+    for channels in (16, 48):
+        image = linear(torch.randn(1, channels, 6, 10, generator=torch.Generator().manual_seed(channels)), None)
+        assert image is not None and image.size == (10, 6)
+    assert linear(torch.zeros(1, 12, 6, 10), None) is None

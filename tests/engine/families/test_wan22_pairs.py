@@ -76,7 +76,7 @@ def test_a_pair_is_one_lora_each_file_on_its_transformer_as_diffusers_loads_them
     sides = {"transformer": (HIGH, 0.8), "transformer_2": (LOW, 0.8)}
     theirs = diffusers_frames(tiny_wan22_dir, pairs / "pair", None, guidance_2=3.0, per_side=sides)
     frames_close(result.frames, theirs, "pair")
-    assert result.adapters[0].weight_name == f"high: {HIGH}, low: {LOW}"
+    assert result.adapters[0].files == f"high: {HIGH}, low: {LOW}"
     assert f'Lora pairs: "~pair (high: {HIGH}, low: {LOW})"' in recipe_text(result)
     # Each half alone is another video.
     for half in (f"local:pair/{HIGH}", f"local:pair/{LOW}"):

@@ -69,6 +69,8 @@ def test_a_local_autoencoder_tiny_decodes_previews_like_diffusers(make_engine, t
     with torch.inference_mode():
         reference = VaeImageProcessor().postprocess(vae.decode(latents).sample, output_type="pil")[0]
     assert TinyVaePreview(vae, "test")(latents, None).tobytes() == reference.tobytes()
+    # Latents of another width (a Wan pool's 16 channels, under the same PREVIEW_VAE) get no preview, no error.
+    assert TinyVaePreview(vae, "test")(torch.zeros(1, 16, 8, 8), None) is None
 
 
 def test_an_absent_preview_vae_falls_back_to_the_linear_projection(make_engine):

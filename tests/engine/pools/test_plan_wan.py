@@ -10,12 +10,13 @@ from torch import nn
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection, UMT5Config, UMT5EncoderModel
 
 from engine.errors import SettingsError
-from engine.families import wan, wan22, wan_i2v, wan_memory
+from engine.families import wan, wan22, wan22_i2v, wan_i2v, wan_memory
 from engine.pools.plan import PlanOptions, largest_values, plan_memory
 from engine.settings import PoolSetting, Settings
 from engine.storage import linear_sizes
 from families.wan import MODEL_ID, MODEL_ID_5B, MODEL_ID_14B
 from families.wan22 import MODEL_ID as A14B
+from families.wan22_i2v import MODEL_ID as I2V_A14B
 from families.wan_i2v import MODEL_ID as I2V_480P
 from families.wan_i2v import MODEL_ID_720P as I2V_720P
 from tests.support.dit import A10G, HOST_RAM, L40S, needs_on_a_gpu, values
@@ -27,7 +28,10 @@ _TRANSFORMERS = {
     MODEL_ID_14B: {},
     MODEL_ID_5B: {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30, "in_channels": 48, "out_channels": 48},
     I2V_480P: {"in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120},
+    # Wan 2.2 I2V-A14B's transformer/ and transformer_2/: the image latents' channels, no image layers.
+    I2V_A14B: {"in_channels": 36},
 }
+_FAMILIES = {I2V_480P: wan_i2v.FAMILY, I2V_A14B: wan22_i2v.FAMILY}
 # Wan 2.2's VAE (TI2V-5B's vae/config.json); Wan 2.1's is diffusers' default.
 _VAE_22 = {
     "base_dim": 160,
@@ -54,7 +58,7 @@ _CLIP = CLIPVisionConfig(
 
 @pytest.mark.parametrize("base", list(_TRANSFORMERS))
 def test_declared_sizes_are_what_diffusers_and_transformers_build_from_each_wan_config(base):
-    family = wan_i2v.FAMILY if base == I2V_480P else wan.FAMILY
+    family = _FAMILIES.get(base, wan.FAMILY)
     memory = family.memory_of(base)
     with torch.device("meta"):
         transformer = WanTransformer3DModel(**_TRANSFORMERS[base])
@@ -65,11 +69,20 @@ def test_declared_sizes_are_what_diffusers_and_transformers_build_from_each_wan_
         }
         if base == I2V_480P:
             built["image_encoder"] = CLIPVisionModelWithProjection(_CLIP)
+        if base == I2V_A14B:
+            built["transformer_2"] = WanTransformer3DModel(**_TRANSFORMERS[base])
     assert dict(memory.values) == {name: values(module) for name, module in built.items()}
     assert memory.largest_values == largest_values([transformer])
-    linears = [(n, m.out_features, m.in_features) for n, m in transformer.named_modules() if isinstance(m, nn.Linear)]
+    # A quantized pool stores every stored component (both of an A14B's transformers): `linears` declares all.
+    stored = [built[c] for c in family.stored]
+    linears = [
+        (n, m.out_features, m.in_features) for t in stored for n, m in t.named_modules() if isinstance(m, nn.Linear)
+    ]
     assert memory.linears == linear_sizes(linears, None)
     assert memory.host_components == ("text_encoder",) and "text_encoder" not in family.components
+    if base == I2V_A14B:
+        # Both transformers quantized: no fused weight, so no swap scratch, is left on a quantized pool.
+        assert memory.largest_encoder_values == 0
 
 
 def test_a14b_holds_two_14b_transformers_and_the_720p_i2v_base_plans_its_larger_video():
@@ -140,3 +153,15 @@ def test_a14b_in_fp8_with_branches_fits_an_l40s_with_both_transformers_stored_an
     assert placement.storage == "fp8" and plan(settings, L40S).resident
     with pytest.raises(SettingsError, match=r"L40S \(48 GB\)"):
         plan(settings, A10G)
+
+
+def test_i2v_a14b_plans_as_t2v_a14b_both_transformers_resident():
+    (placement,) = plan(settings_for(I2V_A14B), A100).placements
+    assert placement.storage == "native" and placement.host_components == ("text_encoder",)
+    assert placement.weights >= 2 * 2 * wan_memory.MEMORY_I2V_A14B.values[0][1]
+    with pytest.raises(SettingsError, match=r"A100 or H100 \(80 GB\)"):
+        plan(settings_for(I2V_A14B, quantize="off"), L40S)
+    # Both its transformers stored in fp8 too: an L40S holds it.
+    assert plan(settings_for(I2V_A14B, quantize="fp8"), L40S).placements[0].storage == "fp8"
+    (fp8,) = plan(settings_for(I2V_A14B, quantize="fp8"), A100).placements
+    assert fp8.storage == "fp8"

@@ -1,0 +1,70 @@
+"""A Wan 2.2 A14B pair's names (`lora_catalog.pairs`): which file is which stage, how a repo's pair is named by
+`weight_name` (none for a repo of one pair, a folder with a trailing '/', two files joined with '+'), and the
+Hub's entry for one: its weight name both files (high first), its size their sum, its header the high file's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lora_catalog.errors import InvalidRequestError, InvalidWeightNameError, LoraNotFoundError
+from lora_catalog.hub import HubSource
+from lora_catalog.pairs import choose_pair, stage_in_name
+from lora_catalog.refs import validate_weight_name
+from tests.support.loras import sft
+
+PAIR = ("x_high_noise.safetensors", "x_low_noise.safetensors")
+LIGHTNING = ("V1.1/high_noise_model.safetensors", "V1.1/low_noise_model.safetensors")
+
+
+def test_a_file_says_its_stage_by_its_name():
+    names = [*PAIR, "x_HIGH_fp16.safetensors", "x-LOW.safetensors", "low_light.safetensors", "high_low_noise"]
+    assert [stage_in_name(n) for n in names] == [0, 1, 0, 1, None, 1]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("V1.1/", "V1.1/"),
+        (" a/V1.1/ ", "a/V1.1/"),
+        ("x_high_noise.safetensors+x_low_noise.safetensors", "x_high_noise.safetensors+x_low_noise.safetensors"),
+        ("x.safetensors", "x.safetensors"),
+    ],
+)
+def test_a_weight_name_may_name_a_pair(value, expected):
+    assert validate_weight_name(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["../V1.1/", "/", "x.safetensors+../y.safetensors", "x.safetensors+y.bin", "x.safetensors+y.ckpt"]
+)
+def test_a_pair_name_with_a_bad_part_is_refused(value):
+    with pytest.raises(InvalidWeightNameError):
+        validate_weight_name(value)
+
+
+def test_choosing_a_repos_pair():
+    files = (*LIGHTNING, "V1/high_noise_model.safetensors", "V1/low_noise_model.safetensors", *PAIR)
+    assert choose_pair("r", PAIR, None) == PAIR
+    assert choose_pair("r", PAIR[::-1], None) == PAIR
+    # Not a pair: two files that are not one high and one low, or more than two, or one named.
+    assert choose_pair("r", ("a.safetensors", "b.safetensors"), None) is None
+    assert choose_pair("r", files, None) is None
+    assert choose_pair("r", files, PAIR[0]) is None
+    assert choose_pair("r", files, "V1.1/") == LIGHTNING
+    assert choose_pair("r", files, f"{PAIR[1]}+{PAIR[0]}") == PAIR
+    with pytest.raises(InvalidRequestError, match=r"folder 'V1.1/' .* holds 3 .safetensors files"):
+        choose_pair("r", (*files, "V1.1/extra.safetensors"), "V1.1/")
+    with pytest.raises(LoraNotFoundError, match=r"file 'y_low_noise.safetensors' of pair"):
+        choose_pair("r", files, f"{PAIR[0]}+y_low_noise.safetensors")
+
+
+def test_the_hubs_entry_for_a_pair_names_both_files_and_reads_the_high_ones_header(clean_hub):
+    high, low = (sft({"blocks.0.attn1.to_q.lora_A.weight": torch.full((4, 8), float(n))}) for n in (1, 2))
+    clean_hub.add_repo("pairs/lightning-like", {LIGHTNING[0]: high, LIGHTNING[1]: low, "README.md": b"# x"})
+    clean_hub.add_repo("pairs/one-pair", {PAIR[1]: low, PAIR[0]: high})
+    source = HubSource(endpoint=clean_hub.url, timeout_s=5.0)
+    folder = source.resolve("pairs/lightning-like", weight_name="V1.1/")
+    assert (folder.weight_name, folder.weight_size) == ("+".join(LIGHTNING), len(high) + len(low))
+    assert source.resolve("pairs/one-pair").weight_name == "+".join(PAIR)
+    assert source.read_remote_header(folder).tensors
