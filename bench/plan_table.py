@@ -78,6 +78,9 @@ CONSUMER = (
 FLUX_Q4_K = f"{FLUX_MODEL_ID}@city96/FLUX.1-dev-gguf/flux1-dev-Q4_K_S.gguf"
 QWEN_Q4_K = f"{QWEN_MODEL_ID}@QuantStack/Qwen-Image-GGUF/Qwen_Image-Q4_K_M.gguf"
 ZIMAGE_Q4_K = f"{ZIMAGE_MODEL_ID}@jayn7/Z-Image-Turbo-GGUF/z_image_turbo-Q4_K_M.gguf"
+_SMALL_INT4 = {"quantize": "int4", "lora_max_rank": 32, "device_cache_bytes": 256 * _MIB}
+_SMALL_Q4_K = {"lora_max_rank": 16, "device_cache_bytes": 256 * _MIB}
+_SMALL_QWEN = {"quantize": "int4", "lora_max_rank": 16, "device_cache_bytes": 512 * _MIB}
 # The 12-16 GB rows: (label, MODELS items, settings changed).
 CONSUMER_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
     ("FLUX.1 [dev] in GGUF Q4_K", (FLUX_Q4_K,), {}),
@@ -87,6 +90,10 @@ CONSUMER_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
     ("Z-Image Turbo in GGUF Q4_K", (ZIMAGE_Q4_K,), {}),
     ("Qwen-Image in GGUF Q4_K", (QWEN_Q4_K,), {}),
     ("Qwen-Image, QUANTIZE=int4", (QWEN_MODEL_ID,), {"quantize": "int4"}),
+    # What the 12 GB refusals name: smaller LoRA branch buffers and adapter cache.
+    ("FLUX.1 [dev], QUANTIZE=int4, LORA_MAX_RANK=32, DEVICE_CACHE_BYTES=256MiB", (FLUX_MODEL_ID,), _SMALL_INT4),
+    ("FLUX.1 [dev] in GGUF Q4_K, LORA_MAX_RANK=16, DEVICE_CACHE_BYTES=256MiB", (FLUX_Q4_K,), _SMALL_Q4_K),
+    ("Qwen-Image, QUANTIZE=int4, LORA_MAX_RANK=16, DEVICE_CACHE_BYTES=512MiB", (QWEN_MODEL_ID,), _SMALL_QWEN),
 )
 
 

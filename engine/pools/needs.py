@@ -24,7 +24,16 @@ from engine.families.spec import MemorySpec
 from engine.pipeline.loading import LoadedPipeline, resolve_dtype
 from engine.pools.flat import module_bytes
 from engine.settings import Settings
-from engine.storage import BRANCHED, GGUF_PLAIN, Storage, fp8_bytes, gguf_bytes, int4_bytes, linear_sizes
+from engine.storage import (
+    BRANCHED,
+    GGUF_PLAIN,
+    Storage,
+    branch_bytes,
+    fp8_bytes,
+    gguf_bytes,
+    int4_bytes,
+    linear_sizes,
+)
 from engine.weights.gguf import planned_gguf_types, served_types
 from engine.weights.quantized import DEQUANTIZED_COPIES
 
@@ -64,26 +73,32 @@ class PoolNeed:
     # A GGUF pool with every Linear in each served type of fewer bits than its file's, fewest last (what a refusal
     # may name; known before loading only).
     smaller: tuple[PoolNeed, ...] = ()
+    # A quantized denoiser's LoRA branch buffers at `LORA_MAX_RANK`, in `weights` (what a smaller rank saves).
+    branches: int = 0
 
-    def with_fp8(self, denoiser: int, quantized: int, scratch: int, widened: int) -> PoolNeed:
+    def with_fp8(self, denoiser: int, quantized: int, scratch: int, widened: int, branches: int = 0) -> PoolNeed:
         """This need with its fp8 alternative: the denoiser's `denoiser` bytes (native) held in `quantized` bytes
         (fp8, branch buffers included) and no longer touchable, the swap's scratch `scratch` bytes (for the text
-        encoders' weights only), and `widened` bytes more working memory (`dequantized_bytes`)."""
+        encoders' weights only), and `widened` bytes more working memory (`dequantized_bytes`); `branches` of the
+        `quantized` bytes are its LoRA branch buffers."""
         weights, touchable = self.weights - denoiser + quantized, self.touchable - denoiser
         working = self.working + widened
         fp8 = replace(self, weights=weights, touchable=touchable, working=working, scratch=scratch, storage="fp8")
+        fp8 = replace(fp8, branches=branches)
         return replace(self, fp8=replace(fp8, fp8=None, int4=None))
 
-    def with_int4(self, denoiser: int, quantized: int, scratch: int, widened: int) -> PoolNeed:
+    def with_int4(self, denoiser: int, quantized: int, scratch: int, widened: int, branches: int = 0) -> PoolNeed:
         """This need with its int4 alternative, as `with_fp8` makes the fp8 one (`quantized`: int4 bytes)."""
-        alternative = self.with_fp8(denoiser, quantized, scratch, widened).fp8
+        alternative = self.with_fp8(denoiser, quantized, scratch, widened, branches).fp8
         assert alternative is not None  # with_fp8 always makes one
         return replace(self, int4=replace(alternative, storage="int4"))
 
-    def with_gguf(self, denoiser: int, stored: int, scratch: int, widened: int, quant: str) -> PoolNeed:
+    def with_gguf(
+        self, denoiser: int, stored: int, scratch: int, widened: int, quant: str, branches: int = 0
+    ) -> PoolNeed:
         """The same pool with its denoiser (`denoiser` bytes native) read from a GGUF file of types `quant` into
         `stored` bytes (branch buffers included), as `with_fp8` makes the fp8 one: the pool's only storage."""
-        alternative = self.with_fp8(denoiser, stored, scratch, widened).fp8
+        alternative = self.with_fp8(denoiser, stored, scratch, widened, branches).fp8
         assert alternative is not None  # with_fp8 always makes one
         return replace(alternative, storage="gguf", quant=quant)
 
@@ -153,15 +168,21 @@ def loaded_need(loaded: LoadedPipeline, *, rank: int, group_size: int = 128) -> 
         # Its file's blocks, measured as loaded (branch buffers included): its only storage.
         stored = module_bytes([denoiser])
         types = ", ".join(t.split(" (")[0] for t in loaded.gguf_types.split(", ") if t != "none quantized")
-        return need.with_gguf(stored, stored, encoder_scratch, widened, types)
+        return need.with_gguf(stored, stored, encoder_scratch, widened, types, _branch_buffers(denoiser))
     if loaded.storage in BRANCHED:
         # Loaded quantized already (fp8 or int4): measured as it is, its branch buffers included.
         stored = module_bytes([denoiser])
         quantized = need.with_int4 if loaded.storage == "int4" else need.with_fp8
-        return quantized(stored, stored, encoder_scratch, widened)
+        return quantized(stored, stored, encoder_scratch, widened, _branch_buffers(denoiser))
     native = module_bytes([denoiser])
-    need = need.with_fp8(native, fp8_bytes(values, linears, rank), encoder_scratch, widened)
-    return need.with_int4(native, int4_bytes(values, linears, rank, group_size), encoder_scratch, widened)
+    branches = branch_bytes(linears, rank)
+    need = need.with_fp8(native, fp8_bytes(values, linears, rank), encoder_scratch, widened, branches)
+    return need.with_int4(native, int4_bytes(values, linears, rank, group_size), encoder_scratch, widened, branches)
+
+
+def _branch_buffers(denoiser: nn.Module) -> int:
+    """The bytes of a loaded quantized denoiser's LoRA branch factors."""
+    return sum(t.nbytes for n, t in denoiser.named_buffers() if n.endswith(("lora_down", "lora_up")))
 
 
 def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, ...] | None:
@@ -213,16 +234,16 @@ def _quantized(
     widened = dequantized_bytes(memory.largest_values, dtype)
     encoders = scratch_bytes(memory.largest_encoder_values)
     native = values * torch.empty((), dtype=dtype).element_size()
+    linears, branches = memory.linears, branch_bytes(memory.linears, rank)
     if types is not None:
         quant = types if isinstance(types, str) else gguf_label(types)
-        own = need.with_gguf(native, gguf_bytes(values, memory.linears, rank, types), encoders, widened, quant)
-        served = (gguf_bytes(values, memory.linears, rank, t) for t in served_types())
-        alternatives = (
-            need.with_gguf(native, b, encoders, widened, t) for b, t in zip(served, served_types(), strict=True)
-        )
+        own = need.with_gguf(native, gguf_bytes(values, linears, rank, types), encoders, widened, quant, branches)
+        served = ((t, gguf_bytes(values, linears, rank, t)) for t in served_types())
+        alternatives = (need.with_gguf(native, b, encoders, widened, t, branches) for t, b in served)
         return replace(own, smaller=tuple(n for n in alternatives if n.weights < own.weights))
-    need = need.with_fp8(native, fp8_bytes(values, memory.linears, rank), encoders, widened)
-    return need.with_int4(native, int4_bytes(values, memory.linears, rank, settings.int4_group_size), encoders, widened)
+    need = need.with_fp8(native, fp8_bytes(values, linears, rank), encoders, widened, branches)
+    int4 = int4_bytes(values, linears, rank, settings.int4_group_size)
+    return need.with_int4(native, int4, encoders, widened, branches)
 
 
 def gguf_label(types: Counter[str]) -> str:

@@ -38,6 +38,8 @@ class PlanOptions:
     # `gguf` for a pool whose MODELS item names a GGUF file: its storage is the file's).
     quantize: str = "auto"
     pool_quantize: tuple[tuple[str, str], ...] = ()
+    # LORA_MAX_RANK, the rank quantized denoisers' branch buffers are sized to (0: not known here).
+    rank: int = 0
 
     def quantize_of(self, name: str) -> str:
         return dict(self.pool_quantize).get(name, self.quantize)
@@ -61,6 +63,7 @@ class PlanOptions:
             host_cache=settings.host_cache_bytes,
             graphs=settings.compile == "reduce-overhead",
             quantize=settings.quantize,
+            rank=settings.lora_max_rank,
             pool_quantize=tuple(
                 (p.base_model_id, "gguf" if p.gguf is not None else p.quantize or settings.quantize)
                 for p in settings.pool_settings

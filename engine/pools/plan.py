@@ -272,6 +272,8 @@ def _would_fit(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> l
     out.extend(said)
     if not said:
         out.extend(_quantize_advice(needs, total, options) or _gguf_advice(needs, total, options))
+    if not said and len(out) == (1 if kept else 0):
+        out.extend(_rank_advice(needs, total, options))
     cache = _largest_cache(needs, total, relaxed)
     if cache is not None and cache < options.adapter_cache and not said:
         out.append(f"DEVICE_CACHE_BYTES={cache // 2**20}MiB" + (f" with {' and '.join(changes)}" if changes else ""))
@@ -319,6 +321,31 @@ def _gguf_advice(needs: Sequence[PoolNeed], total: int, options: PlanOptions) ->
                 f"against {gib(need.weights)} from this file)"
             )
     return advice
+
+
+def _at_rank(need: PoolNeed, rank: int, options: PlanOptions) -> PoolNeed:
+    """`need` (and its quantized alternatives) with branch buffers of `rank` instead of LORA_MAX_RANK's."""
+    weights = need.weights - need.branches + need.branches * rank // options.rank
+    fp8, int4 = (None if n is None else _at_rank(n, rank, options) for n in (need.fp8, need.int4))
+    smaller = tuple(_at_rank(n, rank, options) for n in need.smaller)
+    return replace(need, weights=weights, fp8=fp8, int4=int4, smaller=smaller)
+
+
+def _rank_advice(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> list[str]:
+    """The largest smaller LORA_MAX_RANK (64, 32, 16) with which quantized pools' branch buffers leave room, alone
+    or with a smaller DEVICE_CACHE_BYTES; LoRAs of higher rank are then refused on those pools."""
+    quantized = [n for n in needs if n.branches or (n.fp8 and n.fp8.branches) or (n.int4 and n.int4.branches)]
+    if not quantized or not options.rank:
+        return []
+    for rank in (r for r in (64, 32, 16) if r < options.rank):
+        smaller = [_at_rank(n, rank, options) for n in needs]
+        said = f"LORA_MAX_RANK={rank} (branch buffers of that rank; LoRAs of higher rank refused on quantized pools)"
+        if _fits(smaller, total, options):
+            return [said]
+        cache = _largest_cache(smaller, total, options)
+        if cache is not None:
+            return [f"{said} with DEVICE_CACHE_BYTES={cache // 2**20}MiB"]
+    return []
 
 
 def _largest_cache(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> int | None:

@@ -4,6 +4,7 @@ never re-stored by `QUANTIZE=auto`; a refusal names the GGUF type that would fit
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -99,3 +100,25 @@ def test_a_local_gguf_file_is_sized_by_its_header(tmp_path: Path):
     settings = _settings(f"{FLUX_MODEL_ID}@{path}", GGUF_DIR=str(tmp_path))
     (need,) = needs_on_a_gpu(settings)
     assert (need.storage, need.quant) == ("gguf", "Q4_K, Q8_0")
+
+
+@pytest.mark.parametrize("models", [f"{FLUX_MODEL_ID}:int4", f"{FLUX_MODEL_ID}@{HUB_Q4_K}"], ids=["int4", "q4_k"])
+def test_flux1_on_a_12_gb_gpu_is_refused_naming_the_branch_rank_and_cache_that_fit(models):
+    """FLUX.1 quantized does not fit a 12 GB GPU beside the working memory and the 2 GiB adapter cache with branch
+    buffers of rank 128 (1.3 GiB); the refusal names the largest LORA_MAX_RANK (with a DEVICE_CACHE_BYTES) with
+    which it does, and with those it fits."""
+    settings = _settings(models)
+    with pytest.raises(
+        SettingsError, match=r"accepted: LORA_MAX_RANK=(\d+) \(.*\) with DEVICE_CACHE_BYTES=(\d+)MiB"
+    ) as e:
+        plan_memory(needs_on_a_gpu(settings), RTX_4070, PlanOptions.of(settings))
+    said = re.search(r"LORA_MAX_RANK=(\d+) \(.*\) with DEVICE_CACHE_BYTES=(\d+)MiB", str(e.value))
+    assert said is not None
+    rank, cache = (int(v) for v in said.groups())
+    smaller = settings.replace(lora_max_rank=rank, device_cache_bytes=cache * MIB)
+    plan = plan_memory(needs_on_a_gpu(smaller), RTX_4070, PlanOptions.of(smaller))
+    assert plan.host_components(FLUX_MODEL_ID) == ("text_encoder_2",)
+    if rank < 64:  # and not with twice the rank
+        larger = settings.replace(lora_max_rank=2 * rank, device_cache_bytes=cache * MIB)
+        with pytest.raises(SettingsError):
+            plan_memory(needs_on_a_gpu(larger), RTX_4070, PlanOptions.of(larger))
