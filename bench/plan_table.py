@@ -66,11 +66,13 @@ SETTINGS_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
 )
 
 
-# Self-hosted GPUs of 12 and 16 GB (issue 43), with the memory torch reports (nvidia-smi's total: an RTX 3060 12 GB
-# 12,288 MiB, a 4070 12,282, a 4060 Ti 16 GB 16,380; a T4 is the Spaces row's) and a desktop's 32 GB of RAM.
+# Self-hosted GPUs of 12 to 24 GB (issue 43), with the memory torch reports (nvidia-smi's total: an RTX 3060 12 GB
+# 12,288 MiB, a 4070 12,282, a 4060 Ti 16 GB 16,380, a 4090 24,564; a T4 is the Spaces row's) and a desktop's
+# 32 GB of RAM.
 CONSUMER = (
     ("RTX 3060 / 4070 (12 GB)", 12_282 * _MIB, "desktop", 32 * _GB),
     ("RTX 4060 Ti (16 GB)", 16_380 * _MIB, "desktop", 32 * _GB),
+    ("RTX 3090 / 4090 (24 GB)", 24_564 * _MIB, "desktop", 32 * _GB),
     ("T4 (16 GB)", 15_095 * _MIB, "t4-small", 15 * _GB),
 )
 # city96's and QuantStack's published GGUF files, named as `MODELS` items (the plan reads the type in the name:
