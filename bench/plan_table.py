@@ -19,10 +19,12 @@ import torch
 
 from engine.errors import SettingsError
 from engine.hostmem import default_host_budget
+from engine.models import parse_models
 from engine.pools.plan import GPUS, PlanOptions, declared_needs, plan_memory
-from engine.settings import DEFAULT_MODEL_ID, PoolSetting, Settings
+from engine.settings import DEFAULT_MODEL_ID, Settings
 from families.flux import MODEL_ID as FLUX_MODEL_ID
 from families.flux2_dev import MODEL_ID as FLUX2_DEV_MODEL_ID
+from families.qwen_image import MODEL_ID as QWEN_MODEL_ID
 from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from families.wan import MODEL_ID as WAN_1_3B_MODEL_ID
 from families.wan import MODEL_ID_5B as WAN_5B_MODEL_ID
@@ -69,9 +71,43 @@ SETTINGS_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
 )
 
 
+# Self-hosted GPUs of 12 to 24 GB (issue 43), with the memory torch reports (nvidia-smi's total: an RTX 3060 12 GB
+# 12,288 MiB, a 4070 12,282, a 4060 Ti 16 GB 16,380, a 4090 24,564; a T4 is the Spaces row's) and a desktop's
+# 32 GB of RAM.
+CONSUMER = (
+    ("RTX 3060 / 4070 (12 GB)", 12_282 * _MIB, "desktop", 32 * _GB),
+    ("RTX 4060 Ti (16 GB)", 16_380 * _MIB, "desktop", 32 * _GB),
+    ("RTX 3090 / 4090 (24 GB)", 24_564 * _MIB, "desktop", 32 * _GB),
+    ("T4 (16 GB)", 15_095 * _MIB, "t4-small", 15 * _GB),
+)
+# city96's and QuantStack's published GGUF files, named as `MODELS` items (the plan reads the type in the name:
+# nothing is downloaded).
+FLUX_Q4_K = f"{FLUX_MODEL_ID}@city96/FLUX.1-dev-gguf/flux1-dev-Q4_K_S.gguf"
+QWEN_Q4_K = f"{QWEN_MODEL_ID}@QuantStack/Qwen-Image-GGUF/Qwen_Image-Q4_K_M.gguf"
+ZIMAGE_Q4_K = f"{ZIMAGE_MODEL_ID}@jayn7/Z-Image-Turbo-GGUF/z_image_turbo-Q4_K_M.gguf"
+_SMALL_INT4 = {"quantize": "int4", "lora_max_rank": 32, "device_cache_bytes": 256 * _MIB}
+_SMALL_Q4_K = {"lora_max_rank": 16, "device_cache_bytes": 256 * _MIB}
+_SMALL_QWEN = {"quantize": "int4", "lora_max_rank": 16, "device_cache_bytes": 512 * _MIB}
+# The 12-16 GB rows: (label, MODELS items, settings changed).
+CONSUMER_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
+    ("FLUX.1 [dev] in GGUF Q4_K", (FLUX_Q4_K,), {}),
+    ("FLUX.1 [dev], QUANTIZE=int4", (FLUX_MODEL_ID,), {"quantize": "int4"}),
+    ("FLUX.1 [dev], QUANTIZE=auto", (FLUX_MODEL_ID,), {}),
+    ("Z-Image Turbo, QUANTIZE=auto", (ZIMAGE_MODEL_ID,), {}),
+    ("Z-Image Turbo in GGUF Q4_K", (ZIMAGE_Q4_K,), {}),
+    ("Qwen-Image in GGUF Q4_K", (QWEN_Q4_K,), {}),
+    ("Qwen-Image, QUANTIZE=int4", (QWEN_MODEL_ID,), {"quantize": "int4"}),
+    # What the 12 GB refusals name: smaller LoRA branch buffers and adapter cache.
+    ("FLUX.1 [dev], QUANTIZE=int4, LORA_MAX_RANK=32, DEVICE_CACHE_BYTES=256MiB", (FLUX_MODEL_ID,), _SMALL_INT4),
+    ("FLUX.1 [dev] in GGUF Q4_K, LORA_MAX_RANK=16, DEVICE_CACHE_BYTES=256MiB", (FLUX_Q4_K,), _SMALL_Q4_K),
+    ("Qwen-Image, QUANTIZE=int4, LORA_MAX_RANK=16, DEVICE_CACHE_BYTES=512MiB", (QWEN_MODEL_ID,), _SMALL_QWEN),
+)
+
+
 def answer(models: tuple[str, ...], total: int, ram: int, **changes: object) -> str:
-    """The plan for `models` on a GPU of `total` bytes with `ram` bytes of host RAM, or its refusal."""
-    pools = tuple(PoolSetting(m, m) for m in models)
+    """The plan for `models` (`MODELS` items) on a GPU of `total` bytes with `ram` bytes of host RAM, or its
+    refusal."""
+    pools = parse_models(",".join(models))
     settings = Settings(device="cpu", pools=pools).replace(host_ram_bytes=default_host_budget(ram), **changes)
     # DTYPE=auto as on a GPU (each family's half precision); nothing touches CUDA.
     needs = declared_needs(settings, torch.device("cuda"))
@@ -89,6 +125,9 @@ def main() -> None:
     for label, models, changes in SETTINGS_ROWS:
         for gpu, total, space, ram in SPACES:
             print(f"{label} | {gpu}, {space} ({ram // _GB} GB RAM) | {answer(models, total, ram, **changes)}")
+    for label, models, changes in CONSUMER_ROWS:
+        for gpu, total, where, ram in CONSUMER:
+            print(f"{label} | {gpu}, {where} ({ram // _GB} GB RAM) | {answer(models, total, ram, **changes)}")
 
 
 if __name__ == "__main__":

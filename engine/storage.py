@@ -8,14 +8,18 @@ may target (the family's `MemorySpec.branch_modules`), LoRA branch buffers A (ra
 bf16 at `LORA_MAX_RANK`, zero-padded. A quantized denoiser is never written (LoRAs run beside it), so it needs no
 pristine copies. `int4`: every Linear weight of the denoiser as 4-bit codes (half a byte a value) with a bf16
 scale and a bf16 zero per group of `INT4_GROUP_SIZE` values along its input (`engine.weights.int4`), the rest as
-fp8's. Torch-free: the families declare their denoiser's `LinearSizes` (engine.families.spec
-imports no torch).
+fp8's. `gguf`: a GGUF file's blocks, each quant type at the bytes a block of it takes for the values a block
+holds, as the `gguf` package lays them out (`GGML_QUANT_SIZES`: Q8_0 34 bytes a 32 values, 8.5 bits a value; Q4_K
+144 a 256, 4.5 bits), planned by the file's own types (`engine.weights.gguf.planned_gguf_types`), the rest as fp8's.
+All of them are one formula, `quantized_bytes`: the Linear values stored in blocks of (values, bytes), bytes per
+output row, everything else in bf16, the branch buffers. Torch-free: the families declare their denoiser's
+`LinearSizes` (engine.families.spec imports no torch); the `gguf` package needs only numpy.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -23,17 +27,21 @@ __all__ = [
     "BRANCHED",
     "BRANCH_BYTES",
     "FP8_BYTES",
-    "GGUF_BLOCKS",
+    "GGUF_PLAIN",
     "GROUP_BYTES",
     "OTHER_BYTES",
     "QUANTIZED_ORDER",
     "SCALE_BYTES",
     "STORAGES",
+    "Block",
     "LinearSizes",
     "Storage",
+    "bits_per_value",
     "branch_bytes",
     "fp8_bytes",
+    "gguf_block",
     "gguf_bytes",
+    "int4_block",
     "int4_bytes",
     "linear_sizes",
     "planned_quantize",
@@ -54,20 +62,9 @@ FP8_BYTES = 1  # a quantized weight's value (e4m3)
 SCALE_BYTES = 4
 OTHER_BYTES = 2  # the denoiser's values that stay unquantized, in bf16 (the compute dtype)
 BRANCH_BYTES = 2  # LoRA branch factors, in bf16
-# GGUF block types diffusers dequantizes: (values a block, bytes a block), as llama.cpp lays them out (the tests
-# hold this to `gguf.GGML_QUANT_SIZES`).
-GGUF_BLOCKS: dict[str, tuple[int, int]] = {
-    "Q8_0": (32, 34),
-    "Q6_K": (256, 210),
-    "Q5_K": (256, 176),
-    "Q5_1": (32, 24),
-    "Q5_0": (32, 22),
-    "Q4_K": (256, 144),
-    "Q4_1": (32, 20),
-    "Q4_0": (32, 18),
-    "Q3_K": (256, 110),
-    "Q2_K": (256, 84),
-}
+# GGUF tensor types a pool holds as plain values in the compute dtype (diffusers' `load_gguf_checkpoint` reads F32
+# and F16 as tensors, cast to the pool's dtype), not as blocks.
+GGUF_PLAIN = ("F32", "F16")
 GROUP_BYTES = 4  # an int4 group's scale and zero, in bf16 (the compute dtype, as torchao's tinygemm keeps them)
 
 
@@ -87,25 +84,55 @@ def branch_bytes(linears: LinearSizes, rank: int) -> int:
     return rank * linears.branch_widths * BRANCH_BYTES
 
 
-def quantized_bytes(values: int, linears: LinearSizes, rank: int, *, block: tuple[int, int], row_bytes: int) -> int:
+# (values a block, bytes a block): how a quantized storage lays out its values.
+Block = tuple[int, int]
+
+
+def quantized_bytes(
+    values: int, linears: LinearSizes, rank: int, *, stored: Sequence[tuple[int, Block]], row_bytes: int = 0
+) -> int:
     """The one formula of a branched storage: a denoiser of `values` values (parameters and buffers) whose Linear
-    weights take `block[1]` bytes per `block[0]` values and `row_bytes` per output row, its other values in bf16,
-    with its LoRA branch buffers at `rank`."""
-    quantized = linears.values * block[1] // block[0] + linears.rows * row_bytes
-    return quantized + (values - linears.values) * OTHER_BYTES + branch_bytes(linears, rank)
+    weights are `stored` as (how many values, in blocks of (values, bytes)), with `row_bytes` per Linear output row,
+    every other value in bf16, with its LoRA branch buffers at `rank`."""
+    blocks = sum(count * block[1] // block[0] for count, block in stored)
+    held = sum(count for count, _ in stored)
+    return blocks + linears.rows * row_bytes + (values - held) * OTHER_BYTES + branch_bytes(linears, rank)
+
+
+def bits_per_value(block: Block) -> float:
+    """A block layout's bits per stored value (Q4_K: 4.5; int4 in groups of 128 with bf16 scale and zero: 4.25)."""
+    return 8 * block[1] / block[0]
+
+
+def gguf_block(quant: str) -> Block:
+    """GGUF quant type `quant`'s (values, bytes) a block, from the `gguf` package (llama.cpp's layouts); KeyError
+    for a name it does not know."""
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[quant]]
+
+
+def int4_block(group_size: int) -> Block:
+    """An int4 group's layout: half a byte a value, and its scale and zero (`GROUP_BYTES`)."""
+    return group_size, group_size // 2 + GROUP_BYTES
 
 
 def fp8_bytes(values: int, linears: LinearSizes, rank: int) -> int:
     """A denoiser of `values` values (parameters and buffers) in fp8 storage, with its LoRA branch buffers at
     `rank`."""
-    return quantized_bytes(values, linears, rank, block=(1, FP8_BYTES), row_bytes=SCALE_BYTES)
+    return quantized_bytes(values, linears, rank, stored=[(linears.values, (1, FP8_BYTES))], row_bytes=SCALE_BYTES)
 
 
-def gguf_bytes(values: int, linears: LinearSizes, rank: int, quant: str) -> int:
-    """The same denoiser from a GGUF file with every Linear in block type `quant` (a key of `GGUF_BLOCKS`; the
-    scales live in the blocks), with its LoRA branch buffers at `rank`. Published files keep a few small linears in
-    F16/F32 or a wider type (city96's keep the embedders' inputs), so a file is a little larger than this."""
-    return quantized_bytes(values, linears, rank, block=GGUF_BLOCKS[quant], row_bytes=0)
+def gguf_bytes(values: int, linears: LinearSizes, rank: int, quant: str | Mapping[str, int]) -> int:
+    """The same denoiser from a GGUF file, with its LoRA branch buffers at `rank`: every Linear in block type
+    `quant` (a name the `gguf` package knows: the type a Hub file's name says), or, read from a file's header, the
+    values it stores in each type (`{"Q4_K": n, "Q6_K": m, "F32": k}`; `GGUF_PLAIN` types count as the other values,
+    in bf16). The scales live in the blocks. Published files keep a few small linears in F16/F32 or a wider type
+    (city96's keep the embedders' inputs): by name alone, a file is a little larger than this."""
+    if isinstance(quant, str):
+        return quantized_bytes(values, linears, rank, stored=[(linears.values, gguf_block(quant))])
+    stored = [(count, gguf_block(name)) for name, count in quant.items() if name not in GGUF_PLAIN]
+    return quantized_bytes(values, linears, rank, stored=stored)
 
 
 def int4_bytes(values: int, linears: LinearSizes, rank: int, group_size: int) -> int:
@@ -113,13 +140,13 @@ def int4_bytes(values: int, linears: LinearSizes, rank: int, group_size: int) ->
     `rank`: half a byte a Linear value, `GROUP_BYTES` a group. Every Linear counts as quantized: one whose width
     the group size does not divide stays in bf16 (FLUX.1's `x_embedder`, 64 wide: 0.4 MiB more), which the
     declared sizes cannot tell; `tests/engine/pools/test_plan_int4.py` bounds the gap on meta-device models."""
-    return quantized_bytes(values, linears, rank, block=(group_size, group_size // 2 + GROUP_BYTES), row_bytes=0)
+    return quantized_bytes(values, linears, rank, stored=[(linears.values, int4_block(group_size))])
 
 
 def planned_quantize(storage: str) -> str:
-    """The QUANTIZE a pool that loaded in `storage` is planned and served under: `off` for native; `fp8` for a GGUF
-    file's blocks (measured as loaded and never written, as an fp8 denoiser is); else the storage itself."""
-    return {"native": "off", "gguf": "fp8"}.get(storage, storage)
+    """The QUANTIZE a pool that loaded in `storage` is planned under: `off` for native; else the storage itself
+    (`gguf`: the file's blocks, measured as loaded, never written and never chosen by the plan)."""
+    return {"native": "off"}.get(storage, storage)
 
 
 def linear_sizes(linears: Iterable[tuple[str, int, int]], branch_modules: str | None) -> LinearSizes:

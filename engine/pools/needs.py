@@ -2,13 +2,17 @@
 before loading, or measured on the loaded pipeline; in each weight storage its denoiser may take.
 
 A need in `native` storage carries its `fp8` and `int4` alternatives where the size is known (`engine.storage`'s
-formula): the denoiser quantized, with LoRA branch buffers at `LORA_MAX_RANK` and no pristine copies of its own
-(a LoRA never writes it: only the text encoders' remain touchable, and the swap's float32 scratch is sized to
-their largest weight); its working memory adds the weight its formula widens at each call (`dequantized_bytes`).
+formula). A GGUF pool's need is its file's storage alone (its `MODELS` item chose it, the plan never changes it):
+sized before loading by the file's tensor types (`engine.weights.gguf.planned_gguf_types`: a local file's header, a
+Hub file's name or cached header), measured once loaded. Each is: the denoiser quantized, with LoRA branch buffers
+at `LORA_MAX_RANK` and no pristine copies of its own (a LoRA never writes it: only the text encoders' remain
+touchable, and the swap's float32 scratch is sized to their largest weight); its working memory adds the weight its
+formula widens at each call (`dequantized_bytes`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,7 +24,17 @@ from engine.families.spec import MemorySpec
 from engine.pipeline.loading import LoadedPipeline, resolve_dtype
 from engine.pools.flat import module_bytes
 from engine.settings import Settings
-from engine.storage import BRANCHED, Storage, fp8_bytes, int4_bytes, linear_sizes
+from engine.storage import (
+    BRANCHED,
+    GGUF_PLAIN,
+    Storage,
+    branch_bytes,
+    fp8_bytes,
+    gguf_bytes,
+    int4_bytes,
+    linear_sizes,
+)
+from engine.weights.gguf import planned_gguf_types, served_types
 from engine.weights.quantized import DEQUANTIZED_COPIES
 
 __all__ = [
@@ -54,21 +68,39 @@ class PoolNeed:
     fp8: PoolNeed | None = None
     # The same pool with its denoiser in int4 (None where not known or already so).
     int4: PoolNeed | None = None
+    # A GGUF denoiser's tensor types, most values first (`Q4_K`, `Q4_K, Q6_K`); "" for any other storage.
+    quant: str = ""
+    # A GGUF pool with every Linear in each served type of fewer bits than its file's, fewest last (what a refusal
+    # may name; known before loading only).
+    smaller: tuple[PoolNeed, ...] = ()
+    # A quantized denoiser's LoRA branch buffers at `LORA_MAX_RANK`, in `weights` (what a smaller rank saves).
+    branches: int = 0
 
-    def with_fp8(self, denoiser: int, quantized: int, scratch: int, widened: int) -> PoolNeed:
+    def with_fp8(self, denoiser: int, quantized: int, scratch: int, widened: int, branches: int = 0) -> PoolNeed:
         """This need with its fp8 alternative: the denoiser's `denoiser` bytes (native) held in `quantized` bytes
         (fp8, branch buffers included) and no longer touchable, the swap's scratch `scratch` bytes (for the text
-        encoders' weights only), and `widened` bytes more working memory (`dequantized_bytes`)."""
+        encoders' weights only), and `widened` bytes more working memory (`dequantized_bytes`); `branches` of the
+        `quantized` bytes are its LoRA branch buffers."""
         weights, touchable = self.weights - denoiser + quantized, self.touchable - denoiser
         working = self.working + widened
         fp8 = replace(self, weights=weights, touchable=touchable, working=working, scratch=scratch, storage="fp8")
+        fp8 = replace(fp8, branches=branches)
         return replace(self, fp8=replace(fp8, fp8=None, int4=None))
 
-    def with_int4(self, denoiser: int, quantized: int, scratch: int, widened: int) -> PoolNeed:
+    def with_int4(self, denoiser: int, quantized: int, scratch: int, widened: int, branches: int = 0) -> PoolNeed:
         """This need with its int4 alternative, as `with_fp8` makes the fp8 one (`quantized`: int4 bytes)."""
-        alternative = self.with_fp8(denoiser, quantized, scratch, widened).fp8
+        alternative = self.with_fp8(denoiser, quantized, scratch, widened, branches).fp8
         assert alternative is not None  # with_fp8 always makes one
         return replace(self, int4=replace(alternative, storage="int4"))
+
+    def with_gguf(
+        self, denoiser: int, stored: int, scratch: int, widened: int, quant: str, branches: int = 0
+    ) -> PoolNeed:
+        """The same pool with its denoiser (`denoiser` bytes native) read from a GGUF file of types `quant` into
+        `stored` bytes (branch buffers included), as `with_fp8` makes the fp8 one: the pool's only storage."""
+        alternative = self.with_fp8(denoiser, stored, scratch, widened, branches).fp8
+        assert alternative is not None  # with_fp8 always makes one
+        return replace(alternative, storage="gguf", quant=quant)
 
     def saves(self, storage: Storage) -> int:
         """What storing its denoiser in `storage` saves on the device at most, pristine copies included (0 where
@@ -141,18 +173,34 @@ def loaded_need(loaded: LoadedPipeline, *, rank: int, group_size: int = 128) -> 
         default=0,
     )
     widened = dequantized_bytes(widest, loaded.dtype)
-    native = module_bytes(stored_modules)
+    stored = module_bytes(stored_modules)
+    if loaded.storage == "gguf":
+        # Its files' blocks, measured as loaded (branch buffers included): its only storage.
+        return need.with_gguf(stored, stored, encoder_scratch, widened, _gguf_types(loaded), _branches(stored_modules))
     if loaded.storage in BRANCHED:
-        # Loaded quantized already (fp8, int4 or GGUF): measured as it is, its branch buffers included.
+        # Loaded quantized already (fp8 or int4): measured as it is, its branch buffers included.
         quantized = need.with_int4 if loaded.storage == "int4" else need.with_fp8
-        return quantized(native, native, encoder_scratch, widened)
-    need = need.with_fp8(native, fp8_bytes(values, linears, rank), encoder_scratch, widened)
-    return need.with_int4(native, int4_bytes(values, linears, rank, group_size), encoder_scratch, widened)
+        return quantized(stored, stored, encoder_scratch, widened, _branches(stored_modules))
+    branches = branch_bytes(linears, rank)
+    need = need.with_fp8(stored, fp8_bytes(values, linears, rank), encoder_scratch, widened, branches)
+    return need.with_int4(stored, int4_bytes(values, linears, rank, group_size), encoder_scratch, widened, branches)
+
+
+def _gguf_types(loaded: LoadedPipeline) -> str:
+    """A GGUF pool's quant types, most first, each once (an A14B's two files' joined: `Q4_K (400); Q4_K (400)`)."""
+    said = loaded.gguf_types.replace("; ", ", ").split(", ")
+    return ", ".join(dict.fromkeys(t.split(" (")[0] for t in said if t != "none quantized"))
+
+
+def _branches(modules: list[nn.Module]) -> int:
+    """The bytes of loaded quantized components' LoRA branch factors."""
+    return sum(t.nbytes for m in modules for n, t in m.named_buffers() if n.endswith(("lora_down", "lora_up")))
 
 
 def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, ...] | None:
     """Each pool's need from its family's declared sizes, before loading; None when a pool's are unknown (a tiny
-    pipeline, a local folder, a family that declares none, or no fp8 size for a pool `QUANTIZE=fp8` quantizes)."""
+    pipeline, a local folder, a family that declares none, no fp8 size for a pool `QUANTIZE=fp8` quantizes, or a
+    GGUF file whose types neither its header nor its name tells)."""
     needs = []
     for pool in settings.pool_settings:
         family = family_spec(pool.base_model_id, setting="BASE_MODEL_ID")
@@ -162,10 +210,12 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
         itemsize = torch.empty((), dtype=dtype).element_size()
         # A local folder may hold anything (a tiny pipeline, a pruned one): it is judged once loaded.
         own = settings.for_pool(pool)
-        # A GGUF denoiser's size is its file's: judged once loaded, like a local folder.
-        if own.loads_tiny or Path(pool.model_id).exists() or not memory.values or own.gguf is not None:
+        if own.loads_tiny or Path(pool.model_id).exists() or not memory.values:
             return None
-        if memory.linears is None and own.quantize in BRANCHED:
+        if memory.linears is None and (own.quantize in BRANCHED or own.gguf is not None):
+            return None
+        types = planned_gguf_types(own.gguf, settings.gguf_dir) if own.gguf is not None else None
+        if own.gguf is not None and types is None:
             return None
         host_able = tuple((c, memory.values_of((c,)) * itemsize) for c in memory.host_components)
         weights, touchable = memory.total_values * itemsize, memory.values_of(family.components) * itemsize
@@ -174,15 +224,43 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
         scratch = scratch_bytes(memory.largest_values)
         need = PoolNeed(pool.base_model_id, weights, touchable, host_able, memory.working_bytes, scratch)
         if memory.linears is not None:
-            # Every stored component's values (`FamilySpec.stored`); `linears` declares all of theirs.
-            values = memory.values_of(family.stored)
-            quantized = fp8_bytes(values, memory.linears, settings.lora_max_rank)
-            # `largest_values` (the largest weight a LoRA may touch, the denoiser's Linears among them) bounds its
-            # largest Linear from above.
-            widened = dequantized_bytes(memory.largest_values, dtype)
-            encoders = scratch_bytes(memory.largest_encoder_values)
-            need = need.with_fp8(values * itemsize, quantized, encoders, widened)
-            int4 = int4_bytes(values, memory.linears, settings.lora_max_rank, settings.int4_group_size)
-            need = need.with_int4(values * itemsize, int4, encoders, widened)
+            # Every stored component's values (`FamilySpec.stored`: an A14B's two transformers, sized from its
+            # first GGUF file's types where it names two); `linears` declares all of theirs.
+            need = _quantized(need, memory, memory.values_of(family.stored), dtype, settings, types)
         needs.append(need)
     return tuple(needs)
+
+
+def _quantized(
+    need: PoolNeed,
+    memory: MemorySpec,
+    values: int,
+    dtype: torch.dtype,
+    settings: Settings,
+    types: Counter[str] | str | None,
+) -> PoolNeed:
+    """`need` with its fp8 and int4 alternatives (a denoiser of `values` values in `dtype` native);
+    a GGUF pool's (`types`: its file's, `planned_gguf_types`) its file's storage instead."""
+    assert memory.linears is not None
+    rank = settings.lora_max_rank
+    # `largest_values` (the largest weight a LoRA may touch, the denoiser's Linears among them) bounds its largest
+    # Linear from above.
+    widened = dequantized_bytes(memory.largest_values, dtype)
+    encoders = scratch_bytes(memory.largest_encoder_values)
+    native = values * torch.empty((), dtype=dtype).element_size()
+    linears, branches = memory.linears, branch_bytes(memory.linears, rank)
+    if types is not None:
+        quant = types if isinstance(types, str) else gguf_label(types)
+        own = need.with_gguf(native, gguf_bytes(values, linears, rank, types), encoders, widened, quant, branches)
+        served = ((t, gguf_bytes(values, linears, rank, t)) for t in served_types())
+        alternatives = (need.with_gguf(native, b, encoders, widened, t, branches) for t, b in served)
+        return replace(own, smaller=tuple(n for n in alternatives if n.weights < own.weights))
+    need = need.with_fp8(native, fp8_bytes(values, linears, rank), encoders, widened, branches)
+    int4 = int4_bytes(values, linears, rank, settings.int4_group_size)
+    return need.with_int4(native, int4, encoders, widened, branches)
+
+
+def gguf_label(types: Counter[str]) -> str:
+    """A GGUF file's quantized tensor types, most values first (`Q4_K, Q6_K`; `F16` where none is quantized)."""
+    quantized = [name for name, _ in types.most_common() if name not in GGUF_PLAIN]
+    return ", ".join(quantized) or ", ".join(name for name, _ in types.most_common())

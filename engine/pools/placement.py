@@ -34,9 +34,12 @@ class PlanOptions:
     host_cache: int = 0
     # COMPILE=reduce-overhead: each pool's CUDA graphs keep a memory pool of their own.
     graphs: bool = False
-    # QUANTIZE (off, fp8, auto) for every pool, and the pools that are told otherwise: (pool name, value).
+    # QUANTIZE (off, fp8, int4, auto) for every pool, and the pools that are told otherwise: (pool name, value;
+    # `gguf` for a pool whose MODELS item names a GGUF file: its storage is the file's).
     quantize: str = "auto"
     pool_quantize: tuple[tuple[str, str], ...] = ()
+    # LORA_MAX_RANK, the rank quantized denoisers' branch buffers are sized to (0: not known here).
+    rank: int = 0
 
     def quantize_of(self, name: str) -> str:
         return dict(self.pool_quantize).get(name, self.quantize)
@@ -44,7 +47,7 @@ class PlanOptions:
     def keeping(self, storages: Iterable[tuple[str, str]]) -> PlanOptions:
         """These options with each pool's storage fixed as given, (pool name, storage): the plan again, once
         loaded, over the storages the pools loaded in."""
-        # A GGUF pool is planned as fp8 is (`planned_quantize`): its denoiser measured as loaded, never written.
+        # A GGUF pool is planned in its own storage (`planned_quantize`): its denoiser measured as loaded.
         fixed = tuple((name, planned_quantize(storage)) for name, storage in storages)
         return replace(self, pool_quantize=fixed)
 
@@ -60,7 +63,12 @@ class PlanOptions:
             host_cache=settings.host_cache_bytes,
             graphs=settings.compile == "reduce-overhead",
             quantize=settings.quantize,
-            pool_quantize=tuple((p.base_model_id, p.quantize) for p in settings.pool_settings if p.quantize),
+            rank=settings.lora_max_rank,
+            pool_quantize=tuple(
+                (p.base_model_id, "gguf" if p.gguf is not None else p.quantize or settings.quantize)
+                for p in settings.pool_settings
+                if p.quantize or p.gguf is not None
+            ),
         )
 
 
@@ -78,6 +86,13 @@ class Placement:
     host_bytes: int = 0
     host_pristine: int = 0
     storage: Storage = "native"
+    # A GGUF denoiser's tensor types (`PoolNeed.quant`).
+    quant: str = ""
+
+    @property
+    def stored_as(self) -> str:
+        """The denoiser's storage as plans say it: `int4`, `gguf Q4_K`."""
+        return f"{self.storage} {self.quant}" if self.quant else self.storage
 
     @property
     def nbytes(self) -> int:
@@ -124,7 +139,7 @@ class MemoryPlan:
     def describe(self) -> str:
         pools = "; ".join(
             f"{p.name} {gib(p.weights)}"
-            + (f" (denoiser in {p.storage} with LoRA branches)" if p.storage != "native" else "")
+            + (f" (denoiser in {p.stored_as} with LoRA branches)" if p.storage != "native" else "")
             + (f" + {gib(p.pristine)} pristine copies" if p.pristine else "")
             + (f" (pristine copies in host RAM, up to {gib(p.host_pristine)})" if p.host_pristine else "")
             + (f", {' and '.join(p.host_components)} in host RAM" if p.host_components else "")

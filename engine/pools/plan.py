@@ -83,7 +83,7 @@ def plan_memory(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> 
     if chosen is None:
         raise SettingsError(_refusal(needs, total, options))
     plan, stored = chosen
-    auto = tuple(n.name for n in stored if n.storage != "native" and options.quantize_of(n.name) == "auto")
+    auto = tuple(n.name for n in stored if n.storage in QUANTIZED_ORDER and options.quantize_of(n.name) == "auto")
     plan = replace(plan, auto_quantized=auto)
     # A pool with nothing touchable (a quantized denoiser, no text encoder LoRAs) has no copies to place.
     placed = zip(stored, plan.placements, strict=True)
@@ -108,7 +108,8 @@ def _storages(needs: Sequence[PoolNeed], options: PlanOptions) -> Iterator[tuple
 
 
 def _stored(need: PoolNeed, quantize: str) -> PoolNeed:
-    """`need` in the storage a QUANTIZE value fixes (`auto`, `off`: native), where its size is known."""
+    """`need` in the storage a QUANTIZE value fixes (`auto`, `off`: native; a GGUF pool's need is its file's
+    storage already), where its size is known."""
     return {"fp8": need.fp8, "int4": need.int4}.get(quantize) or need
 
 
@@ -131,7 +132,9 @@ def _relaxed(
     ones keeps that."""
     chosen = list(stored)
     order: tuple[Storage, ...] = ("native", *QUANTIZED_ORDER)
-    auto = [i for i, n in enumerate(needs) if options.quantize_of(n.name) == "auto" and chosen[i].storage != "native"]
+    auto = [
+        i for i, n in enumerate(needs) if options.quantize_of(n.name) == "auto" and chosen[i].storage in QUANTIZED_ORDER
+    ]
     for index in sorted(auto, key=lambda i: needs[i].fp8_saves):
         for storage in order[: order.index(chosen[index].storage)]:
             trial = [*chosen[:index], _stored(needs[index], storage), *chosen[index + 1 :]]
@@ -212,7 +215,8 @@ def _place(need: PoolNeed, pristine_bytes: int | None, *, pristine: bool, host: 
     left = need.host_able if host else ()
     weights = need.weights - sum(n for _, n in left)
     allowance = _allowance(need, pristine_bytes) if pristine else 0
-    return Placement(need.name, weights, allowance, tuple(c for c, _ in left), need.scratch, storage=need.storage)
+    components = tuple(c for c, _ in left)
+    return Placement(need.name, weights, allowance, components, need.scratch, storage=need.storage, quant=need.quant)
 
 
 def _refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> str:
@@ -228,11 +232,12 @@ def _refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> str
     *_, shown = _storages(needs, options)
     own = ", ".join(
         f"{n.name} {gib(n.weights)}"
-        + (f" (denoiser in {n.storage})" if n.storage != "native" else "")
+        + (f" (denoiser in {n.storage}{' ' + n.quant if n.quant else ''})" if n.storage != "native" else "")
         + (f" (its pristine copies up to {gib(_allowance(n, options.pristine_bytes))})" if n.touchable else "")
         for n in shown
     )
-    quantize = ", ".join(sorted({options.quantize_of(n.name) for n in needs}))
+    # (A GGUF pool's storage is its file's: no QUANTIZE value of its own.)
+    quantize = ", ".join(sorted({options.quantize_of(n.name) for n in needs} - {"gguf"}) or [options.quantize])
     head = (
         f"the pools do not fit this GPU's {gib(total)}, of which {gib(_working(needs, options))} is kept for "
         "inference (the CUDA context, one pool's working memory and any CUDA graphs) and "
@@ -266,7 +271,9 @@ def _would_fit(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> l
         said.append(" and ".join(changes))
     out.extend(said)
     if not said:
-        out.extend(_quantize_advice(needs, total, options))
+        out.extend(_quantize_advice(needs, total, options) or _gguf_advice(needs, total, options))
+    if not said and len(out) == (1 if kept else 0):
+        out.extend(_rank_advice(needs, total, options))
     cache = _largest_cache(needs, total, relaxed)
     if cache is not None and cache < options.adapter_cache and not said:
         out.append(f"DEVICE_CACHE_BYTES={cache // 2**20}MiB" + (f" with {' and '.join(changes)}" if changes else ""))
@@ -300,6 +307,45 @@ def _quantize_advice(needs: Sequence[PoolNeed], total: int, options: PlanOptions
         beside = "it" if one else "them"
         advice.append(f"QUANTIZE={storage} for {' and '.join(names)} ({said}; LoRAs as branches beside {beside})")
     return advice
+
+
+def _gguf_advice(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> list[str]:
+    """For each GGUF pool, the largest served type of fewer bits whose file would fit, the others as they are."""
+    advice = []
+    for index, need in enumerate(needs):
+        fits = (s for s in need.smaller if _fits([*needs[:index], s, *needs[index + 1 :]], total, options))
+        smaller = next(fits, None)
+        if smaller is not None:
+            advice.append(
+                f"a GGUF file of type {smaller.quant} for {need.name} (its weights {gib(smaller.weights)} in all, "
+                f"against {gib(need.weights)} from this file)"
+            )
+    return advice
+
+
+def _at_rank(need: PoolNeed, rank: int, options: PlanOptions) -> PoolNeed:
+    """`need` (and its quantized alternatives) with branch buffers of `rank` instead of LORA_MAX_RANK's."""
+    weights = need.weights - need.branches + need.branches * rank // options.rank
+    fp8, int4 = (None if n is None else _at_rank(n, rank, options) for n in (need.fp8, need.int4))
+    smaller = tuple(_at_rank(n, rank, options) for n in need.smaller)
+    return replace(need, weights=weights, fp8=fp8, int4=int4, smaller=smaller)
+
+
+def _rank_advice(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> list[str]:
+    """The largest smaller LORA_MAX_RANK (64, 32, 16) with which quantized pools' branch buffers leave room, alone
+    or with a smaller DEVICE_CACHE_BYTES; LoRAs of higher rank are then refused on those pools."""
+    quantized = [n for n in needs if n.branches or (n.fp8 and n.fp8.branches) or (n.int4 and n.int4.branches)]
+    if not quantized or not options.rank:
+        return []
+    for rank in (r for r in (64, 32, 16) if r < options.rank):
+        smaller = [_at_rank(n, rank, options) for n in needs]
+        said = f"LORA_MAX_RANK={rank} (branch buffers of that rank; LoRAs of higher rank refused on quantized pools)"
+        if _fits(smaller, total, options):
+            return [said]
+        cache = _largest_cache(smaller, total, options)
+        if cache is not None:
+            return [f"{said} with DEVICE_CACHE_BYTES={cache // 2**20}MiB"]
+    return []
 
 
 def _largest_cache(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> int | None:

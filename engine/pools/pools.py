@@ -325,7 +325,9 @@ def _engine(
     """One pool's engine, its pristine store (and host RAM for it) as the memory plan placed them, its `QUANTIZE`
     resolved to the storage its denoiser loaded in (fp8 or off)."""
     host_pristine = None
-    own = own.replace(quantize=planned_quantize(lp.storage))
+    quantize = planned_quantize(lp.storage)
+    # A GGUF pool's storage is its file's (`Settings.gguf`), which no QUANTIZE value names.
+    own = own.replace(quantize=quantize) if quantize != "gguf" else own
     if plan is not None:
         placement = plan.placement(lp.base_model_id)
         own = own.replace(pristine_store=placement.pristine_store)

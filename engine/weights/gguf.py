@@ -38,7 +38,10 @@ __all__ = [
     "check_gguf_file",
     "gguf_quant_types",
     "load_gguf_denoiser",
+    "planned_gguf_types",
     "resolve_gguf_source",
+    "served_types",
+    "stored_values",
 ]
 
 logger = logging.getLogger(__name__)
@@ -123,20 +126,27 @@ def resolve_gguf_source(source: str, gguf_dir: Path | None, token: str | None) -
         ) from e
 
 
+def _tensors(path: Path) -> list[Any]:
+    """The file's tensors as GGUFReader reads its header (the file is mapped, no tensor data read); SettingsError
+    for a file it cannot read (truncated, corrupt)."""
+    import gguf
+
+    try:
+        return list(gguf.GGUFReader(path).tensors)
+    except (ValueError, OSError, IndexError, KeyError, EOFError) as e:
+        raise SettingsError(
+            f"GGUF file {path.name!r} cannot be read ({type(e).__name__}: {e}); accepted: a complete GGUF file "
+            "(a truncated or corrupt download: fetch it again)"
+        ) from e
+
+
 def check_gguf_file(path: Path) -> Counter[str]:
     """The file's tensor types (name -> count) once GGUFReader reads it whole and every type is one diffusers
     dequantizes; SettingsError otherwise (a truncated or corrupt file, an unknown or unread quant type)."""
     import gguf
     from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
 
-    try:
-        reader = gguf.GGUFReader(path)
-        types = [tensor.tensor_type for tensor in reader.tensors]
-    except (ValueError, OSError, IndexError, KeyError, EOFError) as e:
-        raise SettingsError(
-            f"GGUF file {path.name!r} cannot be read ({type(e).__name__}: {e}); accepted: a complete GGUF file "
-            "(a truncated or corrupt download: fetch it again)"
-        ) from e
+    types = [tensor.tensor_type for tensor in _tensors(path)]
     accepted = [gguf.GGMLQuantizationType(t).name for t in SUPPORTED_GGUF_QUANT_TYPES]
     read = set(accepted) | set(_PLAIN)
     names = Counter(gguf.GGMLQuantizationType(t).name for t in types)
@@ -147,6 +157,57 @@ def check_gguf_file(path: Path) -> Counter[str]:
             f"reads; accepted: {', '.join(sorted(read))}"
         )
     return names
+
+
+def stored_values(path: Path) -> Counter[str]:
+    """The values the file stores in each tensor type (`{"Q4_K": n, "F32": m}`), from its header alone: what the
+    memory plan sizes a GGUF pool by before loading (`engine.storage.gguf_bytes`)."""
+    import gguf
+
+    counts: Counter[str] = Counter()
+    for tensor in _tensors(path):
+        counts[gguf.GGMLQuantizationType(tensor.tensor_type).name] += int(tensor.n_elements)
+    return counts
+
+
+def served_types() -> tuple[str, ...]:
+    """The block types diffusers dequantizes (`SUPPORTED_GGUF_QUANT_TYPES`, BF16 aside), fewest bits last: the
+    types a refusal may name for a GGUF pool that does not fit."""
+    import gguf
+    from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
+
+    blocks = {gguf.GGMLQuantizationType(t).name: gguf.GGML_QUANT_SIZES[t] for t in SUPPORTED_GGUF_QUANT_TYPES}
+    return tuple(sorted((n for n, b in blocks.items() if b[0] > 1), key=lambda n: -blocks[n][1] / blocks[n][0]))
+
+
+def named_type(filename: str) -> str | None:
+    """The tensor type a GGUF file's name says (`flux1-dev-Q4_K_S.gguf`: Q4_K; `...-Q8_0.gguf`: Q8_0), where it
+    names exactly one type diffusers reads (or F16/BF16/F32); None otherwise."""
+    import gguf
+    from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
+
+    stem = Path(filename).name.upper()
+    names = {gguf.GGMLQuantizationType(t).name for t in SUPPORTED_GGUF_QUANT_TYPES} | set(_PLAIN)
+    said = {n for n in names if re.search(rf"(?<![A-Z0-9]){re.escape(n)}(?![0-9])", stem)}
+    # `Q4_K` and `IQ4_XS`' lookbehind aside, a longer name holding a shorter one (BF16, F16) is the longer.
+    said = {n for n in said if not any(n != m and n in m for m in said)}
+    return next(iter(said)) if len(said) == 1 else None
+
+
+def planned_gguf_types(source: str, gguf_dir: Path | None) -> Counter[str] | str | None:
+    """What the memory plan sizes a `MODELS` GGUF file by before anything loads: a local file's values per tensor
+    type, from its header (SettingsError for a path outside GGUF_DIR or a file that cannot be read); a Hub file's
+    from its header where it is in the Hub cache already, else the type its name says (`named_type`); None where
+    neither tells (the pool is then planned once loaded, measured)."""
+    if source.startswith("/"):
+        return stored_values(resolve_gguf_source(source, gguf_dir, None))
+    from huggingface_hub import try_to_load_from_cache
+
+    owner, repo, filename = source.split("/", 2)
+    cached = try_to_load_from_cache(f"{owner}/{repo}", filename)
+    if isinstance(cached, str):
+        return stored_values(Path(cached))
+    return named_type(filename)
 
 
 def load_gguf_denoiser(path: Path, model_class: Any, config: str | Any, subfolder: str, dtype: torch.dtype) -> Any:

@@ -132,7 +132,9 @@ def test_flux2_dev_fits_80_gb_in_bf16_and_48_gb_in_fp8_each_with_mistral_in_host
     (placement,) = plan_.placements
     assert plan_.auto_quantized == (DEV,) and placement.host_components == ("text_encoder",)
     assert placement.nbytes / GIB == pytest.approx(31.73, abs=0.01)
-    with pytest.raises(SettingsError, match=r"\(denoiser in int4\).*accepted: a larger GPU: L40S \(48 GB\)$"):
+    with pytest.raises(
+        SettingsError, match=r"\(denoiser in int4\).*accepted: LORA_MAX_RANK=32 .*; or a larger GPU: L40S \(48 GB\)$"
+    ):
         plan_memory(needs_on_a_gpu(auto), A10G, PlanOptions.of(auto))
 
 

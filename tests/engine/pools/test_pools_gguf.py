@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from torch import nn
 
 from engine.errors import LimitExceededError
 from engine.pipeline.loading import load_pipeline
@@ -17,7 +18,8 @@ from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import LoraSpec
 from engine.settings import PoolSetting
-from engine.weights.gguf import GGUFBranchedLinear
+from engine.storage import gguf_bytes, linear_sizes
+from engine.weights.gguf import GGUFBranchedLinear, stored_values
 from engine.weights.quantized import held_branches, stored_bytes
 from families.flux import MODEL_ID as FLUX_MODEL_ID
 from serving.demo.synthetic import save_lora
@@ -70,13 +72,36 @@ def test_start_up_loads_a_models_gguf_item_from_its_file_and_says_so(gguf_settin
         (status,) = pools.status()
         assert status.engine.storage == "gguf" and status.engine.gguf_types.startswith("Q8_0 (")
         assert "**weights** GGUF Q8_0 (" in status_markdown(status.engine)  # the UI's status panel
-        # The plan measures it as loaded: its blocks and branch buffers, no pristine copies of the denoiser.
+        # The plan measures it as loaded, in its own storage: its blocks and branch buffers, no pristine copies of
+        # the denoiser.
         need = loaded_need(loaded, rank=8)
-        assert need.fp8 is not None
-        assert need.fp8.weights == module_bytes(pipeline_modules(loaded))
-        assert need.fp8.touchable == need.touchable - module_bytes([loaded.denoiser])
+        assert (need.storage, need.quant) == ("gguf", "Q8_0")
+        assert need.weights == module_bytes(pipeline_modules(loaded))
+        encoders = [getattr(loaded.pipe, c) for c in loaded.family.components if c != loaded.family.denoiser]
+        assert need.touchable == module_bytes(encoders)
     finally:
         pools.close()
+
+
+def test_the_plan_sizes_a_gguf_denoiser_from_its_file_s_header_as_it_loads(loaded_flux, gguf_file, gguf_settings):
+    """The storage formula over the values the file's header says each type holds (no tensor read), for the
+    denoiser the file replaces (its values and linears, as a family declares them), is what loading it takes in
+    bf16 (the dtype the plan is made for: a GPU's)."""
+    settings = gguf_settings.replace(dtype="bfloat16")
+    denoiser = load_pipeline(settings.for_pool(settings.pools[0])).denoiser
+    native = loaded_flux.denoiser
+    linears = linear_sizes(
+        ((n, m.out_features, m.in_features) for n, m in native.named_modules() if isinstance(m, nn.Linear)), None
+    )
+    values = sum(t.numel() for t in (*native.parameters(), *native.buffers()))
+    planned = gguf_bytes(values, linears, 8, stored_values(gguf_file))
+    assert planned == module_bytes([denoiser]) - _scales(denoiser)
+
+
+def _scales(denoiser) -> int:
+    """The branches' per-rank scales (float32, a rank's worth a linear: 0.01% of FLUX.1's branch buffers), which
+    the formula leaves out."""
+    return sum(m.lora_scales.nbytes + m.weight_scale.nbytes for m in denoiser.modules() if hasattr(m, "lora_scales"))
 
 
 @pytest.fixture(scope="module")
