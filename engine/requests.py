@@ -379,6 +379,9 @@ class GenerateResult:
     # A video's frames, the first being `image` (empty for images), and its frames per second (0 for images).
     frames: tuple[Image, ...] = ()
     fps: int = 0
+    # A video's MP4 as a cluster replica made it (`serving.video.packed`), which crosses the cluster instead of
+    # its frames (then decoded from it: `unpacked`); every door answers these bytes for MP4. Empty in one process.
+    video: bytes = b""
 
     @property
     def is_video(self) -> bool:

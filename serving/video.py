@@ -15,6 +15,7 @@ frames. The pipelines' sides are multiples of 8 or 16, so this is only ever the 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,8 +25,9 @@ from typing import Final, Literal
 import av
 from PIL import Image
 
+from engine.errors import BackendUnavailableError
 from engine.requests import GenerateResult
-from serving.recipes import KEY
+from serving.recipes import KEY, with_recipes
 
 __all__ = [
     "ANIMATED_TYPES",
@@ -36,6 +38,8 @@ __all__ = [
     "decode_mp4",
     "encode_video",
     "even_sides",
+    "packed",
+    "unpacked",
     "video_file",
     "video_media_type",
 ]
@@ -103,7 +107,10 @@ def encode_video(frames: Sequence[Image.Image], fps: float, media_type: str = MP
 
 def video_file(result: GenerateResult, media_type: str = MP4) -> bytes:
     """A video result's file: its frames at its fps, with the recipe its first frame holds (`with_recipes`; none
-    when RECIPES=0). Every door answers these bytes."""
+    when RECIPES=0). Every door answers these bytes. A result that crossed a cluster answers the MP4 its replica
+    made (`packed`: the same bytes for the same frames and recipe), and its WebP or GIF from that MP4's frames."""
+    if media_type == MP4 and result.video:
+        return result.video
     recipe = result.image.info.get(KEY)
     return encode_video(result.frames, result.fps, media_type, recipe if isinstance(recipe, str) else None)
 
@@ -171,3 +178,30 @@ def decode_mp4(data: bytes) -> DecodedVideo:
         rate = stream.average_rate or stream.guessed_rate or Fraction(0)
         comment = container.metadata.get(_COMMENT)
     return DecodedVideo(frames, Fraction(rate), comment)
+
+
+def packed(result: GenerateResult, recipes: bool) -> GenerateResult:
+    """A video result as a cluster replica sends it: its MP4 (`video_file`, with its recipe unless `recipes` is
+    off: the replica's RECIPES) in `video` and no frames (81 raw 832x480 frames are 97 MB, their MP4 a few MB:
+    docs/cluster.md, "Video answers"); `image` stays the first frame as made. An image result as it is."""
+    if not result.is_video:
+        return result
+    video = video_file(with_recipes(result) if recipes else result)
+    return dataclasses.replace(result, frames=(), video=video)
+
+
+def unpacked(result: GenerateResult) -> GenerateResult:
+    """A `packed` result with its frames again, decoded from its MP4 (lossy: H.264 at CRF 18), for what needs
+    pixels (an animated WebP or GIF, the UI's frame count); its MP4 stays the answer. An MP4 that does not read,
+    or holds other than the frames its request made, is the backend's trouble."""
+    if not result.video or result.frames:
+        return result
+    try:
+        frames = decode_mp4(result.video).frames
+    except (av.error.FFmpegError, IndexError) as e:
+        raise BackendUnavailableError(f"the backend answered a video this Space cannot read ({e})") from e
+    if len(frames) != result.request.num_frames:
+        raise BackendUnavailableError(
+            f"the backend answered a video of {len(frames)} frames for a request of {result.request.num_frames}"
+        )
+    return dataclasses.replace(result, frames=frames)

@@ -3,38 +3,42 @@ front end's RemoteBackend reads it. No ray, no gradio: both sides import this.""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
 from engine.errors import BackendUnavailableError
 from engine.requests import GenerateResult
 from serving.cluster.wire import decode_png, encode_png, result_from_json, result_to_json
+from serving.video import unpacked, video_file
 
 __all__ = ["answer_from_json", "answer_to_json"]
 
 
 def answer_to_json(result: GenerateResult) -> dict[str, Any]:
-    """The ingress's answer to a generation: the first image and the rest as PNG files, a video's frames as PNG
-    files too (`frames`, in order; the first is `image` again), and the rest of the result.
+    """The ingress's answer to a generation: the first image and the rest as PNG files, a video's MP4 (`video`,
+    base64; empty for images), and the rest of the result.
 
-    A video crosses as its frames, losslessly, not as the MP4: the front end encodes what its door was asked for
-    (MP4, or the animated WebP or GIF an Accept header prefers) from the pixels the pipeline made, with its own
-    recipe setting, so its answer is the one a single process gives, byte for byte, and never a re-encoding of a
-    lossy file. The cost is size: a PNG frame of 832x480 is some hundreds of KB against a few KB per frame in the
-    MP4 (docs/internals.md, "serving/cluster/wire.py")."""
+    A video crosses as the MP4 its replica made (`serving.video.packed`: the bytes a single process answers for
+    the same frames and recipe), not as its frames: 81 PNG frames of 832x480 are tens of MB, the MP4 a few
+    (docs/cluster.md, "Video answers"). The front end answers those bytes for MP4, and decodes the frames from
+    them for what needs pixels (an animated WebP or GIF: lossy, from the MP4's frames). `image` is the first
+    frame as the pipeline made it."""
+    video = result.video or (video_file(result) if result.is_video else b"")
     return {
         "image": encode_png(result.image),
         "more_images": [encode_png(image) for image in result.more_images],
-        "frames": [encode_png(frame) for frame in result.frames],
+        "video": base64.b64encode(video).decode("ascii"),
         "result": result_to_json(result),
     }
 
 
 def answer_from_json(document: Mapping[str, Any]) -> GenerateResult:
-    """The result `answer_to_json` sent."""
+    """The result `answer_to_json` sent, a video's frames decoded from its MP4."""
     try:
         more = [decode_png(png) for png in document.get("more_images") or ()]
-        frames = [decode_png(png) for png in document.get("frames") or ()]
-        return result_from_json(document["result"], decode_png(document["image"]), more, frames)
+        video = decode_png(document.get("video") or "")
+        result = result_from_json(document["result"], decode_png(document["image"]), more, video)
     except (KeyError, TypeError, AttributeError) as e:
         raise BackendUnavailableError(f"the backend answered something unreadable: {type(e).__name__}: {e}") from e
+    return unpacked(result)

@@ -104,7 +104,7 @@ def wire_routes(handlers: Handlers) -> list[BaseRoute]:
         request = await asyncio.to_thread(request_from_json, document, handlers.settings.max_input_pixels)
         base = http.path_params.get("base", "")
         result = await handlers.generate(request, transport="wire", base=base)
-        # Off the event loop: a video's frames are dozens of PNG files.
+        # Off the event loop: a video without its MP4 yet is encoded here.
         return JSONResponse(await asyncio.to_thread(answer_to_json, result))
 
     # The body limit is the settings' (MAX_BODY_BYTES), as on `POST /`: what a front end accepted travels on.

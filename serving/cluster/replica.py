@@ -40,6 +40,7 @@ from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
 from serving.cluster.standin import install_standin_gpu
 from serving.cluster.stats import SetBook
+from serving.video import packed
 
 __all__ = ["AdapterPin", "PoolReplica", "lease_keys", "weights_digest"]
 
@@ -88,6 +89,7 @@ class PoolReplica:
         # Deliberately: Ray starts an actor that asks for no CPUs with one thread (OMP_NUM_THREADS=1).
         torch.set_num_threads(settings.cluster_cpu_threads or os.cpu_count() or 1)
         self._replica = serve.get_replica_context().replica_id.unique_id
+        self._recipes = settings.recipes
         loaded = load_pipeline(settings, warm=not settings.zero_gpu)
         hub = HubSource(token=settings.hf_token, timeout_s=settings.hub_timeout_s)
         resolver = AdapterResolver(
@@ -140,7 +142,9 @@ class PoolReplica:
         if pin is not None:
             # The set as this request resolved it (a revision that moved swaps the old keys out).
             pin.hold(lease_keys(result))
-        return dataclasses.replace(result, served_by=self._replica)
+        # A video leaves as the MP4 every door answers (made once, here, with this replica's RECIPES), not frames.
+        sent = await asyncio.to_thread(packed, result, self._recipes)
+        return dataclasses.replace(sent, served_by=self._replica)
 
     async def compare(self, request: CompareRequest) -> CompareResult:
         """A comparison grid's cells, in one queue turn on this replica."""

@@ -287,21 +287,20 @@ def result_to_json(result: GenerateResult) -> dict[str, Any]:
 
 
 def result_from_json(
-    document: Mapping[str, Any], png: bytes, more: Sequence[bytes] = (), frames: Sequence[bytes] = ()
+    document: Mapping[str, Any], png: bytes, more: Sequence[bytes] = (), video: bytes = b""
 ) -> GenerateResult:
     """A result from its JSON and its images' PNGs (the first, then the rest of a request for several), and a
-    video's frames' PNGs (the first of them is its image)."""
+    video's MP4 (its frames are decoded from it by `serving.video.unpacked`)."""
     try:
         read = _ResultJson.model_validate(document)
         images = [_png(data) for data in (png, *more)]
-        decoded = tuple(_png(data) for data in frames)
     except (ValidationError, OSError) as e:
         why = _first(e) if isinstance(e, ValidationError) else str(e)
         raise BackendUnavailableError(f"the backend answered a result this Space cannot read ({why})") from e
     checked: _WireRequest = read.request
     return GenerateResult(
-        image=decoded[0] if decoded else images[0],
-        frames=decoded,
+        image=images[0],
+        video=video,
         fps=read.fps,
         more_images=tuple(images[1:]),
         seed=read.seed,

@@ -76,6 +76,7 @@ def replica_of(engine: Engine, name: str = "replica-1") -> PoolReplica:
     replica = object.__new__(PoolReplica)
     replica._engine, replica._backend, replica._replica = engine, LocalBackend.of(engine), name
     replica._book = SetBook()  # what its generate reports to the router
+    replica._recipes = engine.settings.recipes  # whether the MP4 it packs carries the recipe
     return replica
 
 
