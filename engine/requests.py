@@ -1,8 +1,7 @@
 """Requests and results: frozen and typed; each request field declared once (`engine.request_schema`).
 
 `engine.normalise.normalise_request` is the single gate every entry point (UI, Gradio API, HTTP) goes through:
-it checks types and ranges, fills the served model's defaults and returns a new request; the caller's object is
-never changed.
+it checks types and ranges, fills the served model's defaults and returns a new request, the caller's unchanged.
 """
 
 from __future__ import annotations
@@ -362,7 +361,8 @@ class Limits:
 @dataclass(frozen=True)
 class GenerateResult:
     """What a run made: the first image and its seed, and for a request of several the rest (their seeds follow
-    on: `seeds`). A video (a video pool's run): `frames` in order at `fps`, `image` its first frame."""
+    on: `seeds`). A video (a video pool's run): `frames` in order at `fps` (empty and 0 for images), `image` its
+    first frame; `video` its MP4 as a cluster replica made it (`serving.video.packed`), empty in one process."""
 
     image: Image
     seed: int
@@ -376,11 +376,8 @@ class GenerateResult:
     model_id: str = ""
     # The cluster replica that made it (Serve's replica id; `X-Replica`); empty in one process.
     served_by: str = ""
-    # A video's frames, the first being `image` (empty for images), and its frames per second (0 for images).
     frames: tuple[Image, ...] = ()
     fps: int = 0
-    # A video's MP4 as a cluster replica made it (`serving.video.packed`), which crosses the cluster instead of
-    # its frames (then decoded from it: `unpacked`); every door answers these bytes for MP4. Empty in one process.
     video: bytes = b""
 
     @property
