@@ -13,6 +13,7 @@ The file is read only when the card does not decide. Two consumers ask it: prepa
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -24,7 +25,14 @@ from families.claims import TensorMatch, name_counts, rank_by_tensors
 from lora_catalog.bases import family_from_metadata, family_of_base
 from lora_catalog.entries import Family
 
-__all__ = ["FileEvidence", "LoraOrigin", "check_origin", "declared_bases_from_tags", "judge_origin"]
+__all__ = [
+    "FileEvidence",
+    "LoraOrigin",
+    "check_origin",
+    "declared_bases_from_tags",
+    "judge_origin",
+    "without_fallen_layers",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +142,7 @@ def check_origin(label: str, origin: LoraOrigin, served_base: str) -> str | None
     only its tensors vouch for it (names can rule a family out, but only guess at one)."""
     served = family_of_base(served_base)
     accepted = f"this Space serves {served_base} ({served}); accepted: LoRAs for the {served} family"
-    if origin.how in ("card", "metadata") and (fallback := _fallen_back(label, origin, served, served_base)):
+    if fallback := _fallen_back(label, origin, served, served_base):
         return fallback
     if origin.how == "card":
         if served in origin.families:
@@ -151,3 +159,26 @@ def check_origin(label: str, origin: LoraOrigin, served_base: str) -> str | None
     warning = f"{label} declares no base model we know; it is judged by its tensors alone"
     logger.warning("%s", warning)
     return warning
+
+
+def without_fallen_layers(
+    label: str, origin: LoraOrigin, served_base: str, shapes: Mapping[str, tuple[int, ...]]
+) -> tuple[dict[str, tuple[int, ...]], str | None]:
+    """A fallen-back LoRA's tensors without those of its own family's own layers (`Claims.own`: Wan 2.1 I2V's
+    image keys and values and image embedder, on a Wan 2.2 I2V-A14B pool), which the pool it falls back to lacks,
+    and a warning counting the layers not applied. Dropped, as diffusers drops them (PEFT's "unexpected keys" on
+    `load_lora_weights`), never refused; everything else still must fit. Unchanged, None: not fallen back."""
+    served = family_of_base(served_base)
+    fallen = [IDENTITIES[f] for f in origin.families if f in IDENTITIES and IDENTITIES[f].falls_back_to is served]
+    owns = [i.claims.own for i in fallen if i.claims.own is not None and served not in origin.families]
+    dropped = sorted(name for name in shapes if any(own(name.lower()) for own in owns))
+    if not dropped:
+        return dict(shapes), None
+    layers = sorted({re.sub(r"\.(lora_(a|b|up|down)\.weight|alpha)$", "", name, flags=re.I) for name in dropped})
+    named = ", ".join(layers[:4]) + (f" and {len(layers) - 4} more" if len(layers) > 4 else "")
+    warning = (
+        f"{label}: {len(layers)} of its layers were not applied ({len(dropped)} tensors: {named}): {served_base} "
+        "has no such layers (diffusers drops them too)"
+    )
+    logger.warning("%s", warning)
+    return {name: shape for name, shape in shapes.items() if name not in dropped}, warning

@@ -191,7 +191,8 @@ def prepare(
     if rank > max_rank:
         raise LimitExceededError(f"{label} has rank {rank}; accepted: rank up to {max_rank}")
     try:
-        tensors = load_file(str(path), device="cpu")
+        # Only the tensors of `shapes` (the header's, less any a fallen-back LoRA drops: engine.families.origin).
+        tensors = {name: t for name, t in load_file(str(path), device="cpu").items() if name in shapes}
     except (SafetensorError, OSError) as e:
         raise AdapterLoadError(f"{label} could not be read: {e}") from e
     for name, tensor in tensors.items():

@@ -24,7 +24,7 @@ from typing import Literal
 from engine.caches.disk import DiskCache
 from engine.caches.store import AdapterStore
 from engine.errors import InvalidRequestError
-from engine.families.origin import LoraOrigin, check_origin, judge_origin
+from engine.families.origin import LoraOrigin, check_origin, judge_origin, without_fallen_layers
 from engine.formats.adapters import AdapterKey, PreparedAdapter, prepare
 from engine.formats.deltas import may_keep_delta
 from engine.formats.pivotal import TextEncoders
@@ -195,6 +195,7 @@ class Preparer:
             source.declared_bases, lambda: (header.metadata, shapes), declared_family=source.declared_family
         )
         warning = check_origin(label, origin, self._served_base)
+        shapes, dropped = without_fallen_layers(label, origin, self._served_base, shapes)
         adapter = prepare(
             path,
             source.key,
@@ -208,7 +209,7 @@ class Preparer:
         # recipe's (`Lora hashes`), read once here, off the GPU's path.
         adapter = dataclasses.replace(
             adapter,
-            warnings=(warning,) if warning else (),
+            warnings=tuple(w for w in (warning, dropped) if w),
             hints=metadata_hints(header.metadata, (source.key.weight_name,)),
             file_hash=addnet_hash(path)[:12],
         )

@@ -2,7 +2,8 @@
 naming, one file on both transformers, equals diffusers' own WanImageToVideoPipeline loading it into each
 (`load_into_transformer_2=True` for the low-noise side) and fusing both, within 2 levels per channel on every
 frame; each side takes its own scale; a high/low pair goes each file to its transformer; both transformers
-bit-exact after swaps and refusals; its LoRAs are routed by card, metadata and Civitai's label. The family's
+bit-exact after swaps and refusals; its LoRAs are routed by card, metadata and Civitai's label; a Wan 2.1 I2V
+LoRA falls back to it with a warning, its image layers dropped as diffusers drops them. The family's
 files: families/wan22_i2v.py, engine/families/wan22_i2v.py (Wan's names and converter: families/wan_names.py,
 engine/families/wan.py, engine/families/wan22.py; its tiny builder: engine/families/tiny_wan.py)."""
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from diffusers import WanImageToVideoPipeline
 
 from engine.errors import InvalidRequestError
@@ -25,11 +27,22 @@ from families.wan22_i2v import MODEL_ID
 from lora_catalog.bases import family_from_metadata
 from lora_catalog.civitai.bases import civitai_base
 from lora_catalog.entries import Family
+from serving.demo.synthetic import save_lora
 from tests.support.checks import generate
 from tests.support.dit import assert_components_pristine, pixels
 from tests.support.image_inputs import example_image, input_image
 from tests.support.images import assert_images_close
-from tests.support.wan import CASES, FRAMES, PROMPT, diffusers_frames, write_wan_loras
+from tests.support.wan import (
+    CASES,
+    FRAMES,
+    I2V_MODULES,
+    MODULES,
+    PROMPT,
+    diffusers_frames,
+    factors,
+    lora_file,
+    write_wan_loras,
+)
 
 BOTH = ("transformer", "transformer_2")
 HIGH, LOW = "style_high_noise.safetensors", "style_low_noise.safetensors"
@@ -140,3 +153,37 @@ def test_its_loras_are_routed_by_card_metadata_and_civitai_label():
     with pytest.raises(Exception, match=r"made for Wan-AI/Wan2.2-T2V-A14B-Diffusers \(wan22\)") as caught:
         check_origin("LoRA 'x'", judge_origin([T2V_A14B], unread), MODEL_ID)
     assert getattr(caught.value, "status", None) == 400
+
+
+def fallback_lora(pipe, folder: Path, *, metadata: dict[str, str] | None) -> str:
+    """A Wan 2.1 I2V 14B LoRA in ComfyUI's names, sized to the tiny A14B's blocks, with the image layers it lacks
+    (each side's `k_img`, `v_img`, and the image embedder, sized as Wan 2.1 I2V's: 1280 wide image features)."""
+    transformer = pipe.transformer
+    width = transformer.config.num_attention_heads * transformer.config.attention_head_dim
+    made = factors(transformer, MODULES, seed=71)
+    generator = torch.Generator().manual_seed(72)
+    image = {f"blocks.{i}.attn2.{kv}": (width, width) for i in range(2) for kv in ("add_k_proj", "add_v_proj")}
+    image |= {I2V_MODULES[-2]: (16, 16), I2V_MODULES[-1]: (16, width)}
+    for module, (fan_in, fan_out) in image.items():
+        made[module] = (torch.randn(4, fan_in, generator=generator), torch.randn(fan_out, 4, generator=generator))
+    name = f"wan21_i2v_{'card' if metadata else 'bare'}.safetensors"
+    save_lora(folder / name, lora_file(made, "comfy", 4.0), metadata)
+    return name
+
+
+def test_a_wan_2_1_i2v_lora_runs_on_both_transformers_without_its_image_layers_as_diffusers_drops_them(
+    engine, loras, loaded_wan22_i2v, pristine_wan22_i2v, tiny_wan22_i2v_dir
+):
+    name = fallback_lora(loaded_wan22_i2v.pipe, loras, metadata={"modelspec.architecture": "wan2.1-i2v-14b"})
+    result = generate(engine, request(LoraSpec(f"local:{name}", scale=0.8)))
+    frames_close(result.frames, reference(tiny_wan22_i2v_dir, loras, name, 0.8), "Wan 2.1 I2V on A14B")
+    fallback, dropped = result.warnings[-2:]
+    assert f"was made for Wan I2V, which no pool here serves; it runs on {MODEL_ID}" in fallback
+    assert "6 of its layers were not applied (16 tensors: diffusion_model.blocks.0.cross_attn.k_img" in dropped
+    # Without a card or metadata its image layers name it (`families.wan_i2v`'s own): the same fallback.
+    bare = fallback_lora(loaded_wan22_i2v.pipe, loras, metadata=None)
+    unnamed = generate(engine, request(LoraSpec(f"local:{bare}", scale=0.8)))
+    assert any("6 of its layers were not applied" in w for w in unnamed.warnings)
+    frames_close(unnamed.frames, result.frames, "the same LoRA without metadata")
+    engine.restore_base_weights()
+    assert_components_pristine(loaded_wan22_i2v.pipe, pristine_wan22_i2v, (*BOTH, "text_encoder", "vae"))

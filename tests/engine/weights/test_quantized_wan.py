@@ -1,7 +1,8 @@
 """Quantized Wan pools: the tiny Wan 2.1 and Wan 2.2 A14B (transformers rebuilt 64 wide, 2 heads of 32 with a
 feed-forward 128 wide, so that int4's 32-value groups and GGUF's 32-value Q8_0 blocks fit every block's linears)
 with their transformers stored in fp8 (`QUANTIZE=fp8`), int4 (`QUANTIZE=int4`) or read from GGUF files
-(`MODEL@GGUF`, A14B `MODEL@GGUF@GGUF_2`), on BOTH of A14B's transformers, a LoRA as low-rank branches on each
+(`MODEL@GGUF`, A14B `MODEL@GGUF@GGUF_2`; in diffusers' names or in Wan's original ones, as QuantStack's files
+name them), on BOTH of A14B's transformers, a LoRA as low-rank branches on each
 (A14B: `scale` on the high-noise one, `scale_2` on the low-noise one). Each video equals diffusers' own pipeline on
 the same stored weights (torchao's `Float8WeightOnlyConfig` / `PrototypeInt4WeightOnlyConfig` modules, or
 `from_single_file` with `GGUFQuantizationConfig`) with the LoRA loaded unfused through PEFT, each side at its own
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 from diffusers import GGUFQuantizationConfig, WanTransformer3DModel
+from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 from torch import nn
 
 from engine.errors import LimitExceededError, SettingsError
@@ -76,15 +78,55 @@ def wide_folder(spec: FamilySpec, root: Path) -> Path:
     return root / "wide"
 
 
-def gguf_files(folder: Path, spec: FamilySpec, root: Path) -> list[Path]:
-    """Each stored transformer's weights as a Q8_0 GGUF file (norms and biases in F32), diffusers' names."""
+# diffusers' names -> Wan's original ones (QuantStack's GGUF files), in order: the inverse of diffusers'
+# `convert_wan_transformer_to_diffusers` renames (norm2 and norm3 swapped through a placeholder, as there).
+_TO_ORIGINAL = (
+    ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
+    ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
+    ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
+    ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
+    ("condition_embedder.time_proj", "time_projection.1"),
+    ("attn1", "self_attn"),
+    ("attn2", "cross_attn"),
+    (".to_out.0.", ".o."),
+    (".to_q.", ".q."),
+    (".to_k.", ".k."),
+    (".to_v.", ".v."),
+    ("ffn.net.0.proj", "ffn.0"),
+    ("ffn.net.2", "ffn.2"),
+    ("norm2", "norm__placeholder"),
+    ("norm3", "norm2"),
+    ("norm__placeholder", "norm3"),
+    ("proj_out", "head.head"),
+)
+
+
+def original_names(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Wan transformer's weights in Wan's original names; checked against diffusers' own single-file converter,
+    which must give the diffusers names back."""
+    renamed = {}
+    for name, tensor in state_dict.items():
+        for theirs, ours in _TO_ORIGINAL:
+            name = name.replace(theirs, ours)
+        if name.endswith("scale_shift_table"):
+            name = "head.modulation" if name == "scale_shift_table" else name.replace("scale_shift_table", "modulation")
+        renamed[name] = tensor
+    assert "head.modulation" in renamed and "blocks.0.self_attn.q.weight" in renamed
+    assert set(convert_wan_transformer_to_diffusers(dict(renamed))) == set(state_dict)
+    return renamed
+
+
+def gguf_files(folder: Path, spec: FamilySpec, root: Path, *, original: bool = False) -> list[Path]:
+    """Each stored transformer's weights as a Q8_0 GGUF file (norms and biases in F32), diffusers' names, or
+    Wan's original ones (`original`, as QuantStack's Wan GGUF files name them)."""
     from tests.support.gguf import Q, write_gguf
 
     root.mkdir(parents=True, exist_ok=True)
     files = []
     for component in spec.stored:
-        model = WanTransformer3DModel.from_pretrained(str(folder), subfolder=component)
-        files.append(write_gguf(root / f"{component}.gguf", model.state_dict(), Q.Q8_0, plain=("norm",)))
+        weights = WanTransformer3DModel.from_pretrained(str(folder), subfolder=component).state_dict()
+        weights = original_names(weights) if original else weights
+        files.append(write_gguf(root / f"{component}.gguf", weights, Q.Q8_0, plain=("norm",)))
     return files
 
 
@@ -152,14 +194,17 @@ def assert_stored(loaded: LoadedPipeline, storage: str) -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("storage", (*STORAGES, "gguf-original"))
 @pytest.mark.parametrize("model_id", [WAN, A14B], ids=["wan", "wan22"])
 def test_a_quantized_wan_pool_with_a_lora_is_diffusers_unfused_on_the_same_stored_weights_on_every_frame(
     model_id, storage, base_settings, tmp_path
 ):
+    # `gguf-original`: GGUF files in Wan's original names (QuantStack's), read by diffusers' single-file converter.
+    original = storage == "gguf-original"
+    storage = "gguf" if original else storage
     spec = family_spec(model_id)
     folder = wide_folder(spec, tmp_path)
-    files = gguf_files(folder, spec, tmp_path / "gguf") if storage == "gguf" else []
+    files = gguf_files(folder, spec, tmp_path / "gguf", original=original) if storage == "gguf" else []
     loras = tmp_path / "loras"
     write_loras(WanTransformer3DModel.from_pretrained(str(folder), subfolder="transformer"), loras)
     settings = settings_for(base_settings, spec, folder, storage, files, local_lora_dir=loras)
