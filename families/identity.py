@@ -114,6 +114,10 @@ class FamilyIdentity:
     # The family whose pool its LoRAs run on, with a warning, when no pool of its own is served (Qwen-Image-Edit-
     # 2509/2511's on Qwen-Image-Edit's: the same transformer); None: only its own.
     falls_back_to: Family | None = None
+    # Its LoRAs' full differences (ComfyUI's `.diff` / `.diff_b`, Wan's `.diff_m`: a tensor added to one parameter
+    # at the LoRA's scale) apply: its engine spec names their parameters (`FamilySpec.full_differences`). False:
+    # the catalogue marks such a file unsupported and the engine refuses it by name.
+    full_differences: bool = False
     # Deployment choices with nothing configured: `demo`, the offline demo serves a pool of its `tiny_id`;
     # `default_pool`, a GPU large enough for two pools (`serving.runtime`) serves its reference model (the first
     # registered family's alone on a smaller one). Each pool comes in the registry's order.

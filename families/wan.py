@@ -40,6 +40,8 @@ IDENTITY = FamilyIdentity(
         CivitaiLabel("Wan Video 2.2 TI2V-5B", MODEL_ID_5B),
     ),
     tiny_id=TINY_ID,
+    # lightx2v's speed LoRAs' norm `.diff` and kijai's `.diff_m` (modulation) apply (`engine.families.wan`).
+    full_differences=True,
     # Wan 2.2 A14B's transformers are Wan 2.1 14B's blocks, and people run 2.1 LoRAs on them: allowed there with a
     # warning where no Wan 2.1 pool is served, or when a request names the A14B pool (a 1.3B or 5B LoRA's widths
     # fit no layer there and are refused by name).

@@ -25,4 +25,6 @@ IDENTITY = FamilyIdentity(
     released="2025-07",
     civitai=(CivitaiLabel("Wan Video 2.2 T2V-A14B", MODEL_ID),),
     tiny_id=TINY_ID,
+    # lightx2v's speed LoRAs' norm `.diff` and kijai's `.diff_m` (modulation) apply (`engine.families.wan`).
+    full_differences=True,
 )

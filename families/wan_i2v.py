@@ -28,6 +28,8 @@ IDENTITY = FamilyIdentity(
     released="2025-02",
     civitai=(CivitaiLabel("Wan Video 14B i2v 480p", MODEL_ID), CivitaiLabel("Wan Video 14B i2v 720p", MODEL_ID_720P)),
     tiny_id=TINY_ID,
+    # lightx2v's speed LoRAs' norm `.diff` and kijai's `.diff_m` (modulation) apply (`engine.families.wan`).
+    full_differences=True,
     # Wan 2.2 I2V-A14B's transformers are Wan 2.1 14B's blocks without the image keys and values: people run 2.1
     # image-to-video LoRAs on them. Allowed there with a warning where no Wan 2.1 I2V pool is served (or the request
     # names the A14B pool); the image layers' factors fit no layer there and are dropped, as diffusers drops them.

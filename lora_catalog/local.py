@@ -31,7 +31,7 @@ from .pivotal import (
 )
 from .refs import local_ref
 from .sft_header import SafetensorsHeader, read_header
-from .variants import unsupported_variant
+from .variants import applies_full_differences, unsupported_variant
 
 __all__ = [
     "PREVIEW_SUFFIXES",
@@ -127,7 +127,7 @@ def entry_for_file(root: Path, path: Path) -> LoraEntry | None:
         weight_size=stat.st_size,
         tags=tuple(t.strip() for t in tags.split(",") if t.strip()) if tags else (),
         source="local",
-        unsupported=unsupported_variant(header.tensors),
+        unsupported=unsupported_variant(header.tensors, full_differences=applies_full_differences(family)),
         embeddings_name=embeddings.name if embeddings else None,
         embeddings_size=embeddings.stat().st_size if embeddings else None,
         hints=metadata_hints(metadata, (path.name,)),

@@ -174,7 +174,8 @@ def without_fallen_layers(
     dropped = sorted(name for name in shapes if any(own(name.lower()) for own in owns))
     if not dropped:
         return dict(shapes), None
-    layers = sorted({re.sub(r"\.(lora_(a|b|up|down)\.weight|alpha)$", "", name, flags=re.I) for name in dropped})
+    # A layer's factors, alpha and full differences (its `.diff_b`; a norm's `.diff`) count as one layer.
+    layers = sorted({re.sub(r"\.(lora_(a|b|up|down)\.weight|alpha|diff(_b|_m)?)$", "", n, flags=re.I) for n in dropped})
     named = ", ".join(layers[:4]) + (f" and {len(layers) - 4} more" if len(layers) > 4 else "")
     warning = (
         f"{label}: {len(layers)} of its layers were not applied ({len(dropped)} tensors: {named}): {served_base} "

@@ -24,6 +24,7 @@ from families import Family, FamilyIdentity
 
 __all__ = [
     "FamilySpec",
+    "FullDifferences",
     "LatentProjection",
     "LoraConverter",
     "LoraSignature",
@@ -45,6 +46,8 @@ Pipeline = Any
 Module = Any
 Shapes = Mapping[str, tuple[int, ...]]
 Tensor = Any
+# A family's placing of its LoRAs' full differences (`FamilySpec.full_differences`).
+FullDifferences = Callable[[Iterable[str]], Mapping[str, tuple[str, ...]]]
 
 
 @dataclass(frozen=True)
@@ -308,10 +311,19 @@ class FamilySpec:
     # The modes a served pipeline takes, read from it, of those the family's classes serve (a Wan pool of TI2V-5B
     # makes a video from an image too, one of Wan 2.1 text-to-video only). None: every pool all of them.
     pipeline_modes: Callable[[Pipeline], tuple[RequestMode, ...]] | None = None
-    # The tensor names its converter turns into bias deltas (`<module>.lora_B.bias`, PEFT's `lora_bias`: Wan's
-    # `.diff_b` outside the norms), which the swap adds to the Linear's bias as diffusers' fuse does. None: such
-    # names are refused as an unsupported variant (`lora_catalog.variants`).
-    bias_deltas: Callable[[str], bool] | None = None
+    # Its LoRAs' full differences (ComfyUI's `.diff` / `.diff_b`, Wan's `.diff_m`): a file's tensor names -> for
+    # each full difference among them, the parameters (`component.parameter`, diffusers' names) it is added to at
+    # the LoRA's scale (`engine.formats.differences`); a name it cannot place is left out, and refused by name.
+    # Set where the identity says so (`FamilyIdentity.full_differences`). None: such tensors are refused as an
+    # unsupported variant (`lora_catalog.variants`).
+    full_differences: FullDifferences | None = None
+
+    def __post_init__(self) -> None:
+        if self.identity.full_differences != (self.full_differences is not None):
+            raise ValueError(
+                f"{self.identity.label}: its identity's full_differences ({self.identity.full_differences}) and its "
+                "spec's placing of them (FamilySpec.full_differences) must be set together"
+            )
 
     @property
     def family(self) -> Family:

@@ -6,12 +6,13 @@ encoder. Wan 2.1's text-to-video models have no such input: their pools refuse a
 
 A LoRA adapts the transformer only (never UMT5, as diffusers' loader); every naming diffusers'
 `WanPipeline.lora_state_dict` reads (diffusers/PEFT, ComfyUI/ai-toolkit's `diffusion_model.` with `.alpha`,
-kohya/musubi-tuner's `lora_unet_`) is converted by its own converter. Deltas as diffusers 0.42.1 reads them: a
-layer's `.diff_b` becomes PEFT's `lora_B.bias`, which the swap adds to that Linear's bias at the LoRA's scale
-(`bias_deltas`; diffusers' fuse does the same). What diffusers drops with a log line (norms' `.diff` / `.diff_b`,
-Linears' full-weight `.diff` but the head's, a `.diff_b` it maps to no layer) is a 400 naming the tensors, never
-a silent drop: applying them would answer another video than diffusers' own, dropping them would hide that the
-file's author meant them. tests/engine/families/test_wan_deltas.py reads both from diffusers.
+kohya/musubi-tuner's `lora_unet_`) is converted by its own converter. Full differences (`full_differences`)
+are added to their parameter at the LoRA's scale, `W + scale·diff`, as ComfyUI applies them: a `.diff` to a
+weight (lightx2v's speed LoRAs' `cross_attn.norm_k_img.diff`, a norm's, a Linear's), a `.diff_b` to a bias, a
+`.diff_m` (kijai's, lightx2v's) to a block's or the head's modulation, each parameter named by diffusers' own
+Wan single-file converter (`blocks.N.modulation` -> `blocks.N.scale_shift_table`). diffusers' LoRA loader
+applies only a Linear's `.diff_b` beside its factors (PEFT's `lora_B.bias`, the same sum) and drops the rest
+with a log line; applying them is what the file's author meant. tests/engine/formats/test_full_differences.py.
 Defaults as diffusers and Wan's card run it: 50 steps at CFG 5, 81 frames (4k+1, capped by MAX_VIDEO_FRAMES) at
 16 fps (TI2V-5B: 24), sides in the VAE's scale times the 2x2 patches. Previews: a strip of a few latent frames
 side by side through Wan 2.1's latent projection (TI2V-5B's 48-channel latents through Wan 2.2's).
@@ -20,11 +21,12 @@ side by side through Wan 2.1's latent projection (TI2V-5B's 48-channel latents t
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from diffusers import WanImageToVideoPipeline, WanPipeline
+from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
 from engine.families.spec import (
     FamilySpec,
@@ -46,7 +48,15 @@ from engine.families.wan_memory import MEMORY_1_3B, MEMORY_5B, MEMORY_14B
 from engine.requests import CheckedRequest, RequestMode
 from families.wan import IDENTITY, MODEL_ID_5B, MODEL_ID_14B
 
-__all__ = ["FAMILY", "LATENT_RGB", "LATENT_RGB_5B", "PREVIEW_FRAMES", "bias_deltas", "convert_lora", "unpack_latents"]
+__all__ = [
+    "FAMILY",
+    "LATENT_RGB",
+    "LATENT_RGB_5B",
+    "PREVIEW_FRAMES",
+    "convert_lora",
+    "full_differences",
+    "unpack_latents",
+]
 
 # Wan's 480P sizes (832 x 480 both ways) and the square between them, at the 480 side.
 SIDE = 480
@@ -138,6 +148,11 @@ PREVIEW_FRAMES = 4
 # q, k and v; the original `self_attn`/`cross_attn` q; kohya's underscores).
 _HIDDEN_INPUT = re.compile(r"(attn1[._]to[._][qkv]|attn2[._]to[._]q|self_attn[._][qkv]|cross_attn[._]q)[._]")
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".lora_a.default.weight")
+# A full difference's suffix -> the parameter it changes (`.diff_m`: a block's `modulation`, as kijai's
+# WanVideoWrapper renames it), in Wan's original names under ComfyUI's prefix.
+_DIFFERENCE = re.compile(r"\.diff(_b|_m)?$")
+_DIFFERENCE_OF = {".diff": ".weight", ".diff_b": ".bias", ".diff_m": ".modulation"}
+_ORIGINAL = "diffusion_model."
 # diffusers' converter reports what it cannot read with these (and ValueError, which passes as it is).
 _CONVERTER_ERRORS = (AssertionError, RuntimeError, KeyError, TypeError, AttributeError, IndexError)
 
@@ -155,26 +170,33 @@ def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
     """diffusers' own conversion (`WanPipeline.lora_state_dict`: `diffusion_model.` names, with their alphas
     folded into the factors, and musubi's `lora_unet_`; diffusers/PEFT names as they are). Given a copy (diffusers
-    pops what it converts). A bias delta it drops is refused by name (see the module docstring); what diffusers
+    pops what it converts), without the file's full differences (`full_differences` places them). What diffusers
     cannot read comes out as a ValueError (as every family's converter reports it)."""
     try:
-        converted = WanPipeline.lora_state_dict(dict(state_dict))
+        return WanPipeline.lora_state_dict(dict(state_dict)), None
     except _CONVERTER_ERRORS as e:
         raise ValueError(f"diffusers' Wan converter could not read it ({type(e).__name__}: {e})") from e
-    given = sorted(name for name in state_dict if bias_deltas(name.lower()))
-    kept = sum(name.endswith(".lora_B.bias") for name in converted)
-    if kept < len(given):
-        raise ValueError(
-            f"diffusers' Wan converter drops {len(given) - kept} of its bias deltas ({', '.join(given[:4])}): "
-            "accepted: `.diff_b` of the layers its factors adapt"
-        )
-    return converted, None
 
 
-def bias_deltas(name: str) -> bool:
-    """A tensor name diffusers' converter reads as a bias delta: a `.diff_b` outside the norms (whose deltas it
-    drops)."""
-    return name.endswith(".diff_b") and "norm" not in name
+def full_differences(names: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Each full difference among `names` -> the transformer's parameter it is added to, in diffusers' names: Wan's
+    original names (`diffusion_model.blocks.0.cross_attn.norm_k_img.diff`) through diffusers' single-file converter
+    (`transformer.blocks.0.attn2.norm_added_k.weight`; `blocks.0.diff_m` is `blocks.0.modulation`'s, which it names
+    `blocks.0.scale_shift_table`, `head.diff_m` the head's, `scale_shift_table`), diffusers' own (`transformer.`)
+    as they are. Other namings (musubi's `lora_unet_`, which writes none) are left out."""
+    placed: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        match = _DIFFERENCE.search(name)
+        if match is None:
+            continue
+        parameter = name[: match.start()] + _DIFFERENCE_OF[match.group()]
+        if parameter.startswith(_ORIGINAL):
+            original = parameter.removeprefix(_ORIGINAL)
+            converted = convert_wan_transformer_to_diffusers({original: torch.empty(0)})
+            placed[name] = tuple(f"transformer.{key}" for key in converted)
+        elif parameter.startswith("transformer."):
+            placed[name] = (parameter,)
+    return placed
 
 
 def served_side(pipe: Pipeline) -> int:
@@ -248,5 +270,5 @@ FAMILY = FamilySpec(
     video=video,
     image_to_image=WanImageToVideoPipeline,
     pipeline_modes=pipeline_modes,
-    bias_deltas=bias_deltas,
+    full_differences=full_differences,
 )

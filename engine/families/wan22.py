@@ -4,15 +4,15 @@
 Both are LoRA components. A single LoRA file goes to both transformers, as diffusers loads it twice
 (`load_lora_weights`, then again with `load_into_transformer_2=True`): at the request's `scale` on the high-noise
 one and its `scale_2` on the low-noise one (`second_stage`; None: `scale` on both). Its names are Wan's, converted
-by diffusers' own converter (`engine.families.wan`). A high-noise/low-noise pair of files is one LoRA
-(`engine.prepare.stages`, named as `lora_catalog.pairs` says).
+by diffusers' own converter, its full differences placed on both (`engine.families.wan`). A high-noise/low-noise
+pair of files is one LoRA (`engine.prepare.stages`, named as `lora_catalog.pairs` says).
 Defaults as diffusers' A14B example runs it: 40 steps, CFG 4 for the high-noise stage and 3 for the low-noise one
 (`guidance_2`), 81 frames at 16 fps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from diffusers import WanPipeline
@@ -34,7 +34,7 @@ from engine.requests import CheckedRequest
 from families.wan22 import IDENTITY
 from lora_catalog.pairs import stage_in_name
 
-__all__ = ["FAMILY", "convert_lora", "stage_of"]
+__all__ = ["FAMILY", "convert_lora", "full_differences", "stage_of"]
 
 _LOW = "transformer_2."
 # A file's stage by its name (`lora_catalog.pairs`: `..._high_noise`, `..._HIGH`, Wan2.2-Lightning's
@@ -58,6 +58,12 @@ def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[
     converted, alphas = wan.convert_lora(state_dict, denoiser)
     low = {_LOW + name.removeprefix("transformer."): tensor for name, tensor in converted.items()}
     return {**converted, **low}, alphas
+
+
+def full_differences(names: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Wan's placing, each full difference on both transformers (as diffusers loads a file into each)."""
+    placed = wan.full_differences(names)
+    return {name: (*at, *(_LOW + p.removeprefix("transformer.") for p in at)) for name, at in placed.items()}
 
 
 def defaults(pipe: Pipeline) -> RunDefaults:
@@ -85,7 +91,7 @@ FAMILY = FamilySpec(
     defaults=defaults,
     call_arguments=call_arguments,
     size_buckets=wan.SIZE_BUCKETS,
-    bias_deltas=wan.bias_deltas,
+    full_differences=full_differences,
     convert_lora=convert_lora,
     signature=LoraSignature(wan.lora_widths, wan.pipeline_widths),
     preview=PreviewSpec(None, wan.LATENT_RGB, unpack=wan.unpack_latents),

@@ -44,7 +44,7 @@ FAMILY = FamilySpec(
     defaults=defaults,
     call_arguments=wan22.call_arguments,
     size_buckets=wan.SIZE_BUCKETS,
-    bias_deltas=wan.bias_deltas,
+    full_differences=wan22.full_differences,
     convert_lora=wan22.convert_lora,
     signature=LoraSignature(wan.lora_widths, wan.pipeline_widths),
     preview=PreviewSpec(None, wan.LATENT_RGB, unpack=wan.unpack_latents),

@@ -27,7 +27,7 @@ FAMILY = FamilySpec(
     defaults=wan.defaults,
     call_arguments=wan.call_arguments,
     size_buckets=wan.SIZE_BUCKETS,
-    bias_deltas=wan.bias_deltas,
+    full_differences=wan.full_differences,
     convert_lora=wan.convert_lora,
     signature=LoraSignature(wan.lora_widths, wan.pipeline_widths),
     preview=PreviewSpec(None, wan.LATENT_RGB, unpack=wan.unpack_latents),

@@ -5,7 +5,8 @@ kohya/SGM/XLabs names and network alphas; its state-dict utilities give PEFT nam
 sends LyCORIS and DoRA names the same way), then each module's tensors are matched
 by name and shape to a weight of the pipeline, once. A plain LoRA module becomes a
 `LayerFactors`; LoHa/LoKr/Tucker modules an `engine.formats.lycoris` layer; a DoRA magnitude
-wraps either in an `engine.formats.dora.DoraUpdate`. A swap later is a loop over these
+wraps either in an `engine.formats.dora.DoraUpdate`; a full difference (`.diff`, `.diff_b`, `.diff_m`, on a
+family that places them) an `engine.formats.differences.FullDifference`. A swap later is a loop over these
 updates with no module surgery.
 """
 
@@ -30,6 +31,7 @@ from engine.devices import same_device
 from engine.errors import AdapterLoadError, IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
 from engine.formats.bounds import Reach, reach
 from engine.formats.deltas import keep_deltas
+from engine.formats.differences import DIFFERENCE, difference_layers, split_differences
 from engine.formats.dora import dora_update
 from engine.formats.layers import LayerDelta, LayerFactors, LayerUpdate
 from engine.formats.lycoris import lycoris_layer
@@ -58,7 +60,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _ADAPTER_METADATA_KEY = "lora_adapter_metadata"
-_ACCEPTED = "plain LoRA, LoCon, LoHa, LoKr (with or without Tucker cores) or DoRA, in kohya, PEFT or diffusers naming"
+_ACCEPTED = (
+    "plain LoRA, LoCon, LoHa, LoKr (with or without Tucker cores) or DoRA, in kohya, PEFT or diffusers naming "
+    "(full differences on Wan)"
+)
 _DOWN_SUFFIXES = (".lora_down.weight", ".lora_A.weight", ".lora.down.weight", "_lora.down.weight", ".down.weight")
 _RANK_SUFFIXES = (*_DOWN_SUFFIXES, ".hada_w1_b", ".hada_w2_b", ".lokr_w1_b", ".lokr_w2_b")
 
@@ -178,10 +183,10 @@ def prepare(
     see `engine.formats.deltas` for why.
     """
     label = f"LoRA {key.name!r} ({key.weight_name})"
-    # What the family's converter turns into bias deltas is read there, not refused here (Wan's `.diff_b`).
-    checked = [name for name in shapes if table.bias_deltas is None or not table.bias_deltas(name)]
+    # Full differences are placed where the family places them (Wan's), not refused here.
+    checked = [name for name in shapes if table.full_differences is None or not DIFFERENCE.search(name)]
     if variant := detect_variant(checked):
-        # Named, so that the uploader sees which tensors to drop (a norm's `.diff`).
+        # Named, so that the uploader sees which tensors to drop (an OFT block, a FLUX file's `.diff`).
         found = variant_tensors(checked, variant)
         named = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise UnsupportedLoraVariantError(
@@ -199,6 +204,7 @@ def prepare(
         if tensor.is_floating_point() and tensor.numel() and not _finite(tensor):
             raise AdapterLoadError(f"{label} holds NaN or infinite values in {name!r}; accepted: finite weights only")
     config = _adapter_config(metadata, label)
+    differences, tensors = split_differences(tensors, table)
     split = split_tensors(tensors)
     magnitudes = _magnitudes(split, table, label)
     layers: list[LayerUpdate] = []
@@ -206,6 +212,7 @@ def prepare(
         layers.extend(_plain_layers(split.plain, table, config, label))
     layers.extend(_lycoris_layers(split, table, config, label))
     layers = [_with_magnitude(layer, magnitudes, table, label) for layer in layers]
+    layers.extend(difference_layers(differences, table, label))  # a magnitude never rescales a full difference
     if magnitudes:
         names = ", ".join(table.names[i] for i in sorted(magnitudes)[:5])
         raise IncompatibleLoraError(f"{label} has DoRA magnitudes without LoRA factors for {names}")
@@ -316,7 +323,7 @@ def _factors(
 
 
 def _bias_target(table: TargetTable, component: str, module: str, bias: torch.Tensor, label: str) -> int:
-    index = table.lookup(component, f"{module}.bias") if table.bias_deltas is not None else None
+    index = table.parameter(f"{component}.{module}.bias")
     if index is None or table.shapes[index] != tuple(bias.shape):
         raise IncompatibleLoraError(f"{label}: a bias delta {tuple(bias.shape)} fits no bias of {component}.{module}")
     return index

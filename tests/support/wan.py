@@ -2,7 +2,8 @@
 diffusers/PEFT (`transformer.blocks.N.attn1.to_q.lora_A`), ComfyUI's `diffusion_model.` over Wan's original layers
 (`self_attn.q.lora_down`, with `.alpha`), ai-toolkit's `diffusion_model.` with `lora_A`/`lora_B`, musubi-tuner's
 `lora_unet_` (every layer of every block, with alphas); and ComfyUI's with norm and weight `.diff` deltas, which
-the engine refuses (diffusers drops them). diffusers' reference loads each file itself."""
+the engine applies (diffusers drops them). diffusers' reference loads each file itself, and takes full differences
+added to its weights by hand (ComfyUI's math)."""
 
 from __future__ import annotations
 
@@ -70,8 +71,8 @@ CASES = (
     WanCase("aitk", "aitk", alpha=None, seed=53),
     WanCase("musubi", "musubi", seed=54),
 )
-# ComfyUI's file with norm and weight `.diff` deltas: refused as full weight differences (lora_catalog.variants),
-# where diffusers drops them without a word.
+# ComfyUI's file with norm and weight `.diff` deltas: applied as full differences (engine.formats.differences),
+# where diffusers drops them with a log line.
 DIFF_CASE = WanCase("comfy_diff", "comfy_diff", seed=55)
 
 
@@ -145,14 +146,20 @@ def diffusers_frames(
     sides: Sequence[str] = ("transformer",),
     guidance_2: float | None = None,
     per_side: Mapping[str, tuple[str, float]] | None = None,
+    differences: Mapping[str, torch.Tensor] | None = None,
 ) -> list[Image.Image]:
     """diffusers' own video on a pipeline of its own from `tiny_dir` (an image-to-video one from `image`):
     load_lora_weights, then fuse_lora of the transformer; three steps at 64 px, 5 frames, seed 7, the pool's
     CFG 5; no LoRA when `weight_name` is None. `sides`: the transformers the file is loaded into (a two-stage
     pipeline's `transformer_2` with `load_into_transformer_2=True`), each fused; `per_side` instead: each side's own
-    file and scale (its own adapter, fused with its own `lora_scale`)."""
+    file and scale (its own adapter, fused with its own `lora_scale`). `differences`: full differences by the
+    transformer's parameter names, each added at `scale` before the file is loaded (ComfyUI's W += strength · diff,
+    which diffusers' loader would drop)."""
     pipe: Any = pipeline_class.from_pretrained(tiny_dir)
     pipe.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        for name, difference in (differences or {}).items():
+            pipe.transformer.get_parameter(name).add_(difference, alpha=scale)
     if per_side is None:
         per_side = {} if weight_name is None else {side: (weight_name, scale) for side in sides}
     for side, (name, _) in per_side.items():

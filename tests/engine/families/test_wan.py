@@ -19,7 +19,6 @@ from engine.errors import (
     GenerationCancelledError,
     IncompatibleLoraError,
     InvalidRequestError,
-    UnsupportedLoraVariantError,
 )
 from engine.families.registry import family_spec
 from engine.families.wan import FAMILY, LATENT_RGB, LATENT_RGB_5B, PREVIEW_FRAMES, unpack_latents
@@ -103,12 +102,10 @@ def test_each_wan_naming_matches_diffusers_fuse_on_every_frame(case, wan_engine,
         assert_images_close(pixels(ours), pixels(theirs), f"{case.name}: frame {index}")
 
 
-def test_dropped_deltas_and_wrong_widths_are_refused_naming_them(wan_engine, loaded_wan, pristine_wan):
-    """Norm and full-weight `.diff` deltas (ComfyUI's, lightx2v's), which diffusers drops: a 400 naming them
-    (bias deltas, which diffusers applies, run: test_wan_deltas.py)."""
-    with pytest.raises(UnsupportedLoraVariantError, match=r"uses full weight differences") as caught:
-        wan_engine.check_lora(LoraSpec(f"local:{DIFF_CASE.file_name}"))
-    assert caught.value.status == 400
+def test_wrong_widths_are_refused_naming_them_and_full_differences_run(wan_engine, loaded_wan, pristine_wan):
+    """Norm and full-weight `.diff` deltas (ComfyUI's, lightx2v's), which diffusers drops, are applied
+    (tests/engine/formats/test_full_differences.py); factors of another width are a 400 naming them."""
+    wan_engine.check_lora(LoraSpec(f"local:{DIFF_CASE.file_name}"))
     with pytest.raises(IncompatibleLoraError, match=r"factors \(64, 2\) x \(2, 64\) do not fit transformer\.blocks"):
         wan_engine.check_lora(LoraSpec("local:wan_wide.safetensors"))
     wan_engine.restore_base_weights()
@@ -116,11 +113,12 @@ def test_dropped_deltas_and_wrong_widths_are_refused_naming_them(wan_engine, loa
 
 
 def test_the_base_is_bit_exact_after_swaps_and_refusals(wan_engine, loaded_wan, pristine_wan):
-    refs = [f"local:{c.file_name}" for c in CASES[:3]]
+    # ComfyUI's file with norm and weight full differences among them: its norms go back exactly too.
+    refs = [f"local:{c.file_name}" for c in (*CASES[:2], DIFF_CASE)]
     for index, ref in enumerate([*refs, *reversed(refs)]):
         generate(wan_engine, request(LoraSpec(ref, scale=0.5 + index / 10), steps=1))
-        with pytest.raises((IncompatibleLoraError, InvalidRequestError)):
-            generate(wan_engine, request(LoraSpec(f"local:{DIFF_CASE.file_name}"), steps=1))
+        with pytest.raises(IncompatibleLoraError):
+            generate(wan_engine, request(LoraSpec("local:wan_wide.safetensors"), steps=1))
         with pytest.raises(InvalidRequestError, match="4k"):
             generate(wan_engine, request(LoraSpec(ref), steps=1, num_frames=4))
     wan_engine.restore_base_weights()

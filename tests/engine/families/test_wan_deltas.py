@@ -5,8 +5,9 @@ answer (docs/usage.md).
 diffusers loads a block layer's `.diff_b` as PEFT's `lora_B.bias` (a bias delta its fuse adds): the engine's
 video equals diffusers' load_lora_weights + fuse_lora within 2 levels on every frame, on Wan 2.1 and on both
 Wan 2.2 A14B transformers. diffusers drops a norm's `.diff`/`.diff_b` and a Linear's full-weight `.diff` (but the
-head's) with a log line: the engine refuses them with a 400 naming them, never a silent drop. Biases and weights
-bit-exact after."""
+head's) with a log line: the engine applies them as ComfyUI does (tests/engine/formats/test_full_differences.py
+checks the video against diffusers with them added by hand), so its video differs from diffusers' own there.
+Biases and weights bit-exact after."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import torch
 from diffusers import WanPipeline
 from safetensors.torch import load_file
 
-from engine.errors import IncompatibleLoraError, UnsupportedLoraVariantError
 from engine.requests import GenerateRequest, LoraSpec
 from lora_catalog.entries import Family
 from serving.demo.synthetic import save_lora
@@ -28,12 +28,6 @@ from tests.support.images import assert_images_close
 from tests.support.wan import DIFF_CASE, FRAMES, MODULES, PROMPT, diffusers_frames, factors, lora_file, write_wan_loras
 
 BIAS, BIAS_KEY = "wan_bias_delta.safetensors", "diffusion_model.blocks.0.self_attn.q.diff_b"
-DROPPED = (
-    "diffusion_model.blocks.0.norm3.diff",
-    "diffusion_model.blocks.0.norm3.diff_b",
-    "diffusion_model.blocks.1.self_attn.norm_q.diff",
-    "diffusion_model.blocks.1.self_attn.q.diff",
-)
 
 
 def request(*loras: LoraSpec, **fields: object) -> GenerateRequest:
@@ -103,18 +97,17 @@ def test_a_bias_delta_goes_to_both_a14b_transformers_as_diffusers_loads_it_into_
     assert_components_pristine(loaded_wan22.pipe, pristine_wan22, ("transformer", "transformer_2", "vae"))
 
 
-def test_deltas_diffusers_drops_are_refused_naming_them_and_the_base_stays_exact(
-    family_engine, delta_loras, loaded_wan, pristine_wan
+def test_deltas_diffusers_drops_are_applied_and_the_base_stays_exact(
+    family_engine, delta_loras, tiny_wan_dir, loaded_wan, pristine_wan
 ):
     engine = family_engine(Family.WAN, delta_loras)
-    with pytest.raises(UnsupportedLoraVariantError, match=r"uses full weight differences") as caught:
-        engine.check_lora(LoraSpec(f"local:{DIFF_CASE.file_name}"))
-    assert caught.value.status == 400 and all(key in str(caught.value) for key in DROPPED), str(caught.value)
-    # A bias delta of a layer the file has no factors for: diffusers' PEFT makes no layer to hold it.
-    with pytest.raises(IncompatibleLoraError, match=r"unpaired factor") as unpaired:
-        engine.check_lora(LoraSpec("local:wan_lone_bias.safetensors"))
-    assert unpaired.value.status == 400
-    # Without its deltas the same file runs.
-    engine.check_lora(LoraSpec(f"local:plain_{DIFF_CASE.file_name}"))
+    ours = generate(engine, request(LoraSpec(f"local:{DIFF_CASE.file_name}", scale=0.8)))
+    plain = generate(engine, request(LoraSpec(f"local:plain_{DIFF_CASE.file_name}", scale=0.8)))
+    # diffusers' video is the file's without its norm and weight deltas; the engine's is not (it applies them).
+    theirs = diffusers_frames(tiny_wan_dir, delta_loras, DIFF_CASE.file_name, 0.8)
+    assert_images_close(pixels(plain.frames[-1]), pixels(theirs[-1]), "without its deltas: diffusers' own")
+    assert np.abs(pixels(ours.frames[-1]) - pixels(theirs[-1])).mean() > 0.1, "the deltas must change the video"
+    # A bias delta of a layer the file has no factors for (which diffusers' PEFT has no layer to hold) runs too.
+    generate(engine, request(LoraSpec("local:wan_lone_bias.safetensors"), steps=1))
     engine.restore_base_weights()
     assert_components_pristine(loaded_wan.pipe, pristine_wan, ("transformer", "text_encoder", "vae"))

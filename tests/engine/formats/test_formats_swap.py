@@ -37,7 +37,7 @@ UNSUPPORTED = {
     "OFT": {"oft_blocks": (2, 8, 8)},
     "BOFT": {"boft_R": (2, 8, 8), "boft_s": (64, 1)},
     "IA3": {"weight": (64,), "on_input": ()},
-    "full weight differences": {"diff": (64, 64), "diff_b": (64,)},
+    "full weight differences": {"diff": (64, 64), "diff_b": (64,), "diff_m": (64,)},
     "GLoRA": {"a1.weight": (4, 64), "a2.weight": (64, 4), "b1.weight": (4, 64), "b2.weight": (64, 4)},
     "LoRA bias terms": {"lora_down.weight": (4, 64), "lora_up.weight": (64, 4), "lora_up.bias": (64,)},
 }
