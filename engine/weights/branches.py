@@ -9,7 +9,9 @@ dtype and take the exact fused swap (`WeightPatcher`).
 
 What a branch cannot hold is refused before anything changes, with a 4xx: a LoRA (or a set) over the branch rank,
 LoHa/LoKr/DoRA layers on the denoiser (their ΔW is not of rank r: as a dense ΔW branch each would cost a bf16
-weight, more than the fp8 weight it sits beside), and modules of the denoiser with no branch (its convolutions).
+weight, more than the fp8 weight it sits beside), a full difference of a stored linear's weight (the same: a
+dense ΔW), and modules of the denoiser with no branch (its convolutions). A stored component's other parameters
+(biases, norms, modulation tables: `engine.formats.differences`) stay in the compute dtype and take the fused swap.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from engine.errors import IncompatibleLoraError, LimitExceededError, UnsupportedLoraVariantError
 from engine.formats.adapters import PreparedAdapter
+from engine.formats.differences import FullDifference
 from engine.formats.layers import LayerFactors, LayerUpdate
 from engine.formats.targets import TargetTable
 from engine.weights.quantized import BranchedLinear
@@ -52,9 +55,9 @@ class Branches:
         self._modules: dict[int, BranchedLinear] = {}
         for component, module in components.items():
             prefix = f"{component}."
-            # A bias target (`<module>.bias`, a family's bias deltas) stays in the compute dtype beside the
-            # quantized weight: the fused swap's, as the encoders' weights.
-            owned = [i for i, n in enumerate(table.names) if n.startswith(prefix) and not n.endswith(".bias")]
+            # Its Linear/Conv2d weights only: a bias, norm or modulation table (a full difference's target) stays
+            # in the compute dtype beside the quantized weights, the fused swap's, as the encoders' weights.
+            owned = [i for i, n in enumerate(table.names) if n.startswith(prefix) and table.module_weight(i)]
             self._denoiser.update(owned)
             for index in owned:
                 linear = module.get_submodule(table.names[index].removeprefix(prefix))
@@ -89,6 +92,14 @@ class Branches:
 
     def _check_kinds(self, item: ActiveAdapter, layers: Sequence[LayerUpdate]) -> None:
         label = f"LoRA {item.adapter.key.name!r}"
+        full = sorted({self._names[x.target] for x in layers if isinstance(x, FullDifference)})
+        if full:
+            raise UnsupportedLoraVariantError(
+                f"{label} has full differences of linear weights ({', '.join(full[:4])}"
+                f"{f' and {len(full) - 4} more' if len(full) > 4 else ''}), which a quantized pool (QUANTIZE, GGUF) "
+                "cannot add beside its stored weights; accepted there: plain LoRA and LoCon factors, and full "
+                "differences of biases, norms and modulation (of linear weights too on a pool served in its own dtype)"
+            )
         other = sorted({type(layer).__name__ for layer in layers if not isinstance(layer, LayerFactors)})
         if other:
             raise UnsupportedLoraVariantError(
