@@ -175,7 +175,7 @@ class Preparer:
                 "one file"
             )
         elif self._stages is not None:
-            adapter = self._stages.one(half)
+            adapter = self._stages.one(label, half)
         embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
         return dataclasses.replace(adapter, embeddings=embeddings), fetched
 
