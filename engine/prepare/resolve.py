@@ -327,7 +327,7 @@ class AdapterResolver:
         if not path.is_relative_to(root):
             raise InvalidRequestError(f"LoRA {ref!r} points outside the local LoRA folder; accepted: files inside it")
         if path.is_dir():
-            return _local_pair(ref, path)
+            return _local_pair(ref, path, root)
         if not path.is_file():
             raise LoraNotFoundError(f"LoRA {ref!r} does not exist in the local LoRA folder")
         stat = path.stat()
@@ -352,15 +352,23 @@ class AdapterResolver:
         )
 
 
-def _local_pair(ref: str, folder: Path) -> AdapterSource:
+def _local_pair(ref: str, folder: Path, root: Path) -> AdapterSource:
     """A local folder of two .safetensors files: one LoRA of two halves (a two-stage pool reads which is which).
-    Its weight name is both files' (`a + b`), and a change to either is a new revision."""
-    files = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
-    if len(files) != 2:
+    Each file is resolved and held as a single file is: a link out of `root` (LOCAL_LORA_DIR) is refused by name,
+    and what is read is the resolved file. Its weight name is both files' (`a + b`), and a change to either is a new
+    revision."""
+    listed = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    if len(listed) != 2:
         raise InvalidRequestError(
-            f"LoRA {ref!r} is a folder of {len(files)} .safetensors files; accepted: a file, or a folder of two "
+            f"LoRA {ref!r} is a folder of {len(listed)} .safetensors files; accepted: a file, or a folder of two "
             "(a high-noise and a low-noise file)"
         )
+    files = [p.resolve() for p in listed]
+    for link, path in zip(listed, files, strict=True):
+        if not path.is_relative_to(root):
+            raise InvalidRequestError(
+                f"LoRA {ref!r}: its file {link.name!r} points outside the local LoRA folder; accepted: files inside it"
+            )
     stats = [p.stat() for p in files]
     revision = "+".join(f"{s.st_size}-{s.st_mtime_ns}" for s in stats)
     key = adapter_key(ref, revision, " + ".join(p.name for p in files))
