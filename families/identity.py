@@ -114,6 +114,9 @@ class FamilyIdentity:
     # The family whose pool its LoRAs run on, with a warning, when no pool of its own is served (Qwen-Image-Edit-
     # 2509/2511's on Qwen-Image-Edit's: the same transformer); None: only its own.
     falls_back_to: Family | None = None
+    # Two denoisers, a high-noise and a low-noise one (Wan 2.2 A14B; the engine's `FamilySpec.second_stage` names
+    # the second): only its LoRAs may come as a pair of files (`lora_catalog.pairs`), e.g. a Civitai version's.
+    two_stage: bool = False
     # Deployment choices with nothing configured: `demo`, the offline demo serves a pool of its `tiny_id`;
     # `default_pool`, a GPU large enough for two pools (`serving.runtime`) serves its reference model (the first
     # registered family's alone on a smaller one). Each pool comes in the registry's order.

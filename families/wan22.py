@@ -25,4 +25,5 @@ IDENTITY = FamilyIdentity(
     released="2025-07",
     civitai=(CivitaiLabel("Wan Video 2.2 T2V-A14B", MODEL_ID),),
     tiny_id=TINY_ID,
+    two_stage=True,
 )
