@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -40,23 +39,21 @@ from engine.errors import (
     AdapterLoadError,
     GatedLoraError,
     HubUnavailableError,
-    InvalidRequestError,
     LimitExceededError,
     LoraNotFoundError,
     StorageError,
     SwitchboardError,
 )
 from engine.families.origin import declared_bases_from_tags
-from engine.formats.adapters import AdapterKey
-from engine.prepare.civitai import CivitaiFiles, CivitaiLocation
+from engine.prepare.civitai import CivitaiFiles
 from engine.prepare.keys import adapter_key
+from engine.prepare.local_files import locate_local
+from engine.prepare.source import AdapterSource
 from engine.requests import LOCAL_PREFIX, LoraSpec
 from lora_catalog.cards import choose_weight
 from lora_catalog.civitai.refs import is_civitai_ref
-from lora_catalog.entries import Family, LoraEntry
+from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import CivitaiUnavailableError, HeaderError
-from lora_catalog.hints import LoraHints
-from lora_catalog.local import local_embeddings
 from lora_catalog.pairs import split_pair
 from lora_catalog.pivotal import embeddings_for
 from lora_catalog.sft_header import SafetensorsHeader, read_header
@@ -70,37 +67,6 @@ class HubResolver(Protocol):
     def resolve(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry: ...
 
     def stale_warning(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> str | None: ...
-
-
-@dataclass(frozen=True)
-class AdapterSource:
-    """A located adapter file: its identity, size and what it declares, before any download."""
-
-    key: AdapterKey
-    ref: str
-    size: int | None
-    declared_bases: tuple[str, ...]
-    local_path: Path | None = None
-    # Said to the user with the result, e.g. that the Hub metadata is stale (served while the Hub is down).
-    warnings: tuple[str, ...] = ()
-    # The pivotal-tuning embeddings file that goes with the LoRA, if its repo or folder has one.
-    embeddings_name: str | None = None
-    embeddings_size: int | None = None
-    embeddings_path: Path | None = None
-    # What its catalogue entry recommends (its card or Civitai page, a speed LoRA's repo or name).
-    hints: LoraHints = field(default_factory=LoraHints)
-    # A family its source states outright, even one no pool serves (Civitai's base label): it decides routing.
-    declared_family: Family | None = None
-    # The fine-tune it was trained for when that is not its family's base (Civitai's "Pony", ...): running it on
-    # a pool of another base is said with the result.
-    finetune: str | None = None
-    # Where a Civitai LoRA is downloaded from (None for the Hub and local files).
-    civitai: CivitaiLocation | None = None
-    # A pair's second file (a local folder of two: a two-stage pool's high- and low-noise files), beside
-    # `local_path`; which is which the pool's family reads (engine.prepare.stages).
-    pair_path: Path | None = None
-    # A Hub pair's two files (`lora_catalog.pairs`), downloaded each on its own (its key's weight name is both).
-    halves: tuple[str, str] | None = None
 
 
 class AdapterResolver:
@@ -141,7 +107,7 @@ class AdapterResolver:
         """Identify the file a normalised spec names (a Hub metadata call unless the catalogue has it cached)."""
         # The spec was parsed and validated once, by `normalise_request`; only its kind is read here.
         if spec.ref.startswith(LOCAL_PREFIX):
-            source = self._locate_local(spec.ref.removeprefix(LOCAL_PREFIX))
+            source = locate_local(self._local_dir, spec.ref.removeprefix(LOCAL_PREFIX))
         elif is_civitai_ref(spec.ref):
             source = self._locate_civitai(spec.ref)
         else:
@@ -317,63 +283,6 @@ class AdapterResolver:
         root = Path(self._cache_dir or hf_constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
         snapshots = [p for p in (root / "snapshots").glob("*") if p.is_dir()] if root.is_dir() else []
         return max(snapshots, key=lambda p: p.stat().st_mtime, default=None)
-
-    def _locate_local(self, name: str) -> AdapterSource:
-        ref = f"local:{name}"
-        if self._local_dir is None:
-            raise LoraNotFoundError(f"LoRA {ref!r} names a local file, but no LOCAL_LORA_DIR is configured")
-        root = self._local_dir.resolve()
-        path = (root / name).resolve()
-        if not path.is_relative_to(root):
-            raise InvalidRequestError(f"LoRA {ref!r} points outside the local LoRA folder; accepted: files inside it")
-        if path.is_dir():
-            return _local_pair(ref, path, root)
-        if not path.is_file():
-            raise LoraNotFoundError(f"LoRA {ref!r} does not exist in the local LoRA folder")
-        stat = path.stat()
-        revision = f"{stat.st_size}-{stat.st_mtime_ns}"
-        embeddings = local_embeddings(path)
-        embeddings_size = None
-        if embeddings is not None:
-            # The pair is one adapter: a changed embeddings file is a new revision of it.
-            emb_stat = embeddings.stat()
-            embeddings_size = emb_stat.st_size
-            revision += f"+{emb_stat.st_size}-{emb_stat.st_mtime_ns}"
-        key = adapter_key(ref, revision, path.name)
-        return AdapterSource(
-            key,
-            ref,
-            stat.st_size,
-            (),
-            local_path=path,
-            embeddings_name=embeddings.name if embeddings else None,
-            embeddings_size=embeddings_size,
-            embeddings_path=embeddings,
-        )
-
-
-def _local_pair(ref: str, folder: Path, root: Path) -> AdapterSource:
-    """A local folder of two .safetensors files: one LoRA of two halves (a two-stage pool reads which is which).
-    Each file is resolved and held as a single file is: a link out of `root` (LOCAL_LORA_DIR) is refused by name,
-    and what is read is the resolved file. Its weight name is both files' (`a + b`), and a change to either is a new
-    revision."""
-    listed = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
-    if len(listed) != 2:
-        raise InvalidRequestError(
-            f"LoRA {ref!r} is a folder of {len(listed)} .safetensors files; accepted: a file, or a folder of two "
-            "(a high-noise and a low-noise file)"
-        )
-    files = [p.resolve() for p in listed]
-    for link, path in zip(listed, files, strict=True):
-        if not path.is_relative_to(root):
-            raise InvalidRequestError(
-                f"LoRA {ref!r}: its file {link.name!r} points outside the local LoRA folder; accepted: files inside it"
-            )
-    stats = [p.stat() for p in files]
-    revision = "+".join(f"{s.st_size}-{s.st_mtime_ns}" for s in stats)
-    key = adapter_key(ref, revision, " + ".join(p.name for p in files))
-    size = sum(s.st_size for s in stats)
-    return AdapterSource(key, ref, size, (), local_path=files[0], pair_path=files[1])
 
 
 def _mib(size: int) -> str:
