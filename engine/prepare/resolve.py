@@ -12,8 +12,11 @@ matched.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -117,22 +120,46 @@ class AdapterResolver:
             self._check_size(source.ref, source.embeddings_name, source.embeddings_size)
         return source
 
+    def measure(self, source: AdapterSource) -> AdapterSource:
+        """`source` with the sizes its Hub metadata lacked asked for (HEAD), and checked: a pair's two files together,
+        against MAX_ADAPTER_BYTES, before anything is downloaded. These are the sizes the load gate holds. A size
+        only a download tells (a Civitai file its API gave none for) is checked once fetched (`fetched_bytes`)."""
+        if source.local_path is not None or source.civitai is not None:
+            return source
+        size, embeddings = source.size, source.embeddings_size
+        with _hub_errors(source.ref, source.key.revision, source.key.weight_name):
+            if size is None:
+                sizes = [self._remote_size(source, name) for name in source.halves or (source.key.weight_name,)]
+                self._check_size(source.ref, source.key.weight_name, sum(s or 0 for s in sizes))
+                size = None if None in sizes else sum(s or 0 for s in sizes)
+            if embeddings is None and source.embeddings_name is not None:
+                embeddings = self._remote_size(source, source.embeddings_name)
+                self._check_size(source.ref, source.embeddings_name, embeddings)
+        return dataclasses.replace(source, size=size, embeddings_size=embeddings)
+
+    def fetched_bytes(self, source: AdapterSource, files: tuple[Path, Path | None], embeddings: Path | None) -> int:
+        """The fetched files' bytes on disk, checked as before the download (a pair's two together): what the load
+        gate holds for the parse, whether or not their sizes were known before."""
+        size = sum(path.stat().st_size for path in files if path is not None)
+        self._check_size(source.ref, source.key.weight_name, size)
+        extra = embeddings.stat().st_size if embeddings is not None else 0
+        self._check_size(source.ref, source.embeddings_name or "", extra)
+        return size + extra
+
     def fetch(self, source: AdapterSource) -> Path:
         """The adapter file on local disk, downloading it into the Hub cache when needed."""
         if source.local_path is not None:
             return source.local_path
         if source.civitai is not None and self._civitai is not None:
             return self._civitai.fetch(source.key, source.civitai)
-        if source.halves is not None:
-            return self._download(source, source.halves[0], None)
-        return self._download(source, source.key.weight_name, source.size)
+        return self._download(source, (source.halves or (source.key.weight_name,))[0], source.size is not None)
 
     def fetch_pair(self, source: AdapterSource) -> Path | None:
         """A pair's second file on local disk (None: one file), from where its first came."""
         if source.civitai is not None and self._civitai is not None and source.civitai.resolved.pair is not None:
             return self._civitai.fetch(source.key, source.civitai, source.civitai.resolved.pair)
         if source.halves is not None:
-            return self._download(source, source.halves[1], None)
+            return self._download(source, source.halves[1], source.size is not None)
         return source.pair_path
 
     def fetch_embeddings(self, source: AdapterSource) -> Path | None:
@@ -141,15 +168,15 @@ class AdapterResolver:
             return None
         if source.embeddings_path is not None:
             return source.embeddings_path
-        return self._download(source, source.embeddings_name, source.embeddings_size)
+        return self._download(source, source.embeddings_name, source.embeddings_size is not None)
 
-    def _download(self, source: AdapterSource, filename: str, size: int | None) -> Path:
+    def _download(self, source: AdapterSource, filename: str, checked: bool) -> Path:
+        """`filename` of the source's repo, into the Hub cache; its size asked for and checked first unless it was
+        (`checked`: by the Hub's metadata, or `measure`)."""
         key = source.key
-        try:
-            if size is None:
-                url = hf_hub_url(key.name, filename, revision=key.revision)
-                size = get_hf_file_metadata(url, token=self._token, timeout=self._timeout_s).size
-                self._check_size(source.ref, filename, size)
+        with _hub_errors(source.ref, key.revision, filename):
+            if not checked:
+                self._check_size(source.ref, filename, self._remote_size(source, filename))
             path = hf_hub_download(
                 key.name,
                 filename,
@@ -158,17 +185,11 @@ class AdapterResolver:
                 cache_dir=self._cache_dir,
                 etag_timeout=self._timeout_s,
             )
-        except (httpx2.TransportError, LocalEntryNotFoundError) as e:
-            # Before EntryNotFoundError, its base: huggingface_hub says "not in the local cache" when the Hub
-            # could not be reached (refused, timed out, HTTP 5xx), not that the repo lacks the file.
-            raise HubUnavailableError(f"the Hub could not be reached to download LoRA {source.ref!r}: {e}") from e
-        except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
-            raise _hub_lookup_error(e, source.ref, key.revision, filename) from e
-        except HfHubHTTPError as e:
-            raise HubUnavailableError(f"the Hub failed while serving LoRA {source.ref!r}: {e}") from e
-        except OSError as e:
-            raise _storage_error(e, source.ref) from e
         return Path(path)
+
+    def _remote_size(self, source: AdapterSource, filename: str) -> int | None:
+        url = hf_hub_url(source.key.name, filename, revision=source.key.revision)
+        return get_hf_file_metadata(url, token=self._token, timeout=self._timeout_s).size
 
     def header(self, source: AdapterSource, path: Path) -> SafetensorsHeader:
         """The fetched file's safetensors header, read strictly (see `lora_catalog.sft_header` for why ours)."""
@@ -217,6 +238,8 @@ class AdapterResolver:
         key, location, stale = self._civitai.locate(ref)
         files = (location.resolved.file, location.resolved.pair)
         sizes = [f.size for f in files if f is not None]
+        # What is known already counts: a pair's other file, its size unknown, is checked once fetched.
+        self._check_size(ref, key.weight_name, sum(s or 0 for s in sizes))
         return AdapterSource(
             key,
             ref,
@@ -287,6 +310,23 @@ class AdapterResolver:
 
 def _mib(size: int) -> str:
     return f"{size / 2**20:.2f} MiB"
+
+
+@contextmanager
+def _hub_errors(ref: str, revision: str, filename: str) -> Iterator[None]:
+    """The Hub's and the disk's failures while asking for or downloading `filename`, as the tree's errors."""
+    try:
+        yield
+    except (httpx2.TransportError, LocalEntryNotFoundError) as e:
+        # Before EntryNotFoundError, its base: huggingface_hub says "not in the local cache" when the Hub
+        # could not be reached (refused, timed out, HTTP 5xx), not that the repo lacks the file.
+        raise HubUnavailableError(f"the Hub could not be reached to download LoRA {ref!r}: {e}") from e
+    except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
+        raise _hub_lookup_error(e, ref, revision, filename) from e
+    except HfHubHTTPError as e:
+        raise HubUnavailableError(f"the Hub failed while serving LoRA {ref!r}: {e}") from e
+    except OSError as e:
+        raise _storage_error(e, ref) from e
 
 
 def _hub_lookup_error(error: Exception, ref: str, revision: str, filename: str) -> SwitchboardError:
