@@ -118,6 +118,9 @@ class FamilyIdentity:
     # at the LoRA's scale) apply: its engine spec names their parameters (`FamilySpec.full_differences`). False:
     # the catalogue marks such a file unsupported and the engine refuses it by name.
     full_differences: bool = False
+    # Two denoisers, a high-noise and a low-noise one (Wan 2.2 A14B; the engine's `FamilySpec.second_stage` names
+    # the second): only its LoRAs may come as a pair of files (`lora_catalog.pairs`), e.g. a Civitai version's.
+    two_stage: bool = False
     # Deployment choices with nothing configured: `demo`, the offline demo serves a pool of its `tiny_id`;
     # `default_pool`, a GPU large enough for two pools (`serving.runtime`) serves its reference model (the first
     # registered family's alone on a smaller one). Each pool comes in the registry's order.

@@ -29,4 +29,5 @@ IDENTITY = FamilyIdentity(
     tiny_id=TINY_ID,
     # lightx2v's speed LoRAs' norm `.diff` and kijai's `.diff_m` (modulation) apply (`engine.families.wan`).
     full_differences=True,
+    two_stage=True,
 )

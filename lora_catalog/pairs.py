@@ -1,9 +1,12 @@
 """A LoRA of two files: a two-stage model's (Wan 2.2 A14B's) high-noise and low-noise halves, in one Hub repo, one
 Civitai version or one local folder, and how a user names one.
 
-A file says its stage by its name: `..._high_noise` / `..._low_noise` (any case; Wan2.2-Lightning's
-`high_noise_model.safetensors`), or HIGH / LOW as a word in capitals (`..._HIGH_fp16`: a lower-case `low` is too
-often a style, `low_light`). In a Hub repo a pair is named (`weight_name`):
+A file says its stage only in an explicit form: `high_noise` / `low_noise` (any case, `-` or nothing for the `_`;
+Wan2.2-Lightning's `high_noise_model.safetensors`), or, in a Wan2.2-Lightning or lightx2v file's name, HIGH / LOW
+as a word in capitals (Kijai's `Wan2.2-Lightning_T2V-A14B-4steps-lora_HIGH_fp16`, lightx2v's
+`Wan_2_2_I2V_A14B_HIGH_lightx2v_4step_lora_...`). Anything else says no stage: a capital word alone is too often
+something else (`HIGH_FASHION_style`, "Detail Slider (LOW)"), and a file that says none goes to both stages.
+In a Hub repo a pair is named (`weight_name`):
 
 - not at all, when the repo's `.safetensors` files are exactly one high-noise and one low-noise file;
 - by its folder, with a trailing '/' (`Wan2.2-T2V-A14B-4steps-lora-rank64-Seko-V1.1/`): the two files in it;
@@ -24,15 +27,19 @@ __all__ = ["SEPARATOR", "choose_pair", "is_pair_name", "joined", "split_pair", "
 
 SEPARATOR = "+"
 _SUFFIX = ".safetensors"
-_STAGES = tuple(
-    re.compile(rf"(?i:{word}[_-]?noise)|(?:^|[^A-Za-z]){word.upper()}(?:[^A-Za-z]|$)") for word in ("high", "low")
-)
+_NOISE = tuple(re.compile(rf"(?i:{word}[_-]?noise)") for word in ("high", "low"))
+_WORD = tuple(re.compile(rf"(?:^|[^A-Za-z]){word}(?:[^A-Za-z]|$)") for word in ("HIGH", "LOW"))
+# The speed LoRAs whose halves say HIGH / LOW (`lora_catalog.hints` names them the same way).
+_LIGHTNING = re.compile(r"(?i:(?:^|[^a-z])(?:lightning|lightx2v)(?:[^a-z]|$))")
 
 
 def stage_in_name(text: str) -> int | None:
-    """0 when `text` (a file name, a title) says high-noise, 1 when it says low-noise, None when neither or both."""
-    said = [index for index, pattern in enumerate(_STAGES) if pattern.search(text.removesuffix(_SUFFIX))]
-    return said[0] if len(said) == 1 else None
+    """0 when `text` (a file name, a title) says high-noise in an explicit form, 1 when it says low-noise, None when
+    it says neither (or both)."""
+    text = text.removesuffix(_SUFFIX)
+    patterns = (*_NOISE, *_WORD) if _LIGHTNING.search(text) else _NOISE
+    said = {index % 2 for index, pattern in enumerate(patterns) if pattern.search(text)}
+    return said.pop() if len(said) == 1 else None
 
 
 def is_pair_name(weight_name: str) -> bool:

@@ -37,8 +37,9 @@ from lora_catalog.pairs import stage_in_name
 __all__ = ["FAMILY", "convert_lora", "full_differences", "stage_of"]
 
 _LOW = "transformer_2."
-# A file's stage by its name (`lora_catalog.pairs`: `..._high_noise`, `..._HIGH`, Wan2.2-Lightning's
-# `high_noise_model.safetensors`), else musubi-tuner's / kohya's metadata naming the model it was trained on.
+# A file's stage by its name in an explicit form (`lora_catalog.pairs`: `..._high_noise`, Wan2.2-Lightning's
+# `high_noise_model.safetensors` and `..._HIGH_fp16`), else musubi-tuner's / kohya's metadata naming the model it
+# was trained on ("wan22_low_noise"), by the same rule.
 _STAGE_METADATA = ("ss_output_name", "modelspec.title", "ss_base_model_version")
 
 

@@ -156,12 +156,21 @@ class Preparer:
         """Steps 3-6 inside the load gate (held on `gate`): the file's bytes for the download and the parse, and
         for a file that may keep a float32 ΔW (LoHa, DoRA) the most that ΔW may take (`delta_budget`) besides."""
         label = f"LoRA {source.ref!r}"
+        # The sizes checked against MAX_ADAPTER_BYTES (a pair's two together) are the ones the gate holds.
+        source = self._resolver.measure(source)
         size = (source.size or 0) + (source.embeddings_size or 0)
         _hold(gate, load_gate, size, source)
         path = self._resolver.fetch(source)
         pair_path = self._resolver.fetch_pair(source)
         embeddings_path = self._resolver.fetch_embeddings(source)
         fetched = time.perf_counter()
+        measured = self._resolver.fetched_bytes(source, (path, pair_path), embeddings_path)
+        if measured != size:
+            # A size only the download told exactly (Civitai's sizeKB is rounded; a file its API gave none for
+            # at all): checked, and held for the parse, the gate taken afresh as below.
+            gate.close()
+            size = measured
+            _hold(gate, load_gate, size, source)
         # A Hub pair's halves by their paths in the repo (what the recipe names), a file elsewhere by its name.
         names = source.halves or (path.name, pair_path.name if pair_path is not None else "")
         half = self._file(source, path, gate, load_gate, size, names[0])
@@ -175,7 +184,7 @@ class Preparer:
                 "one file"
             )
         elif self._stages is not None:
-            adapter = self._stages.one(half)
+            adapter = self._stages.one(label, half)
         embeddings = self._encoders.load(embeddings_path, label) if embeddings_path is not None else None
         return dataclasses.replace(adapter, embeddings=embeddings), fetched
 

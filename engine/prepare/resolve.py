@@ -12,9 +12,11 @@ matched.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -40,23 +42,21 @@ from engine.errors import (
     AdapterLoadError,
     GatedLoraError,
     HubUnavailableError,
-    InvalidRequestError,
     LimitExceededError,
     LoraNotFoundError,
     StorageError,
     SwitchboardError,
 )
 from engine.families.origin import declared_bases_from_tags
-from engine.formats.adapters import AdapterKey
-from engine.prepare.civitai import CivitaiFiles, CivitaiLocation
+from engine.prepare.civitai import CivitaiFiles
 from engine.prepare.keys import adapter_key
+from engine.prepare.local_files import locate_local
+from engine.prepare.source import AdapterSource
 from engine.requests import LOCAL_PREFIX, LoraSpec
 from lora_catalog.cards import choose_weight
 from lora_catalog.civitai.refs import is_civitai_ref
-from lora_catalog.entries import Family, LoraEntry
+from lora_catalog.entries import LoraEntry
 from lora_catalog.errors import CivitaiUnavailableError, HeaderError
-from lora_catalog.hints import LoraHints
-from lora_catalog.local import local_embeddings
 from lora_catalog.pairs import split_pair
 from lora_catalog.pivotal import embeddings_for
 from lora_catalog.sft_header import SafetensorsHeader, read_header
@@ -70,37 +70,6 @@ class HubResolver(Protocol):
     def resolve(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> LoraEntry: ...
 
     def stale_warning(self, ref: str, revision: str | None = None, weight_name: str | None = None) -> str | None: ...
-
-
-@dataclass(frozen=True)
-class AdapterSource:
-    """A located adapter file: its identity, size and what it declares, before any download."""
-
-    key: AdapterKey
-    ref: str
-    size: int | None
-    declared_bases: tuple[str, ...]
-    local_path: Path | None = None
-    # Said to the user with the result, e.g. that the Hub metadata is stale (served while the Hub is down).
-    warnings: tuple[str, ...] = ()
-    # The pivotal-tuning embeddings file that goes with the LoRA, if its repo or folder has one.
-    embeddings_name: str | None = None
-    embeddings_size: int | None = None
-    embeddings_path: Path | None = None
-    # What its catalogue entry recommends (its card or Civitai page, a speed LoRA's repo or name).
-    hints: LoraHints = field(default_factory=LoraHints)
-    # A family its source states outright, even one no pool serves (Civitai's base label): it decides routing.
-    declared_family: Family | None = None
-    # The fine-tune it was trained for when that is not its family's base (Civitai's "Pony", ...): running it on
-    # a pool of another base is said with the result.
-    finetune: str | None = None
-    # Where a Civitai LoRA is downloaded from (None for the Hub and local files).
-    civitai: CivitaiLocation | None = None
-    # A pair's second file (a local folder of two: a two-stage pool's high- and low-noise files), beside
-    # `local_path`; which is which the pool's family reads (engine.prepare.stages).
-    pair_path: Path | None = None
-    # A Hub pair's two files (`lora_catalog.pairs`), downloaded each on its own (its key's weight name is both).
-    halves: tuple[str, str] | None = None
 
 
 class AdapterResolver:
@@ -141,7 +110,7 @@ class AdapterResolver:
         """Identify the file a normalised spec names (a Hub metadata call unless the catalogue has it cached)."""
         # The spec was parsed and validated once, by `normalise_request`; only its kind is read here.
         if spec.ref.startswith(LOCAL_PREFIX):
-            source = self._locate_local(spec.ref.removeprefix(LOCAL_PREFIX))
+            source = locate_local(self._local_dir, spec.ref.removeprefix(LOCAL_PREFIX))
         elif is_civitai_ref(spec.ref):
             source = self._locate_civitai(spec.ref)
         else:
@@ -151,22 +120,46 @@ class AdapterResolver:
             self._check_size(source.ref, source.embeddings_name, source.embeddings_size)
         return source
 
+    def measure(self, source: AdapterSource) -> AdapterSource:
+        """`source` with the sizes its Hub metadata lacked asked for (HEAD), and checked: a pair's two files together,
+        against MAX_ADAPTER_BYTES, before anything is downloaded. These are the sizes the load gate holds. A size
+        only a download tells (a Civitai file its API gave none for) is checked once fetched (`fetched_bytes`)."""
+        if source.local_path is not None or source.civitai is not None:
+            return source
+        size, embeddings = source.size, source.embeddings_size
+        with _hub_errors(source.ref, source.key.revision, source.key.weight_name):
+            if size is None:
+                sizes = [self._remote_size(source, name) for name in source.halves or (source.key.weight_name,)]
+                self._check_size(source.ref, source.key.weight_name, sum(s or 0 for s in sizes))
+                size = None if None in sizes else sum(s or 0 for s in sizes)
+            if embeddings is None and source.embeddings_name is not None:
+                embeddings = self._remote_size(source, source.embeddings_name)
+                self._check_size(source.ref, source.embeddings_name, embeddings)
+        return dataclasses.replace(source, size=size, embeddings_size=embeddings)
+
+    def fetched_bytes(self, source: AdapterSource, files: tuple[Path, Path | None], embeddings: Path | None) -> int:
+        """The fetched files' bytes on disk, checked as before the download (a pair's two together): what the load
+        gate holds for the parse, whether or not their sizes were known before."""
+        size = sum(path.stat().st_size for path in files if path is not None)
+        self._check_size(source.ref, source.key.weight_name, size)
+        extra = embeddings.stat().st_size if embeddings is not None else 0
+        self._check_size(source.ref, source.embeddings_name or "", extra)
+        return size + extra
+
     def fetch(self, source: AdapterSource) -> Path:
         """The adapter file on local disk, downloading it into the Hub cache when needed."""
         if source.local_path is not None:
             return source.local_path
         if source.civitai is not None and self._civitai is not None:
             return self._civitai.fetch(source.key, source.civitai)
-        if source.halves is not None:
-            return self._download(source, source.halves[0], None)
-        return self._download(source, source.key.weight_name, source.size)
+        return self._download(source, (source.halves or (source.key.weight_name,))[0], source.size is not None)
 
     def fetch_pair(self, source: AdapterSource) -> Path | None:
         """A pair's second file on local disk (None: one file), from where its first came."""
         if source.civitai is not None and self._civitai is not None and source.civitai.resolved.pair is not None:
             return self._civitai.fetch(source.key, source.civitai, source.civitai.resolved.pair)
         if source.halves is not None:
-            return self._download(source, source.halves[1], None)
+            return self._download(source, source.halves[1], source.size is not None)
         return source.pair_path
 
     def fetch_embeddings(self, source: AdapterSource) -> Path | None:
@@ -175,15 +168,15 @@ class AdapterResolver:
             return None
         if source.embeddings_path is not None:
             return source.embeddings_path
-        return self._download(source, source.embeddings_name, source.embeddings_size)
+        return self._download(source, source.embeddings_name, source.embeddings_size is not None)
 
-    def _download(self, source: AdapterSource, filename: str, size: int | None) -> Path:
+    def _download(self, source: AdapterSource, filename: str, checked: bool) -> Path:
+        """`filename` of the source's repo, into the Hub cache; its size asked for and checked first unless it was
+        (`checked`: by the Hub's metadata, or `measure`)."""
         key = source.key
-        try:
-            if size is None:
-                url = hf_hub_url(key.name, filename, revision=key.revision)
-                size = get_hf_file_metadata(url, token=self._token, timeout=self._timeout_s).size
-                self._check_size(source.ref, filename, size)
+        with _hub_errors(source.ref, key.revision, filename):
+            if not checked:
+                self._check_size(source.ref, filename, self._remote_size(source, filename))
             path = hf_hub_download(
                 key.name,
                 filename,
@@ -192,17 +185,11 @@ class AdapterResolver:
                 cache_dir=self._cache_dir,
                 etag_timeout=self._timeout_s,
             )
-        except (httpx2.TransportError, LocalEntryNotFoundError) as e:
-            # Before EntryNotFoundError, its base: huggingface_hub says "not in the local cache" when the Hub
-            # could not be reached (refused, timed out, HTTP 5xx), not that the repo lacks the file.
-            raise HubUnavailableError(f"the Hub could not be reached to download LoRA {source.ref!r}: {e}") from e
-        except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
-            raise _hub_lookup_error(e, source.ref, key.revision, filename) from e
-        except HfHubHTTPError as e:
-            raise HubUnavailableError(f"the Hub failed while serving LoRA {source.ref!r}: {e}") from e
-        except OSError as e:
-            raise _storage_error(e, source.ref) from e
         return Path(path)
+
+    def _remote_size(self, source: AdapterSource, filename: str) -> int | None:
+        url = hf_hub_url(source.key.name, filename, revision=source.key.revision)
+        return get_hf_file_metadata(url, token=self._token, timeout=self._timeout_s).size
 
     def header(self, source: AdapterSource, path: Path) -> SafetensorsHeader:
         """The fetched file's safetensors header, read strictly (see `lora_catalog.sft_header` for why ours)."""
@@ -251,6 +238,8 @@ class AdapterResolver:
         key, location, stale = self._civitai.locate(ref)
         files = (location.resolved.file, location.resolved.pair)
         sizes = [f.size for f in files if f is not None]
+        # What is known already counts: a pair's other file, its size unknown, is checked once fetched.
+        self._check_size(ref, key.weight_name, sum(s or 0 for s in sizes))
         return AdapterSource(
             key,
             ref,
@@ -318,58 +307,26 @@ class AdapterResolver:
         snapshots = [p for p in (root / "snapshots").glob("*") if p.is_dir()] if root.is_dir() else []
         return max(snapshots, key=lambda p: p.stat().st_mtime, default=None)
 
-    def _locate_local(self, name: str) -> AdapterSource:
-        ref = f"local:{name}"
-        if self._local_dir is None:
-            raise LoraNotFoundError(f"LoRA {ref!r} names a local file, but no LOCAL_LORA_DIR is configured")
-        root = self._local_dir.resolve()
-        path = (root / name).resolve()
-        if not path.is_relative_to(root):
-            raise InvalidRequestError(f"LoRA {ref!r} points outside the local LoRA folder; accepted: files inside it")
-        if path.is_dir():
-            return _local_pair(ref, path)
-        if not path.is_file():
-            raise LoraNotFoundError(f"LoRA {ref!r} does not exist in the local LoRA folder")
-        stat = path.stat()
-        revision = f"{stat.st_size}-{stat.st_mtime_ns}"
-        embeddings = local_embeddings(path)
-        embeddings_size = None
-        if embeddings is not None:
-            # The pair is one adapter: a changed embeddings file is a new revision of it.
-            emb_stat = embeddings.stat()
-            embeddings_size = emb_stat.st_size
-            revision += f"+{emb_stat.st_size}-{emb_stat.st_mtime_ns}"
-        key = adapter_key(ref, revision, path.name)
-        return AdapterSource(
-            key,
-            ref,
-            stat.st_size,
-            (),
-            local_path=path,
-            embeddings_name=embeddings.name if embeddings else None,
-            embeddings_size=embeddings_size,
-            embeddings_path=embeddings,
-        )
-
-
-def _local_pair(ref: str, folder: Path) -> AdapterSource:
-    """A local folder of two .safetensors files: one LoRA of two halves (a two-stage pool reads which is which).
-    Its weight name is both files' (`a + b`), and a change to either is a new revision."""
-    files = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
-    if len(files) != 2:
-        raise InvalidRequestError(
-            f"LoRA {ref!r} is a folder of {len(files)} .safetensors files; accepted: a file, or a folder of two "
-            "(a high-noise and a low-noise file)"
-        )
-    stats = [p.stat() for p in files]
-    revision = "+".join(f"{s.st_size}-{s.st_mtime_ns}" for s in stats)
-    key = adapter_key(ref, revision, " + ".join(p.name for p in files))
-    size = sum(s.st_size for s in stats)
-    return AdapterSource(key, ref, size, (), local_path=files[0], pair_path=files[1])
-
 
 def _mib(size: int) -> str:
     return f"{size / 2**20:.2f} MiB"
+
+
+@contextmanager
+def _hub_errors(ref: str, revision: str, filename: str) -> Iterator[None]:
+    """The Hub's and the disk's failures while asking for or downloading `filename`, as the tree's errors."""
+    try:
+        yield
+    except (httpx2.TransportError, LocalEntryNotFoundError) as e:
+        # Before EntryNotFoundError, its base: huggingface_hub says "not in the local cache" when the Hub
+        # could not be reached (refused, timed out, HTTP 5xx), not that the repo lacks the file.
+        raise HubUnavailableError(f"the Hub could not be reached to download LoRA {ref!r}: {e}") from e
+    except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
+        raise _hub_lookup_error(e, ref, revision, filename) from e
+    except HfHubHTTPError as e:
+        raise HubUnavailableError(f"the Hub failed while serving LoRA {ref!r}: {e}") from e
+    except OSError as e:
+        raise _storage_error(e, ref) from e
 
 
 def _hub_lookup_error(error: Exception, ref: str, revision: str, filename: str) -> SwitchboardError:

@@ -1,9 +1,11 @@
 """A two-stage pool's LoRA files (Wan 2.2 A14B: a high-noise and a low-noise transformer): which stage a file is
 for, and a pair of files as one LoRA.
 
-A file goes to both stages unless its name or metadata says which (the family's `FamilySpec.stage_of`): then its
-layers on the other stage are dropped. A pair (a folder of two files) is one adapter: each file restricted to its
-stage, one for each; halves for the same stage, or one for both, or of different bases are refused by name.
+A file goes to both stages unless its name or metadata says which in an explicit form (the family's
+`FamilySpec.stage_of`: `lora_catalog.pairs`): then its layers on the other stage are dropped, and a warning kept
+with the adapter (so a cache hit says it too) names the stage that gets nothing. A pair (a folder of two files)
+is one adapter: each file restricted to its stage, one for each; halves for the same stage, or one for both, or of
+different bases are refused by name.
 """
 
 from __future__ import annotations
@@ -45,10 +47,19 @@ class Stages:
         layers = tuple(layer for layer, k in zip(adapter.layers, keep, strict=True) if k)
         return dataclasses.replace(adapter, layers=layers, reach=reach)
 
-    def one(self, half: Half) -> PreparedAdapter:
-        """A single file: both stages, or the one its name or metadata names."""
+    def one(self, label: str, half: Half) -> PreparedAdapter:
+        """A single file: both stages, or the one its name or metadata names, with a warning naming the other."""
         stage = self.stage_of(half.name, half.metadata)
-        return half.adapter if stage is None else self.restrict(half.adapter, stage)
+        if stage is None:
+            return half.adapter
+        kept, dropped = _NAMES[stage], _NAMES[1 - stage]
+        where = "name" if self.stage_of(half.name, {}) is not None else "metadata"
+        warning = (
+            f"{label}: its {where} says it is a {kept}-noise file ({half.name}), so it runs on the {kept}-noise "
+            f"transformer only; the {dropped}-noise stage gets nothing of it"
+        )
+        adapter = self.restrict(half.adapter, stage)
+        return dataclasses.replace(adapter, warnings=tuple(dict.fromkeys((*adapter.warnings, warning))))
 
     def pair(self, label: str, halves: Sequence[Half]) -> PreparedAdapter:
         """Two files as one adapter, each on its stage."""
@@ -58,7 +69,7 @@ class Stages:
             said = ", ".join(f"{h.name}: {'both' if s is None else _NAMES[s]}" for h, s in told)
             raise InvalidRequestError(
                 f"{label} is a pair of files, but they are not one high-noise and one low-noise file ({said}); "
-                "accepted: two files whose names say high_noise and low_noise (or HIGH and LOW)"
+                "accepted: two files whose names say high_noise and low_noise (or, Wan2.2-Lightning's, HIGH and LOW)"
             )
         first, second = sorted(zip(stages, halves, strict=True), key=lambda item: item[0] or 0)
         _same_base(label, first[1], second[1])

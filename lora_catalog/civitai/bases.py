@@ -26,13 +26,15 @@ class CivitaiBase:
     base_model_id: str
     family: Family
     finetune: bool = False
+    # Its family has a high-noise and a low-noise denoiser (`FamilyIdentity.two_stage`): a version may be a pair.
+    two_stage: bool = False
 
 
 # Each family's labels (`FamilyIdentity.civitai`, as Civitai's API spells them: its BaseModel enum, e.g.
 # "SDXL 1.0", "Flux.1 D" in developer.civitai.com/site/reference/models), oldest architecture first. Matched
 # ignoring case.
 CIVITAI_BASES: tuple[CivitaiBase, ...] = tuple(
-    CivitaiBase(c.label, c.base_model_id, i.family, c.finetune)
+    CivitaiBase(c.label, c.base_model_id, i.family, c.finetune, i.two_stage)
     for i in sorted(IDENTITIES.values(), key=lambda i: i.released)
     for c in i.civitai
 )

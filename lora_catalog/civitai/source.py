@@ -29,7 +29,7 @@ from ..errors import (
 )
 from ..pairs import choose_pair
 from ..swr import StaleWhileRevalidate
-from .bases import CivitaiBase
+from .bases import CivitaiBase, civitai_base
 from .download import HostPolicy, download_file
 from .refs import CivitaiRef, parse_civitai
 from .versions import (
@@ -100,10 +100,12 @@ class CivitaiSource:
         version_id = parsed.version_id or self._latest.get(parsed.model_id or 0)
         version = self._versions.get(version_id)
         label = f"Civitai {version.ref!r} ({version.title})"
-        # A version whose .safetensors model files are exactly a high- and a low-noise one is one LoRA of both
-        # (whichever is primary); the policy is checked on it as on any version.
+        # A version of a two-stage base (Wan 2.2 A14B) whose .safetensors model files are exactly a high- and a
+        # low-noise one is one LoRA of both (whichever is primary); the policy is checked on it as on any version.
+        # On any other base such names are no stages: the version is the single LoRA its primary file is.
         files = {_text_name(f): f for f in model_files(version.files)}
-        pair = choose_pair(label, tuple(files), None)
+        base = civitai_base(version.base_model)
+        pair = choose_pair(label, tuple(files), None) if base is not None and base.two_stage else None
         if pair is None:
             return ResolvedVersion(version, check_version(version, self.max_nsfw))
         high = check_version(dataclasses.replace(version, files=(files[pair[0]],)), self.max_nsfw)

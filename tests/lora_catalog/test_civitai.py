@@ -31,6 +31,7 @@ from tests.support.standin_civitai import MISSING, StandInCivitai
 
 TOKEN = "civitai-secret-3f9a1c"
 DATA = b"not really a LoRA, but bytes with a hash" * 50
+GRAIN = ("film_grain_high_noise.safetensors", "film_grain_low_noise.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,9 @@ def civitai() -> Iterator[StandInCivitai]:
         started.add_lora(405, DATA, download="tampered")
         started.add_lora(406, DATA, download="direct")
         started.add_lora(501, DATA, base_model="Pony", trained_words=())
+        # A high- and a low-noise file (the primary one low) on SDXL, and on Wan 2.2 A14B.
+        for version, base in ((601, "SDXL 1.0"), (602, "Wan Video 2.2 T2V-A14B"), (603, "Wan Video 2.2 I2V-A14B")):
+            started.add_lora(version, DATA, name=GRAIN[1], base_model=base, more={GRAIN[0]: DATA + b"high"})
         yield started
 
 
@@ -339,6 +343,15 @@ def test_early_access_is_a_403_naming_why(source):
 def test_several_files_give_the_primary_safetensors_and_pickles_are_never_chosen(source):
     assert source.resolve("civitai:306").file.name == "style.safetensors"
     assert source.resolve("civitai:307").file.name == "style.safetensors"
+
+
+def test_a_version_is_a_pair_only_on_a_two_stage_base_else_the_single_lora_of_its_primary_file(source, tmp_path):
+    sdxl = source.resolve("civitai:601")
+    assert (sdxl.file.name, sdxl.pair) == (GRAIN[1], None)
+    assert source.download(sdxl, tmp_path, max_bytes=2**20).read_bytes() == DATA
+    for version in (602, 603):
+        wan = source.resolve(f"civitai:{version}")
+        assert (wan.file.name, wan.pair.name if wan.pair else None) == GRAIN, version
 
 
 def test_a_version_with_only_pickles_or_no_primary_is_refused(civitai):

@@ -17,9 +17,24 @@ PAIR = ("x_high_noise.safetensors", "x_low_noise.safetensors")
 LIGHTNING = ("V1.1/high_noise_model.safetensors", "V1.1/low_noise_model.safetensors")
 
 
-def test_a_file_says_its_stage_by_its_name():
-    names = [*PAIR, "x_HIGH_fp16.safetensors", "x-LOW.safetensors", "low_light.safetensors", "high_low_noise"]
-    assert [stage_in_name(n) for n in names] == [0, 1, 0, 1, None, 1]
+def test_a_file_says_its_stage_by_its_name_in_an_explicit_form_only():
+    explicit = {
+        PAIR[0]: 0,
+        PAIR[1]: 1,
+        "Wan2.2-High-Noise": 0,
+        "high_low_noise": 1,
+        # Wan2.2-Lightning's names: lightx2v's folders, Kijai's files, lightx2v's later files.
+        LIGHTNING[0]: 0,
+        "Wan2.2-Lightning_T2V-A14B-4steps-lora_HIGH_fp16.safetensors": 0,
+        "Wan2.2-Lightning_I2V-A14B-4steps-lora_LOW_fp16.safetensors": 1,
+        "Wan_2_2_I2V_A14B_HIGH_lightx2v_4step_lora_260412_rank_64_fp16.safetensors": 0,
+        "wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors": 1,
+    }
+    # A capital word alone is no stage: a style, a slider's setting (both go to both transformers).
+    unsaid = ["HIGH_FASHION_style.safetensors", "Detail Slider (LOW)", "x_HIGH_fp16.safetensors", "x-LOW.safetensors"]
+    unsaid += ["low_light.safetensors", "Lightning_HIGH_low_noise", "wan22_lightning_bolt_style.safetensors"]
+    assert {name: stage_in_name(name) for name in explicit} == explicit
+    assert [stage_in_name(name) for name in unsaid] == [None] * len(unsaid)
 
 
 @pytest.mark.parametrize(

@@ -120,3 +120,10 @@ def test_each_spec_holds_its_familys_identity_and_its_claims_are_the_identitys_o
         assert spec.identity is IDENTITIES[spec.family]
         # The names a family claims are declared once, in its identity's row; the signature holds shapes only.
         assert not hasattr(spec.signature, "claims")
+
+
+def test_a_family_is_two_stage_in_its_identity_exactly_when_its_spec_names_a_second_stage():
+    """The catalogue reads `FamilyIdentity.two_stage` (a Civitai version may be a pair only on such a base)."""
+    said = {spec.family: spec.identity.two_stage for spec in served_specs()}
+    assert said == {spec.family: spec.second_stage is not None for spec in served_specs()}
+    assert {family for family, two in said.items() if two} == {Family.WAN22, Family.WAN22_I2V}

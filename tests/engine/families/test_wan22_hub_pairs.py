@@ -70,7 +70,7 @@ def published(hub, halves) -> None:
     )
     hub.add_repo(REPOS[1], {HIGH: high, LOW: low})
     hub.add_repo(SPEED_REPO, {V11 + LIGHTNING[0]: high, V11 + LIGHTNING[1]: low})
-    bad = {"twice/" + HIGH: high, "twice/style_HIGH.safetensors": low, "one/" + HIGH: high}
+    bad = {"twice/" + HIGH: high, "twice/style_HIGH_NOISE.safetensors": low, "one/" + HIGH: high}
     hub.add_repo(REPOS[2], bad | {"bases/" + HIGH: halves["high_a14b"], "bases/" + LOW: halves["low_13b"]})
 
 
@@ -149,7 +149,7 @@ def test_each_half_from_the_hub_goes_to_its_own_transformer(engine):
 def test_bad_hub_pairs_are_400s_and_both_transformers_stay_bit_exact(engine, loaded_wan22, pristine_wan22):
     generate(engine, request(LoraSpec(REPOS[1], scale=0.7, scale_2=0.4), steps=1))
     refusals = {
-        "twice/": (InvalidRequestError, r"not one high-noise and one low-noise .*style_HIGH.safetensors: high"),
+        "twice/": (InvalidRequestError, r"not one high-noise and one low-noise .*style_HIGH_NOISE.safetensors: high"),
         "one/": (InvalidRequestError, r"folder 'one/' .* holds 1 .safetensors files; accepted: a folder of two"),
         "bases/": (IncompatibleLoraError, r"its halves are of different bases"),
     }

@@ -68,6 +68,9 @@ def civitai(files) -> Iterator[StandInCivitai]:
         # A page stating CLIP skip 2 (A1111's count), and a speed LoRA known by its model's name.
         started.add_lora(1104, files["sd15"], base_model="SD 1.5", clip_skip=2)
         started.add_lora(1105, files["sdxl"], model_name="DMD2 4-step LoRA")
+        # An SDXL version with a high- and a low-noise file: no pair on a one-stage base, its primary file alone.
+        grain = {"grain_high_noise.safetensors": files["nan"]}
+        started.add_lora(1106, files["sdxl"], name="grain_low_noise.safetensors", more=grain)
         yield started
 
 
@@ -251,6 +254,15 @@ def test_a_civitai_lora_gives_the_image_the_same_file_gives_from_the_hub(pools, 
     from_civitai = generate(pools, request(LoraSpec("civitai:1001"), seed=11))
     assert from_hub.adapters[0].cache == "miss" and from_civitai.adapters[0].ref == "civitai:1001"
     assert np.array_equal(np.asarray(from_hub.image), np.asarray(from_civitai.image))
+
+
+def test_an_sdxl_version_with_high_and_low_noise_files_is_the_single_lora_of_its_primary_file(pools, civitai):
+    civitai.clear_requests()
+    grain = generate(pools, request(LoraSpec("civitai:1106"), seed=11))
+    plain = generate(pools, request(LoraSpec("civitai:1001"), seed=11))
+    assert grain.adapters[0].weight_name == "grain_low_noise.safetensors"
+    assert np.array_equal(np.asarray(grain.image), np.asarray(plain.image))
+    assert not [r for r in civitai.requests if "file" in r.query or "grain_high" in r.path], "its other file is unused"
 
 
 def test_the_catalogue_describes_a_civitai_lora_with_its_trigger_words(hub, civitai):
