@@ -26,13 +26,15 @@ class CivitaiBase:
     base_model_id: str
     family: Family
     finetune: bool = False
+    # The group holds its family's checkpoints of that base too (`CivitaiLabel.checkpoints`).
+    checkpoints: bool = False
 
 
 # Each family's labels (`FamilyIdentity.civitai`, as Civitai's API spells them: its BaseModel enum, e.g.
 # "SDXL 1.0", "Flux.1 D" in developer.civitai.com/site/reference/models), oldest architecture first. Matched
 # ignoring case.
 CIVITAI_BASES: tuple[CivitaiBase, ...] = tuple(
-    CivitaiBase(c.label, c.base_model_id, i.family, c.finetune)
+    CivitaiBase(c.label, c.base_model_id, i.family, c.finetune, c.checkpoints)
     for i in sorted(IDENTITIES.values(), key=lambda i: i.released)
     for c in i.civitai
 )
