@@ -163,8 +163,8 @@ def _sibling_note(label: str, origin: LoraOrigin, served_base: str) -> str | Non
     made_for = [base for base in map(base_of, origin.bases) if base is not None and siblings(base.repo_id, served_base)]
     if made_for:
         note = (
-            f"{label} was made for {made_for[0].display_name} ({made_for[0].repo_id}); {runs_on}, the same "
-            "architecture with other weights, whose card says it takes such LoRAs: it may look different"
+            f"{label} was made for {made_for[0].display_name} ({made_for[0].repo_id}); {runs_on}, a checkpoint of "
+            "the same architecture and loader with other weights, so it may look different"
         )
     else:
         sibs = [b for b in IDENTITIES[family].bases if b is served or siblings(b.repo_id, served_base)]
