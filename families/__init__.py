@@ -24,8 +24,10 @@ __all__ = [
     "Family",
     "FamilyIdentity",
     "Spellings",
+    "base_of",
     "identity_of",
     "labels",
+    "siblings",
 ]
 
 
@@ -53,3 +55,22 @@ def labels() -> str:
     """The registered families in words, e.g. "SDXL, SD 1.5 or SD 2.x"."""
     named = [i.label for i in IDENTITIES.values()]
     return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} or {named[-1]}"
+
+
+# Every registered base by its lower-cased repo id.
+_BASES: Mapping[str, Base] = MappingProxyType({b.repo_id.lower(): b for i in IDENTITIES.values() for b in i.bases})
+
+
+def base_of(repo_id: str) -> Base | None:
+    """The registered base of a repo id (any case); None for a fine-tune's or an unknown one."""
+    return _BASES.get(repo_id.strip().lower())
+
+
+def siblings(a: str, b: str) -> bool:
+    """Two different registered bases one of which is a checkpoint of the other (`Base.checkpoint_of`), or both of
+    one base: LoRAs of either run on the other with a note."""
+    first, second = base_of(a), base_of(b)
+    if first is None or second is None or first is second:
+        return False
+    root = {first.checkpoint_of or first.repo_id, second.checkpoint_of or second.repo_id}
+    return len(root) == 1 and (first.checkpoint_of is not None or second.checkpoint_of is not None)

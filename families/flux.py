@@ -6,10 +6,15 @@ import re
 
 from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
 
-__all__ = ["IDENTITY", "MODEL_ID", "TINY_ID", "claims", "label_claims"]
+__all__ = ["IDENTITY", "KREA_ID", "MODEL_ID", "TINY_ID", "claims", "label_claims"]
 
 MODEL_ID = "black-forest-labs/FLUX.1-dev"
 TINY_ID = "tiny-flux"
+KREA_ID = "black-forest-labs/FLUX.1-Krea-dev"
+DEV = Base(MODEL_ID, "FLUX.1 [dev]")
+# FLUX.1 Krea [dev]: FLUX.1 [dev]'s architecture ("fully compatible", Krea's claim), so [dev]'s LoRAs run on it
+# with a note. Its card's example runs guidance 4.5 at 1024x1024; its steps are FluxPipeline's 28 ([dev]'s).
+KREA = DEV.checkpoint(KREA_ID, "FLUX.1 Krea [dev]", guidance=4.5, names=r"krea")
 # Lower-cased names of FLUX LoRAs: BFL's blocks (kohya, ComfyUI, XLabs), diffusers' single blocks and kohya's
 # diffusers-named mixture; diffusers' double blocks share `transformer.transformer_blocks.N.attn.` with other DiTs
 # (the origin judgement counts claims, so such names alone leave the widths to decide); FLUX.1 has 19 double
@@ -38,8 +43,9 @@ IDENTITY = FamilyIdentity(
     family=Family.FLUX,
     label="FLUX.1",
     bases=(
-        Base(MODEL_ID, "FLUX.1 [dev]"),
+        DEV,
         Base("black-forest-labs/FLUX.1-schnell", "FLUX.1 [schnell]"),
+        KREA,
     ),
     spellings=Spellings(
         architectures=("flux-1", "flux.1"),
@@ -51,6 +57,7 @@ IDENTITY = FamilyIdentity(
     civitai=(
         CivitaiLabel("Flux.1 D", MODEL_ID),
         CivitaiLabel("Flux.1 S", "black-forest-labs/FLUX.1-schnell"),
+        CivitaiLabel("Flux.1 Krea", KREA_ID),
     ),
     tiny_id=TINY_ID,
     demo=True,

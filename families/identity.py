@@ -5,9 +5,11 @@ Pure data and string tests, no torch: the catalogue (`lora_catalog`) and the eng
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 __all__ = ["Base", "CivitaiLabel", "Claims", "Family", "FamilyIdentity", "NameTest", "Spellings"]
 
@@ -42,10 +44,29 @@ class Family(StrEnum):
 
 @dataclass(frozen=True)
 class Base:
-    """A base model of the family, as the UI offers it in its base filter."""
+    """A base model of the family, as the UI offers it in its base filter.
+
+    A checkpoint of the family (FLUX.1 Krea [dev] beside FLUX.1 [dev]: the same architecture and loader, other
+    weights) is one more base, declared by its difference from its sibling (`Base.checkpoint`): its own request
+    defaults where its card differs from the family's pipeline (`steps`, `guidance`; None: the family's), and how
+    a LoRA file's metadata names it (`names`). Where its card says so (`checkpoint_of`), LoRAs made for it and
+    for its sibling run on each other's pools with a note (`engine.families.origin`)."""
 
     repo_id: str
     display_name: str
+    # The sibling whose architecture and loader it shares, whose LoRAs its card says it takes; None: none.
+    checkpoint_of: str | None = None
+    steps: int | None = None
+    guidance: float | None = None
+    # A regex searched in a LoRA file's lower-cased metadata (ModelSpec architecture, kohya's base model version
+    # and checkpoint name) that names this base rather than only its family; None: nothing does.
+    names: str | None = None
+
+    def checkpoint(self, repo_id: str, display_name: str, **differences: Any) -> Base:
+        """A checkpoint of this base's architecture, declared by its differences (steps, guidance, names)."""
+        return dataclasses.replace(
+            self, repo_id=repo_id, display_name=display_name, checkpoint_of=self.repo_id, **differences
+        )
 
 
 @dataclass(frozen=True)
@@ -58,6 +79,9 @@ class CivitaiLabel:
     label: str
     base_model_id: str
     finetune: bool = False
+    # The group holds the family's checkpoints of that base too (Civitai's one "Qwen" group: Qwen-Image and
+    # Qwen-Image-2512): a file's metadata tells which where it names one (`Base.names`).
+    checkpoints: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,3 +155,8 @@ class FamilyIdentity:
     def model_id(self) -> str:
         """The reference model's repo id."""
         return self.bases[0].repo_id
+
+    @property
+    def checkpoints(self) -> tuple[Base, ...]:
+        """Its bases that are checkpoints of another of its bases (`Base.checkpoint_of`)."""
+        return tuple(b for b in self.bases if b.checkpoint_of is not None)

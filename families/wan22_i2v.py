@@ -6,14 +6,18 @@ alone: a card, metadata ("wan2.2-i2v-a14b") or Civitai's label tells them from t
 
 from __future__ import annotations
 
-from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
-from families.wan_names import claims
+import dataclasses
+
+from families import wan22
+from families.identity import Base, CivitaiLabel, Family, Spellings
 
 __all__ = ["IDENTITY", "MODEL_ID", "TINY_ID"]
 
 MODEL_ID = "Wan-AI/Wan2.2-I2V-A14B-Diffusers"
 TINY_ID = "tiny-wan22-i2v"
-IDENTITY = FamilyIdentity(
+# Wan 2.2 T2V-A14B's identity by its differences (the same transformers' names, release and full differences).
+IDENTITY = dataclasses.replace(
+    wan22.IDENTITY,
     family=Family.WAN22_I2V,
     label="Wan 2.2 I2V A14B",
     bases=(Base(MODEL_ID, "Wan 2.2 I2V A14B"),),
@@ -23,11 +27,6 @@ IDENTITY = FamilyIdentity(
         kohya_versions=("wan2.2-i2v-a14b", "wan2.2_i2v_a14b", "wan22_i2v_a14b"),
         checkpoint_names=r"wan[-_]?2[._]?2[-_]i2v[-_]a14b",
     ),
-    claims=Claims(names=claims),
-    released="2025-07",
     civitai=(CivitaiLabel("Wan Video 2.2 I2V-A14B", MODEL_ID),),
     tiny_id=TINY_ID,
-    # lightx2v's speed LoRAs' norm `.diff` and kijai's `.diff_m` (modulation) apply (`engine.families.wan`).
-    full_differences=True,
-    two_stage=True,
 )

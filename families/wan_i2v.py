@@ -5,7 +5,10 @@ them: it runs here too (diffusers expands it with zeros for those layers), where
 
 from __future__ import annotations
 
-from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
+import dataclasses
+
+from families import wan
+from families.identity import Base, CivitaiLabel, Claims, Family, Spellings
 from families.wan_names import claims, image_to_video_name
 
 __all__ = ["IDENTITY", "MODEL_ID", "MODEL_ID_720P", "TINY_ID"]
@@ -13,7 +16,9 @@ __all__ = ["IDENTITY", "MODEL_ID", "MODEL_ID_720P", "TINY_ID"]
 MODEL_ID = "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"
 MODEL_ID_720P = "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"
 TINY_ID = "tiny-wan-i2v"
-IDENTITY = FamilyIdentity(
+# Wan's identity by its differences (its release and full differences are Wan's).
+IDENTITY = dataclasses.replace(
+    wan.IDENTITY,
     family=Family.WAN_I2V,
     label="Wan I2V",
     bases=(Base(MODEL_ID, "Wan 2.1 I2V 14B 480P"), Base(MODEL_ID_720P, "Wan 2.1 I2V 14B 720P")),
@@ -25,11 +30,8 @@ IDENTITY = FamilyIdentity(
     ),
     # Wan's block names, and the image layers as its own: an image-to-video LoRA outnumbers Wan's claim.
     claims=Claims(names=claims, own=image_to_video_name, labels=image_to_video_name),
-    released="2025-02",
     civitai=(CivitaiLabel("Wan Video 14B i2v 480p", MODEL_ID), CivitaiLabel("Wan Video 14B i2v 720p", MODEL_ID_720P)),
     tiny_id=TINY_ID,
-    # lightx2v's speed LoRAs' norm `.diff` and kijai's `.diff_m` (modulation) apply (`engine.families.wan`).
-    full_differences=True,
     # Wan 2.2 I2V-A14B's transformers are Wan 2.1 14B's blocks without the image keys and values: people run 2.1
     # image-to-video LoRAs on them. Allowed there with a warning where no Wan 2.1 I2V pool is served (or the request
     # names the A14B pool); the image layers' factors fit no layer there and are dropped, as diffusers drops them.

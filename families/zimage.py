@@ -1,4 +1,5 @@
-"""Z-Image's identity (Turbo and its fine-tunes): its transformer's block lists at the top of a LoRA's names."""
+"""Z-Image's identity (Turbo, the base checkpoint and their fine-tunes): its transformer's block lists at the top
+of a LoRA's names."""
 
 from __future__ import annotations
 
@@ -6,10 +7,16 @@ import re
 
 from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
 
-__all__ = ["IDENTITY", "MODEL_ID", "TINY_ID", "claims"]
+__all__ = ["BASE_ID", "IDENTITY", "MODEL_ID", "TINY_ID", "claims"]
 
 MODEL_ID = "Tongyi-MAI/Z-Image-Turbo"
 TINY_ID = "tiny-zimage"
+BASE_ID = "Tongyi-MAI/Z-Image"
+TURBO = Base(MODEL_ID, "Z-Image Turbo", names=r"z[-_]?image[-_]?turbo")
+# Z-Image (base): Turbo's architecture and loader, undistilled. Its defaults are ZImagePipeline's own (diffusers
+# 0.42.1: 50 steps at CFG 5.0); Turbo's card's are 8-9 steps without CFG (the family's). Base-trained LoRAs run on
+# Turbo and Turbo's on it, with a note (its discussion #18 asks this).
+BASE = TURBO.checkpoint(BASE_ID, "Z-Image", steps=50, guidance=5.0, names=r"z[-_]?image[-_]?base")
 # Lower-cased names only Z-Image LoRAs have: its blocks' lists at the top of the transformer, in every naming
 # (diffusers', ComfyUI's `diffusion_model.`, kohya's `lora_unet_`). No UNet, FLUX or CLIP name starts so
 # (CLIP's `encoder.layers.N` never starts a name).
@@ -24,7 +31,7 @@ def claims(name: str) -> bool:
 IDENTITY = FamilyIdentity(
     family=Family.ZIMAGE,
     label="Z-Image",
-    bases=(Base(MODEL_ID, "Z-Image Turbo"),),
+    bases=(TURBO, BASE),
     # Z-Image trainers (musubi-tuner, ai-toolkit) spell the architecture with or without a separator.
     spellings=Spellings(
         architectures=("z-image", "z_image", "zimage"),
@@ -33,6 +40,6 @@ IDENTITY = FamilyIdentity(
     ),
     claims=Claims(names=claims, labels=claims),
     released="2025-11",
-    civitai=(CivitaiLabel("ZImageTurbo", MODEL_ID),),
+    civitai=(CivitaiLabel("ZImageTurbo", MODEL_ID), CivitaiLabel("ZImageBase", BASE_ID)),
     tiny_id=TINY_ID,
 )

@@ -8,6 +8,7 @@ none of a family's LoRAs (the SDXL refiner, SD 3) come out as `Family.UNKNOWN`, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ __all__ = [
     "DEFAULT_BASE",
     "KNOWN_BASES",
     "KnownBase",
+    "base_from_metadata",
     "family_from_keys",
     "family_from_metadata",
     "family_of_base",
@@ -89,6 +91,22 @@ def family_from_metadata(metadata: Mapping[str, str]) -> Family | None:
     # Checkpoint file names as trainers record them: a best-effort guess (`families.claims` ranks the matches).
     model_name = str(metadata.get("ss_sd_model_name", "")).strip().lower()
     return family_from_checkpoint_name(model_name) if model_name else None
+
+
+# The metadata fields that may name a checkpoint, not only its family (`Base.names`).
+_CHECKPOINT_FIELDS = ("modelspec.architecture", "ss_base_model_version", "ss_sd_model_name")
+
+
+def base_from_metadata(metadata: Mapping[str, str], family: Family) -> str | None:
+    """The base of `family` a file's metadata names (FLUX.1 Krea [dev], Qwen-Image-2512: `Base.names`); None when
+    it names only the family, or nothing."""
+    if family not in IDENTITIES:
+        return None
+    fields = [str(metadata.get(key, "")).strip().lower() for key in _CHECKPOINT_FIELDS]
+    for base in IDENTITIES[family].bases:
+        if base.names is not None and any(re.search(base.names, field) for field in fields if field):
+            return base.repo_id
+    return None
 
 
 def family_from_keys(tensor_names: Iterable[str]) -> Family | None:

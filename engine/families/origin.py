@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from engine.errors import IncompatibleLoraError
 from engine.families.registry import served_specs
 from engine.families.spec import Shapes, Widths
-from families import IDENTITIES
+from families import IDENTITIES, base_of, siblings
 from families.claims import TensorMatch, name_counts, rank_by_tensors
-from lora_catalog.bases import family_from_metadata, family_of_base
+from lora_catalog.bases import base_from_metadata, family_from_metadata, family_of_base
+from lora_catalog.civitai.bases import civitai_base_for
 from lora_catalog.entries import Family
 
 __all__ = [
@@ -85,7 +86,7 @@ def judge_origin(
     itself (`declared_family`: Civitai's base label, UNKNOWN for a base no family of ours has) decides alone."""
     bases = tuple(dict.fromkeys(declared_bases))
     if declared_family is not None:
-        return LoraOrigin(bases, (declared_family,), "card")
+        return LoraOrigin(_checkpoint_named(bases, declared_family, read_file), (declared_family,), "card")
     known = tuple(dict.fromkeys(f for f in map(family_of_base, bases) if f is not Family.UNKNOWN))
     if known:
         return LoraOrigin(bases, known, "card")
@@ -93,8 +94,19 @@ def judge_origin(
     declared = family_from_metadata(metadata)
     # A refiner, SD3 and other architectures we do not know declare Family.UNKNOWN: their tensors still tell.
     if declared is not None and declared is not Family.UNKNOWN:
-        return LoraOrigin((), (declared,), "metadata", unknown_bases=bases)
+        named = base_from_metadata(metadata, declared)
+        return LoraOrigin((named,) if named else (), (declared,), "metadata", unknown_bases=bases)
     return _by_tensors(shapes, bases)
+
+
+def _checkpoint_named(bases: tuple[str, ...], family: Family, read_file: Callable[[], FileEvidence]) -> tuple[str, ...]:
+    """A source's bases, or the checkpoint the file's metadata names where the source's group holds several
+    (Civitai's one "Qwen" group: Qwen-Image and Qwen-Image-2512); only then is the file read."""
+    groups = [civitai_base_for(base) for base in bases]
+    if not any(group is not None and group.checkpoints for group in groups):
+        return bases
+    named = base_from_metadata(read_file()[0], family)
+    return (named,) if named else bases
 
 
 def _by_tensors(shapes: Shapes, unknown_bases: tuple[str, ...]) -> LoraOrigin:
@@ -137,16 +149,47 @@ def _fallen_back(label: str, origin: LoraOrigin, served: Family, served_base: st
     return warning
 
 
+def _sibling_note(label: str, origin: LoraOrigin, served_base: str) -> str | None:
+    """The note for a LoRA of the served family made for a sibling checkpoint of the served base (`Base.
+    checkpoint_of`: FLUX.1 [dev]'s on FLUX.1 Krea [dev], Qwen-Image's on 2512, Z-Image's base and Turbo both
+    ways), or whose metadata or tensors cannot tell which sibling it was made for; None otherwise."""
+    served = base_of(served_base)
+    family = family_of_base(served_base)
+    if served is None or family not in origin.families or family not in IDENTITIES:
+        return None
+    if any(base.lower() == served.repo_id.lower() for base in origin.bases):
+        return None
+    runs_on = f"it runs on {served.display_name} ({served.repo_id})"
+    made_for = [base for base in map(base_of, origin.bases) if base is not None and siblings(base.repo_id, served_base)]
+    if made_for:
+        note = (
+            f"{label} was made for {made_for[0].display_name} ({made_for[0].repo_id}); {runs_on}, a checkpoint of "
+            "the same architecture and loader with other weights, so it may look different"
+        )
+    else:
+        sibs = [b for b in IDENTITIES[family].bases if b is served or siblings(b.repo_id, served_base)]
+        # Metadata naming only the family says nothing against the reference model; tensors never tell.
+        quiet = origin.how == "metadata" and served.checkpoint_of is None
+        if origin.bases or len(sibs) < 2 or origin.how == "card" or quiet:
+            return None
+        what = "tensors" if origin.how == "shapes" else "metadata"
+        note = f"{label}: its {what} cannot tell {' from '.join(b.display_name for b in sibs)}; {runs_on}"
+    logger.warning("%s", note)
+    return note
+
+
 def check_origin(label: str, origin: LoraOrigin, served_base: str) -> str | None:
     """Raise `IncompatibleLoraError` for a LoRA of another family than `served_base`'s; return a warning when
-    only its tensors vouch for it (names can rule a family out, but only guess at one)."""
+    only its tensors vouch for it (names can rule a family out, but only guess at one), or when it was made for a
+    sibling checkpoint of the served base (`_sibling_note`)."""
     served = family_of_base(served_base)
     accepted = f"this Space serves {served_base} ({served}); accepted: LoRAs for the {served} family"
     if fallback := _fallen_back(label, origin, served, served_base):
         return fallback
+    note = _sibling_note(label, origin, served_base)
     if origin.how == "card":
         if served in origin.families:
-            return None
+            return note
         raise IncompatibleLoraError(
             f"{label} was made for {', '.join(origin.bases)} ({', '.join(sorted(origin.families))}); {accepted}"
         )
@@ -155,8 +198,10 @@ def check_origin(label: str, origin: LoraOrigin, served_base: str) -> str | None
         trained = " or ".join(origin.families)
         raise IncompatibleLoraError(f"{label} was trained for the {trained} family{named}; {accepted}")
     if origin.how == "metadata":
-        return None
+        return note
     warning = f"{label} declares no base model we know; it is judged by its tensors alone"
+    if note:
+        warning = f"{warning}. {note}"
     logger.warning("%s", warning)
     return warning
 

@@ -34,7 +34,6 @@ __all__ = [
     "TINY_FRAMES",
     "TINY_I2V_WIDTH",
     "TINY_WIDTH",
-    "build_tiny_a14b_i2v_pipeline",
     "build_tiny_a14b_pipeline",
     "build_tiny_i2v_pipeline",
     "build_tiny_pipeline",
@@ -148,45 +147,27 @@ def build_tiny_i2v_pipeline(seed: int = 0) -> WanImageToVideoPipeline:
     return pipe
 
 
-def build_tiny_a14b_pipeline(seed: int = 0) -> WanPipeline:
-    """A tiny Wan 2.2 T2V-A14B: the text-to-video one's parts with two transformers 36 wide (`transformer` for the
-    high-noise steps, `transformer_2` for the low-noise ones, each seeded apart), switched at A14B's boundary."""
+def build_tiny_a14b_pipeline(seed: int = 0, *, image: bool = False) -> WanPipeline | WanImageToVideoPipeline:
+    """A tiny Wan 2.2 A14B: two transformers (`transformer` for the high-noise steps, `transformer_2` for the
+    low-noise ones, each seeded apart) switched at the model's boundary. T2V-A14B's are 36 wide; with `image`,
+    I2V-A14B's are 60 wide and take the image's latents and mask beside the noise (36 channels), with no image
+    embedder and no image keys and values (Wan 2.2 has no CLIP image encoder: its pipeline's `image_encoder` and
+    `image_processor` are None)."""
+    width, extra = (TINY_A14B_I2V_WIDTH, {"in_channels": 36}) if image else (TINY_A14B_WIDTH, {})
     tokenizer = tiny_t5_tokenizer()
     torch.manual_seed(seed)
-    high = tiny_wan_transformer(TINY_A14B_WIDTH)
+    high = tiny_wan_transformer(width, **extra)
     torch.manual_seed(seed + 4)
-    low = tiny_wan_transformer(TINY_A14B_WIDTH)
-    pipe = WanPipeline(
-        tokenizer=tokenizer,
-        text_encoder=_text_encoder(len(tokenizer), seed + 2),
-        transformer=high,
-        vae=_vae(seed),
-        scheduler=UniPCMultistepScheduler(**SCHEDULER),
-        transformer_2=low,
-        boundary_ratio=A14B_BOUNDARY,
-    )
-    dynamic: Any = pipe  # (see build_tiny_pipeline)
-    dynamic.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def build_tiny_a14b_i2v_pipeline(seed: int = 0) -> WanImageToVideoPipeline:
-    """A tiny Wan 2.2 I2V-A14B: two transformers 60 wide taking the image's latents and mask beside the noise
-    (36 channels), with no image embedder and no image keys and values (Wan 2.2 has no CLIP image encoder: its
-    pipeline's `image_encoder` and `image_processor` are None), switched at I2V-A14B's boundary."""
-    tokenizer = tiny_t5_tokenizer()
-    torch.manual_seed(seed)
-    high = tiny_wan_transformer(TINY_A14B_I2V_WIDTH, in_channels=36)
-    torch.manual_seed(seed + 4)
-    low = tiny_wan_transformer(TINY_A14B_I2V_WIDTH, in_channels=36)
-    pipe = WanImageToVideoPipeline(
+    low = tiny_wan_transformer(width, **extra)
+    pipeline_class = WanImageToVideoPipeline if image else WanPipeline
+    pipe = pipeline_class(
         tokenizer=tokenizer,
         text_encoder=_text_encoder(len(tokenizer), seed + 2),
         vae=_vae(seed),
         scheduler=UniPCMultistepScheduler(**SCHEDULER),
         transformer=high,
         transformer_2=low,
-        boundary_ratio=A14B_I2V_BOUNDARY,
+        boundary_ratio=A14B_I2V_BOUNDARY if image else A14B_BOUNDARY,
     )
     dynamic: Any = pipe  # (see build_tiny_pipeline)
     dynamic.set_progress_bar_config(disable=True)

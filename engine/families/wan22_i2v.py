@@ -13,11 +13,14 @@ at 16 fps.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 from diffusers import WanImageToVideoPipeline
 
 from engine.families import wan, wan22
-from engine.families.spec import FamilySpec, LoraSignature, Pipeline, PreviewSpec, RunDefaults, VideoDefaults
-from engine.families.tiny_wan import build_tiny_a14b_i2v_pipeline
+from engine.families.spec import Pipeline, RunDefaults, VideoDefaults
+from engine.families.tiny_wan import build_tiny_a14b_pipeline
 from engine.families.wan_memory import MEMORY_I2V_A14B
 from families.wan22_i2v import IDENTITY
 
@@ -34,25 +37,15 @@ def video(pipe: Pipeline) -> VideoDefaults:
     return VideoDefaults(**{**vars(wan.video(pipe)), "guidance_2": 3.5})
 
 
-FAMILY = FamilySpec(
+# Wan 2.2 T2V-A14B's spec, by its differences: its pipeline, defaults and tiny model, its sizes, an image on
+# every request.
+FAMILY = dataclasses.replace(
+    wan22.FAMILY,
     identity=IDENTITY,
     pipeline_class=WanImageToVideoPipeline,
-    denoiser="transformer",
-    components=("transformer", "transformer_2"),
-    side=wan.SIDE,
-    served_side=wan.served_side,
     defaults=defaults,
-    call_arguments=wan22.call_arguments,
-    size_buckets=wan.SIZE_BUCKETS,
-    full_differences=wan22.full_differences,
-    convert_lora=wan22.convert_lora,
-    signature=LoraSignature(wan.lora_widths, wan.pipeline_widths),
-    preview=PreviewSpec(None, wan.LATENT_RGB, unpack=wan.unpack_latents),
-    build_tiny=build_tiny_a14b_i2v_pipeline,
-    half_dtype="bfloat16",
+    build_tiny=functools.partial(build_tiny_a14b_pipeline, image=True),
     memory=MEMORY_I2V_A14B,
     needs_image=True,
     video=video,
-    second_stage="transformer_2",
-    stage_of=wan22.stage_of,
 )

@@ -7,34 +7,29 @@ layers alone, and so does the exact swap. The CLIP image encoder, like UMT5, is 
 
 from __future__ import annotations
 
+import dataclasses
+
 from diffusers import WanImageToVideoPipeline
 
 from engine.families import wan
-from engine.families.spec import FamilySpec, LoraSignature, PreviewSpec
+from engine.families.spec import PreviewSpec
 from engine.families.tiny_wan import build_tiny_i2v_pipeline
 from engine.families.wan_memory import MEMORY_I2V_480P, MEMORY_I2V_720P
 from families.wan_i2v import IDENTITY, MODEL_ID_720P
 
 __all__ = ["FAMILY"]
 
-FAMILY = FamilySpec(
+# Wan's spec, by its differences: its pipeline, its own tiny model and sizes, an image on every request (its own
+# pipeline takes it: no separate image-to-image class, no modes read from the pipeline), Wan 2.1's previews only.
+FAMILY = dataclasses.replace(
+    wan.FAMILY,
     identity=IDENTITY,
     pipeline_class=WanImageToVideoPipeline,
-    denoiser="transformer",
-    components=("transformer",),
-    side=wan.SIDE,
-    served_side=wan.served_side,
-    defaults=wan.defaults,
-    call_arguments=wan.call_arguments,
-    size_buckets=wan.SIZE_BUCKETS,
-    full_differences=wan.full_differences,
-    convert_lora=wan.convert_lora,
-    signature=LoraSignature(wan.lora_widths, wan.pipeline_widths),
     preview=PreviewSpec(None, wan.LATENT_RGB, unpack=wan.unpack_latents),
     build_tiny=build_tiny_i2v_pipeline,
-    half_dtype="bfloat16",
     memory=MEMORY_I2V_480P,
     base_memory=((MODEL_ID_720P, MEMORY_I2V_720P),),
+    image_to_image=None,
+    pipeline_modes=None,
     needs_image=True,
-    video=wan.video,
 )

@@ -38,6 +38,7 @@ from engine.requests import CheckedRequest, ModelDefaults
 from engine.settings import Settings
 from engine.storage import BRANCHED, unplanned_storage
 from engine.weights.gguf import gguf_quant_types
+from families import base_of
 
 __all__ = [
     "LoadedPipeline",
@@ -222,10 +223,14 @@ def _place(
 
 
 def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDefaults:
-    """The served model's request defaults: the family's, its sizes around the pipeline's own side."""
+    """The served model's request defaults: the family's, with its base's own steps and guidance where it
+    declares them (a checkpoint's card: `Base.steps`, `Base.guidance`), its sizes around the pipeline's own side."""
     side = family.served_side(pipe)
     max_side = min(settings.max_side, max(2 * side, 256))
     run = family.defaults(pipe)
+    if (base := base_of(settings.base_model_id)) is not None:
+        steps = run.steps if base.steps is None else base.steps
+        run = dataclasses.replace(run, steps=steps, guidance=run.guidance if base.guidance is None else base.guidance)
     modes = served_modes(family)
     if family.pipeline_modes is not None:
         own = family.pipeline_modes(pipe)

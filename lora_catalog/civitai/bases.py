@@ -28,13 +28,15 @@ class CivitaiBase:
     finetune: bool = False
     # Its family has a high-noise and a low-noise denoiser (`FamilyIdentity.two_stage`): a version may be a pair.
     two_stage: bool = False
+    # The group holds its family's checkpoints of that base too (`CivitaiLabel.checkpoints`).
+    checkpoints: bool = False
 
 
 # Each family's labels (`FamilyIdentity.civitai`, as Civitai's API spells them: its BaseModel enum, e.g.
 # "SDXL 1.0", "Flux.1 D" in developer.civitai.com/site/reference/models), oldest architecture first. Matched
 # ignoring case.
 CIVITAI_BASES: tuple[CivitaiBase, ...] = tuple(
-    CivitaiBase(c.label, c.base_model_id, i.family, c.finetune, i.two_stage)
+    CivitaiBase(c.label, c.base_model_id, i.family, c.finetune, two_stage=i.two_stage, checkpoints=c.checkpoints)
     for i in sorted(IDENTITIES.values(), key=lambda i: i.released)
     for c in i.civitai
 )

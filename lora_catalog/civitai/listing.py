@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from families import base_of
+
 from ..entries import LoraEntry
 from ..errors import CivitaiUnavailableError
 from ..listing import Freshness, describe_age, format_utc
@@ -45,6 +47,10 @@ class _Listing:
 def labels_for(base: str) -> tuple[CivitaiBase, ...]:
     """Civitai's labels whose LoRAs the filter's `base` lists: its own, and its family's fine-tunes with it."""
     own = civitai_base_for(base)
+    if own is None and (known := base_of(base)) is not None and known.checkpoint_of is not None:
+        # A checkpoint with no group of its own (Qwen-Image-2512): its sibling's group, where that holds both.
+        group = civitai_base_for(known.checkpoint_of)
+        own = group if group is not None and group.checkpoints else None
     if own is None:
         return ()
     finetunes = () if own.finetune else tuple(b for b in CIVITAI_BASES if b.finetune and b.family is own.family)

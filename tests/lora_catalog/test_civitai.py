@@ -167,7 +167,9 @@ def test_a_link_carrying_a_token_is_refused_without_echoing_it():
         ("SD 1.5", Family.SD15, False),
         ("Flux.1 D", Family.FLUX, False),
         ("Flux.1 S", Family.FLUX, False),
+        ("Flux.1 Krea", Family.FLUX, False),
         ("ZImageTurbo", Family.ZIMAGE, False),
+        ("ZImageBase", Family.ZIMAGE, False),
         ("Flux.2 Klein 4B", Family.FLUX2, False),
         ("Flux.2 Klein 9B-base", Family.FLUX2, False),
         ("Qwen", Family.QWEN_IMAGE, False),
@@ -193,10 +195,10 @@ def test_each_civitai_base_maps_to_its_family(label, family, finetune):
 
 def test_the_table_has_exactly_those_entries_and_the_rest_maps_to_nothing():
     assert [b.label for b in CIVITAI_BASES] == [
-        "SD 1.5", "SDXL 1.0", "Pony", "Illustrious", "NoobAI", "Flux.1 D", "Flux.1 S",
+        "SD 1.5", "SDXL 1.0", "Pony", "Illustrious", "NoobAI", "Flux.1 D", "Flux.1 S", "Flux.1 Krea",
         "Wan Video 14B i2v 480p", "Wan Video 14B i2v 720p", "Wan Video 1.3B t2v", "Wan Video 14B t2v",
         "Wan Video 2.2 TI2V-5B", "Flux.1 Kontext", "Wan Video 2.2 T2V-A14B",
-        "Wan Video 2.2 I2V-A14B", "Qwen", "ZImageTurbo", "Flux.2 D",
+        "Wan Video 2.2 I2V-A14B", "Qwen", "ZImageTurbo", "ZImageBase", "Flux.2 D",
         "Flux.2 Klein 4B", "Flux.2 Klein 9B", "Flux.2 Klein 4B-base", "Flux.2 Klein 9B-base",
     ]  # fmt: skip
     # Wan 2.5 is not served yet.
@@ -527,3 +529,31 @@ def test_the_civitai_tab_lists_loras_for_a_base_most_downloaded_first_policy_app
     page = down.page("stabilityai/stable-diffusion-xl-base-1.0", source="civitai")
     assert page.entries == () and page.freshness.offline and "Civitai could not be reached" in page.freshness.message
     down.close()
+
+
+def test_the_civitai_tab_lists_each_checkpoints_group_and_2512_the_one_qwen_group(hub):
+    """FLUX.1 Krea [dev] and Z-Image base have Civitai groups of their own; Qwen-Image-2512 shares Qwen-Image's one
+    "Qwen" group (a file's metadata tells them apart: tests/engine/families/test_checkpoints.py)."""
+    from lora_catalog.catalog import Catalog
+    from lora_catalog.hub import HubSource
+
+    with StandInCivitai() as listing:
+        listing.add_lora(911, DATA, model_id=81, downloads=5, base_model="Flux.1 Krea")
+        listing.add_lora(912, DATA, model_id=82, downloads=5, base_model="ZImageBase")
+        listing.add_lora(913, DATA, model_id=83, downloads=5, base_model="Qwen")
+        listing.add_lora(914, DATA, model_id=84, downloads=9, base_model="Flux.1 D")
+        source = CivitaiSource(listing.url, timeout_s=5)
+        catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), civitai=source, refresh=False)
+        try:
+            for base, label, ref in (
+                ("black-forest-labs/FLUX.1-Krea-dev", "Flux.1 Krea", "civitai:911"),
+                ("Tongyi-MAI/Z-Image", "ZImageBase", "civitai:912"),
+                ("Qwen/Qwen-Image-2512", "Qwen", "civitai:913"),
+            ):
+                page = catalog.page(base, source="civitai")
+                assert [e.ref for e in page.entries] == [ref]
+                assert f"Live from Civitai ({label}" in page.freshness.message
+                query = [r.query for r in listing.requests if r.path == "/api/v1/models"][-1]
+                assert query["baseModels"] == [label]
+        finally:
+            catalog.close()
