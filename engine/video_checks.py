@@ -8,17 +8,38 @@ after it) up to the pool's `max_frames` and MAX_VIDEO_FRAMES, `fps` within FPS_R
 guidance range (ignored, with a warning, on a pool of one stage: `ModelDefaults.ignored`). A video pool makes one
 video a request and takes no mask. An image-to-video-only pool refuses a request without an image, a
 text-to-video-only pool one with an image (`video_mode_refusal`).
+
+A video pool's memory plan is made for a size (`ModelDefaults.video_plan`: its base's card's frames, width and
+height, `engine.families.wan_memory`): a video of more transformer tokens than that size's is refused
+(`check_tokens`), naming the most frames at the asked size and the largest size (of the asked aspect) at the asked
+frames. Tokens are `latent_tokens`: the plan's formula, in the pool's own frame rule and side multiple.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError, LimitExceededError
-from engine.requests import FPS_RANGE, GUIDANCE_RANGE, CheckedRequest, GenerateRequest, Limits, ModelDefaults
+from engine.requests import (
+    FPS_RANGE,
+    GUIDANCE_RANGE,
+    MIN_SIDE,
+    CheckedRequest,
+    GenerateRequest,
+    Limits,
+    ModelDefaults,
+)
 from engine.values import checked_int, checked_number
 
-__all__ = ["VIDEO_FIELDS", "VideoSettings", "check_video", "video_mode_refusal"]
+__all__ = [
+    "VIDEO_FIELDS",
+    "VideoSettings",
+    "check_tokens",
+    "check_video",
+    "latent_tokens",
+    "video_mode_refusal",
+]
 
 VIDEO_FIELDS = ("num_frames", "fps", "guidance_2")
 
@@ -98,4 +119,34 @@ def video_mode_refusal(request: GenerateRequest, defaults: ModelDefaults) -> Inv
     return InvalidRequestError(
         f"an image was given, but this pool's model{named} is text-to-video only; accepted: a prompt without an "
         "image (image-to-video needs an image-to-video pool)"
+    )
+
+
+def latent_tokens(frames: int, width: int, height: int, frame_multiple: int, cell: int) -> int:
+    """The video transformer's tokens: (frames - 1) / `frame_multiple` + 1 latent frames, each of (height / cell)
+    x (width / cell) patches (`cell`: the VAE's spatial scale times the 2x2 patch, a pool's side multiple)."""
+    return ((frames - 1) // frame_multiple + 1) * (height // cell) * (width // cell)
+
+
+def check_tokens(frames: int, width: int, height: int, defaults: ModelDefaults) -> None:
+    """A video within the tokens of the pool's plan (`ModelDefaults.video_plan`; see the module docstring)."""
+    if not defaults.video or not defaults.video_plan:
+        return
+    step, cell = defaults.frame_multiple, defaults.side_multiple
+    planned_frames, planned_width, planned_height = defaults.video_plan
+    budget = latent_tokens(planned_frames, planned_width, planned_height, step, cell)
+    asked = latent_tokens(frames, width, height, step, cell)
+    if asked <= budget:
+        return
+    # The most latent frames at this size, and the most patches a latent frame at these frames.
+    latent, patches = budget // ((width // cell) * (height // cell)), budget // ((frames - 1) // step + 1)
+    most = f"at most {step * (latent - 1) + 1} frames" if latent else "no frame count"
+    wide, high = width // cell, height // cell
+    largest = (cell * math.isqrt(wide * patches // high), cell * math.isqrt(high * patches // wide))
+    fits = min(largest) >= MIN_SIDE
+    size = f"at most {largest[0]}x{largest[1]}" if fits else "no size of this aspect"
+    raise LimitExceededError(
+        f"num_frames={frames} at {width}x{height} is {asked} video tokens, more than the {budget} this pool's "
+        f"memory plan is made for ({planned_frames} frames at {planned_width}x{planned_height}); accepted: at "
+        f"{width}x{height} {most}, or at {frames} frames {size} (any frames and size of at most {budget} tokens)"
     )

@@ -186,7 +186,10 @@ class MemorySpec:
     storage sizes them (`engine.storage`; None: its fp8 size is known once loaded); `branch_modules`: the pattern
     (`re.search`) of the denoiser's Linear names LoRAs may target, which get LoRA branches on a quantized pool
     (None: every Linear). `largest_encoder_values`: `largest_values` over the components besides the denoiser (the
-    swap's scratch on a quantized pool, whose LoRAs fuse into the text encoders only).
+    swap's scratch on a quantized pool, whose LoRAs fuse into the text encoders only). `video_size`: the (frames,
+    width, height) a video family's `working_bytes` is planned at, whose tokens bound every request
+    (`ModelDefaults.video_plan`; empty: no bound); `largest_side`: the largest side its pools take (0: twice the
+    served side, as every family's), which `working_bytes` covers too (Wan's 720P bases: 1280).
     """
 
     values: tuple[tuple[str, int], ...] = ()
@@ -198,6 +201,8 @@ class MemorySpec:
     linears: LinearSizes | None = None
     branch_modules: str | None = None
     largest_encoder_values: int = 0
+    video_size: tuple[int, int, int] | tuple[()] = ()
+    largest_side: int = 0
 
     def values_of(self, components: tuple[str, ...]) -> int:
         """The values of `components` (those the spec names)."""

@@ -1,0 +1,82 @@
+"""A Wan pool's sizes and frames as loading gives them (`ModelDefaults`), from its base's one declaration
+(`engine.families.wan_memory`): the 720P bases (Wan 2.1 T2V-14B, I2V-720P, Wan 2.2 A14B) take 1280 x 720, the 480P
+ones keep twice 480; every pool carries the size its memory plan is made for (the gate's token bound).
+
+The pools are tiny Wan folders loaded as real ones are (`from_pretrained`), their VAE's config without the tiny
+side it states, so each reads as its checkpoint's: Wan's 480 side and 81 frames, TI2V-5B's 704 and 121.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.errors import LimitExceededError
+from engine.families import tiny_wan
+from engine.normalise import normalise_request
+from engine.pipeline.loading import load_pipeline
+from engine.requests import GenerateRequest, Limits, ModelDefaults
+from engine.settings import Settings
+from families.wan import MODEL_ID, MODEL_ID_14B
+from families.wan22 import MODEL_ID as A14B
+from families.wan_i2v import MODEL_ID as I2V_480P
+from families.wan_i2v import MODEL_ID_720P as I2V_720P
+from tests.support.image_inputs import input_image
+
+BUILDERS: dict[str, Callable[[int], Any]] = {
+    "t2v": tiny_wan.build_tiny_pipeline,
+    "i2v": tiny_wan.build_tiny_i2v_pipeline,
+    "a14b": tiny_wan.build_tiny_a14b_pipeline,
+    "ti2v": tiny_wan.build_tiny_ti2v_pipeline,
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each tiny Wan saved as a folder whose VAE states no side of its own."""
+    made = {}
+    for name, build in BUILDERS.items():
+        folder = tmp_path_factory.mktemp(f"wan-{name}") / "pipeline"
+        build(0).save_pretrained(folder)
+        config = folder / "vae" / "config.json"
+        values = json.loads(config.read_text())
+        values.pop("sample_size")
+        config.write_text(json.dumps(values))
+        made[name] = folder
+    return made
+
+
+def defaults_of(folder: Path, base: str, **changes: object) -> ModelDefaults:
+    settings = Settings(model_id=str(folder), base_model_id=base, device="cpu", dtype="float32", **changes)
+    return load_pipeline(settings, warm=False).defaults
+
+
+def check(defaults: ModelDefaults, limits: Limits | None = None, **fields: object):
+    limits = limits or Limits(max_loras=1, max_steps=50, max_prompt_chars=100)
+    request = GenerateRequest(**({"prompt": "a fox", "steps": 2} | fields))  # type: ignore[arg-type]
+    return normalise_request(request, defaults, limits)
+
+
+@pytest.mark.parametrize(("kind", "base"), [("t2v", MODEL_ID_14B), ("i2v", I2V_720P), ("a14b", A14B)])
+def test_a_720p_base_takes_its_cards_1280_x_720(folders, kind, base):
+    defaults = defaults_of(folders[kind], base)
+    assert defaults.side == 480 and defaults.max_side == 1280
+    assert defaults.video_plan == (81, 1280, 720)
+    # An image-to-video pool's request brings its first frame.
+    image = input_image(1280, 720) if kind == "i2v" else None
+    checked = check(defaults, width=1280, height=720, num_frames=81, image=image)
+    assert (checked.width, checked.height, checked.num_frames) == (1280, 720, 81)
+
+
+@pytest.mark.parametrize(("kind", "base"), [("t2v", MODEL_ID), ("i2v", I2V_480P)])
+def test_a_480p_base_keeps_twice_480_and_its_plan_bounds_the_tokens(folders, kind, base):
+    defaults = defaults_of(folders[kind], base)
+    assert defaults.max_side == 960 and defaults.video_plan == (81, 832, 480)
+    fields = {"width": 960, "height": 960, "image": input_image(960, 960) if kind == "i2v" else None}
+    with pytest.raises(LimitExceededError, match=r"at 960x960 is 75600 video tokens, more than the 32760"):
+        check(defaults, **fields)
+    assert check(defaults, num_frames=33, **fields).num_frames == 33
