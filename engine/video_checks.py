@@ -83,8 +83,9 @@ def _frames(value: object, defaults: ModelDefaults, limits: Limits) -> int:
     """`num_frames` of the form `frame_multiple`k+1 within the pool's and the Space's maximum; None: the pool's
     default (the largest allowed when the Space allows fewer)."""
     step = defaults.frame_multiple
-    pool = defaults.max_frames or limits.max_video_frames
-    high = _rounded_down(min(pool, limits.max_video_frames), step)
+    pool = _rounded_down(defaults.max_frames or limits.max_video_frames, step)
+    space = _rounded_down(limits.max_video_frames, step)
+    high = min(pool, space)
     rule = f"{step}k+1 frames from 1 to {high} ({', '.join(str(step * k + 1) for k in range(1, 4))}, ..., {high})"
     frames = checked_int("num_frames", value, _rounded_down(min(defaults.num_frames, high), step), 1, 2**31)
     if (frames - 1) % step:
@@ -94,8 +95,8 @@ def _frames(value: object, defaults: ModelDefaults, limits: Limits) -> int:
             f"frame after the first); accepted: {rule}, e.g. {near} or {near + step}"
         )
     if frames > high:
-        own = defaults.max_frames and defaults.max_frames < limits.max_video_frames
-        whose = "this pool's model" if own else "this Space's MAX_VIDEO_FRAMES"
+        # A pool loaded under MAX_VIDEO_FRAMES has it as its most already (`VideoDefaults.capped`).
+        whose = "this pool's model" if pool < space else "this Space's MAX_VIDEO_FRAMES"
         raise LimitExceededError(f"num_frames={frames} is over what {whose} allows; accepted: {rule}")
     return frames
 

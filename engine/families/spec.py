@@ -9,6 +9,7 @@ or model sizes. This module only holds the shape (and imports no torch: `engine.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -162,6 +163,13 @@ class VideoDefaults:
     max_frames: int
     frame_multiple: int = 4
     guidance_2: float | None = None
+
+    def capped(self, most: int) -> VideoDefaults:
+        """These frames within `most` (MAX_VIDEO_FRAMES), the default and the most each the largest of the frame
+        rule at most that, so that the UI, `/pool_status` and share links offer what a request may ask."""
+        step = self.frame_multiple
+        highest = max(1, (min(self.max_frames, most) - 1) // step * step + 1)
+        return dataclasses.replace(self, num_frames=min(self.num_frames, highest), max_frames=highest)
 
 
 def fixed_defaults(defaults: RunDefaults) -> Callable[[Pipeline], RunDefaults]:

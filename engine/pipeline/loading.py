@@ -223,8 +223,8 @@ def _place(
 
 def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDefaults:
     """The served model's request defaults: the family's, its sizes around the pipeline's own side, up to its
-    base's largest side (`MemorySpec.largest_side`; a tiny pipeline's: twice its own); a video pool's frames and
-    its base's planned size (`MemorySpec.video_size`), which bounds its videos' tokens."""
+    base's largest side (`MemorySpec.largest_side`; a tiny pipeline's: twice its own); a video pool's frames within
+    MAX_VIDEO_FRAMES and its base's planned size (`MemorySpec.video_size`), which bounds its videos' tokens."""
     side = family.served_side(pipe)
     memory = family.memory_of(settings.base_model_id)
     declared = memory.largest_side if side > TINY_MAX_SIDE else 0
@@ -256,7 +256,7 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
         base_model=settings.base_model_id,
     )
     if family.video is not None:
-        video = family.video(pipe)
+        video = family.video(pipe).capped(settings.max_video_frames)
         defaults = dataclasses.replace(defaults, video=True, video_plan=memory.video_size, **dataclasses.asdict(video))
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.

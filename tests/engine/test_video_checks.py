@@ -173,3 +173,10 @@ def test_a_video_over_the_tokens_its_pool_was_planned_for_is_refused_naming_the_
         check(i2v, image=input_image(960, 960))
     # An image pool and a pool without a plan have no such bound.
     assert check(dataclasses.replace(WAN_1_3B, video_plan=()), width=960, height=960).num_frames == 81
+
+
+def test_a_pool_loaded_under_max_video_frames_names_the_setting_not_its_model():
+    # Loading caps a pool's most frames at MAX_VIDEO_FRAMES' largest 4k+1 (50: 49).
+    capped = Limits.of(Settings(max_video_frames=50))
+    with pytest.raises(LimitExceededError, match=r"over what this Space's MAX_VIDEO_FRAMES allows; accepted: .* to 49"):
+        check(video_pool(max_frames=49), capped, num_frames=53)

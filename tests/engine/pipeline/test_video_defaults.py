@@ -1,6 +1,8 @@
 """A Wan pool's sizes and frames as loading gives them (`ModelDefaults`), from its base's one declaration
 (`engine.families.wan_memory`): the 720P bases (Wan 2.1 T2V-14B, I2V-720P, Wan 2.2 A14B) take 1280 x 720, the 480P
-ones keep twice 480; every pool carries the size its memory plan is made for (the gate's token bound).
+ones keep twice 480; every pool carries the size its memory plan is made for (the gate's token bound); its default
+and most frames are within MAX_VIDEO_FRAMES, so that the UI's slider, `/pool_status` and a share link offer what a
+request may ask.
 
 The pools are tiny Wan folders loaded as real ones are (`from_pretrained`), their VAE's config without the tiny
 side it states, so each reads as its checkpoint's: Wan's 480 side and 81 frames, TI2V-5B's 704 and 121.
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gradio as gr
 import pytest
 
 from engine.errors import LimitExceededError
@@ -21,10 +24,12 @@ from engine.normalise import normalise_request
 from engine.pipeline.loading import load_pipeline
 from engine.requests import GenerateRequest, Limits, ModelDefaults
 from engine.settings import Settings
-from families.wan import MODEL_ID, MODEL_ID_14B
+from families.wan import MODEL_ID, MODEL_ID_5B, MODEL_ID_14B
 from families.wan22 import MODEL_ID as A14B
 from families.wan_i2v import MODEL_ID as I2V_480P
 from families.wan_i2v import MODEL_ID_720P as I2V_720P
+from serving.ui import session
+from serving.ui.video_ui import video_controls
 from tests.support.image_inputs import input_image
 
 BUILDERS: dict[str, Callable[[int], Any]] = {
@@ -80,3 +85,22 @@ def test_a_480p_base_keeps_twice_480_and_its_plan_bounds_the_tokens(folders, kin
     with pytest.raises(LimitExceededError, match=r"at 960x960 is 75600 video tokens, more than the 32760"):
         check(defaults, **fields)
     assert check(defaults, num_frames=33, **fields).num_frames == 33
+
+
+def test_ti2v_5bs_121_frames_are_capped_by_max_video_frames_once_at_load(folders):
+    """The issue's case: a TI2V-5B pool's default (121 frames) over MAX_VIDEO_FRAMES (81) made the UI's default
+    Generate send 121 frames, which the gate then refused."""
+    assert defaults_of(folders["ti2v"], MODEL_ID_5B, max_video_frames=1001).num_frames == 121
+    settings = Settings(max_video_frames=81)
+    defaults = defaults_of(folders["ti2v"], MODEL_ID_5B)
+    assert (defaults.num_frames, defaults.max_frames, defaults.side, defaults.max_side) == (81, 81, 704, 1408)
+    assert defaults.video_plan == (121, 1280, 704)
+    # The UI's slider and a share link offer what the gate takes; its default Generate is accepted.
+    with gr.Blocks():
+        controls = video_controls(defaults)
+    assert (controls.frames.value, controls.frames.maximum) == (81, 81)
+    assert session.video_values({"num_frames": "121"}, defaults) == (None, None)
+    assert check(defaults, Limits.of(settings), num_frames=controls.frames.value).num_frames == 81
+    # A MAX_VIDEO_FRAMES off the 4k+1 form gives the largest 4k+1 under it, the default within it too.
+    lower = defaults_of(folders["ti2v"], MODEL_ID_5B, max_video_frames=50)
+    assert (lower.num_frames, lower.max_frames) == (49, 49)
