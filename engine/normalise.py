@@ -114,6 +114,7 @@ def normalise_request(
         num_frames=video.num_frames,
         fps=video.fps,
         guidance_2=video.guidance_2,
+        expects=request.expects,
         lora_defaults=request.lora_defaults,
         image=image,
         mask_image=_fitted(request.mask_image, (width, height)),

@@ -77,7 +77,7 @@ _IMAGE = "a PNG, JPEG or WebP image"
 _IMAGES = "a list of PNG, JPEG or WebP images"
 _STRENGTH = "a number from 0 to 1"
 _FRAMES = "an integer of the form 4k+1 (5, 9, ..., 81)"
-_LOW_CFG = "low-noise stage guidance scale (Wan 2.2 A14B)"
+_LOW_CFG, _KINDS = "low-noise stage guidance scale (Wan 2.2 A14B)", "image, video or none"
 _F = RequestField
 # Which of a pool's pipelines a request runs on (`GenerateRequest.mode`).
 RequestMode = Literal["text-to-image", "image-to-image", "inpainting"]
@@ -178,6 +178,9 @@ class GenerateRequest:
         None,
         _F("number", _NUMBER, _LOW_CFG, *GUIDANCE_RANGE, http="guidance_scale_2", gradio=("guidance_2",), video=True),
     )
+    # What the door answers (`engine.video_checks.kind_refusal`): "image" from the image endpoints (/generate,
+    # /generate_images, a comparison), "video" from /generate_video; None (POST /, the UI): what the pool makes.
+    expects: str | None = request_field(None, _F("text", _KINDS, "what the door answers (set by the door)"))
 
     @property
     def mode(self) -> RequestMode:

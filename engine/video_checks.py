@@ -7,7 +7,9 @@ pool `num_frames` is `frame_multiple`k+1 (Wan's VAE packs the first frame alone 
 after it) up to the pool's `max_frames` and MAX_VIDEO_FRAMES, `fps` within FPS_RANGE, and `guidance_2` within the
 guidance range (ignored, with a warning, on a pool of one stage: `ModelDefaults.ignored`). A video pool makes one
 video a request and takes no mask. An image-to-video-only pool refuses a request without an image, a
-text-to-video-only pool one with an image (`video_mode_refusal`).
+text-to-video-only pool one with an image (`video_mode_refusal`). A door that answers one kind (`expects`: the
+image endpoints "image", /generate_video "video") refuses a pool of the other before anything runs
+(`kind_refusal`); POST / and the UI answer what the pool makes.
 
 A video pool's memory plan is made for a size (`ModelDefaults.video_plan`: its base's card's frames, width and
 height, `engine.families.wan_memory`): a video of more transformer tokens than that size's is refused
@@ -37,6 +39,7 @@ __all__ = [
     "VideoSettings",
     "check_tokens",
     "check_video",
+    "kind_refusal",
     "latent_tokens",
     "video_mode_refusal",
 ]
@@ -55,6 +58,8 @@ class VideoSettings:
 
 def check_video(request: GenerateRequest, defaults: ModelDefaults, limits: Limits) -> VideoSettings:
     """The request's video fields checked against the pool (see the module docstring)."""
+    if (refusal := kind_refusal(request, defaults)) is not None:
+        raise refusal
     if not defaults.video:
         # A request checked before (a comparison's cells) holds an image's 0 frames: nothing was given.
         for name in () if isinstance(request, CheckedRequest) else VIDEO_FIELDS:
@@ -120,6 +125,29 @@ def video_mode_refusal(request: GenerateRequest, defaults: ModelDefaults) -> Inv
     return InvalidRequestError(
         f"an image was given, but this pool's model{named} is text-to-video only; accepted: a prompt without an "
         "image (image-to-video needs an image-to-video pool)"
+    )
+
+
+def kind_refusal(request: GenerateRequest, defaults: ModelDefaults) -> InvalidRequestError | None:
+    """Why the door's kind (`GenerateRequest.expects`) is not what the pool makes (None: it is, or the door answers
+    either)."""
+    expects = request.expects
+    if expects is None:
+        return None
+    if expects not in ("image", "video"):
+        return InvalidRequestError(f"expects={expects!r} is not accepted; accepted: 'image', 'video' or none")
+    makes = "video" if defaults.video else "image"
+    if expects == makes:
+        return None
+    named = f" ({defaults.base_model})" if defaults.base_model else ""
+    if makes == "video":
+        return InvalidRequestError(
+            f"this endpoint answers images, but this pool's model{named} makes videos; accepted: /generate_video "
+            "or POST / on a video pool, or a LoRA or base of an image pool here"
+        )
+    return InvalidRequestError(
+        f"this endpoint answers videos, but this pool's model{named} makes images; accepted: a LoRA or base of a "
+        "video pool here, or /generate, /generate_images or POST / for images"
     )
 
 

@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 
+from engine.compare import CompareLimits, CompareRequest, plan_cells
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.families.wan_memory import MEMORY_1_3B
 from engine.normalise import normalise_request
@@ -173,6 +174,26 @@ def test_a_video_over_the_tokens_its_pool_was_planned_for_is_refused_naming_the_
         check(i2v, image=input_image(960, 960))
     # An image pool and a pool without a plan have no such bound.
     assert check(dataclasses.replace(WAN_1_3B, video_plan=()), width=960, height=960).num_frames == 81
+
+
+def test_an_image_door_refuses_a_video_pool_and_the_video_door_an_image_pool_before_running():
+    with pytest.raises(InvalidRequestError, match=r"this endpoint answers images, but this pool's model makes videos"):
+        check(T2V, expects="image")
+    named = dataclasses.replace(IMAGE_POOL, base_model="owner/sdxl")
+    with pytest.raises(InvalidRequestError, match=r"answers videos, but this pool's model \(owner/sdxl\) makes images"):
+        check(named, expects="video")
+    with pytest.raises(InvalidRequestError, match=r"expects='gif' is not accepted; accepted: 'image', 'video' or none"):
+        check(T2V, expects="gif")
+    # Each door on its own kind, and a door that answers either (POST /, the UI) on both.
+    assert check(T2V, expects="video").num_frames == 9 and check(IMAGE_POOL, expects="image").num_frames == 0
+    assert check(T2V).num_frames == 9 and check(IMAGE_POOL).num_frames == 0
+    # A checked request keeps it (a comparison's cells are checked again).
+    assert check(IMAGE_POOL, expects="image").expects == "image"
+    # A comparison is a grid of images, from the UI's Compare and /compare alike.
+    grid = CompareRequest("a cat walks", loras=(LoraSpec("someone/wan-lora"),))
+    with pytest.raises(InvalidRequestError, match=r"this endpoint answers images, but this pool's model makes videos"):
+        plan_cells(grid, T2V, LIMITS, CompareLimits(max_cells=4, max_steps=100))
+    assert [c.request.expects for c in plan_cells(grid, IMAGE_POOL, LIMITS, CompareLimits(4, 100))] == ["image"]
 
 
 def test_a_pool_loaded_under_max_video_frames_names_the_setting_not_its_model():
