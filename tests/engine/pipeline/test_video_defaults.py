@@ -19,9 +19,10 @@ import gradio as gr
 import pytest
 
 from engine.errors import LimitExceededError
-from engine.families import tiny_wan
+from engine.families import tiny_wan, wan_i2v
 from engine.normalise import normalise_request
 from engine.pipeline.loading import load_pipeline
+from engine.pools.needs import loaded_need
 from engine.requests import GenerateRequest, Limits, ModelDefaults
 from engine.settings import Settings
 from families.wan import MODEL_ID, MODEL_ID_5B, MODEL_ID_14B
@@ -104,3 +105,11 @@ def test_ti2v_5bs_121_frames_are_capped_by_max_video_frames_once_at_load(folders
     # A MAX_VIDEO_FRAMES off the 4k+1 form gives the largest 4k+1 under it, the default within it too.
     lower = defaults_of(folders["ti2v"], MODEL_ID_5B, max_video_frames=50)
     assert (lower.num_frames, lower.max_frames) == (49, 49)
+
+
+def test_a_loaded_720p_pool_is_planned_with_its_bases_working_memory(folders):
+    """Once loaded, the plan measures the weights; the working memory stays its base's (720P's, not the family's
+    480P reference)."""
+    settings = Settings(model_id=str(folders["i2v"]), base_model_id=I2V_720P, device="cpu", dtype="float32")
+    need = loaded_need(load_pipeline(settings, warm=False), rank=8)
+    assert need.working == wan_i2v.FAMILY.memory_of(I2V_720P).working_bytes > wan_i2v.FAMILY.memory.working_bytes
