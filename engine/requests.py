@@ -293,6 +293,7 @@ class ModelDefaults:
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "schedulers", tuple(self.schedulers))
         object.__setattr__(self, "modes", tuple(self.modes))
+        object.__setattr__(self, "video_plan", tuple(self.video_plan))
 
     @property
     def two_stage(self) -> bool:

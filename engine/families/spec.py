@@ -348,14 +348,14 @@ class FamilySpec:
         wanted = base_model_id.strip().lower()
         return next((m for base, m in self.base_memory if base.lower() == wanted), self.memory)
 
-    def size_presets(self, side: int, max_side: int) -> tuple[tuple[int, int], ...]:
-        """The buckets scaled to `side` (to multiples of 64), after the square, those no larger than `max_side`."""
-        # Integer true division rounds correctly, so a bucket exactly halfway between two multiples of 64
-        # rounds the same whichever native side it is declared at.
-        unit = self.side * 64
-        return fit_presets(
-            side, [(64 * round(w * side / unit), 64 * round(h * side / unit)) for w, h in self.size_buckets], max_side
-        )
+    def size_presets(self, side: int, max_side: int, multiple: int = 64) -> tuple[tuple[int, int], ...]:
+        """The buckets scaled to `side` (to multiples of `multiple`: 64; a video pool's side multiple, so that
+        Wan's 832 x 480 stays its card's size), after the square, those no larger than `max_side`."""
+        # Integer true division rounds correctly, so a bucket exactly halfway between two multiples rounds the same
+        # whichever native side it is declared at.
+        unit = self.side * multiple
+        scaled = [(multiple * round(w * side / unit), multiple * round(h * side / unit)) for w, h in self.size_buckets]
+        return fit_presets(side, scaled, max_side)
 
 
 def fit_presets(side: int, sizes: Iterable[tuple[int, int]], max_side: int) -> tuple[tuple[int, int], ...]:

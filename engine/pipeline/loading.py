@@ -224,7 +224,8 @@ def _place(
 def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDefaults:
     """The served model's request defaults: the family's, its sizes around the pipeline's own side, up to its
     base's largest side (`MemorySpec.largest_side`; a tiny pipeline's: twice its own); a video pool's frames within
-    MAX_VIDEO_FRAMES and its base's planned size (`MemorySpec.video_size`), which bounds its videos' tokens."""
+    MAX_VIDEO_FRAMES and its base's planned size (`MemorySpec.video_size`), which bounds its videos' tokens and is
+    offered among the sizes."""
     side = family.served_side(pipe)
     memory = family.memory_of(settings.base_model_id)
     declared = memory.largest_side if side > TINY_MAX_SIDE else 0
@@ -262,7 +263,12 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
         defaults = dataclasses.replace(defaults, steps=4, sizes=fit_presets(side, TINY_SIZES, max_side))
     else:
-        defaults = dataclasses.replace(defaults, sizes=family.size_presets(side, max_side))
+        # A video pool's buckets in its own side multiple (each within its plan's tokens), then its base's card
+        # size (720P's 1280 x 720) both ways.
+        card = [memory.video_size[1:], memory.video_size[:0:-1]] if defaults.video and memory.video_size else []
+        presets = family.size_presets(side, max_side, run.side_multiple if defaults.video else 64)
+        sizes = (*presets, *(size for size in card if max(size) <= max_side))
+        defaults = dataclasses.replace(defaults, sizes=tuple(dict.fromkeys(sizes)))
     return defaults
 
 

@@ -10,6 +10,7 @@ side it states, so each reads as its checkpoint's: Wan's 480 side and 81 frames,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +73,10 @@ def test_a_720p_base_takes_its_cards_1280_x_720(folders, kind, base):
     defaults = defaults_of(folders[kind], base)
     assert defaults.side == 480 and defaults.max_side == 1280
     assert defaults.video_plan == (81, 1280, 720)
+    # As the cluster and a remote Space send them: JSON lists, read back as the same frozen defaults.
+    assert ModelDefaults(**json.loads(json.dumps(dataclasses.asdict(defaults)))) == defaults
+    # The UI offers the card's size both ways, after Wan's buckets at the 480 side.
+    assert defaults.sizes == ((480, 480), (832, 480), (480, 832), (624, 624), (1280, 720), (720, 1280))
     # An image-to-video pool's request brings its first frame.
     image = input_image(1280, 720) if kind == "i2v" else None
     checked = check(defaults, width=1280, height=720, num_frames=81, image=image)
@@ -82,6 +87,7 @@ def test_a_720p_base_takes_its_cards_1280_x_720(folders, kind, base):
 def test_a_480p_base_keeps_twice_480_and_its_plan_bounds_the_tokens(folders, kind, base):
     defaults = defaults_of(folders[kind], base)
     assert defaults.max_side == 960 and defaults.video_plan == (81, 832, 480)
+    assert defaults.sizes == ((480, 480), (832, 480), (480, 832), (624, 624))
     fields = {"width": 960, "height": 960, "image": input_image(960, 960) if kind == "i2v" else None}
     with pytest.raises(LimitExceededError, match=r"at 960x960 is 75600 video tokens, more than the 32760"):
         check(defaults, **fields)
@@ -113,3 +119,22 @@ def test_a_loaded_720p_pool_is_planned_with_its_bases_working_memory(folders):
     settings = Settings(model_id=str(folders["i2v"]), base_model_id=I2V_720P, device="cpu", dtype="float32")
     need = loaded_need(load_pipeline(settings, warm=False), rank=8)
     assert need.working == wan_i2v.FAMILY.memory_of(I2V_720P).working_bytes > wan_i2v.FAMILY.memory.working_bytes
+
+
+@pytest.mark.parametrize(
+    ("kind", "base"),
+    [
+        ("t2v", MODEL_ID),
+        ("i2v", I2V_480P),
+        ("t2v", MODEL_ID_14B),
+        ("i2v", I2V_720P),
+        ("a14b", A14B),
+        ("ti2v", MODEL_ID_5B),
+    ],
+)
+def test_every_size_the_ui_offers_is_taken_at_the_default_frames(folders, kind, base):
+    """Wan's buckets were rounded to 64 (832 x 512, 640 x 640): over a 480P plan's tokens at 81 frames."""
+    defaults = defaults_of(folders[kind], base)
+    for width, height in defaults.sizes:
+        image = input_image(width, height) if kind == "i2v" else None
+        assert check(defaults, width=width, height=height, image=image).num_frames == defaults.num_frames
