@@ -115,6 +115,8 @@ def plan_cells(
             mask_image=request.mask_image,
             strength=request.strength,
             images=request.images,
+            # A grid of images: a video pool is refused here, before anything runs.
+            expects="image",
         ),
         defaults,
         limits,

@@ -38,7 +38,7 @@ from engine.requests import (
 from engine.samplers import choose_scheduler, sampler_label
 from engine.values import checked_int as _int
 from engine.values import checked_number as _float
-from engine.video_checks import check_video, video_mode_refusal
+from engine.video_checks import check_tokens, check_video, video_mode_refusal
 from lora_catalog import refs
 from lora_catalog.civitai.refs import ACCEPTED as CIVITAI_ACCEPTED
 from lora_catalog.civitai.refs import parse_civitai
@@ -83,6 +83,7 @@ def normalise_request(
     steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
     guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
     width, height = _size(request, defaults)
+    check_tokens(video.num_frames, width, height, defaults)
     strength, notes = _strength(request, defaults, steps)
     seed = _int("seed", request.seed, secrets.randbelow(MAX_SEED + 1), 0, MAX_SEED)
     scheduler, options = choose_scheduler(
@@ -113,6 +114,7 @@ def normalise_request(
         num_frames=video.num_frames,
         fps=video.fps,
         guidance_2=video.guidance_2,
+        expects=request.expects,
         lora_defaults=request.lora_defaults,
         image=image,
         mask_image=_fitted(request.mask_image, (width, height)),

@@ -77,6 +77,7 @@ _IMAGE = "a PNG, JPEG or WebP image"
 _IMAGES = "a list of PNG, JPEG or WebP images"
 _STRENGTH = "a number from 0 to 1"
 _FRAMES = "an integer of the form 4k+1 (5, 9, ..., 81)"
+_LOW_CFG, _KINDS = "low-noise stage guidance scale (Wan 2.2 A14B)", "image, video or none"
 _F = RequestField
 # Which of a pool's pipelines a request runs on (`GenerateRequest.mode`).
 RequestMode = Literal["text-to-image", "image-to-image", "inpainting"]
@@ -175,16 +176,11 @@ class GenerateRequest:
     # default. `guidance` is the high-noise stage's. Ignored with a warning on a video pool of one stage.
     guidance_2: float | None = request_field(
         None,
-        _F(
-            "number",
-            _NUMBER,
-            "low-noise stage guidance scale (Wan 2.2 A14B)",
-            *GUIDANCE_RANGE,
-            http="guidance_scale_2",
-            gradio=("guidance_2",),
-            video=True,
-        ),
+        _F("number", _NUMBER, _LOW_CFG, *GUIDANCE_RANGE, http="guidance_scale_2", gradio=("guidance_2",), video=True),
     )
+    # What the door answers (`engine.video_checks.kind_refusal`): "image" from the image endpoints (/generate,
+    # /generate_images, a comparison), "video" from /generate_video; None (POST /, the UI): what the pool makes.
+    expects: str | None = request_field(None, _F("text", _KINDS, "what the door answers (set by the door)"))
 
     @property
     def mode(self) -> RequestMode:
@@ -287,6 +283,8 @@ class ModelDefaults:
     frame_multiple: int = 4
     max_frames: int = 0
     guidance_2: float | None = None
+    # The (frames, width, height) its memory plan is made for: more tokens are refused (`engine.video_checks`).
+    video_plan: tuple[int, ...] = ()
     base_model: str = ""  # the served base's repo id, which refusals name ("" from a peer that does not say)
 
     def __post_init__(self) -> None:
@@ -295,6 +293,7 @@ class ModelDefaults:
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "schedulers", tuple(self.schedulers))
         object.__setattr__(self, "modes", tuple(self.modes))
+        object.__setattr__(self, "video_plan", tuple(self.video_plan))
 
     @property
     def two_stage(self) -> bool:

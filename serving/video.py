@@ -5,7 +5,11 @@ The MP4 is written by PyAV (FFmpeg's libraries, libx264 among them, bundled in i
 subprocess; why PyAV: docs/internals.md, "serving/video.py"). Its recipe (A1111's `parameters` text,
 `serving.recipes`) is the file's `comment` tag, the one FFmpeg, exiftool and PyAV read back from an MP4 (its
 `©cmt` atom); the animated WebP carries it as the EXIF UserComment a still JPEG does, the GIF as its comment
-extension. The same frames, fps and recipe give the same bytes (libx264 with `cpu-independent`, whatever the
+extension. A GIF counts a frame's time in whole hundredths of a second, and browsers play a frame of less than 2
+at 10 a second (Chromium's, Firefox's and WebKit's GIF decoders): each frame starts at its own time rounded to a
+hundredth, at least 2 after the one before, so the clip keeps its length; above 50 fps it shows the frame playing
+every 2 hundredths and drops the rest, which its answer's warnings say (`gif_timing`, `with_answer_notes`). The same
+frames, fps and recipe give the same bytes (libx264 with `cpu-independent`, whatever the
 thread or CPU; nothing time-dependent is written), which keeps every door's answer byte-identical.
 
 H.264 in 4:2:0 needs even sides: a frame with an odd width or height gets its last column or row repeated once
@@ -38,10 +42,12 @@ __all__ = [
     "decode_mp4",
     "encode_video",
     "even_sides",
+    "gif_timing",
     "packed",
     "unpacked",
     "video_file",
     "video_media_type",
+    "with_answer_notes",
 ]
 
 MP4: Final = "video/mp4"
@@ -56,6 +62,8 @@ _PRESET = "medium"
 _COMMENT = "comment"
 _WEBP_QUALITY = 90
 _EXIF_IFD, _USER_COMMENT = 0x8769, 0x9286
+# A GIF frame's shortest time that browsers play as written, in hundredths of a second.
+_GIF_SHORTEST = 2
 _UNICODE = b"UNICODE\x00"
 
 
@@ -150,13 +158,52 @@ def _mp4(frames: Sequence[Image.Image], fps: float, recipe: str | None) -> bytes
     return buffer.getvalue()
 
 
+def gif_timing(count: int, fps: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The frames a GIF of `count` frames at `fps` shows (their indices) and each one's time in hundredths of a
+    second (module docstring): together the clip's length rounded to a hundredth (at least 2), each time at
+    least 2."""
+    total = max(_GIF_SHORTEST, round(count * 100 / fps))
+    if fps * _GIF_SHORTEST <= 100:
+        starts = [round(index * 100 / fps) for index in range(count)]
+        return tuple(range(count)), tuple(b - a for a, b in zip(starts, [*starts[1:], total], strict=True))
+    # A slot every 2 hundredths (the last takes what is left), each showing the frame playing as it starts.
+    slots = total // _GIF_SHORTEST
+    shown = tuple(min(count - 1, int(_GIF_SHORTEST * slot * fps / 100)) for slot in range(slots))
+    return shown, (*([_GIF_SHORTEST] * (slots - 1)), total - _GIF_SHORTEST * (slots - 1))
+
+
+def with_answer_notes(result: GenerateResult, media_type: str) -> GenerateResult:
+    """`result` with what its answer's file (`media_type`) changes of the video among its warnings: a GIF that
+    drops frames."""
+    if not result.is_video or media_type != "image/gif":
+        return result
+    count = len(result.frames) or result.request.num_frames
+    shown, times = gif_timing(count, result.fps)
+    if len(shown) == count:
+        return result
+    note = (
+        f"the GIF shows {len(shown)} of the {count} frames: a GIF frame lasts whole hundredths of a second, at "
+        f"least 2 (browsers play shorter ones at 10 a second), so {result.fps} fps plays at "
+        f"{100 * len(shown) / sum(times):.3g} fps and the clip keeps its {sum(times) / 100:g} s; MP4 and WebP keep "
+        "every frame"
+    )
+    return dataclasses.replace(result, warnings=(*result.warnings, note))
+
+
 def _animated(frames: Sequence[Image.Image], fps: float, media_type: str, recipe: str | None) -> bytes:
-    """An animated WebP (lossy, at a fixed quality) or GIF (256 colours a frame), looping. GIF counts time in
-    hundredths of a second, so its frame time is 1/fps rounded to 10 ms (16 fps plays at 16.7)."""
+    """An animated WebP (lossy, at a fixed quality) or GIF (256 colours a frame, timed by `gif_timing`),
+    looping."""
     images = [image.convert("RGB") for image in frames]
-    duration = round(1000 / fps)
-    options: dict[str, object] = {"save_all": True, "append_images": images[1:], "duration": duration, "loop": 0}
     buffer = io.BytesIO()
+    options: dict[str, object] = {"save_all": True, "loop": 0}
+    if media_type == "image/gif":
+        shown, times = gif_timing(len(images), fps)
+        images = [images[index] for index in shown]
+        # PIL takes milliseconds and writes hundredths (`int(ms / 10)`).
+        options["duration"] = [10 * time for time in times]
+    else:
+        options["duration"] = round(1000 / fps)
+    options["append_images"] = images[1:]
     if media_type == "image/webp":
         if recipe is not None:
             exif = Image.Exif()

@@ -9,6 +9,7 @@ or model sizes. This module only holds the shape (and imports no torch: `engine.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -166,6 +167,13 @@ class VideoDefaults:
     frame_multiple: int = 4
     guidance_2: float | None = None
 
+    def capped(self, most: int) -> VideoDefaults:
+        """These frames within `most` (MAX_VIDEO_FRAMES), the default and the most each the largest of the frame
+        rule at most that, so that the UI, `/pool_status` and share links offer what a request may ask."""
+        step = self.frame_multiple
+        highest = max(1, (min(self.max_frames, most) - 1) // step * step + 1)
+        return dataclasses.replace(self, num_frames=min(self.num_frames, highest), max_frames=highest)
+
 
 def fixed_defaults(defaults: RunDefaults) -> Callable[[Pipeline], RunDefaults]:
     """The same defaults for every pipeline of a family (the UNet families: theirs never depend on the weights)."""
@@ -189,7 +197,10 @@ class MemorySpec:
     storage sizes them (`engine.storage`; None: its fp8 size is known once loaded); `branch_modules`: the pattern
     (`re.search`) of the denoiser's Linear names LoRAs may target, which get LoRA branches on a quantized pool
     (None: every Linear). `largest_encoder_values`: `largest_values` over the components besides the denoiser (the
-    swap's scratch on a quantized pool, whose LoRAs fuse into the text encoders only).
+    swap's scratch on a quantized pool, whose LoRAs fuse into the text encoders only). `video_size`: the (frames,
+    width, height) a video family's `working_bytes` is planned at, whose tokens bound every request
+    (`ModelDefaults.video_plan`; empty: no bound); `largest_side`: the largest side its pools take (0: twice the
+    served side, as every family's), which `working_bytes` covers too (Wan's 720P bases: 1280).
     """
 
     values: tuple[tuple[str, int], ...] = ()
@@ -201,6 +212,8 @@ class MemorySpec:
     linears: LinearSizes | None = None
     branch_modules: str | None = None
     largest_encoder_values: int = 0
+    video_size: tuple[int, int, int] | tuple[()] = ()
+    largest_side: int = 0
 
     def values_of(self, components: tuple[str, ...]) -> int:
         """The values of `components` (those the spec names)."""
@@ -347,14 +360,14 @@ class FamilySpec:
         wanted = base_model_id.strip().lower()
         return next((m for base, m in self.base_memory if base.lower() == wanted), self.memory)
 
-    def size_presets(self, side: int, max_side: int) -> tuple[tuple[int, int], ...]:
-        """The buckets scaled to `side` (to multiples of 64), after the square, those no larger than `max_side`."""
-        # Integer true division rounds correctly, so a bucket exactly halfway between two multiples of 64
-        # rounds the same whichever native side it is declared at.
-        unit = self.side * 64
-        return fit_presets(
-            side, [(64 * round(w * side / unit), 64 * round(h * side / unit)) for w, h in self.size_buckets], max_side
-        )
+    def size_presets(self, side: int, max_side: int, multiple: int = 64) -> tuple[tuple[int, int], ...]:
+        """The buckets scaled to `side` (to multiples of `multiple`: 64; a video pool's side multiple, so that
+        Wan's 832 x 480 stays its card's size), after the square, those no larger than `max_side`."""
+        # Integer true division rounds correctly, so a bucket exactly halfway between two multiples rounds the same
+        # whichever native side it is declared at.
+        unit = self.side * multiple
+        scaled = [(multiple * round(w * side / unit), multiple * round(h * side / unit)) for w, h in self.size_buckets]
+        return fit_presets(side, scaled, max_side)
 
 
 def fit_presets(side: int, sizes: Iterable[tuple[int, int]], max_side: int) -> tuple[tuple[int, int], ...]:

@@ -34,7 +34,7 @@ from engine.pipeline.gguf_load import gguf_components, gguf_denoiser, stored, ti
 from engine.pipeline.modes import default_strength, image_arguments, mode_class, served_modes
 from engine.pipeline.schedulers import offered_schedulers
 from engine.pipeline.vae import vae_in_float32, vae_mismatch
-from engine.requests import CheckedRequest, ModelDefaults
+from engine.requests import TINY_MAX_SIDE, CheckedRequest, ModelDefaults
 from engine.settings import Settings
 from engine.storage import BRANCHED, unplanned_storage
 from engine.weights.gguf import gguf_quant_types
@@ -224,9 +224,14 @@ def _place(
 
 def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDefaults:
     """The served model's request defaults: the family's, with its base's own steps and guidance where it
-    declares them (a checkpoint's card: `Base.steps`, `Base.guidance`), its sizes around the pipeline's own side."""
+    declares them (a checkpoint's card: `Base.steps`, `Base.guidance`), its sizes around the pipeline's own side, up
+    to its base's largest side (`MemorySpec.largest_side`; a tiny pipeline's: twice its own); a video pool's frames
+    within MAX_VIDEO_FRAMES and its base's planned size (`MemorySpec.video_size`), which bounds its videos' tokens
+    and is offered among the sizes."""
     side = family.served_side(pipe)
-    max_side = min(settings.max_side, max(2 * side, 256))
+    memory = family.memory_of(settings.base_model_id)
+    declared = memory.largest_side if side > TINY_MAX_SIDE else 0
+    max_side = min(settings.max_side, declared or max(2 * side, 256))
     run = family.defaults(pipe)
     if (base := base_of(settings.base_model_id)) is not None:
         steps = run.steps if base.steps is None else base.steps
@@ -257,12 +262,18 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
         base_model=settings.base_model_id,
     )
     if family.video is not None:
-        defaults = dataclasses.replace(defaults, video=True, **dataclasses.asdict(family.video(pipe)))
+        video = family.video(pipe).capped(settings.max_video_frames)
+        defaults = dataclasses.replace(defaults, video=True, video_plan=memory.video_size, **dataclasses.asdict(video))
     if defaults.is_tiny:
         # A tiny model's image says nothing more after 4 steps, and is shown at its own small sizes.
         defaults = dataclasses.replace(defaults, steps=4, sizes=fit_presets(side, TINY_SIZES, max_side))
     else:
-        defaults = dataclasses.replace(defaults, sizes=family.size_presets(side, max_side))
+        # A video pool's buckets in its own side multiple (each within its plan's tokens), then its base's card
+        # size (720P's 1280 x 720) both ways.
+        card = [memory.video_size[1:], memory.video_size[:0:-1]] if defaults.video and memory.video_size else []
+        presets = family.size_presets(side, max_side, run.side_multiple if defaults.video else 64)
+        sizes = (*presets, *(size for size in card if max(size) <= max_side))
+        defaults = dataclasses.replace(defaults, sizes=tuple(dict.fromkeys(sizes)))
     return defaults
 
 

@@ -153,7 +153,9 @@ def loaded_need(loaded: LoadedPipeline, *, rank: int, group_size: int = 128) -> 
     host_able = tuple((c, module_bytes([getattr(pipe, c)])) for c in movable)
     weights = module_bytes(pipeline_modules(loaded))
     scratch = scratch_bytes(largest_values(touched))
-    need = PoolNeed(loaded.base_model_id, weights, touchable, host_able, family.memory.working_bytes, scratch)
+    # Its base's working memory (Wan's 720P bases plan a larger video than their family's reference).
+    working = family.memory_of(loaded.base_model_id).working_bytes
+    need = PoolNeed(loaded.base_model_id, weights, touchable, host_able, working, scratch)
     # The stored components (the denoiser; Wan 2.2 A14B's transformer_2 too), which a quantized pool stores.
     stored_modules = [getattr(pipe, c) for c in family.stored]
     linears = linear_sizes(

@@ -37,7 +37,7 @@ from engine.settings import Settings
 from serving.errors import json_error
 from serving.http.body import HUB_HOST, HttpRequest, lora_from_path, parse_body
 from serving.recipes import encode_image
-from serving.video import video_file
+from serving.video import video_file, with_answer_notes
 
 if TYPE_CHECKING:
     # Typing only: the cluster's ingress reuses this module without the Space's runtime (spaces, the catalogue).
@@ -177,6 +177,8 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
         # A video pool's result is a video (MP4, or the animated image Accept prefers); else the image.
         media_type = parsed.video_type if outcome.is_video else parsed.media_type
         data = await anyio.to_thread.run_sync(_encoded, outcome, media_type)
+        # What the file changes of the video (a GIF's dropped frames) is said with the result's warnings.
+        outcome = with_answer_notes(outcome, media_type)
         position = joined[0] if joined else None
         return Response(data, media_type=media_type, headers=result_headers(outcome, position))
 

@@ -77,8 +77,8 @@ def wire_generation(
     # Gradio cancels the event's task: the stream closes, which takes the request out of the queue or stops its
     # run at the next step (the engine's cancel), as a browser that went away does.
     request.cancel.click(None, None, None, cancels=[generating], api_visibility=PRIVATE, queue=False)
-    lows = (request.first.low, request.second.low)
-    video_ui.wire_video(handlers, base, request.video, (result.video, result.image), pending, lows)
+    slots = [(slot.scale, slot.low, slot.low_moved) for slot in (request.first, request.second)]
+    video_ui.wire_video(handlers, base, request.video, (result.video, result.image), pending, slots)
 
 
 def _slots(request: RequestPanel) -> dict[str, Any]:

@@ -10,6 +10,7 @@ endpoint did before they existed. Details: docs/internals.md, "serving/ui/gradio
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -248,6 +249,8 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
                 seed, scheduler, scheduler_options, clip_skip, 1,
                 (image, mask, strength, images, handlers.settings.max_input_pixels),
             )  # fmt: skip
+            # An image endpoint: a video pool is refused where the request is checked, before anything runs.
+            request = dataclasses.replace(request, expects="image")
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
             if isinstance(item, Frame):
                 yield item.image, {"preview": True, "step": item.step}
@@ -292,6 +295,8 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
                 seed, scheduler, scheduler_options, clip_skip, num_images,
                 (image, mask, strength, images, handlers.settings.max_input_pixels),
             )  # fmt: skip
+            # An image endpoint: a video pool is refused where the request is checked, before anything runs.
+            request = dataclasses.replace(request, expects="image")
         result: GenerateResult | None = None
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
             if isinstance(item, GenerateResult):

@@ -142,6 +142,8 @@ def wire_session(
     fields = _session_fields(browser, request)
     assert len(fields) == len(session.FIELDS) + 1
     chosen = gr.State(None)
+    # And whether each low-noise scale keeps the value set or follows its LoRA's scale (`video_ui.follow_scale`).
+    outputs = [*fields, pending, request.first.low_moved, request.second.low_moved]
 
     controls = slice(session.FIELDS.index("size"), session.FIELDS.index("images"))
     video = slice(session.FIELDS.index("num_frames"), session.FIELDS.index("fps") + 1)
@@ -154,12 +156,12 @@ def wire_session(
         if pool is not None and base != browsed:
             # The filter's change would reset these to the pool's defaults: it applies them instead.
             waiting = {"base": base, "controls": list(filled[controls]), "video": list(filled[video])}
-        return (*filled, waiting)
+        return (*filled, waiting, *session.low_noise_moved(params))
 
     def opened(browsed: str, page: gr.Request) -> tuple[Any, ...]:
         params = dict(page.query_params) if page is not None else {}
         if not any(name in params for name in session.FIELDS):
-            return (gr.skip(),) * (len(fields) + 1)
+            return (gr.skip(),) * len(outputs)
         return values(params, browsed)
 
     def pick(evt: gr.SelectData) -> tuple[Any, Any]:
@@ -167,13 +169,13 @@ def wire_session(
 
     def again(entries: list, index: int | None, browsed: str) -> tuple[Any, ...]:
         if index is None or not 0 <= index < len(entries or []):
-            return (gr.skip(),) * (len(fields) + 1)
+            return (gr.skip(),) * len(outputs)
         return values(entries[index]["params"], browsed)
 
     options: dict[str, Any] = {"api_visibility": PRIVATE, "queue": False}
-    demo.load(opened, browser.base, [*fields, pending], **options)
+    demo.load(opened, browser.base, outputs, **options)
     result.history.select(pick, None, [chosen, result.use_again], **options)
-    result.use_again.click(again, [history, chosen, browser.base], [*fields, pending], **options)
+    result.use_again.click(again, [history, chosen, browser.base], outputs, **options)
 
 
 def _session_fields(browser: Browser, request: RequestPanel) -> list[Any]:

@@ -61,8 +61,10 @@ class LoraSlot:
     weight: gr.Textbox
     check: gr.Button
     # Its scale on the low-noise transformer, shown for a two-stage pool (Wan 2.2 A14B: `scale` is the
-    # high-noise one's there); `serving.ui.video_ui` shows and hides it with the base.
+    # high-noise one's there); `serving.ui.video_ui` shows and hides it with the base, and has it follow `scale`
+    # until the user moves it (`low_moved`: a share link or a history entry sets it too).
     low: gr.Slider
+    low_moved: gr.State
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     first = _first_slot(defaults.two_stage)
     with gr.Accordion("Blend a second LoRA", open=False), gr.Group():
         ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id, Civitai link or local: file", elem_id="lora-2")
-        scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale")
+        scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale", elem_id="lora-2-scale")
         low_2 = low_noise_control(2, defaults.two_stage)
         revision_2 = gr.Textbox(label="Revision", placeholder="main")
         weight_2 = gr.Textbox(label="Weight file")
@@ -211,7 +213,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         source,
         slot,
         first,
-        LoraSlot(ref_2, scale_2, revision_2, weight_2, check_2, low_2),
+        LoraSlot(ref_2, scale_2, revision_2, weight_2, check_2, low_2, gr.State(False)),
         size,
         steps,
         guidance,
@@ -241,7 +243,7 @@ def _first_slot(two_stage: bool) -> LoraSlot:
             revision = gr.Textbox(label="Revision (branch, tag or commit)", placeholder="main")
             weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
             check = gr.Button("Check this LoRA", size="sm")
-    return LoraSlot(ref, scale, revision, weight, check, low)
+    return LoraSlot(ref, scale, revision, weight, check, low, gr.State(False))
 
 
 def result_panel(handlers: Handlers) -> ResultPanel:

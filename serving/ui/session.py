@@ -129,6 +129,17 @@ def video_values(params: Mapping[str, str], defaults: ModelDefaults) -> tuple[in
     return (frames if frames is None or (frames - 1) % step == 0 else None), _whole(params.get("fps"), *FPS_RANGE)
 
 
+def low_noise_moved(params: Mapping[str, str]) -> tuple[bool, bool]:
+    """Whether a link's or a history entry's low-noise scales were moved off their LoRA's scale (1 where the link
+    leaves it out): such a one stays as the link sets it; the others follow their LoRA's scale (`serving.ui.
+    video_ui.follow_scale`)."""
+    moved = []
+    for scale, low in (("lora_scale", "lora_scale_2"), ("lora_2_scale", "lora_2_scale_2")):
+        value = _number(params.get(low), -2.0, 2.0)
+        moved.append(value is not None and value != (_number(params.get(scale), -2.0, 2.0) or 1.0))
+    return moved[0], moved[1]
+
+
 def history_entry(params: Mapping[str, str], image: Any, caption: str) -> dict[str, Any]:
     """A result as the session's history keeps it: its form values, a thumbnail and a caption."""
     thumb = image.copy()

@@ -16,7 +16,6 @@ from typing import Any
 
 import gradio as gr
 
-from engine.errors import InvalidRequestError
 from engine.requests import REQUEST_FIELDS, GenerateRequest, GenerateResult
 from serving.errors import user_errors
 from serving.handlers import Handlers
@@ -95,7 +94,8 @@ def _request(handlers: Handlers, arguments: dict[str, Any]) -> GenerateRequest:
     )  # fmt: skip
     request = low_noise(request, ((a["lora"], a["lora_scale_2"]), (a["lora_2"], a["lora_2_scale_2"])))
     video = {name: a[name] for name in ("num_frames", "fps", "guidance_2") if a[name] is not None}
-    return dataclasses.replace(request, **video)
+    # The video endpoint: an image pool is refused where the request is checked, before anything runs.
+    return dataclasses.replace(request, **video, expects="video")
 
 
 def _generate_video_api(handlers: Handlers) -> Callable[..., Any]:
@@ -139,16 +139,7 @@ def _generate_video_api(handlers: Handlers) -> Callable[..., Any]:
                 result = item
         assert result is not None  # the stream ends with the result, or raises
         with user_errors():
-            path = await asyncio.to_thread(_saved, result)
+            path = await asyncio.to_thread(saved_video, result)
         return path, video_info(result)
 
     return generate_video_api
-
-
-def _saved(result: GenerateResult) -> str:
-    """The result's MP4 in Gradio's upload folder, named by its hash (Gradio serves and cleans that folder)."""
-    if not result.is_video:
-        raise InvalidRequestError(
-            f"/generate_video ran on an image pool ({result.model_id}); accepted: a LoRA or `base` of a video pool"
-        )
-    return saved_video(result)

@@ -1,6 +1,9 @@
 """The UI's video pieces: frames and fps beside the size (shown for a video pool, with the clip's length in
 seconds at that rate), a `gr.Video` result in place of the image, each LoRA's "Low-noise scale" (shown for a
-two-stage pool: Wan 2.2 A14B's `LoraSpec.scale_2`), and the switch between them when the base changes.
+two-stage pool: Wan 2.2 A14B's `LoraSpec.scale_2`), and the switch between them when the base changes. A
+"Low-noise scale" follows its LoRA's scale until the user moves it (the docs' "without it, `scale` applies to
+both": the request then carries one scale), and keeps what a share link or a history entry set where that differs
+from the scale.
 
 A pool is a video pool by its defaults (`ModelDefaults.video`), never by its family. The input image for
 image-to-video is the image panel every pool that takes an image shows (`serving.ui.inputs`); progress is the
@@ -25,6 +28,7 @@ from serving.video import video_file
 
 __all__ = [
     "VideoControls",
+    "follow_scale",
     "length_text",
     "low_noise",
     "low_noise_control",
@@ -90,6 +94,15 @@ def low_noise_control(slot: int, two_stage: bool) -> gr.Slider:
     )
 
 
+def follow_scale(scale: float, moved: bool) -> Any:
+    """The low-noise scale shown as the LoRA's `scale` changes: the same, until the user moved it (`moved`)."""
+    return gr.skip() if moved else gr.Slider(value=scale)
+
+
+def _moved_by_user() -> bool:
+    return True
+
+
 def low_noise_shown(handlers: Handlers, base: str) -> tuple[Any, Any]:
     """The low-noise scales shown for a two-stage pool's base, hidden for any other (kept for a base no pool
     serves)."""
@@ -131,10 +144,11 @@ def wire_video(
     controls: VideoControls,
     outputs: tuple[gr.Video, gr.Image],
     pending: gr.State,
-    lows: tuple[gr.Slider, gr.Slider],
+    slots: Sequence[tuple[gr.Slider, gr.Slider, gr.State]],
 ) -> None:
     """The base filter's switch (with the frames and rate `pending` keeps for it), the low-noise scales shown or
-    hidden, and the length line's updates (the UI's own events: no API)."""
+    hidden and following their LoRA's scale (`slots`: each LoRA's scale, low-noise scale and whether the user
+    moved the latter), and the length line's updates (the UI's own events: no API)."""
 
     def switch(browsed: str, waiting: object) -> tuple[Any, ...]:
         return on_base(handlers, browsed, waiting)
@@ -145,7 +159,12 @@ def wire_video(
     options: dict[str, Any] = {"api_visibility": "private", "queue": False}
     shown = [controls.row, controls.frames, controls.fps, controls.length, *outputs]
     base.change(switch, [base, pending], shown, **options)
-    base.change(switch_lows, base, list(lows), **options)
+    base.change(switch_lows, base, [low for _, low, _ in slots], **options)
+    for scale, low, moved in slots:
+        # `change` for the scale (a drag, a link's value: the link sets `moved` with it); `input` for the low-noise
+        # scale, which only the user's own move fires (not this follow).
+        scale.change(follow_scale, [scale, moved], low, **options)
+        low.input(_moved_by_user, None, moved, **options)
     for slider in (controls.frames, controls.fps):
         slider.change(length_text, [controls.frames, controls.fps], controls.length, **options)
 

@@ -5,9 +5,13 @@ refusal names the value and what is accepted."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from engine.compare import CompareLimits, CompareRequest, plan_cells
 from engine.errors import InvalidRequestError, LimitExceededError
+from engine.families.wan_memory import MEMORY_1_3B
 from engine.normalise import normalise_request
 from engine.requests import FPS_RANGE, GenerateRequest, Limits, LoraSpec, ModelDefaults
 from engine.settings import Settings
@@ -124,3 +128,76 @@ def test_a_low_noise_scale_of_its_own_is_taken_on_a_two_transformer_pool_only():
     assert check(T2V, loras=same).loras == (LoraSpec("someone/wan-lora", scale=0.8),)
     with pytest.raises(InvalidRequestError, match=r"scale_2 of someone/wan-lora=3 is out of range"):
         check(A14B, loras=(LoraSpec("someone/wan-lora", scale_2=3.0),))
+
+
+# A Wan 2.1 1.3B pool as its declaration plans it (`engine.families.wan_memory`): 81 frames at 832x480, sides in
+# 16s up to 960.
+WAN_1_3B = ModelDefaults(
+    steps=4,
+    guidance=5.0,
+    side=480,
+    max_side=MEMORY_1_3B.largest_side,
+    side_multiple=16,
+    video=True,
+    num_frames=81,
+    fps=16,
+    max_frames=81,
+    video_plan=MEMORY_1_3B.video_size,
+)
+
+
+def test_a_video_over_the_tokens_its_pool_was_planned_for_is_refused_naming_the_most_frames_and_the_largest_size():
+    # The issue's case: 81 x 960 x 960 is 2.3 times the 32760 tokens of 81 x 832 x 480.
+    refusal = (
+        r"num_frames=81 at 960x960 is 75600 video tokens, more than the 32760 this pool's memory plan is made for "
+        r"\(81 frames at 832x480\); accepted: at 960x960 at most 33 frames, or at 81 frames at most 624x624"
+    )
+    with pytest.raises(LimitExceededError, match=refusal):
+        check(WAN_1_3B, width=960, height=960)
+    # What it names is accepted, and one step over either is not.
+    assert check(WAN_1_3B, num_frames=33, width=960, height=960).num_frames == 33
+    assert check(WAN_1_3B, width=624, height=624).num_frames == 81
+    with pytest.raises(LimitExceededError, match=r"at 960x960 at most 33 frames"):
+        check(WAN_1_3B, num_frames=37, width=960, height=960)
+    with pytest.raises(LimitExceededError, match=r"at 81 frames at most 624x624"):
+        check(WAN_1_3B, width=640, height=640)
+    # The planned size either way round; a wider one keeps its aspect in what is named.
+    assert check(WAN_1_3B, width=480, height=832).num_frames == check(WAN_1_3B, width=832, height=480).num_frames
+    # (60 x 34 patches a latent frame: 16 of them fit, 61 frames; at 21 latent frames 1560 patches, 52 x 29.)
+    with pytest.raises(LimitExceededError, match=r"at 960x544 at most 61 frames, or at 81 frames at most 832x464"):
+        check(WAN_1_3B, width=960, height=544)
+    assert check(WAN_1_3B, width=832, height=464).num_frames == 81
+    assert check(WAN_1_3B, num_frames=61, width=960, height=544).num_frames == 61
+    # An image-to-video request's size from its image is held the same way.
+    i2v = dataclasses.replace(WAN_1_3B, modes=("image-to-image",), needs_image=True, max_reference_images=1)
+    with pytest.raises(LimitExceededError, match=r"at 960x960 is 75600 video tokens"):
+        check(i2v, image=input_image(960, 960))
+    # An image pool and a pool without a plan have no such bound.
+    assert check(dataclasses.replace(WAN_1_3B, video_plan=()), width=960, height=960).num_frames == 81
+
+
+def test_an_image_door_refuses_a_video_pool_and_the_video_door_an_image_pool_before_running():
+    with pytest.raises(InvalidRequestError, match=r"this endpoint answers images, but this pool's model makes videos"):
+        check(T2V, expects="image")
+    named = dataclasses.replace(IMAGE_POOL, base_model="owner/sdxl")
+    with pytest.raises(InvalidRequestError, match=r"answers videos, but this pool's model \(owner/sdxl\) makes images"):
+        check(named, expects="video")
+    with pytest.raises(InvalidRequestError, match=r"expects='gif' is not accepted; accepted: 'image', 'video' or none"):
+        check(T2V, expects="gif")
+    # Each door on its own kind, and a door that answers either (POST /, the UI) on both.
+    assert check(T2V, expects="video").num_frames == 9 and check(IMAGE_POOL, expects="image").num_frames == 0
+    assert check(T2V).num_frames == 9 and check(IMAGE_POOL).num_frames == 0
+    # A checked request keeps it (a comparison's cells are checked again).
+    assert check(IMAGE_POOL, expects="image").expects == "image"
+    # A comparison is a grid of images, from the UI's Compare and /compare alike.
+    grid = CompareRequest("a cat walks", loras=(LoraSpec("someone/wan-lora"),))
+    with pytest.raises(InvalidRequestError, match=r"this endpoint answers images, but this pool's model makes videos"):
+        plan_cells(grid, T2V, LIMITS, CompareLimits(max_cells=4, max_steps=100))
+    assert [c.request.expects for c in plan_cells(grid, IMAGE_POOL, LIMITS, CompareLimits(4, 100))] == ["image"]
+
+
+def test_a_pool_loaded_under_max_video_frames_names_the_setting_not_its_model():
+    # Loading caps a pool's most frames at MAX_VIDEO_FRAMES' largest 4k+1 (50: 49).
+    capped = Limits.of(Settings(max_video_frames=50))
+    with pytest.raises(LimitExceededError, match=r"over what this Space's MAX_VIDEO_FRAMES allows; accepted: .* to 49"):
+        check(video_pool(max_frames=49), capped, num_frames=53)

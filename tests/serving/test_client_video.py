@@ -7,6 +7,7 @@ end-to-end test is test_video_doors.py.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,7 +81,10 @@ def test_the_video_is_the_bytes_post_answers(served):
     }
     answer = httpx.post(url, json=body, timeout=60)
     assert answer.status_code == 200, answer.text[:300]
-    assert backend.requests[-1] == sent
+    # The same request, but for what each door answers: /generate_video a video, POST / what the pool makes
+    # (a pool of the other kind is refused before running: test_video_kinds.py).
+    assert (sent.expects, backend.requests[-1].expects) == ("video", None)
+    assert dataclasses.replace(backend.requests[-1], expects="video") == sent
     assert answer.content == data
     assert len(decode_mp4(data).frames) == 9
 
@@ -97,15 +101,3 @@ def test_an_image_makes_it_image_to_video(served, tmp_path):
     assert backend.requests[-1].image is not None
     assert backend.requests[-1].loras == ()
     assert info["num_frames"] == 5
-
-
-def test_a_run_that_landed_on_an_image_pool_is_refused_by_name():
-    from PIL import Image
-
-    from engine.errors import InvalidRequestError
-    from engine.requests import CheckedRequest, GenerateResult, Timings
-    from serving.ui import video_api
-
-    image = GenerateResult(Image.new("RGB", (8, 8)), 1, CheckedRequest(prompt="x"), Timings(), model_id="o/sdxl")
-    with pytest.raises(InvalidRequestError, match=r"image pool \(o/sdxl\).*accepted: a LoRA or `base` of a video pool"):
-        video_api._saved(image)

@@ -128,6 +128,28 @@ def test_accept_picks_an_animated_image(url, accept, kind):
     assert animated.format == kind and animated.n_frames == 5
 
 
+@pytest.mark.parametrize(("fps", "shown"), [(60, 7), (50, 9)])
+def test_a_gif_that_drops_frames_says_so_in_its_warnings(url, fps, shown):
+    """9 frames at 60 fps last 0.15 s: 7 frames of 2 hundredths (and the last of 3), the rest dropped; at 50 fps
+    every frame shows."""
+    response = send(text_to_video(url, "a fox", {**PARAMETERS, "num_frames": 9, "fps": fps}), accept="image/gif")
+    assert response.status_code == 200, response.text[:300]
+    assert Image.open(io.BytesIO(response.content)).n_frames == shown
+    warnings = json.loads(response.headers.get("x-warnings", "[]"))
+    dropped = [w for w in warnings if w.startswith("the GIF shows")]
+    if shown == 9:
+        assert dropped == []
+    else:
+        assert dropped == [
+            "the GIF shows 7 of the 9 frames: a GIF frame lasts whole hundredths of a second, at least 2 (browsers "
+            "play shorter ones at 10 a second), so 60 fps plays at 46.7 fps and the clip keeps its 0.15 s; MP4 "
+            "and WebP keep every frame"
+        ]
+    # The MP4 keeps every frame and says nothing of it.
+    mp4 = send(text_to_video(url, "a fox", {**PARAMETERS, "num_frames": 9, "fps": fps}))
+    assert len(decode_mp4(mp4.content).frames) == 9 and "x-warnings" not in mp4.headers
+
+
 def test_the_same_request_gives_the_same_bytes(url):
     first = send(text_to_video(url, "a fox", PARAMETERS))
     again = send(text_to_video(url, "a fox", PARAMETERS))

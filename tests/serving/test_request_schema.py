@@ -39,8 +39,9 @@ def test_the_http_parameters_are_the_declared_fields_under_their_inference_api_n
     # Hugging Face's names, as its inference API spells them.
     assert declared["num_inference_steps"] == "steps"
     # Not parameters: the prompt (or, image-to-image, the image) is the body's `inputs`; POST / answers one
-    # image, with the LoRAs' defaults.
-    assert {f.name for f in REQUEST_FIELDS if f.http is None} == {"prompt", "num_images", "lora_defaults", "image"}
+    # image, with the LoRAs' defaults, or what the pool makes (`expects`, which a door sets itself).
+    not_parameters = {"prompt", "num_images", "lora_defaults", "image", "expects"}
+    assert {f.name for f in REQUEST_FIELDS if f.http is None} == not_parameters
     assert declared["guidance_scale"] == "guidance"
 
 
@@ -68,8 +69,9 @@ def test_the_gradio_api_takes_every_declared_field_by_its_declared_names():
     fails here; `base` (which pool) and `progress` (Gradio's) are the API's own. The video fields
     (`RequestField.video`) are the video endpoint's: the image endpoints' signatures stay as they were."""
     declared = [name for f in REQUEST_FIELDS if not f.video for name in f.gradio]
-    # The one field the API does not take: the UI's switch (the API runs with the LoRAs' recommendations).
-    assert [f.name for f in REQUEST_FIELDS if not f.gradio] == ["lora_defaults"]
+    # The fields the API does not take: the UI's switch (the API runs with the LoRAs' recommendations), and the
+    # kind each endpoint answers, which it sets itself.
+    assert [f.name for f in REQUEST_FIELDS if not f.gradio] == ["lora_defaults", "expects"]
     assert [f.name for f in REQUEST_FIELDS if f.video] == ["num_frames", "fps", "guidance_2"]
     own = ("base", "progress")
     found = _api_parameters()

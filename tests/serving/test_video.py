@@ -88,6 +88,36 @@ def test_an_animated_gif_has_every_frame_its_timing_and_recipe():
     assert image.info["duration"] == 60
 
 
+def _gif_frames(data: bytes) -> list[tuple[int, Image.Image]]:
+    """Each frame of a GIF as PIL reads it: its time (milliseconds) and its pixels."""
+    image = Image.open(io.BytesIO(data))
+    read = []
+    for index in range(image.n_frames):
+        image.seek(index)
+        read.append((image.info["duration"], image.convert("RGB")))
+    return read
+
+
+@pytest.mark.parametrize(("fps", "count"), [(16, 81), (24, 49), (30, 31), (50, 26), (60, 61)])
+def test_a_gifs_frame_times_are_whole_hundredths_of_at_least_two_and_keep_the_clips_length(fps, count):
+    """Browsers play a GIF frame of less than 2 hundredths at 10 a second: 60 fps written as 1.7 hundredths (PIL
+    writes 1) played at 10 fps. Each frame's time is whole hundredths of at least 2 and together they are the
+    clip's length; above 50 fps the GIF shows the frame playing every 2 hundredths, in order."""
+    made = frames(count, 32, 24)
+    read = _gif_frames(encode_video(made, fps, "image/gif"))
+    times = [time for time, _ in read]
+    assert all(time % 10 == 0 and time >= 20 for time in times), times
+    assert abs(sum(times) - count * 1000 / fps) <= 5
+    # Which source frame each shown one is (the nearest of all, as GIF's palette allows): every frame in order up
+    # to 50 fps; above, the one playing as its 2 hundredths start.
+    start, shown = 0, []
+    for time, image in read:
+        shown.append(min(range(count), key=lambda index: mean_difference(image, made[index])))
+        assert fps <= 50 or shown[-1] == int(start * fps / 1000), (start, shown[-1])
+        start += time
+    assert shown == list(range(count)) if fps <= 50 else len(shown) == round(count * 100 / fps) // 2
+
+
 @pytest.mark.parametrize(
     ("accept", "expected"),
     [

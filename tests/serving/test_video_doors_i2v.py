@@ -17,6 +17,7 @@ from huggingface_hub.inference._providers.hf_inference import HFInferenceBinaryI
 
 from engine.families.tiny_wan import TINY_A14B_WIDTH
 from serving.demo.synthetic import save_lora
+from serving.ui.video_ui import follow_scale
 from serving.video import decode_mp4
 from tests.support.app_server import AppServer, serve_app
 from tests.support.video import frames
@@ -132,3 +133,10 @@ def test_the_apps_low_noise_scales_show_only_for_the_two_stage_base(server):
     assert [c._id for c in switch.outputs] == sorted(c._id for c in lows)
     assert [s.visible for s in switch.fn(A14B)] == [True, True]
     assert [s.visible for s in switch.fn(I2V)] == [False, False]
+    # Each follows its LoRA's scale until moved; a share link (on load) and "use these settings again" set
+    # whether it was moved with the values they put back (tests/serving/test_video_low_noise.py).
+    follows = [fn for fn in demo.fns.values() if fn.fn is follow_scale]
+    assert sorted(c._id for fn in follows for c in fn.outputs) == sorted(c._id for c in lows)
+    moved = {fn.inputs[1]._id for fn in follows}
+    restores = [fn for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") in ("opened", "again")]
+    assert len(restores) == 2 and all(moved <= {c._id for c in fn.outputs} for fn in restores)

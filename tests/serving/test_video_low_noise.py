@@ -11,11 +11,19 @@ from urllib.parse import parse_qsl, urlsplit
 
 import gradio as gr
 
+from engine.normalise import normalise_request
 from engine.outcomes import ServedPool
-from engine.requests import AdapterUse, GenerateRequest, LoraSpec, ModelDefaults
+from engine.requests import AdapterUse, GenerateRequest, Limits, LoraSpec, ModelDefaults
 from serving import recipes
 from serving.ui import history, session
-from serving.ui.video_ui import low_noise_control, low_noise_shown, video_request
+from serving.ui.video_ui import (
+    follow_scale,
+    low_noise_control,
+    low_noise_shown,
+    video_controls,
+    video_request,
+    wire_video,
+)
 from tests.support.video import video_result
 
 _SIDES = {"steps": 4, "guidance": 5.0, "side": 64, "max_side": 128}
@@ -56,6 +64,42 @@ def test_the_forms_low_noise_scales_reach_only_a_two_stage_pools_request():
     alone = GenerateRequest(prompt="a fox", loras=(LoraSpec(LORA_2, 0.6),))
     moved = video_request(HANDLERS, alone, "owner/wan22", 9, 16, (("", 0.3), (LORA_2, 0.2)))  # type: ignore[arg-type]
     assert [(s.ref, s.scale_2) for s in moved.loras] == [(LORA_2, 0.2)]
+
+
+def test_the_low_noise_scale_follows_its_loras_scale_until_the_user_moves_it():
+    """The docs: without a low-noise scale of its own, `scale` applies to both. The slider started at 1 whatever the
+    LoRA's scale, so a LoRA at 0.5 ran 0.5 high-noise and 1 low-noise; it now shows the LoRA's scale (and the
+    request carries one) until the user moves it, then keeps the user's."""
+    with gr.Blocks() as demo:
+        base = gr.Dropdown(["owner/wan22"], value="owner/wan22")
+        controls = video_controls(TWO_STAGE)
+        scale, low, moved = gr.Slider(-2, 2, value=1.0), low_noise_control(1, True), gr.State(False)
+        wire_video(HANDLERS, base, controls, (gr.Video(), gr.Image()), gr.State(None), [(scale, low, moved)])  # type: ignore[arg-type]
+    (follow,) = [fn for fn in demo.fns.values() if fn.fn is follow_scale]
+    assert follow.targets == [(scale._id, "change")]
+    assert [c._id for c in follow.inputs] == [scale._id, moved._id] and [c._id for c in follow.outputs] == [low._id]
+    # Only the user's own move of the low-noise scale (`input`, which this follow does not fire) marks it moved.
+    (mark,) = [fn for fn in demo.fns.values() if [c._id for c in fn.outputs] == [moved._id]]
+    assert mark.targets == [(low._id, "input")] and mark.fn is not None and mark.fn() is True
+    # A LoRA set to 0.5: the low-noise scale shows 0.5, and what the form sends runs 0.5 on both transformers.
+    shown = follow_scale(0.5, False)
+    request = GenerateRequest(prompt="a fox", loras=(LoraSpec(LORA, 0.5),))
+    sent = video_request(HANDLERS, request, "owner/wan22", 9, 16, ((LORA, shown.value), ("", 1.0)))  # type: ignore[arg-type]
+    checked = normalise_request(sent, TWO_STAGE, Limits(max_loras=2, max_steps=10, max_prompt_chars=100))
+    assert [(s.scale, s.scale_2) for s in checked.loras] == [(0.5, None)]
+    # Once moved, it stays where the user put it.
+    assert isinstance(follow_scale(0.7, True), type(gr.skip()))
+
+
+def test_a_links_low_noise_scale_off_its_loras_scale_is_kept_and_one_equal_to_it_follows():
+    assert session.low_noise_moved({"lora_scale": "0.8", "lora_scale_2": "1"}) == (True, False)
+    assert session.low_noise_moved({"lora_scale": "0.8", "lora_scale_2": "0.8", "lora_2_scale_2": "0.3"}) == (
+        False,
+        True,
+    )
+    # A link leaves a scale of 1 out; no low-noise scale (a one-stage pool's link) follows.
+    assert session.low_noise_moved({"lora_2_scale_2": "1"}) == (False, False)
+    assert session.low_noise_moved({"lora_scale": "0.5"}) == (False, False)
 
 
 FORM = {

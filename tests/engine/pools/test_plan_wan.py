@@ -9,9 +9,11 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from torch import nn
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection, UMT5Config, UMT5EncoderModel
 
-from engine.errors import SettingsError
+from engine.errors import LimitExceededError, SettingsError
 from engine.families import wan, wan22, wan22_i2v, wan_i2v, wan_memory
+from engine.normalise import normalise_request
 from engine.pools.plan import PlanOptions, largest_values, plan_memory
+from engine.requests import MIN_SIDE, GenerateRequest, Limits, ModelDefaults
 from engine.settings import PoolSetting, Settings
 from engine.storage import linear_sizes
 from families.wan import MODEL_ID, MODEL_ID_5B, MODEL_ID_14B
@@ -165,3 +167,61 @@ def test_i2v_a14b_plans_as_t2v_a14b_both_transformers_resident():
     assert plan(settings_for(I2V_A14B, quantize="fp8"), L40S).placements[0].storage == "fp8"
     (fp8,) = plan(settings_for(I2V_A14B, quantize="fp8"), A100).placements
     assert fp8.storage == "fp8"
+
+
+# Each base's videos as its declaration plans them (`wan_memory.VideoPlan`): its transformer's and VAE's shapes.
+_PLANS = {
+    MODEL_ID: wan_memory.PLAN_1_3B,
+    MODEL_ID_14B: wan_memory.PLAN_14B_720P,
+    MODEL_ID_5B: wan_memory.PLAN_5B,
+    I2V_480P: wan_memory.PLAN_14B_480P,
+    I2V_720P: wan_memory.PLAN_14B_720P,
+    A14B: wan_memory.PLAN_14B_720P,
+    I2V_A14B: wan_memory.PLAN_14B_720P,
+}
+_LIMITS = Limits(max_loras=1, max_steps=50, max_prompt_chars=100, max_video_frames=1001)
+
+
+def _most_frames(defaults: ModelDefaults, width: int, height: int) -> int | None:
+    """The most frames the one gate (`normalise_request`) takes at this size, searched (None: none)."""
+    low, high = 0, (defaults.max_frames - 1) // 4
+    while low < high:
+        middle = (low + high + 1) // 2
+        try:
+            normalise_request(
+                GenerateRequest("a fox", width=width, height=height, num_frames=4 * middle + 1), defaults, _LIMITS
+            )
+            low = middle
+        except LimitExceededError:
+            high = middle - 1
+    try:
+        return normalise_request(
+            GenerateRequest("a fox", width=width, height=height, num_frames=4 * low + 1), defaults, _LIMITS
+        ).num_frames
+    except LimitExceededError:
+        return None
+
+
+@pytest.mark.parametrize("base", list(_PLANS))
+def test_every_video_the_gate_takes_fits_the_working_memory_the_plan_keeps(base):
+    """The plan keeps a base's `working_bytes` free; the gate takes a video of at most its card size's tokens, at
+    sides up to its largest: the most frames it takes at each size on a grid need no more working memory."""
+    family = {I2V_720P: wan_i2v.FAMILY, A14B: wan22.FAMILY, **_FAMILIES}.get(base, wan.FAMILY)
+    memory, plan = family.memory_of(base), _PLANS[base]
+    cell = 2 * plan.shape.vae_scale
+    defaults = ModelDefaults(
+        steps=4, guidance=5.0, side=480, max_side=memory.largest_side, side_multiple=cell, video=True,
+        num_frames=81, fps=16, max_frames=121, video_plan=memory.video_size,
+    )  # fmt: skip
+    # Its card's size is taken: 720P on the 720P bases (their largest side is 1280, not twice 480).
+    frames, width, height = memory.video_size
+    assert _most_frames(defaults, width, height) >= frames
+    assert (height == 720) == (base in (MODEL_ID_14B, I2V_720P, A14B, I2V_A14B))
+    for width in range(MIN_SIDE, memory.largest_side + 1, 2 * cell):
+        for height in range(MIN_SIDE, width + 1, 2 * cell):
+            most = _most_frames(defaults, width, height)
+            if most is not None:
+                assert wan_memory.working_bytes(plan.shape, most, width, height) <= memory.working_bytes, (
+                    width,
+                    height,
+                )
