@@ -2,8 +2,9 @@
 
 It checks types and ranges, fills the served model's defaults and returns a new `CheckedRequest`; the caller's
 object is never changed. The input images are counted and held to MAX_INPUT_PIXELS and MAX_REQUEST_PIXELS by their
-headers before any is decoded (`engine.image_checks`), whichever door brought them, then decoded and resized to
-the output's size here (on the checking thread, never under the GPU lock). The LoRAs'
+headers before any is decoded (`engine.image_checks`), whichever door brought them, then decoded, and a canvas is
+resized to the output's size here (on the checking thread, never under the GPU lock); an image a pool's pipeline
+reads as a reference keeps its own size. The LoRAs'
 recommendations are filled later, once they are prepared (`with_suggested`), without checking the request again.
 Each refusal names the value and what is accepted.
 """
@@ -92,9 +93,9 @@ def normalise_request(
     if not isinstance(request.lora_defaults, bool):
         raise InvalidRequestError(f"lora_defaults={request.lora_defaults!r} is not accepted; accepted: true, false")
     num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
-    image = _fitted(decoded, (width, height))
     # What the pipeline makes of each image it reads as a reference (not the image an inpainting repaints).
     fit, inpainting = defaults.reference_fit, request.mode == "inpainting"
+    image = decoded if fit is not None and not inpainting else _fitted(decoded, (width, height))
     check_reference_sizes(image, images, fit, inpainting=inpainting)
     read = reference_notes(image, images, fit, inpainting=inpainting)
     checked = CheckedRequest(
@@ -307,8 +308,10 @@ def _mask_notes(request: GenerateRequest) -> tuple[str, ...]:
 
 
 def _fitted(image: InputImage | None, size: tuple[int, int]) -> InputImage | None:
-    """`image` at the output's `size` (Lanczos, as diffusers' own `resize_mode="default"` resamples): the run
-    takes it as it is, so no resize waits under the GPU lock."""
+    """A canvas (image-to-image's, inpainting's image and mask) at the output's `size` (Lanczos, as diffusers'
+    own `resize_mode="default"` resamples): the run takes it as it is, so no resize waits under the GPU lock. Not
+    an image the pool's pipeline reads as a reference (a `reference_fit`: FLUX.2's, Qwen-Image-Edit-2509/2511's
+    image 1): that goes at its own size and aspect, as diffusers' call takes it, and sizes it itself."""
     if image is None or image.size == size:
         return image
     return InputImage.from_pil(image.to_pil().resize(size, Image.Resampling.LANCZOS), image.mode)
