@@ -46,14 +46,11 @@ def checked_images(request: GenerateRequest, defaults: ModelDefaults, limits: Li
     """The request's image, mask and further references, checked as the module docstring says, then decoded."""
     _check_fields(request)
     references = _references(request, defaults, limits)
-    named = [
-        (name, image)
-        for name, image in (("image", request.image), ("mask_image", request.mask_image))
-        if image is not None
-    ]
-    named += [(f"images[{index}]", image) for index, image in enumerate(references)]
-    for name, image in named:
-        _check_pixels(name, image, limits)
+    firsts = (("image", request.image), ("mask_image", request.mask_image))
+    named = [(name, first) for name, first in firsts if first is not None]
+    named += [(f"images[{index}]", reference) for index, reference in enumerate(references)]
+    for name, each in named:
+        _check_pixels(name, each, limits)
     _check_budget(named, limits)
     image, mask = (_decoded(name, request, limits) for name in ("image", "mask_image"))
     return image, mask, tuple(_image(f"images[{i}]", each, limits) for i, each in enumerate(references))
