@@ -44,14 +44,14 @@ def _references(value: Any, max_pixels: int, most_images: int | None) -> tuple[E
     if not isinstance(value, list | tuple):
         raise InvalidRequestError(f"images is a {type(value).__name__}; accepted: a list of image files (handle_file)")
     check_door_count(len(value), most_images)
-    decoded = []
+    carried = []
     for index, item in enumerate(value):
         path = item.get("path") if isinstance(item, dict) else item
         image = read_image(path, f"images[{index}]", "RGB", max_pixels)
         if image is None:
             raise InvalidRequestError(f"images[{index}] is None; accepted: an image file (handle_file)")
-        decoded.append(image)
-    return tuple(decoded)
+        carried.append(image)
+    return tuple(carried)
 
 
 def read_image(value: Any, name: str, mode: ImageMode, max_pixels: int) -> EncodedImage | None:
