@@ -19,8 +19,9 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from engine.errors import InvalidRequestError, LimitExceededError
+from engine.images import RequestImage
 from engine.normalise import normalise_request
-from engine.requests import GenerateRequest, GenerateResult, InputImage, Limits, LoraSpec, ModelDefaults
+from engine.requests import GenerateRequest, GenerateResult, Limits, LoraSpec, ModelDefaults
 
 if TYPE_CHECKING:  # the engine module brings torch; `import app` must stay light
     from engine.pools.engine import Engine, PreparedRequest
@@ -51,11 +52,11 @@ class CompareRequest:
     scheduler_options: tuple[tuple[str, object], ...] = ()
     clip_skip: int | None = None
     # The image every cell starts from, its mask and the strength (as `GenerateRequest`'s; none: text-to-image).
-    image: InputImage | None = None
-    mask_image: InputImage | None = None
+    image: RequestImage | None = None
+    mask_image: RequestImage | None = None
     strength: float | None = None
     # Further reference images after `image` (as `GenerateRequest.images`), the same for every cell.
-    images: tuple[InputImage, ...] = ()
+    images: tuple[RequestImage, ...] = ()
 
 
 @dataclass(frozen=True)

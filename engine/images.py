@@ -1,18 +1,26 @@
-"""The images a request brings (`GenerateRequest.image`, `.mask_image`): `InputImage`, and decoding a file's bytes
-into one.
+"""The images a request brings (`GenerateRequest.image`, `.mask_image`, `.images`): an `EncodedImage` (a file as
+sent, read only as far as its header) or an `InputImage` (pixels), and decoding the one into the other.
+
+Count, then decode: every door (`POST /`, the Gradio API and the UI's slots, the cluster wire) carries a client's
+file into the request as an `EncodedImage` (`encoded_image`: the format whitelisted, the size from the header
+held to MAX_INPUT_PIXELS, nothing decoded), so that `normalise_request` counts the images and weighs their pixels
+before any is decoded (`engine.image_checks`): a 340-byte WebP that decodes to 21 MB costs its header until
+then. An `EncodedImage` is frozen, hashable and compared by its bytes and mode (a request equals its copy,
+whichever transport carried it; the name a door gave it for refusals is not compared).
 
 An `InputImage` is the pixels themselves, 8-bit RGB (a mask: 8-bit grayscale, `L`), with their size: frozen,
-hashable and compared by value, as the frozen request needs (a request equals its copy, whichever transport
-carried it). `to_pil()` makes a new PIL image each time, so no run can change another's input.
+hashable and compared by value (the checked request's images; the UI editor's composite). `to_pil()` makes a new
+PIL image each time, so no run can change another's input. One decoded from a file keeps the file (`source`, not
+compared): the cluster's wire sends the client's own bytes back and forth instead of a PNG of the pixels.
 
-`decode_image` is the one way bytes become an image, on every door (`POST /`, the Gradio API and the UI's
-editor, the cluster wire): only the formats in `ACCEPTED_FORMATS` are parsed at all (`Image.open(formats=...)`:
-no other PIL plugin reads untrusted bytes; a phone's MPO is a JPEG, its first frame); the size is read from the
-file's header and checked against the limit **before** the pixels are decoded (a decompression bomb is refused
-by its header, never decoded); an EXIF orientation is applied, as a viewer shows the photo; 16-bit grayscale is
-scaled to 8 bits (never clipped to white). Every refusal is an InvalidRequestError naming the value and what is
-accepted, never a Python object's repr. `cap_decoding` sets PIL's own bomb limit from MAX_INPUT_PIXELS at start:
-a safety net for the libraries that open images themselves (Gradio's upload handling).
+`decode_image` is the one way bytes become an image: only the formats in `ACCEPTED_FORMATS` are parsed at all
+(`Image.open(formats=...)`: no other PIL plugin reads untrusted bytes; a phone's MPO is a JPEG, its first frame);
+the size is read from the file's header and checked against the limit **before** the pixels are decoded (a
+decompression bomb is refused by its header, never decoded); an EXIF orientation is applied, as a viewer shows the
+photo (an `EncodedImage`'s size is already the upright one, where the header says how the photo turns); 16-bit
+grayscale is scaled to 8 bits (never clipped to white). Every refusal is an InvalidRequestError naming the value and
+what is accepted, never a Python object's repr. `cap_decoding` sets PIL's own bomb limit from MAX_INPUT_PIXELS at
+start: a safety net for the libraries that open images themselves (Gradio's upload handling).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from __future__ import annotations
 import io
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -31,11 +39,17 @@ __all__ = [
     "ACCEPTED_FORMATS",
     "ACCEPTED_MEDIA_TYPES",
     "DEFAULT_MAX_INPUT_PIXELS",
+    "DEFAULT_MAX_REQUEST_PIXELS",
+    "MOST_IMAGES",
+    "EncodedImage",
     "ImageMode",
     "InputImage",
+    "RequestImage",
     "cap_decoding",
     "decode_image",
     "encode_png",
+    "encoded_image",
+    "file_of",
     "open_image",
     "read_size",
 ]
@@ -46,6 +60,16 @@ ACCEPTED_FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/web
 _READ_AS = {"PNG": "PNG", "JPEG": "JPEG", "MPO": "JPEG", "WEBP": "WEBP"}
 # MAX_INPUT_PIXELS' default (engine.settings): 4 times the largest size preset's pixels (Qwen-Image's 1328 x 1328).
 DEFAULT_MAX_INPUT_PIXELS = 4 * 1328 * 1328
+# MAX_REQUEST_PIXELS' default, all of a request's images' pixels together (about 85 MB once decoded in RGB): the
+# largest pool's count (FLUX.2 [dev]'s 6 images) of 4.7 MP photos, or 4 images (FLUX.2 [klein]'s count) each at
+# MAX_INPUT_PIXELS' default.
+DEFAULT_MAX_REQUEST_PIXELS = 4 * DEFAULT_MAX_INPUT_PIXELS
+# The most images a request may bring in all, whatever the pool (MAX_REFERENCE_IMAGES' ceiling; FLUX.2 [dev]'s 6 is
+# the most a pool takes): a door refuses more before it reads a single header.
+MOST_IMAGES = 16
+# EXIF orientations that turn the photo a quarter (its stored width is its shown height).
+_QUARTER_TURNS = (5, 6, 7, 8)
+_ORIENTATION = 0x0112
 # How files of formats never parsed here start, to name what a refused file is (the first bytes only).
 _OTHER_FORMATS = (
     (b"GIF8", "GIF"),
@@ -70,6 +94,9 @@ class InputImage:
     height: int
     mode: ImageMode
     data: bytes = field(repr=False)
+    # The file these pixels were decoded from (`decode_image`), if they are exactly what it decodes to in `mode`;
+    # b"": made in code. Not compared: the same pixels are the same image whatever carried them.
+    source: bytes = field(default=b"", repr=False, compare=False)
 
     def __post_init__(self) -> None:
         channels = 3 if self.mode == "RGB" else 1
@@ -95,6 +122,65 @@ class InputImage:
         return self.width * self.height
 
 
+@dataclass(frozen=True)
+class EncodedImage:
+    """A client's image file as sent (PNG, JPEG or WebP bytes), read as far as its header (`encoded_image`): its
+    upright `width` x `height` and the `mode` it is decoded in; no pixel decoded yet. `name`: what the door called
+    it ("parameters.images[1]"), for a refusal after the door (not compared)."""
+
+    data: bytes = field(repr=False)
+    width: int
+    height: int
+    mode: ImageMode = "RGB"
+    name: str = field(default="", compare=False)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.width, self.height
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+    def decoded(self, max_pixels: int, what: str = "the image") -> InputImage:
+        """The pixels (`decode_image`, the one decode), at most `max_pixels`; refusals name the door's name for it,
+        else `what`."""
+        return decode_image(self.data, what=self.name or what, max_pixels=max_pixels, mode=self.mode)
+
+
+# An image a request may carry: a file as sent, or pixels (a checked request's are pixels).
+RequestImage = InputImage | EncodedImage
+
+
+def encoded_image(data: bytes, *, what: str, max_pixels: int, mode: ImageMode = "RGB") -> EncodedImage:
+    """`data` (a PNG, JPEG or WebP file) carried as sent, refused as `decode_image` refuses it by its header (a
+    format not accepted, over `max_pixels`); nothing is decoded. `what` names it in refusals, here and after."""
+    with _opened(data, what, max_pixels) as opened:
+        width, height = _within(opened.size, what, max_pixels)
+        if _orientation(opened) in _QUARTER_TURNS:
+            width, height = height, width
+    return EncodedImage(data, width, height, mode, what)
+
+
+def file_of(image: RequestImage) -> bytes:
+    """A file that decodes to `image` in its mode: the client's own (as sent, or what its pixels came from), else
+    a PNG of its pixels (lossless)."""
+    if isinstance(image, EncodedImage):
+        return image.data
+    return image.source or encode_png(image)
+
+
+def _orientation(opened: Image.Image) -> int:
+    """The orientation the header says (EXIF, or XMP's `tiff:Orientation`, as `ImageOps.exif_transpose` reads it
+    when decoding), read without decoding: PIL's own `Image.getexif` over what the open read (a PNG's own override
+    would decode the file to find an eXIf chunk after its pixels); 1 (as stored) when none or unreadable."""
+    try:
+        value = Image.Image.getexif(opened).get(_ORIENTATION, 1)
+    except (OSError, ValueError, SyntaxError, EOFError, KeyError, IndexError, TypeError):
+        return 1
+    return value if isinstance(value, int) else 1
+
+
 def cap_decoding(max_pixels: int) -> None:
     """PIL's own bomb limit from MAX_INPUT_PIXELS (PIL refuses past twice it): for what opens images besides
     `decode_image`, which judges the header against `max_pixels` itself."""
@@ -104,7 +190,8 @@ def cap_decoding(max_pixels: int) -> None:
 def decode_image(data: bytes, *, what: str, max_pixels: int, mode: ImageMode = "RGB") -> InputImage:
     """`data` (a PNG, JPEG or WebP file) as an `InputImage` in `mode`; `what` names it in refusals ("inputs",
     "parameters.mask_image"). At most `max_pixels` pixels, judged from the header before decoding."""
-    return InputImage.from_pil(open_image(data, what=what, max_pixels=max_pixels), mode)
+    decoded = InputImage.from_pil(open_image(data, what=what, max_pixels=max_pixels), mode)
+    return replace(decoded, source=data)
 
 
 def open_image(data: bytes, *, what: str, max_pixels: int) -> Image.Image:

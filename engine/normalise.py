@@ -1,8 +1,10 @@
 """Checking a request: `normalise_request` is the single gate every entry point goes through (via `Engine.check`).
 
 It checks types and ranges, fills the served model's defaults and returns a new `CheckedRequest`; the caller's
-object is never changed. The input images are held to MAX_INPUT_PIXELS here, whichever door brought them, and
-resized to the output's size here (on the checking thread, never under the GPU lock). The LoRAs'
+object is never changed. The input images are counted and held to MAX_INPUT_PIXELS and MAX_REQUEST_PIXELS by their
+headers before any is decoded (`engine.image_checks`), whichever door brought them, then decoded, and a canvas is
+resized to the output's size here (on the checking thread, never under the GPU lock); an image a pool's pipeline
+reads as a reference keeps its own size. The LoRAs'
 recommendations are filled later, once they are prepared (`with_suggested`), without checking the request again.
 Each refusal names the value and what is accepted.
 """
@@ -18,7 +20,7 @@ from typing import Literal, TypeVar
 from PIL import Image
 
 from engine.errors import InvalidRequestError, LimitExceededError
-from engine.images import ACCEPTED as IMAGE_ACCEPTED
+from engine.image_checks import checked_images
 from engine.images import InputImage
 from engine.references import check_reference_sizes, reference_notes
 from engine.requests import (
@@ -46,7 +48,6 @@ from lora_catalog.civitai.refs import parse_civitai
 __all__ = ["normalise_loras", "normalise_request", "parse_ref", "with_suggested"]
 
 T = TypeVar("T")
-_IMAGES_ACCEPTED = f"a list of images, each {IMAGE_ACCEPTED} (or none)"
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
@@ -71,8 +72,8 @@ def normalise_request(
 ) -> CheckedRequest:
     """Check every field and fill defaults (the LoRAs' `suggested` ones before the pool's: `with_suggested`);
     returns a new request with a concrete seed."""
-    _check_images(request, limits)
-    images = _references(request, defaults, limits)
+    decoded, mask, images = checked_images(request, defaults, limits)  # counted and weighed, then decoded
+    request = replace(request, image=decoded, mask_image=mask, images=images)
     video = check_video(request, defaults, limits)
     _check_mode(request, defaults)
     # An image request may come without a prompt (a raw image body: image-to-image with the defaults).
@@ -93,9 +94,9 @@ def normalise_request(
     if not isinstance(request.lora_defaults, bool):
         raise InvalidRequestError(f"lora_defaults={request.lora_defaults!r} is not accepted; accepted: true, false")
     num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
-    image = _fitted(request.image, (width, height))
     # What the pipeline makes of each image it reads as a reference (not the image an inpainting repaints).
     fit, inpainting = defaults.reference_fit, request.mode == "inpainting"
+    image = decoded if fit is not None and not inpainting else _fitted(decoded, (width, height))
     check_reference_sizes(image, images, fit, inpainting=inpainting)
     read = reference_notes(image, images, fit, inpainting=inpainting)
     checked = CheckedRequest(
@@ -117,7 +118,7 @@ def normalise_request(
         expects=request.expects,
         lora_defaults=request.lora_defaults,
         image=image,
-        mask_image=_fitted(request.mask_image, (width, height)),
+        mask_image=_fitted(mask, (width, height)),
         images=images,
         strength=strength,
         sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
@@ -239,31 +240,6 @@ def _checked(check: Callable[[str | None], str | None], value: object) -> str | 
     return check(value or None)  # type: ignore[arg-type]
 
 
-def _check_images(request: GenerateRequest, limits: Limits) -> None:
-    """The image and mask are images within MAX_INPUT_PIXELS; a mask or further references come with the image."""
-    for name in ("image", "mask_image"):
-        value = getattr(request, name)
-        if value is not None and not isinstance(value, InputImage):
-            raise InvalidRequestError(f"{name} is a {type(value).__name__}; accepted: {IMAGE_ACCEPTED} (or none)")
-        if value is not None:
-            _check_pixels(name, value, limits)
-    if request.mask_image is not None and request.image is None:
-        raise InvalidRequestError("mask_image was given without an image; accepted: a mask with the image it masks")
-    if request.images and request.image is None:
-        raise InvalidRequestError(
-            f"images ({_count(request.images)}) were given without the first image; accepted: further references "
-            "after an image (the first is the request's image, the HTTP body's inputs)"
-        )
-
-
-def _check_pixels(name: str, image: InputImage, limits: Limits) -> None:
-    if image.pixels > limits.max_input_pixels:
-        raise LimitExceededError(
-            f"{name} is {image.width}x{image.height} ({image.pixels} pixels); accepted: at most "
-            f"{limits.max_input_pixels} pixels (MAX_INPUT_PIXELS)"
-        )
-
-
 def _check_mode(request: GenerateRequest, defaults: ModelDefaults) -> None:
     """The pool serves the request's mode (an editing pool: only with an image)."""
     if request.mode in defaults.modes:
@@ -277,45 +253,6 @@ def _check_mode(request: GenerateRequest, defaults: ModelDefaults) -> None:
             f"instruction as the prompt ({served})"
         )
     raise InvalidRequestError(f"this pool's model has no {request.mode} pipeline; accepted: {served}")
-
-
-def _references(request: GenerateRequest, defaults: ModelDefaults, limits: Limits) -> tuple[InputImage, ...]:
-    """The further reference images as a tuple, each an image, their count within the pool's limit (and the
-    MAX_REFERENCE_IMAGES setting's); with a mask only where the pool's inpainting takes references too."""
-    value = request.images
-    if value is None or (not value and isinstance(value, list | tuple)):
-        return ()
-    if not isinstance(value, list | tuple):
-        raise InvalidRequestError(f"images is a {type(value).__name__}; accepted: {_IMAGES_ACCEPTED}")
-    for index, image in enumerate(value):
-        if not isinstance(image, InputImage):
-            raise InvalidRequestError(f"images[{index}] is a {type(image).__name__}; accepted: {_IMAGES_ACCEPTED}")
-        _check_pixels(f"images[{index}]", image, limits)
-    pool = defaults.max_reference_images
-    if pool <= 1:
-        takes = "takes no image (it is text-to-image only)" if pool == 0 else "takes one image"
-        raise InvalidRequestError(
-            f"images ({_count(value)}) were given, but this pool's model {takes}; accepted: at most {pool} "
-            f"image{'s' if pool != 1 else ''} in all, so no images"
-        )
-    cap = pool if limits.max_reference_images is None else min(pool, limits.max_reference_images)
-    if 1 + len(value) > cap:
-        whose = "this pool's model takes" if cap == pool else "this Space's MAX_REFERENCE_IMAGES allows"
-        raise LimitExceededError(
-            f"{1 + len(value)} images were given (the image and {_count(value)} in images); {whose} at most {cap}; "
-            f"accepted: the image and up to {cap - 1} in images"
-        )
-    if request.mask_image is not None and not defaults.inpaint_references:
-        raise InvalidRequestError(
-            f"mask_image was given with images ({_count(value)}), and this pool's inpainting takes one image; "
-            "accepted: a mask with the one image it masks, or references without a mask"
-        )
-    return tuple(value)
-
-
-def _count(images: object) -> str:
-    count = len(images) if isinstance(images, list | tuple) else 1
-    return f"{count} image{'s' if count != 1 else ''}"
 
 
 def _size(request: GenerateRequest, defaults: ModelDefaults) -> tuple[int, int]:
@@ -373,8 +310,10 @@ def _mask_notes(request: GenerateRequest) -> tuple[str, ...]:
 
 
 def _fitted(image: InputImage | None, size: tuple[int, int]) -> InputImage | None:
-    """`image` at the output's `size` (Lanczos, as diffusers' own `resize_mode="default"` resamples): the run
-    takes it as it is, so no resize waits under the GPU lock."""
+    """A canvas (image-to-image's, inpainting's image and mask) at the output's `size` (Lanczos, as diffusers'
+    own `resize_mode="default"` resamples): the run takes it as it is, so no resize waits under the GPU lock. Not
+    an image the pool's pipeline reads as a reference (a `reference_fit`: FLUX.2's, Qwen-Image-Edit-2509/2511's
+    image 1): that goes at its own size and aspect, as diffusers' call takes it, and sizes it itself."""
     if image is None or image.size == size:
         return image
     return InputImage.from_pil(image.to_pil().resize(size, Image.Resampling.LANCZOS), image.mode)

@@ -3,11 +3,12 @@
 A pipeline that takes a list of references (FLUX.2's `image=[...]`, Qwen-Image-Edit-2509/2511's) sizes each one
 itself before its VAE reads it: FLUX.2 scales one over 1 MP down to it and center-crops its sides to its latent
 multiple; Qwen-Image-Edit-2509/2511 scales every image to about 1 MP (and again to about 384 x 384 for its
-Qwen2.5-VL encoder). The request's images are passed to it as sent (the first at the checked size), so what the
-model read can differ from what the client sent: each such change is said in the answer's warnings, naming the
-image ("image 2 (images[0])", the prompt's numbering) and both sizes. The family declares its pipeline's rule as
-numbers (`ReferenceFit`, in its `RunDefaults`): plain data, so the pool's `ModelDefaults` carry it to every check,
-a cluster front end's included.
+Qwen2.5-VL encoder). The request's images are passed to it as sent, the first too (at its own size and aspect,
+never stretched to the output's: the pipeline sizes it as it sizes the others), so what the model read can differ
+from what the client sent: each such change is said in the answer's warnings, naming the image ("image 1 (the
+image)", "image 2 (images[0])": the prompt's numbering), the size the client sent and the size read. The family
+declares its pipeline's rule as numbers (`ReferenceFit`, in its `RunDefaults`): plain data, so the pool's
+`ModelDefaults` carry it to every check, a cluster front end's included.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def _about(area: int, ratio: float, multiple: int) -> tuple[int, int]:
 
 
 def _named(image: InputImage | None, images: Sequence[InputImage], inpainting: bool) -> list[tuple[str, InputImage]]:
-    """The images the pipeline reads as references, in the prompt's numbering: the request's first (at its checked
-    size) unless an inpainting repaints it, then its further `images`."""
+    """The images the pipeline reads as references, in the prompt's numbering: the request's first (as sent) unless
+    an inpainting repaints it, then its further `images`."""
     named = [(f"image {index + 2} (images[{index}])", reference) for index, reference in enumerate(images)]
     if image is not None and not inpainting:
         named.insert(0, ("image 1 (the image)", image))

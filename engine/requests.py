@@ -6,10 +6,11 @@ it checks types and ranges, fills the served model's defaults and returns a new 
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Literal
 
-from engine.images import DEFAULT_MAX_INPUT_PIXELS, InputImage
+from engine.images import InputImage, RequestImage
+from engine.limits import MAX_IMAGES, Limits
 from engine.references import ReferenceFit
 from engine.request_schema import RequestField, request_field
 from engine.result_parts import MAX_SEED, AdapterUse, Suggested, Timings, seeds_of
@@ -19,7 +20,6 @@ from lora_catalog import refs
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-    from engine.settings import Settings
 
 __all__ = [
     "FPS_RANGE",
@@ -43,8 +43,6 @@ __all__ = [
     "seeds_of",
 ]
 
-# Images one request may ask for (consecutive seeds, one denoising batch where memory allows).
-MAX_IMAGES = 4
 SCALE_RANGE = (-2.0, 2.0)
 # A video's frames per second: what players show well (the encoder writes any rate; Wan makes 16 or 24).
 FPS_RANGE = (4, 60)
@@ -141,13 +139,13 @@ class GenerateRequest:
     # Whether the LoRAs' recommended settings (a speed LoRA's, a card's) fill what the client left unset; the
     # UI's switch. Off: the pool's defaults.
     lora_defaults: bool = request_field(True, _F("switch", "true or false", "the LoRAs' recommended settings"))
-    # The image to start from (`engine.images.InputImage`: RGB pixels, frozen, compared by value): with it the
-    # request is image-to-image (or an editing pool's instruction); the output is its size rounded to the pool's
-    # side multiple, or `width` x `height` when set (the image resized to that first). None: text-to-image.
-    image: InputImage | None = request_field(None, _F("image", _IMAGE, "the image to start from", gradio=("image",)))
-    # An inpainting mask (an `InputImage` in `L`): white is repainted, black kept; resized to the image's size
-    # (with a warning) when it differs. Needs `image`.
-    mask_image: InputImage | None = request_field(
+    # The image to start from (`engine.images`: a door's file, or pixels): with it the request is image-to-image
+    # (or an editing pool's instruction); the output is its size rounded to the pool's side multiple, or `width` x
+    # `height` when set (the image resized to that first, unless the pool reads it as a reference). None: text only.
+    image: RequestImage | None = request_field(None, _F("image", _IMAGE, "the image to start from", gradio=("image",)))
+    # An inpainting mask (in `L`): white is repainted, black kept; resized to the image's size (with a warning) when
+    # it differs. Needs `image`.
+    mask_image: RequestImage | None = request_field(
         None, _F("image", _IMAGE, "the inpainting mask (white repainted)", http="mask_image", gradio=("mask",))
     )
     # How much of the image is re-noised (0: kept, 1: all); runs int(steps * strength) steps, as diffusers does.
@@ -158,7 +156,7 @@ class GenerateRequest:
     # Further reference images after `image` (the prompt's "image 2", "image 3", ...), in that order, for a pool
     # whose own pipeline takes a list of references (`ModelDefaults.max_reference_images`); needs `image`.
     # Last, so that the Gradio API's positional arguments before it keep their places.
-    images: tuple[InputImage, ...] = request_field(
+    images: tuple[RequestImage, ...] = request_field(
         (), _F("images", _IMAGES, "further reference images (image 2, 3, ...)", http="images", gradio=("images",))
     )
     # A video pool's (`ModelDefaults.video`) frames: 4k+1 (Wan's VAE makes 4 frames of each latent frame after the
@@ -196,6 +194,7 @@ def fields_of(cls: type[GenerateRequest] = GenerateRequest) -> tuple[RequestFiel
 
 
 REQUEST_FIELDS = fields_of()
+_DECLARED = {f.name: f.metadata for f in fields(GenerateRequest)}
 
 
 @dataclass(frozen=True)
@@ -205,6 +204,11 @@ class CheckedRequest(GenerateRequest):
     `scheduler` is a class name the pool accepts, or None for the pool's own; `sampler` names what runs either
     way (the recipe's `Sampler:`). `defaults_from` says where each default that is not the pool's came from.
     """
+
+    # Its images are pixels: the check decoded each file once it was counted and weighed (the same declarations).
+    image: InputImage | None = field(default=None, metadata=_DECLARED["image"])
+    mask_image: InputImage | None = field(default=None, metadata=_DECLARED["mask_image"])
+    images: tuple[InputImage, ...] = field(default=(), metadata=_DECLARED["images"])
 
     steps: int = 0
     guidance: float = 0.0
@@ -330,31 +334,6 @@ class ModelDefaults:
     def samplers(self) -> tuple[str, ...]:
         """The sampler names a request may use here (the UI's menu)."""
         return menu(self.schedulers)
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_loras: int
-    max_steps: int
-    max_prompt_chars: int
-    max_images: int = MAX_IMAGES
-    max_input_pixels: int = DEFAULT_MAX_INPUT_PIXELS
-    # Images one request may bring in all (`image` and `images`; MAX_REFERENCE_IMAGES); None: its pool's limit.
-    max_reference_images: int | None = None
-    # A video's most frames (MAX_VIDEO_FRAMES); a pool's own `max_frames` may be lower.
-    max_video_frames: int = 81
-
-    @classmethod
-    def of(cls, settings: Settings) -> Limits:
-        """The limits a request is checked against under `settings` (an engine's, a cluster front end's)."""
-        return cls(
-            settings.max_loras,
-            settings.max_steps,
-            settings.max_prompt_chars,
-            max_input_pixels=settings.max_input_pixels,
-            max_reference_images=settings.max_reference_images,
-            max_video_frames=settings.max_video_frames,
-        )
 
 
 @dataclass(frozen=True)

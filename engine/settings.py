@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails
 
 from engine import settings_values as sv
 from engine.errors import SettingsError
-from engine.images import DEFAULT_MAX_INPUT_PIXELS
+from engine.images import DEFAULT_MAX_INPUT_PIXELS, DEFAULT_MAX_REQUEST_PIXELS, MOST_IMAGES
 from engine.models import (
     DEFAULT_MODEL_ID,
     DEFAULT_POOLS,
@@ -124,10 +124,15 @@ class Settings(BaseModel):
     # A request's input image (and mask), judged from the file's header before it is decoded: 4 times the largest
     # size preset's pixels (Qwen-Image's 1328 x 1328: tests/engine/test_images.py holds it to the families' presets).
     max_input_pixels: Annotated[int, Field(ge=64 * 64, le=2**28), Env("MAX_INPUT_PIXELS")] = DEFAULT_MAX_INPUT_PIXELS
+    # All of a request's images (its image, mask and further references) together, from their headers, before any
+    # is decoded: the largest pool's count (FLUX.2 [dev]'s 6) of 4.7 MP photos; 85 MB of RGB once decoded.
+    max_request_pixels: Annotated[int, Field(ge=64 * 64, le=2**30), Env("MAX_REQUEST_PIXELS")] = (
+        DEFAULT_MAX_REQUEST_PIXELS
+    )
     # The images one request may bring (its image and its further references); None (`auto`): the largest pool
     # limit, each pool's own (`ModelDefaults.max_reference_images`), which a request never passes anyway.
     max_reference_images: Annotated[
-        Annotated[int, Field(ge=1, le=16)] | None, BeforeValidator(sv.auto_none), Env("MAX_REFERENCE_IMAGES")
+        Annotated[int, Field(ge=1, le=MOST_IMAGES)] | None, BeforeValidator(sv.auto_none), Env("MAX_REFERENCE_IMAGES")
     ] = None
     # A video's most frames (4k+1: 81 is Wan's 5 s at 16 fps); a pool's own maximum may be lower.
     max_video_frames: Annotated[int, Field(ge=5, le=1001), Env("MAX_VIDEO_FRAMES")] = 81

@@ -8,9 +8,11 @@ own object: no weight is loaded or copied, and the exact swap already fused into
 scheduler is a copy of the pool's (an image run sets its begin index and timesteps on its own), so a text-to-image
 request after it sees the pool's scheduler as it was. An editing pool (FLUX.1 Kontext) runs its own pipeline.
 
-`image_arguments` are the call's image inputs: the image resized to the checked width x height (the input's own
-size rounded to the side multiple, or the client's target size), then any further references as they came (a
-list, as diffusers' reference-editing pipelines take them), the mask resized the same way, the strength;
+`image_arguments` are the call's image inputs: the image as checked (a canvas at the checked width x height: the
+input's own size rounded to the side multiple, or the client's target size; on a pool that reads it as a
+reference, FLUX.2's and Qwen-Image-Edit-2509/2511's, at its own size and aspect, which the pipeline sizes itself),
+then any further references as they came (a list, as diffusers' reference-editing pipelines take them), the
+canvas and mask at the checked size for inpainting, the strength;
 only those the class's call takes (FLUX.1 Kontext takes no strength), and the family's text-to-image arguments
 likewise (SDXL's img2img call takes no width and height: its output is the image's size).
 """
@@ -116,13 +118,14 @@ def image_arguments(pipe: Pipeline, request: CheckedRequest) -> dict[str, Any]:
     if request.image is None:
         return {}
     size = (request.width, request.height)
-    first = _resized(request.image, size)
-    # Further references go as their own pixels: the pipeline scales each as its model was trained (diffusers'
+    # As checked (`normalise_request` fitted a canvas to the output, and left a reference pool's image at its own
+    # size); references go as their own pixels: the pipeline scales each as its model was trained (diffusers'
     # FLUX.2: within 1 MP; Qwen-Image-Edit-2509/2511: about 1 MP for the VAE, 384 x 384 for Qwen2.5-VL).
+    first = request.image.to_pil()
     references = [image.to_pil() for image in request.images]
     arguments: dict[str, Any] = {"image": [first, *references] if references else first}
     if request.mask_image is not None:
-        arguments["image"] = first
+        arguments["image"] = _resized(request.image, size)
         arguments["mask_image"] = _resized(request.mask_image, size)
         if references:
             # FLUX.2 [klein]'s inpainting (normalise lets references with a mask only where it takes them).

@@ -100,8 +100,11 @@ def wire_routes(handlers: Handlers) -> list[BaseRoute]:
 
     async def generate(http: Request, body: bytes) -> Response:
         document = _json_body(body, "GenerateRequest")
-        # Its images' files are decoded here (off the event loop), judged by their headers first.
-        request = await asyncio.to_thread(request_from_json, document, handlers.settings.max_input_pixels)
+        # Its images counted, then read as far as their headers here (off the event loop); the check decodes them.
+        settings = handlers.settings
+        request = await asyncio.to_thread(
+            request_from_json, document, settings.max_input_pixels, settings.max_reference_images
+        )
         base = http.path_params.get("base", "")
         result = await handlers.generate(request, transport="wire", base=base)
         # Off the event loop: a video without its MP4 yet is encoded here.

@@ -2,13 +2,15 @@
 and its replicas pass the engine's own values through Serve).
 
 A front end sends a whole `GenerateRequest` (more than the `lora` header can say) and gets the image back as
-lossless PNG with the rest of the `GenerateResult`. A request's own images travel as PNG files too (lossless, a
-fraction of their raw pixels' base64), read back by `engine.images.decode_image`: the header judged against
-MAX_INPUT_PIXELS before decoding, as on every door. Errors travel as the inference API's JSON and become the
-same class of the one tree again, found by name. pydantic validates both ways: strict models of what a front
-end sends (unknown fields refused: a 400 naming where, never a 500), and the cluster's answers read into the
-engine's dataclasses (one that does not fit is `BackendUnavailableError`). No ray, no gradio: both sides
-import this.
+lossless PNG with the rest of the `GenerateResult`. A request's images travel as files, the client's own where
+there is one (`engine.images.file_of`; else a PNG of the pixels): six photos cross as their bytes and base64's
+third, not as PNGs of their pixels. A list of them is counted before any is read, then each is read only as far as
+its header (`engine.images.encoded_image`), as on every door; the engine's check decodes them once counted and
+weighed. A checked request (the result's) is decoded here: its images are what ran. Errors travel as the
+inference API's JSON and become the same class of the one tree again, found by name. pydantic validates both
+ways: strict models of what a front end sends (unknown fields refused: a 400 naming where, never a 500), and the
+cluster's answers read into the engine's dataclasses (one that does not fit is `BackendUnavailableError`). No
+ray, no gradio: both sides import this.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, create_model
 
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
-from engine.images import DEFAULT_MAX_INPUT_PIXELS, InputImage, decode_image
-from engine.images import encode_png as png_file
+from engine.image_checks import check_door_count
+from engine.images import ACCEPTED, DEFAULT_MAX_INPUT_PIXELS, RequestImage, encoded_image, file_of
 from engine.outcomes import EngineStatus, LoraCheck, ServedPool
 from engine.requests import (
     AdapterUse,
@@ -86,25 +88,29 @@ class _SpecJson(BaseModel):
 
 
 class _ImageJson(BaseModel):
-    """An InputImage on the wire: its mode and its pixels as a PNG file, base64 (lossless: the same pixels back)."""
+    """An image on the wire: its mode and its file (PNG, JPEG or WebP: the client's own, or a PNG of its pixels),
+    base64; the same pixels back."""
 
     model_config = _STRICT
 
     mode: Literal["RGB", "L"]
-    png: str
+    file: str
 
-    def image(self, what: str, max_pixels: int) -> InputImage:
+    def image(self, what: str, max_pixels: int, *, decode: bool) -> RequestImage:
+        """The file read as far as its header, as a door reads one; decoded too where `decode` (what a checked
+        request ran on: its images are pixels)."""
         try:
-            data = base64.b64decode(self.png, validate=True)
+            data = base64.b64decode(self.file, validate=True)
         except ValueError as e:
-            raise InvalidRequestError(f"{what} on the wire is not base64 ({e}); accepted: a PNG file in base64") from e
-        return decode_image(data, what=what, max_pixels=max_pixels, mode=self.mode)
+            raise InvalidRequestError(f"{what} on the wire is not base64 ({e}); accepted: {ACCEPTED} in base64") from e
+        encoded = encoded_image(data, what=what, max_pixels=max_pixels, mode=self.mode)
+        return encoded.decoded(max_pixels) if decode else encoded
 
 
-def _image_json(image: InputImage | None) -> dict[str, Any] | None:
+def _image_json(image: RequestImage | None) -> dict[str, Any] | None:
     if image is None:
         return None
-    return {"mode": image.mode, "png": base64.b64encode(png_file(image)).decode("ascii")}
+    return {"mode": image.mode, "file": base64.b64encode(file_of(image)).decode("ascii")}
 
 
 class _WireRequest(BaseModel):
@@ -126,13 +132,13 @@ class _WireRequest(BaseModel):
         names = {f.name for f in fields(into)}
         values = {name: getattr(self, name) for name in type(self).model_fields if name in names}
         values["loras"] = tuple(s.spec() for s in getattr(self, "loras", None) or ())
+        decode = into is CheckedRequest
         for name in _IMAGE_FIELDS:
             wired = getattr(self, name, None)
-            values[name] = wired.image(name, max_pixels) if wired is not None else None
+            values[name] = wired.image(name, max_pixels, decode=decode) if wired is not None else None
         for name in _IMAGE_LISTS:
-            values[name] = tuple(
-                wired.image(f"{name}[{i}]", max_pixels) for i, wired in enumerate(getattr(self, name, None) or ())
-            )
+            listed = enumerate(getattr(self, name, None) or ())
+            values[name] = tuple(wired.image(f"{name}[{i}]", max_pixels, decode=decode) for i, wired in listed)
         values["scheduler_options"] = tuple(
             tuple(pair) if isinstance(pair, list) else pair for pair in getattr(self, "scheduler_options", None) or ()
         )
@@ -225,9 +231,15 @@ def request_to_json(request: GenerateRequest) -> dict[str, Any]:
     return document
 
 
-def request_from_json(document: object, max_pixels: int = DEFAULT_MAX_INPUT_PIXELS) -> GenerateRequest:
-    """The request a front end sent; its ranges are the engine's to check (`normalise_request`), its images'
-    files decoded only within `max_pixels` (MAX_INPUT_PIXELS) by their headers."""
+def request_from_json(
+    document: object, max_pixels: int = DEFAULT_MAX_INPUT_PIXELS, most_images: int | None = None
+) -> GenerateRequest:
+    """The request a front end sent; its ranges are the engine's to check (`normalise_request`), its images
+    counted (past `most_images`, MAX_REFERENCE_IMAGES, or past what any pool takes: refused unread), then carried as
+    their files, each read only as far as its header, within `max_pixels` (MAX_INPUT_PIXELS)."""
+    references = document.get("images") if isinstance(document, dict) else None
+    # Counted before the JSON's models are even built: a 32 MiB body holds some 73,000 tiny images.
+    check_door_count(len(references) if isinstance(references, list) else 0, most_images)
     try:
         return _RequestJson.model_validate(document).request(max_pixels)
     except ValidationError as e:

@@ -146,7 +146,7 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
             handlers.report("http", body.status_code)
             return body
         try:
-            parsed = await anyio.to_thread.run_sync(_parse, request, body, settings.max_input_pixels)
+            parsed = await anyio.to_thread.run_sync(_parse, request, body, settings)
         except InvalidRequestError as e:
             handlers.report("http", e.status)
             return json_error(e)
@@ -193,15 +193,17 @@ def _encoded(result: GenerateResult, media_type: str) -> bytes:
     return video_file(result, media_type) if result.is_video else encode_image(result.image, media_type)
 
 
-def _parse(request: Request, body: bytes, max_pixels: int) -> HttpRequest:
-    """The body as a request (on a worker thread: decoding an image takes milliseconds to a second)."""
+def _parse(request: Request, body: bytes, settings: Settings) -> HttpRequest:
+    """The body as a request (on a worker thread: a large body's JSON and base64 take milliseconds); its images are
+    read as far as their headers, each held to MAX_INPUT_PIXELS, once their count is within MAX_REFERENCE_IMAGES."""
     headers = request.headers
     return parse_body(
         body,
         lora=lora_header(headers.get("lora")),
         accept=headers.get("accept"),
         content_type=headers.get("content-type"),
-        max_pixels=max_pixels,
+        max_pixels=settings.max_input_pixels,
+        most_images=settings.max_reference_images,
     )
 
 

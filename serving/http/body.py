@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError, create_model
 
 from engine.errors import InvalidRequestError
-from engine.images import ACCEPTED_MEDIA_TYPES, decode_image
+from engine.images import ACCEPTED_MEDIA_TYPES, encoded_image
 from engine.requests import REQUEST_FIELDS, GenerateRequest, LoraSpec
 from engine.settings import Settings
 from lora_catalog.civitai.refs import SITE_HOSTS, parse_civitai
@@ -95,9 +95,9 @@ _HTTP_TYPES: dict[str, Any] = {
     "loras": list[_Lora],
     "sampler": str,
     "options": dict[str, _OptionValue],
-    # base64, with or without a `data:image/...;base64,` prefix (decoded by `_images`).
+    # base64, with or without a `data:image/...;base64,` prefix (read by `serving.http.images`).
     "image": str,
-    # A list of those (`parameters.images`: the further references, decoded by `_images` too).
+    # A list of those (`parameters.images`: the further references, counted, then read the same way).
     "images": list[str],
 }
 # The inference API's own parameters lead the list, as Hugging Face's text-to-image task documents them.
@@ -162,14 +162,16 @@ def parse_body(
     accept: str | None,
     content_type: str | None = None,
     max_pixels: int = MAX_INPUT_PIXELS,
+    most_images: int | None = None,
 ) -> HttpRequest:
     """Validate the body and the `lora` header; InvalidRequestError names what is wrong. A body sent as an image
     (`Content-Type: image/png`, `image/jpeg`, `image/webp`) is image-to-image with no prompt and the defaults; a
     JSON body whose `parameters` hold `prompt` is image-to-image from the base64 image in `inputs`
-    (`serving.http.images`)."""
+    (`serving.http.images`: `max_pixels` is MAX_INPUT_PIXELS, `most_images` MAX_REFERENCE_IMAGES). Images are
+    carried as their files, read only as far as their headers: the engine's check decodes them."""
     media = (content_type or "").partition(";")[0].strip().lower()
     if media in ACCEPTED_MEDIA_TYPES or media.startswith("image/"):
-        image = decode_image(body, what="the body", max_pixels=max_pixels)
+        image = encoded_image(body, what="the body", max_pixels=max_pixels)
         header = (LoraSpec(lora.strip()),) if lora and lora.strip() else ()
         request = GenerateRequest(prompt="", loras=header, image=image)
         return HttpRequest(request, _media_type(accept), video_media_type(accept))
@@ -200,7 +202,8 @@ def parse_body(
     options = tuple(sorted((parameters.scheduler_options or {}).items()))
     # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.
     request = GenerateRequest(prompt=parsed.inputs, loras=header + listed, scheduler_options=options, **fields)
-    return HttpRequest(image_request(request, parameters, max_pixels), _media_type(accept), video_media_type(accept))
+    imaged = image_request(request, parameters, max_pixels, most_images)
+    return HttpRequest(imaged, _media_type(accept), video_media_type(accept))
 
 
 def _extra_body_merged(document: Any) -> Any:

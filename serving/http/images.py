@@ -5,9 +5,12 @@ prefix, when its bytes start as a PNG, JPEG or WebP file does, or when `paramete
 (`prompt`, `target_size`, `mask_image`, `strength`); otherwise it is the text-to-image prompt, as before. Then
 `parameters.prompt` is the prompt ("" without one), `target_size` the output's width and height (the image resized
 to it first), and `mask_image` (base64 too) turns the request into inpainting. `images` (a list of base64
-images) are further references after `inputs` (the prompt's "image 2", ...); only a JSON body carries them. The
-images are decoded by `engine.images.decode_image`: the size judged from the header, against MAX_INPUT_PIXELS,
-before decoding.
+images) are further references after `inputs` (the prompt's "image 2", ...); only a JSON body carries them.
+
+Count, then decode: the references are counted first (more than MAX_REFERENCE_IMAGES, or than any pool takes, is
+refused before a single one is read: `engine.image_checks.check_door_count`); then each image's file is read as
+far as its header (`engine.images.encoded_image`: the format whitelisted, the size against MAX_INPUT_PIXELS) and
+carried into the request as sent; the engine's check counts them against the pool, weighs them, then decodes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.errors import InvalidRequestError
-from engine.images import ACCEPTED, ImageMode, InputImage, decode_image
+from engine.image_checks import check_door_count
+from engine.images import ACCEPTED, EncodedImage, ImageMode, encoded_image
 from engine.requests import GenerateRequest
 
 __all__ = ["IMAGE_ONLY", "TargetSize", "image_request", "is_image_text"]
@@ -58,20 +62,23 @@ def is_image_text(text: str) -> bool:
     return head.startswith(_MAGIC)
 
 
-def image_request(request: GenerateRequest, parameters: Any, max_pixels: int) -> GenerateRequest:
+def image_request(
+    request: GenerateRequest, parameters: Any, max_pixels: int, most_images: int | None = None
+) -> GenerateRequest:
     """`request` (its prompt is the body's `inputs`) as image-to-image when `inputs` is an image (see the module
-    docstring), else as it is."""
+    docstring), else as it is. `most_images`: MAX_REFERENCE_IMAGES (None: `auto`)."""
     asked = [name for name in _IMAGE_PARAMETERS if getattr(parameters, name, None) is not None]
-    # `parameters.images`: the further references, each checked as `inputs` is; without an image in `inputs`
-    # the engine refuses them, naming the first image they need.
+    # `parameters.images`: the further references, counted, then each read as `inputs` is; without an image in
+    # `inputs` the engine refuses them, naming the first image they need.
+    texts = getattr(parameters, "images", None) or ()
+    check_door_count(len(texts), most_images)
     references = tuple(
-        _decoded(text, f"parameters.images[{index}]", max_pixels, "RGB")
-        for index, text in enumerate(getattr(parameters, "images", None) or ())
+        _encoded(text, f"parameters.images[{index}]", max_pixels, "RGB") for index, text in enumerate(texts)
     )
     request = replace(request, images=references)
     if not asked and not is_image_text(request.prompt):
         return request
-    image = _decoded(request.prompt, "inputs", max_pixels, "RGB")
+    image = _encoded(request.prompt, "inputs", max_pixels, "RGB")
     mask = parameters.mask_image
     size = parameters.target_size
     if size is not None and (request.width is not None or request.height is not None):
@@ -82,14 +89,14 @@ def image_request(request: GenerateRequest, parameters: Any, max_pixels: int) ->
         request,
         prompt=parameters.prompt or "",
         image=image,
-        mask_image=None if mask is None else _decoded(mask, "parameters.mask_image", max_pixels, "L"),
+        mask_image=None if mask is None else _encoded(mask, "parameters.mask_image", max_pixels, "L"),
         width=request.width if size is None else size.width,
         height=request.height if size is None else size.height,
     )
 
 
-def _decoded(text: str, what: str, max_pixels: int, mode: ImageMode) -> InputImage:
-    """The base64 image `text` (a data URL's prefix dropped), decoded; refusals name `what`."""
+def _encoded(text: str, what: str, max_pixels: int, mode: ImageMode) -> EncodedImage:
+    """The base64 image `text` (a data URL's prefix dropped), read as far as its header; refusals name `what`."""
     prefix = _data_url(text)
     payload = text[prefix.end() :] if prefix else text
     accepted = f"{ACCEPTED} in base64, with or without a data:image/...;base64, prefix"
@@ -98,7 +105,7 @@ def _decoded(text: str, what: str, max_pixels: int, mode: ImageMode) -> InputIma
     except (binascii.Error, ValueError) as e:
         shown = text[:40] + ("..." if len(text) > 40 else "")
         raise InvalidRequestError(f"{what} is not base64 ({shown!r}: {e}); accepted: {accepted}") from e
-    return decode_image(data, what=what, max_pixels=max_pixels, mode=mode)
+    return encoded_image(data, what=what, max_pixels=max_pixels, mode=mode)
 
 
 def _data_url(text: str) -> re.Match[str] | None:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.images import ACCEPTED, ImageMode, decode_image
-from engine.requests import GenerateRequest, InputImage, LoraSpec
+from engine.image_checks import check_door_count
+from engine.images import ACCEPTED, EncodedImage, ImageMode, encoded_image
+from engine.requests import GenerateRequest, LoraSpec
 from serving.ui import formatting as fmt
 
 __all__ = ["api_request", "starting_fields"]
@@ -20,37 +21,42 @@ __all__ = ["api_request", "starting_fields"]
 _UPLOADED = "an image file sent with gradio_client's handle_file, or none"
 
 
-def starting_fields(image: Any, mask: Any, strength: float | None, images: Any, max_pixels: int) -> dict[str, Any]:
+def starting_fields(
+    image: Any, mask: Any, strength: float | None, images: Any, max_pixels: int, most_images: int | None = None
+) -> dict[str, Any]:
     """An endpoint's `image`, `mask` (white repainted), `strength` and `images` (further references: a list of
     `handle_file`s) as the request's `image`, `mask_image`, `strength` and `images`. gradio_client's `handle_file`
-    uploads the files (at most MAX_BODY_BYTES: `serving.ui.launch`); Gradio hands over their paths, and
-    `decode_image` reads them as `POST /` does: the header judged against `max_pixels` (MAX_INPUT_PIXELS) before
-    the pixels are decoded."""
+    uploads the files (at most MAX_BODY_BYTES: `serving.ui.launch`); Gradio hands over their paths, and they are
+    read as `POST /` reads its images: the references counted first (past `most_images`, MAX_REFERENCE_IMAGES, or
+    past what any pool takes when None: refused before any file is opened), then each file read as far as its
+    header (against `max_pixels`, MAX_INPUT_PIXELS); the engine's check decodes them once it has counted them."""
     return {
         "image": read_image(image, "image", "RGB", max_pixels),
         "mask_image": read_image(mask, "mask", "L", max_pixels),
         "strength": strength,
-        "images": _references(images, max_pixels),
+        "images": _references(images, max_pixels, most_images),
     }
 
 
-def _references(value: Any, max_pixels: int) -> tuple[InputImage, ...]:
+def _references(value: Any, max_pixels: int, most_images: int | None) -> tuple[EncodedImage, ...]:
     if value is None:
         return ()
     if not isinstance(value, list | tuple):
         raise InvalidRequestError(f"images is a {type(value).__name__}; accepted: a list of image files (handle_file)")
-    decoded = []
+    check_door_count(len(value), most_images)
+    carried = []
     for index, item in enumerate(value):
         path = item.get("path") if isinstance(item, dict) else item
         image = read_image(path, f"images[{index}]", "RGB", max_pixels)
         if image is None:
             raise InvalidRequestError(f"images[{index}] is None; accepted: an image file (handle_file)")
-        decoded.append(image)
-    return tuple(decoded)
+        carried.append(image)
+    return tuple(carried)
 
 
-def read_image(value: Any, name: str, mode: ImageMode, max_pixels: int) -> InputImage | None:
-    """The uploaded file at `value` (a path Gradio hands over; None: no image) as the request's image."""
+def read_image(value: Any, name: str, mode: ImageMode, max_pixels: int) -> EncodedImage | None:
+    """The uploaded file at `value` (a path Gradio hands over; None: no image) as the request's image: its bytes
+    and its header's size (`engine.images.encoded_image`), nothing decoded."""
     if value is None:
         return None
     if not isinstance(value, str | Path):
@@ -59,7 +65,7 @@ def read_image(value: Any, name: str, mode: ImageMode, max_pixels: int) -> Input
         data = Path(value).read_bytes()
     except OSError as e:
         raise InvalidRequestError(f"{name} could not be read ({e.strerror}); accepted: {ACCEPTED}") from e
-    return decode_image(data, what=name, max_pixels=max_pixels, mode=mode)
+    return encoded_image(data, what=name, max_pixels=max_pixels, mode=mode)
 
 
 def api_request(
@@ -75,7 +81,7 @@ def api_request(
     scheduler_options: object,
     clip_skip: float | None,
     num_images: float | None,
-    starting: tuple[Any, Any, float | None, Any, int],
+    starting: tuple[Any, Any, float | None, Any, int, int | None],
 ) -> GenerateRequest:
     """The API's arguments as a request ("" and empty values: not set); the engine checks every value.
     `starting`: `starting_fields`' arguments."""

@@ -133,11 +133,11 @@ def add_api_endpoints(handlers: Handlers) -> None:
         scheduler, scheduler_options, clip_skip = gr.Textbox(""), gr.JSON(None), gr.Number(0)
         num_images = gr.Number(2)
         # Image-to-image: no image is text-to-image, as before; no strength is the pool's default.
-        # Files, handed over as their paths unopened: `decode_image` is the first to read them (PNG, JPEG and WebP
-        # parsers only; the header judged against MAX_INPUT_PIXELS before decoding). gr.Image would have PIL open
-        # each first (and leave it open), with PIL's refusals; gradio_client's `handle_file` sends either alike.
+        # Files, handed over as their paths unopened: `encoded_image` is the first to read them (PNG, JPEG and WebP
+        # parsers only; the header judged against MAX_INPUT_PIXELS), and the engine's check decodes them. gr.Image
+        # would have PIL open each first (and leave it open), with PIL's refusals; `handle_file` sends either alike.
         input_image, mask, strength = gr.File(type="filepath"), gr.File(type="filepath"), gr.Number(None)
-        # Further reference images after `image` (none: as before), as file paths decoded the same way.
+        # Further reference images after `image` (none: as before), as file paths read the same way, once counted.
         references = gr.File(file_count="multiple", type="filepath")
         image = gr.Image(type="pil", format="png", label="image")
         images = gr.Gallery(type="pil", format="png", label="images")
@@ -242,12 +242,13 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         while denoising (info `{"preview": true, "step": k}`), then the image and its info.
         """
         with user_errors():
-            # In a thread: the input image is decoded here (the event loop serves every other client meanwhile).
+            # In a thread: the files are read here (the event loop serves every other client meanwhile).
+            settings = handlers.settings
             request = await asyncio.to_thread(
                 api_request,
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
                 seed, scheduler, scheduler_options, clip_skip, 1,
-                (image, mask, strength, images, handlers.settings.max_input_pixels),
+                (image, mask, strength, images, settings.max_input_pixels, settings.max_reference_images),
             )  # fmt: skip
             # An image endpoint: a video pool is refused where the request is checked, before anything runs.
             request = dataclasses.replace(request, expects="image")
@@ -288,12 +289,13 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
         "seed N"}, ...]` and the info (`seeds` lists them; each is what /generate gives for that seed, within 2 levels).
         Arguments as /generate's, with `num_images`."""
         with user_errors():
-            # In a thread: the input image is decoded here (the event loop serves every other client meanwhile).
+            # In a thread: the files are read here (the event loop serves every other client meanwhile).
+            settings = handlers.settings
             request = await asyncio.to_thread(
                 api_request,
                 prompt, negative_prompt, (lora, lora_scale, lora_2, lora_2_scale), steps, guidance, width, height,
                 seed, scheduler, scheduler_options, clip_skip, num_images,
-                (image, mask, strength, images, handlers.settings.max_input_pixels),
+                (image, mask, strength, images, settings.max_input_pixels, settings.max_reference_images),
             )  # fmt: skip
             # An image endpoint: a video pool is refused where the request is checked, before anything runs.
             request = dataclasses.replace(request, expects="image")
@@ -339,8 +341,10 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         starts from the same image (none: text-to-image).
         """
         with user_errors():
-            pixels = handlers.settings.max_input_pixels
-            starting = await asyncio.to_thread(starting_fields, image, mask, strength, images, pixels)
+            settings = handlers.settings
+            starting = await asyncio.to_thread(
+                starting_fields, image, mask, strength, images, settings.max_input_pixels, settings.max_reference_images
+            )
             request = comparison_fields.compare_request(
                 prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
                 scheduler, clip_skip, starting,

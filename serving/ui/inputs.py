@@ -261,7 +261,7 @@ def mode_html(result: GenerateResult) -> str:
         return ""
     strength = f" at strength {request.strength:g}" if request.strength is not None else ""
     masked = " (the painted mask repainted)" if request.mask_image is not None else ""
-    # The checked request's image is already at the output's size.
+    # The checked request's image: at the output's size, or its own where the pool reads it as a reference.
     size = f"{request.image.width} × {request.image.height}"
     return f'<p class="input-mode">{mode}{strength} from the input image at {size}{masked}</p>'
 

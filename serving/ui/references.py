@@ -5,7 +5,8 @@ request brings in all) shows that many images in all: the input image and a slot
 order the request's `image` and `images` run and the prompt names them ("image 1", "image 2", ...). Other pools
 hide the slots (and empty them: a hidden image is never sent). The app makes as many slots as its largest pool
 takes (within MAX_REFERENCE_IMAGES); each is a file path, its header held to MAX_INPUT_PIXELS before Gradio or
-the request reads it, then read as `POST /` and the Gradio API read theirs (`api_requests.read_image`).
+the request reads it, then carried as `POST /` and the Gradio API carry theirs (`api_requests.read_image`: the
+file and its header's size; the engine's check decodes it).
 
 "Use as input" puts a result into the input image, a chosen slot, or the first empty one of those shown.
 """
@@ -21,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 from engine.errors import InvalidRequestError
-from engine.images import ACCEPTED, read_size
-from engine.requests import InputImage, ModelDefaults
+from engine.images import ACCEPTED, EncodedImage, read_size
+from engine.requests import ModelDefaults
 from serving.errors import user_errors
 from serving.ui.api_requests import read_image
 
@@ -125,8 +126,9 @@ def reference_hint(defaults: ModelDefaults, count: int) -> str:
     )
 
 
-def references_of(paths: Sequence[object], max_pixels: int, *, first: bool) -> tuple[InputImage, ...]:
-    """The slots' files (Image 2 first) as the request's `images`, in order, each read within `max_pixels`.
+def references_of(paths: Sequence[object], max_pixels: int, *, first: bool) -> tuple[EncodedImage, ...]:
+    """The slots' files (Image 2 first) as the request's `images`, in order, each read as far as its header
+    within `max_pixels` (the engine's check decodes them).
     Refused: references without the input image (`first`: the editor holds one), and a gap (an empty slot before
     a filled one): either would renumber the images, and the prompt names them by number."""
     filled = [index for index, path in enumerate(paths) if path]

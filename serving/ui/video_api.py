@@ -90,7 +90,7 @@ def _request(handlers: Handlers, arguments: dict[str, Any]) -> GenerateRequest:
     pixels = handlers.settings.max_input_pixels
     request = api_request(
         a["prompt"], a["negative_prompt"], loras, a["steps"], a["guidance"], a["width"], a["height"], a["seed"],
-        a["scheduler"], a["scheduler_options"], None, None, (a["image"], None, None, None, pixels),
+        a["scheduler"], a["scheduler_options"], None, None, (a["image"], None, None, None, pixels, None),
     )  # fmt: skip
     request = low_noise(request, ((a["lora"], a["lora_scale_2"]), (a["lora_2"], a["lora_2_scale_2"])))
     video = {name: a[name] for name in ("num_frames", "fps", "guidance_2") if a[name] is not None}

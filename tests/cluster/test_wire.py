@@ -24,7 +24,7 @@ from engine.errors import (
     SettingsError,
     UnsupportedLoraVariantError,
 )
-from engine.images import InputImage
+from engine.images import EncodedImage, InputImage, decode_image, encoded_image
 from engine.outcomes import ServedPool
 from engine.requests import (
     AdapterUse,
@@ -299,14 +299,29 @@ def _photo(side: int) -> Image.Image:
     return Image.fromarray((smooth + rng.normal(0, 3, smooth.shape)).clip(0, 255).astype(np.uint8), "RGB")
 
 
-def test_a_requests_images_cross_the_wire_as_png_files_with_the_same_pixels():
+def test_a_requests_pixels_cross_the_wire_as_png_files_read_back_as_files_with_the_same_pixels():
     request = GenerateRequest(
         prompt="x", image=InputImage.from_pil(_photo(96)), mask_image=InputImage.from_pil(example_mask(), "L")
     )
     document = json.loads(json.dumps(request_to_json(request)))
-    assert set(document["image"]) == {"mode", "png"}
-    assert base64.b64decode(document["image"]["png"]).startswith(b"\x89PNG\r\n\x1a\n")
-    assert request_from_json(document) == request
+    assert set(document["image"]) == {"mode", "file"}
+    assert base64.b64decode(document["image"]["file"]).startswith(b"\x89PNG\r\n\x1a\n")
+    back = request_from_json(document)
+    # Read back as files (their headers only: the engine's check decodes them), the same pixels once decoded.
+    assert isinstance(back.image, EncodedImage) and isinstance(back.mask_image, EncodedImage)
+    assert back.image.decoded(10**6) == request.image and back.mask_image.decoded(10**6) == request.mask_image
+    assert request_from_json(request_to_json(back)) == back, "a file crosses as itself"
+
+
+def test_a_clients_own_file_crosses_the_wire_as_itself_and_so_does_the_file_its_pixels_came_from():
+    jpeg = png_bytes(_photo(96), "JPEG")
+    sent = GenerateRequest(prompt="x", image=encoded_image(jpeg, what="inputs", max_pixels=10**6))
+    document = json.loads(json.dumps(request_to_json(sent)))
+    assert base64.b64decode(document["image"]["file"]) == jpeg
+    assert request_from_json(document) == sent
+    # A checked request's image decoded from that file (the result's request) crosses as the same file.
+    checked = CheckedRequest(prompt="x", image=decode_image(jpeg, what="inputs", max_pixels=10**6))
+    assert base64.b64decode(request_to_json(checked)["image"]["file"]) == jpeg
 
 
 def test_a_2048_square_image_on_the_wire_is_smaller_than_its_raw_pixels_in_base64(capsys):
@@ -321,9 +336,9 @@ def test_a_2048_square_image_on_the_wire_is_smaller_than_its_raw_pixels_in_base6
 @pytest.mark.parametrize(
     ("image", "match"),
     [
-        ({"mode": "RGB", "png": base64.b64encode(b"not a png").decode()}, r"image is not an image \(9 bytes"),
-        ({"mode": "RGB", "png": "%%%"}, "image on the wire is not base64"),
-        ({"mode": "RGB", "png": base64.b64encode(png_bytes(example_image(), "GIF")).decode()}, "image is a GIF"),
+        ({"mode": "RGB", "file": base64.b64encode(b"not a png").decode()}, r"image is not an image \(9 bytes"),
+        ({"mode": "RGB", "file": "%%%"}, "image on the wire is not base64"),
+        ({"mode": "RGB", "file": base64.b64encode(png_bytes(example_image(), "GIF")).decode()}, "image is a GIF"),
     ],
 )
 def test_a_bad_image_on_the_wire_is_a_400_naming_it_never_a_repr(image, match):

@@ -3,17 +3,15 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image, ImageDraw
 
 from serving.demo.example import draw_example
+from tests.support.checks import peak_rss_over
 from tests.support.images import level_difference
 from tests.support.reliability_app import CLIENT_GENERATE
 
@@ -91,38 +89,12 @@ def test_a_strength_without_an_image_or_out_of_range_is_refused_by_name(client, 
         generate(client, mask=handle_file(files["mask"]))
 
 
-def _peak_rss_over(run: Callable[[], object]) -> tuple[int, BaseException | None]:
-    """How far this process's resident memory (the app serves from it) rose over its idle level while `run` ran,
-    sampled by a thread every few milliseconds; and what `run` raised."""
-    process = psutil.Process()
-    idle = process.memory_info().rss
-    peak, done = idle, threading.Event()
-
-    def watch() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, process.memory_info().rss)
-            done.wait(0.002)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    raised: BaseException | None = None
-    try:
-        run()
-    except Exception as e:
-        raised = e
-    finally:
-        done.set()
-        watcher.join()
-    return peak - idle, raised
-
-
 def test_a_12000_square_png_is_refused_by_its_header_and_memory_stays_flat(client, server, tmp_path):
     # 144 million pixels of one colour: a 0.1 MB file (under MAX_BODY_BYTES), 432 MB once decoded in RGB.
     huge = tmp_path / "huge.png"
     Image.new("RGB", (12000, 12000), (200, 30, 30)).save(huge)
     applied = server.engine.status().applied
-    rise, raised = _peak_rss_over(lambda: generate(client, image=handle_file(huge), width=64, height=64))
+    rise, raised = peak_rss_over(lambda: generate(client, image=handle_file(huge), width=64, height=64))
     assert isinstance(raised, AppError), raised
     assert "144000000 pixels; accepted: at most 7054336 pixels (MAX_INPUT_PIXELS)" in str(raised)
     assert "object at 0x" not in str(raised)

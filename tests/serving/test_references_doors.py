@@ -17,6 +17,7 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from huggingface_hub import InferenceClient
 
+from engine.images import EncodedImage, InputImage
 from engine.requests import CheckedRequest, GenerateRequest, GenerateResult, Timings
 from serving.cluster.wire import request_from_json, request_to_json
 from serving.http.body import parse_body
@@ -31,16 +32,24 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def decoded(image: object) -> InputImage:
+    assert isinstance(image, EncodedImage), image
+    return image.decoded(10**6)
+
+
 def test_parameters_images_are_decoded_in_order_as_base64_or_data_urls():
     body = {
         "inputs": b64(FIRST),
         "parameters": {"prompt": PROMPT, "images": [b64(SECOND), "data:image/png;base64," + b64(THIRD)]},
     }
     request = parse_body(json.dumps(body).encode(), lora=None, accept=None).request
-    assert request.image == input_image(seed=0) and request.images == (input_image(seed=1), input_image(seed=2))
+    # Carried as the client's files (the engine's check decodes them once counted), in order.
+    assert [image.data for image in (request.image, *request.images)] == [FIRST, SECOND, THIRD]
+    assert decoded(request.image) == input_image(seed=0)
+    assert tuple(map(decoded, request.images)) == (input_image(seed=1), input_image(seed=2))
     # A raw image body stays one image.
     raw = parse_body(FIRST, lora=None, accept=None, content_type="image/png").request
-    assert raw.image == input_image(seed=0) and raw.images == ()
+    assert decoded(raw.image) == input_image(seed=0) and raw.images == ()
 
 
 def test_a_reference_that_is_not_an_image_or_over_the_pixel_limit_is_refused_naming_it():
@@ -57,7 +66,8 @@ def test_a_reference_that_is_not_an_image_or_over_the_pixel_limit_is_refused_nam
 
 def test_the_wire_carries_the_references_in_order():
     request = GenerateRequest(prompt=PROMPT, image=input_image(), images=(input_image(seed=2), input_image(seed=1)))
-    assert request_from_json(json.loads(json.dumps(request_to_json(request)))) == request
+    back = request_from_json(json.loads(json.dumps(request_to_json(request))))
+    assert tuple(map(decoded, back.images)) == request.images
     assert request_from_json(request_to_json(GenerateRequest(prompt=PROMPT))).images == ()
 
 
@@ -118,7 +128,7 @@ def test_inference_clients_extra_body_arriving_as_a_parameter_is_read_as_paramet
     """huggingface_hub 2.4 sends `image_to_image`'s keyword arguments as parameters, `extra_body` among them."""
     body = {"inputs": b64(FIRST), "parameters": {"prompt": PROMPT, "extra_body": {"images": [b64(SECOND)]}}}
     request = parse_body(json.dumps(body).encode(), lora=None, accept=None).request
-    assert request.images == (input_image(seed=1),) and request.prompt == PROMPT
+    assert tuple(map(decoded, request.images)) == (input_image(seed=1),) and request.prompt == PROMPT
     body["parameters"]["images"] = [b64(THIRD)]  # type: ignore[index]
     with pytest.raises(Exception, match="images given both in parameters and in extra_body"):
         parse_body(json.dumps(body).encode(), lora=None, accept=None)

@@ -85,6 +85,10 @@ def form(tmp_path: Path, slots: list[str | None], *, first: bool = True) -> dict
     return {**FORM_VALUES, "source": {"background": background, "layers": []}, "references": slots}
 
 
+def decoded(images: tuple) -> tuple[InputImage, ...]:
+    return tuple(image.decoded(PIXELS) for image in images)
+
+
 def test_the_slots_reach_the_requests_images_in_their_order(tmp_path):
     a = saved(tmp_path, "a.png", example_image(80, 64, 1))
     b = saved(tmp_path, "b.png", example_image(64, 96, 2))
@@ -93,8 +97,10 @@ def test_the_slots_reach_the_requests_images_in_their_order(tmp_path):
     )
     request = request_of(form(tmp_path, [a, b, None]), PIXELS)
     assert request.image == InputImage.from_pil(example_image(64, 64, 0))
-    assert request.images == (expected_a, expected_b)
-    assert request_of(form(tmp_path, [b, a]), PIXELS).images == (expected_b, expected_a)
+    # Carried as their files (the engine's check decodes them once counted), the same pixels once decoded.
+    assert [image.data for image in request.images] == [Path(a).read_bytes(), Path(b).read_bytes()]
+    assert decoded(request.images) == (expected_a, expected_b)
+    assert decoded(request_of(form(tmp_path, [b, a]), PIXELS).images) == (expected_b, expected_a)
     assert request_of(form(tmp_path, [None, None]), PIXELS).images == ()
     assert request_of({**FORM_VALUES, "source": None}, PIXELS).images == ()  # a form without slots
 
@@ -195,6 +201,8 @@ def test_compare_starts_every_cell_from_the_same_images_in_order(tmp_path):
     source = form(tmp_path, [])["source"]
     starting = _starting(source, 0.5, [b, a], handlers)  # type: ignore[arg-type]
     expected = tuple(InputImage.from_pil(example_image(64, 64, seed)) for seed in (2, 1))
-    assert starting["images"] == expected and starting["image"] == InputImage.from_pil(example_image(64, 64, 0))
+    assert decoded(starting["images"]) == expected and starting["image"] == InputImage.from_pil(
+        example_image(64, 64, 0)
+    )
     with pytest.raises(InvalidRequestError, match="Image 1 \\(the input image\\) is empty"):
         _starting(None, 0.5, [a], handlers)  # type: ignore[arg-type]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psutil
 import torch
 
 from engine.errors import (
@@ -133,3 +134,29 @@ SECRET = "hf_secret_Zq8v3KfT0pLmN2xYwR7sAbCdEfGh"
 
 # Every logger that could see a request: ours, the Hub client and the HTTP stacks under it.
 LOGGERS = ("", "engine", "lora_catalog", "huggingface_hub", "httpx", "httpx2", "httpcore", "urllib3", "tests")
+
+
+def peak_rss_over(run: Callable[[], object]) -> tuple[int, BaseException | None]:
+    """How far this process's resident memory (the app serves from it) rose over its idle level while `run` ran,
+    sampled by a thread every few milliseconds; and what `run` raised."""
+    process = psutil.Process()
+    idle = process.memory_info().rss
+    peak, done = idle, threading.Event()
+
+    def watch() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, process.memory_info().rss)
+            done.wait(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    raised: BaseException | None = None
+    try:
+        run()
+    except Exception as e:
+        raised = e
+    finally:
+        done.set()
+        watcher.join()
+    return peak - idle, raised

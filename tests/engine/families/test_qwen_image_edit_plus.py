@@ -13,6 +13,11 @@ from typing import Any
 import pytest
 import torch
 from diffusers import QwenImageEditPlusPipeline
+from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import (
+    CONDITION_IMAGE_SIZE,
+    VAE_IMAGE_SIZE,
+    calculate_dimensions,
+)
 from PIL import Image
 
 from engine.errors import IncompatibleLoraError, InvalidRequestError, LimitExceededError, SettingsError
@@ -21,7 +26,7 @@ from engine.families.origin import judge_origin
 from engine.families.qwen_image_edit_plus import FAMILY
 from engine.families.registry import family_spec
 from engine.pools.routing import pick_pool
-from engine.requests import GenerateRequest, LoraSpec
+from engine.requests import GenerateRequest, InputImage, LoraSpec
 from families.qwen_image_edit_plus import MODEL_ID, MODEL_ID_2511
 from lora_catalog.entries import Family
 from lora_catalog.hints import speed_hints
@@ -241,3 +246,32 @@ def test_a_plus_lora_runs_on_the_edit_pool_only_where_no_plus_pool_is_served_wit
         check_origin("LoRA 'x'", judge_origin([EDIT], lambda: ({}, {})), MODEL_ID)
     with pytest.raises(IncompatibleLoraError):
         check_origin("LoRA 'x'", origin, "Qwen/Qwen-Image")
+
+
+def test_a_non_square_image_1_goes_to_diffusers_at_its_own_aspect_and_the_warning_names_its_size(
+    plus_engine, tiny_plus_dir
+):
+    """Image 1 is a reference here: passed as sent (96 x 64 for a 64 x 64 output, never stretched to it), as
+    diffusers' own call takes it; the warning names the sent size and diffusers' own sizing of it."""
+    first = example_image(96, 64, 0)
+    ours = generate(plus_engine, edit(image=InputImage.from_pil(first), width=64, height=64))
+    assert (ours.request.width, ours.request.height, ours.request.image.size) == (64, 64, (96, 64))
+    vae = calculate_dimensions(VAE_IMAGE_SIZE, 96 / 64)
+    encoder = calculate_dimensions(CONDITION_IMAGE_SIZE, 96 / 64)
+    said = [warning for warning in ours.warnings if warning.startswith("image 1 (the image)")]
+    assert said == [
+        f"image 1 (the image) is 96x64: the pipeline reads it at {vae[0]}x{vae[1]} (scaled to about "
+        f"{VAE_IMAGE_SIZE} pixels, sides in multiples of 32), and its text encoder at {encoder[0]}x{encoder[1]}"
+    ]
+    pipe: Any = QwenImageEditPlusPipeline.from_pretrained(tiny_plus_dir)
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(
+        prompt=PROMPT,
+        image=[first],
+        generator=torch.Generator("cpu").manual_seed(7),
+        num_inference_steps=2,
+        true_cfg_scale=1.0,
+        width=64,
+        height=64,
+    ).images[0]
+    assert pixels(ours.image).tobytes() == pixels(theirs).tobytes()

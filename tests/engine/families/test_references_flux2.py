@@ -18,7 +18,7 @@ from PIL import Image
 
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.pipeline.loading import load_pipeline
-from engine.requests import GenerateRequest, LoraSpec
+from engine.requests import GenerateRequest, InputImage, LoraSpec
 from families.flux2 import MODEL_ID as KLEIN
 from families.flux2_dev import MODEL_ID as DEV
 from tests.support.checks import generate
@@ -167,3 +167,28 @@ def test_the_base_is_bit_exact_after_edits_and_refusals(pool):
     engine.restore_base_weights()
     assert_components_pristine(pipe, pristine, COMPONENTS)
     assert generate(engine, edit(1, lora=False)).image.tobytes() == base
+
+
+def test_a_non_square_image_1_goes_to_diffusers_at_its_own_aspect_and_the_warning_names_its_size(pool):
+    """Image 1 is a reference here, not a canvas: the pool passes it as sent (70 x 66 for a 64 x 64 output), as
+    diffusers' own call takes it, and says what the pipeline reads it at (cropped to its multiple of 4)."""
+    engine, cls, tiny_dir, _, guidance, _ = pool
+    first = example_image(70, 66, 0)
+    ours = generate(engine, edit(1, lora=False, image=InputImage.from_pil(first)))
+    assert (ours.request.width, ours.request.height, ours.request.image.size) == (64, 64, (70, 66))
+    assert (
+        "image 1 (the image) is 70x66: the pipeline reads it at 68x64 (center-cropped to sides in multiples of 4)"
+        in (ours.warnings)
+    )
+    pipe: Any = cls.from_pretrained(tiny_dir)
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(
+        prompt=PROMPT,
+        image=[first, reference(1)],
+        num_inference_steps=3,
+        guidance_scale=guidance,
+        width=64,
+        height=64,
+        generator=torch.Generator("cpu").manual_seed(7),
+    ).images[0]
+    assert pixels(ours.image).tobytes() == pixels(theirs).tobytes()
