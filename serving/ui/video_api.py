@@ -25,6 +25,7 @@ from serving.ui.api_requests import api_request
 from serving.ui.gradio_api import PIPELINE, generate
 from serving.ui.uploads import uploaded_path
 from serving.ui.video_ui import low_noise, saved_video
+from serving.video import frame_count
 
 __all__ = ["IMAGE_ONLY", "add_video_endpoint", "video_info", "video_parameters"]
 
@@ -51,9 +52,9 @@ def video_info(result: GenerateResult) -> dict[str, Any]:
     request = result.request
     return {
         **fmt.result_info(result),
-        "num_frames": len(result.frames),
+        "num_frames": frame_count(result),
         "fps": result.fps,
-        "duration_s": len(result.frames) / result.fps if result.fps else 0.0,
+        "duration_s": frame_count(result) / result.fps if result.fps else 0.0,
         "guidance_2": request.guidance_2,
     }
 
