@@ -24,7 +24,7 @@ def uploaded_path(**kwargs: Any) -> gr.File:
     """`gr.File(type="filepath", **kwargs)` whose files reach the handler as the uploads' own paths, with no stray
     empty file beside them."""
     component = gr.File(type="filepath", **kwargs)
-    component._process_single_file = _path  # type: ignore[method-assign]
+    component._process_single_file = _path  # type: ignore[method-assign, assignment]
     return component
 
 
