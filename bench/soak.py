@@ -1,12 +1,14 @@
 """`python -m bench.soak`: the launched service under a long mixed load with faults, checked for what must not drift.
 
-The service is the real app (UI, named API and `POST /`) over three tiny pools on CPU in bf16 (SDXL, SD 1.5, and
-FLUX.1 with its denoiser in fp8 and LoRAs as branches), with small budgets (`bench.soak_service.soak_settings`)
-and its LoRAs on the stand-in Hub. The clients run in a process of their own (`bench.soak_clients`): `POST /`,
-`gradio_client` `/generate` and `/compare`, clients that leave while queued, gallery-click prefetches;
-image-to-image and inpainting through `POST /` and `gradio_client`, with bad images and a 12000 x 12000 PNG among
-them; random hang-ups and `job.cancel()`s; LoRAs that are slow to download, cut off mid-download, or refused; and
-bursts that fill the queue. The Hub's faults come from here, on a
+The service is the real app (UI, named API and `POST /`) over five tiny pools on CPU (SDXL; SD 1.5 and FLUX.1 in
+bf16, FLUX.1's denoiser in fp8 and LoRAs as branches; Wan 2.1 for videos; FLUX.2 [klein] for edits from several
+references), with small budgets (`bench.soak_service.soak_settings`) and its LoRAs on the stand-in Hub. The
+clients run in a process of their own (`bench.soak_clients`): `POST /`, `gradio_client` `/generate` and
+`/compare`, clients that leave while queued, gallery-click prefetches; image-to-image and inpainting through
+`POST /` and `gradio_client`, with bad images and a 12000 x 12000 PNG among them; videos on the Wan pool and edits
+from several references on the klein pool, with over-count bodies (60 references) and a reference whose header
+says 12000 x 12000 among them (`bench.soak_media`); random hang-ups and `job.cancel()`s; LoRAs that are slow to
+download, cut off mid-download, or refused; and bursts that fill the queue. The Hub's faults come from here, on a
 timeline over `--duration-s`: downloads of the `cut` LoRAs cut off from 25 % to 35 % and from 75 % to 85 %, and
 the whole Hub down from 45 % to 60 % (an outage in the middle). A warm-up run of every kind of request comes
 first (`--warmup-s`), after which the server's threads are counted.
@@ -16,24 +18,30 @@ Measured at the end, once the clients are done and the queues have drained:
 - `ghosts`: requests that reached the GPU more than `GRACE_S` after their client left (a ghost run), plus
   requests still queued or prefetches still waiting once every client is gone;
 - `leaked_threads`: the server's threads beyond those after the warm-up (idle pools given a minute to shrink,
-  anyio's idle workers let go); the schedulers' bounded preparation threads counted against their bound instead,
-  and the single-thread pools started on demand (each pool's GPU thread, the catalogue's revalidation) at one
+  anyio's idle workers let go); the schedulers' bounded preparation threads, and the event loop's default
+  executor's (`asyncio.to_thread`: at most `min(32, CPUs + 4)`, kept once started), counted against their bounds
+  instead, and the single-thread pools started on demand (each pool's GPU thread, the catalogue's revalidation) at one
   thread of each name;
 - `disk_over_budget_bytes`: LoRA bytes in the Hub cache over `DISK_CACHE_BYTES` once pruning is idle;
 - `host_over_budget_bytes`: the most any pool's prepared adapters held over `HOST_CACHE_BYTES`, or all pools'
   adapters and pristine copies in host RAM together held over `HOST_RAM_BYTES`, sampled every 0.25 s through
   the run;
-- `bad_images_accepted`, `oversized_accepted`: requests whose image was no image, cut off, a GIF, or the
-  oversized one, answered with an image rather than refused (each transport's count is printed);
+- `bad_images_accepted`, `oversized_accepted`, `over_count_accepted`: requests whose image (or reference) was no
+  image, cut off, a GIF, or the oversized one, or an edit with more references than the pool takes, answered with
+  an image rather than refused (each transport's count is printed);
 - `peak_rss_over_idle_bytes`: the server process's peak resident memory through the run (the kernel's high-water
   mark, reset once idle after the warm-up; else sampled every 0.25 s) over its resident memory then;
+- `gradio_tmp_bytes`: the size of Gradio's temp folder (`GRADIO_TEMP_DIR`, the soak's own) at the end, once the
+  queues have drained: the results and uploads of the last `TEMP_FILES_MAX_AGE_S` (60 s), what Gradio keeps for good
+  (the UI's example image), and whatever it fails to clean (the clients download nothing there);
 - `base_exact`: every weight and buffer of every pool byte-identical with what was loaded (the fp8 values and
   row scales too), and every LoRA branch of the quantized pool zero, after the pools put the base back.
 
 The last line: `soak: requests= ok= refused= errors_5xx= ghosts= leaked_threads= disk_over_budget_bytes=
-host_over_budget_bytes= bad_images_accepted= oversized_accepted= peak_rss_over_idle_bytes= base_exact=`;
-`errors_5xx`, `ghosts`, `leaked_threads`, both over-budget figures and both image figures must be 0 and
-`base_exact` true (the exit status is 1 otherwise); the peak RSS is reported, not judged. `refused` counts 4xx
+host_over_budget_bytes= bad_images_accepted= oversized_accepted= over_count_accepted= peak_rss_over_idle_bytes=
+gradio_tmp_bytes= base_exact=`; `errors_5xx`, `ghosts`, `leaked_threads`, both over-budget figures and the three
+image figures must be 0 and `base_exact` true (the exit status is 1 otherwise); the peak RSS and the temp folder's
+size are reported, not judged. `refused` counts 4xx
 answers and the 503s the soak provokes (a full queue, the Hub unreachable); requests cancelled on purpose count in
 `requests` only.
 """
@@ -60,13 +68,16 @@ from typing import Any
 
 import httpx
 
-__all__ = ["GRACE_S", "PROBLEMS", "Options", "main", "rss_bytes"]
+__all__ = ["GRACE_S", "PROBLEMS", "Options", "folder_bytes", "main", "rss_bytes"]
 
 # Gradio notices a closed event stream within about 10 s (its read timeout); the handlers ask every 0.5 s.
 GRACE_S = 20.0
 _DRAIN_S = 120.0
 _SETTLE_S = 60.0
 _PREPARE = re.compile(r"^prepare_\d+$")
+# The event loop's default executor (`asyncio.to_thread`): its threads stay once started, up to Python's bound.
+_ASYNCIO = re.compile(r"^asyncio_\d+$")
+ASYNCIO_BOUND = min(32, (os.cpu_count() or 1) + 4)
 # Single-thread pools started on demand, one per object that owns one: a second thread of a name is a leak.
 _SINGLE = re.compile(r"^(gpu-\d+|hub-revalidate|lora-catalog|.+-swr)_\d+$")
 # The figures that must be 0.
@@ -78,6 +89,7 @@ PROBLEMS = (
     "host_over_budget_bytes",
     "bad_images_accepted",
     "oversized_accepted",
+    "over_count_accepted",
 )
 
 
@@ -120,6 +132,8 @@ def _environment(root: Path) -> int:
         HF_HUB_DOWNLOAD_TIMEOUT="10",
         HF_HUB_ETAG_TIMEOUT="5",
         GRADIO_ANALYTICS_ENABLED="False",
+        # Gradio's files in a folder of the soak's own, measured at the end (`gradio_tmp_bytes`).
+        GRADIO_TEMP_DIR=str(root / "gradio-tmp"),
     )
     return port
 
@@ -197,6 +211,11 @@ def rss_bytes(field: str) -> int:
     return int(found[0]) * 1024 if found else 0
 
 
+def folder_bytes(folder: Path) -> int:
+    """The bytes of every file under `folder` (0 for none)."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
 def reset_peak_rss() -> bool:
     """Reset the kernel's resident high-water mark to the resident memory now (Linux: `clear_refs` 5)."""
     try:
@@ -214,14 +233,17 @@ def run_clients(config: dict[str, Any], root: Path, name: str) -> dict[str, Any]
     return json.loads(result_path.read_text())
 
 
-def threads(url: str) -> tuple[int, int, int]:
-    """(other threads, preparation threads, single-thread pools' threads beyond one of each name) of this process,
-    once the server loop's idle worker threads have been let go (`bench.soak_service`'s `/soak/idle`)."""
+def threads(url: str) -> tuple[int, int, int, int]:
+    """(other threads, preparation threads, the default executor's threads, single-thread pools' threads beyond one
+    of each name) of this process, once the server loop's idle worker threads have been let go
+    (`bench.soak_service`'s `/soak/idle`)."""
     httpx.post(url + "soak/idle", timeout=30).raise_for_status()
     names = [t.name for t in threading.enumerate()]
     prepare = sum(1 for n in names if _PREPARE.match(n))
+    executor = sum(1 for n in names if _ASYNCIO.match(n))
     singles = Counter(n for n in names if _SINGLE.match(n))
-    return len(names) - prepare - sum(singles.values()), prepare, sum(c - 1 for c in singles.values())
+    others = len(names) - prepare - executor - sum(singles.values())
+    return others, prepare, executor, sum(c - 1 for c in singles.values())
 
 
 def drain(service: Any) -> int:
@@ -255,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("serving.http.api").setLevel(logging.CRITICAL)
     root = Path(tempfile.mkdtemp(prefix="bench-soak-"))
     port = _environment(root)
-    from bench.soak_service import CUT_PREFIX, Service
+    from bench.soak_service import CUT_PREFIX, KLEIN_MODEL_ID, OVER_COUNT, WAN_MODEL_ID, Service
 
     service = Service(root, port, options.max_queue)
     base = {
@@ -267,6 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fns": service.endpoints(),
         "sd15_base": service.pools.pools[1].base_model_id,
         "images": service.images,
+        "wan_base": WAN_MODEL_ID,
+        "klein_base": KLEIN_MODEL_ID,
+        "over_count": OVER_COUNT,
     }
     started = time.perf_counter()
     try:
@@ -295,17 +320,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         deadline = time.monotonic() + _SETTLE_S
         while threads(service.url)[0] > baseline and time.monotonic() < deadline:
             time.sleep(1.0)
-        others, prepare, doubled = threads(service.url)
+        others, prepare, executor, doubled = threads(service.url)
         bound = sum(p.engine.settings.max_queue + p.engine.settings.prepare_workers for p in service.pools.pools)
-        leaked = max(0, others - baseline) + max(0, prepare - bound) + doubled
+        leaked = max(0, others - baseline) + max(0, prepare - bound) + max(0, executor - ASYNCIO_BOUND) + doubled
         # Named in the output when any leaked: what to look for.
         newer = sorted((Counter(t.name for t in threading.enumerate()) - named).elements()) if leaked else []
         late = ghost_runs(service.backend.admitted, warm["departures"] + soak["departures"])
         ghosts = queued + len(late)
+        gradio_tmp = folder_bytes(root / "gradio-tmp")
     finally:
         service.close()
     exact = service.base_exact()
-    counted = ("requests", "ok", "refused", "errors_5xx", "cancelled", "bad_images_accepted", "oversized_accepted")
+    accepted = ("bad_images_accepted", "oversized_accepted", "over_count_accepted")
+    counted = ("requests", "ok", "refused", "errors_5xx", "cancelled", *accepted)
     totals = {k: warm.get(k, 0) + soak.get(k, 0) for k in counted}
     figures = {
         **{k: totals[k] for k in ("requests", "ok", "refused", "errors_5xx", "cancelled")},
@@ -315,7 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host_over_budget_bytes": max(0, watch.over),
         "bad_images_accepted": totals["bad_images_accepted"],
         "oversized_accepted": totals["oversized_accepted"],
+        "over_count_accepted": totals["over_count_accepted"],
         "peak_rss_over_idle_bytes": max(0, peak - idle_rss),
+        "gradio_tmp_bytes": gradio_tmp,
         "base_exact": exact,
     }
     accepted_by = Counter(warm.get("accepted_by", {})) + Counter(soak.get("accepted_by", {}))
@@ -327,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for problem in warm.get("problems", []) + soak.get("problems", []):
         print(f"soak: 5xx: {problem}", flush=True)
+    videos = [warm.get(k, 0) + soak.get(k, 0) for k in ("videos_sent", "videos_answered")]
+    print(f"soak: videos: {videos[0]} sent, {videos[1]} answered", flush=True)
     sent_by = Counter(warm.get("sent_by", {})) + Counter(soak.get("sent_by", {}))
     for what, count in sorted(sent_by.items()):
         answered = f", {accepted_by[what]} answered with an image" if what in accepted_by else ""

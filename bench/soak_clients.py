@@ -8,12 +8,14 @@ early), `gradio_client` `/generate` and `/compare` (some cancelled with `job.can
 gallery click's prefetch (some left early), and a request from an image (image-to-image or inpainting, through
 `POST /` as base64 or a raw body, or `gradio_client` `/generate`), each kind of image through each of them in turn
 (`IMAGE_TURNS`): a good one, a bad one (no image, cut off, a GIF), and the oversized one (12000 x 12000 pixels; not
-in the warm-up). A burst thread fills the queue at the configured
-moments. LoRAs are drawn from every role (`bench.soak_service`). Every answer is classified by the status (or,
-through Gradio, the title) its error of the tree carries: `ok`, `refused` (4xx; 503 for a full queue or the Hub
-unreachable), or `errors_5xx` (any other 5xx, an unexpected exception or a dropped connection). A bad or oversized
-image answered with an image is also counted (`bad_images_accepted`, `oversized_accepted`, and by transport in
-`accepted_by`). Each request that left on purpose is `cancelled`, and those with a seed are listed (`departures`)
+in the warm-up); a video, or an edit from several references (`bench.soak_media`). A burst thread fills the queue
+at the configured moments. LoRAs are drawn from every role (`bench.soak_service`). Every answer is classified by
+the status (or, through Gradio, the title) its error of the tree carries: `ok`, `refused` (4xx; 503 for a full
+queue or the Hub unreachable), or `errors_5xx` (any other 5xx, an unexpected exception or a dropped connection). A
+bad or oversized image, or an over-count edit, answered with an image is also counted (`bad_images_accepted`,
+`oversized_accepted`, `over_count_accepted`, and by transport in `accepted_by`). Clients download nothing
+(`download_files=False`): the server's temp folder is measured alone. Each request that left on purpose is
+`cancelled`, and those with a seed are listed (`departures`)
 for the server side to look for ghosts.
 """
 
@@ -38,6 +40,7 @@ import httpx
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
+from bench.soak_media import MediaRequests
 from lora_catalog.errors import SwitchboardError
 
 __all__ = ["main"]
@@ -61,6 +64,8 @@ IMAGE_TURNS = (
     ("bad", "POST / raw"),
     ("good", "POST / raw"),
 )
+# What a refused image's kind counts toward when it is answered with an image.
+ACCEPTED = {"bad": "bad_images_accepted", "oversized": "oversized_accepted", "over_count": "over_count_accepted"}
 
 
 def _titles() -> dict[str, int]:
@@ -97,14 +102,14 @@ class Tally:
                 self.problems.append(detail[:300])
 
     def image(self, kind: str, transport: str, outcome: tuple[str, str]) -> None:
-        """An image request's answer; a bad or oversized image answered with an image is counted by transport."""
+        """An image request's answer; a bad or oversized image, or an over-count edit, answered with an image is
+        counted by transport."""
         self.add(*outcome)
         with self._lock:
             self.sent_by[f"{kind} through {transport}"] += 1
-        if kind in ("bad", "oversized") and outcome[0] == "ok":
+        if kind in ACCEPTED and outcome[0] == "ok":
             with self._lock:
-                figure = "oversized_accepted" if kind == "oversized" else "bad_images_accepted"
-                self.counts[figure] += 1
+                self.counts[ACCEPTED[kind]] += 1
                 self.accepted_by[f"{kind} through {transport}"] += 1
 
     def note(self, what: str) -> None:
@@ -138,7 +143,7 @@ def classify_title(title: str, message: str) -> tuple[str, str]:
     return "errors_5xx", f"{title}: {message}"
 
 
-class Soak:
+class Soak(MediaRequests):
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.url: str = config["url"]
@@ -148,6 +153,7 @@ class Soak:
         self.images: dict[str, Any] = config["images"]
         self._turn_lock = threading.Lock()
         self._turn = 0
+        self._edit_turn = 0  # `MediaRequests.edit_turn`'s
         self.tally = Tally()
 
     # -- what a client asks for -------------------------------------------------------------------------------
@@ -268,6 +274,8 @@ class Soak:
                 return
         self.tally.add(*self._answer(job, how))
 
+    _classified = staticmethod(classify_http)
+
     @staticmethod
     def _answer(job: Any, how: str) -> tuple[str, str]:
         """A `gradio_client` job's outcome, once it is answered."""
@@ -354,7 +362,9 @@ class Soak:
 
     def client(self, number: int) -> None:
         rng = random.Random(self.config["seed"] * 1000 + number)
-        client = Client(self.url, verbose=False)
+        # Nothing downloaded: the server's temp folder is measured alone (gradio_client's default download folder is
+        # Gradio's temp folder, the server's too on one machine).
+        client = Client(self.url, verbose=False, download_files=False)
         actions: dict[str, Callable[[int], None]] = {
             "http": lambda seed: self.http(rng, seed),
             "generate": lambda seed: self.generate(rng, client, seed),
@@ -362,12 +372,14 @@ class Soak:
             "leave": lambda seed: self.leave(rng, seed),
             "prefetch": lambda seed: self.prefetch(rng),
             "image": lambda seed: self.from_image(rng, client, seed),
+            "video": lambda seed: self.video(rng, client, seed),
+            "edit": lambda seed: self.edit(client, seed),
         }
         turn = 0
         try:
             while time.monotonic() < self.deadline:
                 turn += 1
-                action = rng.choices(list(actions), weights=[30, 18, 9, 9, 20, 14])[0]
+                action = rng.choices(list(actions), weights=[30, 18, 9, 9, 20, 14, 8, 8])[0]
                 # Unique over both runs (`seed_base` differs), so a departure names one request.
                 seed = int(self.config["seed_base"]) + (number + 1) * 1_000_000 + turn
                 try:

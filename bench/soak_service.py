@@ -2,10 +2,11 @@
 images, and what the soak watches on the server side (imported only after the Hub's environment is set, as
 `bench.serve_run`).
 
-Three pools: the tiny SDXL in float32 (the default pool, which the bursts fill), the tiny SD 1.5 in bf16, and
-beside it the tiny FLUX.1 with its denoiser quantized (fp8, LoRAs as branches of `LORA_MAX_RANK`, computing in
-bf16). LoRAs, by role (the client process draws from them; `Catalogue.to_json` hands it the
-names):
+Five pools: the tiny SDXL in float32 (the default pool, which the bursts fill), the tiny SD 1.5 in bf16, beside
+it the tiny FLUX.1 with its denoiser quantized (fp8, LoRAs as branches of `LORA_MAX_RANK`, computing in bf16),
+the tiny Wan 2.1 (videos) and the tiny FLUX.2 [klein] (edits from several reference images), both in float32 and
+asked for by base (`/models/<base>`, `base`), without LoRAs. LoRAs, by role (the client process draws from them;
+`Catalogue.to_json` hands it the names):
 
 - `good` (tiny SDXL), `sd15` (tiny SD 1.5) and `flux` (the quantized FLUX): served, each routed to its pool by its
   card;
@@ -17,7 +18,9 @@ names):
 
 Input images (`write_images`): a good image and masks (one of another size: resized, with a warning), files that
 are no image, cut off, or of a refused format, and `oversized`: a 12000 x 12000 PNG of about 450 KB, whose pixels
-are over `MAX_INPUT_PIXELS` (decoded, 432 MB).
+are over `MAX_INPUT_PIXELS` (decoded, 432 MB); for the klein pool's edits a second reference, and `solid`: a
+2656 x 2656 WebP of one colour, 340 bytes (decoded, 21 MB), which the clients send 60 times in one request, far
+over the pool's count (`OVER_COUNT`).
 
 `SoakBackend` is the app's `LocalBackend`, noting when each request (by its seed) reached the GPU, so that a
 request run after its client left (a ghost) can be told apart from one that was running when it left.
@@ -49,8 +52,12 @@ from engine.settings import TINY_MODEL_ID, PoolSetting, Settings
 from engine.weights.quantized import BranchedLinear
 from families.flux import MODEL_ID as FLUX_MODEL_ID
 from families.flux import TINY_ID as TINY_FLUX_MODEL_ID
+from families.flux2 import MODEL_ID as KLEIN_MODEL_ID
+from families.flux2 import TINY_ID as TINY_KLEIN_MODEL_ID
 from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from families.sd15 import TINY_ID as TINY_SD15_MODEL_ID
+from families.wan import MODEL_ID as WAN_MODEL_ID
+from families.wan import TINY_ID as TINY_WAN_MODEL_ID
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
@@ -74,7 +81,18 @@ from tests.support.loras import (
 )
 from tests.support.standin_hub import StandInHub
 
-__all__ = ["CUT_PREFIX", "SLOW_S", "Catalogue", "Service", "SoakBackend", "soak_settings", "write_images"]
+__all__ = [
+    "CUT_PREFIX",
+    "KLEIN_MODEL_ID",
+    "OVER_COUNT",
+    "SLOW_S",
+    "WAN_MODEL_ID",
+    "Catalogue",
+    "Service",
+    "SoakBackend",
+    "soak_settings",
+    "write_images",
+]
 
 # A slow download: long against a tiny request, short of the clients' 10 s download timeout.
 SLOW_S = 2.5
@@ -83,15 +101,27 @@ _ROLES = ("good", "sd15", "flux", "slow", "cut", "refused")
 # The quantized pool's branch rank: the `refused` FLUX LoRA is over it.
 BRANCH_RANK = 8
 OVERSIZED_SIDE = 12_000
+# The references an over-count edit sends (the klein pool takes 4 images in all), each a solid `SOLID_SIDE`² WebP.
+OVER_COUNT, SOLID_SIDE = 60, 2656
+# How old Gradio's files get before it deletes them (TEMP_FILES_MAX_AGE_S): within even a short run.
+TEMP_FILES_MAX_AGE_S = 60
 
 
 # The pools loaded in bf16 (`DTYPE` is one setting: the soak's loader gives these theirs, as a GPU's `auto` would).
 BF16_BASES = (SD15_MODEL_ID, FLUX_MODEL_ID)
+# Each pool's (storage, dtype) once loaded, in `soak_settings`' order.
+_LOADED = (
+    ("native", "torch.float32"),
+    ("native", "torch.bfloat16"),
+    ("fp8", "torch.bfloat16"),
+    ("native", "torch.float32"),
+    ("native", "torch.float32"),
+)
 
 
 def soak_settings(max_queue: int) -> Settings:
-    """Three tiny pools (SDXL, SD 1.5, and FLUX.1 with its denoiser in fp8) with small budgets, so that the soak
-    presses on each; `load` gives two of them bf16."""
+    """Five tiny pools (SDXL, SD 1.5, FLUX.1 with its denoiser in fp8, Wan 2.1 and FLUX.2 [klein]) with small
+    budgets, so that the soak presses on each; `load` gives two of them bf16."""
     return Settings(
         model_id=TINY_MODEL_ID,
         model_id_explicit=True,
@@ -100,6 +130,8 @@ def soak_settings(max_queue: int) -> Settings:
             PoolSetting(TINY_MODEL_ID, SDXL),
             PoolSetting(TINY_SD15_MODEL_ID, SD15_MODEL_ID),
             PoolSetting(TINY_FLUX_MODEL_ID, FLUX_MODEL_ID, quantize="fp8"),
+            PoolSetting(TINY_WAN_MODEL_ID, WAN_MODEL_ID),
+            PoolSetting(TINY_KLEIN_MODEL_ID, KLEIN_MODEL_ID),
         ),
         device="cpu",
         dtype="float32",
@@ -113,6 +145,7 @@ def soak_settings(max_queue: int) -> Settings:
         device_cache_bytes=4 * 2**20,
         hub_timeout_s=5.0,
         max_compare_steps=40,
+        temp_files_max_age_s=TEMP_FILES_MAX_AGE_S,
     )
 
 
@@ -199,9 +232,10 @@ class Service:
         )
         self.pools = build_pools(self.settings, resolver, load, warm=False)
         loaded = [(p.engine.loaded.storage, str(p.engine.loaded.dtype)) for p in self.pools.pools]
-        if loaded != [("native", "torch.float32"), ("native", "torch.bfloat16"), ("fp8", "torch.bfloat16")]:
-            raise RuntimeError(f"the soak's pools loaded as {loaded}; expected SDXL float32, SD 1.5 bf16, FLUX fp8")
-        self.catalogue = publish(self.hub, *(p.engine.loaded.pipe for p in self.pools.pools))
+        if loaded != [*_LOADED]:
+            expected = "SDXL float32, SD 1.5 bf16, FLUX fp8, Wan and klein float32"
+            raise RuntimeError(f"the soak's pools loaded as {loaded}; expected {expected}")
+        self.catalogue = publish(self.hub, *(p.engine.loaded.pipe for p in self.pools.pools[:3]))
         self.images = write_images(root / "images")
         # Every weight as loaded, to check the base is bit-exact after the soak.
         self.pristine = [_weights(p.engine.loaded.pipe) for p in self.pools.pools]
@@ -293,8 +327,9 @@ def _branches_zero(pipe: object) -> bool:
 
 
 def write_images(folder: Path) -> dict[str, object]:
-    """The soak's input files: `image`, `mask`, `mask_other` (another size), `bad` (no image, cut off, a GIF) and
-    `oversized`; paths as strings, for the client process."""
+    """The soak's input files: `image`, `mask`, `mask_other` (another size), `bad` (no image, cut off, a GIF),
+    `oversized`, `reference` (a second image for an edit) and `solid` (an over-count edit's reference); paths as
+    strings, for the client process."""
     folder.mkdir(parents=True, exist_ok=True)
     noise = [Image.effect_noise((64, 64), 40 + 10 * channel) for channel in range(3)]
     image = Image.merge("RGB", noise)  # noise: a PNG of some 12 KB, so that half of it is cut off mid-pixels
@@ -307,17 +342,21 @@ def write_images(folder: Path) -> dict[str, object]:
         "not_an_image.png": b"this is not an image, whatever its name says\n" * 4,
         "cut_off.png": _encoded(image, "PNG")[: len(_encoded(image, "PNG")) // 2],
         "animation.gif": _encoded(image, "GIF"),
+        "reference.png": _encoded(Image.merge("RGB", noise[::-1]), "PNG"),
     }
     for name, data in files.items():
         (folder / name).write_bytes(data)
     oversized = folder / "oversized.png"
     _write_blank_png(oversized, OVERSIZED_SIDE, OVERSIZED_SIDE)
+    Image.new("RGB", (SOLID_SIDE, SOLID_SIDE), (90, 120, 200)).save(folder / "solid.webp", lossless=True)
     return {
         "image": str(folder / "image.png"),
         "mask": str(folder / "mask.png"),
         "mask_other": str(folder / "mask_other.png"),
         "bad": [str(folder / name) for name in ("not_an_image.png", "cut_off.png", "animation.gif")],
         "oversized": str(oversized),
+        "reference": str(folder / "reference.png"),
+        "solid": str(folder / "solid.webp"),
     }
 
 

@@ -7,6 +7,10 @@ unwrapped.
 
 from __future__ import annotations
 
+import logging
+import secrets
+from typing import Self
+
 from lora_catalog.errors import (
     AdapterLoadError,
     GatedLoraError,
@@ -17,6 +21,7 @@ from lora_catalog.errors import (
 )
 
 __all__ = [
+    "FAILED",
     "AdapterLoadError",
     "BackendUnavailableError",
     "EngineBusyError",
@@ -40,9 +45,23 @@ __all__ = [
     "UnsupportedLoraVariantError",
 ]
 
+# What every door answers for a failure nobody foresaw, with the request id the log carries (`EngineError.unforeseen`).
+FAILED = "the request failed"
+
 
 class EngineError(SwitchboardError):
     """Base of the errors only the engine raises."""
+
+    @classmethod
+    def unforeseen(cls, error: BaseException, log: logging.Logger, what: str) -> Self:
+        """The answer to a failure nobody foresaw (a library's exception, a bug): this class (a 500 one) saying only
+        "the request failed (request id ID)", never the exception's own text, which may hold a path, a URL or a
+        library's internals. The log (`log`, at ERROR) carries the same id beside what failed (`what`) and the
+        exception with its traceback, so whoever is given the id finds the cause. Made once, where the failure is
+        first caught: the error then crosses every door (and the cluster's wire) with its text, so its id, unchanged."""
+        request_id = secrets.token_hex(6)
+        log.error("%s failed unexpectedly (request id %s)", what, request_id, exc_info=error)
+        return cls(f"{FAILED} (request id {request_id})")
 
 
 class SettingsError(EngineError, ValueError):

@@ -340,7 +340,7 @@ class ModelDefaults:
 class GenerateResult:
     """What a run made: the first image and its seed, and for a request of several the rest (their seeds follow
     on: `seeds`). A video (a video pool's run): `frames` in order at `fps` (empty and 0 for images), `image` its
-    first frame; `video` its MP4 as a cluster replica made it (`serving.video.packed`), empty in one process."""
+    first frame; `video` a cluster replica's MP4 (`serving.video.packed`), `frames` then empty (undecoded)."""
 
     image: Image
     seed: int
@@ -360,7 +360,7 @@ class GenerateResult:
 
     @property
     def is_video(self) -> bool:
-        return bool(self.frames)
+        return bool(self.frames or self.video)
 
     @property
     def mode(self) -> str:

@@ -206,6 +206,10 @@ class Settings(BaseModel):
     # Seconds each replica's pipeline call waits instead of denoising (serving/cluster/standin.py), for measuring
     # the cluster on shared CPUs as the fleet model's one GPU per replica (bench.fleet --real); 0: real inference.
     cluster_standin_gpu_s: Annotated[float, Field(ge=0.0, le=3600.0), Env("CLUSTER_STANDIN_GPU_S")] = 0.0
+    # Gradio's files (results, uploads, in GRADIO_TEMP_DIR) older than this many seconds are deleted (Gradio's
+    # `delete_cache`, checked every `delete_cache`'s first figure of seconds), so a long-running Space's disk does
+    # not fill with them; 0: kept until the server stops.
+    temp_files_max_age_s: Annotated[int, Field(ge=0, le=30 * 86_400), Env("TEMP_FILES_MAX_AGE_S")] = 7200
     # Gradio's own variables, read here so nothing else reads the environment; a Space sets both.
     server_name: Annotated[str, Env("GRADIO_SERVER_NAME")] = "0.0.0.0"
     server_port: Annotated[int, Field(ge=1, le=65535), Env("GRADIO_SERVER_PORT")] = 7860
@@ -271,6 +275,14 @@ class Settings(BaseModel):
             gguf=pool.gguf,
             gguf_2=pool.gguf_2,
         )
+
+    @property
+    def delete_cache(self) -> tuple[int, int] | None:
+        """Gradio's `delete_cache` (how often it looks, in seconds; the age a file is deleted at), from
+        TEMP_FILES_MAX_AGE_S: it looks every half of the age, at most every 10 minutes, so a file outlives its age
+        by at most that; None (never) for 0."""
+        age = self.temp_files_max_age_s
+        return (min(max(1, age // 2), 600), age) if age else None
 
     @property
     def log_level_number(self) -> int:

@@ -28,6 +28,7 @@ from lora_catalog.listing import CatalogPage
 from serving.grid import grid_image
 from serving.recipes import with_recipes
 from serving.streaming import Frame, Preview, stream
+from serving.video import without_recipes
 
 if TYPE_CHECKING:
     from engine.outcomes import LoraCheck, PoolStatus, ServedPool
@@ -134,8 +135,11 @@ class Handlers:
             self.report(transport, 500)
             raise
         self.report(transport, 200)
-        # Every transport's images carry their recipe (A1111's `parameters`), unless RECIPES=0.
-        return with_recipes(result) if self.settings.recipes else result
+        # Every transport's images carry their recipe (A1111's `parameters`), unless RECIPES=0; then neither does a
+        # cluster's MP4, whose replica wrote the recipe by its own RECIPES (taken out off the event loop).
+        if self.settings.recipes:
+            return with_recipes(result)
+        return await asyncio.to_thread(without_recipes, result) if result.video else result
 
     def report(self, transport: str, status: int) -> None:
         """Count how a request of `transport` ended (a transport refusing one before it reaches `generate` too)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -39,15 +40,19 @@ __all__ = [
     "VIDEO_TYPES",
     "DecodedVideo",
     "VideoType",
+    "checked_mp4",
     "decode_mp4",
     "encode_video",
     "even_sides",
+    "frame_count",
     "gif_timing",
     "packed",
     "unpacked",
     "video_file",
     "video_media_type",
     "with_answer_notes",
+    "without_comment",
+    "without_recipes",
 ]
 
 MP4: Final = "video/mp4"
@@ -60,6 +65,8 @@ VideoType = Literal["video/mp4", "image/webp", "image/gif"]
 _CRF = "18"
 _PRESET = "medium"
 _COMMENT = "comment"
+# The MP4 (iTunes-style) item FFmpeg writes the `comment` tag as.
+_CMT = b"\xa9cmt"
 _WEBP_QUALITY = 90
 _EXIF_IFD, _USER_COMMENT = 0x8769, 0x9286
 # A GIF frame's shortest time that browsers play as written, in hundredths of a second.
@@ -116,11 +123,13 @@ def encode_video(frames: Sequence[Image.Image], fps: float, media_type: str = MP
 def video_file(result: GenerateResult, media_type: str = MP4) -> bytes:
     """A video result's file: its frames at its fps, with the recipe its first frame holds (`with_recipes`; none
     when RECIPES=0). Every door answers these bytes. A result that crossed a cluster answers the MP4 its replica
-    made (`packed`: the same bytes for the same frames and recipe), and its WebP or GIF from that MP4's frames."""
+    made (`packed`: the same bytes for the same frames and recipe) as it came, nothing decoded, and its WebP or GIF
+    from that MP4's frames, decoded here (`unpacked`): the only door that needs them."""
     if media_type == MP4 and result.video:
         return result.video
+    frames = result.frames or unpacked(result).frames
     recipe = result.image.info.get(KEY)
-    return encode_video(result.frames, result.fps, media_type, recipe if isinstance(recipe, str) else None)
+    return encode_video(frames, result.fps, media_type, recipe if isinstance(recipe, str) else None)
 
 
 def even_sides(image: Image.Image) -> Image.Image:
@@ -237,18 +246,102 @@ def packed(result: GenerateResult, recipes: bool) -> GenerateResult:
     return dataclasses.replace(result, frames=(), video=video)
 
 
+def frame_count(result: GenerateResult) -> int:
+    """A video's frames: those it holds, else (a cluster's MP4, undecoded) its request's, which its MP4 was checked
+    to hold (`checked_mp4`); 0 for an image."""
+    return len(result.frames) or (result.request.num_frames if result.video else 0)
+
+
+def checked_mp4(result: GenerateResult) -> GenerateResult:
+    """A `packed` result as it came, once its MP4 reads as a video of the frames its request made: its packets
+    counted (H.264 sends one a frame), none decoded; decoding is for what needs pixels (`unpacked`). An MP4 that
+    does not read, or holds other than those frames, is the backend's trouble."""
+    if not result.video or result.frames:
+        return result
+    try:
+        with av.open(io.BytesIO(result.video), mode="r") as container:
+            stream = container.streams.video[0]
+            count = sum(1 for packet in container.demux(stream) if packet.size)
+    except (av.error.FFmpegError, IndexError) as e:
+        raise BackendUnavailableError(f"the backend answered a video this Space cannot read ({e})") from e
+    return _counted(result, count)
+
+
 def unpacked(result: GenerateResult) -> GenerateResult:
     """A `packed` result with its frames again, decoded from its MP4 (lossy: H.264 at CRF 18), for what needs
-    pixels (an animated WebP or GIF, the UI's frame count); its MP4 stays the answer. An MP4 that does not read,
-    or holds other than the frames its request made, is the backend's trouble."""
+    pixels (an animated WebP or GIF); its MP4 stays the answer. An MP4 that does not read, or holds other than the
+    frames its request made, is the backend's trouble."""
     if not result.video or result.frames:
         return result
     try:
         frames = decode_mp4(result.video).frames
     except (av.error.FFmpegError, IndexError) as e:
         raise BackendUnavailableError(f"the backend answered a video this Space cannot read ({e})") from e
-    if len(frames) != result.request.num_frames:
+    return dataclasses.replace(_counted(result, len(frames)), frames=frames)
+
+
+def _counted(result: GenerateResult, count: int) -> GenerateResult:
+    if count != result.request.num_frames:
         raise BackendUnavailableError(
-            f"the backend answered a video of {len(frames)} frames for a request of {result.request.num_frames}"
+            f"the backend answered a video of {count} frames for a request of {result.request.num_frames}"
         )
-    return dataclasses.replace(result, frames=frames)
+    return result
+
+
+def without_recipes(result: GenerateResult) -> GenerateResult:
+    """A result whose MP4 came from a cluster's replica (which wrote the recipe by its own RECIPES) without that
+    recipe, for a front end with RECIPES=0; anything else as it is (one process writes no recipe it is not asked
+    for, and frames carry none)."""
+    return dataclasses.replace(result, video=without_comment(result.video)) if result.video else result
+
+
+def without_comment(data: bytes) -> bytes:
+    """The MP4 without its `comment` tag (the recipe): the bytes an encode of the same frames without a recipe
+    makes. FFmpeg writes the tag as the `©cmt` item of `moov/udta/meta/ilst`, after `mdat`: that item is cut out
+    and the four boxes around it shrink by its size (no sample moves, so no offset changes). A file laid out
+    otherwise (its `moov` first, a 64-bit box size) is copied stream by stream instead (PyAV, no re-encoding),
+    which leaves every tag behind. A file without the tag is returned as it is."""
+    path: list[tuple[int, int]] = []
+    start, end = 0, len(data)
+    for kind in (b"moov", b"udta", b"meta", b"ilst", _CMT):
+        found = _boxes(data, start, end).get(kind)
+        if found is None:
+            return data  # no comment: nothing to take out
+        at, size = found
+        if size < 8:
+            return _remuxed(data)
+        path.append(found)
+        start, end = at + (12 if kind == b"meta" else 8), at + size  # `meta` is a full box: version and flags
+    mdat = _boxes(data, 0, len(data)).get(b"mdat")
+    if mdat is None or mdat[0] > path[0][0]:
+        return _remuxed(data)
+    cut_at, cut = path[-1]
+    out = bytearray(data[:cut_at] + data[cut_at + cut :])
+    for at, size in path[:-1]:
+        struct.pack_into(">I", out, at, size - cut)
+    return bytes(out)
+
+
+def _boxes(data: bytes, start: int, end: int) -> dict[bytes, tuple[int, int]]:
+    """The boxes between `start` and `end`: each kind's first (offset, size); a 64-bit or to-the-end size is 0."""
+    found: dict[bytes, tuple[int, int]] = {}
+    at = start
+    while at + 8 <= end:
+        size, kind = struct.unpack_from(">I4s", data, at)
+        found.setdefault(kind, (at, size if size >= 8 else 0))
+        if size < 8:
+            break
+        at += size
+    return found
+
+
+def _remuxed(data: bytes) -> bytes:
+    out = io.BytesIO()
+    with av.open(io.BytesIO(data), mode="r") as source, av.open(out, mode="w", format="mp4") as target:
+        stream = source.streams.video[0]
+        copy = target.add_stream_from_template(stream)
+        for packet in source.demux(stream):
+            if packet.dts is not None:
+                packet.stream = copy
+                target.mux(packet)
+    return out.getvalue()

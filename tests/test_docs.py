@@ -17,7 +17,7 @@ DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 # Variables the docs may name that are no `Settings` field: MODELS is read by `Settings.from_env` itself (it sets
 # several fields at once); the rest belong to the libraries (huggingface_hub, torch's inductor, OpenMP, which
-# serving/cluster/app.py forwards to replicas) and are read there, not by us.
+# serving/cluster/app.py forwards to replicas; Gradio's temp folder) and are read there, not by us.
 NOT_SETTINGS = {
     "MODELS",
     "HF_ENDPOINT",
@@ -26,6 +26,7 @@ NOT_SETTINGS = {
     "TORCHINDUCTOR_CACHE_DIR",
     "TORCHINDUCTOR_FREEZING",
     "OMP_NUM_THREADS",
+    "GRADIO_TEMP_DIR",
 }
 # Backticked upper-case words the docs use as values or placeholders, not variables: log levels, Civitai's
 # ratings, and the parts of a MODELS entry (`MODEL=BASE`, `REPO=<base>`).

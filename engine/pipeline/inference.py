@@ -12,6 +12,7 @@ device's memory, they are made one at a time, on the same weights. On a GPU one 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from PIL.Image import Image
 
 __all__ = ["engine_error", "gpu_lock", "infer", "made"]
+
+logger = logging.getLogger(__name__)
 
 _GPU_LOCKS: dict[int, threading.Lock] = {}
 _GPU_LOCKS_GUARD = threading.Lock()
@@ -145,7 +148,9 @@ def made(images: tuple[Image, ...], request: CheckedRequest) -> dict[str, Any]:
 
 
 def engine_error(error: BaseException, request: CheckedRequest) -> BaseException:
-    """The error a transport should see for what a run raised (the error itself when it is already ours)."""
+    """The error a transport should see for what a run raised (the error itself when it is already ours): out of
+    memory said so; any other exception "the request failed" with an id the log carries beside it
+    (`EngineError.unforeseen`), never its own text."""
     if isinstance(error, SwitchboardError):
         return error
     if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
@@ -155,5 +160,5 @@ def engine_error(error: BaseException, request: CheckedRequest) -> BaseException
             f"out of memory generating {request.width}x{request.height}; try a smaller size or fewer LoRAs"
         )
     if isinstance(error, Exception):
-        return GenerationError(f"generation failed: {type(error).__name__}: {error}")
+        return GenerationError.unforeseen(error, logger, f"generating {request.width}x{request.height}")
     return error

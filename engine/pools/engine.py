@@ -216,9 +216,9 @@ class Engine:
             raise
         except Exception as e:
             # A library failing in a way nobody mapped is still an answer every transport can give
-            # (JSON on `POST /`, a gr.Error in the UI), and is logged with its traceback for us.
-            logger.exception("preparing LoRA %r failed unexpectedly", spec.ref)
-            raise PreparationError(f"LoRA {spec.ref!r} could not be prepared: {type(e).__name__}: {e}") from e
+            # (JSON on `POST /`, a gr.Error in the UI): "the request failed" and an id, which the log carries
+            # beside the traceback.
+            raise PreparationError.unforeseen(e, logger, f"preparing LoRA {spec.ref!r}") from e
 
     def check_lora(self, spec: LoraSpec) -> LoraCheck:
         """Resolve, download and prepare one LoRA without generating (the UI's custom-LoRA check)."""

@@ -32,7 +32,7 @@ from engine.pools.routing import PoolInfo, described_pick, named_pool, routed
 from engine.requests import GenerateRequest, GenerateResult, Limits, LoraSpec
 from serving.backends import CellProgress, OnQueue
 from serving.cluster.wire import adapter_set_id
-from serving.video import unpacked
+from serving.video import checked_mp4
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -124,8 +124,8 @@ class ServeBackend:
         result: GenerateResult = await self._call(pool, lambda: handle.generate.remote(sent))
         if progress is not None:
             progress(checked.steps, checked.steps)
-        # A video came as its replica's MP4 (`serving.video.packed`): its frames decoded from it, off the loop.
-        return await asyncio.to_thread(unpacked, result)
+        # A video came as its replica's MP4 (`serving.video.packed`): checked off the loop, passed on undecoded.
+        return await asyncio.to_thread(checked_mp4, result)
 
     async def compare(
         self,

@@ -85,7 +85,7 @@ class RemoteBackend:
         started = time.perf_counter()
         document = await self._call("POST", path, request_to_json(request))
         try:
-            # Off the event loop: a video's frames are decoded from its MP4.
+            # Off the event loop: a video's MP4 is checked (its packets counted, nothing decoded).
             result = await asyncio.to_thread(answer_from_json, document)
         except BackendUnavailableError as e:
             raise BackendUnavailableError(f"the backend at {self.url}: {e}") from e

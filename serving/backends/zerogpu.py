@@ -145,8 +145,9 @@ def _mapped(error: gr.Error) -> SwitchboardError:
     if title == _ILLEGAL_DURATION:
         return LimitExceededError(f"{title}: {message}; accepted: fewer steps or a smaller size")
     if title == _WORKER and message != "GPU task aborted":
-        # An exception the worker raised, of which only the class name came back.
-        return GenerationError(f"generation failed in the GPU worker: {message}")
+        # An exception the worker raised, of which only the class name came back: unforeseen, so answered as
+        # "the request failed" with an id the log carries beside it.
+        return GenerationError.unforeseen(error, logger, f"the GPU worker ({message})")
     return GpuUnavailableError(f"{title or 'ZeroGPU'}: {message}; try again shortly")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from engine.errors import BackendUnavailableError
 from engine.requests import GenerateResult
 from serving.cluster.wire import decode_png, encode_png, result_from_json, result_to_json
-from serving.video import unpacked, video_file
+from serving.video import checked_mp4, video_file
 
 __all__ = ["answer_from_json", "answer_to_json"]
 
@@ -22,7 +22,7 @@ def answer_to_json(result: GenerateResult) -> dict[str, Any]:
     A video crosses as the MP4 its replica made (`serving.video.packed`: the bytes a single process answers for
     the same frames and recipe), not as its frames: 81 PNG frames of 832x480 are tens of MB, the MP4 a few
     (docs/cluster.md, "Video answers"). The front end answers those bytes for MP4, and decodes the frames from
-    them for what needs pixels (an animated WebP or GIF: lossy, from the MP4's frames). `image` is the first
+    them only for what needs pixels (an animated WebP or GIF: lossy, from the MP4's frames). `image` is the first
     frame as the pipeline made it."""
     video = result.video or (video_file(result) if result.is_video else b"")
     return {
@@ -34,11 +34,12 @@ def answer_to_json(result: GenerateResult) -> dict[str, Any]:
 
 
 def answer_from_json(document: Mapping[str, Any]) -> GenerateResult:
-    """The result `answer_to_json` sent, a video's frames decoded from its MP4."""
+    """The result `answer_to_json` sent; a video's MP4 checked to hold its request's frames, none decoded (that
+    waits for a door that needs pixels: `serving.video.video_file`)."""
     try:
         more = [decode_png(png) for png in document.get("more_images") or ()]
         video = decode_png(document.get("video") or "")
         result = result_from_json(document["result"], decode_png(document["image"]), more, video)
     except (KeyError, TypeError, AttributeError) as e:
         raise BackendUnavailableError(f"the backend answered something unreadable: {type(e).__name__}: {e}") from e
-    return unpacked(result)
+    return checked_mp4(result)

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from engine.errors import GenerationCancelledError, InvalidRequestError, SwitchboardError
+from engine.errors import GenerationCancelledError, GenerationError, InvalidRequestError, SwitchboardError
 from engine.pools.routing import named_pool
 from serving.backends.ray_serve import ServeBackend
 from serving.cluster.answers import answer_to_json
@@ -135,6 +135,10 @@ def _answered(
             response = await unless_disconnected(http, lambda: route(http, body))
         except SwitchboardError as e:
             return json_error(e)
+        except Exception as e:
+            # A bug or a library's error: JSON like every other answer (a front end reads it as the tree's class),
+            # its own text left in the log beside the id the answer gives.
+            return json_error(GenerationError.unforeseen(e, logger, http.url.path))
         if response is None:
             logger.info("%s: the client went away; its request was cancelled", http.url.path)
             return json_error(GenerationCancelledError("the client went away"))

@@ -163,9 +163,8 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
                 return e
             except Exception as e:
                 # Counted (500) by the handlers already; answered as JSON like every other error, never as the
-                # server's plain-text 500.
-                logger.exception("POST %s failed unexpectedly", request.url.path)
-                return GenerationError(f"the request failed: {type(e).__name__}: {e}")
+                # server's plain-text 500, and never with the exception's own text: an id the log carries.
+                return GenerationError.unforeseen(e, logger, f"POST {request.url.path}")
 
         # A client that hangs up cancels the request: it leaves the queue, or its run stops at the next step; what
         # is answered then (to nobody) says so.

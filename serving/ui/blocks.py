@@ -18,8 +18,9 @@ __all__ = ["build_demo"]
 
 
 def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = "https://huggingface.co") -> gr.Blocks:
-    """The Blocks over one set of handlers; every event is a closure over them (no global state)."""
-    with gr.Blocks(title="LoRA Switchboard") as demo:
+    """The Blocks over one set of handlers; every event is a closure over them (no global state). Gradio deletes
+    its files (results, uploads) once they are TEMP_FILES_MAX_AGE_S old (`Settings.delete_cache`)."""
+    with gr.Blocks(title="LoRA Switchboard", delete_cache=handlers.settings.delete_cache) as demo:
         panels.header(banner)
         # Entries shown, page, triggers inserted per slot, each slot's LoRA recommendations, form values waiting for
         # the base filter's change (a share link's); the session's history.

@@ -28,6 +28,7 @@ from serving.ui import formatting as fmt
 from serving.ui import pool_views
 from serving.ui.api_requests import api_request, starting_fields
 from serving.ui.liveness import client_gone, until_gone
+from serving.ui.uploads import uploaded_path
 
 __all__ = [
     "BROWSE",
@@ -136,9 +137,10 @@ def add_api_endpoints(handlers: Handlers) -> None:
         # Files, handed over as their paths unopened: `encoded_image` is the first to read them (PNG, JPEG and WebP
         # parsers only; the header judged against MAX_INPUT_PIXELS), and the engine's check decodes them. gr.Image
         # would have PIL open each first (and leave it open), with PIL's refusals; `handle_file` sends either alike.
-        input_image, mask, strength = gr.File(type="filepath"), gr.File(type="filepath"), gr.Number(None)
+        # `uploaded_path`: gr.File's filepath input without Gradio 6.31's stray empty temp file per upload.
+        input_image, mask, strength = uploaded_path(), uploaded_path(), gr.Number(None)
         # Further reference images after `image` (none: as before), as file paths read the same way, once counted.
-        references = gr.File(file_count="multiple", type="filepath")
+        references = uploaded_path(file_count="multiple")
         image = gr.Image(type="pil", format="png", label="image")
         images = gr.Gallery(type="pil", format="png", label="images")
         grid = gr.Image(type="pil", format="png", label="grid")

@@ -21,6 +21,7 @@ from serving.ui import pool_views, session
 from serving.ui.inputs import source_images
 from serving.ui.panels import Browser, RequestPanel, ResultPanel
 from serving.ui.references import references_of
+from serving.video import frame_count
 
 __all__ = ["FORM", "cells", "remember", "request_of", "wire_session"]
 
@@ -110,7 +111,7 @@ def remember(form: Mapping[str, Any], result: GenerateResult, base_url: str) -> 
     shown = (request.image, *request.images) if started and request.images else ()
     values["references"] = ",".join(image_hash(image) for image in shown if image is not None) or None
     # A video's frames and rate, as it ran (the pool's defaults filled in).
-    values["num_frames"] = len(result.frames) if result.is_video else None
+    values["num_frames"] = frame_count(result) if result.is_video else None
     values["fps"] = result.fps if result.is_video else None
     # A two-stage pool's low-noise scales as the form had them (for each LoRA it named).
     two_stage = request.guidance_2 is not None

@@ -27,6 +27,7 @@ from serving.errors import user_errors
 from serving.handlers import Handlers
 from serving.ui import pool_views
 from serving.ui import references as refs
+from serving.video import frame_count
 
 __all__ = [
     "EDIT_PLACEHOLDER",
@@ -252,7 +253,7 @@ def mode_html(result: GenerateResult) -> str:
     image-to-video: `GenerateResult.mode`, read from the result) and its frames; nothing for text-to-image."""
     request, mode = result.request, result.mode.capitalize()
     if result.is_video:
-        clip = f"{len(result.frames)} frames at {result.fps} fps"
+        clip = f"{frame_count(result)} frames at {result.fps} fps"
         start = (
             "" if request.image is None else f" from the input image at {request.image.width} × {request.image.height}"
         )

@@ -22,7 +22,9 @@ from serving.handlers import Handlers
 from serving.ui import formatting as fmt
 from serving.ui.api_requests import api_request
 from serving.ui.gradio_api import PIPELINE, generate
+from serving.ui.uploads import uploaded_path
 from serving.ui.video_ui import low_noise, saved_video
+from serving.video import frame_count
 
 __all__ = ["IMAGE_ONLY", "add_video_endpoint", "video_info", "video_parameters"]
 
@@ -49,9 +51,9 @@ def video_info(result: GenerateResult) -> dict[str, Any]:
     request = result.request
     return {
         **fmt.result_info(result),
-        "num_frames": len(result.frames),
+        "num_frames": frame_count(result),
         "fps": result.fps,
-        "duration_s": len(result.frames) / result.fps if result.fps else 0.0,
+        "duration_s": frame_count(result) / result.fps if result.fps else 0.0,
         "guidance_2": request.guidance_2,
     }
 
@@ -67,7 +69,7 @@ def add_video_endpoint(handlers: Handlers) -> None:
         numbers |= {name: gr.Number(None) for name in ("steps", "guidance", "width", "height", "num_frames", "fps")}
         numbers |= {name: gr.Number(None) for name in ("guidance_2", "lora_scale_2", "lora_2_scale_2")}
         others = {"prompt": gr.Textbox(), "seed": gr.Number(-1), "scheduler_options": gr.JSON(None)}
-        others["image"] = gr.File(type="filepath")
+        others["image"] = uploaded_path()
         video, info = gr.Video(format="mp4", label="video"), gr.JSON(label="info")
         trigger = gr.Button()
     components = {**texts, **numbers, **others}

@@ -1,4 +1,5 @@
-"""bench.soak's ghost count on known times, and (slow) a short soak that ends with its line, every problem at 0."""
+"""bench.soak's ghost count on known times, and (slow) a short soak that ends with its line, every problem at 0, the
+Gradio temp folder's size printed beside the peak RSS."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 LAST = re.compile(
     r"soak: requests=(\d+) ok=(\d+) refused=(\d+) errors_5xx=(\d+) ghosts=(\d+) leaked_threads=(\d+) "
     r"disk_over_budget_bytes=(\d+) host_over_budget_bytes=(\d+) bad_images_accepted=(\d+) oversized_accepted=(\d+) "
-    r"peak_rss_over_idle_bytes=(\d+) base_exact=(true|false)"
+    r"over_count_accepted=(\d+) peak_rss_over_idle_bytes=(\d+) gradio_tmp_bytes=(\d+) base_exact=(true|false)"
 )
 
 
@@ -83,9 +84,15 @@ def test_a_short_soak_ends_with_every_problem_at_zero(tmp_path):
     last = done.stdout.strip().splitlines()[-1]
     found = LAST.fullmatch(last)
     assert found, done.stdout[-2000:] + done.stderr[-2000:]
-    requests, ok, refused, errors, ghosts, leaked, disk, host, bad, oversized, _, exact = found.groups()
-    problems = (errors, ghosts, leaked, disk, host, bad, oversized, exact)
-    assert problems == ("0", "0", "0", "0", "0", "0", "0", "true"), done.stdout[-3000:]
+    requests, ok, refused, errors, ghosts, leaked, disk, host, bad, oversized, counted, _, tmp, exact = found.groups()
+    problems = (errors, ghosts, leaked, disk, host, bad, oversized, counted, exact)
+    assert problems == ("0", "0", "0", "0", "0", "0", "0", "0", "true"), done.stdout[-3000:]
+    # Something is in Gradio's temp folder at the end (the UI's example image at least): the figure is measured.
+    assert int(tmp) > 0
+    # The media pools were asked: videos answered (the warm-up sends some), an over-count edit refused.
+    videos = re.search(r"soak: videos: (\d+) sent, (\d+) answered", done.stdout)
+    assert videos and int(videos.group(2)) > 0, done.stdout[-3000:]
+    assert re.search(r"soak: images: \d+ over_count through POST /", done.stdout), done.stdout[-3000:]
     assert int(ok) > 0 and int(refused) > 0 and int(requests) >= int(ok) + int(refused)
     assert done.returncode == 0
     assert json.loads(out.read_text())["base_exact"] is True

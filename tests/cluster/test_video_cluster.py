@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from engine.requests import GenerateRequest
+from engine.requests import GenerateRequest, GenerateResult
 from serving.cluster.answers import answer_from_json
 from serving.cluster.wire import request_to_json
 from serving.recipes import with_recipes
-from serving.video import decode_mp4, video_file
+from serving.video import decode_mp4, frame_count, video_file
 from tests.support.checks import generate
 from tests.support.dit import local_engine
 from tests.support.serve_handles import ReplicaHandle, client, front_end, replica_of, stand_in_ray
@@ -44,9 +44,13 @@ def cluster(wan_engine, monkeypatch) -> Iterator[tuple[Any, ReplicaHandle]]:
 
 
 @pytest.fixture(scope="module")
-def single(wan_engine) -> bytes:
+def made(wan_engine) -> GenerateResult:
+    return generate(wan_engine, GenerateRequest(prompt=PROMPT, steps=STEPS, seed=SEED, num_frames=FRAMES))
+
+
+@pytest.fixture(scope="module")
+def single(made) -> bytes:
     """What one process's doors answer for the request: `Handlers` adds the recipe, `video_file` encodes."""
-    made = generate(wan_engine, GenerateRequest(prompt=PROMPT, steps=STEPS, seed=SEED, num_frames=FRAMES))
     return video_file(with_recipes(made))
 
 
@@ -63,7 +67,7 @@ def test_the_ingress_and_a_backend_url_front_end_answer_a_single_process_mp4(clu
     assert "frames" not in document
     back = with_recipes(answer_from_json(json.loads(json.dumps(document))))
     assert video_file(back) == single, "a BACKEND_URL front end answers the same bytes"
-    assert len(back.frames) == len(decode_mp4(single).frames) == FRAMES
+    assert back.frames == () and frame_count(back) == len(decode_mp4(single).frames) == FRAMES
 
 
 def test_an_animated_webp_by_accept_is_made_from_the_mp4s_frames(cluster):
@@ -80,3 +84,17 @@ def test_the_replica_sends_the_mp4_not_the_frames(wan_engine, single, monkeypatc
     request = GenerateRequest(prompt=PROMPT, steps=STEPS, seed=SEED, num_frames=FRAMES)
     sent = asyncio.run(replica_of(wan_engine).generate(request))
     assert sent.frames == () and sent.video == single and sent.served_by == "replica-1"
+
+
+def test_an_ingress_with_recipes_off_answers_a_single_process_mp4_without_the_replicas_recipe(
+    wan_engine, made, monkeypatch
+):
+    """The replica packs its recipe (its RECIPES on); the ingress's RECIPES=0 takes it out of the MP4 it answers,
+    which is then what one process with RECIPES=0 answers, byte for byte (`video_file` without `with_recipes`)."""
+    stand_in_ray(monkeypatch)
+    app, _ = front_end([ReplicaHandle(replica_of(wan_engine))], wan_engine.settings.replace(recipes=False))
+    for test_client in client(app):
+        posted = test_client.post("/", json=BODY)
+        assert posted.status_code == 200, posted.text[:300]
+        assert decode_mp4(posted.content).comment is None
+        assert posted.content == video_file(made)

@@ -209,8 +209,9 @@ def test_a_full_or_read_only_disk_is_a_storage_error(make_engine, fixtures, twin
     ("error", "fragment"),
     [
         (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), r"out of memory generating 64x64"),
-        (RuntimeError("boom"), r"generation failed: RuntimeError: boom"),
-        (ValueError("bad latents"), r"generation failed: ValueError: bad latents"),
+        # Unforeseen: the fixed text and an id (test_failure_ids.py), never the library's message.
+        (RuntimeError("boom"), r"^the request failed \(request id [0-9a-f]{12}\)$"),
+        (ValueError("bad latents"), r"^the request failed \(request id [0-9a-f]{12}\)$"),
     ],
     ids=["oom", "runtime", "value"],
 )
@@ -236,7 +237,7 @@ def test_an_error_raised_by_the_progress_callback_rolls_back(make_engine, fixtur
     def client_gone(step: int, total: int) -> None:
         raise ConnectionResetError("the client went away")
 
-    with pytest.raises(GenerationError, match=r"ConnectionResetError: the client went away"):
+    with pytest.raises(GenerationError, match=r"^the request failed \(request id [0-9a-f]{12}\)$"):
         generate(engine, small(LoraSpec(fixtures["second"])), progress=client_gone)
     assert_still_serving(engine, before, good, image)
 

@@ -1,0 +1,80 @@
+"""Gradio's files are cleaned (issue 47, item 10): the Space's Blocks delete what Gradio keeps in its temp folder
+(GRADIO_TEMP_DIR: each video result's MP4, each upload) once it is TEMP_FILES_MAX_AGE_S old, so a long-running
+Space's disk does not fill with them.
+
+The app is the Space's own (`build_demo`, served as `serve` launches it) over a stand-in video pool
+(tests/support/video.py), with an 8 s age; `gradio_client` sends an image-to-video request (the image an upload)
+and downloads the answer to a folder of its own. The temp folder holds the upload and the MP4 once it is answered,
+and loses both once they are old (waited on, not slept).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gradio_client import Client, handle_file
+from PIL import Image
+
+from engine.outcomes import ServedPool
+from engine.requests import ModelDefaults
+from engine.settings import Settings
+from serving.handlers import Handlers
+from serving.http.api import http_routes
+from serving.ui.blocks import build_demo
+from serving.ui.launch import serve
+from tests.support.app_server import free_port
+from tests.support.video import VideoBackend
+
+VIDEO = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128, video=True, num_frames=9, fps=8, max_frames=17)
+AGE_S = 8
+# Gradio looks every 4 s (`Settings.delete_cache`: half the age); generous for a loaded machine. The age is long
+# enough that an upload is read before it is deleted, even on a busy machine.
+GONE_WITHIN_S = 60
+
+
+class VideoPool(VideoBackend):
+    """The stand-in video backend as one served video pool."""
+
+    def pools(self) -> tuple[ServedPool, ...]:  # type: ignore[override]
+        return (ServedPool("owner/video-base", "owner/video-base", "wan", VIDEO, True),)
+
+
+def files(folder: Path) -> list[Path]:
+    return [path for path in folder.rglob("*") if path.is_file()]
+
+
+@pytest.fixture
+def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
+    """The app with an 8 s TEMP_FILES_MAX_AGE_S and its own GRADIO_TEMP_DIR: (its URL, that folder)."""
+    folder = tmp_path / "gradio"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    handlers = Handlers(VideoPool(), None, Settings(temp_files_max_age_s=AGE_S))  # type: ignore[arg-type]
+    demo = build_demo(handlers)
+    url = serve(demo, http_routes(handlers), server_name="127.0.0.1", server_port=free_port(), block=False, quiet=True)
+    try:
+        yield url, folder
+    finally:
+        demo.close()
+
+
+def test_results_and_uploads_leave_the_temp_folder_once_old(temp_dir, tmp_path):
+    url, folder = temp_dir
+    # What the app keeps for good (the UI's example image: a component's value, which Gradio never deletes).
+    kept = set(files(folder))
+    image = tmp_path / "start.png"
+    Image.new("RGB", (64, 48), (200, 90, 30)).save(image)
+    client = Client(url, verbose=False, download_files=str(tmp_path / "client"))
+    video, info = client.predict(
+        prompt="a fox", image=handle_file(str(image)), num_frames=9, api_name="/generate_video"
+    )  # fmt: skip
+    assert info["num_frames"] == 9 and Path(video["video"] if isinstance(video, dict) else video).is_file()
+    made = sorted(path.name for path in set(files(folder)) - kept)
+    assert made == ["start.png", "video.mp4"], made  # the upload and the result, once each (no empty strays)
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while set(files(folder)) - kept and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert set(files(folder)) - kept == set(), "Gradio's files outlived TEMP_FILES_MAX_AGE_S"
+    client.close()
