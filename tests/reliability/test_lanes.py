@@ -123,7 +123,11 @@ def test_the_admitted_request_needs_none_of_anyios_shared_threads(make_engine):
         gate = threading.Event()
         limit = int(anyio.to_thread.current_default_thread_limiter().total_tokens)
         holders = [asyncio.ensure_future(anyio.to_thread.run_sync(gate.wait)) for _ in range(limit)]
-        await asyncio.sleep(0.5)
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        deadline = time.monotonic() + WAIT_S
+        while limiter.borrowed_tokens < limit:  # every shared thread taken before the request comes
+            assert time.monotonic() < deadline, "the holders never took anyio's threads"
+            await asyncio.sleep(0.01)
         run = asyncio.ensure_future(backend.generate(GenerateRequest(prompt="a fox", steps=1, seed=3)))
         try:
             done, _ = await asyncio.wait({run}, timeout=60)
@@ -165,7 +169,8 @@ def test_dropped_prefetches_never_download(make_engine, loaded, clean_hub):
     for future in prefetches[1:]:
         future.cancel()
     prefetches[0].result(WAIT_S)
-    time.sleep(1.0)  # long enough for the lane to have started a next one, had any been left
+    # The lane's thread ends once it has nothing left to take: any prefetch left would have started its download.
+    wait_for(lambda: engine._prefetches._worker is None)
     assert downloads_of(clean_hub, clicks) == {clicks[0]}
     assert engine._prefetches.waiting == 0
 

@@ -22,7 +22,7 @@ from PIL import Image
 from engine.requests import InputImage
 from families.qwen_image_edit_plus import MODEL_ID
 from tests.support.app_server import recording_backend, serve_fixture_app
-from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, browser, page, tile
+from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, browser, editor_upload, page, tile
 from tests.support.image_inputs import example_image, png_bytes
 from tests.support.qwen_image import CASES, write_qwen_loras
 
@@ -120,8 +120,7 @@ def test_two_images_and_an_edit_lora_generate_the_api_gives_the_same_bytes_and_u
             expect(page.locator(f"#reference-{n}")).to_be_visible(timeout=WAIT_MS)
         expect(page.locator("#reference-4")).to_have_count(0)
 
-        page.locator("#input-image input[type=file]").set_input_files(str(files[0]))
-        expect(page.locator("#input-image")).not_to_contain_text("Upload an image", timeout=WAIT_MS)
+        editor_upload(page, str(files[0]))
         upload(page, "reference-2", str(files[1]))
         page.locator("#generate").click()
 

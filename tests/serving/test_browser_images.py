@@ -9,7 +9,18 @@ import pytest
 
 from serving.demo.example import EXAMPLE_IMAGE
 from tests.support.app_server import serve_fixture_app
-from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, SlowSteps, browser, page, tile
+from tests.support.browser import (
+    CHROMIUM,
+    SHOTS,
+    WAIT_MS,
+    SlowSteps,
+    browser,
+    editor_row_white,
+    editor_upload,
+    page,
+    tile,
+    wait_until,
+)
 
 pytestmark = pytest.mark.browser
 __all__ = ["browser", "page"]  # fixtures, found by pytest in this module's globals
@@ -25,7 +36,10 @@ def set_number(page, elem_id: str, value: str) -> None:
 
 
 def paint_mask(page) -> None:
-    """A stroke across the middle of the input image with the editor's brush (white: the mask)."""
+    """A stroke across the middle of the input image with the editor's brush (white: the mask), waited for
+    until the editor shows it."""
+    # The editor shows the image before the stroke goes on (a stroke on the empty canvas is lost with it).
+    wait_until(lambda: not editor_row_white(page), "the editor to show the input image")
     page.locator("#input-image").get_by_role("button", name="Brush", exact=True).click()
     canvas = page.locator("#input-image .pixi-target canvas").first
     box = canvas.bounding_box()
@@ -36,8 +50,12 @@ def paint_mask(page) -> None:
     for k in range(1, 11):
         page.mouse.move(x + box["width"] * 0.04 * k, y, steps=2)
     page.mouse.up()
+    wait_until(lambda: editor_row_white(page), "the editor to show the mask's stroke")
 
 
+# Two slowed generations (10 steps at 0.6 s a step for a browser to watch) beside the session's fixtures: over the
+# default 300 s on a loaded CI machine (load 10: 150 s of set-up, 150 s of test).
+@pytest.mark.timeout(900)
 def test_upload_paint_a_mask_generate_use_as_input_and_generate_again(page, loaded, base_settings, hub, fixtures):
     from playwright.sync_api import expect
 
@@ -48,11 +66,9 @@ def test_upload_paint_a_mask_generate_use_as_input_and_generate_again(page, load
         page.locator("#randomize input").uncheck()
         set_number(page, "steps", "10")
         page.locator("#inputs").get_by_text("Start from an image").click()
-        page.locator("#input-image input[type=file]").set_input_files(str(EXAMPLE_IMAGE))
-        page.locator("#input-image").get_by_role("button", name="Brush", exact=True).wait_for(timeout=WAIT_MS)
+        editor_upload(page, str(EXAMPLE_IMAGE))
         paint_mask(page)
         set_number(page, "strength", "0.6")
-        page.wait_for_timeout(500)  # the canvas draws the stroke on its next frame
         page.locator("#inputs").screenshot(path=str(SHOTS / "input-mask.png"))
 
         page.locator("#generate").click()
@@ -70,9 +86,18 @@ def test_upload_paint_a_mask_generate_use_as_input_and_generate_again(page, load
         expect(share).to_have_value(re.compile(r"input=inpainting"), timeout=WAIT_MS)
         assert "strength=0.6" in share.input_value()
 
-        # The result becomes the input (no mask on it): image-to-image from it.
+        # The result becomes the input (no mask on it): image-to-image from it. Generate only once the editor
+        # has it: clicked before (CI, load 5-8, after a fixed second; the round trip alone took 5 s at load 7),
+        # the request went out as inpainting of the old image with the old mask. The editor fits each image it
+        # takes to its canvas and shows that zoom (the 256-px example 117%, the 64-px result 469%): the readout
+        # changes once the new image is in, and the stroke is gone from the canvas (which Gradio's spinner may
+        # cover a while).
+        zoom = page.locator("#input-image .zoom-number")
+        fitted = zoom.inner_text()
         page.locator("#use-as-input").click()
-        page.wait_for_timeout(1000)
+        expect(zoom).not_to_have_text(fitted, timeout=WAIT_MS)
+        wait_until(lambda: not editor_row_white(page), "the editor to show the result without the mask")
+        page.locator("#inputs").screenshot(path=str(SHOTS / "input-from-result.png"))
         page.locator("#generate").click()
         expect(info).to_contain_text("Image-to-image at strength 0.6", timeout=WAIT_MS)
         page.locator("#result-info table.timing").wait_for(timeout=WAIT_MS)

@@ -13,7 +13,7 @@ from engine.requests import InputImage
 from families.flux2 import MODEL_ID as KLEIN
 from serving.recipes import image_hash
 from tests.support.app_server import recording_backend, serve_fixture_app
-from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, browser, page
+from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, browser, editor_upload, page
 from tests.support.image_inputs import example_image
 
 pytestmark = pytest.mark.browser
@@ -64,8 +64,7 @@ def test_two_references_reach_the_request_in_order_and_use_as_input_fills_image_
         expect(page.locator("#reference-5")).to_have_count(0)
         expect(page.locator("#input-note")).to_contain_text("image 2", timeout=WAIT_MS)
 
-        page.locator("#input-image input[type=file]").set_input_files(str(files[0]))
-        expect(page.locator("#input-image")).not_to_contain_text("Upload an image", timeout=WAIT_MS)
+        editor_upload(page, str(files[0]))
         upload(page, "reference-2", str(files[1]))
         upload(page, "reference-3", str(files[2]))
         page.locator("#inputs").screenshot(path=str(SHOTS / "reference-slots.png"))

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tests.support.app_server import recording_backend, serve_fixture_app
-from tests.support.browser import CHROMIUM, WAIT_MS, browser, page, tile
+from tests.support.browser import CHROMIUM, WAIT_MS, browser, editor_upload, page, tile
 
 # `slow` (out of the default run, `pytest -m slow`): beside another xdist worker's work on two cores chromium's
 # editor canvas stalled at 38 % loading the image in one of two full runs; the editor's check itself is
@@ -43,8 +43,7 @@ def test_a_3000_square_upload_is_refused_naming_max_input_pixels(page, loaded, b
         page.locator("#prompt textarea").fill("a fox in a forest")
         page.locator("#inputs").get_by_text("Start from an image").click()
         # Generate only once the editor shows the image (else the click runs text-to-image).
-        page.locator("#input-image input[type=file]").set_input_files(str(huge))
-        expect(page.locator("#input-image")).not_to_contain_text("Upload an image", timeout=WAIT_MS)
+        editor_upload(page, str(huge))
         page.locator("#generate").click()
 
         toast = page.locator(".toast-body", has_text="MAX_INPUT_PIXELS")

@@ -7,14 +7,26 @@ Screenshots are kept under artifacts/screenshots/ for people to look at.
 
 from __future__ import annotations
 
+import io
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-__all__ = ["CHROMIUM", "SHOTS", "WAIT_MS", "SlowSteps", "browser", "page", "tile"]
+__all__ = [
+    "CHROMIUM",
+    "SHOTS",
+    "WAIT_MS",
+    "SlowSteps",
+    "browser",
+    "editor_row_white",
+    "editor_upload",
+    "page",
+    "tile",
+    "wait_until",
+]
 
 CHROMIUM = shutil.which("chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
@@ -52,6 +64,39 @@ def page(browser) -> Iterator[object]:
 
 def tile(page, title: str):
     return page.locator(f'#lora-gallery button.thumbnail-item:has(img[alt="{title}"])')
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout_ms: int = WAIT_MS) -> None:
+    """Poll `check` (a state read off the page that no locator can wait on, such as a canvas's pixels) until it
+    holds; fail naming `what`. Generous, as every wait here: a loaded CI machine renders slowly."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout_ms} ms waiting for {what}"
+        time.sleep(0.1)  # between two reads of the state, not a wait for it
+
+
+def editor_upload(page, path: str, elem_id: str = "input-image") -> None:
+    """A file into the image editor, waited for at both ends: the editor is ready for it before (its toolbar
+    offers Upload: a file set earlier, while its canvas starts, is dropped and the canvas stays empty), and has
+    taken it after (it arms its brush for the image: the brush's size button shows). Generate before that sends no
+    image, a stroke before that is lost."""
+    editor = page.locator(f"#{elem_id}")
+    editor.get_by_role("button", name="Upload", exact=True).wait_for(timeout=WAIT_MS)
+    editor.locator("input[type=file]").set_input_files(path)
+    editor.get_by_role("button", name="Brush Size", exact=True).wait_for(timeout=WAIT_MS)
+
+
+def editor_row_white(page, elem_id: str = "input-image") -> bool:
+    """Whether the image editor's canvas, as the user sees it (a screenshot: its WebGL pixels cannot be read from
+    the page), is white along the middle of its centre row: where a test's mask stroke goes (white, the mask's
+    colour), and where no test image of ours is white."""
+    from PIL import Image
+
+    canvas = page.locator(f"#{elem_id} .pixi-target canvas").first
+    shot = Image.open(io.BytesIO(canvas.screenshot())).convert("RGB")
+    width, height = shot.size
+    row = [shot.getpixel((x, height // 2)) for x in range(int(width * 0.35), int(width * 0.65))]
+    return all(min(pixel) >= 240 for pixel in row)
 
 
 class SlowSteps:

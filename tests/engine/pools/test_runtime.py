@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -123,9 +124,11 @@ def test_a_full_queue_answers_busy_and_a_cancelled_wait_leaves(make_engine, fixt
 
     queued = threading.Thread(target=waiter)
     queued.start()
-    for _ in range(200):
-        if engine.waiting == 1:
-            break
+    # It waits in the queue before the next comes (a loop of 2 s that went on regardless would, on a loaded
+    # machine, let the next one take the free place instead of being refused).
+    deadline = time.monotonic() + 60
+    while engine.waiting < 1:
+        assert time.monotonic() < deadline, "the waiter never joined the queue"
         threading.Event().wait(0.01)
     with pytest.raises(EngineBusyError, match="busy"):
         generate(engine, request(seed=10))

@@ -230,8 +230,9 @@ def test_a_cancelled_request_leaves_the_queue_and_releases_its_adapters(harness)
     leaver, stayer = h.submit("leaver", "B"), h.submit("stayer", "B")
 
     async def wait_then_leave() -> None:
-        waiting = asyncio.create_task(h.scheduler.wait(leaver))
-        await asyncio.sleep(0.05)
+        parked = asyncio.Event()
+        waiting = asyncio.create_task(h.scheduler.wait(leaver, lambda view: parked.set()))
+        await parked.wait()  # it waits in the queue, told its place
         waiting.cancel()  # the client went away
         with pytest.raises(asyncio.CancelledError):
             await waiting
@@ -275,7 +276,10 @@ def test_waiting_asynchronously_holds_no_thread_and_a_cancelled_task_leaves(harn
     async def main() -> None:
         threads_before = threading.active_count()
         tasks = [asyncio.create_task(client(t)) for t in tickets]
-        await asyncio.sleep(0.2)
+        deadline = time.monotonic() + WAIT_S
+        while len(seen) < len(tickets):  # every client waits in the queue, told its place
+            assert time.monotonic() < deadline, f"{len(seen)} of {len(tickets)} clients are waiting"
+            await asyncio.sleep(0)
         assert threading.active_count() == threads_before
         tasks[5].cancel()
         with pytest.raises(asyncio.CancelledError):
