@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
@@ -160,3 +161,16 @@ def peak_rss_over(run: Callable[[], object]) -> tuple[int, BaseException | None]
         done.set()
         watcher.join()
     return peak - idle, raised
+
+
+@contextmanager
+def raises_caused_by(pattern: str) -> Iterator[None]:
+    """A failure whose own text, or that of its cause, matches `pattern`: an unforeseen failure answers only "the
+    request failed (request id ID)" (`EngineError.unforeseen`), its exception kept as the cause for the log."""
+    try:
+        yield
+    except Exception as e:
+        said = f"{e} <- {e.__cause__}" if e.__cause__ is not None else str(e)
+        assert re.search(pattern, said), f"{said!r} does not match {pattern!r}"
+    else:
+        raise AssertionError(f"nothing was raised (expected {pattern!r})")

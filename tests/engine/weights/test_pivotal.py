@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from engine.errors import AdapterLoadError, IncompatibleLoraError, InvalidRequestError, LimitExceededError
 from engine.requests import GenerateRequest, LoraSpec
 from engine.weights.tokens import TokenPatcher
-from tests.support.checks import generate
+from tests.support.checks import generate, raises_caused_by
 from tests.support.images import assert_images_close
 from tests.support.loras import PIVOTAL_PROMPT, WEIGHTS
 
@@ -197,7 +197,7 @@ def test_failed_generation_restores_the_tokens_served_before(engine, pivotal, lo
         return real_call(self, *args, **kwargs)
 
     monkeypatch.setattr(type(loaded.pipe), "__call__", flaky_call)
-    with pytest.raises(Exception, match="injected failure"):
+    with raises_caused_by("injected failure"):
         generate(engine, request(LoraSpec(pivotal["current"])))
     # The run failed with the token-aware tokenizer in place; the pipeline has the base one back.
     assert "<s1>" in used[-1].get_vocab()
@@ -206,7 +206,7 @@ def test_failed_generation_restores_the_tokens_served_before(engine, pivotal, lo
     served = generate(engine, request(LoraSpec(pivotal["current"])))
     state = text_state(loaded.pipe)
     broken["on"] = True
-    with pytest.raises(Exception, match="injected failure"):
+    with raises_caused_by("injected failure"):
         generate(engine, request(LoraSpec(pivotal["legacy"])))
     # Rolling back re-applies the served set: a new matrix equal bit for bit, the cached tokenizers.
     assert_same_text_state(loaded.pipe, state, same_weight_object=False)
@@ -229,7 +229,7 @@ def test_a_failure_on_the_second_encoder_leaves_neither_changed(
         real_extend(self, index, rows)
 
     monkeypatch.setattr(TokenPatcher, "_extend", failing_extend)
-    with pytest.raises(Exception, match="extending text_encoder_2"):
+    with raises_caused_by("extending text_encoder_2"):
         generate(engine, request(LoraSpec(pivotal["current"])))
     assert_base(loaded.pipe, base_text, pristine)
 
@@ -331,7 +331,7 @@ def test_long_mixed_run_leaves_tokenizers_embeddings_and_weights_exact(
         before, applied = text_state(pipe), engine.status().applied
         one_step = request(*loras, seed=step, steps=1)
         if broken["on"] or clash or step % 13 == 6:
-            with pytest.raises(Exception, match=r"injected failure|NaN|both define the pivotal-tuning tokens"):
+            with raises_caused_by(r"injected failure|NaN|both define the pivotal-tuning tokens"):
                 generate(engine, one_step)
             outcomes["failed"] += 1
             assert engine.status().applied == applied
