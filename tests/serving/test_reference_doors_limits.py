@@ -6,9 +6,8 @@ The time is the server's own handling (the door's reading of the request, then t
 around those two calls inside the app's process as the CPU time of the thread running each (`time.thread_time`:
 wall time counted the other xdist worker's turns on a loaded CI machine, 0.9 s once for 11 header reads); the
 goal is 100 ms, asserted with a 5x margin (decoding even three of these files costs more CPU than that bound).
-The memory is this process's RSS (the
-app serves from it), sampled while the request runs, after one small request of the same kind (a door's first
-request builds the app's thread pools and imports: tens of MB, once)."""
+The memory is this process's RSS (the app serves from it), sampled while the request runs, after one small
+request of the same kind (a door's first request builds the app's thread pools and imports: tens of MB, once)."""
 
 from __future__ import annotations
 
