@@ -3,7 +3,12 @@ generate again (image-to-image); the progress bar counts the steps a strength ru
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -19,7 +24,9 @@ from tests.support.browser import (
     editor_upload,
     page,
     tile,
+    wait_shown,
     wait_until,
+    watch_texts,
 )
 
 pytestmark = pytest.mark.browser
@@ -53,13 +60,45 @@ def paint_mask(page) -> None:
     wait_until(lambda: editor_row_white(page), "the editor to show the mask's stroke")
 
 
+def slow_use_as_input(demo: object, delay_s: float = 3.0) -> None:
+    """ "Use as input" answered `delay_s` late, as on a loaded machine (its round trip took 5 s at load 7): a
+    Generate clicked before the editor has the result goes out with the old image and mask, as it did in CI."""
+    use = next(fn for fn in demo.fns.values() if fn.name == "use_result")  # type: ignore[attr-defined]
+    quick = use.fn
+
+    @functools.wraps(quick)
+    def slowed(*args: object) -> object:
+        time.sleep(delay_s)  # a deliberately slow handler, not a wait
+        return quick(*args)
+
+    use.fn = slowed
+
+
+@contextmanager
+def _set_after(event: threading.Event) -> Iterator[None]:
+    """`event` set on leaving, however the block ends (a run held on it is let go)."""
+    try:
+        yield
+    finally:
+        event.set()
+
+
 # Two slowed generations (10 steps at 0.6 s a step for a browser to watch) beside the session's fixtures: over the
 # default 300 s on a loaded CI machine (load 10: 150 s of set-up, 150 s of test).
 @pytest.mark.timeout(900)
 def test_upload_paint_a_mask_generate_use_as_input_and_generate_again(page, loaded, base_settings, hub, fixtures):
     from playwright.sync_api import expect
 
-    with serve_fixture_app(loaded, base_settings, hub, fixtures, backend=SlowSteps) as served:
+    # The first run stops after step 4 until the page has shown its progress and a preview (`SlowSteps`' hold),
+    # for the screenshot of a run under way.
+    seen = threading.Event()
+    with (
+        serve_fixture_app(
+            loaded, base_settings, hub, fixtures, backend=lambda engine: SlowSteps(engine, hold=seen, hold_at=4)
+        ) as served,
+        _set_after(seen),
+    ):
+        slow_use_as_input(served.demo)
         page.goto(served.url)
         tile(page, "peft").wait_for(timeout=WAIT_MS)
         page.locator("#prompt textarea").fill("a fox in a forest")
@@ -71,12 +110,14 @@ def test_upload_paint_a_mask_generate_use_as_input_and_generate_again(page, load
         set_number(page, "strength", "0.6")
         page.locator("#inputs").screenshot(path=str(SHOTS / "input-mask.png"))
 
+        watch_texts(page, "#result", "#result-info")
         page.locator("#generate").click()
         # The progress bar counts the steps the strength runs: 6 of the 10 asked for; previews come as they do
-        # from text (PREVIEW_EVERY=2: after steps 2 and 4).
-        page.locator("#result", has_text=re.compile(r"\b\d/6 steps")).wait_for(timeout=WAIT_MS)
-        page.locator("#result-info", has_text="Preview after step").wait_for(timeout=WAIT_MS)
+        # from text (PREVIEW_EVERY=2: after steps 2 and 4). Gradio shows each count only until the next preview.
+        wait_shown(page, "#result", r"\b\d/6 steps")
+        wait_shown(page, "#result-info", "Preview after step")
         page.locator("#request-column").screenshot(path=str(SHOTS / "input-progress.png"))
+        seen.set()
         info = page.locator("#result-info .input-mode")
         expect(info).to_contain_text("Inpainting at strength 0.6", timeout=WAIT_MS)
         page.locator("#result-info table.timing").wait_for(timeout=WAIT_MS)

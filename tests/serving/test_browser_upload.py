@@ -15,9 +15,10 @@ from PIL import Image
 from tests.support.app_server import recording_backend, serve_fixture_app
 from tests.support.browser import CHROMIUM, WAIT_MS, browser, editor_upload, page, tile
 
-# `slow` (out of the default run, `pytest -m slow`): beside another xdist worker's work on two cores chromium's
-# editor canvas stalled at 38 % loading the image in one of two full runs; the editor's check itself is
-# tests/serving/test_inputs.py's (the same payload, no browser).
+# `slow` (out of the default run, `pytest -m slow`): the editor's check itself is tests/serving/test_inputs.py's (the
+# same payload, no browser). It once stalled at 38 % beside another xdist worker: the file was set before the
+# editor's canvas had started, which drops it (38 % is the empty canvas's zoom); `editor_upload` now waits for the
+# canvas first, and the test passed at load 5-8.
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 __all__ = ["browser", "page"]  # fixtures, found by pytest in this module's globals
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +26,9 @@ __all__ = [
     "editor_upload",
     "page",
     "tile",
+    "wait_shown",
     "wait_until",
+    "watch_texts",
 ]
 
 CHROMIUM = shutil.which("chromium")
@@ -75,6 +78,40 @@ def wait_until(check: Callable[[], bool], what: str, timeout_ms: int = WAIT_MS) 
         time.sleep(0.1)  # between two reads of the state, not a wait for it
 
 
+# Every text the elements under `selectors` take, in order, as the page sets them: a state Gradio shows only for a
+# moment (the progress bar's "4/6 steps", hidden again by the next streamed preview) is seen even when a busy
+# browser takes it and the next one in one go and never paints it.
+_WATCH_TEXTS = """(selectors) => {
+    window.__texts = window.__texts || {};
+    for (const selector of selectors) {
+        const element = document.querySelector(selector);
+        const seen = window.__texts[selector] = [];
+        const record = () => {
+            const text = element.innerText;
+            if (seen[seen.length - 1] !== text) seen.push(text);
+        };
+        new MutationObserver(record).observe(element, {subtree: true, childList: true, characterData: true,
+                                                       attributes: true});
+        record();
+    }
+}"""
+
+
+def watch_texts(page, *selectors: str) -> None:
+    """Start recording every text the elements under `selectors` show (see `wait_shown`)."""
+    page.evaluate(_WATCH_TEXTS, list(selectors))
+
+
+def wait_shown(page, selector: str, pattern: str, timeout_ms: int = WAIT_MS) -> None:
+    """Wait until the element under `selector` (watched by `watch_texts`) has shown a text matching `pattern` (a
+    JavaScript regular expression), now or since the watch began."""
+    page.wait_for_function(
+        "([selector, pattern]) => window.__texts[selector].some(text => new RegExp(pattern).test(text))",
+        arg=[selector, pattern],
+        timeout=timeout_ms,
+    )
+
+
 def editor_upload(page, path: str, elem_id: str = "input-image") -> None:
     """A file into the image editor, waited for at both ends: the editor is ready for it before (its toolbar
     offers Upload: a file set earlier, while its canvas starts, is dropped and the canvas stays empty), and has
@@ -100,9 +137,14 @@ def editor_row_white(page, elem_id: str = "input-image") -> bool:
 
 
 class SlowSteps:
-    """The app's backend with every denoising step slowed, so a browser can watch the previews arrive."""
+    """The app's backend with every denoising step slowed, so a browser can watch the previews arrive; with `hold`,
+    a run stops after reporting step `hold_at` until the test sets `hold`, so that what the page shows mid-run
+    stays until the test has seen it (a busy browser can take a whole short run's updates in one go, and never
+    show its progress)."""
 
-    def __new__(cls, engine: object, delay_s: float = 0.6) -> object:
+    def __new__(
+        cls, engine: object, delay_s: float = 0.6, hold: threading.Event | None = None, hold_at: int = 0
+    ) -> object:
         from serving.backends.local import LocalBackend
 
         class Slow(LocalBackend):
@@ -111,6 +153,8 @@ class SlowSteps:
                     time.sleep(delay_s)
                     if progress is not None:
                         progress(step, total)
+                    if hold is not None and step == hold_at:
+                        hold.wait(WAIT_MS / 1000)
 
                 return await super().generate(request, progress=slowed, **kwargs)
 
