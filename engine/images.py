@@ -86,8 +86,23 @@ ACCEPTED = "a PNG, JPEG or WebP image"
 ImageMode = Literal["RGB", "L"]
 
 
+class _Sized:
+    """The size and pixel count both kinds of request image give from their `width` and `height`."""
+
+    width: int
+    height: int
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.width, self.height
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
 @dataclass(frozen=True)
-class InputImage:
+class InputImage(_Sized):
     """An image of a request: `width` x `height` pixels in `mode`, row-major bytes (`PIL.Image.tobytes()`)."""
 
     width: int
@@ -113,17 +128,9 @@ class InputImage:
         """A new PIL image of these pixels."""
         return Image.frombytes(self.mode, (self.width, self.height), self.data)
 
-    @property
-    def size(self) -> tuple[int, int]:
-        return self.width, self.height
-
-    @property
-    def pixels(self) -> int:
-        return self.width * self.height
-
 
 @dataclass(frozen=True)
-class EncodedImage:
+class EncodedImage(_Sized):
     """A client's image file as sent (PNG, JPEG or WebP bytes), read as far as its header (`encoded_image`): its
     upright `width` x `height` and the `mode` it is decoded in; no pixel decoded yet. `name`: what the door called
     it ("parameters.images[1]"), for a refusal after the door (not compared)."""
@@ -133,14 +140,6 @@ class EncodedImage:
     height: int
     mode: ImageMode = "RGB"
     name: str = field(default="", compare=False)
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return self.width, self.height
-
-    @property
-    def pixels(self) -> int:
-        return self.width * self.height
 
     def decoded(self, max_pixels: int, what: str = "the image") -> InputImage:
         """The pixels (`decode_image`, the one decode), at most `max_pixels`; refusals name the door's name for it,
