@@ -7,10 +7,12 @@ upload handling meets before `engine.images.decode_image` judges the file, comes
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
+import httpx
 from fastapi import FastAPI
 
 from engine.images import cap_decoding
@@ -49,6 +51,9 @@ def serve(
     `max_file_size` and `max_pixels`: the settings' MAX_BODY_BYTES and MAX_INPUT_PIXELS."""
     cap_decoding(max_pixels)
     # FastAPI(routes=...) puts ours before Gradio's, so `POST /` is ours while `GET /` stays the UI.
+    # `_frontend=False` skips Gradio's own reachability check: one HEAD with a 3 s timeout, whose timeout ends it
+    # at once with "When localhost is not accessible, a shareable link must be created" — on busy cores (pools
+    # loading in the background hold the GIL) a start that would have served. `_answers` waits longer instead.
     _, local_url, _ = demo.launch(
         max_file_size=max_file_size,
         server_name=server_name,
@@ -57,9 +62,27 @@ def serve(
         allowed_paths=list(allowed_paths),
         prevent_thread_lock=not block,
         quiet=quiet,
+        _frontend=False,
         **_looks(),
     )
+    _answers(local_url)
     return local_url
+
+
+def _answers(url: str, timeout_s: float = 120.0) -> None:
+    """Wait until the server just started answers `url` (any status below 500); a RuntimeError naming the URL
+    after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.head(url, timeout=10.0).status_code < 500:
+                return
+        except httpx.TransportError as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server started at {url} does not answer after {timeout_s:.0f} s") from e
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server started at {url} answers only with errors after {timeout_s:.0f} s")
+        time.sleep(0.2)  # a poll's interval, not a wait for a state
 
 
 def asgi_app(
