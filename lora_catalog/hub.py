@@ -26,6 +26,8 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import ModelInfo
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+from families import Family, identity_of
+
 from .cards import choose_weight, entry_from_hub_item, resolve_url, weight_candidates
 from .entries import LoraEntry
 from .errors import (
@@ -211,7 +213,10 @@ class HubSource:
         sizes = {
             s.rfilename: s.size if s.size is not None else (s.lfs.size if s.lfs else None) for s in info.siblings or ()
         }
-        pair = choose_pair(where, weight_candidates(sizes), weight_name)
+        # A repo of exactly a high- and a low-noise file is one LoRA of both only where its card's base may have two
+        # stages (a two-stage family's, or none named): on another base such names are no stages, as on Civitai.
+        implicit_pair = entry.family is Family.UNKNOWN or identity_of(entry.family).two_stage
+        pair = choose_pair(where, weight_candidates(sizes), weight_name) if weight_name or implicit_pair else None
         if pair is not None:
             # Two files, one LoRA (`lora_catalog.pairs`): its weight name is both, its size their sum.
             halves = [sizes[name] for name in pair]

@@ -8,12 +8,14 @@ as a word in capitals (Kijai's `Wan2.2-Lightning_T2V-A14B-4steps-lora_HIGH_fp16`
 something else (`HIGH_FASHION_style`, "Detail Slider (LOW)"), and a file that says none goes to both stages.
 In a Hub repo a pair is named (`weight_name`):
 
-- not at all, when the repo's `.safetensors` files are exactly one high-noise and one low-noise file;
+- not at all, when the repo's `.safetensors` files are exactly one high-noise and one low-noise file and its card
+  names a two-stage family's base, or none;
 - by its folder, with a trailing '/' (`Wan2.2-T2V-A14B-4steps-lora-rank64-Seko-V1.1/`): the two files in it;
 - by its two files joined with '+' (`a_high_noise.safetensors+a_low_noise.safetensors`), for a folder of several.
 
 A pair's files are always written the last way (high first where the names say so): its identity, and what a
-recipe gives back. A Civitai version whose `.safetensors` model files are exactly a high and a low one is a pair.
+recipe gives back. A Civitai version of a two-stage family's base whose `.safetensors` model files are exactly a
+high and a low one is a pair.
 """
 
 from __future__ import annotations

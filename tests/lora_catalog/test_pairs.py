@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_catalog.errors import InvalidRequestError, InvalidWeightNameError, LoraNotFoundError
+from lora_catalog.errors import AmbiguousWeightsError, InvalidRequestError, InvalidWeightNameError, LoraNotFoundError
 from lora_catalog.hub import HubSource
 from lora_catalog.pairs import choose_pair, stage_in_name
 from lora_catalog.refs import validate_weight_name
 from tests.support.loras import sft
 
 PAIR = ("x_high_noise.safetensors", "x_low_noise.safetensors")
+SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 LIGHTNING = ("V1.1/high_noise_model.safetensors", "V1.1/low_noise_model.safetensors")
 
 
@@ -83,3 +84,16 @@ def test_the_hubs_entry_for_a_pair_names_both_files_and_reads_the_high_ones_head
     assert (folder.weight_name, folder.weight_size) == ("+".join(LIGHTNING), len(high) + len(low))
     assert source.resolve("pairs/one-pair").weight_name == "+".join(PAIR)
     assert source.read_remote_header(folder).tensors
+
+
+def test_a_repo_of_a_high_and_a_low_file_is_a_pair_only_where_its_cards_base_may_have_two_stages(clean_hub):
+    high, low = (sft({"blocks.0.attn1.to_q.lora_A.weight": torch.full((4, 8), float(n))}) for n in (1, 2))
+    card = "---\nbase_model: {}\n---\n# x".format
+    for repo, base in (("pairs/wan22", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"), ("pairs/sdxl", SDXL)):
+        clean_hub.add_repo(repo, {PAIR[0]: high, PAIR[1]: low, "README.md": card(base).encode()})
+    source = HubSource(endpoint=clean_hub.url, timeout_s=5.0)
+    assert source.resolve("pairs/wan22").weight_name == "+".join(PAIR)
+    # On SDXL the names say no stage: two files, neither named, as any repo of two (Civitai's rule too).
+    with pytest.raises(AmbiguousWeightsError, match="pass weight_name"):
+        source.resolve("pairs/sdxl")
+    assert source.resolve("pairs/sdxl", weight_name=PAIR[1]).weight_name == PAIR[1]
