@@ -12,6 +12,7 @@ previews (the latents are packed as FLUX.1's). T5 may stay in host RAM.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from functools import partial
@@ -49,7 +50,7 @@ from engine.requests import CheckedRequest
 from engine.storage import LinearSizes
 from families.chroma import IDENTITY
 
-__all__ = ["FAMILY", "MEMORY", "build_tiny_pipeline", "convert_lora", "renamed_bfl_factors"]
+__all__ = ["FAMILY", "MEMORY", "ChromaInpaint", "build_tiny_pipeline", "convert_lora", "renamed_bfl_factors"]
 
 # Parameter and buffer values of lodestones/Chroma1-HD as diffusers and transformers build them from its configs
 # (transformer/: ChromaTransformer2DModel's defaults are Chroma's; text_encoder/ T5-XXL's encoder, as FLUX.1's;
@@ -117,6 +118,25 @@ def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[
     Chroma lacks (FLUX.1's modulations) converts to a diffusers name the served transformer has not, and is
     refused naming it."""
     return convert_bfl_lora(ChromaPipeline, "Chroma", renamed_bfl_factors(state_dict), denoiser)
+
+
+class ChromaInpaint(ChromaInpaintPipeline):
+    """diffusers' ChromaInpaintPipeline, where its call works on Chroma's own transformer.
+
+    diffusers 0.42.1's inpainting call reads FLUX.1's `transformer.config.guidance_embeds`, a field Chroma's
+    transformer config lacks: every call raised AttributeError. Chroma has no guidance embedding, so the field is
+    stated False on the transformer's config (a key only that line reads; `register_to_config` replaces the config,
+    no weight is touched) before diffusers' own call runs, unchanged."""
+
+    # diffusers' own signature: the engine passes a mode's call only the arguments it names (engine.pipeline.modes).
+    @functools.wraps(ChromaInpaintPipeline.__call__)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # diffusers' registered components and decorated call are not visible to the type checker.
+        dynamic: Any = self
+        if "guidance_embeds" not in dynamic.transformer.config:
+            dynamic.transformer.register_to_config(guidance_embeds=False)
+        call: Any = ChromaInpaintPipeline.__call__
+        return call(self, *args, **kwargs)
 
 
 def served_side(pipe: Pipeline) -> int:
@@ -216,5 +236,5 @@ FAMILY = FamilySpec(
     half_dtype="bfloat16",
     memory=MEMORY,
     image_to_image=ChromaImg2ImgPipeline,
-    inpainting=ChromaInpaintPipeline,
+    inpainting=ChromaInpaint,
 )

@@ -32,6 +32,8 @@ GUIDANCE = (
     "distilled_guidance_layer.layers.1.linear_2",
     "distilled_guidance_layer.out_proj",
 )
+# The layer a LoRA made for a wider Chroma is refused on (the first it names).
+WIDE_MODULE = "transformer_blocks.0.attn.to_q"
 # FLUX.1's attention, the layers a FLUX.1 LoRA shares with Chroma.
 ATTENTION = ("img_attn.qkv", "img_attn.proj", "txt_attn.qkv", "txt_attn.proj")
 
