@@ -23,7 +23,7 @@ from engine.pools.routing import pick_pool
 from engine.requests import CheckedRequest, GenerateRequest, LoraSpec
 from families.chroma import BASE_ID, FLASH_ID, MODEL_ID
 from families.flux import MODEL_ID as FLUX_MODEL_ID
-from lora_catalog.bases import base_from_metadata, family_from_keys, family_from_metadata
+from lora_catalog.bases import KNOWN_BASES, base_from_metadata, family_from_keys, family_from_metadata
 from lora_catalog.entries import Family
 from lora_catalog.sft_header import read_header
 from serving.demo.synthetic import save_lora
@@ -69,6 +69,8 @@ def test_the_tiny_chroma_pipeline_has_chromas_structure(loaded_chroma):
     pipe = loaded_chroma.pipe
     assert type(pipe) is ChromaPipeline and loaded_chroma.family is FAMILY
     assert all(family_spec(base) is FAMILY for base in (MODEL_ID, BASE_ID, FLASH_ID))
+    # The catalogue's base filter lists each.
+    assert {b.repo_id for b in KNOWN_BASES if b.family is Family.CHROMA} == {MODEL_ID, BASE_ID, FLASH_ID}
     # T5 alone (no CLIP), never adapted; a modulation network in place of FLUX.1's per-block modulations.
     assert loaded_chroma.components == ("transformer",) and type(pipe.text_encoder).__name__ == "T5EncoderModel"
     assert not hasattr(pipe, "text_encoder_2") and FAMILY.memory.host_components == ("text_encoder",)
