@@ -20,7 +20,8 @@ from families.chroma import MODEL_ID
 from tests.engine.pools.test_plan_flux import _T5_XXL
 from tests.support.dit import A10G, FLUX1_VAE, HOST_RAM, L40S, needs_on_a_gpu, values
 
-# A GGUF file of Chroma1-HD named as a `MODELS` item (the plan reads its type from the name: nothing is fetched).
+# A Q4_K GGUF file of Chroma1-HD as a `MODELS` item (the repo and file names are illustrative: the plan reads only
+# the quant type in the name; nothing is fetched).
 GGUF = f"{MODEL_ID}@silveroxides/Chroma1-HD-GGUF/Chroma1-HD-Q4_K_M.gguf"
 
 
