@@ -50,6 +50,12 @@ def chroma_loras(loaded_chroma, loaded_flux, tmp_path_factory: pytest.TempPathFa
     tensors, _, _ = chroma_file(loaded_chroma.pipe.transformer, ChromaCase("x", "comfy", guidance=True, seed=68))
     renamed = {k.replace(".lora_down.", ".lora_A.").replace(".lora_up.", ".lora_B."): v for k, v in tensors.items()}
     save_lora(folder / "chroma_bfl_guidance.safetensors", renamed)
+    # The FLUX.1 LoRA with modulations, its metadata claiming Chroma (a mislabelled file).
+    save_lora(
+        folder / "flux1_as_chroma.safetensors",
+        load_file(folder / WITH_MODULATIONS),
+        {"modelspec.architecture": "chroma/lora"},
+    )
     return folder
 
 
@@ -178,6 +184,13 @@ def test_a_flux1_lora_with_modulations_is_refused_on_chroma_and_one_without_runs
         chroma_engine.check_lora(LoraSpec(f"local:{WITH_MODULATIONS}"))
     result = generate(chroma_engine, request(LoraSpec(f"local:{ATTENTION_ONLY}")))
     assert any("FLUX.1 and Chroma alike" in w for w in result.warnings)
+
+
+def test_a_flux1_lora_declared_chroma_is_refused_naming_the_modulation_layers_chroma_lacks(chroma_engine):
+    with pytest.raises(
+        IncompatibleLoraError, match=r"(norm1|norm1_context|norm)\.linear, which the served pipeline lacks"
+    ):
+        chroma_engine.check_lora(LoraSpec("local:flux1_as_chroma.safetensors"))
 
 
 def test_a_chroma_lora_is_refused_on_a_flux1_engine(loaded_flux, base_settings, chroma_loras):
