@@ -24,8 +24,8 @@ from diffusers import (
 )
 from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
-from engine.errors import IncompatibleLoraError
 from engine.families.bfl_blocks import FLUX1_RATIOS, contradicts
+from engine.families.bfl_lora import REAL_LINEAR1, convert_bfl_lora, linear1_widths
 from engine.families.bfl_parts import LATENT_RGB, SIZE_BUCKETS, TAEF1, VAE
 from engine.families.spec import (
     FamilySpec,
@@ -50,6 +50,7 @@ __all__ = [
     "FAMILY",
     "LATENT_RGB",
     "MEMORY",
+    "REAL_LINEAR1",
     "SIZE_BUCKETS",
     "VAE",
     "build_tiny_pipeline",
@@ -78,12 +79,6 @@ MEMORY = MemorySpec(
     # CLIP-L's MLP.
     largest_encoder_values=2_359_296,
 )
-# diffusers 0.42's kohya converter splits `linear1` into q, k, v and the MLP's input at these widths.
-REAL_LINEAR1 = (3072, 3072, 3072, 12288)
-_LINEAR1_UP = re.compile(
-    r"^(?:lora_unet_single_blocks_(\d+)_linear1|diffusion_model\.single_blocks\.(\d+)\.linear1)\.lora_up\.weight$"
-)
-_LINEAR1_PARTS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
 # The attention inputs a LoRA's down factor shows the hidden width on (q/k/v alone, fused, or with the MLP).
 _HIDDEN_INPUT = re.compile(r"(to_[qkv]|add_[qkv]_proj|qkv|qkv_lora\d?|linear1)[._]")
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".down.weight")
@@ -104,16 +99,6 @@ def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
     return Widths(frozenset({head_width(denoiser)}), frozenset(int(e.config.hidden_size) for e in encoders.values()))
 
 
-def linear1_widths(denoiser: Module) -> tuple[int, int, int, int] | None:
-    """The widths of q, k, v and the MLP's input a single block's fused `linear1` holds, read from the served
-    transformer's modules (None when it has no single block)."""
-    blocks = getattr(denoiser, "single_transformer_blocks", None)
-    if not blocks:
-        return None
-    q, k, v, mlp = (int(blocks[0].get_submodule(part).out_features) for part in _LINEAR1_PARTS)
-    return q, k, v, mlp
-
-
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
     """diffusers' own conversion (`FluxPipeline.lora_state_dict`), at the served transformer's widths.
 
@@ -125,48 +110,7 @@ def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[
     A factor whose rows fit no served width is refused here (IncompatibleLoraError naming both shapes), never
     asserted on; what diffusers' converter cannot read comes out as a ValueError.
     """
-    widths = linear1_widths(denoiser)
-    padded, crops = _pad_linear1(state_dict, widths)
-    try:
-        converted, alphas = FluxPipeline.lora_state_dict(padded, return_alphas=True)
-    except (AssertionError, RuntimeError, NotImplementedError, TypeError, AttributeError) as e:
-        raise ValueError(f"diffusers' FLUX converter could not read it ({type(e).__name__}: {e})") from e
-    for key, rows in crops.items():
-        if key in converted:
-            converted[key] = converted[key][:rows].contiguous()
-    return converted, alphas
-
-
-def _pad_linear1(
-    state_dict: Mapping[str, Tensor], widths: tuple[int, int, int, int] | None
-) -> tuple[dict[str, Tensor], dict[str, int]]:
-    """The state dict with each kohya `linear1` up factor laid out at diffusers' widths, and the crops to undo."""
-    padded = dict(state_dict)
-    crops: dict[str, int] = {}
-    for name, up in state_dict.items():
-        match = _LINEAR1_UP.match(name)
-        if match is None:
-            continue
-        if widths is None:
-            raise IncompatibleLoraError(f"{name} adapts a single block's linear1; the served transformer has none")
-        if up.ndim != 2 or up.shape[0] != sum(widths):
-            raise IncompatibleLoraError(
-                f"{name} has {up.shape[0] if up.ndim else 0} output rows; the served transformer's linear1 has "
-                f"{sum(widths)} (q, k, v of {widths[0]} each and an MLP input of {widths[3]})"
-            )
-        if widths == REAL_LINEAR1:
-            continue
-        if any(w > real for w, real in zip(widths, REAL_LINEAR1, strict=True)):
-            raise IncompatibleLoraError(f"{name}: the served linear1 widths {widths} exceed FLUX.1's {REAL_LINEAR1}")
-        block = match[1] or match[2]
-        laid = up.new_zeros((sum(REAL_LINEAR1), up.shape[1]))
-        start = offset = 0
-        for part, width, real in zip(_LINEAR1_PARTS, widths, REAL_LINEAR1, strict=True):
-            laid[offset : offset + width] = up[start : start + width]
-            crops[f"transformer.single_transformer_blocks.{block}.{part}.lora_B.weight"] = width
-            start, offset = start + width, offset + real
-        padded[name] = laid
-    return padded, crops
+    return convert_bfl_lora(FluxPipeline, "FLUX", state_dict, denoiser)
 
 
 def served_side(pipe: Pipeline) -> int:

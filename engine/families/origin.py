@@ -200,6 +200,11 @@ def check_origin(label: str, origin: LoraOrigin, served_base: str) -> str | None
     if origin.how == "metadata":
         return note
     warning = f"{label} declares no base model we know; it is judged by its tensors alone"
+    if len(origin.families) > 1:
+        # Architectures whose LoRAs share names and widths (FLUX.1's and Chroma's blocks): the pool may be the
+        # other's, and the LoRA may fit it poorly.
+        alike = " and ".join(IDENTITIES[f].label for f in origin.families if f in IDENTITIES)
+        warning = f"{warning}, which fit {alike} alike"
     if note:
         warning = f"{warning}. {note}"
     logger.warning("%s", warning)

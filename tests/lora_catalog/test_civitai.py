@@ -181,6 +181,7 @@ def test_a_link_carrying_a_token_is_refused_without_echoing_it():
         ("Wan Video 14B i2v 720p", Family.WAN_I2V, False),
         ("Wan Video 2.2 T2V-A14B", Family.WAN22, False),
         ("Wan Video 2.2 I2V-A14B", Family.WAN22_I2V, False),
+        ("Chroma", Family.CHROMA, False),
     ],
 )
 def test_each_civitai_base_maps_to_its_family(label, family, finetune):
@@ -198,7 +199,7 @@ def test_the_table_has_exactly_those_entries_and_the_rest_maps_to_nothing():
         "SD 1.5", "SDXL 1.0", "Pony", "Illustrious", "NoobAI", "Flux.1 D", "Flux.1 S", "Flux.1 Krea",
         "Wan Video 14B i2v 480p", "Wan Video 14B i2v 720p", "Wan Video 1.3B t2v", "Wan Video 14B t2v",
         "Wan Video 2.2 TI2V-5B", "Flux.1 Kontext", "Wan Video 2.2 T2V-A14B",
-        "Wan Video 2.2 I2V-A14B", "Qwen", "ZImageTurbo", "ZImageBase", "Flux.2 D",
+        "Wan Video 2.2 I2V-A14B", "Qwen", "Chroma", "ZImageTurbo", "ZImageBase", "Flux.2 D",
         "Flux.2 Klein 4B", "Flux.2 Klein 9B", "Flux.2 Klein 4B-base", "Flux.2 Klein 9B-base",
     ]  # fmt: skip
     # Wan 2.5 is not served yet.
@@ -529,6 +530,27 @@ def test_the_civitai_tab_lists_loras_for_a_base_most_downloaded_first_policy_app
     page = down.page("stabilityai/stable-diffusion-xl-base-1.0", source="civitai")
     assert page.entries == () and page.freshness.offline and "Civitai could not be reached" in page.freshness.message
     down.close()
+
+
+def test_the_civitai_tab_lists_chromas_one_group_for_hd_and_base(hub):
+    """Civitai's one "Chroma" group holds Chroma1-HD's and Chroma1-Base's LoRAs: both bases list it."""
+    from lora_catalog.catalog import Catalog
+    from lora_catalog.hub import HubSource
+
+    with StandInCivitai() as listing:
+        listing.add_lora(921, DATA, model_id=91, downloads=5, base_model="Chroma")
+        listing.add_lora(922, DATA, model_id=92, downloads=9, base_model="Flux.1 D")
+        source = CivitaiSource(listing.url, timeout_s=5)
+        catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), civitai=source, refresh=False)
+        try:
+            for base in ("lodestones/Chroma1-HD", "lodestones/Chroma1-Base"):
+                page = catalog.page(base, source="civitai")
+                assert [e.ref for e in page.entries] == ["civitai:921"], base
+                assert "Live from Civitai (Chroma" in page.freshness.message
+                query = [r.query for r in listing.requests if r.path == "/api/v1/models"][-1]
+                assert query["baseModels"] == ["Chroma"]
+        finally:
+            catalog.close()
 
 
 def test_the_civitai_tab_lists_each_checkpoints_group_and_2512_the_one_qwen_group(hub):

@@ -17,7 +17,7 @@ from engine.errors import IncompatibleLoraError, InvalidRequestError
 from families import IDENTITIES, Family
 from serving.demo.synthetic import kohya_metadata, save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
-from tests.support import flux2, qwen_image, zimage
+from tests.support import chroma, flux2, qwen_image, zimage
 from tests.support.flux import CASES as FLUX_CASES
 from tests.support.flux import write_flux_loras
 from tests.support.loras import SD15, SDXL, card, kohya_file, peft_file, sft
@@ -145,6 +145,27 @@ def _qwen_files(models: TinyModels, hub: Any, folder: Path) -> None:
     )
 
 
+def _chroma_files(models: TinyModels, hub: Any, folder: Path) -> None:
+    sdxl, pipe = models.loaded(Family.SDXL).pipe, models.loaded(Family.CHROMA).pipe
+    chroma.write_chroma_loras(pipe, folder)
+    write_flux_loras(models.loaded(Family.FLUX).pipe, folder, cases=FLUX_CASES[:1])
+    chroma.write_flux_loras_for_chroma(models.loaded(Family.FLUX).pipe, folder)
+    (folder / "sdxl_kohya.safetensors").write_bytes(kohya_file(sdxl, seed=82))
+    # Metadata decides it: sd-scripts' ModelSpec architecture for Chroma over BFL's blocks alone, which FLUX.1's
+    # names share (its names alone leave FLUX.1 and Chroma, and the FLUX.1 pool, registered first, would take it).
+    tensors, _, twin = chroma.chroma_file(pipe.transformer, chroma.ChromaCase("meta", "kohya", linear1=False, seed=83))
+    save_lora(folder / "chroma_meta.safetensors", tensors, {"modelspec.architecture": "chroma/lora"})
+    model_id = IDENTITIES[Family.CHROMA].model_id
+    hub.add_repo("chroma-pools/card", {"README.md": card(model_id), "lora.safetensors": sft(twin)})
+    wide = {f"transformer.{chroma.WIDE_MODULE}.lora_{ab}.weight": torch.ones(shape) for ab, shape in WIDE_FACTORS}
+    hub.add_repo("chroma-pools/wide", {"README.md": card(model_id), "lora.safetensors": sft(wide)})
+    hub.add_repo("chroma-pools/sdxl-card", {"README.md": card(SDXL), "lora.safetensors": peft_file(sdxl, seed=84)})
+
+
+# A Chroma LoRA made for a wider Chroma (64 wide, where the tiny one is 32): its factors fit no served layer.
+WIDE_FACTORS = (("A", (2, 64)), ("B", (64, 2)))
+
+
 def _two_bases(every: int, at: int, match: str | None, *loras: str, base: str = "") -> PoolRefusal:
     return PoolRefusal(every, at, InvalidRequestError, match, loras, base)
 
@@ -265,5 +286,39 @@ POOLS = (
         card="qwen-pools/card",
         wide="qwen-pools/wide",
         wide_fragments=("do not fit transformer.transformer_blocks.0", "(72, 72)"),
+    ),
+    PoolFamily(
+        Family.CHROMA,
+        (Family.SDXL, Family.FLUX, Family.CHROMA),
+        _chroma_files,
+        (
+            (),
+            ("chroma-pools/card",),
+            ("local:sdxl_kohya.safetensors",),
+            ("local:chroma_peft.safetensors",),
+            ("local:flux_peft.safetensors",),
+            ("local:chroma_meta.safetensors",),
+            ("chroma-pools/sdxl-card",),
+            ("chroma-pools/card", "local:chroma_peft.safetensors"),
+        ),
+        clients=16,
+        steps=12,
+        refusals=(
+            PoolRefusal(
+                4, 1, IncompatibleLoraError, r"do not fit transformer\.transformer_blocks\.0", ("chroma-pools/wide",)
+            ),
+            # A FLUX.1 LoRA adapting FLUX.1's modulations (its tensors route it to the FLUX.1 pool), sent naming the
+            # Chroma base.
+            _two_bases(
+                4,
+                3,
+                r"share one base model",
+                "local:flux1_with_modulations.safetensors",
+                base=IDENTITIES[Family.CHROMA].model_id,
+            ),
+        ),
+        card="chroma-pools/card",
+        wide="chroma-pools/wide",
+        wide_fragments=("do not fit transformer.transformer_blocks.0.attn.to_q", "(32, 32)"),
     ),
 )

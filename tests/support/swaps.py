@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from diffusers import (
+    ChromaPipeline,
     Flux2KleinPipeline,
     Flux2Pipeline,
     FluxPipeline,
@@ -27,7 +28,7 @@ from engine.requests import GenerateRequest, LoraSpec
 from families import Family
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
-from tests.support import flux, flux2, qwen_image, zimage
+from tests.support import chroma, flux, flux2, qwen_image, zimage
 from tests.support.dit import PROMPT, diffusers_image
 from tests.support.image_inputs import PROMPT as EDIT_PROMPT
 from tests.support.image_inputs import example_image, input_image
@@ -131,6 +132,12 @@ def _zimage_files(models: TinyModels, folder: Path) -> None:
     # Made for a wider Z-Image (64 wide, where the tiny one is 24).
     wide = {m: (torch.ones(2, 64), torch.ones(64, 2)) for m in zimage.MODULES[:2]}
     save_lora(folder / "zimage_wide.safetensors", zimage.lora_file(wide, "peft", None))
+
+
+def _chroma_files(models: TinyModels, folder: Path) -> None:
+    chroma.write_chroma_loras(models.loaded(Family.CHROMA).pipe, folder)
+    # A FLUX.1 LoRA adapting FLUX.1's modulations, which Chroma lacks (the tiny FLUX.1 is as wide as Chroma).
+    chroma.write_flux_loras_for_chroma(models.loaded(Family.FLUX).pipe, folder)
 
 
 def _qwen_files(family: Family, prefix: str, metadata: dict[str, str] | None):
@@ -258,5 +265,16 @@ FAMILIES = (
         ),
         restore_steps=2,
         mode="image-to-image",
+    ),
+    SwapFamily(
+        Family.CHROMA,
+        chroma.CASES,
+        _chroma_files,
+        _request(guidance=3.0),
+        _fused(ChromaPipeline, ("transformer",), 3.0),
+        _transformer,
+        (*chroma.CASES, *chroma.CASES),
+        (Refusal(3, 1, IncompatibleLoraError, "flux1_with_modulations.safetensors"),),
+        mean_below=0.1,
     ),
 )

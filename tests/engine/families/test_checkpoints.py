@@ -16,6 +16,9 @@ from engine.pipeline.loading import load_pipeline
 from engine.pools.routing import pick_pool
 from engine.requests import GenerateRequest, LoraSpec
 from families import IDENTITIES, base_of, siblings
+from families.chroma import BASE_ID as CHROMA_BASE
+from families.chroma import FLASH_ID as CHROMA_FLASH
+from families.chroma import MODEL_ID as CHROMA_HD
 from families.flux import KREA_ID
 from families.flux import MODEL_ID as FLUX_DEV
 from families.qwen_image import MODEL_ID as QWEN_IMAGE
@@ -50,7 +53,18 @@ CASES = [
         {"modelspec.architecture": "z-image-base/lora"},
     ),
 ]
-IDS = ["krea", "qwen-2512", "zimage-base"]
+# Chroma1-Base and -Flash, checkpoints of Chroma1-HD (its own family: tests/engine/families/test_chroma.py).
+CASES += [
+    (
+        Family.CHROMA,
+        CHROMA_HD,
+        CHROMA_BASE,
+        {"ss_sd_model_name": "chroma1-hd.safetensors"},
+        {"modelspec.architecture": "chroma1-base/lora"},
+    ),
+    (Family.CHROMA, CHROMA_HD, CHROMA_FLASH, None, {"ss_sd_model_name": "Chroma1-Flash.safetensors"}),
+]
+IDS = ["krea", "qwen-2512", "zimage-base", "chroma-base", "chroma-flash"]
 
 
 def test_each_checkpoint_is_its_siblings_base_by_difference_with_its_own_defaults():
@@ -125,7 +139,8 @@ def test_metadata_naming_a_checkpoint_routes_to_it_and_naming_only_the_family_to
     if sibling_metadata is not None:
         assert base_from_metadata(sibling_metadata, family) == sibling
     # Metadata naming the family only: the first pool of it; a note on the checkpoint, none on the reference.
-    version = {Family.FLUX: "flux1", Family.QWEN_IMAGE: "qwen_image", Family.ZIMAGE: "zimage"}[family]
+    version = {Family.FLUX: "flux1", Family.QWEN_IMAGE: "qwen_image", Family.ZIMAGE: "zimage", Family.CHROMA: "chroma"}
+    version = version[family]
     plain = judge_origin([], lambda: ({"ss_base_model_version": version}, {}))
     assert plain.bases == () and both[pick_pool("LoRA 'x'", plain, both)].base_model_id == sibling
     assert check_origin("LoRA 'x'", plain, sibling) is None

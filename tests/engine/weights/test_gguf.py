@@ -93,6 +93,7 @@ CASES = {
     "flux-Q4_K": (Family.FLUX, Q.Q4_K, _flux_256),
     "qwen_image-Q8_0": (Family.QWEN_IMAGE, Q.Q8_0, _qwen_64),
     "zimage-Q8_0": (Family.ZIMAGE, Q.Q8_0, _zimage_96),
+    "chroma-Q8_0": (Family.CHROMA, Q.Q8_0, None),
 }
 
 

@@ -33,6 +33,7 @@ from engine.pipeline.loading import load_pipeline
 from engine.requests import CheckedRequest, GenerateRequest, LoraSpec
 from engine.weights.int4 import Int4Linear
 from engine.weights.quantized import BranchedLinear, held_branches, stored_bytes
+from families.chroma import MODEL_ID as CHROMA_MODEL_ID
 from families.flux import MODEL_ID as FLUX_MODEL_ID
 from families.qwen_image import MODEL_ID as QWEN_IMAGE_MODEL_ID
 from serving.demo.synthetic import find_targets, make_lora, save_lora
@@ -145,7 +146,9 @@ def qwen_image_64_wide(folder: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    ("model_id", "rebuild"), [(FLUX_MODEL_ID, None), (QWEN_IMAGE_MODEL_ID, qwen_image_64_wide)], ids=["flux", "qwen"]
+    ("model_id", "rebuild"),
+    [(FLUX_MODEL_ID, None), (QWEN_IMAGE_MODEL_ID, qwen_image_64_wide), (CHROMA_MODEL_ID, None)],
+    ids=["flux", "qwen", "chroma"],
 )
 def test_each_dit_in_int4_with_a_lora_is_diffusers_unfused_on_torchaos_int4_module(
     model_id, rebuild, base_settings, tmp_path
