@@ -22,6 +22,11 @@ logger = logging.getLogger(__name__)
 
 
 def main() -> None:
+    from serving.quiet_logs import quiet_known_warnings
+
+    # Before the libraries are imported (below): their known, harmless start-up warnings are dropped, so that the
+    # start log shows the app's own lines first (each filter says why its message is harmless).
+    quiet_known_warnings()
     from engine.errors import SettingsError
     from engine.settings import Settings
     from serving.http.api import http_routes
@@ -31,7 +36,9 @@ def main() -> None:
     try:
         settings = Settings.from_env(os.environ)
         logging.basicConfig(level=settings.log_level_number, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        runtime = build_runtime(settings)
+        # The demo's background work (its later pools, previews) starts once the page is up: on two cores it would
+        # slow the page's own start.
+        runtime = build_runtime(settings, background=False)
     except SettingsError as e:
         raise SystemExit(f"LoRA Switchboard cannot start: {e}") from e
     handlers = Handlers(runtime.backend, runtime.catalog, runtime.settings, boot_s=runtime.boot_s)
@@ -44,7 +51,10 @@ def main() -> None:
         allowed_paths=[str(d) for d in runtime.local_dirs],
         max_file_size=settings.max_body_bytes,
         max_pixels=settings.max_input_pixels,
+        block=False,
     )
+    runtime.start_background()
+    demo.block_thread()
 
 
 if __name__ == "__main__":

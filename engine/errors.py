@@ -36,6 +36,7 @@ __all__ = [
     "InvalidRequestError",
     "LimitExceededError",
     "LoraNotFoundError",
+    "PoolLoadingError",
     "PreparationError",
     "RequestTooLargeError",
     "SettingsError",
@@ -106,6 +107,13 @@ class EngineBusyError(EngineError):
     def __reduce__(self) -> tuple[object, ...]:
         # Keeps the hint when the error is pickled (ZeroGPU's worker sends errors back that way).
         return (type(self), (str(self), self.retry_after_s))
+
+
+class PoolLoadingError(EngineBusyError):
+    """The pool a request goes to is still loading (the offline demo loads some in the background once its page is
+    up): nothing failed, and the same request succeeds once it serves (after `retry_after_s`, the `Retry-After`)."""
+
+    title = "Loading"
 
 
 class GenerationError(EngineError, RuntimeError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 from engine.errors import SettingsError
 from families import IDENTITIES, TINY_MODEL_IDS, labels
@@ -23,6 +23,7 @@ from lora_catalog.entries import Family
 __all__ = [
     "DEFAULT_MODEL_ID",
     "DEFAULT_POOLS",
+    "DEMO_LATER_POOLS",
     "DEMO_POOLS",
     "HUB_ID",
     "TINY_MODEL_ID",
@@ -77,6 +78,13 @@ class PoolSetting:
 
 # The offline demo's pools: each demo family's tiny pipeline, checked against its reference model.
 DEMO_POOLS = tuple(PoolSetting(i.tiny_id, i.model_id) for i in _DEMO if i.tiny_id)
+# The pools it loads in the background once its page is up (`FamilyIdentity.demo_later`: a video pool, a
+# reference-editing one and a quantized one), each in its own QUANTIZE.
+DEMO_LATER_POOLS = tuple(
+    PoolSetting(i.tiny_id, i.model_id, cast(Quantize, i.demo_later))
+    for i in IDENTITIES.values()
+    if i.demo_later is not None and i.tiny_id
+)
 # What a GPU of 20 GB or more serves with nothing configured: each default-pool family's reference model.
 DEFAULT_POOLS = tuple(PoolSetting(i.model_id, i.model_id) for i in IDENTITIES.values() if i.default_pool)
 

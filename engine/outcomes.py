@@ -102,6 +102,9 @@ class ServedPool:
     family: str
     defaults: ModelDefaults
     default: bool
+    # Still loading (the offline demo's background pools): listed, its `defaults` provisional (its family's), and a
+    # request to it answered `PoolLoadingError` (503 with Retry-After) until it serves.
+    loading: bool = False
 
 
 @dataclass(frozen=True)

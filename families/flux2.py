@@ -41,4 +41,5 @@ IDENTITY = FamilyIdentity(
         CivitaiLabel("Flux.2 Klein 9B-base", BASE_9B),
     ),
     tiny_id=TINY_ID,
+    demo_later="off",
 )

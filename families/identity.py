@@ -151,6 +151,9 @@ class FamilyIdentity:
     # registered family's alone on a smaller one). Each pool comes in the registry's order.
     demo: bool = False
     default_pool: bool = False
+    # The offline demo's pools it loads in the background once its page is up (a video, a reference-editing and a
+    # quantized pool): a pool of its `tiny_id` in this QUANTIZE ("off": native); None: none.
+    demo_later: str | None = None
 
     @property
     def model_id(self) -> str:

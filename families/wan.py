@@ -40,6 +40,7 @@ IDENTITY = FamilyIdentity(
         CivitaiLabel("Wan Video 2.2 TI2V-5B", MODEL_ID_5B),
     ),
     tiny_id=TINY_ID,
+    demo_later="off",
     # lightx2v's speed LoRAs' norm `.diff` and kijai's `.diff_m` (modulation) apply (`engine.families.wan`).
     full_differences=True,
     # Wan 2.2 A14B's transformers are Wan 2.1 14B's blocks, and people run 2.1 LoRAs on them: allowed there with a

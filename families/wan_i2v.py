@@ -32,6 +32,7 @@ IDENTITY = dataclasses.replace(
     claims=Claims(names=claims, own=image_to_video_name, labels=image_to_video_name),
     civitai=(CivitaiLabel("Wan Video 14B i2v 480p", MODEL_ID), CivitaiLabel("Wan Video 14B i2v 720p", MODEL_ID_720P)),
     tiny_id=TINY_ID,
+    demo_later=None,  # the offline demo's video pool is Wan's text-to-video one
     # Wan 2.2 I2V-A14B's transformers are Wan 2.1 14B's blocks without the image keys and values: people run 2.1
     # image-to-video LoRAs on them. Allowed there with a warning where no Wan 2.1 I2V pool is served (or the request
     # names the A14B pool); the image layers' factors fit no layer there and are dropped, as diffusers drops them.

@@ -42,4 +42,5 @@ IDENTITY = FamilyIdentity(
     released="2025-11",
     civitai=(CivitaiLabel("ZImageTurbo", MODEL_ID), CivitaiLabel("ZImageBase", BASE_ID)),
     tiny_id=TINY_ID,
+    demo_later="fp8",
 )

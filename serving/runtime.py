@@ -27,14 +27,25 @@ from engine.pipeline.loading import LoadedPipeline, load_pipeline
 from engine.pools.pools import build_pools
 from engine.prepare.civitai import CivitaiFiles, civitai_files
 from engine.prepare.resolve import AdapterResolver
-from engine.settings import DEFAULT_MODEL_ID, DEFAULT_POOLS, DEMO_POOLS, TINY_MODEL_ID, Settings
+from engine.settings import (
+    DEFAULT_MODEL_ID,
+    DEFAULT_POOLS,
+    DEMO_LATER_POOLS,
+    DEMO_POOLS,
+    TINY_MODEL_ID,
+    PoolSetting,
+    Settings,
+)
 from lora_catalog.catalog import Catalog
 from lora_catalog.hub import HubSource
 from lora_catalog.snapshot import default_snapshot_path
 from serving.backends import Backend
+from serving.backends.growing import GrowingBackend
 from serving.backends.local import LocalBackend
 from serving.backends.remote import RemoteBackend
-from serving.demo.loras import demo_loras, ensure_demo_loras, render_previews
+from serving.demo.background import DemoWork
+from serving.demo.later_loras import later_loras
+from serving.demo.loras import demo_loras, ensure_demo_loras
 from serving.ui.pool_views import display_name
 
 __all__ = [
@@ -83,17 +94,27 @@ class Runtime:
     preview_thread: threading.Thread | None = None
     stop: threading.Event = field(default_factory=threading.Event)
 
+    def start_background(self) -> None:
+        """Start the background work (the demo's later pools, then its previews) if it waits for this (see
+        `build_runtime`'s `background`); once only."""
+        thread = self.preview_thread
+        if thread is not None and thread.ident is None:
+            thread.start()
+
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Wait for background start-up work (demo previews); False if it still runs after `timeout`."""
+        """Wait for background start-up work (the demo's later pools, its previews); False if it still runs after
+        `timeout` (or was never started)."""
         if self.preview_thread is None:
             return True
+        if self.preview_thread.ident is None:
+            return False
         self.preview_thread.join(timeout)
         return not self.preview_thread.is_alive()
 
     def close(self) -> None:
         """Stop background work (at most one preview finishes), then put every pool's base weights back."""
         self.stop.set()
-        if self.preview_thread is not None:
+        if self.preview_thread is not None and self.preview_thread.ident is not None:
             self.preview_thread.join()
         self.catalog.close()
         self.backend.close()
@@ -161,9 +182,14 @@ def build_runtime(
     hub_endpoint: str | None = None,
     load: Callable[..., LoadedPipeline] = load_pipeline,
     device_bytes: Callable[[], int] = gpu_bytes,
+    later: tuple[PoolSetting, ...] = DEMO_LATER_POOLS,
+    background: bool = True,
 ) -> Runtime:
     """Load the pools `settings` call for (or the demo) and wire the engines and catalogue around them.
 
+    `later`: the pools the demo loads in the background (tests may leave them out); `background=False`: that
+    work waits for `Runtime.start_background` (the entry point's, once the page is up: it would slow the page's
+    start on two cores);
     `cuda`, `probe`, `load` and `device_bytes` are the environment's answers, replaceable in tests;
     `hub_endpoint` overrides huggingface_hub's endpoint for the catalogue.
     """
@@ -184,7 +210,10 @@ def build_runtime(
                 demo=True,
                 reason=f"loading {settings.model_id} failed ({type(e).__name__}: {e})",
             )
-    return _serve_demo(plan, demo_dir or REPO_ROOT / "demo_data", started, hub_endpoint, load)
+    runtime = _serve_demo(plan, demo_dir or REPO_ROOT / "demo_data", started, hub_endpoint, load, later)
+    if background:
+        runtime.start_background()
+    return runtime
 
 
 def _serve_model(
@@ -271,8 +300,15 @@ def front_end(
 
 
 def _serve_demo(
-    plan: StartPlan, demo_dir: Path, started: float, hub_endpoint: str | None, load: Callable[..., LoadedPipeline]
+    plan: StartPlan,
+    demo_dir: Path,
+    started: float,
+    hub_endpoint: str | None,
+    load: Callable[..., LoadedPipeline],
+    later: tuple[PoolSetting, ...],
 ) -> Runtime:
+    """The demo's image pools at once; with nothing configured, `later` (a video, a reference-editing and a
+    quantized pool) load in the background once the page is up, listed as loading until they serve."""
     demo_dir = demo_dir.resolve()
     settings = plan.settings.replace(local_lora_dir=demo_dir)
     resolver = AdapterResolver(None, local_dir=demo_dir, token=None, max_bytes=settings.max_adapter_bytes)
@@ -280,45 +316,42 @@ def _serve_demo(
     pools = build_pools(settings, resolver, load, warm=False)
     ensure_demo_loras(demo_dir, {p.base_model_id: p.engine.loaded.pipe for p in pools.pools})
     catalog = Catalog(None, local_dirs=(demo_dir,), refresh=False)
-    backend = LocalBackend(pools, zero_gpu=settings.zero_gpu)
-    previews, stop = None, threading.Event()
-    if any(not (demo_dir / f"{lora.stem}.png").is_file() for lora in demo_loras(pools.served_bases)):
-        previews = threading.Thread(
-            target=_render_previews, args=(backend, catalog, demo_dir, stop), name="demo-previews", daemon=True
-        )
-        previews.start()
+    later = () if settings.model_id_explicit else later
+    coming = {lora.ref: lora.base for lora in later_loras(tuple(p.base_model_id for p in later))}
+    backend = GrowingBackend(LocalBackend(pools, zero_gpu=settings.zero_gpu), later, refs=coming)
+    background, stop = None, threading.Event()
+    unrendered = any(not (demo_dir / f"{lora.stem}.png").is_file() for lora in demo_loras(pools.served_bases))
+    if later or unrendered:
+        work = DemoWork(backend, catalog, demo_dir, stop, settings.replace(pools=later), resolver, load)
+        background = threading.Thread(target=work.run, name="demo-background", daemon=True)
     boot_s = time.perf_counter() - started
     logger.warning("serving the offline demo (%s); start-up %.1f s", plan.reason, boot_s)
     return Runtime(
         settings=settings,
         backend=backend,
         catalog=catalog,
-        banner=demo_banner(plan.reason or "no reason given", pools.served_bases),
+        banner=demo_banner(plan.reason or "no reason given", pools.served_bases, tuple(p.base_model_id for p in later)),
         demo=True,
         hub_url=(hub_endpoint or hf_constants.ENDPOINT).rstrip("/"),
         local_dirs=(demo_dir,),
         boot_s=boot_s,
-        preview_thread=previews,
+        preview_thread=background,
         stop=stop,
     )
 
 
-def _render_previews(backend: Backend, catalog: Catalog, folder: Path, stop: threading.Event) -> None:
-    try:
-        render_previews(backend, folder, stop=stop)
-    except (SwitchboardError, OSError) as e:
-        logger.warning("could not render the demo previews in %s: %s", folder, e)
-    catalog.rescan_local()
-
-
-def demo_banner(reason: str, served: tuple[str, ...] = (DEFAULT_MODEL_ID,)) -> str:
+def demo_banner(reason: str, served: tuple[str, ...] = (DEFAULT_MODEL_ID,), later: tuple[str, ...] = ()) -> str:
     """The offline demo's banner (Markdown): what this is, why, and how to get the real thing."""
-    names = [display_name(base) for base in served]
+    names = [display_name(base) for base in (*served, *later)]
     structures = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    # The later pools (an fp8, a reference-editing and a video pool) are named last.
+    coming = f" (the last {len(later)} load in the background: they show as loading for their first seconds)"
+    coming = coming if later else ""
+    count = len(demo_loras(served)) + len(later_loras(later))
     return (
         "**Offline demo: you are looking at tiny random-weight models.** "
-        f"They have the structure of {structures} but random weights, so every image is a noise-like pattern, "
-        f"not art; the {len(demo_loras(served))} LoRAs are synthetic ones made on this machine. "
+        f"They have the structure of {structures}{coming} but random weights, so every image is a noise-like "
+        f"pattern, not art; the {count} LoRAs are synthetic ones made on this machine. "
         f"Why: {reason}. "
         "To run the real models, start it on a machine with a CUDA GPU and access to the Hugging Face Hub "
         "(for example a GPU Space), or set `MODELS` (or `MODEL_ID`) to SDXL, SD 1.5, SD 2.x or FLUX.1 repo ids "

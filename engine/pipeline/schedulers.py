@@ -42,8 +42,11 @@ def offered_schedulers(default: Any, extras: tuple[str, ...]) -> tuple[str, ...]
         try:
             _class(name).from_config(default.config)
         except (ImportError, AttributeError, ValueError, TypeError) as e:
-            # A class whose backend is missing is one of diffusers' placeholders, which raise ImportError here.
-            logger.info("scheduler %s is not offered: %s", name, str(e).splitlines()[0] if str(e) else type(e))
+            # A class whose backend is missing is one of diffusers' placeholders, which raise ImportError here (its
+            # message starts with a blank line: its first line of text says which library is missing).
+            logger.info(
+                "scheduler %s is not offered: %s", name, str(e).strip().splitlines()[0] if str(e).strip() else type(e)
+            )
             continue
         offered.append(name)
     return tuple(sorted(offered))

@@ -162,8 +162,11 @@ class LocalBackend:
     async def status(self) -> tuple[PoolStatus, ...]:
         return self._pools.status()
 
-    def close(self) -> None:
-        self._pools.close()
+    def close(self, *, pools: bool = True) -> None:
+        """Stop its threads, and (with `pools`) put every pool's base weights back: not where a backend over the
+        same engines took its place (`serving.backends.growing`), which closes them."""
+        if pools:
+            self._pools.close()
         for thread in (*self._gpu_threads, self._check_threads):
             thread.shutdown(wait=False, cancel_futures=True)
 

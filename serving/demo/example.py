@@ -11,13 +11,26 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-__all__ = ["EXAMPLE_IMAGE", "EXAMPLE_PROMPT", "EXAMPLE_SIDE", "EXAMPLE_STRENGTH", "draw_example"]
+__all__ = [
+    "EDIT_PROMPT",
+    "EXAMPLE_IMAGE",
+    "EXAMPLE_PROMPT",
+    "EXAMPLE_SIDE",
+    "EXAMPLE_STRENGTH",
+    "REFERENCE_IMAGES",
+    "draw_example",
+    "draw_reference",
+]
 
 EXAMPLE_IMAGE = Path(__file__).with_name("example.png")
 # 256 px: the largest tiny preset (the offline demo's pools make 64-256 px images); a real pool resizes it.
 EXAMPLE_SIDE = 256
 EXAMPLE_PROMPT = "a lake in the mountains at sunset, oil painting"
 EXAMPLE_STRENGTH = 0.6
+# The example edit from two references (a pool that takes them: FLUX.2 [klein] in the offline demo, with its
+# editing LoRA, whose trigger leads the prompt): the example is image 1, `REFERENCE_IMAGES` images 2 and 3.
+REFERENCE_IMAGES = tuple(EXAMPLE_IMAGE.with_name(f"reference-{n}.png") for n in (2, 3))
+EDIT_PROMPT = "collage ink, the lake of image 1 in the colours of image 2, with the pattern of image 3"
 
 _SKY_TOP, _SKY_BOTTOM = (42, 56, 120), (250, 170, 110)
 _HORIZON = 0.62
@@ -48,6 +61,25 @@ def draw_example(side: int = EXAMPLE_SIDE) -> Image.Image:
     return image
 
 
+def draw_reference(n: int, side: int = EXAMPLE_SIDE) -> Image.Image:
+    """Reference image `n` (2 or 3) of the example edit: a palette of bands (2) or a pattern of dots (3)."""
+    image = Image.new("RGB", (side, side), (250, 244, 230))
+    draw = ImageDraw.Draw(image)
+    if n == 2:
+        colours = ((214, 64, 69), (242, 158, 76), (241, 211, 96), (72, 164, 150), (52, 84, 150))
+        band = side / len(colours)
+        for index, colour in enumerate(colours):
+            draw.rectangle((0, index * band, side, (index + 1) * band), fill=colour)
+        return image
+    step = side / 8
+    for row in range(8):
+        for column in range(8):
+            x, y = (column + 0.5) * step, (row + 0.5) * step
+            r = step * (0.2 + 0.2 * ((row + column) % 2))
+            draw.ellipse((x - r, y - r, x + r, y + r), fill=(30, 60, 110) if (row * column) % 3 else (200, 90, 60))
+    return image
+
+
 def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> tuple[int, int, int]:
     return (round(a[0] + (b[0] - a[0]) * t), round(a[1] + (b[1] - a[1]) * t), round(a[2] + (b[2] - a[2]) * t))
 
@@ -62,4 +94,7 @@ def _box(s: float, x0: int, y0: int, x1: int, y1: int) -> tuple[float, float, fl
 
 if __name__ == "__main__":
     draw_example().save(EXAMPLE_IMAGE, format="PNG", optimize=True)
-    print(f"wrote {EXAMPLE_IMAGE} ({EXAMPLE_IMAGE.stat().st_size} bytes)")
+    for number, path in zip((2, 3), REFERENCE_IMAGES, strict=True):
+        draw_reference(number).save(path, format="PNG", optimize=True)
+    for path in (EXAMPLE_IMAGE, *REFERENCE_IMAGES):
+        print(f"wrote {path} ({path.stat().st_size} bytes)")

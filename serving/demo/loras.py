@@ -42,6 +42,7 @@ from serving.demo.synthetic import (
 from serving.demo.synthetic_flux import FluxFormat, flux_layers, make_flux_lora
 
 __all__ = [
+    "DEMO_ALL",
     "DEMO_FLUX_LORAS",
     "DEMO_LORAS",
     "DEMO_SD15_LORAS",
@@ -50,6 +51,7 @@ __all__ = [
     "demo_loras",
     "ensure_demo_loras",
     "render_previews",
+    "write_demo_lora",
 ]
 
 logger = logging.getLogger(__name__)
@@ -254,7 +256,7 @@ DEMO_FLUX_LORAS: tuple[DemoLora, ...] = (
         base=FLUX_MODEL_ID,
     ),
 )
-_ALL = (*DEMO_LORAS, *DEMO_SD15_LORAS, *DEMO_FLUX_LORAS)
+_ALL = DEMO_ALL = (*DEMO_LORAS, *DEMO_SD15_LORAS, *DEMO_FLUX_LORAS)
 
 
 def demo_loras(served: tuple[str, ...] = (DEFAULT_MODEL_ID,)) -> tuple[DemoLora, ...]:
@@ -279,11 +281,18 @@ def ensure_demo_loras(folder: Path, pipes: Mapping[str, Pipeline] | Pipeline) ->
     logger.info("writing %d demo LoRAs to %s", len(loras), folder)
     for lora, path in zip(loras, paths, strict=True):
         tensors, metadata = _make(lora, by_base[lora.base])
-        _write_atomically(path, tensors, metadata | _modelspec(lora))
-        # A preview of an older version of this LoRA would lie about it.
-        path.with_suffix(".png").unlink(missing_ok=True)
+        write_demo_lora(path, lora, tensors, metadata, _ARCHITECTURES[lora.base])
     marker.write_text(json.dumps(wanted))
     return paths
+
+
+def write_demo_lora(
+    path: Path, lora: DemoLora, tensors: Mapping[str, object], metadata: Mapping[str, str], architecture: str
+) -> None:
+    """One demo LoRA's file, with its ModelSpec metadata (`architecture`: its `modelspec.architecture`)."""
+    _write_atomically(path, tensors, {**metadata, **_modelspec(lora, architecture)})
+    # A preview of an older version of this LoRA would lie about it.
+    path.with_suffix(".png").unlink(missing_ok=True)
 
 
 def _make(lora: DemoLora, pipe: Pipeline) -> tuple[dict[str, object], dict[str, str]]:
@@ -320,11 +329,14 @@ def _make_flux(lora: DemoLora, pipe: Pipeline) -> tuple[dict[str, object], dict[
     return dict(tensors), metadata
 
 
-def render_previews(backend: Backend, folder: Path, *, stop: threading.Event | None = None) -> int:
-    """Render `<stem>.png` for each demo LoRA in `folder` that has none, until `stop` is set; returns how many."""
+def render_previews(
+    backend: Backend, folder: Path, *, stop: threading.Event | None = None, loras: tuple[DemoLora, ...] = _ALL
+) -> int:
+    """Render `<stem>.png` for each of `loras` in `folder` that has none, until `stop` is set; returns how many (a
+    video LoRA's is its clip's first frame)."""
     folder = Path(folder)
     made = 0
-    for lora in _ALL:
+    for lora in loras:
         target = folder / f"{lora.stem}.png"
         if stop is not None and stop.is_set():
             break
@@ -345,9 +357,9 @@ def render_previews(backend: Backend, folder: Path, *, stop: threading.Event | N
     return made
 
 
-def _modelspec(lora: DemoLora) -> dict[str, str]:
+def _modelspec(lora: DemoLora, architecture: str) -> dict[str, str]:
     return {
-        "modelspec.architecture": _ARCHITECTURES[lora.base],
+        "modelspec.architecture": architecture,
         "modelspec.title": lora.title,
         "modelspec.trigger_phrase": lora.trigger,
         "modelspec.license": lora.license,

@@ -22,7 +22,7 @@ from PIL import Image, ImageChops
 from engine.errors import InvalidRequestError
 from engine.images import ACCEPTED, open_image, read_size
 from engine.requests import REQUEST_FIELDS, GenerateResult, InputImage, ModelDefaults
-from serving.demo.example import EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH
+from serving.demo.example import EDIT_PROMPT, EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH, REFERENCE_IMAGES
 from serving.errors import user_errors
 from serving.handlers import Handlers
 from serving.ui import pool_views
@@ -105,6 +105,16 @@ def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int, sl
             api_visibility="private",
             elem_id="input-examples",
         )
+        if len(references) >= 2:
+            # An edit from two references (FLUX.2 [klein]'s pool in the offline demo; pick its LoRA in the gallery).
+            gr.Examples(
+                [[str(EXAMPLE_IMAGE), *(str(path) for path in REFERENCE_IMAGES), EDIT_PROMPT]],
+                [editor, references[0], references[1], prompt],
+                label="Example edit: image 1 with images 2 and 3 (a pool that takes references)",
+                cache_examples=False,
+                api_visibility="private",
+                elem_id="reference-examples",
+            )
     note = gr.Markdown(input_note(defaults, slots), elem_id="input-note")
     shared = gr.Markdown("", elem_id="input-shared")
     return InputPanel(accordion, editor, strength, note, shared, references)

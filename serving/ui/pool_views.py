@@ -55,6 +55,8 @@ def pool_for_base(pools: Sequence[ServedPool], base: str) -> ServedPool | None:
 
 def base_choices(pools: Sequence[ServedPool]) -> list[tuple[str, str]]:
     """The base filter: served bases first, then bases whose LoRAs run on a served pool, then browse-only ones."""
+    # A pool still loading is listed as served: the page is built once, and it serves seconds later (its note and
+    # the status panel say it is loading till then).
     served = [(f"{display_name(p.base_model_id)} (served)", p.base_model_id) for p in pools]
     taken = {p.base_model_id.lower() for p in pools}
     runs, browse = [], []
@@ -95,6 +97,11 @@ def base_note(pools: Sequence[ServedPool], base: str) -> str:
     pool = pool_for_base(pools, base)
     if pool is None:
         return "⚠ " + unserved_note(pools, family_of_base(base), f"LoRAs for {display_name(base)}") + " Browse only."
+    if pool.loading:
+        return (
+            f"LoRAs for {display_name(base)} generate on **{display_name(pool.base_model_id)}** ({pool.family}), "
+            "which is still **loading** in the background: ready in a few seconds."
+        )
     defaults = pool.defaults
     return (
         f"LoRAs for {display_name(base)} generate on **{display_name(pool.base_model_id)}** "
@@ -102,14 +109,24 @@ def base_note(pools: Sequence[ServedPool], base: str) -> str:
     )
 
 
-def pools_status_markdown(statuses: Sequence[PoolStatus], boot_s: float | None = None) -> str:
-    """The status panel: one section per pool, with where its pipeline is, then its engine status."""
-    if len(statuses) == 1:
+def pools_status_markdown(
+    statuses: Sequence[PoolStatus], boot_s: float | None = None, pools: Sequence[ServedPool] = ()
+) -> str:
+    """The status panel: one section per pool, with where its pipeline is, then its engine status; then one for
+    each of `pools` still loading."""
+    loading = [p for p in pools if p.loading]
+    if len(statuses) == 1 and not loading:
         return status_markdown(statuses[0].engine, boot_s)
     parts = []
     for status in statuses:
         title = f"### {display_name(status.base_model_id)} ({status.family})" + (" — default" if status.default else "")
         parts.append(f"{title}\n\n{_memory_line(status)}" + status_markdown(status.engine, boot_s))
+    for pool in loading:
+        parts.append(
+            f"### {display_name(pool.base_model_id)} ({pool.family}) — loading…\n\n"
+            "Loading in the background: a request to it is answered *loading* (503, Retry-After) until it serves; "
+            "refresh to see it."
+        )
     return "\n\n".join(parts)
 
 
@@ -126,9 +143,17 @@ def pools_status_json(statuses: Sequence[PoolStatus], pools: Sequence[ServedPool
     """The per-pool status for the API, with each pool's request defaults and which inputs it reads
     (`guidance_kind`, `negative_prompt`: FLUX.1 [dev]'s guidance is distilled, [schnell] takes none)."""
     defaults = {p.base_model_id: asdict(p.defaults) for p in pools}
+    loading = [
+        # A pool still loading: what it is, and its state; its defaults and engine come once it serves.
+        {"base_model_id": p.base_model_id, "model_id": p.model_id, "family": p.family, "default": False}
+        | {"state": "loading", "defaults": None}
+        for p in pools
+        if p.loading
+    ]
     return {
         "pools": [
             {
+                "state": "ready",
                 "base_model_id": s.base_model_id,
                 "model_id": s.engine.model_id,
                 "family": s.family,
@@ -149,6 +174,7 @@ def pools_status_json(statuses: Sequence[PoolStatus], pools: Sequence[ServedPool
             }
             for s in statuses
         ]
+        + loading
     }
 
 

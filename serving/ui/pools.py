@@ -72,7 +72,7 @@ def request_base(handlers: Handlers, base: str, has_loras: bool) -> str:
 
 async def status(handlers: Handlers) -> str:
     """The status panel: each pool's."""
-    return pool_views.pools_status_markdown(await handlers.status(), handlers.boot_s)
+    return pool_views.pools_status_markdown(await handlers.status(), handlers.boot_s, handlers.pools)
 
 
 def snippets(handlers: Handlers, url: str) -> str:

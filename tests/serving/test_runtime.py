@@ -101,7 +101,8 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, demo_load
         loads.append(settings)
         return demo_load(settings, warm)
 
-    runtime = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=load)
+    # The pools it loads in the background have a test of their own (test_demo_background.py).
+    runtime = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=load, later=())
     try:
         assert runtime.wait_ready(timeout=600)
         assert [s.model_id for s in loads] == ["tiny", "tiny-sd15", "tiny-flux"]
@@ -141,7 +142,7 @@ def test_the_offline_demo_serves_its_own_loras_with_previews(demo_dir, demo_load
             assert on_flux.image.tobytes() != flux_base.image.tobytes(), entry.title
     finally:
         runtime.close()
-    again = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=load)
+    again = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False, load=load, later=())
     try:
         assert again.preview_thread is None
     finally:

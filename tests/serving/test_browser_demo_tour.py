@@ -1,0 +1,115 @@
+"""A newcomer's first minutes on the offline demo, in a real browser (issue 51): the page (its banner, and the
+background pools listed as loading in the status panel), an image with a LoRA, then, once the background pools
+serve, an edit from two reference images on FLUX.2 [klein] with its editing LoRA, and a short video on Wan with
+its video LoRA. The app starts as `python app.py` builds it with no GPU (the real loader, `build_runtime`), served
+by `tests.support.app_server`. The last two screenshots are the README's (docs/screenshot-video.png and
+docs/screenshot-reference-editing.png are copied from artifacts/screenshots/)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from serving.demo.example import EXAMPLE_IMAGE
+from serving.demo.later_loras import EDIT_LORA, VIDEO_LORA
+from tests.support.app_server import AppServer, serve_app
+from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, browser, editor_upload, page, tile
+from tests.support.image_inputs import example_image
+
+pytestmark = pytest.mark.browser
+__all__ = ["browser", "page"]  # fixtures, found by pytest in this module's globals
+
+if CHROMIUM is None:
+    pytest.skip("chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, AppServer]]:
+    """The offline demo as `python app.py` starts it without a GPU, its background work started at once."""
+    from engine.settings import Settings
+    from serving.runtime import build_runtime
+
+    demo_dir = tmp_path_factory.mktemp("demo-tour")
+    runtime = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False)
+    try:
+        engine = runtime.backend.served.default.engine  # type: ignore[attr-defined]
+        with serve_app(
+            engine, runtime.catalog, banner=runtime.banner, backend=runtime.backend, allowed_paths=[demo_dir]
+        ) as served:
+            yield runtime, served
+    finally:
+        runtime.close()
+
+
+def pick_base(page, label: str, note: str) -> None:
+    page.locator("#base-filter input").click()
+    page.get_by_role("option", name=f"{label} (served)").click()
+    page.locator("#base-note", has_text=note).wait_for(timeout=WAIT_MS)
+
+
+def few_steps(page, steps: int = 2) -> None:
+    page.locator("#steps input[type=number]").fill(str(steps))
+    page.locator("#steps input[type=number]").press("Enter")
+
+
+# Gradio's own Image.preprocess opens an uploaded reference with PIL and leaves it unclosed (the garbage collector
+# closes it) once the session has updated the slot (a base change): the session's copy of the slot is made anew,
+# without the instance's wrapped preprocess (`serving.ui.references._header_checked`), which never opens it.
+# Only that file is ignored, any other unraisable still fails.
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <_io.FileIO name='[^']*/reference-[23].png':pytest.PytestUnraisableExceptionWarning"
+)
+@pytest.mark.timeout(1200)
+def test_a_newcomer_makes_an_image_an_edit_from_two_references_and_a_video(page, demo, tmp_path):
+    from playwright.sync_api import expect
+
+    runtime, served = demo
+    page.goto(served.url)
+    expect(page.locator("#banner")).to_contain_text("tiny random-weight model", timeout=WAIT_MS)
+    expect(page.locator("#banner")).to_contain_text("load in the background")
+
+    # An image: a LoRA from the gallery, its trigger in the prompt, Generate.
+    tile(page, "Ember Glaze").click()
+    page.locator("#lora-details", has_text="Ember Glaze").wait_for(timeout=WAIT_MS)
+    few_steps(page)
+    page.locator("#generate").click()
+    page.locator("#result-info", has_text="local:ember_glaze.safetensors").wait_for(timeout=WAIT_MS)
+
+    # The background pools serve (waited on their state); the status panel lists each without "loading".
+    assert runtime.backend.wait_loaded(timeout=300)  # type: ignore[attr-defined]
+    page.locator("#status-panel").get_by_text("Engine status").click()
+    page.get_by_role("button", name="Refresh").click()
+    expect(page.locator("#status-panel")).to_contain_text("Wan", timeout=WAIT_MS)
+    expect(page.locator("#status-panel")).not_to_contain_text("loading…", timeout=WAIT_MS)
+
+    # A short video: Wan's video LoRA; the clip takes the image's place (before the edit: Wan 2.1 T2V takes no
+    # input image, and the edit leaves one in the editor).
+    pick_base(page, "Wan 2.1 T2V 1.3B", "generate on Wan 2.1 T2V 1.3B")
+    tile(page, VIDEO_LORA.title).click()
+    page.locator("#lora-details", has_text=VIDEO_LORA.title).wait_for(timeout=WAIT_MS)
+    few_steps(page)
+    page.locator("#generate").click()
+    page.locator("#result-info", has_text=f"local:{VIDEO_LORA.file_name}").wait_for(timeout=WAIT_MS)
+    expect(page.locator("#result-video video")).to_be_visible(timeout=WAIT_MS)
+    page.locator("#request-column").screenshot(path=str(SHOTS / "demo-video.png"))
+    # An edit from two references: FLUX.2 [klein]'s editing LoRA, the example as image 1, two more images.
+    pick_base(page, "FLUX.2 [klein] 4B", "generate on FLUX.2 [klein] 4B")
+    tile(page, EDIT_LORA.title).click()
+    page.locator("#lora-details", has_text=EDIT_LORA.title).wait_for(timeout=WAIT_MS)
+    page.locator("#prompt textarea").fill(f"{EDIT_LORA.trigger}, the lake of image 1 in the colours of image 2 and 3")
+    few_steps(page)
+    page.locator("#inputs").get_by_text("Start from an image").click()
+    editor_upload(page, str(EXAMPLE_IMAGE))
+    for n, (seed, size) in ((2, (1, (80, 64))), (3, (2, (64, 96)))):
+        path = tmp_path / f"reference-{n}.png"
+        example_image(*size, seed).save(path)
+        page.locator(f"#reference-{n} input[type=file]").set_input_files(str(path))
+        expect(page.locator(f"#reference-{n} img").first).to_be_visible(timeout=WAIT_MS)
+    page.locator("#generate").click()
+    edit = page.locator("#result-info", has_text=f"local:{EDIT_LORA.file_name}")
+    edit.wait_for(timeout=WAIT_MS)
+    page.locator("#request-column").screenshot(path=str(SHOTS / "demo-reference-editing.png"))
+
+    # Issue 51's scheduled LoRA (an "active from step … to …" range under a LoRA's strength) walks on from here,
+    # with the schedules' own UI.
