@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from engine.compare import CompareLimits, CompareRequest, plan_cells
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.normalise import normalise_request
 from engine.requests import GenerateRequest, Limits, LoraSpec, ModelDefaults
@@ -105,3 +106,15 @@ def test_a_wan_pairs_sides_take_their_own_schedules_or_the_pairs():
     # The short form with a low-noise scale: that scale in the same window.
     window = checked(LoraSpec("o/l", scale=1.0, scale_2=0.5, end=0.5), TWO_STAGE)
     assert [scales_at((window,), adapters, i, 4)[0][1:] for i in range(4)] == [(1.0, 0.5)] * 2 + [(0.0, None)] * 2
+
+
+def test_a_schedule_is_a_cell_of_a_comparison_grid():
+    sda = LoraSpec("owner/sda", 1.0, start=0, end=0.25)
+    ramp = LoraSpec("owner/sda", schedule=((0, 0.4), (0.5, 0.9)))
+    compare = CompareRequest("a fox", loras=(LoraSpec("owner/sda", 1.0), sda, ramp), steps=4, seed=3)
+    cells = plan_cells(compare, POOL, LIMITS, CompareLimits(max_cells=4, max_steps=100))
+    assert [c.label for c in cells] == ["sda (1)", "sda (1 from 0 to 0.25)", "sda (0@0.4 0.5@0.9)"]
+    # Each cell is the request /generate checks for it: its LoRA's schedule checked as any request's is.
+    assert [c.request.loras[0].schedule for c in cells] == [(), ((0.0, 1.0), (0.25, 0.0)), ((0.0, 0.4), (0.5, 0.9))]
+    with pytest.raises(InvalidRequestError, match="listed twice; accepted: each LoRA once, or once per schedule"):
+        plan_cells(dataclasses.replace(compare, loras=(sda, sda)), POOL, LIMITS, CompareLimits(4, 100))
