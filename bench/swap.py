@@ -3,6 +3,8 @@
     python -m bench.swap [--family sdxl|flux|qwen|wan [--pair]] [--device cpu|cuda] [--dtype bfloat16|float16|float32]
                          [--ranks 8,32] [--repeats N] [--formats peft,kohya] [--variants loha,lokr,dora]
                          [--quick | --full] [--json PATH] [--plot DIR]
+    python -m bench.swap --schedule [--device cpu|cuda] [--steps 8] [--repeats 9]: a LoRA's strength by step
+                         (bench.schedule: `boundary_vs_floor=…`, `scheduled_vs_plain=…`)
 
 `--family flux` runs the same sections on a real-width slice of FLUX.1's transformer (`bench.flux_slice`:
 2 double and 4 single blocks at width 3072, every layer of each adapted, in kohya's BFL names with fused
@@ -61,6 +63,7 @@ from bench.options import Options, parse_options
 from bench.ours import LoraPair, write_pair
 from bench.qwen_slice import build_qwen_slice, qwen_pool, qwen_targets, write_qwen_pair
 from bench.report import Exactness, report
+from bench.schedule import main as schedule_main
 from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, mismatched_tensors, random_pool
 from bench.sections import measure_ours, measure_reference
 from bench.swap_pair import run_pair
@@ -193,7 +196,11 @@ def _wan_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], Lor
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options = parse_options(argv, description=(__doc__ or "").split("\n\n")[0])
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if "--schedule" in arguments:  # a LoRA's strength by step: its own figures (bench.schedule)
+        arguments.remove("--schedule")
+        return schedule_main(arguments)
+    options = parse_options(arguments, description=(__doc__ or "").split("\n\n")[0])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # diffusers says on every load that the LoRA has no text-encoder part, which is by design here.
     diffusers.utils.logging.set_verbosity_error()

@@ -171,19 +171,26 @@ def _cell_specs(loras: tuple[LoraSpec, ...], scales: tuple[float, ...]) -> list[
         raise LimitExceededError(
             f"{len(loras)} LoRAs to compare; accepted: at most {MAX_COMPARE_LORAS} (or one LoRA with several scales)"
         )
-    identities = [(s.ref, s.revision, s.weight_name) for s in loras]
+    # A schedule is a cell of its own: one LoRA may come plain and scheduled (each schedule once).
+    identities = [(s.ref, s.revision, s.weight_name, s.schedule, s.start, s.end, s.schedule_2) for s in loras]
     if len(set(identities)) != len(identities):
         repeated = next(i[0] for i in identities if identities.count(i) > 1)
         raise InvalidRequestError(
-            f"LoRA {repeated!r} is listed twice; accepted: each LoRA once (for several scales of one LoRA, a sweep)"
+            f"LoRA {repeated!r} is listed twice; accepted: each LoRA once, or once per schedule (for several "
+            "scales of one LoRA, a sweep)"
         )
     return [(label_of(spec), (spec,)) for spec in loras]
 
 
 def label_of(spec: LoraSpec) -> str:
-    """A cell's label: the LoRA's short name and scale (`pixel-art-xl (0.5)`; ASCII, so any font draws it)."""
+    """A cell's label: the LoRA's short name and scale (`pixel-art-xl (0.5)`; ASCII, so any font draws it), or its
+    schedule (`sda (1 from 0 to 0.25)`, `ramp (0@0.4 0.5@0.9)`: each segment's from@scale)."""
     name = PurePosixPath(spec.ref.removeprefix("local:")).name.removesuffix(".safetensors") or spec.ref
     scale = spec.scale if isinstance(spec.scale, int | float) else float("nan")
+    if spec.start is not None or spec.end is not None:
+        return f"{name} ({scale:g} from {spec.start or 0:g} to {1 if spec.end is None else spec.end:g})"
+    if spec.schedule and all(isinstance(x, int | float) for pair in spec.schedule for x in pair):
+        return f"{name} (" + " ".join(f"{f:g}@{value:g}" for f, value in spec.schedule) + ")"
     return f"{name} ({scale:g})"
 
 

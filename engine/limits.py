@@ -30,6 +30,8 @@ class Limits:
     max_reference_images: int | None = None
     # A video's most frames (MAX_VIDEO_FRAMES); a pool's own `max_frames` may be lower.
     max_video_frames: int = 81
+    # The segments of one LoRA's schedule (MAX_SCHEDULE_SEGMENTS: `engine.schedules`).
+    max_schedule_segments: int = 8
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
@@ -42,4 +44,5 @@ class Limits:
             max_request_pixels=settings.max_request_pixels,
             max_reference_images=settings.max_reference_images,
             max_video_frames=settings.max_video_frames,
+            max_schedule_segments=settings.max_schedule_segments,
         )

@@ -38,6 +38,7 @@ from engine.requests import (
     Suggested,
 )
 from engine.samplers import choose_scheduler, sampler_label
+from engine.schedules import checked_spec
 from engine.values import checked_int as _int
 from engine.values import checked_number as _float
 from engine.video_checks import check_tokens, check_video, video_mode_refusal
@@ -79,7 +80,7 @@ def normalise_request(
     # An image request may come without a prompt (a raw image body: image-to-image with the defaults).
     prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=request.image is not None)
     negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
-    loras = _loras(request.loras, limits.max_loras)
+    loras = _loras(request.loras, limits.max_loras, limits.max_schedule_segments)
     loras = _second_scales(loras, defaults)
     steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
     guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
@@ -169,9 +170,10 @@ def _clip_skip(value: object, default: int, defaults: ModelDefaults) -> int:
     return _int("clip_skip", value, min(default, defaults.max_clip_skip), 0, defaults.max_clip_skip)
 
 
-def normalise_loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
-    """A request's LoRAs checked and normalised as `normalise_request` does (the pools route on these)."""
-    return _loras(value, limit)
+def normalise_loras(value: object, limit: int, segments: int = 64) -> tuple[LoraSpec, ...]:
+    """A request's LoRAs checked and normalised as `normalise_request` does (the pools route on these; `segments`
+    at MAX_SCHEDULE_SEGMENTS' ceiling there: the chosen pool's own check holds the setting)."""
+    return _loras(value, limit, segments)
 
 
 def _text(name: str, value: object, limit: int, *, allow_empty: bool) -> str:
@@ -196,7 +198,7 @@ def _text(name: str, value: object, limit: int, *, allow_empty: bool) -> str:
     return text
 
 
-def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
+def _loras(value: object, limit: int, segments: int) -> tuple[LoraSpec, ...]:
     if value is None:
         return ()
     if not isinstance(value, list | tuple):
@@ -215,7 +217,8 @@ def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
         weight_name = _checked(refs.validate_weight_name, spec.weight_name) if kind == "hub" else None
         scale = _float(f"scale of {ref}", spec.scale, 1.0, *SCALE_RANGE)
         scale_2 = None if spec.scale_2 is None else _float(f"scale_2 of {ref}", spec.scale_2, 1.0, *SCALE_RANGE)
-        specs.append(LoraSpec(ref=ref, scale=scale, revision=revision, weight_name=weight_name, scale_2=scale_2))
+        spec = replace(spec, ref=ref, scale=scale, revision=revision, weight_name=weight_name, scale_2=scale_2)
+        specs.append(checked_spec(spec, segments))
     identities = [(s.ref, s.revision, s.weight_name) for s in specs]
     if len(set(identities)) != len(identities):
         twice = next(i[0] for i in identities if identities.count(i) > 1)
@@ -226,14 +229,22 @@ def _loras(value: object, limit: int) -> tuple[LoraSpec, ...]:
 def _second_scales(loras: tuple[LoraSpec, ...], defaults: ModelDefaults) -> tuple[LoraSpec, ...]:
     """A low-noise scale (`scale_2`) applies on a two-transformer pool (`ModelDefaults.two_stage`: Wan 2.2 A14B's
     low-noise transformer; `scale` is the high-noise one's); elsewhere one other than `scale` is refused, as such
-    a pool has no low-noise side. One equal to `scale` is dropped (None: the same scale), so both ask one set."""
+    a pool has no low-noise side. One equal to `scale` is dropped (None: the same scale), so both ask one set.
+    So is a low-noise schedule (`schedule_2`) there: the schedule of a side the request does not run."""
     for spec in loras:
         if spec.scale_2 is not None and spec.scale_2 != spec.scale and not defaults.two_stage:
             raise InvalidRequestError(
                 f"scale_2={spec.scale_2:g} of {spec.ref} was given, but this pool's model has one transformer; "
                 "accepted: scale alone, or scale_2 equal to it"
             )
-    return tuple(replace(s, scale_2=None) if s.scale_2 == s.scale else s for s in loras)
+        if len(spec.schedule_2) > 1 and spec.schedule_2 != spec.schedule and not defaults.two_stage:
+            raise InvalidRequestError(
+                f"schedule_2 of {spec.ref} was given, but this pool's model has one transformer (no low-noise side "
+                "to run it); accepted: schedule (or start/end) alone"
+            )
+    if not defaults.two_stage:
+        return tuple(replace(s, scale_2=None, schedule_2=()) for s in loras)
+    return tuple(replace(s, scale_2=None) if s.scale_2 == s.scale and not s.schedule_2 else s for s in loras)
 
 
 def _checked(check: Callable[[str | None], str | None], value: object) -> str | None:

@@ -66,6 +66,21 @@ class LoraSpec:
     # The low-noise transformer's scale on a two-transformer pool (Wan 2.2 A14B: `transformer_2`); `scale` is the
     # high-noise one's. None: `scale` for both. Refused on a pool with one transformer.
     scale_2: float | None = None
+    # Its strength by step (`engine.schedules`: the rule): ((from, scale), ...), from a fraction of the steps; empty:
+    # `scale` throughout. Or the short form: `scale` on [start, end) of the steps, 0 elsewhere. Once checked
+    # (`engine.normalise`), the short form is a `schedule`, `scale` is its step-0 value (the text encoders'), and a
+    # schedule of one scale is that `scale`.
+    schedule: tuple[tuple[float, float], ...] = ()
+    start: float | None = None
+    end: float | None = None
+    # The low-noise transformer's own schedule on a two-transformer pool; empty: `scale_2` where given, else the
+    # high-noise side's (`schedule`, or `scale`). Refused on a pool with one transformer.
+    schedule_2: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether its strength changes between steps (a checked spec: a schedule of two scales or more)."""
+        return len(self.schedule) > 1 or len(self.schedule_2) > 1
 
 
 _INTEGER, _NUMBER, _TEXT = "an integer", "a number", "a string"

@@ -120,6 +120,8 @@ class Settings(BaseModel):
     max_adapter_bytes: Annotated[_Bytes, Env("MAX_ADAPTER_BYTES")] = 1536 * 2**20
     max_rank: Annotated[int, Field(ge=1, le=4096), Env("MAX_RANK")] = 256
     max_loras: Annotated[int, Field(ge=1, le=8), Env("MAX_LORAS")] = 4
+    # The segments one LoRA's schedule may have (`engine.schedules`): each boundary is one exact swap in the run.
+    max_schedule_segments: Annotated[int, Field(ge=1, le=64), Env("MAX_SCHEDULE_SEGMENTS")] = 8
     max_steps: Annotated[int, Field(ge=1, le=500), Env("MAX_STEPS")] = 60
     max_side: Annotated[int, Field(ge=64, le=4096), Env("MAX_SIDE")] = 1536
     max_prompt_chars: Annotated[int, Field(ge=1, le=100_000), Env("MAX_PROMPT_CHARS")] = 2000

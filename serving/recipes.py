@@ -22,6 +22,7 @@ from PIL import Image, PngImagePlugin
 
 from engine.requests import GenerateRequest, GenerateResult, InputImage, LoraSpec
 from engine.samplers import find_sampler
+from engine.schedules import from_window
 from lora_catalog.pairs import SEPARATOR as PAIR_SEPARATOR
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ _PREFERRED = "pytorch_lora_weights.safetensors"
 # A1111's own grammar for the parameters line (modules/infotext_utils.py, re_param_code).
 _PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 _LORA_TAG = re.compile(r"\s*<lora:([^>]+)>")
+# A tag's schedule fields after its weight (`start=0`, `end=0.25`, `schedule=0@1;0.5@0`), read from its end.
+_TAG_FIELD = re.compile(r":(start|end|schedule)=([-0-9.e@;]*)$")
 # User text that a reader would take for the recipe's own structure: an extra-network tag (A1111 applies any
 # `<name:...>` in a prompt; Civitai lists `<lora:...>` as a resource), "Negative prompt:" (Civitai splits there
 # anywhere, A1111 at a line's start) and a line starting "Steps:" (Civitai's parameters line). A1111 has no
@@ -65,7 +68,9 @@ class Recipe:
 def recipe_text(result: GenerateResult, index: int = 0) -> str:
     """The recipe of the result's `index`-th image (its own seed)."""
     request = result.request
-    tags = "".join(f" <lora:{_lora_name(use)}:{use.scale:g}>" for use in result.adapters)
+    # The request's LoRAs are its adapters', in order (their schedules); a result read back may carry none.
+    specs = request.loras if len(request.loras) == len(result.adapters) else (None,) * len(result.adapters)
+    tags = "".join(f" <lora:{_lora_name(u)}:{_weight(u, s)}>" for u, s in zip(result.adapters, specs, strict=True))
     lines = [f"{_escape(request.prompt)}{tags}"]
     if request.negative_prompt:
         lines.append(f"Negative prompt: {_escape(request.negative_prompt)}")
@@ -235,8 +240,38 @@ def _named(text: str) -> dict[str, str]:
     return dict(part.split(": ", 1) for part in text.split(", ") if ": " in part)
 
 
+def _weight(use: AdapterUse, spec: LoraSpec | None) -> str:
+    """A tag's weight and its schedule (`engine.schedules`) in Forge's form: `1:start=0:end=0.25` for a window
+    (the scale on [start, end), 0 elsewhere), else `0.4:schedule=0@0.4;0.5@0.9` (each segment's from@scale)."""
+    schedule = spec.schedule if spec is not None else ()
+    if not schedule:
+        return f"{use.scale:g}"
+    on = [i for i, (_, value) in enumerate(schedule) if value != 0]
+    if len(on) == 1:
+        start, scale = schedule[on[0]]
+        end = schedule[on[0] + 1][0] if on[0] + 1 < len(schedule) else 1.0
+        if from_window(scale, start, end) == schedule:
+            return f"{scale:g}:start={start:g}" + (f":end={end:g}" if end < 1 else "")
+    return f"{use.scale:g}:schedule=" + ";".join(f"{f:g}@{value:g}" for f, value in schedule)
+
+
 def _lora_spec(tag: str, lows: dict[str, str]) -> LoraSpec:
-    """A `<lora:NAME:weight>` tag as a LoraSpec, with its low-noise scale from `lows` (by NAME) if it has one."""
+    """A `<lora:NAME:weight>` tag as a LoraSpec, with its low-noise scale from `lows` (by NAME) if it has one, and
+    its schedule from the fields after the weight (`start=`, `end=`, `schedule=`: `_weight`)."""
+    fields: dict[str, str] = {}
+    while (found := _TAG_FIELD.search(tag)) is not None:
+        fields[found.group(1)] = found.group(2)
+        tag = tag[: found.start()]
+    spec = _scaled_spec(tag, lows)
+    schedule = tuple(
+        (float(f), float(v)) for f, _, v in (p.partition("@") for p in fields.get("schedule", "").split(";") if p)
+    )
+    return dataclasses.replace(
+        spec, schedule=schedule, start=_number(fields.get("start")), end=_number(fields.get("end"))
+    )
+
+
+def _scaled_spec(tag: str, lows: dict[str, str]) -> LoraSpec:
     name, _, weight = tag.rpartition(":")
     scale = _number(weight)
     if not name:  # <lora:name> without a weight

@@ -68,8 +68,9 @@ def infer(
     decoder: PreviewDecoder | None,
     preview_every: int,
     preview: Preview | None = None,
+    at_step: Callable[[int, int], None] | None = None,
 ) -> tuple[Image, ...]:
-    """The request's images, in the order of its seeds (a video's frames, in order)."""
+    """The request's images, in the order of its seeds (a video's frames, in order); `at_step`: `_images`'."""
     steps = request.steps
     previews = StepPreviews.for_run(decoder, preview_every, steps, preview)
     # The latents a step hands its callback, made spatial for the decoders (a DiT packs them into tokens).
@@ -93,9 +94,11 @@ def infer(
             previews(done, latents, pipe.scheduler, total)
         if progress is not None:
             progress(done, total)
+        if at_step is not None and done < total:
+            at_step(done, total)
         return callback_kwargs
 
-    call = partial(_images, pipe, request, family, on_step)
+    call = partial(_images, pipe, request, family, on_step, at_step)
 
     # Called under the pipeline lock: the tokenizers are the base ones again after the run, however it ends.
     with swapped_tokenizers(pipe, tokenizers):
@@ -115,9 +118,18 @@ def infer(
 
 
 def _images(
-    pipe: Any, request: CheckedRequest, family: FamilySpec, on_step: Callable[..., dict], seeds: tuple[int, ...]
+    pipe: Any,
+    request: CheckedRequest,
+    family: FamilySpec,
+    on_step: Callable[..., dict],
+    at_step: Callable[[int, int], None] | None,
+    seeds: tuple[int, ...],
 ) -> list[Image]:
-    """One pipeline call for `seeds` (a batch when several), `on_step` called after each step."""
+    """One pipeline call for `seeds` (a batch when several), `on_step` called after each step. `at_step(step,
+    steps)` (a scheduled LoRA's swaps: `FusedSet.stepper`) is called with step 0 before the call (a call after
+    another, one image at a time, starts from step 0's weights again) and by `on_step` before each later step."""
+    if at_step is not None:
+        at_step(0, request.steps)
     generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
     # Only what a request set beyond the pipeline's defaults is passed (a one-image run's call is unchanged).
     extra: dict[str, Any] = {"clip_skip": request.clip_skip} if request.clip_skip else {}

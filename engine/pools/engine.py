@@ -22,6 +22,7 @@ from engine.errors import HubUnavailableError, InvalidRequestError, PreparationE
 from engine.events import EngineEvents
 from engine.formats.adapters import AdapterKey, PreparedAdapter
 from engine.formats.pivotal import check_clashes
+from engine.limits import Limits
 from engine.normalise import normalise_request
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
 from engine.pipeline.inference import engine_error, gpu_lock, infer, made
@@ -35,16 +36,8 @@ from engine.pools.scheduler import Scheduler
 from engine.prepare.preparation import Lane, PreparedLora
 from engine.prepare.resolve import AdapterResolver
 from engine.recommended import final_request
-from engine.requests import (
-    AdapterUse,
-    CheckedRequest,
-    GenerateRequest,
-    GenerateResult,
-    Limits,
-    LoraSpec,
-    ModelDefaults,
-    Timings,
-)
+from engine.requests import CheckedRequest, GenerateRequest, GenerateResult, LoraSpec, ModelDefaults
+from engine.result_parts import AdapterUse, Timings
 from engine.settings import Settings
 from engine.weights.fused import FusedSet, set_identity
 from engine.weights.tokens import TokenPatcher
@@ -308,6 +301,7 @@ class Engine:
                     decoder=self._preview,
                     preview_every=self.settings.preview_every,
                     preview=preview,
+                    at_step=self._fused.stepper(prepared.request.loras, prepared.adapters),
                 )
         except BaseException as e:
             self._fused.rollback(previous)

@@ -64,6 +64,7 @@ class Branches:
                 if isinstance(linear, BranchedLinear):
                     self._modules[index] = linear
         self._held: set[int] = set()
+        self._factors: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def held(self) -> frozenset[int]:
@@ -116,14 +117,27 @@ class Branches:
 
     def apply(self, parts: Parts) -> None:
         """Hold exactly `parts` (from `plan`): branches that held factors and get none are zeroed. Every branch
-        about to be written counts as held first, so that a failure half-way leaves `clear` all it must zero."""
+        about to be written counts as held first, so that a failure half-way leaves `clear` all it must zero.
+        The same factors at other scales (a schedule's step boundary) change the branches' scales only."""
+        if parts and parts.keys() == self._held and all(_same(parts[i], self._factors.get(i, [])) for i in parts):
+            for index, factors in parts.items():
+                self._modules[index].load_scales(factors)
+            return
+        self._factors = {}
         self._held |= parts.keys()
         for index in sorted(self._held):
             self._modules[index].load_branch(parts.get(index, []))
         self._held = set(parts)
+        # The factors held, by reference: `_same` tells the same tensors (an adapter's device copy), not equal ones.
+        self._factors = {index: [(down, up) for down, up, _ in factors] for index, factors in parts.items()}
 
     def clear(self) -> None:
         self.apply({})
+
+
+def _same(parts: list[tuple[torch.Tensor, torch.Tensor, float]], held: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether `parts` are the very factors `held`, in order (their scales aside)."""
+    return len(parts) == len(held) and all(d is d2 and u is u2 for (d, u, _), (d2, u2) in zip(parts, held, strict=True))
 
 
 def _over_rank(active: Sequence[ActiveAdapter], module: str, rank: int, limit: int) -> LimitExceededError:

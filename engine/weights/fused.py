@@ -21,11 +21,13 @@ import torch
 
 from engine.caches.store import AdapterStore
 from engine.formats.adapters import PreparedAdapter
+from engine.requests import LoraSpec
+from engine.schedules import scales_at
 from engine.weights.branches import BranchedPatcher
 from engine.weights.swap import ActiveAdapter, WeightPatcher
 from engine.weights.tokens import TokenPatcher
 
-__all__ = ["FusedSet", "set_identity"]
+__all__ = ["FusedSet", "StepHook", "set_identity"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,8 @@ _NOTHING_KEPT = object()
 
 
 Scaled = tuple[PreparedAdapter, float, float | None]
+# Called before a run's step (`step`, of `steps`): `engine.pipeline.inference.infer`'s `at_step`.
+StepHook = Callable[[int, int], None]
 
 
 def set_identity(adapters: Sequence[Scaled]) -> Hashable:
@@ -110,6 +114,26 @@ class FusedSet:
         self._on_swap(elapsed)
         return True, elapsed
 
+    def stepper(self, loras: Sequence[LoraSpec], adapters: Sequence[Scaled]) -> StepHook | None:
+        """A scheduled request's step hook (None for a request without a schedule): `hook(step, steps)` before step
+        `step` of a run of `steps` makes the fused set that step's (`engine.schedules.scales_at`), with the one
+        exact swap (the branches' scales on a quantized pool) where it differs from what the hook left fused, and
+        no work elsewhere. `adapters` are the request's, as it swapped to them before its run (step 0's scales)."""
+        if not any(spec.scheduled for spec in loras):
+            return None
+        fused = [_identity(scales_at(loras, adapters, 0, 1))]
+
+        def hook(step: int, steps: int) -> None:
+            wanted = scales_at(loras, adapters, step, steps)
+            if _identity(wanted) != fused[0]:
+                # Called from inside the run's inference mode: what a swap allocates (its scratch, a pristine copy)
+                # must stay a normal tensor, which later swaps outside it write to.
+                with torch.inference_mode(False):
+                    self.swap(wanted)
+                fused[0] = _identity(wanted)
+
+        return hook
+
     def rollback(self, previous: tuple[ActiveAdapter, ...]) -> None:
         """After a failed request: fuse what was served before it, or the base if even that fails."""
         try:
@@ -144,6 +168,10 @@ class FusedSet:
         with self._lock:
             self._applied = active
         self._store.set_active(a.adapter.key for a in active)
+
+
+def _identity(adapters: Sequence[Scaled]) -> Hashable:
+    return tuple((a.key, s, s2) for a, s, s2 in adapters)
 
 
 def _describe(active: tuple[ActiveAdapter, ...]) -> str:

@@ -207,6 +207,15 @@ class BranchedLinear(nn.Linear):
             self.lora_scales[offset : self.branch_rank].zero_()
         self.branch_rank = offset
 
+    @torch.no_grad()
+    def load_scales(self, parts: list[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
+        """New scales for the factors the last `load_branch` wrote, in its order (a schedule's step boundary: the
+        factors stay, only `lora_scales` changes; no shape, so nothing compiled is guarded on it)."""
+        offset = 0
+        for down, _, scale in parts:
+            self.lora_scales[offset : offset + down.shape[0]].fill_(scale)
+            offset += down.shape[0]
+
 
 def _copy(target: torch.Tensor, source: torch.Tensor | float) -> None:
     """`target.copy_(source)` (a number: fill); on the CPU in pieces under torch's parallel grain, each on the

@@ -23,20 +23,13 @@ from dataclasses import MISSING, asdict, fields
 from typing import Annotated, Any, Literal, TypeVar
 
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, Strict, TypeAdapter, ValidationError, create_model
 
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
 from engine.image_checks import check_door_count
 from engine.images import ACCEPTED, DEFAULT_MAX_INPUT_PIXELS, RequestImage, encoded_image, file_of
 from engine.outcomes import EngineStatus, LoraCheck, ServedPool
-from engine.requests import (
-    AdapterUse,
-    CheckedRequest,
-    GenerateRequest,
-    GenerateResult,
-    LoraSpec,
-    Timings,
-)
+from engine.requests import AdapterUse, CheckedRequest, GenerateRequest, GenerateResult, LoraSpec, Timings
 
 __all__ = [
     "adapter_set_id",
@@ -70,6 +63,8 @@ def _number(value: object) -> object:
 
 _Number = Annotated[float, PlainValidator(_number)]
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+# A schedule as JSON carries it, [[from, scale], ...] (numbers as sent: the engine checks them).
+_Schedule = Annotated[tuple[Annotated[tuple[_Number, _Number], Strict(False)], ...], Strict(False)]
 
 
 class _SpecJson(BaseModel):
@@ -82,9 +77,13 @@ class _SpecJson(BaseModel):
     revision: str | None = None
     weight_name: str | None = None
     scale_2: _Number | None = None
+    schedule: _Schedule = ()
+    start: _Number | None = None
+    end: _Number | None = None
+    schedule_2: _Schedule = ()
 
     def spec(self) -> LoraSpec:
-        return LoraSpec(self.ref, self.scale, self.revision, self.weight_name, self.scale_2)
+        return LoraSpec(**dict(self))  # its fields are LoraSpec's
 
 
 class _ImageJson(BaseModel):

@@ -71,6 +71,10 @@ def _option_value(value: object) -> bool | str:
 
 _OptionValue = Annotated[bool | str, PlainValidator(_option_value)]
 _INTEGER, _NUMBER = _FIELDS["steps"].accepts, _FIELDS["guidance"].accepts
+_SCHEDULE = "a list of [from, scale] pairs: from a fraction of the steps, the first 0, increasing, at most 1"
+_FRACTION = "a fraction of the steps, from 0 to 1"
+# One [from, scale] pair as JSON carries it (a list: strict models take no list as a tuple).
+_Segment = Annotated[list[float], Field(min_length=2, max_length=2)]
 # Strict: no string is a number, no boolean is an integer.
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -84,6 +88,11 @@ class _Lora(BaseModel):
     scale: Annotated[float | None, Field(description=_NUMBER)] = None
     # The low-noise transformer's scale on a two-transformer pool (Wan 2.2 A14B); none: `scale` for both.
     scale_2: Annotated[float | None, Field(description=_NUMBER)] = None
+    # Its strength by step (`LoraSpec.schedule`; docs/usage.md): [[from, scale], ...], or `scale` on [start, end).
+    schedule: Annotated[list[_Segment] | None, Field(description=_SCHEDULE)] = None
+    start: Annotated[float | None, Field(description=_FRACTION)] = None
+    end: Annotated[float | None, Field(description=_FRACTION)] = None
+    schedule_2: Annotated[list[_Segment] | None, Field(description=_SCHEDULE)] = None
 
 
 # Each kind of request field as the inference API's JSON carries it (`engine.request_schema`).
@@ -225,7 +234,18 @@ def _extra_body_merged(document: Any) -> Any:
 
 def _spec(item: _Lora, where: str) -> LoraSpec:
     ref, revision, weight_name = lora_from_path(item.path, where=f"{where}.path")
-    return LoraSpec(ref, 1.0 if item.scale is None else item.scale, revision, weight_name, item.scale_2)
+    scale = 1.0 if item.scale is None else item.scale
+    return LoraSpec(
+        ref,
+        scale,
+        revision,
+        weight_name,
+        item.scale_2,
+        tuple((f, v) for f, v in item.schedule or ()),
+        item.start,
+        item.end,
+        tuple((f, v) for f, v in item.schedule_2 or ()),
+    )
 
 
 def lora_from_path(path: str, *, where: str = "path") -> tuple[str, str | None, str | None]:

@@ -8,6 +8,8 @@ other storage, so its images agree within 2 levels (tests/support/images.py), ne
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -121,6 +123,25 @@ def test_fifty_swaps_recompile_nothing_and_every_image_equals_eager(
         assert_images_close(result, eager, request)
         if request.loras:
             assert level_difference(eager, base) > LEVELS, request  # the LoRA shows in the image it is compared on
+
+
+def test_a_scheduled_run_swaps_at_its_boundaries_without_a_recompile(
+    compiled_loaded, compiled_engine, eager_engine, fixtures
+):
+    """A LoRA's strength by step (issue 51): each boundary an exact swap between two compiled steps, none of
+    which compiles again; the image is the eager pipeline's scheduled one."""
+    compiled = compiled_loaded.compiled
+    assert compiled is not None
+    schedule = ((0.0, 0.0), (0.5, 1.0), (0.75, -0.5))
+    request = GenerateRequest("a fox", loras=(LoraSpec(fixtures["peft"], schedule=schedule),), steps=4, seed=11)
+    request = dataclasses.replace(request, width=SIZE[0], height=SIZE[1])
+    generate(compiled_engine, _request("a fox", ((fixtures["peft"], 1.0),), 0))
+    before, calls = dynamo_compiles(), compiled.compiled_calls
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        result = generate(compiled_engine, request)
+    assert dynamo_compiles() == before and compiled.recompiles == 0 and compiled.eager_calls == 0
+    assert compiled.compiled_calls == calls + 4
+    assert_images_close(result, generate(eager_engine, request), "scheduled")
 
 
 def test_a_swapped_lora_changes_the_compiled_output_exactly_as_it_changes_eager(

@@ -30,7 +30,7 @@ from serving.demo.synthetic_flux import flux_layers, make_flux_lora
 from tests.support.checks import generate
 from tests.support.dit import PROMPT, local_engine, pixels
 from tests.support.flux import CASES, write_flux_loras
-from tests.support.images import assert_images_close
+from tests.support.images import LEVELS, assert_images_close, level_difference
 
 torchao = pytest.importorskip("torchao")  # requirements.txt pins it; a venv without it skips, never fails
 
@@ -136,6 +136,51 @@ def test_each_flux_lora_naming_equals_diffusers_unfused_on_the_same_fp8_model(en
 
 def test_without_a_lora_the_image_is_diffusers_own_on_the_fp8_model(engine, loras, reference):
     assert_images_close(pixels(generate(engine, request()).image), reference_image(reference, loras, None, 1.0))
+
+
+def test_a_scheduled_lora_changes_only_the_branch_scales_at_its_boundaries_as_diffusers_unfused(
+    engine, loras, reference, fp8_flux, monkeypatch
+):
+    """A LoRA's strength by step (issue 51) on a quantized pool: at a boundary the branches keep their factors and
+    take the next segment's scale; the image is diffusers' unfused LoRA with its weight set in
+    `callback_on_step_end` at the same steps (0, 0, 2, 2 over 4 steps: `[[0, 0], [0.5, 2]]`)."""
+    case = CASES[0]
+    spec = LoraSpec(f"local:{case.file_name}", schedule=((0.0, 0.0), (0.5, 2.0)))
+    generate(engine, request(LoraSpec(spec.ref, 0.0), steps=4))  # the factors held at the step-0 scale
+    loads: list[str] = []
+    for name in ("load_branch", "load_scales"):
+        method = getattr(BranchedLinear, name)
+        monkeypatch.setattr(
+            BranchedLinear, name, lambda self, parts, m=method, n=name: (loads.append(n), m(self, parts))
+        )
+    ours = pixels(generate(engine, request(spec, steps=4)).image)
+    assert "load_scales" in loads and "load_branch" not in loads  # the boundary wrote scales, no factors
+    plain = pixels(generate(engine, request(LoraSpec(spec.ref, 0.0), steps=4)).image)
+    weights = (0.0, 0.0, 2.0, 2.0)
+
+    def at_step_end(pipe, step, timestep, kwargs):
+        if step + 1 < len(weights):
+            pipe.set_adapters(["a0"], adapter_weights=[weights[step + 1]])
+        return kwargs
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TorchaoLoraLinear was instantiated without")
+        reference.load_lora_weights(str(loras), weight_name=case.reference_name, adapter_name="a0")
+    try:
+        reference.set_adapters(["a0"], adapter_weights=[weights[0]])
+        theirs = reference(
+            prompt=PROMPT,
+            num_inference_steps=4,
+            guidance_scale=3.5,
+            width=64,
+            height=64,
+            generator=torch.Generator("cpu").manual_seed(7),
+            callback_on_step_end=at_step_end,
+        ).images[0]
+    finally:
+        reference.unload_lora_weights()
+    assert_images_close(ours, pixels(theirs))
+    assert level_difference(ours, plain) > LEVELS, "the schedule must change the image"
 
 
 def test_a_lora_over_the_branch_rank_is_refused_naming_the_limit_and_the_previous_set_still_serves(engine):

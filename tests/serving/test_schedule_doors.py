@@ -1,0 +1,79 @@
+"""A LoRA's strength by step through the doors (issue 51): `parameters.loras[i].schedule` and `start`/`end` on
+`POST /`, the cluster wire; the same checked request whichever door or form carried it, the same image bytes over
+HTTP for the long and the short form, and a bad schedule a 400 naming what is accepted."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import httpx
+import pytest
+from PIL import Image
+
+from engine.errors import InvalidRequestError
+from engine.normalise import normalise_loras
+from engine.requests import LoraSpec
+from serving.cluster.wire import request_from_json, request_to_json
+from serving.http.api import parse_body
+from tests.support.app_server import AppServer
+
+TIMEOUT = httpx.Timeout(300.0)
+SIZE = {"num_inference_steps": 4, "guidance_scale": 5.0, "width": 64, "height": 64, "seed": 9}
+
+
+def body(*loras: dict) -> bytes:
+    return json.dumps({"inputs": "a fox", "parameters": {"loras": list(loras)}}).encode()
+
+
+def test_http_and_the_wire_carry_a_schedule_and_its_short_form_as_sent():
+    sent = (
+        {"path": "o/sda", "scale": 1.0, "start": 0, "end": 0.25},
+        {"path": "o/ramp", "schedule": [[0, 0.4], [0.5, 0.9]]},
+        {"path": "o/pair", "scale": 1.0, "schedule_2": [[0, 0.5], [0.75, 1.0]]},
+    )
+    request = parse_body(body(*sent), lora=None, accept=None).request
+    assert [(s.start, s.end, s.schedule, s.schedule_2) for s in request.loras] == [
+        (0, 0.25, (), ()),
+        (None, None, ((0, 0.4), (0.5, 0.9)), ()),
+        (None, None, (), ((0, 0.5), (0.75, 1.0))),
+    ]
+    wired = request_from_json(json.loads(json.dumps(request_to_json(request))))
+    assert wired.loras == request.loras
+    # Checked, the short form and its long form are one request.
+    short = normalise_loras(parse_body(body(sent[0]), lora=None, accept=None).request.loras, 4)
+    long = normalise_loras((LoraSpec("o/sda", schedule=((0, 1.0), (0.25, 0.0))),), 4)
+    assert short == long == (LoraSpec("o/sda", 1.0, schedule=((0.0, 1.0), (0.25, 0.0))),)
+
+
+@pytest.mark.parametrize(
+    ("lora", "said"),
+    [
+        ({"schedule": [[0, 1], ["half", 0]]}, r"parameters\.loras\[0\]\.schedule"),
+        ({"schedule": [[0, 1, 2]]}, r"parameters\.loras\[0\]\.schedule"),
+        ({"start": "0"}, r"parameters\.loras\[0\]\.start"),
+    ],
+)
+def test_a_malformed_schedule_is_refused_where_it_is(lora, said):
+    with pytest.raises(InvalidRequestError, match=said):
+        parse_body(body({"path": "o/l", **lora}), lora=None, accept=None)
+
+
+def post(server: AppServer, loras: list[dict]) -> httpx.Response:
+    document = {"inputs": "a fox in a forest", "parameters": {**SIZE, "loras": loras}}
+    return httpx.post(server.url, content=json.dumps(document), headers={"accept": "image/png"}, timeout=TIMEOUT)
+
+
+def test_post_runs_a_schedule_and_its_short_form_to_the_same_bytes(server, fixtures):
+    peft = fixtures["peft"]
+    long = post(server, [{"path": peft, "schedule": [[0, 0.0], [0.5, 2.0]]}])
+    short = post(server, [{"path": peft, "scale": 2.0, "start": 0.5}])
+    plain = post(server, [{"path": peft, "scale": 0.0}])
+    for response in (long, short, plain):
+        assert response.status_code == 200, response.text[:500]
+    assert long.content == short.content
+    image = Image.open(io.BytesIO(long.content))
+    assert image.tobytes() != Image.open(io.BytesIO(plain.content)).tobytes()
+    refused = post(server, [{"path": peft, "schedule": [[0, 1.0], [0.5, 0.0], [0.25, 1.0]]}])
+    assert refused.status_code == 400
+    assert "not increasing; accepted: a list of [from, scale] pairs" in refused.json()["error"]
