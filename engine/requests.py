@@ -13,7 +13,7 @@ from engine.images import InputImage, RequestImage
 from engine.limits import MAX_IMAGES, Limits
 from engine.references import ReferenceFit
 from engine.request_schema import RequestField, request_field
-from engine.result_parts import MAX_SEED, AdapterUse, Suggested, Timings, seeds_of
+from engine.result_parts import MAX_SEED, AdapterUse, Soundtrack, Suggested, Timings, seeds_of
 from engine.samplers import SchedulerOptions, menu, sampler_label
 from lora_catalog import refs
 
@@ -37,6 +37,7 @@ __all__ = [
     "LoraSpec",
     "ModelDefaults",
     "RequestMode",
+    "Soundtrack",
     "Suggested",
     "Timings",
     "fields_of",
@@ -357,6 +358,8 @@ class GenerateResult:
     frames: tuple[Image, ...] = ()
     fps: int = 0
     video: bytes = b""
+    # A video's sound (a family with `FamilySpec.audio_rate`: LTX-2); None: a silent video or an image.
+    audio: Soundtrack | None = None
 
     @property
     def is_video(self) -> bool:

@@ -39,6 +39,7 @@ class Family(StrEnum):
     WAN = "wan"
     WAN22 = "wan22"
     WAN22_I2V = "wan22_i2v"
+    LTX2 = "ltx2"
     UNKNOWN = "unknown"
 
 

@@ -330,6 +330,10 @@ class FamilySpec:
     # Set where the identity says so (`FamilyIdentity.full_differences`). None: such tensors are refused as an
     # unsupported variant (`lora_catalog.variants`).
     full_differences: FullDifferences | None = None
+    # A family whose pipelines make sound with their video (LTX-2): a served pipeline's waveform rate in samples a
+    # second; its output's `audio` (channels x samples) is the result's `audio` (`engine.result_parts.Soundtrack`).
+    # None: silent videos or images.
+    audio_rate: Callable[[Pipeline], int] | None = None
 
     def __post_init__(self) -> None:
         if self.identity.full_differences != (self.full_differences is not None):
