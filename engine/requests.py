@@ -288,6 +288,8 @@ class ModelDefaults:
     frame_multiple: int = 4
     max_frames: int = 0
     guidance_2: float | None = None
+    # The longest clip its model makes (frames / fps, seconds; 0: no bound).
+    max_seconds: float = 0.0
     # The (frames, width, height) its memory plan is made for: more tokens are refused (`engine.video_checks`).
     video_plan: tuple[int, ...] = ()
     base_model: str = ""  # the served base's repo id, which refusals name ("" from a peer that does not say)

@@ -45,8 +45,9 @@ __all__ = ["FAMILY", "audio_rate", "convert_lora"]
 # LTX-2's card size (768 x 512 both ways) and the square between them, at the 512 side.
 SIDE = 512
 SIZE_BUCKETS = ((768, 512), (512, 768), (640, 640))
-# The card's clip: 121 frames at 24 fps (5 s); its longest, 20 s (481 frames), capped by MAX_VIDEO_FRAMES.
-_FRAMES, _FPS, _MOST_FRAMES = 121, 24, 481
+# The card's clip: 121 frames at 24 fps (5 s); its longest, 20 s (diffusers' call's `max_seconds`; 481 frames at
+# 24 fps), capped by MAX_VIDEO_FRAMES.
+_FRAMES, _FPS, _MOST_FRAMES, _MOST_SECONDS = 121, 24, 481, 20.0
 # The video self-attention's inputs, which take the video stream's width (`audio_attn1` is the audio's); the
 # connectors' self-attention's, which take the text's (Gemma's width).
 _HIDDEN_INPUT = re.compile(r"^(transformer\.|diffusion_model\.)?transformer_blocks\.\d+\.attn1\.to_[qkv]\.")
@@ -97,10 +98,12 @@ def defaults(pipe: Pipeline) -> RunDefaults:
 
 
 def video(pipe: Pipeline) -> VideoDefaults:
-    """121 frames at 24 fps, 8k+1 (the VAE's temporal scale); a tiny VAE's pipeline makes 9."""
+    """121 frames at 24 fps, 8k+1 (the VAE's temporal scale), clips up to 20 s; a tiny VAE's pipeline makes 9."""
     frames = TINY_FRAMES if _tiny(pipe) else _FRAMES
     multiple = int(pipe.vae_temporal_compression_ratio) * int(pipe.transformer_temporal_patch_size)
-    return VideoDefaults(num_frames=frames, fps=_FPS, max_frames=_MOST_FRAMES, frame_multiple=multiple)
+    return VideoDefaults(
+        num_frames=frames, fps=_FPS, max_frames=_MOST_FRAMES, frame_multiple=multiple, max_seconds=_MOST_SECONDS
+    )
 
 
 def audio_rate(pipe: Pipeline) -> int:

@@ -166,6 +166,8 @@ class VideoDefaults:
     max_frames: int
     frame_multiple: int = 4
     guidance_2: float | None = None
+    # The longest clip its model makes, in seconds (frames / fps: LTX-2's sound lasts the clip); 0: no bound.
+    max_seconds: float = 0.0
 
     def capped(self, most: int) -> VideoDefaults:
         """These frames within `most` (MAX_VIDEO_FRAMES), the default and the most each the largest of the frame

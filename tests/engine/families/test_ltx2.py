@@ -14,7 +14,7 @@ import pytest
 import torch
 from diffusers import LTX2Pipeline
 
-from engine.errors import IncompatibleLoraError, InvalidRequestError
+from engine.errors import IncompatibleLoraError, InvalidRequestError, LimitExceededError
 from engine.families.ltx2 import FAMILY
 from engine.families.registry import family_spec
 from engine.requests import GenerateRequest, LoraSpec
@@ -119,3 +119,7 @@ def test_the_frame_side_and_token_rules_are_refused_by_name_before_a_run(ltx2_en
         generate(ltx2_engine, request(num_frames=10))
     with pytest.raises(InvalidRequestError, match="multiple of 32"):
         generate(ltx2_engine, request(width=80))
+    # 81 frames at 4 fps are 20.25 s, longer than LTX-2 makes (20 s: 80 frames, 73 by the 8k+1 rule).
+    assert ltx2_engine.defaults.max_seconds == 20.0
+    with pytest.raises(LimitExceededError, match=r"num_frames=81 at fps=4 is 20.2 s, .* at most 73 frames"):
+        generate(ltx2_engine, request(num_frames=81, fps=4))
