@@ -19,10 +19,11 @@ MODEL_ID = "Lightricks/LTX-2"
 MODEL_ID_2_3 = "diffusers/LTX-2.3-Diffusers"
 TINY_ID = "tiny-ltx2"
 LTX2 = Base(MODEL_ID, "LTX-2 19B")
-# LTX-2.3: the same loader and pipeline, its own weights and blocks (its prompt modulation, `prompt_adaln`); its
-# LoRAs do not run on LTX-2 and the reverse (Lightricks' model cards), so it is a base of its own, told from LTX-2
-# by its files' metadata (`names`).
-LTX2_3 = Base(MODEL_ID_2_3, "LTX-2.3 22B", names=r"ltx[-_ ]?(video[-_ ]?)?2[._]3")
+# LTX-2.3: the same loader and pipeline, other weights (and blocks: its prompt modulation, `prompt_adaln`). Users
+# report LoRAs of one version failing on the other: declared as a checkpoint of LTX-2, a LoRA whose card or metadata
+# (`names`) says it was made for the other version runs with a warning saying so (`engine.families.origin`), and one
+# whose factors fit no layer there is refused by its widths.
+LTX2_3 = LTX2.checkpoint(MODEL_ID_2_3, "LTX-2.3 22B", names=r"ltx[-_ ]?(video[-_ ]?)?2[._]3")
 _BLOCK = r"^(transformer\.|diffusion_model\.)?transformer_blocks[._]\d+[._]"
 # Every LTX-2 LoRA name: a block's layer, a connector's.
 _CLAIMS = re.compile(

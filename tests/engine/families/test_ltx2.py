@@ -113,6 +113,21 @@ def test_the_base_is_bit_exact_after_swaps_and_refusals(ltx2_engine, loaded_ltx2
     assert_components_pristine(loaded_ltx2.pipe, pristine_ltx2, _COMPONENTS)
 
 
+def test_a_lora_made_for_ltx2_3_runs_on_an_ltx2_pool_with_a_warning_naming_it(ltx2_engine, ltx2_loras):
+    """Its metadata names LTX-2.3 (ModelSpec's architecture): it runs, and the result says it was made for the
+    other version (users report such LoRAs misbehave)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(ltx2_loras / CASES[0].file_name))
+    save_lora(ltx2_loras / "ltx2_3.safetensors", tensors, {"modelspec.architecture": "ltx-2.3"})
+    result = generate(ltx2_engine, request(LoraSpec("local:ltx2_3.safetensors"), steps=1))
+    assert any(f"made for LTX-2.3 22B ({MODEL_ID_2_3})" in w and MODEL_ID in w for w in result.warnings)
+    # Without metadata, its tensors cannot tell the versions apart (their layers share names): it says so.
+    plain = generate(ltx2_engine, request(LoraSpec(f"local:{CASES[0].file_name}"), steps=1))
+    assert not any("made for LTX-2.3" in w for w in plain.warnings)
+    assert any("cannot tell LTX-2 19B from LTX-2.3 22B" in w for w in plain.warnings), plain.warnings
+
+
 def test_the_frame_side_and_token_rules_are_refused_by_name_before_a_run(ltx2_engine):
     """diffusers' call never refuses a count (10 frames quietly give 9); the gate does, naming each rule."""
     with pytest.raises(InvalidRequestError, match=r"num_frames=10 is not of the form 8k\+1.*e\.g\. 9 or 17"):
