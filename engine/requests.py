@@ -13,7 +13,7 @@ from engine.images import InputImage, RequestImage
 from engine.limits import MAX_IMAGES, Limits
 from engine.references import ReferenceFit
 from engine.request_schema import RequestField, request_field
-from engine.result_parts import MAX_SEED, AdapterUse, Suggested, Timings, seeds_of
+from engine.result_parts import MAX_SEED, AdapterUse, Soundtrack, Suggested, Timings, seeds_of
 from engine.samplers import SchedulerOptions, menu, sampler_label
 from lora_catalog import refs
 
@@ -37,6 +37,7 @@ __all__ = [
     "LoraSpec",
     "ModelDefaults",
     "RequestMode",
+    "Soundtrack",
     "Suggested",
     "Timings",
     "fields_of",
@@ -302,6 +303,8 @@ class ModelDefaults:
     frame_multiple: int = 4
     max_frames: int = 0
     guidance_2: float | None = None
+    # The longest clip its model makes (frames / fps, seconds; 0: no bound).
+    max_seconds: float = 0.0
     # The (frames, width, height) its memory plan is made for: more tokens are refused (`engine.video_checks`).
     video_plan: tuple[int, ...] = ()
     base_model: str = ""  # the served base's repo id, which refusals name ("" from a peer that does not say)
@@ -372,6 +375,8 @@ class GenerateResult:
     frames: tuple[Image, ...] = ()
     fps: int = 0
     video: bytes = b""
+    # A video's sound (a family with `FamilySpec.audio_rate`: LTX-2); None: a silent video or an image.
+    audio: Soundtrack | None = None
 
     @property
     def is_video(self) -> bool:

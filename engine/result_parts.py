@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["MAX_SEED", "AdapterUse", "Suggested", "Timings", "seeds_of"]
+import numpy as np
+
+__all__ = ["MAX_SEED", "AdapterUse", "Soundtrack", "Suggested", "Timings", "seeds_of"]
 
 MAX_SEED = 2**32 - 1
 
@@ -55,6 +57,19 @@ class AdapterUse:
     # A pair's two files as the recipe names them ("high: a, low: b"); "" for one file. Kept apart from
     # `weight_name`, which stays the cache key's (a replica pins the adapter by it: `serving.cluster.replica`).
     files: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Soundtrack:
+    """A video's sound as its pipeline made it (LTX-2's vocoder): float samples in [-1, 1], one row a channel,
+    at `rate` a second, starting with the first frame."""
+
+    samples: np.ndarray
+    rate: int
+
+    @property
+    def seconds(self) -> float:
+        return int(self.samples.shape[-1]) / self.rate
 
 
 def seeds_of(seed: int, count: int) -> tuple[int, ...]:

@@ -4,9 +4,10 @@ value and what is accepted.
 Policy: on an image pool the video fields (`num_frames`, `fps`, `guidance_2`) are refused (a client asking an
 image model for frames expects a video, and would otherwise get one still image without noticing); on a video
 pool `num_frames` is `frame_multiple`k+1 (Wan's VAE packs the first frame alone and 4 frames in each latent frame
-after it) up to the pool's `max_frames` and MAX_VIDEO_FRAMES, `fps` within FPS_RANGE, and `guidance_2` within the
-guidance range (ignored, with a warning, on a pool of one stage: `ModelDefaults.ignored`). A video pool makes one
-video a request and takes no mask. An image-to-video-only pool refuses a request without an image, a
+after it) up to the pool's `max_frames` and MAX_VIDEO_FRAMES, `fps` within FPS_RANGE, the clip (frames / fps)
+within the pool's model's longest (`max_seconds`: LTX-2's 20 s, where its sound lasts the clip), and `guidance_2`
+within the guidance range (ignored, with a warning, on a pool of one stage: `ModelDefaults.ignored`). A video pool
+makes one video a request and takes no mask. An image-to-video-only pool refuses a request without an image, a
 text-to-video-only pool one with an image (`video_mode_refusal`). A door that answers one kind (`expects`: the
 image endpoints "image", /generate_video "video") refuses a pool of the other before anything runs
 (`kind_refusal`); POST / and the UI answer what the pool makes.
@@ -81,7 +82,21 @@ def check_video(request: GenerateRequest, defaults: ModelDefaults, limits: Limit
     if defaults.guidance_2 is not None or request.guidance_2 is not None:
         fallback = defaults.guidance_2 if defaults.guidance_2 is not None else 0.0
         guidance_2 = checked_number("guidance_2", request.guidance_2, fallback, *GUIDANCE_RANGE)
-    return VideoSettings(_frames(request.num_frames, defaults, limits), fps, guidance_2)
+    frames = _frames(request.num_frames, defaults, limits)
+    _check_seconds(frames, fps, defaults)
+    return VideoSettings(frames, fps, guidance_2)
+
+
+def _check_seconds(frames: int, fps: int, defaults: ModelDefaults) -> None:
+    """A clip no longer than the pool's model makes (`ModelDefaults.max_seconds`; LTX-2's 20 s), named with the
+    most frames at this rate."""
+    if not defaults.max_seconds or frames <= defaults.max_seconds * fps:
+        return
+    most = _rounded_down(int(defaults.max_seconds * fps), defaults.frame_multiple)
+    raise LimitExceededError(
+        f"num_frames={frames} at fps={fps} is {frames / fps:.3g} s, longer than the {defaults.max_seconds:g} s this "
+        f"pool's model makes; accepted: at {fps} fps at most {most} frames, or a higher fps"
+    )
 
 
 def _frames(value: object, defaults: ModelDefaults, limits: Limits) -> int:

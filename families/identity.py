@@ -40,6 +40,7 @@ class Family(StrEnum):
     WAN22 = "wan22"
     WAN22_I2V = "wan22_i2v"
     CHROMA = "chroma"
+    LTX2 = "ltx2"
     UNKNOWN = "unknown"
 
 

@@ -12,6 +12,10 @@ every 2 hundredths and drops the rest, which its answer's warnings say (`gif_tim
 frames, fps and recipe give the same bytes (libx264 with `cpu-independent`, whatever the
 thread or CPU; nothing time-dependent is written), which keeps every door's answer byte-identical.
 
+A video with sound (`GenerateResult.audio`: LTX-2's) carries it in its MP4 as an AAC track starting with the first
+frame (`serving.sound`); `Accept: audio/wav` answers the sound alone; an animated WebP or GIF has no sound, which
+its answer's warnings say, as they say that a silent video asked for as WAV is answered as its MP4.
+
 H.264 in 4:2:0 needs even sides: a frame with an odd width or height gets its last column or row repeated once
 (FFmpeg's usual `pad` to even), so no pixel is lost and the video is at most one pixel wider or taller than its
 frames. The pipelines' sides are multiples of 8 or 16, so this is only ever the case for hand-made frames.
@@ -31,8 +35,9 @@ import av
 from PIL import Image
 
 from engine.errors import BackendUnavailableError
-from engine.requests import GenerateResult
+from engine.requests import GenerateResult, Soundtrack
 from serving.recipes import KEY, with_recipes
+from serving.sound import WAV, sound_stream, wav_file, write_sound
 
 __all__ = [
     "ANIMATED_TYPES",
@@ -40,6 +45,7 @@ __all__ = [
     "VIDEO_TYPES",
     "DecodedVideo",
     "VideoType",
+    "answer_type",
     "checked_mp4",
     "decode_mp4",
     "encode_video",
@@ -57,9 +63,9 @@ __all__ = [
 
 MP4: Final = "video/mp4"
 ANIMATED_TYPES = ("image/webp", "image/gif")
-# Ties and an Accept naming none of them: MP4 (first here).
-VIDEO_TYPES = (MP4, *ANIMATED_TYPES)
-VideoType = Literal["video/mp4", "image/webp", "image/gif"]
+# Ties and an Accept naming none of them: MP4 (first here). WAV: a video's sound alone.
+VIDEO_TYPES = (MP4, *ANIMATED_TYPES, WAV)
+VideoType = Literal["video/mp4", "image/webp", "image/gif", "audio/wav"]
 # libx264's constant-rate factor: 18 is visually lossless in x264's own guide (the default 23 blurs fine detail of
 # LoRA styles); a 480p 81-frame clip stays a few MB.
 _CRF = "18"
@@ -107,14 +113,21 @@ def _q(params: str) -> float:
     return 1.0
 
 
-def encode_video(frames: Sequence[Image.Image], fps: float, media_type: str = MP4, recipe: str | None = None) -> bytes:
-    """The frames as `media_type` (`VIDEO_TYPES`) at `fps` frames a second, with `recipe` in its metadata."""
+def encode_video(
+    frames: Sequence[Image.Image],
+    fps: float,
+    media_type: str = MP4,
+    recipe: str | None = None,
+    audio: Soundtrack | None = None,
+) -> bytes:
+    """The frames as `media_type` (`VIDEO_TYPES` but WAV) at `fps` frames a second, with `recipe` in its metadata
+    and, in an MP4, `audio` as its sound track."""
     if not frames:
         raise ValueError("a video needs at least one frame")
     if fps <= 0:
         raise ValueError(f"fps must be above 0, got {fps}")
     if media_type == MP4:
-        return _mp4(frames, fps, recipe)
+        return _mp4(frames, fps, recipe, audio)
     if media_type in ANIMATED_TYPES:
         return _animated(frames, fps, media_type, recipe)
     raise ValueError(f"{media_type!r} is not a video type; accepted: {', '.join(VIDEO_TYPES)}")
@@ -125,11 +138,19 @@ def video_file(result: GenerateResult, media_type: str = MP4) -> bytes:
     when RECIPES=0). Every door answers these bytes. A result that crossed a cluster answers the MP4 its replica
     made (`packed`: the same bytes for the same frames and recipe) as it came, nothing decoded, and its WebP or GIF
     from that MP4's frames, decoded here (`unpacked`): the only door that needs them."""
+    media_type = answer_type(result, media_type)
+    if media_type == WAV and result.audio is not None:
+        return wav_file(result.audio, frame_count(result), result.fps)
     if media_type == MP4 and result.video:
         return result.video
     frames = result.frames or unpacked(result).frames
     recipe = result.image.info.get(KEY)
-    return encode_video(frames, result.fps, media_type, recipe if isinstance(recipe, str) else None)
+    return encode_video(frames, result.fps, media_type, recipe if isinstance(recipe, str) else None, result.audio)
+
+
+def answer_type(result: GenerateResult, media_type: str) -> str:
+    """What a video result is answered as for `media_type`: itself, but MP4 for WAV where the video has no sound."""
+    return MP4 if media_type == WAV and result.audio is None else media_type
 
 
 def even_sides(image: Image.Image) -> Image.Image:
@@ -147,12 +168,14 @@ def even_sides(image: Image.Image) -> Image.Image:
     return canvas
 
 
-def _mp4(frames: Sequence[Image.Image], fps: float, recipe: str | None) -> bytes:
+def _mp4(frames: Sequence[Image.Image], fps: float, recipe: str | None, audio: Soundtrack | None) -> bytes:
     first = even_sides(frames[0].convert("RGB"))
     buffer = io.BytesIO()
     with av.open(buffer, mode="w", format="mp4") as container:
         if recipe is not None:
             container.metadata[_COMMENT] = recipe
+        # Every stream is added before the first packet is muxed (the header names them).
+        sound = None if audio is None else sound_stream(container, audio)
         stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
         stream.width, stream.height = first.size
         stream.pix_fmt = "yuv420p"
@@ -164,6 +187,8 @@ def _mp4(frames: Sequence[Image.Image], fps: float, recipe: str | None) -> bytes
             frame = av.VideoFrame.from_image(even_sides(image.convert("RGB")))
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
+        if sound is not None and audio is not None:
+            write_sound(container, sound, audio, len(frames), fps)
     return buffer.getvalue()
 
 
@@ -183,8 +208,11 @@ def gif_timing(count: int, fps: float) -> tuple[tuple[int, ...], tuple[int, ...]
 
 def with_answer_notes(result: GenerateResult, media_type: str) -> GenerateResult:
     """`result` with what its answer's file (`media_type`) changes of the video among its warnings: a GIF that
-    drops frames."""
-    if not result.is_video or media_type != "image/gif":
+    drops frames, an animated image without the video's sound, a silent video asked for as WAV."""
+    if not result.is_video:
+        return result
+    result = _sound_notes(result, media_type)
+    if media_type != "image/gif":
         return result
     count = len(result.frames) or result.request.num_frames
     shown, times = gif_timing(count, result.fps)
@@ -196,6 +224,20 @@ def with_answer_notes(result: GenerateResult, media_type: str) -> GenerateResult
         f"{100 * len(shown) / sum(times):.3g} fps and the clip keeps its {sum(times) / 100:g} s; MP4 and WebP keep "
         "every frame"
     )
+    return dataclasses.replace(result, warnings=(*result.warnings, note))
+
+
+def _sound_notes(result: GenerateResult, media_type: str) -> GenerateResult:
+    if media_type in ANIMATED_TYPES and result.audio is not None:
+        kind = "WebP" if media_type == "image/webp" else "GIF"
+        note = (
+            f"the animated {kind} carries no sound: this video has a sound track, which its MP4 (Accept: video/mp4) "
+            "carries, and Accept: audio/wav answers alone"
+        )
+    elif media_type == WAV and result.audio is None:
+        note = "this video has no sound, so no WAV: its MP4 is answered (a video pool with sound answers audio/wav)"
+    else:
+        return result
     return dataclasses.replace(result, warnings=(*result.warnings, note))
 
 

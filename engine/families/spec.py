@@ -166,6 +166,8 @@ class VideoDefaults:
     max_frames: int
     frame_multiple: int = 4
     guidance_2: float | None = None
+    # The longest clip its model makes, in seconds (frames / fps: LTX-2's sound lasts the clip); 0: no bound.
+    max_seconds: float = 0.0
 
     def capped(self, most: int) -> VideoDefaults:
         """These frames within `most` (MAX_VIDEO_FRAMES), the default and the most each the largest of the frame
@@ -330,6 +332,10 @@ class FamilySpec:
     # Set where the identity says so (`FamilyIdentity.full_differences`). None: such tensors are refused as an
     # unsupported variant (`lora_catalog.variants`).
     full_differences: FullDifferences | None = None
+    # A family whose pipelines make sound with their video (LTX-2): a served pipeline's waveform rate in samples a
+    # second; its output's `audio` (channels x samples) is the result's `audio` (`engine.result_parts.Soundtrack`).
+    # None: silent videos or images.
+    audio_rate: Callable[[Pipeline], int] | None = None
 
     def __post_init__(self) -> None:
         if self.identity.full_differences != (self.full_differences is not None):

@@ -27,7 +27,7 @@ from engine.families.spec import FamilySpec
 from engine.outcomes import Preview, Progress
 from engine.pipeline.modes import accepted_arguments, image_arguments
 from engine.pipeline.preview import PreviewDecoder, StepPreviews
-from engine.requests import CheckedRequest
+from engine.requests import CheckedRequest, Soundtrack
 from engine.weights.tokens import swapped_tokenizers
 
 if TYPE_CHECKING:
@@ -37,6 +37,9 @@ __all__ = ["engine_error", "gpu_lock", "infer", "made"]
 
 logger = logging.getLogger(__name__)
 
+# A video's sound rides on its first frame's `info` from the pipeline call to `made` (so `infer` still answers
+# pictures alone); `made` takes it off again.
+_SOUND = "switchboard.soundtrack"
 _GPU_LOCKS: dict[int, threading.Lock] = {}
 _GPU_LOCKS_GUARD = threading.Lock()
 
@@ -75,8 +78,9 @@ def infer(
     previews = StepPreviews.for_run(decoder, preview_every, steps, preview)
     # The latents a step hands its callback, made spatial for the decoders (a DiT packs them into tokens).
     unpack = family.preview.unpack
-    # A video pipeline's spatial scale has its own name (Wan's `vae_scale_factor_spatial`).
-    vae_scale = int(getattr(pipe, "vae_scale_factor", None) or pipe.vae_scale_factor_spatial)
+    # A video pipeline's spatial scale has its own name (Wan's `vae_scale_factor_spatial`); read only where the
+    # latents are unpacked (LTX-2's pipeline has neither name, and no preview).
+    vae_scale = 0 if unpack is None else int(getattr(pipe, "vae_scale_factor", None) or pipe.vae_scale_factor_spatial)
 
     def on_step(pipe: Any, step: int, timestep: object, callback_kwargs: dict) -> dict:
         if cancel is not None and cancel.is_set():
@@ -148,14 +152,22 @@ def _images(
     )
     # A video pipeline's output is its videos' frames (diffusers' `frames[0]`: the one video's, in order).
     frames = getattr(output, "frames", None)
-    return list(frames[0]) if frames is not None else list(output.images)
+    if frames is None:
+        return list(output.images)
+    pictures = list(frames[0])
+    audio = getattr(output, "audio", None)
+    if family.audio_rate is not None and audio is not None:
+        samples = audio[0].detach().float().cpu().numpy()
+        pictures[0].info[_SOUND] = Soundtrack(samples, family.audio_rate(pipe))
+    return pictures
 
 
 def made(images: tuple[Image, ...], request: CheckedRequest) -> dict[str, Any]:
-    """A result's pictures: a video's frames (the first is its `image`) at its rate, or the images of the
+    """A result's pictures: a video's frames (the first is its `image`) at its rate with its sound, or the images of the
     request's seeds (the first is `image`, the rest `more_images`)."""
     if request.num_frames:
-        return {"image": images[0], "frames": images, "fps": request.fps}
+        sound = images[0].info.pop(_SOUND, None)
+        return {"image": images[0], "frames": images, "fps": request.fps, "audio": sound}
     return {"image": images[0], "more_images": images[1:]}
 
 

@@ -37,7 +37,7 @@ from engine.settings import Settings
 from serving.errors import json_error
 from serving.http.body import HUB_HOST, HttpRequest, lora_from_path, parse_body
 from serving.recipes import encode_image
-from serving.video import video_file, with_answer_notes
+from serving.video import answer_type, video_file, with_answer_notes
 
 if TYPE_CHECKING:
     # Typing only: the cluster's ingress reuses this module without the Space's runtime (spaces, the catalogue).
@@ -179,7 +179,9 @@ def make_routes(handlers: Handlers) -> list[BaseRoute]:
         # What the file changes of the video (a GIF's dropped frames) is said with the result's warnings.
         outcome = with_answer_notes(outcome, media_type)
         position = joined[0] if joined else None
-        return Response(data, media_type=media_type, headers=result_headers(outcome, position))
+        # (A silent video asked for as WAV is its MP4, which its warnings say.)
+        answered = answer_type(outcome, media_type) if outcome.is_video else media_type
+        return Response(data, media_type=answered, headers=result_headers(outcome, position))
 
     return [
         Route("/", generate, methods=["POST"], name="inference_api"),

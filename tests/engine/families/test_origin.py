@@ -45,6 +45,7 @@ BASES[Family.WAN_I2V] = "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"
 BASES[Family.WAN22] = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
 BASES[Family.WAN22_I2V] = "Wan-AI/Wan2.2-I2V-A14B-Diffusers"
 BASES[Family.CHROMA] = "lodestones/Chroma1-HD"
+BASES[Family.LTX2] = "Lightricks/LTX-2"
 # FLUX.1 Kontext's and Qwen-Image-Edit's LoRAs have FLUX.1's and Qwen-Image's names and widths: only what they
 # declare tells them (test_flux_kontext.py, test_qwen_image_edit.py).
 EDITS = (Family.FLUX_KONTEXT, Family.QWEN_IMAGE_EDIT, Family.QWEN_IMAGE_EDIT_PLUS)
@@ -67,6 +68,7 @@ KOHYA_VERSIONS = {
     Family.WAN22: "wan2.2-t2v-a14b",
     Family.WAN22_I2V: "wan2.2-i2v-a14b",
     Family.CHROMA: "chroma",
+    Family.LTX2: "ltx-2",
 }
 KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
 
@@ -102,6 +104,11 @@ def lora_for(pipe, family: Family, fmt: str) -> dict[str, tuple[int, ...]]:
         # With its modulation network, the layer only Chroma has (BFL's blocks alone fit FLUX.1 alike:
         # test_chroma.py).
         return shapes_of(chroma_file(pipe.transformer, ChromaCase("x", fmt, guidance=True, seed=5))[0])
+    if family is Family.LTX2:
+        from tests.support import ltx2
+
+        made = ltx2.factors(pipe, ltx2.TRANSFORMER + ltx2.CONNECTORS, rank=2, seed=5)
+        return shapes_of(ltx2.lora_file(made, "peft" if fmt == "peft" else "original"))
     spec = spec_for(family)
     components = {c: getattr(pipe, c) for c in spec.components}
     patterns = {c: UNET_ATTENTION if c == spec.denoiser else TEXT_ATTENTION for c in components}

@@ -1,0 +1,129 @@
+"""LTX-2 LoRA files for the tiny LTX-2 pipeline, in every naming diffusers' `LTX2Pipeline.lora_state_dict` reads:
+diffusers/PEFT (`transformer.transformer_blocks.N.attn1.to_q.lora_A`, `connectors.video_connector...`), the LTX
+trainer's originals (`diffusion_model.` for the transformer, `text_embedding_projection.` for the connectors), and
+a transformer-only file (what diffusers' `save_lora_weights` writes). Each adapts the video, audio and cross-modal
+attentions and the feed-forwards, the first two the connectors too. (kohya's `lora_down`/`lora_up` factors are no
+naming this loader reads: PEFT's conversion leaves them, and diffusers loads nothing of them.) diffusers' reference
+loads each file itself (load_lora_weights, then fuse_lora of the transformer and the connectors)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from diffusers import LTX2Pipeline
+from PIL import Image
+
+from serving.demo.synthetic import save_lora
+
+Ltx2Format = Literal["peft", "original"]
+_BLOCK_LAYERS = (
+    "attn1.to_q",
+    "attn1.to_v",
+    "attn2.to_k",
+    "attn2.to_out.0",
+    "audio_attn1.to_q",
+    "audio_attn2.to_v",
+    "audio_to_video_attn.to_q",
+    "video_to_audio_attn.to_k",
+    "ff.net.0.proj",
+    "audio_ff.net.2",
+)
+# Layers of the transformer (`transformer.`) and of the connectors (`connectors.`), by diffusers' names.
+TRANSFORMER = tuple(f"transformer.transformer_blocks.{i}.{layer}" for i in range(2) for layer in _BLOCK_LAYERS)
+CONNECTORS = (
+    "connectors.text_proj_in",
+    "connectors.video_connector.transformer_blocks.0.attn1.to_q",
+    "connectors.audio_connector.transformer_blocks.0.ff.net.2",
+)
+PROMPT = "a photo of a fox in sks style"
+FRAMES = 9
+FPS = 24
+STEPS = 2
+
+
+@dataclass(frozen=True)
+class Ltx2Case:
+    name: str
+    fmt: Ltx2Format
+    seed: int
+    modules: Sequence[str] = (*TRANSFORMER, *CONNECTORS)
+
+    @property
+    def file_name(self) -> str:
+        return f"ltx2_{self.name}.safetensors"
+
+
+CASES = (
+    Ltx2Case("peft", "peft", 71),
+    Ltx2Case("original", "original", 72),
+    Ltx2Case("transformer_only", "original", 73, modules=TRANSFORMER[4:]),
+)
+
+
+def factors(pipe: Any, modules: Sequence[str], *, rank: int = 4, seed: int = 1) -> dict:
+    """Random (down, up) factors for each module, sized from the pipeline's own layers."""
+    generator = torch.Generator().manual_seed(seed)
+    made = {}
+    for module in modules:
+        component, _, path = module.partition(".")
+        layer = getattr(pipe, component).get_submodule(path)
+        down = torch.randn(rank, layer.in_features, generator=generator) / layer.in_features**0.5
+        up = torch.randn(layer.out_features, rank, generator=generator) * 0.5
+        made[module] = (down, up)
+    return made
+
+
+def _original(module: str) -> str:
+    """diffusers' name -> the LTX trainer's (the connectors' input projection is its `aggregate_embed`)."""
+    component, _, path = module.partition(".")
+    if component == "transformer":
+        return f"diffusion_model.{path}"
+    return f"text_embedding_projection.{path.replace('text_proj_in', 'aggregate_embed')}"
+
+
+def lora_file(made: dict[str, tuple[torch.Tensor, torch.Tensor]], fmt: Ltx2Format) -> dict:
+    """The tensors of a file in `fmt` names."""
+    tensors: dict[str, torch.Tensor] = {}
+    for module, (down, up) in made.items():
+        stem = module if fmt == "peft" else _original(module)
+        tensors[f"{stem}.lora_A.weight"], tensors[f"{stem}.lora_B.weight"] = down, up
+    return tensors
+
+
+def write_ltx2_loras(pipe: Any, folder: Path, cases: Sequence[Ltx2Case] = CASES) -> None:
+    for case in cases:
+        save_lora(folder / case.file_name, lora_file(factors(pipe, case.modules, seed=case.seed), case.fmt))
+
+
+@dataclass(frozen=True)
+class Reference:
+    frames: list[Image.Image]
+    audio: torch.Tensor
+    rate: int
+
+
+def diffusers_video(tiny_dir: Path, folder: Path, weight_name: str | None, scale: float = 1.0) -> Reference:
+    """diffusers' own video and sound on a pipeline of its own from `tiny_dir`: load_lora_weights, then fuse_lora of
+    the transformer and the connectors; `STEPS` steps at 64 x 64, `FRAMES` frames at `FPS`, seed 7, the pool's CFG
+    3; no LoRA when `weight_name` is None."""
+    pipe: Any = LTX2Pipeline.from_pretrained(tiny_dir)
+    pipe.set_progress_bar_config(disable=True)
+    if weight_name is not None:
+        pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name="a")
+        pipe.fuse_lora(components=["transformer", "connectors"], lora_scale=scale, adapter_names=["a"])
+    output = pipe(
+        prompt=PROMPT,
+        num_inference_steps=STEPS,
+        guidance_scale=3.0,
+        width=64,
+        height=64,
+        num_frames=FRAMES,
+        frame_rate=float(FPS),
+        generator=torch.Generator("cpu").manual_seed(7),
+        output_type="pil",
+    )
+    return Reference(list(output.frames[0]), output.audio[0].float(), int(pipe.vocoder.config.output_sampling_rate))
