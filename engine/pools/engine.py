@@ -24,10 +24,11 @@ from engine.formats.adapters import AdapterKey, PreparedAdapter
 from engine.formats.pivotal import check_clashes
 from engine.normalise import normalise_request
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
-from engine.pipeline.inference import engine_error, gpu_lock, infer, made
+from engine.pipeline.inference import engine_error, infer, made
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
 from engine.pipeline.schedulers import check_scheduler, run_pipeline
+from engine.pipeline.stepshare import pool_turn
 from engine.pools.parts import build_parts
 from engine.pools.prefetch import PrefetchLane
 from engine.pools.report import engine_status
@@ -256,11 +257,8 @@ class Engine:
         cancel: threading.Event | None = None,
         preview: Preview | None = None,
     ) -> GenerateResult:
-        """Swap to the request's adapters and generate, atomically; on failure restore what was served.
-
-        Callers hold the scheduler's slot (`serving.backends.local.LocalBackend`, the one caller); the lock
-        below only keeps a direct call safe.
-        """
+        """Swap to the request's adapters and generate, atomically; on failure restore what was served. Callers
+        hold the scheduler's slot (`LocalBackend`, the one caller); the lock only keeps a direct call safe."""
         with self._lock:
             return self._run_held(prepared, progress, cancel, preview)
 
@@ -296,10 +294,11 @@ class Engine:
         previous = self._fused.applied
         try:
             swapped, apply_s = self._fused.swap(prepared.adapters)
-            with gpu_lock(self.loaded.device):
+            pipe = run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family)
+            with pool_turn(self.settings, self.loaded, pipe, prepared.request, cancel, progress) as boundary:
                 inferred = time.perf_counter()
                 images = infer(
-                    run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family),
+                    pipe,
                     prepared.request,
                     family=self.loaded.family,
                     tokenizers=self._fused.tokenizers,
@@ -308,6 +307,7 @@ class Engine:
                     decoder=self._preview,
                     preview_every=self.settings.preview_every,
                     preview=preview,
+                    boundary=boundary,
                 )
         except BaseException as e:
             self._fused.rollback(previous)
