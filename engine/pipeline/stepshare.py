@@ -31,35 +31,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
 
-import torch
-
-from engine.devices import normal_device
 from engine.errors import GenerationCancelledError
-from engine.pipeline.inference import run_pieces
+from engine.events import RunShare
 
-if TYPE_CHECKING:
-    from engine.pipeline.loading import LoadedPipeline
-    from engine.requests import CheckedRequest
-    from engine.settings import Settings
-
-__all__ = [
-    "Ahead",
-    "DeviceScheduler",
-    "DeviceTurn",
-    "RunShare",
-    "Sharing",
-    "device_scheduler",
-    "device_turn",
-    "pool_turn",
-    "scheduler_for",
-    "sharing_mode",
-]
-
-Sharing = Literal["step", "run", "off"]
+__all__ = ["Ahead", "DeviceScheduler", "DeviceTurn", "RunShare"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,19 +62,6 @@ class Ahead:
         return f"waiting for the GPU: {runs or 'nothing'} ahead, about {self.seconds:.0f} s"
 
 
-@dataclass(frozen=True)
-class RunShare:
-    """One finished run's share of the device: its pool, the device time it held, how often and how long it was
-    paused for other runs, and its longest wait for one piece."""
-
-    pool: str
-    video: bool
-    device_s: float
-    pauses: int
-    paused_s: float
-    longest_wait_s: float
-
-
 @dataclass(eq=False)
 class _Run:
     seq: int
@@ -106,6 +71,7 @@ class _Run:
     starve: float
     cancel: threading.Event | None
     on_wait: Callable[[Ahead], None] | None
+    on_share: Callable[[RunShare], None] | None = None
     waiting_since: float | None = None
     held_since: float | None = None
     pauses: int = 0
@@ -163,11 +129,12 @@ class DeviceScheduler:
         step: bool = True,
         cancel: threading.Event | None = None,
         on_wait: Callable[[Ahead], None] | None = None,
+        on_share: Callable[[RunShare], None] | None = None,
     ) -> Iterator[DeviceTurn]:
         """Hold the device for a run of `pieces` pieces of `pool` (with `step`, a piece at a time), inside the
         block; a cancel while waiting raises GenerationCancelledError. `on_wait` hears what is ahead each time
-        the run waits."""
-        run = _Run(next(self._seq), pool, max(pieces, 1), video, starve, cancel, on_wait)
+        the run waits (outside the scheduler's lock), `on_share` the run's share of the device once it leaves."""
+        run = _Run(next(self._seq), pool, max(pieces, 1), video, starve, cancel, on_wait, on_share)
         with self._cond:
             self._wait_for_device(run)
         try:
@@ -203,11 +170,15 @@ class DeviceScheduler:
                 self._waiting.remove(run)
                 self._cond.notify_all()
                 raise GenerationCancelledError("the request was cancelled while it waited for the device")
-            if run.on_wait is not None:
-                ahead = self._ahead(run)
-                if ahead != told:
-                    told = ahead
+            if run.on_wait is not None and (ahead := self._ahead(run)) != told:
+                told = ahead
+                # Told outside the lock (a progress bar may take its time); the loop looks again after.
+                self._cond.release()
+                try:
                     run.on_wait(ahead)
+                finally:
+                    self._cond.acquire()
+                continue
             self._cond.wait(_CANCEL_POLL_S)
 
     def _hand_over(self, now: float) -> None:
@@ -256,7 +227,7 @@ class DeviceScheduler:
                 self._waiting.remove(run)
             listeners = tuple(self._listeners)
         share = RunShare(run.pool, run.video, run.device_s, run.pauses, run.paused_s, run.longest_wait_s)
-        for listener in listeners:
+        for listener in (*listeners, *([run.on_share] if run.on_share is not None else [])):
             listener(share)
 
     # -- estimates ---------------------------------------------------------------------------------
@@ -280,11 +251,13 @@ class DeviceScheduler:
         videos = sum(r.video for r in before)
         return Ahead(images=len(before) - videos, videos=videos, seconds=seconds)
 
-    def backlog_s(self) -> float:
-        """The device time every run on the device or waiting for it still needs (Retry-After counts it)."""
+    def ahead_s(self, pool: str, own_s: float) -> float:
+        """The device time other pools' runs take before a new run of `pool` needing `own_s` ends: all of a run
+        with less left (it goes first), at most `own_s` of a longer one (its steps interleave with the new run's
+        once it has waited its bound, until the new run ends). Queue places and Retry-After count it."""
         with self._cond:
             runs = [*self._waiting, *([self._holder] if self._holder is not None else [])]
-            return sum(self._left_s(r) for r in runs)
+            return sum(min(self._left_s(r), own_s) for r in runs if r.pool != pool)
 
     def piece_s(self, pool: str) -> float | None:
         """`pool`'s measured time per piece (None: not yet measured)."""
@@ -302,88 +275,3 @@ class DeviceScheduler:
         """Whether a run holds the device now."""
         with self._cond:
             return self._holder is not None
-
-
-# -- one scheduler per device ----------------------------------------------------------------------
-
-_SCHEDULERS: dict[str, DeviceScheduler] = {}
-_SCHEDULERS_GUARD = threading.Lock()
-
-
-def sharing_mode(setting: str, device: torch.device, *, per_call: bool) -> Sharing:
-    """`DEVICE_SHARING` for `device`: `auto` is step sharing on a persistent CUDA device, the whole-run lock on
-    ZeroGPU (each call has its own GPU: nothing to share) and none on the CPU (no device to wait for)."""
-    if setting != "auto":
-        return cast(Sharing, setting)
-    if device.type != "cuda":
-        return "off"
-    return "run" if per_call else "step"
-
-
-def device_scheduler(device: torch.device) -> DeviceScheduler:
-    """The one scheduler of `device` (`cuda` and `cuda:0` are one device)."""
-    key = str(normal_device(device)) if device.type == "cuda" else device.type
-    with _SCHEDULERS_GUARD:
-        return _SCHEDULERS.setdefault(key, DeviceScheduler())
-
-
-@contextmanager
-def scheduler_for(device: torch.device, scheduler: DeviceScheduler) -> Iterator[DeviceScheduler]:
-    """`device`'s scheduler is `scheduler` inside the block (a stand-in device's clock: tests, `bench.mixed`)."""
-    key = str(normal_device(device)) if device.type == "cuda" else device.type
-    with _SCHEDULERS_GUARD:
-        before = _SCHEDULERS.get(key)
-        _SCHEDULERS[key] = scheduler
-    try:
-        yield scheduler
-    finally:
-        with _SCHEDULERS_GUARD:
-            if before is None:
-                _SCHEDULERS.pop(key, None)
-            else:
-                _SCHEDULERS[key] = before
-
-
-@contextmanager
-def device_turn(
-    sharing: Sharing,
-    device: torch.device,
-    pool: str,
-    pieces: int,
-    *,
-    video: bool,
-    starve: float,
-    cancel: threading.Event | None,
-    on_wait: Callable[[Ahead], None] | None,
-) -> Iterator[Callable[[int], None] | None]:
-    """A run's turn on `device` as `sharing` says: the boundary its pipeline calls at each piece's end (None: no
-    sharing, the run never pauses)."""
-    if sharing == "off":
-        yield None
-        return
-    scheduler = device_scheduler(device)
-    step = sharing == "step"
-    with scheduler.turn(pool, pieces, video=video, starve=starve, step=step, cancel=cancel, on_wait=on_wait) as turn:
-        yield turn.boundary if step else None
-
-
-def pool_turn(
-    settings: Settings,
-    loaded: LoadedPipeline,
-    pipe: Any,
-    request: CheckedRequest,
-    cancel: threading.Event | None,
-    progress: object,
-) -> AbstractContextManager[Callable[[int], None] | None]:
-    """A pool's run of `request` on `pipe`, its turn on the device as `DEVICE_SHARING` says; a `progress` with a
-    `waiting(Ahead)` method hears what the run waits behind (the UI's "waiting for the GPU")."""
-    return device_turn(
-        sharing_mode(settings.device_sharing, loaded.device, per_call=settings.per_call),
-        loaded.device,
-        loaded.model_name,
-        run_pieces(pipe, request),
-        video=bool(request.num_frames),
-        starve=settings.step_sharing_starve_steps,
-        cancel=cancel,
-        on_wait=getattr(progress, "waiting", None),
-    )

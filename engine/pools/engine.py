@@ -28,7 +28,7 @@ from engine.pipeline.inference import engine_error, infer, made
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
 from engine.pipeline.schedulers import check_scheduler, run_pipeline
-from engine.pipeline.stepshare import pool_turn
+from engine.pipeline.sharing import device_ahead_s, pool_turn
 from engine.pools.parts import build_parts
 from engine.pools.prefetch import PrefetchLane
 from engine.pools.report import engine_status
@@ -100,10 +100,10 @@ class Engine:
             fused=self._fused.identity,
             max_queue=settings.max_queue,
             max_skip=settings.affinity_max_skip,
-            # One preparation per queued request, and room for a few still finishing after their request left;
-            # the loads are bounded by the gate.
+            # One preparation per queued request, and room for some still finishing (loads: bounded by the gate).
             threads=settings.max_queue + settings.prepare_workers,
             mode=settings.scheduler,
+            device_ahead=partial(device_ahead_s, loaded),
         )
         self._prefetches = PrefetchLane(partial(self._open, lane="prefetch"), pending=settings.max_queue)
         self._preview = load_preview_decoder(settings, loaded.family, loaded.device, loaded.dtype)
@@ -295,7 +295,7 @@ class Engine:
         try:
             swapped, apply_s = self._fused.swap(prepared.adapters)
             pipe = run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family)
-            with pool_turn(self.settings, self.loaded, pipe, prepared.request, cancel, progress) as boundary:
+            with pool_turn(self, pipe, prepared.request, cancel, progress) as boundary:
                 inferred = time.perf_counter()
                 images = infer(
                     pipe,

@@ -13,50 +13,11 @@ from collections.abc import Callable
 import pytest
 
 from engine.errors import GenerationCancelledError
-from engine.pipeline.stepshare import Ahead, DeviceScheduler, RunShare
+from engine.events import RunShare
+from engine.pipeline.stepshare import Ahead, DeviceScheduler
+from tests.support.stepshare import WAIT_S, Clock, started, until
 
 VIDEO_STEP, IMAGE_STEP = 10.0, 0.5
-WAIT_S = 30.0  # how long a test waits for a state before it fails (never reached when all is well)
-
-
-class Clock:
-    """The stand-in device's clock: only the run holding the device moves it, by its piece's cost."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self.lock:
-            return self.t
-
-    def advance(self, seconds: float) -> None:
-        with self.lock:
-            self.t += seconds
-
-
-def until(state: Callable[[], bool]) -> None:
-    """Wait until `state()` holds (a state, not a time: the timeout only ends a broken test)."""
-    done = threading.Event()
-    for _ in range(int(WAIT_S / 0.002)):
-        if state():
-            return
-        done.wait(0.002)
-    raise AssertionError("the state never came")
-
-
-def started(target: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            target()
-        except BaseException as e:
-            errors.append(e)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, errors
 
 
 def stand_in_run(

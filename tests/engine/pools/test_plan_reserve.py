@@ -11,7 +11,8 @@ import torch
 from engine.errors import SettingsError
 from engine.families import flux, sdxl
 from engine.pipeline import inference
-from engine.pipeline.stepshare import DeviceScheduler, device_scheduler, scheduler_for, sharing_mode
+from engine.pipeline.sharing import device_scheduler, scheduler_for, sharing_mode
+from engine.pipeline.stepshare import DeviceScheduler
 from engine.pools.plan import CUDA_CONTEXT_BYTES, PlanOptions, PoolNeed, plan_memory
 from engine.settings import Settings
 from tests.reliability.test_budgets import plain
