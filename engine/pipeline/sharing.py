@@ -97,9 +97,11 @@ def device_turn(
         return
     scheduler = device_scheduler(device)
     step = sharing == "step"
-    options = {"video": video, "starve": starve, "step": step, "cancel": cancel, "on_wait": on_wait}
-    with scheduler.turn(pool, pieces, on_share=on_share, **options) as turn:
-        yield turn.boundary if step else None
+    turn = scheduler.turn(
+        pool, pieces, video=video, starve=starve, step=step, cancel=cancel, on_wait=on_wait, on_share=on_share
+    )
+    with turn as held:
+        yield held.boundary if step else None
 
 
 class Pool(Protocol):

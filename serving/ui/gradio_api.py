@@ -71,8 +71,7 @@ class StepProgress:
         self.progress((step, total), desc=desc, unit="steps")
 
     def waiting(self, ahead: Ahead) -> None:
-        """The run waits for the GPU (another pool's steps go first: `engine.pipeline.stepshare`): say behind
-        what; the pace is counted again from the first step after the wait, so the time left leaves it out."""
+        """The run waits for the GPU (`engine.pipeline.stepshare`): say behind what; the pace restarts after."""
         self.first = None
         self.progress(self.last or (0, 1), desc=str(ahead), unit="steps")
 
