@@ -54,6 +54,8 @@ def _backend(mode: str) -> LocalBackend:
         device_sharing=mode,
         previews=False,
         max_steps=VIDEO_STEPS,
+        # Every arrival is queued (on a loaded CPU the runs take longer than their solo times).
+        max_queue=10_000,
     )
     resolver = AdapterResolver(None, local_dir=None, token=None, max_bytes=settings.max_adapter_bytes)
     return LocalBackend(build_pools(settings, resolver, load_pipeline, warm=False))
