@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.pipeline.loading import load_pipeline
-from engine.pipeline.sharing import scheduler_for
+from engine.pipeline.sharing import Sharing, scheduler_for
 from engine.pools.pools import build_pools
 from engine.prepare.resolve import AdapterResolver
 from engine.requests import GenerateRequest
@@ -43,7 +43,7 @@ def request(arrival: Arrival) -> tuple[GenerateRequest, str]:
     return GenerateRequest(prompt="a fox in a forest", steps=IMAGE_STEPS, width=64, height=64, seed=seed), SDXL
 
 
-def _backend(mode: str) -> LocalBackend:
+def _backend(mode: Sharing) -> LocalBackend:
     settings = Settings(
         model_id=_TINY[SDXL],
         model_id_explicit=True,
@@ -69,7 +69,8 @@ def cpu_replays(options: Options) -> tuple[Figures, Figures, bool]:
     """The whole-run lock's figures, step sharing's, and whether every result equalled its solo run."""
     # One thread: the CPU is the one device the runs share (and on a shared machine more threads stall).
     torch.set_num_threads(1)
-    backends = {mode: _backend(mode) for mode in ("run", "step")}
+    modes: tuple[Sharing, ...] = ("run", "step")
+    backends = {mode: _backend(mode) for mode in modes}
     solo: dict[tuple[bool, int], bytes] = {}
     took: dict[bool, float] = {}
     for video in (False, True):
