@@ -18,6 +18,7 @@ from typing import Any
 
 import gradio as gr
 
+from engine.pipeline.stepshare import Ahead
 from engine.pools.scheduler import QueueView
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from serving.errors import user_errors
@@ -56,9 +57,11 @@ class StepProgress:
         self.progress = progress
         self.clock = clock
         self.first: tuple[int, float] | None = None
+        self.last: tuple[int, int] | None = None
 
     def __call__(self, step: int, total: int) -> None:
         now = self.clock()
+        self.last = (step, total)
         if self.first is None or step < self.first[0]:
             self.first = (step, now)
         done = step - self.first[0]
@@ -66,6 +69,11 @@ class StepProgress:
         if done > 0 and step < total:
             desc += f" (about {fmt.seconds((now - self.first[1]) / done * (total - step))} left)"
         self.progress((step, total), desc=desc, unit="steps")
+
+    def waiting(self, ahead: Ahead) -> None:
+        """The run waits for the GPU (`engine.pipeline.stepshare`): say behind what; the pace restarts after."""
+        self.first = None
+        self.progress(self.last or (0, 1), desc=str(ahead), unit="steps")
 
 
 class CellProgress:
