@@ -96,19 +96,23 @@ def infer(
 
     # Called under the pipeline lock: the tokenizers are the base ones again after the run, however it ends.
     with swapped_tokenizers(pipe, tokenizers), _decode_boundaries(pipe, boundary, chunks):
-        seeds = request.seeds
-        try:
-            images = call(seeds)
-        except torch.OutOfMemoryError:
-            if len(seeds) == 1:
-                raise
-            # The batch does not fit: one image at a time (the same images, each as a run of its seed alone).
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            images = [image for seed in seeds for image in call((seed,))]
+        images = _batch_or_each(call, request.seeds)
     if cancel is not None and cancel.is_set():
         raise GenerationCancelledError("the request was cancelled during generation")
     return tuple(images)
+
+
+def _batch_or_each(call: Callable[[tuple[int, ...]], list[Image]], seeds: tuple[int, ...]) -> list[Image]:
+    """`call(seeds)` as one batch; when the batch does not fit, one image at a time (the same images, each as a run
+    of its seed alone)."""
+    try:
+        return call(seeds)
+    except torch.OutOfMemoryError:
+        if len(seeds) == 1:
+            raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return [image for seed in seeds for image in call((seed,))]
 
 
 def decode_chunks(pipe: Any, request: CheckedRequest) -> int:
