@@ -39,6 +39,7 @@ class Family(StrEnum):
     WAN = "wan"
     WAN22 = "wan22"
     WAN22_I2V = "wan22_i2v"
+    KREA2 = "krea2"
     UNKNOWN = "unknown"
 
 
