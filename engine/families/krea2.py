@@ -4,7 +4,8 @@ attention, read from 12 layers of a Qwen3-VL-4B encoder through its own text-fus
 A LoRA adapts the transformer only (never Qwen3-VL, as diffusers' loader); every naming diffusers'
 `Krea2Pipeline.lora_state_dict` reads (diffusers/PEFT, the original names under `diffusion_model.` or
 `base_model.model.`) is converted by its own converter, and kohya's factors, alphas and `lora_unet_` names, which
-it refuses, after a rename (`engine.families.krea2_names`). Defaults from the served pipeline: a distilled one
+it refuses, after a rename (`engine.families.krea2_names`); LyCORIS modules in the original names too, the
+original fused `attn.qkv` split into q, k and v by rows. Defaults from the served pipeline: a distilled one
 (Turbo's `is_distilled`) 8 steps at guidance 0, else Krea2Pipeline's own 28 at 4.5 (Raw's); its CFG runs whenever
 guidance is above 0 (1 is CFG already) and reads the negative prompt; sides in 16s. Previews: the Wan 2.1 latent
 projection (Qwen-Image's VAE encodes into its space) over the unpacked latents. Qwen3-VL may stay in host RAM.
@@ -20,7 +21,7 @@ from types import SimpleNamespace
 from diffusers import Krea2Pipeline
 
 from engine.families.bfl_parts import SIZE_BUCKETS
-from engine.families.krea2_names import convert_lora
+from engine.families.krea2_names import convert_lora, lycoris_modules
 from engine.families.krea2_tiny import TINY_WIDTH, build_tiny_pipeline
 from engine.families.spec import (
     FamilySpec,
@@ -167,4 +168,5 @@ FAMILY = FamilySpec(
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
     memory=MEMORY,
+    lycoris_modules=lycoris_modules,
 )

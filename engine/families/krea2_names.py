@@ -11,6 +11,7 @@ which original name gives each of the served transformer's modules; a name that 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from diffusers import Krea2Pipeline
 
-__all__ = ["convert_lora", "original_names"]
+__all__ = ["convert_lora", "lycoris_modules", "original_names"]
 
 # The original model's names of diffusers' modules (the inverse of diffusers' `_convert_non_diffusers_krea2_lora_
 # to_diffusers` tables); each is checked against diffusers' converter before use (`original_names`).
@@ -55,11 +56,34 @@ def _original(module: str) -> str | None:
 
 def original_names(denoiser: Any) -> dict[str, str]:
     """The served transformer's Linears by original name -> diffusers' name, each as diffusers' converter maps it."""
-    modules = [name for name, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear)]
+    return dict(_checked(tuple(name for name, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear))))
+
+
+@functools.lru_cache(maxsize=8)
+def _checked(modules: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     originals = {o: m for m in modules if (o := _original(m)) is not None}
     probe = {f"diffusion_model.{o}.lora_A.weight": torch.zeros(1, 1) for o in originals}
     converted = Krea2Pipeline.lora_state_dict(probe)
-    return {o: m for o, m in originals.items() if f"transformer.{m}.lora_A.weight" in converted}
+    return tuple((o, m) for o, m in originals.items() if f"transformer.{m}.lora_A.weight" in converted)
+
+
+def lycoris_modules(stem: str, denoiser: Any) -> tuple[str, ...] | None:
+    """The transformer's modules a LyCORIS module in the original names (`diffusion_model.`, `base_model.model.`,
+    kohya's `lora_unet_`) changes: its one layer, or for the original fused `attn.qkv` (as some trainers write a
+    LoKr) diffusers' `to_q`, `to_k`, `to_v`, whose rows it stacks in that order. None: not such a name."""
+    originals = original_names(denoiser)
+    if stem.startswith("lora_unet_"):
+        spelled = {f"lora_unet_{o.replace('.', '_')}": o for o in originals}
+        fused = stem.removesuffix("_attn_qkv")
+        parts = [spelled.get(f"{fused}_attn_w{p}") for p in "qkv"] if fused != stem else [spelled.get(stem)]
+    elif stem.startswith(("diffusion_model.", "base_model.model.")):
+        name = stem.removeprefix("diffusion_model.").removeprefix("base_model.model.")
+        fused = name.removesuffix(".attn.qkv")
+        parts = [f"{fused}.attn.w{p}" for p in "qkv"] if fused != name else [name]
+    else:
+        return None
+    modules = [originals.get(p) for p in parts if p is not None]
+    return tuple(m for m in modules if m is not None) if len(modules) == len(parts) and None not in modules else None
 
 
 def _kohya_stems(stems: set[str], denoiser: Any) -> dict[str, str]:

@@ -54,9 +54,19 @@ SCHEDULER: dict[str, Any] = {
 }
 
 
+# Qwen's vision tokens, by the names Qwen3-VL's config gives their ids.
+_VISION = {
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+}
+
+
 def _text_encoder(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen3VLModel:
     """Qwen3-VL 32 wide (4 heads of 8, its multimodal rotary sections scaled down), 2 layers, a 1-block vision
     tower."""
+    ids: dict[str, Any] = {name: tokenizer.convert_tokens_to_ids(token) for name, token in _VISION.items()}
     torch.manual_seed(seed)
     config = Qwen3VLConfig(
         text_config={
@@ -72,10 +82,7 @@ def _text_encoder(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen3VLModel
             "pad_token_id": tokenizer.pad_token_id,
         },
         vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 32},
-        image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
-        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
-        vision_start_token_id=tokenizer.convert_tokens_to_ids("<|vision_start|>"),
-        vision_end_token_id=tokenizer.convert_tokens_to_ids("<|vision_end|>"),
+        **ids,
     )
     return Qwen3VLModel(config).eval()
 

@@ -60,7 +60,11 @@ def build_parts(
     family = loaded.family
     components = {c: getattr(loaded.pipe, c) for c in loaded.components}
     table = TargetTable(
-        components, denoiser=family.denoiser, convert_lora=family.convert_lora, full_differences=family.full_differences
+        components,
+        denoiser=family.denoiser,
+        convert_lora=family.convert_lora,
+        full_differences=family.full_differences,
+        lycoris_modules=family.lycoris_modules,
     )
     # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
     encoders = TextEncoders(loaded.pipe, loaded.components)
