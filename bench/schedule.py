@@ -1,20 +1,23 @@
 """What a LoRA's strength by step costs (issue 51): `python -m bench.swap --schedule`.
 
-    python -m bench.swap --schedule [--device cpu|cuda] [--steps 8] [--repeats 9] [--rank 8]
+    python -m bench.swap --schedule [--device cpu|cuda] [--steps 8] [--repeats 9] [--rank 8] [--wide]
 
 On the tiny SDXL pipeline (no download), through the engine's own path, with a synthetic LoRA (PEFT names, on the
 UNet's attention and both text encoders), two figures:
 
-- `boundary_vs_floor`: one step boundary, the swap a scheduled run makes there (`FusedSet.swap` to the same LoRA
-  at the next segment's scale, as `FusedSet.stepper`'s hook calls it) against the floor for the same weights
-  (`bench.ours.Floor`: each touched weight from its pristine copy plus ΔW in float32, rounded once), taking turns
-  so load from other processes falls on both alike; the median of the swap-by-swap ratios.
+- `boundary_vs_floor`: one step boundary, as a scheduled run makes it (the request's own hook,
+  `FusedSet.stepper`: the UNet's weights of the LoRA whose scale changes rewritten, the text encoders' left at step
+  0's scales) against the floor for the same weights (`bench.ours.Floor`: each of those UNet weights from its
+  pristine copy plus ΔW in float32, rounded once, by the fastest plain-tensor kernel), taking turns so load from
+  other processes falls on both alike; the median of the boundary-by-boundary ratios.
 - `scheduled_vs_plain`: a request's inference with a schedule of k segments (k - 1 boundaries inside the run)
   against the same request at one scale, taking turns; beside it `bound`, 1 + (k - 1) boundaries' median time
   over the plain run's: the issue's ≤ 1.0 plus k swaps.
 
 The last line is `schedule: boundary_vs_floor=<r> scheduled_vs_plain=<r> bound=<r> boundary_ms=<ms> floor_ms=<ms>
-plain_s=<s> scheduled_s=<s> segments=<k>`; the lines before it name the CPU and the load.
+plain_s=<s> scheduled_s=<s> segments=<k>`; the lines before it name the CPU and the load. `--wide` puts a UNet of
+SDXL's real widths (a few of its transformer layers: `_wide_unet`) in the tiny pipeline and measures the boundary
+alone (`boundary_vs_floor`, `boundary_ms`, `floor_ms`): the tiny UNet's 32-wide weights are not what a user's pays.
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ def _boundaries(
     touched = sorted({layer.target for layer in adapter.layers} & denoiser)
     floor = Floor(engine._table.params, touched, fused._patcher.pristine_copies(touched))
     compute = engine._store.for_compute(adapter)
-    factors = floor.factors(dataclasses.replace(compute, layers=[x for x in compute.layers if x.target in denoiser]))
+    unet_layers = tuple(layer for layer in compute.layers if layer.target in denoiser)
+    factors = floor.factors(dataclasses.replace(compute, layers=unet_layers))
     floor.choose(factors, clock)
     ours: list[float] = []
     theirs: list[float] = []
