@@ -1,5 +1,5 @@
 """The named API `gradio_client` sees (/generate, /generate_images, /compare, /catalog, /lora_info, /pool_status;
-/generate_video is `serving.ui.video_api`'s), and the progress plumbing.
+/generate_video is `serving.ui.video_api`'s), and the generation both they and the UI run (`generate`, `compare`).
 
 Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named here;
 it calls the one shared handler (`serving.handlers`) the UI calls too and answers JSON; errors become `gr.Error`
@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
 import gradio as gr
 
-from engine.pipeline.stepshare import Ahead
 from engine.pools.scheduler import QueueView
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from serving.errors import user_errors
@@ -29,14 +27,13 @@ from serving.ui import formatting as fmt
 from serving.ui import pool_views
 from serving.ui.api_requests import LATE, api_request, starting_fields, windowed
 from serving.ui.liveness import client_gone, until_gone
+from serving.ui.progress import CellProgress, StepProgress
 from serving.ui.uploads import uploaded_path
 
 __all__ = [
     "BROWSE",
     "CHECK",
     "PIPELINE",
-    "CellProgress",
-    "StepProgress",
     "add_api_endpoints",
     "compare",
     "generate",
@@ -46,44 +43,6 @@ __all__ = [
 PIPELINE = "pipeline"
 BROWSE = "catalog"
 CHECK = "lora_check"
-
-
-class StepProgress:
-    """Feeds the engine's per-step callback into Gradio's progress bar (a class, so ZeroGPU can pickle it), with
-    the time left expected at the pace of the steps so far (counted from the first step seen, so loading and
-    the text encoders are not taken for denoising)."""
-
-    def __init__(self, progress: gr.Progress, clock: Callable[[], float] = time.monotonic) -> None:
-        self.progress = progress
-        self.clock = clock
-        self.first: tuple[int, float] | None = None
-        self.last: tuple[int, int] | None = None
-
-    def __call__(self, step: int, total: int) -> None:
-        now = self.clock()
-        self.last = (step, total)
-        if self.first is None or step < self.first[0]:
-            self.first = (step, now)
-        done = step - self.first[0]
-        desc = "Denoising"
-        if done > 0 and step < total:
-            desc += f" (about {fmt.seconds((now - self.first[1]) / done * (total - step))} left)"
-        self.progress((step, total), desc=desc, unit="steps")
-
-    def waiting(self, ahead: Ahead) -> None:
-        """The run waits for the GPU (`engine.pipeline.stepshare`): say behind what; the pace restarts after."""
-        self.first = None
-        self.progress(self.last or (0, 1), desc=str(ahead), unit="steps")
-
-
-class CellProgress:
-    """The same for a comparison: which cell, and its steps."""
-
-    def __init__(self, progress: gr.Progress) -> None:
-        self.progress = progress
-
-    def __call__(self, cell: int, step: int, total: int) -> None:
-        self.progress((step, total), desc=f"Cell {cell + 1}: denoising", unit="steps")
 
 
 async def generate(
