@@ -33,34 +33,29 @@ def compare_request(
     scheduler: str | None = None,
     clip_skip: float | None = None,
     starting: Mapping[str, Any] | None = None,
+    starts: str | None = None,
+    ends: str | None = None,
 ) -> CompareRequest:
     """A comparison from form fields: LoRAs one per line (or comma-separated), scales as a list of numbers.
 
     No scale: each LoRA at 1. One scale: every LoRA at it. One per LoRA: each its own. Several scales for a
-    single LoRA: a sweep, one cell per scale.
+    single LoRA: a sweep, one cell per scale. `starts` and `ends` are each LoRA's window (`LoraSpec.start`/`end`,
+    fractions of the steps), listed as scales are: none (every step), one for all, or one per LoRA; a sweep's
+    LoRA keeps its window in every cell. A LoRA listed twice with two windows is two cells (a schedule is a cell).
     """
     refs = [r.strip() for r in re.split(r"[,\n]", loras or "") if r.strip()]
-    values = [_scale(token) for token in re.split(r"[,;\s]+", (scales or "").strip()) if token]
+    values = [_scale(token) for token in _tokens(scales)]
     if not isinstance(include_base, bool):
         raise InvalidRequestError(f"include_base={include_base!r} is not accepted; accepted: true or false")
-    sweep: tuple[float, ...] = ()
-    if len(refs) == 1 and len(values) > 1:
-        sweep, per_lora = tuple(values), [1.0]
-    elif not values:
-        per_lora = [1.0] * len(refs)
-    elif len(values) == 1:
-        per_lora = values * len(refs)
-    elif len(values) == len(refs):
-        per_lora = values
-    else:
-        raise InvalidRequestError(
-            f"{len(values)} scales for {len(refs)} LoRAs; accepted: no scale (each at 1), one scale for all, "
-            "one scale per LoRA, or several scales for a single LoRA (a sweep)"
-        )
+    sweep, per_lora = _scales(values, len(refs))
+    windows = zip(_window(starts, "starts", 0.0, len(refs)), _window(ends, "ends", 1.0, len(refs)), strict=True)
     return CompareRequest(
         prompt=prompt,
         negative_prompt=negative_prompt or "",
-        loras=tuple(LoraSpec(ref, scale) for ref, scale in zip(refs, per_lora, strict=False)),
+        loras=tuple(
+            LoraSpec(ref, scale, start=start, end=end)
+            for ref, scale, (start, end) in zip(refs, per_lora, windows, strict=False)
+        ),
         scales=sweep,
         include_base=include_base,
         # Passed as given: the engine refuses a non-integer by name rather than rounding it here.
@@ -74,6 +69,52 @@ def compare_request(
         # The image every cell starts from (`image`, `mask_image`, `strength`; none: text-to-image).
         **(starting or {}),
     )
+
+
+def _scales(values: list[float], count: int) -> tuple[tuple[float, ...], list[float]]:
+    """The sweep (several scales for a single LoRA; else none) and each LoRA's scale."""
+    if count == 1 and len(values) > 1:
+        return tuple(values), [1.0]
+    if not values:
+        return (), [1.0] * count
+    if len(values) == 1:
+        return (), values * count
+    if len(values) == count:
+        return (), values
+    raise InvalidRequestError(
+        f"{len(values)} scales for {count} LoRAs; accepted: no scale (each at 1), one scale for all, "
+        "one scale per LoRA, or several scales for a single LoRA (a sweep)"
+    )
+
+
+def _tokens(text: str | None) -> list[str]:
+    return [token for token in re.split(r"[,;\s]+", (text or "").strip()) if token]
+
+
+def _window(text: str | None, name: str, whole: float, count: int) -> list[float | None]:
+    """`starts` or `ends` as one value per LoRA (None: not set); `whole` (0 for a start, 1 for an end: every
+    step) is not set, as the UI's range sends it. Values pass as given otherwise: the engine checks the range."""
+    values: list[float | None] = []
+    for token in _tokens(text):
+        try:
+            value = float(token)
+        except ValueError:
+            value = math.nan
+        if math.isnan(value):
+            raise InvalidRequestError(
+                f"{name} has {token!r}, not a number; accepted: fractions of the steps from 0 to 1 separated by "
+                "commas, e.g. 0, 0.5"
+            )
+        values.append(None if value == whole else value)
+    if not values:
+        return [None] * count
+    if len(values) == 1:
+        return values * count
+    if len(values) != count:
+        raise InvalidRequestError(
+            f"{len(values)} {name} for {count} LoRAs; accepted: none (every step), one for all, or one per LoRA"
+        )
+    return values
 
 
 def _scale(token: str) -> float:

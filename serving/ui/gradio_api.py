@@ -110,6 +110,8 @@ def add_api_endpoints(handlers: Handlers) -> None:
         references = uploaded_path(file_count="multiple")
         # Each LoRA's schedule window, last (`LATE`); None: from the first step to the last, as before.
         window = [gr.Number(None) for _ in LATE]
+        # /compare's windows, one per LoRA as its scales are; "": every step, as before.
+        compare_window = [gr.Textbox(""), gr.Textbox("")]
         image = gr.Image(type="pil", format="png", label="image")
         images = gr.Gallery(type="pil", format="png", label="images")
         grid = gr.Image(type="pil", format="png", label="grid")
@@ -124,7 +126,8 @@ def add_api_endpoints(handlers: Handlers) -> None:
     comparing += [scheduler, clip_skip]
     starting = [input_image, mask, strength, references]
     outputs = ([image, info], [images, info], [grid, cells, compare_json])
-    _wire_generation(handlers, trigger, (generation, num_images, comparing, starting, window), outputs)
+    windows = (window, compare_window)
+    _wire_generation(handlers, trigger, (generation, num_images, comparing, starting, windows), outputs)
     lookups = ([base, search, sort, page, source], page_json, status_json, [repo_id, revision, weight_name], lora_json)
     _wire_lookups(handlers, trigger, *lookups)
 
@@ -132,16 +135,17 @@ def add_api_endpoints(handlers: Handlers) -> None:
 def _wire_generation(
     handlers: Handlers,
     trigger: gr.Button,
-    inputs: tuple[list[Any], gr.Number, list[Any], list[Any], list[Any]],
+    inputs: tuple[list[Any], gr.Number, list[Any], list[Any], tuple[list[Any], list[Any]]],
     outputs: tuple[list[Any], list[Any], list[Any]],
 ) -> None:
     """The endpoints that generate: /generate, /generate_images and /compare (in that order), each taking the
-    starting image, mask, strength and references, then (not /compare) each LoRA's schedule window last."""
-    generation, num_images, comparing, starting, window = inputs
+    starting image, mask, strength and references, then each LoRA's schedule window last (/compare's: `starts`
+    and `ends`, listed as its scales are)."""
+    generation, num_images, comparing, starting, (window, compare_window) = inputs
     for fn, arguments, answer, name in (
         (_generate_api(handlers), [*generation, *starting, *window], outputs[0], "generate"),
         (_generate_images_api(handlers), [*generation, num_images, *starting, *window], outputs[1], "generate_images"),
-        (_compare_api(handlers), [*comparing, *starting], outputs[2], "compare"),
+        (_compare_api(handlers), [*comparing, *starting, *compare_window], outputs[2], "compare"),
     ):
         # The engine's scheduler is the one queue (see app.py): Gradio does not hold generations back.
         trigger.click(fn, arguments, answer, api_name=name, concurrency_id=PIPELINE, concurrency_limit=None)
@@ -302,6 +306,8 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         mask: Any = None,
         strength: float | None = None,
         images: list[Any] | None = None,
+        starts: str = "",
+        ends: str = "",
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[Any, list[tuple[Any, str]], dict[str, Any]]:
         """Compare LoRAs on one prompt and seed: a labelled grid image, the cells, and their info.
@@ -311,7 +317,10 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
         model's image first. Each cell is what /generate returns for the same inputs (`scheduler` and `clip_skip` as
         there, shared by every cell). The LoRAs must share one base model, on which the grid runs (`base` names it
         when the LoRAs declare none, "" for the default). `image`, `mask` and `strength` as /generate's: every cell
-        starts from the same image (none: text-to-image).
+        starts from the same image (none: text-to-image). `starts` and `ends`: each LoRA's window, fractions of
+        the steps (0-1) listed as `scales` are ("" for every step, one for all, or one per LoRA): the LoRA runs at
+        its scale on steps i with start <= i / steps < end, at 0 elsewhere, as /generate's `lora_start`/`lora_end`.
+        A schedule is a cell: list a LoRA twice with two windows (e.g. `ends="1, 0.5"`) to see both.
         """
         with user_errors():
             settings = handlers.settings
@@ -320,7 +329,7 @@ def _compare_api(handlers: Handlers) -> Callable[..., Any]:
             )
             request = comparison_fields.compare_request(
                 prompt, negative_prompt, loras, scales, include_base, steps, guidance, width, height, seed,
-                scheduler, clip_skip, starting,
+                scheduler, clip_skip, starting, starts, ends,
             )  # fmt: skip
         comparison = await compare(handlers, request, progress, (base or "").strip())
         result = comparison.result

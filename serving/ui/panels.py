@@ -11,6 +11,7 @@ import gradio as gr
 
 from engine.requests import MAX_IMAGES
 from lora_catalog.hub import SORTS
+from serving.demo.example import SCHEDULE_LORA, SCHEDULE_PROMPT, SCHEDULE_SCALE, SCHEDULE_WINDOW
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
 from serving.ui import references as refs
@@ -183,7 +184,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     slots = refs.slot_count(handlers.pools, handlers.settings.max_reference_images)
     source = input_panel(defaults, prompt, handlers.settings.max_input_pixels, slots)
     slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
-    first = _first_slot(defaults.two_stage)
+    first = _first_slot(defaults.two_stage, prompt if defaults.is_tiny else None)
     with gr.Accordion("Blend a second LoRA", open=False), gr.Group():
         ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id, Civitai link or local: file", elem_id="lora-2")
         scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale", elem_id="lora-2-scale")
@@ -234,7 +235,8 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     )
 
 
-def _first_slot(two_stage: bool) -> LoraSlot:
+def _first_slot(two_stage: bool, example: gr.Textbox | None) -> LoraSlot:
+    """LoRA 1's controls; under them the offline demo's example schedule, filling them and the prompt `example`."""
     with gr.Group():
         ref = gr.Textbox(
             label="LoRA 1 — Hub repo id, Civitai link or local: file",
@@ -248,7 +250,23 @@ def _first_slot(two_stage: bool) -> LoraSlot:
             revision = gr.Textbox(label="Revision (branch, tag or commit)", placeholder="main")
             weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
             check = gr.Button("Check this LoRA", size="sm")
-    return LoraSlot(ref, scale, revision, weight, check, low, gr.State(False), start, end)
+    slot = LoraSlot(ref, scale, revision, weight, check, low, gr.State(False), start, end)
+    if example is not None:
+        schedule_example(example, slot)
+    return slot
+
+
+def schedule_example(prompt: gr.Textbox, slot: LoraSlot) -> None:
+    """The offline demo's example schedule (its default pool's tiny model: the LoRA is one of the demo's), which
+    fills the prompt and LoRA 1 with its scale and "active from … to …" range."""
+    gr.Examples(
+        [[SCHEDULE_PROMPT, SCHEDULE_LORA.ref, SCHEDULE_SCALE, *SCHEDULE_WINDOW]],
+        [prompt, slot.ref, slot.scale, slot.start, slot.end],
+        label=f"Example schedule: {SCHEDULE_LORA.title} on the first half of the steps only",
+        cache_examples=False,
+        api_visibility="private",
+        elem_id="schedule-examples",
+    )
 
 
 def window_controls(slot: int) -> tuple[gr.Number, gr.Number]:

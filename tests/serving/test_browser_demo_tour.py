@@ -1,18 +1,23 @@
 """A newcomer's first minutes on the offline demo, in a real browser (issue 51): the page (its banner, and the
-background pools listed as loading in the status panel), an image with a LoRA, then, once the background pools
-serve, an edit from two reference images on FLUX.2 [klein] with its editing LoRA, and a short video on Wan with
-its video LoRA. The app starts as `python app.py` builds it with no GPU (the real loader, `build_runtime`), served
-by `tests.support.app_server`. The last two screenshots are the README's (docs/screenshot-video.png and
-docs/screenshot-reference-editing.png are copied from artifacts/screenshots/)."""
+background pools listed as loading in the status panel), an image with a LoRA, a scheduled LoRA (the UI's example
+schedule: a LoRA on the first half of the steps only, which the result's recipe and share link carry), then, once
+the background pools serve, an edit from two reference images on FLUX.2 [klein] with its editing LoRA, and a short
+video on Wan with its video LoRA. The app starts as `python app.py` builds it with no GPU (the real loader,
+`build_runtime`), served by `tests.support.app_server`. The last two screenshots are the README's
+(docs/screenshot-video.png and docs/screenshot-reference-editing.png are copied from artifacts/screenshots/)."""
 
 from __future__ import annotations
 
+import io
+import re
 from collections.abc import Iterator
 
 import pytest
+from PIL import Image
 
-from serving.demo.example import EXAMPLE_IMAGE
+from serving.demo.example import EXAMPLE_IMAGE, SCHEDULE_LORA, SCHEDULE_PROMPT
 from serving.demo.later_loras import EDIT_LORA, VIDEO_LORA
+from serving.recipes import parse_recipe, read_recipe
 from tests.support.app_server import AppServer, serve_app
 from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, browser, editor_upload, page, tile
 from tests.support.image_inputs import example_image
@@ -76,6 +81,10 @@ def test_a_newcomer_makes_an_image_an_edit_from_two_references_and_a_video(page,
     page.locator("#generate").click()
     page.locator("#result-info", has_text="local:ember_glaze.safetensors").wait_for(timeout=WAIT_MS)
 
+    # A scheduled LoRA, on the same pool (before the edit, which leaves three images an SDXL run would start from):
+    # the example fills LoRA 1 with its "active from 0 to 0.5" range.
+    scheduled_lora(page)
+
     # The background pools serve (waited on their state); the status panel lists each without "loading".
     assert runtime.backend.wait_loaded(timeout=300)  # type: ignore[attr-defined]
     page.locator("#status-panel").get_by_text("Engine status").click()
@@ -111,5 +120,26 @@ def test_a_newcomer_makes_an_image_an_edit_from_two_references_and_a_video(page,
     edit.wait_for(timeout=WAIT_MS)
     page.locator("#request-column").screenshot(path=str(SHOTS / "demo-reference-editing.png"))
 
-    # Issue 51's scheduled LoRA (an "active from step … to …" range under a LoRA's strength) walks on from here,
-    # with the schedules' own UI.
+
+def scheduled_lora(page) -> None:
+    """The example schedule, generated: the result's recipe (the PNG the page shows) writes the window in the LoRA's
+    tag as Forge proposes it, and the share link carries it."""
+    from playwright.sync_api import expect
+
+    page.locator("#schedule-examples").get_by_text(SCHEDULE_PROMPT).click()
+    expect(page.locator("#lora-1 textarea, #lora-1 input").first).to_have_value(SCHEDULE_LORA.ref, timeout=WAIT_MS)
+    expect(page.locator("#lora-1-end input")).to_have_value("0.5", timeout=WAIT_MS)
+    few_steps(page, 4)
+    page.locator("#generate").click()
+    page.locator("#result-info", has_text=SCHEDULE_LORA.ref).wait_for(timeout=WAIT_MS)
+    expect(page.locator("#share-link textarea")).to_have_value(re.compile(r"lora_end=0\.5"), timeout=WAIT_MS)
+    source = page.locator("#result img").first.get_attribute("src")
+    assert source is not None
+    response = page.request.get(source)
+    assert response.ok, response.status
+    with Image.open(io.BytesIO(response.body())) as shown:
+        recipe = read_recipe(shown) or ""
+    # A local file's tag names it after "~" (`serving.recipes`); read back, the tag is the request's window.
+    assert f"<lora:~{SCHEDULE_LORA.file_name}:1:start=0:end=0.5>" in recipe, recipe
+    (spec,) = parse_recipe(recipe).request.loras
+    assert (spec.ref, spec.scale, spec.start, spec.end) == (SCHEDULE_LORA.ref, 1.0, 0.0, 0.5)

@@ -92,7 +92,12 @@ def test_only_the_named_endpoints_are_public(client):
         "mask",
         "strength",
         "images",
+        # Each LoRA's window, listed as `scales` (added after `images`: no positional argument moved).
+        "starts",
+        "ends",
     ]
+    compare_defaults = {p["parameter_name"]: p["parameter_default"] for p in endpoints["/compare"]["parameters"]}
+    assert (compare_defaults["starts"], compare_defaults["ends"]) == ("", "")
 
 
 def test_catalog_pages_local_and_hub_loras_with_freshness(client, fixtures):

@@ -39,12 +39,12 @@ def generate(client: Client, **overrides: object) -> tuple[Image.Image, dict]:
 
 def test_the_endpoints_take_an_image_a_mask_and_a_strength_defaulting_to_what_they_did(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    for name in ("/generate", "/generate_images", "/compare"):
+    # Each endpoint's LoRA windows, appended last: /generate's and /generate_images' four, /compare's two.
+    for name, windows in (("/generate", 4), ("/generate_images", 4), ("/compare", 2)):
         parameters = {p["parameter_name"]: p for p in endpoints[name]["parameters"]}
-        # After the text-to-image fields, then `images` (and, where an endpoint has them, the LoRA windows appended
-        # after it, so a positional call written before each existed still means what it meant).
-        names = list(parameters)
-        assert names[names.index("image") :][:4] == ["image", "mask", "strength", "images"], name
+        # After the text-to-image fields, then `images`, then the LoRA windows (appended last, so a positional
+        # call written before each existed still means what it meant).
+        assert list(parameters)[-windows - 4 : -windows - 1] == ["image", "mask", "strength"], name
         # None of them: text-to-image, as each endpoint made before they existed.
         assert all(parameters[n]["parameter_default"] is None for n in ("image", "mask", "strength")), name
 

@@ -99,6 +99,24 @@ def test_a_scale_sweep_of_one_lora(client, fixtures):
         assert pixels(cell["image"]) == generated(client, lora=fixtures["peft"], lora_scale=scale, seed=seed)
 
 
+def test_a_schedule_is_a_cell_equal_to_generate_with_that_window(client, fixtures):
+    """/compare's `starts`/`ends` are each LoRA's window, as /generate's `lora_start`/`lora_end` (issue 51): one
+    LoRA listed twice, on every step and from the start to half the steps, is two cells, each /generate's bytes."""
+    peft = fixtures["peft"]
+    _, cells, info = compared(client, loras=f"{peft}\n{peft}", scales="2", ends="1, 0.5", steps=4)
+    assert info["labels"] == ["peft (2)", "peft (2 from 0 to 0.5)"]
+    assert [c["loras"][0]["scale"] for c in info["cells"]] == [2.0, 2.0]
+    whole = generated(client, lora=peft, lora_scale=2.0, steps=4)
+    windowed = generated(client, lora=peft, lora_scale=2.0, lora_end=0.5, steps=4)
+    assert [pixels(c["image"]) for c in cells] == [whole, windowed]
+    # The window is in force: off for the last half of the steps, the image is not the LoRA's on every step.
+    assert windowed != whole
+    # A sweep's LoRA keeps its window in every cell.
+    _, swept, info = compared(client, loras=peft, scales="1, 2", starts="0.5", steps=4)
+    assert info["labels"] == ["peft (1 from 0.5 to 1)", "peft (2 from 0.5 to 1)"]
+    assert pixels(swept[1]["image"]) == generated(client, lora=peft, lora_scale=2.0, lora_start=0.5, steps=4)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -110,6 +128,10 @@ def test_a_scale_sweep_of_one_lora(client, fixtures):
         ({"loras": "a/one", "scales": "0, 0.5, 0"}, r"sweep scale 0 is listed twice"),
         ({"loras": "a/one", "scales": "0, 3"}, r"scale of a/one=3 is out of range; accepted: a number from -2 to 2"),
         ({"loras": "a/one\na/one"}, r"LoRA 'a/one' is listed twice"),
+        ({"loras": "a/one\na/one", "ends": "0.5"}, r"LoRA 'a/one' is listed twice"),
+        ({"loras": "a/one", "starts": "half"}, r"starts has 'half', not a number; accepted: fractions of the steps"),
+        ({"loras": "a/one\na/two", "ends": "1, 0.5, 0.25"}, r"3 ends for 2 LoRAs; accepted: none \(every step\)"),
+        ({"loras": "a/one", "ends": "1.5"}, r"end=1\.5 of .*a/one.* accepted: a fraction of the steps from 0 to 1"),
         (
             {"loras": "a/one", "scales": "0, 0.5, 1", "steps": 60},
             r"3 cells x 60 steps = 180 steps; accepted: at most 150 steps",

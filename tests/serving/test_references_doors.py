@@ -105,13 +105,11 @@ def test_images_without_the_first_image_are_a_400(server):
 
 def test_the_gradio_api_takes_images_after_strength_and_the_pool_status_says_the_limit(client, tmp_path):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    for name in ("/generate", "/generate_images", "/compare"):
+    # Each endpoint's LoRA windows, appended last: /generate's and /generate_images' four, /compare's two.
+    for name, windows in (("/generate", 4), ("/generate_images", 4), ("/compare", 2)):
         parameters = {p["parameter_name"]: p for p in endpoints[name]["parameters"]}
-        # `images` after `strength`; only the LoRA windows (added after it, where an endpoint has them) follow.
-        names = list(parameters)
-        after = names[names.index("image") :]
-        assert after[:4] == ["image", "mask", "strength", "images"], name
-        assert after[4:] in ([], ["lora_start", "lora_end", "lora_2_start", "lora_2_end"]), name
+        # `images` after `strength`; only the LoRA windows (added after it) follow.
+        assert list(parameters)[-windows - 4 : -windows] == ["image", "mask", "strength", "images"], name
         assert parameters["images"]["parameter_default"] is None, name
     pools = client.predict(api_name="/pool_status")["pools"]
     assert [p["defaults"]["max_reference_images"] for p in pools] == [1]
