@@ -1,8 +1,8 @@
 """The swap benchmark: changing the served LoRA on the full-size SDXL UNet, five ways, side by side.
 
-    python -m bench.swap [--family sdxl|flux|qwen|wan [--pair]] [--device cpu|cuda] [--dtype bfloat16|float16|float32]
-                         [--ranks 8,32] [--repeats N] [--formats peft,kohya] [--variants loha,lokr,dora]
-                         [--quick | --full] [--json PATH] [--plot DIR]
+    python -m bench.swap [--family sdxl|flux|qwen|wan|ltx2 [--pair]] [--device cpu|cuda]
+                         [--dtype bfloat16|float16|float32] [--ranks 8,32] [--repeats N] [--formats peft,kohya]
+                         [--variants loha,lokr,dora] [--quick | --full] [--json PATH] [--plot DIR]
     python -m bench.swap --schedule [--device cpu|cuda] [--steps 8] [--repeats 9]: a LoRA's strength by step
                          (bench.schedule: `boundary_vs_floor=…`, `scheduled_vs_plain=…`)
 
@@ -13,7 +13,9 @@ them on a real-width slice of Qwen-Image's (`bench.qwen_slice`: 3 blocks at widt
 each adapted, in musubi-tuner's kohya names and in diffusers'), at ranks 16 and 64. `--family wan` on a
 real-width slice of Wan's 14B video transformer (`bench.wan_slice`: 2 blocks at width 5120, every Linear layer of
 each adapted, in musubi-tuner's names and in diffusers'), at ranks 16 and 64; with `--pair`, Wan 2.2 A14B's two
-transformers (two such slices) swapped together against a floor for each (`bench.swap_pair`).
+transformers (two such slices) swapped together against a floor for each (`bench.swap_pair`). `--family ltx2` on
+a real-width slice of LTX-2 19B's audio-video transformer (`bench.ltx2_slice`: 2 blocks at widths 4096 and 2048,
+every Linear layer of each adapted, in the LTX trainer's names and in diffusers'), at ranks 16 and 64.
 
 (a) the reference service: diffusers' load_lora_weights + fuse_lora + unfuse_lora + unload_lora_weights
     per request, a different adapter each time;
@@ -58,6 +60,7 @@ import transformers
 
 from bench.flux_slice import build_flux_slice, flux_pool, flux_targets, write_flux_pair
 from bench.formats import measure_formats
+from bench.ltx2_slice import build_ltx2_slice, ltx2_pool, ltx2_targets, write_ltx2_pair
 from bench.measure import FUSE_FLAGS, Clock, cpu_description
 from bench.options import Options, parse_options
 from bench.ours import LoraPair, write_pair
@@ -78,6 +81,7 @@ _MODEL_NAMES = {
     "flux": "FLUX.1 transformer slice (2 double + 4 single blocks, width 3072)",
     "qwen": "Qwen-Image transformer slice (3 blocks, width 3072)",
     "wan": "Wan 14B transformer slice (2 blocks, width 5120)",
+    "ltx2": "LTX-2 19B transformer slice (2 blocks, widths 4096 and 2048)",
 }
 
 
@@ -124,13 +128,13 @@ def run(options: Options) -> dict[str, object]:
     _say(f"CPU flags: {' '.join(flags) or 'unknown'}")
     _say(f"machine: {environment['before']}")
     started = time.perf_counter()
-    pool = {"flux": flux_pool, "qwen": qwen_pool, "wan": wan_pool}.get(options.family, random_pool)()
-    slices = {"flux": build_flux_slice, "qwen": build_qwen_slice, "wan": build_wan_slice}
+    pool = {"flux": flux_pool, "qwen": qwen_pool, "wan": wan_pool, "ltx2": ltx2_pool}.get(options.family, random_pool)()
+    slices = {"flux": build_flux_slice, "qwen": build_qwen_slice, "wan": build_wan_slice, "ltx2": build_ltx2_slice}
     build = slices.get(options.family, build_sdxl_unet)
     unet = build(dtype=dtype, device=device, pool=pool)
     parameters = sum(p.numel() for p in unet.parameters())
     _say(f"built the model: {parameters / 1e9:.3f}B parameters in {time.perf_counter() - started:.1f} s")
-    write = {"flux": _flux_targets, "qwen": _qwen_targets, "wan": _wan_targets}.get(options.family, _sdxl_targets)(unet)
+    write = _TARGETS.get(options.family, _sdxl_targets)(unet)
 
     with tempfile.TemporaryDirectory(prefix="swap-bench-") as scratch:
         folder = options.workdir or Path(scratch)
@@ -193,6 +197,19 @@ def _wan_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], Lor
     values = sum(fan_in * fan_out for *_, fan_in, fan_out in targets)
     _say(f"LoRA targets: {len(targets)} Linear layers (attention, feed-forward) holding {values / 1e6:.0f}M")
     return lambda folder, rank, fmt: write_wan_pair(folder, targets, rank=rank, fmt=fmt)
+
+
+def _ltx2_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], LoraPair]:
+    targets = ltx2_targets(transformer)
+    values = sum(fan_in * fan_out for _, fan_in, fan_out in targets)
+    _say(
+        f"LoRA targets: {len(targets)} Linear layers (video, audio and cross-modal attention, feed-forwards) holding "
+        f"{values / 1e6:.0f}M"
+    )
+    return lambda folder, rank, fmt: write_ltx2_pair(folder, targets, rank=rank, fmt=fmt)
+
+
+_TARGETS = {"flux": _flux_targets, "qwen": _qwen_targets, "wan": _wan_targets, "ltx2": _ltx2_targets}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
