@@ -59,7 +59,8 @@ def build_ltx2_slice(
 def ltx2_targets(transformer: torch.nn.Module) -> list[tuple[str, int, int]]:
     """(diffusers' module, in features, out features) of every Linear layer of the slice's blocks."""
     targets = []
-    for index, block in enumerate(transformer.transformer_blocks):  # type: ignore[arg-type]
+    blocks: Any = transformer.transformer_blocks
+    for index, block in enumerate(blocks):
         for name, module in block.named_modules():
             if isinstance(module, torch.nn.Linear):
                 targets.append(
