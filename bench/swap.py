@@ -1,6 +1,6 @@
 """The swap benchmark: changing the served LoRA on the full-size SDXL UNet, five ways, side by side.
 
-    python -m bench.swap [--family sdxl|flux|qwen|wan|ltx2 [--pair]] [--device cpu|cuda]
+    python -m bench.swap [--family sdxl|flux|qwen|wan|krea2|ltx2 [--pair]] [--device cpu|cuda]
                          [--dtype bfloat16|float16|float32] [--ranks 8,32] [--repeats N] [--formats peft,kohya]
                          [--variants loha,lokr,dora] [--quick | --full] [--json PATH] [--plot DIR]
     python -m bench.swap --schedule [--device cpu|cuda] [--steps 8] [--repeats 9]: a LoRA's strength by step
@@ -13,7 +13,9 @@ them on a real-width slice of Qwen-Image's (`bench.qwen_slice`: 3 blocks at widt
 each adapted, in musubi-tuner's kohya names and in diffusers'), at ranks 16 and 64. `--family wan` on a
 real-width slice of Wan's 14B video transformer (`bench.wan_slice`: 2 blocks at width 5120, every Linear layer of
 each adapted, in musubi-tuner's names and in diffusers'), at ranks 16 and 64; with `--pair`, Wan 2.2 A14B's two
-transformers (two such slices) swapped together against a floor for each (`bench.swap_pair`). `--family ltx2` on
+transformers (two such slices) swapped together against a floor for each (`bench.swap_pair`). `--family krea2`
+on a real-width slice of Krea 2's (`bench.krea2_slice`: 2 blocks at width 6144, every Linear layer of each
+adapted, in kohya's names with `.alpha` and in diffusers'), at ranks 16 and 64. `--family ltx2` on
 a real-width slice of LTX-2 19B's audio-video transformer (`bench.ltx2_slice`: 2 blocks at widths 4096 and 2048,
 every Linear layer of each adapted, in the LTX trainer's names and in diffusers'), at ranks 16 and 64.
 
@@ -60,6 +62,7 @@ import transformers
 
 from bench.flux_slice import build_flux_slice, flux_pool, flux_targets, write_flux_pair
 from bench.formats import measure_formats
+from bench.krea2_slice import build_krea2_slice, krea2_pool, krea2_targets, write_krea2_pair
 from bench.ltx2_slice import build_ltx2_slice, ltx2_pool, ltx2_targets, write_ltx2_pair
 from bench.measure import FUSE_FLAGS, Clock, cpu_description
 from bench.options import Options, parse_options
@@ -81,6 +84,7 @@ _MODEL_NAMES = {
     "flux": "FLUX.1 transformer slice (2 double + 4 single blocks, width 3072)",
     "qwen": "Qwen-Image transformer slice (3 blocks, width 3072)",
     "wan": "Wan 14B transformer slice (2 blocks, width 5120)",
+    "krea2": "Krea 2 transformer slice (2 blocks, width 6144)",
     "ltx2": "LTX-2 19B transformer slice (2 blocks, widths 4096 and 2048)",
 }
 
@@ -128,8 +132,15 @@ def run(options: Options) -> dict[str, object]:
     _say(f"CPU flags: {' '.join(flags) or 'unknown'}")
     _say(f"machine: {environment['before']}")
     started = time.perf_counter()
-    pool = {"flux": flux_pool, "qwen": qwen_pool, "wan": wan_pool, "ltx2": ltx2_pool}.get(options.family, random_pool)()
-    slices = {"flux": build_flux_slice, "qwen": build_qwen_slice, "wan": build_wan_slice, "ltx2": build_ltx2_slice}
+    pools = {"flux": flux_pool, "qwen": qwen_pool, "wan": wan_pool, "krea2": krea2_pool, "ltx2": ltx2_pool}
+    pool = pools.get(options.family, random_pool)()
+    slices = {
+        "flux": build_flux_slice,
+        "qwen": build_qwen_slice,
+        "wan": build_wan_slice,
+        "krea2": build_krea2_slice,
+        "ltx2": build_ltx2_slice,
+    }
     build = slices.get(options.family, build_sdxl_unet)
     unet = build(dtype=dtype, device=device, pool=pool)
     parameters = sum(p.numel() for p in unet.parameters())
@@ -199,6 +210,13 @@ def _wan_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], Lor
     return lambda folder, rank, fmt: write_wan_pair(folder, targets, rank=rank, fmt=fmt)
 
 
+def _krea2_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], LoraPair]:
+    targets = krea2_targets(transformer)
+    values = sum(fan_in * fan_out for _, fan_in, fan_out in targets)
+    _say(f"LoRA targets: {len(targets)} Linear layers (gated attention, SwiGLU MLP) holding {values / 1e6:.0f}M")
+    return lambda folder, rank, fmt: write_krea2_pair(folder, targets, rank=rank, fmt=fmt)
+
+
 def _ltx2_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], LoraPair]:
     targets = ltx2_targets(transformer)
     values = sum(fan_in * fan_out for _, fan_in, fan_out in targets)
@@ -209,7 +227,13 @@ def _ltx2_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], Lo
     return lambda folder, rank, fmt: write_ltx2_pair(folder, targets, rank=rank, fmt=fmt)
 
 
-_TARGETS = {"flux": _flux_targets, "qwen": _qwen_targets, "wan": _wan_targets, "ltx2": _ltx2_targets}
+_TARGETS = {
+    "flux": _flux_targets,
+    "qwen": _qwen_targets,
+    "wan": _wan_targets,
+    "krea2": _krea2_targets,
+    "ltx2": _ltx2_targets,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

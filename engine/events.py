@@ -12,13 +12,27 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
-__all__ = ["EngineEvents", "EngineObserver", "Tier"]
+__all__ = ["EngineEvents", "EngineObserver", "RunShare", "Tier"]
 
 logger = logging.getLogger(__name__)
 
 Tier = Literal["host", "device"]
+
+
+@dataclass(frozen=True)
+class RunShare:
+    """One finished run's share of the device (`engine.pipeline.stepshare`): its pool, whether a video, the device
+    time it held, how often and how long it was paused for other runs, and its longest wait for one step."""
+
+    pool: str
+    video: bool
+    device_s: float
+    pauses: int
+    paused_s: float
+    longest_wait_s: float
 
 
 class EngineObserver(Protocol):
@@ -47,6 +61,9 @@ class EngineObserver(Protocol):
 
     def hub_error(self, error_type: str) -> None:
         """Talking to the Hub failed (unreachable, 5xx, unreadable answer); `error_type` names the error class."""
+
+    def device_shared(self, share: RunShare) -> None:
+        """A run left the device (run or step sharing): its share of it."""
 
 
 class EngineEvents:
@@ -106,6 +123,11 @@ class EngineEvents:
         for observer in self._each():
             with _guard("hub_error"):
                 observer.hub_error(error_type)
+
+    def device_shared(self, share: RunShare) -> None:
+        for observer in self._each():
+            with _guard("device_shared"):
+                observer.device_shared(share)
 
 
 @contextmanager

@@ -149,6 +149,11 @@ class Settings(BaseModel):
         2 * 2**30
     )
     scheduler: Annotated[Literal["affinity", "fifo_inline"], _Stripped, Env("SCHEDULER")] = "affinity"
+    # The device shared step by step between pools' runs (engine.pipeline.stepshare): `auto` is `step` on a
+    # persistent CUDA device, the whole-run lock (`run`) on ZeroGPU (each call has its own GPU) and off on the CPU;
+    # a run that has waited longer than STEP_SHARING_STARVE_STEPS of its own steps goes next.
+    device_sharing: Annotated[Literal["auto", "step", "run", "off"], _Stripped, Env("DEVICE_SHARING")] = "auto"
+    step_sharing_starve_steps: Annotated[float, Field(ge=0.0, le=10_000.0), Env("STEP_SHARING_STARVE_STEPS")] = 8.0
     # Live previews while denoising (off for `POST /`, which answers with the final image only).
     previews: Annotated[_Bool, Env("PREVIEWS")] = True
     preview_vae: Annotated[str, AfterValidator(sv.preview_vae), Env("PREVIEW_VAE")] = "auto"

@@ -41,6 +41,7 @@ class Family(StrEnum):
     WAN22_I2V = "wan22_i2v"
     CHROMA = "chroma"
     LTX2 = "ltx2"
+    KREA2 = "krea2"
     UNKNOWN = "unknown"
 
 

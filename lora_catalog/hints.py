@@ -58,6 +58,9 @@ SPEED_PRESETS: dict[str, SpeedPreset] = {
     "Qwen-Image-Lightning": SpeedPreset("Euler flow", 8, 1.0),
     "Wan-Lightx2v": SpeedPreset(None, 4, 1.0),
     "Wan2.2-Lightning": SpeedPreset(None, 4, 1.0),
+    # Turbo's distillation extracted as a LoRA for Krea 2 Raw: Turbo's own settings (krea-ai/krea-2's README: 8
+    # steps without CFG; Krea2Pipeline runs CFG at any guidance above 0), its flow-match Euler sampler.
+    "Krea 2 Turbo": SpeedPreset("Euler flow", 8, 0.0),
 }
 _WELL_KNOWN = {
     "latent-consistency/lcm-lora-sdxl": "LCM",
@@ -105,6 +108,12 @@ _NAMES = (
     (
         "Qwen-Image-Lightning",
         re.compile(rf"(^|{_SEP})qwen{_SEP}?image{_SEP}?(edit{_SEP}?((plus|\d{{4}}){_SEP}?)?)?lightning($|{_SEP})"),
+    ),
+    # "Krea-2-Turbo-LoRA", "krea2_turbo_8steps_lora": the model's name, then what makes it a LoRA of it (a card's
+    # `base_model:adapter:krea/Krea-2-Turbo` tag is a LoRA made on Turbo, no speed LoRA).
+    (
+        "Krea 2 Turbo",
+        re.compile(rf"(^|{_SEP})krea{_SEP}?2{_SEP}?turbo{_SEP}((\d{{1,2}}{_SEP}?steps?{_SEP})?lora|distill|speed)"),
     ),
     ("LCM", re.compile(rf"(^|{_SEP})(lcm|latent{_SEP}?consistency)($|{_SEP})")),
     ("Lightning", re.compile(rf"(^|{_SEP})(sdxl{_SEP}?lightning|lightning{_SEP}?\d+{_SEP}?steps?)($|{_SEP})")),

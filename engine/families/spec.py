@@ -29,6 +29,7 @@ __all__ = [
     "LatentProjection",
     "LoraConverter",
     "LoraSignature",
+    "LycorisModules",
     "MemorySpec",
     "PipelineClass",
     "PreviewSpec",
@@ -49,6 +50,8 @@ Shapes = Mapping[str, tuple[int, ...]]
 Tensor = Any
 # A family's placing of its LoRAs' full differences (`FamilySpec.full_differences`).
 FullDifferences = Callable[[Iterable[str]], Mapping[str, tuple[str, ...]]]
+# A family's naming of its LyCORIS modules (`FamilySpec.lycoris_modules`): (module name, denoiser) -> its layers.
+LycorisModules = Callable[[str, Any], tuple[str, ...] | None]
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,9 @@ class FamilySpec:
     # second; its output's `audio` (channels x samples) is the result's `audio` (`engine.result_parts.Soundtrack`).
     # None: silent videos or images.
     audio_rate: Callable[[Pipeline], int] | None = None
+    # LyCORIS module names the generic naming misses, to the denoiser's modules (Krea 2's original names, its fused
+    # `attn.qkv` as its q, k and v, whose ΔW is split by rows: `engine.formats.split`); None: none.
+    lycoris_modules: LycorisModules | None = None
 
     def __post_init__(self) -> None:
         if self.identity.full_differences != (self.full_differences is not None):

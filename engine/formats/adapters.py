@@ -35,14 +35,9 @@ from engine.formats.differences import DIFFERENCE, difference_layers, split_diff
 from engine.formats.dora import dora_update
 from engine.formats.layers import LayerDelta, LayerFactors, LayerUpdate
 from engine.formats.lycoris import lycoris_layer
-from engine.formats.naming import (
-    SplitTensors,
-    component_state_dict,
-    is_kohya,
-    peft_stem,
-    split_tensors,
-)
+from engine.formats.naming import SplitTensors, component_state_dict, is_kohya, peft_stem, split_tensors
 from engine.formats.pivotal import TokenEmbeddings
+from engine.formats.split import family_modules, split_layers
 from engine.formats.targets import TargetTable
 from engine.hostmem import pinned_nbytes
 from lora_catalog.hints import LoraHints
@@ -330,9 +325,13 @@ def _bias_target(table: TargetTable, component: str, module: str, bias: torch.Te
 
 
 def _lycoris_layers(split: SplitTensors, table: TargetTable, config: Mapping, label: str) -> list[LayerUpdate]:
-    kohya = table.kohya_modules([s for s in split.lycoris if is_kohya(s)], label)
+    named = family_modules(sorted(split.lycoris), table)
+    kohya = table.kohya_modules([s for s in split.lycoris if is_kohya(s) and s not in named], label)
     layers: list[LayerUpdate] = []
     for stem, params in sorted(split.lycoris.items()):
+        if stem in named:
+            layers.extend(split_layers(named[stem], params, table, where=f"{label}: {stem}"))
+            continue
         candidates = [kohya[stem]] if stem in kohya else peft_stem(stem, table.components)
         index = _target(table, candidates, label, stem)
         component = table.names[index].partition(".")[0]

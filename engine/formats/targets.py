@@ -17,7 +17,7 @@ from diffusers import StableDiffusionXLPipeline
 from torch import nn
 
 from engine.families import unet
-from engine.families.spec import FullDifferences, LoraConverter
+from engine.families.spec import FullDifferences, LoraConverter, LycorisModules
 from engine.formats.naming import kohya_modules
 
 __all__ = ["TargetTable"]
@@ -47,10 +47,12 @@ class TargetTable:
         denoiser: str = "unet",
         convert_lora: LoraConverter = _SDXL_CONVERTER,
         full_differences: FullDifferences | None = None,
+        lycoris_modules: LycorisModules | None = None,
     ) -> None:
         if denoiser not in components:
             raise ValueError(f"the denoiser {denoiser!r} is not among the components {', '.join(components)}")
         self._convert_lora = convert_lora
+        self._lycoris_modules = lycoris_modules
         # The family's placing of full differences (`FamilySpec.full_differences`): where set, every parameter of
         # the components is a target, after every Linear/Conv2d weight.
         self.full_differences = full_differences
@@ -128,6 +130,13 @@ class TargetTable:
     def convert(self, state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Mapping[str, Any] | None]:
         """A file's plain factors in diffusers' names, with the network alphas read (the family's converter)."""
         return self._convert_lora(state_dict, self._denoiser_module)
+
+    def family_modules(self, stem: str) -> tuple[int, ...] | None:
+        """The targets of a LyCORIS module the family names itself (`FamilySpec.lycoris_modules`): one layer, or a
+        fused layer's parts in order; None where the family does not name it (or names a layer not served)."""
+        modules = self._lycoris_modules(stem, self._denoiser_module) if self._lycoris_modules else None
+        found = [self.lookup(self.denoiser, m) for m in modules or ()]
+        return tuple(i for i in found if i is not None) if found and None not in found else None
 
     def kohya_modules(self, stems: list[str], label: str) -> dict[str, tuple[str, str]]:
         """(component, module) of each kohya module name (`engine.formats.naming.kohya_modules`)."""

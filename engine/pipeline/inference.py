@@ -7,21 +7,23 @@ request names a sampler or a CLIP skip: `engine.pipeline.schedulers`), and turns
 errors. Several images are one call with one generator per image (diffusers draws each image's noise from its
 own, so each equals a run of its seed alone, up to the batch's rounding); when that batch does not fit the
 device's memory, they are made one at a time, on the same weights. On a GPU one pool denoises at a time
-(`gpu_lock`), so the memory plan keeps one pool's working memory free, not every pool's.
+(`engine.pipeline.stepshare`: a whole run, or with step sharing one step, at a time), so the memory plan keeps one
+pool's working memory free, not every pool's. A run's `boundary` is called at each step's end and before each latent
+frame of a video VAE's decode but the first (a forward pre-hook on its decoder: Wan's decodes a frame at a time);
+it may pause the run there, its latents kept as they are.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.devices import normal_device
 from engine.errors import GenerationCancelledError, GenerationError, SwitchboardError
 from engine.families.spec import FamilySpec
 from engine.outcomes import Preview, Progress
@@ -33,30 +35,13 @@ from engine.weights.tokens import swapped_tokenizers
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["engine_error", "gpu_lock", "infer", "made"]
+__all__ = ["decode_chunks", "engine_error", "infer", "made", "run_pieces"]
 
 logger = logging.getLogger(__name__)
 
 # A video's sound rides on its first frame's `info` from the pipeline call to `made` (so `infer` still answers
 # pictures alone); `made` takes it off again.
 _SOUND = "switchboard.soundtrack"
-_GPU_LOCKS: dict[int, threading.Lock] = {}
-_GPU_LOCKS_GUARD = threading.Lock()
-
-
-def gpu_lock(device: torch.device) -> AbstractContextManager[object]:
-    """The lock every pool's run on `device` holds while it denoises and decodes (none off CUDA).
-
-    Each pool has its own GPU thread; two denoising at once would each need their working memory free (the
-    plan keeps one: `engine.pools.plan`) and finish no sooner, a step at these sizes already filling the GPU.
-    The swaps and preparation of other pools still overlap it. `cuda` and `cuda:0` are one device.
-    """
-    if device.type != "cuda":
-        return nullcontext()
-    index = normal_device(device).index
-    assert index is not None  # normal_device names a CUDA device's index
-    with _GPU_LOCKS_GUARD:
-        return _GPU_LOCKS.setdefault(index, threading.Lock())
 
 
 @torch.inference_mode()
@@ -72,9 +57,12 @@ def infer(
     preview_every: int,
     preview: Preview | None = None,
     at_step: Callable[[int, int], None] | None = None,
+    boundary: Callable[[int], None] | None = None,
 ) -> tuple[Image, ...]:
-    """The request's images, in the order of its seeds (a video's frames, in order); `at_step`: `_images`'."""
+    """The request's images, in the order of its seeds (a video's frames, in order); `at_step`: `_images`';
+    `boundary(pieces left)` at each step's end and each video decode chunk's start (`engine.pipeline.stepshare`)."""
     steps = request.steps
+    chunks = decode_chunks(pipe, request)
     previews = StepPreviews.for_run(decoder, preview_every, steps, preview)
     # The latents a step hands its callback, made spatial for the decoders (a DiT packs them into tokens).
     unpack = family.preview.unpack
@@ -100,25 +88,65 @@ def infer(
             progress(done, total)
         if at_step is not None and done < total:
             at_step(done, total)
+        if boundary is not None:
+            boundary(total - done + chunks)
         return callback_kwargs
 
     call = partial(_images, pipe, request, family, on_step, at_step)
 
     # Called under the pipeline lock: the tokenizers are the base ones again after the run, however it ends.
-    with swapped_tokenizers(pipe, tokenizers):
-        seeds = request.seeds
-        try:
-            images = call(seeds)
-        except torch.OutOfMemoryError:
-            if len(seeds) == 1:
-                raise
-            # The batch does not fit: one image at a time (the same images, each as a run of its seed alone).
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            images = [image for seed in seeds for image in call((seed,))]
+    with swapped_tokenizers(pipe, tokenizers), _decode_boundaries(pipe, boundary, chunks):
+        images = _batch_or_each(call, request.seeds)
     if cancel is not None and cancel.is_set():
         raise GenerationCancelledError("the request was cancelled during generation")
     return tuple(images)
+
+
+def _batch_or_each(call: Callable[[tuple[int, ...]], list[Image]], seeds: tuple[int, ...]) -> list[Image]:
+    """`call(seeds)` as one batch; when the batch does not fit, one image at a time (the same images, each as a run
+    of its seed alone)."""
+    try:
+        return call(seeds)
+    except torch.OutOfMemoryError:
+        if len(seeds) == 1:
+            raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return [image for seed in seeds for image in call((seed,))]
+
+
+def decode_chunks(pipe: Any, request: CheckedRequest) -> int:
+    """The pieces a video's VAE decode is shared in (its latent frames: Wan's decoder takes one at a time); 0 for
+    an image, whose decode is part of its last step."""
+    if not request.num_frames or getattr(getattr(pipe, "vae", None), "decoder", None) is None:
+        return 0
+    return (request.num_frames - 1) // int(getattr(pipe, "vae_scale_factor_temporal", 4) or 4) + 1
+
+
+def run_pieces(pipe: Any, request: CheckedRequest) -> int:
+    """The pieces a run holds the device for, one at a time with step sharing: its steps and decode chunks."""
+    return request.steps + decode_chunks(pipe, request)
+
+
+@contextmanager
+def _decode_boundaries(pipe: Any, boundary: Callable[[int], None] | None, chunks: int) -> Iterator[None]:
+    """`boundary` before each call of the video VAE's decoder but the first (the last step's end was one)."""
+    if boundary is None or not chunks:
+        yield
+        return
+    calls = 0
+
+    def before_chunk(module: torch.nn.Module, args: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            boundary(max(chunks - calls + 1, 1))
+
+    handle = pipe.vae.decoder.register_forward_pre_hook(before_chunk)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _images(

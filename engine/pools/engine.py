@@ -25,10 +25,11 @@ from engine.formats.pivotal import check_clashes
 from engine.limits import Limits
 from engine.normalise import normalise_request
 from engine.outcomes import EngineStatus, LoraCheck, PreparedRequest, Preview, Progress
-from engine.pipeline.inference import engine_error, gpu_lock, infer, made
+from engine.pipeline.inference import engine_error, infer, made
 from engine.pipeline.loading import LoadedPipeline
 from engine.pipeline.preview import load_preview_decoder
 from engine.pipeline.schedulers import check_scheduler, run_pipeline
+from engine.pipeline.sharing import device_ahead_s, pool_turn
 from engine.pools.parts import build_parts
 from engine.pools.prefetch import PrefetchLane
 from engine.pools.report import engine_status
@@ -39,7 +40,7 @@ from engine.recommended import final_request
 from engine.requests import CheckedRequest, GenerateRequest, GenerateResult, LoraSpec, ModelDefaults
 from engine.result_parts import AdapterUse, Timings
 from engine.settings import Settings
-from engine.weights.fused import FusedSet, set_identity
+from engine.weights.fused import FusedSet, set_identity, stepped_weights
 from engine.weights.tokens import TokenPatcher
 from lora_catalog.hints import LoraHints
 
@@ -85,6 +86,7 @@ class Engine:
             per_call=self._per_call,
             device=loaded.device,
             on_swap=self.events.swapped,
+            denoiser=stepped_weights(parts.table.names, loaded.family.stored),
         )
         self.scheduler: Scheduler[PreparedRequest] = Scheduler(
             prepare=self._open,
@@ -92,10 +94,10 @@ class Engine:
             fused=self._fused.identity,
             max_queue=settings.max_queue,
             max_skip=settings.affinity_max_skip,
-            # One preparation per queued request, and room for a few still finishing after their request left;
-            # the loads are bounded by the gate.
+            # One preparation per queued request, and room for some still finishing (loads: bounded by the gate).
             threads=settings.max_queue + settings.prepare_workers,
             mode=settings.scheduler,
+            device_ahead=partial(device_ahead_s, loaded),
         )
         self._prefetches = PrefetchLane(partial(self._open, lane="prefetch"), pending=settings.max_queue)
         self._preview = load_preview_decoder(settings, loaded.family, loaded.device, loaded.dtype)
@@ -249,11 +251,8 @@ class Engine:
         cancel: threading.Event | None = None,
         preview: Preview | None = None,
     ) -> GenerateResult:
-        """Swap to the request's adapters and generate, atomically; on failure restore what was served.
-
-        Callers hold the scheduler's slot (`serving.backends.local.LocalBackend`, the one caller); the lock
-        below only keeps a direct call safe.
-        """
+        """Swap to the request's adapters and generate, atomically; on failure restore what was served. Callers
+        hold the scheduler's slot (`LocalBackend`, the one caller); the lock only keeps a direct call safe."""
         with self._lock:
             return self._run_held(prepared, progress, cancel, preview)
 
@@ -289,10 +288,11 @@ class Engine:
         previous = self._fused.applied
         try:
             swapped, apply_s = self._fused.swap(prepared.adapters)
-            with gpu_lock(self.loaded.device):
+            pipe = run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family)
+            with pool_turn(self, pipe, prepared.request, cancel, progress) as boundary:
                 inferred = time.perf_counter()
                 images = infer(
-                    run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family),
+                    pipe,
                     prepared.request,
                     family=self.loaded.family,
                     tokenizers=self._fused.tokenizers,
@@ -302,6 +302,7 @@ class Engine:
                     preview_every=self.settings.preview_every,
                     preview=preview,
                     at_step=self._fused.stepper(prepared.request.loras, prepared.adapters),
+                    boundary=boundary,
                 )
         except BaseException as e:
             self._fused.rollback(previous)

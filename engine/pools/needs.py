@@ -43,12 +43,18 @@ __all__ = [
     "dequantized_bytes",
     "largest_values",
     "loaded_need",
+    "paused_bytes",
     "pipeline_modules",
     "scratch_bytes",
 ]
 
 # The swap's float32 scratch slots (engine.formats.layers.Scratch), each as large as the largest touched weight.
 _SCRATCH_SLOTS = 5
+# A paused run's latent-sized float32 tensors: the latents, the guidance's two predictions, a sampler's history
+# (UniPC keeps up to three model outputs).
+_PAUSED_COPIES = 6
+# A paused run's prompt embeddings, at most: UMT5/T5's 512 tokens × 4096 in bf16, with and without the prompt.
+_EMBEDDING_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,8 @@ class PoolNeed:
     smaller: tuple[PoolNeed, ...] = ()
     # A quantized denoiser's LoRA branch buffers at `LORA_MAX_RANK`, in `weights` (what a smaller rank saves).
     branches: int = 0
+    # What one paused run of this pool keeps on the device with step sharing (`paused_bytes`).
+    paused: int = 0
 
     def with_fp8(self, denoiser: int, quantized: int, scratch: int, widened: int, branches: int = 0) -> PoolNeed:
         """This need with its fp8 alternative: the denoiser's `denoiser` bytes (native) held in `quantized` bytes
@@ -124,6 +132,21 @@ def pipeline_modules(loaded: LoadedPipeline) -> list[nn.Module]:
     ]
 
 
+def paused_bytes(memory: MemorySpec) -> int:
+    """What one paused run keeps on the device with step sharing (`engine.pipeline.stepshare`), from the latent
+    shape of the family's largest request: a video's `video_size` ((frames - 1) / 4 + 1 latent frames of 16
+    channels at an eighth of each side: Wan's VAE), an image's `largest_side` (2048 when not declared) at 32
+    channels (FLUX.2's; SDXL's 4 and FLUX.1's 16 are fewer); the latents, the guidance's two predictions and a
+    multistep sampler's history in float32 (`_PAUSED_COPIES`), and its prompt embeddings (`_EMBEDDING_BYTES`)."""
+    if memory.video_size:
+        frames, width, height = memory.video_size
+        values = 16 * ((frames - 1) // 4 + 1) * (height // 8) * (width // 8)
+    else:
+        side = memory.largest_side or 2048
+        values = 32 * (side // 8) ** 2
+    return values * 4 * _PAUSED_COPIES + _EMBEDDING_BYTES
+
+
 def scratch_bytes(largest_values: int) -> int:
     """The swap's float32 scratch buffers for a pool whose largest touchable weight has `largest_values` values."""
     return _SCRATCH_SLOTS * 4 * largest_values
@@ -154,8 +177,9 @@ def loaded_need(loaded: LoadedPipeline, *, rank: int, group_size: int = 128) -> 
     weights = module_bytes(pipeline_modules(loaded))
     scratch = scratch_bytes(largest_values(touched))
     # Its base's working memory (Wan's 720P bases plan a larger video than their family's reference).
-    working = family.memory_of(loaded.base_model_id).working_bytes
-    need = PoolNeed(loaded.base_model_id, weights, touchable, host_able, working, scratch)
+    memory = family.memory_of(loaded.base_model_id)
+    need = PoolNeed(loaded.base_model_id, weights, touchable, host_able, memory.working_bytes, scratch)
+    need = replace(need, paused=paused_bytes(memory))
     # The stored components (the denoiser; Wan 2.2 A14B's transformer_2 too), which a quantized pool stores.
     stored_modules = [getattr(pipe, c) for c in family.stored]
     linears = linear_sizes(
@@ -225,6 +249,7 @@ def declared_needs(settings: Settings, device: torch.device) -> tuple[PoolNeed, 
             weights += memory.values_of(memory.float32_in_fp16) * (4 - itemsize)
         scratch = scratch_bytes(memory.largest_values)
         need = PoolNeed(pool.base_model_id, weights, touchable, host_able, memory.working_bytes, scratch)
+        need = replace(need, paused=paused_bytes(memory))
         if memory.linears is not None:
             # Every stored component's values (`FamilySpec.stored`: an A14B's two transformers, sized from its
             # first GGUF file's types where it names two); `linears` declares all of theirs.

@@ -7,6 +7,7 @@ Built once per engine, in this order: pinned memory is configured before anythin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -45,6 +46,17 @@ class EngineParts:
     scratch_device_bytes: int
 
 
+def _target_table(family: FamilySpec, components: dict[str, Any]) -> TargetTable:
+    """The pool's weights a LoRA may change, with the family's converter and namings."""
+    return TargetTable(
+        components,
+        denoiser=family.denoiser,
+        convert_lora=family.convert_lora,
+        full_differences=family.full_differences,
+        lycoris_modules=family.lycoris_modules,
+    )
+
+
 def build_parts(
     loaded: LoadedPipeline,
     settings: Settings,
@@ -59,9 +71,7 @@ def build_parts(
     per_call = settings.per_call
     family = loaded.family
     components = {c: getattr(loaded.pipe, c) for c in loaded.components}
-    table = TargetTable(
-        components, denoiser=family.denoiser, convert_lora=family.convert_lora, full_differences=family.full_differences
-    )
+    table = _target_table(family, components)
     # The served tokenizers and token embeddings, for pivotal-tuning LoRAs' tokens (engine.formats.pivotal).
     encoders = TextEncoders(loaded.pipe, loaded.components)
     on_device = loaded.device.type != "cpu" and not per_call and settings.pristine_store != "cpu"

@@ -40,6 +40,8 @@ class PlanOptions:
     pool_quantize: tuple[tuple[str, str], ...] = ()
     # LORA_MAX_RANK, the rank quantized denoisers' branch buffers are sized to (0: not known here).
     rank: int = 0
+    # Step sharing (DEVICE_SHARING): each pool's paused run keeps its state on the device (`PoolNeed.paused`).
+    step_sharing: bool = False
 
     def quantize_of(self, name: str) -> str:
         return dict(self.pool_quantize).get(name, self.quantize)
@@ -64,6 +66,8 @@ class PlanOptions:
             graphs=settings.compile == "reduce-overhead",
             quantize=settings.quantize,
             rank=settings.lora_max_rank,
+            # The plan is made for a persistent CUDA device only, where `auto` shares it step by step.
+            step_sharing=settings.device_sharing in ("auto", "step"),
             pool_quantize=tuple(
                 (p.base_model_id, "gguf" if p.gguf is not None else p.quantize or settings.quantize)
                 for p in settings.pool_settings

@@ -51,6 +51,7 @@ class Scheduler(Generic[P]):
         max_skip: int,
         threads: int,
         mode: str = "affinity",
+        device_ahead: Callable[[float], float] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not accepted; accepted: {', '.join(MODES)}")
@@ -60,6 +61,7 @@ class Scheduler(Generic[P]):
         self.max_queue = max_queue
         self.max_skip = max_skip
         self.mode = mode
+        self._device_ahead = device_ahead  # other pools' device time in a run's way (`_device_s`)
         self._cond = threading.Condition()
         # Tickets of this scheduler's own preparation hold a P; a ticket with its own preparation, whatever it makes.
         self._queue: list[Ticket[Any]] = []
@@ -85,7 +87,7 @@ class Scheduler(Generic[P]):
             if self._closed:
                 raise EngineBusyError("the engine is shutting down; accepted: requests to a running engine")
             if waiting >= self.max_queue:
-                retry = self._retry_after(waiting)
+                retry = max(1, math.ceil(self._device_s(waiting + 1)))
                 logger.warning(
                     "rejected a request: %d waiting, limit %d (retry after %d s)", waiting, self.max_queue, retry
                 )
@@ -359,7 +361,8 @@ class Scheduler(Generic[P]):
         position = next((i + 1 for i, t in enumerate(self._queue) if t is ticket), 0)
         # Those queued before it, and the one on the GPU: a request that joins an idle pool has none ahead.
         ahead = max(position - 1, 0) + int(position > 0 and self._running is not None)
-        return QueueView(position=position, waiting=len(self._queue), state=ticket.state.value, ahead=ahead)
+        device_s = round(self._device_s(ahead + 1)) if position else 0
+        return QueueView(position, len(self._queue), ticket.state.value, ahead, device_s)
 
     @property
     def waiting(self) -> int:
@@ -382,8 +385,10 @@ class Scheduler(Generic[P]):
     def _remove(self, ticket: Ticket[Any]) -> None:
         self._queue = [t for t in self._queue if t is not ticket]
 
-    def _retry_after(self, waiting: int) -> int:
-        return max(1, math.ceil(self._run_s * (waiting + 1)))
+    def _device_s(self, runs: int) -> float:
+        """Device time until `runs` runs of this pool end, other pools' in their way too (`DeviceScheduler.ahead_s`)."""
+        own = self._run_s * runs
+        return own + (self._device_ahead(own) if self._device_ahead is not None else 0.0)
 
     def _changed(self) -> None:
         with self._cond:

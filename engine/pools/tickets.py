@@ -30,12 +30,15 @@ class TicketState(enum.Enum):
 @dataclass(frozen=True)
 class QueueView:
     """Where a request stands, as every transport shows it: 1-based place among those waiting (0: running), and
-    how many requests go to the GPU before it (the one running counted; 0: it goes next, the slot is free)."""
+    how many requests go to the GPU before it (the one running counted; 0: it goes next, the slot is free); about
+    how many seconds of device time until it is done (`device_s`, whole seconds: those ahead of it and its own run
+    at the pool's measured run length, and the other pools' runs it goes after or interleaves with)."""
 
     position: int
     waiting: int
     state: str
     ahead: int = 0
+    device_s: float = 0.0
 
 
 # How a ticket is prepared: the prepared work, and what releases its adapters once it has run.

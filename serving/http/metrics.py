@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from engine.events import Tier
+from engine.events import RunShare, Tier
 
 if TYPE_CHECKING:
     from engine.outcomes import EngineStatus
@@ -95,6 +95,8 @@ class Metrics:
             ["error_type"],
             registry=registry,
         )
+        # The device shared by the pools' runs (engine.pipeline.stepshare): its time per pool, the pauses.
+        self._device, self._pauses, self._paused, self._step_wait = _sharing_metrics(registry)
         for tier in TIERS:
             # Present at zero from the start, so a rate() over the first scrapes is not empty.
             for counter in (self._hits, self._misses, self._evictions, self._evicted_bytes):
@@ -147,6 +149,27 @@ class Metrics:
 
     def hub_error(self, error_type: str) -> None:
         self._hub_errors.labels(error_type=error_type).inc()
+
+    def device_shared(self, share: RunShare) -> None:
+        self._device.labels(pool=share.pool).inc(share.device_s)
+        self._pauses.labels(pool=share.pool).inc(share.pauses)
+        self._paused.observe(share.paused_s)
+        self._step_wait.observe(share.longest_wait_s)
+
+
+def _sharing_metrics(registry: CollectorRegistry) -> tuple[Counter, Counter, Histogram, Histogram]:
+    """Device time and pauses per pool, paused seconds and the longest wait for a step per run."""
+    return (
+        Counter(f"{PREFIX}_device_seconds", "Device time held by runs, by pool.", ["pool"], registry=registry),
+        Counter(f"{PREFIX}_run_pauses", "Runs paused for another pool's step, by pool.", ["pool"], registry=registry),
+        Histogram(f"{PREFIX}_run_paused_seconds", "Time one run was paused.", buckets=_SLOW_BUCKETS, registry=registry),
+        Histogram(
+            f"{PREFIX}_step_wait_max_seconds",
+            "The longest one run waited for the device before one of its steps (its start included).",
+            buckets=_SLOW_BUCKETS,
+            registry=registry,
+        ),
+    )
 
 
 class _Levels:

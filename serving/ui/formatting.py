@@ -261,7 +261,9 @@ def recommended_text(entry: LoraEntry) -> str:
 def queue_text(view: QueueView) -> str:
     """A queued request's place, as the progress bar shows it (the same numbers every transport sees)."""
     doing = "preparing its LoRAs" if view.state == "preparing" else "ready, waiting for the GPU"
-    return f"In queue: {view.position} of {view.waiting} ({doing})"
+    # The device time until it is done: those ahead, its own run, other pools' runs it shares the GPU with.
+    done = f"; done in about {view.device_s:.0f} s" if view.device_s > 0 else ""
+    return f"In queue: {view.position} of {view.waiting} ({doing}{done})"
 
 
 def readiness_html(ref: str, state: str, detail: str = "") -> str:

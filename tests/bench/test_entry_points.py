@@ -184,3 +184,16 @@ def test_cuda_confirm_registers_a_pool_in_place_and_measures_a_decode_on_the_tin
             timeout=120,
         )
         assert done.returncode == 2 and "accepted: a CUDA device" in done.stderr, done.stderr[-1000:]
+
+
+@pytest.mark.timeout(1500)
+def test_mixed_compares_the_whole_run_lock_with_step_sharing_on_both_devices():
+    line = last_line("bench.mixed", "--quick")
+    found = re.fullmatch(
+        rf"mixed: image_p95_vs_alone={NUMBER} image_wait_max_vs_video_step={NUMBER} video_p95_vs_whole_run={NUMBER} "
+        rf"device_busy={NUMBER} exact=(true|false) whole_run_image_p95_vs_alone={NUMBER}",
+        line,
+    )
+    assert found, line
+    # Timing goals are the bench's (docs/benchmarks.md); here: sharing beats the lock for images, and is exact.
+    assert float(found[1]) < float(found[6]) and float(found[4]) > 0 and found[5] == "true"

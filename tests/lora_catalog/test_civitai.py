@@ -183,6 +183,7 @@ def test_a_link_carrying_a_token_is_refused_without_echoing_it():
         ("Wan Video 2.2 I2V-A14B", Family.WAN22_I2V, False),
         ("Chroma", Family.CHROMA, False),
         ("LTXV2", Family.LTX2, False),
+        ("Krea 2", Family.KREA2, False),
     ],
 )
 def test_each_civitai_base_maps_to_its_family(label, family, finetune):
@@ -201,7 +202,7 @@ def test_the_table_has_exactly_those_entries_and_the_rest_maps_to_nothing():
         "Wan Video 14B i2v 480p", "Wan Video 14B i2v 720p", "Wan Video 1.3B t2v", "Wan Video 14B t2v",
         "Wan Video 2.2 TI2V-5B", "Flux.1 Kontext", "Wan Video 2.2 T2V-A14B",
         "Wan Video 2.2 I2V-A14B", "Qwen", "Chroma", "LTXV2", "ZImageTurbo", "ZImageBase", "Flux.2 D",
-        "Flux.2 Klein 4B", "Flux.2 Klein 9B", "Flux.2 Klein 4B-base", "Flux.2 Klein 9B-base",
+        "Flux.2 Klein 4B", "Flux.2 Klein 9B", "Flux.2 Klein 4B-base", "Flux.2 Klein 9B-base", "Krea 2",
     ]  # fmt: skip
     # Wan 2.5 is not served yet.
     unserved = ("Wan Video 2.5 T2V", "Wan Video 2.5 I2V")

@@ -56,6 +56,9 @@ from lora_catalog.hints import (
             1.0,
             "Euler flow",
         ),
+        # Krea 2 Turbo's distillation as a LoRA for Raw, by its repo or file name: Turbo's 8 steps without CFG.
+        ("someone/Krea-2-Turbo-LoRA", (), "Krea 2 Turbo", 8, 0.0, "Euler flow"),
+        ("someone/style", ("krea2_turbo_8steps_lora.safetensors",), "Krea 2 Turbo", 8, 0.0, "Euler flow"),
     ],
 )
 def test_speed_loras_are_recognised_with_their_own_settings(repo_id, names, kind, steps, guidance, sampler):
@@ -65,7 +68,17 @@ def test_speed_loras_are_recognised_with_their_own_settings(repo_id, names, kind
 
 
 @pytest.mark.parametrize(
-    "name", ["someone/lightning-bolt-style", "someone/turbo-car", "someone/clcm-art", "someone/hyperrealism", "x/y"]
+    "name",
+    [
+        "someone/lightning-bolt-style",
+        "someone/turbo-car",
+        "someone/clcm-art",
+        "someone/hyperrealism",
+        "x/y",
+        # A LoRA made on Krea 2 Turbo (its card's tag), no speed LoRA.
+        "base_model:adapter:krea/Krea-2-Turbo",
+        "someone/krea-2-turbo-portraits",
+    ],
 )
 def test_a_style_lora_that_only_sounds_fast_is_no_speed_lora(name):
     assert speed_hints([name], repo_id=name).empty

@@ -7,12 +7,15 @@ import json
 
 import httpx
 import pytest
+import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
+from engine.pipeline.sharing import scheduler_for
+from engine.pipeline.stepshare import DeviceScheduler
 from engine.requests import GenerateRequest, LoraSpec
 from serving.backends.local import LocalBackend
 from serving.handlers import Handlers
@@ -21,6 +24,7 @@ from serving.http.metrics import Metrics
 from tests.support.app_server import AppServer
 from tests.support.checks import generate
 from tests.support.reliability_app import fresh_repo
+from tests.support.stepshare import Rivals
 
 TIMEOUT = httpx.Timeout(120.0)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -193,3 +197,24 @@ def scrape_routes(metrics: Metrics) -> str:
     """`GET /metrics` as a scraper sends it (the levels are read from the backend then)."""
     with TestClient(Starlette(routes=metrics.routes())) as client:
         return client.get("/metrics").text
+
+
+def test_the_device_s_sharing_is_counted_per_pool(make_engine):
+    # Issue 48: device time per pool, pauses and paused seconds per run, the longest wait for a step; one pause
+    # forced by a rival run at step 1 (it has less left: its one piece counts as nothing until measured).
+    engine = make_engine(device_sharing="step")
+    backend = LocalBackend.of(engine)
+    metrics = Metrics(backend)
+    scheduler = DeviceScheduler(first_guess_s=1e-9)
+    rivals = Rivals(scheduler)
+    with scheduler_for(torch.device("cpu"), scheduler):
+        request = GenerateRequest(prompt="a fox", steps=3, width=64, height=64, seed=1)
+        generate(engine, request, progress=rivals.at_steps({1}))
+        rivals.join()
+    samples = parse(scrape_routes(metrics))
+    pool = engine.loaded.base_model_id
+    assert value(samples, "switchboard_device_seconds_total", pool=pool) > 0
+    assert value(samples, "switchboard_run_pauses_total", pool=pool) == 1
+    assert value(samples, "switchboard_run_paused_seconds_count") == 1
+    assert value(samples, "switchboard_run_paused_seconds_sum") > 0
+    assert value(samples, "switchboard_step_wait_max_seconds_count") == 1

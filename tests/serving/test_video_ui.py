@@ -13,11 +13,12 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from engine.outcomes import ServedPool
+from engine.pipeline.stepshare import Ahead
 from engine.requests import GenerateRequest, InputImage, ModelDefaults
 from serving.ui import history, session
 from serving.ui.formatting import result_info
-from serving.ui.gradio_api import StepProgress
 from serving.ui.inputs import mode_html
+from serving.ui.progress import StepProgress
 from serving.ui.video_ui import length_text, on_base, video_request
 from tests.support.video import frames, video_result
 
@@ -73,6 +74,24 @@ def test_the_progress_line_says_the_time_left_at_the_steps_pace(step, expected):
     clock.now += 4.0  # two steps in 4 s: 2 s a step, two steps left
     progress(step, 4)
     assert shown[-1] == ((step, 4), expected)
+
+
+def test_a_run_waiting_for_the_gpu_says_behind_what_and_its_time_left_leaves_the_wait_out():
+    # Issue 48: an image paused for a video's step (engine.pipeline.stepshare tells the progress what is ahead).
+    shown: list[tuple[object, str]] = []
+    clock = _Clock()
+    progress = StepProgress(lambda value, desc, unit: shown.append((value, desc)), clock)  # type: ignore[arg-type]
+    progress(1, 5)
+    clock.now += 2.0
+    progress(2, 5)
+    progress.waiting(Ahead(images=0, videos=1, seconds=40.0))
+    assert shown[-1] == ((2, 5), "waiting for the GPU: 1 video ahead, about 40 s")
+    clock.now += 40.0  # the video's step
+    progress(3, 5)
+    clock.now += 2.0
+    progress(4, 5)
+    # 2 s a step since the wait, one step left: the 40 s wait is not taken for the pace.
+    assert shown[-1] == ((4, 5), "Denoising (about 2.00 s left)")
 
 
 def test_cancel_cancels_the_running_generation(server):

@@ -15,9 +15,10 @@ from diffusers import FluxTransformer2DModel
 
 from engine.errors import IncompatibleLoraError, InvalidRequestError
 from families import IDENTITIES, Family
+from families.krea2 import RAW_ID as KREA2_RAW
 from serving.demo.synthetic import kohya_metadata, save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
-from tests.support import chroma, flux2, qwen_image, zimage
+from tests.support import chroma, flux2, krea2, qwen_image, zimage
 from tests.support.flux import CASES as FLUX_CASES
 from tests.support.flux import write_flux_loras
 from tests.support.loras import SD15, SDXL, card, kohya_file, peft_file, sft
@@ -166,12 +167,38 @@ def _chroma_files(models: TinyModels, hub: Any, folder: Path) -> None:
 WIDE_FACTORS = (("A", (2, 64)), ("B", (64, 2)))
 
 
+def _krea2_files(models: TinyModels, hub: Any, folder: Path) -> None:
+    sdxl, pipe = models.loaded(Family.SDXL).pipe, models.loaded(Family.KREA2).pipe
+    krea2.write_krea2_loras(pipe, folder)
+    qwen_image.write_qwen_loras(models.loaded(Family.QWEN_IMAGE).pipe, folder, cases=qwen_image.CASES[:1])
+    (folder / "sdxl_kohya.safetensors").write_bytes(kohya_file(sdxl, seed=82))
+    # Attention-only diffusers names, which Qwen-Image's (and FLUX.1's) share: alone, the widths decide; with
+    # ai-toolkit's metadata, the metadata.
+    made = krea2.factors(pipe.transformer, seed=83)
+    attention = krea2.lora_file(
+        {m: f for m, f in made.items() if m.startswith("transformer_blocks.0.attn.to_")}, "peft"
+    )
+    save_lora(folder / "krea2_attn.safetensors", attention)
+    save_lora(folder / "krea2_meta.safetensors", attention, kohya_metadata(dim=4, alpha=4.0, base_version="krea2"))
+    model_id = IDENTITIES[Family.KREA2].model_id
+    hub.add_repo(
+        "krea2-pools/card", {"README.md": card(model_id), "lora.safetensors": sft(krea2.lora_file(made, "aitk"))}
+    )
+    # Trained on Raw (its card's base): it runs on the Turbo pool with a note.
+    raw = sft(krea2.lora_file(krea2.factors(pipe.transformer, seed=84), "comfy"))
+    hub.add_repo("krea2-pools/raw-card", {"README.md": card(KREA2_RAW), "lora.safetensors": raw})
+    wide = krea2.lora_file({m: (torch.ones(2, 64), torch.ones(64, 2)) for m in krea2.MODULES[:1]}, "peft")
+    hub.add_repo("krea2-pools/wide", {"README.md": card(model_id), "lora.safetensors": sft(wide)})
+    hub.add_repo("krea2-pools/sdxl-card", {"README.md": card(SDXL), "lora.safetensors": peft_file(sdxl, seed=85)})
+
+
 def _two_bases(every: int, at: int, match: str | None, *loras: str, base: str = "") -> PoolRefusal:
     return PoolRefusal(every, at, InvalidRequestError, match, loras, base)
 
 
 ZIMAGE_WIDE = r"do not fit transformer\.layers\.0\.attention\.to_"
 QWEN_WIDE = r"do not fit transformer\.transformer_blocks\.0"
+KREA2_WIDE = r"do not fit transformer\.transformer_blocks\.0\.attn\.to_q"
 KLEIN = IDENTITIES[Family.FLUX2].model_id
 
 POOLS = (
@@ -320,5 +347,32 @@ POOLS = (
         card="chroma-pools/card",
         wide="chroma-pools/wide",
         wide_fragments=("do not fit transformer.transformer_blocks.0.attn.to_q", "(32, 32)"),
+    ),
+    PoolFamily(
+        Family.KREA2,
+        (Family.SDXL, Family.QWEN_IMAGE, Family.KREA2),
+        _krea2_files,
+        (
+            (),
+            ("krea2-pools/card",),
+            ("local:sdxl_kohya.safetensors",),
+            ("local:krea2_kohya.safetensors",),
+            ("local:qwen_peft.safetensors",),
+            ("krea2-pools/raw-card",),
+            ("local:krea2_comfy_kohya.safetensors", "local:krea2_peft.safetensors"),
+            ("local:krea2_attn.safetensors",),
+            ("local:krea2_aitk.safetensors",),
+        ),
+        clients=18,
+        steps=12,
+        refusals=(
+            PoolRefusal(4, 1, IncompatibleLoraError, KREA2_WIDE, ("krea2-pools/wide",), fragments=("(104, 104)",)),
+            _two_bases(4, 3, r"share one base model", "krea2-pools/card", "krea2-pools/sdxl-card"),
+        ),
+        # Its Qwen-Image pool's scheduler (shift_terminal) divides by zero at one step: the requests' own steps.
+        run_steps=None,
+        card="krea2-pools/card",
+        wide="krea2-pools/wide",
+        wide_fragments=("do not fit transformer.transformer_blocks.0.attn.to_q", "(104, 104)"),
     ),
 )

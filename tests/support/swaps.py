@@ -16,6 +16,7 @@ from diffusers import (
     Flux2KleinPipeline,
     Flux2Pipeline,
     FluxPipeline,
+    Krea2Pipeline,
     QwenImageEditPipeline,
     QwenImageEditPlusPipeline,
     ZImagePipeline,
@@ -28,7 +29,7 @@ from engine.requests import GenerateRequest, LoraSpec
 from families import Family
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
-from tests.support import chroma, flux, flux2, qwen_image, zimage
+from tests.support import chroma, flux, flux2, krea2, qwen_image, zimage
 from tests.support.dit import PROMPT, diffusers_image
 from tests.support.image_inputs import PROMPT as EDIT_PROMPT
 from tests.support.image_inputs import example_image, input_image
@@ -140,6 +141,13 @@ def _chroma_files(models: TinyModels, folder: Path) -> None:
     chroma.write_flux_loras_for_chroma(models.loaded(Family.FLUX).pipe, folder)
 
 
+def _krea2_files(models: TinyModels, folder: Path) -> None:
+    krea2.write_krea2_loras(models.loaded(Family.KREA2).pipe, folder)
+    # Made for a wider Krea 2 (64 wide, where the tiny one is 104).
+    wide = {m: (torch.ones(2, 64), torch.ones(64, 2)) for m in krea2.MODULES[:2]}
+    save_lora(folder / "krea2_wide.safetensors", krea2.lora_file(wide, "peft"))
+
+
 def _qwen_files(family: Family, prefix: str, metadata: dict[str, str] | None):
     def write(models: TinyModels, folder: Path) -> None:
         qwen_image.write_qwen_loras(models.loaded(family).pipe, folder, metadata=metadata)
@@ -198,6 +206,17 @@ FAMILIES = (
         _transformer,
         (*zimage.CASES, *zimage.CASES),
         (Refusal(3, 1, IncompatibleLoraError, "zimage_wide.safetensors"),),
+        mean_below=0.1,
+    ),
+    SwapFamily(
+        Family.KREA2,
+        krea2.CASES,
+        _krea2_files,
+        _request(guidance=0.0),
+        _fused(Krea2Pipeline, ("transformer",), 0.0),
+        _transformer,
+        (*krea2.CASES, *krea2.CASES),
+        (Refusal(3, 1, IncompatibleLoraError, "krea2_wide.safetensors"),),
         mean_below=0.1,
     ),
     SwapFamily(

@@ -21,6 +21,8 @@ from families.chroma import FLASH_ID as CHROMA_FLASH
 from families.chroma import MODEL_ID as CHROMA_HD
 from families.flux import KREA_ID
 from families.flux import MODEL_ID as FLUX_DEV
+from families.krea2 import MODEL_ID as KREA2_TURBO
+from families.krea2 import RAW_ID as KREA2_RAW
 from families.qwen_image import MODEL_ID as QWEN_IMAGE
 from families.qwen_image import MODEL_ID_2512
 from families.zimage import BASE_ID as ZIMAGE_BASE
@@ -52,6 +54,13 @@ CASES = [
         {"ss_sd_model_name": "z_image_turbo_bf16.safetensors"},
         {"modelspec.architecture": "z-image-base/lora"},
     ),
+    (
+        Family.KREA2,
+        KREA2_TURBO,
+        KREA2_RAW,
+        {"ss_sd_model_name": "krea2_turbo_bf16.safetensors"},
+        {"modelspec.architecture": "krea-2-raw/lora"},
+    ),
 ]
 # Chroma1-Base and -Flash, checkpoints of Chroma1-HD (its own family: tests/engine/families/test_chroma.py).
 CASES += [
@@ -64,7 +73,7 @@ CASES += [
     ),
     (Family.CHROMA, CHROMA_HD, CHROMA_FLASH, None, {"ss_sd_model_name": "Chroma1-Flash.safetensors"}),
 ]
-IDS = ["krea", "qwen-2512", "zimage-base", "chroma-base", "chroma-flash"]
+IDS = ["krea", "qwen-2512", "zimage-base", "krea2-raw", "chroma-base", "chroma-flash"]
 
 
 def test_each_checkpoint_is_its_siblings_base_by_difference_with_its_own_defaults():
@@ -139,7 +148,13 @@ def test_metadata_naming_a_checkpoint_routes_to_it_and_naming_only_the_family_to
     if sibling_metadata is not None:
         assert base_from_metadata(sibling_metadata, family) == sibling
     # Metadata naming the family only: the first pool of it; a note on the checkpoint, none on the reference.
-    version = {Family.FLUX: "flux1", Family.QWEN_IMAGE: "qwen_image", Family.ZIMAGE: "zimage", Family.CHROMA: "chroma"}
+    version = {
+        Family.FLUX: "flux1",
+        Family.QWEN_IMAGE: "qwen_image",
+        Family.ZIMAGE: "zimage",
+        Family.CHROMA: "chroma",
+        Family.KREA2: "krea2",
+    }
     version = version[family]
     plain = judge_origin([], lambda: ({"ss_base_model_version": version}, {}))
     assert plain.bases == () and both[pick_pool("LoRA 'x'", plain, both)].base_model_id == sibling

@@ -12,7 +12,7 @@ from engine.pools.routing import PoolInfo, pick_pool
 from lora_catalog.entries import Family
 from serving.demo.synthetic import TEXT_ATTENTION, UNET_ATTENTION, find_targets, make_lora
 from serving.demo.synthetic_flux import flux_layers, make_flux_lora
-from tests.support import qwen_image, wan
+from tests.support import krea2, qwen_image, wan
 from tests.support.chroma import ChromaCase, chroma_file
 from tests.support.flux2 import factors as flux2_factors
 from tests.support.flux2 import lora_file as flux2_lora_file
@@ -46,6 +46,7 @@ BASES[Family.WAN22] = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
 BASES[Family.WAN22_I2V] = "Wan-AI/Wan2.2-I2V-A14B-Diffusers"
 BASES[Family.CHROMA] = "lodestones/Chroma1-HD"
 BASES[Family.LTX2] = "Lightricks/LTX-2"
+BASES[Family.KREA2] = "krea/Krea-2-Turbo"
 # FLUX.1 Kontext's and Qwen-Image-Edit's LoRAs have FLUX.1's and Qwen-Image's names and widths: only what they
 # declare tells them (test_flux_kontext.py, test_qwen_image_edit.py).
 EDITS = (Family.FLUX_KONTEXT, Family.QWEN_IMAGE_EDIT, Family.QWEN_IMAGE_EDIT_PLUS)
@@ -69,6 +70,7 @@ KOHYA_VERSIONS = {
     Family.WAN22_I2V: "wan2.2-i2v-a14b",
     Family.CHROMA: "chroma",
     Family.LTX2: "ltx-2",
+    Family.KREA2: "krea2",
 }
 KOHYA_NAMES = {Family.SDXL: "sdxl", Family.SD15: "sd1", Family.SD2: "sd1"}
 
@@ -109,6 +111,9 @@ def lora_for(pipe, family: Family, fmt: str) -> dict[str, tuple[int, ...]]:
 
         made = ltx2.factors(pipe, ltx2.TRANSFORMER + ltx2.CONNECTORS, rank=2, seed=5)
         return shapes_of(ltx2.lora_file(made, "peft" if fmt == "peft" else "original"))
+    if family is Family.KREA2:
+        made = krea2.factors(pipe.transformer, rank=2, seed=5)
+        return shapes_of(krea2.lora_file(made, "peft" if fmt == "peft" else "kohya", 2.0))
     spec = spec_for(family)
     components = {c: getattr(pipe, c) for c in spec.components}
     patterns = {c: UNET_ATTENTION if c == spec.denoiser else TEXT_ATTENTION for c in components}

@@ -88,7 +88,7 @@ def test_lookups_by_base_and_by_family():
         SettingsError,
         match=r"an unknown base; accepted: a base of the SDXL, SD 1.5, SD 2.x, FLUX.1, Z-Image, FLUX.2 \[klein\], "
         r"Qwen-Image, FLUX.1 Kontext, FLUX.2 \[dev\], Qwen-Image-Edit, Qwen-Image-Edit-2509/2511, Wan I2V, "
-        r"Wan, Wan 2.2 A14B, Wan 2.2 I2V A14B, Chroma or LTX-2 family",
+        r"Wan, Wan 2.2 A14B, Wan 2.2 I2V A14B, Chroma, LTX-2 or Krea 2 family",
     ):
         family_spec("me/mystery")
     with pytest.raises(ValueError, match=r"no pool serves the unknown family; served: sdxl, sd15, sd2, flux"):

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from engine.errors import EngineBusyError, GenerationCancelledError, LoraNotFoundError
+from engine.pipeline.stepshare import DeviceScheduler
 from engine.pools.scheduler import Scheduler, Ticket, TicketState
 from engine.prepare.loadgate import LoadGate
 from engine.requests import GenerateRequest
+from tests.support.stepshare import Clock, started
 
 WAIT_S = 30.0
 
@@ -328,3 +330,45 @@ def test_the_load_gate_bounds_loads_and_bytes_in_flight():
     # Over the budget only ever by one file that is bigger than the whole budget, loading alone.
     assert all(n <= 100 or (count == 1 and n == 150) for count, n in inside)
     assert gate.in_flight == (0, 0)
+
+
+def test_the_queue_and_retry_after_count_other_pools_device_time_it_interleaves_with():
+    # Issue 48: another pool's video holds the shared device (stand-in: 6 steps of 10 s left); this pool's runs
+    # are measured at 2 s (the first guess). A queued run shares the device with the video until it ends: its
+    # own 2 s, and up to 2 s of the video's steps interleaved (`DeviceScheduler.ahead_s`).
+    clock = Clock()
+    device = DeviceScheduler(clock=clock)
+    holding, release = threading.Event(), threading.Event()
+
+    def video() -> None:
+        with device.turn("wan", 7, video=True) as turn:
+            clock.advance(10.0)
+            turn.boundary(6)
+            holding.set()
+            release.wait(WAIT_S)
+
+    thread, errors = started(video)
+    assert holding.wait(WAIT_S)
+    shared: Scheduler[object] = Scheduler(
+        prepare=lambda request: (request, lambda: None),
+        identity=lambda prepared: None,
+        fused=lambda: None,
+        max_queue=1,
+        max_skip=0,
+        threads=2,
+        device_ahead=lambda own: device.ahead_s("sdxl", own),
+    )
+    try:
+        first = shared.submit(GenerateRequest(prompt="first"))
+        wait_for(lambda: shared._running is first)
+        queued = shared.submit(GenerateRequest(prompt="second"))
+        # One run ahead and its own (2 s each), and 4 s of the video's steps interleaved with them.
+        assert shared.view(queued).device_s == 8
+        with pytest.raises(EngineBusyError) as refused:
+            shared.submit(GenerateRequest(prompt="third"))
+        assert refused.value.retry_after_s == 8
+    finally:
+        release.set()
+        thread.join(WAIT_S)
+        shared.close()
+    assert not errors

@@ -1,0 +1,157 @@
+"""`python -m bench.mixed`: one GPU shared by an image pool and a video pool, the whole-run lock against step
+sharing (issue 48), on the same arrivals.
+
+Two devices:
+- a stand-in A10G, where each step holds the device (the real `DeviceScheduler`, real threads) for its time from
+  the cost table below, scaled down by `--scale` (time is reported on the A10G's scale);
+- this CPU, with the tiny SDXL and Wan pipelines served by the real engine with `DEVICE_SHARING=step` or `run`
+  (`bench.mixed_cpu`), which also checks that every result equals its request's solo run (`exact`).
+
+Traffic: images at random at `--image-load` of the device's image capacity, and a video every
+`video × --video-every` (its own device time times that factor). The default image load is 0.2, not the issue's
+example of 0.5: at 0.5 no policy can hold both targets (the video, sharing the device with images at half of it,
+gets half of it while it runs: about twice its own time, against 1.25; giving it 80 % would leave images a
+backlog of 0.3 × its 8 minutes), and `--image-load 0.5` shows it.
+
+The cost table (A10G, one request at a time, fp16), each figure with its source; claims are the publishers':
+- SDXL 1024², 30 steps: 9.399 s, the PyTorch baseline on an A10 in stabilityai/stable-diffusion-xl-1.0-tensorrt's
+  model card (claim; the A10G is taken as the A10), so 0.313 s a step with the text encoders and the VAE decode
+  folded in (the image decode stays whole: its last piece).
+- Wan 2.1 T2V 1.3B, 480p (832×480), 81 frames, 50 steps: "about 4 minutes" on an RTX 4090 in Wan's README
+  (claim), times 2.0 for an A10G (our estimate: the A10's 125 dense FP16 tensor TFLOPS and 600 GB/s against the
+  4090's 165 and 1,008 GB/s), so 480 s: 50 steps of 9.2 s, and the VAE decode's 21 latent frames at 1.0 s each
+  (estimate; each a piece of its own).
+
+Prints a line per device and, last, the one line: the stand-in's figures with sharing, `exact` from the CPU's
+run, and the whole-run lock's image_p95_vs_alone beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from dataclasses import dataclass
+
+from .mixed_model import Arrival, Figures, Recorded, arrivals, figures, replay
+
+# (steps, seconds a step, decode pieces, seconds a decode piece) on the stand-in A10G: sources above.
+SDXL_A10G = (30, 9.399 / 30, 0, 0.0)
+WAN_A10G = (50, 9.2, 21, 1.0)
+
+
+@dataclass(frozen=True)
+class Options:
+    scale: float
+    hours: float
+    image_load: float
+    video_every: float
+    starve: float
+    cpu_videos: int
+    seed: int
+
+
+class _Fifo:
+    """A pool's own queue: one run at a time, in arrival order."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = self._serving = 0
+
+    def __enter__(self) -> None:
+        with self._cond:
+            mine, self._next = self._next, self._next + 1
+            self._cond.wait_for(lambda: self._serving == mine)
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
+def _alone_s(cost: tuple[int, float, int, float]) -> float:
+    steps, step_s, chunks, chunk_s = cost
+    return steps * step_s + chunks * chunk_s
+
+
+def stand_in(options: Options, mode: str) -> tuple[Figures, float]:
+    """One replay on the stand-in A10G: its figures (on the A10G's scale), and the whole replay's video p95."""
+    video_every_s = _alone_s(WAN_A10G) * options.video_every
+    plan = arrivals(
+        duration_s=options.hours * 3600,
+        image_s=_alone_s(SDXL_A10G),
+        image_load=options.image_load,
+        video_every_s=video_every_s,
+        seed=options.seed,
+    )
+    scheduler = Recorded()
+    pools = {False: _Fifo(), True: _Fifo()}
+    wait = threading.Event().wait  # the stand-in's step: the device held for its time (a bench may sleep)
+
+    def run(arrival: Arrival) -> None:
+        steps, step_s, chunks, chunk_s = WAN_A10G if arrival.video else SDXL_A10G
+        costs = [step_s] * steps + [chunk_s] * chunks
+        pool = "wan" if arrival.video else "sdxl"
+        with (
+            pools[arrival.video],
+            scheduler.turn(pool, len(costs), video=arrival.video, starve=options.starve, step=mode == "step") as turn,
+        ):
+            for done, cost in enumerate(costs, start=1):
+                wait(cost * options.scale)
+                turn.boundary(len(costs) - done)
+
+    result = replay(plan, options.scale, run, scheduler)
+    found = figures(result, _alone_s(SDXL_A10G) * options.scale, WAN_A10G[1] * options.scale)
+    return found, found.video_p95 / options.scale
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.mixed", description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--scale", type=float, default=0.02, help="real seconds per stand-in A10G second (default 0.02)")
+    add("--hours", type=float, default=2.0, help="stand-in A10G hours of traffic per mode (default 2)")
+    add("--image-load", type=float, default=0.2, help="images as a share of the device's image capacity")
+    add("--video-every", type=float, default=2.0, help="a video every this many times its own device time")
+    add("--starve", type=float, default=8.0, help="STEP_SHARING_STARVE_STEPS (default 8)")
+    add("--cpu-videos", type=int, default=6, help="videos per mode in the CPU's replay (default 6; 0: skip it)")
+    add("--seed", type=int, default=0)
+    add("--quick", action="store_true", help="a short run (15 stand-in minutes at scale 0.005, 2 CPU videos)")
+    args = parser.parse_args(argv)
+    options = Options(
+        0.005 if args.quick else args.scale,
+        0.25 if args.quick else args.hours,
+        args.image_load,
+        args.video_every,
+        args.starve,
+        min(2, args.cpu_videos) if args.quick else args.cpu_videos,
+        args.seed,
+    )
+    whole, whole_video = stand_in(options, "run")
+    shared, shared_video = stand_in(options, "step")
+    print(_line("a10g_whole_run", whole, 1.0), flush=True)
+    print(_line("a10g_step", shared, shared_video / whole_video), flush=True)
+    exact = "n/a"
+    if options.cpu_videos:
+        from .mixed_cpu import cpu_replays
+
+        cpu_whole, cpu_shared, same = cpu_replays(options)
+        print(_line("cpu_whole_run", cpu_whole, 1.0), flush=True)
+        print(_line("cpu_step", cpu_shared, cpu_shared.video_p95 / cpu_whole.video_p95), flush=True)
+        exact = "true" if same else "false"
+    print(
+        f"mixed: image_p95_vs_alone={shared.image_p95_vs_alone:.2f} "
+        f"image_wait_max_vs_video_step={shared.image_wait_max_vs_video_step:.2f} "
+        f"video_p95_vs_whole_run={shared_video / whole_video:.2f} device_busy={shared.device_busy:.2f} "
+        f"exact={exact} whole_run_image_p95_vs_alone={whole.image_p95_vs_alone:.2f}"
+    )
+
+
+def _line(name: str, found: Figures, video_ratio: float) -> str:
+    return (
+        f"{name}: image_p95_vs_alone={found.image_p95_vs_alone:.2f} "
+        f"image_wait_max_vs_video_step={found.image_wait_max_vs_video_step:.2f} "
+        f"video_p95_vs_whole_run={video_ratio:.2f} device_busy={found.device_busy:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

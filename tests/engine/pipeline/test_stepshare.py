@@ -1,0 +1,151 @@
+"""The device shared step by step (issue 48, `engine.pipeline.stepshare`), on a stand-in device: each piece holds
+the device for a time from a table, counted on a clock only the holder advances, so every wait is deterministic.
+An image arriving during a video starts after at most one video step, and is told what it waits behind; a run
+overtaken longer than its bound goes next; a paused run that is cancelled leaves at once; each run's share of the
+device is reported."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from engine.errors import GenerationCancelledError
+from engine.events import RunShare
+from engine.pipeline.stepshare import Ahead, DeviceScheduler
+from tests.support.stepshare import WAIT_S, Clock, started, until
+
+VIDEO_STEP, IMAGE_STEP = 10.0, 0.5
+
+
+def stand_in_run(
+    scheduler: DeviceScheduler,
+    clock: Clock,
+    pool: str,
+    steps: int,
+    cost: float,
+    log: list[tuple[str, float]],
+    *,
+    video: bool = False,
+    starve: float = 8.0,
+    cancel: threading.Event | None = None,
+    mid_step: Callable[[int], None] = lambda step: None,
+    on_wait: Callable[[Ahead], None] | None = None,
+) -> None:
+    """A run of `steps` pieces of `cost` each on the stand-in device, each piece's start logged (pool, clock)."""
+    with scheduler.turn(pool, steps, video=video, starve=starve, cancel=cancel, on_wait=on_wait) as turn:
+        for step in range(steps):
+            log.append((pool, clock()))
+            clock.advance(cost / 2)
+            mid_step(step)
+            clock.advance(cost / 2)
+            turn.boundary(steps - step - 1)
+
+
+def test_an_image_arriving_during_a_video_starts_after_at_most_one_video_step():
+    clock = Clock()
+    scheduler = DeviceScheduler(clock=clock, first_guess_s=IMAGE_STEP)
+    shares: list[RunShare] = []
+    scheduler.subscribe(shares.append)
+    log: list[tuple[str, float]] = []
+    told: list[str] = []
+    arrived: list[float] = []
+
+    def image() -> None:
+        arrived.append(clock())
+        stand_in_run(scheduler, clock, "sdxl", 4, IMAGE_STEP, log, on_wait=lambda ahead: told.append(str(ahead)))
+
+    def mid_step(step: int) -> None:
+        if step == 2:  # the image arrives halfway through the video's third step
+            thread, errors = started(image)
+            images.append((thread, errors))
+            until(lambda: scheduler.waiting == 1)
+
+    images: list[tuple[threading.Thread, list[BaseException]]] = []
+    stand_in_run(scheduler, clock, "wan", 6, VIDEO_STEP, log, video=True, mid_step=mid_step)
+    ((thread, errors),) = images
+    thread.join(WAIT_S)
+    assert not errors
+    first_image = next(t for pool, t in log if pool == "sdxl")
+    assert first_image - arrived[0] <= VIDEO_STEP
+    # The image's four steps ran between the video's third and fourth: one pause of the video.
+    assert [pool for pool, _ in log] == ["wan"] * 3 + ["sdxl"] * 4 + ["wan"] * 3
+    assert told == ["waiting for the GPU: 1 video ahead, about 10 s"]
+    image_share, video_share = shares
+    assert (video_share.pool, video_share.pauses, video_share.paused_s) == ("wan", 1, 4 * IMAGE_STEP)
+    assert video_share.device_s == 6 * VIDEO_STEP and image_share.device_s == 4 * IMAGE_STEP
+    assert image_share.longest_wait_s == VIDEO_STEP / 2 and image_share.pauses == 0
+
+
+def test_a_run_overtaken_longer_than_its_bound_goes_next():
+    clock = Clock()
+    scheduler = DeviceScheduler(clock=clock, first_guess_s=1.0)
+    log: list[tuple[str, float]] = []
+    # A video of 1 s steps, its bound 3 of them, behind an image run with far less left (20 × 0.25 s).
+
+    def mid_step(step: int) -> None:
+        if step == 0:
+            thread, errors = started(lambda: stand_in_run(scheduler, clock, "sdxl", 20, 0.25, log))
+            images.append((thread, errors))
+            until(lambda: scheduler.waiting == 1)
+
+    images: list[tuple[threading.Thread, list[BaseException]]] = []
+    stand_in_run(scheduler, clock, "wan", 40, 1.0, log, video=True, starve=3.0, mid_step=mid_step)
+    ((thread, errors),) = images
+    thread.join(WAIT_S)
+    assert not errors
+    order = [pool for pool, _ in log]
+    # Without the bound the image would run its 20 steps at once; the video waits at most 3 s and one image step.
+    first = order.index("sdxl")
+    assert order[first : first + 13] == ["sdxl"] * 13 and order[first + 13] == "wan"
+    starts = [t for pool, t in log if pool == "wan"]
+    assert max(b - a for a, b in itertools.pairwise(starts)) <= 1.0 + 3.0 + 0.25
+
+
+def test_a_paused_run_that_is_cancelled_leaves_at_once():
+    clock = Clock()
+    scheduler = DeviceScheduler(clock=clock, first_guess_s=IMAGE_STEP)
+    log: list[tuple[str, float]] = []
+    cancel = threading.Event()
+    holding = threading.Event()
+    release = threading.Event()
+
+    def image() -> None:
+        with scheduler.turn("sdxl", 1):
+            holding.set()
+            release.wait(WAIT_S)
+
+    def mid_step(step: int) -> None:
+        if step == 1:
+            images.append(started(image))
+            until(lambda: scheduler.waiting == 1)
+
+    images: list[tuple[threading.Thread, list[BaseException]]] = []
+    video, video_errors = started(
+        lambda: stand_in_run(scheduler, clock, "wan", 5, VIDEO_STEP, log, video=True, cancel=cancel, mid_step=mid_step)
+    )
+    until(holding.is_set)
+    assert scheduler.waiting == 1  # the video, paused
+    cancel.set()
+    video.join(WAIT_S)
+    # It left while the image still holds the device: nothing waits, and it raised the cancel.
+    assert not video.is_alive() and scheduler.waiting == 0 and scheduler.busy
+    assert [type(e) for e in video_errors] == [GenerationCancelledError]
+    release.set()
+    ((thread, errors),) = images
+    thread.join(WAIT_S)
+    assert not errors and not scheduler.busy
+    assert [pool for pool, _ in log] == ["wan", "wan"]
+
+
+def test_a_run_alone_never_pauses():
+    clock = Clock()
+    scheduler = DeviceScheduler(clock=clock)
+    shares: list[RunShare] = []
+    scheduler.subscribe(shares.append)
+    log: list[tuple[str, float]] = []
+    stand_in_run(scheduler, clock, "wan", 5, VIDEO_STEP, log, video=True)
+    assert shares == [RunShare("wan", True, 5 * VIDEO_STEP, 0, 0.0, 0.0)]
+    assert scheduler.piece_s("wan") == pytest.approx(VIDEO_STEP)
