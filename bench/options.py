@@ -19,14 +19,14 @@ __all__ = ["FAMILIES", "FAMILY_VALUES", "HEADLINE_RANK", "VARIANTS", "Options", 
 HEADLINE_RANK = 32
 # The models the benchmark swaps on: SDXL's whole UNet, or a real-width slice of FLUX.1's or Qwen-Image's
 # transformer; each as the engine's family (`families.Family`) it is.
-FAMILIES = ("sdxl", "flux", "qwen", "wan", "krea2")
-FAMILY_VALUES = {"sdxl": "sdxl", "flux": "flux", "qwen": "qwen_image", "wan": "wan", "krea2": "krea2"}
+FAMILIES = ("sdxl", "flux", "qwen", "wan", "krea2", "ltx2")
+FAMILY_VALUES = {"sdxl": "sdxl", "flux": "flux", "qwen": "qwen_image", "wan": "wan", "krea2": "krea2", "ltx2": "ltx2"}
 # FLUX and Qwen-Image LoRAs are trained at higher ranks than SDXL's (ai-toolkit's, sd-scripts' and musubi-tuner's
 # defaults: 16 and up).
 _FLUX_HEADLINE_RANK = 64
 VARIANTS = ("loha", "lokr", "dora")
 # How messages name the transformer slices (no LyCORIS on them).
-_DIT_LABELS = {"flux": "FLUX", "qwen": "Qwen-Image", "wan": "Wan", "krea2": "Krea 2"}
+_DIT_LABELS = {"flux": "FLUX", "qwen": "Qwen-Image", "wan": "Wan", "krea2": "Krea 2", "ltx2": "LTX-2"}
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -127,7 +127,8 @@ def parse_options(argv: Sequence[str] | None = None, description: str | None = N
         default="sdxl",
         help="sdxl: the whole SDXL UNet; flux: FLUX.1's transformer at real width, 2 double + 4 single blocks; "
         "qwen: Qwen-Image's transformer at real width, 3 blocks; wan: Wan's 14B transformer at real width, 2 blocks; "
-        "krea2: Krea 2's transformer at real width, 2 blocks",
+        "krea2: Krea 2's transformer at real width, 2 blocks; "
+        "ltx2: LTX-2 19B's audio-video transformer at real width, 2 blocks",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=tuple(_DTYPES), default="bfloat16")

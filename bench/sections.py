@@ -16,6 +16,7 @@ from lora_catalog.entries import Family
 
 from .flux_slice import reference_flux_pipeline
 from .krea2_slice import reference_krea2_pipeline
+from .ltx2_slice import reference_ltx2_pipeline
 from .measure import Clock, Row, rss_bytes
 from .options import FAMILY_VALUES, Options
 from .ours import Floor, LoraPair, Ours, round_robin
@@ -263,6 +264,7 @@ def measure_reference(unet: nn.Module, pairs: Pairs, options: Options, clock: Cl
     """
     pipelines = {"flux": reference_flux_pipeline, "qwen": reference_qwen_pipeline, "wan": reference_wan_pipeline}
     pipelines["krea2"] = reference_krea2_pipeline
+    pipelines["ltx2"] = reference_ltx2_pipeline
     pipe = pipelines.get(options.family, reference_pipeline)(unet)
     rows: list[Row] = []
     first = pairs[(options.ranks[0], options.formats[0])].paths

@@ -1,6 +1,6 @@
 """The swap benchmark: changing the served LoRA on the full-size SDXL UNet, five ways, side by side.
 
-    python -m bench.swap [--family sdxl|flux|qwen|wan|krea2 [--pair]] [--device cpu|cuda]
+    python -m bench.swap [--family sdxl|flux|qwen|wan|krea2|ltx2 [--pair]] [--device cpu|cuda]
                          [--dtype bfloat16|float16|float32] [--ranks 8,32] [--repeats N] [--formats peft,kohya]
                          [--variants loha,lokr,dora] [--quick | --full] [--json PATH] [--plot DIR]
     python -m bench.swap --schedule [--device cpu|cuda] [--steps 8] [--repeats 9]: a LoRA's strength by step
@@ -15,7 +15,9 @@ real-width slice of Wan's 14B video transformer (`bench.wan_slice`: 2 blocks at 
 each adapted, in musubi-tuner's names and in diffusers'), at ranks 16 and 64; with `--pair`, Wan 2.2 A14B's two
 transformers (two such slices) swapped together against a floor for each (`bench.swap_pair`). `--family krea2`
 on a real-width slice of Krea 2's (`bench.krea2_slice`: 2 blocks at width 6144, every Linear layer of each
-adapted, in kohya's names with `.alpha` and in diffusers'), at ranks 16 and 64.
+adapted, in kohya's names with `.alpha` and in diffusers'), at ranks 16 and 64. `--family ltx2` on
+a real-width slice of LTX-2 19B's audio-video transformer (`bench.ltx2_slice`: 2 blocks at widths 4096 and 2048,
+every Linear layer of each adapted, in the LTX trainer's names and in diffusers'), at ranks 16 and 64.
 
 (a) the reference service: diffusers' load_lora_weights + fuse_lora + unfuse_lora + unload_lora_weights
     per request, a different adapter each time;
@@ -61,6 +63,7 @@ import transformers
 from bench.flux_slice import build_flux_slice, flux_pool, flux_targets, write_flux_pair
 from bench.formats import measure_formats
 from bench.krea2_slice import build_krea2_slice, krea2_pool, krea2_targets, write_krea2_pair
+from bench.ltx2_slice import build_ltx2_slice, ltx2_pool, ltx2_targets, write_ltx2_pair
 from bench.measure import FUSE_FLAGS, Clock, cpu_description
 from bench.options import Options, parse_options
 from bench.ours import LoraPair, write_pair
@@ -82,6 +85,7 @@ _MODEL_NAMES = {
     "qwen": "Qwen-Image transformer slice (3 blocks, width 3072)",
     "wan": "Wan 14B transformer slice (2 blocks, width 5120)",
     "krea2": "Krea 2 transformer slice (2 blocks, width 6144)",
+    "ltx2": "LTX-2 19B transformer slice (2 blocks, widths 4096 and 2048)",
 }
 
 
@@ -128,15 +132,20 @@ def run(options: Options) -> dict[str, object]:
     _say(f"CPU flags: {' '.join(flags) or 'unknown'}")
     _say(f"machine: {environment['before']}")
     started = time.perf_counter()
-    pools = {"flux": flux_pool, "qwen": qwen_pool, "wan": wan_pool, "krea2": krea2_pool}
+    pools = {"flux": flux_pool, "qwen": qwen_pool, "wan": wan_pool, "krea2": krea2_pool, "ltx2": ltx2_pool}
     pool = pools.get(options.family, random_pool)()
-    slices = {"flux": build_flux_slice, "qwen": build_qwen_slice, "wan": build_wan_slice, "krea2": build_krea2_slice}
+    slices = {
+        "flux": build_flux_slice,
+        "qwen": build_qwen_slice,
+        "wan": build_wan_slice,
+        "krea2": build_krea2_slice,
+        "ltx2": build_ltx2_slice,
+    }
     build = slices.get(options.family, build_sdxl_unet)
     unet = build(dtype=dtype, device=device, pool=pool)
     parameters = sum(p.numel() for p in unet.parameters())
     _say(f"built the model: {parameters / 1e9:.3f}B parameters in {time.perf_counter() - started:.1f} s")
-    writers = {"flux": _flux_targets, "qwen": _qwen_targets, "wan": _wan_targets, "krea2": _krea2_targets}
-    write = writers.get(options.family, _sdxl_targets)(unet)
+    write = _TARGETS.get(options.family, _sdxl_targets)(unet)
 
     with tempfile.TemporaryDirectory(prefix="swap-bench-") as scratch:
         folder = options.workdir or Path(scratch)
@@ -206,6 +215,25 @@ def _krea2_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], L
     values = sum(fan_in * fan_out for _, fan_in, fan_out in targets)
     _say(f"LoRA targets: {len(targets)} Linear layers (gated attention, SwiGLU MLP) holding {values / 1e6:.0f}M")
     return lambda folder, rank, fmt: write_krea2_pair(folder, targets, rank=rank, fmt=fmt)
+
+
+def _ltx2_targets(transformer: torch.nn.Module) -> Callable[[Path, int, str], LoraPair]:
+    targets = ltx2_targets(transformer)
+    values = sum(fan_in * fan_out for _, fan_in, fan_out in targets)
+    _say(
+        f"LoRA targets: {len(targets)} Linear layers (video, audio and cross-modal attention, feed-forwards) holding "
+        f"{values / 1e6:.0f}M"
+    )
+    return lambda folder, rank, fmt: write_ltx2_pair(folder, targets, rank=rank, fmt=fmt)
+
+
+_TARGETS = {
+    "flux": _flux_targets,
+    "qwen": _qwen_targets,
+    "wan": _wan_targets,
+    "krea2": _krea2_targets,
+    "ltx2": _ltx2_targets,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from diffusers import LTX2Pipeline
+from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline
 from PIL import Image
 
 from serving.demo.synthetic import save_lora
@@ -106,15 +106,22 @@ class Reference:
     rate: int
 
 
-def diffusers_video(tiny_dir: Path, folder: Path, weight_name: str | None, scale: float = 1.0) -> Reference:
+def diffusers_video(
+    tiny_dir: Path, folder: Path, weight_name: str | None, scale: float = 1.0, image: Image.Image | None = None
+) -> Reference:
     """diffusers' own video and sound on a pipeline of its own from `tiny_dir`: load_lora_weights, then fuse_lora of
     the transformer and the connectors; `STEPS` steps at 64 x 64, `FRAMES` frames at `FPS`, seed 7, the pool's CFG
-    3; no LoRA when `weight_name` is None."""
+    3; no LoRA when `weight_name` is None. With `image`: diffusers' LTX2ImageToVideoPipeline (`from_pipe` of that
+    pipeline, the LoRA fused), `image` its first frame."""
     pipe: Any = LTX2Pipeline.from_pretrained(tiny_dir)
     pipe.set_progress_bar_config(disable=True)
     if weight_name is not None:
         pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name="a")
         pipe.fuse_lora(components=["transformer", "connectors"], lora_scale=scale, adapter_names=["a"])
+    extra: dict[str, Any] = {}
+    if image is not None:
+        pipe, extra = LTX2ImageToVideoPipeline.from_pipe(pipe), {"image": image}
+        pipe.set_progress_bar_config(disable=True)
     output = pipe(
         prompt=PROMPT,
         num_inference_steps=STEPS,
@@ -125,5 +132,6 @@ def diffusers_video(tiny_dir: Path, folder: Path, weight_name: str | None, scale
         frame_rate=float(FPS),
         generator=torch.Generator("cpu").manual_seed(7),
         output_type="pil",
+        **extra,
     )
     return Reference(list(output.frames[0]), output.audio[0].float(), int(pipe.vocoder.config.output_sampling_rate))

@@ -1,9 +1,10 @@
 """LTX-2 on the tiny LTX-2 pipeline: a result is a video (every frame, in order, at the pool's rate) with its sound;
 every LoRA naming diffusers' LTX-2 loader reads, on the transformer and the connectors, gives diffusers' own video
 and sound (load_lora_weights + fuse_lora) within 2 levels per channel on every frame and within float rounding on
-every audio sample; wrong widths are refused naming them; the base is bit-exact after swaps and refusals; the
-frame rule (8k+1) and the side rule (multiples of 32) are refused by name before anything runs. The family's
-files: families/ltx2.py, engine/families/ltx2.py, ltx2_memory.py, tiny_ltx2.py."""
+every audio sample, and a request with an image gives what diffusers' LTX2ImageToVideoPipeline does; wrong widths
+are refused naming them; the base is bit-exact after swaps and refusals; the frame rule (8k+1) and the side rule
+(multiples of 32) are refused by name before anything runs. The family's files: families/ltx2.py,
+engine/families/ltx2.py, ltx2_memory.py, tiny_ltx2.py."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from lora_catalog.entries import Family
 from serving.demo.synthetic import save_lora
 from tests.support.checks import generate
 from tests.support.dit import assert_components_pristine, pixels
+from tests.support.image_inputs import example_image, input_image
 from tests.support.images import assert_images_close
 from tests.support.ltx2 import CASES, FPS, FRAMES, PROMPT, STEPS, TRANSFORMER, diffusers_video, write_ltx2_loras
 
@@ -99,6 +101,21 @@ def test_each_ltx2_naming_matches_diffusers_on_every_frame_and_sample(case, ltx2
     assert np.abs(pixels(reference.frames[-1]) - pixels(base.frames[-1])).mean() > 2, "the LoRA must show"
     assert (reference.audio - base.audio).abs().max() > 10 * AUDIO_TOLERANCE, "the LoRA must change the sound"
     _assert_same_video(result, reference, case.name)
+
+
+@pytest.mark.parametrize("case", [None, CASES[0]], ids=["base", "lora"])
+def test_image_to_video_matches_diffusers_ltx2_image_to_video_pipeline(case, ltx2_engine, ltx2_loras, tiny_ltx2_dir):
+    """A request with an image runs LTX2ImageToVideoPipeline over the pool's own components, the image its first
+    frame: diffusers' own pipeline of that class, with the same inputs and the LoRA fused, gives the same video and
+    sound."""
+    loras = () if case is None else (LoraSpec(f"local:{case.file_name}", scale=0.8),)
+    result = generate(ltx2_engine, request(*loras, image=input_image()))
+    assert result.request.mode == "image-to-image" and result.is_video
+    name = None if case is None else case.file_name
+    reference = diffusers_video(tiny_ltx2_dir, ltx2_loras, name, 0.8, image=example_image())
+    text_only = generate(ltx2_engine, request(*loras))
+    assert np.abs(pixels(text_only.frames[0]) - pixels(reference.frames[0])).mean() > 2, "the image must show"
+    _assert_same_video(result, reference, f"image-to-video {case.name if case else 'base'}")
 
 
 def test_the_base_is_bit_exact_after_swaps_and_refusals(ltx2_engine, loaded_ltx2, pristine_ltx2):
