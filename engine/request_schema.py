@@ -46,6 +46,9 @@ class RequestField:
     # window, `LoraSpec.start`/`end`: added after the endpoints were published), so that no earlier positional
     # argument moves.
     gradio_late: tuple[str, ...] = ()
+    # The video endpoint's arguments after all its others, `gradio_late`'s included (an IC-LoRA's reference video:
+    # added after those were published), so that no earlier positional argument moves.
+    gradio_video_last: tuple[str, ...] = ()
     name: str = ""
 
 

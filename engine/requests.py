@@ -64,6 +64,7 @@ _IMAGE = "a PNG, JPEG or WebP image"
 _IMAGES = "a list of PNG, JPEG or WebP images"
 _STRENGTH = "a number from 0 to 1"
 _FRAMES = "an integer of the form 4k+1 (5, 9, ..., 81)"
+_IC = "an IC-LoRA's reference video"
 _LOW_CFG, _KINDS = "low-noise stage guidance scale (Wan 2.2 A14B)", "image, video or none"
 _F = RequestField
 # Which of a pool's pipelines a request runs on (`GenerateRequest.mode`).
@@ -172,7 +173,7 @@ class GenerateRequest:
     # An IC-LoRA's reference video (`engine.video_input`: read to its header at a door, decoded once checked), on a
     # pool with an in-context pipeline (`ModelDefaults.reference_video`). Last: no earlier positional argument moves.
     reference_video: RequestVideo | None = request_field(
-        None, _F("video", ACCEPTED_VIDEO, "an IC-LoRA's reference video", http="video", video=True)
+        None, _F("video", ACCEPTED_VIDEO, _IC, http="video", video=True, gradio_video_last=("video",))
     )
 
     @property

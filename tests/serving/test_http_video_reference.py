@@ -1,14 +1,17 @@
-"""An IC-LoRA's reference video on `POST /` (`parameters.video`: an MP4, base64 or a `data:` URL) on a tiny LTX-2
-Space: it runs, and each bad video is a 400 naming its rule (not a video, truncated, too many pixels, too long),
+"""An IC-LoRA's reference video on `POST /` (`parameters.video`: an MP4, base64 or a `data:` URL) and on
+gradio_client's `/generate_video` (`video`, a file, its last argument) on a tiny LTX-2 Space: it runs (the same MP4
+from both doors), and each bad video is a 400 naming its rule (not a video, truncated, too many pixels, too long),
 refused before anything is decoded; the Space answers the same afterwards."""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from gradio_client import Client, handle_file
 
 from serving.video import decode_mp4
 from tests.support.app_server import AppServer, serve_app
@@ -72,3 +75,19 @@ def test_each_bad_reference_video_is_a_400_naming_its_rule(server, video, rule):
     error = answer.json()["error"]
     assert rule in error and "accepted: an MP4 video" in error, error
     assert post(server, b64(VIDEO)).content == before.content, "the Space answers the same after a refusal"
+
+
+def test_gradio_client_sends_the_video_as_a_file_and_gets_post_s_mp4(server, tmp_path):
+    posted = post(server, b64(VIDEO))
+    assert posted.status_code == 200, posted.text[:300]
+    upload = tmp_path / "reference.mp4"
+    upload.write_bytes(VIDEO)
+    client = Client(server.url, verbose=False)
+    path, _ = client.predict(
+        prompt="a fox", steps=2, seed=5, num_frames=9, fps=24, video=handle_file(str(upload)),
+        api_name="/generate_video",
+    )  # fmt: skip
+    assert Path(path["video"] if isinstance(path, dict) else path).read_bytes() == posted.content
+    upload.write_bytes(VIDEO[: len(VIDEO) // 2])
+    with pytest.raises(Exception, match="video is a truncated MP4"):
+        client.predict(prompt="a fox", steps=2, video=handle_file(str(upload)), api_name="/generate_video")
