@@ -42,6 +42,7 @@ from engine.schedules import checked_spec
 from engine.values import checked_int as _int
 from engine.values import checked_number as _float
 from engine.video_checks import check_tokens, check_video, video_mode_refusal
+from engine.video_references import checked_reference_video
 from lora_catalog import refs
 from lora_catalog.civitai.refs import ACCEPTED as CIVITAI_ACCEPTED
 from lora_catalog.civitai.refs import parse_civitai
@@ -92,8 +93,7 @@ def normalise_request(
         request.scheduler, request.scheduler_options, defaults.scheduler, defaults.schedulers
     )
     clip_skip = _clip_skip(request.clip_skip, 0, defaults)
-    if not isinstance(request.lora_defaults, bool):
-        raise InvalidRequestError(f"lora_defaults={request.lora_defaults!r} is not accepted; accepted: true, false")
+    _check_switch(request.lora_defaults)
     num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
     # What the pipeline makes of each image it reads as a reference (not the image an inpainting repaints).
     fit, inpainting = defaults.reference_fit, request.mode == "inpainting"
@@ -121,6 +121,7 @@ def normalise_request(
         image=image,
         mask_image=_fitted(mask, (width, height)),
         images=images,
+        reference_video=checked_reference_video(request, defaults, limits),  # its header gated, then decoded
         strength=strength,
         sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
         left_unset=tuple(name for name in SUGGESTIBLE if getattr(request, name) is None),
@@ -128,6 +129,11 @@ def normalise_request(
         notes=tuple(dict.fromkeys((*getattr(request, "notes", ()), *_mask_notes(request), *notes, *read))),
     )
     return checked if suggested is None else with_suggested(checked, suggested, defaults)
+
+
+def _check_switch(value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"lora_defaults={value!r} is not accepted; accepted: true, false")
 
 
 def with_suggested(checked: CheckedRequest, suggested: Suggested, defaults: ModelDefaults) -> CheckedRequest:

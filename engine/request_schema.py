@@ -18,8 +18,9 @@ __all__ = ["FieldKind", "RequestField", "request_field"]
 
 # How a JSON value of the field looks: text, a whole number, any number, the LoRA list, a sampler name, the
 # scheduler's options, a switch, an image (`engine.images.InputImage` in the engine; base64 or a file at the
-# edges), or a list of images (a tuple of them in the engine; a list of base64 images or files at the edges).
-FieldKind = Literal["text", "integer", "number", "loras", "sampler", "options", "switch", "image", "images"]
+# edges), a list of images (a tuple of them in the engine; a list of base64 images or files at the edges), or a
+# video (`engine.video_input`: an MP4, base64 or a file at the edges).
+FieldKind = Literal["text", "integer", "number", "loras", "sampler", "options", "switch", "image", "images", "video"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class RequestField:
     # window, `LoraSpec.start`/`end`: added after the endpoints were published), so that no earlier positional
     # argument moves.
     gradio_late: tuple[str, ...] = ()
+    # The video endpoint's arguments after all its others, `gradio_late`'s included (an IC-LoRA's reference video:
+    # added after those were published), so that no earlier positional argument moves.
+    gradio_video_last: tuple[str, ...] = ()
     name: str = ""
 
 

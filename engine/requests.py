@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Literal
 
 from engine.images import InputImage, RequestImage
 from engine.limits import MAX_IMAGES, Limits
+from engine.lora_spec import LoraSpec
 from engine.references import ReferenceFit
 from engine.request_schema import RequestField, request_field
 from engine.result_parts import MAX_SEED, AdapterUse, Soundtrack, Suggested, Timings, seeds_of
 from engine.samplers import SchedulerOptions, menu, sampler_label
+from engine.video_input import ACCEPTED_VIDEO, InputVideo, RequestVideo
 from lora_catalog import refs
 
 if TYPE_CHECKING:
@@ -55,35 +57,6 @@ LOCAL_PREFIX = refs.LOCAL_PREFIX
 GuidanceKind = Literal["cfg", "distilled", "none"]
 
 
-@dataclass(frozen=True)
-class LoraSpec:
-    """One LoRA of a request: a Hub repo id, `local:<file>` or a Civitai reference; its scale, optional revision
-    and file (Hub repos only)."""
-
-    ref: str
-    scale: float = 1.0
-    revision: str | None = None
-    weight_name: str | None = None
-    # The low-noise transformer's scale on a two-transformer pool (Wan 2.2 A14B: `transformer_2`); `scale` is the
-    # high-noise one's. None: `scale` for both. Refused on a pool with one transformer.
-    scale_2: float | None = None
-    # Its strength by step (`engine.schedules`: the rule): ((from, scale), ...), from a fraction of the steps; empty:
-    # `scale` throughout. Or the short form: `scale` on [start, end) of the steps, 0 elsewhere. Once checked
-    # (`engine.normalise`), the short form is a `schedule`, `scale` is its step-0 value (the text encoders'), and a
-    # schedule of one scale is that `scale`.
-    schedule: tuple[tuple[float, float], ...] = ()
-    start: float | None = None
-    end: float | None = None
-    # The low-noise transformer's own schedule on a two-transformer pool; empty: `scale_2` where given, else the
-    # high-noise side's (`schedule`, or `scale`). Refused on a pool with one transformer.
-    schedule_2: tuple[tuple[float, float], ...] = ()
-
-    @property
-    def scheduled(self) -> bool:
-        """Whether its strength changes between steps (a checked spec: a schedule of two scales or more)."""
-        return len(self.schedule) > 1 or len(self.schedule_2) > 1
-
-
 _INTEGER, _NUMBER, _TEXT = "an integer", "a number", "a string"
 _SAMPLER = "a string: a sampler name such as 'DPM++ 2M Karras' or a diffusers scheduler class"
 _OPTIONS = 'an object of scheduler options, e.g. {"use_karras_sigmas": true, "timestep_spacing": "trailing"}'
@@ -91,6 +64,7 @@ _IMAGE = "a PNG, JPEG or WebP image"
 _IMAGES = "a list of PNG, JPEG or WebP images"
 _STRENGTH = "a number from 0 to 1"
 _FRAMES = "an integer of the form 4k+1 (5, 9, ..., 81)"
+_IC = "an IC-LoRA's reference video"
 _LOW_CFG, _KINDS = "low-noise stage guidance scale (Wan 2.2 A14B)", "image, video or none"
 _F = RequestField
 # Which of a pool's pipelines a request runs on (`GenerateRequest.mode`).
@@ -196,6 +170,11 @@ class GenerateRequest:
     # What the door answers (`engine.video_checks.kind_refusal`): "image" from the image endpoints (/generate,
     # /generate_images, a comparison), "video" from /generate_video; None (POST /, the UI): what the pool makes.
     expects: str | None = request_field(None, _F("text", _KINDS, "what the door answers (set by the door)"))
+    # An IC-LoRA's reference video (`engine.video_input`: read to its header at a door, decoded once checked), on a
+    # pool with an in-context pipeline (`ModelDefaults.reference_video`). Last: no earlier positional argument moves.
+    reference_video: RequestVideo | None = request_field(
+        None, _F("video", ACCEPTED_VIDEO, _IC, http="video", video=True, gradio_video_last=("video",))
+    )
 
     @property
     def mode(self) -> RequestMode:
@@ -226,6 +205,7 @@ class CheckedRequest(GenerateRequest):
     image: InputImage | None = field(default=None, metadata=_DECLARED["image"])
     mask_image: InputImage | None = field(default=None, metadata=_DECLARED["mask_image"])
     images: tuple[InputImage, ...] = field(default=(), metadata=_DECLARED["images"])
+    reference_video: InputVideo | None = field(default=None, metadata=_DECLARED["reference_video"])
 
     steps: int = 0
     guidance: float = 0.0
@@ -308,6 +288,7 @@ class ModelDefaults:
     max_seconds: float = 0.0
     # The (frames, width, height) its memory plan is made for: more tokens are refused (`engine.video_checks`).
     video_plan: tuple[int, ...] = ()
+    reference_video: bool = False  # an in-context pipeline (LTX-2's IC-LoRAs): `reference_video` is taken
     base_model: str = ""  # the served base's repo id, which refusals name ("" from a peer that does not say)
 
     def __post_init__(self) -> None:

@@ -19,7 +19,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline
+from diffusers import LTX2ImageToVideoPipeline, LTX2InContextPipeline, LTX2Pipeline
+from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
 
 from engine.families.ltx2_memory import MEMORY, MEMORY_2_3
 from engine.families.spec import (
@@ -38,6 +39,7 @@ from engine.families.spec import (
 )
 from engine.families.tiny_ltx2 import TINY_FRAMES, build_tiny_pipeline
 from engine.requests import CheckedRequest, RequestMode
+from engine.video_input import InputVideo
 from families.ltx2 import IDENTITY, MODEL_ID_2_3
 
 __all__ = ["FAMILY", "audio_rate", "convert_lora"]
@@ -113,8 +115,12 @@ def audio_rate(pipe: Pipeline) -> int:
 
 def call_arguments(request: CheckedRequest) -> dict[str, Any]:
     """LTX2Pipeline's call, at the request's rate (the audio's length and the video's motion follow it); a request
-    the engine makes itself (a warm-up) asks for one frame."""
+    the engine makes itself (a warm-up) asks for one frame. With a reference video (an IC-LoRA's), the in-context
+    pipeline's call: the video as its one reference condition, at diffusers' default strength."""
+    reference = request.reference_video
+    conditions = {} if reference is None else {"reference_conditions": [_reference_condition(reference)]}
     return {
+        **conditions,
         "prompt": request.prompt,
         "negative_prompt": request.negative_prompt or None,
         "guidance_scale": request.guidance,
@@ -124,6 +130,10 @@ def call_arguments(request: CheckedRequest) -> dict[str, Any]:
         "num_frames": request.num_frames or 1,
         "frame_rate": float(request.fps or _FPS),
     }
+
+
+def _reference_condition(video: InputVideo) -> LTX2ReferenceCondition:
+    return LTX2ReferenceCondition(frames=[frame.to_pil() for frame in video.frames])
 
 
 def pipeline_modes(pipe: Pipeline) -> tuple[RequestMode, ...]:
@@ -151,6 +161,7 @@ FAMILY = FamilySpec(
     base_memory=((MODEL_ID_2_3, MEMORY_2_3),),
     video=video,
     image_to_image=LTX2ImageToVideoPipeline,
+    in_context=LTX2InContextPipeline,
     pipeline_modes=pipeline_modes,
     audio_rate=audio_rate,
 )

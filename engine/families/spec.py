@@ -304,6 +304,9 @@ class FamilySpec:
     # family has none in diffusers, and such a request is refused naming what the pool serves.
     image_to_image: PipelineClass | None = None
     inpainting: PipelineClass | None = None
+    # The class a request with a reference video runs on (LTX-2's IC-LoRAs: `LTX2InContextPipeline`), built the same
+    # way; None: a reference video is refused.
+    in_context: PipelineClass | None = None
     # An instruction-editing base (FLUX.1 Kontext): its own pipeline takes the image, and no request comes without.
     needs_image: bool = False
     # The images a request may bring in all (its `image` first, then `images`): several where the family's own

@@ -43,8 +43,10 @@ _SPECIALS = ("<pad>", "<eos>", "<bos>")
 
 
 def tiny_gemma_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer over the tiny pipelines' vocabulary with Gemma's pad, BOS and EOS roles."""
+    """A byte-level BPE tokenizer over the tiny pipelines' vocabulary with Gemma's pad, BOS and EOS roles, padding on
+    the left as LTX-2's pipelines pad Gemma's prompts (`LTX2InContextPipeline` reads the side once, when built)."""
     return PreTrainedTokenizerFast(
+        padding_side="left",
         tokenizer_object=byte_level_tokenizer(_SPECIALS),
         pad_token="<pad>",
         eos_token="<eos>",

@@ -259,6 +259,7 @@ def _defaults(pipe: Pipeline, family: FamilySpec, settings: Settings) -> ModelDe
         max_reference_images=family.max_reference_images if takes_images else 0,
         inpaint_references=family.inpaint_references and "inpainting" in modes,
         reference_fit=run.reference_fit if takes_images else None,
+        reference_video=family.in_context is not None,
         base_model=settings.base_model_id,
     )
     if family.video is not None:

@@ -65,7 +65,8 @@ def call_parameters(cls: Any) -> dict[str, inspect.Parameter]:
 def mode_pipeline(pipe: Pipeline, request: CheckedRequest, family: FamilySpec) -> Pipeline:
     """The pipeline `request` runs on: the pool's own for its own mode, else the mode's class over its
     components (see the module docstring)."""
-    cls = mode_class(family, request.mode)
+    # A reference video (an IC-LoRA's) runs on the family's in-context class (normalise refused it elsewhere).
+    cls = family.in_context if request.reference_video is not None else mode_class(family, request.mode)
     # The pool's own pipeline is an instance of its class or of a subclass (the cluster's stand-in GPU's).
     if cls is None or cls in type(pipe).__mro__:
         return pipe

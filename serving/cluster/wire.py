@@ -6,7 +6,8 @@ lossless PNG with the rest of the `GenerateResult`. A request's images travel as
 there is one (`engine.images.file_of`; else a PNG of the pixels): six photos cross as their bytes and base64's
 third, not as PNGs of their pixels. A list of them is counted before any is read, then each is read only as far as
 its header (`engine.images.encoded_image`), as on every door; the engine's check decodes them once counted and
-weighed. A checked request (the result's) is decoded here: its images are what ran. Errors travel as the
+weighed (a reference video likewise: `serving.cluster.wire_media`). A checked request (the result's) is decoded
+here: its images are what ran. Errors travel as the
 inference API's JSON and become the same class of the one tree again, found by name. pydantic validates both
 ways: strict models of what a front end sends (unknown fields refused: a 400 naming where, never a 500), and the
 cluster's answers read into the engine's dataclasses (one that does not fit is `BackendUnavailableError`). No
@@ -20,16 +21,17 @@ import io
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, asdict, fields
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, Strict, TypeAdapter, ValidationError, create_model
 
 from engine.errors import BackendUnavailableError, InvalidRequestError, SwitchboardError
 from engine.image_checks import check_door_count
-from engine.images import ACCEPTED, DEFAULT_MAX_INPUT_PIXELS, RequestImage, encoded_image, file_of
+from engine.images import DEFAULT_MAX_INPUT_PIXELS
 from engine.outcomes import EngineStatus, LoraCheck, ServedPool
 from engine.requests import AdapterUse, CheckedRequest, GenerateRequest, GenerateResult, LoraSpec, Timings
+from serving.cluster.wire_media import ImageJson, VideoJson, image_json, video_json
 
 __all__ = [
     "adapter_set_id",
@@ -86,32 +88,6 @@ class _SpecJson(BaseModel):
         return LoraSpec(**dict(self))  # its fields are LoraSpec's
 
 
-class _ImageJson(BaseModel):
-    """An image on the wire: its mode and its file (PNG, JPEG or WebP: the client's own, or a PNG of its pixels),
-    base64; the same pixels back."""
-
-    model_config = _STRICT
-
-    mode: Literal["RGB", "L"]
-    file: str
-
-    def image(self, what: str, max_pixels: int, *, decode: bool) -> RequestImage:
-        """The file read as far as its header, as a door reads one; decoded too where `decode` (what a checked
-        request ran on: its images are pixels)."""
-        try:
-            data = base64.b64decode(self.file, validate=True)
-        except ValueError as e:
-            raise InvalidRequestError(f"{what} on the wire is not base64 ({e}); accepted: {ACCEPTED} in base64") from e
-        encoded = encoded_image(data, what=what, max_pixels=max_pixels, mode=self.mode)
-        return encoded.decoded(max_pixels) if decode else encoded
-
-
-def _image_json(image: RequestImage | None) -> dict[str, Any] | None:
-    if image is None:
-        return None
-    return {"mode": image.mode, "file": base64.b64encode(file_of(image)).decode("ascii")}
-
-
 class _WireRequest(BaseModel):
     """A GenerateRequest on the wire: its fields are derived from the request's declaration (`_wire_fields`)."""
 
@@ -138,6 +114,8 @@ class _WireRequest(BaseModel):
         for name in _IMAGE_LISTS:
             listed = enumerate(getattr(self, name, None) or ())
             values[name] = tuple(wired.image(f"{name}[{i}]", max_pixels, decode=decode) for i, wired in listed)
+        video = getattr(self, "reference_video", None)
+        values["reference_video"] = None if video is None else video.video("reference_video", max_pixels, decode=decode)
         values["scheduler_options"] = tuple(
             tuple(pair) if isinstance(pair, list) else pair for pair in getattr(self, "scheduler_options", None) or ()
         )
@@ -154,8 +132,9 @@ _WIRE_TYPES: dict[str, Any] = {
     "sampler": str,
     "options": list[Any],
     "switch": bool,
-    "image": _ImageJson,
-    "images": list[_ImageJson],
+    "image": ImageJson,
+    "images": list[ImageJson],
+    "video": VideoJson,
 }
 _IMAGE_FIELDS = tuple(f.name for f in fields(GenerateRequest) if f.metadata["request"].kind == "image")
 # Lists of images (the further references) cross as a list of what the first image crosses as.
@@ -221,9 +200,10 @@ def request_to_json(request: GenerateRequest) -> dict[str, Any]:
     document = asdict(request)
     document["loras"] = [asdict(spec) for spec in request.loras]
     for name in _IMAGE_FIELDS:
-        document[name] = _image_json(getattr(request, name))
+        document[name] = image_json(getattr(request, name))
     for name in _IMAGE_LISTS:
-        document[name] = [_image_json(image) for image in getattr(request, name)]
+        document[name] = [image_json(image) for image in getattr(request, name)]
+    document["reference_video"] = video_json(request.reference_video)
     options = request.scheduler_options
     # Pairs as a list of pairs (a mapping, as a caller may give, the same way); the engine checks them.
     document["scheduler_options"] = [list(p) for p in (options.items() if isinstance(options, Mapping) else options)]

@@ -205,6 +205,7 @@ def _parse(request: Request, body: bytes, settings: Settings) -> HttpRequest:
         content_type=headers.get("content-type"),
         max_pixels=settings.max_input_pixels,
         most_images=settings.max_reference_images,
+        max_frames=settings.max_video_frames,
     )
 
 

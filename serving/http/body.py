@@ -21,7 +21,7 @@ from engine.images import ACCEPTED_MEDIA_TYPES, encoded_image
 from engine.requests import REQUEST_FIELDS, GenerateRequest, LoraSpec
 from engine.settings import Settings
 from lora_catalog.civitai.refs import SITE_HOSTS, parse_civitai
-from serving.http.images import IMAGE_ONLY, TargetSize, image_request
+from serving.http.images import IMAGE_ONLY, TargetSize, image_request, video_request
 from serving.video import VideoType, video_media_type
 
 __all__ = ["HUB_HOST", "HttpRequest", "lora_from_path", "parse_body"]
@@ -38,6 +38,7 @@ _BODY_SHAPE = '{"inputs": "<prompt>", "parameters": {...}}'
 _FIELDS = {f.name: f for f in REQUEST_FIELDS}
 # The settings' default; the Space passes its own (`serving.http.api`).
 MAX_INPUT_PIXELS: int = Settings.model_fields["max_input_pixels"].default
+MAX_VIDEO_FRAMES: int = Settings.model_fields["max_video_frames"].default
 _STRING = _FIELDS["negative_prompt"].accepts
 _SCHEDULER = _FIELDS["scheduler"].accepts
 _OPTION_VALUE = "a boolean or a string (a scheduler option's value)"
@@ -108,6 +109,8 @@ _HTTP_TYPES: dict[str, Any] = {
     "image": str,
     # A list of those (`parameters.images`: the further references, counted, then read the same way).
     "images": list[str],
+    # An MP4 in base64, with or without a `data:video/mp4;base64,` prefix (`parameters.video`: `video_request`).
+    "video": str,
 }
 # The inference API's own parameters lead the list, as Hugging Face's text-to-image task documents them.
 _LEADING = ("num_inference_steps", "guidance_scale")
@@ -172,12 +175,14 @@ def parse_body(
     content_type: str | None = None,
     max_pixels: int = MAX_INPUT_PIXELS,
     most_images: int | None = None,
+    max_frames: int = MAX_VIDEO_FRAMES,
 ) -> HttpRequest:
     """Validate the body and the `lora` header; InvalidRequestError names what is wrong. A body sent as an image
     (`Content-Type: image/png`, `image/jpeg`, `image/webp`) is image-to-image with no prompt and the defaults; a
     JSON body whose `parameters` hold `prompt` is image-to-image from the base64 image in `inputs`
-    (`serving.http.images`: `max_pixels` is MAX_INPUT_PIXELS, `most_images` MAX_REFERENCE_IMAGES). Images are
-    carried as their files, read only as far as their headers: the engine's check decodes them."""
+    (`serving.http.images`: `max_pixels` is MAX_INPUT_PIXELS, `most_images` MAX_REFERENCE_IMAGES). Images and a
+    reference video (`max_frames`: MAX_VIDEO_FRAMES) are carried as their files, read only as far as their headers:
+    the engine's check decodes them."""
     media = (content_type or "").partition(";")[0].strip().lower()
     if media in ACCEPTED_MEDIA_TYPES or media.startswith("image/"):
         image = encoded_image(body, what="the body", max_pixels=max_pixels)
@@ -206,12 +211,16 @@ def parse_body(
         )
     header = (LoraSpec(lora, scale=1.0 if scale is None else scale),) if lora else ()
     fields = parameters.model_dump(
-        by_alias=True, exclude_none=True, exclude={"loras", "lora_scale", "scheduler_options", "images", *IMAGE_ONLY}
+        by_alias=True,
+        exclude_none=True,
+        exclude={"loras", "lora_scale", "scheduler_options", "images", "video", *IMAGE_ONLY},
     )
     options = tuple(sorted((parameters.scheduler_options or {}).items()))
     # Both together: the header's LoRA first, then the list, all within the engine's LoRA limit.
     request = GenerateRequest(prompt=parsed.inputs, loras=header + listed, scheduler_options=options, **fields)
-    imaged = image_request(request, parameters, max_pixels, most_images)
+    imaged = video_request(
+        image_request(request, parameters, max_pixels, most_images), parameters, max_pixels, max_frames
+    )
     return HttpRequest(imaged, _media_type(accept), video_media_type(accept))
 
 

@@ -11,6 +11,8 @@ Count, then decode: the references are counted first (more than MAX_REFERENCE_IM
 refused before a single one is read: `engine.image_checks.check_door_count`); then each image's file is read as
 far as its header (`engine.images.encoded_image`: the format whitelisted, the size against MAX_INPUT_PIXELS) and
 carried into the request as sent; the engine's check counts them against the pool, weighs them, then decodes.
+`parameters.video` (an IC-LoRA's reference MP4, base64 or a data URL) is read the same way, as far as its header
+(`engine.video_input.encoded_video`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from engine.errors import InvalidRequestError
 from engine.image_checks import check_door_count
 from engine.images import ACCEPTED, EncodedImage, ImageMode, encoded_image
 from engine.requests import GenerateRequest
+from engine.video_input import ACCEPTED_VIDEO, encoded_video
 
-__all__ = ["IMAGE_ONLY", "TargetSize", "image_request", "is_image_text"]
+__all__ = ["IMAGE_ONLY", "TargetSize", "image_request", "is_image_text", "video_request"]
 
 # Parameters of the image-to-image task that fill no request field of their own name.
 IMAGE_ONLY = ("prompt", "target_size", "mask_image")
@@ -95,17 +98,32 @@ def image_request(
     )
 
 
+def video_request(request: GenerateRequest, parameters: Any, max_pixels: int, max_frames: int) -> GenerateRequest:
+    """`request` with `parameters.video` (an IC-LoRA's reference MP4, base64 or a data URL) read as far as its
+    header (`engine.video_input.encoded_video`: MAX_INPUT_PIXELS a frame, MAX_VIDEO_FRAMES); as it is without one."""
+    text = getattr(parameters, "video", None)
+    if text is None:
+        return request
+    data = _base64(text, "parameters.video", ACCEPTED_VIDEO)
+    video = encoded_video(data, what="parameters.video", max_pixels=max_pixels, max_frames=max_frames)
+    return replace(request, reference_video=video)
+
+
 def _encoded(text: str, what: str, max_pixels: int, mode: ImageMode) -> EncodedImage:
     """The base64 image `text` (a data URL's prefix dropped), read as far as its header; refusals name `what`."""
+    data = _base64(text, what, f"{ACCEPTED} in base64, with or without a data:image/...;base64, prefix")
+    return encoded_image(data, what=what, max_pixels=max_pixels, mode=mode)
+
+
+def _base64(text: str, what: str, accepted: str) -> bytes:
+    """The bytes of the base64 `text` (a data URL's prefix dropped); a refusal names `what` and `accepted`."""
     prefix = _data_url(text)
     payload = text[prefix.end() :] if prefix else text
-    accepted = f"{ACCEPTED} in base64, with or without a data:image/...;base64, prefix"
     try:
-        data = base64.b64decode("".join(payload.split()), validate=True)
+        return base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError) as e:
         shown = text[:40] + ("..." if len(text) > 40 else "")
         raise InvalidRequestError(f"{what} is not base64 ({shown!r}: {e}); accepted: {accepted}") from e
-    return encoded_image(data, what=what, max_pixels=max_pixels, mode=mode)
 
 
 def _data_url(text: str) -> re.Match[str] | None:

@@ -15,9 +15,10 @@ from engine.errors import InvalidRequestError
 from engine.image_checks import check_door_count
 from engine.images import ACCEPTED, EncodedImage, ImageMode, encoded_image
 from engine.requests import REQUEST_FIELDS, GenerateRequest, LoraSpec
+from engine.video_input import ACCEPTED_VIDEO, EncodedVideo, encoded_video
 from serving.ui import formatting as fmt
 
-__all__ = ["LATE", "api_request", "starting_fields", "windowed"]
+__all__ = ["LATE", "api_request", "read_video", "starting_fields", "windowed"]
 
 # The generation endpoints' last arguments (`RequestField.gradio_late`: each LoRA's window, then the second's).
 LATE = tuple(name for f in REQUEST_FIELDS for name in f.gradio_late)
@@ -71,6 +72,20 @@ def read_image(value: Any, name: str, mode: ImageMode, max_pixels: int) -> Encod
     except OSError as e:
         raise InvalidRequestError(f"{name} could not be read ({e.strerror}); accepted: {ACCEPTED}") from e
     return encoded_image(data, what=name, max_pixels=max_pixels, mode=mode)
+
+
+def read_video(value: Any, name: str, max_pixels: int, max_frames: int) -> EncodedVideo | None:
+    """The uploaded MP4 at `value` (a path Gradio hands over; None: no video) as the request's reference video, read
+    as far as its header (`engine.video_input.encoded_video`), nothing decoded."""
+    if value is None:
+        return None
+    if not isinstance(value, str | Path):
+        raise InvalidRequestError(f"{name} is a {type(value).__name__}; accepted: {ACCEPTED_VIDEO}, uploaded as a file")
+    try:
+        data = Path(value).read_bytes()
+    except OSError as e:
+        raise InvalidRequestError(f"{name} could not be read ({e.strerror}); accepted: {ACCEPTED_VIDEO}") from e
+    return encoded_video(data, what=name, max_pixels=max_pixels, max_frames=max_frames)
 
 
 def api_request(

@@ -20,7 +20,7 @@ from engine.requests import REQUEST_FIELDS, GenerateRequest, GenerateResult
 from serving.errors import user_errors
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
-from serving.ui.api_requests import LATE, api_request, windowed
+from serving.ui.api_requests import LATE, api_request, read_video, windowed
 from serving.ui.gradio_api import PIPELINE, generate
 from serving.ui.uploads import uploaded_path
 from serving.ui.video_ui import low_noise, saved_video
@@ -40,10 +40,12 @@ OWN = ("base",)
 def video_parameters() -> list[str]:
     """The endpoint's parameters by the request's declaration (without Gradio's `progress`): the declared Gradio
     arguments a video reads, then each field's video-only ones (`RequestField.gradio_video`: each LoRA's
-    low-noise scale), then `base`, then every generation endpoint's last ones (`LATE`: each LoRA's window)."""
+    low-noise scale), then `base`, then every generation endpoint's last ones (`LATE`: each LoRA's window), then
+    the video endpoint's own last ones (`RequestField.gradio_video_last`: an IC-LoRA's reference video)."""
     declared = [name for f in REQUEST_FIELDS if f.name not in IMAGE_ONLY for name in f.gradio]
     further = [name for f in REQUEST_FIELDS for name in f.gradio_video]
-    return [*declared, *further, *OWN, *LATE]
+    last = [name for f in REQUEST_FIELDS for name in f.gradio_video_last]
+    return [*declared, *further, *OWN, *LATE, *last]
 
 
 def video_info(result: GenerateResult) -> dict[str, Any]:
@@ -69,7 +71,7 @@ def add_video_endpoint(handlers: Handlers) -> None:
         numbers |= {name: gr.Number(None) for name in ("steps", "guidance", "width", "height", "num_frames", "fps")}
         numbers |= {name: gr.Number(None) for name in ("guidance_2", "lora_scale_2", "lora_2_scale_2", *LATE)}
         others = {"prompt": gr.Textbox(), "seed": gr.Number(-1), "scheduler_options": gr.JSON(None)}
-        others["image"] = uploaded_path()
+        others["image"], others["video"] = uploaded_path(), uploaded_path()
         video, info = gr.Video(format="mp4", label="video"), gr.JSON(label="info")
         trigger = gr.Button()
     components = {**texts, **numbers, **others}
@@ -99,8 +101,10 @@ def _request(handlers: Handlers, arguments: dict[str, Any]) -> GenerateRequest:
         request, ((a["lora"], a["lora_start"], a["lora_end"]), (a["lora_2"], a["lora_2_start"], a["lora_2_end"]))
     )
     video = {name: a[name] for name in ("num_frames", "fps", "guidance_2") if a[name] is not None}
+    # An IC-LoRA's reference video (a `handle_file`), read as far as its header as POST / reads one.
+    reference = read_video(a["video"], "video", pixels, handlers.settings.max_video_frames)
     # The video endpoint: an image pool is refused where the request is checked, before anything runs.
-    return dataclasses.replace(request, **video, expects="video")
+    return dataclasses.replace(request, **video, reference_video=reference, expects="video")
 
 
 def _generate_video_api(handlers: Handlers) -> Callable[..., Any]:
@@ -129,6 +133,7 @@ def _generate_video_api(handlers: Handlers) -> Callable[..., Any]:
         lora_end: float | None = None,
         lora_2_start: float | None = None,
         lora_2_end: float | None = None,
+        video: Any = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[str, dict[str, Any]]:
         """Generate a video on a video pool (the LoRAs' base, else `base`, else the default): text-to-video, or
@@ -136,7 +141,8 @@ def _generate_video_api(handlers: Handlers) -> Callable[..., Any]:
         `num_frames` 4k+1 (none: the pool's default), `fps` its frames per second, `guidance_2` the low-noise
         stage's guidance on a two-stage pool (Wan 2.2 A14B), `lora_scale_2` and `lora_2_scale_2` each LoRA's
         low-noise scale there (None: its scale for both), `lora_start`/`lora_end` (`lora_2_...`) each LoRA's window
-        as /generate's (on both transformers); unset numbers (None) take the pool's defaults.
+        as /generate's (on both transformers); unset numbers (None) take the pool's defaults. `video`: an IC-LoRA's
+        reference video (an MP4, a `handle_file`; an LTX-2 pool only).
         Answers the MP4 (H.264, its recipe in the `comment` tag: the bytes POST / answers) and the info, with
         `num_frames`, `fps` and `duration_s`."""
         arguments = dict(locals())

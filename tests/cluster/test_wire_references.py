@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 import engine.images
-import serving.cluster.wire
+import serving.cluster.wire_media
 from engine.images import DEFAULT_MAX_INPUT_PIXELS, InputImage, encoded_image
 from engine.outcomes import ServedPool
 from engine.requests import GenerateRequest
@@ -117,7 +117,7 @@ def test_a_pools_reference_sizing_crosses_in_its_defaults(klein_engine):
 def test_the_wire_counts_the_references_before_reading_any_header_or_decoding_any(cluster, monkeypatch):
     test_client, handle = cluster
     headers: list[str] = []
-    monkeypatch.setattr(serving.cluster.wire, "encoded_image", lambda data, **kw: headers.append(kw["what"]))
+    monkeypatch.setattr(serving.cluster.wire_media, "encoded_image", lambda data, **kw: headers.append(kw["what"]))
 
     def decode(*args: object, **kwargs: object) -> None:
         raise AssertionError("an image was decoded before the request was counted")

@@ -1,0 +1,124 @@
+"""LTX-2's IC-LoRAs on the tiny LTX-2 pool: a request with a reference video (`GenerateRequest.reference_video`,
+an MP4 read to its header at the door) runs on diffusers' `LTX2InContextPipeline` built from the pool's own
+components, and its video and sound equal diffusers' in-context pipeline with the IC-LoRA fused (load_lora_weights +
+fuse_lora) on every frame and audio sample; a bad reference video is refused by its rule before anything is
+decoded, and the pool serves the same afterwards."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from diffusers import LTX2InContextPipeline, LTX2Pipeline
+from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
+
+from engine.errors import InvalidRequestError, LimitExceededError
+from engine.normalise import normalise_request
+from engine.requests import GenerateRequest, Limits, LoraSpec, ModelDefaults
+from engine.video_input import EncodedVideo, encoded_video
+from lora_catalog.entries import Family
+from serving.video import decode_mp4
+from tests.engine.families.test_ltx2 import AUDIO_TOLERANCE, request
+from tests.support.checks import generate
+from tests.support.dit import pixels
+from tests.support.image_inputs import input_image
+from tests.support.images import assert_images_close
+from tests.support.ltx2 import CASES, FPS, FRAMES, PROMPT, STEPS, Reference, write_ltx2_loras
+from tests.support.reference_video import reference_mp4
+
+IC_LORA = CASES[0].file_name
+
+
+def header(data: bytes) -> EncodedVideo:
+    """The MP4 as a door carries it: read as far as its header."""
+    return encoded_video(data, what="parameters.video", max_pixels=10**6, max_frames=81)
+
+
+@pytest.fixture(scope="module")
+def ic_loras(loaded_ltx2, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("ltx2-ic-loras")
+    write_ltx2_loras(loaded_ltx2.pipe, folder, CASES[:1])
+    return folder
+
+
+@pytest.fixture
+def ic_engine(family_engine, ic_loras):
+    return family_engine(Family.LTX2, ic_loras)
+
+
+def diffusers_in_context(tiny_dir: Path, folder: Path, video: bytes, scale: float) -> Reference:
+    """diffusers' own: its in-context pipeline over a pipeline of its own (from_pipe), the IC-LoRA loaded and fused
+    (transformer and connectors), the reference video's frames (decoded by PyAV) as its one reference condition."""
+    pipe: Any = LTX2InContextPipeline.from_pipe(LTX2Pipeline.from_pretrained(tiny_dir))
+    pipe.set_progress_bar_config(disable=True)
+    pipe.load_lora_weights(str(folder), weight_name=IC_LORA, adapter_name="ic")
+    pipe.fuse_lora(components=["transformer", "connectors"], lora_scale=scale, adapter_names=["ic"])
+    output = pipe(
+        prompt=PROMPT,
+        reference_conditions=[LTX2ReferenceCondition(frames=list(decode_mp4(video).frames))],
+        num_inference_steps=STEPS,
+        guidance_scale=3.0,
+        width=64,
+        height=64,
+        num_frames=FRAMES,
+        frame_rate=float(FPS),
+        generator=torch.Generator("cpu").manual_seed(7),
+        output_type="pil",
+    )
+    return Reference(list(output.frames[0]), output.audio[0].float(), int(pipe.vocoder.config.output_sampling_rate))
+
+
+def test_an_ic_lora_with_its_reference_video_is_diffusers_in_context_pipeline(
+    ic_engine, ic_loras, tiny_ltx2_dir, loaded_ltx2
+):
+    video = reference_mp4()
+    lora = LoraSpec(f"local:{IC_LORA}", scale=0.8)
+    plain = generate(ic_engine, request(lora))
+    result = generate(ic_engine, request(lora, reference_video=header(video)))
+    reference = diffusers_in_context(tiny_ltx2_dir, ic_loras, video, 0.8)
+    assert np.abs(pixels(plain.frames[-1]) - pixels(reference.frames[-1])).mean() > 1, "the reference must show"
+    assert len(result.frames) == len(reference.frames) == FRAMES
+    for index, (ours, theirs) in enumerate(zip(result.frames, reference.frames, strict=True)):
+        assert_images_close(pixels(ours), pixels(theirs), f"in-context: frame {index}")
+    assert result.audio is not None and result.audio.samples.shape == tuple(reference.audio.shape)
+    difference = np.abs(result.audio.samples - reference.audio.numpy()).max()
+    assert difference <= AUDIO_TOLERANCE, f"audio {difference} apart"
+    # The in-context pipeline was the run's own: the pool still serves text-to-video, the same video as before.
+    assert type(loaded_ltx2.pipe) is LTX2Pipeline
+    _assert_same_frames(generate(ic_engine, request(lora)), plain)
+
+
+def _assert_same_frames(result: Any, expected: Any) -> None:
+    assert [pixels(f).tobytes() for f in result.frames] == [pixels(f).tobytes() for f in expected.frames]
+    assert np.array_equal(result.audio.samples, expected.audio.samples)
+
+
+def test_each_bad_reference_video_is_refused_by_its_rule_and_the_pool_serves_the_same(ic_engine):
+    """Refused where every request is checked (frames past MAX_VIDEO_FRAMES, a clip past the pool's longest, a frame
+    past MAX_INPUT_PIXELS, with an image), before it is decoded; the next request gets what it got before."""
+    lora = LoraSpec(f"local:{IC_LORA}")
+    before = generate(ic_engine, request(lora))
+    long = encoded_video(reference_mp4(frames=90, side=32), what="parameters.video", max_pixels=10**6, max_frames=1001)
+    with pytest.raises(LimitExceededError, match=r"parameters\.video is too long: 90 frames.*at most 81 frames"):
+        generate(ic_engine, request(lora, reference_video=long))
+    large = encoded_video(reference_mp4(side=64), what="parameters.video", max_pixels=10**6, max_frames=81)
+    large = replace(large, width=4096, height=4096)  # a header that claims what no pool decodes
+    with pytest.raises(LimitExceededError, match="has too many pixels: 4096x4096"):
+        generate(ic_engine, request(lora, reference_video=large))
+    forever = replace(large, width=64, height=64, seconds=3600.0)
+    with pytest.raises(LimitExceededError, match=r"is too long: 3600.00 s.*at most 20 s"):
+        generate(ic_engine, request(lora, reference_video=forever))
+    with pytest.raises(InvalidRequestError, match="video and image were given together"):
+        generate(ic_engine, request(lora, reference_video=header(reference_mp4()), image=input_image()))
+    _assert_same_frames(generate(ic_engine, request(lora)), before)
+
+
+def test_a_reference_video_is_refused_on_a_pool_without_an_in_context_pipeline():
+    defaults = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128, base_model="tiny-sd15")
+    video = header(reference_mp4())
+    with pytest.raises(InvalidRequestError, match=r"this pool \(tiny-sd15\) has no in-context pipeline; accepted: "):
+        normalise_request(GenerateRequest(prompt="a fox", reference_video=video), defaults, Limits(4, 50, 1000))

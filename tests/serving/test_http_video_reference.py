@@ -1,0 +1,93 @@
+"""An IC-LoRA's reference video on `POST /` (`parameters.video`: an MP4, base64 or a `data:` URL) and on
+gradio_client's `/generate_video` (`video`, a file, its last argument) on a tiny LTX-2 Space: it runs (the same MP4
+from both doors), and each bad video is a 400 naming its rule (not a video, truncated, too many pixels, too long),
+refused before anything is decoded; the Space answers the same afterwards."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from gradio_client import Client, handle_file
+
+from serving.video import decode_mp4
+from tests.support.app_server import AppServer, serve_app
+from tests.support.reference_video import reference_mp4
+
+PARAMETERS = {"num_inference_steps": 2, "seed": 5, "num_frames": 9, "fps": 24}
+VIDEO = reference_mp4(frames=9, side=64)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
+    from engine.settings import Settings
+    from serving.runtime import build_runtime
+
+    demo_dir = tmp_path_factory.mktemp("tiny-ltx2")
+    # A frame of 64 x 64 at most (MAX_INPUT_PIXELS' least), 17 frames at most: small refusals to send.
+    environment = {"MODELS": "tiny-ltx2", "MAX_INPUT_PIXELS": "4096", "MAX_VIDEO_FRAMES": "17"}
+    runtime = build_runtime(Settings.from_env(environment), demo_dir=demo_dir, cuda=lambda: False)
+    try:
+        assert runtime.wait_ready(timeout=600)
+        engine = runtime.backend.served.default.engine  # type: ignore[attr-defined]
+        with serve_app(engine, runtime.catalog, backend=runtime.backend, allowed_paths=[demo_dir]) as served:
+            yield served
+    finally:
+        runtime.close()
+
+
+def post(server: AppServer, video: str | None) -> httpx.Response:
+    parameters = PARAMETERS if video is None else {**PARAMETERS, "video": video}
+    return httpx.post(server.url, json={"inputs": "a fox", "parameters": parameters}, timeout=600)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def test_a_reference_video_runs_as_base64_or_a_data_url(server):
+    plain, sent = post(server, None), post(server, b64(VIDEO))
+    assert plain.status_code == sent.status_code == 200, sent.text[:300]
+    assert sent.headers["content-type"] == "video/mp4"
+    assert decode_mp4(sent.content).frames[-1].tobytes() != decode_mp4(plain.content).frames[-1].tobytes()
+    as_url = post(server, "data:video/mp4;base64," + b64(VIDEO))
+    assert as_url.status_code == 200 and as_url.content == sent.content
+
+
+@pytest.mark.parametrize(
+    ("video", "rule"),
+    [
+        (b64(b"GIF89a not a video"), "parameters.video is not a video"),
+        (b64(VIDEO[: len(VIDEO) // 2]), "parameters.video is a truncated MP4"),
+        (b64(reference_mp4(frames=9, side=96)), "parameters.video has too many pixels: 96x96"),
+        (b64(reference_mp4(frames=25, side=32)), "parameters.video is too long: 25 frames"),
+        ("not base64!", "parameters.video is not base64"),
+    ],
+    ids=["not-a-video", "truncated", "pixels", "frames", "not-base64"],
+)
+def test_each_bad_reference_video_is_a_400_naming_its_rule(server, video, rule):
+    before = post(server, b64(VIDEO))
+    answer = post(server, video)
+    assert answer.status_code == 400, answer.text[:300]
+    error = answer.json()["error"]
+    assert rule in error and "accepted: an MP4 video" in error, error
+    assert post(server, b64(VIDEO)).content == before.content, "the Space answers the same after a refusal"
+
+
+def test_gradio_client_sends_the_video_as_a_file_and_gets_post_s_mp4(server, tmp_path):
+    posted = post(server, b64(VIDEO))
+    assert posted.status_code == 200, posted.text[:300]
+    upload = tmp_path / "reference.mp4"
+    upload.write_bytes(VIDEO)
+    client = Client(server.url, verbose=False)
+    path, _ = client.predict(
+        prompt="a fox", steps=2, seed=5, num_frames=9, fps=24, video=handle_file(str(upload)),
+        api_name="/generate_video",
+    )  # fmt: skip
+    assert Path(path["video"] if isinstance(path, dict) else path).read_bytes() == posted.content
+    upload.write_bytes(VIDEO[: len(VIDEO) // 2])
+    with pytest.raises(Exception, match="video is a truncated MP4"):
+        client.predict(prompt="a fox", steps=2, video=handle_file(str(upload)), api_name="/generate_video")
