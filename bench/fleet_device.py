@@ -22,7 +22,7 @@ import simpy
 import torch
 
 from engine.pipeline.sharing import Sharing, sharing_mode
-from engine.pipeline.stepshare import averaged, goes_next
+from engine.pipeline.stepshare import FIRST_GUESS_S, averaged, goes_next
 from engine.settings import Settings
 
 __all__ = ["SimDevice", "SimRun"]
@@ -47,7 +47,9 @@ class SimRun:
 class SimDevice:
     """One GPU's pieces of work, handed out to its pools' runs (policy: module docstring)."""
 
-    def __init__(self, env: simpy.Environment, sharing: Sharing, starve: float, first_guess_s: float = 1.0) -> None:
+    def __init__(
+        self, env: simpy.Environment, sharing: Sharing, starve: float, first_guess_s: float = FIRST_GUESS_S
+    ) -> None:
         self.env, self.sharing, self.starve = env, sharing, starve
         self._first_guess_s = first_guess_s
         self._holder: SimRun | None = None

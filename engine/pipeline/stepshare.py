@@ -38,12 +38,14 @@ from typing import Protocol, TypeVar
 from engine.errors import GenerationCancelledError
 from engine.events import RunShare
 
-__all__ = ["Ahead", "DeviceScheduler", "DeviceTurn", "RunShare", "Waiter", "averaged", "goes_next"]
+__all__ = ["FIRST_GUESS_S", "Ahead", "DeviceScheduler", "DeviceTurn", "RunShare", "Waiter", "averaged", "goes_next"]
 
 logger = logging.getLogger(__name__)
 
 # How often a waiting run looks at its cancel event (a threading.Event cannot wake a condition by itself).
 _CANCEL_POLL_S = 0.02
+# A pool's time per piece until one is measured (the fleet model's too: `bench.fleet_device`).
+FIRST_GUESS_S = 1.0
 # The weight of the newest piece in a pool's moving average.
 _NEWEST = 0.3
 
@@ -141,7 +143,7 @@ class DeviceScheduler:
     """The device's pieces of work, handed out to the runs of every pool on it (policy: module docstring).
     `clock` is the scheduler's time (a stand-in device's own in tests and `bench.mixed`)."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.perf_counter, first_guess_s: float = 1.0) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.perf_counter, first_guess_s: float = FIRST_GUESS_S) -> None:
         self._clock = clock
         self._first_guess_s = first_guess_s
         self._cond = threading.Condition()
