@@ -204,6 +204,12 @@ class RunResult:
     image_p95_s: float = math.nan
     video_p95_s: float = math.nan
 
+    @property
+    def target_p95_s(self) -> float:
+        """The p95 a latency target holds: the images' beside videos (a video takes minutes whatever the router
+        does), else every request's."""
+        return self.p95_s if math.isnan(self.image_p95_s) or math.isnan(self.video_p95_s) else self.image_p95_s
+
 
 class Fleet:
     """One run's world: the simpy environment, the replicas and what was measured."""

@@ -93,8 +93,10 @@ class Scenario:
 
     @property
     def saturation_rate(self) -> float:
-        """Requests per second the replicas serve with every GPU busy on inference alone."""
-        return self.replicas / self.costs.inference_s
+        """Requests per second the replicas serve with every GPU busy on inference alone (images and videos in
+        their shares)."""
+        video_s = sum(self.costs.pieces(True, split=False))
+        return self.replicas / ((1 - self.video_share) * self.costs.inference_s + self.video_share * video_s)
 
 
 @dataclass(frozen=True)
