@@ -25,7 +25,13 @@ from engine.pipeline.sharing import Sharing, sharing_mode
 from engine.pipeline.stepshare import FIRST_GUESS_S, averaged, goes_next
 from engine.settings import Settings
 
-__all__ = ["SimDevice", "SimRun"]
+__all__ = ["SimDevice", "SimRun", "image_pieces"]
+
+
+def image_pieces(steps: int, step_s: float, decode_s: float = 0.0) -> list[float]:
+    """An image run's pieces: its steps, then its VAE decode whole (the engine's last boundary is after the last
+    step, before the decode; a decode folded into the steps is a piece of no time)."""
+    return [step_s] * steps + [decode_s]
 
 
 @dataclass(eq=False)
@@ -64,7 +70,9 @@ class SimDevice:
         return cls(env, sharing, settings.step_sharing_starve_steps)
 
     def run(self, pool: str, pieces: Sequence[float], *, video: bool) -> Generator[simpy.Event, object, SimRun]:
-        """A run of `pool` whose pieces take `pieces` seconds each of the device: returns once its last one ends."""
+        """A run of `pool` whose pieces take `pieces` seconds each of the device, a boundary between each two:
+        returns once its last one ends. (An image's decode follows a boundary after its last step, as the engine's
+        `boundary(0)`: `image_pieces`.)"""
         run = SimRun(next(self._seq), pool, max(len(pieces), 1), self.starve, video)
         if self.sharing == "off":
             run.started_s = self.env.now
@@ -73,7 +81,8 @@ class SimDevice:
         yield from self._wait(run)
         for done, piece in enumerate(pieces, start=1):
             yield self.env.timeout(piece)
-            self._piece_s[pool] = averaged(self._piece_s.get(pool), piece)
+            if piece > 0:  # as the engine: a piece of no time is no measure of a pool's piece
+                self._piece_s[pool] = averaged(self._piece_s.get(pool), piece)
             if done < len(pieces) and self.sharing == "step":
                 yield from self._boundary(run, len(pieces) - done)
         self._holder = None

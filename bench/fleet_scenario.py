@@ -9,6 +9,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from bench.fleet_device import image_pieces
 from bench.mixed import SDXL_A10G, WAN_A10G
 from engine.settings import Settings
 
@@ -57,7 +58,7 @@ class Costs:
         """A run's pieces of device time (`split`: an image's steps one by one, else its inference as one)."""
         if video:
             return [self.video_step_s] * self.video_steps + [self.video_decode_s] * self.video_decode_pieces
-        return [self.inference_s / self.image_steps] * self.image_steps if split else [self.inference_s]
+        return image_pieces(self.image_steps, self.inference_s / self.image_steps) if split else [self.inference_s]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Generator, Sequence
 
 import simpy
 
-from bench.fleet_device import SimDevice
+from bench.fleet_device import SimDevice, image_pieces
 from bench.mixed_model import Arrival, p95
 from engine.events import RunShare
 from engine.pipeline.sharing import Sharing
@@ -40,7 +40,7 @@ def model_p95s(
         steps, step_s, chunks, chunk_s = video if arrival.video else image
         with pools[arrival.video].request() as held:
             yield held
-            pieces = [step_s] * steps + [chunk_s] * chunks
+            pieces = [step_s] * steps + [chunk_s] * chunks if chunks else image_pieces(steps, step_s)
             yield from device.run("wan" if arrival.video else "sdxl", pieces, video=arrival.video)
         latencies[arrival.video].append(env.now - arrival.at_s)
 
