@@ -39,6 +39,8 @@ if __package__ in (None, ""):  # run as `python bench/fleet.py`
 import argparse
 import dataclasses
 import json
+import math
+import os
 import shutil
 import tempfile
 import time
@@ -51,6 +53,7 @@ from bench.fleet_real import RealOptions, ratio_of
 from bench.fleet_real_run import measure
 from bench.fleet_sweep import Validation, latency_curve, max_rate, validate, validation_spec
 from bench.serve import hub_environment
+from engine.settings import Settings
 
 __all__ = ["main", "run"]
 
@@ -103,6 +106,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--zipf", type=float, default=Scenario.zipf, help="Zipf exponent of popularity (default 1.1)")
     add("--warmup", type=int, default=Scenario.warmup, help="requests before measuring (default 12000)")
     add("--requests", type=int, default=Scenario.requests, help="requests measured per run (default 9000)")
+    add("--video-share", type=float, default=0.0, help="share of requests that are Wan videos (default 0)")
     add("--inference-s", type=float, default=Costs.inference_s, help="seconds per image (default 8.5, A10G)")
     add("--bandwidth-mbs", type=float, default=Costs.bandwidth_mb_s, help="download MB/s (default 100)")
     add("--swap-ms", type=float, default=Costs.swap_cpu_s * 1000, help="measured swap, ms (default 383, CPU)")
@@ -145,6 +149,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def scenario_of(args: argparse.Namespace) -> Scenario:
+    settings = Settings.from_env(os.environ)
     swap_s, scale = args.swap_ms / 1000, Costs.swap_scale
     if args.swap_json is not None:
         swap_s, scale = _swap_from_json(args.swap_json)
@@ -163,6 +168,10 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
         warmup=args.warmup,
         requests=args.requests,
         costs=costs,
+        video_share=args.video_share,
+        # A replica's GPU shared by its pools as the engine's settings say (DEVICE_SHARING, STEP_SHARING_STARVE_STEPS).
+        device_sharing=settings.device_sharing,
+        starve_steps=settings.step_sharing_starve_steps,
     )
 
 
@@ -170,6 +179,7 @@ def _row(result: RunResult) -> str:
     return (
         f"  {result.rate:7.3f}  {result.hit_rate:5.3f}  {result.swaps_per_s:8.3f}  {result.downloads_per_s:8.4f}  "
         f"{result.p50_s:7.2f}  {result.p95_s:7.2f}"
+        + ("" if math.isnan(result.video_p95_s) else f"  {result.image_p95_s:7.2f}  {result.video_p95_s:7.1f}")
     )
 
 
@@ -182,6 +192,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         f"{costs.size_max_mb:.0f} MB log-uniform), {scenario.replicas} replicas x {scenario.capacity} prepared, "
         f"{scenario.disk_gb:g} GB disk each; {scenario.warmup} warm-up + {scenario.requests} measured requests per run"
     )
+    if scenario.video_share:
+        _say(
+            f"videos: {scenario.video_share:g} of requests, {costs.video_steps} x {costs.video_step_s} s + "
+            f"{costs.video_decode_pieces} x {costs.video_decode_s} s; the GPU shared by DEVICE_SHARING="
+            f"{scenario.device_sharing} (starve bound {scenario.starve_steps:g} pieces); the target is the images' p95"
+        )
     _say(
         f"costs: inference {costs.inference_s} s, swap {costs.swap_s * 1000:.1f} ms ({costs.swap_cpu_s * 1000:.0f} ms "
         f"x {costs.swap_scale:g}), prepare {costs.prepare_base_s * 1000:.0f} ms + {costs.prepare_s_per_mb * 1000:.1f} "
@@ -195,7 +211,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         best = max_rate(scenario, name, curve, target, args.seed)
         found[name] = best
         _say(f"\n{name} ({time.perf_counter() - started:.0f} s)")
-        _say("     rate    hit  swaps/s  downl./s  p50 (s)  p95 (s)")
+        by_kind = "  image p95  video p95" if scenario.video_share else ""
+        _say(f"     rate    hit  swaps/s  downl./s  p50 (s)  p95 (s){by_kind}")
         for result in curve:
             _say(_row(result))
         if best.at_rate is not None:

@@ -4,28 +4,36 @@ A replica is one GPU running the engine. It holds at most `capacity` prepared ad
 Ray Serve's per-replica multiplex cache), keeps downloaded files on a disk bounded in bytes (an LRU,
 like the Hub cache), prepares one adapter at a time, and runs one image at a time on its GPU. A request
 on a replica: wait for a slot, prepare its adapter if it is not held (download it first if it is not
-on disk), then on the GPU swap it in if another one is fused, then run inference. Slots bound how many
+on disk), then in its pool (one run at a time; an image pool and, with videos, a video pool, each with its
+fused adapter) swap it in if another one is fused, then run inference on the replica's GPU, shared by its pools
+as the engine shares it (bench/fleet_device.py: step by step by default). Slots bound how many
 requests a replica has accepted: the router's `max_ongoing_requests` for Ray Serve; for the others,
 one on the GPU plus one preparing ahead (the engine prepares outside its pipeline lock), with a FIFO
 queue in front.
 
 The run is simpy's: Poisson arrivals (or closed-loop clients) over Zipf popularity, each request routed
-by a policy (bench/fleet_policies.py), its latency from arrival to the end of its inference.
+by a policy (bench/fleet_policies.py), its latency from arrival to the end of its inference. With
+`video_share`, that share of the requests (drawn per request from a stream of their own: the adapters and gaps
+stay those of the images-only run) are videos of the same catalogue's adapters, each its pool's run of Wan's
+steps and decode pieces (`bench.mixed`'s stand-in A10G table, its sources there).
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 import random
 import statistics
 from collections import OrderedDict
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import simpy
+import torch
+
+from bench.fleet_device import SimDevice
+from bench.fleet_scenario import Catalogue, Costs, Request, Scenario
+from engine.pipeline.sharing import sharing_mode
 
 __all__ = [
     "Catalogue",
@@ -44,94 +52,7 @@ __all__ = [
 ]
 
 _MB = 1e6
-
-
-@dataclass(frozen=True)
-class Costs:
-    """Seconds and bytes per step; every default has a stated source (docs/fleet.md)."""
-
-    # The reference service's figure: one 1024x1024, 25-step SDXL image on an A10G.
-    inference_s: float = 8.5
-    # bench.swap, rank 32, bf16, 2-core CPU: (c) ours, cached adapter = 383 ms (README), times swap_scale.
-    swap_cpu_s: float = 0.383
-    # The swap is a memory-bound copy_ + addmm_ over ~1.9 GB of touched bf16 weights: an A10G moves
-    # ~600 GB/s against the ~20 GB/s that 383 ms implies on the CPU (30x); 0.1 keeps a 3x margin for
-    # the 1,120 kernel launches. Set 1.0 for a GPU figure measured by `bench.swap --device cuda`.
-    swap_scale: float = 0.1
-    # bench.swap (d) first-seen minus (c) cached, ranks 8/32/128 (23/93/372 MB files): 120/270/678 ms,
-    # fitted as 83 ms + 1.6 ms per MB (read header, convert names, match factors, keep in the store).
-    prepare_base_s: float = 0.083
-    prepare_s_per_mb: float = 0.0016
-    # Hub download on a cloud VM; a stated assumption (hf_transfer can do more, a busy Hub less).
-    bandwidth_mb_s: float = 100.0
-    # SDXL LoRA files span 20-900 MB (rank 4 to 128, with or without text encoders): log-uniform.
-    size_min_mb: float = 20.0
-    size_max_mb: float = 900.0
-
-    @property
-    def swap_s(self) -> float:
-        return self.swap_cpu_s * self.swap_scale
-
-    def prepare_s(self, size_mb: float) -> float:
-        return self.prepare_base_s + self.prepare_s_per_mb * size_mb
-
-    def download_s(self, size_mb: float) -> float:
-        return size_mb / self.bandwidth_mb_s
-
-
-@dataclass(frozen=True)
-class Scenario:
-    adapters: int = 2500
-    replicas: int = 5
-    # Prepared adapters per replica: a little under the engine's 4 GiB host cache over the 231 MB mean file (~18).
-    capacity: int = 16
-    disk_gb: float = 100.0  # Hub cache per replica; 0 downloads every miss
-    zipf: float = 1.1
-    warmup: int = 12000  # requests run before measuring: the disks reach their steady state
-    requests: int = 9000  # requests measured
-    clients: int | None = None  # closed loop with this many clients instead of Poisson arrivals
-    # Poisson arrivals after a warm-up sent by this many closed-loop clients (fast, as a real cluster can afford)
-    warmup_clients: int | None = None
-    costs: Costs = field(default_factory=Costs)
-
-    def __post_init__(self) -> None:
-        for name in ("adapters", "replicas", "capacity", "requests"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} is too small; accepted: 1 or more")
-        if self.warmup < 0 or self.disk_gb < 0 or self.zipf < 0:
-            raise ValueError("warmup, disk_gb and zipf must not be negative")
-        if self.clients is not None and self.clients < 1:
-            raise ValueError(f"clients={self.clients} is too small; accepted: 1 or more, or None for Poisson")
-        if self.warmup_clients is not None and self.warmup_clients < 1:
-            raise ValueError(f"warmup_clients={self.warmup_clients} is too small; accepted: 1 or more, or None")
-
-    @property
-    def saturation_rate(self) -> float:
-        """Requests per second the replicas serve with every GPU busy on inference alone."""
-        return self.replicas / self.costs.inference_s
-
-
-@dataclass(frozen=True)
-class Request:
-    index: int
-    adapter: int
-    arrival: float
-
-
-class Catalogue:
-    """Adapter popularity (Zipf over popularity rank = adapter id) and file sizes (log-uniform)."""
-
-    def __init__(self, scenario: Scenario, seed: int) -> None:
-        weights = [1.0 / (rank + 1) ** scenario.zipf for rank in range(scenario.adapters)]
-        total = sum(weights)
-        self.share = [w / total for w in weights]
-        self._cumulative = list(itertools.accumulate(self.share))
-        rng = random.Random(f"sizes-{seed}")
-        low, high = math.log(scenario.costs.size_min_mb), math.log(scenario.costs.size_max_mb)
-        self.size_mb = [math.exp(rng.uniform(low, high)) for _ in range(scenario.adapters)]
-
-    def draw(self, rng: random.Random) -> int:
-        return min(bisect.bisect_left(self._cumulative, rng.random()), len(self.share) - 1)
+_Done = tuple[int, float, bool, bool, bool, float, bool]
 
 
 class Replica:
@@ -139,14 +60,18 @@ class Replica:
 
     def __init__(self, fleet: Fleet, index: int, slots: int) -> None:
         self.fleet, self.index = fleet, index
-        self.slots = simpy.Resource(fleet.env, capacity=slots)
+        # Each pool's (image, video): the engine queues per pool, so a waiting video takes no image's slot.
+        self.slots = tuple(simpy.Resource(fleet.env, capacity=slots) for _ in range(2))
         self.loader = simpy.Resource(fleet.env, capacity=1)
-        self.gpu = simpy.Resource(fleet.env, capacity=1)
+        self.pools = (simpy.Resource(fleet.env, capacity=1), simpy.Resource(fleet.env, capacity=1))  # image, video
+        scenario = fleet.scenario
+        sharing = sharing_mode(scenario.device_sharing, torch.device("cuda"), per_call=False)
+        self.device = SimDevice(fleet.env, sharing, scenario.starve_steps)
         self.prepared: OrderedDict[int, None] = OrderedDict()
         self.loading: set[int] = set()
         self.disk: OrderedDict[int, float] = OrderedDict()
         self.disk_mb = 0.0
-        self.fused: int | None = None
+        self.fused: list[int | None] = [None, None]  # each pool's
         self.pinned: dict[int, int] = {}
         self.ongoing = 0  # accepted and not finished: Ray Serve's queue length
         self.queued: dict[int, int] = {}  # adapters of accepted requests, with counts
@@ -160,15 +85,15 @@ class Replica:
     def model_count(self) -> int:
         return len(self.prepared) + len(self.loading)
 
-    def expected_service_s(self, adapter: int) -> float:
+    def expected_service_s(self, adapter: int, video: bool = False) -> float:
         """What the router expects one more request for `adapter` to cost here, queue excluded."""
         costs = self.fleet.scenario.costs
         load = 0.0
         if not self.holds(adapter) and adapter not in self.queued:
             size = self.fleet.catalogue.size_mb[adapter]
             load = costs.prepare_s(size) + (0.0 if adapter in self.disk else costs.download_s(size))
-        swap = 0.0 if self.fused == adapter and self.ongoing == 0 else costs.swap_s
-        return load + swap + costs.inference_s
+        swap = 0.0 if self.fused[video] == adapter and self.ongoing == 0 else costs.swap_s
+        return load + swap + sum(costs.pieces(video, split=False))
 
     def remaining_s(self) -> float:
         """Expected seconds until the work accepted so far is done."""
@@ -177,15 +102,15 @@ class Replica:
 
     def accept(self, request: Request) -> None:
         """Take the request now (the router counts it at once) and serve it in its own process."""
-        expected = self.expected_service_s(request.adapter)
+        expected = self.expected_service_s(request.adapter, request.video)
         self.ongoing += 1
         self.queued[request.adapter] = self.queued.get(request.adapter, 0) + 1
         self.backlog_s += expected
         self.fleet.env.process(self._serve(request, expected))
 
     def _serve(self, request: Request, expected: float) -> Generator[simpy.Event, object, None]:
-        env, costs, adapter = self.fleet.env, self.fleet.scenario.costs, request.adapter
-        with self.slots.request() as slot:
+        env, costs, adapter, video = self.fleet.env, self.fleet.scenario.costs, request.adapter, request.video
+        with self.slots[video].request() as slot:
             yield slot
             with self.loader.request() as loading:
                 yield loading
@@ -196,14 +121,16 @@ class Replica:
                 else:
                     downloaded = yield from self._load(adapter)
                 self.pinned[adapter] = self.pinned.get(adapter, 0) + 1
-            with self.gpu.request() as gpu:
-                yield gpu
+            with self.pools[video].request() as pool:
+                yield pool
                 self.busy_since = env.now
-                swapped = self.fused != adapter
-                if swapped:
+                swapped = self.fused[video] != adapter
+                if swapped:  # the engine swaps under its pool's lock, outside its turn on the device
                     yield env.timeout(costs.swap_s)
-                    self.fused = adapter
-                yield env.timeout(costs.inference_s)
+                    self.fused[video] = adapter
+                # Images alone never share the device: one piece is the same run, in far fewer events.
+                pieces = costs.pieces(video, split=self.fleet.scenario.video_share > 0)
+                yield from self.device.run("video" if video else "image", pieces, video=video)
         self.busy_since = None
         self.backlog_s -= expected
         self.pinned[adapter] -= 1
@@ -273,6 +200,15 @@ class RunResult:
     p95_s: float
     mean_s: float
     downloads_per_s: float
+    # By kind, with videos in the traffic (NaN for a kind with no request).
+    image_p95_s: float = math.nan
+    video_p95_s: float = math.nan
+
+    @property
+    def target_p95_s(self) -> float:
+        """The p95 a latency target holds: the images' beside videos (a video takes minutes whatever the router
+        does), else every request's."""
+        return self.p95_s if math.isnan(self.image_p95_s) or math.isnan(self.video_p95_s) else self.image_p95_s
 
 
 class Fleet:
@@ -284,14 +220,15 @@ class Fleet:
         self.catalogue = Catalogue(scenario, seed)
         self.rng = random.Random(f"policy-{seed}")  # the policy's own draws
         self.replicas = [Replica(self, i, policy.replica_slots) for i in range(scenario.replicas)]
-        # Each measured request: its index, latency, hit, swapped, downloaded, completion time.
-        self._done: list[tuple[int, float, bool, bool, bool, float]] = []
+        # Each measured request: its index, latency, hit, swapped, downloaded, completion time, video.
+        self._done: list[_Done] = []
+        self._videos: list[bool] = []
         self._done_clients: dict[int, simpy.Event] = {}
 
     def finish(self, request: Request, *, hit: bool, swapped: bool, downloaded: bool) -> None:
         if request.index >= self.scenario.warmup:
             latency = self.env.now - request.arrival
-            self._done.append((request.index, latency, hit, swapped, downloaded, self.env.now))
+            self._done.append((request.index, latency, hit, swapped, downloaded, self.env.now, request.video))
         done = self._done_clients.pop(request.index, None)
         if done is not None:
             done.succeed()
@@ -302,7 +239,7 @@ class Fleet:
     def _poisson(self, rates: Sequence[float], adapters: Sequence[int], gaps: Sequence[float]) -> Generator:
         for index, (adapter, gap) in enumerate(zip(adapters, gaps, strict=True)):
             yield self.env.timeout(gap / rates[self._phase(index, len(rates))])
-            self.env.process(self.policy.route(self, Request(index, adapter, self.env.now)))
+            self._send(index, adapter)
 
     def _warm_then_poisson(self, rates: Sequence[float], adapters: Sequence[int], gaps: Sequence[float]) -> Generator:
         """The warm-up from closed-loop clients, then the measured requests at their phase's rate once it is over."""
@@ -312,19 +249,25 @@ class Fleet:
         )
         for index in range(warmup, len(adapters)):
             yield self.env.timeout(gaps[index] / rates[self._phase(index, len(rates))])
-            self.env.process(self.policy.route(self, Request(index, adapters[index], self.env.now)))
+            self._send(index, adapters[index])
 
     def _client(self, indices: Sequence[int], adapters: Sequence[int]) -> Generator:
         for index in indices:
             done = self.env.event()
             self._done_clients[index] = done
-            self.env.process(self.policy.route(self, Request(index, adapters[index], self.env.now)))
+            self._send(index, adapters[index])
             yield done
+
+    def _send(self, index: int, adapter: int) -> None:
+        request = Request(index, adapter, self.env.now, self._videos[index])
+        self.env.process(self.policy.route(self, request))
 
     def run(self, rates: Sequence[float], seed: int) -> list[RunResult]:
         """One result per rate: the measured requests split evenly between the rates, in order (one for closed loop)."""
         total = self.scenario.warmup + self.scenario.requests
         adapters, gaps = request_stream(self.scenario, seed)
+        kinds = random.Random(f"kinds-{seed}")
+        self._videos = [kinds.random() < self.scenario.video_share for _ in adapters]
         clients = self.scenario.clients
         if clients is None and self.scenario.warmup_clients is not None:
             self.env.process(self._warm_then_poisson(rates, adapters, gaps))
@@ -337,7 +280,7 @@ class Fleet:
         phases = [[d for d in self._done if self._phase(d[0], len(rates)) == p] for p in range(len(rates))]
         return [self._result(rate if clients is None else None, done) for rate, done in zip(rates, phases, strict=True)]
 
-    def _result(self, rate: float | None, done: Sequence[tuple[int, float, bool, bool, bool, float]]) -> RunResult:
+    def _result(self, rate: float | None, done: Sequence[_Done]) -> RunResult:
         measured = len(done)
         ends = [d[5] for d in done]
         span = max(ends) - min(ends) if measured > 1 else 0.0
@@ -354,6 +297,8 @@ class Fleet:
             p95_s=percentile(latencies, 95),
             mean_s=statistics.fmean(latencies),
             downloads_per_s=sum(d[4] for d in done) / span if span else 0.0,
+            image_p95_s=_p95_or_nan([d[1] for d in done if not d[6]]),
+            video_p95_s=_p95_or_nan([d[1] for d in done if d[6]]),
         )
 
 
@@ -374,6 +319,10 @@ def phase_of(index: int, scenario: Scenario, phases: int) -> int:
     """Request `index`'s phase: the measured requests split evenly into `phases`, in order; the warm-up is the
     first phase's."""
     return max(0, index - scenario.warmup) * phases // scenario.requests
+
+
+def _p95_or_nan(latencies: list[float]) -> float:
+    return percentile(sorted(latencies), 95) if latencies else math.nan
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:

@@ -203,7 +203,7 @@ class LeastFinish:
         homes = self._homes.get(request.adapter)
         if homes is None:
             homes = self._homes[request.adapter] = _home_order(fleet, request.adapter)
-        best = min(homes, key=lambda r: r.remaining_s() + r.expected_service_s(request.adapter))
+        best = min(homes, key=lambda r: r.remaining_s() + r.expected_service_s(request.adapter, request.video))
         best.accept(request)
         yield from ()
 

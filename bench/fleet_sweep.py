@@ -58,7 +58,7 @@ def max_rate(scenario: Scenario, policy: str, curve: Sequence[RunResult], target
     monotonically and a bisection finds the edge.
     """
     ordered = sorted(curve, key=lambda r: r.rate)
-    failing = next((i for i, r in enumerate(ordered) if r.p95_s > target_p95_s), None)
+    failing = next((i for i, r in enumerate(ordered) if r.target_p95_s > target_p95_s), None)
     if failing == 0:
         return MaxRate(policy, 0.0, None)
     low = ordered[-1] if failing is None else ordered[failing - 1]
@@ -66,7 +66,7 @@ def max_rate(scenario: Scenario, policy: str, curve: Sequence[RunResult], target
     best = low
     for _ in range(_BISECTIONS):
         middle = run(scenario, policy, round((best.rate + high) / 2, 5), seed)
-        if middle.p95_s <= target_p95_s:
+        if middle.target_p95_s <= target_p95_s:
             best = middle
         else:
             high = middle.rate

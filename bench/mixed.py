@@ -22,8 +22,12 @@ The cost table (A10G, one request at a time, fp16), each figure with its source;
   4090's 165 and 1,008 GB/s), so 480 s: 50 steps of 9.2 s, and the VAE decode's 21 latent frames at 1.0 s each
   (estimate; each a piece of its own).
 
+The fleet model's replica GPU (`bench.fleet_device`, issue 48 item 4) replays the stand-in's arrivals too
+(`bench.mixed_sim`): a `model_<mode>` line per mode with its image and video p95 beside the stand-in's, and `sim_gap`,
+the largest |model / measured - 1| of the four p95s (target ≤ 0.05).
+
 Prints a line per device and, last, the one line: the stand-in's figures with sharing, `exact` from the CPU's
-run, and the whole-run lock's image_p95_vs_alone beside them.
+run, the whole-run lock's image_p95_vs_alone beside them, and the model's `sim_gap`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from __future__ import annotations
 import argparse
 import threading
 from dataclasses import dataclass
+
+from engine.settings import Settings
 
 from .mixed_model import Arrival, Figures, Recorded, arrivals, figures, replay
 
@@ -73,16 +79,21 @@ def _alone_s(cost: tuple[int, float, int, float]) -> float:
     return steps * step_s + chunks * chunk_s
 
 
-def stand_in(options: Options, mode: str) -> tuple[Figures, float]:
-    """One replay on the stand-in A10G: its figures (on the A10G's scale), and the whole replay's video p95."""
-    video_every_s = _alone_s(WAN_A10G) * options.video_every
-    plan = arrivals(
+def plan_of(options: Options) -> tuple[Arrival, ...]:
+    """The arrivals every replay of `options` shares (A10G seconds)."""
+    return arrivals(
         duration_s=options.hours * 3600,
         image_s=_alone_s(SDXL_A10G),
         image_load=options.image_load,
-        video_every_s=video_every_s,
+        video_every_s=_alone_s(WAN_A10G) * options.video_every,
         seed=options.seed,
     )
+
+
+def stand_in(options: Options, mode: str) -> tuple[Figures, float, Recorded]:
+    """One replay on the stand-in A10G: its figures (on the A10G's scale), the whole replay's video p95, and its
+    scheduler's record."""
+    plan = plan_of(options)
     scheduler = Recorded()
     pools = {False: _Fifo(), True: _Fifo()}
     wait = threading.Event().wait  # the stand-in's step: the device held for its time (a bench may sleep)
@@ -101,7 +112,7 @@ def stand_in(options: Options, mode: str) -> tuple[Figures, float]:
 
     result = replay(plan, options.scale, run, scheduler)
     found = figures(result, _alone_s(SDXL_A10G) * options.scale, WAN_A10G[1] * options.scale)
-    return found, found.video_p95 / options.scale
+    return found, found.video_p95 / options.scale, scheduler
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     add("--hours", type=float, default=2.0, help="stand-in A10G hours of traffic per mode (default 2)")
     add("--image-load", type=float, default=0.2, help="images as a share of the device's image capacity")
     add("--video-every", type=float, default=2.0, help="a video every this many times its own device time")
-    add("--starve", type=float, default=8.0, help="STEP_SHARING_STARVE_STEPS (default 8)")
+    starve = Settings().step_sharing_starve_steps
+    add("--starve", type=float, default=starve, help=f"STEP_SHARING_STARVE_STEPS (default: the setting's, {starve:g})")
     add("--cpu-videos", type=int, default=6, help="videos per mode in the CPU's replay (default 6; 0: skip it)")
     add("--seed", type=int, default=0)
     add("--quick", action="store_true", help="a short run (15 stand-in minutes at scale 0.005, 2 CPU videos)")
@@ -125,10 +137,12 @@ def main(argv: list[str] | None = None) -> None:
         min(2, args.cpu_videos) if args.quick else args.cpu_videos,
         args.seed,
     )
-    whole, whole_video = stand_in(options, "run")
-    shared, shared_video = stand_in(options, "step")
+    whole, whole_video, whole_record = stand_in(options, "run")
+    shared, shared_video, shared_record = stand_in(options, "step")
     print(_line("a10g_whole_run", whole, 1.0), flush=True)
     print(_line("a10g_step", shared, shared_video / whole_video), flush=True)
+    measured = {"run": (whole, whole_video, whole_record), "step": (shared, shared_video, shared_record)}
+    gap = _model_gap(options, measured)
     exact = "n/a"
     if options.cpu_videos:
         from .mixed_cpu import cpu_replays
@@ -141,8 +155,32 @@ def main(argv: list[str] | None = None) -> None:
         f"mixed: image_p95_vs_alone={shared.image_p95_vs_alone:.2f} "
         f"image_wait_max_vs_video_step={shared.image_wait_max_vs_video_step:.2f} "
         f"video_p95_vs_whole_run={shared_video / whole_video:.2f} device_busy={shared.device_busy:.2f} "
-        f"exact={exact} whole_run_image_p95_vs_alone={whole.image_p95_vs_alone:.2f}"
+        f"exact={exact} whole_run_image_p95_vs_alone={whole.image_p95_vs_alone:.2f} sim_gap={gap:.3f}"
     )
+
+
+def _model_gap(options: Options, measured: dict[str, tuple[Figures, float, Recorded]]) -> float:
+    """The fleet model's replica GPU on the same arrivals, a line per mode; the largest relative p95 gap. The
+    model's piece times are those the replay's device measured (as `bench.fleet --real` calibrates the model on
+    the cluster): a stand-in wait overshoots its time by what the loaded CPU adds to each wake-up."""
+    from engine.pipeline.sharing import Sharing
+
+    from .mixed_sim import measured_cost, model_p95s, sim_gap
+
+    plan, gaps = plan_of(options), []
+    for mode, (found, video_s, record) in measured.items():
+        image_s = found.image_p95_vs_alone * _alone_s(SDXL_A10G)
+        sharing: Sharing = "step" if mode == "step" else "run"
+        image, video = (measured_cost(record.shares, kind, options.scale) for kind in (SDXL_A10G, WAN_A10G))
+        model = model_p95s(plan, sharing, options.starve, options.scale, image, video)
+        mine = (sim_gap(model[0], image_s), sim_gap(model[1], video_s))
+        gaps.extend(mine)
+        print(
+            f"model_{mode}: image_p95={model[0]:.1f} s (stand-in {image_s:.1f} s) video_p95={model[1]:.1f} s "
+            f"(stand-in {video_s:.1f} s) sim_gap_image={mine[0]:.3f} sim_gap_video={mine[1]:.3f}",
+            flush=True,
+        )
+    return max(gaps)
 
 
 def _line(name: str, found: Figures, video_ratio: float) -> str:

@@ -30,21 +30,61 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from engine.errors import GenerationCancelledError
 from engine.events import RunShare
 
-__all__ = ["Ahead", "DeviceScheduler", "DeviceTurn", "RunShare"]
+__all__ = ["FIRST_GUESS_S", "Ahead", "DeviceScheduler", "DeviceTurn", "RunShare", "Waiter", "averaged", "goes_next"]
 
 logger = logging.getLogger(__name__)
 
 # How often a waiting run looks at its cancel event (a threading.Event cannot wake a condition by itself).
 _CANCEL_POLL_S = 0.02
+# A pool's time per piece until one is measured (the fleet model's too: `bench.fleet_device`).
+FIRST_GUESS_S = 1.0
 # The weight of the newest piece in a pool's moving average.
 _NEWEST = 0.3
+
+
+class Waiter(Protocol):
+    """What the policy reads of a run: a scheduler's own, or a model's (`bench.fleet_device`)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def remaining(self) -> int: ...
+    @property
+    def starve(self) -> float: ...
+    @property
+    def waiting_since(self) -> float | None: ...
+
+
+W = TypeVar("W", bound=Waiter)
+
+
+def goes_next(waiting: Sequence[W], holder: W | None, now: float, piece_s: Callable[[str], float]) -> W:
+    """The run that goes next among `waiting` and `holder` at `now`, a pool's time per piece being `piece_s(pool)`:
+    the policy of the module docstring, the one declaration of it (the device scheduler's and the fleet model's)."""
+
+    def since(run: W) -> float:
+        return now if run.waiting_since is None else run.waiting_since
+
+    starved = [r for r in waiting if now - since(r) > r.starve * piece_s(r.pool)]
+    if starved:
+        return min(starved, key=lambda r: (since(r), r.seq))
+    candidates = [*waiting, *([holder] if holder is not None else [])]
+    return min(candidates, key=lambda r: (r.remaining * piece_s(r.pool), r is not holder, r.seq))
+
+
+def averaged(known: float | None, piece: float) -> float:
+    """A pool's time per piece once it has held the device for `piece` more seconds: a moving average."""
+    return piece if known is None else (1 - _NEWEST) * known + _NEWEST * piece
 
 
 @dataclass(frozen=True)
@@ -103,7 +143,7 @@ class DeviceScheduler:
     """The device's pieces of work, handed out to the runs of every pool on it (policy: module docstring).
     `clock` is the scheduler's time (a stand-in device's own in tests and `bench.mixed`)."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.perf_counter, first_guess_s: float = 1.0) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.perf_counter, first_guess_s: float = FIRST_GUESS_S) -> None:
         self._clock = clock
         self._first_guess_s = first_guess_s
         self._cond = threading.Condition()
@@ -198,11 +238,7 @@ class DeviceScheduler:
 
     def _next(self, now: float, holder: _Run | None) -> _Run:
         """The run that goes next among the waiting ones and `holder` (the policy: module docstring)."""
-        starved = [r for r in self._waiting if now - (r.waiting_since or now) > r.starve * self._piece(r.pool)]
-        if starved:
-            return min(starved, key=lambda r: (r.waiting_since or now, r.seq))
-        candidates = [*self._waiting, *([holder] if holder is not None else [])]
-        return min(candidates, key=lambda r: (self._left_s(r), r is not holder, r.seq))
+        return goes_next(self._waiting, holder, now, self._piece)
 
     def _held(self, run: _Run, now: float) -> None:
         """Account the piece `run` has just held the device for (caller holds the lock)."""
@@ -213,8 +249,7 @@ class DeviceScheduler:
         run.device_s += piece
         if piece <= 0:
             return  # nothing held (a boundary just before the run's end): no measure of a piece
-        known = self._piece_s.get(run.pool)
-        self._piece_s[run.pool] = piece if known is None else (1 - _NEWEST) * known + _NEWEST * piece
+        self._piece_s[run.pool] = averaged(self._piece_s.get(run.pool), piece)
 
     def _leave(self, run: _Run) -> None:
         with self._cond:

@@ -1,5 +1,6 @@
 """The stand-in GPU of `bench.fleet --real` (serving/cluster/standin.py): its wait holds no core, and a replica's
-engine runs no second image while one waits."""
+engine runs no second image while one waits; it waits a step at a time with the step callback after each, so with
+step sharing an image behind a video goes at the video's next step (the whole video with the whole-run lock)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from engine.pipeline.stepshare import DeviceScheduler
 from engine.requests import GenerateRequest
 from serving.cluster.standin import install_standin_gpu
 from tests.support.checks import generate
+from tests.support.stepshare import WAIT_S, started, until
 
 _WAIT_S = 0.4
 
@@ -66,7 +69,7 @@ def test_an_engine_runs_one_wait_at_a_time(own_loaded, base_settings, hub) -> No
             results = list(pool.map(lambda _: generate(engine, request), range(3)))
     finally:
         engine.close()
-    assert waits == [_WAIT_S] * 3  # every request's images came from the stand-in...
+    assert waits == [_WAIT_S / 2] * 6  # every request's images came from the stand-in, a step at a time...
     assert most[0] == 1  # ...one at a time, as on one GPU
     assert all(r.timings.inference >= _WAIT_S for r in results)
 
@@ -102,3 +105,36 @@ def test_a_replica_waiting_on_the_standin_gpu_uses_no_cpu(base_settings, fixture
     assert answer.status_code == 200 and float(timing["inference"]) >= wait
     cpu = (after.user + after.system) - (before.user + before.system)
     assert cpu < 0.25 * wait  # the whole request, wait included, kept the replica on a core for under a quarter of it
+
+
+@pytest.mark.parametrize("step", [True, False], ids=["step", "run"])
+def test_the_standin_is_shared_step_by_step_as_a_gpu(own_loaded, step) -> None:
+    # The engine's step callback, as `engine.pipeline.inference.infer` makes it: a boundary at each step's end.
+    pipe, log = own_loaded.pipe, []
+    install_standin_gpu(pipe, 1.2, wait=lambda seconds: None)  # no sleep: the order is what is checked
+    scheduler = DeviceScheduler(first_guess_s=1e-9)
+    images: list[tuple[threading.Thread, list[BaseException]]] = []
+
+    def run(pool: str, steps: int, mid_step=lambda step: None) -> None:
+        with scheduler.turn(pool, steps, video=pool == "wan", step=step) as turn:
+
+            def on_step(pipe, index, timestep, kwargs):
+                log.append((pool, index))
+                mid_step(index)
+                turn.boundary(steps - index - 1)
+                return kwargs
+
+            pipe(prompt="a fox", num_inference_steps=steps, width=64, height=64, callback_on_step_end=on_step)
+
+    def image_arrives(index: int) -> None:
+        if index == 2:  # during the video's third step
+            images.append(started(lambda: run("sdxl", 2)))
+            until(lambda: scheduler.waiting == 1)
+
+    run("wan", 12, image_arrives)
+    ((thread, errors),) = images
+    thread.join(WAIT_S)
+    assert not errors
+    order = [pool for pool, _ in log]
+    # Step sharing: the image's two steps at the video's next boundary; the whole-run lock: after the video.
+    assert order == (["wan"] * 3 + ["sdxl"] * 2 + ["wan"] * 9 if step else ["wan"] * 12 + ["sdxl"] * 2)
