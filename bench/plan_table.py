@@ -25,6 +25,7 @@ from engine.settings import DEFAULT_MODEL_ID, Settings
 from families.chroma import MODEL_ID as CHROMA_MODEL_ID
 from families.flux import MODEL_ID as FLUX_MODEL_ID
 from families.flux2_dev import MODEL_ID as FLUX2_DEV_MODEL_ID
+from families.krea2 import MODEL_ID as KREA2_MODEL_ID
 from families.qwen_image import MODEL_ID as QWEN_MODEL_ID
 from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from families.wan import MODEL_ID as WAN_1_3B_MODEL_ID
@@ -56,6 +57,7 @@ COMBINATIONS = {
     "FLUX.2 [dev] alone": (FLUX2_DEV_MODEL_ID,),
     "FLUX.2 [dev] beside SDXL": (FLUX2_DEV_MODEL_ID, DEFAULT_MODEL_ID),
     "Chroma1-HD alone": (CHROMA_MODEL_ID,),
+    "Krea 2 Turbo alone": (KREA2_MODEL_ID,),
     "Wan 2.1 T2V 1.3B alone": (WAN_1_3B_MODEL_ID,),
     "Wan 2.2 TI2V-5B alone": (WAN_5B_MODEL_ID,),
     "Wan 2.1 T2V 14B alone": (WAN_14B_MODEL_ID,),
@@ -65,11 +67,16 @@ COMBINATIONS = {
 # A Q4_K GGUF file of Chroma1-HD as a `MODELS` item (the repo and file names are illustrative: the plan reads only
 # the quant type in the name; nothing is downloaded).
 CHROMA_Q4_K = f"{CHROMA_MODEL_ID}@silveroxides/Chroma1-HD-GGUF/Chroma1-HD-Q4_K_M.gguf"
+# Krea 2 Turbo's likewise (illustrative names, as test_plan_krea2's).
+KREA2_Q4_K = f"{KREA2_MODEL_ID}@someone/Krea-2-Turbo-GGUF/krea-2-turbo-Q4_K_M.gguf"
 # Rows under other settings than the defaults: (label, pools, settings changed).
 SETTINGS_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
     ("Chroma1-HD, QUANTIZE=fp8", (CHROMA_MODEL_ID,), {"quantize": "fp8"}),
     ("Chroma1-HD, QUANTIZE=int4", (CHROMA_MODEL_ID,), {"quantize": "int4"}),
     ("Chroma1-HD in GGUF Q4_K", (CHROMA_Q4_K,), {}),
+    ("Krea 2 Turbo, QUANTIZE=fp8", (KREA2_MODEL_ID,), {"quantize": "fp8"}),
+    ("Krea 2 Turbo, QUANTIZE=int4", (KREA2_MODEL_ID,), {"quantize": "int4"}),
+    ("Krea 2 Turbo in GGUF Q4_K", (KREA2_Q4_K,), {}),
     ("Wan 2.1 T2V 1.3B, HOST_CACHE_BYTES=256MiB", (WAN_1_3B_MODEL_ID,), {"host_cache_bytes": 256 * _MIB}),
     ("Wan 2.1 T2V 14B, QUANTIZE=fp8", (WAN_14B_MODEL_ID,), {"quantize": "fp8"}),
     ("Wan 2.2 T2V-A14B, QUANTIZE=fp8", (WAN_A14B_MODEL_ID,), {"quantize": "fp8"}),

@@ -46,7 +46,8 @@ _QWEN3_VL_4B = Qwen3VLConfig(
     },
     tie_word_embeddings=True,
 )
-# A GGUF file of Krea 2 Turbo, named as a `MODELS` item (the plan reads its type in the name: nothing is fetched).
+# A Q4_K GGUF file of Krea 2 Turbo as a `MODELS` item (the repo and file names are illustrative, as bench/plan_table's:
+# the plan reads only the quant type in the name; nothing is fetched).
 GGUF_Q4_K = f"{MODEL_ID}@someone/Krea-2-Turbo-GGUF/krea-2-turbo-Q4_K_M.gguf"
 
 
