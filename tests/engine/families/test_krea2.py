@@ -22,6 +22,7 @@ from engine.families.registry import family_spec
 from engine.formats.targets import TargetTable
 from engine.requests import LoraSpec
 from families.krea2 import MODEL_ID, RAW_ID
+from lora_catalog.bases import KNOWN_BASES
 from lora_catalog.entries import Family
 from serving.demo.synthetic import save_lora
 from tests.support.checks import generate
@@ -36,6 +37,8 @@ def test_the_tiny_krea2_pipeline_has_krea2_turbos_structure_and_both_bases_their
     pipe = loaded_krea2.pipe
     assert type(pipe) is Krea2Pipeline and loaded_krea2.family is FAMILY and pipe.config.is_distilled
     assert family_spec(MODEL_ID) is FAMILY and family_spec(RAW_ID) is FAMILY
+    # The catalogue's base filter lists both.
+    assert {b.repo_id for b in KNOWN_BASES if b.family is Family.KREA2} == {MODEL_ID, RAW_ID}
     assert type(pipe.text_encoder).__name__ == "Qwen3VLModel" and loaded_krea2.components == ("transformer",)
     # Turbo's 8 steps without CFG; an undistilled pipeline (Raw's) Krea2Pipeline's own 28 at 4.5.
     assert (defaults(pipe).steps, defaults(pipe).guidance) == (8, 0.0)
