@@ -184,7 +184,9 @@ def test_each_dit_in_int4_with_a_lora_is_diffusers_unfused_on_torchaos_int4_modu
     assert quantized == packable and len(quantized) > 5
     loras = tmp_path / "loras"
     targets = [t for t in find_targets({spec.denoiser: denoiser}, {spec.denoiser: (".",)}) if not t.is_conv]
-    save_lora(loras / LORA, make_lora(targets, rank=4, seed=3, strength=0.3, dtype=torch.float32))
+    # Its metadata names the family (ModelSpec's architecture): Krea 2's attention names alone are FLUX's too.
+    metadata = {"modelspec.architecture": f"{spec.identity.spellings.architectures[0]}/lora"}
+    save_lora(loras / LORA, make_lora(targets, rank=4, seed=3, strength=0.3, dtype=torch.float32), metadata)
     with local_engine(loaded, settings.replace(local_lora_dir=loras), loras) as engine:
         base = generate(engine, request(spec)).image
         ours = generate(engine, request(spec, LoraSpec(f"local:{LORA}")))
