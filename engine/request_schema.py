@@ -41,6 +41,10 @@ class RequestField:
     # The video endpoint's further arguments for it, after every declared field's (the LoRA list's low-noise
     # scales on a two-stage pool: `LoraSpec.scale_2`), so that its earlier positional arguments keep their places.
     gradio_video: tuple[str, ...] = ()
+    # Every generation endpoint's arguments for it after all its others, `base` included (each LoRA's schedule
+    # window, `LoraSpec.start`/`end`: added after the endpoints were published), so that no earlier positional
+    # argument moves.
+    gradio_late: tuple[str, ...] = ()
     name: str = ""
 
 

@@ -117,6 +117,7 @@ class GenerateRequest:
             http="loras",
             gradio=("lora", "lora_scale", "lora_2", "lora_2_scale"),
             gradio_video=("lora_scale_2", "lora_2_scale_2"),
+            gradio_late=("lora_start", "lora_end", "lora_2_start", "lora_2_end"),
         ),
     )
     steps: float | None = request_field(

@@ -26,7 +26,7 @@ from diffusers import (
     ChromaTransformer2DModel,
     FlowMatchEulerDiscreteScheduler,
 )
-from transformers import T5Config, T5EncoderModel
+from transformers import T5EncoderModel
 
 from engine.families.bfl_blocks import FLUX1_RATIOS, contradicts
 from engine.families.bfl_lora import convert_bfl_lora
@@ -45,7 +45,7 @@ from engine.families.spec import (
     head_width,
     hidden_widths,
 )
-from engine.families.tiny import tiny_t5_tokenizer, tiny_vae
+from engine.families.tiny import t5_config, tiny_t5_tokenizer, tiny_vae
 from engine.requests import CheckedRequest
 from engine.storage import LinearSizes
 from families.chroma import IDENTITY
@@ -185,22 +185,7 @@ def build_tiny_pipeline(seed: int = 0) -> ChromaPipeline:
     )
     vae = tiny_vae(seed, **VAE)
     torch.manual_seed(seed + 2)
-    text_encoder = T5EncoderModel(
-        T5Config(
-            vocab_size=len(tokenizer),
-            d_model=32,
-            d_kv=8,
-            d_ff=37,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            relative_attention_max_distance=16,
-            feed_forward_proj="gated-gelu",
-            dropout_rate=0.0,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    )
+    text_encoder = T5EncoderModel(t5_config(tokenizer))
     # FLUX.1's schedule (dynamic shifting around a megapixel), which Chroma was trained from.
     scheduler = FlowMatchEulerDiscreteScheduler(
         shift=3.0,

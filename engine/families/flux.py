@@ -22,7 +22,7 @@ from diffusers import (
     FluxPipeline,
     FluxTransformer2DModel,
 )
-from transformers import CLIPTextModel, T5Config, T5EncoderModel
+from transformers import CLIPTextModel, T5EncoderModel
 
 from engine.families.bfl_blocks import FLUX1_RATIOS, contradicts
 from engine.families.bfl_lora import REAL_LINEAR1, convert_bfl_lora, linear1_widths
@@ -41,7 +41,7 @@ from engine.families.spec import (
     head_width,
     hidden_widths,
 )
-from engine.families.tiny import text_config, tiny_t5_tokenizer, tiny_tokenizer, tiny_vae
+from engine.families.tiny import t5_config, text_config, tiny_t5_tokenizer, tiny_tokenizer, tiny_vae
 from engine.requests import CheckedRequest
 from engine.storage import LinearSizes
 from families.flux import IDENTITY
@@ -164,22 +164,7 @@ def build_tiny_pipeline(seed: int = 0) -> FluxPipeline:
     torch.manual_seed(seed + 2)
     text_encoder = CLIPTextModel(text_config(tokenizer, hidden_size=32))
     torch.manual_seed(seed + 3)
-    text_encoder_2 = T5EncoderModel(
-        T5Config(
-            vocab_size=len(tokenizer_2),
-            d_model=32,
-            d_kv=8,
-            d_ff=37,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            relative_attention_max_distance=16,
-            feed_forward_proj="gated-gelu",
-            dropout_rate=0.0,
-            pad_token_id=tokenizer_2.pad_token_id,
-            eos_token_id=tokenizer_2.eos_token_id,
-        )
-    )
+    text_encoder_2 = T5EncoderModel(t5_config(tokenizer_2))
     # FLUX.1-dev's scheduler/scheduler_config.json.
     scheduler = FlowMatchEulerDiscreteScheduler(
         shift=3.0,

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from diffusers import AutoencoderKL, EulerDiscreteScheduler
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import CLIPTextConfig, CLIPTokenizer, PreTrainedTokenizerFast, T5Tokenizer
+from transformers import CLIPTextConfig, CLIPTokenizer, PreTrainedTokenizerFast, T5Config, T5Tokenizer
 
 from engine.families.registry import family_spec
 from families import TINY_MODEL_IDS
@@ -164,6 +164,24 @@ def tiny_t5_tokenizer() -> T5Tokenizer:
     pieces += [(f"\u2581{word}", -1.0) for word in dict.fromkeys(_WORDS)]
     pieces += [(character, -5.0) for character in characters]
     return T5Tokenizer(vocab=pieces, extra_ids=0)
+
+
+def t5_config(tokenizer: T5Tokenizer) -> T5Config:
+    """A small T5 encoder's config for `tokenizer` (`tiny_t5_tokenizer`): FLUX.1's and Chroma's tiny T5-XXL."""
+    return T5Config(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        d_kv=8,
+        d_ff=37,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        feed_forward_proj="gated-gelu",
+        dropout_rate=0.0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
 
 
 def text_config(tokenizer: CLIPTokenizer, hidden_size: int = 32) -> CLIPTextConfig:

@@ -40,7 +40,7 @@ from engine.recommended import final_request
 from engine.requests import CheckedRequest, GenerateRequest, GenerateResult, LoraSpec, ModelDefaults
 from engine.result_parts import AdapterUse, Timings
 from engine.settings import Settings
-from engine.weights.fused import FusedSet, set_identity
+from engine.weights.fused import FusedSet, set_identity, stepped_weights
 from engine.weights.tokens import TokenPatcher
 from lora_catalog.hints import LoraHints
 
@@ -86,6 +86,7 @@ class Engine:
             per_call=self._per_call,
             device=loaded.device,
             on_swap=self.events.swapped,
+            denoiser=stepped_weights(parts.table.names, loaded.family.stored),
         )
         self.scheduler: Scheduler[PreparedRequest] = Scheduler(
             prepare=self._open,

@@ -161,12 +161,18 @@ def _smaller_pristine(needs: Sequence[PoolNeed], total: int, options: PlanOption
 
 def _working(needs: Sequence[PoolNeed], options: PlanOptions) -> int:
     """The CUDA context, one pool's working memory (one pool denoises at a time, or one step at a time:
-    `engine.pipeline.stepshare`), with step sharing each pool's paused run's state (a pool runs one request at
-    a time, so at most one is paused per pool), and, with CUDA graphs, every pool's graph pool (each holds its
-    captured shapes' activations apart)."""
+    `engine.pipeline.stepshare`), with step sharing the paused runs' state (a pool runs one request at a time, so
+    at most one is paused per pool, and one pool's run is not paused but running: all pools' but the smallest; a
+    pool alone never pauses), and, with CUDA graphs, every pool's graph pool (each holds its captured shapes'
+    activations apart)."""
     graphs = sum(n.working for n in needs) if options.graphs else 0
-    paused = sum(n.paused for n in needs) if options.step_sharing else 0
+    paused = _paused(needs) if options.step_sharing else 0
     return CUDA_CONTEXT_BYTES + max(n.working for n in needs) + paused + graphs
+
+
+def _paused(needs: Sequence[PoolNeed]) -> int:
+    """The most paused state at once: every pool's paused run but one (the one running)."""
+    return sum(n.paused for n in needs) - min(n.paused for n in needs) if len(needs) > 1 else 0
 
 
 def _paused_refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions) -> str | None:
@@ -176,7 +182,7 @@ def _paused_refusal(needs: Sequence[PoolNeed], total: int, options: PlanOptions)
     each = ", ".join(f"{n.name} {gib(n.paused)}" for n in needs)
     return (
         f"the pools fit this GPU's {gib(total)} only without step sharing: with DEVICE_SHARING=step each pool's "
-        f"paused run keeps its latents and embeddings on the device ({each}; {gib(sum(n.paused for n in needs))} in "
+        f"paused run keeps its latents and embeddings on the device ({each}; {gib(_paused(needs))} in "
         "all) beside one working memory; accepted: DEVICE_SHARING=run (the whole-run lock), or fewer pools"
     )
 

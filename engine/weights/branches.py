@@ -17,7 +17,7 @@ dense ΔW), and modules of the denoiser with no branch (its convolutions). A sto
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -131,6 +131,15 @@ class Branches:
         # The factors held, by reference: `_same` tells the same tensors (an adapter's device copy), not equal ones.
         self._factors = {index: [(down, up) for down, up, _ in factors] for index, factors in parts.items()}
 
+    def rescale(self, parts: Parts, indices: Iterable[int]) -> None:
+        """A step boundary: the branches `indices` take `parts`' scales, every other branch stays as it is, where
+        `parts` hold the very factors held now; otherwise the whole `apply`."""
+        if parts.keys() != self._held or not all(_same(parts[i], self._factors.get(i, [])) for i in parts):
+            self.apply(parts)
+            return
+        for index in sorted(set(indices) & self._held):
+            self._modules[index].load_scales(parts[index])
+
     def clear(self) -> None:
         self.apply({})
 
@@ -177,6 +186,24 @@ class BranchedPatcher:
         try:
             self._fused.apply([a for a in rest if a.adapter.layers])
             self._branches.apply(parts)
+        except BaseException:
+            self.restore_all()
+            raise
+
+    @property
+    def second(self) -> frozenset[int]:
+        return self._fused.second
+
+    @torch.no_grad()
+    def rewrite(self, active: Sequence[ActiveAdapter], indices: Iterable[int]) -> None:
+        """A step boundary (`WeightPatcher.rewrite`): only weights `indices` change, the branches' by their scales."""
+        wanted = set(indices)
+        fused = {i for i in wanted if not self._branches.owns(i)}
+        parts = self._branches.plan(active)
+        rest = [dataclasses.replace(a, adapter=_without(a.adapter, self._branches.owns)) for a in active]
+        try:
+            self._fused.rewrite([a for a in rest if a.adapter.layers], fused)
+            self._branches.rescale(parts, {i for i in wanted if self._branches.owns(i)})
         except BaseException:
             self.restore_all()
             raise

@@ -27,11 +27,12 @@ from engine.weights.branches import BranchedPatcher
 from engine.weights.swap import ActiveAdapter, WeightPatcher
 from engine.weights.tokens import TokenPatcher
 
-__all__ = ["FusedSet", "StepHook", "set_identity"]
+__all__ = ["FusedSet", "StepHook", "set_identity", "stepped_weights"]
 
 logger = logging.getLogger(__name__)
 
 _NOTHING_KEPT = object()
+_MIXED = object()
 
 
 Scaled = tuple[PreparedAdapter, float, float | None]
@@ -54,8 +55,12 @@ class FusedSet:
         per_call: bool,
         device: torch.device,
         on_swap: Callable[[float], None],
+        denoiser: frozenset[int] | None = None,
     ) -> None:
         self._patcher = patcher
+        # The weights a run's steps read (the denoisers': `stepped_weights`), the only ones a step boundary
+        # rewrites; None: every weight (a set without text encoders).
+        self._denoiser = denoiser
         self._tokens = tokens
         self._store = store
         # ZeroGPU: every call starts from the base and fuses its own set, so nothing stays fused.
@@ -64,6 +69,8 @@ class FusedSet:
         self._on_swap = on_swap
         self._lock = threading.Lock()
         self._applied: tuple[ActiveAdapter, ...] = ()
+        # After a step boundary: the denoisers hold `_applied`, the text encoders still step 0's scales.
+        self._mixed = False
 
     @property
     def applied(self) -> tuple[ActiveAdapter, ...]:
@@ -84,14 +91,18 @@ class FusedSet:
         if self._per_call:
             return _NOTHING_KEPT  # every call re-applies its set: no request finds it fused
         with self._lock:
+            if self._mixed:
+                return _MIXED  # no request's set: the next one swaps in full
             return tuple(sorted((str(a.adapter.key), a.scale, a.scale_2) for a in self._applied))
 
     def swap(self, adapters: Sequence[Scaled]) -> tuple[bool, float]:
         """Fuse exactly this set (the base for none); returns (whether weights changed, seconds)."""
-        wanted = sorted(adapters, key=lambda item: (str(item[0].key), item[1], item[2] or 0.0))
+        wanted = _sorted(adapters)
         identity = tuple((a.key, s, s2) for a, s, s2 in wanted)
-        previous = self.applied
-        if not self._per_call and identity == tuple((a.adapter.key, a.scale, a.scale_2) for a in previous):
+        with self._lock:
+            previous, mixed = self._applied, self._mixed
+        fused = tuple((a.adapter.key, a.scale, a.scale_2) for a in previous)
+        if not self._per_call and not mixed and identity == fused:
             return False, 0.0
         if not wanted and not self._patcher.dirty and not self._tokens.active:
             return False, 0.0
@@ -116,23 +127,54 @@ class FusedSet:
 
     def stepper(self, loras: Sequence[LoraSpec], adapters: Sequence[Scaled]) -> StepHook | None:
         """A scheduled request's step hook (None for a request without a schedule): `hook(step, steps)` before step
-        `step` of a run of `steps` makes the fused set that step's (`engine.schedules.scales_at`), with the one
-        exact swap (the branches' scales on a quantized pool) where it differs from what the hook left fused, and
-        no work elsewhere. `adapters` are the request's, as it swapped to them before its run (step 0's scales)."""
+        `step` of a run of `steps` makes the denoisers' weights that step's (`engine.schedules.scales_at`) where
+        they differ from what the hook left fused, and no work elsewhere: only the denoisers' weights of the LoRAs
+        whose scale changes there are rewritten (`_boundary`), never the text encoders', which ran before step 0
+        at its scales (the documented rule). `adapters` are the request's, as it swapped to them before its run
+        (step 0's scales)."""
         if not any(spec.scheduled for spec in loras):
             return None
-        fused = [_identity(scales_at(loras, adapters, 0, 1))]
+        fused = [scales_at(loras, adapters, 0, 1)]
 
         def hook(step: int, steps: int) -> None:
             wanted = scales_at(loras, adapters, step, steps)
-            if _identity(wanted) != fused[0]:
-                # Called from inside the run's inference mode: what a swap allocates (its scratch, a pristine copy)
-                # must stay a normal tensor, which later swaps outside it write to.
+            if _identity(wanted) != _identity(fused[0]):
+                # Called from inside the run's inference mode: what a rewrite allocates (its scratch) must stay a
+                # normal tensor, which later swaps outside it write to.
                 with torch.inference_mode(False):
-                    self.swap(wanted)
-                fused[0] = _identity(wanted)
+                    self._boundary(fused[0], wanted)
+                fused[0] = wanted
 
         return hook
+
+    def _boundary(self, before: Sequence[Scaled], after: Sequence[Scaled]) -> None:
+        """From the set `before` to the same adapters at `after`'s scales, rewriting only the denoisers' weights
+        whose updates change (`_changed`); the set is then marked mixed, so that the next request swaps in full."""
+        started = time.perf_counter()
+        indices = self._changed(before, after)
+        active = tuple(ActiveAdapter(self._store.for_compute(a), s, s2) for a, s, s2 in _sorted(after))
+        self._patcher.rewrite(active, indices)
+        if self._device.type == "cuda":
+            torch.cuda.current_stream(self._device).synchronize()
+        elapsed = time.perf_counter() - started
+        logger.info("step boundary -> %s: %d weights in %.1f ms", _describe(active), len(indices), elapsed * 1000)
+        with self._lock:
+            self._applied, self._mixed = active, True
+        self._on_swap(elapsed)
+
+    def _changed(self, before: Sequence[Scaled], after: Sequence[Scaled]) -> set[int]:
+        """The denoisers' weights an adapter of `after` (the adapters of `before`, in order) updates at another
+        scale than in `before`: each weight's scale as `ActiveAdapter.scale_at` reads it (a pair's sides apart)."""
+        second = self._patcher.second
+        changed: set[int] = set()
+        for (adapter, scale, scale_2), (_, new, new_2) in zip(before, after, strict=True):
+            old_item, new_item = ActiveAdapter(adapter, scale, scale_2), ActiveAdapter(adapter, new, new_2)
+            changed.update(
+                layer.target
+                for layer in adapter.layers
+                if old_item.scale_at(layer.target, second) != new_item.scale_at(layer.target, second)
+            )
+        return changed if self._denoiser is None else changed & self._denoiser
 
     def rollback(self, previous: tuple[ActiveAdapter, ...]) -> None:
         """After a failed request: fuse what was served before it, or the base if even that fails."""
@@ -166,8 +208,20 @@ class FusedSet:
 
     def _set(self, active: tuple[ActiveAdapter, ...]) -> None:
         with self._lock:
-            self._applied = active
+            self._applied, self._mixed = active, False
         self._store.set_active(a.adapter.key for a in active)
+
+
+def stepped_weights(names: Sequence[str], components: Sequence[str]) -> frozenset[int]:
+    """The indices of `names` (a `TargetTable`'s, `component.module`) in `components` (the denoisers:
+    `FamilySpec.stored`): the weights a step boundary may rewrite."""
+    prefixes = tuple(f"{component}." for component in components)
+    return frozenset(i for i, name in enumerate(names) if name.startswith(prefixes))
+
+
+def _sorted(adapters: Sequence[Scaled]) -> list[Scaled]:
+    """A set in the one order its updates are summed in (a swap's and a boundary's alike)."""
+    return sorted(adapters, key=lambda item: (str(item[0].key), item[1], item[2] or 0.0))
 
 
 def _identity(adapters: Sequence[Scaled]) -> Hashable:

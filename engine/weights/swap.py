@@ -103,16 +103,7 @@ class WeightPatcher:
         other failure the touched weights are restored to base before the error propagates,
         so the caller can re-apply what it served before.
         """
-        plan: Plan = {}
-        reaches: dict[int, list[tuple[Reach, float]]] = {}
-        for item in active:
-            bounds = item.adapter.reach
-            if len(bounds) != len(item.adapter.layers):
-                bounds = (UNBOUNDED,) * len(item.adapter.layers)
-            for layer, bound in zip(item.adapter.layers, bounds, strict=True):
-                scale = item.scale_at(layer.target, self.second)
-                plan.setdefault(layer.target, []).append((layer, scale))
-                reaches.setdefault(layer.target, []).append((bound, scale))
+        plan, reaches = self._plan(active)
         touched = set(plan)
         self._check_budget(touched, active)
         try:
@@ -142,6 +133,44 @@ class WeightPatcher:
         except BaseException:
             self.restore_all()
             raise
+
+    @torch.no_grad()
+    def rewrite(self, active: Sequence[ActiveAdapter], indices: Iterable[int]) -> None:
+        """Make weights `indices` equal base + the given set and leave every other weight as it is: a scheduled
+        run's step boundary, where `active` is the set fused now at other scales and `indices` the weights whose
+        updates those scales change. Each is written as `apply` writes it (from its pristine copy, rounded once),
+        so the base stays exact. A set that touches other weights than the fused one gets the whole `apply`; on
+        a failure every weight goes back to base before the error propagates, as in `apply`."""
+        plan, reaches = self._plan(active)
+        if plan.keys() != self._dirty:
+            self.apply(active)
+            return
+        wanted = {index: plan[index] for index in sorted(set(indices) & self._dirty)}
+        try:
+            with self._lock:
+                bases = {index: self._copy(index) for index in wanted}
+            checked = [i for i in wanted if needs_check(self._base_max[i], reaches[i], self._params[i].dtype)]
+            for chunk in _chunks(wanted):
+                self._fuse(self._in_float32(chunk), bases)
+            if checked and not bool(torch.stack([_finite(self._params[i]) for i in checked]).all()):
+                raise self._overflow(checked, active)
+        except BaseException:
+            self.restore_all()
+            raise
+
+    def _plan(self, active: Sequence[ActiveAdapter]) -> tuple[Plan, dict[int, list[tuple[Reach, float]]]]:
+        """Each touched weight's (update, scale) list in the set's order, and the updates' reaches."""
+        plan: Plan = {}
+        reaches: dict[int, list[tuple[Reach, float]]] = {}
+        for item in active:
+            bounds = item.adapter.reach
+            if len(bounds) != len(item.adapter.layers):
+                bounds = (UNBOUNDED,) * len(item.adapter.layers)
+            for layer, bound in zip(item.adapter.layers, bounds, strict=True):
+                scale = item.scale_at(layer.target, self.second)
+                plan.setdefault(layer.target, []).append((layer, scale))
+                reaches.setdefault(layer.target, []).append((bound, scale))
+        return plan, reaches
 
     def _fuse(self, plan: Plan, bases: dict[int, torch.Tensor]) -> None:
         for index in sorted(plan):

@@ -6,16 +6,21 @@ Values pass as given ("" and empty ones: not set); the engine checks each by nam
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from engine.errors import InvalidRequestError
 from engine.image_checks import check_door_count
 from engine.images import ACCEPTED, EncodedImage, ImageMode, encoded_image
-from engine.requests import GenerateRequest, LoraSpec
+from engine.requests import REQUEST_FIELDS, GenerateRequest, LoraSpec
 from serving.ui import formatting as fmt
 
-__all__ = ["api_request", "starting_fields"]
+__all__ = ["LATE", "api_request", "starting_fields", "windowed"]
+
+# The generation endpoints' last arguments (`RequestField.gradio_late`: each LoRA's window, then the second's).
+LATE = tuple(name for f in REQUEST_FIELDS for name in f.gradio_late)
 
 
 _UPLOADED = "an image file sent with gradio_client's handle_file, or none"
@@ -115,3 +120,15 @@ def _spec(lora: str | None, scale: float | None, name: str) -> LoraSpec | None:
     if (lora or "").strip() and scale is None:
         raise InvalidRequestError(f"{name} is empty; accepted: a number from -2 to 2 (1 is the LoRA as trained)")
     return fmt.lora_spec(lora, scale)
+
+
+def windowed(request: GenerateRequest, slots: Sequence[tuple[str | None, object, object]]) -> GenerateRequest:
+    """`request` with each named LoRA's schedule window (`LoraSpec.start`/`end`, fractions of the steps; None:
+    0 and 1) from `slots`, (reference, start, end) in the API's or the form's order; an empty slot has no LoRA in
+    the request and is passed over. Values pass as given: the engine checks them (`engine.schedules`)."""
+    windows = [(start, end) for ref, start, end in slots if (ref or "").strip()]
+    loras = tuple(
+        dataclasses.replace(spec, start=start, end=end)  # type: ignore[arg-type]
+        for spec, (start, end) in zip(request.loras, windows, strict=True)
+    )
+    return dataclasses.replace(request, loras=loras)

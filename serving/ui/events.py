@@ -23,7 +23,7 @@ from serving.ui import history as history_ui
 from serving.ui import pools as pool_ui
 from serving.ui import video_ui
 from serving.ui.gradio_api import PIPELINE, compare, generate
-from serving.ui.history import FORM
+from serving.ui.history import FORM, WINDOW
 from serving.ui.inputs import mode_html, source_images
 from serving.ui.panels import ComparePanel, RequestPanel, ResultPanel
 from serving.ui.references import references_of, slot_name
@@ -59,6 +59,9 @@ def wire_generation(
     inputs += [request.video.frames, request.video.fps]
     # And each LoRA's low-noise scale (read only where the browsed pool has two stages).
     inputs += [request.first.low, request.second.low]
+    # And each LoRA's "active from … to …" range (fractions of the steps), by name (`WINDOW`) with the references.
+    ranges = (request.first.start, request.first.end, request.second.start, request.second.end)
+    windows = dict(zip(WINDOW, ranges, strict=True))
     outputs = [result.image, result.info, request.seed, status_md, result.gallery, result.share, result.history]
     generating = gr.on(
         [request.run.click, request.prompt.submit],
@@ -72,7 +75,7 @@ def wire_generation(
         api_visibility=PRIVATE,
         show_progress_on=[result.image, result.video],
         # The reference slots by name (as many as the app made: `slot_name`), after the form.
-        inputs_kwargs=_slots(request),
+        inputs_kwargs=_slots(request) | windows,
     )
     # Gradio cancels the event's task: the stream closes, which takes the request out of the queue or stops its
     # run at the next step (the engine's cancel), as a browser that went away does.
@@ -152,11 +155,14 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
     return generate_ui
 
 
-def _form(values: tuple[Any, ...], references: dict[str, Any], lows: tuple[float, float]) -> dict[str, Any]:
+def _form(values: tuple[Any, ...], named: dict[str, Any], lows: tuple[float, float]) -> dict[str, Any]:
     """The Generate event's form by name (`FORM`), with its reference images (Image 2 first) and each LoRA's
-    low-noise scale (`lora_scale_2`, `lora_2_scale_2`: the share link's names)."""
-    form = dict(zip(FORM, values, strict=True))
-    form["references"] = _in_order(references)
+    range (`WINDOW`), both handed over by name (`named`), and each LoRA's low-noise scale (`lora_scale_2`,
+    `lora_2_scale_2`: the share link's names)."""
+    named = dict(named)
+    windows = {name: named.pop(name, None) for name in WINDOW}
+    form = dict(zip(FORM, values, strict=True)) | windows
+    form["references"] = _in_order(named)
     form["lora_scale_2"], form["lora_2_scale_2"] = lows
     return form
 

@@ -1,5 +1,5 @@
 """The named API `gradio_client` sees (/generate, /generate_images, /compare, /catalog, /lora_info, /pool_status;
-/generate_video is `serving.ui.video_api`'s), and the progress plumbing.
+/generate_video is `serving.ui.video_api`'s), and the generation both they and the UI run (`generate`, `compare`).
 
 Each endpoint hangs off a hidden trigger with hidden inputs, so the API has exactly the parameters named here;
 it calls the one shared handler (`serving.handlers`) the UI calls too and answers JSON; errors become `gr.Error`
@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
 import gradio as gr
 
-from engine.pipeline.stepshare import Ahead
 from engine.pools.scheduler import QueueView
 from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from serving.errors import user_errors
@@ -27,16 +25,15 @@ from serving.streaming import Frame
 from serving.ui import comparison as comparison_fields
 from serving.ui import formatting as fmt
 from serving.ui import pool_views
-from serving.ui.api_requests import api_request, starting_fields
+from serving.ui.api_requests import LATE, api_request, starting_fields, windowed
 from serving.ui.liveness import client_gone, until_gone
+from serving.ui.progress import CellProgress, StepProgress
 from serving.ui.uploads import uploaded_path
 
 __all__ = [
     "BROWSE",
     "CHECK",
     "PIPELINE",
-    "CellProgress",
-    "StepProgress",
     "add_api_endpoints",
     "compare",
     "generate",
@@ -46,44 +43,6 @@ __all__ = [
 PIPELINE = "pipeline"
 BROWSE = "catalog"
 CHECK = "lora_check"
-
-
-class StepProgress:
-    """Feeds the engine's per-step callback into Gradio's progress bar (a class, so ZeroGPU can pickle it), with
-    the time left expected at the pace of the steps so far (counted from the first step seen, so loading and
-    the text encoders are not taken for denoising)."""
-
-    def __init__(self, progress: gr.Progress, clock: Callable[[], float] = time.monotonic) -> None:
-        self.progress = progress
-        self.clock = clock
-        self.first: tuple[int, float] | None = None
-        self.last: tuple[int, int] | None = None
-
-    def __call__(self, step: int, total: int) -> None:
-        now = self.clock()
-        self.last = (step, total)
-        if self.first is None or step < self.first[0]:
-            self.first = (step, now)
-        done = step - self.first[0]
-        desc = "Denoising"
-        if done > 0 and step < total:
-            desc += f" (about {fmt.seconds((now - self.first[1]) / done * (total - step))} left)"
-        self.progress((step, total), desc=desc, unit="steps")
-
-    def waiting(self, ahead: Ahead) -> None:
-        """The run waits for the GPU (`engine.pipeline.stepshare`): say behind what; the pace restarts after."""
-        self.first = None
-        self.progress(self.last or (0, 1), desc=str(ahead), unit="steps")
-
-
-class CellProgress:
-    """The same for a comparison: which cell, and its steps."""
-
-    def __init__(self, progress: gr.Progress) -> None:
-        self.progress = progress
-
-    def __call__(self, cell: int, step: int, total: int) -> None:
-        self.progress((step, total), desc=f"Cell {cell + 1}: denoising", unit="steps")
 
 
 async def generate(
@@ -149,6 +108,8 @@ def add_api_endpoints(handlers: Handlers) -> None:
         input_image, mask, strength = uploaded_path(), uploaded_path(), gr.Number(None)
         # Further reference images after `image` (none: as before), as file paths read the same way, once counted.
         references = uploaded_path(file_count="multiple")
+        # Each LoRA's schedule window, last (`LATE`); None: from the first step to the last, as before.
+        window = [gr.Number(None) for _ in LATE]
         image = gr.Image(type="pil", format="png", label="image")
         images = gr.Gallery(type="pil", format="png", label="images")
         grid = gr.Image(type="pil", format="png", label="grid")
@@ -163,7 +124,7 @@ def add_api_endpoints(handlers: Handlers) -> None:
     comparing += [scheduler, clip_skip]
     starting = [input_image, mask, strength, references]
     outputs = ([image, info], [images, info], [grid, cells, compare_json])
-    _wire_generation(handlers, trigger, (generation, num_images, comparing, starting), outputs)
+    _wire_generation(handlers, trigger, (generation, num_images, comparing, starting, window), outputs)
     lookups = ([base, search, sort, page, source], page_json, status_json, [repo_id, revision, weight_name], lora_json)
     _wire_lookups(handlers, trigger, *lookups)
 
@@ -171,15 +132,15 @@ def add_api_endpoints(handlers: Handlers) -> None:
 def _wire_generation(
     handlers: Handlers,
     trigger: gr.Button,
-    inputs: tuple[list[Any], gr.Number, list[Any], list[Any]],
+    inputs: tuple[list[Any], gr.Number, list[Any], list[Any], list[Any]],
     outputs: tuple[list[Any], list[Any], list[Any]],
 ) -> None:
     """The endpoints that generate: /generate, /generate_images and /compare (in that order), each taking the
-    starting image, mask, strength and references last."""
-    generation, num_images, comparing, starting = inputs
+    starting image, mask, strength and references, then (not /compare) each LoRA's schedule window last."""
+    generation, num_images, comparing, starting, window = inputs
     for fn, arguments, answer, name in (
-        (_generate_api(handlers), [*generation, *starting], outputs[0], "generate"),
-        (_generate_images_api(handlers), [*generation, num_images, *starting], outputs[1], "generate_images"),
+        (_generate_api(handlers), [*generation, *starting, *window], outputs[0], "generate"),
+        (_generate_images_api(handlers), [*generation, num_images, *starting, *window], outputs[1], "generate_images"),
         (_compare_api(handlers), [*comparing, *starting], outputs[2], "compare"),
     ):
         # The engine's scheduler is the one queue (see app.py): Gradio does not hold generations back.
@@ -196,23 +157,13 @@ def _wire_lookups(
     lora_json: gr.JSON,
 ) -> None:
     """The endpoints that read without generating: /catalog, /pool_status, /lora_info (in that order)."""
-    trigger.click(
-        _catalog_api(handlers),
-        catalog_inputs,
-        page_json,
-        api_name="catalog",
-        concurrency_id=BROWSE,
-        concurrency_limit=4,
+    browsing, checking = (
+        {"concurrency_id": BROWSE, "concurrency_limit": 4},
+        {"concurrency_id": CHECK, "concurrency_limit": 2},
     )
+    trigger.click(_catalog_api(handlers), catalog_inputs, page_json, api_name="catalog", **browsing)  # type: ignore[arg-type]
     trigger.click(_pool_status(handlers), None, status_json, api_name="pool_status", queue=False)
-    trigger.click(
-        _lora_info(handlers),
-        lora_inputs,
-        lora_json,
-        api_name="lora_info",
-        concurrency_id=CHECK,
-        concurrency_limit=2,
-    )
+    trigger.click(_lora_info(handlers), lora_inputs, lora_json, api_name="lora_info", **checking)  # type: ignore[arg-type]
 
 
 # Each endpoint's handler is made here: Gradio names its parameters and documents it from its signature and docstring.
@@ -237,6 +188,10 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         mask: Any = None,
         strength: float | None = None,
         images: list[Any] | None = None,
+        lora_start: float | None = None,
+        lora_end: float | None = None,
+        lora_2_start: float | None = None,
+        lora_2_end: float | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
         """Generate an image; `lora` and `lora_2` are Hub repo ids, Civitai references (`civitai:<version id>`, a
@@ -248,8 +203,10 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
         `clip_skip`: text-encoder layers skipped as diffusers counts them (A1111's "Clip skip 2" is 1). `image`
         (none: text-to-image) is the image to start from, `mask` an inpainting mask (white repainted), `strength`
         how much of the image is re-noised (0-1; none: the model's default); `images` further reference images
-        after `image` (a list of `handle_file`s: the prompt's "image 2", ...; none: only `image`). Yields previews
-        while denoising (info `{"preview": true, "step": k}`), then the image and its info.
+        after `image` (a list of `handle_file`s: the prompt's "image 2", ...; none: only `image`). `lora_start` and
+        `lora_end` (`lora_2_start`, `lora_2_end` for `lora_2`) are fractions of the steps (0-1): the LoRA runs at its
+        scale on steps i with start <= i / steps < end, at 0 elsewhere (none: from the first step to the last).
+        Yields previews while denoising (info `{"preview": true, "step": k}`), then the image and its info.
         """
         with user_errors():
             # In a thread: the files are read here (the event loop serves every other client meanwhile).
@@ -260,6 +217,7 @@ def _generate_api(handlers: Handlers) -> Callable[..., Any]:
                 seed, scheduler, scheduler_options, clip_skip, 1,
                 (image, mask, strength, images, settings.max_input_pixels, settings.max_reference_images),
             )  # fmt: skip
+            request = windowed(request, ((lora, lora_start, lora_end), (lora_2, lora_2_start, lora_2_end)))
             # An image endpoint: a video pool is refused where the request is checked, before anything runs.
             request = dataclasses.replace(request, expects="image")
         async for item in generate(handlers, request, progress, base=(base or "").strip()):
@@ -293,11 +251,15 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
         mask: Any = None,
         strength: float | None = None,
         images: list[Any] | None = None,
+        lora_start: float | None = None,
+        lora_end: float | None = None,
+        lora_2_start: float | None = None,
+        lora_2_end: float | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[list[tuple[Any, str]], dict[str, Any]]:
         """Several images (1 to 4) in one run, with consecutive seeds from `seed`: `[{"image": path, "caption":
         "seed N"}, ...]` and the info (`seeds` lists them; each is what /generate gives for that seed, within 2 levels).
-        Arguments as /generate's, with `num_images`."""
+        Arguments as /generate's (each LoRA's window too), with `num_images`."""
         with user_errors():
             # In a thread: the files are read here (the event loop serves every other client meanwhile).
             settings = handlers.settings
@@ -307,6 +269,7 @@ def _generate_images_api(handlers: Handlers) -> Callable[..., Any]:
                 seed, scheduler, scheduler_options, clip_skip, num_images,
                 (image, mask, strength, images, settings.max_input_pixels, settings.max_reference_images),
             )  # fmt: skip
+            request = windowed(request, ((lora, lora_start, lora_end), (lora_2, lora_2_start, lora_2_end)))
             # An image endpoint: a video pool is refused where the request is checked, before anything runs.
             request = dataclasses.replace(request, expects="image")
         result: GenerateResult | None = None

@@ -18,12 +18,13 @@ from serving.handlers import Handlers
 from serving.recipes import image_hash
 from serving.ui import formatting as fmt
 from serving.ui import pool_views, session
+from serving.ui.api_requests import windowed
 from serving.ui.inputs import source_images
 from serving.ui.panels import Browser, RequestPanel, ResultPanel
 from serving.ui.references import references_of
 from serving.video import frame_count
 
-__all__ = ["FORM", "cells", "remember", "request_of", "wire_session"]
+__all__ = ["FORM", "WINDOW", "cells", "remember", "request_of", "wire_session"]
 
 PRIVATE = "private"
 # The Generate event's inputs, by name (the link parameters' names where they have one).
@@ -52,6 +53,8 @@ FORM = (
     "base",
     "history",
 )
+# Each LoRA's "active from … to …" range beside the form (fractions of the steps; the link parameters' names).
+WINDOW = ("lora_start", "lora_end", "lora_2_start", "lora_2_end")
 
 
 def request_of(form: Mapping[str, Any], max_pixels: int) -> GenerateRequest:
@@ -70,7 +73,7 @@ def request_of(form: Mapping[str, Any], max_pixels: int) -> GenerateRequest:
     image, mask = source_images(form["source"], max_pixels)
     strength = form["strength"] if image is not None else None
     images = references_of(form.get("references") or (), max_pixels, first=image is not None)
-    return GenerateRequest(
+    request = GenerateRequest(
         prompt=form["prompt"],
         negative_prompt=form["negative"],
         loras=tuple(s for s in specs if s is not None),
@@ -88,6 +91,7 @@ def request_of(form: Mapping[str, Any], max_pixels: int) -> GenerateRequest:
         strength=None if strength is None else float(strength),
         images=images,
     )
+    return windowed(request, [(form[ref], *session.window(form, ref)) for ref in ("lora", "lora_2")])
 
 
 def cells(result: GenerateResult) -> list[tuple[Any, str]]:
@@ -117,6 +121,10 @@ def remember(form: Mapping[str, Any], result: GenerateResult, base_url: str) -> 
     two_stage = request.guidance_2 is not None
     for ref, low in (("lora", "lora_scale_2"), ("lora_2", "lora_2_scale_2")):
         values[low] = form.get(low) if two_stage and (form.get(ref) or "").strip() else None
+    # Each named LoRA's range where it is not every step.
+    for ref in ("lora", "lora_2"):
+        named = (form.get(ref) or "").strip()
+        values[f"{ref}_start"], values[f"{ref}_end"] = session.window(form, ref) if named else (None, None)
     params = session.share_params(values)
     mode = f" · {result.mode}" if started or result.is_video else ""
     caption = f"{result.seed} · {request.sampler} · {request.steps} steps{mode} · {request.prompt[:40]}"
@@ -207,5 +215,9 @@ def _session_fields(browser: Browser, request: RequestPanel) -> list[Any]:
         request.video.fps,
         first.low,
         second.low,
+        first.start,
+        first.end,
+        second.start,
+        second.end,
         request.randomize,
     ]

@@ -65,6 +65,9 @@ class LoraSlot:
     # until the user moves it (`low_moved`: a share link or a history entry sets it too).
     low: gr.Slider
     low_moved: gr.State
+    # The steps it is active on, as fractions of the run's steps (`LoraSpec.start`/`end`; 0 and 1: all of them).
+    start: gr.Number
+    end: gr.Number
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id, Civitai link or local: file", elem_id="lora-2")
         scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale", elem_id="lora-2-scale")
         low_2 = low_noise_control(2, defaults.two_stage)
+        start_2, end_2 = window_controls(2)
         revision_2 = gr.Textbox(label="Revision", placeholder="main")
         weight_2 = gr.Textbox(label="Weight file")
         check_2 = gr.Button("Check LoRA 2", size="sm")
@@ -213,7 +217,7 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         source,
         slot,
         first,
-        LoraSlot(ref_2, scale_2, revision_2, weight_2, check_2, low_2, gr.State(False)),
+        LoraSlot(ref_2, scale_2, revision_2, weight_2, check_2, low_2, gr.State(False), start_2, end_2),
         size,
         steps,
         guidance,
@@ -239,11 +243,26 @@ def _first_slot(two_stage: bool) -> LoraSlot:
         )
         scale = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 1 scale", elem_id="lora-1-scale")
         low = low_noise_control(1, two_stage)
+        start, end = window_controls(1)
         with gr.Accordion("Revision, weight file, check", open=False, elem_id="lora-1-options"):
             revision = gr.Textbox(label="Revision (branch, tag or commit)", placeholder="main")
             weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
             check = gr.Button("Check this LoRA", size="sm")
-    return LoraSlot(ref, scale, revision, weight, check, low, gr.State(False))
+    return LoraSlot(ref, scale, revision, weight, check, low, gr.State(False), start, end)
+
+
+def window_controls(slot: int) -> tuple[gr.Number, gr.Number]:
+    """LoRA `slot`'s "active from step … to …" range, as fractions of the steps (the request's `start` and
+    `end`: the LoRA runs at its scale on steps i with start ≤ i / steps < end, at 0 elsewhere)."""
+    with gr.Row():
+        start = gr.Number(
+            0, minimum=0, maximum=1, step=0.05, label=f"LoRA {slot} active from (fraction of the steps, 0–1)",
+            elem_id=f"lora-{slot}-start",
+        )  # fmt: skip
+        end = gr.Number(
+            1, minimum=0, maximum=1, step=0.05, label="… to (fraction, 1: the last)", elem_id=f"lora-{slot}-end"
+        )
+    return start, end
 
 
 def result_panel(handlers: Handlers) -> ResultPanel:

@@ -35,6 +35,7 @@ __all__ = [
     "share_params",
     "share_url",
     "video_values",
+    "window",
 ]
 
 # The form's fields a link or a history entry carries, in the order `form_values` answers them.
@@ -65,6 +66,11 @@ FIELDS = (
     # A two-stage pool's low-noise scales (Wan 2.2 A14B: each LoRA's `scale_2`; absent elsewhere).
     "lora_scale_2",
     "lora_2_scale_2",
+    # Each LoRA's "active from … to …" range, fractions of the steps (`LoraSpec.start`/`end`; absent: every step).
+    "lora_start",
+    "lora_end",
+    "lora_2_start",
+    "lora_2_end",
 )
 # What a link carries besides the form's fields: the images' short SHA-256s (image 1 first), for the note.
 NOTED = ("references",)
@@ -114,6 +120,14 @@ def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: i
     out["input"] = link_note(params["input"], _digests(params.get("references"))) if started else None
     out["base"] = params.get("base") or None
     out["num_frames"], out["fps"] = video_values(params, defaults)
+    for ref in ("lora", "lora_2"):
+        # A link naming a LoRA without a range is that LoRA on every step.
+        named = isinstance(params.get(ref), str)
+        start, end = _number(params.get(f"{ref}_start"), 0.0, 1.0), _number(params.get(f"{ref}_end"), 0.0, 1.0)
+        out[f"{ref}_start"], out[f"{ref}_end"] = (
+            (0.0 if start is None and named else start),
+            (1.0 if end is None and named else end),
+        )
     values = tuple(gr.skip() if out.get(name) is None else out[name] for name in FIELDS)
     # A link with a seed reproduces that image: the seed is not drawn again.
     return (*values, gr.skip() if out["seed"] is None else False)
@@ -127,6 +141,13 @@ def video_values(params: Mapping[str, str], defaults: ModelDefaults) -> tuple[in
     step = defaults.frame_multiple or 4
     frames = _whole(params.get("num_frames"), step + 1, defaults.max_frames or defaults.num_frames or step + 1)
     return (frames if frames is None or (frames - 1) % step == 0 else None), _whole(params.get("fps"), *FPS_RANGE)
+
+
+def window(form: Mapping[str, Any], ref: str) -> tuple[float | None, float | None]:
+    """The form's range for LoRA `ref` ("lora", "lora_2") as the request's `start` and `end`: None where it
+    is every step's (0, 1, or empty), so that a LoRA on every step is the request it was before ranges."""
+    start, end = form.get(f"{ref}_start"), form.get(f"{ref}_end")
+    return (None if start in (None, 0) else start), (None if end in (None, 1) else end)
 
 
 def low_noise_moved(params: Mapping[str, str]) -> tuple[bool, bool]:

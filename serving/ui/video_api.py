@@ -20,7 +20,7 @@ from engine.requests import REQUEST_FIELDS, GenerateRequest, GenerateResult
 from serving.errors import user_errors
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
-from serving.ui.api_requests import api_request
+from serving.ui.api_requests import LATE, api_request, windowed
 from serving.ui.gradio_api import PIPELINE, generate
 from serving.ui.uploads import uploaded_path
 from serving.ui.video_ui import low_noise, saved_video
@@ -40,10 +40,10 @@ OWN = ("base",)
 def video_parameters() -> list[str]:
     """The endpoint's parameters by the request's declaration (without Gradio's `progress`): the declared Gradio
     arguments a video reads, then each field's video-only ones (`RequestField.gradio_video`: each LoRA's
-    low-noise scale), then `base`."""
+    low-noise scale), then `base`, then every generation endpoint's last ones (`LATE`: each LoRA's window)."""
     declared = [name for f in REQUEST_FIELDS if f.name not in IMAGE_ONLY for name in f.gradio]
     further = [name for f in REQUEST_FIELDS for name in f.gradio_video]
-    return [*declared, *further, *OWN]
+    return [*declared, *further, *OWN, *LATE]
 
 
 def video_info(result: GenerateResult) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def add_video_endpoint(handlers: Handlers) -> None:
         texts = {name: gr.Textbox("") for name in ("negative_prompt", "lora", "lora_2", "scheduler", "base")}
         numbers = {name: gr.Number(1.0) for name in ("lora_scale", "lora_2_scale")}
         numbers |= {name: gr.Number(None) for name in ("steps", "guidance", "width", "height", "num_frames", "fps")}
-        numbers |= {name: gr.Number(None) for name in ("guidance_2", "lora_scale_2", "lora_2_scale_2")}
+        numbers |= {name: gr.Number(None) for name in ("guidance_2", "lora_scale_2", "lora_2_scale_2", *LATE)}
         others = {"prompt": gr.Textbox(), "seed": gr.Number(-1), "scheduler_options": gr.JSON(None)}
         others["image"] = uploaded_path()
         video, info = gr.Video(format="mp4", label="video"), gr.JSON(label="info")
@@ -95,6 +95,9 @@ def _request(handlers: Handlers, arguments: dict[str, Any]) -> GenerateRequest:
         a["scheduler"], a["scheduler_options"], None, None, (a["image"], None, None, None, pixels, None),
     )  # fmt: skip
     request = low_noise(request, ((a["lora"], a["lora_scale_2"]), (a["lora_2"], a["lora_2_scale_2"])))
+    request = windowed(
+        request, ((a["lora"], a["lora_start"], a["lora_end"]), (a["lora_2"], a["lora_2_start"], a["lora_2_end"]))
+    )
     video = {name: a[name] for name in ("num_frames", "fps", "guidance_2") if a[name] is not None}
     # The video endpoint: an image pool is refused where the request is checked, before anything runs.
     return dataclasses.replace(request, **video, expects="video")
@@ -122,13 +125,18 @@ def _generate_video_api(handlers: Handlers) -> Callable[..., Any]:
         lora_scale_2: float | None = None,
         lora_2_scale_2: float | None = None,
         base: str = "",
+        lora_start: float | None = None,
+        lora_end: float | None = None,
+        lora_2_start: float | None = None,
+        lora_2_end: float | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[str, dict[str, Any]]:
         """Generate a video on a video pool (the LoRAs' base, else `base`, else the default): text-to-video, or
         image-to-video from `image` (a `handle_file`). `lora`, `lora_2`, `scheduler` and `seed` as /generate's;
         `num_frames` 4k+1 (none: the pool's default), `fps` its frames per second, `guidance_2` the low-noise
         stage's guidance on a two-stage pool (Wan 2.2 A14B), `lora_scale_2` and `lora_2_scale_2` each LoRA's
-        low-noise scale there (None: its scale for both); unset numbers (None) take the pool's defaults.
+        low-noise scale there (None: its scale for both), `lora_start`/`lora_end` (`lora_2_...`) each LoRA's window
+        as /generate's (on both transformers); unset numbers (None) take the pool's defaults.
         Answers the MP4 (H.264, its recipe in the `comment` tag: the bytes POST / answers) and the info, with
         `num_frames`, `fps` and `duration_s`."""
         arguments = dict(locals())

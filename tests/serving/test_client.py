@@ -39,8 +39,11 @@ def test_only_the_named_endpoints_are_public(client):
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
     images = [p["parameter_name"] for p in endpoints["/generate_images"]["parameters"]]
     starting = ["image", "mask", "strength", "images"]
-    # /generate_images takes num_images after /generate's text-to-image arguments, before the image's.
-    assert images == [*names[:-4], "num_images", *names[-4:]]
+    window = ["lora_start", "lora_end", "lora_2_start", "lora_2_end"]
+    # /generate_images takes num_images after /generate's text-to-image arguments, before the image's; each LoRA's
+    # schedule window comes last on every generation endpoint (added later: no positional argument moved).
+    assert images == [*names[:-8], "num_images", *names[-8:]]
+    assert names[-4:] == video_parameters()[-4:] == window
     assert names == [
         "prompt",
         "negative_prompt",
@@ -61,8 +64,11 @@ def test_only_the_named_endpoints_are_public(client):
         "mask",
         "strength",
         "images",
+        *window,
     ]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in endpoints["/generate"]["parameters"]}
+    # No window: the LoRA at its scale on every step, as before.
+    assert [defaults[name] for name in window] == [None] * 4
     # What /generate did before these existed: the model's own scheduler, no CLIP skip.
     assert (defaults["scheduler"], defaults["scheduler_options"], defaults["clip_skip"]) == ("", None, 0)
     # ... and text-to-image, with no image.

@@ -41,7 +41,9 @@ def test_the_endpoints_take_an_image_a_mask_and_a_strength_defaulting_to_what_th
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     for name in ("/generate", "/generate_images", "/compare"):
         parameters = {p["parameter_name"]: p for p in endpoints[name]["parameters"]}
-        assert list(parameters)[-4:-1] == ["image", "mask", "strength"], name  # then `images`
+        # After the text-to-image fields, then `images`, then the LoRA windows (appended last, so a positional
+        # call written before each existed still means what it meant).
+        assert list(parameters)[-8:-5] == ["image", "mask", "strength"], name
         # None of them: text-to-image, as each endpoint made before they existed.
         assert all(parameters[n]["parameter_default"] is None for n in ("image", "mask", "strength")), name
 

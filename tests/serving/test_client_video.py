@@ -60,11 +60,12 @@ def test_the_video_is_the_bytes_post_answers(served):
     client = Client(url, verbose=False)
     path, info = client.predict(
         PROMPT, "", LORA, 0.8, "", 1.0, 2, 4.0, None, None, SEED, "", None, None, 9, 8, 3.0, 0.5, None, "",
-        api_name="/generate_video",
+        0.25, None, None, None, api_name="/generate_video",
     )  # fmt: skip
     sent = backend.requests[-1]
     assert (sent.num_frames, sent.fps, sent.guidance_2) == (9, 8, 3.0)
-    assert [(s.ref, s.scale, s.scale_2) for s in sent.loras] == [(LORA, 0.8, 0.5)]
+    # `lora_start` is the LoRA's window (from a quarter of the steps), as `start` is over HTTP.
+    assert [(s.ref, s.scale, s.scale_2, s.start, s.end) for s in sent.loras] == [(LORA, 0.8, 0.5, 0.25, None)]
     assert (info["num_frames"], info["fps"], info["duration_s"]) == (9, 8, 9 / 8)
     data = Path(path["video"] if isinstance(path, dict) else path).read_bytes()
     body = {
@@ -76,7 +77,7 @@ def test_the_video_is_the_bytes_post_answers(served):
             "num_frames": 9,
             "fps": 8,
             "guidance_scale_2": 3.0,
-            "loras": [{"path": LORA, "scale": 0.8, "scale_2": 0.5}],
+            "loras": [{"path": LORA, "scale": 0.8, "scale_2": 0.5, "start": 0.25}],
         },
     }
     answer = httpx.post(url, json=body, timeout=60)

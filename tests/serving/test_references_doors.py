@@ -107,7 +107,8 @@ def test_the_gradio_api_takes_images_after_strength_and_the_pool_status_says_the
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     for name in ("/generate", "/generate_images", "/compare"):
         parameters = {p["parameter_name"]: p for p in endpoints[name]["parameters"]}
-        assert list(parameters)[-4:] == ["image", "mask", "strength", "images"], name
+        # `images` after `strength`; only the LoRA windows (added after it) follow.
+        assert list(parameters)[-8:-4] == ["image", "mask", "strength", "images"], name
         assert parameters["images"]["parameter_default"] is None, name
     pools = client.predict(api_name="/pool_status")["pools"]
     assert [p["defaults"]["max_reference_images"] for p in pools] == [1]

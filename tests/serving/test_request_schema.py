@@ -73,6 +73,9 @@ def test_the_gradio_api_takes_every_declared_field_by_its_declared_names():
     # kind each endpoint answers, which it sets itself.
     assert [f.name for f in REQUEST_FIELDS if not f.gradio] == ["lora_defaults", "expects"]
     assert [f.name for f in REQUEST_FIELDS if f.video] == ["num_frames", "fps", "guidance_2"]
+    # Then the arguments every generation endpoint takes last (each LoRA's schedule window).
+    declared += [name for f in REQUEST_FIELDS for name in f.gradio_late]
+    assert declared[-4:] == ["lora_start", "lora_end", "lora_2_start", "lora_2_end"]
     own = ("base", "progress")
     found = _api_parameters()
     assert [p for p in found["generate_images"] if p not in own] == declared

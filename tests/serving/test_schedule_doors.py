@@ -1,6 +1,7 @@
 """A LoRA's strength by step through the doors (issue 51): `parameters.loras[i].schedule` and `start`/`end` on
-`POST /`, the cluster wire; the same checked request whichever door or form carried it, the same image bytes over
-HTTP for the long and the short form, and a bad schedule a 400 naming what is accepted."""
+`POST /`, the cluster wire, gradio_client's `lora_start`/`lora_end`; the same checked request whichever door or
+form carried it, the same image bytes over HTTP for the long and the short form (and gradio_client's window), and a
+bad schedule a 400 naming what is accepted."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from engine.requests import LoraSpec
 from serving.cluster.wire import request_from_json, request_to_json
 from serving.http.api import parse_body
 from tests.support.app_server import AppServer
+from tests.support.reliability_app import CLIENT_GENERATE
 
 TIMEOUT = httpx.Timeout(300.0)
 SIZE = {"num_inference_steps": 4, "guidance_scale": 5.0, "width": 64, "height": 64, "seed": 9}
@@ -77,3 +79,17 @@ def test_post_runs_a_schedule_and_its_short_form_to_the_same_bytes(server, fixtu
     refused = post(server, [{"path": peft, "schedule": [[0, 1.0], [0.5, 0.0], [0.25, 1.0]]}])
     assert refused.status_code == 400
     assert "not increasing; accepted: a list of [from, scale] pairs" in refused.json()["error"]
+
+
+def test_gradio_client_runs_a_window_to_the_pixels_post_answers(server, client, fixtures):
+    """`/generate`'s `lora_start`/`lora_end` are `start`/`end` of `parameters.loras[]`: the same pixels."""
+    peft = fixtures["peft"]
+    sent = {"lora": peft, "lora_scale": 2.0, "lora_start": 0.25, "lora_end": 0.75, "steps": 4, "seed": 9}
+    path, _ = client.predict(**(CLIENT_GENERATE | sent), api_name="/generate")
+    answer = post(server, [{"path": peft, "scale": 2.0, "start": 0.25, "end": 0.75}])
+    assert answer.status_code == 200, answer.text[:500]
+    plain = post(server, [{"path": peft, "scale": 2.0}])
+    with Image.open(path) as image, Image.open(io.BytesIO(answer.content)) as posted:
+        assert image.convert("RGB").tobytes() == posted.convert("RGB").tobytes()
+        # The window is in force: outside it the LoRA is off, so the image is not the LoRA's on every step.
+        assert posted.tobytes() != Image.open(io.BytesIO(plain.content)).tobytes()

@@ -17,8 +17,8 @@ from engine.pipeline.stepshare import Ahead
 from engine.requests import GenerateRequest, InputImage, ModelDefaults
 from serving.ui import history, session
 from serving.ui.formatting import result_info
-from serving.ui.gradio_api import StepProgress
 from serving.ui.inputs import mode_html
+from serving.ui.progress import StepProgress
 from serving.ui.video_ui import length_text, on_base, video_request
 from tests.support.video import frames, video_result
 

@@ -25,6 +25,8 @@ BY_FAMILY = {row.family: row for row in FAMILIES}
 # families/test_sd15.py), FLUX.1 Kontext (FLUX.1's namings, checked as edits in families/test_flux_kontext.py) and
 # the Wan families (videos: each naming checked on every frame, and the restore, in families/test_wan*.py).
 NOT_HERE = {Family.SDXL, Family.SD15, Family.FLUX_KONTEXT, Family.WAN, Family.WAN_I2V, Family.WAN22, Family.WAN22_I2V}
+# LTX-2's swaps, on its transformer and its connectors, frames and sound: test_ltx2.py.
+NOT_HERE |= {Family.LTX2}
 
 
 def test_every_tiny_dit_family_has_its_row():
