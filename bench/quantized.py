@@ -1,11 +1,13 @@
 """The quantized-pool benchmark: LoRAs as branches beside fp8 weights against LoRAs fused into bf16, side by side.
 
-    python -m bench.quantized [--family flux|wan] [--storage fp8|int4|gguf-q8_0|gguf-q4_k] [--ranks 16,64]
+    python -m bench.quantized [--family flux|wan|krea2] [--storage fp8|int4|gguf-q8_0|gguf-q4_k] [--ranks 16,64]
         [--repeats N] [--tokens N] [--max-rank N] [--threads N] [--quick]
 
 `--storage gguf-*` runs `bench.quantized_gguf` instead (a GGUF slice, against diffusers' GGUF + PEFT as well).
 `--family wan` measures the same on Wan's 14B video transformer slice (`bench.quantized_slices`: 2 blocks at width
-5120, every block linear adapted; a step of `--tokens` video tokens over 4 latent frames), fp8 or int4.
+5120, every block linear adapted; a step of `--tokens` video tokens over 4 latent frames), fp8 or int4;
+`--family krea2` on Krea 2's (2 blocks at width 6144, every block linear adapted; `--tokens` image tokens and the
+pipeline's 512 text tokens), fp8 or int4.
 
 On a real-width slice of FLUX.1's transformer (`bench.flux_slice`: 2 double and 4 single blocks at width 3072,
 every BFL linear adapted, diffusers' names), built twice from one pool of random values: once in bf16, swapped by
@@ -34,7 +36,7 @@ layers (1.1-1.15x at 1280), 2-3x on its 1-token modulation linears: the step's r
 per 512 rows, and each waits on any descheduled OpenMP worker, where the bf16 matmul is one op per layer.
 
 The default run fits about 15 minutes on 2 loaded cores; --quick is a smoke run (rank 16, 256 tokens). The last
-line is `quantized: family=flux|wan storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= step_vs_diffusers=
+line is `quantized: family=flux|wan|krea2 storage=fp8 swap_ms= swap_vs_fused= step_vs_bf16_fused= step_vs_diffusers=
 branch_rel_err= fused_fp8_rel_err= exact=` at rank 64 (the largest rank measured), swap and step ratios medians of
 turn-by-turn ratios, errors after the slice. `--storage int4` stores the slice as `engine.weights.int4` does
 (groups of 128; `x_embedder`, 64 wide, stays bf16) and measures the same, `fused_fp8_rel_err` then the LoRA fused

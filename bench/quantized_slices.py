@@ -7,6 +7,10 @@ its pool of random values, its LoRA pair written, and a step's inputs made at a 
   (`bench.wan_slice`), every block linear adapted; a step: 4 latent frames of a square latent whose 2x2 patches
   make `tokens` video tokens (1024: 4 x 32 x 32 latents, a 256 x 256 video of 13 frames), and UMT5's 512 text
   tokens (Wan's pipelines always pad the prompt to 512).
+- `krea2`: Krea 2's transformer, 2 blocks at width 6144 (`bench.krea2_slice`), every block linear adapted; a step:
+  `tokens` image tokens on diffusers' own position grid (`Krea2Pipeline.prepare_position_ids`) and 512 text tokens
+  of Qwen3-VL's 12 tapped layers with their mask, as the pipeline pads every prompt to `max_sequence_length`
+  (its template's few suffix tokens left out).
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from diffusers import Krea2Pipeline
 from torch import nn
 
 from bench.flux_slice import build_flux_slice, flux_pool, flux_targets, write_flux_pair
+from bench.krea2_slice import KREA2_SLICE_CONFIG, build_krea2_slice, krea2_pool, krea2_targets, write_krea2_pair
 from bench.ours import LoraPair
 from bench.wan_slice import build_wan_slice, wan_pool, wan_targets, write_wan_pair
 from lora_catalog.entries import Family
@@ -27,6 +33,7 @@ __all__ = ["SLICES", "QuantizedSlice"]
 
 _LATENT_FRAMES = 4
 _WAN_TEXT_TOKENS = 512  # WanPipeline's max_sequence_length: every prompt padded to it
+_KREA2_TEXT_TOKENS = 512  # Krea2Pipeline's max_sequence_length: every prompt padded to it
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,22 @@ def _wan_inputs(tokens: int, dtype: torch.dtype) -> dict[str, object]:
     }
 
 
+def _krea2_inputs(tokens: int, dtype: torch.dtype) -> dict[str, object]:
+    generator = torch.Generator().manual_seed(0)
+    side = int(tokens**0.5)
+    layers, width = 12, 2560  # Krea2Transformer2DModel's defaults: num_text_layers, text_hidden_dim
+    assert "num_text_layers" not in KREA2_SLICE_CONFIG and "text_hidden_dim" not in KREA2_SLICE_CONFIG
+    text = torch.randn(1, _KREA2_TEXT_TOKENS, layers, width, generator=generator)
+    return {
+        "hidden_states": torch.randn(1, side * (tokens // side), 64, generator=generator).to(dtype),
+        "encoder_hidden_states": text.to(dtype),
+        "timestep": torch.tensor([0.5], dtype=dtype),
+        "position_ids": Krea2Pipeline.prepare_position_ids(_KREA2_TEXT_TOKENS, side, tokens // side, "cpu"),
+        "encoder_attention_mask": torch.ones(1, _KREA2_TEXT_TOKENS, dtype=torch.bool),
+        "return_dict": False,
+    }
+
+
 SLICES: dict[str, QuantizedSlice] = {
     "flux": QuantizedSlice(
         "FLUX.1 transformer slice (2 double + 4 single blocks, width 3072)",
@@ -85,5 +108,13 @@ SLICES: dict[str, QuantizedSlice] = {
         build_wan_slice,
         lambda folder, model, rank: write_wan_pair(folder, wan_targets(model), rank=rank, fmt="peft"),
         _wan_inputs,
+    ),
+    "krea2": QuantizedSlice(
+        "Krea 2 transformer slice (2 blocks, width 6144)",
+        Family.KREA2,
+        krea2_pool,
+        build_krea2_slice,
+        lambda folder, model, rank: write_krea2_pair(folder, krea2_targets(model), rank=rank, fmt="peft"),
+        _krea2_inputs,
     ),
 }

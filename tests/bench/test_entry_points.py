@@ -125,6 +125,33 @@ def test_quantized_on_the_wan_slice_ends_with_its_verdict_line_and_refuses_gguf_
     assert done.returncode == 2 and "accepted with --family wan: fp8, int4" in done.stderr, done.stderr[-1000:]
 
 
+@pytest.mark.timeout(2400)
+def test_quantized_on_the_krea2_slice_in_int4_ends_with_its_verdict_line():
+    line = last_line(
+        "bench.quantized",
+        "--family",
+        "krea2",
+        "--storage",
+        "int4",
+        "--quick",
+        "--tokens",
+        "64",
+        "--repeats",
+        "1",
+        "--max-rank",
+        "16",
+        timeout=2300,
+    )
+    found = re.fullmatch(
+        rf"quantized: family=krea2 storage=int4 swap_ms={NUMBER} swap_vs_fused={NUMBER} step_vs_bf16_fused={NUMBER} "
+        rf"step_vs_diffusers=(\S+) branch_rel_err={NUMBER} fused_fp8_rel_err={NUMBER} exact=(true|false)",
+        line,
+    )
+    assert found, line
+    assert all(float(found[i]) > 0 for i in (1, 2, 3, 5, 6)) and found[7] == "true"
+    assert found[4] == "refused" or float(found[4]) > 0
+
+
 @pytest.mark.timeout(600)
 def test_wan_step_runs_the_tiny_wan_step_and_decode_with_both_lines():
     done = subprocess.run(

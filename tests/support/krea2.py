@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from diffusers import Krea2Transformer2DModel
 
+from engine.families.krea2_tiny import TINY_TRANSFORMER
 from serving.demo.synthetic import save_lora
 
 Krea2Format = Literal["peft", "comfy", "aitk", "kohya", "comfy_kohya"]
@@ -132,3 +134,9 @@ def write_krea2_loras(pipe, folder: Path, *, cases=CASES, metadata=None) -> dict
         if case.reference_name != case.file_name and case.alpha is not None:
             save_lora(folder / case.reference_name, lora_file(folded(made, case.alpha), "comfy"), metadata)
     return {case.name: case for case in cases}
+
+
+def transformer_128_wide() -> Krea2Transformer2DModel:
+    """The tiny Krea 2 transformer 128 wide (4 heads of 32) instead of 104, which neither int4's 32-value groups
+    nor GGUF's Q8_0 blocks divide; the rest as the tiny one's (its text stage fits the tiny encoder)."""
+    return Krea2Transformer2DModel(**{**TINY_TRANSFORMER, "attention_head_dim": 32, "axes_dims_rope": (8, 12, 12)})

@@ -30,6 +30,7 @@ from engine.weights.quantized import BranchedLinear, held_branches, stored_bytes
 from families import IDENTITIES, Family
 from serving.demo.synthetic import find_targets, make_lora, save_lora
 from serving.demo.synthetic_lycoris import make_loha
+from tests.support import krea2
 from tests.support.checks import generate
 from tests.support.dit import local_engine, pixels
 from tests.support.gguf import Q, write_gguf
@@ -94,6 +95,7 @@ CASES = {
     "qwen_image-Q8_0": (Family.QWEN_IMAGE, Q.Q8_0, _qwen_64),
     "zimage-Q8_0": (Family.ZIMAGE, Q.Q8_0, _zimage_96),
     "chroma-Q8_0": (Family.CHROMA, Q.Q8_0, None),
+    "krea2-Q8_0": (Family.KREA2, Q.Q8_0, krea2.transformer_128_wide),
 }
 
 

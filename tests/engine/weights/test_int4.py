@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from diffusers import QwenImagePipeline
+from diffusers import Krea2Pipeline, QwenImagePipeline
 from safetensors.torch import save_file
 from torch import nn
 
@@ -35,8 +35,10 @@ from engine.weights.int4 import Int4Linear
 from engine.weights.quantized import BranchedLinear, held_branches, stored_bytes
 from families.chroma import MODEL_ID as CHROMA_MODEL_ID
 from families.flux import MODEL_ID as FLUX_MODEL_ID
+from families.krea2 import MODEL_ID as KREA2_MODEL_ID
 from families.qwen_image import MODEL_ID as QWEN_IMAGE_MODEL_ID
 from serving.demo.synthetic import find_targets, make_lora, save_lora
+from tests.support import krea2
 from tests.support.checks import generate
 from tests.support.dit import local_engine, pixels
 from tests.support.images import assert_images_close, level_difference
@@ -144,11 +146,26 @@ def qwen_image_64_wide(folder: Path, tmp_path: Path) -> Path:
     return tmp_path / "wide"
 
 
+def krea2_128_wide(folder: Path, tmp_path: Path) -> Path:
+    """The tiny Krea 2 with its transformer 128 wide instead of 104, which no int4 group divides: a folder of its
+    own."""
+    pipe: Any = Krea2Pipeline.from_pretrained(str(folder))
+    torch.manual_seed(0)
+    pipe.transformer = krea2.transformer_128_wide()
+    pipe.save_pretrained(str(tmp_path / "wide"))
+    return tmp_path / "wide"
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("model_id", "rebuild"),
-    [(FLUX_MODEL_ID, None), (QWEN_IMAGE_MODEL_ID, qwen_image_64_wide), (CHROMA_MODEL_ID, None)],
-    ids=["flux", "qwen", "chroma"],
+    [
+        (FLUX_MODEL_ID, None),
+        (QWEN_IMAGE_MODEL_ID, qwen_image_64_wide),
+        (CHROMA_MODEL_ID, None),
+        (KREA2_MODEL_ID, krea2_128_wide),
+    ],
+    ids=["flux", "qwen", "chroma", "krea2"],
 )
 def test_each_dit_in_int4_with_a_lora_is_diffusers_unfused_on_torchaos_int4_module(
     model_id, rebuild, base_settings, tmp_path
@@ -167,7 +184,9 @@ def test_each_dit_in_int4_with_a_lora_is_diffusers_unfused_on_torchaos_int4_modu
     assert quantized == packable and len(quantized) > 5
     loras = tmp_path / "loras"
     targets = [t for t in find_targets({spec.denoiser: denoiser}, {spec.denoiser: (".",)}) if not t.is_conv]
-    save_lora(loras / LORA, make_lora(targets, rank=4, seed=3, strength=0.3, dtype=torch.float32))
+    # Its metadata names the family (ModelSpec's architecture): Krea 2's attention names alone are FLUX's too.
+    metadata = {"modelspec.architecture": f"{spec.identity.spellings.architectures[0]}/lora"}
+    save_lora(loras / LORA, make_lora(targets, rank=4, seed=3, strength=0.3, dtype=torch.float32), metadata)
     with local_engine(loaded, settings.replace(local_lora_dir=loras), loras) as engine:
         base = generate(engine, request(spec)).image
         ours = generate(engine, request(spec, LoraSpec(f"local:{LORA}")))
