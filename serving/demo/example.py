@@ -3,16 +3,18 @@
 `serving/demo/example.png` is what `draw_example` draws (`python -m serving.demo.example` writes it again; a test
 holds the two equal). The UI offers it as an example input with `EXAMPLE_PROMPT` at `EXAMPLE_STRENGTH`: a scene
 with plain shapes and a clear horizon, which image-to-image visibly keeps while a prompt and a LoRA restyle it.
-The offline demo's UI also offers an example schedule (`SCHEDULE_LORA` active on a window of the steps).
+The offline demo's UI also offers an example schedule (`schedule_lora()` active on a window of the steps).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PIL import Image, ImageDraw
 
-from serving.demo.loras import DEMO_LORAS
+if TYPE_CHECKING:
+    from serving.demo.loras import DemoLora
 
 __all__ = [
     "EDIT_PROMPT",
@@ -21,12 +23,12 @@ __all__ = [
     "EXAMPLE_SIDE",
     "EXAMPLE_STRENGTH",
     "REFERENCE_IMAGES",
-    "SCHEDULE_LORA",
-    "SCHEDULE_PROMPT",
     "SCHEDULE_SCALE",
     "SCHEDULE_WINDOW",
     "draw_example",
     "draw_reference",
+    "schedule_lora",
+    "schedule_prompt",
 ]
 
 EXAMPLE_IMAGE = Path(__file__).with_name("example.png")
@@ -40,10 +42,23 @@ REFERENCE_IMAGES = tuple(EXAMPLE_IMAGE.with_name(f"reference-{n}.png") for n in 
 EDIT_PROMPT = "collage ink, the lake of image 1 in the colours of image 2, with the pattern of image 3"
 # The example schedule (issue 51): a LoRA of the default demo pool at its scale on the first half of the steps and
 # at 0 after (Forge's `<lora:name:1:start=0:end=0.5>`): the LoRA sets the picture's layout, the base finishes it.
-SCHEDULE_LORA = next(lora for lora in DEMO_LORAS if lora.stem == "pixel_drift")
-SCHEDULE_PROMPT = f"{SCHEDULE_LORA.trigger}, a fox in a forest at sunset"
 SCHEDULE_SCALE = 1.0
 SCHEDULE_WINDOW = (0.0, 0.5)
+
+
+def schedule_lora() -> DemoLora:
+    """The example schedule's LoRA: Pixel Drift, of the default demo pool."""
+    # Imported when asked, not with this module: the demo's LoRA tables live beside their makers (torch), and
+    # `import app` (which imports this module through the UI) loads no torch (tests/serving/test_start.py).
+    from serving.demo.loras import DEMO_LORAS
+
+    return next(lora for lora in DEMO_LORAS if lora.stem == "pixel_drift")
+
+
+def schedule_prompt() -> str:
+    """The example schedule's prompt, led by its LoRA's trigger."""
+    return f"{schedule_lora().trigger}, a fox in a forest at sunset"
+
 
 _SKY_TOP, _SKY_BOTTOM = (42, 56, 120), (250, 170, 110)
 _HORIZON = 0.62

@@ -11,7 +11,7 @@ import gradio as gr
 
 from engine.requests import MAX_IMAGES
 from lora_catalog.hub import SORTS
-from serving.demo.example import SCHEDULE_LORA, SCHEDULE_PROMPT, SCHEDULE_SCALE, SCHEDULE_WINDOW
+from serving.demo.example import SCHEDULE_SCALE, SCHEDULE_WINDOW, schedule_lora, schedule_prompt
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
 from serving.ui import references as refs
@@ -259,10 +259,11 @@ def _first_slot(two_stage: bool, example: gr.Textbox | None) -> LoraSlot:
 def schedule_example(prompt: gr.Textbox, slot: LoraSlot) -> None:
     """The offline demo's example schedule (its default pool's tiny model: the LoRA is one of the demo's), which
     fills the prompt and LoRA 1 with its scale and "active from … to …" range."""
+    lora = schedule_lora()
     gr.Examples(
-        [[SCHEDULE_PROMPT, SCHEDULE_LORA.ref, SCHEDULE_SCALE, *SCHEDULE_WINDOW]],
+        [[schedule_prompt(), lora.ref, SCHEDULE_SCALE, *SCHEDULE_WINDOW]],
         [prompt, slot.ref, slot.scale, slot.start, slot.end],
-        label=f"Example schedule: {SCHEDULE_LORA.title} on the first half of the steps only",
+        label=f"Example schedule: {lora.title} on the first half of the steps only",
         cache_examples=False,
         api_visibility="private",
         elem_id="schedule-examples",

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from PIL import Image
 
-from serving.demo.example import EXAMPLE_IMAGE, SCHEDULE_LORA, SCHEDULE_PROMPT
+from serving.demo.example import EXAMPLE_IMAGE, schedule_lora, schedule_prompt
 from serving.demo.later_loras import EDIT_LORA, VIDEO_LORA
 from serving.recipes import parse_recipe, read_recipe
 from tests.support.app_server import AppServer, serve_app
@@ -126,12 +126,12 @@ def scheduled_lora(page) -> None:
     tag as Forge proposes it, and the share link carries it."""
     from playwright.sync_api import expect
 
-    page.locator("#schedule-examples").get_by_text(SCHEDULE_PROMPT).click()
-    expect(page.locator("#lora-1 textarea, #lora-1 input").first).to_have_value(SCHEDULE_LORA.ref, timeout=WAIT_MS)
+    page.locator("#schedule-examples").get_by_text(schedule_prompt()).click()
+    expect(page.locator("#lora-1 textarea, #lora-1 input").first).to_have_value(schedule_lora().ref, timeout=WAIT_MS)
     expect(page.locator("#lora-1-end input")).to_have_value("0.5", timeout=WAIT_MS)
     few_steps(page, 4)
     page.locator("#generate").click()
-    page.locator("#result-info", has_text=SCHEDULE_LORA.ref).wait_for(timeout=WAIT_MS)
+    page.locator("#result-info", has_text=schedule_lora().ref).wait_for(timeout=WAIT_MS)
     expect(page.locator("#share-link textarea")).to_have_value(re.compile(r"lora_end=0\.5"), timeout=WAIT_MS)
     source = page.locator("#result img").first.get_attribute("src")
     assert source is not None
@@ -140,6 +140,6 @@ def scheduled_lora(page) -> None:
     with Image.open(io.BytesIO(response.body())) as shown:
         recipe = read_recipe(shown) or ""
     # A local file's tag names it after "~" (`serving.recipes`); read back, the tag is the request's window.
-    assert f"<lora:~{SCHEDULE_LORA.file_name}:1:start=0:end=0.5>" in recipe, recipe
+    assert f"<lora:~{schedule_lora().file_name}:1:start=0:end=0.5>" in recipe, recipe
     (spec,) = parse_recipe(recipe).request.loras
-    assert (spec.ref, spec.scale, spec.start, spec.end) == (SCHEDULE_LORA.ref, 1.0, 0.0, 0.5)
+    assert (spec.ref, spec.scale, spec.start, spec.end) == (schedule_lora().ref, 1.0, 0.0, 0.5)
