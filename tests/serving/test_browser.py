@@ -6,6 +6,7 @@ Screenshots are kept under artifacts/screenshots/ for people to look at.
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 
@@ -169,7 +170,14 @@ WATCH_SRCS = """() => {
 
 
 def test_the_preview_shows_the_image_forming_before_the_final_one(page, loaded, base_settings, hub, fixtures):
-    with serve_fixture_app(loaded, base_settings, hub, fixtures, backend=SlowSteps) as served:
+    # The run holds after steps 4 and 8 until the page has shown one preview, then a second: a busy browser can take
+    # several previews in one update and paint only the last (CI at load ~6 saw one preview, then the image).
+    first, second = threading.Event(), threading.Event()
+
+    def backend(engine):
+        return SlowSteps(engine, holds={4: first, 8: second})
+
+    with serve_fixture_app(loaded, base_settings, hub, fixtures, backend=backend) as served:
         page.goto(served.url)
         tile(page, "peft").wait_for(timeout=WAIT_MS)
         tile(page, "peft").click()
@@ -181,7 +189,10 @@ def test_the_preview_shows_the_image_forming_before_the_final_one(page, loaded, 
         watch_texts(page, "#result-info")
         page.locator("#generate").click()
         wait_shown(page, "#result-info", "Preview after step")
-        page.wait_for_function("window.__srcs.length >= 2", timeout=WAIT_MS)
+        page.wait_for_function("window.__srcs.length >= 1", timeout=WAIT_MS)
+        first.set()
+        page.wait_for_function("new Set(window.__srcs).size >= 2", timeout=WAIT_MS)
+        second.set()
         page.locator("#request-column").screenshot(path=str(SHOTS / "preview.png"))
         page.locator("#result-info table.timing").wait_for(timeout=WAIT_MS)
         final = page.locator("#result img").get_attribute("src")

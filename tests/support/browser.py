@@ -11,7 +11,7 @@ import io
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -138,13 +138,19 @@ def editor_row_white(page, elem_id: str = "input-image") -> bool:
 
 class SlowSteps:
     """The app's backend with every denoising step slowed, so a browser can watch the previews arrive; with `hold`,
-    a run stops after reporting step `hold_at` until the test sets `hold`, so that what the page shows mid-run
-    stays until the test has seen it (a busy browser can take a whole short run's updates in one go, and never
-    show its progress)."""
+    a run stops after reporting step `hold_at` until the test sets `hold` (and after each step of `holds` until
+    its event is set), so that what the page shows mid-run stays until the test has seen it (a busy browser can
+    take a whole short run's updates in one go, and never show its progress)."""
 
     def __new__(
-        cls, engine: object, delay_s: float = 0.6, hold: threading.Event | None = None, hold_at: int = 0
+        cls,
+        engine: object,
+        delay_s: float = 0.6,
+        hold: threading.Event | None = None,
+        hold_at: int = 0,
+        holds: Mapping[int, threading.Event] | None = None,
     ) -> object:
+        waits = {**(holds or {}), **({hold_at: hold} if hold is not None else {})}
         from serving.backends.local import LocalBackend
 
         class Slow(LocalBackend):
@@ -153,8 +159,8 @@ class SlowSteps:
                     time.sleep(delay_s)
                     if progress is not None:
                         progress(step, total)
-                    if hold is not None and step == hold_at:
-                        hold.wait(WAIT_MS / 1000)
+                    if step in waits:
+                        waits[step].wait(WAIT_MS / 1000)
 
                 return await super().generate(request, progress=slowed, **kwargs)
 
