@@ -81,19 +81,24 @@ class GrowingBackend:
     @property
     def served(self) -> Pools:
         """The pools serving now (start-up wiring and the metrics watch their engines)."""
-        return self._backend.served
+        with self._lock:
+            return self._backend.served
 
     @property
     def loading(self) -> tuple[str, ...]:
         """The bases still loading."""
-        return tuple(self._loading)
+        with self._lock:
+            return tuple(self._loading)
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
         """Wait until no pool is loading any more; False if some still are after `timeout`."""
         return self._settled.wait(timeout)
 
     def pools(self) -> tuple[ServedPool, ...]:
-        return (*self._backend.pools(), *self._loading.values())
+        # Under the lock: a pool that joins (`add`) leaves `_loading` as the backend that serves it comes in, and a
+        # read between the two would list it twice or not at all (handlers read this from worker threads too).
+        with self._lock:
+            return (*self._backend.pools(), *self._loading.values())
 
     def subscribe(self, observer: EngineObserver) -> None:
         with self._lock:
@@ -139,8 +144,8 @@ class GrowingBackend:
         progress: Progress | None = None,
         preview: Preview | None = None,
     ) -> GenerateResult:
-        self._refuse_loading(request.loras, base)
-        return await self._backend.generate(request, base=base, on_queue=on_queue, progress=progress, preview=preview)
+        backend = self._refuse_loading(request.loras, base)
+        return await backend.generate(request, base=base, on_queue=on_queue, progress=progress, preview=preview)
 
     async def compare(
         self,
@@ -150,19 +155,19 @@ class GrowingBackend:
         on_queue: OnQueue | None = None,
         progress: CellProgress | None = None,
     ) -> CompareResult:
-        self._refuse_loading(request.loras if isinstance(request.loras, tuple | list) else (), base)
-        return await self._backend.compare(request, base=base, on_queue=on_queue, progress=progress)
+        backend = self._refuse_loading(request.loras if isinstance(request.loras, tuple | list) else (), base)
+        return await backend.compare(request, base=base, on_queue=on_queue, progress=progress)
 
     async def check(self, spec: LoraSpec) -> LoraCheck:
-        self._refuse_loading((spec,), "")
-        return await self._backend.check(spec)
+        return await self._refuse_loading((spec,), "").check(spec)
 
     async def prefetch(self, spec: LoraSpec) -> None:
-        self._refuse_loading((spec,), "")
-        await self._backend.prefetch(spec)
+        await self._refuse_loading((spec,), "").prefetch(spec)
 
     async def status(self) -> tuple[PoolStatus, ...]:
-        return await self._backend.status()
+        with self._lock:
+            backend = self._backend
+        return await backend.status()
 
     def close(self) -> None:
         with self._lock:
@@ -172,11 +177,13 @@ class GrowingBackend:
                 retired.close(pools=False)
             self._backend.close()
 
-    def _refuse_loading(self, loras: Iterable[object], base: str) -> None:
-        """PoolLoadingError when the request goes to a pool still loading: its named base, or a LoRA it brings."""
-        loading = dict(self._loading)
+    def _refuse_loading(self, loras: Iterable[object], base: str) -> LocalBackend:
+        """PoolLoadingError when the request goes to a pool still loading: its named base, or a LoRA it brings;
+        else the backend serving now, which runs it (read with `_loading`, under the lock, as `add` swaps both)."""
+        with self._lock:
+            loading, backend = dict(self._loading), self._backend
         if not loading:
-            return
+            return backend
         named = base.strip().lower()
         wanted = {self._refs.get(str(getattr(spec, "ref", "")).strip().lower()) for spec in loras}
         for pool in loading.values():
@@ -185,6 +192,7 @@ class GrowingBackend:
                     f"the {pool.family} pool {pool.base_model_id} is still loading (the offline demo loads it in "
                     f"the background once the page is up); accepted: the same request again in "
                     f"{self._retry_after_s} s, or now on a pool that serves: "
-                    f"{', '.join(p.base_model_id for p in self._backend.pools())}",
+                    f"{', '.join(p.base_model_id for p in backend.pools())}",
                     retry_after_s=self._retry_after_s,
                 )
+        return backend

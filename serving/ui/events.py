@@ -13,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from engine.requests import GenerateResult
+from engine.requests import GenerateRequest, GenerateResult
 from serving.errors import user_errors
 from serving.handlers import Handlers
 from serving.streaming import Frame
@@ -75,13 +75,17 @@ def wire_generation(
         api_visibility=PRIVATE,
         show_progress_on=[result.image, result.video],
         # The reference slots by name (as many as the app made: `slot_name`), after the form.
-        inputs_kwargs=_slots(request) | windows,
+        inputs_kwargs=_slots(request) | windows | {CLIP: request.video.reference},
     )
     # Gradio cancels the event's task: the stream closes, which takes the request out of the queue or stops its
     # run at the next step (the engine's cancel), as a browser that went away does.
     request.cancel.click(None, None, None, cancels=[generating], api_visibility=PRIVATE, queue=False)
     slots = [(slot.scale, slot.low, slot.low_moved) for slot in (request.first, request.second)]
     video_ui.wire_video(handlers, base, request.video, (result.video, result.image), pending, slots)
+
+
+# The IC-LoRA reference video's slot, handed to the Generate event by name (`video_ui.video_request` reads it).
+CLIP = "reference_video"
 
 
 def _slots(request: RequestPanel) -> dict[str, Any]:
@@ -130,11 +134,11 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
     ) -> AsyncIterator[tuple[Any, ...]]:
         values: tuple[Any, ...] = (prompt, negative, ref, revision, weight, scale, ref_2, revision_2, weight_2)
         values += (scale_2, size, steps, guidance, sampler, clip_skip, num_images, recommended, seed, randomize)
+        video = (browsed, num_frames, fps, ((ref, low), (ref_2, low_2)), references.pop(CLIP, None))
         form = _form((*values, source, strength, browsed, kept), references, (low, low_2))
         with user_errors():
             # In a thread: the input image is read and decoded here, while the event loop serves other clients.
-            built = await asyncio.to_thread(history_ui.request_of, form, handlers.settings.max_input_pixels)
-            built = video_ui.video_request(handlers, built, browsed, num_frames, fps, ((ref, low), (ref_2, low_2)))
+            built = await asyncio.to_thread(_request, handlers, form, video)
         # An async generator: it yields previews as the engine denoises, and ticks while it waits so that Gradio,
         # which checks the client after each yield, closes it when the browser went away (which cancels the
         # generation, queued or running). Without a LoRA the browsed base's pool generates; a LoRA runs on the
@@ -153,6 +157,14 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
                 yield await _shown(handlers, form, item, page)
 
     return generate_ui
+
+
+def _request(handlers: Handlers, form: dict[str, Any], video: tuple[Any, ...]) -> GenerateRequest:
+    """The form's request (its images read and decoded), with what a video pool reads beside it (`video`:
+    `video_ui.video_request`'s browsed base, frames, rate, low-noise scales and reference video, read as far as its
+    header)."""
+    built = history_ui.request_of(form, handlers.settings.max_input_pixels)
+    return video_ui.video_request(handlers, built, *video)
 
 
 def _form(values: tuple[Any, ...], named: dict[str, Any], lows: tuple[float, float]) -> dict[str, Any]:

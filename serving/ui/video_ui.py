@@ -1,6 +1,7 @@
 """The UI's video pieces: frames and fps beside the size (shown for a video pool, with the clip's length in
 seconds at that rate), a `gr.Video` result in place of the image, each LoRA's "Low-noise scale" (shown for a
-two-stage pool: Wan 2.2 A14B's `LoraSpec.scale_2`), and the switch between them when the base changes. A
+two-stage pool: Wan 2.2 A14B's `LoraSpec.scale_2`), an IC-LoRA's reference video (shown for a pool with an
+in-context pipeline: LTX-2's), and the switch between them when the base changes. A
 "Low-noise scale" follows its LoRA's scale until the user moves it (the docs' "without it, `scale` applies to
 both": the request then carries one scale), and keeps what a share link or a history entry set where that differs
 from the scale.
@@ -22,12 +23,15 @@ from gradio import processing_utils
 from gradio import utils as gradio_utils
 
 from engine.requests import FPS_RANGE, GenerateRequest, GenerateResult, ModelDefaults
+from engine.video_input import EncodedVideo
 from serving.handlers import Handlers
 from serving.ui import pool_views
+from serving.ui.api_requests import read_video
 from serving.video import video_file
 
 __all__ = [
     "VideoControls",
+    "clip_of",
     "follow_scale",
     "length_text",
     "low_noise",
@@ -54,6 +58,8 @@ class VideoControls:
     frames: gr.Slider
     fps: gr.Slider
     length: gr.Markdown
+    # An IC-LoRA's reference video (`GenerateRequest.reference_video`), an upload shown where the pool takes one.
+    reference: gr.Video
 
 
 def length_text(frames: float | None, fps: float | None) -> str:
@@ -77,7 +83,14 @@ def video_controls(defaults: ModelDefaults) -> VideoControls:
     length = gr.Markdown(
         length_text(frames.value, fps.value) if defaults.video else "", visible=defaults.video, elem_id="video-length"
     )
-    return VideoControls(row, frames, fps, length)
+    reference = gr.Video(
+        label="Reference video (IC-LoRA)",
+        sources=["upload"],
+        format=None,  # as uploaded: its header is checked before anything decodes it (`engine.video_input`)
+        visible=defaults.reference_video,
+        elem_id="reference-video",
+    )
+    return VideoControls(row, frames, fps, length, reference)
 
 
 def low_noise_control(slot: int, two_stage: bool) -> gr.Slider:
@@ -116,10 +129,11 @@ def low_noise_shown(handlers: Handlers, base: str) -> tuple[Any, Any]:
 def on_base(handlers: Handlers, base: str, waiting: object = None) -> tuple[Any, ...]:
     """A new base: the video controls and result shown for a video pool (the image result hidden), with its
     frames and rate, or those a history entry or share link that chose this base left `waiting`
-    (`serving.ui.history`); an image pool the other way round. Nothing changes for a base no pool serves."""
+    (`serving.ui.history`); an image pool the other way round; the reference video's slot shown for a pool that
+    takes one. Nothing changes for a base no pool serves."""
     pool = pool_views.pool_for_base(handlers.pools, base) if base else None
     if pool is None:
-        return (gr.skip(),) * 6
+        return (gr.skip(),) * 7
     defaults = pool.defaults
     video = defaults.video
     frames = _frames_control(defaults)
@@ -135,6 +149,7 @@ def on_base(handlers: Handlers, base: str, waiting: object = None) -> tuple[Any,
         gr.Markdown(length_text(frames["value"], fps) if video else "", visible=video),
         gr.Video(visible=video),
         gr.Image(visible=not video),
+        gr.Video(visible=defaults.reference_video),
     )
 
 
@@ -157,7 +172,7 @@ def wire_video(
         return low_noise_shown(handlers, browsed)
 
     options: dict[str, Any] = {"api_visibility": "private", "queue": False}
-    shown = [controls.row, controls.frames, controls.fps, controls.length, *outputs]
+    shown = [controls.row, controls.frames, controls.fps, controls.length, *outputs, controls.reference]
     base.change(switch, [base, pending], shown, **options)
     base.change(switch_lows, base, [low for _, low, _ in slots], **options)
     for scale, low, moved in slots:
@@ -176,16 +191,26 @@ def video_request(
     frames: float,
     fps: float,
     lows: Sequence[tuple[str | None, float | None]] = (),
+    clip: object = None,
 ) -> GenerateRequest:
     """`request` with the form's frames and rate when the browsed base's pool makes videos (an image pool's
-    request is left as it is: it takes neither), and with the LoRAs' low-noise scales (`lows`: each slot's
-    reference and scale, as `low_noise` takes them) when that pool has two stages."""
+    request is left as it is: it takes neither), with the LoRAs' low-noise scales (`lows`: each slot's
+    reference and scale, as `low_noise` takes them) when that pool has two stages, and with the uploaded reference
+    video (`clip`, its path) when that pool takes one: read as far as its header, as `/generate_video` reads it.
+    A hidden slot's upload (left from a pool that took one) is not the request's."""
     pool = pool_views.pool_for_base(handlers.pools, browsed) if browsed else handlers.default
     if pool is None or not pool.defaults.video:
         return request
     if pool.defaults.two_stage and lows:
         request = low_noise(request, lows)
-    return dataclasses.replace(request, num_frames=frames, fps=fps)
+    reference = clip_of(handlers, clip) if pool.defaults.reference_video else None
+    return dataclasses.replace(request, num_frames=frames, fps=fps, reference_video=reference)
+
+
+def clip_of(handlers: Handlers, clip: object) -> EncodedVideo | None:
+    """The reference video slot's upload (a path; None: none) read as far as its header (`read_video`)."""
+    settings = handlers.settings
+    return read_video(clip, "reference video", settings.max_input_pixels, settings.max_video_frames)
 
 
 def low_noise(request: GenerateRequest, slots: Sequence[tuple[str | None, float | None]]) -> GenerateRequest:

@@ -1,7 +1,9 @@
 """The UI's video pieces without a browser: a video pool's base shows Frames and FPS (with the clip's length) and
 a video result in the image's place, an image pool the other way round; the form's frames and rate reach only a
 video pool's request; the progress line says the time left at the steps' pace; a video result's line and info
-read text- or image-to-video (from the result), and its history entry and share link keep its frames and rate."""
+read text- or image-to-video (from the result), and its history entry and share link keep its frames and rate; an
+in-context pool (LTX-2's IC-LoRAs) shows the reference video's slot, whose upload its request carries as
+`/generate_video`'s `video` does (an upload left in the hidden slot reaches no other pool)."""
 
 from __future__ import annotations
 
@@ -12,23 +14,29 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+from engine.errors import InvalidRequestError
 from engine.outcomes import ServedPool
 from engine.pipeline.stepshare import Ahead
 from engine.requests import GenerateRequest, InputImage, ModelDefaults
 from serving.ui import history, session
+from serving.ui.api_requests import read_video
 from serving.ui.formatting import result_info
 from serving.ui.inputs import mode_html
 from serving.ui.progress import StepProgress
 from serving.ui.video_ui import length_text, on_base, video_request
+from tests.support.reference_video import reference_mp4
 from tests.support.video import frames, video_result
 
 VIDEO = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128, video=True, num_frames=9, fps=8, max_frames=17)
 IMAGE = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128)
+IN_CONTEXT = dataclasses.replace(VIDEO, reference_video=True)
 POOLS = (
     ServedPool("owner/image-base", "owner/image-base", "sdxl", IMAGE, True),
     ServedPool("owner/video-base", "owner/video-base", "video", VIDEO, False),
+    ServedPool("owner/ltx-base", "owner/ltx-base", "ltx2", IN_CONTEXT, False),
 )
-HANDLERS = SimpleNamespace(pools=POOLS, default=POOLS[0])
+LIMITS = SimpleNamespace(max_input_pixels=4096, max_video_frames=17)
+HANDLERS = SimpleNamespace(pools=POOLS, default=POOLS[0], settings=LIMITS)
 
 
 def test_the_length_is_frames_over_fps():
@@ -37,16 +45,17 @@ def test_the_length_is_frames_over_fps():
 
 
 def test_a_video_base_shows_its_frames_fps_and_a_video_result():
-    row, frames, fps, length, video, image = on_base(HANDLERS, "owner/video-base")  # type: ignore[arg-type]
+    row, frames, fps, length, video, image, clip = on_base(HANDLERS, "owner/video-base")  # type: ignore[arg-type]
     assert row.visible is True and video.visible is True and image.visible is False
+    assert clip.visible is False, "Wan's pipelines take no reference video"
     assert (frames.minimum, frames.maximum, frames.step, frames.value) == (5, 17, 4, 9)
     assert fps.value == 8
     assert length.value == "9 frames: 1.1 s at 8 fps"
 
 
 def test_an_image_base_hides_them_again():
-    row, _, _, length, video, image = on_base(HANDLERS, "owner/image-base")  # type: ignore[arg-type]
-    assert row.visible is False and video.visible is False and image.visible is True
+    row, _, _, length, video, image, clip = on_base(HANDLERS, "owner/image-base")  # type: ignore[arg-type]
+    assert row.visible is False and video.visible is False and image.visible is True and clip.visible is False
     assert length.value == ""
 
 
@@ -55,6 +64,31 @@ def test_the_forms_frames_and_fps_reach_only_a_video_pools_request():
     on_video = video_request(HANDLERS, request, "owner/video-base", 13, 12)  # type: ignore[arg-type]
     assert (on_video.num_frames, on_video.fps) == (13, 12)
     assert video_request(HANDLERS, request, "owner/image-base", 13, 12) is request  # type: ignore[arg-type]
+
+
+def test_an_in_context_base_shows_the_reference_videos_slot():
+    row, *_, video, _, clip = on_base(HANDLERS, "owner/ltx-base")  # type: ignore[arg-type]
+    assert row.visible is True and video.visible is True and clip.visible is True
+
+
+def test_the_slots_upload_is_the_requests_reference_video_as_generate_video_reads_it(tmp_path):
+    clip = tmp_path / "reference.mp4"
+    clip.write_bytes(reference_mp4(frames=9, side=64))
+    request = GenerateRequest(prompt="a fox")
+    sent = video_request(HANDLERS, request, "owner/ltx-base", 9, 24, (), str(clip))  # type: ignore[arg-type]
+    # The same reading as /generate_video's `video` (one reader): its bytes and header, nothing decoded.
+    assert sent.reference_video == read_video(str(clip), "video", 4096, 17)
+    assert (sent.reference_video.frames, sent.reference_video.width) == (9, 64)  # type: ignore[union-attr]
+    # A slot left filled when the base changed is hidden: no other pool's request carries it.
+    assert video_request(HANDLERS, request, "owner/video-base", 9, 24, (), str(clip)).reference_video is None  # type: ignore[arg-type]
+    assert video_request(HANDLERS, request, "owner/image-base", 9, 24, (), str(clip)) is request  # type: ignore[arg-type]
+
+
+def test_a_bad_upload_in_the_slot_is_refused_by_name_before_anything_runs(tmp_path):
+    clip = tmp_path / "reference.mp4"
+    clip.write_bytes(reference_mp4(frames=25, side=32))
+    with pytest.raises(InvalidRequestError, match=r"reference video is too long: 25 frames.*accepted: an MP4 video"):
+        video_request(HANDLERS, GenerateRequest(prompt="a fox"), "owner/ltx-base", 9, 24, (), str(clip))  # type: ignore[arg-type]
 
 
 class _Clock:
@@ -169,7 +203,7 @@ def test_history_and_share_links_of_a_video_keep_its_frames_and_fps(name):
     assert (filled["num_frames"], filled["fps"]) == (len(result.frames), result.fps)
     # ...and the base filter's switch to that pool keeps them rather than its defaults.
     waiting = {"base": "owner/video-base", "video": [filled["num_frames"], filled["fps"]]}
-    _, shown_frames, shown_fps, length, _, _ = on_base(HANDLERS, "owner/video-base", waiting)  # type: ignore[arg-type]
+    _, shown_frames, shown_fps, length, _, _, _ = on_base(HANDLERS, "owner/video-base", waiting)  # type: ignore[arg-type]
     assert (shown_frames.value, shown_fps.value) == (len(result.frames), result.fps)
     assert length.value == length_text(len(result.frames), result.fps)
     # An image pool's form has no frames to fill; frames off the pool's 4k+1 rule are left as the form has them.
