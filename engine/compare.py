@@ -22,6 +22,7 @@ from engine.errors import InvalidRequestError, LimitExceededError
 from engine.images import RequestImage
 from engine.normalise import normalise_request
 from engine.requests import GenerateRequest, GenerateResult, Limits, LoraSpec, ModelDefaults
+from engine.schedules import strength_text
 
 if TYPE_CHECKING:  # the engine module brings torch; `import app` must stay light
     from engine.pools.engine import Engine, PreparedRequest
@@ -183,15 +184,10 @@ def _cell_specs(loras: tuple[LoraSpec, ...], scales: tuple[float, ...]) -> list[
 
 
 def label_of(spec: LoraSpec) -> str:
-    """A cell's label: the LoRA's short name and scale (`pixel-art-xl (0.5)`; ASCII, so any font draws it), or its
-    schedule (`sda (1 from 0 to 0.25)`, `ramp (0@0.4 0.5@0.9)`: each segment's from@scale)."""
+    """A cell's label: the LoRA's short name and its strength (`engine.schedules.strength_text`): `pixel-art-xl
+    (0.5)`, `sda (1 from 0 to 0.25)` for a window, `ramp (0@0.4 0.5@0.9)` for a schedule (each segment's from@scale)."""
     name = PurePosixPath(spec.ref.removeprefix("local:")).name.removesuffix(".safetensors") or spec.ref
-    scale = spec.scale if isinstance(spec.scale, int | float) else float("nan")
-    if spec.start is not None or spec.end is not None:
-        return f"{name} ({scale:g} from {spec.start or 0:g} to {1 if spec.end is None else spec.end:g})"
-    if spec.schedule and all(isinstance(x, int | float) for pair in spec.schedule for x in pair):
-        return f"{name} (" + " ".join(f"{f:g}@{value:g}" for f, value in spec.schedule) + ")"
-    return f"{name} ({scale:g})"
+    return f"{name} ({strength_text(spec)})"
 
 
 def _describe_count(specs: Sequence[object], base: bool) -> str:

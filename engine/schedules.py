@@ -19,7 +19,17 @@ from typing import TypeVar
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.requests import SCALE_RANGE, LoraSpec
 
-__all__ = ["Schedule", "check_schedule", "check_window", "checked_spec", "from_window", "scale_at", "scales_at"]
+__all__ = [
+    "Schedule",
+    "check_schedule",
+    "check_window",
+    "checked_spec",
+    "from_window",
+    "scale_at",
+    "scales_at",
+    "strength_text",
+    "window_of",
+]
 
 A = TypeVar("A")
 
@@ -96,6 +106,37 @@ def from_window(scale: float, start: float, end: float) -> Schedule:
     if end < 1:
         segments.append((end, 0.0))
     return _merged(tuple(segments))
+
+
+def window_of(schedule: Schedule) -> tuple[float, float, float] | None:
+    """`schedule` as the short form's (scale, start, end) when it is one (a scale on [start, end), 0 elsewhere, as
+    `from_window` makes it); None for any other schedule."""
+    on = [i for i, (_, value) in enumerate(schedule) if value != 0]
+    if len(on) != 1:
+        return None
+    start, scale = schedule[on[0]]
+    end = schedule[on[0] + 1][0] if on[0] + 1 < len(schedule) else 1.0
+    return (scale, start, end) if from_window(scale, start, end) == schedule else None
+
+
+def strength_text(spec: LoraSpec) -> str:
+    """A LoRA's strength as the UI shows it (a comparison cell's caption, a result's info), the same before and after
+    the check: its scale (`0.8`), its window (`0.8 from 0 to 0.5`: the scale on those steps, 0 elsewhere), or its
+    schedule's segments (`0@0.4 0.5@0.9`: each from@scale). ASCII, so any font draws it (the grid's labels)."""
+    if spec.start is not None or spec.end is not None:
+        return f"{_g(spec.scale)} from {_g(spec.start or 0)} to {_g(1 if spec.end is None else spec.end)}"
+    # An unchecked schedule (a comparison labels its cells before they are checked) is shown only when well-formed.
+    if not all(isinstance(pair, tuple | list) and len(pair) == 2 and all(map(_finite, pair)) for pair in spec.schedule):
+        return _g(spec.scale)
+    schedule = tuple((float(start), float(value)) for start, value in spec.schedule)
+    if (window := window_of(schedule)) is not None:
+        return "{:g} from {:g} to {:g}".format(*window)
+    return " ".join(f"{start:g}@{value:g}" for start, value in schedule) or _g(spec.scale)
+
+
+def _g(value: object) -> str:
+    """A number as `:g` writes it; anything else (a value the check will refuse by name) as Python writes it."""
+    return f"{value:g}" if _finite(value) else repr(value)
 
 
 def check_schedule(where: str, value: object, limit: int, scale_range: tuple[float, float]) -> Schedule:

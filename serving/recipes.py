@@ -22,7 +22,7 @@ from PIL import Image, PngImagePlugin
 
 from engine.requests import GenerateRequest, GenerateResult, InputImage, LoraSpec
 from engine.samplers import find_sampler
-from engine.schedules import from_window
+from engine.schedules import window_of
 from lora_catalog.pairs import SEPARATOR as PAIR_SEPARATOR
 
 if TYPE_CHECKING:
@@ -246,12 +246,9 @@ def _weight(use: AdapterUse, spec: LoraSpec | None) -> str:
     schedule = spec.schedule if spec is not None else ()
     if not schedule:
         return f"{use.scale:g}"
-    on = [i for i, (_, value) in enumerate(schedule) if value != 0]
-    if len(on) == 1:
-        start, scale = schedule[on[0]]
-        end = schedule[on[0] + 1][0] if on[0] + 1 < len(schedule) else 1.0
-        if from_window(scale, start, end) == schedule:
-            return f"{scale:g}:start={start:g}" + (f":end={end:g}" if end < 1 else "")
+    if (window := window_of(schedule)) is not None:
+        scale, start, end = window
+        return f"{scale:g}:start={start:g}" + (f":end={end:g}" if end < 1 else "")
     return f"{use.scale:g}:schedule=" + ";".join(f"{f:g}@{value:g}" for f, value in schedule)
 
 

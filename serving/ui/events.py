@@ -202,6 +202,8 @@ def wire_compare(handlers: Handlers, request: RequestPanel, comparison: CompareP
             request.negative,
             comparison.loras,
             comparison.scales,
+            comparison.starts,
+            comparison.ends,
             comparison.include_base,
             request.size,
             request.steps,
@@ -231,6 +233,8 @@ def _compare_ui(handlers: Handlers) -> Callable[..., Any]:
         negative: str,
         loras: str,
         scales: str,
+        starts: str,
+        ends: str,
         include_base: bool,
         size: str,
         steps: float,
@@ -262,6 +266,9 @@ def _compare_ui(handlers: Handlers) -> Callable[..., Any]:
                 sampler,
                 int(clip_skip or 1) - 1,
                 starting,
+                # Each LoRA's window, read as /compare's `starts`/`ends` are (one parser, one message).
+                starts,
+                ends,
             )
         done = await compare(handlers, built, progress)
         result = done.result

@@ -13,6 +13,7 @@ from PIL import Image, ImageDraw
 
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateResult, LoraSpec, ModelDefaults
+from engine.schedules import strength_text
 from lora_catalog.entries import LoraEntry
 from lora_catalog.listing import CatalogPage
 
@@ -317,7 +318,8 @@ def result_info(result: GenerateResult) -> dict[str, Any]:
 
 
 def result_html(result: GenerateResult) -> str:
-    """Seed and size, a timing breakdown with bars, cache hit or miss per LoRA, and warnings."""
+    """Seed and size, a timing breakdown with bars, each LoRA's strength (its window or schedule where it has one:
+    `engine.schedules.strength_text`, as a comparison's captions) and cache hit or miss, and warnings."""
     t, request = result.timings, result.request
     phases = (("download / resolve", t.resolve), ("prepare", t.prepare), ("swap", t.apply), ("inference", t.inference))
     longest = max(max(v for _, v in phases), 1e-9)
@@ -327,10 +329,16 @@ def result_html(result: GenerateResult) -> str:
         for name, v in phases
     )
     rows += f"<tr><td><b>total</b></td><td><b>{seconds(t.total)}</b></td><td></td></tr>"
+    # The request's LoRAs are its adapters', in order (as the recipe pairs them): each one's window or schedule.
+    specs = (
+        request.loras
+        if len(request.loras) == len(result.adapters)
+        else [LoraSpec(a.ref, a.scale) for a in result.adapters]
+    )
     loras = "".join(
-        f'<li><code>{_esc(a.ref)}</code> × {a.scale:g} — cache <span class="badge'
+        f'<li><code>{_esc(a.ref)}</code> × {_esc(strength_text(spec))} — cache <span class="badge'
         f'{" ok" if a.cache == "hit" else ""}">{a.cache}</span></li>'
-        for a in result.adapters
+        for a, spec in zip(result.adapters, specs, strict=True)
     )
     warnings = "".join(f"<p>⚠ {_esc(w)}</p>" for w in result.warnings)
     seeds = ", ".join(f"<code>{seed}</code>" for seed in result.seeds)

@@ -123,6 +123,9 @@ class ComparePanel:
 
     loras: gr.Textbox
     scales: gr.Textbox
+    # Each LoRA's window ("active from … to …", fractions of the steps), listed as `scales` are.
+    starts: gr.Textbox
+    ends: gr.Textbox
     include_base: gr.Checkbox
     run: gr.Button
     grid: gr.Image
@@ -336,7 +339,8 @@ def compare_panel(handlers: Handlers) -> ComparePanel:
     settings = handlers.compare_limits
     gr.Markdown(
         f"Same prompt, size, steps, guidance and seed as above; one image per LoRA (up to {settings[0]}), "
-        "or one LoRA at several scales. A gallery click with **Compare** selected adds its LoRA here.",
+        "or one LoRA at several scales, each active on the steps of its window (every step unless set; a LoRA "
+        "listed twice with two windows is two cells). A gallery click with **Compare** selected adds its LoRA here.",
         elem_classes="compare-help",
     )
     loras = gr.Textbox(
@@ -350,6 +354,12 @@ def compare_panel(handlers: Handlers) -> ComparePanel:
             scale=3,
         )
         include_base = gr.Checkbox(True, label="Base model first", elem_id="compare-base", scale=1)
+    with gr.Row():
+        # Read by the same parser as /compare's `starts`/`ends`: empty, one for all, or one per LoRA.
+        starts = gr.Textbox(
+            label="Active from (fraction of the steps)", elem_id="compare-starts", placeholder="0  ·  or one per LoRA"
+        )
+        ends = gr.Textbox(label="to", elem_id="compare-ends", placeholder="1  ·  or one per LoRA, e.g. 1, 0.5")
     run = gr.Button("Compare", variant="primary", elem_id="compare")
     grid = gr.Image(
         label="Comparison grid",
@@ -363,7 +373,8 @@ def compare_panel(handlers: Handlers) -> ComparePanel:
     cells = gr.Gallery(
         label="Cells", type="pil", format="png", columns=6, height="auto", elem_id="compare-cells", buttons=["download"]
     )
-    return ComparePanel(loras, scales, include_base, run, grid, cells, gr.HTML(elem_id="compare-info"))
+    info = gr.HTML(elem_id="compare-info")
+    return ComparePanel(loras, scales, starts, ends, include_base, run, grid, cells, info)
 
 
 def status_panel() -> tuple[gr.Markdown, gr.Button]:

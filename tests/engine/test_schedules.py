@@ -10,7 +10,7 @@ from engine.compare import CompareLimits, CompareRequest, plan_cells
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.normalise import normalise_request
 from engine.requests import GenerateRequest, Limits, LoraSpec, ModelDefaults
-from engine.schedules import scale_at, scales_at
+from engine.schedules import scale_at, scales_at, strength_text
 
 POOL = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128)
 TWO_STAGE = dataclasses.replace(POOL, video=True, guidance_2=3.0, num_frames=5, fps=16, max_frames=9)
@@ -118,3 +118,20 @@ def test_a_schedule_is_a_cell_of_a_comparison_grid():
     assert [c.request.loras[0].schedule for c in cells] == [(), ((0.0, 1.0), (0.25, 0.0)), ((0.0, 0.4), (0.5, 0.9))]
     with pytest.raises(InvalidRequestError, match="listed twice; accepted: each LoRA once, or once per schedule"):
         plan_cells(dataclasses.replace(compare, loras=(sda, sda)), POOL, LIMITS, CompareLimits(4, 100))
+
+
+@pytest.mark.parametrize(
+    ("spec", "shown"),
+    [
+        (LoraSpec("o/l", 0.8), "0.8"),
+        (LoraSpec("o/l", 0.8, end=0.5), "0.8 from 0 to 0.5"),
+        (LoraSpec("o/l", 0.7, start=0.25, end=0.75), "0.7 from 0.25 to 0.75"),
+        (LoraSpec("o/l", 0.7, start=0.5), "0.7 from 0.5 to 1"),
+        (LoraSpec("o/l", schedule=((0, 0.4), (0.5, 0.9))), "0@0.4 0.5@0.9"),
+    ],
+)
+def test_a_loras_strength_reads_the_same_before_and_after_the_check(spec, shown):
+    """One text for a LoRA's strength: a comparison's captions (made before the check) and a result's info (from
+    the checked request, where a window is a schedule whose `scale` is step 0's) say the same."""
+    assert strength_text(spec) == shown
+    assert strength_text(checked(spec)) == shown

@@ -147,6 +147,30 @@ def test_result_html_and_info_describe_timings_and_cache():
     assert info["timings"]["inference"] == 1.5
 
 
+def test_result_html_shows_a_loras_window_as_a_comparisons_caption_does():
+    """A LoRA active on part of the steps (issue 51): the info line says its window, not the scale of step 0 alone
+    (which is 0 for a window from half the steps); a LoRA on every step shows its scale as before."""
+    request = CheckedRequest(
+        "a cat",
+        loras=(
+            LoraSpec("a/late", 0.0, schedule=((0.0, 0.0), (0.5, 0.8))),
+            LoraSpec("a/early", 1.0, schedule=((0.0, 1.0), (0.25, 0.0))),
+            LoraSpec("a/plain", 0.6),
+        ),
+        steps=4,
+        guidance=5.0,
+        width=64,
+        height=64,
+        seed=9,
+    )
+    uses = tuple(AdapterUse(s.ref, "abc", "w.safetensors", s.scale, "hit") for s in request.loras)
+    result = GenerateResult(image=None, seed=9, request=request, timings=Timings(), adapters=uses)  # type: ignore[arg-type]
+    text = fmt.result_html(result)
+    assert "<code>a/late</code> × 0.8 from 0.5 to 1 — cache" in text
+    assert "<code>a/early</code> × 1 from 0 to 0.25 — cache" in text
+    assert "<code>a/plain</code> × 0.6 — cache" in text
+
+
 def test_snippets_use_the_url_clients_reach():
     assert base_url({"host": "localhost:8888"}) == "http://localhost:8888/"
     assert base_url({"host": "me-space.hf.space"}) == "https://me-space.hf.space/"
