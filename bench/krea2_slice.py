@@ -22,18 +22,9 @@ from diffusers import Krea2Pipeline, Krea2Transformer2DModel
 
 from engine.families.krea2_tiny import build_tiny_pipeline
 
+from . import slices
 from .ours import LoraPair
 from .sdxl_unet import random_pool
-from .slices import (
-    SliceLora,
-    block_targets,
-    build_slice,
-    kohya_base,
-    original_name,
-    reference_pipeline,
-    unet_stem,
-    write_slice_pair,
-)
 
 __all__ = [
     "KREA2_POOL_SIZE",
@@ -62,10 +53,10 @@ _BLOCK_LAYERS = {
 }
 # kohya's names are the original model's (`lora_unet_blocks_N_attn_wq`); ai-toolkit's diffusers-named files carry no
 # `lora_adapter_metadata`.
-_LORA = SliceLora(
+_LORA = slices.SliceLora(
     "krea2",
-    kohya_stem=lambda module: unet_stem(original_name(module, _BLOCK_LAYERS)),
-    kohya_metadata=kohya_base("krea2"),
+    kohya_stem=lambda module: slices.unet_stem(slices.original_name(module, _BLOCK_LAYERS)),
+    kohya_metadata=slices.kohya_base("krea2"),
     peft_metadata=False,
 )
 
@@ -78,23 +69,25 @@ def build_krea2_slice(
     *, dtype: torch.dtype, device: torch.device, pool: torch.Tensor, config: dict[str, Any] | None = None
 ) -> Krea2Transformer2DModel:
     """The slice (or another `config`), every tensor filled from `pool`."""
-    return build_slice(Krea2Transformer2DModel, KREA2_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool)
+    return slices.build_slice(
+        Krea2Transformer2DModel, KREA2_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool
+    )
 
 
 def krea2_targets(transformer: torch.nn.Module) -> list[tuple[str, int, int]]:
     """(module, in features, out features) of every Linear layer of the slice's blocks."""
-    return block_targets(transformer, "transformer_blocks", _BLOCK_LAYERS)
+    return slices.block_targets(transformer, "transformer_blocks", _BLOCK_LAYERS)
 
 
 def write_krea2_pair(folder: Path, targets: Sequence[tuple[str, int, int]], *, rank: int, fmt: str) -> LoraPair:
     """Two Krea 2 LoRA files of `rank` in `fmt` ("kohya": `lora_unet_` names with `.alpha`; "peft": diffusers'
     names), float16, as trainers save them."""
-    return write_slice_pair(folder, targets, _LORA, rank=rank, fmt=fmt)
+    return slices.write_slice_pair(folder, targets, _LORA, rank=rank, fmt=fmt)
 
 
 def reference_krea2_pipeline(transformer: Krea2Transformer2DModel) -> Krea2Pipeline:
     """A Krea 2 pipeline around the slice; its other parts are tiny, since the LoRAs only touch the transformer."""
     tiny = build_tiny_pipeline()
-    return reference_pipeline(
+    return slices.reference_pipeline(
         Krea2Pipeline, tiny, transformer, text_encoder_select_layers=tiny.text_encoder_select_layers, is_distilled=True
     )

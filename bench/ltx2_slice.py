@@ -23,9 +23,9 @@ from diffusers import LTX2Pipeline, LTX2VideoTransformer3DModel
 
 from engine.families.tiny_ltx2 import build_tiny_pipeline
 
+from . import slices
 from .ours import LoraPair
 from .sdxl_unet import random_pool
-from .slices import SliceLora, build_slice, reference_pipeline, write_slice_pair
 
 __all__ = [
     "LTX2_POOL_SIZE",
@@ -42,7 +42,7 @@ LTX2_SLICE_CONFIG: dict[str, Any] = {"num_layers": 2}
 # Larger than the slice's largest tensor (the time embedding's projection, 4096 x 24576 = 101M values).
 LTX2_POOL_SIZE = 1 << 27
 # The LTX trainer keeps diffusers' module names and `lora_A`/`lora_B` under `diffusion_model.`, without `.alpha`.
-_LORA = SliceLora(
+_LORA = slices.SliceLora(
     "ltx2", kohya_stem=None, kohya_metadata=lambda rank: {"format": "pt", "modelspec.architecture": "ltx-2"}
 )
 
@@ -55,7 +55,9 @@ def build_ltx2_slice(
     *, dtype: torch.dtype, device: torch.device, pool: torch.Tensor, config: dict[str, Any] | None = None
 ) -> LTX2VideoTransformer3DModel:
     """The slice (or another `config`), every tensor filled from `pool`."""
-    return build_slice(LTX2VideoTransformer3DModel, LTX2_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool)
+    return slices.build_slice(
+        LTX2VideoTransformer3DModel, LTX2_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool
+    )
 
 
 def ltx2_targets(transformer: torch.nn.Module) -> list[tuple[str, int, int]]:
@@ -74,9 +76,9 @@ def ltx2_targets(transformer: torch.nn.Module) -> list[tuple[str, int, int]]:
 def write_ltx2_pair(folder: Path, targets: Sequence[tuple[str, int, int]], *, rank: int, fmt: str) -> LoraPair:
     """Two LTX-2 LoRA files of `rank` in `fmt` ("kohya": the LTX trainer's `diffusion_model.` names; "peft":
     diffusers' names with their `lora_adapter_metadata`), float16, as trainers save them."""
-    return write_slice_pair(folder, targets, _LORA, rank=rank, fmt=fmt)
+    return slices.write_slice_pair(folder, targets, _LORA, rank=rank, fmt=fmt)
 
 
 def reference_ltx2_pipeline(transformer: LTX2VideoTransformer3DModel) -> LTX2Pipeline:
     """An LTX-2 pipeline around the slice; its other parts are tiny, since the LoRAs only touch the transformer."""
-    return reference_pipeline(LTX2Pipeline, build_tiny_pipeline(), transformer)
+    return slices.reference_pipeline(LTX2Pipeline, build_tiny_pipeline(), transformer)

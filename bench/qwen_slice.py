@@ -22,9 +22,9 @@ from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
 
 from engine.families.tiny_qwen_image import build_tiny_pipeline
 
+from . import slices
 from .ours import LoraPair
 from .sdxl_unet import random_pool
-from .slices import SliceLora, block_targets, build_slice, kohya_base, reference_pipeline, unet_stem, write_slice_pair
 
 __all__ = [
     "QWEN_POOL_SIZE",
@@ -68,7 +68,7 @@ _BLOCK_LAYERS = (
     "txt_mod.1",
 )
 # musubi-tuner's names: the diffusers module's, underscored.
-_LORA = SliceLora("qwen", kohya_stem=unet_stem, kohya_metadata=kohya_base("qwen_image"))
+_LORA = slices.SliceLora("qwen", kohya_stem=slices.unet_stem, kohya_metadata=slices.kohya_base("qwen_image"))
 
 
 def qwen_pool(seed: int = 0) -> torch.Tensor:
@@ -79,21 +79,23 @@ def build_qwen_slice(
     *, dtype: torch.dtype, device: torch.device, pool: torch.Tensor, config: dict[str, Any] | None = None
 ) -> QwenImageTransformer2DModel:
     """The slice (or another `config`), every tensor filled from `pool`."""
-    return build_slice(QwenImageTransformer2DModel, QWEN_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool)
+    return slices.build_slice(
+        QwenImageTransformer2DModel, QWEN_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool
+    )
 
 
 def qwen_targets(transformer: torch.nn.Module) -> list[tuple[str, int, int]]:
     """(module, in features, out features) of every Linear layer of the slice's blocks."""
-    return block_targets(transformer, "transformer_blocks", _BLOCK_LAYERS)
+    return slices.block_targets(transformer, "transformer_blocks", _BLOCK_LAYERS)
 
 
 def write_qwen_pair(folder: Path, targets: Sequence[tuple[str, int, int]], *, rank: int, fmt: str) -> LoraPair:
     """Two Qwen-Image LoRA files of `rank` in `fmt` ("kohya": musubi-tuner's `lora_unet_` names with `.alpha`;
     "peft": diffusers' names with their `lora_adapter_metadata`), float16, as trainers save them."""
-    return write_slice_pair(folder, targets, _LORA, rank=rank, fmt=fmt)
+    return slices.write_slice_pair(folder, targets, _LORA, rank=rank, fmt=fmt)
 
 
 def reference_qwen_pipeline(transformer: QwenImageTransformer2DModel) -> QwenImagePipeline:
     """A Qwen-Image pipeline around the slice; its other parts are tiny, since the LoRAs only touch the
     transformer."""
-    return reference_pipeline(QwenImagePipeline, build_tiny_pipeline(), transformer)
+    return slices.reference_pipeline(QwenImagePipeline, build_tiny_pipeline(), transformer)

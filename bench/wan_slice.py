@@ -23,18 +23,9 @@ from diffusers import WanPipeline, WanTransformer3DModel
 
 from engine.families.tiny_wan import build_tiny_pipeline
 
+from . import slices
 from .ours import LoraPair
 from .sdxl_unet import random_pool
-from .slices import (
-    SliceLora,
-    block_targets,
-    build_slice,
-    kohya_base,
-    original_name,
-    reference_pipeline,
-    unet_stem,
-    write_slice_pair,
-)
 
 __all__ = [
     "WAN_POOL_SIZE",
@@ -73,15 +64,15 @@ def build_wan_slice(
     *, dtype: torch.dtype, device: torch.device, pool: torch.Tensor, config: dict[str, Any] | None = None
 ) -> WanTransformer3DModel:
     """The slice (or another `config`), every tensor filled from `pool`."""
-    return build_slice(WanTransformer3DModel, WAN_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool)
+    return slices.build_slice(WanTransformer3DModel, WAN_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool)
 
 
 def wan_targets(transformer: torch.nn.Module) -> list[tuple[str, str, int, int]]:
     """(diffusers' module, Wan's name, in features, out features) of every Linear layer of the slice's blocks."""
     originals = dict(_BLOCK_LAYERS)
     return [
-        (module, original_name(module, originals), fan_in, fan_out)
-        for module, fan_in, fan_out in block_targets(transformer, "blocks", originals)
+        (module, slices.original_name(module, originals), fan_in, fan_out)
+        for module, fan_in, fan_out in slices.block_targets(transformer, "blocks", originals)
     ]
 
 
@@ -89,11 +80,13 @@ def write_wan_pair(folder: Path, targets: Sequence[tuple[str, str, int, int]], *
     """Two Wan LoRA files of `rank` in `fmt` ("kohya": musubi-tuner's `lora_unet_` names with `.alpha`; "peft":
     diffusers' names with their `lora_adapter_metadata`), float16, as trainers save them."""
     originals = {module: original for module, original, _, _ in targets}
-    lora = SliceLora("wan", kohya_stem=lambda module: unet_stem(originals[module]), kohya_metadata=kohya_base("wan"))
+    lora = slices.SliceLora(
+        "wan", kohya_stem=lambda module: slices.unet_stem(originals[module]), kohya_metadata=slices.kohya_base("wan")
+    )
     modules = [(module, fan_in, fan_out) for module, _, fan_in, fan_out in targets]
-    return write_slice_pair(folder, modules, lora, rank=rank, fmt=fmt)
+    return slices.write_slice_pair(folder, modules, lora, rank=rank, fmt=fmt)
 
 
 def reference_wan_pipeline(transformer: WanTransformer3DModel) -> WanPipeline:
     """A Wan pipeline around the slice; its other parts are tiny, since the LoRAs only touch the transformer."""
-    return reference_pipeline(WanPipeline, build_tiny_pipeline(), transformer)
+    return slices.reference_pipeline(WanPipeline, build_tiny_pipeline(), transformer)
