@@ -24,8 +24,9 @@ from engine.families.flux import build_tiny_pipeline
 from serving.demo.synthetic import kohya_metadata, save_lora
 from serving.demo.synthetic_flux import FluxLayer, flux_layers, make_flux_lora
 
+from . import slices
 from .ours import LoraPair
-from .sdxl_unet import build_filled, random_pool
+from .sdxl_unet import random_pool
 
 __all__ = [
     "FLUX_POOL_SIZE",
@@ -62,13 +63,7 @@ def build_flux_slice(
     *, dtype: torch.dtype, device: torch.device, pool: torch.Tensor, config: dict[str, Any] | None = None
 ) -> FluxTransformer2DModel:
     """The slice (or another `config`), every tensor filled from `pool`."""
-    return build_filled(
-        FluxTransformer2DModel,
-        config if config is not None else FLUX_SLICE_CONFIG,
-        dtype=dtype,
-        device=device,
-        pool=pool,
-    )
+    return slices.build_slice(FluxTransformer2DModel, FLUX_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool)
 
 
 def flux_targets(transformer: torch.nn.Module) -> list[FluxLayer]:
@@ -79,8 +74,8 @@ def flux_targets(transformer: torch.nn.Module) -> list[FluxLayer]:
 def write_flux_pair(folder: Path, layers: Sequence[FluxLayer], *, rank: int, fmt: str) -> LoraPair:
     """Two FLUX LoRA files of `rank` in `fmt` ("kohya": BFL names with `.alpha`; "peft": diffusers' names with
     their `lora_adapter_metadata`), float16, as trainers save them."""
-    if fmt not in ("peft", "kohya"):
-        raise ValueError(f"unknown LoRA format {fmt!r}; accepted: peft, kohya")
+    if fmt not in slices.FORMATS:
+        raise ValueError(f"unknown LoRA format {fmt!r}; accepted: {', '.join(slices.FORMATS)}")
     paths = []
     for name, seed in (("a", 2 * rank + 1), ("b", 2 * rank + 2)):
         lora = make_flux_lora(layers, rank=rank, seed=seed, alpha=float(rank), dtype=torch.float16)
@@ -93,15 +88,4 @@ def write_flux_pair(folder: Path, layers: Sequence[FluxLayer], *, rank: int, fmt
 
 def reference_flux_pipeline(transformer: FluxTransformer2DModel) -> FluxPipeline:
     """A FLUX pipeline around the slice; its other parts are tiny, since the LoRAs only touch the transformer."""
-    tiny = build_tiny_pipeline()
-    pipe = FluxPipeline(
-        scheduler=tiny.scheduler,
-        vae=tiny.vae,
-        text_encoder=tiny.text_encoder,
-        tokenizer=tiny.tokenizer,
-        text_encoder_2=tiny.text_encoder_2,
-        tokenizer_2=tiny.tokenizer_2,
-        transformer=transformer,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return slices.reference_pipeline(FluxPipeline, build_tiny_pipeline(), transformer)

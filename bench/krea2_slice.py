@@ -21,10 +21,10 @@ import torch
 from diffusers import Krea2Pipeline, Krea2Transformer2DModel
 
 from engine.families.krea2_tiny import build_tiny_pipeline
-from serving.demo.synthetic import kohya_metadata, save_lora
 
+from . import slices
 from .ours import LoraPair
-from .sdxl_unet import build_filled, random_pool
+from .sdxl_unet import random_pool
 
 __all__ = [
     "KREA2_POOL_SIZE",
@@ -51,6 +51,14 @@ _BLOCK_LAYERS = {
     "ff.up": "mlp_up",
     "ff.down": "mlp_down",
 }
+# kohya's names are the original model's (`lora_unet_blocks_N_attn_wq`); ai-toolkit's diffusers-named files carry no
+# `lora_adapter_metadata`.
+_LORA = slices.SliceLora(
+    "krea2",
+    kohya_stem=lambda module: slices.unet_stem(slices.original_name(module, _BLOCK_LAYERS)),
+    kohya_metadata=slices.kohya_base("krea2"),
+    peft_metadata=False,
+)
 
 
 def krea2_pool(seed: int = 0) -> torch.Tensor:
@@ -61,67 +69,25 @@ def build_krea2_slice(
     *, dtype: torch.dtype, device: torch.device, pool: torch.Tensor, config: dict[str, Any] | None = None
 ) -> Krea2Transformer2DModel:
     """The slice (or another `config`), every tensor filled from `pool`."""
-    return build_filled(
-        Krea2Transformer2DModel,
-        config if config is not None else KREA2_SLICE_CONFIG,
-        dtype=dtype,
-        device=device,
-        pool=pool,
+    return slices.build_slice(
+        Krea2Transformer2DModel, KREA2_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool
     )
 
 
 def krea2_targets(transformer: torch.nn.Module) -> list[tuple[str, int, int]]:
     """(module, in features, out features) of every Linear layer of the slice's blocks."""
-    targets = []
-    for index in range(len(transformer.transformer_blocks)):  # type: ignore[arg-type]
-        for layer in _BLOCK_LAYERS:
-            name = f"transformer_blocks.{index}.{layer}"
-            module = transformer.get_submodule(name)
-            targets.append((name, int(module.in_features), int(module.out_features)))
-    return targets
-
-
-def _kohya_stem(module: str) -> str:
-    _, index, layer = module.split(".", 2)
-    return f"lora_unet_blocks_{index}_{_BLOCK_LAYERS[layer]}"
+    return slices.block_targets(transformer, "transformer_blocks", _BLOCK_LAYERS)
 
 
 def write_krea2_pair(folder: Path, targets: Sequence[tuple[str, int, int]], *, rank: int, fmt: str) -> LoraPair:
     """Two Krea 2 LoRA files of `rank` in `fmt` ("kohya": `lora_unet_` names with `.alpha`; "peft": diffusers'
     names), float16, as trainers save them."""
-    if fmt not in ("peft", "kohya"):
-        raise ValueError(f"unknown LoRA format {fmt!r}; accepted: peft, kohya")
-    paths = []
-    for name, seed in (("a", 2 * rank + 1), ("b", 2 * rank + 2)):
-        generator = torch.Generator().manual_seed(seed)
-        tensors: dict[str, torch.Tensor] = {}
-        for module, fan_in, fan_out in targets:
-            down = torch.randn((rank, fan_in), generator=generator) / fan_in**0.5
-            up = torch.randn((fan_out, rank), generator=generator) * (0.3 / rank**0.5)
-            if fmt == "kohya":
-                stem = _kohya_stem(module)
-                tensors[f"{stem}.lora_down.weight"], tensors[f"{stem}.lora_up.weight"] = down, up
-                tensors[f"{stem}.alpha"] = torch.tensor(float(rank))
-            else:
-                tensors[f"transformer.{module}.lora_A.weight"] = down
-                tensors[f"transformer.{module}.lora_B.weight"] = up
-        tensors = {k: v.to(torch.float16) for k, v in tensors.items()}
-        metadata = kohya_metadata(dim=rank, alpha=float(rank), base_version="krea2") if fmt == "kohya" else None
-        paths.append(save_lora(folder / f"krea2-r{rank}-{fmt}-{name}.safetensors", tensors, metadata))
-    return LoraPair(rank, fmt, (paths[0], paths[1]))
+    return slices.write_slice_pair(folder, targets, _LORA, rank=rank, fmt=fmt)
 
 
 def reference_krea2_pipeline(transformer: Krea2Transformer2DModel) -> Krea2Pipeline:
     """A Krea 2 pipeline around the slice; its other parts are tiny, since the LoRAs only touch the transformer."""
     tiny = build_tiny_pipeline()
-    pipe = Krea2Pipeline(
-        scheduler=tiny.scheduler,
-        vae=tiny.vae,
-        text_encoder=tiny.text_encoder,
-        tokenizer=tiny.tokenizer,
-        transformer=transformer,
-        text_encoder_select_layers=tiny.text_encoder_select_layers,
-        is_distilled=True,
+    return slices.reference_pipeline(
+        Krea2Pipeline, tiny, transformer, text_encoder_select_layers=tiny.text_encoder_select_layers, is_distilled=True
     )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe

@@ -14,7 +14,6 @@ converts both with diffusers' own converter (`LTX2Pipeline.lora_state_dict`), as
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,10 @@ import torch
 from diffusers import LTX2Pipeline, LTX2VideoTransformer3DModel
 
 from engine.families.tiny_ltx2 import build_tiny_pipeline
-from serving.demo.synthetic import save_lora
 
+from . import slices
 from .ours import LoraPair
-from .sdxl_unet import build_filled, random_pool
+from .sdxl_unet import random_pool
 
 __all__ = [
     "LTX2_POOL_SIZE",
@@ -42,6 +41,10 @@ __all__ = [
 LTX2_SLICE_CONFIG: dict[str, Any] = {"num_layers": 2}
 # Larger than the slice's largest tensor (the time embedding's projection, 4096 x 24576 = 101M values).
 LTX2_POOL_SIZE = 1 << 27
+# The LTX trainer keeps diffusers' module names and `lora_A`/`lora_B` under `diffusion_model.`, without `.alpha`.
+_LORA = slices.SliceLora(
+    "ltx2", kohya_stem=None, kohya_metadata=lambda rank: {"format": "pt", "modelspec.architecture": "ltx-2"}
+)
 
 
 def ltx2_pool(seed: int = 0) -> torch.Tensor:
@@ -52,8 +55,9 @@ def build_ltx2_slice(
     *, dtype: torch.dtype, device: torch.device, pool: torch.Tensor, config: dict[str, Any] | None = None
 ) -> LTX2VideoTransformer3DModel:
     """The slice (or another `config`), every tensor filled from `pool`."""
-    chosen = config if config is not None else LTX2_SLICE_CONFIG
-    return build_filled(LTX2VideoTransformer3DModel, chosen, dtype=dtype, device=device, pool=pool)
+    return slices.build_slice(
+        LTX2VideoTransformer3DModel, LTX2_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool
+    )
 
 
 def ltx2_targets(transformer: torch.nn.Module) -> list[tuple[str, int, int]]:
@@ -72,39 +76,9 @@ def ltx2_targets(transformer: torch.nn.Module) -> list[tuple[str, int, int]]:
 def write_ltx2_pair(folder: Path, targets: Sequence[tuple[str, int, int]], *, rank: int, fmt: str) -> LoraPair:
     """Two LTX-2 LoRA files of `rank` in `fmt` ("kohya": the LTX trainer's `diffusion_model.` names; "peft":
     diffusers' names with their `lora_adapter_metadata`), float16, as trainers save them."""
-    if fmt not in ("peft", "kohya"):
-        raise ValueError(f"unknown LoRA format {fmt!r}; accepted: peft, kohya")
-    prefix = "diffusion_model" if fmt == "kohya" else "transformer"
-    paths = []
-    for name, seed in (("a", 2 * rank + 1), ("b", 2 * rank + 2)):
-        generator = torch.Generator().manual_seed(seed)
-        tensors: dict[str, torch.Tensor] = {}
-        for module, fan_in, fan_out in targets:
-            down = torch.randn((rank, fan_in), generator=generator) / fan_in**0.5
-            up = torch.randn((fan_out, rank), generator=generator) * (0.3 / rank**0.5)
-            tensors[f"{prefix}.{module}.lora_A.weight"] = down.to(torch.float16)
-            tensors[f"{prefix}.{module}.lora_B.weight"] = up.to(torch.float16)
-        path = folder / f"ltx2-r{rank}-{fmt}-{name}.safetensors"
-        paths.append(save_lora(path, tensors, _metadata(rank, fmt, targets)))
-    return LoraPair(rank, fmt, (paths[0], paths[1]))
-
-
-def _metadata(rank: int, fmt: str, targets: Sequence[tuple[str, int, int]]) -> dict[str, str]:
-    if fmt == "kohya":
-        return {"format": "pt", "modelspec.architecture": "ltx-2"}
-    config = {
-        "transformer.r": rank,
-        "transformer.lora_alpha": rank,
-        "transformer.rank_pattern": {},
-        "transformer.alpha_pattern": {},
-        "transformer.target_modules": sorted(module for module, *_ in targets),
-    }
-    return {"format": "pt", "lora_adapter_metadata": json.dumps(config)}
+    return slices.write_slice_pair(folder, targets, _LORA, rank=rank, fmt=fmt)
 
 
 def reference_ltx2_pipeline(transformer: LTX2VideoTransformer3DModel) -> LTX2Pipeline:
     """An LTX-2 pipeline around the slice; its other parts are tiny, since the LoRAs only touch the transformer."""
-    tiny = build_tiny_pipeline()
-    pipe = LTX2Pipeline(**{**tiny.components, "transformer": transformer})
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return slices.reference_pipeline(LTX2Pipeline, build_tiny_pipeline(), transformer)

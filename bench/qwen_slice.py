@@ -13,7 +13,6 @@ Hub file.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,10 @@ import torch
 from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
 
 from engine.families.tiny_qwen_image import build_tiny_pipeline
-from serving.demo.synthetic import kohya_metadata, save_lora
 
+from . import slices
 from .ours import LoraPair
-from .sdxl_unet import build_filled, random_pool
+from .sdxl_unet import random_pool
 
 __all__ = [
     "QWEN_POOL_SIZE",
@@ -68,6 +67,8 @@ _BLOCK_LAYERS = (
     "img_mod.1",
     "txt_mod.1",
 )
+# musubi-tuner's names: the diffusers module's, underscored.
+_LORA = slices.SliceLora("qwen", kohya_stem=slices.unet_stem, kohya_metadata=slices.kohya_base("qwen_image"))
 
 
 def qwen_pool(seed: int = 0) -> torch.Tensor:
@@ -78,74 +79,23 @@ def build_qwen_slice(
     *, dtype: torch.dtype, device: torch.device, pool: torch.Tensor, config: dict[str, Any] | None = None
 ) -> QwenImageTransformer2DModel:
     """The slice (or another `config`), every tensor filled from `pool`."""
-    return build_filled(
-        QwenImageTransformer2DModel,
-        config if config is not None else QWEN_SLICE_CONFIG,
-        dtype=dtype,
-        device=device,
-        pool=pool,
+    return slices.build_slice(
+        QwenImageTransformer2DModel, QWEN_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool
     )
 
 
 def qwen_targets(transformer: torch.nn.Module) -> list[tuple[str, int, int]]:
     """(module, in features, out features) of every Linear layer of the slice's blocks."""
-    targets = []
-    for index in range(len(transformer.transformer_blocks)):  # type: ignore[arg-type]
-        for layer in _BLOCK_LAYERS:
-            name = f"transformer_blocks.{index}.{layer}"
-            module = transformer.get_submodule(name)
-            targets.append((name, int(module.in_features), int(module.out_features)))
-    return targets
+    return slices.block_targets(transformer, "transformer_blocks", _BLOCK_LAYERS)
 
 
 def write_qwen_pair(folder: Path, targets: Sequence[tuple[str, int, int]], *, rank: int, fmt: str) -> LoraPair:
     """Two Qwen-Image LoRA files of `rank` in `fmt` ("kohya": musubi-tuner's `lora_unet_` names with `.alpha`;
     "peft": diffusers' names with their `lora_adapter_metadata`), float16, as trainers save them."""
-    if fmt not in ("peft", "kohya"):
-        raise ValueError(f"unknown LoRA format {fmt!r}; accepted: peft, kohya")
-    paths = []
-    for name, seed in (("a", 2 * rank + 1), ("b", 2 * rank + 2)):
-        generator = torch.Generator().manual_seed(seed)
-        tensors: dict[str, torch.Tensor] = {}
-        for module, fan_in, fan_out in targets:
-            down = torch.randn((rank, fan_in), generator=generator) / fan_in**0.5
-            up = torch.randn((fan_out, rank), generator=generator) * (0.3 / rank**0.5)
-            if fmt == "kohya":
-                stem = "lora_unet_" + module.replace(".", "_")
-                tensors[f"{stem}.lora_down.weight"], tensors[f"{stem}.lora_up.weight"] = down, up
-                tensors[f"{stem}.alpha"] = torch.tensor(float(rank))
-            else:
-                tensors[f"transformer.{module}.lora_A.weight"] = down
-                tensors[f"transformer.{module}.lora_B.weight"] = up
-        tensors = {k: v.to(torch.float16) for k, v in tensors.items()}
-        metadata = _metadata(rank, fmt, [module for module, _, _ in targets])
-        paths.append(save_lora(folder / f"qwen-r{rank}-{fmt}-{name}.safetensors", tensors, metadata))
-    return LoraPair(rank, fmt, (paths[0], paths[1]))
-
-
-def _metadata(rank: int, fmt: str, modules: list[str]) -> dict[str, str]:
-    if fmt == "kohya":
-        return kohya_metadata(dim=rank, alpha=float(rank), base_version="qwen_image")
-    config = {
-        "transformer.r": rank,
-        "transformer.lora_alpha": rank,
-        "transformer.rank_pattern": {},
-        "transformer.alpha_pattern": {},
-        "transformer.target_modules": sorted(modules),
-    }
-    return {"format": "pt", "lora_adapter_metadata": json.dumps(config)}
+    return slices.write_slice_pair(folder, targets, _LORA, rank=rank, fmt=fmt)
 
 
 def reference_qwen_pipeline(transformer: QwenImageTransformer2DModel) -> QwenImagePipeline:
     """A Qwen-Image pipeline around the slice; its other parts are tiny, since the LoRAs only touch the
     transformer."""
-    tiny = build_tiny_pipeline()
-    pipe = QwenImagePipeline(
-        scheduler=tiny.scheduler,
-        vae=tiny.vae,
-        text_encoder=tiny.text_encoder,
-        tokenizer=tiny.tokenizer,
-        transformer=transformer,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return slices.reference_pipeline(QwenImagePipeline, build_tiny_pipeline(), transformer)

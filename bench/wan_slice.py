@@ -14,7 +14,6 @@ with diffusers' own converter (`WanPipeline.lora_state_dict`), as it would a Hub
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,10 @@ import torch
 from diffusers import WanPipeline, WanTransformer3DModel
 
 from engine.families.tiny_wan import build_tiny_pipeline
-from serving.demo.synthetic import kohya_metadata, save_lora
 
+from . import slices
 from .ours import LoraPair
-from .sdxl_unet import build_filled, random_pool
+from .sdxl_unet import random_pool
 
 __all__ = [
     "WAN_POOL_SIZE",
@@ -65,68 +64,29 @@ def build_wan_slice(
     *, dtype: torch.dtype, device: torch.device, pool: torch.Tensor, config: dict[str, Any] | None = None
 ) -> WanTransformer3DModel:
     """The slice (or another `config`), every tensor filled from `pool`."""
-    chosen = config if config is not None else WAN_SLICE_CONFIG
-    return build_filled(WanTransformer3DModel, chosen, dtype=dtype, device=device, pool=pool)
+    return slices.build_slice(WanTransformer3DModel, WAN_SLICE_CONFIG, config, dtype=dtype, device=device, pool=pool)
 
 
 def wan_targets(transformer: torch.nn.Module) -> list[tuple[str, str, int, int]]:
     """(diffusers' module, Wan's name, in features, out features) of every Linear layer of the slice's blocks."""
-    targets = []
-    for index in range(len(transformer.blocks)):  # type: ignore[arg-type]
-        for layer, original in _BLOCK_LAYERS:
-            module = transformer.get_submodule(f"blocks.{index}.{layer}")
-            fan_in, fan_out = int(module.in_features), int(module.out_features)
-            targets.append((f"blocks.{index}.{layer}", f"blocks.{index}.{original}", fan_in, fan_out))
-    return targets
+    originals = dict(_BLOCK_LAYERS)
+    return [
+        (module, slices.original_name(module, originals), fan_in, fan_out)
+        for module, fan_in, fan_out in slices.block_targets(transformer, "blocks", originals)
+    ]
 
 
 def write_wan_pair(folder: Path, targets: Sequence[tuple[str, str, int, int]], *, rank: int, fmt: str) -> LoraPair:
     """Two Wan LoRA files of `rank` in `fmt` ("kohya": musubi-tuner's `lora_unet_` names with `.alpha`; "peft":
     diffusers' names with their `lora_adapter_metadata`), float16, as trainers save them."""
-    if fmt not in ("peft", "kohya"):
-        raise ValueError(f"unknown LoRA format {fmt!r}; accepted: peft, kohya")
-    paths = []
-    for name, seed in (("a", 2 * rank + 1), ("b", 2 * rank + 2)):
-        generator = torch.Generator().manual_seed(seed)
-        tensors: dict[str, torch.Tensor] = {}
-        for module, original, fan_in, fan_out in targets:
-            down = torch.randn((rank, fan_in), generator=generator) / fan_in**0.5
-            up = torch.randn((fan_out, rank), generator=generator) * (0.3 / rank**0.5)
-            if fmt == "kohya":
-                stem = "lora_unet_" + original.replace(".", "_")
-                tensors[f"{stem}.lora_down.weight"], tensors[f"{stem}.lora_up.weight"] = down, up
-                tensors[f"{stem}.alpha"] = torch.tensor(float(rank))
-            else:
-                tensors[f"transformer.{module}.lora_A.weight"] = down
-                tensors[f"transformer.{module}.lora_B.weight"] = up
-        tensors = {k: v.to(torch.float16) for k, v in tensors.items()}
-        path = folder / f"wan-r{rank}-{fmt}-{name}.safetensors"
-        paths.append(save_lora(path, tensors, _metadata(rank, fmt, targets)))
-    return LoraPair(rank, fmt, (paths[0], paths[1]))
-
-
-def _metadata(rank: int, fmt: str, targets: Sequence[tuple[str, str, int, int]]) -> dict[str, str]:
-    if fmt == "kohya":
-        return kohya_metadata(dim=rank, alpha=float(rank), base_version="wan")
-    config = {
-        "transformer.r": rank,
-        "transformer.lora_alpha": rank,
-        "transformer.rank_pattern": {},
-        "transformer.alpha_pattern": {},
-        "transformer.target_modules": sorted(module for module, *_ in targets),
-    }
-    return {"format": "pt", "lora_adapter_metadata": json.dumps(config)}
+    originals = {module: original for module, original, _, _ in targets}
+    lora = slices.SliceLora(
+        "wan", kohya_stem=lambda module: slices.unet_stem(originals[module]), kohya_metadata=slices.kohya_base("wan")
+    )
+    modules = [(module, fan_in, fan_out) for module, _, fan_in, fan_out in targets]
+    return slices.write_slice_pair(folder, modules, lora, rank=rank, fmt=fmt)
 
 
 def reference_wan_pipeline(transformer: WanTransformer3DModel) -> WanPipeline:
     """A Wan pipeline around the slice; its other parts are tiny, since the LoRAs only touch the transformer."""
-    tiny = build_tiny_pipeline()
-    pipe = WanPipeline(
-        tokenizer=tiny.tokenizer,
-        text_encoder=tiny.text_encoder,
-        transformer=transformer,
-        vae=tiny.vae,
-        scheduler=tiny.scheduler,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return slices.reference_pipeline(WanPipeline, build_tiny_pipeline(), transformer)

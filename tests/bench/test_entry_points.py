@@ -79,12 +79,22 @@ def test_swap_on_the_qwen_image_slice_ends_with_the_verdict_line():
     assert float(found[1]) > 0 and float(found[2]) > 0 and found[3] == "true"
 
 
-@pytest.mark.timeout(1800)
-def test_quantized_on_the_flux_slice_ends_with_its_verdict_line():
-    line = last_line("bench.quantized", "--quick", "--tokens", "64", "--repeats", "1", "--max-rank", "16")
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize(
+    ("options", "family", "storage"),
+    [
+        pytest.param((), "flux", "fp8", id="flux-by-default"),
+        pytest.param(("--family", "wan"), "wan", "fp8", id="wan"),
+        pytest.param(("--family", "krea2", "--storage", "int4"), "krea2", "int4", id="krea2-int4"),
+    ],
+)
+def test_quantized_on_a_slice_ends_with_its_verdict_line(options, family, storage):
+    quick = ("--quick", "--tokens", "64", "--repeats", "1", "--max-rank", "16")
+    line = last_line("bench.quantized", *options, *quick, timeout=2300)
     found = re.fullmatch(
-        rf"quantized: family=flux storage=fp8 swap_ms={NUMBER} swap_vs_fused={NUMBER} step_vs_bf16_fused={NUMBER} "
-        rf"step_vs_diffusers=(\S+) branch_rel_err={NUMBER} fused_fp8_rel_err={NUMBER} exact=(true|false)",
+        rf"quantized: family={family} storage={storage} swap_ms={NUMBER} swap_vs_fused={NUMBER} "
+        rf"step_vs_bf16_fused={NUMBER} step_vs_diffusers=(\S+) branch_rel_err={NUMBER} fused_fp8_rel_err={NUMBER} "
+        rf"exact=(true|false)",
         line,
     )
     assert found, line
@@ -92,28 +102,8 @@ def test_quantized_on_the_flux_slice_ends_with_its_verdict_line():
     assert found[4] == "refused" or float(found[4]) > 0
 
 
-@pytest.mark.timeout(2400)
-def test_quantized_on_the_wan_slice_ends_with_its_verdict_line_and_refuses_gguf_there():
-    line = last_line(
-        "bench.quantized",
-        "--family",
-        "wan",
-        "--quick",
-        "--tokens",
-        "64",
-        "--repeats",
-        "1",
-        "--max-rank",
-        "16",
-        timeout=2300,
-    )
-    found = re.fullmatch(
-        rf"quantized: family=wan storage=fp8 swap_ms={NUMBER} swap_vs_fused={NUMBER} step_vs_bf16_fused={NUMBER} "
-        rf"step_vs_diffusers=(\S+) branch_rel_err={NUMBER} fused_fp8_rel_err={NUMBER} exact=(true|false)",
-        line,
-    )
-    assert found, line
-    assert all(float(found[i]) > 0 for i in (1, 2, 3, 5, 6)) and found[7] == "true"
+@pytest.mark.timeout(600)
+def test_quantized_refuses_gguf_on_the_wan_slice():
     done = subprocess.run(
         [sys.executable, "-m", "bench.quantized", "--family", "wan", "--storage", "gguf-q8_0"],
         cwd=ROOT,
@@ -123,33 +113,6 @@ def test_quantized_on_the_wan_slice_ends_with_its_verdict_line_and_refuses_gguf_
         check=False,
     )
     assert done.returncode == 2 and "accepted with --family wan: fp8, int4" in done.stderr, done.stderr[-1000:]
-
-
-@pytest.mark.timeout(2400)
-def test_quantized_on_the_krea2_slice_in_int4_ends_with_its_verdict_line():
-    line = last_line(
-        "bench.quantized",
-        "--family",
-        "krea2",
-        "--storage",
-        "int4",
-        "--quick",
-        "--tokens",
-        "64",
-        "--repeats",
-        "1",
-        "--max-rank",
-        "16",
-        timeout=2300,
-    )
-    found = re.fullmatch(
-        rf"quantized: family=krea2 storage=int4 swap_ms={NUMBER} swap_vs_fused={NUMBER} step_vs_bf16_fused={NUMBER} "
-        rf"step_vs_diffusers=(\S+) branch_rel_err={NUMBER} fused_fp8_rel_err={NUMBER} exact=(true|false)",
-        line,
-    )
-    assert found, line
-    assert all(float(found[i]) > 0 for i in (1, 2, 3, 5, 6)) and found[7] == "true"
-    assert found[4] == "refused" or float(found[4]) > 0
 
 
 @pytest.mark.timeout(600)
