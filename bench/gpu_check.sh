@@ -71,6 +71,9 @@ fi
 step() {
   local name=$1 limit=$2 needs=$3 pattern=$4
   shift 4
+  # The limits are the lent GPU machine's budget (16 cores). A dry run checks the script's flow on a 2-core CPU
+  # host, which may be busy (CI beside other work took over 30 s to import torch and diffusers): it waits 6x.
+  [ "$dry" = 1 ] && limit=$((limit * 6))
   if [ "$needs" = cuda ] && [ "$cuda" != 1 ]; then
     say "$name: skipped ($([ "$dry" = 1 ] && echo "--cpu-dry-run" || echo "no CUDA device"))"
     return

@@ -29,7 +29,7 @@ def test_the_cpu_dry_run_goes_end_to_end_with_every_cuda_step_skipped(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
     done = subprocess.run(
-        ["bash", str(SCRIPT), "--cpu-dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+        ["bash", str(SCRIPT), "--cpu-dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280
     )
     assert done.returncode == 0, done.stderr[-2000:]
     results = (out / "gpu_check.txt").read_text().splitlines()

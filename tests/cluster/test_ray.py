@@ -38,6 +38,7 @@ from serving.cluster.shape import ROUTER_CLASS, router_kwargs
 from serving.cluster.wire import adapter_set_id
 from tests.support.app_server import free_port, serve_fixture_app, serve_routes
 from tests.support.checks import backend_of, generate
+from tests.support.clients import api_client
 from tests.support.images import assert_images_close
 
 pytestmark = pytest.mark.ray
@@ -158,7 +159,6 @@ def test_the_http_contract_answers_like_the_single_process_app(cluster, single, 
 
 
 def test_the_gradio_api_and_metrics_answer_as_one_process_does(cluster, cluster_settings, loaded, hub, fixtures):
-    from gradio_client import Client
     from gradio_client.exceptions import AppError
 
     from tests.support.reliability_app import CLIENT_GENERATE
@@ -168,7 +168,7 @@ def test_the_gradio_api_and_metrics_answer_as_one_process_does(cluster, cluster_
     with serve_fixture_app(loaded, cluster_settings, hub, fixtures, metrics=True) as app:
         answers = {}
         for url in (app.url, cluster):
-            client = Client(url, verbose=False)
+            client = api_client(url, verbose=False)
             image, info = client.predict(**good, api_name="/generate")
             with pytest.raises(AppError) as refused:
                 client.predict(**bad, api_name="/generate")

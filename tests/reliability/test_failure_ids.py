@@ -20,7 +20,6 @@ from typing import Any
 import gradio as gr
 import httpx
 import pytest
-from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from engine.errors import FAILED
@@ -31,6 +30,7 @@ from serving.handlers import Handlers
 from serving.ui.gradio_api import add_api_endpoints
 from serving.ui.launch import serve
 from tests.support.app_server import free_port, serve_routes
+from tests.support.clients import api_client
 from tests.support.serve_handles import Method, ReplicaHandle, client, front_end, replica_of, stand_in_ray
 
 # What the fault says: a path no answer may show.
@@ -105,7 +105,7 @@ def gradio_url(fault) -> Iterator[str]:
 
 
 def test_gradio_client_gets_the_fixed_text_and_the_log_carries_its_id(gradio_url, logged, tmp_path: Path):
-    api = Client(gradio_url, verbose=False, download_files=str(tmp_path))
+    api = api_client(gradio_url, verbose=False, download_files=str(tmp_path))
     with pytest.raises(AppError) as failed:
         api.predict(
             prompt="a fox", negative_prompt="", lora="", lora_scale=1.0, lora_2="", lora_2_scale=1.0, steps=1,

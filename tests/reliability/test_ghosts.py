@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from gradio_client import Client
 
+from tests.support.clients import api_client
 from tests.support.reliability_app import API_DEFAULTS, TIMEOUT, App, body, hold_pipeline, launch, post
 
 WAIT_S = 60
@@ -83,7 +83,7 @@ def test_a_client_that_leaves_while_queued_leaves_the_queue(app, held, name):
 
 
 def test_a_gradio_client_cancel_while_queued_leaves_the_queue(app, held):
-    client = Client(app.url, verbose=False)
+    client = api_client(app.url, verbose=False)
     job = client.submit(**API_DEFAULTS, api_name="/generate")
     assert wait_until(lambda: app.engine.waiting == 1)
     job.cancel()

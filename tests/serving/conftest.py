@@ -13,6 +13,7 @@ import pytest
 from gradio_client import Client
 
 from tests.support.app_server import AppServer, serve_fixture_app
+from tests.support.clients import api_client
 
 
 @pytest.fixture(scope="package")
@@ -23,7 +24,7 @@ def server(loaded, base_settings, hub, fixtures) -> Iterator[AppServer]:
 
 @pytest.fixture(scope="package")
 def client(server: AppServer) -> Client:
-    return Client(server.url, verbose=False)
+    return api_client(server.url, verbose=False)
 
 
 @pytest.fixture(autouse=True)

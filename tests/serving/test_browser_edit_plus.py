@@ -16,13 +16,14 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 from PIL import Image
 
 from engine.requests import InputImage
 from families.qwen_image_edit_plus import MODEL_ID
 from tests.support.app_server import recording_backend, serve_fixture_app
 from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, browser, editor_upload, page, tile
+from tests.support.clients import api_client
 from tests.support.image_inputs import example_image, png_bytes
 from tests.support.qwen_image import CASES, write_qwen_loras
 
@@ -144,7 +145,7 @@ def test_two_images_and_an_edit_lora_generate_the_api_gives_the_same_bytes_and_u
 
         # And on gradio_client's /generate: the same again.
         (lora,) = checked.loras
-        client = Client(served.url, verbose=False)
+        client = api_client(served.url, verbose=False)
         path, _ = client.predict(
             prompt=checked.prompt,
             negative_prompt=checked.negative_prompt,

@@ -8,11 +8,11 @@ import io
 from collections.abc import Iterator
 
 import pytest
-from gradio_client import Client
 from PIL import Image
 
 from tests.support.app_server import AppServer, serve_app
 from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, browser, page, tile
+from tests.support.clients import api_client
 
 pytestmark = pytest.mark.browser
 __all__ = ["browser", "page"]  # fixtures, found by pytest in this module's globals
@@ -74,5 +74,5 @@ def test_a_user_generates_with_a_lora_on_the_quantized_flux_demo(page, quantized
     expect(status).to_contain_text("weights fp8, LoRAs as branches (QUANTIZE)", timeout=WAIT_MS)
     page.screenshot(path=str(SHOTS / "quantized-demo.png"), full_page=True)
 
-    (pool,) = Client(quantized_demo.url, verbose=False).predict(api_name="/pool_status")["pools"]
+    (pool,) = api_client(quantized_demo.url, verbose=False).predict(api_name="/pool_status")["pools"]
     assert (pool["model_id"], pool["storage"]) == ("tiny-flux", "fp8")

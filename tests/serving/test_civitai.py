@@ -13,7 +13,6 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
@@ -32,6 +31,7 @@ from serving.http.api import lora_from_path
 from serving.ui import formatting as fmt
 from tests.support.app_server import AppServer, serve_app
 from tests.support.checks import LOGGERS
+from tests.support.clients import api_client
 from tests.support.loras import peft_file
 from tests.support.reliability_app import CLIENT_GENERATE
 from tests.support.standin_civitai import StandInCivitai
@@ -150,7 +150,7 @@ def test_a_finetune_on_the_sdxl_pool_says_so_in_a_header_and_a_warning(server):
 
 
 def test_gradio_client_generates_and_describes_civitai_loras(server):
-    client = Client(server.url, verbose=False)
+    client = api_client(server.url, verbose=False)
     _, info = client.predict(
         **(CLIENT_GENERATE | {"lora": "https://civitai.com/models/200?modelVersionId=2001"}), api_name="/generate"
     )

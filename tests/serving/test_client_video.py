@@ -15,7 +15,7 @@ from pathlib import Path
 import gradio as gr
 import httpx
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 
 from engine.settings import Settings
 from serving.handlers import Handlers
@@ -24,6 +24,7 @@ from serving.ui.launch import serve
 from serving.ui.video_api import add_video_endpoint, video_parameters
 from serving.video import decode_mp4
 from tests.support.app_server import free_port
+from tests.support.clients import api_client
 from tests.support.video import VideoBackend, frames
 
 # The same request through both doors: prompt, LoRA (and its pair scales), frames, fps, steps, guidance, seed.
@@ -57,7 +58,7 @@ def test_the_signature_is_the_declared_video_fields():
 
 def test_the_video_is_the_bytes_post_answers(served):
     url, backend = served
-    client = Client(url, verbose=False)
+    client = api_client(url, verbose=False)
     path, info = client.predict(
         PROMPT, "", LORA, 0.8, "", 1.0, 2, 4.0, None, None, SEED, "", None, None, 9, 8, 3.0, 0.5, None, "",
         0.25, None, None, None, api_name="/generate_video",
@@ -94,7 +95,7 @@ def test_an_image_makes_it_image_to_video(served, tmp_path):
     url, backend = served
     start = tmp_path / "start.png"
     frames(1)[0].save(start)
-    client = Client(url, verbose=False)
+    client = api_client(url, verbose=False)
     _, info = client.predict(
         "it turns", "", "", 1.0, "", 1.0, None, None, None, None, 3, "", None, handle_file(str(start)), 5, None,
         None, None, None, "", api_name="/generate_video",

@@ -29,6 +29,7 @@ from serving.demo.later_loras import EDIT_LORA, QUANTIZED_LORA, VIDEO_LORA
 from serving.quiet_logs import KNOWN_HARMLESS
 from serving.runtime import Runtime, build_runtime
 from tests.support.app_server import AppServer, free_port, serve_app, wait_http
+from tests.support.clients import api_client
 from tests.support.image_inputs import example_image
 from tests.support.reliability_app import CLIENT_GENERATE
 
@@ -76,7 +77,7 @@ def b64(seed: int, size: tuple[int, int]) -> str:
 @pytest.mark.timeout(900)
 def test_a_pool_still_loading_answers_loading_on_every_door_then_serves_its_lora(held):
     runtime, served, release = held
-    client = Client(served.url, verbose=False)
+    client = api_client(served.url, verbose=False)
     assert states(client) == {p.base_model_id: "ready" for p in runtime.backend.pools()[:3]} | {
         WAN: "loading",
         KLEIN: "loading",
@@ -168,7 +169,7 @@ def test_python_app_py_shows_its_page_within_15_s_and_its_background_pools_serve
         wait_http(url, timeout=900)
         page_cpu, page_wall = _cpu_s(process.pid), time.monotonic() - started
         assert httpx.get(url, timeout=60).status_code == 200
-        client = Client(url, verbose=False)
+        client = api_client(url, verbose=False)
         seen = states(client)
         while "loading" in seen.values() and time.monotonic() - started < 900:
             seen = states(client)  # a round trip each: waits on the state, no fixed sleep

@@ -8,7 +8,6 @@ import re
 
 import httpx
 import pytest
-from gradio_client import Client
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
 from PIL import Image
@@ -16,6 +15,7 @@ from PIL import Image
 from engine.errors import InvalidRequestError
 from serving.http.api import lora_from_path, parse_body
 from tests.support.app_server import AppServer
+from tests.support.clients import api_client
 from tests.support.loras import WEIGHTS
 
 TIMEOUT = httpx.Timeout(120.0)
@@ -78,7 +78,7 @@ def test_two_loras_with_their_scales_match_the_named_api(server, inference, fixt
     listed = text_to_image(
         inference, [{"path": hub_url(kohya, "ohwx_style.safetensors"), "scale": 0.5}, {"path": second, "scale": -0.8}]
     )
-    path, _ = Client(server.url, verbose=False).predict(
+    path, _ = api_client(server.url, verbose=False).predict(
         prompt="a fox in a forest",
         negative_prompt="",
         lora=kohya,
@@ -207,7 +207,7 @@ def test_inference_client_scheduler_is_the_named_apis_sampler(server, inference)
     """huggingface_hub's `text_to_image(..., scheduler=...)`: the same image as /generate with that sampler."""
     by_class = inference.text_to_image("a fox in a forest", **SIZE, scheduler="EulerAncestralDiscreteScheduler")
     by_name = png(post(server, {"scheduler": "Euler a"}))
-    path, info = Client(server.url, verbose=False).predict(
+    path, info = api_client(server.url, verbose=False).predict(
         **{**CLIENT_ARGS, "scheduler": "EulerAncestralDiscreteScheduler"}, api_name="/generate"
     )
     with Image.open(path) as image:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 
 from serving.video import decode_mp4
 from tests.support.app_server import AppServer, serve_app
+from tests.support.clients import api_client
 from tests.support.reference_video import reference_mp4
 
 PARAMETERS = {"num_inference_steps": 2, "seed": 5, "num_frames": 9, "fps": 24}
@@ -82,7 +83,7 @@ def test_gradio_client_sends_the_video_as_a_file_and_gets_post_s_mp4(server, tmp
     assert posted.status_code == 200, posted.text[:300]
     upload = tmp_path / "reference.mp4"
     upload.write_bytes(VIDEO)
-    client = Client(server.url, verbose=False)
+    client = api_client(server.url, verbose=False)
     path, _ = client.predict(
         prompt="a fox", steps=2, seed=5, num_frames=9, fps=24, video=handle_file(str(upload)),
         api_name="/generate_video",

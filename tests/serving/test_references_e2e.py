@@ -28,6 +28,7 @@ from families.sdxl import MODEL_ID as SDXL
 from serving.recipes import image_hash, parse_recipe, recipe_text
 from tests.support.app_server import AppServer, serve_fixture_app, serve_routes
 from tests.support.checks import backend_of
+from tests.support.clients import api_client
 from tests.support.dit import hub_pools, response_image
 from tests.support.image_inputs import example_image, png_bytes
 from tests.support.mixed import assert_clients_get_what_they_get_alone
@@ -84,7 +85,7 @@ def klein_app(loaded_flux2, tiny_flux2_dir: Path, base_settings, hub, fixtures) 
 
 @pytest.fixture(scope="module")
 def klein_client(klein_app: AppServer) -> Client:
-    return Client(klein_app.url, verbose=False)
+    return api_client(klein_app.url, verbose=False)
 
 
 @pytest.fixture(scope="module")

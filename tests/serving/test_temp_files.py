@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 from PIL import Image
 
 from engine.outcomes import ServedPool
@@ -26,6 +26,7 @@ from serving.http.api import http_routes
 from serving.ui.blocks import build_demo
 from serving.ui.launch import serve
 from tests.support.app_server import free_port
+from tests.support.clients import api_client
 from tests.support.video import VideoBackend
 
 VIDEO = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128, video=True, num_frames=9, fps=8, max_frames=17)
@@ -66,7 +67,7 @@ def test_results_and_uploads_leave_the_temp_folder_once_old(temp_dir, tmp_path):
     kept = set(files(folder))
     image = tmp_path / "start.png"
     Image.new("RGB", (64, 48), (200, 90, 30)).save(image)
-    client = Client(url, verbose=False, download_files=str(tmp_path / "client"))
+    client = api_client(url, verbose=False, download_files=str(tmp_path / "client"))
     video, info = client.predict(
         prompt="a fox", image=handle_file(str(image)), num_frames=9, api_name="/generate_video"
     )  # fmt: skip

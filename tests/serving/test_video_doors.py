@@ -18,13 +18,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gradio_client import Client
 
 from engine.requests import GenerateRequest
 from serving.handlers import Handlers
 from serving.video import decode_mp4, video_file
 from tests.support.app_server import AppServer, serve_app
 from tests.support.browser import CHROMIUM, WAIT_MS, browser, page
+from tests.support.clients import api_client
 from tests.support.video import mean_difference
 
 __all__ = ["browser", "page"]  # fixtures, found by pytest in this module's globals
@@ -63,7 +63,7 @@ def posted(wan) -> bytes:
 
 def test_post_gradio_client_and_the_backend_give_the_same_mp4(wan, posted):
     server, handlers = wan
-    client = Client(server.url, verbose=False)
+    client = api_client(server.url, verbose=False)
     path, info = client.predict(
         prompt=PROMPT, steps=STEPS, seed=SEED, num_frames=5, fps=16, api_name="/generate_video"
     )  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 from huggingface_hub.inference._providers.hf_inference import HFInferenceBinaryInputTask
 
 from engine.families.tiny_wan import TINY_A14B_WIDTH
@@ -20,6 +20,7 @@ from serving.demo.synthetic import save_lora
 from serving.ui.video_ui import follow_scale
 from serving.video import decode_mp4
 from tests.support.app_server import AppServer, serve_app
+from tests.support.clients import api_client
 from tests.support.video import frames
 from tests.support.wan import MODULES, lora_file
 
@@ -70,7 +71,7 @@ def test_image_to_video_from_huggingface_hubs_body_and_gradio_client_is_the_same
     answer = httpx.post(prepared.url, content=prepared.data, headers=prepared.headers, timeout=600)
     assert answer.status_code == 200, answer.text[:300]
     assert answer.headers["content-type"] == "video/mp4"
-    path, info = Client(server.url, verbose=False).predict(
+    path, info = api_client(server.url, verbose=False).predict(
         prompt=PROMPT, image=handle_file(str(start)), num_frames=5, steps=STEPS, seed=SEED, base=I2V,
         api_name="/generate_video",
     )  # fmt: skip
@@ -86,7 +87,7 @@ def test_the_low_noise_guidance_and_scale_reach_the_two_stage_pool_from_both_doo
     }
     answer = httpx.post(f"{server.url}models/{A14B}", json=body, timeout=600)
     assert answer.status_code == 200, answer.text[:300]
-    path, info = Client(server.url, verbose=False).predict(
+    path, info = api_client(server.url, verbose=False).predict(
         prompt="a fox running", num_frames=5, steps=STEPS, seed=SEED, guidance_2=2.0, base=A14B,
         api_name="/generate_video",
     )  # fmt: skip
@@ -108,7 +109,7 @@ def test_a_loras_low_noise_scale_from_post_and_gradio_client_is_the_same_mp4(ser
     body = {"inputs": "a fox running", "parameters": parameters}
     answer = httpx.post(server.url, json=body, timeout=600)
     assert answer.status_code == 200, answer.text[:300]
-    path, info = Client(server.url, verbose=False).predict(
+    path, info = api_client(server.url, verbose=False).predict(
         prompt="a fox running", lora=f"local:{LORA_FILE}", lora_scale=0.8, lora_scale_2=0.3, num_frames=5,
         steps=STEPS, seed=SEED, api_name="/generate_video",
     )  # fmt: skip

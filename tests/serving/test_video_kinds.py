@@ -22,6 +22,7 @@ from serving.ui.launch import serve
 from serving.ui.video_api import add_video_endpoint
 from tests.support.app_server import free_port
 from tests.support.checks import backend_of
+from tests.support.clients import api_client
 from tests.support.dit import hub_pools
 
 PROMPT = "a fox running through snow"
@@ -44,7 +45,7 @@ def served(loaded, loaded_wan, base_settings, hub, fixtures) -> Iterator[tuple[C
                 add_video_endpoint(handlers)
             url = serve(demo, http_routes(handlers), server_name="127.0.0.1", server_port=free_port(), block=False)
             try:
-                yield Client(url, verbose=False), calls
+                yield api_client(url, verbose=False), calls
             finally:
                 demo.close()
     finally:

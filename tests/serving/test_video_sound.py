@@ -19,13 +19,13 @@ import av
 import httpx
 import numpy as np
 import pytest
-from gradio_client import Client
 
 from engine.requests import GenerateRequest
 from serving.handlers import Handlers
 from serving.sound import clip_samples
 from serving.video import decode_mp4
 from tests.support.app_server import AppServer, serve_app
+from tests.support.clients import api_client
 
 PROMPT, SEED, STEPS, FRAMES, FPS = "a fox running through snow", 5, 2, 9, 24
 BODY = {"inputs": PROMPT, "parameters": {"num_inference_steps": STEPS, "seed": SEED, "num_frames": FRAMES, "fps": FPS}}
@@ -81,7 +81,7 @@ def test_the_mp4_carries_the_sound_from_the_first_frame_for_the_clips_duration(p
 
 def test_gradio_client_gets_the_same_mp4_with_its_sound(ltx2, posted):
     server, _ = ltx2
-    client = Client(server.url, verbose=False)
+    client = api_client(server.url, verbose=False)
     path, info = client.predict(
         prompt=PROMPT, steps=STEPS, seed=SEED, num_frames=FRAMES, fps=FPS, api_name="/generate_video"
     )  # fmt: skip

@@ -22,6 +22,7 @@ from PIL import Image
 from engine.requests import GenerateRequest, LoraSpec
 from tests.support.app_server import recording_backend, serve_app
 from tests.support.checks import SECRET, generate
+from tests.support.clients import api_client
 from tests.support.loras import WEIGHTS, card
 
 TIMEOUT = httpx.Timeout(120.0)
@@ -132,7 +133,7 @@ def launch(loaded, base_settings, hub, fixtures) -> Iterator[App]:
         backend = recording_backend(engine)
         try:
             with serve_app(engine, catalog, hub_url=hub.url, backend=backend) as served:
-                yield App(served.url, engine, backend, Client(served.url, verbose=False), served.demo)
+                yield App(served.url, engine, backend, api_client(served.url, verbose=False), served.demo)
         finally:
             hub.set_fault(None)
             engine.close()

@@ -43,6 +43,9 @@ def pool_engine(request: pytest.FixtureRequest, base_settings):
     engine.close()
 
 
+# A run per offered option and sigma pair: past the 300 s default on two busy cores (a CI run at load 8 beside two
+# spinners).
+@pytest.mark.timeout(900)
 def test_every_offered_option_and_sigma_pair_runs_or_is_refused_before_queueing(pool_engine, monkeypatch):
     queued: list[GenerateRequest] = []
     submit = pool_engine.scheduler.submit

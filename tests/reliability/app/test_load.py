@@ -21,6 +21,7 @@ from PIL import Image
 from engine.errors import GenerationCancelledError
 from engine.requests import GenerateRequest, LoraSpec
 from tests.support.checks import LOGGERS, SECRET, generate
+from tests.support.clients import api_client
 from tests.support.reliability_app import (
     API_DEFAULTS,
     MAX_QUEUE,
@@ -164,7 +165,7 @@ def test_eight_concurrent_clients_of_both_apis_get_exactly_their_own_images(app,
     start = threading.Barrier(8)
 
     def client_thread(index: int) -> None:
-        client = Client(app.url, verbose=False) if index < 4 else None
+        client = api_client(app.url, verbose=False) if index < 4 else None
         start.wait(timeout=120)
         for position in range(3 * index, 3 * index + 3):
             kind, job = work[position]
