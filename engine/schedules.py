@@ -27,6 +27,7 @@ __all__ = [
     "from_window",
     "scale_at",
     "scales_at",
+    "schedule_fields",
     "strength_text",
     "window_of",
 ]
@@ -132,6 +133,14 @@ def strength_text(spec: LoraSpec) -> str:
     if (window := window_of(schedule)) is not None:
         return "{:g} from {:g} to {:g}".format(*window)
     return " ".join(f"{start:g}@{value:g}" for start, value in schedule) or _g(spec.scale)
+
+
+def schedule_fields(spec: LoraSpec) -> dict[str, list[list[float]]]:
+    """A checked LoRA's schedules as `parameters.loras[i]` takes them over HTTP (`schedule`, `schedule_2`: each
+    `[[from, scale], ...]`), only those it has: a result's info says them beside the step-0 `scale`, and sending them
+    back runs the same steps (a window is its long form, `from_window`'s)."""
+    named = (("schedule", spec.schedule), ("schedule_2", spec.schedule_2))
+    return {name: [[start, scale] for start, scale in schedule] for name, schedule in named if schedule}
 
 
 def _g(value: object) -> str:

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from engine.errors import InvalidRequestError
 from engine.requests import GenerateResult, LoraSpec, ModelDefaults
-from engine.schedules import strength_text
+from engine.schedules import schedule_fields, strength_text
 from lora_catalog.entries import LoraEntry
 from lora_catalog.listing import CatalogPage
 
@@ -310,7 +310,8 @@ def result_info(result: GenerateResult) -> dict[str, Any]:
         "strength": request.strength,
         # Where each default that is not the model's came from (a speed LoRA, a card's recommendation).
         "defaults_from": dict(request.defaults_from),
-        "loras": [asdict(a) for a in result.adapters],
+        # Each LoRA's step-0 scale, and its schedule where it has one, in the form `POST /` takes it.
+        "loras": [asdict(a) | schedule_fields(spec) for a, spec in zip(result.adapters, _specs(result), strict=True)],
         "swapped": result.swapped,
         "timings": asdict(result.timings),
         "warnings": list(result.warnings),
@@ -329,16 +330,10 @@ def result_html(result: GenerateResult) -> str:
         for name, v in phases
     )
     rows += f"<tr><td><b>total</b></td><td><b>{seconds(t.total)}</b></td><td></td></tr>"
-    # The request's LoRAs are its adapters', in order (as the recipe pairs them): each one's window or schedule.
-    specs = (
-        request.loras
-        if len(request.loras) == len(result.adapters)
-        else [LoraSpec(a.ref, a.scale) for a in result.adapters]
-    )
     loras = "".join(
         f'<li><code>{_esc(a.ref)}</code> × {_esc(strength_text(spec))} — cache <span class="badge'
         f'{" ok" if a.cache == "hit" else ""}">{a.cache}</span></li>'
-        for a, spec in zip(result.adapters, specs, strict=True)
+        for a, spec in zip(result.adapters, _specs(result), strict=True)
     )
     warnings = "".join(f"<p>⚠ {_esc(w)}</p>" for w in result.warnings)
     seeds = ", ".join(f"<code>{seed}</code>" for seed in result.seeds)
@@ -351,6 +346,13 @@ def result_html(result: GenerateResult) -> str:
         f"<table class='timing'>{rows}</table>"
         f"<ul>{loras or '<li>no LoRA: the base model</li>'}</ul>{defaults}{warnings}</div>"
     )
+
+
+def _specs(result: GenerateResult) -> list[LoraSpec]:
+    """The request's LoRAs, its adapters' in order (as the recipe pairs them); a result read back may carry none."""
+    if len(result.request.loras) == len(result.adapters):
+        return list(result.request.loras)
+    return [LoraSpec(a.ref, a.scale) for a in result.adapters]
 
 
 def preview_html(step: int, steps: int | None) -> str:

@@ -10,7 +10,7 @@ from engine.compare import CompareLimits, CompareRequest, plan_cells
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.normalise import normalise_request
 from engine.requests import GenerateRequest, Limits, LoraSpec, ModelDefaults
-from engine.schedules import scale_at, scales_at, strength_text
+from engine.schedules import scale_at, scales_at, schedule_fields, strength_text
 
 POOL = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128)
 TWO_STAGE = dataclasses.replace(POOL, video=True, guidance_2=3.0, num_frames=5, fps=16, max_frames=9)
@@ -106,6 +106,26 @@ def test_a_wan_pairs_sides_take_their_own_schedules_or_the_pairs():
     # The short form with a low-noise scale: that scale in the same window.
     window = checked(LoraSpec("o/l", scale=1.0, scale_2=0.5, end=0.5), TWO_STAGE)
     assert [scales_at((window,), adapters, i, 4)[0][1:] for i in range(4)] == [(1.0, 0.5)] * 2 + [(0.0, None)] * 2
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        LoraSpec("o/l", 2.0, start=0.25, end=0.5),
+        LoraSpec("o/l", 1.0, scale_2=0.5, end=0.5),
+        LoraSpec("o/l", schedule=((0, 1.0), (0.5, 0.0)), schedule_2=((0, 0.5), (0.75, 1.0))),
+        LoraSpec("o/l", 0.8, scale_2=0.3),
+    ],
+)
+def test_a_checked_loras_schedule_fields_sent_back_check_to_the_same_lora(spec):
+    """A result's info says each LoRA's schedules as `parameters.loras[i]` takes them: sent back beside the step-0
+    scales, they are the same checked LoRA (the same steps); a LoRA without one adds no field."""
+    first = checked(spec, TWO_STAGE)
+    fields = schedule_fields(first)
+    assert set(fields) <= {"schedule", "schedule_2"}
+    assert bool(fields) == bool(first.schedule or first.schedule_2)
+    sent = {name: tuple(map(tuple, value)) for name, value in fields.items()}
+    assert checked(LoraSpec("o/l", first.scale, scale_2=first.scale_2, **sent), TWO_STAGE) == first
 
 
 def test_a_schedule_is_a_cell_of_a_comparison_grid():

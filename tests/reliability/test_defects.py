@@ -18,6 +18,7 @@ from engine.requests import GenerateRequest, LoraSpec
 from tests.support.app_server import recording_backend, serve_app, serve_routes
 from tests.support.checks import backend_of, generate
 from tests.support.loras import peft_file
+from tests.support.page_events import page_values, queued
 
 TIMEOUT = httpx.Timeout(120.0)
 BODY = '{"inputs": "a fox", "parameters": {"num_inference_steps": 2, "seed": 5}}'
@@ -192,28 +193,19 @@ def test_a_browser_that_goes_away_cancels_its_ui_generation(engine, fixtures):
     holding = HoldingBackend(engine)
     try:
         with serve_app(engine, catalog, backend=holding) as app:
-            fn_index, fn = next((i, f) for i, f in app.demo.fns.items() if f.name == "generate_ui")
-            data = [getattr(c, "value", None) for c in fn.inputs]
+            data = page_values(app.demo, "generate_ui")
             # The form, then the video controls (frames, fps: unread on an image pool), as the handler takes them.
             values = dict(zip(FORM, data[: len(FORM)], strict=True))
             values |= {"prompt": "a fox", "steps": 40, "randomize": False}
             data = [values[name] for name in FORM] + data[len(FORM) :]
-            session = "disconnect-test"
-            join = httpx.post(
-                f"{app.url}gradio_api/queue/join",
-                json={"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": fn.targets[0][0]},
-                timeout=TIMEOUT,
-            )
-            assert join.status_code == 200, join.text
-            with httpx.stream(
-                "GET", f"{app.url}gradio_api/queue/data", params={"session_hash": session}, timeout=TIMEOUT
-            ) as stream:
+            sent = queued(app.url, app.demo, "generate_ui", data, session="disconnect-test", timeout=TIMEOUT)
+            with sent as messages:
                 # Read like a browser (the handler's ticks keep messages coming) until the generation holds at
                 # its first step, then hang up.
                 seen = []
-                for line in stream.iter_lines():
-                    seen.append(line[:200])
-                    if first_step.is_set() or '"msg":"process_completed"' in line:
+                for message in messages:
+                    seen.append(str(message)[:200])
+                    if first_step.is_set() or message.get("msg") == "process_completed":
                         break
                 assert first_step.is_set(), f"the generation never reached its first step; the stream said {seen}"
             # The stream is closed: the browser went away.

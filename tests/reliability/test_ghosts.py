@@ -13,10 +13,10 @@ import threading
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from tests.support.clients import api_client
+from tests.support.page_events import page_values, queued
 from tests.support.reliability_app import API_DEFAULTS, TIMEOUT, App, body, hold_pipeline, launch, post
 
 WAIT_S = 60
@@ -61,21 +61,11 @@ ENDPOINTS = {
 
 @pytest.mark.parametrize("name", list(ENDPOINTS))
 def test_a_client_that_leaves_while_queued_leaves_the_queue(app, held, name):
-    fn_index, fn = next((i, f) for i, f in app.demo.fns.items() if f.name == name)
-    data = [getattr(c, "value", None) for c in fn.inputs]
+    data = page_values(app.demo, name)
     for index, value in ENDPOINTS[name].items():
         data[index] = value
-    session = f"ghost-{name}"
-    join = httpx.post(
-        f"{app.url}gradio_api/queue/join",
-        json={"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": fn.targets[0][0]},
-        timeout=TIMEOUT,
-    )
-    assert join.status_code == 200, join.text
-    with httpx.stream(
-        "GET", f"{app.url}gradio_api/queue/data", params={"session_hash": session}, timeout=TIMEOUT
-    ) as stream:
-        for _ in stream.iter_lines():
+    with queued(app.url, app.demo, name, data, session=f"ghost-{name}", timeout=TIMEOUT) as messages:
+        for _ in messages:
             if app.engine.waiting >= 1:
                 break
     # The stream is closed: the client went away while its request waited.

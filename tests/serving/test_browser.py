@@ -222,14 +222,18 @@ def test_the_comparison_grid_shows_labelled_cells_and_downloads(page, server, fi
     expect(listed).to_have_value(f"{fixtures['peft']}\n{fixtures['kohya']}", timeout=WAIT_MS)
     assert listed.input_value().splitlines() == [fixtures["peft"], fixtures["kohya"]]
     page.locator("#compare-scales textarea, #compare-scales input").first.fill("1, 0.5")
+    # The second LoRA active on the first half of the steps only (issue 51's window fields, one value per LoRA).
+    page.locator("#compare-starts textarea, #compare-starts input").first.fill("0")
+    page.locator("#compare-ends textarea, #compare-ends input").first.fill("1, 0.5")
     page.locator("#compare").click()
     cells = page.locator("#compare-cells button.thumbnail-item")
     page.locator("#compare-info table.timing").wait_for(timeout=WAIT_MS)
     assert cells.count() == 3
     captions = page.locator("#compare-cells .caption-label").all_inner_texts()
-    assert captions == ["base", "peft (1)", "kohya (0.5)"]
+    assert captions == ["base", "peft (1)", "kohya (0.5 from 0 to 0.5)"]
     info = page.locator("#compare-info").inner_text()
     assert all(label in info for label in captions)
+    # docs/screenshot-compare.png is this screenshot, copied (the README's and docs/usage.md's).
     page.locator("#compare-tab").screenshot(path=str(SHOTS / "compare.png"))
 
     with page.expect_download(timeout=WAIT_MS) as download:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import io
+import json
+from dataclasses import fields
+
+import httpx
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
+from engine.result_parts import AdapterUse
+from tests.support.app_server import AppServer
 from tests.support.reliability_app import CLIENT_GENERATE
 
 GENERATE = CLIENT_GENERATE
@@ -115,6 +122,42 @@ def test_a_schedule_is_a_cell_equal_to_generate_with_that_window(client, fixture
     _, swept, info = compared(client, loras=peft, scales="1, 2", starts="0.5", steps=4)
     assert info["labels"] == ["peft (1 from 0.5 to 1)", "peft (2 from 0.5 to 1)"]
     assert pixels(swept[1]["image"]) == generated(client, lora=peft, lora_scale=2.0, lora_start=0.5, steps=4)
+
+
+def posted(server: AppServer, steps: int, loras: list[dict]) -> bytes:
+    """`POST /`'s image for COMPARE's request with `steps` and `parameters.loras` = `loras`."""
+    parameters = {
+        "negative_prompt": COMPARE["negative_prompt"],
+        "num_inference_steps": steps,
+        "guidance_scale": COMPARE["guidance"],
+        "width": COMPARE["width"],
+        "height": COMPARE["height"],
+        "seed": COMPARE["seed"],
+        "loras": loras,
+    }
+    document = {"inputs": COMPARE["prompt"], "parameters": parameters}
+    answer = httpx.post(server.url, content=json.dumps(document), headers={"accept": "image/png"}, timeout=300)
+    assert answer.status_code == 200, answer.text[:500]
+    with Image.open(io.BytesIO(answer.content)) as image:
+        return image.convert("RGB").tobytes()
+
+
+def test_a_windowed_cells_info_carries_its_schedule_as_post_takes_it(server, client, fixtures):
+    """Each cell's `loras[]` entry says its LoRA's schedule beside the step-0 `scale` (issue 51), in the form
+    `parameters.loras[i].schedule` takes: sent back over `POST /`, it runs the cell's bytes (which `/generate` with
+    the window reproduces: the test above). An unwindowed cell's entry is what it was (no `schedule`)."""
+    peft = fixtures["peft"]
+    _, cells, info = compared(client, loras=f"{peft}\n{peft}", scales="2", starts="0, 0.25", ends="1, 0.5", steps=4)
+    whole, windowed = (cell["loras"][0] for cell in info["cells"])
+    assert set(whole) == {f.name for f in fields(AdapterUse)}
+    assert windowed["schedule"] == [[0.0, 0.0], [0.25, 2.0], [0.5, 0.0]]
+    assert whole["scale"] == 2.0
+    # `scale` stays the step-0 scale, as before (0 here: the window opens at a quarter of the steps).
+    assert windowed["scale"] == 0.0
+    carried = posted(server, 4, [{"path": peft, "scale": windowed["scale"], "schedule": windowed["schedule"]}])
+    assert carried == pixels(cells[1]["image"]) != pixels(cells[0]["image"])
+    assert carried == generated(client, lora=peft, lora_scale=2.0, lora_start=0.25, lora_end=0.5, steps=4)
+    assert pixels(cells[0]["image"]) == posted(server, 4, [{"path": peft, "scale": whole["scale"]}])
 
 
 @pytest.mark.parametrize(

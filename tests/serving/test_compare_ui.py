@@ -5,17 +5,14 @@ refusals `/compare`'s words (one parser for both doors)."""
 from __future__ import annotations
 
 import inspect
-import json
-import uuid
 from typing import Any
 
-import httpx
 import pytest
 from gradio_client.exceptions import AppError
 
 from tests.serving.test_compare import COMPARE, compared, pixels
+from tests.support.page_events import completed, event, page_values
 
-TIMEOUT = httpx.Timeout(300.0)
 # The tab's form for COMPARE's request: the size menu's value, the seed kept, the form's CLIP skip 1 (none skipped).
 FORM = {
     "prompt": COMPARE["prompt"],
@@ -34,26 +31,12 @@ FORM = {
 def compared_in_the_tab(server: Any, **fields: object) -> dict[str, Any]:
     """The Compare button's event with `fields` (the handler's parameter names) over the page's other values; the
     queue's last message (`success`, and `output`: the grid, cells, info, seed and status, or the error)."""
-    fn_index, fn = next((i, f) for i, f in server.demo.fns.items() if f.name == "compare_ui")
-    data = [getattr(component, "value", None) for component in fn.inputs]
-    names = [name for name in inspect.signature(fn.fn).parameters if name not in ("progress", "references")]
+    data = page_values(server.demo, "compare_ui")
+    handler = event(server.demo, "compare_ui")[1].fn
+    names = [name for name in inspect.signature(handler).parameters if name not in ("progress", "references")]
     for name, value in (FORM | fields).items():
         data[names.index(name)] = value
-    session = f"compare-ui-{uuid.uuid4().hex}"
-    join = httpx.post(
-        f"{server.url}gradio_api/queue/join",
-        json={"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": fn.targets[0][0]},
-        timeout=TIMEOUT,
-    )
-    assert join.status_code == 200, join.text
-    with httpx.stream(
-        "GET", f"{server.url}gradio_api/queue/data", params={"session_hash": session}, timeout=TIMEOUT
-    ) as stream:
-        for line in stream.iter_lines():
-            message = json.loads(line.removeprefix("data:")) if line.startswith("data:") else {}
-            if message.get("msg") == "process_completed":
-                return message
-    raise AssertionError("the queue's stream ended before the comparison completed")
+    return completed(server.url, server.demo, "compare_ui", data)
 
 
 def test_the_tabs_windows_give_compares_cells_and_captions(server, client, fixtures):
