@@ -26,6 +26,7 @@ from families.chroma import MODEL_ID as CHROMA_MODEL_ID
 from families.flux import MODEL_ID as FLUX_MODEL_ID
 from families.flux2_dev import MODEL_ID as FLUX2_DEV_MODEL_ID
 from families.krea2 import MODEL_ID as KREA2_MODEL_ID
+from families.ltx2 import MODEL_ID as LTX2_MODEL_ID
 from families.qwen_image import MODEL_ID as QWEN_MODEL_ID
 from families.sd15 import MODEL_ID as SD15_MODEL_ID
 from families.wan import MODEL_ID as WAN_1_3B_MODEL_ID
@@ -63,12 +64,16 @@ COMBINATIONS = {
     "Wan 2.1 T2V 14B alone": (WAN_14B_MODEL_ID,),
     "Wan 2.2 T2V-A14B alone": (WAN_A14B_MODEL_ID,),
     "Wan 2.2 I2V-A14B alone": (WAN_I2V_A14B_MODEL_ID,),
+    "LTX-2 19B alone": (LTX2_MODEL_ID,),
 }
 # A Q4_K GGUF file of Chroma1-HD as a `MODELS` item (the repo and file names are illustrative: the plan reads only
 # the quant type in the name; nothing is downloaded).
 CHROMA_Q4_K = f"{CHROMA_MODEL_ID}@silveroxides/Chroma1-HD-GGUF/Chroma1-HD-Q4_K_M.gguf"
 # Krea 2 Turbo's likewise (illustrative names, as test_plan_krea2's).
 KREA2_Q4_K = f"{KREA2_MODEL_ID}@someone/Krea-2-Turbo-GGUF/krea-2-turbo-Q4_K_M.gguf"
+# LTX-2 19B's transformer in GGUF files of two types (illustrative names, as test_plan_ltx2's).
+LTX2_Q4_K = f"{LTX2_MODEL_ID}@someone/LTX-2-GGUF/ltx-2-19b-Q4_K_M.gguf"
+LTX2_Q8_0 = f"{LTX2_MODEL_ID}@someone/LTX-2-GGUF/ltx-2-19b-Q8_0.gguf"
 # Rows under other settings than the defaults: (label, pools, settings changed).
 SETTINGS_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
     ("Chroma1-HD, QUANTIZE=fp8", (CHROMA_MODEL_ID,), {"quantize": "fp8"}),
@@ -83,6 +88,9 @@ SETTINGS_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
     ("Wan 2.2 I2V-A14B, QUANTIZE=fp8", (WAN_I2V_A14B_MODEL_ID,), {"quantize": "fp8"}),
     # Both of A14B's transformers stored in int4 (`FamilySpec.stored`).
     ("Wan 2.2 T2V-A14B, QUANTIZE=int4", (WAN_A14B_MODEL_ID,), {"quantize": "int4"}),
+    ("LTX-2 19B, QUANTIZE=fp8", (LTX2_MODEL_ID,), {"quantize": "fp8"}),
+    ("LTX-2 19B in GGUF Q4_K", (LTX2_Q4_K,), {}),
+    ("LTX-2 19B in GGUF Q8_0", (LTX2_Q8_0,), {}),
 )
 
 
@@ -112,6 +120,9 @@ CONSUMER_ROWS: tuple[tuple[str, tuple[str, ...], dict[str, object]], ...] = (
     ("Z-Image Turbo in GGUF Q4_K", (ZIMAGE_Q4_K,), {}),
     ("Qwen-Image in GGUF Q4_K", (QWEN_Q4_K,), {}),
     ("Qwen-Image, QUANTIZE=int4", (QWEN_MODEL_ID,), {"quantize": "int4"}),
+    # LTX-2 on 24 GB: refused in every storage (the card's clip's working memory beside the weights).
+    ("LTX-2 19B in GGUF Q4_K", (LTX2_Q4_K,), {}),
+    ("LTX-2 19B, QUANTIZE=int4", (LTX2_MODEL_ID,), {"quantize": "int4"}),
     # What the 12 GB refusals name: smaller LoRA branch buffers and adapter cache.
     ("FLUX.1 [dev], QUANTIZE=int4, LORA_MAX_RANK=32, DEVICE_CACHE_BYTES=256MiB", (FLUX_MODEL_ID,), _SMALL_INT4),
     ("FLUX.1 [dev] in GGUF Q4_K, LORA_MAX_RANK=16, DEVICE_CACHE_BYTES=256MiB", (FLUX_Q4_K,), _SMALL_Q4_K),

@@ -3,8 +3,10 @@
 Each LoRA is an A1111 `<lora:NAME:weight>` tag after the prompt with A1111's hash (kohya's addnet hash); values
 holding `,`, `:` or a newline are quoted as A1111 quotes them. A prompt cannot add structure: a `<name:` tag,
 "Negative prompt:" or a leading "Steps:" in it gets one more space (`_ESCAPES`), so a recipe names exactly the
-LoRAs that ran. `with_recipes` puts the recipe in `info["parameters"]`, `encode_image` writes it as a PNG text
-chunk or JPEG EXIF, `parse_recipe` reads it back. `RECIPES=0` turns recipes off.
+LoRAs that ran. An IC-LoRA run's reference video is named, never carried (`VideoReference`: its file's SHA-256,
+frames and size), and a recipe read back names it apart from its request, which lacks it (`Recipe.reference_video`).
+`with_recipes` puts the recipe in `info["parameters"]`, `encode_image` writes it as a PNG text chunk or JPEG EXIF,
+`parse_recipe` reads it back. `RECIPES=0` turns recipes off.
 The format, with an example: docs/internals.md, "serving/recipes.py".
 """
 
@@ -23,17 +25,31 @@ from PIL import Image, PngImagePlugin
 from engine.requests import GenerateRequest, GenerateResult, InputImage, LoraSpec
 from engine.samplers import find_sampler
 from engine.schedules import window_of
+from engine.video_input import EncodedVideo, RequestVideo
 from lora_catalog.pairs import SEPARATOR as PAIR_SEPARATOR
 
 if TYPE_CHECKING:
     from engine.requests import AdapterUse
 
-__all__ = ["KEY", "Recipe", "encode_image", "image_hash", "parse_recipe", "recipe_text", "with_recipes"]
+__all__ = [
+    "KEY",
+    "REFERENCE_VIDEO",
+    "Recipe",
+    "VideoReference",
+    "encode_image",
+    "image_hash",
+    "parse_recipe",
+    "recipe_text",
+    "with_recipes",
+]
 
 KEY = "parameters"
 VERSION = "LoRA Switchboard"
 # Each LoRA's low-noise scale on a two-stage pool (Wan 2.2 A14B), where it differs from its tag's.
 SCALES_2 = "Lora scales 2"
+# An IC-LoRA run's reference video (`VideoReference.text`), the one parameter written and read back under this name.
+REFERENCE_VIDEO = "Reference video"
+_VIDEO_TEXT = re.compile(r"(?:sha256 ([0-9a-f]{64}), )?(\d+) frames, (\d+)x(\d+)")
 _JPEG_QUALITY = 92
 _EXIF_IFD, _USER_COMMENT = 0x8769, 0x9286
 _UNICODE = b"UNICODE\x00"
@@ -57,12 +73,51 @@ _ESCAPES = tuple(
 
 
 @dataclass(frozen=True)
+class VideoReference:
+    """An IC-LoRA run's reference video as its recipe names it (`Reference video`), never its bytes: the SHA-256 of
+    the file the client sent (what `sha256sum` prints for it; "" for a video made in code, which has no file), its
+    frame count and a frame's size. Written `sha256 <64 hex digits>, 9 frames, 64x64`."""
+
+    sha256: str
+    frames: int
+    width: int
+    height: int
+
+    @classmethod
+    def of(cls, video: RequestVideo) -> VideoReference:
+        """The video a request ran with: decoded (its frames, its file kept) or as a door read it (its header)."""
+        if isinstance(video, EncodedVideo):
+            return cls(hashlib.sha256(video.data).hexdigest(), video.frames, video.width, video.height)
+        first = video.frames[0]
+        digest = hashlib.sha256(video.source).hexdigest() if video.source else ""
+        return cls(digest, len(video.frames), first.width, first.height)
+
+    @classmethod
+    def parse(cls, text: str) -> VideoReference | None:
+        """The video `text` names (as `text()` writes it), or None for text of another form."""
+        found = _VIDEO_TEXT.fullmatch(text.strip())
+        if found is None:
+            return None
+        digest, frames, width, height = found.groups()
+        return cls(digest or "", int(frames), int(width), int(height))
+
+    def text(self) -> str:
+        named = f"sha256 {self.sha256}, " if self.sha256 else ""
+        return f"{named}{self.frames} frames, {self.width}x{self.height}"
+
+
+@dataclass(frozen=True)
 class Recipe:
-    """A recipe read back: the request it describes, and every parameter as written (A1111's names)."""
+    """A recipe read back: the request it describes, and every parameter as written (A1111's names).
+
+    `reference_video`: the reference video an IC-LoRA run took (None: none), which the recipe names but cannot
+    carry. `request` has no video then: alone it is a text-to-video run, not the recipe's; the same run needs that
+    file (its SHA-256 tells it) as the request's `reference_video`."""
 
     request: GenerateRequest
     parameters: dict[str, str]
     hashes: dict[str, str]
+    reference_video: VideoReference | None = None
 
 
 def recipe_text(result: GenerateResult, index: int = 0) -> str:
@@ -101,6 +156,9 @@ def recipe_text(result: GenerateResult, index: int = 0) -> str:
         parameters["Reference hashes"] = ", ".join(
             f"image {n}: {image_hash(image)}" for n, image in enumerate(references, start=1)
         )
+    if request.reference_video is not None:
+        # Nor an IC-LoRA's reference video: which file it was, how long and how large.
+        parameters[REFERENCE_VIDEO] = VideoReference.of(request.reference_video).text()
     hashes = [f"{_lora_name(use)}: {use.hash}" for use in result.adapters if use.hash]
     if hashes:
         parameters["Lora hashes"] = ", ".join(hashes)
@@ -170,7 +228,7 @@ def read_recipe(image: Image.Image) -> str | None:
 
 def parse_recipe(text: str) -> Recipe:
     """A recipe's request: prompt and LoRA tags, negative prompt, steps, sampler, CFG, seed, size, clip skip,
-    and an image-to-image recipe's denoising strength."""
+    and an image-to-image recipe's denoising strength; an IC-LoRA recipe's reference video named beside it."""
     lines = text.strip().split("\n")
     found = _PARAM.findall(lines[-1]) if lines else []
     parameters = {key.strip(): _unquote(value) for key, value in found} if len(found) >= 3 else {}
@@ -208,8 +266,9 @@ def parse_recipe(text: str) -> Recipe:
         fps=_number(parameters.get("FPS")),
         guidance_2=_number(parameters.get("CFG scale 2")),
     )
-    hashes = _named(parameters.get("Lora hashes", ""))
-    return Recipe(request, parameters, {_ref(name): value for name, value in hashes.items()})
+    hashes = {_ref(name): value for name, value in _named(parameters.get("Lora hashes", "")).items()}
+    # The reference video stays apart from the request (which cannot hold a video that is not there).
+    return Recipe(request, parameters, hashes, VideoReference.parse(parameters.get(REFERENCE_VIDEO, "")))
 
 
 def _escape(text: str) -> str:

@@ -15,7 +15,7 @@ import gradio as gr
 
 from engine.requests import GenerateRequest, GenerateResult
 from serving.handlers import Handlers
-from serving.recipes import image_hash
+from serving.recipes import VideoReference, image_hash
 from serving.ui import formatting as fmt
 from serving.ui import pool_views, session
 from serving.ui.api_requests import windowed
@@ -114,6 +114,9 @@ def remember(form: Mapping[str, Any], result: GenerateResult, base_url: str) -> 
     # Nor further reference images: which they were (as the recipe's "Reference hashes"), image 1 first.
     shown = (request.image, *request.images) if started and request.images else ()
     values["references"] = ",".join(image_hash(image) for image in shown if image is not None) or None
+    # Nor an IC-LoRA's reference video: its file's SHA-256 (as the recipe's "Reference video").
+    video = request.reference_video
+    values["reference_video"] = (VideoReference.of(video).sha256 or None) if video is not None else None
     # A video's frames and rate, as it ran (the pool's defaults filled in).
     values["num_frames"] = frame_count(result) if result.is_video else None
     values["fps"] = result.fps if result.is_video else None

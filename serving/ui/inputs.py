@@ -42,6 +42,7 @@ __all__ = [
     "prompt_control",
     "source_images",
     "strength_control",
+    "video_note",
     "wire_inputs",
 ]
 
@@ -255,6 +256,15 @@ def link_note(mode: str, references: Sequence[str] = ()) -> str:
         f"These settings made a result from {len(references)} images ({mode}; short SHA-256 of each: {which}), "
         f"which a link or the history cannot carry: add them above, as Image 1 to Image {len(references)} in "
         "that order, to make it again."
+    )
+
+
+def video_note(digest: str) -> str:
+    """What a share link of an IC-LoRA's result says: it ran with a reference video (`digest`: its file's SHA-256,
+    as the recipe's "Reference video" names it), which the link cannot carry."""
+    return (
+        f"These settings made a video from a reference video (an IC-LoRA's; the file's SHA-256 `{digest}`), which "
+        "a link or the history cannot carry: add that file as the Reference video to make it again."
     )
 
 

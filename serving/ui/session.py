@@ -8,7 +8,8 @@ sampler the pool does not offer, a number out of range, is left as the form has 
 filled in, and the engine checks the request when it is sent. A link cannot carry an input image: for a result
 made from one it has `input=image-to-image` (or `inpainting`) and the strength, and the form says so; made from
 several (further reference images), `references=` each one's short SHA-256 in order (as the recipe's "Reference
-hashes"), which the form's note lists. Pure functions, no Gradio objects but `gr.skip`.
+hashes"), which the form's note lists; made with an IC-LoRA's reference video, `reference_video=` its file's
+SHA-256 (as the recipe's "Reference video"), which the note names. Pure functions, no Gradio objects but `gr.skip`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import gradio as gr
 from engine.requests import FPS_RANGE, MAX_IMAGES, MAX_SEED, ModelDefaults
 from engine.samplers import find_sampler, sampler_label
 from lora_catalog.hints import LoraHints, blend_hints
-from serving.ui.inputs import STARTED, link_note
+from serving.ui.inputs import STARTED, link_note, video_note
 
 __all__ = [
     "FIELDS",
@@ -72,10 +73,12 @@ FIELDS = (
     "lora_2_start",
     "lora_2_end",
 )
-# What a link carries besides the form's fields: the images' short SHA-256s (image 1 first), for the note.
-NOTED = ("references",)
+# What a link carries besides the form's fields, for the note: the images' short SHA-256s (image 1 first), a
+# reference video's SHA-256.
+NOTED = ("references", "reference_video")
 HISTORY_SIZE = 12
 _DIGEST = re.compile(r"[0-9a-f]{12}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _MOST_REFERENCES = 16
 _THUMB = 192
 _TEXT = ("prompt", "negative", "lora", "lora_revision", "lora_weight", "lora_2", "lora_2_revision", "lora_2_weight")
@@ -118,6 +121,10 @@ def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: i
     # The result started from an input image (or several), which the link cannot carry: the form says so.
     started = params.get("input") in STARTED
     out["input"] = link_note(params["input"], _digests(params.get("references"))) if started else None
+    # Nor an IC-LoRA's reference video: which file it was.
+    video = params.get("reference_video")
+    if isinstance(video, str) and _SHA256.fullmatch(video):
+        out["input"] = video_note(video)
     out["base"] = params.get("base") or None
     out["num_frames"], out["fps"] = video_values(params, defaults)
     for ref in ("lora", "lora_2"):

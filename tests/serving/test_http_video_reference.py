@@ -6,6 +6,7 @@ refused before anything is decoded; the Space answers the same afterwards."""
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import httpx
 import pytest
 from gradio_client import handle_file
 
+from serving.recipes import REFERENCE_VIDEO, VideoReference, parse_recipe
 from serving.video import decode_mp4
 from tests.support.app_server import AppServer, serve_app
 from tests.support.clients import api_client
@@ -56,6 +58,23 @@ def test_a_reference_video_runs_as_base64_or_a_data_url(server):
     assert decode_mp4(sent.content).frames[-1].tobytes() != decode_mp4(plain.content).frames[-1].tobytes()
     as_url = post(server, "data:video/mp4;base64," + b64(VIDEO))
     assert as_url.status_code == 200 and as_url.content == sent.content
+
+
+def test_an_ic_runs_recipe_names_its_reference_video_and_a_plain_runs_has_none(server):
+    plain, sent = post(server, None), post(server, b64(VIDEO))
+    assert plain.status_code == sent.status_code == 200, sent.text[:300]
+    ic_text, plain_text = decode_mp4(sent.content).comment, decode_mp4(plain.content).comment
+    assert ic_text is not None and plain_text is not None
+    ic, read_plain = parse_recipe(ic_text), parse_recipe(plain_text)
+    # The client's file by its SHA-256 (as `sha256sum` prints it), its frames and their size; never its bytes.
+    assert ic.reference_video == VideoReference(hashlib.sha256(VIDEO).hexdigest(), 9, 64, 64)
+    assert len(ic_text) < 1000 and b64(VIDEO)[:100] not in ic_text
+    # Read back, the request has no video: the recipe names the file the same run needs, it does not pretend.
+    assert ic.request.reference_video is None
+    # A run without a video: the same recipe but for that one entry (the seed and settings are the same).
+    assert read_plain.reference_video is None and REFERENCE_VIDEO not in read_plain.parameters
+    assert {k: v for k, v in ic.parameters.items() if k != REFERENCE_VIDEO} == read_plain.parameters
+    assert ic_text.replace(f'{REFERENCE_VIDEO}: "{ic.reference_video.text()}", ', "") == plain_text
 
 
 @pytest.mark.parametrize(

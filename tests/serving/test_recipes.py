@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import re
 
@@ -10,7 +11,16 @@ import pytest
 from PIL import Image
 
 from engine.requests import AdapterUse, CheckedRequest, GenerateResult, InputImage, LoraSpec, Timings
-from serving.recipes import encode_image, parse_recipe, read_recipe, recipe_text, with_recipes
+from engine.video_input import InputVideo
+from serving.recipes import (
+    REFERENCE_VIDEO,
+    VideoReference,
+    encode_image,
+    parse_recipe,
+    read_recipe,
+    recipe_text,
+    with_recipes,
+)
 
 USES = (
     AdapterUse("owner/style", "abc", "pytorch_lora_weights.safetensors", 0.8, "hit", "0123456789ab"),
@@ -104,6 +114,23 @@ def test_an_image_to_image_recipe_has_a1111s_denoising_strength():
         assert parse_recipe(parameters).request.strength == 0.6
     assert "Denoising strength" not in recipe_text(made)
     assert parse_recipe(recipe_text(made)).request.strength is None
+
+
+def test_a_reference_video_is_named_by_its_file_frames_and_size_and_read_back_apart_from_the_request():
+    frame = InputImage.from_pil(Image.new("RGB", (32, 48), (5, 6, 7)))
+    made = result()
+    for source, digest in ((b"an mp4's bytes", hashlib.sha256(b"an mp4's bytes").hexdigest()), (b"", "")):
+        video = InputVideo((frame,) * 9, 24.0, source)
+        text = recipe_text(dataclasses.replace(made, request=dataclasses.replace(made.request, reference_video=video)))
+        named = "sha256 " + digest + ", " if digest else ""  # a video made in code has no file to hash
+        assert f'{REFERENCE_VIDEO}: "{named}9 frames, 32x48", ' in text
+        recipe = parse_recipe(text)
+        assert recipe.reference_video == VideoReference(digest, 9, 32, 48)
+        assert recipe.request.reference_video is None
+        assert recipe.request == parse_recipe(recipe_text(made)).request
+    # A recipe without one (or with text of another form under that name) names none.
+    assert parse_recipe(recipe_text(made)).reference_video is None
+    assert parse_recipe(f"a fox\nSteps: 4, Seed: 1, {REFERENCE_VIDEO}: clip.mp4").reference_video is None
 
 
 def test_an_img2img_recipe_a1111_wrote_is_read_with_its_strength():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from urllib.parse import parse_qsl, urlsplit
 
 import gradio as gr
@@ -10,7 +11,9 @@ from PIL import Image
 
 from engine.images import DEFAULT_MAX_INPUT_PIXELS as PIXELS
 from engine.requests import CheckedRequest, GenerateResult, InputImage, LoraSpec, ModelDefaults, Timings
+from engine.video_input import InputVideo
 from lora_catalog.hints import LoraHints, speed_hints
+from serving.recipes import parse_recipe, recipe_text
 from serving.ui import session
 from serving.ui.history import FORM, remember, request_of
 
@@ -133,3 +136,23 @@ def test_a_share_link_says_its_result_started_from_an_input_image_it_cannot_carr
     text_link, _, _ = remember(FORM_VALUES, plain, "https://s.hf.space")
     assert "input=" not in text_link and "strength=" not in text_link
     assert session.form_values({"seed": "5"}, DEFAULTS, 60)[session.FIELDS.index("input")] == gr.skip()
+
+
+def test_a_share_link_names_the_reference_video_it_cannot_carry():
+    frame = InputImage.from_pil(Image.new("RGB", (64, 64), (9, 9, 9)))
+    video = InputVideo((frame,) * 9, 24.0, b"the client's mp4")
+    checked = CheckedRequest(prompt="a fox", steps=2, width=64, height=64, seed=5, num_frames=9, fps=24)
+    made = GenerateResult(image=frame.to_pil(), seed=5, request=checked, timings=Timings(), frames=(frame.to_pil(),))
+    ic = dataclasses.replace(made, request=dataclasses.replace(checked, reference_video=video))
+    link, _, _ = remember(FORM_VALUES, ic, "https://s.hf.space")
+    query = dict(parse_qsl(urlsplit(link).query))
+    # The file's SHA-256, as the recipe's "Reference video" names it.
+    digest = hashlib.sha256(b"the client's mp4").hexdigest()
+    assert query["reference_video"] == digest == parse_recipe(recipe_text(ic)).reference_video.sha256  # type: ignore[union-attr]
+    filled = dict(zip((*session.FIELDS, "randomize"), session.form_values(query, DEFAULTS, 60), strict=True))
+    assert f"a reference video (an IC-LoRA's; the file's SHA-256 `{digest}`), which a link" in filled["input"]
+    # A video without one: nothing said; a link's value of another form is not repeated.
+    plain_link, _, _ = remember(FORM_VALUES, made, "https://s.hf.space")
+    assert "reference_video=" not in plain_link
+    odd = session.form_values({"seed": "5", "reference_video": "<b>x</b>"}, DEFAULTS, 60)
+    assert odd[session.FIELDS.index("input")] == gr.skip()

@@ -1,10 +1,13 @@
 """LTX-2 in the start-up memory plan: the declared sizes are what diffusers and transformers build from LTX-2's
 structure (diffusers' defaults for the transformer, connectors, VAEs and vocoder; Gemma 3 12B's config); the
 working memory follows the latent shape; which GPUs serve it (bf16 on 80 GB, int4 with Gemma in host RAM on an
-L40S, none on 24 GB) and in which storage."""
+L40S, none on 24 GB) and in which storage; a GGUF file of its transformer (a `MODELS` item `MODEL@FILE.gguf`) is
+planned by its type: Q4_K on 80 GB and on an L40S, a larger type refused there naming the one that fits, and none on
+24 GB, naming the GPU that serves it."""
 
 from __future__ import annotations
 
+import huggingface_hub
 import pytest
 import torch
 from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
@@ -22,6 +25,10 @@ from families.ltx2 import MODEL_ID
 from tests.support.dit import A10G, HOST_RAM, L40S, needs_on_a_gpu, values
 
 A100 = 81_038 * 2**20
+# GGUF files of LTX-2 19B's transformer as `MODELS` items (the repo and file names are illustrative, as
+# bench/plan_table's: the plan reads only the quant type in the name; nothing is fetched).
+GGUF_Q4_K = f"{MODEL_ID}@someone/LTX-2-GGUF/ltx-2-19b-Q4_K_M.gguf"
+GGUF_Q8_0 = f"{MODEL_ID}@someone/LTX-2-GGUF/ltx-2-19b-Q8_0.gguf"
 # google/gemma-3-12b-it's config (LTX-2's text_encoder/).
 _GEMMA = Gemma3Config(
     text_config={
@@ -102,3 +109,43 @@ def test_bf16_on_80_gb_int4_with_gemma_in_host_ram_on_an_l40s_and_none_on_24_gb(
         plan(settings_for(MODEL_ID), A10G)
     (fp8,) = plan(settings_for(MODEL_ID, quantize="fp8"), A100).placements
     assert fp8.storage == "fp8"
+
+
+@pytest.fixture
+def empty_hub_cache(tmp_path, monkeypatch):
+    """No Hub file cached: a Hub GGUF is planned by its name."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+
+def gguf_settings(models: str) -> Settings:
+    return Settings.from_env({"MODELS": models}).replace(device="cpu", host_ram_bytes=HOST_RAM)
+
+
+def test_a_gguf_transformer_is_planned_by_its_type_on_80_gb_and_an_l40s_and_none_fits_24_gb(empty_hub_cache):
+    settings = gguf_settings(GGUF_Q4_K)
+    (need,) = needs_on_a_gpu(settings)
+    (plain,) = needs_on_a_gpu(settings_for(MODEL_ID))
+    assert (need.storage, need.quant) == ("gguf", "Q4_K") and need.fp8 is None and need.int4 is None
+    assert plain.int4 is not None and plain.fp8 is not None
+    # Q4_K's 4.5 bits a value fall between int4's and fp8's; Gemma, the VAEs and the vocoder as they are.
+    assert plain.int4.weights < need.weights < plain.fp8.weights
+    (large,) = plan(settings, A100).placements
+    assert (large.storage, large.host_components) == ("gguf", ())
+    (l40s,) = plan(settings, L40S).placements
+    assert (l40s.storage, l40s.host_components) == ("gguf", ("text_encoder",))
+    assert "(denoiser in gguf Q4_K with LoRA branches)" in plan(settings, L40S).describe()
+    # QUANTIZE=auto never re-stores a GGUF pool; on 24 GB nothing fits: the refusal names the GPU that does.
+    with pytest.raises(SettingsError, match=r"gguf Q4_K.*accepted: a larger GPU: L40S \(48 GB\)"):
+        plan(settings, A10G)
+
+
+def test_a_larger_gguf_type_on_an_l40s_is_refused_naming_the_type_that_fits(empty_hub_cache):
+    settings = gguf_settings(GGUF_Q8_0)
+    (need,) = needs_on_a_gpu(settings)
+    (placement,) = plan(settings, A100).placements
+    assert placement.storage == "gguf"
+    with pytest.raises(SettingsError, match=r"accepted: a GGUF file of type (\w+) for Lightricks/LTX-2") as e:
+        plan(settings, L40S)
+    said = str(e.value).split("a GGUF file of type ")[1].split(" ")[0]
+    (fits,) = plan_memory([n for n in need.smaller if n.quant == said], L40S, PlanOptions.of(settings)).placements
+    assert fits.storage == "gguf" and fits.host_components == ("text_encoder",)
