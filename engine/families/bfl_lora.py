@@ -7,6 +7,13 @@ and asserts they add up. On a transformer of other widths (a tiny one), each `li
 with zero rows to those widths, its rows for q, k, v and the MLP placed at the offsets diffusers splits at, and
 the four factors it gives are cropped back after: the split and its sparse test see exactly the factor they would
 at real width, and zero rows change neither. At real width nothing is padded.
+
+diffusers 0.42 reads BFL's names only with kohya's factor names (`lora_down`/`lora_up`): a file with BFL's names and
+PEFT's `lora_A`/`lora_B` (the flow trainer's, ai-toolkit's Chroma files, ComfyUI's saves) passes its converter
+unchanged, and its loader then finds no `transformer.` key and loads nothing, silently, on either pipeline. Those
+factors are renamed first to ComfyUI's `diffusion_model.<layer>.lora_down`/`lora_up` form (`renamed_bfl_factors`),
+which diffusers' converter splits as it splits kohya's: one renaming for both families, whose result equals
+diffusers' reading of the same LoRA in its own names.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import Any
 from engine.errors import IncompatibleLoraError
 from engine.families.spec import Module, PipelineClass, Tensor
 
-__all__ = ["REAL_LINEAR1", "convert_bfl_lora", "linear1_widths"]
+__all__ = ["REAL_LINEAR1", "convert_bfl_lora", "linear1_widths", "renamed_bfl_factors"]
 
 # diffusers 0.42's kohya converter splits `linear1` into q, k, v and the MLP's input at these widths.
 REAL_LINEAR1 = (3072, 3072, 3072, 12288)
@@ -26,6 +33,13 @@ _LINEAR1_UP = re.compile(
     r"^(?:lora_unet_single_blocks_(\d+)_linear1|diffusion_model\.single_blocks\.(\d+)\.linear1)\.lora_up\.weight$"
 )
 _LINEAR1_PARTS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
+# BFL's names with PEFT's factor names, with or without ComfyUI's `diffusion_model.` prefix: every top-level module
+# of BFL's FLUX.1 (blocks, embedders, final layer) and Chroma's modulation network, `distilled_guidance_layer`.
+_BFL_PEFT = re.compile(
+    r"^(?:diffusion_model\.)?((?:double_blocks|single_blocks|distilled_guidance_layer|final_layer|img_in|txt_in"
+    r"|time_in|vector_in|guidance_in)\..+)\.lora_([AB])\.weight$"
+)
+_ALPHA = re.compile(r"^(?:diffusion_model\.)?(.+)\.alpha$")
 
 
 def linear1_widths(denoiser: Module) -> tuple[int, int, int, int] | None:
@@ -38,15 +52,35 @@ def linear1_widths(denoiser: Module) -> tuple[int, int, int, int] | None:
     return q, k, v, mlp
 
 
+def renamed_bfl_factors(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """BFL-named `lora_A`/`lora_B` factors as ComfyUI's `diffusion_model.<layer>.lora_down`/`lora_up` (their
+    `.alpha` beside them), the form diffusers' FLUX converter reads; a file with none comes back unchanged.
+    Without `.alpha` a layer's scale is 1, as PEFT reads a file without alphas, and as diffusers' converter reads
+    kohya factors without one."""
+    stems = {m[1] for name in state_dict if (m := _BFL_PEFT.match(name))}
+    if not stems:
+        return state_dict
+    renamed: dict[str, Tensor] = {}
+    for name, tensor in state_dict.items():
+        if m := _BFL_PEFT.match(name):
+            renamed[f"diffusion_model.{m[1]}.lora_{'down' if m[2] == 'A' else 'up'}.weight"] = tensor
+        elif (a := _ALPHA.match(name)) and a[1] in stems:
+            renamed[f"diffusion_model.{a[1]}.alpha"] = tensor
+        else:
+            renamed[name] = tensor
+    return renamed
+
+
 def convert_bfl_lora(
     pipeline_class: PipelineClass, label: str, state_dict: dict[str, Tensor], denoiser: Module
 ) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
-    """`pipeline_class.lora_state_dict` (diffusers' FLUX converter), at the served transformer's widths.
+    """`pipeline_class.lora_state_dict` (diffusers' FLUX converter), at the served transformer's widths, BFL's
+    names with `lora_A`/`lora_B` renamed first (`renamed_bfl_factors`).
 
     A factor whose rows fit no served width is refused here (IncompatibleLoraError naming both shapes), never
     asserted on; what diffusers' converter cannot read comes out as a ValueError naming `label`'s converter."""
     widths = linear1_widths(denoiser)
-    padded, crops = _pad_linear1(state_dict, widths)
+    padded, crops = _pad_linear1(renamed_bfl_factors(state_dict), widths)
     try:
         converted, alphas = pipeline_class.lora_state_dict(padded, return_alphas=True)
     except (AssertionError, RuntimeError, NotImplementedError, TypeError, AttributeError) as e:

@@ -5,7 +5,7 @@ A LoRA adapts the transformer only (diffusers' Chroma loader is `FluxLoraLoaderM
 CLIP); every naming that loader reads (diffusers/PEFT, kohya over BFL's fused qkv/linear1, ComfyUI's
 `diffusion_model.` with `lora_down`) goes through diffusers' own FLUX converter at the served widths
 (`engine.families.bfl_lora`), and BFL's names with `lora_A`/`lora_B` (the flow trainer's, ai-toolkit's), which
-diffusers' loader silently ignores, are renamed to the `lora_down`/`lora_up` form it converts (`convert_lora`).
+diffusers' loader silently ignores, are renamed there to the `lora_down`/`lora_up` form it converts, as FLUX.1's.
 HD's card: 40 steps at CFG 3.0 with a negative prompt (CFG runs above 1); sides in 16s; FLUX.1's VAE, so its
 previews (the latents are packed as FLUX.1's). T5 may stay in host RAM.
 """
@@ -50,7 +50,7 @@ from engine.requests import CheckedRequest
 from engine.storage import LinearSizes
 from families.chroma import IDENTITY
 
-__all__ = ["FAMILY", "MEMORY", "ChromaInpaint", "build_tiny_pipeline", "convert_lora", "renamed_bfl_factors"]
+__all__ = ["FAMILY", "MEMORY", "ChromaInpaint", "build_tiny_pipeline", "convert_lora"]
 
 # Parameter and buffer values of lodestones/Chroma1-HD as diffusers and transformers build them from its configs
 # (transformer/: ChromaTransformer2DModel's defaults are Chroma's; text_encoder/ T5-XXL's encoder, as FLUX.1's;
@@ -72,13 +72,6 @@ MEMORY = MemorySpec(
 # The attention inputs a LoRA's down factor shows the hidden width on (q/k/v alone, fused, or with the MLP).
 _HIDDEN_INPUT = re.compile(r"(to_[qkv]|add_[qkv]_proj|qkv|linear1)[._]")
 _DOWN = (".lora_down.weight", ".lora_a.weight")
-# BFL's names with PEFT's factor names (the flow trainer's and ai-toolkit's Chroma files), with or without
-# ComfyUI's `diffusion_model.` prefix: diffusers' FLUX converter reads BFL's names only with kohya's factor names.
-_BFL_PEFT = re.compile(
-    r"^(?:diffusion_model\.)?((?:double_blocks|single_blocks|distilled_guidance_layer|final_layer|img_in|txt_in)"
-    r"\..+)\.lora_([AB])\.weight$"
-)
-_ALPHA = re.compile(r"^(?:diffusion_model\.)?(.+)\.alpha$")
 
 
 def lora_widths(shapes: Shapes) -> Widths:
@@ -91,33 +84,13 @@ def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
     return Widths(frozenset({head_width(denoiser)}))
 
 
-def renamed_bfl_factors(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-    """BFL-named `lora_A`/`lora_B` factors as ComfyUI's `diffusion_model.<layer>.lora_down`/`lora_up` (their
-    `.alpha` beside them), the form diffusers' FLUX converter reads; a file with none comes back unchanged."""
-    stems = {m[1] for name in state_dict if (m := _BFL_PEFT.match(name))}
-    if not stems:
-        return state_dict
-    renamed: dict[str, Tensor] = {}
-    for name, tensor in state_dict.items():
-        if m := _BFL_PEFT.match(name):
-            renamed[f"diffusion_model.{m[1]}.lora_{'down' if m[2] == 'A' else 'up'}.weight"] = tensor
-        elif (a := _ALPHA.match(name)) and a[1] in stems:
-            renamed[f"diffusion_model.{a[1]}.alpha"] = tensor
-        else:
-            renamed[name] = tensor
-    return renamed
-
-
 def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[str, Tensor], Mapping[str, Any] | None]:
     """diffusers' own conversion (`ChromaPipeline.lora_state_dict`, FLUX's), at the served transformer's widths.
 
-    diffusers 0.42 reads BFL's names only with kohya's `lora_down`/`lora_up`: a file with BFL's names and PEFT's
-    `lora_A`/`lora_B` passes its converter unchanged, and its loader then finds no `transformer.` key and loads
-    nothing, silently. Those factors are renamed first (`renamed_bfl_factors`; without `.alpha` a layer's scale is
-    1, as PEFT reads a file without alphas), so diffusers' converter splits them as it splits kohya's. A layer
-    Chroma lacks (FLUX.1's modulations) converts to a diffusers name the served transformer has not, and is
-    refused naming it."""
-    return convert_bfl_lora(ChromaPipeline, "Chroma", renamed_bfl_factors(state_dict), denoiser)
+    BFL's names with PEFT's `lora_A`/`lora_B`, which diffusers' loader silently ignores, are renamed first to the
+    form its converter splits (`engine.families.bfl_lora.renamed_bfl_factors`, FLUX.1's too). A layer Chroma lacks
+    (FLUX.1's modulations) converts to a diffusers name the served transformer has not, and is refused naming it."""
+    return convert_bfl_lora(ChromaPipeline, "Chroma", state_dict, denoiser)
 
 
 class ChromaInpaint(ChromaInpaintPipeline):

@@ -2,9 +2,11 @@
 
 A LoRA adapts the transformer and, in some files, CLIP (never T5); every naming diffusers' `FluxPipeline`
 reads (diffusers/PEFT, kohya over BFL's fused qkv/linear1, ComfyUI, XLabs, kohya's CLIP part) is converted by
-its own converter, at any served width (`convert_lora`). The served transformer's `guidance_embeds` sets the
-defaults ([dev]: distilled guidance, 28 steps at 3.5; [schnell]: none, 4 at 0); no negative prompt; sides in
-16s; previews unpack the packed latents. The reasoning and sources: docs/internals.md.
+its own converter, at any served width (`convert_lora`), and so are BFL's names with `lora_A`/`lora_B`, which its
+loader silently ignores (renamed first to the ComfyUI form it reads, as Chroma's: `engine.families.bfl_lora`).
+The served transformer's `guidance_embeds` sets the defaults ([dev]: distilled guidance, 28 steps at 3.5;
+[schnell]: none, 4 at 0); no negative prompt; sides in 16s; previews unpack the packed latents. The reasoning
+and sources: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def convert_lora(state_dict: dict[str, Tensor], denoiser: Module) -> tuple[dict[
     zero rows to those widths, its rows for q, k, v and the MLP placed at the offsets diffusers splits at, and
     the four factors it gives are cropped back after: the split and its sparse test see exactly the factor
     they would at real width, and zero rows change neither. At real width nothing is padded.
+    BFL's names with `lora_A`/`lora_B` are renamed first to ComfyUI's `lora_down`/`lora_up`, which it reads.
     A factor whose rows fit no served width is refused here (IncompatibleLoraError naming both shapes), never
     asserted on; what diffusers' converter cannot read comes out as a ValueError.
     """

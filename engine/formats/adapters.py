@@ -43,14 +43,7 @@ from engine.hostmem import pinned_nbytes
 from lora_catalog.hints import LoraHints
 from lora_catalog.variants import unsupported_variant, variant_tensors
 
-__all__ = [
-    "AdapterKey",
-    "LayerFactors",
-    "LayerUpdate",
-    "PreparedAdapter",
-    "detect_variant",
-    "prepare",
-]
+__all__ = ["AdapterKey", "LayerFactors", "LayerUpdate", "PreparedAdapter", "detect_variant", "prepare"]
 
 logger = logging.getLogger(__name__)
 
@@ -211,9 +204,8 @@ def prepare(
     if magnitudes:
         names = ", ".join(table.names[i] for i in sorted(magnitudes)[:5])
         raise IncompatibleLoraError(f"{label} has DoRA magnitudes without LoRA factors for {names}")
-    if not layers:
-        names = ", ".join(sorted(tensors)[:5])
-        raise IncompatibleLoraError(f"{label} has tensors that match no module of the served pipeline: {names}")
+    if not layers:  # no key of the file lands on the pool's modules, whichever converter read it
+        raise _unplaced(label, tensors)
     components = tuple(c for c in table.components if any(table.names[x.target].startswith(f"{c}.") for x in layers))
     layers = keep_deltas(layers, table.shapes, delta_budget)
     reaches = tuple(reach(layer) for layer in layers)
@@ -255,7 +247,7 @@ def _plain_layers(
     except IncompatibleLoraError as e:  # the converter found factors the served pipeline's shapes do not fit
         raise IncompatibleLoraError(f"{label}: {e}") from e
     except (ValueError, KeyError, IndexError) as e:
-        raise IncompatibleLoraError(f"{label} has tensor names the served pipeline does not know: {e}") from e
+        raise _unplaced(label, plain, f" (its converter: {e})") from e
     layers: list[LayerUpdate] = []
     for component in table.components:
         part = component_state_dict(state_dict, component, denoiser=component == table.denoiser)
@@ -264,9 +256,18 @@ def _plain_layers(
             layers.extend(_factors(part, component, table, alphas, config.get(component), label))
     leftovers = [k for k in state_dict if not k.startswith(tuple(f"{c}." for c in table.components))]
     if leftovers:
-        names = ", ".join(sorted(leftovers)[:5])
-        raise IncompatibleLoraError(f"{label} has tensors that match no module of the served pipeline: {names}")
+        raise _unplaced(label, leftovers)
     return layers
+
+
+def _unplaced(label: str, names: Iterable[str], why: str = "") -> IncompatibleLoraError:
+    """The refusal of a file's tensors that land on no module of the served pipeline: named, with what is read."""
+    found = sorted(names)
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    return IncompatibleLoraError(
+        f"{label} has tensors that match no module of the served pipeline: {', '.join(found[:5])}{more}{why}; "
+        f"accepted: {_ACCEPTED}, over the served pipeline's modules"
+    )
 
 
 def _component_alphas(network_alphas: Mapping[str, float] | None, component: str) -> dict[str, float]:
@@ -357,10 +358,8 @@ def _magnitudes(split: SplitTensors, table: TargetTable, label: str) -> dict[int
     components = table.components
     for stem, tensor in split.kohya_magnitudes.items():
         # `dora_scale` (LyCORIS) may lie on either axis; its shape tells which.
-        found[_target(table, [kohya[stem]] if stem in kohya else peft_stem(stem, components), label, stem)] = (
-            tensor,
-            False,
-        )
+        candidates = [kohya[stem]] if stem in kohya else peft_stem(stem, components)
+        found[_target(table, candidates, label, stem)] = (tensor, False)
     for stem, tensor in split.peft_magnitudes.items():
         found[_target(table, peft_stem(stem, components), label, stem)] = (tensor, True)
     return found

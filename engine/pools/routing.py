@@ -3,8 +3,11 @@
 The origin says what the LoRA was made for and how that was found. A base its card declares picks the pool
 serving exactly that base, else the first pool of that family; a family its metadata declares picks the first
 pool of that family; a LoRA judged by its tensors goes to the first pool whose family its names leave and whose
-widths (denoiser and text encoders) hold every width its factors show, and to none in particular when
-pools of several families fit. Several LoRAs of one request must agree (`agreed_pool`).
+widths (denoiser and text encoders) hold every width its factors show, and to none in particular when pools of
+several families fit (a LoRA over BFL's blocks alone fits FLUX.1 and Chroma alike: their widths are equal). Several
+LoRAs of one request must agree (`agreed_pool`); a LoRA that fits several families' pools goes where the request's
+named base or its other LoRAs send it, and with neither the request is a 400 naming the pools it fits and how to
+pick one (`routed`): no family is preferred for it by the order `MODELS` lists them in.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def pick_pool(label: str, origin: LoraOrigin, pools: Sequence[PoolInfo]) -> int 
             raise IncompatibleLoraError(
                 f"{label} fits none of the served bases by its tensor shapes; served: {served_list(pools)}"
             )
-        if not origin.families and len({pools[i].family for i in candidates}) > 1:
+        if len({pools[i].family for i in candidates}) > 1:
             return None
         return candidates[0]
     if not candidates:
@@ -75,11 +78,15 @@ def pick_pool(label: str, origin: LoraOrigin, pools: Sequence[PoolInfo]) -> int 
 
 
 def described_pick(label: str, origin: LoraOrigin, pools: Sequence[PoolInfo]) -> tuple[int | None, str]:
-    """`pick_pool`, with what the LoRA is for in words (its declared bases, else the pool it fits)."""
+    """`pick_pool`, with what the LoRA is for in words (its declared bases, else the pool it fits, else the pools it
+    fits alike, which `routed` names when nothing else picks one)."""
     index = pick_pool(label, origin, pools)
     if origin.bases:
         return index, origin.describe()
-    return index, pools[index].base_model_id if index is not None else "an undetermined base"
+    if index is not None:
+        return index, pools[index].base_model_id
+    fitting = [p for p in pools if (not origin.families or p.family in origin.families) and _fits(origin, p)]
+    return None, f"fits {served_list(fitting)} alike by its tensors"
 
 
 def agreed_pool(choices: Sequence[tuple[str, int | None, str]], named: tuple[int, str] | None = None) -> int | None:
@@ -105,12 +112,24 @@ def routed(
     pools: Sequence[Served], named: int | None, choices: Sequence[tuple[str, int | None, str]]
 ) -> tuple[int, str]:
     """The pool a request goes to and why: the one its LoRAs' choices (ref, pool or None, why) and its named base
-    (`named_pool`'s index) agree on, else the default (0). The one decision, for this process's pools
+    (`named_pool`'s index) agree on, else the default (0); a 400 where a LoRA fits several families' pools alike
+    (its choice None) and nothing else picks one. The one decision, for this process's pools
     (`Pools.route`) and a cluster's (`serving.backends.serve`); only how a LoRA's pool is found differs."""
     index = agreed_pool(choices, (named, pools[named].base_model_id) if named is not None else None)
+    # pick_pool decides nothing only for a LoRA that fits several families' pools alike.
+    undecided = [(ref, why) for ref, pick, why in choices if pick is None]
+    if index is None and undecided:
+        ref, why = undecided[0]
+        raise InvalidRequestError(
+            f"LoRA {ref!r} {why} and declares no base model (no card base, metadata or layer tells them apart); "
+            "accepted: a request naming the base to run it on (POST /models/<base>, the API's `base`, the UI's base "
+            "menu), or a LoRA whose card or metadata names its base"
+        )
     if index is None:
         return 0, "default pool"
-    return index, "named base" if named is not None and not choices else "LoRA's base"
+    if named is not None and all(pick is None for _, pick, _ in choices):
+        return index, "named base"
+    return index, "LoRA's base"
 
 
 def served_list(pools: Sequence[PoolInfo]) -> str:

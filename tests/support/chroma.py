@@ -18,6 +18,7 @@ import torch
 
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import DOUBLE, FluxLayer, flux_layers, make_flux_lora
+from tests.support.flux import bfl_named
 
 ChromaFormat = Literal["peft", "kohya", "comfy", "bfl", "bfl_bare"]
 
@@ -96,12 +97,7 @@ def chroma_file(transformer: torch.nn.Module, case: ChromaCase) -> tuple[dict, d
         tensors, metadata = lora.file(case.fmt)
         return tensors, metadata, lora.twin()
     comfy, metadata = lora.file("comfy")
-    tensors = {}
-    for name, tensor in comfy.items():
-        if name.endswith(".alpha") and case.alpha is None:
-            continue  # without `.alpha`, PEFT's reading: a scale of 1, as the twin's
-        name = name.replace(".lora_down.weight", ".lora_A.weight").replace(".lora_up.weight", ".lora_B.weight")
-        tensors[name.removeprefix("diffusion_model.") if case.fmt == "bfl_bare" else name] = tensor
+    tensors = bfl_named(comfy, case.fmt, alphas=case.alpha is not None)
     return tensors, metadata, lora.twin()
 
 

@@ -1,10 +1,15 @@
 """FLUX LoRA files for the tiny FLUX pipeline, in every naming diffusers reads, each with the file a reference
-loads: the file itself where diffusers reads it at the tiny widths, else its diffusers-named twin."""
+loads: the file itself where diffusers reads it at the tiny widths, else its diffusers-named twin. And BFL's names
+with `lora_A`/`lora_B` (`BFL_CASES`, with ComfyUI's prefix and without, with and without `.alpha`), which
+diffusers' loader silently ignores: their reference is always the twin."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+import torch
 
 from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import FluxFormat, flux_layers, make_flux_lora
@@ -14,12 +19,28 @@ WITHOUT_LINEAR1 = ("linear2", "modulation.lin")
 XLABS_DOUBLE = ("img_attn.qkv", "img_attn.proj", "txt_attn.qkv", "txt_attn.proj")
 
 
+# BFL's names with PEFT's factor names: `bfl` with ComfyUI's `diffusion_model.` prefix, `bfl_bare` without.
+BflFormat = Literal["bfl", "bfl_bare"]
+
+
+def bfl_named(comfy: dict[str, torch.Tensor], fmt: BflFormat, *, alphas: bool) -> dict[str, torch.Tensor]:
+    """A ComfyUI-named file's tensors in BFL's names with `lora_A`/`lora_B` (the flow trainer's, ai-toolkit's
+    Chroma files); `alphas` False drops each `.alpha` (PEFT's reading then: a scale of 1)."""
+    tensors = {}
+    for name, tensor in comfy.items():
+        if name.endswith(".alpha") and not alphas:
+            continue
+        name = name.replace(".lora_down.weight", ".lora_A.weight").replace(".lora_up.weight", ".lora_B.weight")
+        tensors[name.removeprefix("diffusion_model.") if fmt == "bfl_bare" else name] = tensor
+    return tensors
+
+
 @dataclass(frozen=True)
 class FluxCase:
     """One FLUX LoRA file: how it is made, and what diffusers' reference loads for it."""
 
     name: str
-    fmt: FluxFormat
+    fmt: FluxFormat | BflFormat
     text: bool = True
     linear1: bool = True
     sparse: bool = False
@@ -37,6 +58,8 @@ class FluxCase:
     @property
     def reference_name(self) -> str:
         """diffusers reads a kohya/ComfyUI `linear1` only at FLUX.1's real widths: the twin stands in for it."""
+        if self.fmt in ("bfl", "bfl_bare"):
+            return self.twin_name  # diffusers' loader ignores these names
         return self.twin_name if self.linear1 and self.fmt in ("kohya", "comfy") else self.file_name
 
 
@@ -49,6 +72,11 @@ CASES = (
     FluxCase("comfy_linear1", "comfy", text=False, seed=16),
     FluxCase("xlabs", "xlabs", text=False, alpha=None, seed=17),
 )
+# BFL's names with `lora_A`/`lora_B` over the transformer (BFL's trainers adapt no CLIP), with `linear1`.
+BFL_CASES = (
+    FluxCase("bfl", "bfl", text=False, alpha=None, seed=18),
+    FluxCase("bfl_bare", "bfl_bare", text=False, seed=19),
+)
 
 
 def write_flux_loras(pipe, folder: Path, *, strength: float = 1.0, cases=CASES) -> dict[str, FluxCase]:
@@ -60,7 +88,11 @@ def write_flux_loras(pipe, folder: Path, *, strength: float = 1.0, cases=CASES) 
             single = ("linear1", *WITHOUT_LINEAR1) if case.linear1 else WITHOUT_LINEAR1
             layers = flux_layers(pipe.transformer, pipe.text_encoder if case.text else None, single=single)
         lora = make_flux_lora(layers, rank=4, seed=case.seed, strength=strength, alpha=case.alpha, sparse=case.sparse)
-        tensors, metadata = lora.file(case.fmt)
+        if case.fmt == "bfl" or case.fmt == "bfl_bare":
+            comfy, metadata = lora.file("comfy")
+            tensors = bfl_named(comfy, case.fmt, alphas=case.alpha is not None)
+        else:
+            tensors, metadata = lora.file(case.fmt)
         save_lora(folder / case.file_name, tensors, metadata)
         save_lora(folder / case.twin_name, lora.twin())
     return {case.name: case for case in cases}

@@ -153,7 +153,7 @@ def _chroma_files(models: TinyModels, hub: Any, folder: Path) -> None:
     chroma.write_flux_loras_for_chroma(models.loaded(Family.FLUX).pipe, folder)
     (folder / "sdxl_kohya.safetensors").write_bytes(kohya_file(sdxl, seed=82))
     # Metadata decides it: sd-scripts' ModelSpec architecture for Chroma over BFL's blocks alone, which FLUX.1's
-    # names share (its names alone leave FLUX.1 and Chroma, and the FLUX.1 pool, registered first, would take it).
+    # names share (its names alone leave FLUX.1 and Chroma: without a named base such a request is a 400).
     tensors, _, twin = chroma.chroma_file(pipe.transformer, chroma.ChromaCase("meta", "kohya", linear1=False, seed=83))
     save_lora(folder / "chroma_meta.safetensors", tensors, {"modelspec.architecture": "chroma/lora"})
     model_id = IDENTITIES[Family.CHROMA].model_id

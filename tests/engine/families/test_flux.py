@@ -14,6 +14,7 @@ import torch
 from diffusers import FluxPipeline, FluxTransformer2DModel
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.loaders.lora_conversion_utils import _convert_kohya_flux_lora_to_diffusers
+from safetensors.torch import load_file
 
 from engine.errors import IncompatibleLoraError
 from engine.families.flux import FAMILY, LATENT_RGB, REAL_LINEAR1, convert_lora, linear1_widths
@@ -34,7 +35,7 @@ from tests.support.dit import (
     served_pools,
 )
 from tests.support.dit import diffusers_image as dit_image
-from tests.support.flux import CASES, write_flux_loras
+from tests.support.flux import BFL_CASES, CASES, write_flux_loras
 from tests.support.images import assert_images_close
 
 FLUX = "black-forest-labs/FLUX.1-dev"
@@ -47,7 +48,7 @@ def request(*loras: LoraSpec, seed: int = 7) -> GenerateRequest:
 @pytest.fixture(scope="module")
 def flux_loras(loaded_flux, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("flux-loras")
-    write_flux_loras(loaded_flux.pipe, folder)
+    write_flux_loras(loaded_flux.pipe, folder, cases=(*CASES, *BFL_CASES))
     return folder
 
 
@@ -147,6 +148,26 @@ def test_the_linear1_split_matches_diffusers_converter_at_flux1s_real_widths(spa
         assert torch.allclose(update, twin[f"{key}.lora_B.weight"] @ twin[f"{key}.lora_A.weight"], rtol=1e-5), key
 
 
+@pytest.mark.parametrize("case", BFL_CASES, ids=lambda c: c.name)
+def test_bfl_names_with_lora_a_and_b_load_where_diffusers_ignores_them(case, flux_loras, loaded_flux, tiny_flux_dir):
+    """The flow trainer's and ComfyUI's BFL names with PEFT's factor names: diffusers' FLUX loader loads nothing
+    from them, silently; ours reads exactly diffusers' reading of the same LoRA in its own names (its image against
+    diffusers' fuse of that twin: test_swaps.py's flux-bfl rows)."""
+    file = load_file(flux_loras / case.file_name)
+    assert not any(k.startswith("transformer.") for k in FluxPipeline.lora_state_dict(dict(file)))
+    assert diffusers_image(tiny_flux_dir, flux_loras, case.file_name).tobytes() == (
+        diffusers_image(tiny_flux_dir, flux_loras, None).tobytes()
+    )
+    ours, _ = convert_lora(dict(file), loaded_flux.pipe.transformer)
+    twin = load_file(flux_loras / case.twin_name)
+    assert ours.keys() == twin.keys()
+    # The same update per layer (diffusers' kohya converter puts a layer's alpha / rank on its down factor, the twin
+    # on its up factor).
+    for down in (k for k in ours if k.endswith(".lora_A.weight")):
+        up = down.replace(".lora_A.", ".lora_B.")
+        assert torch.allclose(ours[up] @ ours[down], twin[up] @ twin[down], rtol=1e-5, atol=1e-7), down
+
+
 # -- wrong shapes -------------------------------------------------------------------------------------------
 
 
@@ -170,7 +191,7 @@ def test_every_flux_naming_is_judged_flux_by_its_names_and_routed_to_the_flux_po
     from lora_catalog.sft_header import read_header
 
     pools = served_pools(tiny_pipes)
-    for case in CASES:
+    for case in (*CASES, *BFL_CASES):
         header = read_header(flux_loras / case.file_name)
         shapes = {name: info.shape for name, info in header.tensors.items()}
         origin = judge_origin([], lambda s=shapes: ({}, s))
@@ -216,7 +237,6 @@ def test_previews_unpack_flux_latents_for_taef1_and_the_linear_projection(loaded
 def test_a_fused_layers_shared_down_factor_is_held_once(flux_engine, flux_loras):
     """diffusers' converter gives q, k and v (and the MLP) of a fused layer one down factor: the cache counts and
     moves it once, so a kohya FLUX LoRA costs its file's size, not up to four times its down factors."""
-    from safetensors.torch import load_file
 
     case = next(c for c in CASES if c.name == "kohya_linear1")
     file_bytes = sum(t.nbytes for t in load_file(flux_loras / case.file_name).values())
