@@ -1,9 +1,11 @@
 """The device's time, handed out per denoising step: one `DeviceScheduler` per device (`DEVICE_SHARING`).
 
-Every pool's run holds the device for one piece of work at a time (a denoising step, or one latent frame of a video
-VAE's decode; an image VAE's decode is part of its last step) and comes back at each boundary
-(`DeviceTurn.boundary`: the pipeline's step callback and a forward pre-hook on a video VAE's decoder,
-`engine.pipeline.inference`). The policy, at each boundary where other runs wait:
+Every pool's run holds the device for one piece of work at a time and comes back at each boundary between two
+(`DeviceTurn.boundary`, `engine.pipeline.inference.run_pieces`): an image's piece is a denoising step (its VAE
+decode part of its last; the boundary: the pipeline's step callback); a video's is one forward of its denoiser
+(Wan's step is two, the conditional and the unconditional guidance pass, so an image waits at most half a step:
+forward pre-hooks on the denoisers) or one latent frame of its VAE's decode (a forward pre-hook on the decoder).
+The policy, at each boundary where other runs wait:
 
 - the run with the least remaining device time goes next: its remaining pieces × its pool's measured time per
   piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured);
