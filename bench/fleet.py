@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     )
     if scenario.video_share:
         _say(
-            f"videos: {scenario.video_share:g} of requests, {costs.video_steps} x {costs.video_step_s} s + "
+            f"videos: {scenario.video_share:g} of requests, {costs.video_pieces} x {costs.video_piece_s} s + "
             f"{costs.video_decode_pieces} x {costs.video_decode_s} s; the GPU shared by DEVICE_SHARING="
             f"{scenario.device_sharing} (starve bound {scenario.starve_steps:g} pieces); the target is the images' p95"
         )

@@ -9,7 +9,8 @@ policy picks (`stepshare.goes_next`: the least remaining device time, unless a r
 `STEP_SHARING_STARVE_STEPS`, resolved as for a persistent CUDA device: `auto` is step sharing, ZeroGPU's per-call
 GPU the whole-run lock), never restated here. With `run` a run holds the device from its first piece to its last
 (the whole-run lock; the next run is still the policy's pick); with `off` nothing waits for the device (a GPU per
-pool). A pool runs one request at a time (the replica's pool slot, outside this device), as in the engine.
+pool). A pool runs one request at a time (the replica's pool slot, outside this device), as in the engine. What a
+new run has ahead of it on the device is the engine's count too (`ahead_s`: `stepshare.time_ahead`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import simpy
 import torch
 
 from engine.pipeline.sharing import Sharing, sharing_mode
-from engine.pipeline.stepshare import FIRST_GUESS_S, averaged, goes_next
+from engine.pipeline.stepshare import FIRST_GUESS_S, averaged, goes_next, time_ahead
 from engine.settings import Settings
 
 __all__ = ["SimDevice", "SimRun", "image_pieces"]
@@ -123,6 +124,12 @@ class SimDevice:
 
     def _piece(self, pool: str) -> float:
         return self._piece_s.get(pool, self._first_guess_s)
+
+    def ahead_s(self, pool: str, own_s: float) -> float:
+        """The device time other pools' runs take before a new run of `pool` needing `own_s` ends, as the engine's
+        scheduler counts it for queue places and Retry-After (`stepshare.time_ahead`): what the router reads."""
+        runs = [*self._waiting, *([self._holder] if self._holder is not None else [])]
+        return time_ahead(runs, pool, own_s, self._piece)
 
     @property
     def waiting(self) -> int:

@@ -53,6 +53,7 @@ __all__ = [
 
 _MB = 1e6
 _Done = tuple[int, float, bool, bool, bool, float, bool]
+_POOL = ("image", "video")  # each pool's name on the device
 
 
 class Replica:
@@ -75,8 +76,10 @@ class Replica:
         self.pinned: dict[int, int] = {}
         self.ongoing = 0  # accepted and not finished: Ray Serve's queue length
         self.queued: dict[int, int] = {}  # adapters of accepted requests, with counts
-        self.backlog_s = 0.0  # expected seconds of accepted work (policies' estimate)
-        self.busy_since: float | None = None
+        # Each pool's (image, video) expected seconds of accepted work (policies' estimate), and since when its
+        # current run has run: the engine queues per pool, and the other pool's run is on the device (`finish_s`).
+        self.backlog_s = [0.0, 0.0]
+        self.busy_since: list[float | None] = [None, None]
 
     def holds(self, adapter: int) -> bool:
         """Loaded or loading: what a replica reports to Ray Serve's router as its multiplexed ids."""
@@ -95,17 +98,25 @@ class Replica:
         swap = 0.0 if self.fused[video] == adapter and self.ongoing == 0 else costs.swap_s
         return load + swap + sum(costs.pieces(video, split=False))
 
-    def remaining_s(self) -> float:
-        """Expected seconds until the work accepted so far is done."""
-        elapsed = 0.0 if self.busy_since is None else self.fleet.env.now - self.busy_since
-        return max(0.0, self.backlog_s - elapsed)
+    def remaining_s(self, video: bool = False) -> float:
+        """Expected seconds until the work its pool (image or video) has accepted so far is done."""
+        since = self.busy_since[video]
+        elapsed = 0.0 if since is None else self.fleet.env.now - since
+        return max(0.0, self.backlog_s[video] - elapsed)
+
+    def finish_s(self, adapter: int, video: bool = False) -> float:
+        """When one more request would finish here: its pool's work and its own, and the other pool's run on the
+        device in its way as the engine counts it (all of a shorter one, at most as long as its own of a longer one
+        whose pieces interleave: `SimDevice.ahead_s`)."""
+        own = self.remaining_s(video) + self.expected_service_s(adapter, video)
+        return own + self.device.ahead_s(_POOL[video], own)
 
     def accept(self, request: Request) -> None:
         """Take the request now (the router counts it at once) and serve it in its own process."""
         expected = self.expected_service_s(request.adapter, request.video)
         self.ongoing += 1
         self.queued[request.adapter] = self.queued.get(request.adapter, 0) + 1
-        self.backlog_s += expected
+        self.backlog_s[request.video] += expected
         self.fleet.env.process(self._serve(request, expected))
 
     def _serve(self, request: Request, expected: float) -> Generator[simpy.Event, object, None]:
@@ -123,16 +134,16 @@ class Replica:
                 self.pinned[adapter] = self.pinned.get(adapter, 0) + 1
             with self.pools[video].request() as pool:
                 yield pool
-                self.busy_since = env.now
+                self.busy_since[video] = env.now
                 swapped = self.fused[video] != adapter
                 if swapped:  # the engine swaps under its pool's lock, outside its turn on the device
                     yield env.timeout(costs.swap_s)
                     self.fused[video] = adapter
                 # Images alone never share the device: one piece is the same run, in far fewer events.
                 pieces = costs.pieces(video, split=self.fleet.scenario.video_share > 0)
-                yield from self.device.run("video" if video else "image", pieces, video=video)
-        self.busy_since = None
-        self.backlog_s -= expected
+                yield from self.device.run(_POOL[video], pieces, video=video)
+        self.busy_since[video] = None
+        self.backlog_s[video] -= expected
         self.pinned[adapter] -= 1
         if not self.pinned[adapter]:
             del self.pinned[adapter]

@@ -188,8 +188,10 @@ class AffinitySpread:
 class LeastFinish:
     """Ours: the replica where the request is expected to finish first, counting what it must load.
 
-    Expected finish = the accepted work still to do there + downloading (when not on disk) and
-    preparing (when not held or queued) + swapping + inference. Ties go to the adapter's home order,
+    Expected finish = the accepted work still to do in the request's pool there + downloading (when not
+    on disk) and preparing (when not held or queued) + swapping + inference, + the other pool's run in its
+    way on the shared GPU as the engine counts it (`Replica.finish_s`: a video's pieces interleave with
+    an image, so at most the image's own time of them). Ties go to the adapter's home order,
     so an adapter sticks to one replica until queueing there costs more than loading it elsewhere.
     """
 
@@ -203,7 +205,7 @@ class LeastFinish:
         homes = self._homes.get(request.adapter)
         if homes is None:
             homes = self._homes[request.adapter] = _home_order(fleet, request.adapter)
-        best = min(homes, key=lambda r: r.remaining_s() + r.expected_service_s(request.adapter, request.video))
+        best = min(homes, key=lambda r: r.finish_s(request.adapter, request.video))
         best.accept(request)
         yield from ()
 

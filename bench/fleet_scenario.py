@@ -37,10 +37,11 @@ class Costs:
     # SDXL LoRA files span 20-900 MB (rank 4 to 128, with or without text encoders): log-uniform.
     size_min_mb: float = 20.0
     size_max_mb: float = 900.0
-    # A video: Wan 2.1 1.3B 480p x 81 frames on an A10G, `bench.mixed`'s table (steps, s a step, decode pieces, s each).
+    # A video: Wan 2.1 1.3B 480p x 81 frames on an A10G, `bench.mixed`'s table (denoiser pieces: a step's two
+    # guidance passes; s each; decode pieces, s each).
     image_steps: int = SDXL_A10G[0]
-    video_steps: int = WAN_A10G[0]
-    video_step_s: float = WAN_A10G[1]
+    video_pieces: int = WAN_A10G[0]
+    video_piece_s: float = WAN_A10G[1]
     video_decode_pieces: int = WAN_A10G[2]
     video_decode_s: float = WAN_A10G[3]
 
@@ -57,7 +58,7 @@ class Costs:
     def pieces(self, video: bool, split: bool) -> list[float]:
         """A run's pieces of device time (`split`: an image's steps one by one, else its inference as one)."""
         if video:
-            return [self.video_step_s] * self.video_steps + [self.video_decode_s] * self.video_decode_pieces
+            return [self.video_piece_s] * self.video_pieces + [self.video_decode_s] * self.video_decode_pieces
         return image_pieces(self.image_steps, self.inference_s / self.image_steps) if split else [self.inference_s]
 
 

@@ -20,7 +20,9 @@ The cost table (A10G, one request at a time, fp16), each figure with its source;
 - Wan 2.1 T2V 1.3B, 480p (832×480), 81 frames, 50 steps: "about 4 minutes" on an RTX 4090 in Wan's README
   (claim), times 2.0 for an A10G (our estimate: the A10's 125 dense FP16 tensor TFLOPS and 600 GB/s against the
   4090's 165 and 1,008 GB/s), so 480 s: 50 steps of 9.2 s, and the VAE decode's 21 latent frames at 1.0 s each
-  (estimate; each a piece of its own).
+  (estimate; each a piece of its own). A step is two pieces (the engine's boundary falls between Wan's two guidance
+  passes, `engine.pipeline.inference.run_pieces`): 100 pieces of 4.6 s, the even split our estimate (both passes
+  run the same tokens through the same transformer, only the text embeddings differ).
 
 The fleet model's replica GPU (`bench.fleet_device`, issue 48 item 4) replays the stand-in's arrivals too
 (`bench.mixed_sim`): a `model_<mode>` line per mode with its image and video p95 beside the stand-in's, and `sim_gap`,
@@ -40,9 +42,11 @@ from engine.settings import Settings
 
 from .mixed_model import Arrival, Figures, Recorded, arrivals, figures, replay
 
-# (steps, seconds a step, decode pieces, seconds a decode piece) on the stand-in A10G: sources above.
+# (denoiser pieces, seconds each, decode pieces, seconds each) on the stand-in A10G: sources above. An SDXL step is
+# one piece (its guidance batched into one forward), a Wan step two (its guidance passes, one after the other).
 SDXL_A10G = (30, 9.399 / 30, 0, 0.0)
-WAN_A10G = (50, 9.2, 21, 1.0)
+WAN_STEP_S, WAN_PASSES = 9.2, 2
+WAN_A10G = (50 * WAN_PASSES, WAN_STEP_S / WAN_PASSES, 21, 1.0)
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ def stand_in(options: Options, mode: str) -> tuple[Figures, float, Recorded]:
                 turn.boundary(len(costs) - done)
 
     result = replay(plan, options.scale, run, scheduler)
-    found = figures(result, _alone_s(SDXL_A10G) * options.scale, WAN_A10G[1] * options.scale)
+    found = figures(result, _alone_s(SDXL_A10G) * options.scale, WAN_STEP_S * options.scale)
     return found, found.video_p95 / options.scale, scheduler
 
 

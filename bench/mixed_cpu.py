@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.families.wan import FAMILY as WAN_FAMILY
 from engine.pipeline.loading import load_pipeline
 from engine.pipeline.sharing import Sharing, scheduler_for
 from engine.pools.pools import build_pools
@@ -79,7 +80,9 @@ def cpu_replays(options: Options) -> tuple[Figures, Figures, bool]:
             started = time.perf_counter()
             solo[video, seed] = _bytes(blocking(backends["step"].generate(work, base=base)))
             took[video] = time.perf_counter() - started  # the last, warm
-    video_step_s = took[True] / (VIDEO_STEPS + (VIDEO_FRAMES - 1) // 4 + 1)
+    # A step of the video: its guidance passes (the default guidance's), each a piece of its device time (`run_pieces`).
+    passes = WAN_FAMILY.guidance_passes
+    video_step_s = took[True] * passes / (VIDEO_STEPS * passes + (VIDEO_FRAMES - 1) // 4 + 1)
     plan = arrivals(
         duration_s=options.cpu_videos * took[True] * options.video_every,
         image_s=took[False],

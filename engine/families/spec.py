@@ -323,6 +323,10 @@ class FamilySpec:
     # A video family (Wan): its served pipeline's frames (None: an image family). Its pipelines return
     # `frames`, which a result carries in order (`GenerateResult.frames`).
     video: Callable[[Pipeline], VideoDefaults] | None = None
+    # Denoiser forwards a step makes with classifier-free guidance on (guidance above 1, diffusers'
+    # `do_classifier_free_guidance`): Wan's pipelines run the conditional pass, then the unconditional one (2: each
+    # a piece of the device's time with step sharing, `engine.pipeline.inference.run_pieces`); others batch them (1).
+    guidance_passes: int = 1
     # A second-stage component (Wan 2.2 A14B's low-noise `transformer_2`): a LoRA's `scale_2` applies to its
     # weights, its `scale` to the rest. None: one scale for every component.
     second_stage: str | None = None

@@ -100,6 +100,7 @@ FAMILY = FamilySpec(
     half_dtype="bfloat16",
     memory=MEMORY_A14B,
     video=video,
+    guidance_passes=2,
     second_stage="transformer_2",
     stage_of=stage_of,
 )

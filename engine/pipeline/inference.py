@@ -8,9 +8,11 @@ errors. Several images are one call with one generator per image (diffusers draw
 own, so each equals a run of its seed alone, up to the batch's rounding); when that batch does not fit the
 device's memory, they are made one at a time, on the same weights. On a GPU one pool denoises at a time
 (`engine.pipeline.stepshare`: a whole run, or with step sharing one step, at a time), so the memory plan keeps one
-pool's working memory free, not every pool's. A run's `boundary` is called at each step's end and before each latent
-frame of a video VAE's decode but the first (a forward pre-hook on its decoder: Wan's decodes a frame at a time);
-it may pause the run there, its latents kept as they are.
+pool's working memory free, not every pool's. A run's `boundary(pieces left)` is called once per piece of its device
+time but the first (`run_pieces`, `_boundaries`) and may pause the run there, its latents kept as they are: an
+image's pieces are its steps; a video's are its denoiser's forwards (Wan's two guidance passes a step: forward
+pre-hooks on its denoisers) and the latent frames of its VAE's decode (a forward pre-hook on its decoder: Wan's
+decodes a frame at a time).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from engine.weights.tokens import swapped_tokenizers
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["decode_chunks", "engine_error", "infer", "made", "run_pieces"]
+__all__ = ["decode_chunks", "denoiser_passes", "engine_error", "infer", "made", "run_pieces"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +62,10 @@ def infer(
     boundary: Callable[[int], None] | None = None,
 ) -> tuple[Image, ...]:
     """The request's images, in the order of its seeds (a video's frames, in order); `at_step`: `_images`';
-    `boundary(pieces left)` at each step's end and each video decode chunk's start (`engine.pipeline.stepshare`)."""
+    `boundary(pieces left)` between each two pieces of its device time (`_boundaries`, `engine.pipeline.stepshare`)."""
     steps = request.steps
     chunks = decode_chunks(pipe, request)
+    boundaries = _boundaries(pipe, family, request, boundary)
     previews = StepPreviews.for_run(decoder, preview_every, steps, preview)
     # The latents a step hands its callback, made spatial for the decoders (a DiT packs them into tokens).
     unpack = family.preview.unpack
@@ -88,14 +91,14 @@ def infer(
             progress(done, total)
         if at_step is not None and done < total:
             at_step(done, total)
-        if boundary is not None:
-            boundary(total - done + chunks)
+        if at_step_end is not None:
+            at_step_end(total - done + chunks)
         return callback_kwargs
 
     call = partial(_images, pipe, request, family, on_step, at_step)
 
     # Called under the pipeline lock: the tokenizers are the base ones again after the run, however it ends.
-    with swapped_tokenizers(pipe, tokenizers), _decode_boundaries(pipe, boundary, chunks):
+    with swapped_tokenizers(pipe, tokenizers), boundaries as at_step_end:
         images = _batch_or_each(call, request.seeds)
     if cancel is not None and cancel.is_set():
         raise GenerationCancelledError("the request was cancelled during generation")
@@ -123,30 +126,69 @@ def decode_chunks(pipe: Any, request: CheckedRequest) -> int:
     return (request.num_frames - 1) // int(getattr(pipe, "vae_scale_factor_temporal", 4) or 4) + 1
 
 
-def run_pieces(pipe: Any, request: CheckedRequest) -> int:
-    """The pieces a run holds the device for, one at a time with step sharing: its steps and decode chunks."""
-    return request.steps + decode_chunks(pipe, request)
+def denoiser_passes(family: FamilySpec, request: CheckedRequest) -> int:
+    """The denoiser forwards a step of `request` makes: its family's `guidance_passes` with classifier-free
+    guidance on (diffusers' `do_classifier_free_guidance`: guidance above 1; Wan 2.2's second guidance scale
+    changes the value, not the passes), else one."""
+    return family.guidance_passes if request.guidance > 1 else 1
+
+
+def run_pieces(pipe: Any, request: CheckedRequest, family: FamilySpec) -> int:
+    """The pieces a run holds the device for, one at a time with step sharing: an image's steps; a video's denoiser
+    forwards (steps × `denoiser_passes`) and decode chunks. `infer` makes one boundary fewer (none before the
+    first)."""
+    chunks = decode_chunks(pipe, request)
+    return request.steps * (denoiser_passes(family, request) if chunks else 1) + chunks
 
 
 @contextmanager
-def _decode_boundaries(pipe: Any, boundary: Callable[[int], None] | None, chunks: int) -> Iterator[None]:
-    """`boundary` before each call of the video VAE's decoder but the first (the last step's end was one)."""
-    if boundary is None or not chunks:
-        yield
+def _boundaries(
+    pipe: Any, family: FamilySpec, request: CheckedRequest, boundary: Callable[[int], None] | None
+) -> Iterator[Callable[[int], None] | None]:
+    """Calls `boundary(pieces left)` between each two of the run's pieces (`run_pieces`), one a piece; yields the
+    boundary its step callback calls, if any (with the steps and decode chunks left after that step's end).
+
+    - An image, or a video whose steps are one forward each: at each step's end (the step callback), then before
+      each latent frame of the video VAE's decode but the first (the last step's end was that boundary).
+    - A video whose steps make several forwards (Wan's guidance passes): before each forward of its denoisers but
+      the run's first (forward pre-hooks on the denoiser and a second stage's), and before each decode chunk; its
+      step callback makes none (the next forward's boundary is at the same point).
+    """
+    chunks = decode_chunks(pipe, request)
+    if boundary is None:
+        yield None
         return
+    if not chunks or denoiser_passes(family, request) == 1:
+        with _hooks([pipe.vae.decoder] if chunks else [], boundary, chunks, first=2):
+            yield boundary
+        return
+    denoisers = [getattr(pipe, name, None) for name in (family.denoiser, family.second_stage) if name]
+    pieces = run_pieces(pipe, request, family)
+    with (
+        _hooks([d for d in denoisers if d is not None], boundary, pieces, first=2),
+        _hooks([pipe.vae.decoder], boundary, chunks, first=1),
+    ):
+        yield None
+
+
+@contextmanager
+def _hooks(modules: list[torch.nn.Module], boundary: Callable[[int], None], pieces: int, first: int) -> Iterator[None]:
+    """`boundary(pieces left)` before each call of `modules` (together) from the `first`-th on, `pieces` being
+    what is left before the first call."""
     calls = 0
 
-    def before_chunk(module: torch.nn.Module, args: object) -> None:
+    def before(module: torch.nn.Module, args: object) -> None:
         nonlocal calls
         calls += 1
-        if calls > 1:
-            boundary(max(chunks - calls + 1, 1))
+        if calls >= first:
+            boundary(max(pieces - calls + 1, 1))
 
-    handle = pipe.vae.decoder.register_forward_pre_hook(before_chunk)
+    handles = [module.register_forward_pre_hook(before) for module in modules]
     try:
         yield
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def _images(

@@ -127,7 +127,7 @@ def pool_turn(
         sharing_mode(settings.device_sharing, loaded.device, per_call=settings.per_call),
         loaded.device,
         pool_name(loaded),
-        run_pieces(pipe, request),
+        run_pieces(pipe, request, loaded.family),
         video=bool(request.num_frames),
         starve=settings.step_sharing_starve_steps,
         cancel=cancel,

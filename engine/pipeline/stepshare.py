@@ -1,9 +1,11 @@
 """The device's time, handed out per denoising step: one `DeviceScheduler` per device (`DEVICE_SHARING`).
 
-Every pool's run holds the device for one piece of work at a time (a denoising step, or one latent frame of a video
-VAE's decode; an image VAE's decode is part of its last step) and comes back at each boundary
-(`DeviceTurn.boundary`: the pipeline's step callback and a forward pre-hook on a video VAE's decoder,
-`engine.pipeline.inference`). The policy, at each boundary where other runs wait:
+Every pool's run holds the device for one piece of work at a time and comes back at each boundary between two
+(`DeviceTurn.boundary`, `engine.pipeline.inference.run_pieces`): an image's piece is a denoising step (its VAE
+decode part of its last; the boundary: the pipeline's step callback); a video's is one forward of its denoiser
+(Wan's step is two, the conditional and the unconditional guidance pass, so an image waits at most half a step:
+forward pre-hooks on the denoisers) or one latent frame of its VAE's decode (a forward pre-hook on the decoder).
+The policy, at each boundary where other runs wait:
 
 - the run with the least remaining device time goes next: its remaining pieces × its pool's measured time per
   piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured);
@@ -30,7 +32,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -38,7 +40,17 @@ from typing import Protocol, TypeVar
 from engine.errors import GenerationCancelledError
 from engine.events import RunShare
 
-__all__ = ["FIRST_GUESS_S", "Ahead", "DeviceScheduler", "DeviceTurn", "RunShare", "Waiter", "averaged", "goes_next"]
+__all__ = [
+    "FIRST_GUESS_S",
+    "Ahead",
+    "DeviceScheduler",
+    "DeviceTurn",
+    "RunShare",
+    "Waiter",
+    "averaged",
+    "goes_next",
+    "time_ahead",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +92,14 @@ def goes_next(waiting: Sequence[W], holder: W | None, now: float, piece_s: Calla
         return min(starved, key=lambda r: (since(r), r.seq))
     candidates = [*waiting, *([holder] if holder is not None else [])]
     return min(candidates, key=lambda r: (r.remaining * piece_s(r.pool), r is not holder, r.seq))
+
+
+def time_ahead(runs: Iterable[Waiter], pool: str, own_s: float, piece_s: Callable[[str], float]) -> float:
+    """The device time other pools' `runs` (on the device or waiting for it) take before a new run of `pool` needing
+    `own_s` ends: all of a run with less left (it goes first), at most `own_s` of a longer one (its pieces interleave
+    with the new run's once it has waited its bound, until the new run ends). The one declaration of it (the device
+    scheduler's queue places and Retry-After, and the fleet model's router: `bench.fleet_device`)."""
+    return sum(min(run.remaining * piece_s(run.pool), own_s) for run in runs if run.pool != pool)
 
 
 def averaged(known: float | None, piece: float) -> float:
@@ -287,12 +307,11 @@ class DeviceScheduler:
         return Ahead(images=len(before) - videos, videos=videos, seconds=seconds)
 
     def ahead_s(self, pool: str, own_s: float) -> float:
-        """The device time other pools' runs take before a new run of `pool` needing `own_s` ends: all of a run
-        with less left (it goes first), at most `own_s` of a longer one (its steps interleave with the new run's
-        once it has waited its bound, until the new run ends). Queue places and Retry-After count it."""
+        """The device time other pools' runs take before a new run of `pool` needing `own_s` ends (`time_ahead`).
+        Queue places and Retry-After count it."""
         with self._cond:
             runs = [*self._waiting, *([self._holder] if self._holder is not None else [])]
-            return sum(min(self._left_s(r), own_s) for r in runs if r.pool != pool)
+            return time_ahead(runs, pool, own_s, self._piece)
 
     def piece_s(self, pool: str) -> float | None:
         """`pool`'s measured time per piece (None: not yet measured)."""

@@ -1,13 +1,16 @@
 """The fleet model's replica GPU shared as the engine shares it (issue 48 item 4, bench/fleet_device.py): an image
 arriving behind a video waits about one video step with step sharing and the whole video with the whole-run lock;
 the model reads DEVICE_SHARING and STEP_SHARING_STARVE_STEPS from the engine's settings and picks as the engine's
-scheduler does. Simulated time: every figure is exact."""
+scheduler does, and counts what a new run has ahead of it on the device as the engine's scheduler counts it (the
+router's view). Simulated time: every figure is exact."""
 
 from __future__ import annotations
 
+import pytest
 import simpy
 
 from bench.fleet_device import SimDevice, SimRun
+from engine.pipeline.stepshare import DeviceScheduler
 from engine.settings import Settings
 
 VIDEO_STEPS, VIDEO_STEP_S = 50, 9.2
@@ -119,3 +122,19 @@ def test_bench_mixeds_model_replay_waits_one_step_with_sharing_and_the_video_wit
     assert abs(image_s - (VIDEO_STEP_S / 2 + image_alone)) < 1e-9 and abs(video_s - (video_alone + image_alone)) < 1e-9
     image_s, video_s = model_p95s(plan, "run", 8.0, 1.0, image, video)
     assert abs(image_s - (video_alone - IMAGE_ARRIVES_S + image_alone)) < 1e-9 and abs(video_s - video_alone) < 1e-9
+
+
+@pytest.mark.parametrize("own_s", [9.4, 1000.0], ids=["shorter", "longer"])
+def test_the_model_counts_a_video_ahead_of_a_run_as_the_engines_scheduler_does(own_s):
+    # A video of 100 guidance passes and 21 decode chunks holds the device, its piece time the first guess (4.6 s).
+    pieces = [VIDEO_STEP_S / 2] * 2 * VIDEO_STEPS + [1.0] * 21
+    engine = DeviceScheduler(first_guess_s=VIDEO_STEP_S / 2)
+    env = simpy.Environment()
+    model = SimDevice(env, "step", 8.0, first_guess_s=VIDEO_STEP_S / 2)
+    env.process(model.run("video", pieces, video=True))
+    env.run(until=1.0)  # inside its first piece
+    with engine.turn("video", len(pieces), video=True):
+        expected = engine.ahead_s("image", own_s)
+    # An image shorter than the video: as much of the video as its own time (interleaved); a longer run: all of it.
+    assert expected == min(own_s, len(pieces) * VIDEO_STEP_S / 2)
+    assert model.ahead_s("image", own_s) == expected and model.ahead_s("video", own_s) == 0.0

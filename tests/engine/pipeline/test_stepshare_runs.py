@@ -1,14 +1,16 @@
 """Runs paused on the device and resumed (issue 48) through the engine, on the tiny pipelines with step sharing on
-(DEVICE_SHARING=step on the CPU): a tiny Wan video paused at several steps and inside its VAE decode, and a tiny
-SDXL image paused at several steps, each give the bytes of the same run unpaused; a video cancelled while paused
-leaves at once and its pool serves exactly what it served before. A pause is forced by a rival run (another
-pool's, one piece) sent to the device at that boundary: it goes first, having less left."""
+(DEVICE_SHARING=step on the CPU): a tiny Wan video paused at several steps, between a step's two guidance passes
+and inside its VAE decode, and a tiny SDXL image paused at several steps, each give the bytes of the same run
+unpaused; a video makes one boundary per piece but its first, as many as `run_pieces` counted (its denoiser's
+forwards, as diffusers' pipeline makes them, and its decode chunks); a video cancelled while paused leaves at once
+and its pool serves exactly what it served before. A pause is forced by a rival run (another pool's, one piece)
+sent to the device at that boundary: it goes first, having less left."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import torch
 from engine.errors import GenerationCancelledError
 from engine.events import RunShare
 from engine.pipeline.sharing import scheduler_for
-from engine.pipeline.stepshare import DeviceScheduler
+from engine.pipeline.stepshare import DeviceScheduler, DeviceTurn
 from engine.requests import GenerateRequest, LoraSpec
 from tests.support.checks import generate
 from tests.support.dit import local_engine
@@ -28,8 +30,10 @@ from tests.support.wan import CASES, FRAMES, PROMPT, write_wan_loras
 CPU = torch.device("cpu")
 
 
-def video(*loras: LoraSpec, seed: int = 7) -> GenerateRequest:
-    return GenerateRequest(prompt=PROMPT, loras=loras, steps=4, width=64, height=64, seed=seed, num_frames=FRAMES)
+def video(*loras: LoraSpec, seed: int = 7, guidance: float | None = None) -> GenerateRequest:
+    return GenerateRequest(
+        prompt=PROMPT, loras=loras, steps=4, width=64, height=64, seed=seed, num_frames=FRAMES, guidance=guidance
+    )
 
 
 def image(seed: int = 3) -> GenerateRequest:
@@ -37,22 +41,46 @@ def image(seed: int = 3) -> GenerateRequest:
 
 
 @contextmanager
-def in_decode(pipe: Any, rivals: Rivals, chunk: int) -> Iterator[None]:
-    """A rival sent before the video VAE decoder's `chunk`-th call (hooks run in order: this one before the
-    engine's boundary), so the run pauses inside its decode."""
+def before_calls(module: torch.nn.Module, rivals: Rivals | None, at: set[int]) -> Iterator[list[int]]:
+    """A rival sent before each of `module`'s `at`-th calls (hooks run in order: this one before the engine's
+    boundary, so the run pauses there); yields the count of its calls."""
     calls = [0]
 
     def before(module: torch.nn.Module, args: object) -> None:
         calls[0] += 1
-        if calls[0] == chunk:
+        if rivals is not None and calls[0] in at:
             rivals.send()
 
-    handle = pipe.vae.decoder.register_forward_pre_hook(before)
+    handle = module.register_forward_pre_hook(before)
     try:
-        yield
+        yield calls
     finally:
         handle.remove()
-    assert calls[0] >= chunk
+    assert calls[0] >= max(at, default=0)
+
+
+def in_decode(pipe: Any, rivals: Rivals, chunk: int) -> AbstractContextManager[list[int]]:
+    """A rival sent before the video VAE decoder's `chunk`-th call, so the run pauses inside its decode."""
+    return before_calls(pipe.vae.decoder, rivals, {chunk})
+
+
+class Counted(DeviceScheduler):
+    """The scheduler, its runs' pieces and the pieces left at each boundary written down."""
+
+    def __init__(self) -> None:
+        super().__init__(first_guess_s=1e-9)
+        self.pieces: list[int] = []
+        self.left: list[int] = []
+
+    @contextmanager
+    def turn(self, pool: str, pieces: int, **options: Any) -> Iterator[DeviceTurn]:
+        self.pieces.append(pieces)
+        with super().turn(pool, pieces, **options) as turn:
+            yield turn
+
+    def boundary(self, run: Any, remaining: int, *, share: bool) -> None:
+        self.left.append(remaining)
+        super().boundary(run, remaining, share=share)
 
 
 @pytest.fixture
@@ -96,6 +124,53 @@ def test_a_video_paused_at_several_steps_and_inside_its_decode_gives_the_unpause
     assert paused == alone
     run = next(s for s in shares[::-1] if s.pool != "rival")
     assert run.video and run.pauses == 4 and [s.pool for s in shares].count("rival") == 4
+
+
+def test_a_video_paused_between_its_guidance_passes_gives_the_unpaused_bytes(wan_engine, shared):
+    scheduler, shares = shared
+    lora = LoraSpec(f"local:{CASES[0].file_name}", scale=0.8)
+    alone = frames(generate(wan_engine, video(lora)))
+    pipe, rivals = wan_engine.loaded.pipe, Rivals(scheduler)
+    # Forwards 2 and 6: step 1's and step 3's unconditional pass; after step 1 (its end is forward 3's boundary);
+    # before the decode's first chunk (the last forward's end: no step callback makes that boundary now).
+    with before_calls(pipe.transformer, rivals, {2, 6}), in_decode(pipe, rivals, chunk=1):
+        paused = frames(generate(wan_engine, video(lora), progress=rivals.at_steps({1})))
+    rivals.join()
+    assert paused == alone
+    run = next(s for s in shares[::-1] if s.pool != "rival")
+    assert run.video and run.pauses == 4 and [s.pool for s in shares].count("rival") == 4
+
+
+@pytest.mark.parametrize("guidance", [5.0, 1.0], ids=["two-passes", "no-guidance"])
+def test_a_video_makes_a_boundary_between_each_two_pieces_run_pieces_counted(wan_engine, guidance):
+    scheduler, pipe = Counted(), wan_engine.loaded.pipe
+    with (
+        scheduler_for(CPU, scheduler),
+        before_calls(pipe.transformer, None, set()) as forwards,
+        before_calls(pipe.vae.decoder, None, set()) as chunks,
+    ):
+        generate(wan_engine, video(guidance=guidance))
+    # diffusers' WanPipeline runs the conditional and the unconditional pass one after the other with guidance on.
+    assert forwards[0] == 4 * (2 if guidance > 1 else 1)
+    assert scheduler.pieces == [forwards[0] + chunks[0]]
+    assert scheduler.left == list(range(scheduler.pieces[0] - 1, 0, -1))
+
+
+def test_a_wan22_video_counts_the_forwards_of_both_its_stages(loaded_wan22, base_settings):
+    scheduler, pipe = Counted(), loaded_wan22.pipe
+    settings = base_settings.replace(device_sharing="step", base_model_id=loaded_wan22.base_model_id)
+    with (
+        scheduler_for(CPU, scheduler),
+        local_engine(loaded_wan22, settings, settings.local_lora_dir) as engine,
+        before_calls(pipe.transformer, None, set()) as high,
+        before_calls(pipe.transformer_2, None, set()) as low,
+        before_calls(pipe.vae.decoder, None, set()) as chunks,
+    ):
+        generate(engine, video())
+    # A14B's low-noise stage runs the later steps on `transformer_2`, both guidance passes each.
+    assert low[0] and high[0] + low[0] == 4 * 2
+    assert scheduler.pieces == [high[0] + low[0] + chunks[0]]
+    assert scheduler.left == list(range(scheduler.pieces[0] - 1, 0, -1))
 
 
 def test_an_image_paused_at_several_steps_gives_the_unpaused_bytes(base_settings, loaded, shared):
