@@ -2,8 +2,9 @@
 `engine.normalise.normalise_request` (the one gate), before it is decoded.
 
 Policy: only a pool whose family has an in-context pipeline (`ModelDefaults.reference_video`: LTX-2's
-`LTX2InContextPipeline`) takes one; elsewhere it is refused, naming what is accepted. It comes alone, without an
-image (the in-context call conditions on the reference, and a first frame with it is not served). Its header's facts
+`LTX2InContextPipeline`) takes one; elsewhere it is refused, naming what is accepted. An image may come with it:
+the video's first frame, as in image-to-video (the in-context call's frame-0 condition; never a mask: a video is
+not inpainted, which `engine.video_checks` refuses first). Its header's facts
 (`engine.video_input.EncodedVideo`: read at the door, nothing decoded) are held to MAX_VIDEO_FRAMES, to the pool's
 longest clip (`max_seconds`) and a frame's pixels to MAX_INPUT_PIXELS; only then is it decoded (at most the
 header's frames). A video made in code (`InputVideo`, a request checked before) is held to the same limits.
@@ -30,11 +31,6 @@ def checked_reference_video(request: GenerateRequest, defaults: ModelDefaults, l
         raise InvalidRequestError(
             f"video (an IC-LoRA's reference video) was given, but this pool{named} has no in-context pipeline; "
             "accepted: a reference video only on an LTX-2 pool, with its IC-LoRA (here: no video)"
-        )
-    if request.image is not None:
-        raise InvalidRequestError(
-            "video and image were given together; accepted: a reference video alone (an IC-LoRA's), or an image "
-            "(image-to-video) alone"
         )
     if isinstance(video, EncodedVideo):
         check_video_size(
