@@ -134,10 +134,16 @@ def call_arguments(request: CheckedRequest) -> dict[str, Any]:
 
 
 def _in_context_conditions(request: CheckedRequest) -> dict[str, Any]:
-    """The in-context call's conditions: none without a reference video; its image (if any) as frame 0."""
+    """The in-context call's conditions: none without a reference video; its image (if any) as frame 0; the
+    request's `reference_strength` and `reference_downscale` as the call's own names."""
     if request.reference_video is None:
         return {}
     conditions: dict[str, Any] = {"reference_conditions": [_reference_condition(request.reference_video)]}
+    # The request's own settings of the in-context call (None: diffusers' defaults, not passed).
+    if request.reference_strength is not None:
+        conditions["conditioning_attention_strength"] = request.reference_strength
+    if request.reference_downscale is not None:
+        conditions["reference_downscale_factor"] = request.reference_downscale
     if request.image is not None:
         # diffusers' defaults (strength 1, the model's CRF): what LTX2ImageToVideoPipeline does with its `image`.
         conditions["conditions"] = [LTX2VideoCondition(frames=request.image.to_pil(), index=0)]

@@ -18,6 +18,7 @@ from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
 from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
 from PIL import Image
 
+from engine import video_references
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.normalise import normalise_request
 from engine.requests import GenerateRequest, Limits, LoraSpec, ModelDefaults
@@ -53,11 +54,11 @@ def ic_engine(family_engine, ic_loras):
 
 
 def diffusers_in_context(
-    tiny_dir: Path, folder: Path, video: bytes, scale: float, image: Image.Image | None = None
+    tiny_dir: Path, folder: Path, video: bytes, scale: float, image: Image.Image | None = None, **settings: Any
 ) -> Reference:
     """diffusers' own: its in-context pipeline over a pipeline of its own (from_pipe), the IC-LoRA loaded and fused
     (transformer and connectors), the reference video's frames (decoded by PyAV) as its one reference condition,
-    and `image` (if any) as its frame-0 condition at diffusers' defaults."""
+    and `image` (if any) as its frame-0 condition at diffusers' defaults; `settings`: further call arguments."""
     pipe: Any = LTX2InContextPipeline.from_pipe(LTX2Pipeline.from_pretrained(tiny_dir))
     pipe.set_progress_bar_config(disable=True)
     pipe.load_lora_weights(str(folder), weight_name=IC_LORA, adapter_name="ic")
@@ -74,6 +75,7 @@ def diffusers_in_context(
         frame_rate=float(FPS),
         generator=torch.Generator("cpu").manual_seed(7),
         output_type="pil",
+        **settings,
     )
     return Reference(list(output.frames[0]), output.audio[0].float(), int(pipe.vocoder.config.output_sampling_rate))
 
@@ -119,6 +121,50 @@ def test_a_reference_video_with_an_image_is_diffusers_in_context_pipeline_with_i
     assert difference <= AUDIO_TOLERANCE, f"audio {difference} apart"
     assert type(loaded_ltx2.pipe) is LTX2Pipeline
     _assert_same_frames(generate(ic_engine, request(lora)), plain)
+
+
+def test_the_in_context_settings_reach_diffusers_call(ic_engine, ic_loras, tiny_ltx2_dir):
+    """`reference_strength` and `reference_downscale` are diffusers' `conditioning_attention_strength` and
+    `reference_downscale_factor`: the result equals its in-context call with them (and differs from the defaults')."""
+    video = reference_mp4()
+    lora = LoraSpec(f"local:{IC_LORA}", scale=0.8)
+    settings = {"reference_strength": 0.25, "reference_downscale": 2}
+    default = generate(ic_engine, request(lora, reference_video=header(video)))
+    result = generate(ic_engine, request(lora, reference_video=header(video), **settings))
+    assert (result.request.reference_strength, result.request.reference_downscale) == (0.25, 2)
+    reference = diffusers_in_context(
+        tiny_ltx2_dir, ic_loras, video, 0.8, conditioning_attention_strength=0.25, reference_downscale_factor=2
+    )
+    assert np.abs(pixels(default.frames[-1]) - pixels(reference.frames[-1])).mean() > 1, "the settings must show"
+    for index, (ours, theirs) in enumerate(zip(result.frames, reference.frames, strict=True)):
+        assert_images_close(pixels(ours), pixels(theirs), f"in-context settings: frame {index}")
+    assert result.audio is not None
+    difference = np.abs(result.audio.samples - reference.audio.numpy()).max()
+    assert difference <= AUDIO_TOLERANCE, f"audio {difference} apart"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"reference_strength": 0.5}, r"reference_strength=0\.5 was given without a reference video; accepted: "),
+        ({"reference_downscale": 2}, r"reference_downscale=2 was given without a reference video; accepted: "),
+        ({"video": True, "reference_strength": 1.5}, r"reference_strength=1\.5 is out of range; accepted: a number "),
+        ({"video": True, "reference_strength": "x"}, r"reference_strength='x' is not a number; accepted: "),
+        ({"video": True, "reference_downscale": 1.5}, r"reference_downscale=1\.5 is not an integer; accepted: an "),
+        ({"video": True, "reference_downscale": 0}, r"reference_downscale=0 is out of range; accepted: an integer "),
+        ({"video": True, "reference_downscale": 3}, r"reference_downscale=3 does not divide the video's 64x64 "),
+    ],
+)
+def test_bad_in_context_settings_are_refused_before_anything_runs(fields, message, loaded_ltx2):
+    """Each a 400 naming the value and what is accepted, from the one check (the tiny LTX-2 pool's: sides in
+    multiples of 32), before the video is decoded."""
+    decoded: list[object] = []
+    video = header(reference_mp4()) if fields.pop("video", False) else None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(video_references, "decode_video", decoded.append)
+        with pytest.raises(InvalidRequestError, match=message):
+            normalise_request(request(reference_video=video, **fields), loaded_ltx2.defaults, Limits(4, 50, 1000))
+    assert decoded == []
 
 
 def _assert_same_frames(result: Any, expected: Any) -> None:
