@@ -42,7 +42,7 @@ from engine.schedules import checked_spec
 from engine.values import checked_int as _int
 from engine.values import checked_number as _float
 from engine.video_checks import check_tokens, check_video, video_mode_refusal
-from engine.video_references import checked_reference_video
+from engine.video_references import checked_reference
 from lora_catalog import refs
 from lora_catalog.civitai.refs import ACCEPTED as CIVITAI_ACCEPTED
 from lora_catalog.civitai.refs import parse_civitai
@@ -121,7 +121,7 @@ def normalise_request(
         image=image,
         mask_image=_fitted(mask, (width, height)),
         images=images,
-        reference_video=checked_reference_video(request, defaults, limits),  # its header gated, then decoded
+        **checked_reference(request, defaults, limits, (width, height)),  # a reference video: gated, decoded
         strength=strength,
         sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
         left_unset=tuple(name for name in SUGGESTIBLE if getattr(request, name) is None),

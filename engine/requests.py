@@ -13,7 +13,7 @@ from engine.images import InputImage, RequestImage
 from engine.limits import MAX_IMAGES, Limits
 from engine.lora_spec import LoraSpec
 from engine.references import ReferenceFit
-from engine.request_schema import RequestField, request_field
+from engine.request_schema import FieldKind, RequestField, request_field
 from engine.result_parts import MAX_SEED, AdapterUse, Soundtrack, Suggested, Timings, seeds_of
 from engine.samplers import SchedulerOptions, menu, sampler_label
 from engine.video_input import ACCEPTED_VIDEO, InputVideo, RequestVideo
@@ -65,8 +65,19 @@ _IMAGES = "a list of PNG, JPEG or WebP images"
 _STRENGTH = "a number from 0 to 1"
 _FRAMES = "an integer of the form 4k+1 (5, 9, ..., 81)"
 _IC = "an IC-LoRA's reference video"
+_IC_STRENGTH = "how strongly the video and its reference video attend to each other (IC-LoRA; 1: fully)"
+_IC_DOWN = "the reference video's downscale (IC-LoRA: the factor its LoRA was trained with; 1: the video's size)"
 _LOW_CFG, _KINDS = "low-noise stage guidance scale (Wan 2.2 A14B)", "image, video or none"
+_DOWNSCALE = "an integer from 1 to 8"
 _F = RequestField
+
+
+def _in_context(name: str, kind: FieldKind, accepts: str, description: str, high: int) -> RequestField:
+    """An in-context call's setting (0 or 1 to `high`): `name` on POST / and the video endpoint's last argument."""
+    low = 1 if kind == "integer" else 0
+    return _F(kind, accepts, description, low, high, http=name, video=True, gradio_video_last=(name,))
+
+
 # Which of a pool's pipelines a request runs on (`GenerateRequest.mode`).
 RequestMode = Literal["text-to-image", "image-to-image", "inpainting"]
 
@@ -175,6 +186,14 @@ class GenerateRequest:
     reference_video: RequestVideo | None = request_field(
         None, _F("video", ACCEPTED_VIDEO, _IC, http="video", video=True, gradio_video_last=("video",))
     )
+    # The in-context call's own settings (diffusers' `conditioning_attention_strength`, `reference_downscale_factor`),
+    # only with `reference_video`; None: diffusers' defaults (1.0, 1). After it: no earlier positional argument moves.
+    reference_strength: float | None = request_field(
+        None, _in_context("reference_strength", "number", _STRENGTH, _IC_STRENGTH, 1)
+    )
+    reference_downscale: float | None = request_field(
+        None, _in_context("reference_downscale", "integer", _DOWNSCALE, _IC_DOWN, 8)
+    )
 
     @property
     def mode(self) -> RequestMode:
@@ -206,6 +225,7 @@ class CheckedRequest(GenerateRequest):
     mask_image: InputImage | None = field(default=None, metadata=_DECLARED["mask_image"])
     images: tuple[InputImage, ...] = field(default=(), metadata=_DECLARED["images"])
     reference_video: InputVideo | None = field(default=None, metadata=_DECLARED["reference_video"])
+    reference_downscale: int | None = field(default=None, metadata=_DECLARED["reference_downscale"])
 
     steps: int = 0
     guidance: float = 0.0

@@ -2,20 +2,48 @@
 `engine.normalise.normalise_request` (the one gate), before it is decoded.
 
 Policy: only a pool whose family has an in-context pipeline (`ModelDefaults.reference_video`: LTX-2's
-`LTX2InContextPipeline`) takes one; elsewhere it is refused, naming what is accepted. It comes alone, without an
-image (the in-context call conditions on the reference, and a first frame with it is not served). Its header's facts
+`LTX2InContextPipeline`) takes one; elsewhere it is refused, naming what is accepted. An image may come with it:
+the video's first frame, as in image-to-video (the in-context call's frame-0 condition; never a mask: a video is
+not inpainted, which `engine.video_checks` refuses first). Its header's facts
 (`engine.video_input.EncodedVideo`: read at the door, nothing decoded) are held to MAX_VIDEO_FRAMES, to the pool's
 longest clip (`max_seconds`) and a frame's pixels to MAX_INPUT_PIXELS; only then is it decoded (at most the
 header's frames). A video made in code (`InputVideo`, a request checked before) is held to the same limits.
+
+The in-context call's own settings come only with a reference video: `reference_strength` (diffusers'
+`conditioning_attention_strength`, 0 to 1) and `reference_downscale` (its `reference_downscale_factor`, 1 to 8,
+which must leave the reference's sides, the video's divided by it, in the pool's side multiple: the VAE encodes
+them). None: diffusers' defaults, not passed.
 """
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from engine.errors import InvalidRequestError, LimitExceededError
-from engine.requests import GenerateRequest, Limits, ModelDefaults
+from engine.requests import REQUEST_FIELDS, GenerateRequest, Limits, ModelDefaults
+from engine.values import checked_int, checked_number
 from engine.video_input import ACCEPTED_VIDEO, EncodedVideo, InputVideo, check_video_size, decode_video
 
-__all__ = ["checked_reference_video"]
+__all__ = ["CheckedReference", "checked_reference", "checked_reference_settings", "checked_reference_video"]
+
+_DECLARED = {f.name: f for f in REQUEST_FIELDS}
+
+
+class CheckedReference(TypedDict):
+    """A checked request's reference video and its in-context settings (`CheckedRequest`'s fields)."""
+
+    reference_video: InputVideo | None
+    reference_strength: float | None
+    reference_downscale: int | None
+
+
+def checked_reference(
+    request: GenerateRequest, defaults: ModelDefaults, limits: Limits, size: tuple[int, int]
+) -> CheckedReference:
+    """The reference video (checked, then decoded) and its settings (checked for the output's `size`)."""
+    strength, downscale = checked_reference_settings(request, size, defaults.side_multiple)
+    video = checked_reference_video(request, defaults, limits)
+    return CheckedReference(reference_video=video, reference_strength=strength, reference_downscale=downscale)
 
 
 def checked_reference_video(request: GenerateRequest, defaults: ModelDefaults, limits: Limits) -> InputVideo | None:
@@ -30,11 +58,6 @@ def checked_reference_video(request: GenerateRequest, defaults: ModelDefaults, l
         raise InvalidRequestError(
             f"video (an IC-LoRA's reference video) was given, but this pool{named} has no in-context pipeline; "
             "accepted: a reference video only on an LTX-2 pool, with its IC-LoRA (here: no video)"
-        )
-    if request.image is not None:
-        raise InvalidRequestError(
-            "video and image were given together; accepted: a reference video alone (an IC-LoRA's), or an image "
-            "(image-to-video) alone"
         )
     if isinstance(video, EncodedVideo):
         check_video_size(
@@ -52,3 +75,32 @@ def checked_reference_video(request: GenerateRequest, defaults: ModelDefaults, l
             "pixels each"
         )
     return video
+
+
+def checked_reference_settings(
+    request: GenerateRequest, size: tuple[int, int], side_multiple: int
+) -> tuple[float | None, int | None]:
+    """The request's `reference_strength` and `reference_downscale`, checked as the module docstring says (the
+    output's checked `size`); None where not sent."""
+    strength, downscale = request.reference_strength, request.reference_downscale
+    if request.reference_video is None:
+        for name, value in (("reference_strength", strength), ("reference_downscale", downscale)):
+            if value is not None:
+                raise InvalidRequestError(
+                    f"{name}={value!r} was given without a reference video; accepted: {name} only with video "
+                    "(an IC-LoRA's reference video)"
+                )
+        return None, None
+    # The declared bounds (`engine.requests`: 0 to 1, 1 to 8), which every door's schema states.
+    declared, most = _DECLARED["reference_strength"], int(_DECLARED["reference_downscale"].high or 1)
+    bounds = float(declared.low or 0), float(declared.high or 1)
+    checked_strength = None if strength is None else checked_number("reference_strength", strength, 1.0, *bounds)
+    factor = None if downscale is None else checked_int("reference_downscale", downscale, 1, 1, most)
+    if factor is not None and any(side % (factor * side_multiple) for side in size):
+        width, height = size
+        raise InvalidRequestError(
+            f"reference_downscale={factor} does not divide the video's {width}x{height} into sides in multiples of "
+            f"{side_multiple} (the reference is encoded at {width // factor}x{height // factor}); accepted: a "
+            f"factor that leaves both sides multiples of {side_multiple}, or 1"
+        )
+    return checked_strength, factor

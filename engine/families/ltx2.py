@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from diffusers import LTX2ImageToVideoPipeline, LTX2InContextPipeline, LTX2Pipeline
+from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
 from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
 
 from engine.families.ltx2_memory import MEMORY, MEMORY_2_3
@@ -116,11 +117,11 @@ def audio_rate(pipe: Pipeline) -> int:
 def call_arguments(request: CheckedRequest) -> dict[str, Any]:
     """LTX2Pipeline's call, at the request's rate (the audio's length and the video's motion follow it); a request
     the engine makes itself (a warm-up) asks for one frame. With a reference video (an IC-LoRA's), the in-context
-    pipeline's call: the video as its one reference condition, at diffusers' default strength."""
-    reference = request.reference_video
-    conditions = {} if reference is None else {"reference_conditions": [_reference_condition(reference)]}
+    pipeline's call: the video as its one reference condition, at diffusers' default strength, and an image with
+    it as the first frame (`conditions`), as image-to-video takes it: the checked image at full strength, re-
+    compressed at the model's default CRF (the in-context call takes no `image`)."""
     return {
-        **conditions,
+        **_in_context_conditions(request),
         "prompt": request.prompt,
         "negative_prompt": request.negative_prompt or None,
         "guidance_scale": request.guidance,
@@ -130,6 +131,23 @@ def call_arguments(request: CheckedRequest) -> dict[str, Any]:
         "num_frames": request.num_frames or 1,
         "frame_rate": float(request.fps or _FPS),
     }
+
+
+def _in_context_conditions(request: CheckedRequest) -> dict[str, Any]:
+    """The in-context call's conditions: none without a reference video; its image (if any) as frame 0; the
+    request's `reference_strength` and `reference_downscale` as the call's own names."""
+    if request.reference_video is None:
+        return {}
+    conditions: dict[str, Any] = {"reference_conditions": [_reference_condition(request.reference_video)]}
+    # The request's own settings of the in-context call (None: diffusers' defaults, not passed).
+    if request.reference_strength is not None:
+        conditions["conditioning_attention_strength"] = request.reference_strength
+    if request.reference_downscale is not None:
+        conditions["reference_downscale_factor"] = request.reference_downscale
+    if request.image is not None:
+        # diffusers' defaults (strength 1, the model's CRF): what LTX2ImageToVideoPipeline does with its `image`.
+        conditions["conditions"] = [LTX2VideoCondition(frames=request.image.to_pil(), index=0)]
+    return conditions
 
 
 def _reference_condition(video: InputVideo) -> LTX2ReferenceCondition:

@@ -35,13 +35,16 @@ IMAGE_ONLY = ("num_images", "mask_image", "strength", "images", "clip_skip")
 
 # The endpoint's own argument after the declared ones: the pool.
 OWN = ("base",)
+# The in-context call's settings, with `video` (None: diffusers' defaults).
+IN_CONTEXT = ("reference_strength", "reference_downscale")
 
 
 def video_parameters() -> list[str]:
     """The endpoint's parameters by the request's declaration (without Gradio's `progress`): the declared Gradio
     arguments a video reads, then each field's video-only ones (`RequestField.gradio_video`: each LoRA's
     low-noise scale), then `base`, then every generation endpoint's last ones (`LATE`: each LoRA's window), then
-    the video endpoint's own last ones (`RequestField.gradio_video_last`: an IC-LoRA's reference video)."""
+    the video endpoint's own last ones (`RequestField.gradio_video_last`: an IC-LoRA's reference video and its
+    in-context settings)."""
     declared = [name for f in REQUEST_FIELDS if f.name not in IMAGE_ONLY for name in f.gradio]
     further = [name for f in REQUEST_FIELDS for name in f.gradio_video]
     last = [name for f in REQUEST_FIELDS for name in f.gradio_video_last]
@@ -70,6 +73,7 @@ def add_video_endpoint(handlers: Handlers) -> None:
         numbers = {name: gr.Number(1.0) for name in ("lora_scale", "lora_2_scale")}
         numbers |= {name: gr.Number(None) for name in ("steps", "guidance", "width", "height", "num_frames", "fps")}
         numbers |= {name: gr.Number(None) for name in ("guidance_2", "lora_scale_2", "lora_2_scale_2", *LATE)}
+        numbers |= {name: gr.Number(None) for name in IN_CONTEXT}
         others = {"prompt": gr.Textbox(), "seed": gr.Number(-1), "scheduler_options": gr.JSON(None)}
         others["image"], others["video"] = uploaded_path(), uploaded_path()
         video, info = gr.Video(format="mp4", label="video"), gr.JSON(label="info")
@@ -104,6 +108,7 @@ def _request(handlers: Handlers, arguments: dict[str, Any]) -> GenerateRequest:
     # An IC-LoRA's reference video (a `handle_file`), read as far as its header as POST / reads one.
     reference = read_video(a["video"], "video", pixels, handlers.settings.max_video_frames)
     # The video endpoint: an image pool is refused where the request is checked, before anything runs.
+    video |= {name: a[name] for name in IN_CONTEXT if a[name] is not None}
     return dataclasses.replace(request, **video, reference_video=reference, expects="video")
 
 
@@ -134,6 +139,8 @@ def _generate_video_api(handlers: Handlers) -> Callable[..., Any]:
         lora_2_start: float | None = None,
         lora_2_end: float | None = None,
         video: Any = None,
+        reference_strength: float | None = None,
+        reference_downscale: float | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (how Gradio hands out progress)
     ) -> tuple[str, dict[str, Any]]:
         """Generate a video on a video pool (the LoRAs' base, else `base`, else the default): text-to-video, or
@@ -142,7 +149,9 @@ def _generate_video_api(handlers: Handlers) -> Callable[..., Any]:
         stage's guidance on a two-stage pool (Wan 2.2 A14B), `lora_scale_2` and `lora_2_scale_2` each LoRA's
         low-noise scale there (None: its scale for both), `lora_start`/`lora_end` (`lora_2_...`) each LoRA's window
         as /generate's (on both transformers); unset numbers (None) take the pool's defaults. `video`: an IC-LoRA's
-        reference video (an MP4, a `handle_file`; an LTX-2 pool only).
+        reference video (an MP4, a `handle_file`; an LTX-2 pool only); with it, `reference_strength` (0 to 1: how
+        strongly the video and the reference attend to each other) and `reference_downscale` (1 to 8: the factor
+        the IC-LoRA was trained with), None: diffusers' defaults.
         Answers the MP4 (H.264, its recipe in the `comment` tag: the bytes POST / answers) and the info, with
         `num_frames`, `fps` and `duration_s`."""
         arguments = dict(locals())

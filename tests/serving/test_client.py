@@ -43,9 +43,10 @@ def test_only_the_named_endpoints_are_public(client):
     # /generate_images takes num_images after /generate's text-to-image arguments, before the image's; each LoRA's
     # schedule window comes last on every generation endpoint (added later: no positional argument moved).
     assert images == [*names[:-8], "num_images", *names[-8:]]
-    assert names[-4:] == video_parameters()[-5:-1] == window
-    # The video endpoint's own last argument, after those (an IC-LoRA's reference video): none moved.
-    assert video_parameters()[-1] == "video"
+    assert names[-4:] == video_parameters()[-7:-3] == window
+    # The video endpoint's own last arguments, after those (an IC-LoRA's reference video, then the in-context call's
+    # settings): none moved.
+    assert video_parameters()[-3:] == ["video", "reference_strength", "reference_downscale"]
     assert names == [
         "prompt",
         "negative_prompt",

@@ -111,3 +111,31 @@ def test_gradio_client_sends_the_video_as_a_file_and_gets_post_s_mp4(server, tmp
     upload.write_bytes(VIDEO[: len(VIDEO) // 2])
     with pytest.raises(Exception, match="video is a truncated MP4"):
         client.predict(prompt="a fox", steps=2, video=handle_file(str(upload)), api_name="/generate_video")
+
+
+def test_the_in_context_settings_come_through_both_doors_and_bad_ones_are_a_400(server, tmp_path):
+    """`parameters.reference_strength` / `reference_downscale` and `/generate_video`'s last arguments of those names
+    make the same MP4 (not the default's); out of range, or without a video, each a 400 naming the value."""
+    settings = {"reference_strength": 0.5, "reference_downscale": 2}
+    default = post(server, b64(VIDEO))
+    parameters = {**PARAMETERS, "video": b64(VIDEO), **settings}
+    posted = httpx.post(server.url, json={"inputs": "a fox", "parameters": parameters}, timeout=600)
+    assert posted.status_code == 200, posted.text[:300]
+    assert posted.content != default.content
+    upload = tmp_path / "reference.mp4"
+    upload.write_bytes(VIDEO)
+    client = api_client(server.url, verbose=False)
+    path, _ = client.predict(
+        prompt="a fox", steps=2, seed=5, num_frames=9, fps=24, video=handle_file(str(upload)), **settings,
+        api_name="/generate_video",
+    )  # fmt: skip
+    assert Path(path["video"] if isinstance(path, dict) else path).read_bytes() == posted.content
+    for bad, rule in (
+        ({"video": b64(VIDEO), "reference_strength": 2}, "reference_strength=2"),
+        ({"video": b64(VIDEO), "reference_downscale": 3}, "reference_downscale=3 does not divide the video's 64x64"),
+        ({"reference_strength": 0.5}, "reference_strength=0.5 was given without a reference video"),
+    ):
+        answer = httpx.post(server.url, json={"inputs": "a fox", "parameters": {**PARAMETERS, **bad}}, timeout=600)
+        assert answer.status_code == 400 and rule in answer.json()["error"], answer.text[:300]
+        assert "accepted:" in answer.json()["error"]
+    assert post(server, b64(VIDEO)).content == default.content, "the Space answers the same after the refusals"

@@ -70,9 +70,11 @@ def test_the_gradio_api_takes_every_declared_field_by_its_declared_names():
     (`RequestField.video`) are the video endpoint's: the image endpoints' signatures stay as they were."""
     declared = [name for f in REQUEST_FIELDS if not f.video for name in f.gradio]
     # The fields the API does not take: the UI's switch (the API runs with the LoRAs' recommendations), the
-    # kind each endpoint answers, which it sets itself, and (for now: POST / only) an IC-LoRA's reference video.
-    assert [f.name for f in REQUEST_FIELDS if not f.gradio] == ["lora_defaults", "expects", "reference_video"]
-    assert [f.name for f in REQUEST_FIELDS if f.video] == ["num_frames", "fps", "guidance_2", "reference_video"]
+    # kind each endpoint answers, which it sets itself, and an IC-LoRA's reference video and its in-context
+    # settings (the video endpoint's last arguments: `gradio_video_last`).
+    ic = ["reference_video", "reference_strength", "reference_downscale"]
+    assert [f.name for f in REQUEST_FIELDS if not f.gradio] == ["lora_defaults", "expects", *ic]
+    assert [f.name for f in REQUEST_FIELDS if f.video] == ["num_frames", "fps", "guidance_2", *ic]
     # Then the arguments every generation endpoint takes last (each LoRA's schedule window).
     declared += [name for f in REQUEST_FIELDS for name in f.gradio_late]
     assert declared[-4:] == ["lora_start", "lora_end", "lora_2_start", "lora_2_end"]

@@ -1,8 +1,8 @@
 """LTX-2's IC-LoRAs on the tiny LTX-2 pool: a request with a reference video (`GenerateRequest.reference_video`,
 an MP4 read to its header at the door) runs on diffusers' `LTX2InContextPipeline` built from the pool's own
 components, and its video and sound equal diffusers' in-context pipeline with the IC-LoRA fused (load_lora_weights +
-fuse_lora) on every frame and audio sample; a bad reference video is refused by its rule before anything is
-decoded, and the pool serves the same afterwards."""
+fuse_lora) on every frame and audio sample, with an image too (its first frame, diffusers' `conditions`); a bad
+reference video is refused by its rule before anything is decoded, and the pool serves the same afterwards."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 import torch
 from diffusers import LTX2InContextPipeline, LTX2Pipeline
+from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
 from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
+from PIL import Image
 
+from engine import video_references
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.normalise import normalise_request
 from engine.requests import GenerateRequest, Limits, LoraSpec, ModelDefaults
@@ -25,7 +28,7 @@ from serving.video import decode_mp4
 from tests.engine.families.test_ltx2 import AUDIO_TOLERANCE, request
 from tests.support.checks import generate
 from tests.support.dit import pixels
-from tests.support.image_inputs import input_image
+from tests.support.image_inputs import example_image, input_image, input_mask
 from tests.support.images import assert_images_close
 from tests.support.ltx2 import CASES, FPS, FRAMES, PROMPT, STEPS, Reference, write_ltx2_loras
 from tests.support.reference_video import reference_mp4
@@ -50,9 +53,12 @@ def ic_engine(family_engine, ic_loras):
     return family_engine(Family.LTX2, ic_loras)
 
 
-def diffusers_in_context(tiny_dir: Path, folder: Path, video: bytes, scale: float) -> Reference:
+def diffusers_in_context(
+    tiny_dir: Path, folder: Path, video: bytes, scale: float, image: Image.Image | None = None, **settings: Any
+) -> Reference:
     """diffusers' own: its in-context pipeline over a pipeline of its own (from_pipe), the IC-LoRA loaded and fused
-    (transformer and connectors), the reference video's frames (decoded by PyAV) as its one reference condition."""
+    (transformer and connectors), the reference video's frames (decoded by PyAV) as its one reference condition,
+    and `image` (if any) as its frame-0 condition at diffusers' defaults; `settings`: further call arguments."""
     pipe: Any = LTX2InContextPipeline.from_pipe(LTX2Pipeline.from_pretrained(tiny_dir))
     pipe.set_progress_bar_config(disable=True)
     pipe.load_lora_weights(str(folder), weight_name=IC_LORA, adapter_name="ic")
@@ -60,6 +66,7 @@ def diffusers_in_context(tiny_dir: Path, folder: Path, video: bytes, scale: floa
     output = pipe(
         prompt=PROMPT,
         reference_conditions=[LTX2ReferenceCondition(frames=list(decode_mp4(video).frames))],
+        **({} if image is None else {"conditions": [LTX2VideoCondition(frames=image, index=0)]}),
         num_inference_steps=STEPS,
         guidance_scale=3.0,
         width=64,
@@ -68,6 +75,7 @@ def diffusers_in_context(tiny_dir: Path, folder: Path, video: bytes, scale: floa
         frame_rate=float(FPS),
         generator=torch.Generator("cpu").manual_seed(7),
         output_type="pil",
+        **settings,
     )
     return Reference(list(output.frames[0]), output.audio[0].float(), int(pipe.vocoder.config.output_sampling_rate))
 
@@ -92,6 +100,73 @@ def test_an_ic_lora_with_its_reference_video_is_diffusers_in_context_pipeline(
     _assert_same_frames(generate(ic_engine, request(lora)), plain)
 
 
+def test_a_reference_video_with_an_image_is_diffusers_in_context_pipeline_with_its_first_frame(
+    ic_engine, ic_loras, tiny_ltx2_dir, loaded_ltx2
+):
+    """The image is the video's first frame, as in image-to-video: diffusers' in-context call with the same reference
+    condition and the image as its frame-0 `LTX2VideoCondition`; the base serves the same video after it."""
+    video = reference_mp4()
+    lora = LoraSpec(f"local:{IC_LORA}", scale=0.8)
+    plain = generate(ic_engine, request(lora))
+    without = generate(ic_engine, request(lora, reference_video=header(video)))
+    result = generate(ic_engine, request(lora, reference_video=header(video), image=input_image()))
+    assert result.request.mode == "image-to-image" and result.request.reference_video is not None
+    reference = diffusers_in_context(tiny_ltx2_dir, ic_loras, video, 0.8, image=example_image())
+    assert np.abs(pixels(without.frames[0]) - pixels(reference.frames[0])).mean() > 2, "the image must show"
+    assert len(result.frames) == len(reference.frames) == FRAMES
+    for index, (ours, theirs) in enumerate(zip(result.frames, reference.frames, strict=True)):
+        assert_images_close(pixels(ours), pixels(theirs), f"in-context with an image: frame {index}")
+    assert result.audio is not None and result.audio.samples.shape == tuple(reference.audio.shape)
+    difference = np.abs(result.audio.samples - reference.audio.numpy()).max()
+    assert difference <= AUDIO_TOLERANCE, f"audio {difference} apart"
+    assert type(loaded_ltx2.pipe) is LTX2Pipeline
+    _assert_same_frames(generate(ic_engine, request(lora)), plain)
+
+
+def test_the_in_context_settings_reach_diffusers_call(ic_engine, ic_loras, tiny_ltx2_dir):
+    """`reference_strength` and `reference_downscale` are diffusers' `conditioning_attention_strength` and
+    `reference_downscale_factor`: the result equals its in-context call with them (and differs from the defaults')."""
+    video = reference_mp4()
+    lora = LoraSpec(f"local:{IC_LORA}", scale=0.8)
+    settings = {"reference_strength": 0.25, "reference_downscale": 2}
+    default = generate(ic_engine, request(lora, reference_video=header(video)))
+    result = generate(ic_engine, request(lora, reference_video=header(video), **settings))
+    assert (result.request.reference_strength, result.request.reference_downscale) == (0.25, 2)
+    reference = diffusers_in_context(
+        tiny_ltx2_dir, ic_loras, video, 0.8, conditioning_attention_strength=0.25, reference_downscale_factor=2
+    )
+    assert np.abs(pixels(default.frames[-1]) - pixels(reference.frames[-1])).mean() > 1, "the settings must show"
+    for index, (ours, theirs) in enumerate(zip(result.frames, reference.frames, strict=True)):
+        assert_images_close(pixels(ours), pixels(theirs), f"in-context settings: frame {index}")
+    assert result.audio is not None
+    difference = np.abs(result.audio.samples - reference.audio.numpy()).max()
+    assert difference <= AUDIO_TOLERANCE, f"audio {difference} apart"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"reference_strength": 0.5}, r"reference_strength=0\.5 was given without a reference video; accepted: "),
+        ({"reference_downscale": 2}, r"reference_downscale=2 was given without a reference video; accepted: "),
+        ({"video": True, "reference_strength": 1.5}, r"reference_strength=1\.5 is out of range; accepted: a number "),
+        ({"video": True, "reference_strength": "x"}, r"reference_strength='x' is not a number; accepted: "),
+        ({"video": True, "reference_downscale": 1.5}, r"reference_downscale=1\.5 is not an integer; accepted: an "),
+        ({"video": True, "reference_downscale": 0}, r"reference_downscale=0 is out of range; accepted: an integer "),
+        ({"video": True, "reference_downscale": 3}, r"reference_downscale=3 does not divide the video's 64x64 "),
+    ],
+)
+def test_bad_in_context_settings_are_refused_before_anything_runs(fields, message, loaded_ltx2):
+    """Each a 400 naming the value and what is accepted, from the one check (the tiny LTX-2 pool's: sides in
+    multiples of 32), before the video is decoded."""
+    decoded: list[object] = []
+    video = header(reference_mp4()) if fields.pop("video", False) else None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(video_references, "decode_video", decoded.append)
+        with pytest.raises(InvalidRequestError, match=message):
+            normalise_request(request(reference_video=video, **fields), loaded_ltx2.defaults, Limits(4, 50, 1000))
+    assert decoded == []
+
+
 def _assert_same_frames(result: Any, expected: Any) -> None:
     assert [pixels(f).tobytes() for f in result.frames] == [pixels(f).tobytes() for f in expected.frames]
     assert np.array_equal(result.audio.samples, expected.audio.samples)
@@ -99,7 +174,8 @@ def _assert_same_frames(result: Any, expected: Any) -> None:
 
 def test_each_bad_reference_video_is_refused_by_its_rule_and_the_pool_serves_the_same(ic_engine):
     """Refused where every request is checked (frames past MAX_VIDEO_FRAMES, a clip past the pool's longest, a frame
-    past MAX_INPUT_PIXELS, with an image), before it is decoded; the next request gets what it got before."""
+    past MAX_INPUT_PIXELS, with a mask: no inpainting), before it is decoded; the next request gets what it got
+    before."""
     lora = LoraSpec(f"local:{IC_LORA}")
     before = generate(ic_engine, request(lora))
     long = encoded_video(reference_mp4(frames=90, side=32), what="parameters.video", max_pixels=10**6, max_frames=1001)
@@ -112,8 +188,9 @@ def test_each_bad_reference_video_is_refused_by_its_rule_and_the_pool_serves_the
     forever = replace(large, width=64, height=64, seconds=3600.0)
     with pytest.raises(LimitExceededError, match=r"is too long: 3600.00 s.*at most 20 s"):
         generate(ic_engine, request(lora, reference_video=forever))
-    with pytest.raises(InvalidRequestError, match="video and image were given together"):
-        generate(ic_engine, request(lora, reference_video=header(reference_mp4()), image=input_image()))
+    masked = request(lora, reference_video=header(reference_mp4()), image=input_image(), mask_image=input_mask())
+    with pytest.raises(InvalidRequestError, match=r"mask_image was given to a video pool; accepted: no mask"):
+        generate(ic_engine, masked)
     _assert_same_frames(generate(ic_engine, request(lora)), before)
 
 
