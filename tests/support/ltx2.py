@@ -13,11 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline
 from PIL import Image
 
 from serving.demo.synthetic import save_lora
+from tests.support.dit import pixels
+from tests.support.images import assert_images_close
 
 Ltx2Format = Literal["peft", "original"]
 _BLOCK_LAYERS = (
@@ -40,6 +43,9 @@ CONNECTORS = (
     "connectors.audio_connector.transformer_blocks.0.ff.net.2",
 )
 PROMPT = "a photo of a fox in sks style"
+# The audio samples' tolerance: the same float32 operations in the same order as diffusers' own run, up to the fused
+# weights' rounding (the exact swap against diffusers' fuse_lora).
+AUDIO_TOLERANCE = 1e-5
 FRAMES = 9
 FPS = 24
 STEPS = 2
@@ -122,6 +128,12 @@ def diffusers_video(
     if image is not None:
         pipe, extra = LTX2ImageToVideoPipeline.from_pipe(pipe), {"image": image}
         pipe.set_progress_bar_config(disable=True)
+    return diffusers_call(pipe, **extra)
+
+
+def diffusers_call(pipe: Any, **arguments: Any) -> Reference:
+    """`pipe` (diffusers' LTX-2 pipeline of any class) called as the engine calls the tiny pool: `PROMPT`, `STEPS`
+    steps at 64 x 64, `FRAMES` frames at `FPS`, seed 7, the pool's CFG 3, and `arguments` (a class's own inputs)."""
     output = pipe(
         prompt=PROMPT,
         num_inference_steps=STEPS,
@@ -132,6 +144,18 @@ def diffusers_video(
         frame_rate=float(FPS),
         generator=torch.Generator("cpu").manual_seed(7),
         output_type="pil",
-        **extra,
+        **arguments,
     )
     return Reference(list(output.frames[0]), output.audio[0].float(), int(pipe.vocoder.config.output_sampling_rate))
+
+
+def assert_same_video(result: Any, reference: Reference, what: str) -> None:
+    """A result's frames within 2 levels of diffusers' (`assert_images_close`), its sound at diffusers' rate and
+    within `AUDIO_TOLERANCE` of its samples."""
+    assert len(result.frames) == len(reference.frames) == FRAMES
+    for index, (ours, theirs) in enumerate(zip(result.frames, reference.frames, strict=True)):
+        assert_images_close(pixels(ours), pixels(theirs), f"{what}: frame {index}")
+    assert result.audio is not None and result.audio.rate == reference.rate
+    assert result.audio.samples.shape == tuple(reference.audio.shape)
+    difference = np.abs(result.audio.samples - reference.audio.numpy()).max()
+    assert difference <= AUDIO_TOLERANCE, (what, f"audio {difference} apart")

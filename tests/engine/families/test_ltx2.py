@@ -26,12 +26,19 @@ from serving.demo.synthetic import save_lora
 from tests.support.checks import generate
 from tests.support.dit import assert_components_pristine, pixels
 from tests.support.image_inputs import example_image, input_image
-from tests.support.images import assert_images_close
-from tests.support.ltx2 import CASES, FPS, FRAMES, PROMPT, STEPS, TRANSFORMER, diffusers_video, write_ltx2_loras
+from tests.support.ltx2 import (
+    AUDIO_TOLERANCE,
+    CASES,
+    FPS,
+    FRAMES,
+    PROMPT,
+    STEPS,
+    TRANSFORMER,
+    assert_same_video,
+    diffusers_video,
+    write_ltx2_loras,
+)
 
-# The audio samples' tolerance: the same float32 operations in the same order as diffusers' own run, up to the fused
-# weights' rounding (the exact swap against diffusers' fuse_lora).
-AUDIO_TOLERANCE = 1e-5
 _COMPONENTS = ("transformer", "connectors", "text_encoder", "vae", "audio_vae", "vocoder")
 
 
@@ -77,20 +84,10 @@ def test_an_ltx2_lora_is_told_by_its_names_in_every_naming(ltx2_loras):
             assert family_from_keys(list(f.keys())) is Family.LTX2, case.name
 
 
-def _assert_same_video(result, reference, what: str) -> None:
-    assert len(result.frames) == len(reference.frames) == FRAMES
-    for index, (ours, theirs) in enumerate(zip(result.frames, reference.frames, strict=True)):
-        assert_images_close(pixels(ours), pixels(theirs), f"{what}: frame {index}")
-    assert result.audio is not None and result.audio.rate == reference.rate
-    assert result.audio.samples.shape == tuple(reference.audio.shape)
-    difference = np.abs(result.audio.samples - reference.audio.numpy()).max()
-    assert difference <= AUDIO_TOLERANCE, (what, f"audio {difference} apart")
-
-
 def test_without_a_lora_the_video_and_sound_are_diffusers_own(ltx2_engine, ltx2_loras, tiny_ltx2_dir):
     result = generate(ltx2_engine, request())
     assert result.is_video and result.fps == FPS and result.image is result.frames[0]
-    _assert_same_video(result, diffusers_video(tiny_ltx2_dir, ltx2_loras, None), "base")
+    assert_same_video(result, diffusers_video(tiny_ltx2_dir, ltx2_loras, None), "base")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -100,7 +97,7 @@ def test_each_ltx2_naming_matches_diffusers_on_every_frame_and_sample(case, ltx2
     reference = diffusers_video(tiny_ltx2_dir, ltx2_loras, case.file_name, 0.8)
     assert np.abs(pixels(reference.frames[-1]) - pixels(base.frames[-1])).mean() > 2, "the LoRA must show"
     assert (reference.audio - base.audio).abs().max() > 10 * AUDIO_TOLERANCE, "the LoRA must change the sound"
-    _assert_same_video(result, reference, case.name)
+    assert_same_video(result, reference, case.name)
 
 
 @pytest.mark.parametrize("case", [None, CASES[0]], ids=["base", "lora"])
@@ -115,7 +112,7 @@ def test_image_to_video_matches_diffusers_ltx2_image_to_video_pipeline(case, ltx
     reference = diffusers_video(tiny_ltx2_dir, ltx2_loras, name, 0.8, image=example_image())
     text_only = generate(ltx2_engine, request(*loras))
     assert np.abs(pixels(text_only.frames[0]) - pixels(reference.frames[0])).mean() > 2, "the image must show"
-    _assert_same_video(result, reference, f"image-to-video {case.name if case else 'base'}")
+    assert_same_video(result, reference, f"image-to-video {case.name if case else 'base'}")
 
 
 def test_the_base_is_bit_exact_after_swaps_and_refusals(ltx2_engine, loaded_ltx2, pristine_ltx2):

@@ -20,13 +20,12 @@ from engine.requests import LoraSpec
 from engine.weights.gguf import GGUFBranchedLinear
 from engine.weights.quantized import BranchedLinear, held_branches
 from families.ltx2 import MODEL_ID
-from tests.engine.families.test_ltx2 import AUDIO_TOLERANCE, request
+from tests.engine.families.test_ltx2 import request
 from tests.engine.weights.test_gguf import blocks_hash
 from tests.support.checks import generate
 from tests.support.dit import local_engine, pixels
 from tests.support.gguf import Q, write_gguf
-from tests.support.images import assert_images_close
-from tests.support.ltx2 import CASES, FPS, FRAMES, PROMPT, STEPS, Reference, write_ltx2_loras
+from tests.support.ltx2 import CASES, Reference, assert_same_video, diffusers_call, write_ltx2_loras
 
 pytest.importorskip("gguf")
 
@@ -43,18 +42,7 @@ def diffusers_gguf_video(tiny_dir: Path, gguf: Path, loras: Path) -> Reference:
     pipe: Any = LTX2Pipeline.from_pretrained(tiny_dir, transformer=transformer)
     pipe.set_progress_bar_config(disable=True)
     pipe.load_lora_weights(str(loras), weight_name=LORA, adapter_name="a")
-    output = pipe(
-        prompt=PROMPT,
-        num_inference_steps=STEPS,
-        guidance_scale=3.0,
-        width=64,
-        height=64,
-        num_frames=FRAMES,
-        frame_rate=float(FPS),
-        generator=torch.Generator("cpu").manual_seed(7),
-        output_type="pil",
-    )
-    return Reference(list(output.frames[0]), output.audio[0].float(), int(pipe.vocoder.config.output_sampling_rate))
+    return diffusers_call(pipe)
 
 
 @pytest.mark.timeout(600)
@@ -78,12 +66,7 @@ def test_a_gguf_ltx2_pool_with_a_lora_is_diffusers_unfused_on_the_same_file(
         again = generate(engine, request())
     theirs = diffusers_gguf_video(tiny_ltx2_dir, gguf, loras)
     assert np.abs(pixels(ours.frames[-1]) - pixels(base.frames[-1])).mean() > 1, "the LoRA must show"
-    assert len(ours.frames) == len(theirs.frames) == FRAMES
-    for index, (frame, reference) in enumerate(zip(ours.frames, theirs.frames, strict=True)):
-        assert_images_close(pixels(frame), pixels(reference), f"gguf: frame {index}")
-    assert ours.audio is not None and ours.audio.samples.shape == tuple(theirs.audio.shape)
-    difference = np.abs(ours.audio.samples - theirs.audio.numpy()).max()
-    assert difference <= AUDIO_TOLERANCE, f"audio {difference} apart"
+    assert_same_video(ours, theirs, "gguf")
     # The blocks were never written: the base's video after the LoRA run is the one before.
     assert blocks_hash(loaded.denoiser) == before and held_branches(loaded.denoiser) == []
     assert [f.tobytes() for f in again.frames] == [f.tobytes() for f in base.frames]

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from diffusers import LTX2InContextPipeline, LTX2Pipeline
 from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
 from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
@@ -25,12 +24,11 @@ from engine.requests import GenerateRequest, Limits, LoraSpec, ModelDefaults
 from engine.video_input import EncodedVideo, encoded_video
 from lora_catalog.entries import Family
 from serving.video import decode_mp4
-from tests.engine.families.test_ltx2 import AUDIO_TOLERANCE, request
+from tests.engine.families.test_ltx2 import request
 from tests.support.checks import generate
 from tests.support.dit import pixels
 from tests.support.image_inputs import example_image, input_image, input_mask
-from tests.support.images import assert_images_close
-from tests.support.ltx2 import CASES, FPS, FRAMES, PROMPT, STEPS, Reference, write_ltx2_loras
+from tests.support.ltx2 import CASES, Reference, assert_same_video, diffusers_call, write_ltx2_loras
 from tests.support.reference_video import reference_mp4
 
 IC_LORA = CASES[0].file_name
@@ -63,21 +61,12 @@ def diffusers_in_context(
     pipe.set_progress_bar_config(disable=True)
     pipe.load_lora_weights(str(folder), weight_name=IC_LORA, adapter_name="ic")
     pipe.fuse_lora(components=["transformer", "connectors"], lora_scale=scale, adapter_names=["ic"])
-    output = pipe(
-        prompt=PROMPT,
+    return diffusers_call(
+        pipe,
         reference_conditions=[LTX2ReferenceCondition(frames=list(decode_mp4(video).frames))],
         **({} if image is None else {"conditions": [LTX2VideoCondition(frames=image, index=0)]}),
-        num_inference_steps=STEPS,
-        guidance_scale=3.0,
-        width=64,
-        height=64,
-        num_frames=FRAMES,
-        frame_rate=float(FPS),
-        generator=torch.Generator("cpu").manual_seed(7),
-        output_type="pil",
         **settings,
     )
-    return Reference(list(output.frames[0]), output.audio[0].float(), int(pipe.vocoder.config.output_sampling_rate))
 
 
 def test_an_ic_lora_with_its_reference_video_is_diffusers_in_context_pipeline(
@@ -89,12 +78,7 @@ def test_an_ic_lora_with_its_reference_video_is_diffusers_in_context_pipeline(
     result = generate(ic_engine, request(lora, reference_video=header(video)))
     reference = diffusers_in_context(tiny_ltx2_dir, ic_loras, video, 0.8)
     assert np.abs(pixels(plain.frames[-1]) - pixels(reference.frames[-1])).mean() > 1, "the reference must show"
-    assert len(result.frames) == len(reference.frames) == FRAMES
-    for index, (ours, theirs) in enumerate(zip(result.frames, reference.frames, strict=True)):
-        assert_images_close(pixels(ours), pixels(theirs), f"in-context: frame {index}")
-    assert result.audio is not None and result.audio.samples.shape == tuple(reference.audio.shape)
-    difference = np.abs(result.audio.samples - reference.audio.numpy()).max()
-    assert difference <= AUDIO_TOLERANCE, f"audio {difference} apart"
+    assert_same_video(result, reference, "in-context")
     # The in-context pipeline was the run's own: the pool still serves text-to-video, the same video as before.
     assert type(loaded_ltx2.pipe) is LTX2Pipeline
     _assert_same_frames(generate(ic_engine, request(lora)), plain)
@@ -113,12 +97,7 @@ def test_a_reference_video_with_an_image_is_diffusers_in_context_pipeline_with_i
     assert result.request.mode == "image-to-image" and result.request.reference_video is not None
     reference = diffusers_in_context(tiny_ltx2_dir, ic_loras, video, 0.8, image=example_image())
     assert np.abs(pixels(without.frames[0]) - pixels(reference.frames[0])).mean() > 2, "the image must show"
-    assert len(result.frames) == len(reference.frames) == FRAMES
-    for index, (ours, theirs) in enumerate(zip(result.frames, reference.frames, strict=True)):
-        assert_images_close(pixels(ours), pixels(theirs), f"in-context with an image: frame {index}")
-    assert result.audio is not None and result.audio.samples.shape == tuple(reference.audio.shape)
-    difference = np.abs(result.audio.samples - reference.audio.numpy()).max()
-    assert difference <= AUDIO_TOLERANCE, f"audio {difference} apart"
+    assert_same_video(result, reference, "in-context with an image")
     assert type(loaded_ltx2.pipe) is LTX2Pipeline
     _assert_same_frames(generate(ic_engine, request(lora)), plain)
 
@@ -136,11 +115,7 @@ def test_the_in_context_settings_reach_diffusers_call(ic_engine, ic_loras, tiny_
         tiny_ltx2_dir, ic_loras, video, 0.8, conditioning_attention_strength=0.25, reference_downscale_factor=2
     )
     assert np.abs(pixels(default.frames[-1]) - pixels(reference.frames[-1])).mean() > 1, "the settings must show"
-    for index, (ours, theirs) in enumerate(zip(result.frames, reference.frames, strict=True)):
-        assert_images_close(pixels(ours), pixels(theirs), f"in-context settings: frame {index}")
-    assert result.audio is not None
-    difference = np.abs(result.audio.samples - reference.audio.numpy()).max()
-    assert difference <= AUDIO_TOLERANCE, f"audio {difference} apart"
+    assert_same_video(result, reference, "in-context settings")
 
 
 @pytest.mark.parametrize(
