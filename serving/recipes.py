@@ -4,7 +4,8 @@ Each LoRA is an A1111 `<lora:NAME:weight>` tag after the prompt with A1111's has
 holding `,`, `:` or a newline are quoted as A1111 quotes them. A prompt cannot add structure: a `<name:` tag,
 "Negative prompt:" or a leading "Steps:" in it gets one more space (`_ESCAPES`), so a recipe names exactly the
 LoRAs that ran. An IC-LoRA run's reference video is named, never carried (`VideoReference`: its file's SHA-256,
-frames and size), and a recipe read back names it apart from its request, which lacks it (`Recipe.reference_video`).
+frames and size, and the run's `reference_strength` / `reference_downscale`), and a recipe read back names it apart
+from its request, which lacks it (`Recipe.reference_video`).
 `with_recipes` puts the recipe in `info["parameters"]`, `encode_image` writes it as a PNG text chunk or JPEG EXIF,
 `parse_recipe` reads it back. `RECIPES=0` turns recipes off.
 The format, with an example: docs/internals.md, "serving/recipes.py".
@@ -49,7 +50,9 @@ VERSION = "LoRA Switchboard"
 SCALES_2 = "Lora scales 2"
 # An IC-LoRA run's reference video (`VideoReference.text`), the one parameter written and read back under this name.
 REFERENCE_VIDEO = "Reference video"
-_VIDEO_TEXT = re.compile(r"(?:sha256 ([0-9a-f]{64}), )?(\d+) frames, (\d+)x(\d+)")
+_VIDEO_TEXT = re.compile(
+    r"(?:sha256 ([0-9a-f]{64}), )?(\d+) frames, (\d+)x(\d+)(?:, strength ([0-9.eE+-]+))?(?:, downscale (\d+))?"
+)
 _JPEG_QUALITY = 92
 _EXIF_IFD, _USER_COMMENT = 0x8769, 0x9286
 _UNICODE = b"UNICODE\x00"
@@ -76,21 +79,34 @@ _ESCAPES = tuple(
 class VideoReference:
     """An IC-LoRA run's reference video as its recipe names it (`Reference video`), never its bytes: the SHA-256 of
     the file the client sent (what `sha256sum` prints for it; "" for a video made in code, which has no file), its
-    frame count and a frame's size. Written `sha256 <64 hex digits>, 9 frames, 64x64`."""
+    frame count and a frame's size; and the run's in-context settings where the request set them
+    (`reference_strength`, `reference_downscale`: None for diffusers' defaults). Written `sha256 <64 hex digits>,
+    9 frames, 64x64` (then `, strength 0.25`, `, downscale 2` where set)."""
 
     sha256: str
     frames: int
     width: int
     height: int
+    strength: float | None = None
+    downscale: int | None = None
 
     @classmethod
-    def of(cls, video: RequestVideo) -> VideoReference:
-        """The video a request ran with: decoded (its frames, its file kept) or as a door read it (its header)."""
+    def of(cls, video: RequestVideo, strength: float | None = None, downscale: float | None = None) -> VideoReference:
+        """The video a request ran with: decoded (its frames, its file kept) or as a door read it (its header), and
+        the request's in-context settings."""
         if isinstance(video, EncodedVideo):
-            return cls(hashlib.sha256(video.data).hexdigest(), video.frames, video.width, video.height)
-        first = video.frames[0]
-        digest = hashlib.sha256(video.source).hexdigest() if video.source else ""
-        return cls(digest, len(video.frames), first.width, first.height)
+            digest, frames, width, height = (
+                hashlib.sha256(video.data).hexdigest(),
+                video.frames,
+                video.width,
+                video.height,
+            )
+        else:
+            first = video.frames[0]
+            digest = hashlib.sha256(video.source).hexdigest() if video.source else ""
+            frames, width, height = len(video.frames), first.width, first.height
+        # A checked downscale is a whole number (`reference_downscale`), written as one.
+        return cls(digest, frames, width, height, strength, None if downscale is None else int(downscale))
 
     @classmethod
     def parse(cls, text: str) -> VideoReference | None:
@@ -98,12 +114,15 @@ class VideoReference:
         found = _VIDEO_TEXT.fullmatch(text.strip())
         if found is None:
             return None
-        digest, frames, width, height = found.groups()
-        return cls(digest or "", int(frames), int(width), int(height))
+        digest, frames, width, height, strength, downscale = found.groups()
+        settings = (None if strength is None else float(strength), None if downscale is None else int(downscale))
+        return cls(digest or "", int(frames), int(width), int(height), *settings)
 
     def text(self) -> str:
         named = f"sha256 {self.sha256}, " if self.sha256 else ""
-        return f"{named}{self.frames} frames, {self.width}x{self.height}"
+        strength = "" if self.strength is None else f", strength {self.strength:g}"
+        downscale = "" if self.downscale is None else f", downscale {self.downscale}"
+        return f"{named}{self.frames} frames, {self.width}x{self.height}{strength}{downscale}"
 
 
 @dataclass(frozen=True)
@@ -157,8 +176,9 @@ def recipe_text(result: GenerateResult, index: int = 0) -> str:
             f"image {n}: {image_hash(image)}" for n, image in enumerate(references, start=1)
         )
     if request.reference_video is not None:
-        # Nor an IC-LoRA's reference video: which file it was, how long and how large.
-        parameters[REFERENCE_VIDEO] = VideoReference.of(request.reference_video).text()
+        # Nor an IC-LoRA's reference video: which file it was, how long and how large, and how it was taken.
+        video = VideoReference.of(request.reference_video, request.reference_strength, request.reference_downscale)
+        parameters[REFERENCE_VIDEO] = video.text()
     hashes = [f"{_lora_name(use)}: {use.hash}" for use in result.adapters if use.hash]
     if hashes:
         parameters["Lora hashes"] = ", ".join(hashes)

@@ -133,6 +133,25 @@ def test_a_reference_video_is_named_by_its_file_frames_and_size_and_read_back_ap
     assert parse_recipe(f"a fox\nSteps: 4, Seed: 1, {REFERENCE_VIDEO}: clip.mp4").reference_video is None
 
 
+def test_a_reference_videos_in_context_settings_are_named_with_it_and_read_back():
+    """`reference_strength` and `reference_downscale` go in the same entry where the request set them: a run with
+    the same file needs them too, and diffusers' defaults (unset) write nothing."""
+    frame = InputImage.from_pil(Image.new("RGB", (64, 64), (5, 6, 7)))
+    made = result()
+    video = InputVideo((frame,) * 9, 24.0, b"an mp4's bytes")
+    digest = hashlib.sha256(b"an mp4's bytes").hexdigest()
+    for strength, downscale, written in ((0.25, 2, ", strength 0.25, downscale 2"), (0.5, None, ", strength 0.5")):
+        request = dataclasses.replace(
+            made.request, reference_video=video, reference_strength=strength, reference_downscale=downscale
+        )
+        text = recipe_text(dataclasses.replace(made, request=request))
+        assert f'{REFERENCE_VIDEO}: "sha256 {digest}, 9 frames, 64x64{written}", ' in text
+        recipe = parse_recipe(text)
+        assert recipe.reference_video == VideoReference(digest, 9, 64, 64, strength, downscale)
+        # The request read back has neither the video nor its settings (a setting without a video is refused).
+        assert (recipe.request.reference_strength, recipe.request.reference_downscale) == (None, None)
+
+
 def test_an_img2img_recipe_a1111_wrote_is_read_with_its_strength():
     text = (
         "a castle <lora:ink:0.7>\nSteps: 30, Sampler: Euler a, Schedule type: Automatic, CFG scale: 7, Seed: 9, "
