@@ -75,7 +75,7 @@ def wire_generation(
         api_visibility=PRIVATE,
         show_progress_on=[result.image, result.video],
         # The reference slots by name (as many as the app made: `slot_name`), after the form.
-        inputs_kwargs=_slots(request) | windows | {CLIP: request.video.reference},
+        inputs_kwargs=_slots(request) | windows | {CLIP: request.video.reference} | _in_context(request),
     )
     # Gradio cancels the event's task: the stream closes, which takes the request out of the queue or stops its
     # run at the next step (the engine's cancel), as a browser that went away does.
@@ -86,6 +86,11 @@ def wire_generation(
 
 # The IC-LoRA reference video's slot, handed to the Generate event by name (`video_ui.video_request` reads it).
 CLIP = "reference_video"
+
+
+def _in_context(request: RequestPanel) -> dict[str, Any]:
+    """The reference video's settings by name (`video_ui.IN_CONTEXT`: `/generate_video`'s names)."""
+    return dict(zip(video_ui.IN_CONTEXT, request.video.settings, strict=True))
 
 
 def _slots(request: RequestPanel) -> dict[str, Any]:
@@ -134,7 +139,7 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
     ) -> AsyncIterator[tuple[Any, ...]]:
         values: tuple[Any, ...] = (prompt, negative, ref, revision, weight, scale, ref_2, revision_2, weight_2)
         values += (scale_2, size, steps, guidance, sampler, clip_skip, num_images, recommended, seed, randomize)
-        video = (browsed, num_frames, fps, ((ref, low), (ref_2, low_2)), references.pop(CLIP, None))
+        video = _video(references, browsed, num_frames, fps, ((ref, low), (ref_2, low_2)))
         form = _form((*values, source, strength, browsed, kept), references, (low, low_2))
         with user_errors():
             # In a thread: the input image is read and decoded here, while the event loop serves other clients.
@@ -159,10 +164,17 @@ def _generate_ui(handlers: Handlers) -> Callable[..., AsyncIterator[tuple[Any, .
     return generate_ui
 
 
+def _video(named: dict[str, Any], *form: Any) -> tuple[Any, ...]:
+    """What `video_ui.video_request` reads after the form's part (`form`): the reference video and its settings,
+    taken out of the values handed over by name (`named`, which keeps the reference images')."""
+    settings = tuple(named.pop(name, None) for name in video_ui.IN_CONTEXT)
+    return (*form, named.pop(CLIP, None), settings)
+
+
 def _request(handlers: Handlers, form: dict[str, Any], video: tuple[Any, ...]) -> GenerateRequest:
     """The form's request (its images read and decoded), with what a video pool reads beside it (`video`:
     `video_ui.video_request`'s browsed base, frames, rate, low-noise scales and reference video, read as far as its
-    header)."""
+    header, and that video's settings)."""
     built = history_ui.request_of(form, handlers.settings.max_input_pixels)
     return video_ui.video_request(handlers, built, *video)
 

@@ -23,7 +23,7 @@ from serving.ui import formatting as fmt
 from serving.ui.api_requests import LATE, api_request, read_video, windowed
 from serving.ui.gradio_api import PIPELINE, generate
 from serving.ui.uploads import uploaded_path
-from serving.ui.video_ui import low_noise, saved_video
+from serving.ui.video_ui import IN_CONTEXT, low_noise, saved_video
 from serving.video import frame_count
 
 __all__ = ["IMAGE_ONLY", "add_video_endpoint", "video_info", "video_parameters"]
@@ -35,8 +35,6 @@ IMAGE_ONLY = ("num_images", "mask_image", "strength", "images", "clip_skip")
 
 # The endpoint's own argument after the declared ones: the pool.
 OWN = ("base",)
-# The in-context call's settings, with `video` (None: diffusers' defaults).
-IN_CONTEXT = ("reference_strength", "reference_downscale")
 
 
 def video_parameters() -> list[str]:
@@ -108,6 +106,7 @@ def _request(handlers: Handlers, arguments: dict[str, Any]) -> GenerateRequest:
     # An IC-LoRA's reference video (a `handle_file`), read as far as its header as POST / reads one.
     reference = read_video(a["video"], "video", pixels, handlers.settings.max_video_frames)
     # The video endpoint: an image pool is refused where the request is checked, before anything runs.
+    # The in-context call's settings (`video_ui.IN_CONTEXT`, the UI's names too), None: diffusers' defaults.
     video |= {name: a[name] for name in IN_CONTEXT if a[name] is not None}
     return dataclasses.replace(request, **video, reference_video=reference, expects="video")
 

@@ -1,7 +1,8 @@
 """The UI's video pieces: frames and fps beside the size (shown for a video pool, with the clip's length in
 seconds at that rate), a `gr.Video` result in place of the image, each LoRA's "Low-noise scale" (shown for a
 two-stage pool: Wan 2.2 A14B's `LoraSpec.scale_2`), an IC-LoRA's reference video (shown for a pool with an
-in-context pipeline: LTX-2's), and the switch between them when the base changes. A
+in-context pipeline: LTX-2's, with its two settings under it, shown and hidden together), and the switch between
+them when the base changes. A
 "Low-noise scale" follows its LoRA's scale until the user moves it (the docs' "without it, `scale` applies to
 both": the request then carries one scale), and keeps what a share link or a history entry set where that differs
 from the scale.
@@ -22,7 +23,8 @@ import gradio as gr
 from gradio import processing_utils
 from gradio import utils as gradio_utils
 
-from engine.requests import FPS_RANGE, GenerateRequest, GenerateResult, ModelDefaults
+from engine.request_schema import RequestField
+from engine.requests import FPS_RANGE, REQUEST_FIELDS, GenerateRequest, GenerateResult, ModelDefaults
 from engine.video_input import EncodedVideo
 from serving.handlers import Handlers
 from serving.ui import pool_views
@@ -30,6 +32,7 @@ from serving.ui.api_requests import read_video
 from serving.video import video_file
 
 __all__ = [
+    "IN_CONTEXT",
     "VideoControls",
     "clip_of",
     "follow_scale",
@@ -48,6 +51,10 @@ __all__ = [
 
 # What the sliders show on an image pool (hidden there): Wan 2.1's clip.
 _FRAMES, _FPS = 81, 16
+# The in-context call's settings (`GenerateRequest.reference_strength`, `reference_downscale`), their controls'
+# names and the Generate event's keywords for them (`serving.ui.events`), as `/generate_video` names them.
+IN_CONTEXT = ("reference_strength", "reference_downscale")
+_DECLARED = {f.name: f for f in REQUEST_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,10 @@ class VideoControls:
     length: gr.Markdown
     # An IC-LoRA's reference video (`GenerateRequest.reference_video`), an upload shown where the pool takes one.
     reference: gr.Video
+    # Its in-context settings (`IN_CONTEXT`'s order), empty: diffusers' defaults.
+    settings: tuple[gr.Number, gr.Number]
+    # The reference video and its settings, shown (where the pool takes a reference video) or hidden as one.
+    in_context: gr.Column
 
 
 def length_text(frames: float | None, fps: float | None) -> str:
@@ -83,14 +94,31 @@ def video_controls(defaults: ModelDefaults) -> VideoControls:
     length = gr.Markdown(
         length_text(frames.value, fps.value) if defaults.video else "", visible=defaults.video, elem_id="video-length"
     )
-    reference = gr.Video(
-        label="Reference video (IC-LoRA)",
-        sources=["upload"],
-        format=None,  # as uploaded: its header is checked before anything decodes it (`engine.video_input`)
-        visible=defaults.reference_video,
-        elem_id="reference-video",
+    with gr.Column(visible=defaults.reference_video, elem_id="in-context") as in_context:
+        reference = gr.Video(
+            label="Reference video (IC-LoRA)",
+            sources=["upload"],
+            format=None,  # as uploaded: its header is checked before anything decodes it (`engine.video_input`)
+            elem_id="reference-video",
+        )
+        with gr.Row():
+            settings = (_setting(_DECLARED[IN_CONTEXT[0]], 0.05), _setting(_DECLARED[IN_CONTEXT[1]], 1))
+    return VideoControls(row, frames, fps, length, reference, settings, in_context)
+
+
+def _setting(declared: RequestField, step: float) -> gr.Number:
+    """An in-context setting's box, labelled and explained by its declaration (`engine.requests`), empty: not
+    sent, diffusers' default (a slider always holds a value, which the recipe would then name on every run). No
+    bounds or precision of Gradio's own: a value out of range, or 2.5 for the factor, reaches the one check
+    (`engine.video_references`), which refuses it by name as on every door, rather than Gradio clamping or
+    rounding it quietly."""
+    return gr.Number(
+        None,
+        label=declared.name.replace("_", " ").capitalize(),
+        info=f"{declared.description}; {declared.accepts}; empty: diffusers' default",
+        step=step,
+        elem_id=declared.name.replace("_", "-"),
     )
-    return VideoControls(row, frames, fps, length, reference)
 
 
 def low_noise_control(slot: int, two_stage: bool) -> gr.Slider:
@@ -149,7 +177,7 @@ def on_base(handlers: Handlers, base: str, waiting: object = None) -> tuple[Any,
         gr.Markdown(length_text(frames["value"], fps) if video else "", visible=video),
         gr.Video(visible=video),
         gr.Image(visible=not video),
-        gr.Video(visible=defaults.reference_video),
+        gr.Column(visible=defaults.reference_video),
     )
 
 
@@ -172,7 +200,7 @@ def wire_video(
         return low_noise_shown(handlers, browsed)
 
     options: dict[str, Any] = {"api_visibility": "private", "queue": False}
-    shown = [controls.row, controls.frames, controls.fps, controls.length, *outputs, controls.reference]
+    shown = [controls.row, controls.frames, controls.fps, controls.length, *outputs, controls.in_context]
     base.change(switch, [base, pending], shown, **options)
     base.change(switch_lows, base, [low for _, low, _ in slots], **options)
     for scale, low, moved in slots:
@@ -192,19 +220,25 @@ def video_request(
     fps: float,
     lows: Sequence[tuple[str | None, float | None]] = (),
     clip: object = None,
+    settings: tuple[float | None, float | None] = (None, None),
 ) -> GenerateRequest:
     """`request` with the form's frames and rate when the browsed base's pool makes videos (an image pool's
     request is left as it is: it takes neither), with the LoRAs' low-noise scales (`lows`: each slot's
     reference and scale, as `low_noise` takes them) when that pool has two stages, and with the uploaded reference
-    video (`clip`, its path) when that pool takes one: read as far as its header, as `/generate_video` reads it.
-    A hidden slot's upload (left from a pool that took one) is not the request's."""
+    video (`clip`, its path) when that pool takes one: read as far as its header, as `/generate_video` reads it,
+    and its in-context settings (`settings`, `IN_CONTEXT`'s order; None: diffusers' default) with it. A hidden
+    slot's upload (left from a pool that took one) is not the request's."""
     pool = pool_views.pool_for_base(handlers.pools, browsed) if browsed else handlers.default
     if pool is None or not pool.defaults.video:
         return request
     if pool.defaults.two_stage and lows:
         request = low_noise(request, lows)
     reference = clip_of(handlers, clip) if pool.defaults.reference_video else None
-    return dataclasses.replace(request, num_frames=frames, fps=fps, reference_video=reference)
+    # The settings are the video's: without one they are not sent (the check would refuse them), so a user who
+    # cleared the video after an IC-LoRA run gets the text-to-video run the form now shows, without having to
+    # empty the boxes too.
+    named: dict[str, Any] = dict(zip(IN_CONTEXT, settings, strict=True)) if reference is not None else {}
+    return dataclasses.replace(request, num_frames=frames, fps=fps, reference_video=reference, **named)
 
 
 def clip_of(handlers: Handlers, clip: object) -> EncodedVideo | None:

@@ -3,27 +3,34 @@ a video result in the image's place, an image pool the other way round; the form
 video pool's request; the progress line says the time left at the steps' pace; a video result's line and info
 read text- or image-to-video (from the result), and its history entry and share link keep its frames and rate; an
 in-context pool (LTX-2's IC-LoRAs) shows the reference video's slot, whose upload its request carries as
-`/generate_video`'s `video` does (an upload left in the hidden slot reaches no other pool)."""
+`/generate_video`'s `video` does (an upload left in the hidden slot reaches no other pool), with the reference
+strength and downscale shown and hidden with it, which reach the request as `/generate_video`'s arguments of those
+names do, only with a video, and a bad one of which gets the one check's message."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+import gradio as gr
 import pytest
 
 from engine.errors import InvalidRequestError
 from engine.outcomes import ServedPool
 from engine.pipeline.stepshare import Ahead
 from engine.requests import GenerateRequest, InputImage, ModelDefaults
+from engine.video_references import checked_reference_settings
 from serving.ui import history, session
 from serving.ui.api_requests import read_video
 from serving.ui.formatting import result_info
 from serving.ui.inputs import mode_html
 from serving.ui.progress import StepProgress
-from serving.ui.video_ui import length_text, on_base, video_request
+from serving.ui.video_api import _generate_video_api
+from serving.ui.video_api import _request as generate_video_request
+from serving.ui.video_ui import length_text, on_base, video_controls, video_request
 from tests.support.reference_video import reference_mp4
 from tests.support.video import frames, video_result
 
@@ -69,6 +76,71 @@ def test_the_forms_frames_and_fps_reach_only_a_video_pools_request():
 def test_an_in_context_base_shows_the_reference_videos_slot():
     row, *_, video, _, clip = on_base(HANDLERS, "owner/ltx-base")  # type: ignore[arg-type]
     assert row.visible is True and video.visible is True and clip.visible is True
+
+
+def _inside(component: Any, block: Any) -> bool:
+    parent = component.parent
+    while parent is not None and parent is not block:
+        parent = parent.parent
+    return parent is block
+
+
+@pytest.mark.parametrize(("defaults", "shown"), [(IN_CONTEXT, True), (VIDEO, False), (IMAGE, False)])
+def test_the_reference_settings_are_shown_and_hidden_with_the_reference_video(defaults, shown):
+    with gr.Blocks():
+        controls = video_controls(defaults)
+    # One block shown or hidden (`on_base`'s last output): the video and both settings inside it.
+    assert controls.in_context.visible is shown
+    assert all(_inside(c, controls.in_context) for c in (controls.reference, *controls.settings))
+    strength, downscale = controls.settings
+    assert (strength.label, downscale.label) == ("Reference strength", "Reference downscale")
+    # Their ranges are the declaration's words (`engine.requests`), and empty is diffusers' default.
+    assert "a number from 0 to 1" in (strength.info or "") and "an integer from 1 to 8" in (downscale.info or "")
+    assert strength.value is None and downscale.value is None
+    # Gradio hands a value over as typed (no bound or rounding of its own): the one check judges it.
+    assert (strength.preprocess(1.5), downscale.preprocess(2.5)) == (1.5, 2.5)
+
+
+def _generate_video_arguments(**given: Any) -> dict[str, Any]:
+    """`/generate_video`'s arguments: its signature's defaults, with `given`."""
+    parameters = inspect.signature(_generate_video_api(HANDLERS)).parameters  # type: ignore[arg-type]
+    defaults = {name: p.default for name, p in parameters.items() if name != "progress"}
+    return defaults | given
+
+
+def test_the_reference_settings_reach_the_request_as_generate_video_s_arguments_do(tmp_path):
+    clip = tmp_path / "reference.mp4"
+    clip.write_bytes(reference_mp4(frames=9, side=64))
+    request = GenerateRequest(prompt="a fox")
+    for strength, downscale in ((0.25, 2), (None, 2), (0.5, None), (None, None)):
+        sent = video_request(HANDLERS, request, "owner/ltx-base", 9, 24, (), str(clip), (strength, downscale))  # type: ignore[arg-type]
+        settings = {"reference_strength": strength, "reference_downscale": downscale}
+        arguments = _generate_video_arguments(prompt="a fox", video=str(clip), num_frames=9, fps=24, **settings)
+        api = generate_video_request(HANDLERS, arguments)  # type: ignore[arg-type]
+        assert (sent.reference_strength, sent.reference_downscale) == (strength, downscale)
+        assert (sent.reference_strength, sent.reference_downscale) == (api.reference_strength, api.reference_downscale)
+        assert sent.reference_video == api.reference_video
+    # Without a video the settings are not sent (the text-to-video run the form shows), nor to a pool without one.
+    alone = video_request(HANDLERS, request, "owner/ltx-base", 9, 24, (), None, (0.25, 2))  # type: ignore[arg-type]
+    elsewhere = video_request(HANDLERS, request, "owner/video-base", 9, 24, (), str(clip), (0.25, 2))  # type: ignore[arg-type]
+    for run in (alone, elsewhere):
+        assert (run.reference_video, run.reference_strength, run.reference_downscale) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ((1.5, None), r"reference_strength=1\.5 is out of range; accepted: a number from 0 to 1"),
+        ((None, 2.5), r"reference_downscale=2\.5 is not an integer; accepted: an integer"),
+        ((None, 3), r"reference_downscale=3 does not divide the video's 64x64 .*accepted: "),
+    ],
+)
+def test_a_bad_reference_setting_gets_the_checks_message(tmp_path, settings, message):
+    clip = tmp_path / "reference.mp4"
+    clip.write_bytes(reference_mp4(frames=9, side=64))
+    sent = video_request(HANDLERS, GenerateRequest(prompt="a fox"), "owner/ltx-base", 9, 24, (), str(clip), settings)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match=message):
+        checked_reference_settings(sent, (64, 64), IN_CONTEXT.side_multiple)
 
 
 def test_the_slots_upload_is_the_requests_reference_video_as_generate_video_reads_it(tmp_path):
@@ -136,6 +208,17 @@ def test_cancel_cancels_the_running_generation(server):
     assert len(generating) == 1
     cancelling = [fn for fn in fns.values() if getattr(fn, "cancels", None)]
     assert [set(fn.cancels) for fn in cancelling] == [generating]
+
+
+def test_the_generate_event_hands_the_reference_video_and_its_settings_over_by_name(server):
+    """The Generate event takes the slot and both settings by name (`video_request` reads them), as Gradio fills
+    its keyword parameters from the named components."""
+    fns = server.demo.fns  # type: ignore[attr-defined]
+    event = next(fn for fn in fns.values() if getattr(fn.fn, "__name__", "") == "generate_ui")
+    keywords = event.input_keyword_names
+    named = dict(zip(keywords, event.inputs[len(event.inputs) - len(keywords) :], strict=True))
+    ids = {name: named[name].elem_id for name in ("reference_video", "reference_strength", "reference_downscale")}
+    assert ids == {name: name.replace("_", "-") for name in ids}
 
 
 def test_the_per_base_curl_line_of_a_video_pool_asks_for_its_frames_and_saves_an_mp4():
