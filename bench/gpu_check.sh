@@ -97,7 +97,7 @@ step() {
 }
 
 # --- the steps, most valuable first (limits sum to 490 s; with the install's 50, 540 s) -------------------
-step env 30 any '^env:' "$py" -c "
+step env 20 any '^env:' "$py" -c "
 import torch, diffusers, peft, transformers, huggingface_hub, safetensors
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'
 print(f'env: gpu={gpu!r} torch={torch.__version__} cuda={torch.version.cuda} diffusers={diffusers.__version__} '
@@ -114,13 +114,13 @@ step host_pinned 20 cuda '^host_pinned: ' "$py" -m bench.cuda_confirm host_pinne
 step vae_decode 25 cuda '^vae_decode: ' "$py" -m bench.cuda_confirm vae_decode
 step rerecord 25 cuda '^rerecord: ' "$py" -m bench.cuda_confirm rerecord --tiny --moves 20
 # bench.swap on CUDA also runs variant (g): the pristine copies in pinned host memory, as the A10G plan keeps SDXL's.
-step swap_sdxl 45 cuda '^(swap_vs_floor=|swap benchmark:)|\(g\) ' "$py" -m bench.swap --device cuda --quick
-step swap_flux 30 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick --family flux
-step pools 30 cuda '^(restore_vs_floor=|gpu:)' "$py" -m bench.pools --device cuda --dtype float16 --repeats 2
+step swap_sdxl 35 cuda '^(swap_vs_floor=|swap benchmark:)|\(g\) ' "$py" -m bench.swap --device cuda --quick
+step swap_flux 25 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick --family flux
+step pools 25 cuda '^(restore_vs_floor=|gpu:)' "$py" -m bench.pools --device cuda --dtype float16 --repeats 2
 step pristine 15 cuda '^pristine_restore' "$py" -m bench.pristine --device cuda
-step compile_tiny 40 cuda '^compile: ' \
+step compile_tiny 30 cuda '^compile: ' \
   "$py" -m bench.compile --device cuda --tiny --families sdxl --swaps 6 --repeats 3 --steps 4
-step unet_step 25 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes default --repeats 3
+step unet_step 20 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes default --repeats 3
 # A host-RAM T5's encode: on the host's CPU, streamed to the GPU (group offloading), and from the prompt cache.
 step encode 20 cuda '^encode_host_s=' "$py" -m bench.encode --layers 1 --repeats 2
 # Each reference image's cost in Qwen-Image-Edit-2509/2511's prompt encoding (Qwen2.5-VL-7B's widths, 2 of its 28
@@ -137,6 +137,12 @@ step wan_step 20 cuda '^wan_(step|decode): ' "$py" -m bench.wan_step --repeats 2
 # Issue 50: LTX-2 19B's swap on its real-width slice (2 audio-video blocks, 1.12 B parameters), against the floor.
 # 25 s: residency, vae_decode and rerecord gave 5 s each, unet_step 10 (none has run on a GPU yet: guesses alike).
 step swap_ltx2 25 cuda '^(swap_vs_floor=|swap benchmark:)' "$py" -m bench.swap --device cuda --quick --family ltx2
+# Issue 48: bench.mixed's engine replay on CUDA: the tiny SDXL and Wan pools behind the real engine with the
+# whole-run lock and with step sharing, real step times; `exact` and the image/video ratios (the stand-in A10G's
+# replays are quick; the fleet model needs simpy, not carried: skipped in a line). The smallest run, one video per
+# mode. 45 s, none of it measured yet: env gave 10 of its 30, swap_sdxl and compile_tiny 10 each, swap_flux, pools
+# and unet_step 5 each (the budget had no second left).
+step mixed 45 cuda '^(mixed:|cpu_|cuda_)' "$py" -m bench.mixed --quick --device cuda --cpu-videos 1
 # Worth adding when a lent machine has minutes left (not in the 9-minute budget):
 # step unet_step_graphs 90 cuda '^unet_step: ' "$py" -m bench.unet_step --device cuda --modes reduce-overhead
 

@@ -5,7 +5,8 @@ Two devices:
 - a stand-in A10G, where each step holds the device (the real `DeviceScheduler`, real threads) for its time from
   the cost table below, scaled down by `--scale` (time is reported on the A10G's scale);
 - this CPU, with the tiny SDXL and Wan pipelines served by the real engine with `DEVICE_SHARING=step` or `run`
-  (`bench.mixed_cpu`), which also checks that every result equals its request's solo run (`exact`).
+  (`bench.mixed_cpu`), which also checks that every result equals its request's solo run (`exact`); with
+  `--device cuda` the same engine replay runs on the GPU, its lines named `cuda_…` (`bench/gpu_check.sh`'s `mixed`).
 
 Traffic: images at random at `--image-load` of the device's image capacity, and a video every
 `video × --video-every` (its own device time times that factor). The default image load is 0.2, not the issue's
@@ -47,6 +48,7 @@ from .mixed_model import Arrival, Figures, Recorded, arrivals, figures, replay
 SDXL_A10G = (30, 9.399 / 30, 0, 0.0)
 WAN_STEP_S, WAN_PASSES = 9.2, 2
 WAN_A10G = (50 * WAN_PASSES, WAN_STEP_S / WAN_PASSES, 21, 1.0)
+DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class Options:
     starve: float
     cpu_videos: int
     seed: int
+    # Where the engine replay's tiny pools run (`bench.mixed_cpu`): "cpu" or "cuda"; the stand-in is the same.
+    device: str = "cpu"
 
 
 class _Fifo:
@@ -130,8 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     add("--starve", type=float, default=starve, help=f"STEP_SHARING_STARVE_STEPS (default: the setting's, {starve:g})")
     add("--cpu-videos", type=int, default=6, help="videos per mode in the CPU's replay (default 6; 0: skip it)")
     add("--seed", type=int, default=0)
+    add("--device", choices=DEVICES, default="cpu", help="where the engine replay's tiny pools run (default cpu)")
     add("--quick", action="store_true", help="a short run (15 stand-in minutes at scale 0.005, 2 CPU videos)")
     args = parser.parse_args(argv)
+    _check_device(parser, args.device)
     options = Options(
         0.005 if args.quick else args.scale,
         0.25 if args.quick else args.hours,
@@ -140,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         args.starve,
         min(2, args.cpu_videos) if args.quick else args.cpu_videos,
         args.seed,
+        args.device,
     )
     whole, whole_video, whole_record = stand_in(options, "run")
     shared, shared_video, shared_record = stand_in(options, "step")
@@ -152,24 +159,38 @@ def main(argv: list[str] | None = None) -> None:
         from .mixed_cpu import cpu_replays
 
         cpu_whole, cpu_shared, same = cpu_replays(options)
-        print(_line("cpu_whole_run", cpu_whole, 1.0), flush=True)
-        print(_line("cpu_step", cpu_shared, cpu_shared.video_p95 / cpu_whole.video_p95), flush=True)
+        print(_line(f"{options.device}_whole_run", cpu_whole, 1.0), flush=True)
+        print(_line(f"{options.device}_step", cpu_shared, cpu_shared.video_p95 / cpu_whole.video_p95), flush=True)
         exact = "true" if same else "false"
     print(
         f"mixed: image_p95_vs_alone={shared.image_p95_vs_alone:.2f} "
         f"image_wait_max_vs_video_step={shared.image_wait_max_vs_video_step:.2f} "
         f"video_p95_vs_whole_run={shared_video / whole_video:.2f} device_busy={shared.device_busy:.2f} "
-        f"exact={exact} whole_run_image_p95_vs_alone={whole.image_p95_vs_alone:.2f} sim_gap={gap:.3f}"
+        f"exact={exact} whole_run_image_p95_vs_alone={whole.image_p95_vs_alone:.2f} "
+        f"sim_gap={'n/a' if gap is None else f'{gap:.3f}'}"
     )
 
 
-def _model_gap(options: Options, measured: dict[str, tuple[Figures, float, Recorded]]) -> float:
+def _check_device(parser: argparse.ArgumentParser, device: str) -> None:
+    """Refuse `--device cuda` where torch sees no CUDA device, before any replay runs (argparse's exit 2)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda: no CUDA device here (torch {torch.__version__}); accepted: {', '.join(DEVICES)}")
+
+
+def _model_gap(options: Options, measured: dict[str, tuple[Figures, float, Recorded]]) -> float | None:
     """The fleet model's replica GPU on the same arrivals, a line per mode; the largest relative p95 gap. The
     model's piece times are those the replay's device measured (as `bench.fleet --real` calibrates the model on
-    the cluster): a stand-in wait overshoots its time by what the loaded CPU adds to each wake-up."""
+    the cluster): a stand-in wait overshoots its time by what the loaded CPU adds to each wake-up. None, said in a
+    line, where simpy is not installed."""
     from engine.pipeline.sharing import Sharing
 
-    from .mixed_sim import measured_cost, model_p95s, sim_gap
+    try:
+        from .mixed_sim import measured_cost, model_p95s, sim_gap
+    except ImportError as e:  # simpy is a dev tool: gpu_check.sh's venv does not carry it (the model is no GPU's)
+        print(f"model: skipped ({e})", flush=True)
+        return None
 
     plan, gaps = plan_of(options), []
     for mode, (found, video_s, record) in measured.items():

@@ -1,7 +1,8 @@
 """`bench.mixed` on this CPU: the tiny SDXL and Wan pipelines as two pools served by the real engine
 (`LocalBackend`), once with the whole-run lock (`DEVICE_SHARING=run`) and once with step sharing (`step`), on the
 same arrivals, scaled to the tiny pipelines' own times measured here first. Every result is compared with its
-request's solo run (same seed, same weights): `exact`."""
+request's solo run (same seed, same weights): `exact`. With `--device cuda` the pools are loaded on the GPU
+(float32, as here) and the same replay measures its real step times there."""
 
 from __future__ import annotations
 
@@ -44,13 +45,13 @@ def request(arrival: Arrival) -> tuple[GenerateRequest, str]:
     return GenerateRequest(prompt="a fox in a forest", steps=IMAGE_STEPS, width=64, height=64, seed=seed), SDXL
 
 
-def _backend(mode: Sharing) -> LocalBackend:
+def _backend(mode: Sharing, device: str) -> LocalBackend:
     settings = Settings(
         model_id=_TINY[SDXL],
         model_id_explicit=True,
         base_model_id=SDXL,
         pools=(PoolSetting(_TINY[SDXL], SDXL), PoolSetting(_TINY[WAN], WAN)),
-        device="cpu",
+        device=device,
         dtype="float32",
         device_sharing=mode,
         previews=False,
@@ -68,10 +69,11 @@ def _bytes(result: Any) -> bytes:
 
 def cpu_replays(options: Options) -> tuple[Figures, Figures, bool]:
     """The whole-run lock's figures, step sharing's, and whether every result equalled its solo run."""
-    # One thread: the CPU is the one device the runs share (and on a shared machine more threads stall).
+    # One thread: the CPU is the one device the runs share (and on a shared machine more threads stall); on CUDA the
+    # host thread only launches the kernels.
     torch.set_num_threads(1)
     modes: tuple[Sharing, ...] = ("run", "step")
-    backends = {mode: _backend(mode) for mode in modes}
+    backends = {mode: _backend(mode, options.device) for mode in modes}
     solo: dict[tuple[bool, int], bytes] = {}
     took: dict[bool, float] = {}
     for video in (False, True):
@@ -102,7 +104,7 @@ def cpu_replays(options: Options) -> tuple[Figures, Figures, bool]:
             same = same and made == solo[arrival.video, arrival.index % SEEDS]
 
         scheduler = Recorded()
-        with scheduler_for(torch.device("cpu"), scheduler):
+        with scheduler_for(torch.device(options.device), scheduler):
             found.append(figures(replay(plan, 1.0, run, scheduler), took[False], video_step_s))
     for backend in backends.values():
         backend.close()

@@ -178,7 +178,7 @@ def test_cuda_confirm_registers_a_pool_in_place_and_measures_a_decode_on_the_tin
 
 @pytest.mark.timeout(1500)
 def test_mixed_compares_the_whole_run_lock_with_step_sharing_on_both_devices():
-    line = last_line("bench.mixed", "--quick")
+    line = last_line("bench.mixed", "--quick", "--device", "cpu")
     found = re.fullmatch(
         rf"mixed: image_p95_vs_alone={NUMBER} image_wait_max_vs_video_step={NUMBER} video_p95_vs_whole_run={NUMBER} "
         rf"device_busy={NUMBER} exact=(true|false) whole_run_image_p95_vs_alone={NUMBER} sim_gap={NUMBER}",

@@ -63,6 +63,8 @@ def test_the_gpu_tests_and_benchmarks_import_without_gradio_or_test_only_tools()
         "bench.unet_step",
         "bench.cuda_confirm",
         "bench.wan_step",
+        "bench.mixed",
+        "bench.mixed_cpu",
     ]
     support = ["tests.conftest", "tests.support.standin_hub", "tests.support.loras"]
     modules = [*benches, *support, *gpu_tests]
