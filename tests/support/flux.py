@@ -96,3 +96,12 @@ def write_flux_loras(pipe, folder: Path, *, strength: float = 1.0, cases=CASES) 
         save_lora(folder / case.file_name, tensors, metadata)
         save_lora(folder / case.twin_name, lora.twin())
     return {case.name: case for case in cases}
+
+
+def assert_same_updates(ours: dict[str, torch.Tensor], twin: dict[str, torch.Tensor]) -> None:
+    """Two diffusers-named LoRA state dicts make the same update per layer (`lora_B @ lora_A`): diffusers' kohya
+    converter puts a layer's alpha / rank on its down factor, a twin written in diffusers' names on its up factor."""
+    assert ours.keys() == twin.keys()
+    for down in (k for k in ours if k.endswith(".lora_A.weight")):
+        up = down.replace(".lora_A.", ".lora_B.")
+        assert torch.allclose(ours[up] @ ours[down], twin[up] @ twin[down], rtol=1e-5, atol=1e-7), down
