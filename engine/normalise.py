@@ -4,7 +4,7 @@ It checks types and ranges, fills the served model's defaults and returns a new 
 object is never changed. The input images are counted and held to MAX_INPUT_PIXELS and MAX_REQUEST_PIXELS by their
 headers before any is decoded (`engine.image_checks`), whichever door brought them, then decoded, and a canvas is
 resized to the output's size here (on the checking thread, never under the GPU lock); an image a pool's pipeline
-reads as a reference keeps its own size. The LoRAs'
+reads as a reference keeps its own size. The LoRA list is checked by `engine.lora_checks`; the LoRAs'
 recommendations are filled later, once they are prepared (`with_suggested`), without checking the request again.
 Each refusal names the value and what is accepted.
 """
@@ -13,76 +13,120 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Literal, TypeVar
+from typing import TypedDict, TypeVar
 
 from PIL import Image
 
 from engine.errors import InvalidRequestError, LimitExceededError
-from engine.image_checks import checked_images
+from engine.image_checks import CheckedImages, checked_images
 from engine.images import InputImage
+from engine.lora_checks import checked_loras, normalise_loras, parse_ref, second_scales
 from engine.references import check_reference_sizes, reference_notes
 from engine.requests import (
     GUIDANCE_RANGE,
-    LOCAL_PREFIX,
     MAX_SEED,
     MIN_SIDE,
-    SCALE_RANGE,
     SUGGESTIBLE,
     CheckedRequest,
     GenerateRequest,
     Limits,
-    LoraSpec,
     ModelDefaults,
     Suggested,
 )
-from engine.samplers import choose_scheduler, sampler_label
-from engine.schedules import checked_spec
+from engine.samplers import SchedulerOptions, choose_scheduler, sampler_label
 from engine.values import checked_int as _int
 from engine.values import checked_number as _float
-from engine.video_checks import check_tokens, check_video, video_mode_refusal
+from engine.video_checks import VideoSettings, check_tokens, check_video, video_mode_refusal
 from engine.video_references import checked_reference
-from lora_catalog import refs
-from lora_catalog.civitai.refs import ACCEPTED as CIVITAI_ACCEPTED
-from lora_catalog.civitai.refs import parse_civitai
 
+# `normalise_loras` and `parse_ref` are `engine.lora_checks`' (imported from here too).
 __all__ = ["normalise_loras", "normalise_request", "parse_ref", "with_suggested"]
 
 T = TypeVar("T")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
-def parse_ref(ref: object) -> tuple[Literal["hub", "local", "civitai"], str]:
-    """Split a LoRA reference into its kind and name, refusing anything path- or URL-like but Civitai's forms
-    (`lora_catalog.civitai.refs`), which become their canonical `civitai:<version>` / `civitai:models/<model>`."""
-    civitai = parse_civitai(ref)
-    if civitai is not None:
-        return "civitai", civitai.canonical
-    try:
-        if isinstance(ref, str) and refs.is_local_ref(ref.strip()):
-            return "local", refs.parse_local_ref(ref.strip()).as_posix()
-        return "hub", refs.validate_repo_id(ref)  # type: ignore[arg-type]
-    except InvalidRequestError as e:
-        raise InvalidRequestError(
-            f"{e}; or a local LoRA as 'local:<file>.safetensors'; or a Civitai LoRA: {CIVITAI_ACCEPTED}"
-        ) from e
+class _Run(TypedDict):
+    """The run's numbers, checked and filled with the pool's defaults (`CheckedRequest`'s fields)."""
+
+    steps: int
+    guidance: float
+    width: int
+    height: int
+    strength: float | None
+    seed: int
+    scheduler: str | None
+    scheduler_options: SchedulerOptions
+    clip_skip: int
+    num_images: int
+    num_frames: int
+    fps: int
+    guidance_2: float | None
+
+
+class _Pictures(TypedDict):
+    """The images as the run takes them (`CheckedRequest`'s fields)."""
+
+    image: InputImage | None
+    mask_image: InputImage | None
+    images: tuple[InputImage, ...]
 
 
 def normalise_request(
     request: GenerateRequest, defaults: ModelDefaults, limits: Limits, suggested: Suggested | None = None
 ) -> CheckedRequest:
     """Check every field and fill defaults (the LoRAs' `suggested` ones before the pool's: `with_suggested`);
-    returns a new request with a concrete seed."""
-    decoded, mask, images = checked_images(request, defaults, limits)  # counted and weighed, then decoded
-    request = replace(request, image=decoded, mask_image=mask, images=images)
-    video = check_video(request, defaults, limits)
-    _check_mode(request, defaults)
+    returns a new request with a concrete seed.
+
+    The steps run in this order, which is the order of refusals (a request wrong twice is refused for the first
+    thing it gets wrong): its inputs (`_inputs`: the images counted and weighed by their headers, then decoded;
+    the video fields; the mode the pool serves), its prompts, its LoRAs, the run's numbers (`_run`), the images
+    as the run takes them (`_pictures`: the references' sizes), then the reference video (`checked_reference`:
+    its settings, its header, then decoded). Only then do the LoRAs' suggestions fill what was left unset."""
+    request, (decoded, mask, images), video = _inputs(request, defaults, limits)
     # An image request may come without a prompt (a raw image body: image-to-image with the defaults).
     prompt = _text("prompt", request.prompt, limits.max_prompt_chars, allow_empty=request.image is not None)
     negative = _text("negative_prompt", request.negative_prompt, limits.max_prompt_chars, allow_empty=True)
-    loras = _loras(request.loras, limits.max_loras, limits.max_schedule_segments)
-    loras = _second_scales(loras, defaults)
+    loras = second_scales(checked_loras(request.loras, limits.max_loras, limits.max_schedule_segments), defaults)
+    run, noted = _run(request, defaults, limits, video)
+    size, scheduler, options = (run["width"], run["height"]), run["scheduler"], run["scheduler_options"]
+    pictures, read = _pictures(request, defaults, (decoded, mask, images), size)
+    checked = CheckedRequest(
+        prompt=prompt,
+        negative_prompt=negative,
+        loras=loras,
+        expects=request.expects,
+        lora_defaults=request.lora_defaults,
+        **run,
+        **pictures,
+        **checked_reference(request, defaults, limits, size),  # a reference video: gated, decoded
+        sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
+        left_unset=tuple(name for name in SUGGESTIBLE if getattr(request, name) is None),
+        # A checked request checked again (a comparison's cells) keeps what its first check noted.
+        notes=tuple(dict.fromkeys((*getattr(request, "notes", ()), *_mask_notes(request), *noted, *read))),
+    )
+    return checked if suggested is None else with_suggested(checked, suggested, defaults)
+
+
+def _inputs(
+    request: GenerateRequest, defaults: ModelDefaults, limits: Limits
+) -> tuple[GenerateRequest, CheckedImages, VideoSettings]:
+    """The request with its images decoded (counted and weighed by their headers first: `checked_images`), those
+    images, and its checked video fields (`check_video`); then the pool must serve its mode (`_check_mode`)."""
+    decoded, mask, images = checked_images(request, defaults, limits)
+    request = replace(request, image=decoded, mask_image=mask, images=images)
+    video = check_video(request, defaults, limits)
+    _check_mode(request, defaults)
+    return request, (decoded, mask, images), video
+
+
+def _run(
+    request: GenerateRequest, defaults: ModelDefaults, limits: Limits, video: VideoSettings
+) -> tuple[_Run, tuple[str, ...]]:
+    """The run's numbers, in this order: steps, guidance, the output's size (and a video's tokens at it), the
+    strength (which needs the steps), seed, sampler, CLIP skip, the LoRA-defaults switch, the image count; and
+    what the check noted (a strength the pool does not take)."""
     steps = _int("steps", request.steps, defaults.steps, 1, limits.max_steps)
     guidance = _float("guidance", request.guidance, defaults.guidance, *GUIDANCE_RANGE)
     width, height = _size(request, defaults)
@@ -95,19 +139,12 @@ def normalise_request(
     clip_skip = _clip_skip(request.clip_skip, 0, defaults)
     _check_switch(request.lora_defaults)
     num_images = _int("num_images", request.num_images, 1, 1, limits.max_images)
-    # What the pipeline makes of each image it reads as a reference (not the image an inpainting repaints).
-    fit, inpainting = defaults.reference_fit, request.mode == "inpainting"
-    image = decoded if fit is not None and not inpainting else _fitted(decoded, (width, height))
-    check_reference_sizes(image, images, fit, inpainting=inpainting)
-    read = reference_notes(image, images, fit, inpainting=inpainting)
-    checked = CheckedRequest(
-        prompt=prompt,
-        negative_prompt=negative,
-        loras=loras,
+    run = _Run(
         steps=steps,
         guidance=guidance,
         width=width,
         height=height,
+        strength=strength,
         seed=seed,
         scheduler=scheduler,
         scheduler_options=options,
@@ -116,19 +153,23 @@ def normalise_request(
         num_frames=video.num_frames,
         fps=video.fps,
         guidance_2=video.guidance_2,
-        expects=request.expects,
-        lora_defaults=request.lora_defaults,
-        image=image,
-        mask_image=_fitted(mask, (width, height)),
-        images=images,
-        **checked_reference(request, defaults, limits, (width, height)),  # a reference video: gated, decoded
-        strength=strength,
-        sampler=sampler_label(scheduler, options) if scheduler is not None else defaults.sampler,
-        left_unset=tuple(name for name in SUGGESTIBLE if getattr(request, name) is None),
-        # A checked request checked again (a comparison's cells) keeps what its first check noted.
-        notes=tuple(dict.fromkeys((*getattr(request, "notes", ()), *_mask_notes(request), *notes, *read))),
     )
-    return checked if suggested is None else with_suggested(checked, suggested, defaults)
+    return run, notes
+
+
+def _pictures(
+    request: GenerateRequest, defaults: ModelDefaults, decoded: CheckedImages, size: tuple[int, int]
+) -> tuple[_Pictures, tuple[str, ...]]:
+    """The decoded images as the run takes them (`_fitted`: a canvas and its mask at the output's `size`, an
+    image the pipeline reads as a reference at its own), the references' sizes checked, and what the pipeline
+    makes of each (`reference_notes`)."""
+    first, mask, images = decoded
+    # What the pipeline makes of each image it reads as a reference (not the image an inpainting repaints).
+    fit, inpainting = defaults.reference_fit, request.mode == "inpainting"
+    image = first if fit is not None and not inpainting else _fitted(first, size)
+    check_reference_sizes(image, images, fit, inpainting=inpainting)
+    read = reference_notes(image, images, fit, inpainting=inpainting)
+    return _Pictures(image=image, mask_image=_fitted(mask, size), images=images), read
 
 
 def _check_switch(value: object) -> None:
@@ -176,12 +217,6 @@ def _clip_skip(value: object, default: int, defaults: ModelDefaults) -> int:
     return _int("clip_skip", value, min(default, defaults.max_clip_skip), 0, defaults.max_clip_skip)
 
 
-def normalise_loras(value: object, limit: int, segments: int = 64) -> tuple[LoraSpec, ...]:
-    """A request's LoRAs checked and normalised as `normalise_request` does (the pools route on these; `segments`
-    at MAX_SCHEDULE_SEGMENTS' ceiling there: the chosen pool's own check holds the setting)."""
-    return _loras(value, limit, segments)
-
-
 def _text(name: str, value: object, limit: int, *, allow_empty: bool) -> str:
     if value is None and allow_empty:
         return ""
@@ -202,59 +237,6 @@ def _text(name: str, value: object, limit: int, *, allow_empty: bool) -> str:
     if len(text) > limit:
         raise LimitExceededError(f"{name} has {len(text)} characters; accepted: at most {limit}")
     return text
-
-
-def _loras(value: object, limit: int, segments: int) -> tuple[LoraSpec, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list | tuple):
-        raise InvalidRequestError(f"loras must be a list of LoRA specs, got {type(value).__name__}")
-    if len(value) > limit:
-        raise LimitExceededError(f"{len(value)} LoRAs requested; accepted: at most {limit} per request")
-    specs: list[LoraSpec] = []
-    for spec in value:
-        if not isinstance(spec, LoraSpec):
-            raise InvalidRequestError(f"LoRA entry {spec!r} is not a LoraSpec")
-        kind, name = parse_ref(spec.ref)
-        # A Civitai reference names its version and file itself: a revision or file given with it is dropped, as
-        # for a local file.
-        ref = f"{LOCAL_PREFIX}{name}" if kind == "local" else name
-        revision = _checked(refs.validate_revision, spec.revision) if kind == "hub" else None
-        weight_name = _checked(refs.validate_weight_name, spec.weight_name) if kind == "hub" else None
-        scale = _float(f"scale of {ref}", spec.scale, 1.0, *SCALE_RANGE)
-        scale_2 = None if spec.scale_2 is None else _float(f"scale_2 of {ref}", spec.scale_2, 1.0, *SCALE_RANGE)
-        spec = replace(spec, ref=ref, scale=scale, revision=revision, weight_name=weight_name, scale_2=scale_2)
-        specs.append(checked_spec(spec, segments))
-    identities = [(s.ref, s.revision, s.weight_name) for s in specs]
-    if len(set(identities)) != len(identities):
-        twice = next(i[0] for i in identities if identities.count(i) > 1)
-        raise InvalidRequestError(f"LoRA {twice!r} is listed twice; accepted: each LoRA once, with one scale")
-    return tuple(specs)
-
-
-def _second_scales(loras: tuple[LoraSpec, ...], defaults: ModelDefaults) -> tuple[LoraSpec, ...]:
-    """A low-noise scale (`scale_2`) applies on a two-transformer pool (`ModelDefaults.two_stage`: Wan 2.2 A14B's
-    low-noise transformer; `scale` is the high-noise one's); elsewhere one other than `scale` is refused, as such
-    a pool has no low-noise side. One equal to `scale` is dropped (None: the same scale), so both ask one set.
-    So is a low-noise schedule (`schedule_2`) there: the schedule of a side the request does not run."""
-    for spec in loras:
-        if spec.scale_2 is not None and spec.scale_2 != spec.scale and not defaults.two_stage:
-            raise InvalidRequestError(
-                f"scale_2={spec.scale_2:g} of {spec.ref} was given, but this pool's model has one transformer; "
-                "accepted: scale alone, or scale_2 equal to it"
-            )
-        if len(spec.schedule_2) > 1 and spec.schedule_2 != spec.schedule and not defaults.two_stage:
-            raise InvalidRequestError(
-                f"schedule_2 of {spec.ref} was given, but this pool's model has one transformer (no low-noise side "
-                "to run it); accepted: schedule (or start/end) alone"
-            )
-    if not defaults.two_stage:
-        return tuple(replace(s, scale_2=None, schedule_2=()) for s in loras)
-    return tuple(replace(s, scale_2=None) if s.scale_2 == s.scale and not s.schedule_2 else s for s in loras)
-
-
-def _checked(check: Callable[[str | None], str | None], value: object) -> str | None:
-    return check(value or None)  # type: ignore[arg-type]
 
 
 def _check_mode(request: GenerateRequest, defaults: ModelDefaults) -> None:

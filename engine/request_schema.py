@@ -51,6 +51,14 @@ class RequestField:
     gradio_video_last: tuple[str, ...] = ()
     name: str = ""
 
+    def bounds(self) -> tuple[float, float]:
+        """Its declared (low, high), read as declared (0 is a bound, not a missing one). A field whose reader
+        needs both and lacks one is a mistake in its declaration: raised, so that a module reading it at import
+        fails to import rather than check against a bound nobody declared."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"request field {self.name!r} declares no {'low' if self.low is None else 'high'} bound")
+        return self.low, self.high
+
 
 def request_field(default: Any, declared: RequestField) -> Any:
     """A dataclass field with `default` that carries its declaration (read back by `engine.requests.fields_of`)."""

@@ -20,13 +20,16 @@ from __future__ import annotations
 from typing import TypedDict
 
 from engine.errors import InvalidRequestError, LimitExceededError
-from engine.requests import REQUEST_FIELDS, GenerateRequest, Limits, ModelDefaults
+from engine.requests import DECLARED_FIELDS, GenerateRequest, Limits, ModelDefaults
 from engine.values import checked_int, checked_number
 from engine.video_input import ACCEPTED_VIDEO, EncodedVideo, InputVideo, check_video_size, decode_video
 
 __all__ = ["CheckedReference", "checked_reference", "checked_reference_settings", "checked_reference_video"]
 
-_DECLARED = {f.name: f for f in REQUEST_FIELDS}
+# The declared bounds (`engine.requests`: 0 to 1, 1 to 8), which every door's schema states; read at import, so a
+# declaration without them fails to import rather than check against a bound nobody declared.
+_STRENGTH = DECLARED_FIELDS["reference_strength"].bounds()
+_LEAST, _MOST = (int(bound) for bound in DECLARED_FIELDS["reference_downscale"].bounds())
 
 
 class CheckedReference(TypedDict):
@@ -91,11 +94,8 @@ def checked_reference_settings(
                     "(an IC-LoRA's reference video)"
                 )
         return None, None
-    # The declared bounds (`engine.requests`: 0 to 1, 1 to 8), which every door's schema states.
-    declared, most = _DECLARED["reference_strength"], int(_DECLARED["reference_downscale"].high or 1)
-    bounds = float(declared.low or 0), float(declared.high or 1)
-    checked_strength = None if strength is None else checked_number("reference_strength", strength, 1.0, *bounds)
-    factor = None if downscale is None else checked_int("reference_downscale", downscale, 1, 1, most)
+    checked_strength = None if strength is None else checked_number("reference_strength", strength, 1.0, *_STRENGTH)
+    factor = None if downscale is None else checked_int("reference_downscale", downscale, 1, _LEAST, _MOST)
     if factor is not None and any(side % (factor * side_multiple) for side in size):
         width, height = size
         raise InvalidRequestError(

@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidat
 
 from engine.errors import InvalidRequestError
 from engine.images import ACCEPTED_MEDIA_TYPES, encoded_image
-from engine.requests import REQUEST_FIELDS, GenerateRequest, LoraSpec
+from engine.requests import DECLARED_FIELDS, REQUEST_FIELDS, GenerateRequest, LoraSpec
 from engine.settings import Settings
 from lora_catalog.civitai.refs import SITE_HOSTS, parse_civitai
 from serving.http.images import IMAGE_ONLY, TargetSize, image_request, video_request
@@ -35,12 +35,11 @@ _ACCEPTED_PATH = (
 )
 _ITEM_SHAPE = '{"path": "<repo id, Hub file URL or Civitai reference>", "scale": <number>}'
 _BODY_SHAPE = '{"inputs": "<prompt>", "parameters": {...}}'
-_FIELDS = {f.name: f for f in REQUEST_FIELDS}
 # The settings' default; the Space passes its own (`serving.http.api`).
 MAX_INPUT_PIXELS: int = Settings.model_fields["max_input_pixels"].default
 MAX_VIDEO_FRAMES: int = Settings.model_fields["max_video_frames"].default
-_STRING = _FIELDS["negative_prompt"].accepts
-_SCHEDULER = _FIELDS["scheduler"].accepts
+_STRING = DECLARED_FIELDS["negative_prompt"].accepts
+_SCHEDULER = DECLARED_FIELDS["scheduler"].accepts
 _OPTION_VALUE = "a boolean or a string (a scheduler option's value)"
 
 
@@ -71,7 +70,7 @@ def _option_value(value: object) -> bool | str:
 
 
 _OptionValue = Annotated[bool | str, PlainValidator(_option_value)]
-_INTEGER, _NUMBER = _FIELDS["steps"].accepts, _FIELDS["guidance"].accepts
+_INTEGER, _NUMBER = DECLARED_FIELDS["steps"].accepts, DECLARED_FIELDS["guidance"].accepts
 _SCHEDULE = "a list of [from, scale] pairs: from a fraction of the steps, the first 0, increasing, at most 1"
 _FRACTION = "a fraction of the steps, from 0 to 1"
 # One [from, scale] pair as JSON carries it (a list: strict models take no list as a tuple).

@@ -21,7 +21,7 @@ from PIL import Image, ImageChops
 
 from engine.errors import InvalidRequestError
 from engine.images import ACCEPTED, open_image, read_size
-from engine.requests import REQUEST_FIELDS, GenerateResult, InputImage, ModelDefaults
+from engine.requests import DECLARED_FIELDS, GenerateResult, InputImage, ModelDefaults
 from serving.demo.example import EDIT_PROMPT, EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH, REFERENCE_IMAGES
 from serving.errors import user_errors
 from serving.handlers import Handlers
@@ -46,7 +46,8 @@ __all__ = [
     "wire_inputs",
 ]
 
-STRENGTH = next(f for f in REQUEST_FIELDS if f.name == "strength")
+STRENGTH = DECLARED_FIELDS["strength"]
+_STRENGTH_RANGE = STRENGTH.bounds()  # the slider's range: declared (0 to 1), or no import
 PROMPT_PLACEHOLDER = "a fox in a forest"
 # An instruction-editing pool reads the prompt as what to change in the image (Kontext's own examples read so).
 EDIT_PLACEHOLDER = "what to change: make it a watercolor · add a red scarf · turn the day into night"
@@ -217,7 +218,7 @@ def strength_control(defaults: ModelDefaults) -> dict[str, Any]:
     """The slider's settings for a pool: the declared range at the pool's image-to-image default; an editing pool
     re-noises only when inpainting (its edit takes the image whole), so there it is the inpainting default, said
     so; hidden where no mode of the pool takes a strength."""
-    low, high = STRENGTH.low or 0.0, STRENGTH.high if STRENGTH.high is not None else 1.0
+    low, high = _STRENGTH_RANGE
     value = defaults.strength if defaults.strength is not None else defaults.inpaint_strength
     only = " — inpainting only: an edit takes the whole image" if defaults.strength is None else ""
     return {

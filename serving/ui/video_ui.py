@@ -24,7 +24,7 @@ from gradio import processing_utils
 from gradio import utils as gradio_utils
 
 from engine.request_schema import RequestField
-from engine.requests import FPS_RANGE, REQUEST_FIELDS, GenerateRequest, GenerateResult, ModelDefaults
+from engine.requests import DECLARED_FIELDS, FPS_RANGE, GenerateRequest, GenerateResult, ModelDefaults
 from engine.video_input import EncodedVideo
 from serving.handlers import Handlers
 from serving.ui import pool_views
@@ -54,7 +54,6 @@ _FRAMES, _FPS = 81, 16
 # The in-context call's settings (`GenerateRequest.reference_strength`, `reference_downscale`), their controls'
 # names and the Generate event's keywords for them (`serving.ui.events`), as `/generate_video` names them.
 IN_CONTEXT = ("reference_strength", "reference_downscale")
-_DECLARED = {f.name: f for f in REQUEST_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ def video_controls(defaults: ModelDefaults) -> VideoControls:
             elem_id="reference-video",
         )
         with gr.Row():
-            settings = (_setting(_DECLARED[IN_CONTEXT[0]], 0.05), _setting(_DECLARED[IN_CONTEXT[1]], 1))
+            settings = (_setting(DECLARED_FIELDS[IN_CONTEXT[0]], 0.05), _setting(DECLARED_FIELDS[IN_CONTEXT[1]], 1))
     return VideoControls(row, frames, fps, length, reference, settings, in_context)
 
 

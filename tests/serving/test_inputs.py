@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw
 
 from engine.errors import InvalidRequestError, LimitExceededError
 from engine.images import DEFAULT_MAX_INPUT_PIXELS as PIXELS
-from engine.requests import REQUEST_FIELDS, InputImage, ModelDefaults
+from engine.requests import DECLARED_FIELDS, InputImage, ModelDefaults
 from serving.ui import inputs
 
 MODES = ("text-to-image", "image-to-image", "inpainting")
@@ -76,7 +76,7 @@ def test_a_transparent_upload_is_laid_on_white_not_its_hidden_colours(tmp_path):
 
 
 def test_the_strength_slider_is_the_declared_field_at_the_pools_default():
-    declared = next(f for f in REQUEST_FIELDS if f.name == "strength")
+    declared = DECLARED_FIELDS["strength"]
     control = inputs.strength_control(DEFAULTS)
     assert (control["minimum"], control["maximum"], control["value"]) == (declared.low, declared.high, 0.3)
     assert control["visible"] and declared.description in control["info"]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from engine.requests import REQUEST_FIELDS, GenerateRequest, ModelDefaults
+from engine.requests import DECLARED_FIELDS, REQUEST_FIELDS, GenerateRequest, ModelDefaults
 from serving.cluster import wire
 from serving.http import body
 from serving.ui.gradio_api import add_api_endpoints
@@ -34,8 +34,7 @@ def test_the_http_parameters_are_the_declared_fields_under_their_inference_api_n
     assert set(model) - HTTP_ONLY == set(declared)
     for http, name in declared.items():
         assert (model[http].serialization_alias or http) == name
-        accepts = next(f.accepts for f in REQUEST_FIELDS if f.name == name)
-        assert model[http].description == accepts or name == "loras"
+        assert model[http].description == DECLARED_FIELDS[name].accepts or name == "loras"
     # Hugging Face's names, as its inference API spells them.
     assert declared["num_inference_steps"] == "steps"
     # Not parameters: the prompt (or, image-to-image, the image) is the body's `inputs`; POST / answers one
