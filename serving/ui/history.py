@@ -117,6 +117,10 @@ def remember(form: Mapping[str, Any], result: GenerateResult, base_url: str) -> 
     # Nor an IC-LoRA's reference video: its file's SHA-256 (as the recipe's "Reference video").
     video = request.reference_video
     values["reference_video"] = (VideoReference.of(video).sha256 or None) if video is not None else None
+    # And the settings it ran with (the checked request's, as the recipe writes them): the same file needs them.
+    ran = video is not None
+    values["reference_strength"] = request.reference_strength if ran else None
+    values["reference_downscale"] = request.reference_downscale if ran else None
     # A video's frames and rate, as it ran (the pool's defaults filled in).
     values["num_frames"] = frame_count(result) if result.is_video else None
     values["fps"] = result.fps if result.is_video else None
@@ -222,5 +226,6 @@ def _session_fields(browser: Browser, request: RequestPanel) -> list[Any]:
         first.end,
         second.start,
         second.end,
+        *request.video.settings,
         request.randomize,
     ]

@@ -9,7 +9,10 @@ filled in, and the engine checks the request when it is sent. A link cannot carr
 made from one it has `input=image-to-image` (or `inpainting`) and the strength, and the form says so; made from
 several (further reference images), `references=` each one's short SHA-256 in order (as the recipe's "Reference
 hashes"), which the form's note lists; made with an IC-LoRA's reference video, `reference_video=` its file's
-SHA-256 (as the recipe's "Reference video"), which the note names. Pure functions, no Gradio objects but `gr.skip`.
+SHA-256 (as the recipe's "Reference video"), which the note names, and the settings it ran with
+(`reference_strength`, `reference_downscale`, as the recipe names them with it), which fill the boxes under the
+reference video's slot, so the same file uploaded again makes the same clip. Pure functions, no Gradio objects but
+`gr.skip`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from urllib.parse import urlencode
 
 import gradio as gr
 
-from engine.requests import FPS_RANGE, MAX_IMAGES, MAX_SEED, ModelDefaults
+from engine.requests import FPS_RANGE, MAX_IMAGES, MAX_SEED, REQUEST_FIELDS, ModelDefaults
 from engine.samplers import find_sampler, sampler_label
 from lora_catalog.hints import LoraHints, blend_hints
 from serving.ui.inputs import STARTED, link_note, video_note
@@ -33,6 +36,7 @@ __all__ = [
     "form_values",
     "history_entry",
     "recommended",
+    "reference_values",
     "share_params",
     "share_url",
     "video_values",
@@ -72,6 +76,10 @@ FIELDS = (
     "lora_end",
     "lora_2_start",
     "lora_2_end",
+    # An IC-LoRA run's in-context settings (`GenerateRequest.reference_strength`, `reference_downscale`; absent:
+    # diffusers' defaults), which the same file needs to make the same clip again.
+    "reference_strength",
+    "reference_downscale",
 )
 # What a link carries besides the form's fields, for the note: the images' short SHA-256s (image 1 first), a
 # reference video's SHA-256.
@@ -81,6 +89,11 @@ _DIGEST = re.compile(r"[0-9a-f]{12}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _MOST_REFERENCES = 16
 _THUMB = 192
+# The LoRA scales a link leaves out at 1 (the form's default); `reference_downscale` 1 is a value the run set.
+_UNIT_SCALES = ("lora_scale", "lora_2_scale")
+_IN_CONTEXT = ("reference_strength", "reference_downscale")
+# The in-context settings' ranges, as the request declares them (`engine.requests`).
+_RANGES = {f.name: (float(f.low or 0), float(f.high or 0)) for f in REQUEST_FIELDS}
 _TEXT = ("prompt", "negative", "lora", "lora_revision", "lora_weight", "lora_2", "lora_2_revision", "lora_2_weight")
 
 
@@ -89,7 +102,7 @@ def share_params(values: Mapping[str, object]) -> dict[str, str]:
     params: dict[str, str] = {}
     for name in (*FIELDS, *NOTED):
         value = values.get(name)
-        if value is None or value == "" or (name.endswith("scale") and value == 1.0):
+        if value is None or value == "" or (name in _UNIT_SCALES and value == 1.0):
             continue
         params[name] = f"{value:g}" if isinstance(value, float) else str(value)
     return params
@@ -101,7 +114,8 @@ def share_url(base_url: str, params: Mapping[str, str]) -> str:
 
 def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: int) -> tuple[Any, ...]:
     """The form's new values from a link's or a history entry's parameters, in FIELDS' order, then whether the
-    seed is random; `gr.skip()` where a parameter is absent or not one the form can show."""
+    seed is random; `gr.skip()` where a parameter is absent or not one the form can show (None, which empties a
+    box, for an IC-LoRA run's setting left at diffusers' default)."""
     out: dict[str, Any] = {}
     for name in _TEXT:
         if isinstance(params.get(name), str):
@@ -123,10 +137,12 @@ def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: i
     out["input"] = link_note(params["input"], _digests(params.get("references"))) if started else None
     # Nor an IC-LoRA's reference video: which file it was.
     video = params.get("reference_video")
-    if isinstance(video, str) and _SHA256.fullmatch(video):
-        out["input"] = video_note(video)
+    in_context = isinstance(video, str) and _SHA256.fullmatch(video) is not None
+    if in_context:
+        out["input"] = video_note(str(video))
     out["base"] = params.get("base") or None
     out["num_frames"], out["fps"] = video_values(params, defaults)
+    out["reference_strength"], out["reference_downscale"] = reference_values(params, defaults)
     for ref in ("lora", "lora_2"):
         # A link naming a LoRA without a range is that LoRA on every step.
         named = isinstance(params.get(ref), str)
@@ -135,7 +151,10 @@ def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: i
             (0.0 if start is None and named else start),
             (1.0 if end is None and named else end),
         )
-    values = tuple(gr.skip() if out.get(name) is None else out[name] for name in FIELDS)
+    # Its settings where the run set them; one it left at diffusers' default empties its box (None), rather than
+    # keep what an earlier run left there.
+    emptied = {n for n in _IN_CONTEXT if n not in params} if in_context and defaults.reference_video else set()
+    values = tuple(None if name in emptied else gr.skip() if out.get(name) is None else out[name] for name in FIELDS)
     # A link with a seed reproduces that image: the seed is not drawn again.
     return (*values, gr.skip() if out["seed"] is None else False)
 
@@ -148,6 +167,17 @@ def video_values(params: Mapping[str, str], defaults: ModelDefaults) -> tuple[in
     step = defaults.frame_multiple or 4
     frames = _whole(params.get("num_frames"), step + 1, defaults.max_frames or defaults.num_frames or step + 1)
     return (frames if frames is None or (frames - 1) % step == 0 else None), _whole(params.get("fps"), *FPS_RANGE)
+
+
+def reference_values(params: Mapping[str, str], defaults: ModelDefaults) -> tuple[float | None, int | None]:
+    """A link's in-context settings as an in-context pool's form takes them (inside the request's declared
+    ranges: the engine checks the rest when the request is sent), else None; both None on a pool without a
+    reference video's slot."""
+    if not defaults.reference_video:
+        return None, None
+    strength, downscale = _IN_CONTEXT
+    low, high = _RANGES[downscale]
+    return _number(params.get(strength), *_RANGES[strength]), _whole(params.get(downscale), int(low), int(high))
 
 
 def window(form: Mapping[str, Any], ref: str) -> tuple[float | None, float | None]:

@@ -13,6 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 from gradio_client import handle_file
+from huggingface_hub import InferenceClient
+from huggingface_hub.inference._providers import PROVIDERS
+from huggingface_hub.inference._providers.hf_inference import HFInferenceTask
 
 from serving.recipes import REFERENCE_VIDEO, VideoReference, parse_recipe
 from serving.video import decode_mp4
@@ -139,3 +142,24 @@ def test_the_in_context_settings_come_through_both_doors_and_bad_ones_are_a_400(
         assert answer.status_code == 400 and rule in answer.json()["error"], answer.text[:300]
         assert "accepted:" in answer.json()["error"]
     assert post(server, b64(VIDEO)).content == default.content, "the Space answers the same after the refusals"
+
+
+def test_inference_client_sends_the_in_context_settings_and_gets_gradio_client_s_mp4(server, tmp_path, monkeypatch):
+    """huggingface_hub's own `InferenceClient.text_to_video`, its `extra_body` carrying the reference video and its
+    settings into `parameters`, gets the MP4 `/generate_video` answers for the same request, whose recipe names
+    them. Its provider table lists no text-to-video for a URL (tests/serving/test_http_video.py holds that): the
+    test adds the hf-inference payload helper it would use, so the rest is the client's own code."""
+    monkeypatch.setitem(PROVIDERS["hf-inference"], "text-to-video", HFInferenceTask("text-to-video"))
+    settings = {"reference_strength": 0.5, "reference_downscale": 2}
+    extra = {"fps": 24, "video": b64(VIDEO), **settings}
+    inference = InferenceClient(model=server.url, timeout=600)
+    sent = inference.text_to_video("a fox", num_inference_steps=2, seed=5, num_frames=9, extra_body=extra)
+    upload = tmp_path / "reference.mp4"
+    upload.write_bytes(VIDEO)
+    path, _ = api_client(server.url, verbose=False).predict(
+        prompt="a fox", steps=2, seed=5, num_frames=9, fps=24, video=handle_file(str(upload)), **settings,
+        api_name="/generate_video",
+    )  # fmt: skip
+    assert Path(path["video"] if isinstance(path, dict) else path).read_bytes() == sent
+    named = parse_recipe(decode_mp4(sent).comment or "").reference_video
+    assert named == VideoReference(hashlib.sha256(VIDEO).hexdigest(), 9, 64, 64, 0.5, 2)

@@ -10,13 +10,16 @@ import json
 
 import httpx
 import pytest
+from huggingface_hub import InferenceClient
 from PIL import Image
 
 from engine.errors import InvalidRequestError
 from engine.normalise import normalise_loras
 from engine.requests import LoraSpec
+from engine.schedules import schedule_fields
 from serving.cluster.wire import request_from_json, request_to_json
 from serving.http.api import parse_body
+from serving.recipes import parse_recipe
 from tests.support.app_server import AppServer
 from tests.support.reliability_app import CLIENT_GENERATE
 
@@ -93,3 +96,25 @@ def test_gradio_client_runs_a_window_to_the_pixels_post_answers(server, client, 
         assert image.convert("RGB").tobytes() == posted.convert("RGB").tobytes()
         # The window is in force: outside it the LoRA is off, so the image is not the LoRA's on every step.
         assert posted.tobytes() != Image.open(io.BytesIO(plain.content)).tobytes()
+
+
+def test_inference_client_runs_a_schedule_whose_info_says_it_as_gradio_client_s_does(server, client, fixtures):
+    """huggingface_hub's InferenceClient sends `loras[i].schedule` in `extra_body` (its `parameters`): the image
+    (its pixels) is `/generate`'s with the same steps as a window, and the info each door gives says the schedule:
+    the PNG's recipe (all an image over HTTP carries) reads back to the LoRA whose `schedule_fields` are the
+    `loras[0].schedule` of `/generate`'s info."""
+    peft = fixtures["peft"]
+    inference = InferenceClient(model=server.url, headers={"accept": "image/png"}, timeout=300)
+    sent = {"path": peft, "schedule": [[0, 0.0], [0.5, 2.0]]}
+    image = inference.text_to_image("a fox in a forest", **SIZE, extra_body={"loras": [sent]})
+    window = {"lora": peft, "lora_scale": 2.0, "lora_start": 0.5, "steps": 4, "seed": 9}
+    path, info = client.predict(**(CLIENT_GENERATE | window), api_name="/generate")
+    (said,) = info["loras"]
+    assert said["schedule"] == sent["schedule"] and said["scale"] == 0.0
+    with Image.open(path) as shown:
+        assert image.convert("RGB").tobytes() == shown.convert("RGB").tobytes()
+    (read,) = normalise_loras(parse_recipe(image.info["parameters"]).request.loras, 4)
+    assert schedule_fields(read) == {"schedule": said["schedule"]}
+    # The schedule is in force: the same LoRA at its last scale on every step is another image.
+    plain = inference.text_to_image("a fox in a forest", **SIZE, extra_body={"loras": [{"path": peft, "scale": 2.0}]})
+    assert plain.tobytes() != image.tobytes()

@@ -156,3 +156,45 @@ def test_a_share_link_names_the_reference_video_it_cannot_carry():
     assert "reference_video=" not in plain_link
     odd = session.form_values({"seed": "5", "reference_video": "<b>x</b>"}, DEFAULTS, 60)
     assert odd[session.FIELDS.index("input")] == gr.skip()
+
+
+def test_a_share_link_and_history_entry_keep_the_reference_videos_settings_and_put_them_back():
+    """An IC-LoRA run's `reference_strength` / `reference_downscale` (the checked request's, as the recipe names
+    them with the video) go in its link and history entry, and fill the boxes under the reference video's slot
+    again; a run that left one at diffusers' default empties its box rather than keep an earlier run's."""
+    in_context = dataclasses.replace(DEFAULTS, video=True, reference_video=True, num_frames=9, max_frames=17)
+    frame = InputImage.from_pil(Image.new("RGB", (64, 64), (9, 9, 9)))
+    video = InputVideo((frame,) * 9, 24.0, b"the client's mp4")
+    checked = CheckedRequest(prompt="a fox", steps=2, width=64, height=64, seed=5, num_frames=9, fps=24)
+    made = GenerateResult(image=frame.to_pil(), seed=5, request=checked, timings=Timings(), frames=(frame.to_pil(),))
+    # Downscale 1 is a value the run set (unlike a LoRA's scale of 1, which a link leaves out).
+    for strength, downscale in ((0.25, 2), (0.5, 1)):
+        ran = dataclasses.replace(
+            checked, reference_video=video, reference_strength=strength, reference_downscale=downscale
+        )
+        ic = dataclasses.replace(made, request=ran)
+        link, _, entries = remember(FORM_VALUES, ic, "https://s.hf.space")
+        query = dict(parse_qsl(urlsplit(link).query))
+        assert (query["reference_strength"], query["reference_downscale"]) == (f"{strength:g}", str(downscale))
+        assert entries[0]["params"] == query
+        named = parse_recipe(recipe_text(ic)).reference_video
+        assert named is not None and (named.strength, named.downscale) == (strength, downscale)
+        filled = dict(zip((*session.FIELDS, "randomize"), session.form_values(query, in_context, 60), strict=True))
+        assert (filled["reference_strength"], filled["reference_downscale"]) == (strength, downscale)
+        # An image pool's form has no such boxes: nothing is filled.
+        on_image = dict(zip((*session.FIELDS, "randomize"), session.form_values(query, DEFAULTS, 60), strict=True))
+        assert on_image["reference_strength"] == on_image["reference_downscale"] == gr.skip()
+    # A run at diffusers' defaults: neither in its link, and both boxes emptied (None) where it is put back.
+    defaults_link, _, _ = remember(
+        FORM_VALUES,
+        dataclasses.replace(made, request=dataclasses.replace(checked, reference_video=video)),
+        "https://s.hf.space",
+    )
+    query = dict(parse_qsl(urlsplit(defaults_link).query))
+    assert not {"reference_strength", "reference_downscale"} & query.keys()
+    filled = dict(zip((*session.FIELDS, "randomize"), session.form_values(query, in_context, 60), strict=True))
+    assert (filled["reference_strength"], filled["reference_downscale"]) == (None, None)
+    # A link without a reference video leaves the boxes as they are; values the boxes cannot hold are not put in.
+    for odd in ({"seed": "5"}, {"reference_video": "ab" * 32, "reference_strength": "2", "reference_downscale": "9"}):
+        kept = dict(zip((*session.FIELDS, "randomize"), session.form_values(odd, in_context, 60), strict=True))
+        assert kept["reference_strength"] == kept["reference_downscale"] == gr.skip(), odd

@@ -221,6 +221,20 @@ def test_the_generate_event_hands_the_reference_video_and_its_settings_over_by_n
     assert ids == {name: name.replace("_", "-") for name in ids}
 
 
+def test_a_share_link_and_use_these_settings_again_fill_the_reference_settings_boxes(server):
+    """The link read on load and "use these settings again" write `session.form_values`' in-context settings
+    (tests/serving/test_session.py) into the boxes under the reference video's slot."""
+    fns = server.demo.fns  # type: ignore[attr-defined]
+    restores = [fn for fn in fns.values() if getattr(fn.fn, "__name__", "") in ("opened", "again")]
+    assert len(restores) == 2
+    for fn in restores:
+        written = {session.FIELDS[i]: c.elem_id for i, c in enumerate(fn.outputs[: len(session.FIELDS)])}
+        assert (written["reference_strength"], written["reference_downscale"]) == (
+            "reference-strength",
+            "reference-downscale",
+        )
+
+
 def test_the_per_base_curl_line_of_a_video_pool_asks_for_its_frames_and_saves_an_mp4():
     from serving.ui.pool_views import pools_api_snippets
 
