@@ -206,9 +206,7 @@ class MemorySpec:
     width, height) a video family's `working_bytes` is planned at, whose tokens bound every request
     (`ModelDefaults.video_plan`; empty: no bound); `largest_side`: the largest side its pools take (0: twice the
     served side, as every family's), which `working_bytes` covers too (Wan's 720P bases: 1280). `midpass_bytes`:
-    what a run paused between two blocks of its denoiser's forward keeps beside its latents (the hidden states
-    and what the forward made before its blocks, at the plan's size; 0: its family pauses between forwards only,
-    `FamilySpec.denoiser_blocks`).
+    what a run paused between two of its denoiser's blocks keeps (`FamilySpec.denoiser_blocks`; 0: none).
     """
 
     values: tuple[tuple[str, int], ...] = ()
@@ -331,8 +329,7 @@ class FamilySpec:
     # `do_classifier_free_guidance`): Wan's pipelines run the conditional pass, then the unconditional one (2: each
     # a piece of the device's time with step sharing, `engine.pipeline.inference.run_pieces`); others batch them (1).
     guidance_passes: int = 1
-    # The denoiser's attribute holding its transformer blocks, called in turn in each forward (Wan's `blocks`):
-    # with step sharing a video's piece of the device is one block, its boundaries forward pre-hooks on them
+    # The denoiser's blocks (Wan's `blocks`): with step sharing a video's piece of the device is one block
     # (`engine.pipeline.inference.run_pieces`). None: a forward is one piece.
     denoiser_blocks: str | None = None
     # A second-stage component (Wan 2.2 A14B's low-noise `transformer_2`): a LoRA's `scale_2` applies to its
