@@ -39,7 +39,16 @@ from engine.weights.tokens import swapped_tokenizers
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["decode_chunks", "denoiser_passes", "engine_error", "forward_pieces", "infer", "made", "run_pieces"]
+__all__ = [
+    "decode_chunks",
+    "denoiser_passes",
+    "engine_error",
+    "forward_pieces",
+    "infer",
+    "made",
+    "run_pieces",
+    "step_pieces",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +157,12 @@ def run_pieces(pipe: Any, request: CheckedRequest, family: FamilySpec) -> int:
     if not chunks:
         return request.steps
     return request.steps * denoiser_passes(family, request) * forward_pieces(pipe, family) + chunks
+
+
+def step_pieces(pipe: Any, request: CheckedRequest, family: FamilySpec) -> int:
+    """The pieces one denoising step of `request` is shared in (`run_pieces`): the starvation bound's unit is a step
+    (`engine.pipeline.stepshare`)."""
+    return denoiser_passes(family, request) * forward_pieces(pipe, family) if decode_chunks(pipe, request) else 1
 
 
 def _piece_modules(pipe: Any, family: FamilySpec, name: str | None) -> list[torch.nn.Module]:

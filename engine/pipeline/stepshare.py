@@ -9,8 +9,11 @@ The policy, at each boundary where other runs wait:
 
 - the run with the least remaining device time goes next: its remaining pieces × its pool's measured time per
   piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured);
-- no run starves: one that has waited longer than `STEP_SHARING_STARVE_STEPS` × its own piece time goes next
-  (the longest waiting first), so a video's steps keep a share of the device beside a stream of images;
+- no run starves: one that has waited longer than `STEP_SHARING_STARVE_STEPS` of its own steps (its pieces a
+  step × its piece time: a Wan step is 60 pieces, two passes of 30 blocks) goes next (the longest waiting first),
+  so a video's steps keep a share of the device beside a stream of images. The bound is in steps, not pieces, so
+  that splitting a step finer (a block a piece) does not make the video cut into every image run: it waits as long
+  as before, and only a stream of images that holds the device that long lets it in;
 - on a tie the run that holds the device keeps it (no needless pause), else the earliest arrival goes.
 
 A paused run keeps its latents and embeddings on the device: its thread waits inside the step callback, and
@@ -186,15 +189,17 @@ class DeviceScheduler:
         *,
         video: bool = False,
         starve: float = 8.0,
+        step_pieces: int = 1,
         step: bool = True,
         cancel: threading.Event | None = None,
         on_wait: Callable[[Ahead], None] | None = None,
         on_share: Callable[[RunShare], None] | None = None,
     ) -> Iterator[DeviceTurn]:
         """Hold the device for a run of `pieces` pieces of `pool` (with `step`, a piece at a time), inside the
-        block; a cancel while waiting raises GenerationCancelledError. `on_wait` hears what is ahead each time
-        the run waits (outside the scheduler's lock), `on_share` the run's share of the device once it leaves."""
-        run = _Run(next(self._seq), pool, max(pieces, 1), video, starve, cancel, on_wait, on_share)
+        block; `starve`: its starvation bound in its own steps of `step_pieces` pieces (module docstring). A cancel
+        while waiting raises GenerationCancelledError. `on_wait` hears what is ahead each time the run waits
+        (outside the scheduler's lock), `on_share` the run's share of the device once it leaves."""
+        run = _Run(next(self._seq), pool, max(pieces, 1), video, starve * step_pieces, cancel, on_wait, on_share)
         with self._cond:
             self._wait_for_device(run)
         try:
