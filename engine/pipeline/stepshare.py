@@ -2,9 +2,10 @@
 
 Every pool's run holds the device for one piece of work at a time and comes back at each boundary between two
 (`DeviceTurn.boundary`, `engine.pipeline.inference.run_pieces`): an image's piece is a denoising step (its VAE
-decode part of its last; the boundary: the pipeline's step callback); a video's is one forward of its denoiser
-(Wan's step is two, the conditional and the unconditional guidance pass, so an image waits at most half a step:
-forward pre-hooks on the denoisers) or one latent frame of its VAE's decode (a forward pre-hook on the decoder).
+decode part of its last; the boundary: the pipeline's step callback); a video's is one transformer block of a
+forward of its denoiser (Wan's step is two forwards, the conditional and the unconditional guidance pass, each
+through its 30 blocks on the 1.3B, so an image waits at most one block: forward pre-hooks on the blocks; a whole
+forward where the denoiser is compiled) or one latent frame of its VAE's decode (a forward pre-hook on the decoder).
 The policy, at each boundary where other runs wait:
 
 - the run with the least remaining device time goes next: its remaining pieces × its pool's measured time per
@@ -22,7 +23,8 @@ so pausing one pool's run for another pool's step swaps nothing. A pool still ru
 own scheduler's slot): only runs of different pools interleave. A paused run that is cancelled leaves at once
 (its wait wakes on the cancel and the error unwinds the pipeline call, freeing its latents). Still one piece runs
 at a time, so the memory plan keeps one working memory free, and beside it each pool's paused state
-(`engine.pools.plan`).
+(`engine.pools.plan`; a run paused between two blocks also keeps its forward's hidden states:
+`engine.pools.needs.paused_bytes`).
 
 `mode="run"` is the whole-run lock (a run takes the device once and holds it to its end, boundaries ignored):
 what ran before step sharing, and `bench.mixed`'s baseline. With `DEVICE_SHARING=off` (the default off CUDA and
