@@ -20,6 +20,7 @@ import torch
 
 from engine.errors import GenerationCancelledError
 from engine.events import RunShare
+from engine.pipeline.compiled import CompiledDenoiser
 from engine.pipeline.sharing import scheduler_for
 from engine.pipeline.stepshare import DeviceScheduler, DeviceTurn
 from engine.requests import GenerateRequest, LoraSpec
@@ -81,11 +82,13 @@ class Counted(DeviceScheduler):
     def __init__(self) -> None:
         super().__init__(first_guess_s=1e-9)
         self.pieces: list[int] = []
+        self.step_pieces: list[int] = []
         self.left: list[int] = []
 
     @contextmanager
     def turn(self, pool: str, pieces: int, **options: Any) -> Iterator[DeviceTurn]:
         self.pieces.append(pieces)
+        self.step_pieces.append(options.get("step_pieces", 1))
         with super().turn(pool, pieces, **options) as turn:
             yield turn
 
@@ -183,6 +186,26 @@ def test_a_video_makes_a_boundary_between_each_two_pieces_run_pieces_counted(wan
     assert forwards[0] == 4 * (2 if guidance > 1 else 1)
     assert blocks[0] == forwards[0] * len(pipe.transformer.blocks)
     assert scheduler.pieces == [blocks[0] + chunks[0]]
+    assert scheduler.left == list(range(scheduler.pieces[0] - 1, 0, -1))
+    # Its starvation bound counts its steps: a step's pieces (`STEP_SHARING_STARVE_STEPS` of them, each this many).
+    assert scheduler.step_pieces == [blocks[0] // 4]
+
+
+def test_a_compiled_denoiser_s_video_is_shared_a_forward_a_piece(wan_engine):
+    # Hooks on its blocks would run inside the compiled forward (traced, breaking its graph): a forward a piece.
+    # (Installed, never warmed: this shape runs its eager forward through the compiled one's wrapper.)
+    scheduler, pipe = Counted(), wan_engine.loaded.pipe
+    compiled = CompiledDenoiser.install(pipe.transformer, "default", backend="eager")
+    try:
+        with (
+            scheduler_for(CPU, scheduler),
+            before_calls(pipe.transformer, None, set()) as forwards,
+            before_calls(pipe.vae.decoder, None, set()) as chunks,
+        ):
+            generate(wan_engine, video())
+    finally:
+        compiled.remove()
+    assert scheduler.pieces == [forwards[0] + chunks[0]] and scheduler.step_pieces == [2]
     assert scheduler.left == list(range(scheduler.pieces[0] - 1, 0, -1))
 
 
