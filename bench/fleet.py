@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         _say(
             f"videos: {scenario.video_share:g} of requests, {costs.video_pieces} x {costs.video_piece_s} s + "
             f"{costs.video_decode_pieces} x {costs.video_decode_s} s; the GPU shared by DEVICE_SHARING="
-            f"{scenario.device_sharing} (starve bound {scenario.starve_steps:g} pieces); the target is the images' p95"
+            f"{scenario.device_sharing} (starve bound {scenario.starve_steps:g} steps); the target is the images' p95"
         )
     _say(
         f"costs: inference {costs.inference_s} s, swap {costs.swap_s * 1000:.1f} ms ({costs.swap_cpu_s * 1000:.0f} ms "

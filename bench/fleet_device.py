@@ -4,7 +4,7 @@ The engine hands a device's time out per piece of work (`engine.pipeline.stepsha
 or one latent frame of a video VAE's decode. `SimDevice` is that scheduler on simpy's clock: a run holds the device
 for one piece at a time and at each boundary between two pieces the device goes to whichever run the engine's own
 policy picks (`stepshare.goes_next`: the least remaining device time, unless a run has waited longer than
-`STEP_SHARING_STARVE_STEPS` of its own pieces), each pool's time per piece being the engine's moving average
+`STEP_SHARING_STARVE_STEPS` of its own steps), each pool's time per piece being the engine's moving average
 (`stepshare.averaged`). How it is shared and the bound are read from the engine's settings (`DEVICE_SHARING`,
 `STEP_SHARING_STARVE_STEPS`, resolved as for a persistent CUDA device: `auto` is step sharing, ZeroGPU's per-call
 GPU the whole-run lock), never restated here. With `run` a run holds the device from its first piece to its last
@@ -70,11 +70,14 @@ class SimDevice:
         sharing = sharing_mode(settings.device_sharing, torch.device("cuda"), per_call=settings.per_call)
         return cls(env, sharing, settings.step_sharing_starve_steps)
 
-    def run(self, pool: str, pieces: Sequence[float], *, video: bool) -> Generator[simpy.Event, object, SimRun]:
-        """A run of `pool` whose pieces take `pieces` seconds each of the device, a boundary between each two:
-        returns once its last one ends. (An image's decode follows a boundary after its last step, as the engine's
+    def run(
+        self, pool: str, pieces: Sequence[float], *, video: bool, step_pieces: int = 1
+    ) -> Generator[simpy.Event, object, SimRun]:
+        """A run of `pool` whose pieces take `pieces` seconds each of the device, a boundary between each two, its
+        steps `step_pieces` pieces each (the starvation bound's unit, as the engine's): returns once its last one
+        ends. (An image's decode follows a boundary after its last step, as the engine's
         `boundary(0)`: `image_pieces`.)"""
-        run = SimRun(next(self._seq), pool, max(len(pieces), 1), self.starve, video)
+        run = SimRun(next(self._seq), pool, max(len(pieces), 1), self.starve * step_pieces, video)
         if self.sharing == "off":
             run.started_s = self.env.now
             yield self.env.timeout(sum(pieces))

@@ -141,7 +141,8 @@ class Replica:
                     self.fused[video] = adapter
                 # Images alone never share the device: one piece is the same run, in far fewer events.
                 pieces = costs.pieces(video, split=self.fleet.scenario.video_share > 0)
-                yield from self.device.run(_POOL[video], pieces, video=video)
+                step_pieces = costs.video_step_pieces if video else 1
+                yield from self.device.run(_POOL[video], pieces, video=video, step_pieces=step_pieces)
         self.busy_since[video] = None
         self.backlog_s[video] -= expected
         self.pinned[adapter] -= 1

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass, field
 
 from bench.fleet_device import image_pieces
-from bench.mixed import SDXL_A10G, WAN_A10G
+from bench.mixed import SDXL_A10G, WAN_A10G, WAN_STEP_PIECES
 from engine.settings import Settings
 
 __all__ = ["Catalogue", "Costs", "Request", "Scenario"]
@@ -38,12 +38,13 @@ class Costs:
     size_min_mb: float = 20.0
     size_max_mb: float = 900.0
     # A video: Wan 2.1 1.3B 480p x 81 frames on an A10G, `bench.mixed`'s table (denoiser pieces: a step's two
-    # guidance passes; s each; decode pieces, s each).
+    # guidance passes through 30 blocks each, a block a piece; s each; decode pieces, s each; pieces a step).
     image_steps: int = SDXL_A10G[0]
     video_pieces: int = WAN_A10G[0]
     video_piece_s: float = WAN_A10G[1]
     video_decode_pieces: int = WAN_A10G[2]
     video_decode_s: float = WAN_A10G[3]
+    video_step_pieces: int = WAN_STEP_PIECES
 
     @property
     def swap_s(self) -> float:

@@ -21,9 +21,17 @@ The cost table (A10G, one request at a time, fp16), each figure with its source;
 - Wan 2.1 T2V 1.3B, 480p (832×480), 81 frames, 50 steps: "about 4 minutes" on an RTX 4090 in Wan's README
   (claim), times 2.0 for an A10G (our estimate: the A10's 125 dense FP16 tensor TFLOPS and 600 GB/s against the
   4090's 165 and 1,008 GB/s), so 480 s: 50 steps of 9.2 s, and the VAE decode's 21 latent frames at 1.0 s each
-  (estimate; each a piece of its own). A step is two pieces (the engine's boundary falls between Wan's two guidance
-  passes, `engine.pipeline.inference.run_pieces`): 100 pieces of 4.6 s, the even split our estimate (both passes
-  run the same tokens through the same transformer, only the text embeddings differ).
+  (estimate; each a piece of its own). A step's pieces are as the engine makes them (`engine.pipeline.inference.
+  run_pieces`): its two guidance passes, each through the 1.3B transformer's 30 blocks, a boundary before each
+  block: 3,000 pieces of 9.2 / 60 = 0.153 s. The even split is our estimate: both passes run the same tokens
+  through the same transformer (only the text embeddings differ), and its 30 blocks are alike (the patch
+  embedding before them and the head after them are small beside a block and fall into the first and last).
+
+The stand-in's waits keep its device's time honest: a real wait overshoots its time by a wake-up's latency (more
+on a loaded CPU), which over a video's 3,000 pieces would add minutes of device time the table does not hold.
+A run's pieces end on a schedule of their own instead: each piece ends at the previous one's scheduled end plus
+its table time, so a late wake-up shortens the next piece; only a run that was paused at a boundary starts its
+next piece from when it got the device back.
 
 The fleet model's replica GPU (`bench.fleet_device`, issue 48 item 4) replays the stand-in's arrivals too
 (`bench.mixed_sim`): a `model_<mode>` line per mode with its image and video p95 beside the stand-in's, and `sim_gap`,
@@ -37,17 +45,22 @@ from __future__ import annotations
 
 import argparse
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.pipeline.stepshare import DeviceTurn
 from engine.settings import Settings
 
 from .mixed_model import Arrival, Figures, Recorded, arrivals, figures, replay
 
 # (denoiser pieces, seconds each, decode pieces, seconds each) on the stand-in A10G: sources above. An SDXL step is
-# one piece (its guidance batched into one forward), a Wan step two (its guidance passes, one after the other).
+# one piece (its guidance batched into one forward), a Wan step 60 (its two guidance passes, one after the other,
+# each through its transformer's 30 blocks).
 SDXL_A10G = (30, 9.399 / 30, 0, 0.0)
-WAN_STEP_S, WAN_PASSES = 9.2, 2
-WAN_A10G = (50 * WAN_PASSES, WAN_STEP_S / WAN_PASSES, 21, 1.0)
+WAN_STEP_S, WAN_PASSES, WAN_BLOCKS = 9.2, 2, 30
+WAN_STEP_PIECES = WAN_PASSES * WAN_BLOCKS
+WAN_A10G = (50 * WAN_STEP_PIECES, WAN_STEP_S / WAN_STEP_PIECES, 21, 1.0)
 DEVICES = ("cpu", "cuda")
 
 
@@ -104,7 +117,6 @@ def stand_in(options: Options, mode: str) -> tuple[Figures, float, Recorded]:
     plan = plan_of(options)
     scheduler = Recorded()
     pools = {False: _Fifo(), True: _Fifo()}
-    wait = threading.Event().wait  # the stand-in's step: the device held for its time (a bench may sleep)
 
     def run(arrival: Arrival) -> None:
         steps, step_s, chunks, chunk_s = WAN_A10G if arrival.video else SDXL_A10G
@@ -112,15 +124,43 @@ def stand_in(options: Options, mode: str) -> tuple[Figures, float, Recorded]:
         pool = "wan" if arrival.video else "sdxl"
         with (
             pools[arrival.video],
-            scheduler.turn(pool, len(costs), video=arrival.video, starve=options.starve, step=mode == "step") as turn,
+            scheduler.turn(
+                pool,
+                len(costs),
+                video=arrival.video,
+                starve=options.starve,
+                step_pieces=WAN_STEP_PIECES if arrival.video else 1,
+                step=mode == "step",
+            ) as turn,
         ):
-            for done, cost in enumerate(costs, start=1):
-                wait(cost * options.scale)
-                turn.boundary(len(costs) - done)
+            held(turn, [cost * options.scale for cost in costs])
 
     result = replay(plan, options.scale, run, scheduler)
     found = figures(result, _alone_s(SDXL_A10G) * options.scale, WAN_STEP_S * options.scale)
     return found, found.video_p95 / options.scale, scheduler
+
+
+def held(
+    turn: DeviceTurn,
+    pieces: list[float],
+    clock: Callable[[], float] = time.perf_counter,
+    wait: Callable[[float], object] | None = None,
+) -> None:
+    """Hold the device for `pieces` real seconds one after the other, a boundary between each two: each piece ends
+    on its schedule (the previous piece's scheduled end plus its time), so a wake-up's overshoot is taken from the
+    next piece rather than added to the run; after a pause the schedule starts again when the run holds the device
+    (module docstring). (The stand-in's device is a wait: a bench may sleep.)"""
+    wait = threading.Event().wait if wait is None else wait
+    pauses, start = turn.pauses, clock()
+    for done, piece in enumerate(pieces, start=1):
+        end = start + piece
+        if (left := end - clock()) > 0:
+            wait(left)
+        turn.boundary(len(pieces) - done)
+        if turn.pauses != pauses:
+            pauses, start = turn.pauses, clock()
+        else:
+            start = end
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -197,7 +237,7 @@ def _model_gap(options: Options, measured: dict[str, tuple[Figures, float, Recor
         image_s = found.image_p95_vs_alone * _alone_s(SDXL_A10G)
         sharing: Sharing = "step" if mode == "step" else "run"
         image, video = (measured_cost(record.shares, kind, options.scale) for kind in (SDXL_A10G, WAN_A10G))
-        model = model_p95s(plan, sharing, options.starve, options.scale, image, video)
+        model = model_p95s(plan, sharing, options.starve, options.scale, image, video, WAN_STEP_PIECES)
         mine = (sim_gap(model[0], image_s), sim_gap(model[1], video_s))
         gaps.extend(mine)
         print(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.families.tiny_wan import tiny_wan_transformer
 from engine.families.wan import FAMILY as WAN_FAMILY
 from engine.pipeline.loading import load_pipeline
 from engine.pipeline.sharing import Sharing, scheduler_for
@@ -82,9 +83,10 @@ def cpu_replays(options: Options) -> tuple[Figures, Figures, bool]:
             started = time.perf_counter()
             solo[video, seed] = _bytes(blocking(backends["step"].generate(work, base=base)))
             took[video] = time.perf_counter() - started  # the last, warm
-    # A step of the video: its guidance passes (the default guidance's), each a piece of its device time (`run_pieces`).
-    passes = WAN_FAMILY.guidance_passes
-    video_step_s = took[True] * passes / (VIDEO_STEPS * passes + (VIDEO_FRAMES - 1) // 4 + 1)
+    # A step of the video: its guidance passes (the default guidance's) through each block of the tiny transformer,
+    # each block a piece of its device time (`run_pieces`).
+    step_pieces = WAN_FAMILY.guidance_passes * len(tiny_wan_transformer().blocks)
+    video_step_s = took[True] * step_pieces / (VIDEO_STEPS * step_pieces + (VIDEO_FRAMES - 1) // 4 + 1)
     plan = arrivals(
         duration_s=options.cpu_videos * took[True] * options.video_every,
         image_s=took[False],

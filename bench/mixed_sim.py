@@ -27,9 +27,16 @@ Cost = tuple[int, float, int, float]  # steps, seconds a step, decode pieces, se
 
 
 def model_p95s(
-    plan: tuple[Arrival, ...], mode: Sharing, starve: float, scale: float, image: Cost, video: Cost
+    plan: tuple[Arrival, ...],
+    mode: Sharing,
+    starve: float,
+    scale: float,
+    image: Cost,
+    video: Cost,
+    video_step_pieces: int = 1,
 ) -> tuple[float, float]:
-    """The model's image and video p95 latencies (A10G seconds) for `plan` with the device shared as `mode` says."""
+    """The model's image and video p95 latencies (A10G seconds) for `plan` with the device shared as `mode` says, a
+    video's step `video_step_pieces` of its pieces (the starvation bound's unit)."""
     env = simpy.Environment()
     device = SimDevice(env, mode, starve, first_guess_s=FIRST_GUESS_S / scale)
     pools = {False: simpy.Resource(env, capacity=1), True: simpy.Resource(env, capacity=1)}
@@ -41,7 +48,10 @@ def model_p95s(
         with pools[arrival.video].request() as held:
             yield held
             pieces = [step_s] * steps + [chunk_s] * chunks if chunks else image_pieces(steps, step_s)
-            yield from device.run("wan" if arrival.video else "sdxl", pieces, video=arrival.video)
+            step_pieces = video_step_pieces if arrival.video else 1
+            yield from device.run(
+                "wan" if arrival.video else "sdxl", pieces, video=arrival.video, step_pieces=step_pieces
+            )
         latencies[arrival.video].append(env.now - arrival.at_s)
 
     for arrival in plan:

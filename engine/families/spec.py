@@ -205,7 +205,8 @@ class MemorySpec:
     swap's scratch on a quantized pool, whose LoRAs fuse into the text encoders only). `video_size`: the (frames,
     width, height) a video family's `working_bytes` is planned at, whose tokens bound every request
     (`ModelDefaults.video_plan`; empty: no bound); `largest_side`: the largest side its pools take (0: twice the
-    served side, as every family's), which `working_bytes` covers too (Wan's 720P bases: 1280).
+    served side, as every family's), which `working_bytes` covers too (Wan's 720P bases: 1280). `midpass_bytes`:
+    what a run paused between two of its denoiser's blocks keeps (`FamilySpec.denoiser_blocks`; 0: none).
     """
 
     values: tuple[tuple[str, int], ...] = ()
@@ -219,6 +220,7 @@ class MemorySpec:
     largest_encoder_values: int = 0
     video_size: tuple[int, int, int] | tuple[()] = ()
     largest_side: int = 0
+    midpass_bytes: int = 0
 
     def values_of(self, components: tuple[str, ...]) -> int:
         """The values of `components` (those the spec names)."""
@@ -327,6 +329,9 @@ class FamilySpec:
     # `do_classifier_free_guidance`): Wan's pipelines run the conditional pass, then the unconditional one (2: each
     # a piece of the device's time with step sharing, `engine.pipeline.inference.run_pieces`); others batch them (1).
     guidance_passes: int = 1
+    # The denoiser's blocks (Wan's `blocks`): with step sharing a video's piece of the device is one block
+    # (`engine.pipeline.inference.run_pieces`). None: a forward is one piece.
+    denoiser_blocks: str | None = None
     # A second-stage component (Wan 2.2 A14B's low-noise `transformer_2`): a LoRA's `scale_2` applies to its
     # weights, its `scale` to the rest. None: one scale for every component.
     second_stage: str | None = None

@@ -269,6 +269,7 @@ FAMILY = FamilySpec(
     base_memory=((MODEL_ID_14B, MEMORY_14B), (MODEL_ID_5B, MEMORY_5B)),
     video=video,
     guidance_passes=2,
+    denoiser_blocks="blocks",
     image_to_image=WanImageToVideoPipeline,
     pipeline_modes=pipeline_modes,
     full_differences=full_differences,

@@ -101,6 +101,7 @@ FAMILY = FamilySpec(
     memory=MEMORY_A14B,
     video=video,
     guidance_passes=2,
+    denoiser_blocks="blocks",
     second_stage="transformer_2",
     stage_of=stage_of,
 )

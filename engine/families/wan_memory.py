@@ -52,6 +52,7 @@ __all__ = [
     "VideoShape",
     "admitted_bytes",
     "decode_bytes",
+    "midpass_bytes",
     "step_bytes",
     "video_tokens",
 ]
@@ -71,11 +72,13 @@ _FRAME_GROUP = 4
 
 @dataclass(frozen=True)
 class VideoShape:
-    """A transformer's widths and the VAE's spatial factor: what the working memory depends on."""
+    """A transformer's widths (its attention heads' too: 128 on every Wan) and the VAE's spatial factor: what the
+    working memory depends on."""
 
     width: int
     ffn: int
     vae_scale: int = 8
+    head: int = 128
 
 
 def video_tokens(shape: VideoShape, frames: int, width: int, height: int) -> int:
@@ -95,6 +98,15 @@ def decode_bytes(shape: VideoShape, frames: int, width: int, height: int) -> int
     channels, scale = _DECODER_TOP[shape.vae_scale]
     stage = _CHUNK_FRAMES * (height // scale) * (width // scale) * channels * _BF16
     return _DECODE_TENSORS * stage + frames * 3 * height * width * _F32
+
+
+def midpass_bytes(shape: VideoShape, frames: int, width: int, height: int) -> int:
+    """What a run paused between two of its transformer's blocks keeps beside its latents (step sharing's pieces
+    inside a pass: `FamilySpec.denoiser_blocks`): the hidden states the next block takes, a token's `width` in
+    bf16 (diffusers' `WanTransformerBlock` hands them on in the compute dtype), and the rotary embeddings the
+    forward made before its blocks, a token's `head` as float32 cosines and sines. Counted from the tokens, as
+    the working memory is: the block's own activations are freed at its end."""
+    return video_tokens(shape, frames, width, height) * (_BF16 * shape.width + 2 * _F32 * shape.head)
 
 
 def working_bytes(shape: VideoShape, frames: int, width: int, height: int) -> int:
@@ -148,6 +160,7 @@ def _memory(transformer: int, vae: int, plan: VideoPlan, linears: LinearSizes, l
         linears=linears,
         video_size=plan.size,
         largest_side=plan.largest_side,
+        midpass_bytes=midpass_bytes(plan.shape, *plan.size),
     )
 
 

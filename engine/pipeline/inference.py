@@ -10,9 +10,11 @@ device's memory, they are made one at a time, on the same weights. On a GPU one 
 (`engine.pipeline.stepshare`: a whole run, or with step sharing one step, at a time), so the memory plan keeps one
 pool's working memory free, not every pool's. A run's `boundary(pieces left)` is called once per piece of its device
 time but the first (`run_pieces`, `_boundaries`) and may pause the run there, its latents kept as they are: an
-image's pieces are its steps; a video's are its denoiser's forwards (Wan's two guidance passes a step: forward
-pre-hooks on its denoisers) and the latent frames of its VAE's decode (a forward pre-hook on its decoder: Wan's
-decodes a frame at a time).
+image's pieces are its steps; a video's are its denoiser's blocks (`FamilySpec.denoiser_blocks`: forward pre-hooks
+on each of Wan's transformer blocks, in each of its two guidance passes a step, so that an image waits one block,
+not a whole pass), or its whole forwards where the family names no blocks or the denoiser's forward is compiled
+(hooks inside a compiled forward would break its graph), and the latent frames of its VAE's decode (a forward
+pre-hook on its decoder: Wan's decodes a frame at a time).
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ from engine.weights.tokens import swapped_tokenizers
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["decode_chunks", "denoiser_passes", "engine_error", "infer", "made", "run_pieces"]
+__all__ = [
+    "decode_chunks",
+    "denoiser_passes",
+    "engine_error",
+    "forward_pieces",
+    "infer",
+    "made",
+    "run_pieces",
+    "step_pieces",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -133,12 +144,38 @@ def denoiser_passes(family: FamilySpec, request: CheckedRequest) -> int:
     return family.guidance_passes if request.guidance > 1 else 1
 
 
+def forward_pieces(pipe: Any, family: FamilySpec) -> int:
+    """The pieces one forward of a video's denoiser is shared in: its blocks (`_piece_modules`), else one."""
+    return max(len(_piece_modules(pipe, family, family.denoiser)), 1)
+
+
 def run_pieces(pipe: Any, request: CheckedRequest, family: FamilySpec) -> int:
     """The pieces a run holds the device for, one at a time with step sharing: an image's steps; a video's denoiser
-    forwards (steps × `denoiser_passes`) and decode chunks. `infer` makes one boundary fewer (none before the
-    first)."""
+    blocks (steps × `denoiser_passes` × `forward_pieces`; a second stage's transformer has the first's blocks, as
+    Wan 2.2 A14B's two) and decode chunks. `infer` makes one boundary fewer (none before the first)."""
     chunks = decode_chunks(pipe, request)
-    return request.steps * (denoiser_passes(family, request) if chunks else 1) + chunks
+    if not chunks:
+        return request.steps
+    return request.steps * denoiser_passes(family, request) * forward_pieces(pipe, family) + chunks
+
+
+def step_pieces(pipe: Any, request: CheckedRequest, family: FamilySpec) -> int:
+    """The pieces one denoising step of `request` is shared in (`run_pieces`): the starvation bound's unit is a step
+    (`engine.pipeline.stepshare`)."""
+    return denoiser_passes(family, request) * forward_pieces(pipe, family) if decode_chunks(pipe, request) else 1
+
+
+def _piece_modules(pipe: Any, family: FamilySpec, name: str | None) -> list[torch.nn.Module]:
+    """The modules whose calls start a video's denoising pieces on the denoiser `name`: its blocks where the family
+    names them and its forward is the module's own (a compiled one, `engine.pipeline.compiled`, is installed on the
+    instance: a hook inside it would be traced, breaking its graph at every block), else the denoiser itself."""
+    denoiser = getattr(pipe, name, None) if name else None
+    if denoiser is None:
+        return []
+    blocks = getattr(denoiser, family.denoiser_blocks, None) if family.denoiser_blocks else None
+    if blocks is None or "forward" in vars(denoiser) or not len(blocks):
+        return [denoiser]
+    return list(blocks)
 
 
 @contextmanager
@@ -148,26 +185,23 @@ def _boundaries(
     """Calls `boundary(pieces left)` between each two of the run's pieces (`run_pieces`), one a piece; yields the
     boundary its step callback calls, if any (with the steps and decode chunks left after that step's end).
 
-    - An image, or a video whose steps are one forward each: at each step's end (the step callback), then before
+    - An image, or a video whose steps are one piece each: at each step's end (the step callback), then before
       each latent frame of the video VAE's decode but the first (the last step's end was that boundary).
-    - A video whose steps make several forwards (Wan's guidance passes): before each forward of its denoisers but
-      the run's first (forward pre-hooks on the denoiser and a second stage's), and before each decode chunk; its
-      step callback makes none (the next forward's boundary is at the same point).
+    - A video whose steps make several pieces (Wan's guidance passes, each its blocks): before each block of its
+      denoisers but the run's first (forward pre-hooks on the first stage's blocks and a second stage's), and
+      before each decode chunk; its step callback makes none (the next block's boundary is at the same point).
     """
     chunks = decode_chunks(pipe, request)
     if boundary is None:
         yield None
         return
-    if not chunks or denoiser_passes(family, request) == 1:
+    pieces = run_pieces(pipe, request, family)
+    if not chunks or pieces - chunks == request.steps:
         with _hooks([pipe.vae.decoder] if chunks else [], boundary, chunks, first=2):
             yield boundary
         return
-    denoisers = [getattr(pipe, name, None) for name in (family.denoiser, family.second_stage) if name]
-    pieces = run_pieces(pipe, request, family)
-    with (
-        _hooks([d for d in denoisers if d is not None], boundary, pieces, first=2),
-        _hooks([pipe.vae.decoder], boundary, chunks, first=1),
-    ):
+    starts = [m for name in (family.denoiser, family.second_stage) for m in _piece_modules(pipe, family, name)]
+    with _hooks(starts, boundary, pieces, first=2), _hooks([pipe.vae.decoder], boundary, chunks, first=1):
         yield None
 
 

@@ -17,7 +17,7 @@ import torch
 from engine.devices import normal_device
 from engine.events import EngineEvents, RunShare
 from engine.models import HUB_ID
-from engine.pipeline.inference import run_pieces
+from engine.pipeline.inference import run_pieces, step_pieces
 from engine.pipeline.stepshare import Ahead, DeviceScheduler
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ def device_turn(
     video: bool,
     starve: float,
     cancel: threading.Event | None,
+    step_pieces: int = 1,
     on_wait: Callable[[Ahead], None] | None,
     on_share: Callable[[RunShare], None] | None = None,
 ) -> Iterator[Callable[[int], None] | None]:
@@ -98,7 +99,15 @@ def device_turn(
     scheduler = device_scheduler(device)
     step = sharing == "step"
     turn = scheduler.turn(
-        pool, pieces, video=video, starve=starve, step=step, cancel=cancel, on_wait=on_wait, on_share=on_share
+        pool,
+        pieces,
+        video=video,
+        starve=starve,
+        step_pieces=step_pieces,
+        step=step,
+        cancel=cancel,
+        on_wait=on_wait,
+        on_share=on_share,
     )
     with turn as held:
         yield held.boundary if step else None
@@ -131,6 +140,7 @@ def pool_turn(
         video=bool(request.num_frames),
         starve=settings.step_sharing_starve_steps,
         cancel=cancel,
+        step_pieces=step_pieces(pipe, request, loaded.family),
         on_wait=getattr(progress, "waiting", None),
         on_share=pool.events.device_shared,
     )

@@ -2,15 +2,19 @@
 
 Every pool's run holds the device for one piece of work at a time and comes back at each boundary between two
 (`DeviceTurn.boundary`, `engine.pipeline.inference.run_pieces`): an image's piece is a denoising step (its VAE
-decode part of its last; the boundary: the pipeline's step callback); a video's is one forward of its denoiser
-(Wan's step is two, the conditional and the unconditional guidance pass, so an image waits at most half a step:
-forward pre-hooks on the denoisers) or one latent frame of its VAE's decode (a forward pre-hook on the decoder).
+decode part of its last; the boundary: the pipeline's step callback); a video's is one transformer block of a
+forward of its denoiser (Wan's step is two forwards, the conditional and the unconditional guidance pass, each
+through its 30 blocks on the 1.3B, so an image waits at most one block: forward pre-hooks on the blocks; a whole
+forward where the denoiser is compiled) or one latent frame of its VAE's decode (a forward pre-hook on the decoder).
 The policy, at each boundary where other runs wait:
 
 - the run with the least remaining device time goes next: its remaining pieces × its pool's measured time per
   piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured);
-- no run starves: one that has waited longer than `STEP_SHARING_STARVE_STEPS` × its own piece time goes next
-  (the longest waiting first), so a video's steps keep a share of the device beside a stream of images;
+- no run starves: one that has waited longer than `STEP_SHARING_STARVE_STEPS` of its own steps (its pieces a
+  step × its piece time: a Wan step is 60 pieces, two passes of 30 blocks) goes next (the longest waiting first),
+  so a video's steps keep a share of the device beside a stream of images. The bound is in steps, not pieces, so
+  that splitting a step finer (a block a piece) does not make the video cut into every image run: it waits as long
+  as before, and only a stream of images that holds the device that long lets it in;
 - on a tie the run that holds the device keeps it (no needless pause), else the earliest arrival goes.
 
 A paused run keeps its latents and embeddings on the device: its thread waits inside the step callback, and
@@ -19,7 +23,8 @@ so pausing one pool's run for another pool's step swaps nothing. A pool still ru
 own scheduler's slot): only runs of different pools interleave. A paused run that is cancelled leaves at once
 (its wait wakes on the cancel and the error unwinds the pipeline call, freeing its latents). Still one piece runs
 at a time, so the memory plan keeps one working memory free, and beside it each pool's paused state
-(`engine.pools.plan`).
+(`engine.pools.plan`; a run paused between two blocks also keeps its forward's hidden states:
+`engine.pools.needs.paused_bytes`).
 
 `mode="run"` is the whole-run lock (a run takes the device once and holds it to its end, boundaries ignored):
 what ran before step sharing, and `bench.mixed`'s baseline. With `DEVICE_SHARING=off` (the default off CUDA and
@@ -186,15 +191,17 @@ class DeviceScheduler:
         *,
         video: bool = False,
         starve: float = 8.0,
+        step_pieces: int = 1,
         step: bool = True,
         cancel: threading.Event | None = None,
         on_wait: Callable[[Ahead], None] | None = None,
         on_share: Callable[[RunShare], None] | None = None,
     ) -> Iterator[DeviceTurn]:
         """Hold the device for a run of `pieces` pieces of `pool` (with `step`, a piece at a time), inside the
-        block; a cancel while waiting raises GenerationCancelledError. `on_wait` hears what is ahead each time
-        the run waits (outside the scheduler's lock), `on_share` the run's share of the device once it leaves."""
-        run = _Run(next(self._seq), pool, max(pieces, 1), video, starve, cancel, on_wait, on_share)
+        block; `starve`: its starvation bound in its own steps of `step_pieces` pieces (module docstring). A cancel
+        while waiting raises GenerationCancelledError. `on_wait` hears what is ahead each time the run waits
+        (outside the scheduler's lock), `on_share` the run's share of the device once it leaves."""
+        run = _Run(next(self._seq), pool, max(pieces, 1), video, starve * step_pieces, cancel, on_wait, on_share)
         with self._cond:
             self._wait_for_device(run)
         try:

@@ -137,14 +137,18 @@ def paused_bytes(memory: MemorySpec) -> int:
     shape of the family's largest request: a video's `video_size` ((frames - 1) / 4 + 1 latent frames of 16
     channels at an eighth of each side: Wan's VAE), an image's `largest_side` (2048 when not declared) at 32
     channels (FLUX.2's; SDXL's 4 and FLUX.1's 16 are fewer); the latents, the guidance's two predictions and a
-    multistep sampler's history in float32 (`_PAUSED_COPIES`), and its prompt embeddings (`_EMBEDDING_BYTES`)."""
+    multistep sampler's history in float32 (`_PAUSED_COPIES`), and its prompt embeddings (`_EMBEDDING_BYTES`);
+    where a run pauses inside its denoiser's forward, between two blocks (Wan: `FamilySpec.denoiser_blocks`, so
+    that an image waits one block, not a whole guidance pass), also what that forward holds there, its hidden
+    states (tokens × inner width × dtype, from the same latent shape: `MemorySpec.midpass_bytes`), for the run is
+    paused mid-forward with them alive on its thread's stack."""
     if memory.video_size:
         frames, width, height = memory.video_size
         values = 16 * ((frames - 1) // 4 + 1) * (height // 8) * (width // 8)
     else:
         side = memory.largest_side or 2048
         values = 32 * (side // 8) ** 2
-    return values * 4 * _PAUSED_COPIES + _EMBEDDING_BYTES
+    return values * 4 * _PAUSED_COPIES + _EMBEDDING_BYTES + memory.midpass_bytes
 
 
 def scratch_bytes(largest_values: int) -> int:

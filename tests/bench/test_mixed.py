@@ -33,3 +33,32 @@ def test_without_simpy_the_model_is_skipped_in_a_line_not_a_failure(monkeypatch,
     options = mixed.Options(0.005, 0.25, 0.2, 2.0, 4.0, 0, 0, "cuda")
     assert mixed._model_gap(options, {}) is None
     assert capsys.readouterr().out.startswith("model: skipped (")
+
+
+class _Turn:
+    """A run's turn as `held` sees it: its boundaries' times written down, a pause where asked (the device given
+    away for `pause_s`)."""
+
+    def __init__(self, clock: list[float], pause_at: dict[int, float]) -> None:
+        self.clock, self.pause_at, self.pauses, self.at = clock, pause_at, 0, []
+
+    def boundary(self, remaining: int) -> None:
+        self.at.append(self.clock[0])
+        if (pause := self.pause_at.get(remaining)) is not None:
+            self.pauses += 1
+            self.clock[0] += pause
+
+
+def test_the_stand_in_s_pieces_keep_their_schedule_when_a_wait_overshoots():
+    # Every wait wakes 0.4 ms late (as a loaded CPU's sleeps): the pieces still end on their schedule, the late
+    # wake-up taken from the next piece, not added once per piece; after a pause the schedule starts again.
+    clock = [0.0]
+
+    def wait(seconds: float) -> None:
+        clock[0] += seconds + 0.0004
+
+    turn = _Turn(clock, pause_at={5: 1.0})
+    mixed.held(turn, [0.001] * 10, clock=lambda: clock[0], wait=wait)  # type: ignore[arg-type]
+    # Pieces 1-5 end at 1.4, 2.4, ... ms (each one's schedule, plus the last wake-up's 0.4 ms); the pause holds
+    # 1 s; pieces 6-10 end 1 ms apart from its end.
+    assert turn.at == pytest.approx([0.0014, 0.0024, 0.0034, 0.0044, 0.0054, 1.0068, 1.0078, 1.0088, 1.0098, 1.0108])

@@ -30,12 +30,16 @@ def stand_in_run(
     *,
     video: bool = False,
     starve: float = 8.0,
+    step_pieces: int = 1,
     cancel: threading.Event | None = None,
     mid_step: Callable[[int], None] = lambda step: None,
     on_wait: Callable[[Ahead], None] | None = None,
 ) -> None:
     """A run of `steps` pieces of `cost` each on the stand-in device, each piece's start logged (pool, clock)."""
-    with scheduler.turn(pool, steps, video=video, starve=starve, cancel=cancel, on_wait=on_wait) as turn:
+    turn_of = scheduler.turn(
+        pool, steps, video=video, starve=starve, step_pieces=step_pieces, cancel=cancel, on_wait=on_wait
+    )
+    with turn_of as turn:
         for step in range(steps):
             log.append((pool, clock()))
             clock.advance(cost / 2)
@@ -102,6 +106,28 @@ def test_a_run_overtaken_longer_than_its_bound_goes_next():
     assert order[first : first + 13] == ["sdxl"] * 13 and order[first + 13] == "wan"
     starts = [t for pool, t in log if pool == "wan"]
     assert max(b - a for a, b in itertools.pairwise(starts)) <= 1.0 + 3.0 + 0.25
+
+
+def test_the_bound_counts_a_run_s_own_steps_however_finely_they_are_split():
+    clock = Clock()
+    scheduler = DeviceScheduler(clock=clock, first_guess_s=0.5)
+    log: list[tuple[str, float]] = []
+    # A video of 1 s steps in two pieces of 0.5 s (a Wan step's guidance passes, or its blocks), its bound 3 steps:
+    # 3 s, not 3 pieces' 1.5 s, behind an image run with far less left (20 × 0.25 s).
+
+    def mid_step(step: int) -> None:
+        if step == 0:
+            images.append(started(lambda: stand_in_run(scheduler, clock, "sdxl", 20, 0.25, log)))
+            until(lambda: scheduler.waiting == 1)
+
+    images: list[tuple[threading.Thread, list[BaseException]]] = []
+    stand_in_run(scheduler, clock, "wan", 40, 0.5, log, video=True, starve=3.0, step_pieces=2, mid_step=mid_step)
+    ((thread, errors),) = images
+    thread.join(WAIT_S)
+    assert not errors
+    order = [pool for pool, _ in log]
+    first = order.index("sdxl")
+    assert order[first : first + 13] == ["sdxl"] * 13 and order[first + 13] == "wan"
 
 
 def test_a_paused_run_that_is_cancelled_leaves_at_once():

@@ -3,6 +3,8 @@ configs; the working memory follows the latent shape; which GPUs serve each base
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
@@ -12,6 +14,7 @@ from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection, UMT5Co
 from engine.errors import LimitExceededError, SettingsError
 from engine.families import wan, wan22, wan22_i2v, wan_i2v, wan_memory
 from engine.normalise import normalise_request
+from engine.pools.needs import paused_bytes
 from engine.pools.plan import PlanOptions, largest_values, plan_memory
 from engine.requests import MIN_SIDE, GenerateRequest, Limits, ModelDefaults
 from engine.settings import PoolSetting, Settings
@@ -225,3 +228,43 @@ def test_every_video_the_gate_takes_fits_the_working_memory_the_plan_keeps(base)
                     width,
                     height,
                 )
+
+
+def test_a_run_paused_between_two_blocks_keeps_what_the_plan_counts_for_it():
+    # What diffusers' WanTransformer3DModel hands its second block (the hidden states, the rotary embeddings' cosines
+    # and sines), in bf16 as served: the state a run paused between two blocks keeps (step sharing's pieces).
+    torch.manual_seed(0)
+    width, heads, frames, side = 64, 2, 9, 32
+    model = WanTransformer3DModel(
+        num_attention_heads=heads,
+        attention_head_dim=width // heads,
+        ffn_dim=96,
+        num_layers=2,
+        text_dim=32,
+        freq_dim=32,
+        rope_max_seq_len=32,
+    ).to(torch.bfloat16)
+    # As from_pretrained(torch_dtype=bf16) loads it: diffusers' `_keep_in_fp32_modules` (its rope) in float32.
+    for name, module in model.named_modules():
+        if set(name.split(".")) & set(model._keep_in_fp32_modules or ()):
+            module.float()
+    kept: list[int] = []
+
+    def before(module: nn.Module, args: tuple) -> None:
+        hidden, _, _, (cos, sin) = args
+        kept.append(hidden.nbytes + cos.nbytes + sin.nbytes)
+
+    model.blocks[1].register_forward_pre_hook(before)
+    latent = torch.randn(1, 16, (frames - 1) // 4 + 1, side // 8, side // 8, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        model(latent, torch.tensor([500]), torch.randn(1, 8, 32, dtype=torch.bfloat16))
+    shape = wan_memory.VideoShape(width, 96, head=width // heads)
+    assert kept == [wan_memory.midpass_bytes(shape, frames, side, side)]
+
+
+def test_a_wan_pool_s_paused_state_counts_a_run_paused_mid_forward():
+    # The 1.3B's plan at its card's size: 21 latent frames of 30 × 52 patches, 1536 wide in bf16, heads of 128.
+    assert wan.FAMILY.memory.midpass_bytes == 21 * 30 * 52 * (2 * 1536 + 2 * 4 * 128)
+    assert paused_bytes(wan.FAMILY.memory) - paused_bytes(replace(wan.FAMILY.memory, midpass_bytes=0)) == (
+        wan.FAMILY.memory.midpass_bytes
+    )
