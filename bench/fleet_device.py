@@ -87,6 +87,7 @@ class SimDevice:
             yield self.env.timeout(piece)
             if piece > 0:  # as the engine: a piece of no time is no measure of a pool's piece
                 self._piece_s[pool] = averaged(self._piece_s.get(pool), piece)
+            run.remaining = max(len(pieces) - done, 1)  # counted under the whole-run lock too, as the engine's
             if done < len(pieces) and self.sharing == "step":
                 yield from self._boundary(run, len(pieces) - done)
         self._holder = None
@@ -132,7 +133,7 @@ class SimDevice:
         """The device time other pools' runs take before a new run of `pool` needing `own_s` ends, as the engine's
         scheduler counts it for queue places and Retry-After (`stepshare.time_ahead`): what the router reads."""
         runs = [*self._waiting, *([self._holder] if self._holder is not None else [])]
-        return time_ahead(runs, pool, own_s, self._piece)
+        return time_ahead(runs, pool, own_s, self._piece, whole_run=self.sharing == "run")
 
     @property
     def waiting(self) -> int:

@@ -92,7 +92,9 @@ def device_turn(
     on_share: Callable[[RunShare], None] | None = None,
 ) -> Iterator[Callable[[int], None] | None]:
     """A run's turn on `device` as `sharing` says: the boundary its pipeline calls at each piece's end (None: no
-    sharing, the run never pauses)."""
+    sharing). Under the whole-run lock (`run`) the boundary never pauses the run, but counts the pieces it has left
+    and times each piece: without it a waiting request's place and Retry-After would count the whole run as each of
+    its pieces."""
     if sharing == "off":
         yield None
         return
@@ -110,7 +112,7 @@ def device_turn(
         on_share=on_share,
     )
     with turn as held:
-        yield held.boundary if step else None
+        yield held.boundary
 
 
 class Pool(Protocol):

@@ -99,12 +99,26 @@ def goes_next(waiting: Sequence[W], holder: W | None, now: float, piece_s: Calla
     return min(candidates, key=lambda r: (r.remaining * piece_s(r.pool), r is not holder, r.seq))
 
 
-def time_ahead(runs: Iterable[Waiter], pool: str, own_s: float, piece_s: Callable[[str], float]) -> float:
+def time_ahead(
+    runs: Iterable[Waiter], pool: str, own_s: float, piece_s: Callable[[str], float], *, whole_run: bool = False
+) -> float:
     """The device time other pools' `runs` (on the device or waiting for it) take before a new run of `pool` needing
     `own_s` ends: all of a run with less left (it goes first), at most `own_s` of a longer one (its pieces interleave
-    with the new run's once it has waited its bound, until the new run ends). The one declaration of it (the device
-    scheduler's queue places and Retry-After, and the fleet model's router: `bench.fleet_device`)."""
-    return sum(min(run.remaining * piece_s(run.pool), own_s) for run in runs if run.pool != pool)
+    with the new run's once it has waited its bound, until the new run ends). Under the whole-run lock
+    (`whole_run`) nothing interleaves: all of the run holding the device (`waiting_since` None: it keeps it to its
+    end) and of a waiting run with less left, nothing of a longer waiting one (the new run goes before it). The one
+    declaration of it (the device scheduler's queue places and Retry-After, and the fleet model's router:
+    `bench.fleet_device`)."""
+    total = 0.0
+    for run in runs:
+        if run.pool == pool:
+            continue
+        left = run.remaining * piece_s(run.pool)
+        if not whole_run:
+            total += min(left, own_s)
+        elif run.waiting_since is None or left < own_s:
+            total += left
+    return total
 
 
 def averaged(known: float | None, piece: float) -> float:
@@ -137,6 +151,8 @@ class _Run:
     cancel: threading.Event | None
     on_wait: Callable[[Ahead], None] | None
     on_share: Callable[[RunShare], None] | None = None
+    # False under the whole-run lock: its boundaries count the pieces left and never pause it.
+    step: bool = True
     waiting_since: float | None = None
     held_since: float | None = None
     pauses: int = 0
@@ -201,7 +217,9 @@ class DeviceScheduler:
         block; `starve`: its starvation bound in its own steps of `step_pieces` pieces (module docstring). A cancel
         while waiting raises GenerationCancelledError. `on_wait` hears what is ahead each time the run waits
         (outside the scheduler's lock), `on_share` the run's share of the device once it leaves."""
-        run = _Run(next(self._seq), pool, max(pieces, 1), video, starve * step_pieces, cancel, on_wait, on_share)
+        run = _Run(
+            next(self._seq), pool, max(pieces, 1), video, starve * step_pieces, cancel, on_wait, on_share, step=step
+        )
         with self._cond:
             self._wait_for_device(run)
         try:
@@ -308,8 +326,10 @@ class DeviceScheduler:
         seconds = sum(self._left_s(r) for r in before)
         if holder is not None:
             before.append(holder)
-            # The holder runs to its end before `run` only when it has less left; else one piece of it.
-            seconds += self._left_s(holder) if self._left_s(holder) <= mine else self._piece(holder.pool)
+            # The holder runs to its end before `run` when it has less left or holds the whole-run lock; else one
+            # piece of it.
+            whole = self._left_s(holder) <= mine or not holder.step
+            seconds += self._left_s(holder) if whole else self._piece(holder.pool)
         videos = sum(r.video for r in before)
         return Ahead(images=len(before) - videos, videos=videos, seconds=seconds)
 
@@ -318,7 +338,7 @@ class DeviceScheduler:
         Queue places and Retry-After count it."""
         with self._cond:
             runs = [*self._waiting, *([self._holder] if self._holder is not None else [])]
-            return time_ahead(runs, pool, own_s, self._piece)
+            return time_ahead(runs, pool, own_s, self._piece, whole_run=not all(r.step for r in runs))
 
     def piece_s(self, pool: str) -> float | None:
         """`pool`'s measured time per piece (None: not yet measured)."""

@@ -11,9 +11,11 @@ import threading
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from engine.errors import GenerationCancelledError
 from engine.events import RunShare
+from engine.pipeline.sharing import device_turn, scheduler_for
 from engine.pipeline.stepshare import Ahead, DeviceScheduler
 from tests.support.stepshare import WAIT_S, Clock, started, until
 
@@ -174,4 +176,39 @@ def test_a_run_alone_never_pauses():
     log: list[tuple[str, float]] = []
     stand_in_run(scheduler, clock, "wan", 5, VIDEO_STEP, log, video=True)
     assert shares == [RunShare("wan", True, 5 * VIDEO_STEP, 0, 0.0, 0.0)]
+    assert scheduler.piece_s("wan") == pytest.approx(VIDEO_STEP)
+
+
+def test_the_whole_run_lock_counts_a_run_s_pieces_left_and_never_pauses_it():
+    """`DEVICE_SHARING=run` (ZeroGPU's): the run keeps the device to its end, yet its boundaries count what it has
+    left, so a waiting request is told the rest of the run ahead of it (before, a run's pieces were never counted
+    and the whole run was timed as one piece)."""
+    clock = Clock()
+    scheduler = DeviceScheduler(clock=clock, first_guess_s=IMAGE_STEP)
+    cpu = torch.device("cpu")
+    log: list[tuple[str, float]] = []
+    images: list[tuple[threading.Thread, list[BaseException]]] = []
+
+    def image() -> None:
+        with scheduler.turn("sdxl", 2, step=False) as turn:
+            log.append(("sdxl", clock()))
+            turn.boundary(1)
+
+    turn = device_turn("run", cpu, "wan", 6, video=True, starve=8.0, cancel=None, on_wait=None)
+    with scheduler_for(cpu, scheduler), turn as boundary:
+        assert boundary is not None
+        for step in range(6):
+            log.append(("wan", clock()))
+            clock.advance(VIDEO_STEP)
+            if step == 1:
+                images.append(started(image))
+                until(lambda: scheduler.waiting == 1)
+            boundary(6 - step - 1)
+            if step == 1:
+                # Four pieces of the video are left, each timed: all of them are ahead of the image.
+                assert scheduler.ahead_s("sdxl", 2 * IMAGE_STEP) == pytest.approx(4 * VIDEO_STEP)
+    ((thread, errors),) = images
+    thread.join(WAIT_S)
+    assert not errors
+    assert [pool for pool, _ in log] == ["wan"] * 6 + ["sdxl"]
     assert scheduler.piece_s("wan") == pytest.approx(VIDEO_STEP)
