@@ -13,13 +13,13 @@ refuses the file naming it (engine.formats.adapters).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
 
 __all__ = ["Converted", "convert_traced", "named"]
 
@@ -57,13 +57,14 @@ class _Provenance(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.read: set[str] = set()
-        self.seen: list[torch.Tensor] = []  # every tensor given names, so that they can be taken off after
+        # Every tensor given names, so that they can be taken off after; weakly, so that the converter's
+        # intermediates are freed when it drops them, as without the mode.
+        self.seen: list[weakref.ref[torch.Tensor]] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        sources: frozenset[str] = frozenset().union(
-            *(getattr(t, _SOURCES, frozenset()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
-        )
+        found = [getattr(t, _SOURCES, None) for t in _tensors((*args, *kwargs.values()))]
+        sources: frozenset[str] = frozenset().union(*(f for f in found if f))
         out = func(*args, **kwargs)
         if not sources:
             return out
@@ -71,16 +72,27 @@ class _Provenance(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         written = [args[0]] if args and (name == "__setitem__" or name.endswith("_")) else []
         written += [kwargs["out"]] if isinstance(kwargs.get("out"), torch.Tensor) else []
-        for tensor in [*tree_leaves(out), *written]:
-            if isinstance(tensor, torch.Tensor):
-                self._mark(tensor, sources)
+        for tensor in [*_tensors((out,)), *written]:
+            self._mark(tensor, sources)
         return out
 
     def _mark(self, tensor: torch.Tensor, sources: frozenset[str]) -> None:
         had = getattr(tensor, _SOURCES, None)
         if had is None:
-            self.seen.append(tensor)
+            self.seen.append(weakref.ref(tensor))
         setattr(tensor, _SOURCES, sources if had is None else had | sources)
+
+
+def _tensors(values: tuple) -> list[torch.Tensor]:
+    """The tensors among `values`, and in the lists and tuples among them (`torch.cat`'s input, `chunk`'s output):
+    cheaper than a pytree walk on every one of a conversion's operations."""
+    found: list[torch.Tensor] = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, list | tuple):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
 
 
 def convert_traced(
@@ -91,7 +103,7 @@ def convert_traced(
     mode = _Provenance()
     for name, tensor in tensors.items():
         setattr(tensor, _SOURCES, frozenset((name,)))
-        mode.seen.append(tensor)
+        mode.seen.append(weakref.ref(tensor))
     try:
         with mode:
             state_dict, network_alphas = convert(dict(tensors))
@@ -101,8 +113,8 @@ def convert_traced(
             if isinstance(value, torch.Tensor)
         }
     finally:
-        for tensor in mode.seen:
-            if hasattr(tensor, _SOURCES):
+        for ref in mode.seen:
+            if (tensor := ref()) is not None and hasattr(tensor, _SOURCES):
                 delattr(tensor, _SOURCES)
     landed = {name for names in origins.values() for name in names}
     dropped = tuple(
@@ -112,7 +124,7 @@ def convert_traced(
 
 
 def named(names: Sequence[str], shown: int = 4) -> str:
-    """A few names and the count of the rest: `a, b, c, d and 12 more`."""
-    found = sorted(names)
+    """A few names (the first `shown`, in the order given) and the count of the rest: `a, b, c, d and 12 more`."""
+    found = list(names)
     more = f" and {len(found) - shown} more" if len(found) > shown else ""
     return ", ".join(found[:shown]) + more

@@ -49,7 +49,7 @@ def plain_layers(
         # The tensors its error names first (diffusers' "should be empty but has …" lists what it did not read).
         raise unplaced(label, _mentioned(plain, str(e)) or plain, f" (its converter: {e})") from e
     if converted.dropped:
-        raise _dropped(label, converted.dropped, len(plain))
+        raise _dropped(label, _outliers_first(converted.dropped, plain), len(plain))
     state_dict = converted.state_dict
     layers: list[LayerUpdate] = []
     for component in table.components:
@@ -61,6 +61,19 @@ def plain_layers(
     if leftovers:
         raise unplaced(label, converted.origin(leftovers) or leftovers)
     return layers
+
+
+def _outliers_first(dropped: Sequence[str], names: Iterable[str]) -> list[str]:
+    """The dropped names, those of the file's rarest naming first (`text_encoders.` among `diffusion_model.`: a
+    pair of another naming can switch a converter away from the rest of the file, which it then drops too)."""
+    counts = Counter(_naming(name) for name in names)
+    return sorted(dropped, key=lambda name: (counts[_naming(name)], name))
+
+
+def _naming(name: str) -> str:
+    """A name's first part: its top-level module (`diffusion_model`, `transformer`) or kohya's `lora_unet_`."""
+    kohya = re.match(r"lora_[a-z0-9]+_", name)
+    return kohya.group() if kohya else name.partition(".")[0]
 
 
 def _dropped(label: str, dropped: Sequence[str], total: int) -> IncompatibleLoraError:
@@ -85,7 +98,7 @@ def _mentioned(names: Iterable[str], text: str) -> list[str]:
 def unplaced(label: str, names: Iterable[str], why: str = "") -> IncompatibleLoraError:
     """The refusal of a file's tensors that land on no module of the served pipeline: named, with what is read."""
     return IncompatibleLoraError(
-        f"{label} has tensors that match no module of the served pipeline: {named(list(names), 5)}{why}; "
+        f"{label} has tensors that match no module of the served pipeline: {named(sorted(names), 5)}{why}; "
         f"accepted: {ACCEPTED}, over the served pipeline's modules"
     )
 
@@ -120,15 +133,14 @@ def _factors(
         index = table.lookup(component, module)
         if index is None:
             own = _of(converted, down, up)
-            raise IncompatibleLoraError(f"{label} targets {component}.{module}{own}, which the served pipeline lacks")
+            raise IncompatibleLoraError(f"{label} targets {component}.{module}, which the served pipeline lacks{own}")
         shape = table.shapes[index]
         rank = down.shape[0]
         fits = up.shape[:2] == (shape[0], rank) and down.shape[1:] == shape[1:] and all(s == 1 for s in up.shape[2:])
         if not fits:
             raise IncompatibleLoraError(
-                f"{label}: factors {tuple(up.shape)} x {tuple(down.shape)}{_of(converted, down, up)} "
-                f"do not fit "
-                f"{component}.{module} of shape {tuple(shape)}"
+                f"{label}: factors {tuple(up.shape)} x {tuple(down.shape)} do not fit "
+                f"{component}.{module} of shape {tuple(shape)}{_of(converted, down, up)}"
             )
         if config:
             alpha = float(pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", rank)))  # type: ignore[arg-type]
@@ -168,7 +180,7 @@ def target(table: TargetTable, candidates: Iterable[tuple[str, str]], label: str
         tried.append(f"{component}.{module}")
     what = ", ".join(tried) or stem or "?"
     own = f" (the file's {stem})" if stem and tried and stem not in tried else ""
-    raise IncompatibleLoraError(f"{label} targets {what}{own}, which the served pipeline lacks")
+    raise IncompatibleLoraError(f"{label} targets {what}, which the served pipeline lacks{own}")
 
 
 def pattern_value(patterns: Mapping | None, module: str, default: object) -> object:

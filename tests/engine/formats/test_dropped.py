@@ -37,6 +37,11 @@ def _sdxl(pipe: Any, folder: Path) -> None:
     (folder / "sdxl_peft.safetensors").write_bytes(peft_file(pipe, seed=2))
 
 
+def _wan(pipe: Any, folder: Path) -> None:
+    # Wan's namings (its full differences are placed by their own tests: tests/engine/formats/test_full_differences.py).
+    wan.write_wan_loras(pipe, folder, wan.CASES)
+
+
 def _flux(pipe: Any, folder: Path) -> None:
     flux.write_flux_loras(pipe, folder, cases=(*flux.CASES, *flux.BFL_CASES))
 
@@ -55,10 +60,10 @@ WRITERS: dict[Family, Callable[[Any, Path], Any]] = {
     Family.QWEN_IMAGE: qwen_image.write_qwen_loras,
     Family.QWEN_IMAGE_EDIT: qwen_image.write_qwen_loras,
     Family.QWEN_IMAGE_EDIT_PLUS: qwen_image.write_qwen_loras,
-    Family.WAN: wan.write_wan_loras,
-    Family.WAN_I2V: wan.write_wan_loras,
-    Family.WAN22: wan.write_wan_loras,
-    Family.WAN22_I2V: wan.write_wan_loras,
+    Family.WAN: _wan,
+    Family.WAN_I2V: _wan,
+    Family.WAN22: _wan,
+    Family.WAN22_I2V: _wan,
     Family.LTX2: ltx2.write_ltx2_loras,
 }
 
