@@ -114,8 +114,8 @@ def convert_traced(
         }
     finally:
         for ref in mode.seen:
-            if (tensor := ref()) is not None and hasattr(tensor, _SOURCES):
-                delattr(tensor, _SOURCES)
+            if (alive := ref()) is not None and hasattr(alive, _SOURCES):
+                delattr(alive, _SOURCES)
     landed = {name for names in origins.values() for name in names}
     dropped = tuple(
         sorted(name for name in tensors if name not in landed and not (name.endswith(_ALPHA) and name in mode.read))
