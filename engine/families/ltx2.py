@@ -16,7 +16,7 @@ call never refuses a frame count (10 quietly gives 9): `engine.video_checks` ref
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from diffusers import LTX2ImageToVideoPipeline, LTX2InContextPipeline, LTX2Pipeline
@@ -41,7 +41,7 @@ from engine.families.spec import (
 from engine.families.tiny_ltx2 import TINY_FRAMES, build_tiny_pipeline
 from engine.requests import CheckedRequest, RequestMode
 from engine.video_input import InputVideo
-from families.ltx2 import IDENTITY, MODEL_ID_2_3
+from families.ltx2 import IDENTITY, MODEL_ID, MODEL_ID_2_3
 
 __all__ = ["FAMILY", "audio_rate", "convert_lora"]
 
@@ -56,6 +56,23 @@ _FRAMES, _FPS, _MOST_FRAMES, _MOST_SECONDS = 121, 24, 481, 20.0
 _HIDDEN_INPUT = re.compile(r"^(transformer\.|diffusion_model\.)?transformer_blocks\.\d+\.attn1\.to_[qkv]\.")
 _TEXT_INPUT = re.compile(r"(video|audio)_connector\.transformer_blocks\.\d+\.attn1\.to_[qkv]\.")
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".lora_a.default.weight")
+# The layers of one version only, in diffusers' names and the original trainer's (see `checkpoint`).
+_VERSION_LAYERS = (
+    (
+        MODEL_ID,
+        re.compile(
+            r"^(transformer\.|diffusion_model\.)?(audio_)?caption_projection\."
+            r"|^(connectors|text_embedding_projection)\.(text_proj_in|aggregate_embed)\."
+        ),
+    ),
+    (
+        MODEL_ID_2_3,
+        re.compile(
+            r"^(transformer\.|diffusion_model\.)?(audio_)?prompt_adaln(_single)?\."
+            r"|^(connectors|text_embedding_projection)\.(video|audio)_(text_proj_in|aggregate_embed)\."
+        ),
+    ),
+)
 # diffusers' converter reports what it cannot read with these (and ValueError, which passes as it is).
 _CONVERTER_ERRORS = (AssertionError, RuntimeError, KeyError, TypeError, AttributeError, IndexError)
 
@@ -63,6 +80,16 @@ _CONVERTER_ERRORS = (AssertionError, RuntimeError, KeyError, TypeError, Attribut
 def lora_widths(shapes: Shapes) -> Widths:
     """The video stream's width its self-attention factors take, and the text's its connectors' take."""
     return Widths(hidden_widths(shapes, _DOWN, _HIDDEN_INPUT), hidden_widths(shapes, _DOWN, _TEXT_INPUT))
+
+
+def checkpoint(names: Iterable[str]) -> str | None:
+    """The version a LoRA's tensor names show, by the layers only one has (diffusers 0.42.1,
+    models/transformers/transformer_ltx2.py: `caption_projection` and `audio_caption_projection` are LTX-2.0's, whose
+    2.3 projects the prompt in the connectors, `video_text_proj_in`/`audio_text_proj_in`, where 2.0 has one
+    `text_proj_in`: pipelines/ltx2/connectors.py; `prompt_adaln` and `audio_prompt_adaln` are LTX-2.3's prompt
+    modulation). None: its layers are ones both have (the attentions and feed-forwards: same names and widths)."""
+    found = {version for name in names for version, layers in _VERSION_LAYERS if layers.search(name.lower())}
+    return found.pop() if len(found) == 1 else None
 
 
 def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
@@ -170,7 +197,7 @@ FAMILY = FamilySpec(
     call_arguments=call_arguments,
     size_buckets=SIZE_BUCKETS,
     convert_lora=convert_lora,
-    signature=LoraSignature(lora_widths, pipeline_widths),
+    signature=LoraSignature(lora_widths, pipeline_widths, checkpoint=checkpoint),
     # No linear projection of LTX-2's 128 latent channels is published: no live preview.
     preview=PreviewSpec(None, None),
     build_tiny=build_tiny_pipeline,

@@ -129,7 +129,20 @@ def _by_tensors(shapes: Shapes, unknown_bases: tuple[str, ...]) -> LoraOrigin:
     shown = [widths[f] for f in families or (m.family for m in matches if m.fits)]
     denoiser = frozenset().union(*(w.denoiser for w in shown))
     text = frozenset().union(*(w.text for w in shown))
-    return LoraOrigin((), families, "shapes", denoiser, text, unknown_bases=unknown_bases)
+    return LoraOrigin(
+        _checkpoint_shown(shapes, families), families, "shapes", denoiser, text, unknown_bases=unknown_bases
+    )
+
+
+def _checkpoint_shown(shapes: Shapes, families: tuple[Family, ...]) -> tuple[str, ...]:
+    """The checkpoint of its one family a LoRA's names show (`LoraSignature.checkpoint`: a layer only LTX-2.3 has),
+    as a card's base would name it: routing picks that checkpoint's pool, and a sibling's pool runs it with a note."""
+    specs = [s for s in served_specs() if s.family in families and s.signature.checkpoint is not None]
+    if len(families) != 1 or not specs:
+        return ()
+    judge = specs[0].signature.checkpoint
+    base = judge(shapes) if judge is not None else None
+    return (base,) if base else ()
 
 
 def _fallen_back(label: str, origin: LoraOrigin, served: Family, served_base: str) -> str | None:

@@ -79,12 +79,15 @@ class LoraSignature:
     `rules_out(shapes)`: the factors' shapes are ones no layer of the family has at any width (FLUX.1's and
     FLUX.2's MLP ratios differ); None: shapes rule nothing out. `widths`: the denoiser widths every model of the
     family has, where they tell it from a family of the same names (FLUX.2 [dev]'s 6144); empty: not declared.
+    `checkpoint(names)`: the base (a `MODELS` id) a LoRA's tensor names show it was made for, by a layer only that
+    checkpoint of the family has (LTX-2.3's prompt modulation); None: its names fit every checkpoint alike.
     """
 
     lora_widths: Callable[[Shapes], Widths]
     pipeline_widths: Callable[[Module, Mapping[str, Module]], Widths]
     rules_out: Callable[[Shapes], bool] | None = None
     widths: frozenset[int] = frozenset()
+    checkpoint: Callable[[Iterable[str]], str | None] | None = None
 
     def fits_widths(self, widths: Widths) -> bool | None:
         """Whether the LoRA's denoiser widths are the declared ones (None: none declared, or none shown)."""

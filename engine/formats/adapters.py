@@ -15,15 +15,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
-import re
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from peft.utils.other import get_pattern_key
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
@@ -33,10 +29,11 @@ from engine.formats.bounds import Reach, reach
 from engine.formats.deltas import keep_deltas
 from engine.formats.differences import DIFFERENCE, difference_layers, split_differences
 from engine.formats.dora import dora_update
-from engine.formats.layers import LayerDelta, LayerFactors, LayerUpdate
+from engine.formats.layers import LayerFactors, LayerUpdate
 from engine.formats.lycoris import lycoris_layer
-from engine.formats.naming import SplitTensors, component_state_dict, is_kohya, peft_stem, split_tensors
+from engine.formats.naming import SplitTensors, is_kohya, peft_stem, split_tensors
 from engine.formats.pivotal import TokenEmbeddings
+from engine.formats.plain import ACCEPTED, pattern_value, plain_layers, target, unplaced
 from engine.formats.split import family_modules, split_layers
 from engine.formats.targets import TargetTable
 from engine.hostmem import pinned_nbytes
@@ -48,10 +45,6 @@ __all__ = ["AdapterKey", "LayerFactors", "LayerUpdate", "PreparedAdapter", "dete
 logger = logging.getLogger(__name__)
 
 _ADAPTER_METADATA_KEY = "lora_adapter_metadata"
-_ACCEPTED = (
-    "plain LoRA, LoCon, LoHa, LoKr (with or without Tucker cores) or DoRA, in kohya, PEFT or diffusers naming "
-    "(full differences on Wan)"
-)
 _DOWN_SUFFIXES = (".lora_down.weight", ".lora_A.weight", ".lora.down.weight", "_lora.down.weight", ".down.weight")
 _RANK_SUFFIXES = (*_DOWN_SUFFIXES, ".hada_w1_b", ".hada_w2_b", ".lokr_w1_b", ".lokr_w2_b")
 
@@ -178,7 +171,7 @@ def prepare(
         found = variant_tensors(checked, variant)
         named = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise UnsupportedLoraVariantError(
-            f"{label} uses {variant}, which the fused swap cannot apply; accepted: {_ACCEPTED}; its {variant}: {named}"
+            f"{label} uses {variant}, which the fused swap cannot apply; accepted: {ACCEPTED}; its {variant}: {named}"
         )
     rank = max_rank_of(shapes)
     if rank > max_rank:
@@ -197,7 +190,7 @@ def prepare(
     magnitudes = _magnitudes(split, table, label)
     layers: list[LayerUpdate] = []
     if split.plain:
-        layers.extend(_plain_layers(split.plain, table, config, label))
+        layers.extend(plain_layers(split.plain, table, config, label))
     layers.extend(_lycoris_layers(split, table, config, label))
     layers = [_with_magnitude(layer, magnitudes, table, label) for layer in layers]
     layers.extend(difference_layers(differences, table, label))  # a magnitude never rescales a full difference
@@ -205,7 +198,7 @@ def prepare(
         names = ", ".join(table.names[i] for i in sorted(magnitudes)[:5])
         raise IncompatibleLoraError(f"{label} has DoRA magnitudes without LoRA factors for {names}")
     if not layers:  # no key of the file lands on the pool's modules, whichever converter read it
-        raise _unplaced(label, tensors)
+        raise unplaced(label, tensors)
     components = tuple(c for c in table.components if any(table.names[x.target].startswith(f"{c}.") for x in layers))
     layers = keep_deltas(layers, table.shapes, delta_budget)
     reaches = tuple(reach(layer) for layer in layers)
@@ -239,92 +232,6 @@ def _adapter_config(metadata: Mapping[str, str], label: str) -> dict[str, dict]:
     return per
 
 
-def _plain_layers(
-    plain: Mapping[str, torch.Tensor], table: TargetTable, config: Mapping, label: str
-) -> list[LayerUpdate]:
-    try:
-        state_dict, network_alphas = table.convert(dict(plain))
-    except IncompatibleLoraError as e:  # the converter found factors the served pipeline's shapes do not fit
-        raise IncompatibleLoraError(f"{label}: {e}") from e
-    except (ValueError, KeyError, IndexError) as e:
-        raise _unplaced(label, plain, f" (its converter: {e})") from e
-    layers: list[LayerUpdate] = []
-    for component in table.components:
-        part = component_state_dict(state_dict, component, denoiser=component == table.denoiser)
-        if part:
-            alphas = _component_alphas(network_alphas, component)
-            layers.extend(_factors(part, component, table, alphas, config.get(component), label))
-    leftovers = [k for k in state_dict if not k.startswith(tuple(f"{c}." for c in table.components))]
-    if leftovers:
-        raise _unplaced(label, leftovers)
-    return layers
-
-
-def _unplaced(label: str, names: Iterable[str], why: str = "") -> IncompatibleLoraError:
-    """The refusal of a file's tensors that land on no module of the served pipeline: named, with what is read."""
-    found = sorted(names)
-    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-    return IncompatibleLoraError(
-        f"{label} has tensors that match no module of the served pipeline: {', '.join(found[:5])}{more}{why}; "
-        f"accepted: {_ACCEPTED}, over the served pipeline's modules"
-    )
-
-
-def _component_alphas(network_alphas: Mapping[str, float] | None, component: str) -> dict[str, float]:
-    prefix = f"{component}."
-    alphas = {}
-    for name, value in (network_alphas or {}).items():
-        if name.startswith(prefix):
-            module = name.removeprefix(prefix).removesuffix(".alpha")
-            alphas[re.sub(r"\.lora(_linear_layer|_A|_B)?(\..*)?$", "", module)] = float(value)
-    return alphas
-
-
-def _factors(
-    part: Mapping[str, torch.Tensor],
-    component: str,
-    table: TargetTable,
-    alphas: Mapping[str, float],
-    config: Mapping | None,
-    label: str,
-) -> list[LayerUpdate]:
-    modules = sorted({k.split(".lora_")[0] for k in part})
-    common_alpha = Counter(alphas.values()).most_common(1)[0][0] if alphas else None
-    out: list[LayerUpdate] = []
-    for module in modules:
-        down, up = part.get(f"{module}.lora_A.weight"), part.get(f"{module}.lora_B.weight")
-        if down is None or up is None:
-            raise IncompatibleLoraError(f"{label} has an unpaired factor for {component}.{module}")
-        index = _target(table, [(component, module)], label)
-        shape = table.shapes[index]
-        rank = down.shape[0]
-        fits = up.shape[:2] == (shape[0], rank) and down.shape[1:] == shape[1:] and all(s == 1 for s in up.shape[2:])
-        if not fits:
-            raise IncompatibleLoraError(
-                f"{label}: factors {tuple(up.shape)} x {tuple(down.shape)} do not fit "
-                f"{component}.{module} of shape {tuple(shape)}"
-            )
-        if config:
-            alpha = float(_pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", rank)))  # type: ignore[arg-type]
-            denominator = math.sqrt(rank) if config.get("use_rslora") else rank
-        else:
-            alpha = alphas.get(module, common_alpha if common_alpha is not None else rank)
-            denominator = rank
-        out.append(LayerFactors(index, down.reshape(rank, -1), up.reshape(up.shape[0], rank), alpha / denominator))
-        if (bias := part.get(f"{module}.lora_B.bias")) is not None:
-            # PEFT's `lora_bias`: its merge adds `lora_B.bias · scaling` to the Linear's bias, as this delta does.
-            target = _bias_target(table, component, module, bias, label)
-            out.append(LayerDelta(target, bias.reshape(-1, 1), alpha / denominator))
-    return out
-
-
-def _bias_target(table: TargetTable, component: str, module: str, bias: torch.Tensor, label: str) -> int:
-    index = table.parameter(f"{component}.{module}.bias")
-    if index is None or table.shapes[index] != tuple(bias.shape):
-        raise IncompatibleLoraError(f"{label}: a bias delta {tuple(bias.shape)} fits no bias of {component}.{module}")
-    return index
-
-
 def _lycoris_layers(split: SplitTensors, table: TargetTable, config: Mapping, label: str) -> list[LayerUpdate]:
     named = family_modules(sorted(split.lycoris), table)
     kohya = table.kohya_modules([s for s in split.lycoris if is_kohya(s) and s not in named], label)
@@ -334,7 +241,7 @@ def _lycoris_layers(split: SplitTensors, table: TargetTable, config: Mapping, la
             layers.extend(split_layers(named[stem], params, table, where=f"{label}: {stem}"))
             continue
         candidates = [kohya[stem]] if stem in kohya else peft_stem(stem, table.components)
-        index = _target(table, candidates, label, stem)
+        index = target(table, candidates, label, stem)
         component = table.names[index].partition(".")[0]
         where = f"{label}: {table.names[index]}"
         alpha: float | None = float(params["alpha"].item()) if "alpha" in params else None
@@ -344,8 +251,8 @@ def _lycoris_layers(split: SplitTensors, table: TargetTable, config: Mapping, la
         if peft and settings:
             # PEFT's LoHaConfig/LoKrConfig, as diffusers-style metadata carries a LoraConfig: r, alpha and patterns.
             module = table.names[index].partition(".")[2]
-            rank = _optional_float(_pattern_value(settings.get("rank_pattern"), module, settings.get("r")))
-            alpha = _optional_float(_pattern_value(settings.get("alpha_pattern"), module, settings.get("alpha", alpha)))
+            rank = _optional_float(pattern_value(settings.get("rank_pattern"), module, settings.get("r")))
+            alpha = _optional_float(pattern_value(settings.get("alpha_pattern"), module, settings.get("alpha", alpha)))
         shape = tuple(table.shapes[index])
         layers.append(lycoris_layer(index, params, shape, alpha=alpha, rank=rank, peft=peft, where=where))
     return layers
@@ -359,9 +266,9 @@ def _magnitudes(split: SplitTensors, table: TargetTable, label: str) -> dict[int
     for stem, tensor in split.kohya_magnitudes.items():
         # `dora_scale` (LyCORIS) may lie on either axis; its shape tells which.
         candidates = [kohya[stem]] if stem in kohya else peft_stem(stem, components)
-        found[_target(table, candidates, label, stem)] = (tensor, False)
+        found[target(table, candidates, label, stem)] = (tensor, False)
     for stem, tensor in split.peft_magnitudes.items():
-        found[_target(table, peft_stem(stem, components), label, stem)] = (tensor, True)
+        found[target(table, peft_stem(stem, components), label, stem)] = (tensor, True)
     return found
 
 
@@ -371,24 +278,6 @@ def _with_magnitude(layer: LayerUpdate, magnitudes: dict[int, tuple], table: Tar
     magnitude, peft = magnitudes.pop(layer.target)
     shape = tuple(table.shapes[layer.target])
     return dora_update(layer, magnitude, shape, peft=peft, where=f"{label}: {table.names[layer.target]}")
-
-
-def _target(table: TargetTable, candidates: Iterable[tuple[str, str]], label: str, stem: str | None = None) -> int:
-    tried = []
-    for component, module in candidates:
-        index = table.lookup(component, module)
-        if index is not None:
-            return index
-        tried.append(f"{component}.{module}")
-    what = ", ".join(tried) or stem or "?"
-    raise IncompatibleLoraError(f"{label} targets {what}, which the served pipeline lacks")
-
-
-def _pattern_value(patterns: Mapping | None, module: str, default: object) -> object:
-    if not patterns:
-        return default
-    key = get_pattern_key(list(patterns), module)
-    return patterns.get(key, default)
 
 
 def _optional_float(value: object) -> float | None:
