@@ -7,7 +7,8 @@ makes, the names of the file's tensors its values came from (a product, a slice,
 fused layer); nothing is copied for it and the converter runs as it would. Then each converted tensor names the
 file's tensors it was made of (so that an error names the file's keys, not a converter's spelling of them), and
 each of the file's tensors is accounted for: it reached a converted tensor, or it is an `.alpha` that the converter
-read (folded into the factors' scale, or into the network alphas it returns). Any other is dropped; the caller
+read (folded into the factors' scale, or into the network alphas it returns), or it is all zeros (it would change
+nothing). Any other is dropped; the caller
 refuses the file naming it (engine.formats.adapters).
 """
 
@@ -117,8 +118,16 @@ def convert_traced(
             if (alive := ref()) is not None and hasattr(alive, _SOURCES):
                 delattr(alive, _SOURCES)
     landed = {name for names in origins.values() for name in names}
+    # A tensor of zeros changes nothing wherever it would land: diffusers' FLUX.1 converter purges such T5,
+    # `diff_b` and position-embedding parts ("ineffective"), and trainers save them so; the file runs whole.
     dropped = tuple(
-        sorted(name for name in tensors if name not in landed and not (name.endswith(_ALPHA) and name in mode.read))
+        sorted(
+            name
+            for name in tensors
+            if name not in landed
+            and not (name.endswith(_ALPHA) and name in mode.read)
+            and bool(torch.count_nonzero(tensors[name]))
+        )
     )
     return Converted(state_dict, network_alphas, origins, dropped)
 

@@ -162,3 +162,25 @@ def test_the_refusal_counts_what_is_dropped_and_says_what_is_accepted(tmp_path):
     assert f"{len(added)} of its {len(tensors) + len(added)} tensors" in message, message
     assert all(name in message for name in added), message
     assert "accepted: plain LoRA" in message, message
+
+
+def test_a_dropped_part_of_zeros_is_no_loss(tmp_path):
+    """A part the converter drops that is all zeros (diffusers' FLUX.1 converter purges such T5 pairs as
+    "ineffective"; trainers save them so) changes nothing: the file loads, as the file without it does."""
+    spec = next(s for s in SPECS if s.family is Family.FLUX)
+    pipe = spec.build_tiny(0)
+    table = TargetTable(
+        {c: getattr(pipe, c) for c in spec.components}, convert_lora=spec.convert_lora, denoiser="transformer"
+    )
+    flux.write_flux_loras(pipe, tmp_path, cases=[c for c in flux.CASES if c.name == "comfy"])
+    path = tmp_path / "flux_comfy.safetensors"
+    tensors = load_file(str(path))
+    alone = load(path, table)
+    zeros = {name: value.zero_() for name, value in _t5_pair(tensors).items()}
+    with_zeros = tmp_path / "with_zeros.safetensors"
+    save_file({**tensors, **zeros}, str(with_zeros))
+    loaded = load(with_zeros, table)
+    assert len(loaded.layers) == len(alone.layers)
+    for mine, theirs in zip(loaded.layers, alone.layers, strict=True):
+        assert mine.target == theirs.target and mine.scaling == theirs.scaling
+        assert all(a.equal(b) for a, b in zip(mine.tensors, theirs.tensors, strict=True))
