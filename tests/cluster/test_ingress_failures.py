@@ -8,11 +8,12 @@ front end whose cancelled request closes its connection so the replica's request
 
 from __future__ import annotations
 
-import time
+import functools
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from cachetools import TTLCache
 from PIL import Image
 from starlette.testclient import TestClient
 
@@ -34,6 +35,7 @@ from tests.support.app_server import serve_asgi
 from tests.support.loras import SD15, SDXL
 from tests.support.reliability_app import hold_pipeline
 from tests.support.serve_handles import Method, ReplicaHandle, client, front_end, replica_of, stand_in_ray
+from tests.support.waits import wait_until
 
 WAIT_S = 60
 SETTINGS = Settings()
@@ -167,7 +169,9 @@ def test_the_lora_header_is_read_as_utf8():
 
 def test_a_loras_origin_is_asked_again_after_its_ttl(monkeypatch):
     # Two pools, so the front end asks the default pool's replica what a LoRA's base is.
-    monkeypatch.setattr(ray_serve_module, "_ORIGIN_TTL_S", 0.2)
+    # The origins' TTL cache reads this test's clock (cachetools' `timer`), so the TTL passes when the test says.
+    now = [0.0]
+    monkeypatch.setattr(ray_serve_module, "TTLCache", functools.partial(TTLCache, timer=lambda: now[0]))
     sdxl, sd15 = Handle(SDXL), Handle(SD15, Family.SD15)
 
     async def origin(spec: object) -> LoraOrigin:
@@ -180,7 +184,7 @@ def test_a_loras_origin_is_asked_again_after_its_ttl(monkeypatch):
         answer = made.post("/", json={"inputs": "a fox"}, headers={"lora": "o/a"})
         assert answer.status_code == 200 and answer.headers["x-replica"] == SD15
     assert len(sdxl.origin.calls) == 1
-    time.sleep(0.3)
+    now[0] += ray_serve_module._ORIGIN_TTL_S + 1
     assert made.post("/", json={"inputs": "a fox"}, headers={"lora": "o/a"}).status_code == 200
     assert len(sdxl.origin.calls) == 2
 
@@ -205,17 +209,10 @@ def test_a_cancelled_front_end_request_leaves_the_replicas_queue(cluster, loaded
         assert held.running.wait(WAIT_S)
         remote = RemoteBackend(url, timeout_s=WAIT_S)
         waiting = submit_blocking(remote.generate(GenerateRequest(prompt="a fox", steps=1, seed=2)))
-        deadline = time.monotonic() + WAIT_S
-        while engine.waiting < 1:
-            assert time.monotonic() < deadline, "the request never reached the replica's queue"
-            time.sleep(0.05)
+        wait_until(lambda: engine.waiting >= 1, "the request in the replica's queue", WAIT_S)
         waiting.cancel()
-        while engine.waiting > 0:
-            assert time.monotonic() < deadline, "the replica kept the cancelled request queued"
-            time.sleep(0.05)
-        while server.server_state.connections:
-            assert time.monotonic() < deadline, "a connection stayed open after the cancel"
-            time.sleep(0.05)
+        wait_until(lambda: engine.waiting == 0, "the cancelled request to leave the replica's queue", WAIT_S)
+        wait_until(lambda: not server.server_state.connections, "the connection closed after the cancel", WAIT_S)
     finally:
         held.gate.set()
     holder.result(WAIT_S)

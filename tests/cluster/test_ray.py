@@ -40,6 +40,7 @@ from tests.support.app_server import free_port, serve_fixture_app, serve_routes
 from tests.support.checks import backend_of, generate
 from tests.support.clients import api_client
 from tests.support.images import assert_images_close
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -227,20 +228,21 @@ def test_a_replica_that_stops_answering_its_stats_is_routed_around(cluster, clus
     pid = ray.get(actor.is_allocated.remote())[0]  # Serve's replica actor: its process id first
     os.kill(pid, signal.SIGSTOP)  # it answers nothing now: neither Serve's stats calls nor requests
     try:
+        # Staleness is a time on the front end's clock in another process (no clock to inject there): the victim,
+        # stopped, sends nothing, so its last report is old by at least this much once it has passed. Polling by
+        # requests instead would hang one on the stopped victim whenever it still looked fresh.
         time.sleep(router_kwargs(cluster_settings)["stale_after_s"] + 2 * cluster_settings.cluster_stats_period_s)
         # The victim holds the set (it would win when fresh): the request goes to the other replica instead.
         rerouted = post(cluster, body(seed=51), lora=lora)
         assert rerouted.status_code == 200 and rerouted.headers["x-replica"] != victim
     finally:
         os.kill(pid, signal.SIGCONT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # back once its report is fresh again: two at once use both replicas
+
+    def both_used() -> bool:  # back once its report is fresh again: two at once use both replicas
         pair = at_once(2, lambda i: post(cluster, body(seed=52 + i, steps=8), lora=lora))
-        if victim in {answer.headers["x-replica"] for answer in pair}:
-            break
-        time.sleep(1)
-    else:
-        pytest.fail("the replica that answers its stats again is not routed to again")
+        return victim in {answer.headers["x-replica"] for answer in pair}
+
+    wait_until(both_used, "the replica that answers its stats again routed to again", poll=1.0)
 
 
 def test_the_router_is_a_setting_and_both_policies_run_on_one_cluster(cluster, cluster_settings, fixtures):
@@ -361,9 +363,7 @@ def test_a_replica_killed_mid_run_is_replaced_and_no_request_is_lost(cluster, cl
         assert_same_answer(answers[i], expected, i)
     # The long request was answered by another replica: the front end sent it again after its replica died.
     assert answers[0].headers["x-replica"] != home
-    deadline = time.monotonic() + 300
-    while running_replicas(cluster_settings) < 2 and time.monotonic() < deadline:
-        time.sleep(1)
+    wait_until(lambda: running_replicas(cluster_settings) >= 2, "the killed replica replaced", 300, poll=1.0)
     assert running_replicas(cluster_settings) == 2
     replicas = replica_weights(cluster_settings, expected=2)
     assert home not in replicas

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import socket
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +29,7 @@ from lora_catalog import (
     PickleOnlyError,
 )
 from tests.support.standin_hub import StandInHub
+from tests.support.waits import wait_until
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 SD15 = "stable-diffusion-v1-5/stable-diffusion-v1-5"
@@ -293,13 +293,9 @@ def test_resolve_is_cached_per_repo_revision_and_file(clean_hub: StandInHub) -> 
     now[0] += 601.0  # a branch can move: past the TTL it is answered at once and looked up again in the background
     assert source.resolve(f"{NS}/watercolor-xl") is first
     assert source.stale_warning(f"{NS}/watercolor-xl") is not None
-    deadline = time.monotonic() + 30
-    while len(clean_hub.requests) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(clean_hub.requests) >= 2, "the background lookup")
     assert len(clean_hub.requests) == 2
-    while source.stale_warning(f"{NS}/watercolor-xl") is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert source.stale_warning(f"{NS}/watercolor-xl") is None
+    wait_until(lambda: source.stale_warning(f"{NS}/watercolor-xl") is None, "the entry fresh again")
     pinned = source.resolve(f"{NS}/watercolor-xl", revision=first.sha)
     now[0] += 10**7  # a commit never changes: cached for good
     assert source.resolve(f"{NS}/watercolor-xl", revision=first.sha) is pinned

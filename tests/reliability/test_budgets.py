@@ -21,6 +21,7 @@ from lora_catalog.hub import HubSource
 from serving.demo.synthetic import find_targets, make_lora
 from tests.support.checks import generate
 from tests.support.loras import WEIGHTS
+from tests.support.waits import wait_until
 
 
 def plain(*loras: str, **fields: object) -> GenerateRequest:
@@ -159,21 +160,16 @@ def test_after_the_ttl_with_the_hub_down_a_cached_lora_still_serves_with_a_warni
     served = generate(engine, plain(fixtures["peft"]))
     assert served.image.tobytes() == first.image.tobytes()
     assert any("served from Hub metadata" in w for w in served.warnings), served.warnings
+
     # The revalidation runs in the background, fails, and the next result says why.
-    deadline = time.monotonic() + 60
-    while True:
-        again = generate(engine, plain(fixtures["peft"]))
-        if any("could not be reached" in w for w in again.warnings) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert any("could not be reached" in w for w in again.warnings), again.warnings
+    def says_why() -> bool:
+        return any("could not be reached" in w for w in generate(engine, plain(fixtures["peft"])).warnings)
+
+    wait_until(says_why, "a result saying the Hub could not be reached", poll=0.2)
     clean_hub.set_fault(None)
     clock.now += 61  # past the retry delay: the next request revalidates, and then it is fresh again
     generate(engine, plain(fixtures["peft"]))
-    deadline = time.monotonic() + 60
-    while generate(engine, plain(fixtures["peft"])).warnings and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert generate(engine, plain(fixtures["peft"])).warnings == ()
+    wait_until(lambda: generate(engine, plain(fixtures["peft"])).warnings == (), "a result with no warning", poll=0.2)
 
 
 def test_revalidation_is_off_the_request_path(built, clean_hub, fixtures):

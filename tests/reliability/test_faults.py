@@ -31,6 +31,7 @@ from engine.requests import LoraSpec
 from lora_catalog.hub import HubSource
 from tests.support.checks import generate, prime, small, unchanged
 from tests.support.loras import WEIGHTS, card, peft_file
+from tests.support.waits import wait_until
 
 
 @pytest.fixture
@@ -279,9 +280,7 @@ def test_a_cancelled_generation_rolls_back_and_the_queue_moves_on(make_engine, f
     assert started.wait(timeout=60)
     for thread in threads[1:]:
         thread.start()
-    deadline = time.monotonic() + 60
-    while engine.waiting < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: engine.waiting >= 2, "the leaver and the stayer waiting")
     gone.set()
     threads[1].join(timeout=60)
     release.set()

@@ -10,7 +10,6 @@ stayed queued after their client left: counted against `MAX_QUEUE`, downloading,
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from tests.support.clients import api_client
 from tests.support.page_events import page_values, queued
 from tests.support.reliability_app import API_DEFAULTS, TIMEOUT, App, body, hold_pipeline, launch, post
+from tests.support.waits import wait_until
 
 WAIT_S = 60
 
@@ -42,15 +42,6 @@ def held(app, loaded, monkeypatch) -> Iterator[None]:
         holder.join(WAIT_S)
 
 
-def wait_until(probe, timeout: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 # (endpoint function, {input index: value}): a request that queues on the held pipeline.
 ENDPOINTS = {
     "generate_api": {0: "a fox"},
@@ -69,12 +60,12 @@ def test_a_client_that_leaves_while_queued_leaves_the_queue(app, held, name):
             if app.engine.waiting >= 1:
                 break
     # The stream is closed: the client went away while its request waited.
-    assert wait_until(lambda: app.engine.waiting == 0), f"{name}: the request stayed queued after its client left"
+    wait_until(lambda: app.engine.waiting == 0, f"{name}: its request to leave the queue with its client", WAIT_S)
 
 
 def test_a_gradio_client_cancel_while_queued_leaves_the_queue(app, held):
     client = api_client(app.url, verbose=False)
     job = client.submit(**API_DEFAULTS, api_name="/generate")
-    assert wait_until(lambda: app.engine.waiting == 1)
+    wait_until(lambda: app.engine.waiting == 1, "the job waiting", WAIT_S)
     job.cancel()
-    assert wait_until(lambda: app.engine.waiting == 0)
+    wait_until(lambda: app.engine.waiting == 0, "the cancelled job to leave the queue", WAIT_S)

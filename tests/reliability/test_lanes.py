@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-import time
 import uuid
 
 import anyio
@@ -25,6 +24,7 @@ from serving.ui.prefetches import SessionPrefetches
 from tests.support.checks import generate
 from tests.support.loras import card, peft_file
 from tests.support.reliability_app import hold_pipeline
+from tests.support.waits import until_async, wait_until
 
 WAIT_S = 120
 
@@ -47,13 +47,6 @@ def downloads_of(hub, repos: list[str]) -> set[str]:
     }
 
 
-def wait_for(probe, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def compare(*refs: str) -> CompareRequest:
     return CompareRequest(prompt="a fox", loras=tuple(LoraSpec(r) for r in refs), steps=1, width=64, height=64, seed=4)
 
@@ -69,7 +62,7 @@ def test_a_full_queue_refuses_a_comparison_before_it_downloads_anything(make_eng
     try:
         assert held.running.wait(WAIT_S)
         waiting = submit_blocking(backend.generate(GenerateRequest(prompt="a fox", steps=1, seed=2)))
-        wait_for(lambda: engine.waiting == 1)
+        wait_until(lambda: engine.waiting == 1, "one request waiting", WAIT_S)
         repos = fresh_repos(clean_hub, loaded.pipe, 2)
         with pytest.raises(EngineBusyError, match=r"limit 1"):
             submit_blocking(backend.compare(compare(*repos))).result(WAIT_S)
@@ -104,9 +97,9 @@ def test_a_cancelled_comparison_leaves_the_queue(make_engine, loaded, clean_hub,
         assert held.running.wait(WAIT_S)
         repos = fresh_repos(clean_hub, loaded.pipe, 2, delay_s=3.0)
         grid = submit_blocking(backend.compare(compare(*repos)))
-        wait_for(lambda: engine.waiting == 1)
+        wait_until(lambda: engine.waiting == 1, "one request waiting", WAIT_S)
         grid.cancel()
-        wait_for(lambda: engine.waiting == 0)
+        wait_until(lambda: engine.waiting == 0, "the queue empty", WAIT_S)
     finally:
         held.gate.set()
     running.result(WAIT_S)
@@ -124,10 +117,8 @@ def test_the_admitted_request_needs_none_of_anyios_shared_threads(make_engine):
         limit = int(anyio.to_thread.current_default_thread_limiter().total_tokens)
         holders = [asyncio.ensure_future(anyio.to_thread.run_sync(gate.wait)) for _ in range(limit)]
         limiter = anyio.to_thread.current_default_thread_limiter()
-        deadline = time.monotonic() + WAIT_S
-        while limiter.borrowed_tokens < limit:  # every shared thread taken before the request comes
-            assert time.monotonic() < deadline, "the holders never took anyio's threads"
-            await asyncio.sleep(0.01)
+        # Every shared thread taken before the request comes.
+        await until_async(lambda: limiter.borrowed_tokens >= limit, "the holders taking anyio's threads", WAIT_S)
         run = asyncio.ensure_future(backend.generate(GenerateRequest(prompt="a fox", steps=1, seed=3)))
         try:
             done, _ = await asyncio.wait({run}, timeout=60)
@@ -149,7 +140,7 @@ def test_a_request_never_waits_behind_prefetches(make_engine, loaded, clean_hub)
     backend = LocalBackend.of(engine)
     clicks = fresh_repos(clean_hub, loaded.pipe, 18, delay_s=2.0)
     prefetches = [submit_blocking(backend.prefetch(LoraSpec(repo))) for repo in clicks]
-    wait_for(lambda: downloads_of(clean_hub, clicks))  # the first one is loading
+    wait_until(lambda: downloads_of(clean_hub, clicks), "the first one loading", WAIT_S)
     (cold,) = fresh_repos(clean_hub, loaded.pipe, 1)
     result = generate(backend, GenerateRequest(prompt="a fox", steps=1, seed=3, loras=(LoraSpec(cold),)))
     assert result.adapters[0].cache == "miss"
@@ -157,7 +148,7 @@ def test_a_request_never_waits_behind_prefetches(make_engine, loaded, clean_hub)
     assert sum(f.done() for f in prefetches) <= 2
     for future in prefetches:
         future.cancel()
-    wait_for(lambda: all(f.done() for f in prefetches))
+    wait_until(lambda: all(f.done() for f in prefetches), "every prefetch done", WAIT_S)
 
 
 def test_dropped_prefetches_never_download(make_engine, loaded, clean_hub):
@@ -165,12 +156,12 @@ def test_dropped_prefetches_never_download(make_engine, loaded, clean_hub):
     backend = LocalBackend.of(engine)
     clicks = fresh_repos(clean_hub, loaded.pipe, 6, delay_s=2.0)
     prefetches = [submit_blocking(backend.prefetch(LoraSpec(repo))) for repo in clicks]
-    wait_for(lambda: downloads_of(clean_hub, clicks))
+    wait_until(lambda: downloads_of(clean_hub, clicks), "a download", WAIT_S)
     for future in prefetches[1:]:
         future.cancel()
     prefetches[0].result(WAIT_S)
     # The lane's thread ends once it has nothing left to take: any prefetch left would have started its download.
-    wait_for(lambda: engine._prefetches._worker is None)
+    wait_until(lambda: engine._prefetches._worker is None, "the prefetch worker gone", WAIT_S)
     assert downloads_of(clean_hub, clicks) == {clicks[0]}
     assert engine._prefetches.waiting == 0
 

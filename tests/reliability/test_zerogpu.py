@@ -30,6 +30,7 @@ from engine.requests import GenerateRequest, LoraSpec
 from serving.backends.local import LocalBackend
 from tests.support.app_server import serve_routes
 from tests.support.checks import generate
+from tests.support.waits import WAIT_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,6 +45,7 @@ class PicklingGpu:
     def __init__(self) -> None:
         self.sent: list[int] = []
         self.workers: list[threading.Thread] = []
+        self.stops: list[threading.Event] = []  # each generator call's: set once its caller closed it
 
     def __call__(self, task: Callable, duration: object = None) -> Callable:
         def call(*args: object) -> object:
@@ -60,6 +62,7 @@ class PicklingGpu:
             self.sent.append(len(payload))
             items: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
             stop = threading.Event()
+            self.stops.append(stop)
 
             def iterate() -> None:
                 gen = task(*pickle.loads(payload))
@@ -234,8 +237,9 @@ def test_preparing_on_zerogpu_pins_nothing_even_with_the_device_reported_as_cuda
 # -- cancels and errors cross the worker boundary (issue 20, defects 5 and 7) -----------------------------------
 
 
-def slow_steps(loaded, monkeypatch, seen: list[int]) -> None:
-    """Each denoising step takes 0.1 s longer and is counted in `seen` (where it ran: the worker)."""
+def slow_steps(loaded, monkeypatch, seen: list[int], pause: Callable[[int], None] = lambda step: None) -> None:
+    """Each denoising step takes 0.1 s longer (its work), is counted in `seen` (where it ran: the worker), and
+    first calls `pause(step)` (where a test holds the worker until a state)."""
     real_call = type(loaded.pipe).__call__
 
     def call(self, *args: object, **kwargs: object):
@@ -243,6 +247,7 @@ def slow_steps(loaded, monkeypatch, seen: list[int]) -> None:
 
         def counted(pipe, step, timestep, tensors):
             seen.append(step)
+            pause(step)
             time.sleep(0.1)
             return callback(pipe, step, timestep, tensors)
 
@@ -254,8 +259,15 @@ def slow_steps(loaded, monkeypatch, seen: list[int]) -> None:
 def test_a_cancel_reaches_the_zerogpu_worker_and_stops_its_run(zero, make_engine, loaded, fixtures, monkeypatch):
     engine, gpu, runner = zero
     seen: list[int] = []
-    slow_steps(loaded, monkeypatch, seen)
     cancel = threading.Event()
+
+    def after_the_cancel(step: int) -> None:
+        # The step after the one that cancelled waits until the caller has closed its stream: the worker's run
+        # must stop at its next step then, however slowly a loaded machine got the cancel there.
+        if step > 2:
+            assert gpu.stops[-1].wait(WAIT_S), "the caller never closed the worker's stream"
+
+    slow_steps(loaded, monkeypatch, seen, after_the_cancel)
 
     def cancel_at_step_two(step: int, total: int) -> None:
         if step >= 2:

@@ -10,7 +10,6 @@ and loses both once they are old (waited on, not slept).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from serving.ui.launch import serve
 from tests.support.app_server import free_port
 from tests.support.clients import api_client
 from tests.support.video import VideoBackend
+from tests.support.waits import wait_until
 
 VIDEO = ModelDefaults(steps=4, guidance=5.0, side=64, max_side=128, video=True, num_frames=9, fps=8, max_frames=17)
 AGE_S = 8
@@ -74,8 +74,5 @@ def test_results_and_uploads_leave_the_temp_folder_once_old(temp_dir, tmp_path):
     assert info["num_frames"] == 9 and Path(video["video"] if isinstance(video, dict) else video).is_file()
     made = sorted(path.name for path in set(files(folder)) - kept)
     assert made == ["start.png", "video.mp4"], made  # the upload and the result, once each (no empty strays)
-    deadline = time.monotonic() + GONE_WITHIN_S
-    while set(files(folder)) - kept and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert set(files(folder)) - kept == set(), "Gradio's files outlived TEMP_FILES_MAX_AGE_S"
+    wait_until(lambda: not set(files(folder)) - kept, "Gradio's files deleted once old", GONE_WITHIN_S, poll=0.2)
     client.close()

@@ -22,6 +22,8 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from tests.support.waits import wait_until
+
 __all__ = [
     "AppServer",
     "free_port",
@@ -124,10 +126,9 @@ def serve_asgi(app: object) -> Iterator[tuple[str, uvicorn.Server]]:
     thread.start()
     url = f"http://127.0.0.1:{port}/"
     try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError(f"uvicorn did not start on port {port}")
-            time.sleep(0.02)
+        wait_until(lambda: server.started or not thread.is_alive(), f"uvicorn to start on port {port}")
+        if not server.started:
+            raise RuntimeError(f"uvicorn did not start on port {port}")
         yield url, server
     finally:
         server.should_exit = True

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import waits
+
 __all__ = [
     "CHROMIUM",
     "SHOTS",
@@ -72,10 +74,7 @@ def tile(page, title: str):
 def wait_until(check: Callable[[], bool], what: str, timeout_ms: int = WAIT_MS) -> None:
     """Poll `check` (a state read off the page that no locator can wait on, such as a canvas's pixels) until it
     holds; fail naming `what`. Generous, as every wait here: a loaded CI machine renders slowly."""
-    deadline = time.monotonic() + timeout_ms / 1000
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout_ms} ms waiting for {what}"
-        time.sleep(0.1)  # between two reads of the state, not a wait for it
+    waits.wait_until(check, what, timeout_ms / 1000, poll=0.1)
 
 
 # Every text the elements under `selectors` take, in order, as the page sets them: a state Gradio shows only for a

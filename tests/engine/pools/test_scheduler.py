@@ -22,6 +22,7 @@ from engine.pools.scheduler import Scheduler, Ticket, TicketState
 from engine.prepare.loadgate import LoadGate
 from engine.requests import GenerateRequest
 from tests.support.stepshare import Clock, started
+from tests.support.waits import until_async, wait_until
 
 WAIT_S = 30.0
 
@@ -70,30 +71,22 @@ class Harness:
             gate.set()
         ticket = self.scheduler.submit(GenerateRequest(prompt=name, negative_prompt=adapter_set))
         if ready and self.mode == "affinity":
-            wait_for(lambda: ticket.state is not TicketState.PREPARING)
+            wait_until(lambda: ticket.state is not TicketState.PREPARING, f"{ticket} prepared", WAIT_S)
         return ticket
 
     def let_through(self, name: str, ticket: Ticket) -> None:
         self.gates[name].set()
-        wait_for(lambda: ticket.state is not TicketState.PREPARING)
+        wait_until(lambda: ticket.state is not TicketState.PREPARING, f"{ticket} prepared", WAIT_S)
 
     def run_next(self) -> Ticket:
         """Take the request the scheduler admitted, 'run' it (its set becomes the fused one), and finish it."""
-        running = wait_for(lambda: self.scheduler._running)
+        running = wait_until(lambda: self.scheduler._running, "an admitted request", WAIT_S)
         # What `Scheduler.turn` hands its holder (prepared inside the slot in `fifo_inline` mode).
         prepared = running.prepared or self.scheduler._prepare_in_slot(running)
         self.admitted.append(running)
         self.fused = prepared[1]
         self.scheduler.finish(running)
         return running
-
-
-def wait_for(probe: Callable[[], object], timeout: float = WAIT_S) -> object:
-    deadline = time.monotonic() + timeout
-    while not (value := probe()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
-    return value
 
 
 @pytest.fixture
@@ -278,10 +271,8 @@ def test_waiting_asynchronously_holds_no_thread_and_a_cancelled_task_leaves(harn
     async def main() -> None:
         threads_before = threading.active_count()
         tasks = [asyncio.create_task(client(t)) for t in tickets]
-        deadline = time.monotonic() + WAIT_S
-        while len(seen) < len(tickets):  # every client waits in the queue, told its place
-            assert time.monotonic() < deadline, f"{len(seen)} of {len(tickets)} clients are waiting"
-            await asyncio.sleep(0)
+        # Every client waits in the queue, told its place.
+        await until_async(lambda: len(seen) == len(tickets), "every client told its place", WAIT_S)
         assert threading.active_count() == threads_before
         tasks[5].cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -320,9 +311,8 @@ def test_the_load_gate_bounds_loads_and_bytes_in_flight():
             time.sleep(0.02)
 
     threads = [threading.Thread(target=load, args=(s,)) for s in sizes]
-    for thread in threads:
+    for thread in threads:  # all at once: the gate alone keeps them apart
         thread.start()
-        time.sleep(0.003)
     for thread in threads:
         thread.join(WAIT_S)
     assert len(inside) == len(sizes)
@@ -360,7 +350,7 @@ def test_the_queue_and_retry_after_count_other_pools_device_time_it_interleaves_
     )
     try:
         first = shared.submit(GenerateRequest(prompt="first"))
-        wait_for(lambda: shared._running is first)
+        wait_until(lambda: shared._running is first, "the first request admitted", WAIT_S)
         queued = shared.submit(GenerateRequest(prompt="second"))
         # One run ahead and its own (2 s each), and 4 s of the video's steps interleaved with them.
         assert shared.view(queued).device_s == 8

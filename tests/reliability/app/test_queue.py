@@ -30,6 +30,7 @@ from tests.support.reliability_app import (
     run_ui_generate,
     ui_handler,
 )
+from tests.support.waits import wait_until
 
 # Per Hub request, under the 5 s read timeout the tests' Hub clients use; a cold LoRA makes two (the header by
 # Range, then the file), so its preparation takes at least 8 s: long against a tiny-pipeline request.
@@ -54,6 +55,11 @@ def ui_generate(app: App, progress: Recorder | None = None, **changes: object) -
     return run_ui_generate(handler, **(UI_ARGUMENTS | changes), progress=progress or Recorder())
 
 
+def shows(job, text: str) -> bool:
+    """Whether a gradio_client job's progress has shown `text`."""
+    return any(text in (p.desc or "") for p in job.status().progress_data or [])
+
+
 def timed(work) -> float:
     started = time.perf_counter()
     work()
@@ -74,9 +80,7 @@ def test_a_slow_download_holds_up_no_other_client_of_any_transport(app, hub, fix
     try:
         started = time.perf_counter()
         threading.Thread(target=lambda: cold_answer.put(post(app, body(seed=9), lora=cold)), daemon=True).start()
-        deadline = time.monotonic() + 30
-        while not [r for r in hub.requests if f"/{cold}/resolve/" in r.path] and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: [r for r in hub.requests if f"/{cold}/resolve/" in r.path], "the cold download to start")
         assert app.engine.waiting == 1, "the cold request waits in the queue, preparing"
         during = {name: timed(work) for name, work in requests.items()}
         behind_cold = time.perf_counter() - started
@@ -116,9 +120,7 @@ def test_one_limit_and_one_numbering_of_places_across_transports(app, loaded, mo
             if work is not None:
                 threads.append(threading.Thread(target=work, daemon=True))
                 threads[-1].start()
-            deadline = time.monotonic() + 60
-            while app.engine.waiting < place and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda p=place: app.engine.waiting >= p, f"{place} requests waiting")
             assert app.engine.waiting == place
         # Full for everyone, whichever way they come.
         refused = post(app, body())
@@ -130,14 +132,7 @@ def test_one_limit_and_one_numbering_of_places_across_transports(app, loaded, mo
             ui_generate(app)
         # gradio_client sees the scheduler's place in its job's progress.
         for place, job in jobs:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                progress = job.status().progress_data or []
-                if any(f"In queue: {place} of {MAX_QUEUE}" in (p.desc or "") for p in progress):
-                    break
-                time.sleep(0.05)
-            else:
-                pytest.fail(f"gradio_client job {place} never showed its place: {job.status()}")
+            wait_until(lambda j=job, n=place: shows(j, f"In queue: {n} of {MAX_QUEUE}"), f"job {place}'s place shown")
     finally:
         gate.set()
         holder.join(timeout=120)
@@ -177,16 +172,9 @@ def test_a_queued_comparison_waits_in_the_one_queue_and_shows_its_place(app, loa
         }
         job = app.client.submit(**compare, api_name="/compare")
         # Its cells are prepared first, then it takes one place in the queue every transport shares.
-        deadline = time.monotonic() + 60
-        while app.engine.waiting < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: app.engine.waiting >= 1, "the comparison waiting")
         assert app.engine.waiting == 1
-        while time.monotonic() < deadline:
-            if any("In queue: 1 of" in (p.desc or "") for p in job.status().progress_data or []):
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail(f"the comparison never showed its place: {job.status()}")
+        wait_until(lambda: shows(job, "In queue: 1 of"), "the comparison's place shown")
     finally:
         gate.set()
         holder.join(timeout=120)
