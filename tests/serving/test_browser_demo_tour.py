@@ -18,7 +18,7 @@ from PIL import Image
 from serving.demo.example import EXAMPLE_IMAGE, schedule_lora, schedule_prompt
 from serving.demo.later_loras import EDIT_LORA, VIDEO_LORA
 from serving.recipes import parse_recipe, read_recipe
-from tests.support.app_server import AppServer, serve_app
+from tests.support.app_server import AppServer, served_runtime
 from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, browser, editor_upload, page, tile
 from tests.support.image_inputs import example_image
 
@@ -32,19 +32,8 @@ if CHROMIUM is None:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, AppServer]]:
     """The offline demo as `python app.py` starts it without a GPU, its background work started at once."""
-    from engine.settings import Settings
-    from serving.runtime import build_runtime
-
-    demo_dir = tmp_path_factory.mktemp("demo-tour")
-    runtime = build_runtime(Settings.from_env({}), demo_dir=demo_dir, cuda=lambda: False)
-    try:
-        engine = runtime.backend.served.default.engine  # type: ignore[attr-defined]
-        with serve_app(
-            engine, runtime.catalog, banner=runtime.banner, backend=runtime.backend, allowed_paths=[demo_dir]
-        ) as served:
-            yield runtime, served
-    finally:
-        runtime.close()
+    with served_runtime({}, tmp_path_factory.mktemp("demo-tour"), ready_s=None, banner=True) as (runtime, served):
+        yield runtime, served
 
 
 def pick_base(page, label: str, note: str) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.app_server import AppServer, serve_app
+from tests.support.app_server import AppServer, served_runtime
 from tests.support.browser import WAIT_MS, browser, page
 
 __all__ = ["browser", "page"]  # fixtures, found by pytest in this module's globals
@@ -18,18 +18,8 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
-    from engine.settings import Settings
-    from serving.runtime import build_runtime
-
-    demo_dir = tmp_path_factory.mktemp("tiny-wan22")
-    runtime = build_runtime(Settings.from_env({"MODELS": "tiny-wan22"}), demo_dir=demo_dir, cuda=lambda: False)
-    try:
-        assert runtime.wait_ready(timeout=600)
-        engine = runtime.backend.served.default.engine  # type: ignore[attr-defined]
-        with serve_app(engine, runtime.catalog, backend=runtime.backend, allowed_paths=[demo_dir]) as served:
-            yield served
-    finally:
-        runtime.close()
+    with served_runtime({"MODELS": "tiny-wan22"}, tmp_path_factory.mktemp("tiny-wan22")) as (_, served):
+        yield served
 
 
 def _set(page, slider: str, value: str) -> None:

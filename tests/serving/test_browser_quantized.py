@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from PIL import Image
 
-from tests.support.app_server import AppServer, serve_app
+from tests.support.app_server import AppServer, served_runtime
 from tests.support.browser import CHROMIUM, SHOTS, WAIT_MS, browser, page, tile
 from tests.support.clients import api_client
 
@@ -25,23 +25,11 @@ pytest.importorskip("torchao")
 @pytest.fixture(scope="module")
 def quantized_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     """The app as `MODELS=tiny-flux QUANTIZE=fp8` starts it on a machine without a GPU (the real loader)."""
-    from engine.settings import Settings
-    from serving.runtime import build_runtime
-
-    demo_dir = tmp_path_factory.mktemp("quantized-demo")
-    # LORA_MAX_RANK=8: the demo LoRAs' ranks (4 and 8) fit, and the tiny layers' branch buffers stay small.
-    settings = Settings.from_env({"MODELS": "tiny-flux", "QUANTIZE": "fp8", "LORA_MAX_RANK": "8"})
-    runtime = build_runtime(settings, demo_dir=demo_dir, cuda=lambda: False)
-    try:
-        # The demo LoRAs' previews are rendered on the quantized pool first (the gallery shows them).
-        assert runtime.wait_ready(timeout=600)
-        engine = runtime.backend.served.default.engine  # type: ignore[attr-defined]
-        with serve_app(
-            engine, runtime.catalog, banner=runtime.banner, backend=runtime.backend, allowed_paths=[demo_dir]
-        ) as served:
-            yield served
-    finally:
-        runtime.close()
+    # LORA_MAX_RANK=8: the demo LoRAs' ranks (4 and 8) fit, and the tiny layers' branch buffers stay small. Ready
+    # once the demo LoRAs' previews are rendered on the quantized pool (the gallery shows them).
+    environment = {"MODELS": "tiny-flux", "QUANTIZE": "fp8", "LORA_MAX_RANK": "8"}
+    with served_runtime(environment, tmp_path_factory.mktemp("quantized-demo"), banner=True) as (_, served):
+        yield served
 
 
 @pytest.mark.timeout(900)

@@ -19,7 +19,7 @@ from huggingface_hub.inference._providers.hf_inference import HFInferenceTask
 
 from serving.recipes import REFERENCE_VIDEO, VideoReference, parse_recipe
 from serving.video import decode_mp4
-from tests.support.app_server import AppServer, serve_app
+from tests.support.app_server import AppServer, served_runtime
 from tests.support.clients import api_client
 from tests.support.reference_video import reference_mp4
 
@@ -29,20 +29,10 @@ VIDEO = reference_mp4(frames=9, side=64)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
-    from engine.settings import Settings
-    from serving.runtime import build_runtime
-
-    demo_dir = tmp_path_factory.mktemp("tiny-ltx2")
     # A frame of 64 x 64 at most (MAX_INPUT_PIXELS' least), 17 frames at most: small refusals to send.
     environment = {"MODELS": "tiny-ltx2", "MAX_INPUT_PIXELS": "4096", "MAX_VIDEO_FRAMES": "17"}
-    runtime = build_runtime(Settings.from_env(environment), demo_dir=demo_dir, cuda=lambda: False)
-    try:
-        assert runtime.wait_ready(timeout=600)
-        engine = runtime.backend.served.default.engine  # type: ignore[attr-defined]
-        with serve_app(engine, runtime.catalog, backend=runtime.backend, allowed_paths=[demo_dir]) as served:
-            yield served
-    finally:
-        runtime.close()
+    with served_runtime(environment, tmp_path_factory.mktemp("tiny-ltx2")) as (_, served):
+        yield served
 
 
 def post(server: AppServer, video: str | None) -> httpx.Response:

@@ -22,7 +22,7 @@ import pytest
 from engine.requests import GenerateRequest
 from serving.handlers import Handlers
 from serving.video import decode_mp4, video_file
-from tests.support.app_server import AppServer, serve_app
+from tests.support.app_server import AppServer, served_runtime
 from tests.support.browser import CHROMIUM, WAIT_MS, browser, page
 from tests.support.clients import api_client
 from tests.support.video import mean_difference
@@ -37,19 +37,8 @@ NOISE_TOLERANCE = 16.0
 
 @pytest.fixture(scope="module")
 def wan(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AppServer, Handlers]]:
-    from engine.settings import Settings
-    from serving.runtime import build_runtime
-
-    demo_dir = tmp_path_factory.mktemp("tiny-wan")
-    runtime = build_runtime(Settings.from_env({"MODELS": "tiny-wan"}), demo_dir=demo_dir, cuda=lambda: False)
-    try:
-        assert runtime.wait_ready(timeout=600)
-        engine = runtime.backend.served.default.engine  # type: ignore[attr-defined]
-        handlers = Handlers(runtime.backend, runtime.catalog, runtime.settings)
-        with serve_app(engine, runtime.catalog, backend=runtime.backend, allowed_paths=[demo_dir]) as served:
-            yield served, handlers
-    finally:
-        runtime.close()
+    with served_runtime({"MODELS": "tiny-wan"}, tmp_path_factory.mktemp("tiny-wan")) as (runtime, served):
+        yield served, Handlers(runtime.backend, runtime.catalog, runtime.settings)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from engine.families.tiny_wan import TINY_A14B_WIDTH
 from serving.demo.synthetic import save_lora
 from serving.ui.video_ui import follow_scale
 from serving.video import decode_mp4
-from tests.support.app_server import AppServer, serve_app
+from tests.support.app_server import AppServer, served_runtime
 from tests.support.clients import api_client
 from tests.support.video import frames
 from tests.support.wan import MODULES, lora_file
@@ -31,8 +31,6 @@ PROMPT, SEED, STEPS = "the fox turns its head", 4, 2
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
-    from engine.settings import Settings
-    from serving.runtime import build_runtime
 
     demo_dir = tmp_path_factory.mktemp("tiny-wan-i2v")
     # The tiny pools' local LoRA folder is the demo's: a Wan LoRA for the tiny two-stage pool's width (its
@@ -46,15 +44,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
         for m in MODULES[:4]
     }
     save_lora(demo_dir / LORA_FILE, lora_file(made, "peft", None))
-    settings = Settings.from_env({"MODELS": "tiny-wan-i2v,tiny-wan22"})
-    runtime = build_runtime(settings, demo_dir=demo_dir, cuda=lambda: False)
-    try:
-        assert runtime.wait_ready(timeout=600)
-        engine = runtime.backend.served.default.engine  # type: ignore[attr-defined]
-        with serve_app(engine, runtime.catalog, backend=runtime.backend, allowed_paths=[demo_dir]) as served:
-            yield served
-    finally:
-        runtime.close()
+    with served_runtime({"MODELS": "tiny-wan-i2v,tiny-wan22"}, demo_dir) as (_, served):
+        yield served
 
 
 def _video(path: object) -> bytes:

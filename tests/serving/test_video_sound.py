@@ -24,7 +24,7 @@ from engine.requests import GenerateRequest
 from serving.handlers import Handlers
 from serving.sound import clip_samples
 from serving.video import decode_mp4
-from tests.support.app_server import AppServer, serve_app
+from tests.support.app_server import AppServer, served_runtime
 from tests.support.clients import api_client
 
 PROMPT, SEED, STEPS, FRAMES, FPS = "a fox running through snow", 5, 2, 9, 24
@@ -35,19 +35,8 @@ RATE, AAC_FRAME = 16_000, 1024
 
 @pytest.fixture(scope="module")
 def ltx2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AppServer, Handlers]]:
-    from engine.settings import Settings
-    from serving.runtime import build_runtime
-
-    demo_dir = tmp_path_factory.mktemp("tiny-ltx2")
-    runtime = build_runtime(Settings.from_env({"MODELS": "tiny-ltx2"}), demo_dir=demo_dir, cuda=lambda: False)
-    try:
-        assert runtime.wait_ready(timeout=600)
-        engine = runtime.backend.served.default.engine  # type: ignore[attr-defined]
-        handlers = Handlers(runtime.backend, runtime.catalog, runtime.settings)
-        with serve_app(engine, runtime.catalog, backend=runtime.backend, allowed_paths=[demo_dir]) as served:
-            yield served, handlers
-    finally:
-        runtime.close()
+    with served_runtime({"MODELS": "tiny-ltx2"}, tmp_path_factory.mktemp("tiny-ltx2")) as (runtime, served):
+        yield served, Handlers(runtime.backend, runtime.catalog, runtime.settings)
 
 
 def _post(server: AppServer, accept: str | None = None) -> httpx.Response:

@@ -13,10 +13,11 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -32,6 +33,7 @@ __all__ = [
     "serve_asgi",
     "serve_fixture_app",
     "serve_routes",
+    "served_runtime",
     "wait_http",
 ]
 
@@ -100,6 +102,28 @@ def serve_app(
         yield AppServer(url=url.rstrip("/") + "/", demo=demo)
     finally:
         demo.close()
+
+
+@contextmanager
+def served_runtime(
+    environment: Mapping[str, str], demo_dir: Path, *, ready_s: float | None = 600, banner: bool = False
+) -> Iterator[tuple[Any, AppServer]]:
+    """The app as `app.main` starts it from `environment` on a machine without a GPU (`build_runtime`, the real
+    loader), served on a free port with `demo_dir`'s files allowed, until the block ends; with `ready_s`, once
+    every pool serves (else at once: a test that watches the pools load); with `banner`, the runtime's banner."""
+    from engine.settings import Settings
+    from serving.runtime import build_runtime
+
+    runtime = build_runtime(Settings.from_env(dict(environment)), demo_dir=demo_dir, cuda=lambda: False)
+    try:
+        if ready_s is not None:
+            assert runtime.wait_ready(timeout=ready_s)
+        engine = runtime.backend.served.default.engine
+        shown = runtime.banner if banner else None
+        with serve_app(engine, runtime.catalog, banner=shown, backend=runtime.backend, allowed_paths=[demo_dir]) as app:
+            yield runtime, app
+    finally:
+        runtime.close()
 
 
 @contextmanager
