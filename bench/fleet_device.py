@@ -45,6 +45,9 @@ class SimRun:
     starve: float
     video: bool
     waiting_since: float | None = None
+    # Its last pieces that are a VAE decode's (timed apart by the engine: `stepshare.left_s`); the cost table's
+    # decode chunks are not told apart here yet.
+    chunks: int = 0
     wake: simpy.Event | None = None
     started_s: float | None = None  # when it first held the device
     longest_wait_s: float = 0.0  # its longest wait for the device before a piece (the first included)

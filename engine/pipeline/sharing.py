@@ -17,7 +17,7 @@ import torch
 from engine.devices import normal_device
 from engine.events import EngineEvents, RunShare
 from engine.models import HUB_ID
-from engine.pipeline.inference import run_pieces, step_pieces
+from engine.pipeline.inference import decode_chunks, run_pieces, step_pieces
 from engine.pipeline.stepshare import Ahead, DeviceScheduler
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ def device_turn(
     starve: float,
     cancel: threading.Event | None,
     step_pieces: int = 1,
+    chunks: int = 0,
     on_wait: Callable[[Ahead], None] | None,
     on_share: Callable[[RunShare], None] | None = None,
 ) -> Iterator[Callable[[int], None] | None]:
@@ -107,6 +108,7 @@ def device_turn(
         starve=starve,
         step_pieces=step_pieces,
         step=step,
+        chunks=chunks,
         cancel=cancel,
         on_wait=on_wait,
         on_share=on_share,
@@ -143,6 +145,7 @@ def pool_turn(
         starve=settings.step_sharing_starve_steps,
         cancel=cancel,
         step_pieces=step_pieces(pipe, request, loaded.family),
+        chunks=decode_chunks(pipe, request),
         on_wait=getattr(progress, "waiting", None),
         on_share=pool.events.device_shared,
     )

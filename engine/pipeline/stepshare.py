@@ -9,7 +9,10 @@ forward where the denoiser is compiled) or one latent frame of its VAE's decode 
 The policy, at each boundary where other runs wait:
 
 - the run with the least remaining device time goes next: its remaining pieces × its pool's measured time per
-  piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured);
+  piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured), a video's
+  VAE decode chunks left × its pool's time per chunk, measured apart (`left_s`: a chunk is many times a block, and
+  one average of both put a video at its decode far nearer its end than it was, so it kept the device for its
+  whole decode before an image with less left);
 - no run starves: one that has waited longer than `STEP_SHARING_STARVE_STEPS` of its own steps (its pieces a
   step × its piece time: a Wan step is 60 pieces, two passes of 30 blocks) goes next (the longest waiting first),
   so a video's steps keep a share of the device beside a stream of images. The bound is in steps, not pieces, so
@@ -53,7 +56,9 @@ __all__ = [
     "RunShare",
     "Waiter",
     "averaged",
+    "decoding",
     "goes_next",
+    "left_s",
     "time_ahead",
 ]
 
@@ -65,6 +70,8 @@ _CANCEL_POLL_S = 0.02
 FIRST_GUESS_S = 1.0
 # The weight of the newest piece in a pool's moving average.
 _NEWEST = 0.3
+# A pool's decode chunks are averaged under its name and this (`decoding`).
+_DECODE = " decode"
 
 
 class Waiter(Protocol):
@@ -77,12 +84,26 @@ class Waiter(Protocol):
     @property
     def remaining(self) -> int: ...
     @property
+    def chunks(self) -> int: ...
+    @property
     def starve(self) -> float: ...
     @property
     def waiting_since(self) -> float | None: ...
 
 
 W = TypeVar("W", bound=Waiter)
+
+
+def decoding(pool: str) -> str:
+    """The name `pool`'s decode chunks are timed under (apart from its denoising pieces)."""
+    return pool + _DECODE
+
+
+def left_s(run: Waiter, piece_s: Callable[[str], float]) -> float:
+    """`run`'s remaining device time: its denoising pieces left × its pool's time per piece, and its decode chunks
+    left (its last `chunks` pieces) × its pool's time per chunk."""
+    chunks = min(run.chunks, run.remaining)
+    return (run.remaining - chunks) * piece_s(run.pool) + chunks * piece_s(decoding(run.pool))
 
 
 def goes_next(waiting: Sequence[W], holder: W | None, now: float, piece_s: Callable[[str], float]) -> W:
@@ -96,7 +117,7 @@ def goes_next(waiting: Sequence[W], holder: W | None, now: float, piece_s: Calla
     if starved:
         return min(starved, key=lambda r: (since(r), r.seq))
     candidates = [*waiting, *([holder] if holder is not None else [])]
-    return min(candidates, key=lambda r: (r.remaining * piece_s(r.pool), r is not holder, r.seq))
+    return min(candidates, key=lambda r: (left_s(r, piece_s), r is not holder, r.seq))
 
 
 def time_ahead(
@@ -113,7 +134,7 @@ def time_ahead(
     for run in runs:
         if run.pool == pool:
             continue
-        left = run.remaining * piece_s(run.pool)
+        left = left_s(run, piece_s)
         if not whole_run:
             total += min(left, own_s)
         elif run.waiting_since is None or left < own_s:
@@ -153,6 +174,8 @@ class _Run:
     on_share: Callable[[RunShare], None] | None = None
     # False under the whole-run lock: its boundaries count the pieces left and never pause it.
     step: bool = True
+    # Its last `chunks` pieces are its VAE decode's (timed apart: `left_s`).
+    chunks: int = 0
     waiting_since: float | None = None
     held_since: float | None = None
     pauses: int = 0
@@ -209,16 +232,27 @@ class DeviceScheduler:
         starve: float = 8.0,
         step_pieces: int = 1,
         step: bool = True,
+        chunks: int = 0,
         cancel: threading.Event | None = None,
         on_wait: Callable[[Ahead], None] | None = None,
         on_share: Callable[[RunShare], None] | None = None,
     ) -> Iterator[DeviceTurn]:
         """Hold the device for a run of `pieces` pieces of `pool` (with `step`, a piece at a time), inside the
-        block; `starve`: its starvation bound in its own steps of `step_pieces` pieces (module docstring). A cancel
+        block, its last `chunks` a VAE decode's; `starve`: its starvation bound in its own steps of `step_pieces` pieces
+        (module docstring). A cancel
         while waiting raises GenerationCancelledError. `on_wait` hears what is ahead each time the run waits
         (outside the scheduler's lock), `on_share` the run's share of the device once it leaves."""
         run = _Run(
-            next(self._seq), pool, max(pieces, 1), video, starve * step_pieces, cancel, on_wait, on_share, step=step
+            next(self._seq),
+            pool,
+            max(pieces, 1),
+            video,
+            starve * step_pieces,
+            cancel,
+            on_wait,
+            on_share,
+            step=step,
+            chunks=chunks,
         )
         with self._cond:
             self._wait_for_device(run)
@@ -294,7 +328,9 @@ class DeviceScheduler:
         run.device_s += piece
         if piece <= 0:
             return  # nothing held (a boundary just before the run's end): no measure of a piece
-        self._piece_s[run.pool] = averaged(self._piece_s.get(run.pool), piece)
+        # The piece began with `run.remaining` left: a decode chunk when those were all chunks.
+        key = decoding(run.pool) if run.remaining <= run.chunks else run.pool
+        self._piece_s[key] = averaged(self._piece_s.get(key), piece)
 
     def _leave(self, run: _Run) -> None:
         with self._cond:
@@ -313,10 +349,14 @@ class DeviceScheduler:
     # -- estimates ---------------------------------------------------------------------------------
 
     def _piece(self, pool: str) -> float:
-        return self._piece_s.get(pool, self._first_guess_s)
+        """`pool`'s time per piece (a `decoding` name: per chunk, its denoising pieces' until one is measured)."""
+        known = self._piece_s.get(pool)
+        if known is None and pool.endswith(_DECODE):
+            known = self._piece_s.get(pool.removesuffix(_DECODE))
+        return self._first_guess_s if known is None else known
 
     def _left_s(self, run: _Run) -> float:
-        return run.remaining * self._piece(run.pool)
+        return left_s(run, self._piece)
 
     def _ahead(self, run: _Run) -> Ahead:
         """What goes before `run` (caller holds the lock): the holder, and the waiting runs with less left."""
