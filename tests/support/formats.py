@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -32,4 +33,16 @@ def load(path: Path, table: TargetTable, *, delta_budget: int = 0) -> PreparedAd
         metadata=header.metadata,
         shapes=shapes,
         delta_budget=delta_budget,
+    )
+
+
+def spec_table(spec: Any, pipe: Any) -> TargetTable:
+    """The target table the engine builds for `spec`'s family over `pipe` (its components, denoiser, converter,
+    full differences and LyCORIS naming)."""
+    return TargetTable(
+        {c: getattr(pipe, c) for c in spec.components},
+        denoiser=spec.denoiser,
+        convert_lora=spec.convert_lora,
+        full_differences=spec.full_differences,
+        lycoris_modules=spec.lycoris_modules,
     )

@@ -21,7 +21,7 @@ from engine.formats.targets import TargetTable
 from families import Family
 from serving.demo.synthetic import save_lora
 from tests.support import chroma, flux, flux2, krea2, ltx2, qwen_image, sd15, wan, zimage
-from tests.support.formats import load
+from tests.support.formats import load, spec_table
 from tests.support.loras import kohya_file, peft_file
 
 SPECS = served_specs()
@@ -118,13 +118,7 @@ def _t5_pair(tensors: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("spec", SPECS, ids=[s.family.value for s in SPECS])
 def test_a_file_with_one_pair_the_converter_drops_is_refused_naming_it(spec, tmp_path):
     pipe = spec.build_tiny(0)
-    table = TargetTable(
-        {c: getattr(pipe, c) for c in spec.components},
-        denoiser=spec.denoiser,
-        convert_lora=spec.convert_lora,
-        full_differences=spec.full_differences,
-        lycoris_modules=spec.lycoris_modules,
-    )
+    table = spec_table(spec, pipe)
     valid = tmp_path / "valid"
     valid.mkdir()
     WRITERS[spec.family](pipe, valid)
@@ -143,17 +137,19 @@ def test_a_file_with_one_pair_the_converter_drops_is_refused_naming_it(spec, tmp
             assert any(name in message for name in added), (kind, path.name, message)
 
 
+def _flux_comfy(folder: Path) -> tuple[TargetTable, Path, dict[str, Any]]:
+    """A tiny FLUX.1's target table, and a ComfyUI-named LoRA file for it (its path and tensors)."""
+    spec = next(s for s in SPECS if s.family is Family.FLUX)
+    pipe = spec.build_tiny(0)
+    flux.write_flux_loras(pipe, folder, cases=[c for c in flux.CASES if c.name == "comfy"])
+    path = folder / "flux_comfy.safetensors"
+    return spec_table(spec, pipe), path, load_file(str(path))
+
+
 def test_the_refusal_counts_what_is_dropped_and_says_what_is_accepted(tmp_path):
     """FLUX.1's converter (diffusers') filters out a kohya T5 pair from a ComfyUI-named file and loads the rest: the
     refusal gives the count of the file's tensors it would drop, names them, and says what is accepted."""
-    spec = next(s for s in SPECS if s.family is Family.FLUX)
-    pipe = spec.build_tiny(0)
-    table = TargetTable(
-        {c: getattr(pipe, c) for c in spec.components}, convert_lora=spec.convert_lora, denoiser="transformer"
-    )
-    flux.write_flux_loras(pipe, tmp_path, cases=[c for c in flux.CASES if c.name == "comfy"])
-    path = tmp_path / "flux_comfy.safetensors"
-    tensors = load_file(str(path))
+    table, path, tensors = _flux_comfy(tmp_path)
     added = _t5_pair(tensors)
     save_file({**tensors, **added}, str(path))
     with pytest.raises(IncompatibleLoraError) as caught:
@@ -167,14 +163,7 @@ def test_the_refusal_counts_what_is_dropped_and_says_what_is_accepted(tmp_path):
 def test_a_dropped_part_of_zeros_is_no_loss(tmp_path):
     """A part the converter drops that is all zeros (diffusers' FLUX.1 converter purges such T5 pairs as
     "ineffective"; trainers save them so) changes nothing: the file loads, as the file without it does."""
-    spec = next(s for s in SPECS if s.family is Family.FLUX)
-    pipe = spec.build_tiny(0)
-    table = TargetTable(
-        {c: getattr(pipe, c) for c in spec.components}, convert_lora=spec.convert_lora, denoiser="transformer"
-    )
-    flux.write_flux_loras(pipe, tmp_path, cases=[c for c in flux.CASES if c.name == "comfy"])
-    path = tmp_path / "flux_comfy.safetensors"
-    tensors = load_file(str(path))
+    table, path, tensors = _flux_comfy(tmp_path)
     alone = load(path, table)
     zeros = {name: value.zero_() for name, value in _t5_pair(tensors).items()}
     with_zeros = tmp_path / "with_zeros.safetensors"

@@ -11,9 +11,8 @@ import torch
 
 from engine.errors import IncompatibleLoraError
 from engine.families.registry import served_specs
-from engine.formats.targets import TargetTable
 from serving.demo.synthetic import save_lora
-from tests.support.formats import load
+from tests.support.formats import load, spec_table
 
 SPECS = served_specs()
 # A layer no served architecture has, in each naming a file may use (diffusers/PEFT with the denoiser's component
@@ -45,13 +44,7 @@ def unplaced_files(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
 @pytest.mark.parametrize("spec", SPECS, ids=[s.family.value for s in SPECS])
 def test_a_file_of_which_no_tensor_lands_is_refused_naming_it_on_every_family(spec, tmp_path):
     pipe = spec.build_tiny(0)
-    table = TargetTable(
-        {c: getattr(pipe, c) for c in spec.components},
-        denoiser=spec.denoiser,
-        convert_lora=spec.convert_lora,
-        full_differences=spec.full_differences,
-        lycoris_modules=spec.lycoris_modules,
-    )
+    table = spec_table(spec, pipe)
     for name, tensors in unplaced_files(tmp_path).items():
         with pytest.raises(IncompatibleLoraError) as caught:
             load(tmp_path / f"{name}.safetensors", table)
