@@ -25,7 +25,6 @@ from engine.families.krea2_names import convert_lora, lycoris_modules
 from engine.families.krea2_tiny import TINY_WIDTH, build_tiny_pipeline
 from engine.families.spec import (
     FamilySpec,
-    LatentProjection,
     LoraSignature,
     MemorySpec,
     Module,
@@ -38,35 +37,13 @@ from engine.families.spec import (
     head_width,
     hidden_widths,
 )
+from engine.families.wan_vae_parts import LATENT_RGB
 from engine.requests import CheckedRequest
 from engine.storage import LinearSizes
 from families.krea2 import IDENTITY
 
 __all__ = ["FAMILY", "LATENT_RGB", "MEMORY", "WIDTHS", "convert_lora", "rules_out", "unpack_latents"]
 
-# ComfyUI, comfy/latent_formats.py, class Wan21 (latent_rgb_factors, latent_rgb_factors_bias): fitted on the
-# normalised latents ((z - mean) / std) of Qwen-Image's VAE, the space Krea2Pipeline hands its per-step callback.
-LATENT_RGB = LatentProjection(
-    weights=(
-        (-0.1299, -0.1692, 0.2932),
-        (0.0671, 0.0406, 0.0442),
-        (0.3568, 0.2548, 0.1747),
-        (0.0372, 0.2344, 0.1420),
-        (0.0313, 0.0189, -0.0328),
-        (0.0296, -0.0956, -0.0665),
-        (-0.3477, -0.4059, -0.2925),
-        (0.0166, 0.1902, 0.1975),
-        (-0.0412, 0.0267, -0.1364),
-        (-0.1293, 0.0740, 0.1636),
-        (0.0680, 0.3019, 0.1128),
-        (0.0032, 0.0581, 0.0639),
-        (-0.1251, 0.0927, 0.1699),
-        (0.0060, -0.0633, 0.0005),
-        (0.3477, 0.2275, 0.2950),
-        (0.1984, 0.0913, 0.1861),
-    ),
-    bias=(-0.1835, -0.0868, -0.3360),
-)
 # Parameter and buffer values as diffusers and transformers build them from the published configs (transformer/:
 # Krea2Transformer2DModel's defaults, 28 blocks 6144 wide; text_encoder/: Qwen3-VL-4B-Instruct, its vision tower
 # included; vae/: Qwen-Image's): 17.38 billion, 34.8 GB in bf16. Qwen3-VL is never adapted and may run from host

@@ -24,7 +24,6 @@ from diffusers import QwenImageImg2ImgPipeline, QwenImageInpaintPipeline, QwenIm
 
 from engine.families.spec import (
     FamilySpec,
-    LatentProjection,
     LoraSignature,
     MemorySpec,
     Module,
@@ -38,6 +37,7 @@ from engine.families.spec import (
     hidden_widths,
 )
 from engine.families.tiny_qwen_image import build_tiny_pipeline
+from engine.families.wan_vae_parts import LATENT_RGB
 from engine.requests import CheckedRequest
 from engine.storage import LinearSizes
 from families.qwen_image import IDENTITY
@@ -48,29 +48,6 @@ __all__ = ["FAMILY", "LATENT_RGB", "MEMORY", "convert_lora", "unpack_latents"]
 # scaled to the served side.
 SIDE = 1328
 SIZE_BUCKETS = ((1328, 1328), (1664, 928), (928, 1664), (1472, 1140), (1140, 1472), (1584, 1056), (1056, 1584))
-# ComfyUI, comfy/latent_formats.py, class Wan21 (latent_rgb_factors, latent_rgb_factors_bias): fitted on the
-# normalised latents ((z - mean) / std), the space QwenImagePipeline hands its per-step callback.
-LATENT_RGB = LatentProjection(
-    weights=(
-        (-0.1299, -0.1692, 0.2932),
-        (0.0671, 0.0406, 0.0442),
-        (0.3568, 0.2548, 0.1747),
-        (0.0372, 0.2344, 0.1420),
-        (0.0313, 0.0189, -0.0328),
-        (0.0296, -0.0956, -0.0665),
-        (-0.3477, -0.4059, -0.2925),
-        (0.0166, 0.1902, 0.1975),
-        (-0.0412, 0.0267, -0.1364),
-        (-0.1293, 0.0740, 0.1636),
-        (0.0680, 0.3019, 0.1128),
-        (0.0032, 0.0581, 0.0639),
-        (-0.1251, 0.0927, 0.1699),
-        (0.0060, -0.0633, 0.0005),
-        (0.3477, 0.2275, 0.2950),
-        (0.1984, 0.0913, 0.1861),
-    ),
-    bias=(-0.1835, -0.0868, -0.3360),
-)
 # Parameter and buffer values of Qwen/Qwen-Image as diffusers and transformers build them from its configs
 # (transformer/ 60 blocks 3072 wide, text_encoder/ Qwen2.5-VL-7B with its vision tower and LM head, vae/):
 # 28.85 billion, 57.7 GB in bf16. Qwen2.5-VL is never adapted and may run from host RAM (token ids in, hidden

@@ -45,6 +45,7 @@ from engine.families.spec import (
 )
 from engine.families.tiny_wan import TINY_FRAMES, build_tiny_pipeline
 from engine.families.wan_memory import MEMORY_1_3B, MEMORY_5B, MEMORY_14B
+from engine.families.wan_vae_parts import LATENT_RGB
 from engine.requests import CheckedRequest, RequestMode
 from families.wan import IDENTITY, MODEL_ID_5B, MODEL_ID_14B
 
@@ -63,29 +64,6 @@ SIDE = 480
 SIZE_BUCKETS = ((832, 480), (480, 832), (624, 624))
 # Wan's own frames: 81 (5 s at 16 fps) for 2.1, 121 at 24 fps for TI2V-5B; MAX_VIDEO_FRAMES caps both.
 _FRAMES = {False: (81, 16), True: (121, 24)}
-# ComfyUI, comfy/latent_formats.py, class Wan21 (latent_rgb_factors, latent_rgb_factors_bias): fitted on the
-# normalised latents ((z - mean) / std), the space WanPipeline denoises in.
-LATENT_RGB = LatentProjection(
-    weights=(
-        (-0.1299, -0.1692, 0.2932),
-        (0.0671, 0.0406, 0.0442),
-        (0.3568, 0.2548, 0.1747),
-        (0.0372, 0.2344, 0.1420),
-        (0.0313, 0.0189, -0.0328),
-        (0.0296, -0.0956, -0.0665),
-        (-0.3477, -0.4059, -0.2925),
-        (0.0166, 0.1902, 0.1975),
-        (-0.0412, 0.0267, -0.1364),
-        (-0.1293, 0.0740, 0.1636),
-        (0.0680, 0.3019, 0.1128),
-        (0.0032, 0.0581, 0.0639),
-        (-0.1251, 0.0927, 0.1699),
-        (0.0060, -0.0633, 0.0005),
-        (0.3477, 0.2275, 0.2950),
-        (0.1984, 0.0913, 0.1861),
-    ),
-    bias=(-0.1835, -0.0868, -0.3360),
-)
 # Wan 2.2 TI2V-5B's 48-channel latents (its own VAE, 16x spatially): ComfyUI's comfy/latent_formats.py, class
 # Wan22 (Comfy-Org/ComfyUI at 75399d78, latent_rgb_factors and latent_rgb_factors_bias), fitted on its normalised
 # latents as Wan21's are.
