@@ -7,10 +7,10 @@ pipeline has the same structure, with a cross-attention width of its own (48).
 
 from __future__ import annotations
 
-from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionInpaintPipeline, StableDiffusionPipeline
+from diffusers import StableDiffusionPipeline
 
 from engine.families import stable_diffusion as sd
-from engine.families.spec import FamilySpec, MemorySpec, RunDefaults, fixed_defaults
+from engine.families.spec import MemorySpec
 from engine.storage import LinearSizes
 from families.sd15 import IDENTITY
 
@@ -37,25 +37,4 @@ def build_tiny_pipeline(seed: int = 0) -> StableDiffusionPipeline:
     return sd.build_tiny_sd(seed, cross_dim=48, linear_projection=False, prediction_type="epsilon")
 
 
-FAMILY = FamilySpec(
-    identity=IDENTITY,
-    pipeline_class=StableDiffusionPipeline,
-    denoiser="unet",
-    components=sd.COMPONENTS,
-    side=512,
-    served_side=sd.served_side,
-    defaults=fixed_defaults(RunDefaults(steps=25, guidance=7.5)),
-    call_arguments=sd.call_arguments,
-    size_buckets=SIZE_BUCKETS,
-    convert_lora=sd.CONVERTER,
-    signature=sd.SIGNATURE,
-    preview=sd.PREVIEW,
-    build_tiny=build_tiny_pipeline,
-    load_options=sd.LOAD_OPTIONS,
-    extra_schedulers=sd.SCHEDULERS,
-    max_clip_skip=sd.max_clip_skip,
-    prepare_clip_skip=sd.alias_text_model,
-    memory=MEMORY,
-    image_to_image=StableDiffusionImg2ImgPipeline,
-    inpainting=StableDiffusionInpaintPipeline,
-)
+FAMILY = sd.family(IDENTITY, side=512, size_buckets=SIZE_BUCKETS, memory=MEMORY, build_tiny=build_tiny_pipeline)

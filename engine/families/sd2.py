@@ -8,10 +8,10 @@ cross-attention width of its own (40).
 
 from __future__ import annotations
 
-from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionInpaintPipeline, StableDiffusionPipeline
+from diffusers import StableDiffusionPipeline
 
 from engine.families import stable_diffusion as sd
-from engine.families.spec import FamilySpec, MemorySpec, RunDefaults, fixed_defaults
+from engine.families.spec import MemorySpec
 from engine.storage import LinearSizes
 from families.sd2 import IDENTITY
 
@@ -38,25 +38,4 @@ def build_tiny_pipeline(seed: int = 0) -> StableDiffusionPipeline:
     return sd.build_tiny_sd(seed, cross_dim=40, linear_projection=True, prediction_type="v_prediction")
 
 
-FAMILY = FamilySpec(
-    identity=IDENTITY,
-    pipeline_class=StableDiffusionPipeline,
-    denoiser="unet",
-    components=sd.COMPONENTS,
-    side=768,
-    served_side=sd.served_side,
-    defaults=fixed_defaults(RunDefaults(steps=25, guidance=7.5)),
-    call_arguments=sd.call_arguments,
-    size_buckets=SIZE_BUCKETS,
-    convert_lora=sd.CONVERTER,
-    signature=sd.SIGNATURE,
-    preview=sd.PREVIEW,
-    build_tiny=build_tiny_pipeline,
-    load_options=sd.LOAD_OPTIONS,
-    extra_schedulers=sd.SCHEDULERS,
-    max_clip_skip=sd.max_clip_skip,
-    prepare_clip_skip=sd.alias_text_model,
-    memory=MEMORY,
-    image_to_image=StableDiffusionImg2ImgPipeline,
-    inpainting=StableDiffusionInpaintPipeline,
-)
+FAMILY = sd.family(IDENTITY, side=768, size_buckets=SIZE_BUCKETS, memory=MEMORY, build_tiny=build_tiny_pipeline)

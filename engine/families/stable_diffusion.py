@@ -18,12 +18,27 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+from diffusers import (
+    StableDiffusionImg2ImgPipeline,
+    StableDiffusionInpaintPipeline,
+    StableDiffusionPipeline,
+    UNet2DConditionModel,
+)
 from transformers import CLIPTextModel
 
 from engine.families import unet
-from engine.families.spec import LatentProjection, LoraSignature, PreviewSpec
+from engine.families.spec import (
+    FamilySpec,
+    LatentProjection,
+    LoraSignature,
+    MemorySpec,
+    PreviewSpec,
+    RunDefaults,
+    TinyBuilder,
+    fixed_defaults,
+)
 from engine.families.tiny import TINY_UNET, text_config, tiny_scheduler, tiny_tokenizer, tiny_vae
+from families import FamilyIdentity
 
 __all__ = [
     "COMPONENTS",
@@ -37,6 +52,7 @@ __all__ = [
     "alias_text_model",
     "build_tiny_sd",
     "call_arguments",
+    "family",
     "max_clip_skip",
     "served_side",
 ]
@@ -140,3 +156,37 @@ def build_tiny_sd(
     dynamic: Any = pipe  # diffusers' mixins are not visible to the type checker (see engine.pipeline.loading.Pipeline)
     dynamic.set_progress_bar_config(disable=True)
     return pipe
+
+
+def family(
+    identity: FamilyIdentity,
+    *,
+    side: int,
+    size_buckets: tuple[tuple[int, int], ...],
+    memory: MemorySpec,
+    build_tiny: TinyBuilder,
+) -> FamilySpec:
+    """An SD 1.x or 2.x family: everything the two share (above), with what differs between them given: the
+    identity, the native side and its size buckets, the memory plan and the tiny builder."""
+    return FamilySpec(
+        identity=identity,
+        pipeline_class=StableDiffusionPipeline,
+        denoiser="unet",
+        components=COMPONENTS,
+        side=side,
+        served_side=served_side,
+        defaults=fixed_defaults(RunDefaults(steps=25, guidance=7.5)),
+        call_arguments=call_arguments,
+        size_buckets=size_buckets,
+        convert_lora=CONVERTER,
+        signature=SIGNATURE,
+        preview=PREVIEW,
+        build_tiny=build_tiny,
+        load_options=LOAD_OPTIONS,
+        extra_schedulers=SCHEDULERS,
+        max_clip_skip=max_clip_skip,
+        prepare_clip_skip=alias_text_model,
+        memory=memory,
+        image_to_image=StableDiffusionImg2ImgPipeline,
+        inpainting=StableDiffusionInpaintPipeline,
+    )
