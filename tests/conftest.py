@@ -42,9 +42,9 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ.pop("HF_TOKEN", None)
 
 
-# Test folders whose files share one package-scoped fixture (tests/reliability/app: one launched app); xdist keeps
-# each on one worker, which then launches it once.
-ONE_WORKER_PACKAGES = ("tests/reliability/app/",)
+# Test folders whose files share one package-scoped fixture (tests/reliability/app: one launched app;
+# tests/serving/tiny_ltx2: one tiny LTX-2 Space); xdist keeps each on one worker, which then launches it once.
+ONE_WORKER_PACKAGES = ("tests/reliability/app/", "tests/serving/tiny_ltx2/")
 # Files of one test over the families (parametrised `<family>` or `<family>-<case>`): each family's tests are a unit
 # of their own, so the families' share spreads over the workers.
 BY_FAMILY_FILES = ("tests/engine/families/test_swaps.py", "tests/engine/pools/test_pools_mixed.py")

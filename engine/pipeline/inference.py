@@ -23,6 +23,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from PIL.Image import Image
 
 __all__ = [
+    "Drawn",
     "decode_chunks",
     "denoiser_passes",
     "engine_error",
@@ -52,9 +54,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# A video's sound rides on its first frame's `info` from the pipeline call to `made` (so `infer` still answers
-# pictures alone); `made` takes it off again.
-_SOUND = "switchboard.soundtrack"
+
+@dataclass(frozen=True)
+class Drawn:
+    """What a run drew: its pictures (the images of the request's seeds, in their order; a video's frames, in
+    order) and a video's sound (None: an image, or a video of a family without one)."""
+
+    pictures: tuple[Image, ...]
+    sound: Soundtrack | None = None
 
 
 @torch.inference_mode()
@@ -71,9 +78,10 @@ def infer(
     preview: Preview | None = None,
     at_step: Callable[[int, int], None] | None = None,
     boundary: Callable[[int], None] | None = None,
-) -> tuple[Image, ...]:
-    """The request's images, in the order of its seeds (a video's frames, in order); `at_step`: `_images`';
-    `boundary(pieces left)` between each two pieces of its device time (`_boundaries`, `engine.pipeline.stepshare`)."""
+) -> Drawn:
+    """The request's images, in the order of its seeds (a video's frames, in order, and its sound); `at_step`:
+    `_images`'; `boundary(pieces left)` between each two pieces of its device time (`_boundaries`,
+    `engine.pipeline.stepshare`)."""
     steps = request.steps
     chunks = decode_chunks(pipe, request)
     boundaries = _boundaries(pipe, family, request, boundary)
@@ -110,15 +118,15 @@ def infer(
 
     # Called under the pipeline lock: the tokenizers are the base ones again after the run, however it ends.
     with swapped_tokenizers(pipe, tokenizers), boundaries as at_step_end:
-        images = _batch_or_each(call, request.seeds)
+        drawn = _batch_or_each(call, request.seeds)
     if cancel is not None and cancel.is_set():
         raise GenerationCancelledError("the request was cancelled during generation")
-    return tuple(images)
+    return drawn
 
 
-def _batch_or_each(call: Callable[[tuple[int, ...]], list[Image]], seeds: tuple[int, ...]) -> list[Image]:
+def _batch_or_each(call: Callable[[tuple[int, ...]], Drawn], seeds: tuple[int, ...]) -> Drawn:
     """`call(seeds)` as one batch; when the batch does not fit, one image at a time (the same images, each as a run
-    of its seed alone)."""
+    of its seed alone; a video, one seed, has no such fallback, so no sound is split)."""
     try:
         return call(seeds)
     except torch.OutOfMemoryError:
@@ -126,7 +134,7 @@ def _batch_or_each(call: Callable[[tuple[int, ...]], list[Image]], seeds: tuple[
             raise
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        return [image for seed in seeds for image in call((seed,))]
+        return Drawn(tuple(image for seed in seeds for image in call((seed,)).pictures))
 
 
 def decode_chunks(pipe: Any, request: CheckedRequest) -> int:
@@ -232,7 +240,7 @@ def _images(
     on_step: Callable[..., dict],
     at_step: Callable[[int, int], None] | None,
     seeds: tuple[int, ...],
-) -> list[Image]:
+) -> Drawn:
     """One pipeline call for `seeds` (a batch when several), `on_step` called after each step. `at_step(step,
     steps)` (a scheduled LoRA's swaps: `FusedSet.stepper`) is called with step 0 before the call (a call after
     another, one image at a time, starts from step 0's weights again) and by `on_step` before each later step."""
@@ -257,21 +265,19 @@ def _images(
     # A video pipeline's output is its videos' frames (diffusers' `frames[0]`: the one video's, in order).
     frames = getattr(output, "frames", None)
     if frames is None:
-        return list(output.images)
-    pictures = list(frames[0])
+        return Drawn(tuple(output.images))
     audio = getattr(output, "audio", None)
-    if family.audio_rate is not None and audio is not None:
-        samples = audio[0].detach().float().cpu().numpy()
-        pictures[0].info[_SOUND] = Soundtrack(samples, family.audio_rate(pipe))
-    return pictures
+    if family.audio_rate is None or audio is None:
+        return Drawn(tuple(frames[0]))
+    return Drawn(tuple(frames[0]), Soundtrack(audio[0].detach().float().cpu().numpy(), family.audio_rate(pipe)))
 
 
-def made(images: tuple[Image, ...], request: CheckedRequest) -> dict[str, Any]:
+def made(drawn: Drawn, request: CheckedRequest) -> dict[str, Any]:
     """A result's pictures: a video's frames (the first is its `image`) at its rate with its sound, or the images of the
     request's seeds (the first is `image`, the rest `more_images`)."""
+    images = drawn.pictures
     if request.num_frames:
-        sound = images[0].info.pop(_SOUND, None)
-        return {"image": images[0], "frames": images, "fps": request.fps, "audio": sound}
+        return {"image": images[0], "frames": images, "fps": request.fps, "audio": drawn.sound}
     return {"image": images[0], "more_images": images[1:]}
 
 

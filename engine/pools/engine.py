@@ -291,7 +291,7 @@ class Engine:
             pipe = run_pipeline(self.loaded.pipe, prepared.request, self.loaded.family)
             with pool_turn(self, pipe, prepared.request, cancel, progress) as boundary:
                 inferred = time.perf_counter()
-                images = infer(
+                drawn = infer(
                     pipe,
                     prepared.request,
                     family=self.loaded.family,
@@ -312,9 +312,9 @@ class Engine:
             raise mapped from e
         finally:
             self._fused.after_call()
-        timings = self._finished(prepared, locked, inferred, apply_s, len(images))
+        timings = self._finished(prepared, locked, inferred, apply_s, len(drawn.pictures))
         return GenerateResult(
-            **made(images, prepared.request),
+            **made(drawn, prepared.request),
             seed=prepared.request.seed,
             request=prepared.request,
             timings=timings,

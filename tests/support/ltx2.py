@@ -105,6 +105,26 @@ def write_ltx2_loras(pipe: Any, folder: Path, cases: Sequence[Ltx2Case] = CASES)
         save_lora(folder / case.file_name, lora_file(factors(pipe, case.modules, seed=case.seed), case.fmt))
 
 
+# An IC-LoRA for the tiny pool's catalogue, as the gallery shows it (its ModelSpec title).
+IC_LORA = Ltx2Case("ic_weave", "peft", 74)
+IC_TITLE = "IC Weave"
+
+
+def write_ic_lora(pipe: Any, folder: Path) -> Path:
+    """`IC_LORA` in `folder`: factors over the tiny LTX-2's transformer and connectors in diffusers' names, its
+    ModelSpec architecture and title, and the reference downscale it was trained with in its metadata
+    (`reference_downscale_factor`, where diffusers' `LTX2InContextPipeline` says IC-LoRAs keep it). Nothing else
+    marks an IC-LoRA: the engine runs any LTX-2 LoRA in context when a request brings a reference video, and reads
+    no such key."""
+    made = factors(pipe, IC_LORA.modules, seed=IC_LORA.seed)
+    metadata = {
+        "modelspec.architecture": "ltx-2/lora",  # an architecture families/ltx2.py reads as LTX-2
+        "modelspec.title": IC_TITLE,
+        "reference_downscale_factor": "1",
+    }
+    return save_lora(folder / IC_LORA.file_name, lora_file(made, IC_LORA.fmt), metadata)
+
+
 @dataclass(frozen=True)
 class Reference:
     frames: list[Image.Image]

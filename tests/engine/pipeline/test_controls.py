@@ -337,7 +337,10 @@ def test_a_batch_that_runs_out_of_memory_is_made_one_image_at_a_time(loaded):
         "decoder": None,
         "preview_every": 2,
     }
-    images = infer(Tight(), checked, **common)
+    images = infer(Tight(), checked, **common).pictures
     assert calls == [3, 1, 1, 1]
-    alone = [infer(loaded.pipe, dataclasses.replace(checked, seed=s, num_images=1), **common)[0] for s in (30, 31, 32)]
+    alone = [
+        infer(loaded.pipe, dataclasses.replace(checked, seed=s, num_images=1), **common).pictures[0]
+        for s in (30, 31, 32)
+    ]
     assert [i.tobytes() for i in images] == [i.tobytes() for i in alone]

@@ -1,13 +1,12 @@
 """An IC-LoRA's reference video on `POST /` (`parameters.video`: an MP4, base64 or a `data:` URL) and on
 gradio_client's `/generate_video` (`video`, a file, its last argument) on a tiny LTX-2 Space: it runs (the same MP4
 from both doors), and each bad video is a 400 naming its rule (not a video, truncated, too many pixels, too long),
-refused before anything is decoded; the Space answers the same afterwards."""
+refused before anything is decoded; the Space answers the same afterwards. The Space: conftest.py's `server`."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,20 +18,12 @@ from huggingface_hub.inference._providers.hf_inference import HFInferenceTask
 
 from serving.recipes import REFERENCE_VIDEO, VideoReference, parse_recipe
 from serving.video import decode_mp4
-from tests.support.app_server import AppServer, served_runtime
+from tests.support.app_server import AppServer
 from tests.support.clients import api_client
 from tests.support.reference_video import reference_mp4
 
 PARAMETERS = {"num_inference_steps": 2, "seed": 5, "num_frames": 9, "fps": 24}
 VIDEO = reference_mp4(frames=9, side=64)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
-    # A frame of 64 x 64 at most (MAX_INPUT_PIXELS' least), 17 frames at most: small refusals to send.
-    environment = {"MODELS": "tiny-ltx2", "MAX_INPUT_PIXELS": "4096", "MAX_VIDEO_FRAMES": "17"}
-    with served_runtime(environment, tmp_path_factory.mktemp("tiny-ltx2")) as (_, served):
-        yield served
 
 
 def post(server: AppServer, video: str | None) -> httpx.Response:
