@@ -54,7 +54,7 @@ FORM = (
     "history",
 )
 # Each LoRA's "active from … to …" range beside the form (fractions of the steps; the link parameters' names).
-WINDOW = ("lora_start", "lora_end", "lora_2_start", "lora_2_end")
+WINDOW = session.WINDOWS
 
 
 def request_of(form: Mapping[str, Any], max_pixels: int) -> GenerateRequest:

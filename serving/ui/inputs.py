@@ -190,7 +190,7 @@ def wire_inputs(
         shown = (gr.Markdown(input_note(defaults, count)), gr.Textbox(**prompt_control(defaults)), panel)
         label = gr.ImageEditor(label=editor_label(defaults, count))
         target = gr.Dropdown(**refs.target_control(defaults, count))
-        return gr.Slider(**slider), *shown, label, target, *(gr.Image(**c) for c in refs.slot_controls(defaults, count))
+        return gr.Slider(**slider), *shown, label, target, *refs.slot_updates(defaults, count)
 
     def use_result(image: Image.Image | None, target: str | None, editor: Any, browsed: str, *held: Any) -> Any:
         defaults = pool_defaults(browsed)

@@ -103,6 +103,11 @@ def slot_controls(defaults: ModelDefaults, count: int, *, clear: bool = True) ->
     return controls
 
 
+def slot_updates(defaults: ModelDefaults, count: int) -> tuple[Any, ...]:
+    """The slots as a new base's pool takes them (`slot_controls`)."""
+    return tuple(gr.Image(**control) for control in slot_controls(defaults, count))
+
+
 def target_control(defaults: ModelDefaults, count: int) -> dict[str, Any]:
     """The "Use as input" target: the input image, each slot the pool shows, or the first empty image; shown only
     where the pool takes further references (elsewhere the result goes to the input image, as before)."""

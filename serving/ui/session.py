@@ -28,11 +28,14 @@ import gradio as gr
 from engine.requests import FPS_RANGE, MAX_IMAGES, MAX_SEED, REQUEST_FIELDS, ModelDefaults
 from engine.samplers import find_sampler, sampler_label
 from lora_catalog.hints import LoraHints, blend_hints
-from serving.ui.inputs import STARTED, link_note, video_note
+from serving.ui.inputs import STARTED, link_note, strength_control, video_note
 
 __all__ = [
     "FIELDS",
     "HISTORY_SIZE",
+    "LINK_NAMES",
+    "WINDOWS",
+    "absent_values",
     "form_values",
     "history_entry",
     "recommended",
@@ -81,6 +84,18 @@ FIELDS = (
     "reference_strength",
     "reference_downscale",
 )
+# A link's name for a Gradio API argument of the request's declared fields (`engine.request_fields`) where the
+# form's differs (`images` there are the reference images; here the number of images); the rest are their own.
+# Kept as the first links named them, so that old links open.
+LINK_NAMES = {
+    "negative_prompt": "negative",
+    "width": "size",
+    "height": "size",
+    "scheduler": "sampler",
+    "num_images": "images",
+    "images": "references",
+    "video": "reference_video",
+}
 # What a link carries besides the form's fields, for the note: the images' short SHA-256s (image 1 first), a
 # reference video's SHA-256.
 NOTED = ("references", "reference_video")
@@ -94,6 +109,12 @@ _UNIT_SCALES = ("lora_scale", "lora_2_scale")
 _IN_CONTEXT = ("reference_strength", "reference_downscale")
 # The in-context settings' ranges, as the request declares them (`engine.requests`).
 _RANGES = {f.name: (float(f.low or 0), float(f.high or 0)) for f in REQUEST_FIELDS}
+# Each LoRA's scale and its low-noise scale, and each LoRA's range (`LoraSpec.start`/`end`).
+_LOW_SCALES = (("lora_scale", "lora_scale_2"), ("lora_2_scale", "lora_2_scale_2"))
+WINDOWS = ("lora_start", "lora_end", "lora_2_start", "lora_2_end")
+# The parameters a field is read from where they are not its own name: the form's note says what a link
+# cannot carry (an input image, reference images, a reference video).
+_READ_FROM = {"input": ("input", "references", "reference_video")}
 _TEXT = ("prompt", "negative", "lora", "lora_revision", "lora_weight", "lora_2", "lora_2_revision", "lora_2_weight")
 
 
@@ -114,8 +135,9 @@ def share_url(base_url: str, params: Mapping[str, str]) -> str:
 
 def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: int) -> tuple[Any, ...]:
     """The form's new values from a link's or a history entry's parameters, in FIELDS' order, then whether the
-    seed is random; `gr.skip()` where a parameter is absent or not one the form can show (None, which empties a
-    box, for an IC-LoRA run's setting left at diffusers' default)."""
+    seed is random. Every field is set: one the link leaves out (a link is short: `share_params` skips defaults)
+    is put back at its default (`absent_values`), not left at what an earlier run put there; `gr.skip()` only
+    where a parameter is there but not one the form can show, or the field does not apply to the pool."""
     out: dict[str, Any] = {}
     for name in _TEXT:
         if isinstance(params.get(name), str):
@@ -133,30 +155,56 @@ def form_values(params: Mapping[str, str], defaults: ModelDefaults, max_steps: i
     out["seed"] = _whole(params.get("seed"), 0, MAX_SEED)
     out["strength"] = _number(params.get("strength"), 0.0, 1.0)
     # The result started from an input image (or several), which the link cannot carry: the form says so.
-    started = params.get("input") in STARTED
-    out["input"] = link_note(params["input"], _digests(params.get("references"))) if started else None
+    if params.get("input") in STARTED:
+        out["input"] = link_note(params["input"], _digests(params.get("references")))
     # Nor an IC-LoRA's reference video: which file it was.
     video = params.get("reference_video")
-    in_context = isinstance(video, str) and _SHA256.fullmatch(video) is not None
-    if in_context:
-        out["input"] = video_note(str(video))
+    if isinstance(video, str) and _SHA256.fullmatch(video) is not None:
+        out["input"] = video_note(video)
     out["base"] = params.get("base") or None
     out["num_frames"], out["fps"] = video_values(params, defaults)
     out["reference_strength"], out["reference_downscale"] = reference_values(params, defaults)
-    for ref in ("lora", "lora_2"):
-        # A link naming a LoRA without a range is that LoRA on every step.
-        named = isinstance(params.get(ref), str)
-        start, end = _number(params.get(f"{ref}_start"), 0.0, 1.0), _number(params.get(f"{ref}_end"), 0.0, 1.0)
-        out[f"{ref}_start"], out[f"{ref}_end"] = (
-            (0.0 if start is None and named else start),
-            (1.0 if end is None and named else end),
-        )
-    # Its settings where the run set them; one it left at diffusers' default empties its box (None), rather than
-    # keep what an earlier run left there.
-    emptied = {n for n in _IN_CONTEXT if n not in params} if in_context and defaults.reference_video else set()
-    values = tuple(None if name in emptied else gr.skip() if out.get(name) is None else out[name] for name in FIELDS)
-    # A link with a seed reproduces that image: the seed is not drawn again.
-    return (*values, gr.skip() if out["seed"] is None else False)
+    for name in WINDOWS:
+        out[name] = _number(params.get(name), 0.0, 1.0)
+    absent = absent_values(defaults, out)
+    values = tuple(
+        out[name] if out.get(name) is not None else gr.skip() if _given(name, params) else absent[name]
+        for name in FIELDS
+    )
+    # A link with a seed reproduces that image: the seed is not drawn again; one without is drawn.
+    randomize = gr.skip() if out["seed"] is None else False
+    return (*values, randomize if "seed" in params else True)
+
+
+def absent_values(defaults: ModelDefaults, read: Mapping[str, Any]) -> dict[str, Any]:
+    """Each field as the form shows it when a link leaves it out: the value that sends the request's declared
+    default (`engine.request_fields`: no LoRA, the pool's steps, guidance, size and strength, its sampler, no
+    CLIP skip, one image, each LoRA on every step, an in-context setting empty for diffusers' own), as the form
+    starts on `defaults`' pool; a low-noise scale follows its LoRA's scale as `read` (1 when that is left out too).
+    `gr.skip()` for what the pool's form does not show (a video's frames on an image pool) and for the base,
+    which the filter always names (a link without one opens on the browsed base)."""
+    skip = gr.skip()
+    video, in_context = bool(defaults.video and defaults.num_frames and defaults.fps), defaults.reference_video
+    scales = {low: read.get(scale) if read.get(scale) is not None else 1.0 for scale, low in _LOW_SCALES}
+    return {
+        **dict.fromkeys(_TEXT, ""),
+        **dict.fromkeys(_UNIT_SCALES, 1.0),
+        **scales,
+        "size": f"{defaults.sizes[0][0]}x{defaults.sizes[0][1]}",
+        "steps": defaults.steps,
+        "guidance": defaults.guidance,
+        "sampler": "",
+        "clip_skip": 1,
+        "images": 1,
+        "seed": skip,
+        "strength": strength_control(defaults)["value"],
+        "input": "",
+        "base": skip,
+        "num_frames": defaults.num_frames if video else skip,
+        "fps": defaults.fps if video else skip,
+        **{name: 1.0 if name.endswith("_end") else 0.0 for name in WINDOWS},
+        **dict.fromkeys(_IN_CONTEXT, None if in_context else skip),
+    }
 
 
 def video_values(params: Mapping[str, str], defaults: ModelDefaults) -> tuple[int | None, int | None]:
@@ -178,6 +226,11 @@ def reference_values(params: Mapping[str, str], defaults: ModelDefaults) -> tupl
     strength, downscale = _IN_CONTEXT
     low, high = _RANGES[downscale]
     return _number(params.get(strength), *_RANGES[strength]), _whole(params.get(downscale), int(low), int(high))
+
+
+def _given(name: str, params: Mapping[str, str]) -> bool:
+    """Whether the link gives `name` (one it gives but the form cannot show is left as the form has it)."""
+    return any(given in params for given in _READ_FROM.get(name, (name,)))
 
 
 def window(form: Mapping[str, Any], ref: str) -> tuple[float | None, float | None]:

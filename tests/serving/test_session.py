@@ -10,6 +10,7 @@ import gradio as gr
 from PIL import Image
 
 from engine.images import DEFAULT_MAX_INPUT_PIXELS as PIXELS
+from engine.request_fields import DECLARED_FIELDS
 from engine.requests import CheckedRequest, GenerateResult, InputImage, LoraSpec, ModelDefaults, Timings
 from engine.video_input import InputVideo
 from lora_catalog.hints import LoraHints, speed_hints
@@ -135,7 +136,8 @@ def test_a_share_link_says_its_result_started_from_an_input_image_it_cannot_carr
     plain = dataclasses.replace(made, request=dataclasses.replace(checked, image=None, strength=None))
     text_link, _, _ = remember(FORM_VALUES, plain, "https://s.hf.space")
     assert "input=" not in text_link and "strength=" not in text_link
-    assert session.form_values({"seed": "5"}, DEFAULTS, 60)[session.FIELDS.index("input")] == gr.skip()
+    # Put back, it empties the note an earlier image-to-image result's link left.
+    assert session.form_values({"seed": "5"}, DEFAULTS, 60)[session.FIELDS.index("input")] == ""
 
 
 def test_a_share_link_names_the_reference_video_it_cannot_carry():
@@ -194,7 +196,85 @@ def test_a_share_link_and_history_entry_keep_the_reference_videos_settings_and_p
     assert not {"reference_strength", "reference_downscale"} & query.keys()
     filled = dict(zip((*session.FIELDS, "randomize"), session.form_values(query, in_context, 60), strict=True))
     assert (filled["reference_strength"], filled["reference_downscale"]) == (None, None)
-    # A link without a reference video leaves the boxes as they are; values the boxes cannot hold are not put in.
-    for odd in ({"seed": "5"}, {"reference_video": "ab" * 32, "reference_strength": "2", "reference_downscale": "9"}):
-        kept = dict(zip((*session.FIELDS, "randomize"), session.form_values(odd, in_context, 60), strict=True))
-        assert kept["reference_strength"] == kept["reference_downscale"] == gr.skip(), odd
+    # A link without a reference video empties them too (its run sent neither); values the boxes cannot hold are
+    # not put in.
+    plain = dict(zip((*session.FIELDS, "randomize"), session.form_values({"seed": "5"}, in_context, 60), strict=True))
+    assert (plain["reference_strength"], plain["reference_downscale"]) == (None, None)
+    odd = {"reference_video": "ab" * 32, "reference_strength": "2", "reference_downscale": "9"}
+    kept = dict(zip((*session.FIELDS, "randomize"), session.form_values(odd, in_context, 60), strict=True))
+    assert kept["reference_strength"] == kept["reference_downscale"] == gr.skip()
+
+
+def _carried() -> tuple[str, ...]:
+    """The link parameters that stand for the request's declared fields: their Gradio arguments as a link names
+    them, those the form shows (`session.FIELDS`)."""
+    declared = DECLARED_FIELDS.values()
+    arguments = (a for f in declared for a in (*f.gradio, *f.gradio_video, *f.gradio_late, *f.gradio_video_last))
+    return tuple(dict.fromkeys(n for a in arguments if (n := session.LINK_NAMES.get(a, a)) in session.FIELDS))
+
+
+def _put_back(form: dict, params: dict[str, str], defaults: ModelDefaults) -> dict:
+    """The form after a link or a history entry is put back in it (`gr.skip()`: the field keeps its value)."""
+    filled = zip((*session.FIELDS, "randomize"), session.form_values(params, defaults, 60), strict=True)
+    return {**form, **{name: value for name, value in filled if value != gr.skip()}}
+
+
+def test_use_again_puts_every_field_a_link_leaves_out_back_at_its_default():
+    """Request A moves every declared field the link carries off its default, B leaves each at its default (so
+    B's link, kept short, leaves most out). B's history entry put back in the form A left (or B's link opened in
+    a page showing A's values) is B's form again, and asks for B's request: no field keeps A's value."""
+    pool = dataclasses.replace(
+        DEFAULTS, video=True, num_frames=9, max_frames=17, fps=16, guidance_2=3.0, reference_video=True, strength=0.7
+    )
+    form_b = {
+        **FORM_VALUES,
+        "prompt": "a heron",
+        **dict.fromkeys(("lora", "lora_2"), ""),
+        **dict.fromkeys(("lora_scale", "lora_2_scale", "lora_scale_2", "lora_2_scale_2"), 1.0),
+        **{name: 0.0 if name.endswith("start") else 1.0 for name in session.WINDOWS},
+        "size": "1024x1024",
+        "steps": pool.steps,
+        "guidance": pool.guidance,
+        "sampler": "",
+        "clip_skip": 1,
+        "images": 1,
+        "seed": 7,
+        "randomize": False,
+        "strength": pool.strength,
+        "num_frames": pool.num_frames,
+        "fps": pool.fps,
+        "reference_strength": None,
+        "reference_downscale": None,
+    }
+    form_a = {
+        **FORM_VALUES,
+        "negative": "blurry",
+        "lora_2_scale": 0.5,
+        "lora_scale_2": 0.3,
+        "lora_2_scale_2": 0.4,
+        **dict(zip(session.WINDOWS, (0.2, 0.8, 0.1, 0.9), strict=True)),
+        "num_frames": 17,
+        "fps": 24,
+        "reference_strength": 0.25,
+        "reference_downscale": 2,
+    }
+    carried = _carried()
+    assert [name for name in carried if form_a[name] == form_b[name]] == [], "A sets each carried field apart"
+    frame = InputImage.from_pil(Image.new("RGB", (64, 64), (9, 9, 9)))
+    clip = InputVideo((frame,) * 9, 24.0, b"the client's mp4")
+    ran_b = CheckedRequest(prompt="a fox", steps=25, width=64, height=64, seed=7, num_frames=9, fps=16, guidance_2=3.0)
+    ran_a = dataclasses.replace(
+        ran_b, seed=42, image=frame, strength=0.6, reference_video=clip, reference_strength=0.25, reference_downscale=2
+    )
+    links = []
+    for form, ran in ((form_a, ran_a), (form_b, ran_b)):
+        frames = (frame.to_pil(),) * (ran.num_frames or 1)
+        made = GenerateResult(image=frame.to_pil(), seed=ran.seed, request=ran, timings=Timings(), frames=frames)
+        link, _, entries = remember(form, made, "https://s.hf.space")
+        links.append(dict(parse_qsl(urlsplit(link).query)))
+        assert entries[0]["params"] == links[-1]
+    link_a, link_b = links
+    assert not {"negative", "lora", "sampler", "reference_strength", "lora_end"} & link_b.keys(), "a short link"
+    again = _put_back(_put_back(form_b, link_a, pool), link_b, pool)
+    assert {name: again[name] for name in carried} == {name: form_b[name] for name in carried}
+    assert request_of(again, PIXELS) == request_of(form_b, PIXELS)
