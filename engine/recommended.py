@@ -16,21 +16,29 @@ from engine.errors import InvalidRequestError
 from engine.normalise import with_suggested
 from engine.requests import CheckedRequest, Limits, ModelDefaults, Suggested
 from engine.samplers import choose_scheduler
+from engine.video_references import trained_downscale
 from lora_catalog.hints import LoraHints, blend_hints
 
 __all__ = ["final_request", "suggested_defaults"]
 
 
 def final_request(
-    checked: CheckedRequest, hints: Sequence[LoraHints], defaults: ModelDefaults, limits: Limits
+    checked: CheckedRequest,
+    hints: Sequence[LoraHints],
+    defaults: ModelDefaults,
+    limits: Limits,
+    trained: Sequence[tuple[str, str | None]] = (),
 ) -> tuple[CheckedRequest, tuple[str, ...], tuple[str, ...]]:
     """`checked` (without its LoRAs' defaults) with them where the client set nothing and it asks for them
-    (`with_suggested`: not checked again); the warnings for what it sets that the model does not read
-    (`ModelDefaults.ignored`), and the notes on the recommendations left out."""
+    (`with_suggested`: not checked again), and at its IC-LoRAs' `trained` reference downscale (each LoRA's label
+    and metadata: `engine.video_references.trained_downscale`, whatever `lora_defaults` says); the warnings for
+    what it sets that the model does not read (`ModelDefaults.ignored`), and the notes on the recommendations
+    left out or the trained factor not followed."""
     suggested, notes = suggested_defaults(hints if checked.lora_defaults else (), defaults, limits)
     if suggested is not None:
         checked = with_suggested(checked, suggested, defaults)
-    return checked, defaults.ignored(checked), notes
+    checked, differs = trained_downscale(checked, trained, defaults.side_multiple)
+    return checked, defaults.ignored(checked), (*notes, *differs)
 
 
 def suggested_defaults(

@@ -49,7 +49,10 @@ _STRENGTH = "a number from 0 to 1"
 _FRAMES = "an integer of the form 4k+1 (5, 9, ..., 81)"
 _IC = "an IC-LoRA's reference video"
 _IC_STRENGTH = "how strongly the video and its reference video attend to each other (IC-LoRA; 1: fully)"
-_IC_DOWN = "the reference video's downscale (IC-LoRA: the factor its LoRA was trained with; 1: the video's size)"
+_IC_DOWN = (
+    "the reference video's downscale (IC-LoRA: the factor its LoRA was trained with; unset: its file's, else 1; "
+    "1: the video's size)"
+)
 _LOW_CFG, _KINDS = "low-noise stage guidance scale (Wan 2.2 A14B)", "image, video or none"
 _DOWNSCALE = "an integer from 1 to 8"
 _F = RequestField
@@ -170,7 +173,9 @@ class GenerateRequest:
         None, _F("video", ACCEPTED_VIDEO, _IC, http="video", video=True, gradio_video_last=("video",))
     )
     # The in-context call's own settings (diffusers' `conditioning_attention_strength`, `reference_downscale_factor`),
-    # only with `reference_video`; None: diffusers' defaults (1.0, 1). After it: no earlier positional argument moves.
+    # only with `reference_video`; None: diffusers' defaults (1.0, 1), but an unset downscale is the IC-LoRA's own
+    # where its file says (`engine.video_references.trained_downscale`). After it: no earlier positional argument
+    # moves.
     reference_strength: float | None = request_field(
         None, _in_context("reference_strength", "number", _STRENGTH, _IC_STRENGTH, 1)
     )

@@ -13,18 +13,37 @@ The in-context call's own settings come only with a reference video: `reference_
 `conditioning_attention_strength`, 0 to 1) and `reference_downscale` (its `reference_downscale_factor`, 1 to 8,
 which must leave the reference's sides, the video's divided by it, in the pool's side multiple: the VAE encodes
 them). None: diffusers' defaults, not passed.
+
+An IC-LoRA keeps the factor it was trained with in its metadata (`reference_downscale_factor`, as diffusers'
+`LTX2InContextPipeline` says; read with the file: `PreparedAdapter.trained_downscale`). A request that sets no
+`reference_downscale` runs at its LoRAs' factor (`trained_downscale`, once they are prepared), checked as a set
+one is; one that sets another runs as asked, with a warning naming the trained factor. A factor that is not a
+whole number from 1 to 8 (the declared bounds), or two LoRAs that disagree on a request that sets none, are
+refused (400) naming the files. It is what the LoRA needs, not a recommendation: `lora_defaults` off keeps it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import TypedDict
 
 from engine.errors import InvalidRequestError, LimitExceededError
-from engine.requests import DECLARED_FIELDS, GenerateRequest, Limits, ModelDefaults
+from engine.requests import DECLARED_FIELDS, CheckedRequest, GenerateRequest, Limits, ModelDefaults
 from engine.values import checked_int, checked_number
 from engine.video_input import ACCEPTED_VIDEO, EncodedVideo, InputVideo, check_video_size, decode_video
 
-__all__ = ["CheckedReference", "checked_reference", "checked_reference_settings", "checked_reference_video"]
+__all__ = [
+    "TRAINED_DOWNSCALE_KEY",
+    "CheckedReference",
+    "checked_reference",
+    "checked_reference_settings",
+    "checked_reference_video",
+    "trained_downscale",
+]
+
+# Where an IC-LoRA file keeps the factor it was trained with (its safetensors metadata; diffusers' name).
+TRAINED_DOWNSCALE_KEY = "reference_downscale_factor"
 
 # The declared bounds (`engine.requests`: 0 to 1, 1 to 8), which every door's schema states; read at import, so a
 # declaration without them fails to import rather than check against a bound nobody declared.
@@ -96,11 +115,73 @@ def checked_reference_settings(
         return None, None
     checked_strength = None if strength is None else checked_number("reference_strength", strength, 1.0, *_STRENGTH)
     factor = None if downscale is None else checked_int("reference_downscale", downscale, 1, _LEAST, _MOST)
-    if factor is not None and any(side % (factor * side_multiple) for side in size):
-        width, height = size
-        raise InvalidRequestError(
-            f"reference_downscale={factor} does not divide the video's {width}x{height} into sides in multiples of "
-            f"{side_multiple} (the reference is encoded at {width // factor}x{height // factor}); accepted: a "
-            f"factor that leaves both sides multiples of {side_multiple}, or 1"
+    if factor is not None:
+        _check_divides(
+            factor, size, side_multiple, "", f"a factor that leaves both sides multiples of {side_multiple}, or 1"
         )
     return checked_strength, factor
+
+
+def trained_downscale(
+    checked: CheckedRequest, trained: Sequence[tuple[str, str | None]], side_multiple: int
+) -> tuple[CheckedRequest, tuple[str, ...]]:
+    """`checked` at its LoRAs' trained factor where it set none, and the warnings for a set one that differs, as
+    the module docstring says. `trained`: each LoRA's label and its metadata's factor as written (None: none)."""
+    if checked.reference_video is None:
+        return checked, ()
+    factors = {label: _trained_factor(label, raw) for label, raw in trained if raw is not None}
+    asked = checked.reference_downscale
+    if asked is not None:
+        warnings = tuple(
+            f"reference_downscale={asked} differs from the {factor} {label} was trained with (its metadata's "
+            f"{TRAINED_DOWNSCALE_KEY}); ran at {asked} as asked"
+            for label, factor in factors.items()
+            if factor != asked
+        )
+        return checked, warnings
+    if len(set(factors.values())) > 1:
+        said = " and ".join(f"{label} says {factor}" for label, factor in factors.items())
+        raise InvalidRequestError(
+            f"the IC-LoRAs disagree on the reference downscale they were trained with ({TRAINED_DOWNSCALE_KEY} "
+            f"in their metadata: {said}); accepted: IC-LoRAs trained at one factor, or reference_downscale set"
+        )
+    if not factors:
+        return checked, ()
+    (label, factor), *_ = factors.items()
+    where = f"{label}'s metadata ({TRAINED_DOWNSCALE_KEY})"
+    _check_divides(
+        factor,
+        (checked.width, checked.height),
+        side_multiple,
+        f" (from {where})",
+        f"a size whose sides are multiples of {factor * side_multiple}, or reference_downscale set",
+    )
+    came = (*checked.defaults_from, ("reference_downscale", where))
+    return replace(checked, reference_downscale=factor, defaults_from=came), ()
+
+
+def _trained_factor(label: str, raw: str) -> int:
+    """A file's trained factor: a whole number (int's own forms, e.g. "2") within the declared bounds, so that the
+    recipe that records it is a request every door takes again."""
+    try:
+        factor = int(raw)
+    except ValueError:
+        factor = 0
+    if not _LEAST <= factor <= _MOST:
+        raise InvalidRequestError(
+            f"{label} has {TRAINED_DOWNSCALE_KEY}={raw!r} in its metadata, which is not a whole number from "
+            f"{_LEAST} to {_MOST}; accepted: an IC-LoRA whose {TRAINED_DOWNSCALE_KEY} is the whole factor it was "
+            "trained with, or none"
+        )
+    return factor
+
+
+def _check_divides(factor: int, size: tuple[int, int], side_multiple: int, where: str, accepted: str) -> None:
+    """The reference's sides (the video's divided by `factor`) in the pool's side multiple: the VAE encodes them."""
+    if any(side % (factor * side_multiple) for side in size):
+        width, height = size
+        raise InvalidRequestError(
+            f"reference_downscale={factor}{where} does not divide the video's {width}x{height} into sides in "
+            f"multiples of {side_multiple} (the reference is encoded at {width // factor}x{height // factor}); "
+            f"accepted: {accepted}"
+        )

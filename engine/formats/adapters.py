@@ -81,6 +81,9 @@ class PreparedAdapter:
     # A pair's files as a recipe names them (`high: a.safetensors, low: b.safetensors`: engine.prepare.stages);
     # empty for one file.
     files: str = ""
+    # An IC-LoRA's `reference_downscale_factor` metadata as written (None: the file has none): the in-context
+    # factor it was trained with, judged per request with a reference video (`engine.video_references`).
+    trained_downscale: str | None = None
 
     @property
     def nbytes(self) -> int:

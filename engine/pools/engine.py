@@ -157,6 +157,7 @@ class Engine:
             uses: list[AdapterUse] = []
             warnings: list[str] = []
             hints: list[LoraHints] = []
+            trained: list[tuple[str, str | None]] = []  # each IC-LoRA's reference downscale, as its file says
             resolve_s = prepare_s = 0.0
             for spec in normalised.loras:
                 ready = self._prepare_one(spec, leased, lane)
@@ -186,8 +187,9 @@ class Engine:
                 )
                 warnings.extend((*adapter.warnings, *ready.warnings))
                 hints.append(ready.hints)
+                trained.append((f"LoRA {spec.ref!r} (file {key.weight_name!r})", adapter.trained_downscale))
             check_clashes((use.ref, adapter.embeddings) for (adapter, *_), use in zip(adapters, uses, strict=True))
-            final, ignored, notes = final_request(normalised, hints, self.loaded.defaults, self._limits)
+            final, ignored, notes = final_request(normalised, hints, self.loaded.defaults, self._limits, trained)
             if (final.scheduler, final.scheduler_options) != (normalised.scheduler, normalised.scheduler_options):
                 check_scheduler(final, self.loaded.pipe.scheduler)  # the LoRAs' sampler, with the client's options
             normalised = final

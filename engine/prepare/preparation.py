@@ -33,6 +33,7 @@ from engine.prepare.loadgate import LoadGate
 from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.prepare.stages import Half, Stages
 from engine.requests import LoraSpec
+from engine.video_references import TRAINED_DOWNSCALE_KEY
 from lora_catalog.hints import LoraHints, metadata_hints
 from lora_catalog.sft_header import addnet_hash
 
@@ -221,6 +222,7 @@ class Preparer:
             warnings=tuple(w for w in (warning, dropped) if w),
             hints=metadata_hints(header.metadata, (source.key.weight_name,)),
             file_hash=addnet_hash(path)[:12],
+            trained_downscale=header.metadata.get(TRAINED_DOWNSCALE_KEY),
         )
         return Half(name, adapter, origin, header.metadata)
 

@@ -114,8 +114,8 @@ def write_ic_lora(pipe: Any, folder: Path) -> Path:
     """`IC_LORA` in `folder`: factors over the tiny LTX-2's transformer and connectors in diffusers' names, its
     ModelSpec architecture and title, and the reference downscale it was trained with in its metadata
     (`reference_downscale_factor`, where diffusers' `LTX2InContextPipeline` says IC-LoRAs keep it). Nothing else
-    marks an IC-LoRA: the engine runs any LTX-2 LoRA in context when a request brings a reference video, and reads
-    no such key."""
+    marks an IC-LoRA: the engine runs any LTX-2 LoRA in context when a request brings a reference video (and takes
+    this factor as the default of one that sets no `reference_downscale`)."""
     made = factors(pipe, IC_LORA.modules, seed=IC_LORA.seed)
     metadata = {
         "modelspec.architecture": "ltx-2/lora",  # an architecture families/ltx2.py reads as LTX-2

@@ -6,6 +6,7 @@ reference video is refused by its rule before anything is decoded, and the pool 
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,16 +23,29 @@ from engine.errors import InvalidRequestError, LimitExceededError
 from engine.normalise import normalise_request
 from engine.requests import GenerateRequest, Limits, LoraSpec, ModelDefaults
 from engine.video_input import EncodedVideo, encoded_video
+from engine.video_references import TRAINED_DOWNSCALE_KEY
 from lora_catalog.entries import Family
+from serving.demo.synthetic import save_lora
 from serving.video import decode_mp4
 from tests.engine.families.test_ltx2 import request
 from tests.support.checks import generate
 from tests.support.dit import pixels
 from tests.support.image_inputs import example_image, input_image, input_mask
-from tests.support.ltx2 import CASES, Reference, assert_same_video, diffusers_call, write_ltx2_loras
+from tests.support.ltx2 import (
+    CASES,
+    Reference,
+    assert_same_video,
+    diffusers_call,
+    factors,
+    lora_file,
+    write_ltx2_loras,
+)
 from tests.support.reference_video import reference_mp4
 
 IC_LORA = CASES[0].file_name
+# IC_LORA's factors, with the reference downscale they were "trained" with in their metadata as each name says; and
+# another LoRA's (CASES[1]) trained at 1, to disagree.
+TRAINED_2, MALFORMED, OTHER_1 = "ic_trained_2.safetensors", "ic_trained_two.safetensors", "ic_trained_1.safetensors"
 
 
 def header(data: bytes) -> EncodedVideo:
@@ -43,6 +57,9 @@ def header(data: bytes) -> EncodedVideo:
 def ic_loras(loaded_ltx2, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("ltx2-ic-loras")
     write_ltx2_loras(loaded_ltx2.pipe, folder, CASES[:1])
+    for name, case, factor in ((TRAINED_2, CASES[0], "2"), (MALFORMED, CASES[0], "two"), (OTHER_1, CASES[1], "1")):
+        made = lora_file(factors(loaded_ltx2.pipe, case.modules, seed=case.seed), case.fmt)
+        save_lora(folder / name, made, {TRAINED_DOWNSCALE_KEY: factor})
     return folder
 
 
@@ -174,3 +191,62 @@ def test_a_reference_video_is_refused_on_a_pool_without_an_in_context_pipeline()
     video = header(reference_mp4())
     with pytest.raises(InvalidRequestError, match=r"this pool \(tiny-sd15\) has no in-context pipeline; accepted: "):
         normalise_request(GenerateRequest(prompt="a fox", reference_video=video), defaults, Limits(4, 50, 1000))
+
+
+def _label(name: str) -> str:
+    return f"LoRA 'local:{name}' (file '{name}')"
+
+
+def test_an_ic_loras_trained_downscale_is_the_default_of_a_request_that_sets_none(ic_engine):
+    """An IC-LoRA whose metadata says it was trained at `reference_downscale_factor` 2: a request that sets no
+    `reference_downscale` runs at 2 (the same video as one that sets 2, another than at 1; its request, what the
+    recipe records, says 2 and where it came from), with the LoRAs' defaults off too; one that sets 1 runs at 1,
+    with a warning naming the trained 2."""
+    video = header(reference_mp4())
+    lora = LoraSpec(f"local:{TRAINED_2}", scale=0.8)
+    unset = generate(ic_engine, request(lora, reference_video=video))
+    two = generate(ic_engine, request(lora, reference_video=video, reference_downscale=2))
+    one = generate(ic_engine, request(lora, reference_video=video, reference_downscale=1))
+    assert (unset.request.reference_downscale, two.request.reference_downscale) == (2, 2)
+    where = f"{_label(TRAINED_2)}'s metadata ({TRAINED_DOWNSCALE_KEY})"
+    assert dict(unset.request.defaults_from)["reference_downscale"] == where
+    _assert_same_frames(unset, two)
+    assert np.abs(pixels(one.frames[-1]) - pixels(two.frames[-1])).mean() > 1, "the factor must show"
+    differs = f"reference_downscale=1 differs from the 2 {_label(TRAINED_2)} was trained with (its metadata's "
+    assert [w for w in one.warnings if "reference_downscale" in w] == [
+        f"{differs}{TRAINED_DOWNSCALE_KEY}); ran at 1 as asked"
+    ]
+    assert not [w for w in (*unset.warnings, *two.warnings) if "reference_downscale" in w]
+    with ic_engine.prepare(request(lora, reference_video=video, lora_defaults=False)) as prepared:
+        assert prepared.request.reference_downscale == 2
+    with ic_engine.prepare(request(lora)) as prepared:  # no reference video: nothing in context to set
+        assert prepared.request.reference_downscale is None
+
+
+def test_ic_loras_that_disagree_on_their_trained_downscale_are_refused_unless_the_request_sets_one(ic_engine):
+    """Two IC-LoRAs trained at 2 and at 1: no factor is both's, so a request that sets none is a 400 naming both;
+    one that sets 2 is prepared at 2, with a warning naming the other's 1."""
+    video = header(reference_mp4())
+    loras = (LoraSpec(f"local:{TRAINED_2}", scale=0.8), LoraSpec(f"local:{OTHER_1}", scale=0.5))
+    said = rf"{re.escape(_label(TRAINED_2))} says 2 and {re.escape(_label(OTHER_1))} says 1"
+    with pytest.raises(InvalidRequestError, match=rf"disagree on the reference downscale .*: {said}\); accepted: "):
+        generate(ic_engine, request(*loras, reference_video=video))
+    with ic_engine.prepare(request(*loras, reference_video=video, reference_downscale=2)) as prepared:
+        assert prepared.request.reference_downscale == 2
+        assert [w for w in prepared.warnings if "reference_downscale" in w] == [
+            f"reference_downscale=2 differs from the 1 {_label(OTHER_1)} was trained with (its metadata's "
+            f"{TRAINED_DOWNSCALE_KEY}); ran at 2 as asked"
+        ]
+
+
+def test_a_malformed_trained_downscale_is_refused_naming_the_file_and_the_pool_serves_the_same(ic_engine):
+    """A 400 naming the file, the key and the value; the next request gets what it got before."""
+    video = header(reference_mp4())
+    lora = LoraSpec(f"local:{TRAINED_2}", scale=0.8)
+    before = generate(ic_engine, request(lora, reference_video=video))
+    refusal = rf"{re.escape(_label(MALFORMED))} has reference_downscale_factor='two' in its metadata, which is not "
+    for downscale in (None, 1):
+        bad = request(LoraSpec(f"local:{MALFORMED}"), reference_video=video, reference_downscale=downscale)
+        with pytest.raises(InvalidRequestError, match=rf"{refusal}a whole number from 1 to 8; accepted: "):
+            generate(ic_engine, bad)
+    _assert_same_frames(generate(ic_engine, request(lora, reference_video=video)), before)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ from serving.recipes import REFERENCE_VIDEO, VideoReference, parse_recipe
 from serving.video import decode_mp4
 from tests.support.app_server import AppServer
 from tests.support.clients import api_client
+from tests.support.ltx2 import IC_LORA
 from tests.support.reference_video import reference_mp4
 
 PARAMETERS = {"num_inference_steps": 2, "seed": 5, "num_frames": 9, "fps": 24}
@@ -144,3 +146,27 @@ def test_inference_client_sends_the_in_context_settings_and_gets_gradio_client_s
     assert Path(path["video"] if isinstance(path, dict) else path).read_bytes() == sent
     named = parse_recipe(decode_mp4(sent).comment or "").reference_video
     assert named == VideoReference(hashlib.sha256(VIDEO).hexdigest(), 9, 64, 64, 0.5, 2)
+
+
+def test_an_ic_loras_trained_downscale_is_the_default_and_another_is_warned_of_over_http(server):
+    """The catalogue's IC-LoRA says it was trained at `reference_downscale_factor` 1 (tests/support/ltx2.py): a
+    request that sets none runs at 1, which its recipe records; one that sets 2 runs at 2, its X-Warnings naming the
+    trained 1 (the engine's judgement: tests/engine/families/test_ltx2_ic.py)."""
+    lora = f"local:{IC_LORA.file_name}"
+    parameters = {**PARAMETERS, "video": b64(VIDEO), "loras": [{"path": lora}]}
+    for downscale in (None, 2):
+        sent = {**parameters, "reference_downscale": downscale}
+        answer = httpx.post(server.url, json={"inputs": "a fox", "parameters": sent}, timeout=600)
+        assert answer.status_code == 200, answer.text[:300]
+        named = parse_recipe(decode_mp4(answer.content).comment or "").reference_video
+        assert named is not None and named.downscale == (downscale or 1)
+        warned = [w for w in json.loads(answer.headers.get("x-warnings", "[]")) if "reference_downscale" in w]
+        assert warned == (
+            []
+            if downscale is None
+            else [
+                f"reference_downscale=2 differs from the 1 LoRA {lora!r}"
+                f" (file {IC_LORA.file_name!r}) was trained with (its "
+                "metadata's reference_downscale_factor); ran at 2 as asked"
+            ]
+        )
