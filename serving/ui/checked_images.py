@@ -10,7 +10,8 @@ preprocesses with that one: a check wrapped on the instance was gone after a bas
 alternatives were weaker: `preprocess=False` on every event reading these inputs moves Gradio's editor handling
 (its canvas's blobs, held on the session's instance) into our handlers; sending these inputs no update at all
 holds only until someone sends one. Both are Gradio "templates" (`is_template`, as its own `gr.Sketchpad`): the
-browser shows its own Image and ImageEditor.
+browser shows its own Image and ImageEditor, given the props of their arguments (`get_config`: Gradio reads them
+off the constructor's signature, which here takes them as `**kwargs`).
 
 Gradio's ComponentMeta writes a `.pyi` beside the module defining a component class, at import: a copy of the
 whole module with the class's event stubs, which mypy reads instead of this file and which goes stale with any
@@ -28,6 +29,7 @@ from typing import Any
 
 import gradio as gr
 from gradio import component_meta
+from gradio.blocks import Block
 
 from engine.errors import InvalidRequestError
 from engine.images import ACCEPTED, read_size
@@ -64,6 +66,10 @@ with _no_stub():
             self._max_pixels, self._what = max_pixels, what
             super().__init__(value, **kwargs)
 
+        def get_config(self, cls: type[Block] | None = None) -> dict[str, Any]:
+            # The browser's props are those of `gr.Image`'s arguments (Gradio reads them off the signature).
+            return super().get_config(cls or gr.Image)
+
         def preprocess(self, payload: Any) -> Any:
             if payload is None:
                 return None
@@ -84,6 +90,9 @@ with _no_stub():
         def __init__(self, value: Any = None, *, max_pixels: int, **kwargs: Any) -> None:
             self._max_pixels = max_pixels
             super().__init__(value, **kwargs)
+
+        def get_config(self, cls: type[Block] | None = None) -> dict[str, Any]:
+            return super().get_config(cls or gr.ImageEditor)
 
         def preprocess(self, payload: Any) -> Any:
             if payload is not None:

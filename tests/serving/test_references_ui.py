@@ -280,3 +280,14 @@ def test_the_input_image_keeps_its_header_check_after_use_as_input_fills_a_slot(
         asyncio.run(demo.preprocess_data(events["read"], [editor_value(huge)], state, explicit_call=True))
     (read_back,) = asyncio.run(demo.preprocess_data(events["read"], [editor_value(small)], state, explicit_call=True))
     assert inputs.source_images(read_back, PIXELS)[0] == InputImage.from_pil(example_image(64, 64, 3))
+
+
+def test_the_browser_is_given_gradios_own_image_and_editor_with_every_prop():
+    """The checked slot and editor (`serving.ui.checked_images`) reach the browser as Gradio's Image and ImageEditor,
+    each with the props a plain one of the same arguments has (their limit is none of them)."""
+    with gr.Blocks():
+        panel = inputs.input_panel(FOUR, gr.Textbox(), PIXELS, slots=1)
+    for checked, plain in ((panel.references[0], gr.Image), (panel.editor, gr.ImageEditor)):
+        config = checked.get_config()
+        assert checked.get_block_name() == plain(render=False).get_block_name()
+        assert config.keys() == plain(render=False).get_config().keys() and config["type"] == "filepath"
