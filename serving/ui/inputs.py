@@ -20,13 +20,13 @@ import gradio as gr
 from PIL import Image, ImageChops
 
 from engine.errors import InvalidRequestError
-from engine.images import ACCEPTED, open_image, read_size
+from engine.images import ACCEPTED, open_image
 from engine.requests import DECLARED_FIELDS, GenerateResult, InputImage, ModelDefaults
 from serving.demo.example import EDIT_PROMPT, EXAMPLE_IMAGE, EXAMPLE_PROMPT, EXAMPLE_STRENGTH, REFERENCE_IMAGES
-from serving.errors import user_errors
 from serving.handlers import Handlers
 from serving.ui import pool_views
 from serving.ui import references as refs
+from serving.ui.checked_images import CheckedEditor
 from serving.video import frame_count
 
 __all__ = [
@@ -76,15 +76,16 @@ class InputPanel:
 
 def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int, slots: int = 0) -> InputPanel:
     """The panel under the prompt; open at once on an editing pool (which takes no request without an image).
-    The editor's files are held to `max_pixels` by their headers before Gradio decodes them (`_header_checked`);
+    The editor's files are held to `max_pixels` by their headers before Gradio decodes them (`CheckedEditor`);
     `slots` reference slots under it (`serving.ui.references.slot_count`), shown where the pool takes them."""
     with gr.Accordion(
         "Start from an image (image-to-image; paint a mask to inpaint)", elem_id="inputs", **accordion_control(defaults)
     ) as accordion:
-        editor = gr.ImageEditor(
+        editor = CheckedEditor(
+            max_pixels=max_pixels,
             label=editor_label(defaults, slots),
             # As file paths (PNG: lossless), read by `engine.images`, the header judged against MAX_INPUT_PIXELS
-            # first, also before Gradio's own decode of them (`_header_checked`).
+            # first, also before Gradio's own decode of them (`CheckedEditor`).
             type="filepath",
             format="png",
             image_mode="RGBA",
@@ -96,7 +97,6 @@ def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int, sl
             height=360,
             elem_id="input-image",
         )
-        _header_checked(editor, max_pixels)
         references = refs.reference_slots(slots, defaults, max_pixels)
         strength = gr.Slider(elem_id="strength", **strength_control(defaults))
         gr.Examples(
@@ -126,37 +126,6 @@ def editor_label(defaults: ModelDefaults, slots: int) -> str:
     """The editor's label: "Image 1" where the pool takes further images (as the prompt names it)."""
     first = "Image 1" if refs.takes(defaults, slots) else "Input image"
     return f"{first} (paint what to repaint)"
-
-
-def _header_checked(editor: gr.ImageEditor, max_pixels: int) -> None:
-    """The editor refuses a file over `max_pixels` by its header, with our message, before its own preprocess
-    opens and converts every file with PIL (which would decode an image up to twice the cap first, and past that
-    answer PIL's own error). Wrapped on the instance: a subclass makes Gradio write a `.pyi` beside this module."""
-    preprocess = editor.preprocess
-
-    def checked(payload: Any) -> Any:
-        if payload is not None:
-            # The browser's canvas sends its layers as blobs, held under the payload's id; an API caller, files.
-            held = editor.blob_storage.get(payload.id) if payload.id is not None else payload
-            files = [("the input image", held.background), ("the input image", held.composite)] if held else []
-            files += [("the painted mask", layer) for layer in (held.layers if held else None) or ()]
-            with user_errors():
-                for what, file in files:
-                    if file is not None:
-                        read_size(_bytes_of(file, what), what=what, max_pixels=max_pixels)
-        return preprocess(payload)
-
-    editor.preprocess = checked  # type: ignore[method-assign]
-
-
-def _bytes_of(file: Any, what: str) -> bytes:
-    """A blob's bytes, or those of the file a `FileData` names."""
-    if isinstance(file, bytes | bytearray | memoryview):
-        return bytes(file)
-    try:
-        return Path(file.path).read_bytes()
-    except OSError as e:
-        raise InvalidRequestError(f"{what} could not be read ({e.strerror}); accepted: {ACCEPTED}") from e
 
 
 def wire_inputs(

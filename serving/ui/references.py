@@ -13,19 +13,16 @@ file and its header's size; the engine's check decodes it).
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
 from engine.errors import InvalidRequestError
-from engine.images import ACCEPTED, EncodedImage, read_size
+from engine.images import EncodedImage
 from engine.requests import ModelDefaults
-from serving.errors import user_errors
 from serving.ui.api_requests import read_image
+from serving.ui.checked_images import CheckedImage
 
 if TYPE_CHECKING:
     from engine.outcomes import ServedPool
@@ -69,11 +66,13 @@ def takes(defaults: ModelDefaults, count: int) -> int:
 
 def reference_slots(count: int, defaults: ModelDefaults, max_pixels: int) -> tuple[gr.Image, ...]:
     """The `count` slots, those the pool of `defaults` takes shown, in a row; each file's header is held to
-    `max_pixels` before Gradio opens it (`_header_checked`)."""
+    `max_pixels` before Gradio opens it, also after an update of the slot (`CheckedImage`)."""
     slots = []
     with gr.Row(elem_id="reference-slots"):
         for index, control in enumerate(slot_controls(defaults, count, clear=False)):
-            slot = gr.Image(
+            slot = CheckedImage(
+                max_pixels=max_pixels,
+                what=f"Image {index + 2}",
                 # A path (Gradio decodes nothing without an image_mode), read by `engine.images` as the request's.
                 type="filepath",
                 format="png",
@@ -85,7 +84,6 @@ def reference_slots(count: int, defaults: ModelDefaults, max_pixels: int) -> tup
                 elem_classes="reference-slot",
                 **control,
             )
-            _header_checked(slot, f"Image {index + 2}", max_pixels)
             slots.append(slot)
     return tuple(slots)
 
@@ -186,36 +184,3 @@ def use_result(
     out[1] = gr.Accordion(open=True)
     out[2 + index] = result
     return tuple(out)
-
-
-def _header_checked(slot: gr.Image, what: str, max_pixels: int) -> None:
-    """The slot refuses a file over `max_pixels` by its header, with our message, before its preprocess opens it
-    with PIL (whose own refusal of a decompression bomb names no limit of ours). Wrapped on the instance, as the
-    editor's (`serving.ui.inputs`)."""
-    preprocess = slot.preprocess
-
-    def checked(payload: Any) -> Any:
-        if payload is None:
-            return None
-        with user_errors():
-            read_size(_payload_bytes(payload, what), what=what, max_pixels=max_pixels)
-        if payload.path is not None and not (payload.url or "").startswith("data:"):
-            # The path, as Gradio's preprocess answers it without an image_mode: without its PIL open (which it
-            # leaves unclosed); the request decodes the file (`references_of`).
-            return str(payload.path)
-        return preprocess(payload)
-
-    slot.preprocess = checked  # type: ignore[method-assign]
-
-
-def _payload_bytes(payload: Any, what: str) -> bytes:
-    """The bytes of an image payload: a data URL's (a paste may arrive so) or those of the file it names."""
-    url = getattr(payload, "url", None) or ""
-    try:
-        if url.startswith("data:"):
-            return base64.b64decode(url.partition(",")[2], validate=True)
-        return Path(payload.path).read_bytes()
-    except (binascii.Error, ValueError) as e:
-        raise InvalidRequestError(f"{what} is not valid base64; accepted: {ACCEPTED}") from e
-    except (OSError, TypeError) as e:
-        raise InvalidRequestError(f"{what} could not be read ({e}); accepted: {ACCEPTED}") from e

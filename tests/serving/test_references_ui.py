@@ -209,15 +209,10 @@ def test_compare_starts_every_cell_from_the_same_images_in_order(tmp_path):
         _starting(None, 0.5, [a], handlers)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Gradio answers any update of a component, gr.skip() included, with a new one of its class in the "
-    "session (Blocks.postprocess_data), which the next event reads without the header check wrapped on the slot "
-    "built by reference_slots; the input image's editor likewise",
-)
 def test_a_slot_keeps_its_header_check_after_the_base_changes(tmp_path):
     """A new base's slots (hidden, emptied, shown again) pass through Gradio's own update of the session's
-    components; the slots the next event reads should still refuse a file over MAX_INPUT_PIXELS by its header."""
+    components, which answers each with a new slot built from its constructor's arguments; the slots the next event
+    reads still refuse a file over MAX_INPUT_PIXELS by its header (`serving.ui.checked_images`)."""
     from gradio.state_holder import SessionState
 
     huge = saved(tmp_path, "huge.png", Image.new("RGB", (3000, 3000), (200, 30, 30)))
@@ -240,10 +235,59 @@ def test_a_slot_keeps_its_header_check_after_the_base_changes(tmp_path):
     state = SessionState(demo)
     for browsed in ("me/single", "me/four"):
         asyncio.run(demo.postprocess_data(events["on_base"], list(on_base(browsed)), state))
+    assert all(state[slot._id] is not slot for slot in slots)  # the session's own, new, slots are read
     files = [
         {"path": path, "orig_name": Path(path).name, "meta": {"_type": "gradio.FileData"}} for path in (small, huge)
     ]
     with pytest.raises(gr.Error, match=rf"Image 3 is 3000x3000 \(9000000 pixels\); accepted: at most {PIXELS}"):
         asyncio.run(demo.preprocess_data(events["read"], files, state, explicit_call=True))
-    read_back = asyncio.run(demo.preprocess_data(events["read"], [files[0], None], state, explicit_call=True))
-    assert read_back == [small, None]
+    first, second = asyncio.run(demo.preprocess_data(events["read"], [files[0], None], state, explicit_call=True))
+    # The path of Gradio's copy of the upload in its cache, unopened.
+    assert Path(first).read_bytes() == Path(small).read_bytes() and second is None
+
+
+def test_the_input_image_keeps_its_header_check_after_use_as_input_fills_a_slot(tmp_path):
+    """ "Use as input" into a slot answers the input image's editor with `gr.skip()`, which Gradio answers with a new
+    editor in the session; the editor the next event reads still refuses a file over MAX_INPUT_PIXELS by its header,
+    and still hands a small one over as its paths."""
+    from gradio.state_holder import SessionState
+
+    huge = saved(tmp_path, "huge.png", Image.new("RGB", (3000, 3000), (200, 30, 30)))
+    small = saved(tmp_path, "small.png", example_image(64, 64, 3))
+    with gr.Blocks() as demo:
+        panel = inputs.input_panel(FOUR, gr.Textbox(), PIXELS, slots=2)
+        result = gr.Image()
+        shown = gr.Textbox()
+
+        def use(image: Image.Image) -> tuple:
+            return references.use_result(image, "2", {"background": small}, [None, None], 2)
+
+        def read(value: dict | None) -> str:
+            return str(value)
+
+        gr.Button().click(use, result, [panel.editor, panel.accordion, *panel.references])
+        gr.Button().click(read, panel.editor, shown)
+    events = {fn.fn.__name__: fn for fn in demo.fns.values()}
+    state = SessionState(demo)
+    asyncio.run(demo.postprocess_data(events["use"], list(use(example_image(64, 64, 5))), state))
+    assert state[panel.editor._id] is not panel.editor  # the session's own, new, editor is read
+
+    def editor_value(path: str) -> dict:
+        file = {"path": path, "orig_name": Path(path).name, "meta": {"_type": "gradio.FileData"}}
+        return {"background": file, "layers": [], "composite": file, "id": None}
+
+    with pytest.raises(gr.Error, match=rf"the input image is 3000x3000 \(9000000 pixels\); accepted: at most {PIXELS}"):
+        asyncio.run(demo.preprocess_data(events["read"], [editor_value(huge)], state, explicit_call=True))
+    (read_back,) = asyncio.run(demo.preprocess_data(events["read"], [editor_value(small)], state, explicit_call=True))
+    assert inputs.source_images(read_back, PIXELS)[0] == InputImage.from_pil(example_image(64, 64, 3))
+
+
+def test_the_browser_is_given_gradios_own_image_and_editor_with_every_prop():
+    """The checked slot and editor (`serving.ui.checked_images`) reach the browser as Gradio's Image and ImageEditor,
+    each with the props a plain one of the same arguments has (their limit is none of them)."""
+    with gr.Blocks():
+        panel = inputs.input_panel(FOUR, gr.Textbox(), PIXELS, slots=1)
+    for checked, plain in ((panel.references[0], gr.Image), (panel.editor, gr.ImageEditor)):
+        config = checked.get_config()
+        assert checked.get_block_name() == plain(render=False).get_block_name()
+        assert config.keys() == plain(render=False).get_config().keys() and config["type"] == "filepath"
