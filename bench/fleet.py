@@ -131,6 +131,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--real-gpu-s", type=float, default=real.gpu_s, help=f"--real: stand-in GPU's wait (default {real.gpu_s} s)")
     add("--real-cpu-inference", action="store_true", help="--real: real CPU inference instead of the stand-in GPU")
     add(
+        "--real-video-share",
+        type=float,
+        default=real.video_share,
+        help="--real: the share of requests that are tiny Wan videos on a pool of their own (default: none)",
+    )
+    add(
         "--real-fractions",
         type=_fractions,
         default=real.fractions,
@@ -289,6 +295,7 @@ def run_real(args: argparse.Namespace) -> dict[str, object]:
         fractions=args.real_fractions,
         seed=args.seed,
         gpu_s=0.0 if args.real_cpu_inference else args.real_gpu_s,
+        video_share=args.real_video_share,
     )
     root = Path(tempfile.mkdtemp(prefix="fleet-real-"))
     try:
@@ -310,7 +317,7 @@ def run_real(args: argparse.Namespace) -> dict[str, object]:
         )
     _say(f"ratio: {kind}" if ratio is None else f"ratio {ratio:.2f}: {kind}")
     line = (
-        f"fleet_real: replicas={options.replicas} adapters={options.adapters} "
+        f"fleet_real: replicas={options.replicas} adapters={options.adapters} video_share={options.video_share} "
         f"ours_rate={_rate(ours, bare=True)} ray_rate={_rate(ray, bare=True)} "
         f"ratio={'na' if ratio is None else f'{ratio:.2f}'} hit_ours={ours['hit_rate']:.3f} "
         f"hit_ray={ray['hit_rate']:.3f} sim_gap_ours={ours['sim_gap']:.3f} sim_gap_ray={ray['sim_gap']:.3f} "
