@@ -20,7 +20,10 @@ is a stand-in: each replica's pipeline call waits the model's inference time, sc
 because the model assumes one GPU per replica and replicas sharing a machine's cores slow each other
 (`--real-cpu-inference` runs it on the CPU instead, for contrast); everything else is real, and the model's
 service time includes the per-request overhead outside the replica, measured at the start. The rates bracket the
-knees the model predicts. Its last line is `fleet_real: replicas=<R> adapters=<N> ours_rate=<req/s> ray_rate=<req/s>
+knees the model predicts. `--real-video-share S` also sends that share of the requests as tiny Wan videos to a pool
+of their own (bench/fleet_real_run.py; their stand-in waits `bench.mixed`'s Wan table, scaled, a piece at a time),
+and the p95 compared is then the images'. Its last line is `fleet_real: replicas=<R> adapters=<N> video_share=<S>
+ours_rate=<req/s> ray_rate=<req/s>
 ratio=<ours/ray> hit_ours=<h> hit_ray=<h> sim_gap_ours=<gap> sim_gap_ray=<gap> p95_gap_ours=<gap>
 p95_gap_ray=<gap>`: the highest rate whose measured p95 is within the scaled target (interpolated; `na` when no
 rate tried was, and then the ratio is `na` too), the hit rates over the rates, the mean gap between measured and
