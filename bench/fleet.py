@@ -20,7 +20,10 @@ is a stand-in: each replica's pipeline call waits the model's inference time, sc
 because the model assumes one GPU per replica and replicas sharing a machine's cores slow each other
 (`--real-cpu-inference` runs it on the CPU instead, for contrast); everything else is real, and the model's
 service time includes the per-request overhead outside the replica, measured at the start. The rates bracket the
-knees the model predicts. Its last line is `fleet_real: replicas=<R> adapters=<N> ours_rate=<req/s> ray_rate=<req/s>
+knees the model predicts. `--real-video-share S` also sends that share of the requests as tiny Wan videos to a pool
+of their own (bench/fleet_real_run.py; their stand-in waits `bench.mixed`'s Wan table, scaled, a piece at a time),
+and the p95 compared is then the images'. Its last line is `fleet_real: replicas=<R> adapters=<N> video_share=<S>
+ours_rate=<req/s> ray_rate=<req/s>
 ratio=<ours/ray> hit_ours=<h> hit_ray=<h> sim_gap_ours=<gap> sim_gap_ray=<gap> p95_gap_ours=<gap>
 p95_gap_ray=<gap>`: the highest rate whose measured p95 is within the scaled target (interpolated; `na` when no
 rate tried was, and then the ratio is `na` too), the hit rates over the rates, the mean gap between measured and
@@ -130,6 +133,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--real-steps", type=int, default=real.steps, help=f"--real: denoising steps (default {real.steps})")
     add("--real-gpu-s", type=float, default=real.gpu_s, help=f"--real: stand-in GPU's wait (default {real.gpu_s} s)")
     add("--real-cpu-inference", action="store_true", help="--real: real CPU inference instead of the stand-in GPU")
+    add(
+        "--real-video-share",
+        type=float,
+        default=real.video_share,
+        help="--real: the share of requests that are tiny Wan videos on a pool of their own (default: none)",
+    )
     add(
         "--real-fractions",
         type=_fractions,
@@ -289,6 +298,7 @@ def run_real(args: argparse.Namespace) -> dict[str, object]:
         fractions=args.real_fractions,
         seed=args.seed,
         gpu_s=0.0 if args.real_cpu_inference else args.real_gpu_s,
+        video_share=args.real_video_share,
     )
     root = Path(tempfile.mkdtemp(prefix="fleet-real-"))
     try:
@@ -310,7 +320,7 @@ def run_real(args: argparse.Namespace) -> dict[str, object]:
         )
     _say(f"ratio: {kind}" if ratio is None else f"ratio {ratio:.2f}: {kind}")
     line = (
-        f"fleet_real: replicas={options.replicas} adapters={options.adapters} "
+        f"fleet_real: replicas={options.replicas} adapters={options.adapters} video_share={options.video_share} "
         f"ours_rate={_rate(ours, bare=True)} ray_rate={_rate(ray, bare=True)} "
         f"ratio={'na' if ratio is None else f'{ratio:.2f}'} hit_ours={ours['hit_rate']:.3f} "
         f"hit_ray={ray['hit_rate']:.3f} sim_gap_ours={ours['sim_gap']:.3f} sim_gap_ray={ray['sim_gap']:.3f} "

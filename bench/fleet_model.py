@@ -46,6 +46,7 @@ __all__ = [
     "Scenario",
     "percentile",
     "phase_of",
+    "request_kinds",
     "request_stream",
     "simulate",
     "simulate_phases",
@@ -278,8 +279,7 @@ class Fleet:
         """One result per rate: the measured requests split evenly between the rates, in order (one for closed loop)."""
         total = self.scenario.warmup + self.scenario.requests
         adapters, gaps = request_stream(self.scenario, seed)
-        kinds = random.Random(f"kinds-{seed}")
-        self._videos = [kinds.random() < self.scenario.video_share for _ in adapters]
+        self._videos = request_kinds(self.scenario, seed, len(adapters))
         clients = self.scenario.clients
         if clients is None and self.scenario.warmup_clients is not None:
             self.env.process(self._warm_then_poisson(rates, adapters, gaps))
@@ -325,6 +325,13 @@ def request_stream(scenario: Scenario, seed: int) -> tuple[list[int], list[float
     draws = random.Random(f"arrivals-{seed}")
     adapters = [catalogue.draw(draws) for _ in range(total)]
     return adapters, [draws.expovariate(1.0) for _ in range(total)]
+
+
+def request_kinds(scenario: Scenario, seed: int, count: int) -> list[bool]:
+    """Whether each of `count` requests is a video (`video_share` of them, drawn from a stream of their own, so the
+    adapters and gaps stay those of the images-only run); a real cluster can replay the same."""
+    kinds = random.Random(f"kinds-{seed}")
+    return [kinds.random() < scenario.video_share for _ in range(count)]
 
 
 def phase_of(index: int, scenario: Scenario, phases: int) -> int:

@@ -54,6 +54,7 @@ from scipy.stats import binom
 from bench.fleet_model import Costs, Scenario, percentile, simulate, simulate_phases
 from bench.fleet_policies import make_policy
 from bench.fleet_sweep import latency_curve, max_rate
+from bench.mixed import WAN_A10G, WAN_STEP_S
 
 __all__ = [
     "POLICY_OF",
@@ -98,6 +99,12 @@ class RealOptions:
     seed: int = 0
     # The stand-in GPU's inference time (CLUSTER_STANDIN_GPU_S); 0: real inference on the CPU cores, for contrast.
     gpu_s: float = 0.5
+    # The share of requests that are videos of a tiny Wan pool (its own deployment, `replicas` replicas, a Wan LoRA
+    # per adapter), on the stand-in GPU at `bench.mixed`'s Wan 2.1 1.3B table scaled by k: `video_steps` steps of
+    # 9.2 s x k and a decode of 1.0 s x k per latent frame of `video_frames`; 0: images only.
+    video_share: float = 0.0
+    video_steps: int = 50
+    video_frames: int = 81
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,7 @@ class Sample:
     hit: bool
     replica: str
     timing: dict[str, float]
+    video: bool = False
 
     @property
     def latency(self) -> float:
@@ -137,6 +145,9 @@ class RealRun:
     # The p95's distribution-free 95 % interval (p95_interval).
     p95_low_s: float = math.nan
     p95_high_s: float = math.nan
+    # With videos in the traffic: p50/p95 and their interval are the images' (the target's), these the videos'.
+    videos: int = 0
+    video_p95_s: float = math.nan
 
 
 def scaled_scenario(options: RealOptions, costs: Costs, phases: int = 1) -> Scenario:
@@ -152,13 +163,25 @@ def scaled_scenario(options: RealOptions, costs: Costs, phases: int = 1) -> Scen
         # The warm-up is sent by the closed-loop clients first, as fast as the replicas go.
         warmup_clients=options.clients,
         costs=costs,
+        video_share=options.video_share,
+        # The cluster runs each pool as its own deployment, one process per replica with a device of its own: no
+        # run waits for another pool's (step sharing between pools needs a replica holding both: not done yet).
+        device_sharing="off",
     )
 
 
-def scaled_costs(inference_s: float, swap_s: float, prepare_s: float) -> Costs:
-    """The model's costs for the cluster: its measured steps, and downloads as SDXL's scaled by k = T / 8.5 s."""
+def scaled_costs(inference_s: float, swap_s: float, prepare_s: float, options: RealOptions | None = None) -> Costs:
+    """The model's costs for the cluster: its measured steps, downloads as SDXL's scaled by k = T / 8.5 s, and a
+    video as the stand-in's (`video_waits`: a piece a step, the pieces' split matters only when a device is shared)."""
     k = inference_s / _SDXL_INFERENCE_S
+    step_s, chunk_s = video_waits(k)
+    video = options or RealOptions()
     return Costs(
+        video_pieces=video.video_steps,
+        video_piece_s=step_s,
+        video_decode_pieces=video_chunks(video.video_frames),
+        video_decode_s=chunk_s,
+        video_step_pieces=1,
         inference_s=inference_s,
         swap_cpu_s=swap_s,
         swap_scale=1.0,
@@ -166,6 +189,17 @@ def scaled_costs(inference_s: float, swap_s: float, prepare_s: float) -> Costs:
         prepare_s_per_mb=0.0,  # the tiny files cost the same to prepare whatever size they stand for
         bandwidth_mb_s=Costs.bandwidth_mb_s / k,
     )
+
+
+def video_waits(k: float) -> tuple[float, float]:
+    """The stand-in's seconds per video step and per decode chunk (CLUSTER_STANDIN_VIDEO_STEP_S, _CHUNK_S):
+    `bench.mixed`'s A10G table (Wan 2.1 1.3B, its sources there) scaled by k."""
+    return WAN_STEP_S * k, WAN_A10G[3] * k
+
+
+def video_chunks(frames: int) -> int:
+    """A video's decode chunks: its latent frames (Wan's VAE compresses time 4x), as the engine counts them."""
+    return (frames - 1) // 4 + 1
 
 
 def rates_around(knees: Mapping[str, float], saturation: float) -> list[float]:
@@ -217,14 +251,15 @@ def ratio_of(ours: Mapping[str, object], ray: Mapping[str, object]) -> tuple[flo
 
 
 def summarise(router: str, rate: float, samples: Sequence[Sample]) -> RealRun:
-    """One rate's measured requests (after the warm-up)."""
+    """One rate's measured requests (after the warm-up); latencies are the images' (videos' apart)."""
     ok = [s for s in samples if s.status == 200]
-    latencies = sorted(s.latency for s in ok)
+    latencies = sorted(s.latency for s in ok if not s.video)
+    videos = [s.latency for s in ok if s.video]
     span = max(s.done for s in ok) - min(s.sent for s in ok) if ok else 0.0
     low, high = p95_interval(len(latencies)) if latencies else (0, 0)
 
     def mean(name: str, where=lambda s: True) -> float:
-        values = [s.timing[name] for s in ok if name in s.timing and where(s)]
+        values = [s.timing[name] for s in ok if name in s.timing and where(s) and not s.video]
         return statistics.fmean(values) if values else math.nan
 
     return RealRun(
@@ -239,10 +274,12 @@ def summarise(router: str, rate: float, samples: Sequence[Sample]) -> RealRun:
         inference_s=mean("inference"),
         swap_s=mean("apply", lambda s: s.timing.get("apply", 0.0) > 0),
         prepare_s=mean("prepare", lambda s: not s.hit),
-        p95_replica_s=_p95([s.timing["total"] for s in ok if "total" in s.timing]),
-        p95_outside_s=_p95([s.latency - s.timing["total"] for s in ok if "total" in s.timing]),
+        p95_replica_s=_p95([s.timing["total"] for s in ok if "total" in s.timing and not s.video]),
+        p95_outside_s=_p95([s.latency - s.timing["total"] for s in ok if "total" in s.timing and not s.video]),
         p95_low_s=latencies[low - 1] if latencies else math.nan,
         p95_high_s=latencies[high - 1] if latencies else math.nan,
+        videos=len(videos),
+        video_p95_s=_p95(videos),
     )
 
 
@@ -289,14 +326,17 @@ def _compare(
         mine = sorted((run for run in runs if run.router == router), key=lambda run: run.rate)
         scenario = scaled_scenario(options, costs, phases=len(mine))
         sims = simulate_phases(scenario, make_policy(policy), [run.rate for run in mine], options.seed) if mine else []
+        # With videos the p95 compared is the images' (the target's) on both sides; the measured one already is.
         pairs = [
-            {"measured": dataclasses.asdict(r), "simulated": dataclasses.asdict(s)}
+            {"measured": dataclasses.asdict(r), "simulated": {**dataclasses.asdict(s), "p95_s": s.target_p95_s}}
             for r, s in zip(mine, sims, strict=True)
         ]
         for run, sim in zip(mine, sims, strict=True):
+            videos = f"  {run.videos} videos p95 {run.video_p95_s:.1f} s (model {sim.video_p95_s:.1f} s)"
             say(
                 f"{router:<16} {run.rate:7.3f}  hit {run.hit_rate:.3f} (model {sim.hit_rate:.3f})  "
-                f"p95 {run.p95_s:.2f} s [{run.p95_low_s:.2f}, {run.p95_high_s:.2f}] (model {sim.p95_s:.2f} s)"
+                f"p95 {run.p95_s:.2f} s [{run.p95_low_s:.2f}, {run.p95_high_s:.2f}] (model {sim.target_p95_s:.2f} s)"
+                + (videos if options.video_share else "")
             )
         rows.extend(pairs)
         rate, how = rate_at_target([(run.rate, run.p95_s) for run in mine], target)

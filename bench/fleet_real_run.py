@@ -1,6 +1,11 @@
 """The cluster side of `bench.fleet --real` (bench/fleet_real.py): Ray and Serve on this machine, the stand-in
 Hub with one tiny LoRA per adapter and SDXL-scaled download delays, and one application deployed per run, replaying
 a request stream from closed-loop clients and then, for an open-loop run, at Poisson arrivals.
+
+With `video_share`, the requests `bench.fleet_model.request_kinds` draws as videos (the model's own draw) are sent
+to a second pool, the tiny Wan's (its own deployment), each naming the adapter's Wan LoRA (one per adapter, its
+download delayed as the adapter's): `video_steps` steps and `video_frames` frames on the stand-in GPU, which waits a
+transformer block or a decode chunk at a time (`serving.cluster.standin`).
 """
 
 from __future__ import annotations
@@ -11,10 +16,11 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from bench.fleet_model import Catalogue, Costs, phase_of, request_stream
+from bench.fleet_model import Catalogue, Costs, phase_of, request_kinds, request_stream
 from bench.fleet_real import (
     _SDXL_INFERENCE_S,
     _TARGET_S,
@@ -30,6 +36,7 @@ from bench.fleet_real import (
     scaled_costs,
     scaled_scenario,
     summarise,
+    video_waits,
 )
 
 __all__ = ["Cluster", "measure"]
@@ -51,21 +58,44 @@ class Cluster:
         pipe = build_tiny_pipeline(seed=0)
         for index in range(options.adapters):
             self.hub.add_repo(self.repo(index), {"README.md": card(), WEIGHTS: peft_file(pipe, seed=index)})
+        if options.video_share:
+            self._add_wan_loras()
         self._runs = 0
+        self.kinds: list[bool] = []  # the run's requests that are videos (set by `measure`)
+        self.video_waits = (0.0, 0.0)  # the stand-in's seconds per video step and decode chunk (set by `measure`)
+
+    def _add_wan_loras(self) -> None:
+        from engine.families.tiny_wan import build_tiny_pipeline
+        from families.wan import MODEL_ID
+        from tests.support.loras import WEIGHTS, card, sft
+        from tests.support.wan import MODULES, factors, lora_file
+
+        pipe: Any = build_tiny_pipeline(seed=0)  # (diffusers' stubs do not name its parts)
+        transformer = pipe.transformer
+        for index in range(self.options.adapters):
+            tensors = lora_file(factors(transformer, MODULES[:4], seed=index), "peft", None)
+            self.hub.add_repo(self.repo(index, True), {"README.md": card(MODEL_ID), WEIGHTS: sft(tensors)})
 
     @staticmethod
-    def repo(index: int) -> str:
-        return f"fleet-real/lora-{index:04d}"
+    def repo(index: int, video: bool = False) -> str:
+        return f"fleet-real/{'wan-' if video else ''}lora-{index:04d}"
 
     def delay_downloads(self, k: float, seed: int) -> None:
         sizes = Catalogue(scaled_scenario(self.options, Costs()), seed).size_mb
         for index, size in enumerate(sizes):
-            self.hub.set_download_delay(self.repo(index), size / Costs.bandwidth_mb_s * k)
+            for video in (False, True) if self.options.video_share else (False,):
+                self.hub.set_download_delay(self.repo(index, video), size / Costs.bandwidth_mb_s * k)
 
     def settings(self, router: str):
+        from engine.models import PoolSetting
         from engine.settings import Settings
+        from families.sdxl import MODEL_ID as SDXL
+        from families.wan import MODEL_ID as WAN
 
+        # With videos, a second pool: the tiny Wan's, its own deployment of as many replicas.
+        pools = (PoolSetting("tiny", SDXL), PoolSetting("tiny-wan", WAN)) if self.options.video_share else ()
         return Settings(
+            pools=pools,
             model_id="tiny",
             device="cpu",
             dtype="float32",
@@ -79,6 +109,8 @@ class Cluster:
             cluster_own_hub_cache=True,
             # Inference as one GPU per replica would run it: a wait holding the slot and no core (0: on the CPU).
             cluster_standin_gpu_s=self.options.gpu_s,
+            cluster_standin_video_step_s=self.video_waits[0],
+            cluster_standin_video_chunk_s=self.video_waits[1],
             # The fleet model's replica: one preparation at a time, requests in order.
             prepare_workers=1,
             affinity_max_skip=0,
@@ -133,14 +165,18 @@ class Cluster:
 
     async def _send(self, client: httpx.AsyncClient, url: str, index: int, adapter: int) -> Sample:
         side, steps = self.options.side, self.options.steps
-        parameters = {"num_inference_steps": steps, "width": side, "height": side, "seed": index}
+        video = bool(self.kinds) and self.kinds[index]
+        parameters: dict[str, object] = {"num_inference_steps": steps, "width": side, "height": side, "seed": index}
+        if video:  # the Wan pool's own size; the table's steps and frames
+            parameters = {"num_inference_steps": self.options.video_steps, "num_frames": self.options.video_frames}
+            parameters["seed"] = index
         body = {"inputs": "a lighthouse", "parameters": parameters}
         sent = time.perf_counter()
         try:
-            answer = await client.post(url, json=body, headers={"lora": self.repo(adapter)})
+            answer = await client.post(url, json=body, headers={"lora": self.repo(adapter, video)})
         except httpx.HTTPError as e:
             print(f"request {index} failed: {type(e).__name__}: {e}", flush=True)
-            return Sample(index, sent, time.perf_counter(), 0, False, "", {})
+            return Sample(index, sent, time.perf_counter(), 0, False, "", {}, video)
         done = time.perf_counter()
         timing = dict(
             (name, float(value))
@@ -148,7 +184,10 @@ class Cluster:
             if value
         )
         hit = answer.headers.get("x-lora-cache", "").endswith("=hit")
-        return Sample(index, sent, done, answer.status_code, hit, answer.headers.get("x-replica", ""), timing)
+        if answer.status_code != 200:
+            print(f"request {index} answered {answer.status_code}: {answer.text[:200]}", flush=True)
+        replica = answer.headers.get("x-replica", "")
+        return Sample(index, sent, done, answer.status_code, hit, replica, timing, video)
 
     def close(self) -> None:
         self.hub.stop()
@@ -173,7 +212,8 @@ def measure(options: RealOptions, root: Path, hub_port: int, say) -> dict[str, o
             target = _TARGET_S * k
             say(f"calibration {calibration}: k={k:.4f}, p95 target {target:.2f} s")
             cluster.delay_downloads(k, options.seed)
-            costs = scaled_costs(service_s, calibration["swap_s"], calibration["prepare_s"])
+            cluster.video_waits = video_waits(k)
+            costs = scaled_costs(service_s, calibration["swap_s"], calibration["prepare_s"], options)
             knees = _predicted_rates(options, costs, target)
             # One grid of rates for both routers: their p95s compare at each rate.
             saturation = options.replicas / service_s
@@ -188,6 +228,9 @@ def measure(options: RealOptions, root: Path, hub_port: int, say) -> dict[str, o
             )
             scenario = scaled_scenario(options, costs, phases=len(rates))
             adapters, gaps = request_stream(scenario, options.seed)
+            cluster.kinds = request_kinds(scenario, options.seed, len(adapters))
+            measured_videos = sum(cluster.kinds[options.warmup :])
+            say(f"{sum(cluster.kinds)} of {len(adapters)} requests are videos, {measured_videos} measured")
             phase = [phase_of(index, scenario, len(rates)) for index in range(len(adapters))]
             spaced = [gap / rates[p] for gap, p in zip(gaps, phase, strict=True)]
             for router in POLICY_OF:

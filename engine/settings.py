@@ -215,6 +215,14 @@ class Settings(BaseModel):
     # Seconds each replica's pipeline call waits instead of denoising (serving/cluster/standin.py), for measuring
     # the cluster on shared CPUs as the fleet model's one GPU per replica (bench.fleet --real); 0: real inference.
     cluster_standin_gpu_s: Annotated[float, Field(ge=0.0, le=3600.0), Env("CLUSTER_STANDIN_GPU_S")] = 0.0
+    # A video pool's stand-in (the same file): seconds per denoising step (split evenly over the step's pieces:
+    # its guidance passes through its transformer's blocks, as the engine shares them) and per latent frame of its
+    # VAE decode; `bench.fleet --real` sets them from `bench.mixed`'s Wan table scaled as the image's wait.
+    # With a step of 0 a video's call waits CLUSTER_STANDIN_GPU_S over its steps, as an image's; a chunk of 0, none.
+    cluster_standin_video_step_s: Annotated[float, Field(ge=0.0, le=3600.0), Env("CLUSTER_STANDIN_VIDEO_STEP_S")] = 0.0
+    cluster_standin_video_chunk_s: Annotated[float, Field(ge=0.0, le=3600.0), Env("CLUSTER_STANDIN_VIDEO_CHUNK_S")] = (
+        0.0
+    )
     # Gradio's files (results, uploads, in GRADIO_TEMP_DIR) older than this many seconds are deleted (Gradio's
     # `delete_cache`, checked every `delete_cache`'s first figure of seconds), so a long-running Space's disk does
     # not fill with them; 0: kept until the server stops.

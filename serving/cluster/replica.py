@@ -38,7 +38,7 @@ from engine.requests import GenerateRequest, GenerateResult, LoraSpec
 from engine.settings import Settings
 from lora_catalog.hub import HubSource
 from serving.backends.local import LocalBackend
-from serving.cluster.standin import install_standin_gpu
+from serving.cluster.standin import VideoWaits, install_standin_gpu
 from serving.cluster.stats import SetBook
 from serving.video import packed
 
@@ -104,7 +104,13 @@ class PoolReplica:
         )
         if settings.cluster_standin_gpu_s:
             # For measuring the cluster on shared CPUs as one GPU per replica (bench.fleet --real).
-            install_standin_gpu(loaded.pipe, settings.cluster_standin_gpu_s)
+            video = VideoWaits(settings.cluster_standin_video_step_s, settings.cluster_standin_video_chunk_s)
+            install_standin_gpu(
+                loaded.pipe,
+                settings.cluster_standin_gpu_s,
+                family=loaded.family,
+                video=video if video.step_s else None,
+            )
         self._engine = Engine(loaded, settings, resolver)
         self._backend = LocalBackend.of(self._engine)
         # What this replica holds, loads, has on disk and measured: its routing stats for our router.

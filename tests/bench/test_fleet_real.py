@@ -18,6 +18,7 @@ from bench.fleet_real import (
     POLICY_OF,
     RealOptions,
     RealRun,
+    Sample,
     _compare,
     p95_interval,
     rate_at_target,
@@ -25,7 +26,10 @@ from bench.fleet_real import (
     ratio_of,
     scaled_costs,
     scaled_scenario,
+    summarise,
+    video_waits,
 )
+from bench.mixed import WAN_A10G, WAN_STEP_S
 from tests.bench.test_plots import is_png
 
 SMALL = RealOptions(replicas=2, adapters=40, capacity=3, warmup=40, requests=120, clients=2)
@@ -80,6 +84,24 @@ def test_the_tiny_model_stands_for_sdxl_scaled_in_time():
     scenario = scaled_scenario(SMALL, costs, phases=3)
     assert (scenario.replicas, scenario.adapters, scenario.capacity, scenario.clients) == (2, 40, 3, None)
     assert scenario.requests == 3 * SMALL.requests
+
+
+def test_videos_are_timed_by_bench_mixed_s_table_and_kept_out_of_the_images_p95():
+    mixed = dataclasses.replace(SMALL, video_share=0.05)
+    costs = scaled_costs(inference_s=0.425, swap_s=0.004, prepare_s=0.03, options=mixed)
+    k = 0.425 / Costs.inference_s
+    # The stand-in's waits and the model's video: Wan's 50 steps and 81 frames' 21 latent frames, each scaled by k.
+    assert video_waits(k) == (pytest.approx(WAN_STEP_S * k), pytest.approx(WAN_A10G[3] * k))
+    assert sum(costs.pieces(True, split=True)) == pytest.approx((50 * WAN_STEP_S + 21 * WAN_A10G[3]) * k)
+    scenario = scaled_scenario(mixed, costs)
+    # Each pool its own deployment: no run waits for another pool's (what the model calls `off`).
+    assert (scenario.video_share, scenario.device_sharing) == (0.05, "off")
+    images = [Sample(i, 0.0, 0.5 + i / 100, 200, i % 2 == 0, "r", {"total": 0.4}) for i in range(20)]
+    videos = [Sample(20 + i, 0.0, 30.0 + i, 200, False, "r", {"total": 29.0}, video=True) for i in range(2)]
+    found = summarise("ours", 1.0, images + videos)
+    # The images' p95 is the 19th of their 20 latencies (nearest rank), the videos' the later of their two.
+    assert (found.p95_s, found.videos, found.video_p95_s) == (pytest.approx(0.5 + 18 / 100), 2, 31.0)
+    assert found.hit_rate == pytest.approx(10 / 22)  # over every request, as the model counts it
 
 
 def run(router: str, rate: float, hit: float, p95: float) -> RealRun:

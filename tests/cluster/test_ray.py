@@ -349,11 +349,18 @@ def test_a_replica_killed_mid_run_is_replaced_and_no_request_is_lost(cluster, cl
 
     threads = [threading.Thread(target=client, args=([0],))]
     threads += [threading.Thread(target=client, args=(list(range(k, len(jobs), 2)),)) for k in (1, 2)]
+    actor = ray.get_actor(replica_actor(cluster_settings, home), namespace="serve")
     threads[0].start()
-    time.sleep(1.0)  # the long request is on its LoRA's home replica by now
+
+    def long_request_on_home() -> bool:
+        # Serve's own count of the requests a replica has accepted and not answered (what its routers probe; its
+        # actor answers it on a thread of its own, beside the running request): only the long one was sent yet.
+        return ray.get(actor.get_num_ongoing_requests.remote(), timeout=30) >= 1
+
+    wait_until(long_request_on_home, "the long request on its LoRA's home replica", 120, poll=0.05)
     for thread in threads[1:]:
         thread.start()
-    ray.kill(ray.get_actor(replica_actor(cluster_settings, home), namespace="serve"), no_restart=True)
+    ray.kill(actor, no_restart=True)
     for thread in threads:
         thread.join(600)
     assert sorted(answers) == list(range(len(jobs)))

@@ -1,6 +1,8 @@
 """The stand-in GPU of `bench.fleet --real` (serving/cluster/standin.py): its wait holds no core, and a replica's
 engine runs no second image while one waits; it waits a step at a time with the step callback after each, so with
-step sharing an image behind a video goes at the video's next step (the whole video with the whole-run lock)."""
+step sharing an image behind a video goes at the video's next step (the whole video with the whole-run lock); a
+tiny Wan video waits a piece at a time (a block of a guidance pass, a decode chunk), the engine's boundary through
+the device's scheduler between each two."""
 
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
+from engine.pipeline.inference import run_pieces
+from engine.pipeline.sharing import scheduler_for
 from engine.pipeline.stepshare import DeviceScheduler
 from engine.requests import GenerateRequest
-from serving.cluster.standin import install_standin_gpu
+from serving.cluster.standin import VideoWaits, install_standin_gpu
 from tests.support.checks import generate
 from tests.support.stepshare import WAIT_S, started, until
 
@@ -138,3 +143,42 @@ def test_the_standin_is_shared_step_by_step_as_a_gpu(own_loaded, step) -> None:
     order = [pool for pool, _ in log]
     # Step sharing: the image's two steps at the video's next boundary; the whole-run lock: after the video.
     assert order == (["wan"] * 3 + ["sdxl"] * 2 + ["wan"] * 9 if step else ["wan"] * 12 + ["sdxl"] * 2)
+
+
+class _Logged(DeviceScheduler):
+    """The scheduler, with each run's pieces and each boundary (the pieces left) written into a shared log."""
+
+    def __init__(self, log: list[tuple[str, float]]) -> None:
+        super().__init__(first_guess_s=1e-9)
+        self.log = log
+
+    def boundary(self, run, remaining: int, *, share: bool) -> None:
+        self.log.append(("boundary", remaining))
+        super().boundary(run, remaining, share=share)
+
+
+def test_a_video_waits_a_piece_at_a_time_through_the_device_scheduler(base_settings, tiny_wan_dir, loaded_wan):
+    from engine.pipeline.loading import load_pipeline
+    from tests.support.dit import local_engine
+
+    settings = base_settings.replace(
+        model_id=str(tiny_wan_dir), base_model_id=loaded_wan.base_model_id, device_sharing="step"
+    )
+    loaded = load_pipeline(settings)  # its own: the stand-in changes its class and its blocks' forwards
+    log: list[tuple[str, float]] = []
+    waits = VideoWaits(step_s=0.8, chunk_s=0.3)
+    install_standin_gpu(loaded.pipe, 0.5, lambda s: log.append(("wait", s)), family=loaded.family, video=waits)
+    scheduler = _Logged(log)
+    request = GenerateRequest(prompt="a fox", steps=3, width=64, height=64, seed=1, num_frames=9, guidance=5.0)
+    with scheduler_for(torch.device("cpu"), scheduler), local_engine(loaded, settings) as engine:
+        result = generate(engine, request)
+        pieces = run_pieces(loaded.pipe, engine.check(request), loaded.family)
+    blocks = len(loaded.pipe.transformer.blocks)
+    # 3 steps of 2 guidance passes through the blocks, then 3 decode chunks (9 frames: 1 + 8 / 4), as the engine
+    # counts a run's pieces; each a wait, a boundary between each two.
+    assert pieces == 3 * 2 * blocks + 3
+    expected = [0.8 / (2 * blocks)] * (3 * 2 * blocks) + [0.3] * 3
+    assert [seconds for kind, seconds in log if kind == "wait"] == pytest.approx(expected)
+    assert [entry[0] for entry in log] == ["wait", "boundary"] * (pieces - 1) + ["wait"]
+    assert [left for kind, left in log if kind == "boundary"] == list(range(pieces - 1, 0, -1))
+    assert len(result.frames) == 9 and result.frames[0].getpixel((0, 0)) == (128, 128, 128)
