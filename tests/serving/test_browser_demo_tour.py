@@ -47,13 +47,6 @@ def few_steps(page, steps: int = 2) -> None:
     page.locator("#steps input[type=number]").press("Enter")
 
 
-# Gradio's own Image.preprocess opens an uploaded reference with PIL and leaves it unclosed (the garbage collector
-# closes it) once the session has updated the slot (a base change): the session's copy of the slot is made anew,
-# without the instance's wrapped preprocess (`serving.ui.references._header_checked`), which never opens it.
-# Only that file is ignored, any other unraisable still fails.
-@pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <_io.FileIO name='[^']*/reference-[23].png':pytest.PytestUnraisableExceptionWarning"
-)
 @pytest.mark.timeout(1200)
 def test_a_newcomer_makes_an_image_an_edit_from_two_references_and_a_video(page, demo, tmp_path):
     from playwright.sync_api import expect
