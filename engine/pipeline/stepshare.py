@@ -1,17 +1,18 @@
 """The device's time, handed out per denoising step: one `DeviceScheduler` per device (`DEVICE_SHARING`).
 
 Every pool's run holds the device for one piece of work at a time and comes back at each boundary between two
-(`DeviceTurn.boundary`, `engine.pipeline.inference.run_pieces`): an image's piece is a denoising step (its VAE
-decode part of its last; the boundary: the pipeline's step callback); a video's is one transformer block of a
-forward of its denoiser (Wan's step is two forwards, the conditional and the unconditional guidance pass, each
-through its 30 blocks on the 1.3B, so an image waits at most one block: forward pre-hooks on the blocks; a whole
-forward where the denoiser is compiled) or one latent frame of its VAE's decode (a forward pre-hook on the decoder).
+(`DeviceTurn.boundary`, `engine.pipeline.inference.run_pieces`): an image's piece is a denoising step (its first
+with its prompt's encoding; the boundary: the pipeline's step callback) or, after its last, its VAE decode; a
+video's is one transformer block of a forward of its denoiser (Wan's step is two forwards, the conditional and the
+unconditional guidance pass, each through its 30 blocks on the 1.3B, so an image waits at most one block: forward
+pre-hooks on the blocks; a whole forward where the denoiser is compiled) or one latent frame of its VAE's decode (a
+forward pre-hook on the decoder).
 The policy, at each boundary where other runs wait:
 
 - the run with the least remaining device time goes next: its remaining pieces × its pool's measured time per
-  piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured), a video's
-  VAE decode chunks left × its pool's time per chunk, measured apart (`left_s`, `PieceTimes` in
-  `engine.pipeline.stepshare_policy`: a chunk is many times a block, and
+  piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured), its VAE
+  decode's pieces left (a video's chunks, an image's one) × its pool's time per chunk, measured apart (`left_s`,
+  `PieceTimes` in `engine.pipeline.stepshare_policy`: a chunk is many times a block, and
   one average of both put a video at its decode far nearer its end than it was, so it kept the device for its
   whole decode before an image with less left);
 - no run starves: one that has waited longer than `STEP_SHARING_STARVE_STEPS` of its own steps (its pieces a
