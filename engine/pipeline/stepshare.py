@@ -12,7 +12,7 @@ The policy, at each boundary where other runs wait:
 - the run with the least remaining device time goes next: its remaining pieces × its pool's measured time per
   piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured), its VAE
   decode's pieces left (a video's chunks, an image's one) × its pool's time per chunk, measured apart (`left_s`,
-  `PieceTimes` in `engine.pipeline.stepshare_policy`: a chunk is many times a block, and
+  `PieceTimes` in `engine.pipeline.stepshare_policy`, the fleet model's too: a chunk is many times a block, and
   one average of both put a video at its decode far nearer its end than it was, so it kept the device for its
   whole decode before an image with less left);
 - no run starves: one that has waited longer than `STEP_SHARING_STARVE_STEPS` of its own steps (its pieces a
