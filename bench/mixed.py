@@ -64,7 +64,6 @@ WAN_STEP_S, WAN_PASSES, WAN_BLOCKS = 9.2, 2, 30
 WAN_STEP_PIECES = WAN_PASSES * WAN_BLOCKS
 WAN_A10G = (50 * WAN_STEP_PIECES, WAN_STEP_S / WAN_STEP_PIECES, 21, 1.0)
 DEVICES = ("cpu", "cuda")
-_KINDS = ((SDXL_A10G, False), (WAN_A10G, True))
 
 
 @dataclass(frozen=True)
@@ -250,7 +249,8 @@ def _model_gap(options: Options, measured: dict[str, tuple[Figures, float, Recor
     for mode, (found, video_s, record) in measured.items():
         image_s = found.image_p95_vs_alone * _alone_s(SDXL_A10G)
         sharing: Sharing = "step" if mode == "step" else "run"
-        image, video = (measured_cost(record.shares, kind, options.scale, video) for kind, video in _KINDS)
+        image = measured_cost(record.shares, SDXL_A10G, options.scale, video=False)
+        video = measured_cost(record.shares, WAN_A10G, options.scale, video=True)
         model = model_p95s(plan, sharing, options.starve, options.scale, image, video, WAN_STEP_PIECES)
         mine = (sim_gap(model[0], image_s), sim_gap(model[1], video_s))
         gaps.extend(mine)

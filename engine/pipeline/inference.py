@@ -191,9 +191,9 @@ def _boundaries(
     """Calls `boundary(pieces left)` between each two of the run's pieces (`run_pieces`), one a piece; yields the
     boundary its step callback calls, if any (with the steps and decode chunks left after that step's end).
 
-    - An image, or a video whose steps are one piece each: at each step's end (the step callback; the last one's
-      before the decode, an image's last piece), then before
-      each latent frame of the video VAE's decode but the first (the last step's end was that boundary).
+    - An image, or a video whose steps are one piece each: at each step's end (the step callback; the last one's is
+      before the decode, an image's last piece), then before each latent frame of the video VAE's decode but the
+      first (the last step's end was that boundary).
     - A video whose steps make several pieces (Wan's guidance passes, each its blocks): before each block of its
       denoisers but the run's first (forward pre-hooks on the first stage's blocks and a second stage's), and
       before each decode chunk; its step callback makes none (the next block's boundary is at the same point).
