@@ -1,16 +1,18 @@
 """A replica's GPU in the fleet model (bench/fleet_model.py), shared between its pools as the engine shares it.
 
-The engine hands a device's time out per piece of work (`engine.pipeline.stepshare`, issue 48): a denoising step,
-or one latent frame of a video VAE's decode. `SimDevice` is that scheduler on simpy's clock: a run holds the device
-for one piece at a time and at each boundary between two pieces the device goes to whichever run the engine's own
-policy picks (`stepshare.goes_next`: the least remaining device time, unless a run has waited longer than
-`STEP_SHARING_STARVE_STEPS` of its own steps), each pool's time per piece being the engine's moving average
-(`stepshare.averaged`). How it is shared and the bound are read from the engine's settings (`DEVICE_SHARING`,
-`STEP_SHARING_STARVE_STEPS`, resolved as for a persistent CUDA device: `auto` is step sharing, ZeroGPU's per-call
-GPU the whole-run lock), never restated here. With `run` a run holds the device from its first piece to its last
-(the whole-run lock; the next run is still the policy's pick); with `off` nothing waits for the device (a GPU per
-pool). A pool runs one request at a time (the replica's pool slot, outside this device), as in the engine. What a
-new run has ahead of it on the device is the engine's count too (`ahead_s`: `stepshare.time_ahead`).
+The engine hands a device's time out per piece of work (`engine.pipeline.stepshare`, issue 48): a denoising step, or
+one latent frame of a video VAE's decode. `SimDevice` is that scheduler on simpy's clock: a run holds the device for
+one piece at a time and at each boundary between two pieces the device goes to whichever run the engine's own policy
+picks (`stepshare.goes_next`: the least remaining device time, unless a run has waited longer than
+`STEP_SHARING_STARVE_STEPS` of its own steps), each pool's time per piece and per decode chunk being the engine's
+own estimate (`stepshare.PieceTimes`: a run's decode chunks, its last `chunks` pieces, timed apart from its
+denoising pieces, as the engine's `turn(chunks=)`). How it is shared and the bound are read from the engine's
+settings (`DEVICE_SHARING`, `STEP_SHARING_STARVE_STEPS`, resolved as for a persistent CUDA device: `auto` is step
+sharing, ZeroGPU's per-call GPU the whole-run lock), never restated here. With `run` a run holds the device from its
+first piece to its last (the whole-run lock; the next run is still the policy's pick); with `off` nothing waits for
+the device (a GPU per pool). A pool runs one request at a time (the replica's pool slot, outside this device), as in
+the engine. What a new run has ahead of it on the device is the engine's count too (`ahead_s`:
+`stepshare.time_ahead`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import simpy
 import torch
 
 from engine.pipeline.sharing import Sharing, sharing_mode
-from engine.pipeline.stepshare import FIRST_GUESS_S, averaged, goes_next, time_ahead
+from engine.pipeline.stepshare import FIRST_GUESS_S, PieceTimes, goes_next, time_ahead
 from engine.settings import Settings
 
 __all__ = ["SimDevice", "SimRun", "image_pieces"]
@@ -45,8 +47,7 @@ class SimRun:
     starve: float
     video: bool
     waiting_since: float | None = None
-    # Its last pieces that are a VAE decode's (timed apart by the engine: `stepshare.left_s`); the cost table's
-    # decode chunks are not told apart here yet.
+    # Its last pieces that are a VAE decode's (timed apart, as the engine's: `stepshare.left_s`).
     chunks: int = 0
     wake: simpy.Event | None = None
     started_s: float | None = None  # when it first held the device
@@ -61,10 +62,9 @@ class SimDevice:
         self, env: simpy.Environment, sharing: Sharing, starve: float, first_guess_s: float = FIRST_GUESS_S
     ) -> None:
         self.env, self.sharing, self.starve = env, sharing, starve
-        self._first_guess_s = first_guess_s
+        self._piece = PieceTimes(first_guess_s)
         self._holder: SimRun | None = None
         self._waiting: list[SimRun] = []
-        self._piece_s: dict[str, float] = {}
         self._seq = itertools.count(1)
 
     @classmethod
@@ -74,13 +74,13 @@ class SimDevice:
         return cls(env, sharing, settings.step_sharing_starve_steps)
 
     def run(
-        self, pool: str, pieces: Sequence[float], *, video: bool, step_pieces: int = 1
+        self, pool: str, pieces: Sequence[float], *, video: bool, step_pieces: int = 1, chunks: int = 0
     ) -> Generator[simpy.Event, object, SimRun]:
         """A run of `pool` whose pieces take `pieces` seconds each of the device, a boundary between each two, its
-        steps `step_pieces` pieces each (the starvation bound's unit, as the engine's): returns once its last one
-        ends. (An image's decode follows a boundary after its last step, as the engine's
-        `boundary(0)`: `image_pieces`.)"""
-        run = SimRun(next(self._seq), pool, max(len(pieces), 1), self.starve * step_pieces, video)
+        steps `step_pieces` pieces each (the starvation bound's unit), its last `chunks` its VAE decode's (timed
+        apart), as the engine's `turn`: returns once its last one ends. (An image's decode is a piece of its own
+        after its last step's boundary, as the engine's: `image_pieces`.)"""
+        run = SimRun(next(self._seq), pool, max(len(pieces), 1), self.starve * step_pieces, video, chunks=chunks)
         if self.sharing == "off":
             run.started_s = self.env.now
             yield self.env.timeout(sum(pieces))
@@ -88,8 +88,7 @@ class SimDevice:
         yield from self._wait(run)
         for done, piece in enumerate(pieces, start=1):
             yield self.env.timeout(piece)
-            if piece > 0:  # as the engine: a piece of no time is no measure of a pool's piece
-                self._piece_s[pool] = averaged(self._piece_s.get(pool), piece)
+            self._piece.held(run, piece)  # begun with `run.remaining` left, as the engine times it
             run.remaining = max(len(pieces) - done, 1)  # counted under the whole-run lock too, as the engine's
             if done < len(pieces) and self.sharing == "step":
                 yield from self._boundary(run, len(pieces) - done)
@@ -128,9 +127,6 @@ class SimDevice:
         self._holder = chosen
         assert chosen.wake is not None
         chosen.wake.succeed()
-
-    def _piece(self, pool: str) -> float:
-        return self._piece_s.get(pool, self._first_guess_s)
 
     def ahead_s(self, pool: str, own_s: float) -> float:
         """The device time other pools' runs take before a new run of `pool` needing `own_s` ends, as the engine's

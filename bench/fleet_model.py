@@ -141,9 +141,10 @@ class Replica:
                     yield env.timeout(costs.swap_s)
                     self.fused[video] = adapter
                 # Images alone never share the device: one piece is the same run, in far fewer events.
-                pieces = costs.pieces(video, split=self.fleet.scenario.video_share > 0)
+                split = self.fleet.scenario.video_share > 0
+                pieces, chunks = costs.pieces(video, split), costs.chunks(video, split)
                 step_pieces = costs.video_step_pieces if video else 1
-                yield from self.device.run(_POOL[video], pieces, video=video, step_pieces=step_pieces)
+                yield from self.device.run(_POOL[video], pieces, video=video, step_pieces=step_pieces, chunks=chunks)
         self.busy_since[video] = None
         self.backlog_s[video] -= expected
         self.pinned[adapter] -= 1

@@ -62,6 +62,11 @@ class Costs:
             return [self.video_piece_s] * self.video_pieces + [self.video_decode_s] * self.video_decode_pieces
         return image_pieces(self.image_steps, self.inference_s / self.image_steps) if split else [self.inference_s]
 
+    def chunks(self, video: bool, split: bool) -> int:
+        """A run's last `pieces` that are its VAE decode's, timed apart as the engine times them: a video's decode
+        chunks; a split image's decode (`image_pieces`); none of an image as one piece."""
+        return self.video_decode_pieces if video else int(split)
+
 
 @dataclass(frozen=True)
 class Scenario:

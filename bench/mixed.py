@@ -17,11 +17,13 @@ backlog of 0.3 × its 8 minutes), and `--image-load 0.5` shows it.
 The cost table (A10G, one request at a time, fp16), each figure with its source; claims are the publishers':
 - SDXL 1024², 30 steps: 9.399 s, the PyTorch baseline on an A10 in stabilityai/stable-diffusion-xl-1.0-tensorrt's
   model card (claim; the A10G is taken as the A10), so 0.313 s a step with the text encoders and the VAE decode
-  folded in (the image decode stays whole: its last piece).
+  folded in; the decode is a piece of its own after the last step's boundary, as the engine's image run makes it
+  (`engine.pipeline.inference.decode_pieces`), here of no time (the source times the run whole).
 - Wan 2.1 T2V 1.3B, 480p (832×480), 81 frames, 50 steps: "about 4 minutes" on an RTX 4090 in Wan's README
   (claim), times 2.0 for an A10G (our estimate: the A10's 125 dense FP16 tensor TFLOPS and 600 GB/s against the
   4090's 165 and 1,008 GB/s), so 480 s: 50 steps of 9.2 s, and the VAE decode's 21 latent frames at 1.0 s each
-  (estimate; each a piece of its own). A step's pieces are as the engine makes them (`engine.pipeline.inference.
+  (estimate; each a piece of its own, timed apart from the blocks as the engine times a run's decode chunks:
+  `stepshare.left_s`). A step's pieces are as the engine makes them (`engine.pipeline.inference.
   run_pieces`): its two guidance passes, each through the 1.3B transformer's 30 blocks, a boundary before each
   block: 3,000 pieces of 9.2 / 60 = 0.153 s. The even split is our estimate: both passes run the same tokens
   through the same transformer (only the text embeddings differ), and its 30 blocks are alike (the patch
@@ -49,15 +51,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.pipeline.stepshare import DeviceTurn
+from engine.pipeline.stepshare import DeviceScheduler, DeviceTurn
 from engine.settings import Settings
 
 from .mixed_model import Arrival, Figures, Recorded, arrivals, figures, replay
 
 # (denoiser pieces, seconds each, decode pieces, seconds each) on the stand-in A10G: sources above. An SDXL step is
-# one piece (its guidance batched into one forward), a Wan step 60 (its two guidance passes, one after the other,
-# each through its transformer's 30 blocks).
-SDXL_A10G = (30, 9.399 / 30, 0, 0.0)
+# one piece (its guidance batched into one forward), its decode one of no time; a Wan step 60 (its two guidance
+# passes, one after the other, each through its transformer's 30 blocks).
+SDXL_A10G = (30, 9.399 / 30, 1, 0.0)
 WAN_STEP_S, WAN_PASSES, WAN_BLOCKS = 9.2, 2, 30
 WAN_STEP_PIECES = WAN_PASSES * WAN_BLOCKS
 WAN_A10G = (50 * WAN_STEP_PIECES, WAN_STEP_S / WAN_STEP_PIECES, 21, 1.0)
@@ -119,25 +121,36 @@ def stand_in(options: Options, mode: str) -> tuple[Figures, float, Recorded]:
     pools = {False: _Fifo(), True: _Fifo()}
 
     def run(arrival: Arrival) -> None:
-        steps, step_s, chunks, chunk_s = WAN_A10G if arrival.video else SDXL_A10G
-        costs = [step_s] * steps + [chunk_s] * chunks
-        pool = "wan" if arrival.video else "sdxl"
-        with (
-            pools[arrival.video],
-            scheduler.turn(
-                pool,
-                len(costs),
-                video=arrival.video,
-                starve=options.starve,
-                step_pieces=WAN_STEP_PIECES if arrival.video else 1,
-                step=mode == "step",
-            ) as turn,
-        ):
-            held(turn, [cost * options.scale for cost in costs])
+        with pools[arrival.video]:
+            stand_in_run(scheduler, arrival.video, options, mode)
 
     result = replay(plan, options.scale, run, scheduler)
     found = figures(result, _alone_s(SDXL_A10G) * options.scale, WAN_STEP_S * options.scale)
     return found, found.video_p95 / options.scale, scheduler
+
+
+def stand_in_run(
+    scheduler: DeviceScheduler,
+    video: bool,
+    options: Options,
+    mode: str,
+    clock: Callable[[], float] = time.perf_counter,
+    wait: Callable[[float], object] | None = None,
+) -> None:
+    """One run of the table's image or video on the stand-in A10G's `scheduler`, its turn taken as the engine's
+    (`engine.pipeline.sharing.pool_turn`: its pieces, a step's, and its last `chunks` a decode's, timed apart)."""
+    steps, step_s, chunks, chunk_s = WAN_A10G if video else SDXL_A10G
+    costs = [step_s] * steps + [chunk_s] * chunks
+    with scheduler.turn(
+        "wan" if video else "sdxl",
+        len(costs),
+        video=video,
+        starve=options.starve,
+        step_pieces=WAN_STEP_PIECES if video else 1,
+        step=mode == "step",
+        chunks=chunks,
+    ) as turn:
+        held(turn, [cost * options.scale for cost in costs], clock, wait)
 
 
 def held(
@@ -236,7 +249,8 @@ def _model_gap(options: Options, measured: dict[str, tuple[Figures, float, Recor
     for mode, (found, video_s, record) in measured.items():
         image_s = found.image_p95_vs_alone * _alone_s(SDXL_A10G)
         sharing: Sharing = "step" if mode == "step" else "run"
-        image, video = (measured_cost(record.shares, kind, options.scale) for kind in (SDXL_A10G, WAN_A10G))
+        image = measured_cost(record.shares, SDXL_A10G, options.scale, video=False)
+        video = measured_cost(record.shares, WAN_A10G, options.scale, video=True)
         model = model_p95s(plan, sharing, options.starve, options.scale, image, video, WAN_STEP_PIECES)
         mine = (sim_gap(model[0], image_s), sim_gap(model[1], video_s))
         gaps.extend(mine)

@@ -3,9 +3,10 @@
 pool is checked against the engine's real `DeviceScheduler` on real threads (`sim_gap`, printed by `bench.mixed`).
 
 Each pool runs one request at a time in arrival order (the replay's FIFO), each run its pieces from the same cost
-table; the first guess of a pool's piece time is the real scheduler's (`FIRST_GUESS_S` real seconds, so that many
-over `scale` on the A10G's clock). `sim_gap` for a kind is |model p95 / measured p95 - 1|, the measured p95 taken on
-the A10G's scale (real seconds over `scale`), both by `bench.mixed_model.p95`.
+table (its decode pieces timed apart, as the stand-in's and the engine's); the first guess of a pool's piece time is
+the real scheduler's (`FIRST_GUESS_S` real seconds, so that many over `scale` on the A10G's clock). `sim_gap` for a
+kind is |model p95 / measured p95 - 1|, the measured p95 taken on the A10G's scale (real seconds over `scale`), both
+by `bench.mixed_model.p95`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Generator, Sequence
 
 import simpy
 
-from bench.fleet_device import SimDevice, image_pieces
+from bench.fleet_device import SimDevice
 from bench.mixed_model import Arrival, p95
 from engine.events import RunShare
 from engine.pipeline.sharing import Sharing
@@ -23,7 +24,7 @@ from engine.pipeline.stepshare import FIRST_GUESS_S
 
 __all__ = ["measured_cost", "model_p95s", "sim_gap"]
 
-Cost = tuple[int, float, int, float]  # steps, seconds a step, decode pieces, seconds a decode piece
+Cost = tuple[int, float, int, float]  # denoising pieces, seconds each, decode pieces, seconds each
 
 
 def model_p95s(
@@ -47,11 +48,10 @@ def model_p95s(
         steps, step_s, chunks, chunk_s = video if arrival.video else image
         with pools[arrival.video].request() as held:
             yield held
-            pieces = [step_s] * steps + [chunk_s] * chunks if chunks else image_pieces(steps, step_s)
+            pieces = [step_s] * steps + [chunk_s] * chunks
             step_pieces = video_step_pieces if arrival.video else 1
-            yield from device.run(
-                "wan" if arrival.video else "sdxl", pieces, video=arrival.video, step_pieces=step_pieces
-            )
+            pool = "wan" if arrival.video else "sdxl"
+            yield from device.run(pool, pieces, video=arrival.video, step_pieces=step_pieces, chunks=chunks)
         latencies[arrival.video].append(env.now - arrival.at_s)
 
     for arrival in plan:
@@ -60,12 +60,12 @@ def model_p95s(
     return p95(latencies[False]), p95(latencies[True])
 
 
-def measured_cost(shares: Sequence[RunShare], table: Cost, scale: float) -> Cost:
+def measured_cost(shares: Sequence[RunShare], table: Cost, scale: float, video: bool) -> Cost:
     """`table`'s cost as a replay's device held it (A10G seconds): each piece stretched by the mean ratio of a run's
-    device time to its table time, over the runs of its kind (a video has decode pieces, an image none)."""
+    device time to its table time, over the runs of its kind (`video` or not)."""
     steps, step_s, chunks, chunk_s = table
     alone_s = (steps * step_s + chunks * chunk_s) * scale
-    ratios = [s.device_s / alone_s for s in shares if s.video == bool(chunks)]
+    ratios = [s.device_s / alone_s for s in shares if s.video == video]
     stretch = statistics.fmean(ratios) if ratios else 1.0
     return steps, step_s * stretch, chunks, chunk_s * stretch
 

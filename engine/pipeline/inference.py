@@ -10,7 +10,8 @@ device's memory, they are made one at a time, on the same weights. On a GPU one 
 (`engine.pipeline.stepshare`: a whole run, or with step sharing one step, at a time), so the memory plan keeps one
 pool's working memory free, not every pool's. A run's `boundary(pieces left)` is called once per piece of its device
 time but the first (`run_pieces`, `_boundaries`) and may pause the run there, its latents kept as they are: an
-image's pieces are its steps; a video's are its denoiser's blocks (`FamilySpec.denoiser_blocks`: forward pre-hooks
+image's pieces are its steps (the first with its prompt's encoding) and its VAE decode (the boundary at its last
+step's end sets it apart); a video's are its denoiser's blocks (`FamilySpec.denoiser_blocks`: forward pre-hooks
 on each of Wan's transformer blocks, in each of its two guidance passes a step, so that an image waits one block,
 not a whole pass), or its whole forwards where the family names no blocks or the denoiser's forward is compiled
 (hooks inside a compiled forward would break its graph), and the latent frames of its VAE's decode (a forward
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Drawn",
     "decode_chunks",
+    "decode_pieces",
     "denoiser_passes",
     "engine_error",
     "forward_pieces",
@@ -83,7 +85,7 @@ def infer(
     `_images`'; `boundary(pieces left)` between each two pieces of its device time (`_boundaries`,
     `engine.pipeline.stepshare`)."""
     steps = request.steps
-    chunks = decode_chunks(pipe, request)
+    decode = decode_pieces(pipe, request)
     boundaries = _boundaries(pipe, family, request, boundary)
     previews = StepPreviews.for_run(decoder, preview_every, steps, preview)
     # The latents a step hands its callback, made spatial for the decoders (a DiT packs them into tokens).
@@ -111,7 +113,7 @@ def infer(
         if at_step is not None and done < total:
             at_step(done, total)
         if at_step_end is not None:
-            at_step_end(total - done + chunks)
+            at_step_end(total - done + decode)
         return callback_kwargs
 
     call = partial(_images, pipe, request, family, on_step, at_step)
@@ -138,11 +140,18 @@ def _batch_or_each(call: Callable[[tuple[int, ...]], Drawn], seeds: tuple[int, .
 
 
 def decode_chunks(pipe: Any, request: CheckedRequest) -> int:
-    """The pieces a video's VAE decode is shared in (its latent frames: Wan's decoder takes one at a time); 0 for
-    an image, whose decode is part of its last step."""
+    """The pieces a video's VAE decode is shared in (its latent frames: Wan's decoder takes one at a time, a
+    boundary before each but the first); 0 for an image, or a video whose VAE decodes whole."""
     if not request.num_frames or getattr(getattr(pipe, "vae", None), "decoder", None) is None:
         return 0
     return (request.num_frames - 1) // int(getattr(pipe, "vae_scale_factor_temporal", 4) or 4) + 1
+
+
+def decode_pieces(pipe: Any, request: CheckedRequest) -> int:
+    """The last pieces of a run (`run_pieces`) that are its VAE decode's, timed apart from its denoising pieces
+    (`stepshare.left_s`): a video's decode chunks, else one, the decode whole (its last step's end is a boundary:
+    the step callback's)."""
+    return decode_chunks(pipe, request) or 1
 
 
 def denoiser_passes(family: FamilySpec, request: CheckedRequest) -> int:
@@ -160,11 +169,8 @@ def forward_pieces(pipe: Any, family: FamilySpec) -> int:
 def run_pieces(pipe: Any, request: CheckedRequest, family: FamilySpec) -> int:
     """The pieces a run holds the device for, one at a time with step sharing: an image's steps; a video's denoiser
     blocks (steps × `denoiser_passes` × `forward_pieces`; a second stage's transformer has the first's blocks, as
-    Wan 2.2 A14B's two) and decode chunks. `infer` makes one boundary fewer (none before the first)."""
-    chunks = decode_chunks(pipe, request)
-    if not chunks:
-        return request.steps
-    return request.steps * denoiser_passes(family, request) * forward_pieces(pipe, family) + chunks
+    Wan 2.2 A14B's two); then its `decode_pieces`. `infer` makes one boundary fewer (none before the first)."""
+    return request.steps * step_pieces(pipe, request, family) + decode_pieces(pipe, request)
 
 
 def step_pieces(pipe: Any, request: CheckedRequest, family: FamilySpec) -> int:
@@ -193,8 +199,9 @@ def _boundaries(
     """Calls `boundary(pieces left)` between each two of the run's pieces (`run_pieces`), one a piece; yields the
     boundary its step callback calls, if any (with the steps and decode chunks left after that step's end).
 
-    - An image, or a video whose steps are one piece each: at each step's end (the step callback), then before
-      each latent frame of the video VAE's decode but the first (the last step's end was that boundary).
+    - An image, or a video whose steps are one piece each: at each step's end (the step callback; the last one's is
+      before the decode, an image's last piece), then before each latent frame of the video VAE's decode but the
+      first (the last step's end was that boundary).
     - A video whose steps make several pieces (Wan's guidance passes, each its blocks): before each block of its
       denoisers but the run's first (forward pre-hooks on the first stage's blocks and a second stage's), and
       before each decode chunk; its step callback makes none (the next block's boundary is at the same point).

@@ -17,7 +17,7 @@ import torch
 from engine.devices import normal_device
 from engine.events import EngineEvents, RunShare
 from engine.models import HUB_ID
-from engine.pipeline.inference import decode_chunks, run_pieces, step_pieces
+from engine.pipeline.inference import decode_pieces, run_pieces, step_pieces
 from engine.pipeline.stepshare import Ahead, DeviceScheduler
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def pool_turn(
         starve=settings.step_sharing_starve_steps,
         cancel=cancel,
         step_pieces=step_pieces(pipe, request, loaded.family),
-        chunks=decode_chunks(pipe, request),
+        chunks=decode_pieces(pipe, request),
         on_wait=getattr(progress, "waiting", None),
         on_share=pool.events.device_shared,
     )

@@ -1,16 +1,18 @@
 """The device's time, handed out per denoising step: one `DeviceScheduler` per device (`DEVICE_SHARING`).
 
 Every pool's run holds the device for one piece of work at a time and comes back at each boundary between two
-(`DeviceTurn.boundary`, `engine.pipeline.inference.run_pieces`): an image's piece is a denoising step (its VAE
-decode part of its last; the boundary: the pipeline's step callback); a video's is one transformer block of a
-forward of its denoiser (Wan's step is two forwards, the conditional and the unconditional guidance pass, each
-through its 30 blocks on the 1.3B, so an image waits at most one block: forward pre-hooks on the blocks; a whole
-forward where the denoiser is compiled) or one latent frame of its VAE's decode (a forward pre-hook on the decoder).
+(`DeviceTurn.boundary`, `engine.pipeline.inference.run_pieces`): an image's piece is a denoising step (its first
+with its prompt's encoding; the boundary: the pipeline's step callback) or, after its last, its VAE decode; a
+video's is one transformer block of a forward of its denoiser (Wan's step is two forwards, the conditional and the
+unconditional guidance pass, each through its 30 blocks on the 1.3B, so an image waits at most one block: forward
+pre-hooks on the blocks; a whole forward where the denoiser is compiled) or one latent frame of its VAE's decode (a
+forward pre-hook on the decoder).
 The policy, at each boundary where other runs wait:
 
 - the run with the least remaining device time goes next: its remaining pieces × its pool's measured time per
-  piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured), a video's
-  VAE decode chunks left × its pool's time per chunk, measured apart (`left_s`: a chunk is many times a block, and
+  piece (a moving average of the pieces it held the device for; `first_guess_s` until one is measured), its VAE
+  decode's pieces left (a video's chunks, an image's one) × its pool's time per chunk, measured apart (`left_s`,
+  `PieceTimes` in `engine.pipeline.stepshare_policy`, the fleet model's too: a chunk is many times a block, and
   one average of both put a video at its decode far nearer its end than it was, so it kept the device for its
   whole decode before an image with less left);
 - no run starves: one that has waited longer than `STEP_SHARING_STARVE_STEPS` of its own steps (its pieces a
@@ -40,19 +42,29 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
 
 from engine.errors import GenerationCancelledError
 from engine.events import RunShare
+from engine.pipeline.stepshare_policy import (
+    FIRST_GUESS_S,
+    PieceTimes,
+    Waiter,
+    averaged,
+    decoding,
+    goes_next,
+    left_s,
+    time_ahead,
+)
 
 __all__ = [
     "FIRST_GUESS_S",
     "Ahead",
     "DeviceScheduler",
     "DeviceTurn",
+    "PieceTimes",
     "RunShare",
     "Waiter",
     "averaged",
@@ -66,85 +78,6 @@ logger = logging.getLogger(__name__)
 
 # How often a waiting run looks at its cancel event (a threading.Event cannot wake a condition by itself).
 _CANCEL_POLL_S = 0.02
-# A pool's time per piece until one is measured (the fleet model's too: `bench.fleet_device`).
-FIRST_GUESS_S = 1.0
-# The weight of the newest piece in a pool's moving average.
-_NEWEST = 0.3
-# A pool's decode chunks are averaged under its name and this (`decoding`).
-_DECODE = " decode"
-
-
-class Waiter(Protocol):
-    """What the policy reads of a run: a scheduler's own, or a model's (`bench.fleet_device`)."""
-
-    @property
-    def seq(self) -> int: ...
-    @property
-    def pool(self) -> str: ...
-    @property
-    def remaining(self) -> int: ...
-    @property
-    def chunks(self) -> int: ...
-    @property
-    def starve(self) -> float: ...
-    @property
-    def waiting_since(self) -> float | None: ...
-
-
-W = TypeVar("W", bound=Waiter)
-
-
-def decoding(pool: str) -> str:
-    """The name `pool`'s decode chunks are timed under (apart from its denoising pieces)."""
-    return pool + _DECODE
-
-
-def left_s(run: Waiter, piece_s: Callable[[str], float]) -> float:
-    """`run`'s remaining device time: its denoising pieces left × its pool's time per piece, and its decode chunks
-    left (its last `chunks` pieces) × its pool's time per chunk."""
-    chunks = min(run.chunks, run.remaining)
-    return (run.remaining - chunks) * piece_s(run.pool) + chunks * piece_s(decoding(run.pool))
-
-
-def goes_next(waiting: Sequence[W], holder: W | None, now: float, piece_s: Callable[[str], float]) -> W:
-    """The run that goes next among `waiting` and `holder` at `now`, a pool's time per piece being `piece_s(pool)`:
-    the policy of the module docstring, the one declaration of it (the device scheduler's and the fleet model's)."""
-
-    def since(run: W) -> float:
-        return now if run.waiting_since is None else run.waiting_since
-
-    starved = [r for r in waiting if now - since(r) > r.starve * piece_s(r.pool)]
-    if starved:
-        return min(starved, key=lambda r: (since(r), r.seq))
-    candidates = [*waiting, *([holder] if holder is not None else [])]
-    return min(candidates, key=lambda r: (left_s(r, piece_s), r is not holder, r.seq))
-
-
-def time_ahead(
-    runs: Iterable[Waiter], pool: str, own_s: float, piece_s: Callable[[str], float], *, whole_run: bool = False
-) -> float:
-    """The device time other pools' `runs` (on the device or waiting for it) take before a new run of `pool` needing
-    `own_s` ends: all of a run with less left (it goes first), at most `own_s` of a longer one (its pieces interleave
-    with the new run's once it has waited its bound, until the new run ends). Under the whole-run lock
-    (`whole_run`) nothing interleaves: all of the run holding the device (`waiting_since` None: it keeps it to its
-    end) and of a waiting run with less left, nothing of a longer waiting one (the new run goes before it). The one
-    declaration of it (the device scheduler's queue places and Retry-After, and the fleet model's router:
-    `bench.fleet_device`)."""
-    total = 0.0
-    for run in runs:
-        if run.pool == pool:
-            continue
-        left = left_s(run, piece_s)
-        if not whole_run:
-            total += min(left, own_s)
-        elif run.waiting_since is None or left < own_s:
-            total += left
-    return total
-
-
-def averaged(known: float | None, piece: float) -> float:
-    """A pool's time per piece once it has held the device for `piece` more seconds: a moving average."""
-    return piece if known is None else (1 - _NEWEST) * known + _NEWEST * piece
 
 
 @dataclass(frozen=True)
@@ -209,11 +142,10 @@ class DeviceScheduler:
 
     def __init__(self, *, clock: Callable[[], float] = time.perf_counter, first_guess_s: float = FIRST_GUESS_S) -> None:
         self._clock = clock
-        self._first_guess_s = first_guess_s
         self._cond = threading.Condition()
         self._holder: _Run | None = None
         self._waiting: list[_Run] = []
-        self._piece_s: dict[str, float] = {}
+        self._piece = PieceTimes(first_guess_s)
         self._seq = itertools.count(1)
         self._listeners: list[Callable[[RunShare], None]] = []
 
@@ -326,11 +258,7 @@ class DeviceScheduler:
         piece = now - run.held_since
         run.held_since = None
         run.device_s += piece
-        if piece <= 0:
-            return  # nothing held (a boundary just before the run's end): no measure of a piece
-        # The piece began with `run.remaining` left: a decode chunk when those were all chunks.
-        key = decoding(run.pool) if run.remaining <= run.chunks else run.pool
-        self._piece_s[key] = averaged(self._piece_s.get(key), piece)
+        self._piece.held(run, piece)
 
     def _leave(self, run: _Run) -> None:
         with self._cond:
@@ -347,13 +275,6 @@ class DeviceScheduler:
             listener(share)
 
     # -- estimates ---------------------------------------------------------------------------------
-
-    def _piece(self, pool: str) -> float:
-        """`pool`'s time per piece (a `decoding` name: per chunk, its denoising pieces' until one is measured)."""
-        known = self._piece_s.get(pool)
-        if known is None and pool.endswith(_DECODE):
-            known = self._piece_s.get(pool.removesuffix(_DECODE))
-        return self._first_guess_s if known is None else known
 
     def _left_s(self, run: _Run) -> float:
         return left_s(run, self._piece)
@@ -383,7 +304,7 @@ class DeviceScheduler:
     def piece_s(self, pool: str) -> float | None:
         """`pool`'s measured time per piece (None: not yet measured)."""
         with self._cond:
-            return self._piece_s.get(pool)
+            return self._piece.measured(pool)
 
     @property
     def waiting(self) -> int:

@@ -115,7 +115,7 @@ def test_bench_mixeds_model_replay_waits_one_step_with_sharing_and_the_video_wit
     from bench.mixed_model import Arrival
     from bench.mixed_sim import model_p95s
 
-    video, image = (VIDEO_STEPS, VIDEO_STEP_S, 21, 1.0), (IMAGE_STEPS, IMAGE_STEP_S, 0, 0.0)
+    video, image = (VIDEO_STEPS, VIDEO_STEP_S, 21, 1.0), (IMAGE_STEPS, IMAGE_STEP_S, 1, 0.0)  # its decode: no time
     plan = (Arrival(0.0, True, 0), Arrival(IMAGE_ARRIVES_S, False, 1))
     video_alone, image_alone = VIDEO_STEPS * VIDEO_STEP_S + 21 * 1.0, IMAGE_STEPS * IMAGE_STEP_S
     image_s, video_s = model_p95s(plan, "step", 8.0, 1.0, image, video)
@@ -138,3 +138,22 @@ def test_the_model_counts_a_video_ahead_of_a_run_as_the_engines_scheduler_does(o
     # An image shorter than the video: as much of the video as its own time (interleaved); a longer run: all of it.
     assert expected == min(own_s, len(pieces) * VIDEO_STEP_S / 2)
     assert model.ahead_s("image", own_s) == expected and model.ahead_s("video", own_s) == 0.0
+
+
+def test_the_model_counts_a_video_at_its_decode_at_its_chunks_time_not_its_blocks():
+    # As the engine's scheduler (tests/engine/pipeline/test_stepshare.py): a video's decode chunks (1 s) timed apart
+    # from its blocks (0.1 s). At its decode with 3 chunks (3 s) left it gives the device to an image with 2 s left
+    # (two pieces at the first guess); one average of both (0.37 s) would have kept the device for its whole decode.
+    env = simpy.Environment()
+    device = SimDevice(env, "step", 8.0, first_guess_s=1.0)
+    runs: dict[str, SimRun] = {}
+
+    def one(pool: str, at: float, pieces: list[float], chunks: int):
+        yield env.timeout(at)
+        runs[pool] = yield from device.run(pool, pieces, video=bool(chunks), step_pieces=2, chunks=chunks)
+
+    env.process(one("wan", 0.0, [0.1] * 4 + [1.0] * 4, 4))
+    env.process(one("sdxl", 1.0, [1.0] * 2, 0))  # during the decode's first chunk
+    env.run()
+    assert runs["sdxl"].started_s == pytest.approx(0.4 + 1.0) and runs["wan"].pauses == 1
+    assert env.now == pytest.approx(0.4 + 4.0 + 2.0)

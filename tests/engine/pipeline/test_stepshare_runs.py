@@ -1,11 +1,11 @@
 """Runs paused on the device and resumed (issue 48) through the engine, on the tiny pipelines with step sharing on
 (DEVICE_SHARING=step on the CPU): a tiny Wan video paused at several steps, between a step's two guidance passes,
-inside a pass between two of its transformer's blocks (Wan 2.1, and Wan 2.2 A14B's second stage) and inside its
-VAE decode, and a tiny SDXL image paused at several steps, each give the bytes of the same run unpaused; a video
-makes one boundary per piece but its first, as many as `run_pieces` counted (its denoisers' blocks, called as
-diffusers' pipeline calls them, and its decode chunks); a video cancelled while paused leaves at once
-and its pool serves exactly what it served before. A pause is forced by a rival run (another pool's, one piece)
-sent to the device at that boundary: it goes first, having less left."""
+inside a pass between two of its transformer's blocks (Wan 2.1, and Wan 2.2 A14B's second stage) and inside its VAE
+decode, and a tiny SDXL image paused at several steps, each give the bytes of the same run unpaused; a video makes
+one boundary per piece but its first, as many as `run_pieces` counted (its denoisers' blocks, called as diffusers'
+pipeline calls them, and its decode chunks), and an image likewise (its steps and its decode); a video cancelled
+while paused leaves at once and its pool serves exactly what it served before. A pause is forced by a rival run
+(another pool's, one piece) sent to the device at that boundary: it goes first, having less left."""
 
 from __future__ import annotations
 
@@ -83,12 +83,14 @@ class Counted(DeviceScheduler):
         super().__init__(first_guess_s=1e-9)
         self.pieces: list[int] = []
         self.step_pieces: list[int] = []
+        self.chunks: list[int] = []
         self.left: list[int] = []
 
     @contextmanager
     def turn(self, pool: str, pieces: int, **options: Any) -> Iterator[DeviceTurn]:
         self.pieces.append(pieces)
         self.step_pieces.append(options.get("step_pieces", 1))
+        self.chunks.append(options.get("chunks", 0))
         with super().turn(pool, pieces, **options) as turn:
             yield turn
 
@@ -261,6 +263,23 @@ def test_an_image_paused_at_several_steps_gives_the_unpaused_bytes(base_settings
         rivals.join()
     assert paused == alone
     assert [s.pauses for s in shares if s.pool != "rival"][-1] == 3
+
+
+def test_an_image_makes_a_boundary_between_each_two_pieces_run_pieces_counted(base_settings, loaded):
+    # Its steps (the first with its prompt's encoding), then its VAE decode: the boundary at its last step's end
+    # sets the decode apart, a piece of its own, timed apart as a video's decode chunks (`chunks`).
+    scheduler, pipe = Counted(), loaded.pipe
+    settings = base_settings.replace(device_sharing="step")
+    with (
+        scheduler_for(CPU, scheduler),
+        local_engine(loaded, settings, settings.local_lora_dir) as sdxl,
+        before_calls(pipe.unet, None, set()) as steps,
+        before_calls(pipe.vae.decoder, None, set()) as decodes,
+    ):
+        generate(sdxl, image())
+    assert steps[0] == image().steps and decodes[0] == 1
+    assert scheduler.pieces == [steps[0] + decodes[0]] and scheduler.chunks == [1] and scheduler.step_pieces == [1]
+    assert scheduler.left == list(range(scheduler.pieces[0] - 1, 0, -1))
 
 
 def test_a_video_cancelled_while_paused_leaves_at_once_and_its_pool_serves_what_it_served(wan_engine, shared):
