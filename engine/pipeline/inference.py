@@ -49,6 +49,7 @@ __all__ = [
     "engine_error",
     "forward_pieces",
     "infer",
+    "latent_frames",
     "made",
     "run_pieces",
     "step_pieces",
@@ -144,7 +145,13 @@ def decode_chunks(pipe: Any, request: CheckedRequest) -> int:
     boundary before each but the first); 0 for an image, or a video whose VAE decodes whole."""
     if not request.num_frames or getattr(getattr(pipe, "vae", None), "decoder", None) is None:
         return 0
-    return (request.num_frames - 1) // int(getattr(pipe, "vae_scale_factor_temporal", 4) or 4) + 1
+    return latent_frames(pipe, request.num_frames)
+
+
+def latent_frames(pipe: Any, frames: int) -> int:
+    """The latent frames a video of `frames` frames has (its VAE's temporal compression: Wan's 4, the first frame
+    alone), as the video pipeline makes its latents."""
+    return (frames - 1) // int(getattr(pipe, "vae_scale_factor_temporal", 4) or 4) + 1
 
 
 def decode_pieces(pipe: Any, request: CheckedRequest) -> int:

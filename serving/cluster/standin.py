@@ -37,6 +37,7 @@ from diffusers.pipelines.wan.pipeline_output import WanPipelineOutput
 from PIL import Image
 
 from engine.families.spec import FamilySpec
+from engine.pipeline.inference import latent_frames
 
 __all__ = ["VideoWaits", "install_standin_gpu"]
 
@@ -133,7 +134,7 @@ def _video_call(
     guided = float(kwargs.get("guidance_scale") or 1.0) > 1.0
     passes = family.guidance_passes if guided and family is not None else 1
     frames = int(kwargs.get("num_frames") or 1)
-    chunks = (frames - 1) // int(getattr(pipe, "vae_scale_factor_temporal", 4) or 4) + 1
+    chunks = latent_frames(pipe, frames)
     # Zeros of the latents' shape (a preview of them is flat); nothing reads what the waiting blocks pass on.
     scale = int(getattr(pipe, "vae_scale_factor_spatial", 8) or 8)
     channels = int(getattr(pipe.vae.config, "z_dim", 16))
