@@ -22,6 +22,8 @@ from .ours import round_robin
 
 __all__ = ["measure_convert_trace"]
 
+_TURNS = 15
+
 
 def measure_convert_trace(
     denoiser: nn.Module, family: Family, files: Iterable[tuple[str, Path]], repeats: int, clock: Clock, say: Callable
@@ -37,13 +39,15 @@ def measure_convert_trace(
             "traced": lambda _, t=tensors: convert_traced(table.convert, t),
             "plain": lambda _, t=tensors: table.convert(dict(t)),  # the converter pops what it reads: a fresh dict
         }
-        samples = round_robin(clock, ways, repeats)
+        # A conversion takes milliseconds: many turns, so that one descheduling does not decide the median.
+        samples = round_robin(clock, ways, max(repeats, _TURNS))
         turns = [t / p for t, p in zip(samples["traced"], samples["plain"], strict=True)]
+        more = statistics.median(t - p for t, p in zip(samples["traced"], samples["plain"], strict=True))
         ratios.extend(turns)
         traced, plain = statistics.median(samples["traced"]), statistics.median(samples["plain"])
         say(
             f"{label} ({len(tensors)} tensors): converter traced {traced:.1f} ms, alone {plain:.1f} ms, "
-            f"traced/alone {statistics.median(turns):.2f} (median of {repeats} turns); "
-            f"{(traced - plain) / len(tensors) * 500:.1f} ms more per 500 tensors"
+            f"traced/alone {statistics.median(turns):.2f} (median of {len(turns)} turns); "
+            f"{more / len(tensors) * 500:.1f} ms more per 500 tensors (median of the turns' differences)"
         )
     return statistics.median(ratios)
