@@ -63,6 +63,7 @@ def report(
     exactness: Exactness,
     say: Say,
     lycoris: FormatsResults | None = None,
+    convert_trace: float | None = None,
 ) -> dict[str, object]:
     """Print everything, write the JSON file if asked, and end with the one-line verdict."""
     formats = {fmt: i for i, fmt in enumerate(options.formats)}
@@ -116,6 +117,7 @@ def report(
         "interleaved_ranks": list(ours.interleaved),
         "exactness": asdict(exactness),
         "headline": {"rank": rank, "swap_ms": swap_ms, "swap_vs_floor": vs_floor, "swap_vs_reference": vs_reference},
+        "convert_trace_vs_plain": convert_trace,
         "floor_kernels": [{"rank": r, "kernel": k, "best_ms": t} for r, k, t in ours.floor_kernels],
         "lycoris": None
         if lycoris is None
@@ -135,7 +137,11 @@ def report(
 
         for path in save_with_plots(results, options.plot_dir, "swap"):
             say(f"wrote {path}")
-    say(f"swap_vs_floor={vs_floor:.2f} swap_vs_reference={vs_reference:.1f} exact={str(exactness.exact).lower()}")
+    traced = "" if convert_trace is None else f" convert_trace_vs_plain={convert_trace:.2f}"
+    say(
+        f"swap_vs_floor={vs_floor:.2f} swap_vs_reference={vs_reference:.1f} exact={str(exactness.exact).lower()}"
+        f"{traced}"
+    )
     return results
 
 

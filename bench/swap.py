@@ -37,8 +37,10 @@ from one small pool, so every base tensor can be regenerated and compared bit fo
 swaps every tensor must equal its regenerated value (`exact`), and after the reference cycles the
 difference is the reference's drift. The default run (ranks 8 and 32, few repeats) takes about 15
 minutes on 2 CPU cores; --full is the sweep (ranks 8, 32, 128, more repeats). The last line is
-`swap_vs_floor=<c/e> swap_vs_reference=<a/c> exact=<true|false>` at the headline rank (32 when
-measured), all formats together: c/e is the median of the swap-by-swap ratios, a/c a ratio of medians.
+`swap_vs_floor=<c/e> swap_vs_reference=<a/c> exact=<true|false> convert_trace_vs_plain=<t>` at the headline rank
+(32 when measured), all formats together: c/e is the median of the swap-by-swap ratios, a/c a ratio of medians;
+t the preparation's conversion traced (to find the tensors a converter drops: `bench.convert_trace`) over the
+family's converter alone, on each first file of a pair, median of turn-by-turn ratios.
 """
 
 from __future__ import annotations
@@ -60,12 +62,13 @@ import diffusers
 import torch
 import transformers
 
+from bench.convert_trace import measure_convert_trace
 from bench.flux_slice import build_flux_slice, flux_pool, flux_targets, write_flux_pair
 from bench.formats import measure_formats
 from bench.krea2_slice import build_krea2_slice, krea2_pool, krea2_targets, write_krea2_pair
 from bench.ltx2_slice import build_ltx2_slice, ltx2_pool, ltx2_targets, write_ltx2_pair
 from bench.measure import FUSE_FLAGS, Clock, cpu_description
-from bench.options import Options, parse_options
+from bench.options import FAMILY_VALUES, Options, parse_options
 from bench.ours import LoraPair, write_pair
 from bench.qwen_slice import build_qwen_slice, qwen_pool, qwen_targets, write_qwen_pair
 from bench.report import Exactness, report
@@ -74,6 +77,7 @@ from bench.sdxl_unet import build_sdxl_unet, drift_from_fill, mismatched_tensors
 from bench.sections import measure_ours, measure_reference
 from bench.swap_pair import run_pair
 from bench.wan_slice import build_wan_slice, wan_pool, wan_targets, write_wan_pair
+from families import Family
 from serving.demo.synthetic import UNET_ATTENTION, find_targets
 
 __all__ = ["main", "run"]
@@ -153,6 +157,9 @@ def run(options: Options) -> dict[str, object]:
         pairs = {(rank, fmt): write(folder, rank, fmt) for rank in options.ranks for fmt in options.formats}
         _say(f"wrote {2 * len(pairs)} LoRA files (float16) in {time.perf_counter() - started:.1f} s")
         ours = measure_ours(unet, pairs, options, clock, _say)
+        files = [(f"rank {rank} {fmt} file", pair.paths[0]) for (rank, fmt), pair in pairs.items()]
+        family = Family(FAMILY_VALUES[options.family])
+        convert_trace = measure_convert_trace(unet, family, files, options.repeats, clock, _say)
         targets = find_targets({"unet": unet}, {"unet": UNET_ATTENTION}) if options.variants else []
         formats = measure_formats(unet, targets, folder, options, clock, _say) if options.variants else None
         mismatched = mismatched_tensors(unet, pool)
@@ -165,7 +172,7 @@ def run(options: Options) -> dict[str, object]:
     del unet
     gc.collect()
     exactness = Exactness(not mismatched, len(mismatched), drift, drifted, reference.cycles)
-    return report(options, environment, ours, reference, exactness, _say, formats)
+    return report(options, environment, ours, reference, exactness, _say, formats, convert_trace)
 
 
 def _sdxl_targets(unet: torch.nn.Module) -> Callable[[Path, int, str], LoraPair]:

@@ -58,7 +58,8 @@ IDENTITY = FamilyIdentity(
     ),
     claims=Claims(names=claims, own=own_name, labels=own_name),
     released="2026-06",
-    # Civitai's group for Krea 2's LoRAs (trained on Raw, run on either).
+    # Civitai's group for Krea 2's LoRAs (trained on Raw, run on either): its `baseModel` string is "Krea 2"
+    # (civitai/civitai, src/utils/training.ts's krea2 entry `baseModel: 'Krea 2'`; its ecosystem key is `Krea2`).
     civitai=(CivitaiLabel("Krea 2", RAW_ID),),
     tiny_id=TINY_ID,
 )

@@ -1,6 +1,7 @@
 """FLUX.1 ([dev], [schnell] and their fine-tunes): `FluxPipeline`, a DiT with CLIP-L and T5-XXL, 1024 px.
 
-A LoRA adapts the transformer and, in some files, CLIP (never T5); every naming diffusers' `FluxPipeline`
+A LoRA adapts the transformer and, in some files, CLIP (never T5: a file's T5 part, which diffusers' converter
+drops, is not applied, as in diffusers, with a warning naming it: `T5_PART`); every naming diffusers' `FluxPipeline`
 reads (diffusers/PEFT, kohya over BFL's fused qkv/linear1, ComfyUI, XLabs, kohya's CLIP part) is converted by
 its own converter, at any served width (`convert_lora`), and so are BFL's names with `lora_A`/`lora_B`, which its
 loader silently ignores (renamed first to the ComfyUI form it reads, as Chroma's: `engine.families.bfl_lora`).
@@ -39,6 +40,7 @@ from engine.families.spec import (
     RunDefaults,
     Shapes,
     Tensor,
+    UnappliedPart,
     Widths,
     head_width,
     hidden_widths,
@@ -59,6 +61,12 @@ __all__ = [
     "convert_lora",
     "linear1_widths",
 ]
+
+# A file's T5 part, which diffusers' FLUX converter drops (keeping `lora_unet_`, `lora_te_`, `lora_te1_` only, and
+# filtering ComfyUI's `text_encoders.t5xxl.` with a log line at info) and its loader runs the file without:
+# sd-scripts' FLUX LoRAs name it `lora_te3_` (networks/lora_flux.py, LORA_PREFIX_TEXT_ENCODER_T5), its first
+# FLUX scripts and OneTrainer's `lora_te2_`, ComfyUI's saves `text_encoders.t5xxl.transformer.`.
+T5_PART = UnappliedPart("T5", ("lora_te2_", "lora_te3_", "text_encoders.t5xxl."))
 
 # Parameter and buffer values of black-forest-labs/FLUX.1-dev as diffusers and transformers build them from its
 # configs (transformer/, text_encoder/ CLIP-L, text_encoder_2/ T5-XXL's encoder, vae/): 16.87 billion, 33.7 GB in
@@ -202,6 +210,7 @@ FAMILY = FamilySpec(
     call_arguments=call_arguments,
     size_buckets=SIZE_BUCKETS,
     convert_lora=convert_lora,
+    unapplied_parts=(T5_PART,),
     # FLUX.2 shares its block names: a LoRA whose MLP widths are FLUX.2's is not FLUX.1's (bfl_blocks).
     signature=LoraSignature(lora_widths, pipeline_widths, partial(contradicts, FLUX1_RATIOS)),
     preview=PreviewSpec(TAEF1, LATENT_RGB, unpack=FluxPipeline._unpack_latents),

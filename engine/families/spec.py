@@ -34,6 +34,7 @@ __all__ = [
     "PipelineClass",
     "PreviewSpec",
     "RunDefaults",
+    "UnappliedPart",
     "VideoDefaults",
     "Widths",
     "fit_presets",
@@ -52,6 +53,15 @@ Tensor = Any
 FullDifferences = Callable[[Iterable[str]], Mapping[str, tuple[str, ...]]]
 # A family's naming of its LyCORIS modules (`FamilySpec.lycoris_modules`): (module name, denoiser) -> its layers.
 LycorisModules = Callable[[str, Any], tuple[str, ...] | None]
+
+
+@dataclass(frozen=True)
+class UnappliedPart:
+    """A part of a family's LoRA files that diffusers' converter drops by design, its loader then running the file
+    without it (FLUX.1's T5): what it is, for the warning, and the file's name prefixes that spell it."""
+
+    what: str
+    prefixes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -311,6 +321,9 @@ class FamilySpec:
     # LyCORIS module names the generic naming misses, to the denoiser's modules (Krea 2's original names, its fused
     # `attn.qkv` as its q, k and v, whose ΔW is split by rows: `engine.formats.split`); None: none.
     lycoris_modules: LycorisModules | None = None
+    # Parts of its LoRA files that diffusers' converter drops by design and runs the file without (FLUX.1's T5): run
+    # so too, with a warning naming them (`engine.formats.plain`). Any other tensor the converter drops is refused.
+    unapplied_parts: tuple[UnappliedPart, ...] = ()
 
     def __post_init__(self) -> None:
         if self.identity.full_differences != (self.full_differences is not None):

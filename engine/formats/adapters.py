@@ -192,8 +192,10 @@ def prepare(
     split = split_tensors(tensors)
     magnitudes = _magnitudes(split, table, label)
     layers: list[LayerUpdate] = []
+    warnings: tuple[str, ...] = ()
     if split.plain:
-        layers.extend(plain_layers(split.plain, table, config, label))
+        plain, warnings = plain_layers(split.plain, table, config, label)
+        layers.extend(plain)
     layers.extend(_lycoris_layers(split, table, config, label))
     layers = [_with_magnitude(layer, magnitudes, table, label) for layer in layers]
     layers.extend(difference_layers(differences, table, label))  # a magnitude never rescales a full difference
@@ -205,7 +207,8 @@ def prepare(
     components = tuple(c for c in table.components if any(table.names[x.target].startswith(f"{c}.") for x in layers))
     layers = keep_deltas(layers, table.shapes, delta_budget)
     reaches = tuple(reach(layer) for layer in layers)
-    return PreparedAdapter(key, tuple(layers), path.stat().st_size, rank, components, reach=reaches)
+    size = path.stat().st_size
+    return PreparedAdapter(key, tuple(layers), size, rank, components, warnings=warnings, reach=reaches)
 
 
 def _finite(tensor: torch.Tensor) -> bool:

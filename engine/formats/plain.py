@@ -3,7 +3,9 @@ what each of the file's tensors became (`engine.formats.converted`), then each m
 shape to a weight of the pipeline.
 
 A file of which the converter drops a tensor (a name it does not know, popped or ignored) is refused, naming the
-dropped tensors: diffusers would run it with part of the LoRA missing. An `.alpha` the converter read is not
+dropped tensors: diffusers would run it with part of the LoRA missing. The one exception is a part the family
+declares its converter drops by design (`FamilySpec.unapplied_parts`: FLUX.1's T5, which diffusers' loader never
+adapts): the file runs without it, as in diffusers, with a warning naming it. An `.alpha` the converter read is not
 dropped (it is folded into the factors' scale). Every error names the file's own keys, not the names a converter
 made of them (Qwen-Image's converter spells an unknown kohya name `transformer_blocks.j`).
 Also the helpers every path of `engine.formats.adapters` shares: `target`, `pattern_value`, `unplaced`.
@@ -11,6 +13,7 @@ Also the helpers every path of `engine.formats.adapters` shares: `target`, `patt
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import Counter
@@ -20,12 +23,15 @@ import torch
 from peft.utils.other import get_pattern_key
 
 from engine.errors import IncompatibleLoraError
+from engine.families.spec import UnappliedPart
 from engine.formats.converted import Converted, convert_traced, named
 from engine.formats.layers import LayerDelta, LayerFactors, LayerUpdate
 from engine.formats.naming import component_state_dict
 from engine.formats.targets import TargetTable
 
 __all__ = ["ACCEPTED", "pattern_value", "plain_layers", "target", "unplaced"]
+
+logger = logging.getLogger(__name__)
 
 # A factor's or alpha's ending, after its layer's name; and the shortest layer name matched in a converter's error.
 _FACTOR = re.compile(r"[._](lora[._](down|up|A|B)|alpha)([._]default)?([._]weight)?$")
@@ -39,8 +45,9 @@ ACCEPTED = (
 
 def plain_layers(
     plain: Mapping[str, torch.Tensor], table: TargetTable, config: Mapping, label: str
-) -> list[LayerUpdate]:
-    """The layer updates of a file's plain factors (`plain`: the file's names); refused where any is dropped."""
+) -> tuple[list[LayerUpdate], tuple[str, ...]]:
+    """The layer updates of a file's plain factors (`plain`: the file's names), and the warnings for the parts of it
+    not applied (`FamilySpec.unapplied_parts`); refused where any other is dropped."""
     try:
         converted = convert_traced(table.convert, plain)
     except IncompatibleLoraError as e:  # the converter found factors the served pipeline's shapes do not fit
@@ -48,8 +55,9 @@ def plain_layers(
     except (ValueError, KeyError, IndexError) as e:
         # The tensors its error names first (diffusers' "should be empty but has …" lists what it did not read).
         raise unplaced(label, _mentioned(plain, str(e)) or plain, f" (its converter: {e})") from e
-    if converted.dropped:
-        raise _dropped(label, _outliers_first(converted.dropped, plain), len(plain))
+    rest, warnings = _unapplied(label, converted.dropped, table.unapplied_parts)
+    if rest or (converted.dropped and len(converted.dropped) == len(plain)):
+        raise _dropped(label, _outliers_first(rest or converted.dropped, plain), len(plain))
     state_dict = converted.state_dict
     layers: list[LayerUpdate] = []
     for component in table.components:
@@ -60,7 +68,24 @@ def plain_layers(
     leftovers = [k for k in state_dict if not k.startswith(tuple(f"{c}." for c in table.components))]
     if leftovers:
         raise unplaced(label, converted.origin(leftovers) or leftovers)
-    return layers
+    return layers, warnings
+
+
+def _unapplied(label: str, dropped: Sequence[str], parts: Sequence[UnappliedPart]) -> tuple[list[str], tuple[str, ...]]:
+    """The dropped names of no part the family's converter drops by design, and a warning for each such part found:
+    its count and first names, and that its text-encoder effect is not applied (diffusers runs the file so)."""
+    rest, warnings = list(dropped), []
+    for part in parts:
+        names = [name for name in rest if name.startswith(part.prefixes)]
+        if names:
+            rest = [name for name in rest if name not in names]
+            warnings.append(
+                f"{label}: its {part.what} part ({len(names)} tensors: {named(names, 2)}) is not applied: the served "
+                f"family's converter (diffusers') drops it and runs the LoRA without it, so its effect on the "
+                f"{part.what} text encoder is missing"
+            )
+            logger.info("%s: its %s part (%d tensors) not applied, as diffusers drops it", label, part.what, len(names))
+    return rest, tuple(warnings)
 
 
 def _outliers_first(dropped: Sequence[str], names: Iterable[str]) -> list[str]:

@@ -17,7 +17,7 @@ from diffusers import StableDiffusionXLPipeline
 from torch import nn
 
 from engine.families import unet
-from engine.families.spec import FullDifferences, LoraConverter, LycorisModules
+from engine.families.spec import FullDifferences, LoraConverter, LycorisModules, UnappliedPart
 from engine.formats.naming import kohya_modules
 
 __all__ = ["TargetTable"]
@@ -37,7 +37,8 @@ class TargetTable:
 
     `components` are the pipeline's adaptable models by attribute (the family's `FamilySpec.components`),
     `denoiser` the one that denoises (`unet`, `transformer`), `convert_lora` the family's converter,
-    `full_differences` its placing of full differences (then every other parameter is indexed too).
+    `full_differences` its placing of full differences (then every other parameter is indexed too),
+    `unapplied_parts` the parts of its files its converter drops by design (`FamilySpec.unapplied_parts`).
     """
 
     def __init__(
@@ -48,11 +49,13 @@ class TargetTable:
         convert_lora: LoraConverter = _SDXL_CONVERTER,
         full_differences: FullDifferences | None = None,
         lycoris_modules: LycorisModules | None = None,
+        unapplied_parts: tuple[UnappliedPart, ...] = (),
     ) -> None:
         if denoiser not in components:
             raise ValueError(f"the denoiser {denoiser!r} is not among the components {', '.join(components)}")
         self._convert_lora = convert_lora
         self._lycoris_modules = lycoris_modules
+        self.unapplied_parts = unapplied_parts
         # The family's placing of full differences (`FamilySpec.full_differences`): where set, every parameter of
         # the components is a target, after every Linear/Conv2d weight.
         self.full_differences = full_differences

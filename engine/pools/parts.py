@@ -54,6 +54,7 @@ def _target_table(family: FamilySpec, components: dict[str, Any]) -> TargetTable
         convert_lora=family.convert_lora,
         full_differences=family.full_differences,
         lycoris_modules=family.lycoris_modules,
+        unapplied_parts=family.unapplied_parts,
     )
 
 

@@ -219,7 +219,7 @@ class Preparer:
         # recipe's (`Lora hashes`), read once here, off the GPU's path.
         adapter = dataclasses.replace(
             adapter,
-            warnings=tuple(w for w in (warning, dropped) if w),
+            warnings=tuple(w for w in (warning, dropped, *adapter.warnings) if w),
             hints=metadata_hints(header.metadata, (source.key.weight_name,)),
             file_hash=addnet_hash(path)[:12],
             trained_downscale=header.metadata.get(TRAINED_DOWNSCALE_KEY),

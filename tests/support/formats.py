@@ -45,4 +45,5 @@ def spec_table(spec: Any, pipe: Any) -> TargetTable:
         convert_lora=spec.convert_lora,
         full_differences=spec.full_differences,
         lycoris_modules=spec.lycoris_modules,
+        unapplied_parts=spec.unapplied_parts,
     )

@@ -3,7 +3,9 @@ family and in every naming its tests write: each of the family's valid files, pl
 layer-like name no served architecture has (in the file's own naming), is a 400 that names the added key (the
 file's, not a converter's spelling of it). diffusers' loaders run such a file with that part quietly missing
 (Wan's, LTX-2's, FLUX's, Z-Image's converters drop names they do not know); Qwen-Image's spells it as another
-module (`transformer_blocks.j`). The valid files alone load (their equality to diffusers: each family's tests)."""
+module (`transformer_blocks.j`). The valid files alone load (their equality to diffusers: each family's tests).
+The one part that runs dropped is a FLUX.1 file's T5 part in kohya's or ComfyUI's names, which diffusers' FLUX
+converter drops by design: the file runs as diffusers runs it, with a warning naming the part."""
 
 from __future__ import annotations
 
@@ -13,15 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from diffusers import FluxPipeline
 from safetensors.torch import load_file, save_file
 
 from engine.errors import IncompatibleLoraError
 from engine.families.registry import served_specs
 from engine.formats.targets import TargetTable
+from engine.requests import GenerateRequest, LoraSpec
 from families import Family
 from serving.demo.synthetic import save_lora
 from tests.support import chroma, flux, flux2, krea2, ltx2, qwen_image, sd15, wan, zimage
+from tests.support.checks import generate
+from tests.support.dit import PROMPT, diffusers_image, local_engine
 from tests.support.formats import load, spec_table
+from tests.support.images import assert_images_close
 from tests.support.loras import kohya_file, peft_file
 
 SPECS = served_specs()
@@ -30,6 +37,15 @@ _DOWN = re.compile(r"^(?P<stem>.+?)(?P<sep>[._])(?P<down>lora_down|lora_A|lora\.
 _COMPONENTS = ("transformer.", "unet.", "text_encoder.", "text_encoder_2.", "connectors.")
 _TEXT = ("lora_te", "text_encoder", "connectors")  # a text encoder's (or LTX-2's connectors') pairs
 _UP = {"lora_down": "lora_up", "lora_A": "lora_B", "lora.down": "lora.up"}
+# FLUX.1's families, whose converter drops a T5 part in kohya's (`lora_te2_`) or ComfyUI's names by design: such a
+# file runs without it, as in diffusers, with a warning. Refused still: PEFT's names (`text_encoder_2.`) and an
+# XLabs file's (its converter keeps the pair, which then lands on no module).
+_T5_RUNS = {Family.FLUX, Family.FLUX_KONTEXT}
+_T5_NAMES = ("lora_te2_", "text_encoders.t5xxl.")
+
+
+def _t5_runs(family: Family, file_name: str, added: dict[str, Any]) -> bool:
+    return family in _T5_RUNS and "xlabs" not in file_name and all(name.startswith(_T5_NAMES) for name in added)
 
 
 def _sdxl(pipe: Any, folder: Path) -> None:
@@ -130,6 +146,10 @@ def test_a_file_with_one_pair_the_converter_drops_is_refused_naming_it(spec, tmp
         for kind, added in (("extra", _unknown_pair(tensors)), ("t5", _t5_pair(tensors))):
             broken = tmp_path / f"{kind}_{path.name}"
             save_lora(broken, {**tensors, **added})
+            if kind == "t5" and _t5_runs(spec.family, path.name, added):
+                warnings = load(broken, table).warnings
+                assert any(all(name in w for name in added) for w in warnings), (path.name, warnings)
+                continue
             with pytest.raises(IncompatibleLoraError) as caught:
                 load(broken, table)
             message = str(caught.value)
@@ -147,17 +167,55 @@ def _flux_comfy(folder: Path) -> tuple[TargetTable, Path, dict[str, Any]]:
 
 
 def test_the_refusal_counts_what_is_dropped_and_says_what_is_accepted(tmp_path):
-    """FLUX.1's converter (diffusers') filters out a kohya T5 pair from a ComfyUI-named file and loads the rest: the
-    refusal gives the count of the file's tensors it would drop, names them, and says what is accepted."""
+    """FLUX.1's converter (diffusers') filters a CLIP `text_projection` pair out of a ComfyUI-named file and loads
+    the rest: the refusal gives the count of the file's tensors it would drop, names them, and says what is
+    accepted; beside a T5 part (which runs dropped) the count and names are the other pair's alone."""
     table, path, tensors = _flux_comfy(tmp_path)
-    added = _t5_pair(tensors)
-    save_file({**tensors, **added}, str(path))
+    t5 = _t5_pair(tensors)
+    projection = "text_encoders.clip_l.transformer.text_projection"
+    added = {f"{projection}.{name.rpartition('.q.')[2]}": value.clone() for name, value in t5.items()}
+    save_file({**tensors, **added, **t5}, str(path))
     with pytest.raises(IncompatibleLoraError) as caught:
         load(path, table)
     message = str(caught.value)
-    assert f"{len(added)} of its {len(tensors) + len(added)} tensors" in message, message
+    assert f"{len(added)} of its {len(tensors) + len(added) + len(t5)} tensors" in message, message
     assert all(name in message for name in added), message
+    assert not any(name in message for name in t5), message
     assert "accepted: plain LoRA" in message, message
+
+
+def test_a_flux1_kohya_file_with_a_t5_part_runs_without_it_as_diffusers_does(
+    tmp_path, tiny_models, base_settings, tiny_flux_dir
+):
+    """A kohya FLUX.1 file with a non-zero T5 part (`lora_te2_`), which diffusers' converter drops (its loader runs
+    the rest): the engine's image equals diffusers' load_lora_weights + fuse_lora of the same file within 2 levels,
+    and the result's warnings (X-Warnings, the UI's notes) name the part, its count, and that it is not applied."""
+    loaded = tiny_models.loaded(Family.FLUX)
+    flux.write_flux_loras(loaded.pipe, tmp_path, cases=[c for c in flux.CASES if c.name == "kohya"])
+    tensors = load_file(str(tmp_path / "flux_kohya.safetensors"))
+    t5 = _t5_pair(tensors)
+    assert all(name.startswith("lora_te2_") and value.count_nonzero() for name, value in t5.items())
+    save_lora(tmp_path / "flux_t5.safetensors", {**tensors, **t5})
+    settings = base_settings.replace(local_lora_dir=tmp_path, base_model_id=loaded.base_model_id)
+    run = GenerateRequest(
+        prompt=PROMPT,
+        loras=(LoraSpec("local:flux_t5.safetensors"),),
+        steps=3,
+        guidance=3.5,
+        width=64,
+        height=64,
+        seed=7,
+    )
+    with local_engine(loaded, settings, tmp_path) as engine:
+        result = generate(engine, run)
+    components = ("transformer", "text_encoder")
+    theirs = diffusers_image(
+        FluxPipeline, tiny_flux_dir, tmp_path, "flux_t5.safetensors", components=components, guidance=3.5
+    )
+    assert_images_close(result.image, theirs)
+    said = [w for w in result.warnings if "T5 part" in w]
+    assert len(said) == 1 and f"({len(t5)} tensors: " in said[0], result.warnings
+    assert all(name in said[0] for name in t5) and "not applied" in said[0], said
 
 
 def test_a_dropped_part_of_zeros_is_no_loss(tmp_path):
