@@ -246,7 +246,14 @@ def test_a_wan_a14b_pair_scheduled_equals_peft_with_each_sides_weight_set_at_ste
     folder, name = wan22_lora
     engine = family_engine(Family.WAN22, folder)
     path = f"local:{name}"
-    wan = {"prompt": PROMPT, "steps": A14B_STEPS, "width": 64, "height": 64, "seed": 7, "num_frames": FRAMES}
+    wan: dict[str, Any] = {
+        "prompt": PROMPT,
+        "steps": A14B_STEPS,
+        "width": 64,
+        "height": 64,
+        "seed": 7,
+        "num_frames": FRAMES,
+    }
 
     def run(lora: LoraSpec) -> Any:
         lora = LoraSpec(path, lora.scale, scale_2=lora.scale_2, schedule=lora.schedule, schedule_2=lora.schedule_2)
