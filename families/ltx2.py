@@ -1,4 +1,4 @@
-"""LTX-2's identity (Lightricks' audio-video DiT, LTX-2 19B and LTX-2.3: one transformer over video and audio
+"""LTX-2's identity (Lightricks' audio-video DiT, LTX-2 19B, LTX-2.3 and LTX-2.5: one transformer over video and audio
 tokens, and the text connectors between Gemma 3 and it): its blocks' video and audio attentions and feed-forwards
 at the top of a LoRA's names, in every naming diffusers' `LTX2LoraLoaderMixin` reads (diffusers' `transformer.
 transformer_blocks.N.attn1`, the original trainer's `diffusion_model.transformer_blocks.N.attn1`), and the text
@@ -13,10 +13,11 @@ import re
 
 from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
 
-__all__ = ["IDENTITY", "MODEL_ID", "MODEL_ID_2_3", "TINY_ID", "claims", "own_claims"]
+__all__ = ["IDENTITY", "MODEL_ID", "MODEL_ID_2_3", "MODEL_ID_2_5", "TINY_ID", "claims", "own_claims"]
 
 MODEL_ID = "Lightricks/LTX-2"
 MODEL_ID_2_3 = "diffusers/LTX-2.3-Diffusers"
+MODEL_ID_2_5 = "Lightricks/LTX-2.5-Diffusers"
 TINY_ID = "tiny-ltx2"
 LTX2 = Base(MODEL_ID, "LTX-2 19B")
 # LTX-2.3: the same loader and pipeline, other weights (and blocks: its prompt modulation, `prompt_adaln`). Users
@@ -24,6 +25,11 @@ LTX2 = Base(MODEL_ID, "LTX-2 19B")
 # (`names`) says it was made for the other version runs with a warning saying so (`engine.families.origin`), and one
 # whose factors fit no layer there is refused by its widths.
 LTX2_3 = LTX2.checkpoint(MODEL_ID_2_3, "LTX-2.3 22B", names=r"ltx[-_ ]?(video[-_ ]?)?2[._]3")
+# LTX-2.5: the same pipeline class again (`LTX2Pipeline` reads its Gemma 4 text encoder, prompt enhancer and duration
+# head), its transformer 2.3's without the prompt modulation MLP (`use_prompt_adaln_single=False`), the feed-forward
+# biases (`ff_bias=False`), and with a keyframe position embedding (diffusers 0.42.1 transformer_ltx2.py). Users
+# report LTX-2.3 LoRAs failing on it: a LoRA whose card or metadata names the other version runs with a warning.
+LTX2_5 = LTX2.checkpoint(MODEL_ID_2_5, "LTX-2.5 22B", names=r"ltx[-_ ]?(video[-_ ]?)?2[._]5")
 _BLOCK = r"^(transformer\.|diffusion_model\.)?transformer_blocks[._]\d+[._]"
 # Every LTX-2 LoRA name: a block's layer, a connector's.
 _CLAIMS = re.compile(
@@ -50,7 +56,7 @@ def own_claims(name: str) -> bool:
 IDENTITY = FamilyIdentity(
     family=Family.LTX2,
     label="LTX-2",
-    bases=(LTX2, LTX2_3),
+    bases=(LTX2, LTX2_3, LTX2_5),
     # The LTX trainer's and ai-toolkit's ModelSpec architectures ("ltx-2", "ltxv2"), ComfyUI's "ltxv".
     spellings=Spellings(
         architectures=("ltx-2", "ltx_2", "ltxv2", "ltx2", "ltx-video-2"),

@@ -41,7 +41,7 @@ from engine.families.spec import (
 from engine.families.tiny_ltx2 import TINY_FRAMES, build_tiny_pipeline
 from engine.requests import CheckedRequest, RequestMode
 from engine.video_input import InputVideo
-from families.ltx2 import IDENTITY, MODEL_ID, MODEL_ID_2_3
+from families.ltx2 import IDENTITY, MODEL_ID, MODEL_ID_2_3, MODEL_ID_2_5
 
 __all__ = ["FAMILY", "audio_rate", "convert_lora"]
 
@@ -56,21 +56,23 @@ _FRAMES, _FPS, _MOST_FRAMES, _MOST_SECONDS = 121, 24, 481, 20.0
 _HIDDEN_INPUT = re.compile(r"^(transformer\.|diffusion_model\.)?transformer_blocks\.\d+\.attn1\.to_[qkv]\.")
 _TEXT_INPUT = re.compile(r"(video|audio)_connector\.transformer_blocks\.\d+\.attn1\.to_[qkv]\.")
 _DOWN = (".lora_down.weight", ".lora_a.weight", ".lora_a.default.weight")
-# The layers of one version only, in diffusers' names and the original trainer's (see `checkpoint`).
+# The layers only some versions have, in diffusers' names and the original trainer's, and those versions (see
+# `checkpoint`): 2.0's prompt projections, 2.3's prompt modulation, the per-modality connector projections of 2.3 and
+# 2.5 (which LTX-2.5 also has: diffusers 0.42.1 modular_pipelines/ltx2/encoders.py:588 keeps the single projection
+# for "the LTX-2.0 connector branch"). LTX-2.5 has no adaptable layer of its own (its `keyframes_abs_pos_embedding` is
+# a parameter, no linear), so its tensors tell it from 2.0 but never from 2.3 unless a 2.3-only layer is there.
 _VERSION_LAYERS = (
     (
-        MODEL_ID,
+        frozenset({MODEL_ID}),
         re.compile(
             r"^(transformer\.|diffusion_model\.)?(audio_)?caption_projection\."
             r"|^(connectors|text_embedding_projection)\.(text_proj_in|aggregate_embed)\."
         ),
     ),
+    (frozenset({MODEL_ID_2_3}), re.compile(r"^(transformer\.|diffusion_model\.)?(audio_)?prompt_adaln(_single)?\.")),
     (
-        MODEL_ID_2_3,
-        re.compile(
-            r"^(transformer\.|diffusion_model\.)?(audio_)?prompt_adaln(_single)?\."
-            r"|^(connectors|text_embedding_projection)\.(video|audio)_(text_proj_in|aggregate_embed)\."
-        ),
+        frozenset({MODEL_ID_2_3, MODEL_ID_2_5}),
+        re.compile(r"^(connectors|text_embedding_projection)\.(video|audio)_(text_proj_in|aggregate_embed)\."),
     ),
 )
 # diffusers' converter reports what it cannot read with these (and ValueError, which passes as it is).
@@ -83,13 +85,18 @@ def lora_widths(shapes: Shapes) -> Widths:
 
 
 def checkpoint(names: Iterable[str]) -> str | None:
-    """The version a LoRA's tensor names show, by the layers only one has (diffusers 0.42.1,
+    """The version a LoRA's tensor names show, by the layers only some versions have (diffusers 0.42.1,
     models/transformers/transformer_ltx2.py: `caption_projection` and `audio_caption_projection` are LTX-2.0's, whose
-    2.3 projects the prompt in the connectors, `video_text_proj_in`/`audio_text_proj_in`, where 2.0 has one
+    later versions project the prompt in the connectors, `video_text_proj_in`/`audio_text_proj_in`, where 2.0 has one
     `text_proj_in`: pipelines/ltx2/connectors.py; `prompt_adaln` and `audio_prompt_adaln` are LTX-2.3's prompt
-    modulation). None: its layers are ones both have (the attentions and feed-forwards: same names and widths)."""
-    found = {version for name in names for version, layers in _VERSION_LAYERS if layers.search(name.lower())}
-    return found.pop() if len(found) == 1 else None
+    modulation, which 2.5 drops, `use_prompt_adaln_single=False`). None: its layers leave more than one version (the
+    attentions and feed-forwards: same names and widths in all three), or none."""
+    versions: frozenset[str] | None = None
+    for name in names:
+        for has, layers in _VERSION_LAYERS:
+            if layers.search(name.lower()):
+                versions = has if versions is None else versions & has
+    return next(iter(versions)) if versions is not None and len(versions) == 1 else None
 
 
 def pipeline_widths(denoiser: Module, encoders: Mapping[str, Module]) -> Widths:
@@ -203,7 +210,8 @@ FAMILY = FamilySpec(
     build_tiny=build_tiny_pipeline,
     half_dtype="bfloat16",
     memory=MEMORY,
-    base_memory=((MODEL_ID_2_3, MEMORY_2_3),),
+    # LTX-2.5's transformer is 22 B as 2.3's (Lightricks' "LTX-2.5-22b" IC-LoRA repos).
+    base_memory=((MODEL_ID_2_3, MEMORY_2_3), (MODEL_ID_2_5, MEMORY_2_3)),
     video=video,
     image_to_image=LTX2ImageToVideoPipeline,
     in_context=LTX2InContextPipeline,

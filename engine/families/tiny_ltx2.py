@@ -86,7 +86,31 @@ def _text_encoder(tokenizer: PreTrainedTokenizerFast, seed: int) -> Gemma3ForCon
     return Gemma3ForConditionalGeneration(config).eval()
 
 
-def _transformer() -> LTX2VideoTransformer3DModel:
+# LTX-2.5's differences from 2.0, as diffusers 0.42.1 builds them (models/transformers/transformer_ltx2.py): 2.3's
+# prompt path (no `caption_projection`, `use_prompt_embeddings`; per-modality connector projections) and cross-
+# attention modulation, without its timestep MLP (`use_prompt_adaln_single`), without feed-forward biases, with the
+# keyframe position embedding.
+_TRANSFORMER_2_5 = {
+    "use_prompt_embeddings": False,
+    "cross_attn_mod": True,
+    "audio_cross_attn_mod": True,
+    "use_prompt_adaln_single": False,
+    "ff_bias": False,
+    "use_keyframes_abs_pos_embedding": True,
+}
+# Its connectors project into each stream's width and run there (2.3's `per_modality_projections`).
+_CONNECTORS_2_5 = {
+    "per_modality_projections": True,
+    "video_hidden_dim": TINY_WIDTH,
+    "video_connector_num_attention_heads": 2,
+    "video_connector_attention_head_dim": TINY_WIDTH // 2,
+    "audio_hidden_dim": _AUDIO_WIDTH,
+    "audio_connector_num_attention_heads": 2,
+    "audio_connector_attention_head_dim": _AUDIO_WIDTH // 2,
+}
+
+
+def _transformer(**differences: Any) -> LTX2VideoTransformer3DModel:
     return LTX2VideoTransformer3DModel(
         in_channels=4,
         out_channels=4,
@@ -105,11 +129,12 @@ def _transformer() -> LTX2VideoTransformer3DModel:
         caption_channels=_TEXT_WIDTH,
         rope_double_precision=False,
         rope_type="split",
+        **differences,
     )
 
 
-def _connectors() -> LTX2TextConnectors:
-    return LTX2TextConnectors(
+def _connectors(**differences: Any) -> LTX2TextConnectors:
+    settings: dict[str, Any] = dict(
         caption_channels=_TEXT_WIDTH,
         text_proj_in_factor=3,  # the tiny Gemma's 2 layers and its embeddings
         video_connector_num_attention_heads=4,
@@ -126,6 +151,7 @@ def _connectors() -> LTX2TextConnectors:
         causal_temporal_positioning=False,
         rope_type="split",
     )
+    return LTX2TextConnectors(**(settings | differences))
 
 
 def _vaes() -> tuple[Any, AutoencoderKLLTX2Audio, LTX2Vocoder]:
@@ -177,17 +203,18 @@ def _vaes() -> tuple[Any, AutoencoderKLLTX2Audio, LTX2Vocoder]:
     return vae, audio_vae, vocoder
 
 
-def build_tiny_pipeline(seed: int = 0) -> LTX2Pipeline:
+def build_tiny_pipeline(seed: int = 0, *, ltx2_5: bool = False) -> LTX2Pipeline:
     """A tiny LTX-2 text-to-video with sound: a transformer 84 wide over video and 12 wide over audio, 2 blocks;
     connectors and a Gemma 3 encoder 32 wide with its tokenizer; the video VAE (4 channels, 2x), the audio VAE
     (8 mel bins) and a 16 kHz stereo vocoder; diffusers' flow-matching scheduler. The same seed gives the same
-    weights. The video VAE's config states the tiny default side (64)."""
+    weights. The video VAE's config states the tiny default side (64). `ltx2_5`: LTX-2.5's transformer and
+    connectors (`_TRANSFORMER_2_5`), over the same Gemma 3 (a tiny Gemma 4 would change no LoRA's layer)."""
     tokenizer = tiny_gemma_tokenizer()
     text_encoder = _text_encoder(tokenizer, seed + 2)
     torch.manual_seed(seed)
-    transformer = _transformer()
+    transformer = _transformer(**(_TRANSFORMER_2_5 if ltx2_5 else {}))
     torch.manual_seed(seed + 3)
-    connectors = _connectors()
+    connectors = _connectors(**(_CONNECTORS_2_5 if ltx2_5 else {}))
     torch.manual_seed(seed + 1)
     vae, audio_vae, vocoder = _vaes()
     pipe = LTX2Pipeline(

@@ -31,7 +31,6 @@ ONLY = {
     MODEL_ID_2_3: {
         "prompt_adaln": _pair("transformer.prompt_adaln.linear", WIDTH, 2 * WIDTH),
         "original_prompt_adaln": _pair("diffusion_model.prompt_adaln_single.linear", WIDTH, 2 * WIDTH),
-        "video_text_proj_in": _pair("connectors.video_text_proj_in", TEXT * 49, WIDTH),
     },
     MODEL_ID: {
         "caption_projection": _pair("transformer.caption_projection.linear_1", TEXT, WIDTH),
@@ -69,6 +68,19 @@ def test_a_lora_of_the_layers_both_versions_have_cannot_tell_and_says_so():
     assert origin.families == (Family.LTX2,) and origin.bases == ()
     note = check_origin("lora", origin, MODEL_ID_2_3)
     assert note is not None and "cannot tell" in note, note
+
+
+def test_a_per_modality_connector_lora_names_no_version_as_2_3_and_2_5_both_have_it():
+    """LTX-2.5 keeps 2.3's per-modality connector projections (diffusers 0.42.1 modular_pipelines/ltx2/encoders.py
+    keeps the single one for "the LTX-2.0 connector branch"): such a LoRA is not 2.0's, and no one version's."""
+    origin = _origin({**SHARED, **_pair("connectors.video_text_proj_in", TEXT * 49, WIDTH)})
+    assert origin.families == (Family.LTX2,) and origin.bases == ()
+    with_adaln = {
+        **SHARED,
+        **_pair("connectors.video_text_proj_in", TEXT * 49, WIDTH),
+        **ONLY[MODEL_ID_2_3]["prompt_adaln"],
+    }
+    assert _origin(with_adaln).bases == (MODEL_ID_2_3,)
 
 
 def test_layers_of_both_versions_name_neither():
