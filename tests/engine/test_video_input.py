@@ -11,9 +11,9 @@ import av
 import pytest
 
 from engine.errors import InvalidRequestError, LimitExceededError
-from engine.video_input import check_video_size, decode_video, encoded_video
+from engine.video_input import CODECS, check_video_size, decode_video, encoded_video
 from tests.support.image_inputs import example_image, png_bytes
-from tests.support.reference_video import reference_mp4
+from tests.support.reference_video import endless_boxes, reference_mp4, with_codec
 
 MP4 = reference_mp4(frames=9, side=64)
 
@@ -71,10 +71,19 @@ def test_an_mp4_without_its_moov_is_truncated():
 
 def test_a_container_of_endless_boxes_is_refused_after_a_bounded_walk():
     """A zip bomb's shape: a valid ftyp, then 100,000 empty boxes; refused after 4096, nothing else read."""
-    head = struct.unpack_from(">I", MP4, 0)[0]
-    bomb = MP4[:head] + struct.pack(">I4s", 8, b"free") * 100_000
     with pytest.raises(InvalidRequestError, match="more than 4096 boxes"):
-        read(bomb)
+        read(endless_boxes(MP4))
+
+
+def test_a_video_in_a_codec_not_read_here_is_refused_naming_it_and_the_accepted_ones():
+    """The sample entry's fourcc against `CODECS`: MPEG-4 Part 2 (`mp4v`) is refused from the header alone, naming
+    it and the codecs taken; each accepted one is read under its own name."""
+    assert with_codec(MP4, b"mp4v") != MP4 and read(MP4).codec == "H.264"
+    refusal = r"parameters\.video is a video in 'mp4v', a codec not read here; accepted: an MP4 video \(H\.264, HEVC"
+    with pytest.raises(InvalidRequestError, match=refusal):
+        read(with_codec(MP4, b"mp4v"))
+    for fourcc, name in CODECS.items():
+        assert read(with_codec(MP4, fourcc)).codec == name
 
 
 def test_too_many_frames_too_long_and_too_many_pixels_are_refused_by_their_rule():

@@ -1,6 +1,7 @@
 """The tiny LTX-2 pool through the doors (`MODELS=tiny-ltx2`): its video comes with its sound. `POST /` answers an
 MP4 whose AAC track PyAV decodes at the pipeline's rate, starting with the first frame and lasting the frames'
-duration (within one AAC frame), its recipe in the file's comment as for Wan; gradio_client's `/generate_video`
+duration (within one AAC frame), its recipe in the file's comment as for Wan, from text or from an image
+(image-to-video: huggingface_hub's body, the image as the first frame); gradio_client's `/generate_video`
 gives the same bytes (the UI's gr.Video plays that file: `serving.ui.video_ui`); `Accept: audio/wav` gives the sound
 alone, the backend's own waveform padded with silence to the clip's length; an animated WebP or GIF says in
 `X-Warnings` that it carries no sound."""
@@ -19,6 +20,7 @@ import av
 import httpx
 import numpy as np
 import pytest
+from huggingface_hub.inference._providers.hf_inference import HFInferenceBinaryInputTask
 
 from engine.requests import GenerateRequest
 from serving.handlers import Handlers
@@ -26,6 +28,7 @@ from serving.sound import clip_samples
 from serving.video import decode_mp4
 from tests.support.app_server import AppServer, served_runtime
 from tests.support.clients import api_client
+from tests.support.video import frames
 
 PROMPT, SEED, STEPS, FRAMES, FPS = "a fox running through snow", 5, 2, 9, 24
 BODY = {"inputs": PROMPT, "parameters": {"num_inference_steps": STEPS, "seed": SEED, "num_frames": FRAMES, "fps": FPS}}
@@ -66,6 +69,30 @@ def test_the_mp4_carries_the_sound_from_the_first_frame_for_the_clips_duration(p
     read = decode_mp4(posted)
     assert len(read.frames) == FRAMES and read.fps == Fraction(FPS)
     assert read.comment is not None and f"Seed: {SEED}" in read.comment
+
+
+def test_an_image_to_video_mp4_carries_the_sound_too(ltx2, posted, tmp_path):
+    """`POST /` with an image (the body huggingface_hub's image-to-video helper builds) runs LTX-2's image-to-video
+    pipeline on the same pool: another video, with its AAC track from the first frame for the clip's duration."""
+    server, _ = ltx2
+    start = tmp_path / "start.png"
+    frames(1, 64, 64)[0].save(start)
+    parameters = {"prompt": PROMPT, "num_frames": FRAMES, "num_inference_steps": STEPS, "seed": SEED, "fps": FPS}
+    prepared = HFInferenceBinaryInputTask("image-to-video").prepare_request(
+        inputs=start.read_bytes(), parameters=parameters, headers={}, model=server.url, api_key=None
+    )
+    answer = httpx.post(prepared.url, content=prepared.data, headers=prepared.headers, timeout=600)
+    assert answer.status_code == 200, answer.text[:300]
+    assert answer.headers["content-type"] == "video/mp4" and answer.content != posted
+    with av.open(io.BytesIO(answer.content)) as container:
+        video, audio = container.streams.video[0], container.streams.audio[0]
+        assert audio.codec_context.name == "aac" and audio.rate == RATE and audio.channels == 2
+        assert video.start_time == 0 and audio.start_time == 0 and video.frames == FRAMES
+        assert abs(float(audio.duration * audio.time_base) - FRAMES / FPS) <= AAC_FRAME / RATE
+        decoded = sum(frame.samples for frame in container.decode(audio))
+    assert round(FRAMES * RATE / FPS) <= decoded < round(FRAMES * RATE / FPS) + AAC_FRAME
+    recipe = decode_mp4(answer.content).comment
+    assert recipe is not None and f"Seed: {SEED}" in recipe
 
 
 def test_gradio_client_gets_the_same_mp4_with_its_sound(ltx2, posted):

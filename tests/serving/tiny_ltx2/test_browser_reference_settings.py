@@ -1,17 +1,19 @@
 """An IC-LoRA with its reference video and its two settings in a real browser, on the tiny LTX-2 pool
 (`MODELS=tiny-ltx2`, conftest.py's `server`): the IC-LoRA picked from the gallery, the reference video uploaded in its
-slot, "Reference strength" and "Reference downscale" set in the boxes under it, Generate; the result's MP4 names the
-LoRA and the video's settings in its recipe, is the MP4 `POST /` answers for the same request (the LoRA's part
-showing: without it the video differs), and its share link carries the settings and, opened, fills the boxes
-again. Without a browser: test_video_ui.py, test_session.py; the in-context run against diffusers':
-tests/engine/families/test_ltx2_ic.py."""
+slot, "Reference strength" and "Reference downscale" set in the boxes under it, Generate; the result's MP4 carries
+its sound (an AAC track), names the LoRA and the video's settings in its recipe, is the MP4 `POST /` answers for the
+same request (the LoRA's part showing: without it the video differs), and its share link carries the settings and,
+opened, fills the boxes again. Without a browser: test_video_ui.py, test_session.py; the in-context run against
+diffusers': tests/engine/families/test_ltx2_ic.py."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import re
 
+import av
 import httpx
 import pytest
 
@@ -86,6 +88,12 @@ def test_an_ic_lora_its_reference_video_and_settings_from_the_browser_are_post_s
     response = page.request.get(source)
     assert response.ok, response.status
     shown = response.body()
+    # The MP4 the page plays carries LTX-2's sound: an AAC track starting with the first frame.
+    with av.open(io.BytesIO(shown)) as container:
+        assert container.streams.video and container.streams.audio, "the shown video has its audio stream"
+        audio = container.streams.audio[0]
+        assert audio.codec_context.name == "aac" and audio.start_time == 0
+        assert sum(frame.samples for frame in container.decode(audio)) > 0
     recipe = parse_recipe(decode_mp4(shown).comment or "")
     assert recipe.reference_video == VideoReference(hashlib.sha256(VIDEO).hexdigest(), 9, 64, 64, 0.5, 2)
     # The IC-LoRA ran: the recipe names it (and its file's hash), and the same request on `POST /` is this MP4, byte

@@ -1,7 +1,8 @@
 """An IC-LoRA's reference video on `POST /` (`parameters.video`: an MP4, base64 or a `data:` URL) and on
 gradio_client's `/generate_video` (`video`, a file, its last argument) on a tiny LTX-2 Space: it runs (the same MP4
-from both doors), and each bad video is a 400 naming its rule (not a video, truncated, too many pixels, too long),
-refused before anything is decoded; the Space answers the same afterwards. The Space: conftest.py's `server`."""
+from both doors), and each bad video is a 400 naming its rule (not a video, truncated, too many pixels, too long, a
+container of endless boxes), refused before anything is decoded; the Space answers the same afterwards. The Space:
+conftest.py's `server`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from serving.video import decode_mp4
 from tests.support.app_server import AppServer
 from tests.support.clients import api_client
 from tests.support.ltx2 import IC_LORA
-from tests.support.reference_video import reference_mp4
+from tests.support.reference_video import endless_boxes, reference_mp4
 
 PARAMETERS = {"num_inference_steps": 2, "seed": 5, "num_frames": 9, "fps": 24}
 VIDEO = reference_mp4(frames=9, side=64)
@@ -71,8 +72,10 @@ def test_an_ic_runs_recipe_names_its_reference_video_and_a_plain_runs_has_none(s
         (b64(reference_mp4(frames=9, side=96)), "parameters.video has too many pixels: 96x96"),
         (b64(reference_mp4(frames=25, side=32)), "parameters.video is too long: 25 frames"),
         ("not base64!", "parameters.video is not base64"),
+        # A zip bomb's shape (100,000 empty boxes): refused by the header walk's bound, never demuxed or decoded.
+        (b64(endless_boxes(VIDEO)), "parameters.video is a container of more than 4096 boxes"),
     ],
-    ids=["not-a-video", "truncated", "pixels", "frames", "not-base64"],
+    ids=["not-a-video", "truncated", "pixels", "frames", "not-base64", "endless-boxes"],
 )
 def test_each_bad_reference_video_is_a_400_naming_its_rule(server, video, rule):
     before = post(server, b64(VIDEO))
