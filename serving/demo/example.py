@@ -3,13 +3,16 @@
 `serving/demo/example.png` is what `draw_example` draws (`python -m serving.demo.example` writes it again; a test
 holds the two equal). The UI offers it as an example input with `EXAMPLE_PROMPT` at `EXAMPLE_STRENGTH`: a scene
 with plain shapes and a clear horizon, which image-to-image visibly keeps while a prompt and a LoRA restyle it.
-The offline demo's UI also offers an example schedule (`schedule_lora()` active on a window of the steps).
+The offline demo's UI also offers an example for each of its capabilities, each with a LoRA of the demo's
+(`demo_examples`): a schedule (`schedule_lora()` active on a window of the steps), an edit from two references
+(Collage Ink on FLUX.2 [klein]) and a short video (Drift Reel on Wan).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageDraw
 
@@ -25,6 +28,8 @@ __all__ = [
     "REFERENCE_IMAGES",
     "SCHEDULE_SCALE",
     "SCHEDULE_WINDOW",
+    "DemoExample",
+    "demo_examples",
     "draw_example",
     "draw_reference",
     "schedule_lora",
@@ -58,6 +63,68 @@ def schedule_lora() -> DemoLora:
 def schedule_prompt() -> str:
     """The example schedule's prompt, led by its LoRA's trigger."""
     return f"{schedule_lora().trigger}, a fox in a forest at sunset"
+
+
+# The example video's scene, after its LoRA's trigger: motion a clip shows.
+_VIDEO_SCENE = "a paper boat drifting down a river at dawn"
+
+
+@dataclass(frozen=True)
+class DemoExample:
+    """One of the offline demo's examples: the form it fills (`form_values`, by the UI form's names:
+    `serving.ui.history.FORM`), LoRA 1 among it, on the base its LoRA was made for (the base filter is set to it,
+    so the form shows that pool's controls: a video's frames, the reference slots)."""
+
+    elem_id: str
+    label: str
+    lora: DemoLora
+    prompt: str
+    scale: float = 1.0
+    window: tuple[float, float] = (0.0, 1.0)
+    # Image 1 (the editor's), then the further references (Image 2, ...); none: text-to-image.
+    images: tuple[Path, ...] = ()
+
+    def form_values(self) -> dict[str, Any]:
+        """The form's fields this example sets (`source` and `references` as paths: the editor's background and
+        the reference slots)."""
+        start, end = self.window
+        values: dict[str, Any] = {"base": self.lora.base, "prompt": self.prompt, "lora": self.lora.ref}
+        values |= {"lora_scale": self.scale, "lora_start": start, "lora_end": end}
+        if self.images:
+            values |= {"source": str(self.images[0]), "references": [str(path) for path in self.images[1:]]}
+        return values
+
+
+def demo_examples() -> tuple[DemoExample, ...]:
+    """The offline demo's examples, one per capability it shows beside the plain image: a schedule, an edit from
+    two references and a video, each with its pool's LoRA (the UI shows those whose base it serves)."""
+    # Imported when asked, as `schedule_lora` does (the later pools' LoRAs live beside their maker, with torch).
+    from serving.demo.later_loras import EDIT_LORA, VIDEO_LORA
+
+    lora = schedule_lora()
+    return (
+        DemoExample(
+            "schedule-examples",
+            f"Example schedule: {lora.title} on the first half of the steps only",
+            lora,
+            schedule_prompt(),
+            SCHEDULE_SCALE,
+            SCHEDULE_WINDOW,
+        ),
+        DemoExample(
+            "reference-examples",
+            f"Example edit: image 1 with images 2 and 3, {EDIT_LORA.title} on FLUX.2 [klein]",
+            EDIT_LORA,
+            EDIT_PROMPT,
+            images=(EXAMPLE_IMAGE, *REFERENCE_IMAGES),
+        ),
+        DemoExample(
+            "video-examples",
+            f"Example video: {VIDEO_LORA.title} on Wan 2.1",
+            VIDEO_LORA,
+            f"{VIDEO_LORA.trigger}, {_VIDEO_SCENE}",
+        ),
+    )
 
 
 _SKY_TOP, _SKY_BOTTOM = (42, 56, 120), (250, 170, 110)

@@ -137,13 +137,33 @@ def _spec(lora: str | None, scale: float | None, name: str) -> LoraSpec | None:
     return fmt.lora_spec(lora, scale)
 
 
+# The generation endpoints' slots, in `windowed`'s order: the LoRA's field and its window's.
+_SLOTS = (("lora", "lora_start", "lora_end"), ("lora_2", "lora_2_start", "lora_2_end"))
+
+
 def windowed(request: GenerateRequest, slots: Sequence[tuple[str | None, object, object]]) -> GenerateRequest:
     """`request` with each named LoRA's schedule window (`LoraSpec.start`/`end`, fractions of the steps; None:
-    0 and 1) from `slots`, (reference, start, end) in the API's or the form's order; an empty slot has no LoRA in
-    the request and is passed over. Values pass as given: the engine checks them (`engine.schedules`)."""
+    0 and 1) from `slots`, (reference, start, end) in the API's or the form's order. An empty slot has no LoRA in
+    the request: a window there (other than every step's) is a schedule on a LoRA the request does not use, refused
+    by name rather than dropped (issue 51). Values pass as given: the engine checks them (`engine.schedules`)."""
+    for (ref, start, end), names in zip(slots, _SLOTS, strict=True):
+        if not (ref or "").strip():
+            _check_unused(names, start, end)
     windows = [(start, end) for ref, start, end in slots if (ref or "").strip()]
     loras = tuple(
         dataclasses.replace(spec, start=start, end=end)  # type: ignore[arg-type]
         for spec, (start, end) in zip(request.loras, windows, strict=True)
     )
     return dataclasses.replace(request, loras=loras)
+
+
+def _check_unused(names: tuple[str, str, str], start: object, end: object) -> None:
+    """An empty slot's window: none, or every step's (0 to 1: what no window runs), else refused by name."""
+    lora, *window = names
+    for name, value, whole in zip(window, (start, end), (0, 1), strict=True):
+        # `value != whole` too for NaN and any non-number: refused here, as a value for no LoRA.
+        if value is not None and (isinstance(value, bool) or value != whole):
+            raise InvalidRequestError(
+                f"{name}={value!r} was given, but {lora} is empty: a schedule on a LoRA the request does not use; "
+                f"accepted: {lora} set to a LoRA, or {name} left empty"
+            )

@@ -36,7 +36,7 @@ def build_demo(handlers: Handlers, *, banner: str | None = None, hub_url: str = 
                     civitai=handlers.civitai,
                 )
             with gr.Column(scale=4, elem_id="request-column"):
-                request = panels.request_panel(handlers)
+                request = panels.request_panel(handlers, browser.base)
                 with gr.Tabs():
                     with gr.Tab("Result", elem_id="result-tab"):
                         result = panels.result_panel(handlers)

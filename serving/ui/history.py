@@ -91,7 +91,13 @@ def request_of(form: Mapping[str, Any], max_pixels: int) -> GenerateRequest:
         strength=None if strength is None else float(strength),
         images=images,
     )
-    return windowed(request, [(form[ref], *session.window(form, ref)) for ref in ("lora", "lora_2")])
+    # The form sends both slots' ranges: an empty slot's is its controls' leftover state, not a schedule asked for
+    # (an API client's, sent only when given, is refused: `windowed`).
+    ranges = [
+        (form[ref], *session.window(form, ref)) if (form[ref] or "").strip() else (None, None, None)
+        for ref in ("lora", "lora_2")
+    ]
+    return windowed(request, ranges)
 
 
 def cells(result: GenerateResult) -> list[tuple[Any, str]]:

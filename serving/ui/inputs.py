@@ -74,10 +74,13 @@ class InputPanel:
     references: tuple[gr.Image, ...] = ()
 
 
-def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int, slots: int = 0) -> InputPanel:
+def input_panel(
+    defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int, slots: int = 0, *, edit_example: bool = True
+) -> InputPanel:
     """The panel under the prompt; open at once on an editing pool (which takes no request without an image).
     The editor's files are held to `max_pixels` by their headers before Gradio decodes them (`CheckedEditor`);
-    `slots` reference slots under it (`serving.ui.references.slot_count`), shown where the pool takes them."""
+    `slots` reference slots under it (`serving.ui.references.slot_count`), shown where the pool takes them, with
+    an example edit from two of them (`edit_example`; the offline demo's, with its LoRA, is under LoRA 1)."""
     with gr.Accordion(
         "Start from an image (image-to-image; paint a mask to inpaint)", elem_id="inputs", **accordion_control(defaults)
     ) as accordion:
@@ -107,8 +110,8 @@ def input_panel(defaults: ModelDefaults, prompt: gr.Textbox, max_pixels: int, sl
             api_visibility="private",
             elem_id="input-examples",
         )
-        if len(references) >= 2:
-            # An edit from two references (FLUX.2 [klein]'s pool in the offline demo; pick its LoRA in the gallery).
+        if len(references) >= 2 and edit_example:
+            # An edit from two references, on any pool that takes them (no LoRA: the demo's own is under LoRA 1).
             gr.Examples(
                 [[str(EXAMPLE_IMAGE), *(str(path) for path in REFERENCE_IMAGES), EDIT_PROMPT]],
                 [editor, references[0], references[1], prompt],

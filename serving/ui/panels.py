@@ -6,15 +6,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import gradio as gr
 
 from engine.requests import MAX_IMAGES
 from lora_catalog.hub import SORTS
-from serving.demo.example import SCHEDULE_SCALE, SCHEDULE_WINDOW, schedule_lora, schedule_prompt
+from serving.demo.example import DemoExample
 from serving.handlers import Handlers
 from serving.ui import formatting as fmt
 from serving.ui import references as refs
+from serving.ui.demo_examples import examples_for, render_examples
 from serving.ui.inputs import InputPanel, input_panel, prompt_control
 from serving.ui.video_ui import VideoControls, low_noise_control, video_controls
 
@@ -177,7 +179,7 @@ def browser_panel(served: str, choices: list[tuple[str, str]], note: str, *, civ
     return Browser(base, base_note, source, sort, search, gallery, previous, page_info, next_button, details, readiness)
 
 
-def request_panel(handlers: Handlers) -> RequestPanel:
+def request_panel(handlers: Handlers, base: gr.Dropdown) -> RequestPanel:
     defaults = handlers.default.defaults
     sizes = fmt.size_presets(defaults)
     prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", **prompt_control(defaults))
@@ -185,9 +187,10 @@ def request_panel(handlers: Handlers) -> RequestPanel:
         label="Negative prompt", lines=1, placeholder="blurry, low quality", **fmt.negative_control(defaults)
     )
     slots = refs.slot_count(handlers.pools, handlers.settings.max_reference_images)
-    source = input_panel(defaults, prompt, handlers.settings.max_input_pixels, slots)
+    examples = examples_for(handlers.pools, slots)
+    source = input_panel(defaults, prompt, handlers.settings.max_input_pixels, slots, edit_example=not examples)
     slot = gr.Radio(["LoRA 1", "LoRA 2", "Compare"], value="LoRA 1", label="A gallery click fills")
-    first = _first_slot(defaults.two_stage, prompt if defaults.is_tiny else None)
+    first = _first_slot(defaults.two_stage, examples, (base, prompt, source))
     with gr.Accordion("Blend a second LoRA", open=False), gr.Group():
         ref_2 = gr.Textbox(label="LoRA 2 — Hub repo id, Civitai link or local: file", elem_id="lora-2")
         scale_2 = gr.Slider(-2, 2, value=1.0, step=0.05, label="LoRA 2 scale", elem_id="lora-2-scale")
@@ -238,8 +241,11 @@ def request_panel(handlers: Handlers) -> RequestPanel:
     )
 
 
-def _first_slot(two_stage: bool, example: gr.Textbox | None) -> LoraSlot:
-    """LoRA 1's controls; under them the offline demo's example schedule, filling them and the prompt `example`."""
+def _first_slot(
+    two_stage: bool, examples: tuple[DemoExample, ...], form: tuple[gr.Dropdown, gr.Textbox, InputPanel]
+) -> LoraSlot:
+    """LoRA 1's controls; under them the offline demo's `examples`, filling them and the `form`'s base filter,
+    prompt and input images."""
     with gr.Group():
         ref = gr.Textbox(
             label="LoRA 1 — Hub repo id, Civitai link or local: file",
@@ -254,23 +260,19 @@ def _first_slot(two_stage: bool, example: gr.Textbox | None) -> LoraSlot:
             weight = gr.Textbox(label="Weight file", placeholder="only needed when the repo holds several")
             check = gr.Button("Check this LoRA", size="sm")
     slot = LoraSlot(ref, scale, revision, weight, check, low, gr.State(False), start, end)
-    if example is not None:
-        schedule_example(example, slot)
+    _examples_under(examples, *form, slot)
     return slot
 
 
-def schedule_example(prompt: gr.Textbox, slot: LoraSlot) -> None:
-    """The offline demo's example schedule (its default pool's tiny model: the LoRA is one of the demo's), which
-    fills the prompt and LoRA 1 with its scale and "active from … to …" range."""
-    lora = schedule_lora()
-    gr.Examples(
-        [[schedule_prompt(), lora.ref, SCHEDULE_SCALE, *SCHEDULE_WINDOW]],
-        [prompt, slot.ref, slot.scale, slot.start, slot.end],
-        label=f"Example schedule: {lora.title} on the first half of the steps only",
-        cache_examples=False,
-        api_visibility="private",
-        elem_id="schedule-examples",
-    )
+def _examples_under(
+    examples: tuple[DemoExample, ...], base: gr.Dropdown, prompt: gr.Textbox, source: InputPanel, first: LoraSlot
+) -> None:
+    """The offline demo's examples under LoRA 1, over the form's components by the names they fill (`base`: the
+    catalogue's base filter, which the UI's request is browsed on). Its edit example (with its LoRA) takes the place
+    of the input panel's, which has none."""
+    fields: dict[str, Any] = {"base": base, "prompt": prompt, "source": source.editor, "references": source.references}
+    fields |= {"lora": first.ref, "lora_scale": first.scale, "lora_start": first.start, "lora_end": first.end}
+    render_examples(examples, fields, source.accordion)
 
 
 def window_controls(slot: int) -> tuple[gr.Number, gr.Number]:

@@ -10,6 +10,7 @@ import json
 
 import httpx
 import pytest
+from gradio_client.exceptions import AppError
 from huggingface_hub import InferenceClient
 from PIL import Image
 
@@ -118,3 +119,29 @@ def test_inference_client_runs_a_schedule_whose_info_says_it_as_gradio_client_s_
     # The schedule is in force: the same LoRA at its last scale on every step is another image.
     plain = inference.text_to_image("a fox in a forest", **SIZE, extra_body={"loras": [{"path": peft, "scale": 2.0}]})
     assert plain.tobytes() != image.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("sent", "said"),
+    [
+        ({"lora_start": 0.25}, "lora_start=0.25 was given, but lora is empty"),
+        ({"lora_2_end": 0.5}, "lora_2_end=0.5 was given, but lora_2 is empty"),
+    ],
+)
+@pytest.mark.parametrize("api_name", ["/generate", "/generate_images"])
+def test_gradio_client_refuses_a_window_for_an_empty_lora_slot(client, fixtures, sent, said, api_name):
+    """A window on a slot with no LoRA is a schedule on a LoRA the request does not use: refused by name, not
+    dropped (the request would run without the schedule the caller asked for)."""
+    named = {"lora": fixtures["peft"]} if "lora_2_end" in sent else {}
+    with pytest.raises(AppError, match=f"{said}: a schedule on a LoRA the request does not use; accepted: "):
+        client.predict(**(CLIENT_GENERATE | named | sent), api_name=api_name)
+
+
+def test_gradio_client_runs_an_empty_slot_s_whole_run_window(client, fixtures):
+    """0 to 1, every step's window, is what no window runs: an empty slot may carry it (as the UI's range does)."""
+    sent = {"lora": fixtures["peft"], "lora_2_start": 0.0, "lora_2_end": 1.0}
+    path, info = client.predict(**(CLIENT_GENERATE | sent), api_name="/generate")
+    assert [lora["scale"] for lora in info["loras"]] == [1.0]
+    plain, _ = client.predict(**(CLIENT_GENERATE | {"lora": fixtures["peft"]}), api_name="/generate")
+    with Image.open(path) as image, Image.open(plain) as expected:
+        assert image.tobytes() == expected.tobytes()

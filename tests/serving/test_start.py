@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serving.demo.example import demo_examples
 from tests.support.app_server import free_port, wait_http
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +56,7 @@ def test_python_app_py_without_configuration_serves_the_offline_demo(tmp_path):
     try:
         wait_http(url, timeout=240)
         page = httpx.get(url, timeout=30)
+        config = httpx.get(f"{url}config", timeout=30)
         image = httpx.post(
             url,
             content='{"inputs": "ember style, a fox", "parameters": {"num_inference_steps": 2, "seed": 1}}',
@@ -71,6 +73,10 @@ def test_python_app_py_without_configuration_serves_the_offline_demo(tmp_path):
     output = log.read_text()
     assert page.status_code == 200, output[-3000:]
     assert "Offline demo" in page.text
+    # Its examples, each with its LoRA (issue 51): a schedule, an edit from two references and a video, shown while
+    # their pools still load.
+    ids = {component["props"].get("elem_id") for component in config.json()["components"]}
+    assert {example.elem_id for example in demo_examples()} <= ids, output[-3000:]
     assert image.status_code == 200, output[-3000:]
     assert image.headers["content-type"] == "image/jpeg"
     assert "serving the offline demo (no CUDA GPU was found)" in output
