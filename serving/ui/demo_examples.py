@@ -9,13 +9,15 @@ fills the form and runs nothing (the newcomer presses Generate).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
-from engine.outcomes import ServedPool
 from engine.settings import DEMO_LATER_POOLS, DEMO_POOLS
 from serving.demo.example import DemoExample, demo_examples
+
+if TYPE_CHECKING:  # engine.outcomes imports torch: `import app` loads no model library (tests/serving/test_start.py)
+    from engine.outcomes import ServedPool
 
 __all__ = ["examples_for", "render_examples"]
 
