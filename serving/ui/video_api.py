@@ -16,6 +16,7 @@ from typing import Any
 
 import gradio as gr
 
+from engine.errors import InvalidRequestError
 from engine.requests import REQUEST_FIELDS, GenerateRequest, GenerateResult
 from serving.errors import user_errors
 from serving.handlers import Handlers
@@ -98,6 +99,13 @@ def _request(handlers: Handlers, arguments: dict[str, Any]) -> GenerateRequest:
         a["prompt"], a["negative_prompt"], loras, a["steps"], a["guidance"], a["width"], a["height"], a["seed"],
         a["scheduler"], a["scheduler_options"], None, None, (a["image"], None, None, None, pixels, None),
     )  # fmt: skip
+    for lora, low in (("lora", "lora_scale_2"), ("lora_2", "lora_2_scale_2")):
+        if not (a[lora] or "").strip() and a[low] is not None:
+            # A low-noise scale for no LoRA is refused by name, not dropped (as a window there: `windowed`).
+            raise InvalidRequestError(
+                f"{low}={a[low]!r} was given, but {lora} is empty: a scale for a LoRA the request does not use; "
+                f"accepted: {lora} set to a LoRA, or {low} left empty"
+            )
     request = low_noise(request, ((a["lora"], a["lora_scale_2"]), (a["lora_2"], a["lora_2_scale_2"])))
     request = windowed(
         request, ((a["lora"], a["lora_start"], a["lora_end"]), (a["lora_2"], a["lora_2_start"], a["lora_2_end"]))

@@ -16,6 +16,7 @@ import gradio as gr
 import httpx
 import pytest
 from gradio_client import handle_file
+from gradio_client.exceptions import AppError
 
 from engine.settings import Settings
 from serving.handlers import Handlers
@@ -103,3 +104,16 @@ def test_an_image_makes_it_image_to_video(served, tmp_path):
     assert backend.requests[-1].image is not None
     assert backend.requests[-1].loras == ()
     assert info["num_frames"] == 5
+
+
+@pytest.mark.parametrize(("low", "lora"), [("lora_scale_2", "lora"), ("lora_2_scale_2", "lora_2")])
+def test_a_low_noise_scale_for_an_empty_lora_slot_is_refused_by_name(served, low, lora):
+    """A low-noise scale on a slot with no LoRA would be dropped: refused naming it, as a window there is, and
+    nothing reaches the backend."""
+    url, backend = served
+    client = api_client(url, verbose=False)
+    before = len(backend.requests)
+    named = {"lora": LORA} if lora == "lora_2" else {}
+    with pytest.raises(AppError, match=f"{low}=0.5 was given, but {lora} is empty: .*accepted: {lora} set to a LoRA"):
+        client.predict(prompt=PROMPT, **named, **{low: 0.5}, api_name="/generate_video")
+    assert len(backend.requests) == before
