@@ -7,19 +7,34 @@ import re
 
 from families.identity import Base, CivitaiLabel, Claims, Family, FamilyIdentity, Spellings
 
-__all__ = ["IDENTITY", "MODEL_ID", "RAW_ID", "TINY_ID", "claims", "own_name"]
+__all__ = [
+    "IDENTITY",
+    "MODEL_ID",
+    "RAW_GUIDANCE",
+    "RAW_ID",
+    "RAW_STEPS",
+    "TINY_ID",
+    "TURBO_GUIDANCE",
+    "TURBO_STEPS",
+    "claims",
+    "own_name",
+]
 
 MODEL_ID = "krea/Krea-2-Turbo"
 RAW_ID = "krea/Krea-2-Raw"
 TINY_ID = "tiny-krea2"
 # Turbo: the few-step distilled model the LoRAs usually run on (krea-ai/krea-2's README: 8 steps without CFG; its
-# `model_index.json` sets `is_distilled`, which fixes the shift). Its defaults are the family's
-# (`engine.families.krea2`).
+# `model_index.json` sets `is_distilled`, which fixes the shift). Its settings are read by the family's defaults
+# (`engine.families.krea2`) and by the "Krea 2 Turbo" speed-LoRA preset (`lora_catalog.hints`).
+TURBO_STEPS, TURBO_GUIDANCE = 8, 0.0
 TURBO = Base(MODEL_ID, "Krea 2 Turbo", names=r"krea[-_ ]?2[-_ ]?turbo")
 # Raw: the undistilled model LoRAs are trained on, Turbo's architecture and loader. Its defaults are
 # Krea2Pipeline's own (diffusers 0.42.1: 28 steps at CFG 4.5). Raw-trained LoRAs run on Turbo (the README's
 # "train on Raw, generate with Turbo") and Turbo's on Raw, with a note.
-RAW = TURBO.checkpoint(RAW_ID, "Krea 2 Raw", steps=28, guidance=4.5, names=r"krea[-_ ]?2[-_ ]?(raw|base)")
+RAW_STEPS, RAW_GUIDANCE = 28, 4.5
+RAW = TURBO.checkpoint(
+    RAW_ID, "Krea 2 Raw", steps=RAW_STEPS, guidance=RAW_GUIDANCE, names=r"krea[-_ ]?2[-_ ]?(raw|base)"
+)
 # Lower-cased names only Krea 2 LoRAs have, in each naming: the attention's output gate, the SwiGLU MLP's
 # gate/up/down and the text-fusion stage in diffusers' names (`transformer_blocks.N.attn.to_gate`, `.ff.gate`,
 # `text_fusion.`); the original model's (ComfyUI's `diffusion_model.`, ai-toolkit's `base_model.model.`, kohya's

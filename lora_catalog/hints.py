@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from families import krea2
+
 __all__ = [
     "SPEED_PRESETS",
     "LoraHints",
@@ -60,7 +62,7 @@ SPEED_PRESETS: dict[str, SpeedPreset] = {
     "Wan2.2-Lightning": SpeedPreset(None, 4, 1.0),
     # Turbo's distillation extracted as a LoRA for Krea 2 Raw: Turbo's own settings (krea-ai/krea-2's README: 8
     # steps without CFG; Krea2Pipeline runs CFG at any guidance above 0), its flow-match Euler sampler.
-    "Krea 2 Turbo": SpeedPreset("Euler flow", 8, 0.0),
+    "Krea 2 Turbo": SpeedPreset("Euler flow", krea2.TURBO_STEPS, krea2.TURBO_GUIDANCE),
 }
 _WELL_KNOWN = {
     "latent-consistency/lcm-lora-sdxl": "LCM",

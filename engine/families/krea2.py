@@ -40,7 +40,7 @@ from engine.families.spec import (
 from engine.families.wan_vae_parts import LATENT_RGB
 from engine.requests import CheckedRequest
 from engine.storage import LinearSizes
-from families.krea2 import IDENTITY
+from families.krea2 import IDENTITY, RAW_GUIDANCE, RAW_STEPS, TURBO_GUIDANCE, TURBO_STEPS
 
 __all__ = ["FAMILY", "LATENT_RGB", "MEMORY", "WIDTHS", "convert_lora", "rules_out", "unpack_latents"]
 
@@ -105,7 +105,7 @@ def defaults(pipe: Pipeline) -> RunDefaults:
     """A distilled pipeline (Turbo's `is_distilled`): 8 steps without guidance, as krea-ai/krea-2's README runs it;
     else Krea2Pipeline's 28 steps at 4.5 (Raw's). Its CFG reads the negative prompt; sides in the VAE's scale times
     the 2x2 patches."""
-    steps, guidance = (8, 0.0) if pipe.config.is_distilled else (28, 4.5)
+    steps, guidance = (TURBO_STEPS, TURBO_GUIDANCE) if pipe.config.is_distilled else (RAW_STEPS, RAW_GUIDANCE)
     multiple = int(pipe.patch_size) * int(pipe.vae_scale_factor)
     return RunDefaults(steps, guidance, "cfg", negative_prompt=True, side_multiple=multiple)
 
