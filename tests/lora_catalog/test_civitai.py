@@ -555,6 +555,28 @@ def test_the_civitai_tab_lists_chromas_one_group_for_hd_and_base(hub):
             catalog.close()
 
 
+def test_the_civitai_tab_lists_krea2s_group_under_krea_2_raw(hub):
+    """Civitai's "Krea 2" group (its LoRAs are trained on Raw) is listed under Krea 2 Raw, as Krea 2 LoRAs; a
+    Qwen-Image one (whose diffusers names Krea 2's attention shares) is not."""
+    from families.krea2 import RAW_ID
+    from lora_catalog.catalog import Catalog
+    from lora_catalog.hub import HubSource
+
+    with StandInCivitai() as listing:
+        listing.add_lora(931, DATA, model_id=71, downloads=5, base_model="Krea 2")
+        listing.add_lora(932, DATA, model_id=72, downloads=9, base_model="Qwen")
+        source = CivitaiSource(listing.url, timeout_s=5)
+        catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), civitai=source, refresh=False)
+        try:
+            page = catalog.page(RAW_ID, source="civitai")
+            assert [(e.ref, e.family, e.source) for e in page.entries] == [("civitai:931", Family.KREA2, "civitai")]
+            assert "Live from Civitai (Krea 2" in page.freshness.message
+            query = [r.query for r in listing.requests if r.path == "/api/v1/models"][-1]
+            assert query["baseModels"] == ["Krea 2"]
+        finally:
+            catalog.close()
+
+
 def test_the_civitai_tab_lists_each_checkpoints_group_and_2512_the_one_qwen_group(hub):
     """FLUX.1 Krea [dev] and Z-Image base have Civitai groups of their own; Qwen-Image-2512 shares Qwen-Image's one
     "Qwen" group (a file's metadata tells them apart: tests/engine/families/test_checkpoints.py)."""
