@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -534,50 +536,62 @@ def test_the_civitai_tab_lists_loras_for_a_base_most_downloaded_first_policy_app
     down.close()
 
 
-def test_the_civitai_tab_lists_chromas_one_group_for_hd_and_base(hub):
-    """Civitai's one "Chroma" group holds Chroma1-HD's and Chroma1-Base's LoRAs: both bases list it."""
+@contextmanager
+def civitai_tab(hub_url: str, groups: dict[int, str]) -> Iterator[tuple[Any, StandInCivitai]]:
+    """A catalogue over the stand-in Hub and a stand-in Civitai holding one LoRA version per `groups` item
+    (version id -> Civitai's base label, downloads 5, its model the default): (catalog, Civitai), closed after."""
     from lora_catalog.catalog import Catalog
     from lora_catalog.hub import HubSource
 
     with StandInCivitai() as listing:
-        listing.add_lora(921, DATA, model_id=91, downloads=5, base_model="Chroma")
-        listing.add_lora(922, DATA, model_id=92, downloads=9, base_model="Flux.1 D")
+        for version, label in groups.items():
+            listing.add_lora(version, DATA, downloads=5, base_model=label)
         source = CivitaiSource(listing.url, timeout_s=5)
-        catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), civitai=source, refresh=False)
+        catalog = Catalog(HubSource(endpoint=hub_url, timeout_s=5), civitai=source, refresh=False)
         try:
-            for base in ("lodestones/Chroma1-HD", "lodestones/Chroma1-Base"):
-                page = catalog.page(base, source="civitai")
-                assert [e.ref for e in page.entries] == ["civitai:921"], base
-                assert "Live from Civitai (Chroma" in page.freshness.message
-                query = [r.query for r in listing.requests if r.path == "/api/v1/models"][-1]
-                assert query["baseModels"] == ["Chroma"]
+            yield catalog, listing
         finally:
             catalog.close()
+
+
+def asked_groups(listing: StandInCivitai) -> list[str]:
+    """The Civitai base labels the tab's latest listing request asked for."""
+    return [r.query for r in listing.requests if r.path == "/api/v1/models"][-1]["baseModels"]
+
+
+def test_the_civitai_tab_lists_chromas_one_group_for_hd_and_base(hub):
+    """Civitai's one "Chroma" group holds Chroma1-HD's and Chroma1-Base's LoRAs: both bases list it."""
+    with civitai_tab(hub.url, {921: "Chroma", 922: "Flux.1 D"}) as (catalog, listing):
+        for base in ("lodestones/Chroma1-HD", "lodestones/Chroma1-Base"):
+            page = catalog.page(base, source="civitai")
+            assert [e.ref for e in page.entries] == ["civitai:921"], base
+            assert "Live from Civitai (Chroma" in page.freshness.message
+            assert asked_groups(listing) == ["Chroma"]
+
+
+def test_the_civitai_tab_lists_krea2s_group_under_krea_2_raw(hub):
+    """Civitai's "Krea 2" group (its LoRAs are trained on Raw) is listed under Krea 2 Raw, as Krea 2 LoRAs; a
+    Qwen-Image one (whose diffusers names Krea 2's attention shares) is not."""
+    from families.krea2 import RAW_ID
+
+    with civitai_tab(hub.url, {931: "Krea 2", 932: "Qwen"}) as (catalog, listing):
+        page = catalog.page(RAW_ID, source="civitai")
+        assert [(e.ref, e.family, e.source) for e in page.entries] == [("civitai:931", Family.KREA2, "civitai")]
+        assert "Live from Civitai (Krea 2" in page.freshness.message
+        assert asked_groups(listing) == ["Krea 2"]
 
 
 def test_the_civitai_tab_lists_each_checkpoints_group_and_2512_the_one_qwen_group(hub):
     """FLUX.1 Krea [dev] and Z-Image base have Civitai groups of their own; Qwen-Image-2512 shares Qwen-Image's one
     "Qwen" group (a file's metadata tells them apart: tests/engine/families/test_checkpoints.py)."""
-    from lora_catalog.catalog import Catalog
-    from lora_catalog.hub import HubSource
-
-    with StandInCivitai() as listing:
-        listing.add_lora(911, DATA, model_id=81, downloads=5, base_model="Flux.1 Krea")
-        listing.add_lora(912, DATA, model_id=82, downloads=5, base_model="ZImageBase")
-        listing.add_lora(913, DATA, model_id=83, downloads=5, base_model="Qwen")
-        listing.add_lora(914, DATA, model_id=84, downloads=9, base_model="Flux.1 D")
-        source = CivitaiSource(listing.url, timeout_s=5)
-        catalog = Catalog(HubSource(endpoint=hub.url, timeout_s=5), civitai=source, refresh=False)
-        try:
-            for base, label, ref in (
-                ("black-forest-labs/FLUX.1-Krea-dev", "Flux.1 Krea", "civitai:911"),
-                ("Tongyi-MAI/Z-Image", "ZImageBase", "civitai:912"),
-                ("Qwen/Qwen-Image-2512", "Qwen", "civitai:913"),
-            ):
-                page = catalog.page(base, source="civitai")
-                assert [e.ref for e in page.entries] == [ref]
-                assert f"Live from Civitai ({label}" in page.freshness.message
-                query = [r.query for r in listing.requests if r.path == "/api/v1/models"][-1]
-                assert query["baseModels"] == [label]
-        finally:
-            catalog.close()
+    groups = {911: "Flux.1 Krea", 912: "ZImageBase", 913: "Qwen", 914: "Flux.1 D"}
+    with civitai_tab(hub.url, groups) as (catalog, listing):
+        for base, label, ref in (
+            ("black-forest-labs/FLUX.1-Krea-dev", "Flux.1 Krea", "civitai:911"),
+            ("Tongyi-MAI/Z-Image", "ZImageBase", "civitai:912"),
+            ("Qwen/Qwen-Image-2512", "Qwen", "civitai:913"),
+        ):
+            page = catalog.page(base, source="civitai")
+            assert [e.ref for e in page.entries] == [ref]
+            assert f"Live from Civitai ({label}" in page.freshness.message
+            assert asked_groups(listing) == [label]

@@ -14,6 +14,9 @@ import pytest
 import yaml
 from safetensors.numpy import save
 
+from families.krea2 import MODEL_ID as KREA2_TURBO
+from families.krea2 import RAW_ID as KREA2_RAW
+from families.qwen_image import MODEL_ID as QWEN_IMAGE
 from lora_catalog import (
     Catalog,
     Family,
@@ -26,6 +29,7 @@ from lora_catalog import (
     read_snapshot,
     write_snapshot,
 )
+from lora_catalog.bases import KNOWN_BASES
 from tests.support.standin_hub import StandInHub
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
@@ -34,6 +38,13 @@ NS = "cat-facade"
 SNAPSHOT_TIME = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 # name -> (downloads, likes)
 LIVE = {"alpha-xl": (300, 1), "beta-xl": (200, 3), "gamma-xl": (100, 2)}
+# Krea 2 adapters: name -> (the base its card names, downloads). Qwen-Image's shares diffusers' attention names.
+KREA2 = {
+    "ink-krea2": (KREA2_RAW, 40),
+    "grain-krea2": (KREA2_RAW, 30),
+    "speed-krea2-turbo": (KREA2_TURBO, 20),
+    "qwen-lookalike": (QWEN_IMAGE, 90),
+}
 
 
 def card(base: str = SDXL) -> bytes:
@@ -43,6 +54,10 @@ def card(base: str = SDXL) -> bytes:
 
 def weights() -> bytes:
     return save({"lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight": np.ones((2, 4), np.float32)})
+
+
+def krea2_weights() -> bytes:
+    return save({"diffusion_model.blocks.0.attn.wq.lora_A.weight": np.ones((2, 4), np.float32)})
 
 
 def snap_entry(name: str, *, family: Family = Family.SDXL, downloads: int = 0, likes: int = 0) -> LoraEntry:
@@ -74,6 +89,9 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
                 f"{NS}/{name}", {"README.md": card(), "x.safetensors": weights()}, downloads=downloads, likes=likes
             )
         started.add_repo(f"{NS}/sd15-only", {"README.md": card(SD15), "x.safetensors": weights()}, downloads=5)
+        for name, (base, downloads) in KREA2.items():
+            files = {"README.md": card(base), "lora.safetensors": krea2_weights()}
+            started.add_repo(f"{NS}/{name}", files, downloads=downloads)
         yield started
 
 
@@ -221,6 +239,25 @@ def test_lists_are_cached_per_base_search_and_sort(clean_hub: StandInHub) -> Non
         catalog.page(SDXL)
         assert catalog.wait_idle(timeout=30)
     assert len(clean_hub.requests) == 3
+
+
+def test_the_krea2_filter_lists_the_adapters_whose_card_names_each_base(clean_hub: StandInHub) -> None:
+    """Krea 2 Turbo and Raw are both in the base filter; Raw lists the adapters whose card names
+    `krea/Krea-2-Raw` (the Hub's `base_model:adapter:` filter), as Krea 2 LoRAs; Turbo its own."""
+    assert {(b.repo_id, b.display_name) for b in KNOWN_BASES if b.family is Family.KREA2} == {
+        (KREA2_TURBO, "Krea 2 Turbo"),
+        (KREA2_RAW, "Krea 2 Raw"),
+    }
+    with Catalog(HubSource(endpoint=clean_hub.url)) as catalog:
+        raw = catalog.page(KREA2_RAW)
+        turbo = catalog.page(KREA2_TURBO)
+    assert titles(raw) == ["ink-krea2", "grain-krea2"] and raw.freshness.source == "hub"
+    assert all((e.family, e.base_models) == (Family.KREA2, (KREA2_RAW,)) for e in raw.entries)
+    assert titles(turbo) == ["speed-krea2-turbo"] and turbo.entries[0].family is Family.KREA2
+    assert [r.query["filter"] for r in clean_hub.requests] == [
+        ["lora", f"base_model:adapter:{KREA2_RAW}"],
+        ["lora", f"base_model:adapter:{KREA2_TURBO}"],
+    ]
 
 
 def test_save_snapshot_then_serve_it(clean_hub: StandInHub, tmp_path: Path) -> None:

@@ -52,12 +52,13 @@ def assert_clients_get_what_they_get_alone(run: Callable[[int], T], count: int, 
 
 def assert_mixed_clients_get_their_own_images(
     pools: Pools, work: Sequence[tuple[GenerateRequest, str]], *, clients: int = 8
-) -> None:
+) -> list[bytes]:
     """`clients` clients sending `work`'s (request, named base) pairs at once across `pools` each get, byte for
-    byte, the image that request gets alone (the same weights in the same storage: byte-equality holds)."""
+    byte, the image that request gets alone (the same weights in the same storage: byte-equality holds). The
+    images alone (RGB bytes), returned."""
 
     def image(index: int) -> bytes:
         request, base = work[index]
         return generate(pools, request, base=base).image.tobytes()
 
-    assert_clients_get_what_they_get_alone(image, len(work), clients=clients)
+    return assert_clients_get_what_they_get_alone(image, len(work), clients=clients)

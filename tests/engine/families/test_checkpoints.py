@@ -1,6 +1,7 @@
 """Checkpoints of served families (FLUX.1 Krea [dev], Qwen-Image-2512, Z-Image base): each a base of its family
 declared by its difference (`Base.checkpoint`), with its own defaults; LoRAs for its sibling routed by card,
-metadata and tensors (which cannot tell siblings apart) and run with a note; a sibling's LoRA on a tiny pool."""
+metadata and tensors (which cannot tell siblings apart) and run with a note; a sibling's LoRA on a tiny pool; four
+clients with different LoRAs on one checkpoint's pool each get exactly their own image, its base bit-exact after."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.families.origin import check_origin, judge_origin
 from engine.families.registry import family_spec
@@ -31,10 +33,22 @@ from lora_catalog.bases import KNOWN_BASES, base_from_metadata, family_of_base
 from lora_catalog.entries import Family
 from serving.demo.synthetic import save_lora
 from tests.engine.families.test_origin import lora_for
+from tests.support import qwen_image, zimage
 from tests.support.checks import generate
-from tests.support.dit import local_engine, pixels, served_pools
+from tests.support.dit import (
+    assert_components_pristine,
+    hub_pools,
+    local_engine,
+    pixels,
+    pool_of,
+    pool_request,
+    served_pools,
+)
+from tests.support.flux import CASES as FLUX_CASES
+from tests.support.flux import write_flux_loras
 from tests.support.image_inputs import PROMPT
 from tests.support.images import assert_images_close
+from tests.support.mixed import assert_mixed_clients_get_their_own_images
 from tests.support.zimage import factors, lora_file
 
 # (family, the sibling the checkpoint is of, the checkpoint, metadata naming the sibling, metadata naming it)
@@ -229,3 +243,46 @@ def test_a_turbo_lora_runs_on_a_z_image_base_pool_with_a_note_as_on_turbos(
         f"made for Z-Image Turbo ({ZIMAGE_TURBO}); it runs on Z-Image ({ZIMAGE_BASE})" in w for w in result.warnings
     )
     assert_images_close(pixels(result.image), pixels(on_turbo.image))
+
+
+# -- four clients on one checkpoint's pool ----------------------------------------------------------------------
+
+# (family, the checkpoint, the writer of its sibling's LoRA files, four cases in different namings)
+POOL_CASES = [
+    (Family.FLUX, KREA_ID, write_flux_loras, FLUX_CASES, ("peft", "kohya", "comfy", "xlabs")),
+    (
+        Family.QWEN_IMAGE,
+        MODEL_ID_2512,
+        qwen_image.write_qwen_loras,
+        qwen_image.CASES,
+        ("peft", "comfy", "kohya", "bare"),
+    ),
+    (Family.ZIMAGE, ZIMAGE_BASE, zimage.write_zimage_loras, zimage.CASES, ("peft", "comfy", "kohya", "dotted")),
+]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("family", "checkpoint", "write", "cases", "names"), POOL_CASES, ids=IDS[:3])
+def test_four_clients_with_different_loras_on_a_checkpoints_pool_get_exactly_their_own_images(
+    tiny_models, base_settings, clean_hub, tmp_path: Path, family, checkpoint, write, cases, names
+):
+    """The checkpoint served as its own pool (the sibling's tiny weights loaded under the checkpoint's id): its
+    sibling's LoRAs in four namings, from four clients at once, each give the image they give alone (each its own,
+    none the base's); after, every weight and the base image are bit-exact."""
+    settings = base_settings.replace(model_id=str(tiny_models.folder(family)), base_model_id=checkpoint)
+    loaded = load_pipeline(settings)
+    pipe = loaded.pipe
+    modules = [n for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)]
+    pristine = {f"{n}.{k}": v.detach().clone() for n in modules for k, v in getattr(pipe, n).state_dict().items()}
+    chosen = [c for c in cases if c.name in names]
+    write(pipe, tmp_path, cases=chosen)
+    refs = [f"local:{c.file_name}" for c in chosen]
+    with hub_pools([(loaded, checkpoint)], settings, clean_hub.url, tmp_path) as pools:
+        assert all(pool_of(pools, ref) == checkpoint for ref in refs)
+        base = generate(pools, pool_request()).image.tobytes()
+        spec = [(LoraSpec(ref, scale=0.6 + 0.1 * i), i) for i, ref in enumerate(refs * 2)]
+        work = [(pool_request(lora, seed=seed), checkpoint) for lora, seed in spec]
+        images = assert_mixed_clients_get_their_own_images(pools, work, clients=4)
+        assert base not in images and len(set(images)) == len(images)
+        assert generate(pools, pool_request()).image.tobytes() == base
+    assert_components_pristine(pipe, pristine, modules)
