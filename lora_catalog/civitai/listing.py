@@ -52,9 +52,19 @@ def labels_for(base: str) -> tuple[CivitaiBase, ...]:
         group = civitai_base_for(known.checkpoint_of)
         own = group if group is not None and group.checkpoints else None
     if own is None:
+        # A base whose family's one group is named for its checkpoint (Civitai's "Krea 2": its trainer trains on
+        # Raw, and the LoRAs run on Turbo, the pool most serve): that group, as the checkpoint lists it.
+        own = next((b for b in CIVITAI_BASES if not b.finetune and _checkpoint_of(b.base_model_id) == base), None)
+    if own is None:
         return ()
     finetunes = () if own.finetune else tuple(b for b in CIVITAI_BASES if b.finetune and b.family is own.family)
     return (own, *finetunes)
+
+
+def _checkpoint_of(repo_id: str) -> str | None:
+    """The base `repo_id` is a checkpoint of (`Base.checkpoint_of`), if any."""
+    known = base_of(repo_id)
+    return None if known is None else known.checkpoint_of
 
 
 class CivitaiListings:

@@ -569,13 +569,13 @@ def test_the_civitai_tab_lists_chromas_one_group_for_hd_and_base(hub):
             assert asked_groups(listing) == ["Chroma"]
 
 
-def test_the_civitai_tab_lists_krea2s_group_under_krea_2_raw(hub):
-    """Civitai's "Krea 2" group (its LoRAs are trained on Raw) is listed under Krea 2 Raw, as Krea 2 LoRAs; a
-    Qwen-Image one (whose diffusers names Krea 2's attention shares) is not."""
-    from families.krea2 import RAW_ID
-
+@pytest.mark.parametrize("base", ["krea/Krea-2-Raw", "krea/Krea-2-Turbo"])
+def test_the_civitai_tab_lists_krea2s_group_under_krea_2_raw_and_turbo(hub, base):
+    """Civitai's "Krea 2" group (its LoRAs are trained on Raw) is listed under Krea 2 Raw, as Krea 2 LoRAs, and
+    under Turbo, the pool they usually run on; a Qwen-Image one (whose diffusers names Krea 2's attention shares)
+    is not."""
     with civitai_tab(hub.url, {931: "Krea 2", 932: "Qwen"}) as (catalog, listing):
-        page = catalog.page(RAW_ID, source="civitai")
+        page = catalog.page(base, source="civitai")
         assert [(e.ref, e.family, e.source) for e in page.entries] == [("civitai:931", Family.KREA2, "civitai")]
         assert "Live from Civitai (Krea 2" in page.freshness.message
         assert asked_groups(listing) == ["Krea 2"]
