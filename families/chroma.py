@@ -23,14 +23,15 @@ BASE = HD.checkpoint(BASE_ID, "Chroma1-Base", names=r"chroma1?[-_ ]?base")
 # diffusers call, so it keeps the family's defaults: a request names its own steps and guidance.
 FLASH = HD.checkpoint(FLASH_ID, "Chroma1-Flash", names=r"chroma1?[-_ ]?flash")
 # Lower-cased names of a Chroma LoRA's transformer part: BFL's blocks (kohya's `lora_unet_`, ComfyUI's
-# `diffusion_model.`, the flow trainer's bare names), diffusers' single and double blocks (19, as FLUX.1's), and its
-# modulation network. XLabs' attention processors are FLUX.1's trainer's alone. Chroma pruned FLUX.1's per-block
-# modulations (`img_mod`/`txt_mod`/`modulation`, diffusers' `norm1.linear`/`norm.linear`), its final layer's
-# (`adaLN_modulation`, `norm_out.linear`) and the embedders feeding them (CLIP's pooled vector, timestep and
-# guidance: `vector_in`, `time_in`, `guidance_in`, `time_text_embed`): those names are never Chroma's, so a FLUX.1
-# LoRA adapting them counts more names for FLUX.1 (families.claims).
+# `diffusion_model.`, the flow trainer's bare names), diffusers' single and double blocks (19, as FLUX.1's), kohya's
+# diffusers-named `lora_transformer_` (which FLUX.1 claims too) and its modulation network. XLabs' attention
+# processors are FLUX.1's trainer's alone. Chroma pruned FLUX.1's per-block modulations (`img_mod`/`txt_mod`/
+# `modulation`, diffusers' `norm1.linear`/`norm.linear`), its final layer's (`adaLN_modulation`, `norm_out.linear`)
+# and the embedders feeding them (CLIP's pooled vector, timestep and guidance: `vector_in`, `time_in`,
+# `guidance_in`, `time_text_embed`): those names are never Chroma's, so a FLUX.1 LoRA adapting them counts more
+# names for FLUX.1 (families.claims).
 _BLOCKS = re.compile(
-    r"double_blocks|single_blocks|single_transformer_blocks"
+    r"double_blocks|single_blocks|single_transformer_blocks|lora_transformer_"
     r"|^transformer\.transformer_blocks\.(1[0-8]|\d)\.(attn|ff|ff_context)\."
 )
 _FLUX_ONLY = re.compile(

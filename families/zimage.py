@@ -13,10 +13,12 @@ MODEL_ID = "Tongyi-MAI/Z-Image-Turbo"
 TINY_ID = "tiny-zimage"
 BASE_ID = "Tongyi-MAI/Z-Image"
 TURBO = Base(MODEL_ID, "Z-Image Turbo", names=r"z[-_]?image[-_]?turbo")
-# Z-Image (base): Turbo's architecture and loader, undistilled. Its defaults are ZImagePipeline's own (diffusers
-# 0.42.1: 50 steps at CFG 5.0); Turbo's card's are 8-9 steps without CFG (the family's). Base-trained LoRAs run on
+# Z-Image (base): Turbo's architecture and loader, undistilled. Its card (Tongyi-MAI/Z-Image; the same text in the
+# Z-Image repository's README) recommends 28-50 steps at guidance 3.0-5.0 with a negative prompt, any aspect ratio
+# from 512x512 to 2048x2048 in area, and runs its example at 50 steps, guidance 4 (the defaults here; the family's
+# 1024 side lies in that range). Turbo's card's are 8-9 steps without CFG (the family's). Base-trained LoRAs run on
 # Turbo and Turbo's on it, with a note (its discussion #18 asks this).
-BASE = TURBO.checkpoint(BASE_ID, "Z-Image", steps=50, guidance=5.0, names=r"z[-_]?image[-_]?base")
+BASE = TURBO.checkpoint(BASE_ID, "Z-Image", steps=50, guidance=4.0, names=r"z[-_]?image[-_]?base")
 # Lower-cased names only Z-Image LoRAs have: its blocks' lists at the top of the transformer, in every naming
 # (diffusers', ComfyUI's `diffusion_model.`, kohya's `lora_unet_`). No UNet, FLUX or CLIP name starts so
 # (CLIP's `encoder.layers.N` never starts a name).

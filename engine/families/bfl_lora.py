@@ -10,7 +10,9 @@ at real width, and zero rows change neither. At real width nothing is padded.
 
 diffusers 0.42 reads BFL's names only with kohya's factor names (`lora_down`/`lora_up`): a file with BFL's names and
 PEFT's `lora_A`/`lora_B` (the flow trainer's, ai-toolkit's Chroma files, ComfyUI's saves) passes its converter
-unchanged, and its loader then finds no `transformer.` key and loads nothing, silently, on either pipeline. Those
+unchanged, and its loader then finds no `transformer.` key and loads nothing, silently, on either pipeline. With
+PEFT's `base_model.model.` prefix (fal's trainer) its fal-Kontext converter reads them only as a whole FLUX.1 [dev]
+(19 and 38 blocks, 3072 wide, every modulation): on Chroma, which has no modulations, it raises KeyError. Those
 factors are renamed first to ComfyUI's `diffusion_model.<layer>.lora_down`/`lora_up` form (`renamed_bfl_factors`),
 which diffusers' converter splits as it splits kohya's: one renaming for both families, whose result equals
 diffusers' reading of the same LoRA in its own names.
@@ -33,13 +35,15 @@ _LINEAR1_UP = re.compile(
     r"^(?:lora_unet_single_blocks_(\d+)_linear1|diffusion_model\.single_blocks\.(\d+)\.linear1)\.lora_up\.weight$"
 )
 _LINEAR1_PARTS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
-# BFL's names with PEFT's factor names, with or without ComfyUI's `diffusion_model.` prefix: every top-level module
-# of BFL's FLUX.1 (blocks, embedders, final layer) and Chroma's modulation network, `distilled_guidance_layer`.
+# BFL's names with PEFT's factor names, bare, with ComfyUI's `diffusion_model.` prefix or with PEFT's own
+# `base_model.model.` (PEFT's state dict of a BFL model: fal's trainer): every top-level module of BFL's FLUX.1
+# (blocks, embedders, final layer) and Chroma's modulation network, `distilled_guidance_layer`.
+_PREFIX = r"^(?:diffusion_model\.|base_model\.model\.)?"
 _BFL_PEFT = re.compile(
-    r"^(?:diffusion_model\.)?((?:double_blocks|single_blocks|distilled_guidance_layer|final_layer|img_in|txt_in"
+    _PREFIX + r"((?:double_blocks|single_blocks|distilled_guidance_layer|final_layer|img_in|txt_in"
     r"|time_in|vector_in|guidance_in)\..+)\.lora_([AB])\.weight$"
 )
-_ALPHA = re.compile(r"^(?:diffusion_model\.)?(.+)\.alpha$")
+_ALPHA = re.compile(_PREFIX + r"(.+)\.alpha$")
 
 
 def linear1_widths(denoiser: Module) -> tuple[int, int, int, int] | None:

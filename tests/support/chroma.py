@@ -1,9 +1,11 @@
 """Chroma LoRA files for the tiny Chroma pipeline, in every naming diffusers' Chroma loader (`FluxLoraLoaderMixin`)
 reads, and the one it ignores: diffusers/PEFT (with Chroma's modulation network, `distilled_guidance_layer`),
 kohya's `lora_unet_` and ComfyUI's `diffusion_model.` over BFL's fused qkv/linear1 (with and without `linear1`),
-and BFL's names with `lora_A`/`lora_B` (with ComfyUI's prefix and without, with and without `.alpha`), which
-diffusers' loader silently ignores. Each has its diffusers-named twin, the reference diffusers loads where it
-cannot read the file itself (a kohya `linear1` at the tiny widths, BFL names with `lora_A`/`lora_B`).
+kohya's diffusers-named `lora_transformer_` (the attention diffusers places), and BFL's names with
+`lora_A`/`lora_B` (with ComfyUI's prefix and without, with and without `.alpha`), which diffusers' loader silently
+ignores, and with PEFT's `base_model.model.` (fal's), on which diffusers' converter raises for Chroma. Each has its
+diffusers-named twin, the reference diffusers loads where it cannot read the file itself (a kohya `linear1` at the
+tiny widths, BFL names with `lora_A`/`lora_B`).
 
 FLUX.1 LoRAs made on the tiny FLUX.1 pipeline (the same 32 wide, as the real ones share 3072) for the cross cases:
 one with FLUX.1's modulations, which Chroma lacks, and one over the attention only, which tensors cannot tell."""
@@ -20,7 +22,7 @@ from serving.demo.synthetic import save_lora
 from serving.demo.synthetic_flux import DOUBLE, FluxLayer, flux_layers, make_flux_lora
 from tests.support.flux import bfl_named
 
-ChromaFormat = Literal["peft", "kohya", "comfy", "bfl", "bfl_bare"]
+ChromaFormat = Literal["peft", "kohya", "comfy", "bfl", "bfl_bare", "fal", "kohya_diffusers"]
 
 # BFL's layers a Chroma block has: FLUX.1's without their modulations (`img_mod`, `txt_mod`, `modulation`).
 CHROMA_DOUBLE = tuple(name for name in DOUBLE if not name.endswith("_mod.lin"))
@@ -62,7 +64,7 @@ class ChromaCase:
     def reference_name(self) -> str:
         """diffusers reads a kohya/ComfyUI `linear1` only at real widths, and ignores BFL names with `lora_A`:
         there the twin stands in for the file."""
-        reads = self.fmt == "peft" or (self.fmt in ("kohya", "comfy") and not self.linear1)
+        reads = self.fmt in ("peft", "kohya_diffusers") or (self.fmt in ("kohya", "comfy") and not self.linear1)
         return self.file_name if reads else self.twin_name
 
 
@@ -74,6 +76,8 @@ CASES = (
     ChromaCase("comfy_linear1", "comfy", seed=65),
     ChromaCase("bfl", "bfl", alpha=None, seed=66),
     ChromaCase("bfl_bare", "bfl_bare", seed=67),
+    ChromaCase("fal", "fal", alpha=None, seed=69),
+    ChromaCase("kohya_diffusers", "kohya_diffusers", seed=70),
 )
 
 
@@ -96,9 +100,35 @@ def chroma_file(transformer: torch.nn.Module, case: ChromaCase) -> tuple[dict, d
     if case.fmt in ("peft", "kohya", "comfy"):
         tensors, metadata = lora.file(case.fmt)
         return tensors, metadata, lora.twin()
+    if case.fmt == "kohya_diffusers":
+        twin = {k: v for k, v in lora.twin().items() if _placed_by_kohya_diffusers(k)}
+        return kohya_diffusers_named(twin), {"format": "pt"}, twin
+    assert case.fmt in ("bfl", "bfl_bare", "fal")
     comfy, metadata = lora.file("comfy")
     tensors = bfl_named(comfy, case.fmt, alphas=case.alpha is not None)
     return tensors, metadata, lora.twin()
+
+
+def _placed_by_kohya_diffusers(name: str) -> bool:
+    """Whether diffusers' reading of kohya's diffusers-named form places the layer: the blocks' attention and the
+    top-level embedders and output (it names any other layer of a block as the block itself)."""
+    module = name.removeprefix("transformer.")
+    return ".attn." in module or module.startswith(("proj_out.", "x_embedder.", "context_embedder."))
+
+
+def kohya_diffusers_named(twin: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A diffusers-named twin in kohya's diffusers-named form (`lora_transformer_<module>`, `lora_down`/`lora_up`,
+    each `.alpha` its rank: the twin's scale is in its up factors); diffusers' FLUX converter calls it a mixture."""
+    tensors = {}
+    for name, tensor in twin.items():
+        module, _, factor = name.removeprefix("transformer.").rpartition(".lora_")
+        stem = "lora_transformer_" + module.replace(".", "_")
+        if factor == "A.weight":
+            tensors[f"{stem}.lora_down.weight"] = tensor
+            tensors[f"{stem}.alpha"] = torch.tensor(float(tensor.shape[0]))
+        else:
+            tensors[f"{stem}.lora_up.weight"] = tensor
+    return tensors
 
 
 def write_chroma_loras(pipe, folder: Path, *, cases=CASES) -> dict[str, ChromaCase]:

@@ -19,8 +19,9 @@ WITHOUT_LINEAR1 = ("linear2", "modulation.lin")
 XLABS_DOUBLE = ("img_attn.qkv", "img_attn.proj", "txt_attn.qkv", "txt_attn.proj")
 
 
-# BFL's names with PEFT's factor names: `bfl` with ComfyUI's `diffusion_model.` prefix, `bfl_bare` without.
-BflFormat = Literal["bfl", "bfl_bare"]
+# BFL's names with PEFT's factor names: `bfl` with ComfyUI's `diffusion_model.` prefix, `bfl_bare` without, `fal`
+# with PEFT's `base_model.model.` (fal's trainer: PEFT's state dict of BFL's model).
+BflFormat = Literal["bfl", "bfl_bare", "fal"]
 
 
 def bfl_named(comfy: dict[str, torch.Tensor], fmt: BflFormat, *, alphas: bool) -> dict[str, torch.Tensor]:
@@ -31,7 +32,8 @@ def bfl_named(comfy: dict[str, torch.Tensor], fmt: BflFormat, *, alphas: bool) -
         if name.endswith(".alpha") and not alphas:
             continue
         name = name.replace(".lora_down.weight", ".lora_A.weight").replace(".lora_up.weight", ".lora_B.weight")
-        tensors[name.removeprefix("diffusion_model.") if fmt == "bfl_bare" else name] = tensor
+        bare = name.removeprefix("diffusion_model.")
+        tensors[{"bfl": name, "bfl_bare": bare, "fal": f"base_model.model.{bare}"}[fmt]] = tensor
     return tensors
 
 

@@ -95,7 +95,7 @@ def test_each_checkpoint_is_its_siblings_base_by_difference_with_its_own_default
     assert krea is not None and qwen is not None and zimage is not None
     assert (krea.checkpoint_of, krea.steps, krea.guidance) == (FLUX_DEV, None, 4.5)
     assert (qwen.checkpoint_of, qwen.steps, qwen.guidance) == (QWEN_IMAGE, None, None)
-    assert (zimage.checkpoint_of, zimage.steps, zimage.guidance) == (ZIMAGE_TURBO, 50, 5.0)
+    assert (zimage.checkpoint_of, zimage.steps, zimage.guidance) == (ZIMAGE_TURBO, 50, 4.0)
     # The reference models stay the families' first bases; every checkpoint is listed in the base filter.
     assert [IDENTITIES[f].model_id for f in (Family.FLUX, Family.QWEN_IMAGE, Family.ZIMAGE)] == [
         FLUX_DEV,
@@ -210,7 +210,7 @@ def test_civitais_qwen_group_is_told_apart_by_the_files_metadata():
 def test_a_turbo_lora_runs_on_a_z_image_base_pool_with_a_note_as_on_turbos(
     tiny_models, base_settings, loaded_zimage, tmp_path: Path
 ):
-    """A tiny pool of the Z-Image base is the same tiny pipeline: its defaults are the base's (guidance 5.0), and
+    """A tiny pool of the Z-Image base is the same tiny pipeline: its defaults are the base's card's (guidance 4.0), and
     a LoRA whose metadata names Turbo runs on it as on Turbo's pool, with a note naming both."""
     made = factors(loaded_zimage.pipe.transformer, rank=2, seed=5)
     save_lora(
@@ -235,7 +235,7 @@ def test_a_turbo_lora_runs_on_a_z_image_base_pool_with_a_note_as_on_turbos(
     with local_engine(base, settings.replace(base_model_id=ZIMAGE_BASE), tmp_path) as engine:
         assert (engine.base_model_id, engine.defaults.guidance, engine.defaults.guidance_kind) == (
             ZIMAGE_BASE,
-            5.0,
+            4.0,
             "cfg",
         )
         result = generate(engine, request)

@@ -28,7 +28,14 @@ from lora_catalog.entries import Family
 from lora_catalog.sft_header import read_header
 from serving.demo.synthetic import save_lora
 from tests.support.checks import generate
-from tests.support.chroma import CASES, ChromaCase, chroma_file, write_chroma_loras, write_flux_loras_for_chroma
+from tests.support.chroma import (
+    CASES,
+    ChromaCase,
+    chroma_file,
+    kohya_diffusers_named,
+    write_chroma_loras,
+    write_flux_loras_for_chroma,
+)
 from tests.support.dit import PROMPT, diffusers_image, local_engine, served_pools
 from tests.support.flux import assert_same_updates
 from tests.support.image_inputs import input_image, input_mask
@@ -51,6 +58,9 @@ def chroma_loras(loaded_chroma, loaded_flux, tmp_path_factory: pytest.TempPathFa
     tensors, _, _ = chroma_file(loaded_chroma.pipe.transformer, ChromaCase("x", "comfy", guidance=True, seed=68))
     renamed = {k.replace(".lora_down.", ".lora_A.").replace(".lora_up.", ".lora_B."): v for k, v in tensors.items()}
     save_lora(folder / "chroma_bfl_guidance.safetensors", renamed)
+    # kohya's diffusers-named form over every layer: diffusers places a block's feed-forward on the block itself.
+    _, _, twin = chroma_file(loaded_chroma.pipe.transformer, ChromaCase("x", "peft", seed=69))
+    save_lora(folder / "chroma_kohya_diffusers_ff.safetensors", kohya_diffusers_named(twin))
     # The FLUX.1 LoRA with modulations, its metadata claiming Chroma (a mislabelled file).
     save_lora(
         folder / "flux1_as_chroma.safetensors",
@@ -125,6 +135,27 @@ def test_a_bfl_named_modulation_network_diffusers_cannot_read_is_refused_by_name
 ):
     with pytest.raises(IncompatibleLoraError, match=r"distilled_guidance_layer") as caught:
         chroma_engine.check_lora(LoraSpec("local:chroma_bfl_guidance.safetensors"))
+    assert caught.value.status == 400
+
+
+def test_fals_base_model_prefix_loads_where_diffusers_raises_on_chroma(chroma_loras, loaded_chroma):
+    """PEFT's `base_model.model.` over BFL's names (fal's trainer): diffusers' converter reads it only as a whole
+    FLUX.1 [dev] (every modulation, Chroma has none) and raises; ours is diffusers' reading of its twin (its image
+    against diffusers' fuse: test_swaps.py)."""
+    (case,) = [c for c in CASES if c.fmt == "fal"]
+    file = load_file(chroma_loras / case.file_name)
+    with pytest.raises(KeyError, match="img_mod"):
+        ChromaPipeline.lora_state_dict(dict(file))
+    ours, _ = convert_lora(dict(file), loaded_chroma.pipe.transformer)
+    assert_same_updates(ours, load_file(chroma_loras / case.twin_name))
+
+
+def test_kohya_diffusers_names_diffusers_misplaces_are_refused_by_name(chroma_engine):
+    """kohya's `lora_transformer_` over a block's MLP (`proj_mlp`, `ff`): diffusers' converter names it as the block
+    itself (no layer), so the file is refused naming those tensors, never run in part."""
+    pattern = r"does not read .*lora_transformer_single_transformer_blocks_0_proj_mlp"
+    with pytest.raises(IncompatibleLoraError, match=pattern) as caught:
+        chroma_engine.check_lora(LoraSpec("local:chroma_kohya_diffusers_ff.safetensors"))
     assert caught.value.status == 400
 
 
