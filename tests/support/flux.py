@@ -60,8 +60,8 @@ class FluxCase:
     @property
     def reference_name(self) -> str:
         """diffusers reads a kohya/ComfyUI `linear1` only at FLUX.1's real widths: the twin stands in for it."""
-        if self.fmt in ("bfl", "bfl_bare"):
-            return self.twin_name  # diffusers' loader ignores these names
+        if self.fmt in ("bfl", "bfl_bare", "fal"):
+            return self.twin_name  # diffusers' loader ignores these names (fal's: its converter needs FLUX.1's widths)
         return self.twin_name if self.linear1 and self.fmt in ("kohya", "comfy") else self.file_name
 
 
@@ -79,6 +79,9 @@ BFL_CASES = (
     FluxCase("bfl", "bfl", text=False, alpha=None, seed=18),
     FluxCase("bfl_bare", "bfl_bare", text=False, seed=19),
 )
+# fal's trainer's: BFL's names under PEFT's `base_model.model.` (diffusers reads them with its fal/Kontext
+# converter, which needs a whole FLUX.1 [dev] at its real widths; ours reads them as the names above).
+FAL_CASE = FluxCase("fal", "fal", text=False, alpha=None, seed=20)
 
 
 def write_flux_loras(pipe, folder: Path, *, strength: float = 1.0, cases=CASES) -> dict[str, FluxCase]:
@@ -90,7 +93,7 @@ def write_flux_loras(pipe, folder: Path, *, strength: float = 1.0, cases=CASES) 
             single = ("linear1", *WITHOUT_LINEAR1) if case.linear1 else WITHOUT_LINEAR1
             layers = flux_layers(pipe.transformer, pipe.text_encoder if case.text else None, single=single)
         lora = make_flux_lora(layers, rank=4, seed=case.seed, strength=strength, alpha=case.alpha, sparse=case.sparse)
-        if case.fmt == "bfl" or case.fmt == "bfl_bare":
+        if case.fmt in ("bfl", "bfl_bare", "fal"):
             comfy, metadata = lora.file("comfy")
             tensors = bfl_named(comfy, case.fmt, alphas=case.alpha is not None)
         else:

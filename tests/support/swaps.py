@@ -103,7 +103,7 @@ def _transformer(case: Any) -> tuple[str, ...]:
 
 
 def _flux_files(models: TinyModels, folder: Path) -> None:
-    flux.write_flux_loras(models.loaded(Family.FLUX).pipe, folder, cases=(*flux.CASES, *flux.BFL_CASES))
+    flux.write_flux_loras(models.loaded(Family.FLUX).pipe, folder, cases=(*flux.CASES, *flux.BFL_CASES, flux.FAL_CASE))
     # Made for a wider FLUX (48 wide): its factors fit no served layer.
     with torch.device("meta"):
         wider = FluxTransformer2DModel(num_layers=1, num_single_layers=1, num_attention_heads=3, attention_head_dim=16)
@@ -188,7 +188,7 @@ def _edit_request(*loras: LoraSpec, **fields: Any) -> GenerateRequest:
 FAMILIES = (
     SwapFamily(
         Family.FLUX,
-        (*flux.CASES, *flux.BFL_CASES),
+        (*flux.CASES, *flux.BFL_CASES, flux.FAL_CASE),
         _flux_files,
         _request(guidance=3.5),
         _fused(FluxPipeline, ("transformer", "text_encoder"), 3.5),
