@@ -161,6 +161,15 @@ class LoraHints:
         ordered = tuple((name, sources[name]) for name in _FIELDS if name in sources and values[name] is not None)
         return LoraHints(**values, sources=ordered)
 
+    def for_a_sibling(self) -> LoraHints:
+        """These hints where the LoRA runs on a sibling checkpoint of the one it was made for: without the steps
+        and guidance they recommend, which are that checkpoint's (Krea 2 Raw's 28 at 4.5 are not Turbo's 8 at 0).
+        A speed LoRA's are its own distillation's, and stay."""
+        if self.speed is not None:
+            return self
+        kept = {name: getattr(self, name) for name in _FIELDS if name not in _CHECKPOINT_FIELDS}
+        return LoraHints(**kept, sources=tuple(s for s in self.sources if s[0] not in _CHECKPOINT_FIELDS))
+
     def to_json(self) -> dict[str, Any]:
         return {**{name: getattr(self, name) for name in _FIELDS}, "sources": [list(s) for s in self.sources]}
 
@@ -177,6 +186,8 @@ class LoraHints:
 
 
 _FIELDS = ("speed", "steps", "guidance", "sampler", "clip_skip", "negative_prompt")
+# What a card recommends for the checkpoint its LoRA was made for, not for the LoRA (`LoraHints.for_a_sibling`).
+_CHECKPOINT_FIELDS = ("steps", "guidance")
 
 
 def speed_hints(names: Iterable[str | None], *, repo_id: str | None = None) -> LoraHints:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from engine.errors import IncompatibleLoraError
 from engine.families.registry import served_specs
 from engine.families.spec import Shapes, Widths
-from families import IDENTITIES, base_of, siblings
+from families import IDENTITIES, Base, base_of, siblings
 from families.claims import TensorMatch, name_counts, rank_by_tensors
 from lora_catalog.bases import base_from_metadata, family_from_metadata, family_of_base
 from lora_catalog.civitai.bases import civitai_base_for
@@ -32,6 +32,7 @@ __all__ = [
     "check_origin",
     "declared_bases_from_tags",
     "judge_origin",
+    "made_for_sibling",
     "without_fallen_layers",
 ]
 
@@ -173,10 +174,9 @@ def _sibling_note(label: str, origin: LoraOrigin, served_base: str) -> str | Non
     if any(base.lower() == served.repo_id.lower() for base in origin.bases):
         return None
     runs_on = f"it runs on {served.display_name} ({served.repo_id})"
-    made_for = [base for base in map(base_of, origin.bases) if base is not None and siblings(base.repo_id, served_base)]
-    if made_for:
+    if made_for := made_for_sibling(origin, served_base):
         note = (
-            f"{label} was made for {made_for[0].display_name} ({made_for[0].repo_id}); {runs_on}, a checkpoint of "
+            f"{label} was made for {made_for.display_name} ({made_for.repo_id}); {runs_on}, a checkpoint of "
             "the same architecture and loader with other weights, so it may look different"
         )
     else:
@@ -189,6 +189,17 @@ def _sibling_note(label: str, origin: LoraOrigin, served_base: str) -> str | Non
         note = f"{label}: its {what} cannot tell {' from '.join(b.display_name for b in sibs)}; {runs_on}"
     logger.warning("%s", note)
     return note
+
+
+def made_for_sibling(origin: LoraOrigin, served_base: str) -> Base | None:
+    """The sibling checkpoint of `served_base` (`families.siblings`: Krea 2 Raw's on Turbo, FLUX.1 [dev]'s on
+    FLUX.1 Krea [dev]) the LoRA was made for; None when it names the served base itself, or no sibling. The one
+    judgement both the note (`check_origin`) and the settings a card recommends for that sibling (not used here:
+    `engine.prepare.preparation`) follow."""
+    if any(base.lower() == served_base.lower() for base in origin.bases):
+        return None
+    made_for = (base for base in map(base_of, origin.bases) if base is not None and siblings(base.repo_id, served_base))
+    return next(made_for, None)
 
 
 def check_origin(label: str, origin: LoraOrigin, served_base: str) -> str | None:

@@ -84,6 +84,9 @@ class PreparedAdapter:
     # An IC-LoRA's `reference_downscale_factor` metadata as written (None: the file has none): the in-context
     # factor it was trained with, judged per request with a reference video (`engine.video_references`).
     trained_downscale: str | None = None
+    # The sibling checkpoint of the served base it was made for (`engine.families.origin.made_for_sibling`): the
+    # steps and guidance its card recommends are that checkpoint's, and not used here (`LoraHints.for_a_sibling`).
+    sibling: str | None = None
 
     @property
     def nbytes(self) -> int:

@@ -24,7 +24,7 @@ from typing import Literal
 from engine.caches.disk import DiskCache
 from engine.caches.store import AdapterStore
 from engine.errors import InvalidRequestError
-from engine.families.origin import LoraOrigin, check_origin, judge_origin, without_fallen_layers
+from engine.families.origin import LoraOrigin, check_origin, judge_origin, made_for_sibling, without_fallen_layers
 from engine.formats.adapters import AdapterKey, PreparedAdapter, prepare
 from engine.formats.deltas import may_keep_delta
 from engine.formats.pivotal import TextEncoders
@@ -34,6 +34,7 @@ from engine.prepare.resolve import AdapterResolver, AdapterSource
 from engine.prepare.stages import Half, Stages
 from engine.requests import LoraSpec
 from engine.video_references import TRAINED_DOWNSCALE_KEY
+from families import Base
 from lora_catalog.hints import LoraHints, metadata_hints
 from lora_catalog.sft_header import addnet_hash
 
@@ -215,14 +216,18 @@ class Preparer:
             shapes=shapes,
             delta_budget=self._delta_budget,
         )
+        hints = metadata_hints(header.metadata, (source.key.weight_name,))
+        sibling = made_for_sibling(origin, self._served_base)
+        unused = _sibling_settings(label, source.hints.over(hints), sibling, self._served_base) if sibling else None
         # Kept with the adapter, so a cache hit still tells the user what the first load found; the hash is the
         # recipe's (`Lora hashes`), read once here, off the GPU's path.
         adapter = dataclasses.replace(
             adapter,
-            warnings=tuple(w for w in (warning, dropped, *adapter.warnings) if w),
-            hints=metadata_hints(header.metadata, (source.key.weight_name,)),
+            warnings=tuple(w for w in (warning, unused, dropped, *adapter.warnings) if w),
+            hints=hints,
             file_hash=addnet_hash(path)[:12],
             trained_downscale=header.metadata.get(TRAINED_DOWNSCALE_KEY),
+            sibling=sibling.repo_id if sibling else None,
         )
         return Half(name, adapter, origin, header.metadata)
 
@@ -249,4 +254,25 @@ def _hold(stack: ExitStack, gate: LoadGate | None, nbytes: int, source: AdapterS
 
 
 def _hints(source: AdapterSource, adapter: PreparedAdapter) -> LoraHints:
-    return source.hints.over(adapter.hints)
+    hints = source.hints.over(adapter.hints)
+    return hints.for_a_sibling() if adapter.sibling else hints
+
+
+def _sibling_settings(label: str, hints: LoraHints, sibling: Base, served_base: str) -> str | None:
+    """The note on the steps and guidance a LoRA made for `sibling` recommends (that checkpoint's, where it is not
+    a speed LoRA): the pool runs at its own unless the request names them; None when it recommends neither."""
+    kept = hints.for_a_sibling()
+    unused = [
+        f"{value:g} steps" if name == "steps" else f"guidance {value:g}"
+        for name in ("steps", "guidance")
+        if (value := getattr(hints, name)) is not None and getattr(kept, name) is None
+    ]
+    if not unused:
+        return None
+    where = hints.source("steps") or hints.source("guidance")
+    note = (
+        f"{label}: {where} recommends {' and '.join(unused)}, {sibling.display_name}'s settings; not used on "
+        f"{served_base}, which runs at its own unless the request names them"
+    )
+    logger.info("%s", note)
+    return note

@@ -14,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NUMBER = r"(\d+(?:\.\d+)?(?:e[+-]\d+)?)"
+# bench.swap's verdict line, with the traced conversion over the converter alone (`convert_trace_vs_plain`).
+SWAP_LINE = rf"swap_vs_floor={NUMBER} swap_vs_reference={NUMBER} exact=(true|false) convert_trace_vs_plain={NUMBER}"
 
 pytestmark = pytest.mark.slow
 
@@ -66,17 +68,15 @@ def test_preview_times_both_previews_against_a_full_size_step():
 @pytest.mark.timeout(1800)
 def test_swap_on_the_flux_slice_ends_with_the_verdict_line():
     line = last_line("bench.swap", "--family", "flux", "--quick")
-    found = re.fullmatch(rf"swap_vs_floor={NUMBER} swap_vs_reference={NUMBER} exact=(true|false)", line)
-    assert found, line
-    assert float(found[1]) > 0 and float(found[2]) > 0 and found[3] == "true"
+    assert (found := re.fullmatch(SWAP_LINE, line)), line
+    assert float(found[1]) > 0 and float(found[2]) > 0 and found[3] == "true" and float(found[4]) > 0
 
 
 @pytest.mark.timeout(2400)
 def test_swap_on_the_qwen_image_slice_ends_with_the_verdict_line():
     line = last_line("bench.swap", "--family", "qwen", "--quick", timeout=2300)
-    found = re.fullmatch(rf"swap_vs_floor={NUMBER} swap_vs_reference={NUMBER} exact=(true|false)", line)
-    assert found, line
-    assert float(found[1]) > 0 and float(found[2]) > 0 and found[3] == "true"
+    assert (found := re.fullmatch(SWAP_LINE, line)), line
+    assert float(found[1]) > 0 and float(found[2]) > 0 and found[3] == "true" and float(found[4]) > 0
 
 
 @pytest.mark.timeout(2400)

@@ -24,7 +24,9 @@ from serving.demo.synthetic import UNET_ATTENTION, find_targets
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
-LAST_LINE = re.compile(r"^swap_vs_floor=(\d+\.\d+) swap_vs_reference=(\d+\.\d+) exact=(true|false)$")
+LAST_LINE = re.compile(
+    r"^swap_vs_floor=(\d+\.\d+) swap_vs_reference=(\d+\.\d+) exact=(true|false) convert_trace_vs_plain=(\d+\.\d+)$"
+)
 
 
 @pytest.fixture(scope="module")
@@ -310,3 +312,4 @@ def test_quick_benchmark_ends_with_the_verdict_line():
     match = LAST_LINE.match(last)
     assert match, f"unexpected last line: {last!r}"
     assert match[3] == "true", done.stdout[-4000:]
+    assert float(match[4]) > 0, last

@@ -100,6 +100,15 @@ def test_card_widget_defaults_are_read_and_checked():
     assert card_hints({"inference": {"parameters": {"num_inference_steps": 9999}}}).empty
 
 
+def test_on_a_sibling_checkpoint_a_cards_steps_and_guidance_are_left_out_and_a_speed_loras_kept():
+    card = {"widget": [{"parameters": {"num_inference_steps": 28, "guidance_scale": 4.5, "negative_prompt": "x"}}]}
+    sibling = card_hints(card).for_a_sibling()
+    assert (sibling.steps, sibling.guidance, sibling.negative_prompt) == (None, None, "x")
+    assert sibling.source("steps") is None and sibling.source("negative_prompt") == "the card (widget example)"
+    speed = speed_hints(["krea2_turbo_8steps_lora"])
+    assert speed.for_a_sibling() == speed and (speed.steps, speed.guidance) == (8, 0.0)
+
+
 def test_a_kohya_file_says_the_clip_skip_it_was_trained_with():
     hints = metadata_hints({"ss_clip_skip": "2", "ss_output_name": "anime_style"})
     assert (hints.clip_skip, hints.speed) == (1, None)

@@ -184,12 +184,24 @@ def _krea2_files(models: TinyModels, hub: Any, folder: Path) -> None:
     hub.add_repo(
         "krea2-pools/card", {"README.md": card(model_id), "lora.safetensors": sft(krea2.lora_file(made, "aitk"))}
     )
-    # Trained on Raw (its card's base): it runs on the Turbo pool with a note.
+    # Trained on Raw (its card's base), its widget at Raw's settings: it runs on the Turbo pool at Turbo's, with a
+    # note. One trained on Turbo with widget settings gets them.
     raw = sft(krea2.lora_file(krea2.factors(pipe.transformer, seed=84), "comfy"))
-    hub.add_repo("krea2-pools/raw-card", {"README.md": card(KREA2_RAW), "lora.safetensors": raw})
+    hub.add_repo(
+        "krea2-pools/raw-card", {"README.md": card(KREA2_RAW, widget=_widget(28, 4.5)), "lora.safetensors": raw}
+    )
+    hub.add_repo(
+        "krea2-pools/turbo-settings", {"README.md": card(model_id, widget=_widget(3, 1.5)), "lora.safetensors": raw}
+    )
     wide = krea2.lora_file({m: (torch.ones(2, 64), torch.ones(64, 2)) for m in krea2.MODULES[:1]}, "peft")
     hub.add_repo("krea2-pools/wide", {"README.md": card(model_id), "lora.safetensors": sft(wide)})
     hub.add_repo("krea2-pools/sdxl-card", {"README.md": card(SDXL), "lora.safetensors": peft_file(sdxl, seed=85)})
+
+
+def _widget(steps: int, guidance: float) -> list[dict[str, object]]:
+    """A card's widget example recommending `steps` at `guidance` (what `lora_catalog.hints.card_hints` reads)."""
+    parameters = {"num_inference_steps": steps, "guidance_scale": guidance}
+    return [{"text": "a lighthouse", "parameters": parameters}]
 
 
 def _two_bases(every: int, at: int, match: str | None, *loras: str, base: str = "") -> PoolRefusal:

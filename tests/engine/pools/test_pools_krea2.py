@@ -1,10 +1,13 @@
 """A Krea 2 Turbo pool beside an SDXL and a Qwen-Image one (whose diffusers names Krea 2's attention shares): a
 Krea 2 LoRA routed by its card, its metadata or its tensors alone (its own layers' names in every naming; the
-shared attention names by their widths); a Raw-carded LoRA runs on the Turbo pool at Turbo's defaults with a note;
-four clients with different Krea 2 LoRAs on the one pool each get exactly their own image. The mixed runs, the
-bit-exact bases and the transports: test_pools_mixed.py (tests/support/pools.py's row)."""
+shared attention names by their widths); a Raw-carded LoRA runs on the Turbo pool at Turbo's defaults, not its
+card's (Raw's), with a note, a Turbo-carded one at its card's; four clients with different Krea 2 LoRAs on the one
+pool each get exactly their own image. The mixed runs, the bit-exact bases and the transports: test_pools_mixed.py
+(tests/support/pools.py's row)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -44,9 +47,21 @@ def test_a_raw_trained_lora_runs_on_the_turbo_pool_at_turbos_defaults_with_a_not
     named_nothing = GenerateRequest(prompt=POOL_PROMPT, loras=(LoraSpec("krea2-pools/raw-card"),), width=64, height=64)
     result = generate(pools, named_nothing)
     assert any(f"made for Krea 2 Raw ({RAW_ID}); it runs on Krea 2 Turbo ({MODEL_ID})" in w for w in result.warnings)
-    # The Turbo pool's steps (a tiny pool's 4) without CFG, not Raw's 4.5: the request named neither.
+    # The Turbo pool's steps (a tiny pool's 4) without CFG, not the 28 steps at 4.5 (Raw's) its card recommends:
+    # the request named neither.
     turbo = next(p for p in pools.pools if p.base_model_id == MODEL_ID).engine.defaults
     assert (turbo.guidance, result.request.steps, result.request.guidance) == (0.0, turbo.steps, 0.0)
+    assert any("recommends 28 steps and guidance 4.5, Krea 2 Raw's settings; not used" in w for w in result.warnings)
+    # What the client names still wins.
+    named = generate(pools, dataclasses.replace(named_nothing, steps=2, guidance=1.5))
+    assert (named.request.steps, named.request.guidance) == (2, 1.5)
+
+
+def test_a_turbo_trained_lora_gets_its_cards_settings_on_the_turbo_pool(pools):
+    request = GenerateRequest(prompt=POOL_PROMPT, loras=(LoraSpec("krea2-pools/turbo-settings"),), width=64, height=64)
+    result = generate(pools, request)
+    assert (result.request.steps, result.request.guidance) == (3, 1.5)
+    assert not any("not used" in w or "made for" in w for w in result.warnings), result.warnings
 
 
 @pytest.mark.timeout(900)
