@@ -25,7 +25,7 @@ RAW_ID = "krea/Krea-2-Raw"
 TINY_ID = "tiny-krea2"
 # Turbo: the few-step distilled model the LoRAs usually run on (krea-ai/krea-2's README: 8 steps without CFG; its
 # `model_index.json` sets `is_distilled`, which fixes the shift). Its settings are read by the family's defaults
-# (`engine.families.krea2`) and by the "Krea 2 Turbo" speed-LoRA preset (`lora_catalog.hints`).
+# (`engine.families.krea2`); the "Krea 2 Turbo" speed LoRA's preset (`lora_catalog.hints`) states the same.
 TURBO_STEPS, TURBO_GUIDANCE = 8, 0.0
 TURBO = Base(MODEL_ID, "Krea 2 Turbo", names=r"krea[-_ ]?2[-_ ]?turbo")
 # Raw: the undistilled model LoRAs are trained on, Turbo's architecture and loader. Its defaults are
