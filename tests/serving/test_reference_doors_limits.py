@@ -32,7 +32,9 @@ from tests.support.checks import peak_rss_over
 
 GOAL_S = 0.1
 MARGIN = 5
-MAX_RISE = 50 * 2**20
+# Far below what decoding them costs (21 MB an image: 840 MB for 40), above the worker's own noise (50.03 MiB on a
+# loaded machine with the whole suite's pipelines in the worker: CI run 22).
+MAX_RISE = 64 * 2**20
 PROMPT = "the fox of image 1"
 
 

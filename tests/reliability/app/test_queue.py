@@ -84,16 +84,16 @@ def test_a_slow_download_holds_up_no_other_client_of_any_transport(app, hub, fix
         assert app.engine.waiting == 1, "the cold request waits in the queue, preparing"
         during = {name: timed(work) for name, work in requests.items()}
         behind_cold = time.perf_counter() - started
+        still_held = cold_answer.empty()
         answer = cold_answer.get(timeout=120)
     finally:
         hub.set_fault(None)
     assert answer.status_code == 200, answer.text[:300]
     assert "miss" in answer.headers["X-Lora-Cache"]
-    # All three were served while the download was still held at the Hub...
+    # All three were served while the download was still held at the Hub: the cold request had no answer yet (a
+    # state, not a duration: each one's time beside its normal time is a loaded machine's guess, so not asserted).
+    assert still_held, (during, normal, behind_cold)
     assert behind_cold < DOWNLOAD_DELAY_S, (during, behind_cold)
-    # ...each in about its normal time (generous: the CPUs are shared with other work).
-    for name, seconds in during.items():
-        assert seconds < normal[name] + 2.0, (name, seconds, normal[name])
 
 
 def test_one_limit_and_one_numbering_of_places_across_transports(app, loaded, monkeypatch):
